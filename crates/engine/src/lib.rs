@@ -1,0 +1,1 @@
+//! iris-engine (being built).

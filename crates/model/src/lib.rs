@@ -1,0 +1,1 @@
+//! iris-model (being built).

@@ -1,0 +1,1 @@
+//! iris-proto (being built).
