@@ -1,1 +1,23 @@
-//! iris-engine (being built).
+//! `iris-engine`: a reference prefill/decode worker speaking the
+//! `TokenSpeedScheduler` gRPC service, so every path of Iris can be tested
+//! and benchmarked without GPUs.
+//!
+//! Its model is deterministic and cheap (see [`model`] and
+//! `docs/reference-engine.md`): output tokens are a pure function of the
+//! prompt, the bytes of every multimodal item's embedding (or pixels), and
+//! the seed. In PD mode the prefill role serves each request's state by KV
+//! room over `iris.data.v1`; the decode role collects it from there.
+
+pub mod args;
+mod data;
+pub mod inflight;
+pub mod model;
+mod payload;
+mod peers;
+pub mod request;
+mod run;
+mod server;
+mod service;
+
+pub use args::{EngineArgs, Role};
+pub use server::{start, RunningEngine};

@@ -348,5 +348,23 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+#[cfg(feature = "tonic")]
+impl From<RoomError> for tonic::Status {
+    /// The status codes documented in `proto/iris_data.proto`.
+    fn from(err: RoomError) -> Self {
+        let message = err.to_string();
+        match err {
+            RoomError::InvalidRoom(_) => tonic::Status::invalid_argument(message),
+            RoomError::InUse(_) => tonic::Status::failed_precondition(message),
+            RoomError::AlreadyCollected(_) | RoomError::NeverAppeared { .. } | RoomError::Expired { .. } => {
+                tonic::Status::not_found(message)
+            }
+            RoomError::NotReady { .. } => tonic::Status::deadline_exceeded(message),
+            RoomError::Failed { .. } => tonic::Status::aborted(message),
+            RoomError::Full { .. } => tonic::Status::resource_exhausted(message),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,75 @@
+//! Command-line options of `iris-engine` (each with an `IRIS_ENGINE_…`
+//! environment twin), shared by the binary and by in-process launchers.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+/// Which part of the work this worker does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Role {
+    /// Prefill and decode in one worker.
+    Aggregated,
+    /// Computes request state and serves it by KV room.
+    Prefill,
+    /// Collects request state from a prefill worker and generates.
+    Decode,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Aggregated => "aggregated",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// Role of this worker.
+    #[arg(long, value_enum, default_value = "aggregated", env = "IRIS_ENGINE_ROLE")]
+    pub role: Role,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1", env = "IRIS_ENGINE_HOST")]
+    pub host: String,
+    /// gRPC port of the TokenSpeedScheduler service (0 picks a free port).
+    #[arg(long, default_value_t = 30000, env = "IRIS_ENGINE_PORT")]
+    pub port: u16,
+    /// Port of the iris.data.v1 data server (prefill role; 0 picks a free port).
+    #[arg(long, default_value_t = iris_proto::DEFAULT_BOOTSTRAP_PORT, env = "IRIS_ENGINE_BOOTSTRAP_PORT")]
+    pub bootstrap_port: u16,
+    /// Hugging Face model directory (config.json, tokenizer.json, ...).
+    #[arg(long, env = "IRIS_ENGINE_MODEL_PATH")]
+    pub model_path: PathBuf,
+    /// Name reported as served_model_name (default: the directory name).
+    #[arg(long, env = "IRIS_ENGINE_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+    /// Requests generating at once; more wait in a queue.
+    #[arg(long, default_value_t = 256, env = "IRIS_ENGINE_MAX_RUNNING_REQUESTS")]
+    pub max_running_requests: u32,
+    /// max_new_tokens when a request sets none.
+    #[arg(long, default_value_t = 128, env = "IRIS_ENGINE_DEFAULT_MAX_NEW_TOKENS")]
+    pub default_max_new_tokens: u32,
+    /// Simulated prefill cost per prompt token, in microseconds.
+    #[arg(long, default_value_t = 0, env = "IRIS_ENGINE_PREFILL_US_PER_TOKEN")]
+    pub prefill_us_per_token: u64,
+    /// Simulated decode cost per step, in microseconds.
+    #[arg(long, default_value_t = 0, env = "IRIS_ENGINE_DECODE_US_PER_STEP")]
+    pub decode_us_per_step: u64,
+    /// Chance per decode step of emitting EOS, in parts per million
+    /// (after min_new_tokens, unless ignore_eos).
+    #[arg(long, default_value_t = 20_000, env = "IRIS_ENGINE_EOS_PPM")]
+    pub eos_ppm: u32,
+    /// How long decode waits for a request's state to appear on the prefill
+    /// worker, and prefill for an embedding on an encode worker (ms).
+    #[arg(long, default_value_t = 5_000, env = "IRIS_ENGINE_TRANSFER_WAIT_MS")]
+    pub transfer_wait_ms: u64,
+    /// How long an uncollected state is kept on a prefill worker (s).
+    #[arg(long, default_value_t = 60, env = "IRIS_ENGINE_ROOM_TTL_SECS")]
+    pub room_ttl_secs: u64,
+    /// Identity reported to peers and in logs (default: role@host:port).
+    #[arg(long, env = "IRIS_ENGINE_WORKER_ID")]
+    pub worker_id: Option<String>,
+}

@@ -1,0 +1,156 @@
+//! Requests in flight on this worker: their cancellation handles (for
+//! Abort) and the counters GetLoads and GetServerInfo report.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio_util::sync::CancellationToken;
+
+/// Registry of in-flight requests.
+#[derive(Default)]
+pub struct InFlight {
+    requests: Mutex<HashMap<String, CancellationToken>>,
+    running: AtomicI64,
+    waiting: AtomicI64,
+    waiting_tokens: AtomicI64,
+    generated_tokens: AtomicI64,
+}
+
+/// Keeps a request registered; unregisters it when dropped.
+pub struct Registration {
+    registry: Arc<InFlight>,
+    request_id: String,
+    pub cancel: CancellationToken,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&self.request_id);
+    }
+}
+
+/// Counts a request as waiting (queued for a slot) while alive.
+pub struct Waiting {
+    registry: Arc<InFlight>,
+    tokens: i64,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.registry.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.registry.waiting_tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+    }
+}
+
+/// Counts a request as running while alive.
+pub struct Running {
+    registry: Arc<InFlight>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.registry.running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of the counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loads {
+    pub running: i64,
+    pub waiting: i64,
+    pub waiting_tokens: i64,
+    pub generated_tokens: i64,
+}
+
+impl InFlight {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, CancellationToken>> {
+        self.requests.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers `request_id`; `None` if a request with that id is already
+    /// in flight here.
+    pub fn register(self: &Arc<Self>, request_id: &str) -> Option<Registration> {
+        let mut map = self.lock();
+        if map.contains_key(request_id) {
+            return None;
+        }
+        let cancel = CancellationToken::new();
+        map.insert(request_id.to_owned(), cancel.clone());
+        Some(Registration { registry: self.clone(), request_id: request_id.to_owned(), cancel })
+    }
+
+    /// Cancels `request_id`; false if it is not in flight.
+    pub fn abort(&self, request_id: &str) -> bool {
+        match self.lock().get(request_id) {
+            Some(token) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn waiting(self: &Arc<Self>, prompt_tokens: u32) -> Waiting {
+        let tokens = i64::from(prompt_tokens);
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        self.waiting_tokens.fetch_add(tokens, Ordering::Relaxed);
+        Waiting { registry: self.clone(), tokens }
+    }
+
+    pub fn running(self: &Arc<Self>) -> Running {
+        self.running.fetch_add(1, Ordering::Relaxed);
+        Running { registry: self.clone() }
+    }
+
+    pub fn count_generated(&self, tokens: u32) {
+        self.generated_tokens.fetch_add(i64::from(tokens), Ordering::Relaxed);
+    }
+
+    pub fn loads(&self) -> Loads {
+        Loads {
+            running: self.running.load(Ordering::Relaxed),
+            waiting: self.waiting.load(Ordering::Relaxed),
+            waiting_tokens: self.waiting_tokens.load(Ordering::Relaxed),
+            generated_tokens: self.generated_tokens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Number of registered requests.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn register_abort_and_unregister() {
+        let reg = Arc::new(InFlight::default());
+        let r = reg.register("a").expect("first registration");
+        assert!(reg.register("a").is_none(), "duplicate id refused");
+        assert!(reg.abort("a"));
+        assert!(r.cancel.is_cancelled());
+        drop(r);
+        assert!(!reg.abort("a"));
+        assert!(reg.is_empty());
+    }
+
+    #[test]
+    fn counters_follow_guards() {
+        let reg = Arc::new(InFlight::default());
+        let w = reg.waiting(100);
+        let r = reg.running();
+        assert_eq!(reg.loads().waiting_tokens, 100);
+        assert_eq!(reg.loads().running, 1);
+        drop(w);
+        drop(r);
+        assert_eq!(reg.loads(), Loads { running: 0, waiting: 0, waiting_tokens: 0, generated_tokens: 0 });
+    }
+}

@@ -1,0 +1,224 @@
+//! The life of one Generate request after validation: wait for a slot,
+//! obtain the prompt state (prefill it here, or collect it from the prefill
+//! worker), then generate and stream tokens — stopping early on Abort or
+//! when the caller goes away.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use iris_proto::scheduler::{
+    generate_complete::MatchedStop, generate_response::Response as Reply, GenerateComplete, GenerateResponse,
+    GenerateStreamChunk,
+};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::inflight::Registration;
+use crate::model::{Finish, PromptState, Sequence};
+use crate::request::{ItemSource, Plan};
+use crate::service::{Engine, StoredState};
+use crate::{payload, Role};
+
+type Tx = mpsc::Sender<Result<GenerateResponse, Status>>;
+
+/// Runs `plan` to the end, sending its responses on `tx`.
+pub async fn run(engine: Arc<Engine>, plan: Plan, registration: Registration, tx: Tx) {
+    let cancel = registration.cancel.clone();
+    let outcome = tokio::select! {
+        outcome = drive(&engine, &plan, &tx) => outcome,
+        _ = cancel.cancelled() => Err(Stop::Aborted),
+        _ = tx.closed() => Err(Stop::Gone),
+    };
+    if let Err(stop) = outcome {
+        finish_early(&engine, &plan, &tx, stop).await;
+    }
+    drop(registration);
+}
+
+/// Why a request ended before its natural end.
+enum Stop {
+    Aborted,
+    Gone,
+    Failed(Status),
+}
+
+async fn drive(engine: &Engine, plan: &Plan, tx: &Tx) -> Result<(), Stop> {
+    let prompt_tokens = plan.input_ids.len() as u32;
+    let waiting = engine.inflight.waiting(prompt_tokens);
+    let _permit = engine
+        .slots
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| Stop::Failed(Status::unavailable("engine is shutting down")))?;
+    drop(waiting);
+    let _running = engine.inflight.running();
+    let state = match engine.role {
+        Role::Aggregated | Role::Prefill => prefill(engine, plan).await.map_err(Stop::Failed)?,
+        Role::Decode => collect_state(engine, plan).await.map_err(Stop::Failed)?,
+    };
+    if engine.role == Role::Prefill {
+        return hand_over(engine, plan, state, tx).await;
+    }
+    decode(engine, plan, &state, tx).await
+}
+
+/// Folds the prompt and every item's bytes into the state.
+async fn prefill(engine: &Engine, plan: &Plan) -> Result<PromptState, Status> {
+    let wait = Duration::from_millis(engine.args.transfer_wait_ms);
+    let fetches = plan.items.iter().map(|item| async move {
+        match item {
+            ItemSource::Pixels(tensor) => payload::read(tensor).await,
+            ItemSource::Embedding { host, port, room } => engine.peers.fetch_embedding(host, *port, *room, wait).await,
+        }
+    });
+    let items: Vec<Bytes> = futures::future::try_join_all(fetches).await?;
+    simulate(engine.args.prefill_us_per_token * plan.input_ids.len() as u64).await;
+    let input_ids = plan.input_ids.clone();
+    tokio::task::spawn_blocking(move || PromptState::prefill(&input_ids, items.iter().map(|b| &b[..])))
+        .await
+        .map_err(|e| Status::internal(format!("prefill task failed: {e}")))
+}
+
+/// Decode: collect the state the prefill worker left under the KV room.
+async fn collect_state(engine: &Engine, plan: &Plan) -> Result<PromptState, Status> {
+    let kv = plan.kv.as_ref().ok_or_else(|| Status::internal("decode plan without a KV room"))?;
+    let wait = Duration::from_millis(engine.args.transfer_wait_ms);
+    let state = engine.peers.fetch_kv_state(&kv.host, kv.port, kv.room, wait).await?;
+    if state.prompt_tokens != plan.input_ids.len() as u32 {
+        return Err(Status::failed_precondition(format!(
+            "KV room {} holds a {}-token prompt but this request has {} tokens",
+            kv.room,
+            state.prompt_tokens,
+            plan.input_ids.len()
+        )));
+    }
+    Ok(state)
+}
+
+/// Prefill: publish the state under the KV room and end the prefill leg.
+async fn hand_over(engine: &Engine, plan: &Plan, state: PromptState, tx: &Tx) -> Result<(), Stop> {
+    let room = plan.kv.as_ref().map(|kv| kv.room).ok_or_else(|| Stop::Failed(Status::internal("no KV room")))?;
+    let prompt_tokens = state.prompt_tokens;
+    let stored = StoredState { state, request_id: plan.request_id.clone() };
+    engine
+        .rooms
+        .complete(room, stored, crate::service::STATE_BYTES)
+        .map_err(|e| Stop::Failed(Status::from(e)))?;
+    let complete = GenerateComplete {
+        finish_reason: "stop".into(),
+        prompt_tokens,
+        ..GenerateComplete::default()
+    };
+    send(tx, &plan.request_id, Reply::Complete(complete)).await
+}
+
+/// Generates every sequence of the request, one step at a time.
+async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> Result<(), Stop> {
+    let mut sequences: Vec<(Sequence<'_>, Vec<u32>, bool)> = plan
+        .sequences
+        .iter()
+        .map(|p| (Sequence::new(state, &engine.vocab, p), Vec::new(), false))
+        .collect();
+    let prompt_tokens = state.prompt_tokens;
+    loop {
+        simulate(engine.args.decode_us_per_step).await;
+        let mut active = false;
+        for (index, (seq, output, done)) in sequences.iter_mut().enumerate() {
+            if *done {
+                continue;
+            }
+            let Some(step) = seq.step() else {
+                *done = true;
+                let complete = completion(index as u32, prompt_tokens, output, Some(Finish::Length));
+                send(tx, &plan.request_id, Reply::Complete(complete)).await?;
+                continue;
+            };
+            output.push(step.token);
+            engine.inflight.count_generated(1);
+            if plan.stream {
+                let chunk = GenerateStreamChunk {
+                    token_ids: vec![step.token],
+                    prompt_tokens,
+                    completion_tokens: output.len() as u32,
+                    index: index as u32,
+                    ..GenerateStreamChunk::default()
+                };
+                send(tx, &plan.request_id, Reply::Chunk(chunk)).await?;
+            }
+            if step.finish.is_some() {
+                *done = true;
+                let complete = completion(index as u32, prompt_tokens, output, step.finish);
+                send(tx, &plan.request_id, Reply::Complete(complete)).await?;
+            } else {
+                active = true;
+            }
+        }
+        if !active {
+            return Ok(());
+        }
+    }
+}
+
+fn completion(index: u32, prompt_tokens: u32, output: &[u32], finish: Option<Finish>) -> GenerateComplete {
+    let (finish_reason, matched_stop) = match finish {
+        Some(Finish::Stop(token)) => ("stop", Some(MatchedStop::MatchedTokenId(token))),
+        Some(Finish::Length) | None => ("length", None),
+    };
+    GenerateComplete {
+        output_ids: output.to_vec(),
+        finish_reason: finish_reason.into(),
+        prompt_tokens,
+        completion_tokens: output.len() as u32,
+        matched_stop,
+        index,
+        ..GenerateComplete::default()
+    }
+}
+
+async fn send(tx: &Tx, request_id: &str, reply: Reply) -> Result<(), Stop> {
+    let response = GenerateResponse { request_id: request_id.to_owned(), response: Some(reply) };
+    tx.send(Ok(response)).await.map_err(|_| Stop::Gone)
+}
+
+/// Reports an early end: an abort gets a GenerateComplete with
+/// finish_reason "abort" per sequence, a failure gets the status; a prefill
+/// also fails its KV room so the decode worker learns at once.
+async fn finish_early(engine: &Engine, plan: &Plan, tx: &Tx, stop: Stop) {
+    let reason = match &stop {
+        Stop::Aborted => "aborted".to_owned(),
+        Stop::Gone => "the caller went away".to_owned(),
+        Stop::Failed(status) => status.message().to_owned(),
+    };
+    if let (Role::Prefill, Some(kv)) = (engine.role, &plan.kv) {
+        engine.rooms.fail(kv.room, format!("prefill of request {} failed: {reason}", plan.request_id));
+    }
+    tracing::debug!(request_id = %plan.request_id, %reason, "request ended early");
+    match stop {
+        Stop::Aborted => {
+            for index in 0..plan.sequences.len() as u32 {
+                let complete = GenerateComplete {
+                    finish_reason: "abort".into(),
+                    prompt_tokens: plan.input_ids.len() as u32,
+                    index,
+                    ..GenerateComplete::default()
+                };
+                if send(tx, &plan.request_id, Reply::Complete(complete)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        Stop::Failed(status) => {
+            let _ = tx.send(Err(status)).await;
+        }
+        Stop::Gone => {}
+    }
+}
+
+/// Sleeps for a simulated compute cost.
+async fn simulate(micros: u64) {
+    if micros > 0 {
+        tokio::time::sleep(Duration::from_micros(micros)).await;
+    }
+}

@@ -1,0 +1,148 @@
+//! Start-up: load the model directory, bind the listeners, serve the
+//! scheduler service (and, for prefill, the data service) until shut down.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use iris_model::ModelDir;
+use iris_proto::data::iris_data_server::IrisDataServer;
+use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServer;
+use iris_rooms::{RoomLimits, RoomStore};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::data::DataService;
+use crate::inflight::InFlight;
+use crate::model::Vocab;
+use crate::peers::Peers;
+use crate::request::Limits;
+use crate::service::{Engine, ModelFacts, SchedulerService};
+use crate::{EngineArgs, Role};
+
+/// Largest gRPC message accepted (pixels of several large images).
+const MAX_MESSAGE_BYTES: usize = 512 << 20;
+/// Most bytes of state a prefill worker holds for uncollected rooms.
+const MAX_ROOM_BYTES: u64 = 256 << 20;
+
+/// A started engine.
+pub struct RunningEngine {
+    /// Where the TokenSpeedScheduler service listens.
+    pub grpc_addr: SocketAddr,
+    /// Where the data service listens (prefill role only).
+    pub data_addr: Option<SocketAddr>,
+    shutdown: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+impl RunningEngine {
+    /// A token that stops the servers when cancelled.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Waits until the servers stop (after shutdown, or on a server error).
+    pub async fn wait(self) -> anyhow::Result<()> {
+        for task in self.tasks {
+            task.await.context("server task panicked")?.context("gRPC server failed")?;
+        }
+        Ok(())
+    }
+}
+
+/// Loads the model and starts serving.
+pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
+    let engine = Arc::new(build_engine(&args)?);
+    let shutdown = CancellationToken::new();
+    let grpc = bind(&args.host, args.port).await?;
+    let grpc_addr = grpc.local_addr()?;
+    let mut tasks = Vec::new();
+    let data_addr = if args.role == Role::Prefill {
+        let data = bind(&args.host, args.bootstrap_port).await?;
+        let addr = data.local_addr()?;
+        let service = IrisDataServer::new(DataService::new(engine.clone())).max_encoding_message_size(MAX_MESSAGE_BYTES);
+        tasks.push(tokio::spawn(serve_data(service, data, shutdown.clone())));
+        engine.rooms.spawn_sweeper(Duration::from_secs(1));
+        Some(addr)
+    } else {
+        None
+    };
+    let scheduler = TokenSpeedSchedulerServer::new(SchedulerService::new(engine.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let token = shutdown.clone();
+    tasks.push(tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(scheduler)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), token.cancelled_owned())
+            .await
+    }));
+    Ok(RunningEngine { grpc_addr, data_addr, shutdown, tasks })
+}
+
+async fn serve_data(
+    service: IrisDataServer<DataService>,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+        .await
+}
+
+async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
+    TcpListener::bind((host, port)).await.with_context(|| format!("cannot listen on {host}:{port}"))
+}
+
+fn build_engine(args: &EngineArgs) -> anyhow::Result<Engine> {
+    let dir = ModelDir::load(&args.model_path)
+        .with_context(|| format!("cannot load model directory {}", args.model_path.display()))?;
+    let tokenizer = dir.load_tokenizer().context("cannot load the model's tokenizer")?;
+    let ordinary = iris_model::ordinary_token_ids(&tokenizer);
+    anyhow::ensure!(!ordinary.is_empty(), "the tokenizer has no ordinary tokens to generate");
+    let vocab_size = dir.config.vocab_size.unwrap_or(0).max(tokenizer.get_vocab_size(true) as u32);
+    let bundle = dir.tokenizer_bundle().context("cannot bundle the tokenizer files")?;
+    let facts = ModelFacts {
+        served_model_name: args.served_model_name.clone().unwrap_or_else(|| dir.served_model_name()),
+        model_path: dir.root.display().to_string(),
+        model_type: dir.config.model_type.clone(),
+        architectures: dir.config.architectures.clone(),
+        eos_token_ids: dir.eos_token_ids(),
+        pad_token_id: dir.config.pad_token_id,
+        bos_token_id: dir.config.bos_token_id,
+        supports_vision: dir.config.supports_vision(),
+        dtype: dir.config.torch_dtype.clone().unwrap_or_default(),
+        tokenizer_bundle: bundle,
+    };
+    let limits = Limits {
+        max_context_length: dir.config.max_context_length.unwrap_or(32_768),
+        vocab_size,
+        default_max_new_tokens: args.default_max_new_tokens,
+    };
+    let vocab = Vocab { ordinary, eos: facts.eos_token_ids.clone(), eos_ppm: args.eos_ppm.min(1_000_000) };
+    let worker_id = args
+        .worker_id
+        .clone()
+        .unwrap_or_else(|| format!("{}@{}:{}", args.role.as_str(), args.host, args.port));
+    let ttl = Duration::from_secs(args.room_ttl_secs.max(1));
+    Ok(Engine {
+        role: args.role,
+        args: args.clone(),
+        facts,
+        limits,
+        vocab,
+        inflight: Arc::new(InFlight::default()),
+        rooms: Arc::new(RoomStore::new(RoomLimits { max_bytes: MAX_ROOM_BYTES, ttl })),
+        peers: Peers::new(worker_id.clone()),
+        slots: Arc::new(Semaphore::new(args.max_running_requests.max(1) as usize)),
+        worker_id,
+        started: Instant::now(),
+        started_at: SystemTime::now(),
+    })
+}

@@ -1,0 +1,247 @@
+//! The `TokenSpeedScheduler` service: request intake and the info, load,
+//! health, abort and tokenizer RPCs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use iris_model::TokenizerBundle;
+use iris_proto::common::{GetTokenizerChunk, GetTokenizerRequest, Modality};
+use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedScheduler;
+use iris_proto::scheduler::*;
+use iris_rooms::RoomStore;
+use prost_types::{value::Kind, Struct, Value};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::inflight::InFlight;
+use crate::model::{PromptState, Vocab};
+use crate::peers::Peers;
+use crate::request::{self, Limits};
+use crate::{run, EngineArgs, Role};
+
+/// Bytes a prefill reserves per stored state.
+pub const STATE_BYTES: u64 = 32;
+/// Tokenizer bundle chunk size.
+const TOKENIZER_CHUNK: usize = 1 << 20;
+
+/// A prefilled state waiting for its decode worker.
+pub struct StoredState {
+    pub state: PromptState,
+    pub request_id: String,
+}
+
+/// What GetModelInfo reports, read once from the model directory.
+pub struct ModelFacts {
+    pub served_model_name: String,
+    pub model_path: String,
+    pub model_type: String,
+    pub architectures: Vec<String>,
+    pub eos_token_ids: Vec<u32>,
+    pub pad_token_id: Option<u32>,
+    pub bos_token_id: Option<u32>,
+    pub supports_vision: bool,
+    pub dtype: String,
+    pub tokenizer_bundle: TokenizerBundle,
+}
+
+/// Everything a running engine shares between requests.
+pub struct Engine {
+    pub role: Role,
+    pub args: EngineArgs,
+    pub facts: ModelFacts,
+    pub limits: Limits,
+    pub vocab: Vocab,
+    pub inflight: Arc<InFlight>,
+    /// Prefill role: request states by KV room.
+    pub rooms: Arc<RoomStore<StoredState>>,
+    pub peers: Peers,
+    /// One permit per running request.
+    pub slots: Arc<Semaphore>,
+    pub worker_id: String,
+    pub started: Instant,
+    pub started_at: SystemTime,
+}
+
+pub struct SchedulerService {
+    engine: Arc<Engine>,
+}
+
+impl SchedulerService {
+    pub fn new(engine: Arc<Engine>) -> Self {
+        SchedulerService { engine }
+    }
+}
+
+type ResponseStream<T> = ReceiverStream<Result<T, Status>>;
+
+#[tonic::async_trait]
+impl TokenSpeedScheduler for SchedulerService {
+    type GenerateStream = ResponseStream<GenerateResponse>;
+    type GetTokenizerStream = ResponseStream<GetTokenizerChunk>;
+
+    async fn generate(&self, request: Request<GenerateRequest>) -> Result<Response<Self::GenerateStream>, Status> {
+        let engine = &self.engine;
+        let plan = request::plan(request.into_inner(), engine.role, &engine.limits)?;
+        let registration = engine.inflight.register(&plan.request_id).ok_or_else(|| {
+            Status::already_exists(format!("request {} is already in flight on this worker", plan.request_id))
+        })?;
+        if let (Role::Prefill, Some(kv)) = (engine.role, &plan.kv) {
+            engine.rooms.begin(kv.room, STATE_BYTES).map_err(Status::from)?;
+        }
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(run::run(engine.clone(), plan, registration, tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn health_check(&self, _: Request<HealthCheckRequest>) -> Result<Response<HealthCheckResponse>, Status> {
+        Ok(Response::new(HealthCheckResponse {
+            healthy: true,
+            message: format!("iris-engine {} ready", self.engine.role.as_str()),
+        }))
+    }
+
+    async fn abort(&self, request: Request<AbortRequest>) -> Result<Response<AbortResponse>, Status> {
+        let req = request.into_inner();
+        let found = self.engine.inflight.abort(&req.request_id);
+        let message = if found {
+            format!("request {} aborted", req.request_id)
+        } else {
+            format!("request {} is not in flight here", req.request_id)
+        };
+        Ok(Response::new(AbortResponse { success: found, message }))
+    }
+
+    async fn get_model_info(&self, _: Request<GetModelInfoRequest>) -> Result<Response<GetModelInfoResponse>, Status> {
+        Ok(Response::new(model_info(&self.engine)))
+    }
+
+    async fn get_server_info(
+        &self,
+        _: Request<GetServerInfoRequest>,
+    ) -> Result<Response<GetServerInfoResponse>, Status> {
+        let engine = &self.engine;
+        let since_epoch = engine.started_at.duration_since(UNIX_EPOCH).unwrap_or_default();
+        Ok(Response::new(GetServerInfoResponse {
+            server_args: Some(server_args(engine)),
+            scheduler_info: None,
+            active_requests: engine.inflight.len() as i32,
+            is_paused: false,
+            uptime_seconds: engine.started.elapsed().as_secs_f64(),
+            max_total_num_tokens: engine.limits.max_context_length as i32,
+            tokenspeed_version: format!("iris-engine {}", env!("CARGO_PKG_VERSION")),
+            start_time: Some(prost_types::Timestamp {
+                seconds: since_epoch.as_secs() as i64,
+                nanos: since_epoch.subsec_nanos() as i32,
+            }),
+        }))
+    }
+
+    async fn get_loads(&self, _: Request<GetLoadsRequest>) -> Result<Response<GetLoadsResponse>, Status> {
+        Ok(Response::new(loads(&self.engine)))
+    }
+
+    async fn get_tokenizer(
+        &self,
+        _: Request<GetTokenizerRequest>,
+    ) -> Result<Response<Self::GetTokenizerStream>, Status> {
+        let bundle = &self.engine.facts.tokenizer_bundle;
+        let zip = bytes::Bytes::from(bundle.zip.clone());
+        let sha = bundle.sha256_hex.clone();
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let count = zip.len().div_ceil(TOKENIZER_CHUNK).max(1);
+            for i in 0..count {
+                let end = ((i + 1) * TOKENIZER_CHUNK).min(zip.len());
+                let sha256 = if i + 1 == count { sha.clone() } else { String::new() };
+                let chunk = GetTokenizerChunk { data: zip.slice(i * TOKENIZER_CHUNK..end), sha256 };
+                if tx.send(Ok(chunk)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+fn model_info(engine: &Engine) -> GetModelInfoResponse {
+    let facts = &engine.facts;
+    let as_i32 = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
+    GetModelInfoResponse {
+        model_path: facts.model_path.clone(),
+        tokenizer_path: facts.model_path.clone(),
+        served_model_name: facts.served_model_name.clone(),
+        model_type: facts.model_type.clone(),
+        architectures: facts.architectures.clone(),
+        max_context_length: as_i32(engine.limits.max_context_length),
+        max_req_input_len: as_i32(engine.limits.max_context_length.saturating_sub(1)),
+        vocab_size: as_i32(engine.limits.vocab_size),
+        eos_token_ids: facts.eos_token_ids.iter().map(|&v| as_i32(v)).collect(),
+        pad_token_id: facts.pad_token_id.map(as_i32).unwrap_or(0),
+        bos_token_id: facts.bos_token_id.map(as_i32).unwrap_or(0),
+        weight_version: "reference".into(),
+        default_sampling_params_json: "{}".into(),
+        supports_vision: facts.supports_vision,
+        supports_multimodal: facts.supports_vision,
+        supported_modalities: if facts.supports_vision { vec![Modality::Image as i32] } else { vec![] },
+        model_dtype: facts.dtype.clone(),
+        multimodal_encoder_dtype: if facts.supports_vision { "float32".into() } else { String::new() },
+    }
+}
+
+fn loads(engine: &Engine) -> GetLoadsResponse {
+    let l = engine.inflight.loads();
+    let as_i32 = |v: i64| i32::try_from(v).unwrap_or(i32::MAX);
+    let max_running = engine.args.max_running_requests.max(1);
+    let utilization = l.running as f64 / f64::from(max_running);
+    let load = SchedulerLoad {
+        dp_rank: 0,
+        num_running_reqs: as_i32(l.running),
+        num_waiting_reqs: as_i32(l.waiting),
+        num_total_reqs: as_i32(l.running + l.waiting),
+        num_used_tokens: 0,
+        max_total_num_tokens: engine.limits.max_context_length as i32,
+        max_running_requests: i32::try_from(max_running).unwrap_or(i32::MAX),
+        token_usage: 0.0,
+        gen_throughput: 0.0,
+        cache_hit_rate: 0.0,
+        utilization,
+        num_waiting_uncached_tokens: as_i32(l.waiting_tokens),
+    };
+    let aggregate = AggregateMetrics {
+        total_running_reqs: load.num_running_reqs,
+        total_waiting_reqs: load.num_waiting_reqs,
+        total_reqs: load.num_total_reqs,
+        avg_token_usage: 0.0,
+        avg_throughput: 0.0,
+        avg_utilization: utilization,
+    };
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    GetLoadsResponse {
+        timestamp: format!("{}.{:03}", now.as_secs(), now.subsec_millis()),
+        version: env!("CARGO_PKG_VERSION").into(),
+        dp_rank_count: 1,
+        loads: vec![load],
+        aggregate: Some(aggregate),
+    }
+}
+
+fn server_args(engine: &Engine) -> Struct {
+    let text = |s: &str| Value { kind: Some(Kind::StringValue(s.to_owned())) };
+    let number = |n: f64| Value { kind: Some(Kind::NumberValue(n)) };
+    let mut fields = BTreeMap::new();
+    fields.insert("engine".into(), text("iris-engine"));
+    fields.insert("role".into(), text(engine.role.as_str()));
+    fields.insert("worker_id".into(), text(&engine.worker_id));
+    fields.insert("model_path".into(), text(&engine.facts.model_path));
+    fields.insert("served_model_name".into(), text(&engine.facts.served_model_name));
+    fields.insert("host".into(), text(&engine.args.host));
+    fields.insert("port".into(), number(f64::from(engine.args.port)));
+    if engine.role == Role::Prefill {
+        fields.insert("disaggregation_bootstrap_port".into(), number(f64::from(engine.args.bootstrap_port)));
+    }
+    fields.insert("disaggregation_mode".into(), text(engine.role.as_str()));
+    fields.insert("max_running_requests".into(), number(f64::from(engine.args.max_running_requests)));
+    Struct { fields }
+}

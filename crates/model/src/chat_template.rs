@@ -1,0 +1,156 @@
+//! Chat templates: Hugging Face Jinja templates rendered with minijinja.
+//!
+//! The environment mirrors what `transformers` sets up for
+//! `apply_chat_template`: `trim_blocks` and `lstrip_blocks` on, Python string,
+//! dict and list methods (`.strip()`, `.startswith()`, `.items()`, ...) through
+//! `minijinja-contrib`'s pycompat, a `raise_exception(msg)` function, and a
+//! `tojson` filter that formats like Python's `json.dumps(ensure_ascii=False)`
+//! (`", "` and `": "` separators, optional `indent`, no HTML escaping).
+//! Values are immutable in minijinja, so in-place `list.append` is not
+//! available; templates that build lists with `+` work.
+
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, Error, ErrorKind, State};
+use serde::Serialize;
+use serde_json::Map;
+
+use crate::ModelError;
+
+const NAME: &str = "chat_template";
+
+/// A compiled chat template. Compile once with [`ChatTemplate::new`], then
+/// [`ChatTemplate::render`] as often as needed (it is `Send + Sync`).
+pub struct ChatTemplate {
+    env: Environment<'static>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate").finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; syntax errors are reported with their line.
+    pub fn new(source: &str) -> Result<Self, ModelError> {
+        let mut env = Environment::new();
+        env.set_syntax(hf_syntax()?);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(NAME, source.to_string())
+            .map_err(|e| ModelError::template(&e))?;
+        Ok(ChatTemplate { env })
+    }
+
+    /// Renders `messages` (a JSON list of `{role, content}`), appending the
+    /// assistant prompt when `add_generation_prompt` is set. `extra` (a JSON
+    /// object) adds variables such as `tools`, `bos_token` or `eos_token`.
+    pub fn render(
+        &self,
+        messages: &serde_json::Value,
+        add_generation_prompt: bool,
+        extra: Option<&serde_json::Value>,
+    ) -> Result<String, ModelError> {
+        let mut ctx = match extra {
+            None => Map::new(),
+            Some(serde_json::Value::Object(m)) => m.clone(),
+            Some(_) => {
+                return Err(ModelError::Template {
+                    message: "extra variables must be a JSON object".into(),
+                })
+            }
+        };
+        ctx.insert("messages".into(), messages.clone());
+        ctx.insert(
+            "add_generation_prompt".into(),
+            serde_json::Value::Bool(add_generation_prompt),
+        );
+        let template = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| ModelError::template(&e))?;
+        template
+            .render(Value::from(minijinja::value::Serde(&ctx)))
+            .map_err(|e| ModelError::template(&e))
+    }
+}
+
+/// The whitespace rules `transformers` compiles chat templates with.
+fn hf_syntax() -> Result<SyntaxConfig, ModelError> {
+    SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .build()
+        .map_err(|e| ModelError::template(&e))
+}
+
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `tojson` as `transformers` defines it: `json.dumps(value,
+/// ensure_ascii=False, indent=indent)`.
+fn tojson(_state: &State, value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    // Accepted for compatibility; output is always as with ensure_ascii=False.
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    let _: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let mut out = Vec::new();
+    let result = match indent {
+        None => value.serialize(&mut serde_json::Serializer::with_formatter(
+            &mut out,
+            PyFormatter,
+        )),
+        Some(n) => {
+            let pad = vec![b' '; n];
+            let formatter = serde_json::ser::PrettyFormatter::with_indent(&pad);
+            value.serialize(&mut serde_json::Serializer::with_formatter(
+                &mut out, formatter,
+            ))
+        }
+    };
+    result.map_err(|e| Error::new(ErrorKind::BadSerialization, "tojson failed").with_source(e))?;
+    let text = String::from_utf8(out).map_err(|e| {
+        Error::new(ErrorKind::BadSerialization, "tojson produced invalid UTF-8").with_source(e)
+    })?;
+    Ok(Value::from_safe_string(text))
+}
+
+/// Python's default `json.dumps` separators: `", "` between items, `": "` after keys.
+struct PyFormatter;
+
+impl serde_json::ser::Formatter for PyFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
