@@ -29,7 +29,12 @@ impl Role {
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
     /// Role of this worker.
-    #[arg(long, value_enum, default_value = "aggregated", env = "IRIS_ENGINE_ROLE")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "aggregated",
+        env = "IRIS_ENGINE_ROLE"
+    )]
     pub role: Role,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1", env = "IRIS_ENGINE_HOST")]
@@ -50,7 +55,11 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 256, env = "IRIS_ENGINE_MAX_RUNNING_REQUESTS")]
     pub max_running_requests: u32,
     /// max_new_tokens when a request sets none.
-    #[arg(long, default_value_t = 128, env = "IRIS_ENGINE_DEFAULT_MAX_NEW_TOKENS")]
+    #[arg(
+        long,
+        default_value_t = 128,
+        env = "IRIS_ENGINE_DEFAULT_MAX_NEW_TOKENS"
+    )]
     pub default_max_new_tokens: u32,
     /// Simulated prefill cost per prompt token, in microseconds.
     #[arg(long, default_value_t = 0, env = "IRIS_ENGINE_PREFILL_US_PER_TOKEN")]

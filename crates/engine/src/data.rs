@@ -34,19 +34,33 @@ impl DataService {
 
 #[tonic::async_trait]
 impl IrisData for DataService {
-    async fn fetch_embedding(&self, _: Request<FetchRequest>) -> Result<Response<FetchEmbeddingResponse>, Status> {
+    async fn fetch_embedding(
+        &self,
+        _: Request<FetchRequest>,
+    ) -> Result<Response<FetchEmbeddingResponse>, Status> {
         Err(Status::failed_precondition(
             "this is an iris-engine prefill worker: it serves KV state; embeddings come from encode workers",
         ))
     }
 
-    async fn fetch_kv_state(&self, request: Request<FetchRequest>) -> Result<Response<FetchKvStateResponse>, Status> {
+    async fn fetch_kv_state(
+        &self,
+        request: Request<FetchRequest>,
+    ) -> Result<Response<FetchKvStateResponse>, Status> {
         let req = request.into_inner();
-        let stored = self.engine.rooms.take(req.room, self.wait(req.wait_ms)).await?;
+        let stored = self
+            .engine
+            .rooms
+            .take(req.room, self.wait(req.wait_ms))
+            .await?;
         let state = stored.state;
         tracing::debug!(room = req.room, requester = %req.requester, "KV state collected");
         Ok(Response::new(FetchKvStateResponse {
-            state: Some(tensor::inline(vec![32], DType::UInt8, Bytes::copy_from_slice(&state.digest))),
+            state: Some(tensor::inline(
+                vec![32],
+                DType::UInt8,
+                Bytes::copy_from_slice(&state.digest),
+            )),
             prompt_tokens: state.prompt_tokens,
             request_id: stored.request_id,
         }))

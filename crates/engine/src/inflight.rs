@@ -39,7 +39,9 @@ pub struct Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         self.registry.waiting.fetch_sub(1, Ordering::Relaxed);
-        self.registry.waiting_tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+        self.registry
+            .waiting_tokens
+            .fetch_sub(self.tokens, Ordering::Relaxed);
     }
 }
 
@@ -77,7 +79,11 @@ impl InFlight {
         }
         let cancel = CancellationToken::new();
         map.insert(request_id.to_owned(), cancel.clone());
-        Some(Registration { registry: self.clone(), request_id: request_id.to_owned(), cancel })
+        Some(Registration {
+            registry: self.clone(),
+            request_id: request_id.to_owned(),
+            cancel,
+        })
     }
 
     /// Cancels `request_id`; false if it is not in flight.
@@ -95,16 +101,22 @@ impl InFlight {
         let tokens = i64::from(prompt_tokens);
         self.waiting.fetch_add(1, Ordering::Relaxed);
         self.waiting_tokens.fetch_add(tokens, Ordering::Relaxed);
-        Waiting { registry: self.clone(), tokens }
+        Waiting {
+            registry: self.clone(),
+            tokens,
+        }
     }
 
     pub fn running(self: &Arc<Self>) -> Running {
         self.running.fetch_add(1, Ordering::Relaxed);
-        Running { registry: self.clone() }
+        Running {
+            registry: self.clone(),
+        }
     }
 
     pub fn count_generated(&self, tokens: u32) {
-        self.generated_tokens.fetch_add(i64::from(tokens), Ordering::Relaxed);
+        self.generated_tokens
+            .fetch_add(i64::from(tokens), Ordering::Relaxed);
     }
 
     pub fn loads(&self) -> Loads {
@@ -151,6 +163,14 @@ mod tests {
         assert_eq!(reg.loads().running, 1);
         drop(w);
         drop(r);
-        assert_eq!(reg.loads(), Loads { running: 0, waiting: 0, waiting_tokens: 0, generated_tokens: 0 });
+        assert_eq!(
+            reg.loads(),
+            Loads {
+                running: 0,
+                waiting: 0,
+                waiting_tokens: 0,
+                generated_tokens: 0
+            }
+        );
     }
 }

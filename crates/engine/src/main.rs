@@ -8,7 +8,11 @@ use clap::Parser;
 use iris_engine::EngineArgs;
 
 #[derive(Parser)]
-#[command(name = "iris-engine", version, about = "Reference prefill/decode worker for Iris (TokenSpeedScheduler over gRPC)")]
+#[command(
+    name = "iris-engine",
+    version,
+    about = "Reference prefill/decode worker for Iris (TokenSpeedScheduler over gRPC)"
+)]
 struct Cli {
     #[command(flatten)]
     engine: EngineArgs,
@@ -22,7 +26,10 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logging(cli.log_json);
     let running = iris_engine::start(cli.engine).await?;
-    let data = running.data_addr.map(|a| format!(" data={a}")).unwrap_or_default();
+    let data = running
+        .data_addr
+        .map(|a| format!(" data={a}"))
+        .unwrap_or_default();
     println!("iris-engine listening grpc={}{data}", running.grpc_addr);
     let shutdown = running.shutdown_token();
     tokio::spawn(async move {
@@ -35,7 +42,9 @@ async fn main() -> anyhow::Result<()> {
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {
@@ -47,13 +56,14 @@ async fn wait_for_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

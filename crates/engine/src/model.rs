@@ -44,7 +44,10 @@ impl PromptState {
     /// Rebuilds a state received from another worker.
     pub fn from_bytes(bytes: &[u8], prompt_tokens: u32) -> Option<Self> {
         let digest: [u8; 32] = bytes.try_into().ok()?;
-        Some(PromptState { digest, prompt_tokens })
+        Some(PromptState {
+            digest,
+            prompt_tokens,
+        })
     }
 }
 
@@ -102,7 +105,13 @@ impl<'a> Sequence<'a> {
         let key = u64::from_le_bytes(head)
             ^ mix(params.seed)
             ^ mix(u64::from(params.index).wrapping_add(0x5851_f42d_4c95_7f2d));
-        Sequence { vocab, key, params, produced: 0, finished: false }
+        Sequence {
+            vocab,
+            key,
+            params,
+            produced: 0,
+            finished: false,
+        }
     }
 
     /// The next token, or `None` once the sequence has finished.
@@ -113,7 +122,10 @@ impl<'a> Sequence<'a> {
     }
 
     fn draw(&mut self) -> Option<Step> {
-        if self.finished || self.produced >= self.params.max_new_tokens || self.vocab.ordinary.is_empty() {
+        if self.finished
+            || self.produced >= self.params.max_new_tokens
+            || self.vocab.ordinary.is_empty()
+        {
             return None;
         }
         let r = mix(self.key ^ mix(u64::from(self.produced)));
@@ -122,7 +134,10 @@ impl<'a> Sequence<'a> {
         let eos = self.vocab.eos.first().copied();
         if let (true, false, Some(eos)) = (may_stop, self.params.ignore_eos, eos) {
             if (r % 1_000_000) < u64::from(self.vocab.eos_ppm) {
-                return Some(Step { token: eos, finish: Some(Finish::Stop(eos)) });
+                return Some(Step {
+                    token: eos,
+                    finish: Some(Finish::Stop(eos)),
+                });
             }
         }
         let pick = (r >> 20) % self.vocab.ordinary.len() as u64;
@@ -151,7 +166,11 @@ mod tests {
     use super::*;
 
     fn vocab(eos_ppm: u32) -> Vocab {
-        Vocab { ordinary: (10..200).collect(), eos: vec![2, 3], eos_ppm }
+        Vocab {
+            ordinary: (10..200).collect(),
+            eos: vec![2, 3],
+            eos_ppm,
+        }
     }
 
     fn params(max: u32) -> SequenceParams {
@@ -177,7 +196,10 @@ mod tests {
         assert_ne!(base, PromptState::prefill(&[1, 2, 4], [&b"abc"[..]]));
         assert_ne!(base, PromptState::prefill(&[1, 2, 3], [&b"abd"[..]]));
         // Item boundaries matter: "ab"+"c" is not "abc".
-        assert_ne!(base, PromptState::prefill(&[1, 2, 3], [&b"ab"[..], &b"c"[..]]));
+        assert_ne!(
+            base,
+            PromptState::prefill(&[1, 2, 3], [&b"ab"[..], &b"c"[..]])
+        );
     }
 
     #[test]
@@ -187,7 +209,10 @@ mod tests {
         let a = run(&state, &v, &params(32));
         assert_eq!(a, run(&state, &v, &params(32)));
         assert_eq!(a.len(), 32);
-        assert_eq!(a.last().and_then(|s| s.finish.clone()), Some(Finish::Length));
+        assert_eq!(
+            a.last().and_then(|s| s.finish.clone()),
+            Some(Finish::Length)
+        );
         let mut seeded = params(32);
         seeded.seed = 7;
         assert_ne!(a, run(&state, &v, &seeded));
@@ -202,7 +227,13 @@ mod tests {
         let state = PromptState::prefill(&[9], []);
         let always = vocab(1_000_000);
         let steps = run(&state, &always, &params(10));
-        assert_eq!(steps, vec![Step { token: 2, finish: Some(Finish::Stop(2)) }]);
+        assert_eq!(
+            steps,
+            vec![Step {
+                token: 2,
+                finish: Some(Finish::Stop(2))
+            }]
+        );
         let mut p = params(10);
         p.min_new_tokens = 4;
         let steps = run(&state, &always, &p);
@@ -221,8 +252,14 @@ mod tests {
         let mut p = params(50);
         p.stop_token_ids = vec![target];
         let stopped = run(&state, &v, &p);
-        let first = free.iter().position(|s| s.token == target).unwrap_or(usize::MAX);
+        let first = free
+            .iter()
+            .position(|s| s.token == target)
+            .unwrap_or(usize::MAX);
         assert_eq!(stopped.len(), first + 1);
-        assert_eq!(stopped.last().and_then(|s| s.finish.clone()), Some(Finish::Stop(target)));
+        assert_eq!(
+            stopped.last().and_then(|s| s.finish.clone()),
+            Some(Finish::Stop(target))
+        );
     }
 }

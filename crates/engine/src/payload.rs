@@ -40,16 +40,24 @@ pub fn read_shm(dir: &Path, handle: &ShmHandle) -> Result<Bytes, Status> {
 
 fn shm_path(dir: &Path, name: &str) -> Result<PathBuf, Status> {
     let bare = name.strip_prefix('/').unwrap_or(name);
-    let valid = !bare.is_empty() && bare != "." && bare != ".." && !bare.contains('/') && !bare.contains('\0');
+    let valid = !bare.is_empty()
+        && bare != "."
+        && bare != ".."
+        && !bare.contains('/')
+        && !bare.contains('\0');
     if !valid {
-        return Err(Status::invalid_argument(format!("invalid shared-memory object name {name:?}")));
+        return Err(Status::invalid_argument(format!(
+            "invalid shared-memory object name {name:?}"
+        )));
     }
     Ok(dir.join(bare))
 }
 
 fn read_range(path: &Path, offset: u64, nbytes: u64) -> Result<Bytes, Status> {
     use std::io::{Read, Seek, SeekFrom};
-    let not_found = |e: std::io::Error| Status::not_found(format!("shared-memory object {}: {e}", path.display()));
+    let not_found = |e: std::io::Error| {
+        Status::not_found(format!("shared-memory object {}: {e}", path.display()))
+    };
     let mut file = std::fs::File::open(path).map_err(not_found)?;
     let size = file.metadata().map_err(not_found)?.len();
     let end = offset.checked_add(nbytes).filter(|end| *end <= size).ok_or_else(|| {
@@ -71,7 +79,12 @@ mod tests {
     use super::*;
 
     fn handle(name: &str, offset: u64, nbytes: u64) -> ShmHandle {
-        ShmHandle { name: name.into(), offset, nbytes, owner_id: "test".into() }
+        ShmHandle {
+            name: name.into(),
+            offset,
+            nbytes,
+            owner_id: "test".into(),
+        }
     }
 
     #[test]

@@ -26,7 +26,10 @@ pub struct Peers {
 
 impl Peers {
     pub fn new(requester: String) -> Self {
-        Peers { channels: Mutex::new(HashMap::new()), requester }
+        Peers {
+            channels: Mutex::new(HashMap::new()),
+            requester,
+        }
     }
 
     fn client(&self, host: &str, port: u16) -> Result<IrisDataClient<Channel>, Status> {
@@ -35,9 +38,15 @@ impl Peers {
         if let Some(channel) = channels.get(&key) {
             return Ok(IrisDataClient::new(channel.clone()).max_decoding_message_size(usize::MAX));
         }
-        let authority = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+        let authority = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
         let endpoint = Endpoint::from_shared(format!("http://{authority}"))
-            .map_err(|e| Status::invalid_argument(format!("bad data server address {authority}: {e}")))?
+            .map_err(|e| {
+                Status::invalid_argument(format!("bad data server address {authority}: {e}"))
+            })?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true);
         let channel = endpoint.connect_lazy();
@@ -47,13 +56,23 @@ impl Peers {
 
     fn request(&self, room: i64, wait: Duration) -> tonic::Request<FetchRequest> {
         let wait_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
-        let mut req = tonic::Request::new(FetchRequest { room, wait_ms, requester: self.requester.clone() });
+        let mut req = tonic::Request::new(FetchRequest {
+            room,
+            wait_ms,
+            requester: self.requester.clone(),
+        });
         req.set_timeout(wait + RPC_MARGIN);
         req
     }
 
     /// The embedding of `room` on the encode worker at host:port.
-    pub async fn fetch_embedding(&self, host: &str, port: u16, room: i64, wait: Duration) -> Result<Bytes, Status> {
+    pub async fn fetch_embedding(
+        &self,
+        host: &str,
+        port: u16,
+        room: i64,
+        wait: Duration,
+    ) -> Result<Bytes, Status> {
         let what = || format!("embedding of room {room} from encode worker {host}:{port}");
         let resp = self
             .client(host, port)?
@@ -61,16 +80,28 @@ impl Peers {
             .await
             .map_err(|s| context(s, &what()))?
             .into_inner();
-        let tensor = resp.embedding.ok_or_else(|| Status::internal(format!("{}: response has no tensor", what())))?;
-        iris_proto::tensor::validate(&tensor).map_err(|e| Status::internal(format!("{}: {e}", what())))?;
+        let tensor = resp
+            .embedding
+            .ok_or_else(|| Status::internal(format!("{}: response has no tensor", what())))?;
+        iris_proto::tensor::validate(&tensor)
+            .map_err(|e| Status::internal(format!("{}: {e}", what())))?;
         match tensor.payload {
             Some(Payload::Inline(bytes)) => Ok(bytes),
-            _ => Err(Status::failed_precondition(format!("{}: only inline embeddings are supported", what()))),
+            _ => Err(Status::failed_precondition(format!(
+                "{}: only inline embeddings are supported",
+                what()
+            ))),
         }
     }
 
     /// The prefilled state of KV room `room` on the prefill worker at host:port.
-    pub async fn fetch_kv_state(&self, host: &str, port: u16, room: i64, wait: Duration) -> Result<PromptState, Status> {
+    pub async fn fetch_kv_state(
+        &self,
+        host: &str,
+        port: u16,
+        room: i64,
+        wait: Duration,
+    ) -> Result<PromptState, Status> {
         let what = || format!("KV state of room {room} from prefill worker {host}:{port}");
         let resp = self
             .client(host, port)?
@@ -80,10 +111,20 @@ impl Peers {
             .into_inner();
         let bytes = match resp.state.and_then(|t| t.payload) {
             Some(Payload::Inline(bytes)) => bytes,
-            _ => return Err(Status::internal(format!("{}: response carries no inline state", what()))),
+            _ => {
+                return Err(Status::internal(format!(
+                    "{}: response carries no inline state",
+                    what()
+                )))
+            }
         };
-        PromptState::from_bytes(&bytes, resp.prompt_tokens)
-            .ok_or_else(|| Status::internal(format!("{}: state has {} bytes, expected 32", what(), bytes.len())))
+        PromptState::from_bytes(&bytes, resp.prompt_tokens).ok_or_else(|| {
+            Status::internal(format!(
+                "{}: state has {} bytes, expected 32",
+                what(),
+                bytes.len()
+            ))
+        })
     }
 }
 

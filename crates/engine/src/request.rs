@@ -53,11 +53,9 @@ pub struct KvAddress {
 
 /// Checks `req` for a worker of `role` serving a model with `limits`.
 pub fn plan(mut req: GenerateRequest, role: Role, limits: &Limits) -> Result<Plan, Status> {
-    let input_ids = req
-        .tokenized
-        .take()
-        .map(|t| t.input_ids)
-        .ok_or_else(|| Status::invalid_argument("missing tokenized input: GenerateRequest.tokenized is required"))?;
+    let input_ids = req.tokenized.take().map(|t| t.input_ids).ok_or_else(|| {
+        Status::invalid_argument("missing tokenized input: GenerateRequest.tokenized is required")
+    })?;
     check_prompt(&input_ids, limits)?;
     let params = req.sampling_params.take().unwrap_or_default();
     check_sampling(&params)?;
@@ -71,12 +69,21 @@ pub fn plan(mut req: GenerateRequest, role: Role, limits: &Limits) -> Result<Pla
     if req.request_id.is_empty() {
         return Err(Status::invalid_argument("request_id must not be empty"));
     }
-    Ok(Plan { request_id: req.request_id, input_ids, stream: req.stream, sequences, items, kv })
+    Ok(Plan {
+        request_id: req.request_id,
+        input_ids,
+        stream: req.stream,
+        sequences,
+        items,
+        kv,
+    })
 }
 
 fn check_prompt(input_ids: &[u32], limits: &Limits) -> Result<(), Status> {
     if input_ids.is_empty() {
-        return Err(Status::invalid_argument("input_ids is empty: a prompt needs at least one token"));
+        return Err(Status::invalid_argument(
+            "input_ids is empty: a prompt needs at least one token",
+        ));
     }
     if input_ids.len() >= limits.max_context_length as usize {
         return Err(Status::invalid_argument(format!(
@@ -85,7 +92,11 @@ fn check_prompt(input_ids: &[u32], limits: &Limits) -> Result<(), Status> {
             limits.max_context_length
         )));
     }
-    if let Some((pos, id)) = input_ids.iter().enumerate().find(|(_, &id)| id >= limits.vocab_size) {
+    if let Some((pos, id)) = input_ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id >= limits.vocab_size)
+    {
         return Err(Status::invalid_argument(format!(
             "input_ids[{pos}] = {id} is outside the vocabulary (size {})",
             limits.vocab_size
@@ -96,13 +107,19 @@ fn check_prompt(input_ids: &[u32], limits: &Limits) -> Result<(), Status> {
 
 fn check_sampling(p: &SamplingParams) -> Result<(), Status> {
     if let Some(t) = p.temperature.filter(|t| !t.is_finite() || *t < 0.0) {
-        return Err(Status::invalid_argument(format!("temperature must be >= 0, got {t}")));
+        return Err(Status::invalid_argument(format!(
+            "temperature must be >= 0, got {t}"
+        )));
     }
     if let Some(t) = p.top_p.filter(|t| !(*t > 0.0 && *t <= 1.0)) {
-        return Err(Status::invalid_argument(format!("top_p must be in (0, 1], got {t}")));
+        return Err(Status::invalid_argument(format!(
+            "top_p must be in (0, 1], got {t}"
+        )));
     }
     if let Some(t) = p.min_p.filter(|t| !(0.0..=1.0).contains(t)) {
-        return Err(Status::invalid_argument(format!("min_p must be in [0, 1], got {t}")));
+        return Err(Status::invalid_argument(format!(
+            "min_p must be in [0, 1], got {t}"
+        )));
     }
     if p.constraint.is_some() {
         return Err(Status::unimplemented("constrained decoding (regex, json_schema, ebnf, structural_tag) is not supported by iris-engine"));
@@ -110,13 +127,22 @@ fn check_sampling(p: &SamplingParams) -> Result<(), Status> {
     Ok(())
 }
 
-fn sequences(p: &SamplingParams, prompt_len: u32, limits: &Limits) -> Result<Vec<SequenceParams>, Status> {
+fn sequences(
+    p: &SamplingParams,
+    prompt_len: u32,
+    limits: &Limits,
+) -> Result<Vec<SequenceParams>, Status> {
     let n = p.n.max(1);
     if n > MAX_N {
-        return Err(Status::invalid_argument(format!("n = {n} is too large: at most {MAX_N} sequences per request")));
+        return Err(Status::invalid_argument(format!(
+            "n = {n} is too large: at most {MAX_N} sequences per request"
+        )));
     }
     let room = limits.max_context_length - prompt_len;
-    let max_new_tokens = p.max_new_tokens.unwrap_or(limits.default_max_new_tokens).min(room);
+    let max_new_tokens = p
+        .max_new_tokens
+        .unwrap_or(limits.default_max_new_tokens)
+        .min(room);
     if p.min_new_tokens > max_new_tokens {
         return Err(Status::invalid_argument(format!(
             "min_new_tokens ({}) exceeds max_new_tokens ({max_new_tokens})",
@@ -155,9 +181,15 @@ fn kv_address(info: Option<KvBootstrapInfo>, role: Role) -> Result<Option<KvAddr
                 )));
             }
             if role == Role::Decode && info.bootstrap_host.is_empty() {
-                return Err(Status::invalid_argument("kv_bootstrap_info.bootstrap_host is empty"));
+                return Err(Status::invalid_argument(
+                    "kv_bootstrap_info.bootstrap_host is empty",
+                ));
             }
-            Ok(Some(KvAddress { host: info.bootstrap_host, port, room: info.bootstrap_room }))
+            Ok(Some(KvAddress {
+                host: info.bootstrap_host,
+                port,
+                room: info.bootstrap_room,
+            }))
         }
     }
 }
@@ -170,7 +202,11 @@ fn port(value: i32, field: &str) -> Result<u16, Status> {
 }
 
 fn item_sources(req: &GenerateRequest, prompt_len: usize) -> Result<Vec<ItemSource>, Status> {
-    let items = req.mm_inputs.as_ref().map(|m| m.items.as_slice()).unwrap_or_default();
+    let items = req
+        .mm_inputs
+        .as_ref()
+        .map(|m| m.items.as_slice())
+        .unwrap_or_default();
     let mut encoded: HashMap<u32, ItemSource> = HashMap::new();
     for entry in req.encode_bootstrap_info.iter().flat_map(|e| &e.items) {
         if entry.item_index as usize >= items.len() {
@@ -187,7 +223,11 @@ fn item_sources(req: &GenerateRequest, prompt_len: usize) -> Result<Vec<ItemSour
             )));
         }
         let port = port(entry.bootstrap_port, "encode_bootstrap_info.bootstrap_port")?;
-        let source = ItemSource::Embedding { host: entry.bootstrap_host.clone(), port, room: entry.bootstrap_room };
+        let source = ItemSource::Embedding {
+            host: entry.bootstrap_host.clone(),
+            port,
+            room: entry.bootstrap_room,
+        };
         if encoded.insert(entry.item_index, source).is_some() {
             return Err(Status::invalid_argument(format!(
                 "encode_bootstrap_info names item {} twice",
@@ -218,10 +258,14 @@ fn check_item_tensors(
     prompt_len: usize,
 ) -> Result<(), Status> {
     let named = item.encoder_input.iter().map(|t| ("encoder_input", t));
-    let specific = item.model_specific_tensors.iter().map(|(k, t)| (k.as_str(), t));
+    let specific = item
+        .model_specific_tensors
+        .iter()
+        .map(|(k, t)| (k.as_str(), t));
     for (name, t) in named.chain(specific) {
-        tensor::validate(t)
-            .map_err(|e| Status::invalid_argument(format!("mm item {index}, tensor {name}: {e}")))?;
+        tensor::validate(t).map_err(|e| {
+            Status::invalid_argument(format!("mm item {index}, tensor {name}: {e}"))
+        })?;
     }
     for r in &item.placeholders {
         let end = u64::from(r.offset) + u64::from(r.length);

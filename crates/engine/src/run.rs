@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use iris_proto::scheduler::{
-    generate_complete::MatchedStop, generate_response::Response as Reply, GenerateComplete, GenerateResponse,
-    GenerateStreamChunk,
+    generate_complete::MatchedStop, generate_response::Response as Reply, GenerateComplete,
+    GenerateResponse, GenerateStreamChunk,
 };
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -70,22 +70,32 @@ async fn prefill(engine: &Engine, plan: &Plan) -> Result<PromptState, Status> {
     let fetches = plan.items.iter().map(|item| async move {
         match item {
             ItemSource::Pixels(tensor) => payload::read(tensor).await,
-            ItemSource::Embedding { host, port, room } => engine.peers.fetch_embedding(host, *port, *room, wait).await,
+            ItemSource::Embedding { host, port, room } => {
+                engine.peers.fetch_embedding(host, *port, *room, wait).await
+            }
         }
     });
     let items: Vec<Bytes> = futures::future::try_join_all(fetches).await?;
     simulate(engine.args.prefill_us_per_token * plan.input_ids.len() as u64).await;
     let input_ids = plan.input_ids.clone();
-    tokio::task::spawn_blocking(move || PromptState::prefill(&input_ids, items.iter().map(|b| &b[..])))
-        .await
-        .map_err(|e| Status::internal(format!("prefill task failed: {e}")))
+    tokio::task::spawn_blocking(move || {
+        PromptState::prefill(&input_ids, items.iter().map(|b| &b[..]))
+    })
+    .await
+    .map_err(|e| Status::internal(format!("prefill task failed: {e}")))
 }
 
 /// Decode: collect the state the prefill worker left under the KV room.
 async fn collect_state(engine: &Engine, plan: &Plan) -> Result<PromptState, Status> {
-    let kv = plan.kv.as_ref().ok_or_else(|| Status::internal("decode plan without a KV room"))?;
+    let kv = plan
+        .kv
+        .as_ref()
+        .ok_or_else(|| Status::internal("decode plan without a KV room"))?;
     let wait = Duration::from_millis(engine.args.transfer_wait_ms);
-    let state = engine.peers.fetch_kv_state(&kv.host, kv.port, kv.room, wait).await?;
+    let state = engine
+        .peers
+        .fetch_kv_state(&kv.host, kv.port, kv.room, wait)
+        .await?;
     if state.prompt_tokens != plan.input_ids.len() as u32 {
         return Err(Status::failed_precondition(format!(
             "KV room {} holds a {}-token prompt but this request has {} tokens",
@@ -99,9 +109,16 @@ async fn collect_state(engine: &Engine, plan: &Plan) -> Result<PromptState, Stat
 
 /// Prefill: publish the state under the KV room and end the prefill leg.
 async fn hand_over(engine: &Engine, plan: &Plan, state: PromptState, tx: &Tx) -> Result<(), Stop> {
-    let room = plan.kv.as_ref().map(|kv| kv.room).ok_or_else(|| Stop::Failed(Status::internal("no KV room")))?;
+    let room = plan
+        .kv
+        .as_ref()
+        .map(|kv| kv.room)
+        .ok_or_else(|| Stop::Failed(Status::internal("no KV room")))?;
     let prompt_tokens = state.prompt_tokens;
-    let stored = StoredState { state, request_id: plan.request_id.clone() };
+    let stored = StoredState {
+        state,
+        request_id: plan.request_id.clone(),
+    };
     engine
         .rooms
         .complete(room, stored, crate::service::STATE_BYTES)
@@ -131,7 +148,8 @@ async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> R
             }
             let Some(step) = seq.step() else {
                 *done = true;
-                let complete = completion(index as u32, prompt_tokens, output, Some(Finish::Length));
+                let complete =
+                    completion(index as u32, prompt_tokens, output, Some(Finish::Length));
                 send(tx, &plan.request_id, Reply::Complete(complete)).await?;
                 continue;
             };
@@ -161,7 +179,12 @@ async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> R
     }
 }
 
-fn completion(index: u32, prompt_tokens: u32, output: &[u32], finish: Option<Finish>) -> GenerateComplete {
+fn completion(
+    index: u32,
+    prompt_tokens: u32,
+    output: &[u32],
+    finish: Option<Finish>,
+) -> GenerateComplete {
     let (finish_reason, matched_stop) = match finish {
         Some(Finish::Stop(token)) => ("stop", Some(MatchedStop::MatchedTokenId(token))),
         Some(Finish::Length) | None => ("length", None),
@@ -178,7 +201,10 @@ fn completion(index: u32, prompt_tokens: u32, output: &[u32], finish: Option<Fin
 }
 
 async fn send(tx: &Tx, request_id: &str, reply: Reply) -> Result<(), Stop> {
-    let response = GenerateResponse { request_id: request_id.to_owned(), response: Some(reply) };
+    let response = GenerateResponse {
+        request_id: request_id.to_owned(),
+        response: Some(reply),
+    };
     tx.send(Ok(response)).await.map_err(|_| Stop::Gone)
 }
 
@@ -192,7 +218,10 @@ async fn finish_early(engine: &Engine, plan: &Plan, tx: &Tx, stop: Stop) {
         Stop::Failed(status) => status.message().to_owned(),
     };
     if let (Role::Prefill, Some(kv)) = (engine.role, &plan.kv) {
-        engine.rooms.fail(kv.room, format!("prefill of request {} failed: {reason}", plan.request_id));
+        engine.rooms.fail(
+            kv.room,
+            format!("prefill of request {} failed: {reason}", plan.request_id),
+        );
     }
     tracing::debug!(request_id = %plan.request_id, %reason, "request ended early");
     match stop {
@@ -204,7 +233,10 @@ async fn finish_early(engine: &Engine, plan: &Plan, tx: &Tx, stop: Stop) {
                     index,
                     ..GenerateComplete::default()
                 };
-                if send(tx, &plan.request_id, Reply::Complete(complete)).await.is_err() {
+                if send(tx, &plan.request_id, Reply::Complete(complete))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }

@@ -47,7 +47,9 @@ impl RunningEngine {
     /// Waits until the servers stop (after shutdown, or on a server error).
     pub async fn wait(self) -> anyhow::Result<()> {
         for task in self.tasks {
-            task.await.context("server task panicked")?.context("gRPC server failed")?;
+            task.await
+                .context("server task panicked")?
+                .context("gRPC server failed")?;
         }
         Ok(())
     }
@@ -63,7 +65,8 @@ pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
     let data_addr = if args.role == Role::Prefill {
         let data = bind(&args.host, args.bootstrap_port).await?;
         let addr = data.local_addr()?;
-        let service = IrisDataServer::new(DataService::new(engine.clone())).max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let service = IrisDataServer::new(DataService::new(engine.clone()))
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
         tasks.push(tokio::spawn(serve_data(service, data, shutdown.clone())));
         engine.rooms.spawn_sweeper(Duration::from_secs(1));
         Some(addr)
@@ -81,7 +84,12 @@ pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
             .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), token.cancelled_owned())
             .await
     }));
-    Ok(RunningEngine { grpc_addr, data_addr, shutdown, tasks })
+    Ok(RunningEngine {
+        grpc_addr,
+        data_addr,
+        shutdown,
+        tasks,
+    })
 }
 
 async fn serve_data(
@@ -97,19 +105,35 @@ async fn serve_data(
 }
 
 async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
-    TcpListener::bind((host, port)).await.with_context(|| format!("cannot listen on {host}:{port}"))
+    TcpListener::bind((host, port))
+        .await
+        .with_context(|| format!("cannot listen on {host}:{port}"))
 }
 
 fn build_engine(args: &EngineArgs) -> anyhow::Result<Engine> {
     let dir = ModelDir::load(&args.model_path)
         .with_context(|| format!("cannot load model directory {}", args.model_path.display()))?;
-    let tokenizer = dir.load_tokenizer().context("cannot load the model's tokenizer")?;
+    let tokenizer = dir
+        .load_tokenizer()
+        .context("cannot load the model's tokenizer")?;
     let ordinary = iris_model::ordinary_token_ids(&tokenizer);
-    anyhow::ensure!(!ordinary.is_empty(), "the tokenizer has no ordinary tokens to generate");
-    let vocab_size = dir.config.vocab_size.unwrap_or(0).max(tokenizer.get_vocab_size(true) as u32);
-    let bundle = dir.tokenizer_bundle().context("cannot bundle the tokenizer files")?;
+    anyhow::ensure!(
+        !ordinary.is_empty(),
+        "the tokenizer has no ordinary tokens to generate"
+    );
+    let vocab_size = dir
+        .config
+        .vocab_size
+        .unwrap_or(0)
+        .max(tokenizer.get_vocab_size(true) as u32);
+    let bundle = dir
+        .tokenizer_bundle()
+        .context("cannot bundle the tokenizer files")?;
     let facts = ModelFacts {
-        served_model_name: args.served_model_name.clone().unwrap_or_else(|| dir.served_model_name()),
+        served_model_name: args
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| dir.served_model_name()),
         model_path: dir.root.display().to_string(),
         model_type: dir.config.model_type.clone(),
         architectures: dir.config.architectures.clone(),
@@ -125,7 +149,11 @@ fn build_engine(args: &EngineArgs) -> anyhow::Result<Engine> {
         vocab_size,
         default_max_new_tokens: args.default_max_new_tokens,
     };
-    let vocab = Vocab { ordinary, eos: facts.eos_token_ids.clone(), eos_ppm: args.eos_ppm.min(1_000_000) };
+    let vocab = Vocab {
+        ordinary,
+        eos: facts.eos_token_ids.clone(),
+        eos_ppm: args.eos_ppm.min(1_000_000),
+    };
     let worker_id = args
         .worker_id
         .clone()
@@ -138,7 +166,10 @@ fn build_engine(args: &EngineArgs) -> anyhow::Result<Engine> {
         limits,
         vocab,
         inflight: Arc::new(InFlight::default()),
-        rooms: Arc::new(RoomStore::new(RoomLimits { max_bytes: MAX_ROOM_BYTES, ttl })),
+        rooms: Arc::new(RoomStore::new(RoomLimits {
+            max_bytes: MAX_ROOM_BYTES,
+            ttl,
+        })),
         peers: Peers::new(worker_id.clone()),
         slots: Arc::new(Semaphore::new(args.max_running_requests.max(1) as usize)),
         worker_id,

@@ -81,28 +81,43 @@ impl TokenSpeedScheduler for SchedulerService {
     type GenerateStream = ResponseStream<GenerateResponse>;
     type GetTokenizerStream = ResponseStream<GetTokenizerChunk>;
 
-    async fn generate(&self, request: Request<GenerateRequest>) -> Result<Response<Self::GenerateStream>, Status> {
+    async fn generate(
+        &self,
+        request: Request<GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
         let engine = &self.engine;
         let plan = request::plan(request.into_inner(), engine.role, &engine.limits)?;
         let registration = engine.inflight.register(&plan.request_id).ok_or_else(|| {
-            Status::already_exists(format!("request {} is already in flight on this worker", plan.request_id))
+            Status::already_exists(format!(
+                "request {} is already in flight on this worker",
+                plan.request_id
+            ))
         })?;
         if let (Role::Prefill, Some(kv)) = (engine.role, &plan.kv) {
-            engine.rooms.begin(kv.room, STATE_BYTES).map_err(Status::from)?;
+            engine
+                .rooms
+                .begin(kv.room, STATE_BYTES)
+                .map_err(Status::from)?;
         }
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(run::run(engine.clone(), plan, registration, tx));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn health_check(&self, _: Request<HealthCheckRequest>) -> Result<Response<HealthCheckResponse>, Status> {
+    async fn health_check(
+        &self,
+        _: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
         Ok(Response::new(HealthCheckResponse {
             healthy: true,
             message: format!("iris-engine {} ready", self.engine.role.as_str()),
         }))
     }
 
-    async fn abort(&self, request: Request<AbortRequest>) -> Result<Response<AbortResponse>, Status> {
+    async fn abort(
+        &self,
+        request: Request<AbortRequest>,
+    ) -> Result<Response<AbortResponse>, Status> {
         let req = request.into_inner();
         let found = self.engine.inflight.abort(&req.request_id);
         let message = if found {
@@ -110,10 +125,16 @@ impl TokenSpeedScheduler for SchedulerService {
         } else {
             format!("request {} is not in flight here", req.request_id)
         };
-        Ok(Response::new(AbortResponse { success: found, message }))
+        Ok(Response::new(AbortResponse {
+            success: found,
+            message,
+        }))
     }
 
-    async fn get_model_info(&self, _: Request<GetModelInfoRequest>) -> Result<Response<GetModelInfoResponse>, Status> {
+    async fn get_model_info(
+        &self,
+        _: Request<GetModelInfoRequest>,
+    ) -> Result<Response<GetModelInfoResponse>, Status> {
         Ok(Response::new(model_info(&self.engine)))
     }
 
@@ -122,7 +143,10 @@ impl TokenSpeedScheduler for SchedulerService {
         _: Request<GetServerInfoRequest>,
     ) -> Result<Response<GetServerInfoResponse>, Status> {
         let engine = &self.engine;
-        let since_epoch = engine.started_at.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let since_epoch = engine
+            .started_at
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         Ok(Response::new(GetServerInfoResponse {
             server_args: Some(server_args(engine)),
             scheduler_info: None,
@@ -138,7 +162,10 @@ impl TokenSpeedScheduler for SchedulerService {
         }))
     }
 
-    async fn get_loads(&self, _: Request<GetLoadsRequest>) -> Result<Response<GetLoadsResponse>, Status> {
+    async fn get_loads(
+        &self,
+        _: Request<GetLoadsRequest>,
+    ) -> Result<Response<GetLoadsResponse>, Status> {
         Ok(Response::new(loads(&self.engine)))
     }
 
@@ -154,8 +181,15 @@ impl TokenSpeedScheduler for SchedulerService {
             let count = zip.len().div_ceil(TOKENIZER_CHUNK).max(1);
             for i in 0..count {
                 let end = ((i + 1) * TOKENIZER_CHUNK).min(zip.len());
-                let sha256 = if i + 1 == count { sha.clone() } else { String::new() };
-                let chunk = GetTokenizerChunk { data: zip.slice(i * TOKENIZER_CHUNK..end), sha256 };
+                let sha256 = if i + 1 == count {
+                    sha.clone()
+                } else {
+                    String::new()
+                };
+                let chunk = GetTokenizerChunk {
+                    data: zip.slice(i * TOKENIZER_CHUNK..end),
+                    sha256,
+                };
                 if tx.send(Ok(chunk)).await.is_err() {
                     return;
                 }
@@ -184,9 +218,17 @@ fn model_info(engine: &Engine) -> GetModelInfoResponse {
         default_sampling_params_json: "{}".into(),
         supports_vision: facts.supports_vision,
         supports_multimodal: facts.supports_vision,
-        supported_modalities: if facts.supports_vision { vec![Modality::Image as i32] } else { vec![] },
+        supported_modalities: if facts.supports_vision {
+            vec![Modality::Image as i32]
+        } else {
+            vec![]
+        },
         model_dtype: facts.dtype.clone(),
-        multimodal_encoder_dtype: if facts.supports_vision { "float32".into() } else { String::new() },
+        multimodal_encoder_dtype: if facts.supports_vision {
+            "float32".into()
+        } else {
+            String::new()
+        },
     }
 }
 
@@ -217,7 +259,9 @@ fn loads(engine: &Engine) -> GetLoadsResponse {
         avg_throughput: 0.0,
         avg_utilization: utilization,
     };
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     GetLoadsResponse {
         timestamp: format!("{}.{:03}", now.as_secs(), now.subsec_millis()),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -228,20 +272,33 @@ fn loads(engine: &Engine) -> GetLoadsResponse {
 }
 
 fn server_args(engine: &Engine) -> Struct {
-    let text = |s: &str| Value { kind: Some(Kind::StringValue(s.to_owned())) };
-    let number = |n: f64| Value { kind: Some(Kind::NumberValue(n)) };
+    let text = |s: &str| Value {
+        kind: Some(Kind::StringValue(s.to_owned())),
+    };
+    let number = |n: f64| Value {
+        kind: Some(Kind::NumberValue(n)),
+    };
     let mut fields = BTreeMap::new();
     fields.insert("engine".into(), text("iris-engine"));
     fields.insert("role".into(), text(engine.role.as_str()));
     fields.insert("worker_id".into(), text(&engine.worker_id));
     fields.insert("model_path".into(), text(&engine.facts.model_path));
-    fields.insert("served_model_name".into(), text(&engine.facts.served_model_name));
+    fields.insert(
+        "served_model_name".into(),
+        text(&engine.facts.served_model_name),
+    );
     fields.insert("host".into(), text(&engine.args.host));
     fields.insert("port".into(), number(f64::from(engine.args.port)));
     if engine.role == Role::Prefill {
-        fields.insert("disaggregation_bootstrap_port".into(), number(f64::from(engine.args.bootstrap_port)));
+        fields.insert(
+            "disaggregation_bootstrap_port".into(),
+            number(f64::from(engine.args.bootstrap_port)),
+        );
     }
     fields.insert("disaggregation_mode".into(), text(engine.role.as_str()));
-    fields.insert("max_running_requests".into(), number(f64::from(engine.args.max_running_requests)));
+    fields.insert(
+        "max_running_requests".into(),
+        number(f64::from(engine.args.max_running_requests)),
+    );
     Struct { fields }
 }

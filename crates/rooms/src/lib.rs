@@ -356,9 +356,9 @@ impl From<RoomError> for tonic::Status {
         match err {
             RoomError::InvalidRoom(_) => tonic::Status::invalid_argument(message),
             RoomError::InUse(_) => tonic::Status::failed_precondition(message),
-            RoomError::AlreadyCollected(_) | RoomError::NeverAppeared { .. } | RoomError::Expired { .. } => {
-                tonic::Status::not_found(message)
-            }
+            RoomError::AlreadyCollected(_)
+            | RoomError::NeverAppeared { .. }
+            | RoomError::Expired { .. } => tonic::Status::not_found(message),
             RoomError::NotReady { .. } => tonic::Status::deadline_exceeded(message),
             RoomError::Failed { .. } => tonic::Status::aborted(message),
             RoomError::Full { .. } => tonic::Status::resource_exhausted(message),
