@@ -1,0 +1,21 @@
+//! iris-detok: turning generated token ids into streamed text.
+//!
+//! - [`IncrementalDecoder`] decodes ids one at a time into text pieces,
+//!   holding back incomplete UTF-8 characters and keeping word spacing
+//!   right for byte-level BPE and SentencePiece-style tokenizers.
+//! - [`StopMatcher`] finds stop strings across pieces, holding back a tail
+//!   that could still become one and never emitting the stop itself.
+
+mod decoder;
+mod stop;
+
+pub use decoder::{IncrementalDecoder, PROMPT_CONTEXT_TOKENS};
+pub use stop::{StopMatcher, StopStep};
+
+/// A detokenization failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DetokError {
+    /// The tokenizer failed to decode the window.
+    #[error("decoding tokens failed: {0}")]
+    Decode(String),
+}

@@ -1,0 +1,34 @@
+//! iris-openai: the OpenAI chat completions API surface of the Iris gateway.
+//!
+//! - [`parse_chat_request`] turns a `POST /v1/chat/completions` body into a
+//!   validated [`ChatCompletionRequest`], or a 400 [`ApiError`] that names
+//!   the field at fault.
+//! - [`ChatCompletionRequest::sampling`] gives the generation settings as a
+//!   [`Sampling`]; [`ChatCompletionRequest::include_usage`] tells whether a
+//!   stream ends with a usage chunk.
+//! - [`ApiError`] builds errors and their OpenAI-shaped body.
+//! - [`ChatCompletion`], [`ChatCompletionChunk`], [`ModelList`] and
+//!   [`Model`] are the response bodies; [`sse::ChunkWriter`] writes stream
+//!   chunks straight into a buffer, once per token.
+
+mod error;
+mod json;
+mod parse;
+mod request;
+mod response;
+mod sampling;
+pub mod sse;
+pub mod validate;
+
+pub use error::{ApiError, ErrorBody, ErrorKind, ErrorObject};
+pub use parse::parse_chat_request;
+pub use request::{
+    ChatCompletionRequest, ChatMessage, ContentPart, ImageDetail, ImageUrl, MessageContent,
+    ResponseFormat, Role, Stop, StreamOptions,
+};
+pub use response::{
+    new_completion_id, unix_now, AssistantMessage, ChatCompletion, ChatCompletionChunk, Choice,
+    ChunkChoice, Delta, FinishReason, Model, ModelList, Usage,
+};
+pub use sampling::Sampling;
+pub use sse::{write_done, write_error_event, ChunkWriter, DONE};

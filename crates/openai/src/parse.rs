@@ -1,0 +1,116 @@
+//! Turning a request body into a validated [`ChatCompletionRequest`].
+//!
+//! Three stages, each with its own error wording:
+//! 1. malformed JSON: `Malformed JSON body: <serde message> at line L column C`;
+//! 2. a value of the wrong type: `<field path>: <serde message>`, with the
+//!    path (e.g. `messages[1].content`) also in `param`;
+//! 3. semantic checks ([`crate::validate`]), each naming its field.
+//!
+//! Every stage returns a 400 [`ApiError`]; no input makes this panic
+//! (`serde_json` bounds nesting depth, so deep input cannot overflow the
+//! stack).
+
+use serde_json::error::Category;
+
+use crate::{validate, ApiError, ChatCompletionRequest};
+
+/// Parses and validates a chat completion request body.
+pub fn parse_chat_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
+    let request = deserialize(body)?;
+    validate::validate(&request)?;
+    Ok(request)
+}
+
+/// Stages 1 and 2: JSON syntax and types.
+fn deserialize(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(not_an_object(body));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let request: ChatCompletionRequest =
+        serde_path_to_error::deserialize(&mut de).map_err(path_error)?;
+    de.end().map_err(|e| syntax_error(&e))?;
+    Ok(request)
+}
+
+/// Maps a `serde_path_to_error` failure to a 400 naming the path.
+fn path_error(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = err.path().to_string();
+    let inner = err.into_inner();
+    match inner.classify() {
+        Category::Syntax | Category::Eof | Category::Io => syntax_error(&inner),
+        Category::Data => data_error(&path, &inner),
+    }
+}
+
+/// A body that does not start with `{`: malformed, or JSON of another kind
+/// (serde would otherwise read a struct from an array).
+fn not_an_object(body: &[u8]) -> ApiError {
+    match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+        Err(e) => syntax_error(&e),
+        Ok(_) => ApiError::bad_request("Invalid request body: expected a JSON object"),
+    }
+}
+
+/// A body that is not well-formed JSON.
+fn syntax_error(err: &serde_json::Error) -> ApiError {
+    ApiError::bad_request(format!("Malformed JSON body: {err}"))
+}
+
+/// A well-formed body with a value of the wrong type or a missing field.
+fn data_error(path: &str, err: &serde_json::Error) -> ApiError {
+    let message = strip_position(err);
+    let param = param_for(path, &message);
+    match param {
+        Some(param) => ApiError::bad_field(param.clone(), format!("{param}: {message}")),
+        None => ApiError::bad_request(format!("Invalid request body: {message}")),
+    }
+}
+
+/// The serde message without serde_json's ` at line L column C` suffix.
+fn strip_position(err: &serde_json::Error) -> String {
+    let full = err.to_string();
+    let suffix = format!(" at line {} column {}", err.line(), err.column());
+    match full.strip_suffix(&suffix) {
+        Some(message) => message.to_owned(),
+        None => full,
+    }
+}
+
+/// The field to blame: the error path, extended by the field name for
+/// `missing field` errors; `None` for the request body itself.
+fn param_for(path: &str, message: &str) -> Option<String> {
+    let container = if path == "." { "" } else { path };
+    match missing_field_name(message) {
+        Some(field) if container.is_empty() => Some(field.to_owned()),
+        Some(field) => Some(format!("{container}.{field}")),
+        None if container.is_empty() => None,
+        None => Some(container.to_owned()),
+    }
+}
+
+/// `missing field `x`` → `x`.
+fn missing_field_name(message: &str) -> Option<&str> {
+    message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.strip_suffix('`'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn param_names_missing_fields() {
+        assert_eq!(
+            param_for(".", "missing field `model`"),
+            Some("model".into())
+        );
+        assert_eq!(
+            param_for("messages[0]", "missing field `role`"),
+            Some("messages[0].role".into())
+        );
+        assert_eq!(param_for(".", "invalid type: string"), None);
+        assert_eq!(param_for("stop", "invalid type"), Some("stop".into()));
+    }
+}

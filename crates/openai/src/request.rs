@@ -1,0 +1,428 @@
+//! The `POST /v1/chat/completions` request body.
+//!
+//! These types accept what OpenAI clients send: content as a string or an
+//! array of parts, `image_url` as an object or a bare string, `stop` as a
+//! string or a list, `null` wherever a field is optional. Unknown top-level
+//! fields are ignored. Deserialisation only checks shapes and types; the
+//! value checks (ranges, unsupported features) live in [`crate::validate`]
+//! and run from [`crate::parse_chat_request`].
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+
+/// A chat completion request as sent by the client.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ChatCompletionRequest {
+    /// The model to use (the gateway matches it against what it serves).
+    pub model: String,
+    /// The conversation so far; never empty after validation.
+    pub messages: Vec<ChatMessage>,
+    /// Stream the answer as server-sent events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// Streaming options (`include_usage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// Older name of `max_completion_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Most tokens to generate; wins over `max_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u32>,
+    /// Sampling temperature, `0..=2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass, `0 < top_p <= 1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// Top-k sampling: `-1` (off) or at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i64>,
+    /// Min-p sampling, `0..=1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f32>,
+    /// Presence penalty, `-2..=2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f32>,
+    /// Frequency penalty, `-2..=2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f32>,
+    /// Repetition penalty (multiplicative), `> 0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f32>,
+    /// Sampling seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Stop strings: one string or a list of at most 16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    /// Number of choices; only 1 is supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<i64>,
+    /// Extension: keep generating past end-of-sequence tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_eos: Option<bool>,
+    /// Extension: fewest tokens to generate before a stop may end the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_tokens: Option<u32>,
+    /// End-user id (logged, not used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Log probabilities; only `false` is supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    /// Top log probabilities per token; only 0 is supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
+    /// Output format; only `{"type":"text"}` is supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+    /// Tool definitions; only an empty list is supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// Tool choice; only `"none"` and `"auto"` are accepted (no tools run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<serde_json::Value>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StreamOptions {
+    /// Send a final chunk with token usage (and `choices: []`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_usage: Option<bool>,
+}
+
+/// `response_format`: only its `type` is read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseFormat {
+    /// `text`, `json_object` or `json_schema`.
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// One message of the conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// Who wrote it.
+    pub role: Role,
+    /// The content; `None` only for an assistant message (checked later).
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    /// Optional participant name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    /// A message with plain text content.
+    pub fn text(role: Role, text: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: Some(MessageContent::Text(text.into())),
+            name: None,
+        }
+    }
+
+    /// The text parts joined with no separator (`""` for no content).
+    pub fn text_content(&self) -> String {
+        self.content
+            .as_ref()
+            .map(MessageContent::joined_text)
+            .unwrap_or_default()
+    }
+}
+
+/// A message role. `tool` and `function` are rejected while parsing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions.
+    System,
+    /// The newer name for system instructions; treated like `system`.
+    Developer,
+    /// The end user.
+    User,
+    /// The model.
+    Assistant,
+}
+
+impl Role {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::System => "system",
+            Self::Developer => "developer",
+            Self::User => "user",
+            Self::Assistant => "assistant",
+        }
+    }
+
+    /// The role to give a chat template: `developer` becomes `system`.
+    pub fn template_role(self) -> &'static str {
+        match self {
+            Self::Developer => "system",
+            other => other.as_str(),
+        }
+    }
+
+    /// True for `system` and `developer`.
+    pub fn is_system(self) -> bool {
+        matches!(self, Self::System | Self::Developer)
+    }
+
+    /// Parses a wire name; `Err` carries the message for the client.
+    fn from_wire(s: &str) -> Result<Self, String> {
+        match s {
+            "system" => Ok(Self::System),
+            "developer" => Ok(Self::Developer),
+            "user" => Ok(Self::User),
+            "assistant" => Ok(Self::Assistant),
+            "tool" | "function" => Err(format!("messages with role `{s}` are not supported")),
+            _ => Err(format!(
+                "unknown role `{s}`, expected one of `system`, `developer`, `user`, `assistant`"
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Role {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct RoleVisitor;
+        impl Visitor<'_> for RoleVisitor {
+            type Value = Role;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a role string")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Role, E> {
+                Role::from_wire(s).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(RoleVisitor)
+    }
+}
+
+/// Message content: a string or an array of parts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// `"content": "text"`.
+    Text(String),
+    /// `"content": [{"type":"text",...}, {"type":"image_url",...}]`.
+    Parts(Vec<ContentPart>),
+}
+
+impl MessageContent {
+    /// All text, parts joined with no separator.
+    pub fn joined_text(&self) -> String {
+        match self {
+            Self::Text(t) => t.clone(),
+            Self::Parts(parts) => parts.iter().filter_map(ContentPart::as_text).collect(),
+        }
+    }
+
+    /// The images, in order.
+    pub fn images(&self) -> impl Iterator<Item = &ImageUrl> {
+        let parts: &[ContentPart] = match self {
+            Self::Text(_) => &[],
+            Self::Parts(parts) => parts,
+        };
+        parts.iter().filter_map(|p| match p {
+            ContentPart::ImageUrl { image_url } => Some(image_url),
+            ContentPart::Text { .. } => None,
+        })
+    }
+
+    /// True when there is at least one image part.
+    pub fn has_images(&self) -> bool {
+        self.images().next().is_some()
+    }
+}
+
+impl<'de> Deserialize<'de> for MessageContent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ContentVisitor;
+        impl<'de> Visitor<'de> for ContentVisitor {
+            type Value = MessageContent;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or an array of content parts")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(MessageContent::Text(s.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Self::Value, E> {
+                Ok(MessageContent::Text(s))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+                while let Some(part) = seq.next_element::<ContentPart>()? {
+                    parts.push(part);
+                }
+                Ok(MessageContent::Parts(parts))
+            }
+        }
+        d.deserialize_any(ContentVisitor)
+    }
+}
+
+/// One part of an array content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", try_from = "RawPart")]
+pub enum ContentPart {
+    /// `{"type":"text","text":"..."}`.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// `{"type":"image_url","image_url":{"url":"...","detail":"auto"}}`.
+    ImageUrl {
+        /// The image reference.
+        image_url: ImageUrl,
+    },
+}
+
+impl ContentPart {
+    /// The text of a text part.
+    pub fn as_text(&self) -> Option<&str> {
+        match self {
+            Self::Text { text } => Some(text),
+            Self::ImageUrl { .. } => None,
+        }
+    }
+}
+
+/// The wire form of a part before its `type` is checked.
+#[derive(Deserialize)]
+struct RawPart {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    image_url: Option<ImageUrl>,
+}
+
+impl TryFrom<RawPart> for ContentPart {
+    type Error = String;
+
+    fn try_from(raw: RawPart) -> Result<Self, String> {
+        match raw.kind.as_str() {
+            "text" => raw
+                .text
+                .map(|text| Self::Text { text })
+                .ok_or_else(|| "a `text` part needs a string field `text`".to_owned()),
+            "image_url" => raw
+                .image_url
+                .map(|image_url| Self::ImageUrl { image_url })
+                .ok_or_else(|| "an `image_url` part needs a field `image_url`".to_owned()),
+            "input_audio" | "file" | "refusal" => Err(format!(
+                "content parts of type `{}` are not supported",
+                raw.kind
+            )),
+            other => Err(format!(
+                "unknown content part type `{other}`, expected `text` or `image_url`"
+            )),
+        }
+    }
+}
+
+/// An image reference: an `http(s)` URL or a `data:` URL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ImageUrl {
+    /// The URL.
+    pub url: String,
+    /// Requested detail level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<ImageDetail>,
+}
+
+/// The object form of [`ImageUrl`].
+#[derive(Deserialize)]
+struct ImageUrlObject {
+    url: String,
+    #[serde(default)]
+    detail: Option<ImageDetail>,
+}
+
+impl<'de> Deserialize<'de> for ImageUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct UrlVisitor;
+        impl<'de> Visitor<'de> for UrlVisitor {
+            type Value = ImageUrl;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a URL string or an object with `url` and optional `detail`")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<ImageUrl, E> {
+                Ok(ImageUrl {
+                    url: s.to_owned(),
+                    detail: None,
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ImageUrl, A::Error> {
+                let obj = ImageUrlObject::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(ImageUrl {
+                    url: obj.url,
+                    detail: obj.detail,
+                })
+            }
+        }
+        d.deserialize_any(UrlVisitor)
+    }
+}
+
+/// `image_url.detail`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageDetail {
+    /// Let the server choose.
+    Auto,
+    /// Low resolution.
+    Low,
+    /// High resolution.
+    High,
+}
+
+/// `stop`: one string or a list of strings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// `"stop": "\n"`.
+    One(String),
+    /// `"stop": ["\n", "END"]`.
+    Many(Vec<String>),
+}
+
+impl Stop {
+    /// The stop strings as a slice-like list.
+    pub fn as_slice(&self) -> &[String] {
+        match self {
+            Self::One(s) => std::slice::from_ref(s),
+            Self::Many(v) => v,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Stop {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct StopVisitor;
+        impl<'de> Visitor<'de> for StopVisitor {
+            type Value = Stop;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or an array of strings")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Stop, E> {
+                Ok(Stop::One(s.to_owned()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Stop, A::Error> {
+                let mut stops = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    stops.push(s);
+                }
+                Ok(Stop::Many(stops))
+            }
+        }
+        d.deserialize_any(StopVisitor)
+    }
+}

@@ -1,0 +1,255 @@
+//! Response bodies: `chat.completion`, `chat.completion.chunk` and the
+//! `/v1/models` list.
+//!
+//! The types serialise (and deserialise, for tests and clients) with serde.
+//! Non-streamed answers go through [`ChatCompletion::to_json`]; streamed
+//! chunks are written on the hot path by [`crate::sse::ChunkWriter`], which
+//! produces the same JSON as [`ChatCompletionChunk`] without building one.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// The token limit (or the context) was reached.
+    Length,
+    /// The output was filtered.
+    ContentFilter,
+    /// The model called a tool (not produced by this gateway).
+    ToolCalls,
+}
+
+impl FinishReason {
+    /// The wire name, e.g. `stop`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::ContentFilter => "content_filter",
+            Self::ToolCalls => "tool_calls",
+        }
+    }
+}
+
+/// Token counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens in the prompt.
+    pub prompt_tokens: u32,
+    /// Tokens generated.
+    pub completion_tokens: u32,
+    /// The sum.
+    pub total_tokens: u32,
+}
+
+impl Usage {
+    /// Usage with `total_tokens` computed (saturating).
+    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens.saturating_add(completion_tokens),
+        }
+    }
+}
+
+/// A non-streamed answer (`object: "chat.completion"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletion {
+    /// `chatcmpl-…`.
+    pub id: String,
+    /// Always `chat.completion`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model that answered.
+    pub model: String,
+    /// Exactly one choice.
+    pub choices: Vec<Choice>,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+impl ChatCompletion {
+    /// A one-choice answer.
+    pub fn new(
+        id: impl Into<String>,
+        created: u64,
+        model: impl Into<String>,
+        content: impl Into<String>,
+        finish_reason: FinishReason,
+        usage: Usage,
+    ) -> Self {
+        Self {
+            id: id.into(),
+            object: "chat.completion".to_owned(),
+            created,
+            model: model.into(),
+            choices: vec![Choice {
+                index: 0,
+                message: AssistantMessage::new(content),
+                finish_reason: Some(finish_reason),
+                logprobs: None,
+            }],
+            usage,
+        }
+    }
+
+    /// The JSON body.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serialising plain structs of strings and integers cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// One choice of a [`ChatCompletion`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Choice {
+    /// 0.
+    pub index: u32,
+    /// The answer.
+    pub message: AssistantMessage,
+    /// Why generation ended.
+    pub finish_reason: Option<FinishReason>,
+    /// Always `null`.
+    pub logprobs: Option<serde_json::Value>,
+}
+
+/// The assistant's message in a [`Choice`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    /// Always `assistant`.
+    pub role: String,
+    /// The generated text.
+    pub content: Option<String>,
+}
+
+impl AssistantMessage {
+    /// An assistant message with `content`.
+    pub fn new(content: impl Into<String>) -> Self {
+        Self {
+            role: "assistant".to_owned(),
+            content: Some(content.into()),
+        }
+    }
+}
+
+/// A streamed chunk (`object: "chat.completion.chunk"`). Written on the hot
+/// path by [`crate::sse::ChunkWriter`]; this type reads chunks back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionChunk {
+    /// Same id on every chunk of a stream.
+    pub id: String,
+    /// Always `chat.completion.chunk`.
+    pub object: String,
+    /// Unix seconds, same on every chunk.
+    pub created: u64,
+    /// The model.
+    pub model: String,
+    /// One choice, or none in the usage chunk.
+    pub choices: Vec<ChunkChoice>,
+    /// Present only in the usage chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// The choice of a [`ChatCompletionChunk`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChunkChoice {
+    /// 0.
+    pub index: u32,
+    /// What is new.
+    pub delta: Delta,
+    /// Always `null`.
+    #[serde(default)]
+    pub logprobs: Option<serde_json::Value>,
+    /// Set on the last chunk only.
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// The new part of the message in a chunk.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Delta {
+    /// `assistant` on the first chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// New text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: String,
+    /// The models.
+    pub data: Vec<Model>,
+}
+
+impl ModelList {
+    /// A list of `models`.
+    pub fn new(data: Vec<Model>) -> Self {
+        Self {
+            object: "list".to_owned(),
+            data,
+        }
+    }
+
+    /// The JSON body.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// One entry of `/v1/models` (also `GET /v1/models/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Model {
+    /// The name clients put in `model`.
+    pub id: String,
+    /// Always `model`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// Who serves it.
+    pub owned_by: String,
+}
+
+impl Model {
+    /// A model entry.
+    pub fn new(id: impl Into<String>, created: u64, owned_by: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            object: "model".to_owned(),
+            created,
+            owned_by: owned_by.into(),
+        }
+    }
+
+    /// The JSON body.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// A fresh completion id: `chatcmpl-` and 24 random alphanumerics.
+pub fn new_completion_id() -> String {
+    use rand::distr::{Alphanumeric, SampleString};
+    let mut id = String::with_capacity(33);
+    id.push_str("chatcmpl-");
+    Alphanumeric.append_string(&mut rand::rng(), &mut id, 24);
+    id
+}
+
+/// The current Unix time in seconds (0 if the clock is before 1970).
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

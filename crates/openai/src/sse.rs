@@ -1,0 +1,131 @@
+//! Server-sent events for streamed answers.
+//!
+//! A stream is: one role chunk (`delta: {"role":"assistant","content":""}`),
+//! content chunks, a final chunk with `finish_reason` and an empty delta, an
+//! optional usage chunk (`choices: []`) and `data: [DONE]`. Each event is
+//! `data: <json>\n\n`.
+//!
+//! [`ChunkWriter`] serialises the part shared by every chunk of a stream
+//! (id, object, created, model) once; a content chunk then costs one copy of
+//! that prefix plus the escaped delta text, appended to any
+//! [`bytes::BufMut`] (`Vec<u8>`, `BytesMut`).
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::json;
+use crate::{ApiError, FinishReason, Usage};
+
+/// The event that ends every stream.
+pub const DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// Start of an event.
+const DATA: &[u8] = b"data: ";
+/// End of an event.
+const END: &[u8] = b"\n\n";
+/// Opening of the single choice, up to the delta object's contents.
+const CHOICE_OPEN: &[u8] = b"{\"index\":0,\"delta\":{";
+/// After the delta contents of a chunk that does not finish.
+const CHOICE_CLOSE_OPEN: &[u8] = b"},\"logprobs\":null,\"finish_reason\":null}]}";
+
+/// Writes the chunks of one stream. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ChunkWriter {
+    /// `data: {"id":..,"object":"chat.completion.chunk","created":..,"model":..,"choices":[`
+    head: Bytes,
+    /// `head` followed by `{"index":0,"delta":{"content":"`.
+    content_head: Bytes,
+}
+
+impl ChunkWriter {
+    /// Pre-serialises the fields shared by every chunk of the stream.
+    pub fn new(id: &str, created: u64, model: &str) -> Self {
+        let mut head = Vec::with_capacity(96 + id.len() + model.len());
+        head.put_slice(DATA);
+        head.put_slice(b"{\"id\":");
+        json::write_str(&mut head, id);
+        head.put_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
+        json::write_u64(&mut head, created);
+        head.put_slice(b",\"model\":");
+        json::write_str(&mut head, model);
+        head.put_slice(b",\"choices\":[");
+        let mut content_head = head.clone();
+        content_head.put_slice(CHOICE_OPEN);
+        content_head.put_slice(b"\"content\":\"");
+        Self {
+            head: head.into(),
+            content_head: content_head.into(),
+        }
+    }
+
+    /// The first chunk: `delta: {"role":"assistant","content":""}`.
+    pub fn write_role<B: BufMut>(&self, out: &mut B) {
+        out.put_slice(&self.head);
+        out.put_slice(CHOICE_OPEN);
+        out.put_slice(b"\"role\":\"assistant\",\"content\":\"\"");
+        out.put_slice(CHOICE_CLOSE_OPEN);
+        out.put_slice(END);
+    }
+
+    /// A content chunk: `delta: {"content": text}`.
+    pub fn write_content<B: BufMut>(&self, out: &mut B, text: &str) {
+        out.put_slice(&self.content_head);
+        json::write_escaped(out, text);
+        out.put_u8(b'"');
+        out.put_slice(CHOICE_CLOSE_OPEN);
+        out.put_slice(END);
+    }
+
+    /// The last choice chunk: empty delta and `finish_reason`.
+    pub fn write_finish<B: BufMut>(&self, out: &mut B, reason: FinishReason) {
+        out.put_slice(&self.head);
+        out.put_slice(CHOICE_OPEN);
+        out.put_slice(b"},\"logprobs\":null,\"finish_reason\":\"");
+        out.put_slice(reason.as_str().as_bytes());
+        out.put_slice(b"\"}]}");
+        out.put_slice(END);
+    }
+
+    /// The usage chunk sent when `include_usage` is set: `choices: []`.
+    pub fn write_usage<B: BufMut>(&self, out: &mut B, usage: &Usage) {
+        out.put_slice(&self.head);
+        out.put_slice(b"],\"usage\":{\"prompt_tokens\":");
+        json::write_u64(out, u64::from(usage.prompt_tokens));
+        out.put_slice(b",\"completion_tokens\":");
+        json::write_u64(out, u64::from(usage.completion_tokens));
+        out.put_slice(b",\"total_tokens\":");
+        json::write_u64(out, u64::from(usage.total_tokens));
+        out.put_slice(b"}}");
+        out.put_slice(END);
+    }
+
+    /// A content chunk as its own buffer, sized to fit.
+    pub fn content_bytes(&self, text: &str) -> Bytes {
+        let mut out = BytesMut::with_capacity(self.content_head.len() + text.len() + 64);
+        self.write_content(&mut out, text);
+        out.freeze()
+    }
+
+    /// Bytes one content chunk takes before its text: for sizing buffers.
+    pub fn content_overhead(&self) -> usize {
+        self.content_head.len() + 1 + CHOICE_CLOSE_OPEN.len() + END.len()
+    }
+}
+
+/// Appends `data: [DONE]\n\n`.
+pub fn write_done<B: BufMut>(out: &mut B) {
+    out.put_slice(DONE);
+}
+
+/// Appends an in-stream error: `data: {"error":{...}}\n\n`.
+pub fn write_error_event<B: BufMut>(out: &mut B, err: &ApiError) {
+    out.put_slice(DATA);
+    err.write_json(out);
+    out.put_slice(END);
+}
+
+/// Appends `data: <json>\n\n` around an already serialised JSON value.
+pub fn write_event<B: BufMut>(out: &mut B, json: &[u8]) {
+    out.put_slice(DATA);
+    out.put_slice(json);
+    out.put_slice(END);
+}

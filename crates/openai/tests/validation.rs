@@ -1,0 +1,415 @@
+//! Every way `parse_chat_request` refuses a body: status, `param` and the
+//! message, and the OpenAI error body built from it.
+
+use iris_openai::{parse_chat_request, ApiError, ErrorBody, ErrorKind};
+
+const MSGS: &str = r#""messages":[{"role":"user","content":"hi"}]"#;
+
+/// A valid body with `extra` fields appended.
+fn body_with(extra: &str) -> String {
+    format!(
+        r#"{{"model":"m",{MSGS}{}{extra}}}"#,
+        if extra.is_empty() { "" } else { "," }
+    )
+}
+
+fn reject(body: &str) -> ApiError {
+    match parse_chat_request(body.as_bytes()) {
+        Ok(req) => panic!("accepted {body}: {req:?}"),
+        Err(e) => e,
+    }
+}
+
+/// Asserts a 400 with `param` whose message contains `needle`.
+fn assert_field(body: &str, param: Option<&str>, needle: &str) {
+    let err = reject(body);
+    assert_eq!(err.status, 400, "{err:?}");
+    assert_eq!(err.kind, ErrorKind::InvalidRequest);
+    assert_eq!(err.param.as_deref(), param, "{err:?}");
+    assert!(
+        err.message.contains(needle),
+        "{:?} lacks {needle:?}",
+        err.message
+    );
+}
+
+#[test]
+fn malformed_json_reports_line_and_column() {
+    let err = reject("{\"model\": \"m\",\n  \"messages\": [}");
+    assert_eq!(err.status, 400);
+    assert_eq!(err.param, None);
+    assert!(
+        err.message.starts_with("Malformed JSON body: "),
+        "{}",
+        err.message
+    );
+    assert!(err.message.contains("line 2 column"), "{}", err.message);
+    let trailing = format!("{} trailing", body_with(""));
+    for bad in ["", "{", "nul", &trailing, "\u{0}", "[1"] {
+        let err = reject(bad);
+        assert!(
+            err.message.starts_with("Malformed JSON body"),
+            "{bad:?}: {}",
+            err.message
+        );
+    }
+}
+
+#[test]
+fn type_errors_name_the_path() {
+    let err = reject(
+        r#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":5}]}"#,
+    );
+    assert_eq!(err.param.as_deref(), Some("messages[1].content"));
+    assert_eq!(
+        err.message,
+        "messages[1].content: invalid type: integer `5`, expected a string or an array of content parts"
+    );
+    assert_field(
+        &body_with(r#""max_tokens":"10""#),
+        Some("max_tokens"),
+        "invalid type: string",
+    );
+    assert_field(
+        &body_with(r#""max_tokens":-1"#),
+        Some("max_tokens"),
+        "invalid value",
+    );
+    assert_field(
+        &body_with(r#""max_tokens":1.5"#),
+        Some("max_tokens"),
+        "invalid type",
+    );
+    assert_field(
+        &body_with(r#""stream":"yes""#),
+        Some("stream"),
+        "expected a boolean",
+    );
+    assert_field(&body_with(r#""stop":[1]"#), Some("stop[0]"), "invalid type");
+    assert_field(
+        &body_with(r#""stop":{"a":1}"#),
+        Some("stop"),
+        "a string or an array of strings",
+    );
+    assert_field(&body_with(r#""seed":-5"#), Some("seed"), "invalid value");
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u","detail":"ultra"}}]}]}"#,
+        Some("messages[0].content[0].image_url.detail"),
+        "unknown variant `ultra`",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":7}]}]}"#,
+        Some("messages[0].content[0].image_url"),
+        "a URL string or an object",
+    );
+    for not_object in [
+        r#"[1,2]"#,
+        r#"["m",[{"role":"user","content":"x"}]]"#,
+        "\"x\"",
+        " 5 ",
+    ] {
+        assert_field(
+            not_object,
+            None,
+            "Invalid request body: expected a JSON object",
+        );
+    }
+}
+
+#[test]
+fn missing_fields_are_named() {
+    assert_field(
+        &format!("{{{MSGS}}}"),
+        Some("model"),
+        "missing field `model`",
+    );
+    assert_field(
+        r#"{"model":"m"}"#,
+        Some("messages"),
+        "missing field `messages`",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"content":"x"}]}"#,
+        Some("messages[0].role"),
+        "missing field `role`",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"user","content":[{"text":"x"}]}]}"#,
+        Some("messages[0].content[0].type"),
+        "missing field `type`",
+    );
+}
+
+#[test]
+fn message_checks() {
+    assert_field(
+        r#"{"model":"m","messages":[]}"#,
+        Some("messages"),
+        "at least one message",
+    );
+    assert_field(
+        r#"{"model":"","messages":[{"role":"user","content":"x"}]}"#,
+        Some("model"),
+        "must not be empty",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"tool","content":"x","tool_call_id":"1"}]}"#,
+        Some("messages[0].role"),
+        "role `tool` are not supported",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"function","content":"x","name":"f"}]}"#,
+        Some("messages[0].role"),
+        "role `function` are not supported",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"robot","content":"x"}]}"#,
+        Some("messages[0].role"),
+        "unknown role `robot`",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"user","content":null}]}"#,
+        Some("messages[0].content"),
+        "content is required for `user` messages",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"system"}]}"#,
+        Some("messages[0].content"),
+        "content is required for `system` messages",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"user","content":[]}]}"#,
+        Some("messages[0].content"),
+        "must not be an empty array",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{}}]}]}"#,
+        Some("messages[0].content[0]"),
+        "`input_audio` are not supported",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"video"}]}]}"#,
+        Some("messages[0].content[0]"),
+        "unknown content part type `video`",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}"#,
+        Some("messages[0].content[0]"),
+        "needs a string field `text`",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#,
+        Some("messages[0].content[0]"),
+        "needs a field `image_url`",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":""}}]}]}"#,
+        Some("messages[0].content[0].image_url.url"),
+        "must not be empty",
+    );
+    assert_field(
+        r#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":[{"type":"image_url","image_url":"u"}]}]}"#,
+        Some("messages[1].content[0]"),
+        "only allowed in `user` messages",
+    );
+}
+
+#[test]
+fn numeric_ranges() {
+    let cases: &[(&str, &str, &str)] = &[
+        (r#""temperature":2.5"#, "temperature", "between 0 and 2"),
+        (r#""temperature":-0.1"#, "temperature", "between 0 and 2"),
+        (r#""temperature":1e300"#, "temperature", "between 0 and 2"),
+        (r#""top_p":0"#, "top_p", "greater than 0 and at most 1"),
+        (r#""top_p":1.01"#, "top_p", "greater than 0 and at most 1"),
+        (r#""top_k":0"#, "top_k", "-1 (disabled) or at least 1"),
+        (r#""top_k":-2"#, "top_k", "-1 (disabled) or at least 1"),
+        (r#""min_p":1.5"#, "min_p", "between 0 and 1"),
+        (
+            r#""presence_penalty":2.1"#,
+            "presence_penalty",
+            "between -2 and 2",
+        ),
+        (
+            r#""frequency_penalty":-3"#,
+            "frequency_penalty",
+            "between -2 and 2",
+        ),
+        (
+            r#""repetition_penalty":0"#,
+            "repetition_penalty",
+            "greater than 0",
+        ),
+        (r#""max_tokens":0"#, "max_tokens", "at least 1"),
+        (
+            r#""max_completion_tokens":0"#,
+            "max_completion_tokens",
+            "at least 1",
+        ),
+        (
+            r#""min_tokens":10,"max_tokens":5"#,
+            "min_tokens",
+            "greater than the maximum",
+        ),
+    ];
+    for (extra, param, needle) in cases {
+        assert_field(&body_with(extra), Some(param), needle);
+    }
+    for ok in [
+        r#""temperature":0,"top_p":1,"top_k":1,"min_p":0,"presence_penalty":-2,"frequency_penalty":2"#,
+        r#""temperature":2,"min_p":1,"repetition_penalty":0.01,"min_tokens":5,"max_tokens":5"#,
+        r#""max_tokens":1,"max_completion_tokens":100,"min_tokens":50"#,
+    ] {
+        assert!(parse_chat_request(body_with(ok).as_bytes()).is_ok(), "{ok}");
+    }
+}
+
+#[test]
+fn stop_checks() {
+    let many: Vec<String> = (0..17).map(|i| format!("\"s{i}\"")).collect();
+    assert_field(
+        &body_with(&format!(r#""stop":[{}]"#, many.join(","))),
+        Some("stop"),
+        "at most 16",
+    );
+    let sixteen = many[..16].join(",");
+    assert!(parse_chat_request(body_with(&format!(r#""stop":[{sixteen}]"#)).as_bytes()).is_ok());
+    assert_field(
+        &body_with(r#""stop":["a",""]"#),
+        Some("stop"),
+        "must not be empty",
+    );
+    assert_field(
+        &body_with(r#""stop":"""#),
+        Some("stop"),
+        "must not be empty",
+    );
+}
+
+#[test]
+fn unsupported_features() {
+    let err = reject(&body_with(r#""n":2"#));
+    assert_eq!(
+        (err.status, err.param.as_deref(), err.message.as_str()),
+        (400, Some("n"), "n must be 1")
+    );
+    assert_field(&body_with(r#""n":0"#), Some("n"), "n must be 1");
+    assert_field(&body_with(r#""n":-3"#), Some("n"), "n must be 1");
+    assert_field(
+        &body_with(r#""logprobs":true"#),
+        Some("logprobs"),
+        "not supported",
+    );
+    assert_field(
+        &body_with(r#""top_logprobs":3"#),
+        Some("top_logprobs"),
+        "not supported",
+    );
+    assert_field(
+        &body_with(r#""response_format":{"type":"json_object"}"#),
+        Some("response_format"),
+        "`json_object` is not supported",
+    );
+    assert_field(
+        &body_with(r#""tools":[{"type":"function","function":{"name":"f"}}]"#),
+        Some("tools"),
+        "not supported",
+    );
+    assert_field(
+        &body_with(r#""tool_choice":"required""#),
+        Some("tool_choice"),
+        "not supported",
+    );
+    assert_field(
+        &body_with(r#""tool_choice":{"type":"function","function":{"name":"f"}}"#),
+        Some("tool_choice"),
+        "not supported",
+    );
+    assert!(
+        parse_chat_request(body_with(r#""n":1,"logprobs":false,"top_logprobs":0"#).as_bytes())
+            .is_ok()
+    );
+}
+
+#[test]
+fn error_body_has_the_openai_shape() {
+    let err = reject(&body_with(r#""n":2"#));
+    let body: ErrorBody = serde_json::from_slice(&err.body()).expect("error body parses");
+    assert_eq!(body.error.message, "n must be 1");
+    assert_eq!(body.error.kind, ErrorKind::InvalidRequest);
+    assert_eq!(body.error.param.as_deref(), Some("n"));
+    assert_eq!(body.error.code, None);
+    let raw: serde_json::Value = serde_json::from_slice(&err.body()).expect("json");
+    assert_eq!(
+        raw,
+        serde_json::json!({"error": {"message": "n must be 1", "type": "invalid_request_error", "param": "n", "code": null}})
+    );
+}
+
+#[test]
+fn constructors_set_status_kind_and_code() {
+    let cases = [
+        (
+            ApiError::bad_request("x"),
+            400,
+            ErrorKind::InvalidRequest,
+            None,
+        ),
+        (
+            ApiError::bad_field("p", "x"),
+            400,
+            ErrorKind::InvalidRequest,
+            None,
+        ),
+        (ApiError::not_found("x"), 404, ErrorKind::NotFound, None),
+        (
+            ApiError::model_not_found("gpt"),
+            404,
+            ErrorKind::NotFound,
+            Some("model_not_found"),
+        ),
+        (
+            ApiError::payload_too_large("x"),
+            413,
+            ErrorKind::InvalidRequest,
+            Some("payload_too_large"),
+        ),
+        (
+            ApiError::service_unavailable("x"),
+            503,
+            ErrorKind::Server,
+            Some("service_unavailable"),
+        ),
+        (
+            ApiError::bad_gateway("x"),
+            502,
+            ErrorKind::Server,
+            Some("bad_gateway"),
+        ),
+        (
+            ApiError::gateway_timeout("x"),
+            504,
+            ErrorKind::Server,
+            Some("gateway_timeout"),
+        ),
+        (
+            ApiError::internal("x"),
+            500,
+            ErrorKind::Server,
+            Some("internal_error"),
+        ),
+    ];
+    for (err, status, kind, code) in cases {
+        assert_eq!(
+            (err.status, err.kind, err.code.as_deref()),
+            (status, kind, code),
+            "{err:?}"
+        );
+        let body: ErrorBody = serde_json::from_slice(&err.body()).expect("parses");
+        assert_eq!(body.error.kind, kind);
+        assert_eq!(body.error.code.as_deref(), code);
+    }
+    let quoted = ApiError::bad_request("a \"quoted\"\nline\t\u{1}");
+    let body: ErrorBody = serde_json::from_slice(&quoted.body()).expect("escaped");
+    assert_eq!(body.error.message, "a \"quoted\"\nline\t\u{1}");
+}

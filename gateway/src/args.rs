@@ -1,0 +1,127 @@
+//! Command-line options of `iris serve`; every flag has an `IRIS_…`
+//! environment twin (documented in docs/configuration.md).
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::workers::policy::PolicyKind;
+use crate::workers::WorkerUrl;
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1", env = "IRIS_HOST")]
+    pub host: String,
+    /// HTTP port (0 picks a free one).
+    #[arg(long, default_value_t = 8000, env = "IRIS_PORT")]
+    pub port: u16,
+    /// Hugging Face model directory: tokenizer, chat template, config.
+    #[arg(long, env = "IRIS_MODEL_PATH")]
+    pub model_path: PathBuf,
+    /// A Jinja chat template file overriding the model's own.
+    #[arg(long, env = "IRIS_CHAT_TEMPLATE")]
+    pub chat_template: Option<PathBuf>,
+    /// Model name clients use (default: the model directory's name).
+    #[arg(long, env = "IRIS_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+
+    /// Aggregated workers: grpc://host:port (repeatable, or comma-separated).
+    #[arg(long, num_args = 1.., value_delimiter = ',', env = "IRIS_WORKER_URLS")]
+    pub worker_urls: Vec<String>,
+    /// Route each request to a prefill and a decode worker.
+    #[arg(long, env = "IRIS_PD_DISAGGREGATION")]
+    pub pd_disaggregation: bool,
+    /// A prefill worker: URL [BOOTSTRAP_PORT] (repeatable).
+    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = clap::ArgAction::Append, value_delimiter = ',', env = "IRIS_PREFILL")]
+    pub prefill: Vec<String>,
+    /// A decode worker URL (repeatable).
+    #[arg(long, num_args = 1, action = clap::ArgAction::Append, value_delimiter = ',', env = "IRIS_DECODE")]
+    pub decode: Vec<String>,
+
+    /// Worker choice for every role unless overridden.
+    #[arg(long, value_enum, default_value = "power_of_two", env = "IRIS_POLICY")]
+    pub policy: PolicyKind,
+    /// Worker choice among prefill workers.
+    #[arg(long, value_enum, env = "IRIS_PREFILL_POLICY")]
+    pub prefill_policy: Option<PolicyKind>,
+    /// Worker choice among decode workers.
+    #[arg(long, value_enum, env = "IRIS_DECODE_POLICY")]
+    pub decode_policy: Option<PolicyKind>,
+
+    /// Seconds between health checks of each worker.
+    #[arg(long, default_value_t = 5.0, env = "IRIS_HEALTH_CHECK_INTERVAL_SECS")]
+    pub health_check_interval_secs: f64,
+    /// Seconds a health check may take.
+    #[arg(long, default_value_t = 3.0, env = "IRIS_HEALTH_CHECK_TIMEOUT_SECS")]
+    pub health_check_timeout_secs: f64,
+    /// Failed checks in a row that take a worker out of service.
+    #[arg(long, default_value_t = 3, env = "IRIS_HEALTH_FAILURE_THRESHOLD")]
+    pub health_failure_threshold: u32,
+    /// Successful checks in a row that bring it back.
+    #[arg(long, default_value_t = 2, env = "IRIS_HEALTH_SUCCESS_THRESHOLD")]
+    pub health_success_threshold: u32,
+
+    /// Other workers tried when one cannot be reached (before any token).
+    #[arg(long, default_value_t = 2, env = "IRIS_MAX_RETRIES")]
+    pub max_retries: u32,
+    /// Milliseconds to wait for a worker connection.
+    #[arg(long, default_value_t = 2000, env = "IRIS_CONNECT_TIMEOUT_MS")]
+    pub connect_timeout_ms: u64,
+    /// Whole-request deadline in seconds (504 or an error event past it).
+    #[arg(long, default_value_t = 600, env = "IRIS_REQUEST_TIMEOUT_SECS")]
+    pub request_timeout_secs: u64,
+    /// Largest request body in bytes (413 above it).
+    #[arg(long, default_value_t = 64 << 20, env = "IRIS_MAX_PAYLOAD_SIZE")]
+    pub max_payload_size: usize,
+    /// Log as JSON lines.
+    #[arg(long, env = "IRIS_LOG_JSON")]
+    pub log_json: bool,
+}
+
+/// Groups `URL [PORT] URL [PORT] …` into worker URLs: a value that is a
+/// bare number is the bootstrap port of the URL before it.
+pub fn group_with_ports(values: &[String]) -> Result<Vec<WorkerUrl>, String> {
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    for value in values.iter().map(|v| v.trim()).filter(|v| !v.is_empty()) {
+        let is_port = value.chars().all(|c| c.is_ascii_digit());
+        match groups.last_mut() {
+            Some(group) if is_port && group.len() == 1 => group.push(value.to_owned()),
+            _ if is_port => {
+                return Err(format!(
+                    "bootstrap port {value} does not follow a worker URL"
+                ))
+            }
+            _ => groups.push(vec![value.to_owned()]),
+        }
+    }
+    groups
+        .iter()
+        .map(|g| WorkerUrl::parse_with_bootstrap(g))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn groups_ports_with_urls() {
+        let urls = group_with_ports(&strings(&[
+            "grpc://a:1",
+            "8998",
+            "grpc://b:2",
+            "grpc://c:3",
+            "9000",
+        ]))
+        .unwrap();
+        let ports: Vec<Option<u16>> = urls.iter().map(|u| u.bootstrap_port).collect();
+        assert_eq!(ports, vec![Some(8998), None, Some(9000)]);
+        assert!(group_with_ports(&strings(&["8998"])).is_err());
+        assert!(group_with_ports(&strings(&["grpc://a:1", "1", "2"])).is_err());
+    }
+}

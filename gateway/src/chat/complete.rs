@@ -1,0 +1,133 @@
+//! Non-streaming answers: wait for the worker's GenerateComplete, decode
+//! all tokens at once, cut at the first stop string, answer one JSON body.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use iris_detok::StopMatcher;
+use iris_openai::{unix_now, ApiError, ChatCompletion, FinishReason, Usage};
+use iris_proto::scheduler::{generate_response::Response as Reply, GenerateComplete};
+
+use super::errors::{error_response, route_error, worker_error};
+use super::Prepared;
+use crate::metrics::{Outcome, Stage};
+use crate::router::Generation;
+use crate::server::AppState;
+
+pub async fn respond(state: Arc<AppState>, prepared: Prepared) -> Response {
+    let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
+    let result = match tokio::time::timeout_at(deadline, run(&state, &prepared)).await {
+        Ok(result) => result,
+        Err(_) => Err((
+            ApiError::gateway_timeout(format!(
+                "no answer within {} s",
+                state.request_timeout.as_secs()
+            )),
+            Outcome::Timeout,
+        )),
+    };
+    state
+        .metrics
+        .stage(Stage::Total, prepared.started.elapsed());
+    match result {
+        Ok(body) => {
+            state.metrics.outcome(Outcome::Ok);
+            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+        }
+        Err((error, outcome)) => {
+            state.metrics.outcome(outcome);
+            error_response(&error)
+        }
+    }
+}
+
+async fn run(state: &AppState, prepared: &Prepared) -> Result<Vec<u8>, (ApiError, Outcome)> {
+    let dispatch = Instant::now();
+    let mut generation = state
+        .router
+        .start(prepared.generate.clone())
+        .await
+        .map_err(route_error)?;
+    state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
+    let complete = await_complete(&mut generation).await?;
+    generation.finish();
+    state
+        .metrics
+        .stage(Stage::FirstToken, prepared.started.elapsed());
+    if complete.finish_reason == "abort" {
+        return Err((
+            ApiError::bad_gateway("the worker aborted the request"),
+            Outcome::UpstreamError,
+        ));
+    }
+    let text = state
+        .prompter
+        .tokenizer()
+        .decode(&complete.output_ids, true)
+        .map_err(|e| {
+            (
+                ApiError::internal(format!("detokenization failed: {e}")),
+                Outcome::UpstreamError,
+            )
+        })?;
+    let (content, stopped) = cut_at_stop(&text, &prepared.request.sampling().stop);
+    let finish_reason = if stopped || complete.finish_reason != "length" {
+        FinishReason::Stop
+    } else {
+        FinishReason::Length
+    };
+    state
+        .metrics
+        .tokens(prepared.prompt_tokens, complete.completion_tokens);
+    let usage = Usage::new(prepared.prompt_tokens, complete.completion_tokens);
+    Ok(ChatCompletion::new(
+        &prepared.id,
+        unix_now(),
+        &state.model_name,
+        content,
+        finish_reason,
+        usage,
+    )
+    .to_json())
+}
+
+async fn await_complete(
+    generation: &mut Generation,
+) -> Result<GenerateComplete, (ApiError, Outcome)> {
+    loop {
+        match generation.next().await {
+            Some(Ok(response)) => {
+                if let Some(Reply::Complete(complete)) = response.response {
+                    return Ok(complete);
+                }
+            }
+            Some(Err(status)) => {
+                return Err(worker_error(&generation.worker.url.to_string(), &status))
+            }
+            None => {
+                return Err((
+                    ApiError::bad_gateway(format!(
+                        "worker {} ended the stream without an answer",
+                        generation.worker.url
+                    )),
+                    Outcome::UpstreamError,
+                ))
+            }
+        }
+    }
+}
+
+/// The text before the first stop string, and whether one matched.
+fn cut_at_stop(text: &str, stops: &[String]) -> (String, bool) {
+    if stops.is_empty() {
+        return (text.to_owned(), false);
+    }
+    let mut matcher = StopMatcher::new(stops.to_vec());
+    let step = matcher.push(text);
+    match step.stopped {
+        Some(_) => (step.emit, true),
+        None => (step.emit + &matcher.finish(), false),
+    }
+}

@@ -1,0 +1,174 @@
+//! `POST /v1/chat/completions`: read and validate the body, build the
+//! prompt, start the request on workers, then answer as SSE
+//! ([`stream`]) or as one JSON body ([`complete`]).
+
+mod complete;
+mod errors;
+mod stream;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use iris_openai::{
+    ApiError, ChatCompletionRequest, ChatMessage, ContentPart, MessageContent, Sampling,
+};
+use iris_proto::scheduler::{GenerateRequest, SamplingParams, TokenizedInput};
+use serde_json::{json, Value};
+
+pub use errors::error_response;
+
+use crate::metrics::{Outcome, Stage};
+use crate::server::AppState;
+
+/// Bodies larger than this are prompt-built on the blocking pool.
+const INLINE_PROMPT_BYTES: usize = 16 << 10;
+
+/// A request ready to send: its id, prompt and options.
+pub struct Prepared {
+    pub id: String,
+    pub request: ChatCompletionRequest,
+    pub generate: GenerateRequest,
+    pub prompt_tokens: u32,
+    pub started: Instant,
+}
+
+pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    match prepare(&state, request.into_body(), started).await {
+        Ok(prepared) if prepared.request.is_stream() => stream::respond(state, prepared).await,
+        Ok(prepared) => complete::respond(state, prepared).await,
+        Err((error, outcome)) => {
+            state.metrics.outcome(outcome);
+            error_response(&error)
+        }
+    }
+}
+
+async fn prepare(
+    state: &Arc<AppState>,
+    body: Body,
+    started: Instant,
+) -> Result<Prepared, (ApiError, Outcome)> {
+    let client = |e: ApiError| (e, Outcome::ClientError);
+    let bytes = axum::body::to_bytes(body, state.max_payload)
+        .await
+        .map_err(|e| {
+            client(ApiError::payload_too_large(format!(
+                "request body could not be read within the {} byte limit: {e}",
+                state.max_payload
+            )))
+        })?;
+    let request = iris_openai::parse_chat_request(&bytes).map_err(client)?;
+    if !state.serves(&request.model) {
+        return Err(client(ApiError::model_not_found(&request.model)));
+    }
+    if request
+        .messages
+        .iter()
+        .any(|m| m.content.as_ref().is_some_and(MessageContent::has_images))
+    {
+        return Err(client(ApiError::bad_field(
+            "messages",
+            "image inputs are not supported by this gateway configuration (text-only workers)",
+        )));
+    }
+    state.metrics.stage(Stage::Parse, started.elapsed());
+    let tokenize_start = Instant::now();
+    let input_ids = if bytes.len() <= INLINE_PROMPT_BYTES {
+        build_prompt(state, &request)
+    } else {
+        let (state, request) = (state.clone(), request.clone());
+        tokio::task::spawn_blocking(move || build_prompt(&state, &request))
+            .await
+            .map_err(|e| {
+                (
+                    ApiError::internal(format!("prompt task failed: {e}")),
+                    Outcome::UpstreamError,
+                )
+            })?
+    }
+    .map_err(client)?;
+    state
+        .metrics
+        .stage(Stage::Tokenize, tokenize_start.elapsed());
+    let id = iris_openai::new_completion_id();
+    let generate = generate_request(&id, input_ids, &request.sampling(), request.is_stream());
+    let prompt_tokens = generate
+        .tokenized
+        .as_ref()
+        .map(|t| t.input_ids.len() as u32)
+        .unwrap_or(0);
+    Ok(Prepared {
+        id,
+        request,
+        generate,
+        prompt_tokens,
+        started,
+    })
+}
+
+fn build_prompt(state: &AppState, request: &ChatCompletionRequest) -> Result<Vec<u32>, ApiError> {
+    let text = state
+        .prompter
+        .render(&template_messages(&request.messages))?;
+    let ids = state.prompter.encode(&text)?;
+    if ids.is_empty() {
+        return Err(ApiError::bad_field(
+            "messages",
+            "the rendered prompt is empty",
+        ));
+    }
+    Ok(ids)
+}
+
+/// Messages as Hugging Face chat templates expect them: `developer`
+/// becomes `system`, image parts become `{"type": "image"}`.
+fn template_messages(messages: &[ChatMessage]) -> Value {
+    let part = |p: &ContentPart| match p {
+        ContentPart::Text { text } => json!({"type": "text", "text": text}),
+        ContentPart::ImageUrl { .. } => json!({"type": "image"}),
+    };
+    let content = |c: &Option<MessageContent>| match c {
+        None => Value::String(String::new()),
+        Some(MessageContent::Text(text)) => Value::String(text.clone()),
+        Some(MessageContent::Parts(parts)) => Value::Array(parts.iter().map(part).collect()),
+    };
+    Value::Array(
+        messages
+            .iter()
+            .map(|m| json!({"role": m.role.template_role(), "content": content(&m.content)}))
+            .collect(),
+    )
+}
+
+fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling, stream: bool) -> GenerateRequest {
+    GenerateRequest {
+        request_id: id.to_owned(),
+        tokenized: Some(TokenizedInput {
+            input_ids,
+            original_text: String::new(),
+        }),
+        sampling_params: Some(SamplingParams {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k.map(|k| i32::try_from(k).unwrap_or(i32::MAX)),
+            min_p: s.min_p,
+            frequency_penalty: s.frequency_penalty,
+            presence_penalty: s.presence_penalty,
+            repetition_penalty: s.repetition_penalty,
+            max_new_tokens: s.max_new_tokens,
+            min_new_tokens: s.min_new_tokens,
+            stop: s.stop.clone(),
+            ignore_eos: s.ignore_eos,
+            skip_special_tokens: true,
+            n: 1,
+            sampling_seed: s.seed,
+            ..SamplingParams::default()
+        }),
+        stream,
+        ..GenerateRequest::default()
+    }
+}

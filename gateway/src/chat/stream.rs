@@ -1,0 +1,243 @@
+//! Streaming answers: the worker's token chunks become OpenAI SSE chunks,
+//! decoded incrementally (UTF-8 safe) and cut at the first stop string,
+//! which may span chunks. The body is a lazy stream: when the client goes
+//! away it is dropped, and dropping the [`Generation`] aborts the workers.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use iris_detok::{IncrementalDecoder, StopMatcher};
+use iris_openai::sse::{self, ChunkWriter};
+use iris_openai::{unix_now, ApiError, FinishReason, Usage};
+use iris_proto::scheduler::{generate_response::Response as Reply, GenerateComplete};
+
+use super::errors::{error_response, route_error, worker_error};
+use super::Prepared;
+use crate::metrics::{Outcome, Stage};
+use crate::router::Generation;
+use crate::server::AppState;
+
+pub async fn respond(state: Arc<AppState>, prepared: Prepared) -> Response {
+    let dispatch = std::time::Instant::now();
+    let generation = match state.router.start(prepared.generate.clone()).await {
+        Ok(generation) => generation,
+        Err(error) => {
+            let (error, outcome) = route_error(error);
+            state.metrics.outcome(outcome);
+            return error_response(&error);
+        }
+    };
+    state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
+    let streamer = match Streamer::new(state, prepared, generation) {
+        Ok(s) => s,
+        Err(error) => return error_response(&error),
+    };
+    let body = Body::from_stream(futures::stream::unfold(streamer, |mut s| async move {
+        let bytes = s.next_event().await?;
+        Some((Ok::<Bytes, std::convert::Infallible>(bytes), s))
+    }));
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// Where the stream is.
+#[derive(PartialEq, Eq)]
+enum Phase {
+    /// The role chunk is next.
+    Start,
+    Tokens,
+    Done,
+}
+
+/// The state of one SSE answer.
+struct Streamer {
+    state: Arc<AppState>,
+    prepared: Prepared,
+    generation: Generation,
+    writer: ChunkWriter,
+    decoder: IncrementalDecoder,
+    stops: StopMatcher,
+    phase: Phase,
+    completion_tokens: u32,
+    first_token_seen: bool,
+    deadline: tokio::time::Instant,
+}
+
+impl Streamer {
+    fn new(
+        state: Arc<AppState>,
+        prepared: Prepared,
+        generation: Generation,
+    ) -> Result<Streamer, ApiError> {
+        let writer = ChunkWriter::new(&prepared.id, unix_now(), &state.model_name);
+        let decoder = IncrementalDecoder::new(state.prompter.tokenizer().clone(), &[], true);
+        let stops = StopMatcher::new(prepared.request.sampling().stop);
+        let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
+        Ok(Streamer {
+            state,
+            prepared,
+            generation,
+            writer,
+            decoder,
+            stops,
+            phase: Phase::Start,
+            completion_tokens: 0,
+            first_token_seen: false,
+            deadline,
+        })
+    }
+
+    /// The next bytes to send, or `None` when the stream is over.
+    async fn next_event(&mut self) -> Option<Bytes> {
+        let mut out = BytesMut::with_capacity(256);
+        match self.phase {
+            Phase::Done => return None,
+            Phase::Start => {
+                self.writer.write_role(&mut out);
+                self.phase = Phase::Tokens;
+                return Some(out.freeze());
+            }
+            Phase::Tokens => {}
+        }
+        while out.is_empty() && self.phase == Phase::Tokens {
+            self.step(&mut out).await;
+        }
+        Some(out.freeze())
+    }
+
+    /// Reads one response from the worker and writes what it produces.
+    async fn step(&mut self, out: &mut BytesMut) {
+        let next = tokio::time::timeout_at(self.deadline, self.generation.next()).await;
+        match next {
+            Err(_) => {
+                let error = ApiError::gateway_timeout(format!(
+                    "no complete answer within {} s",
+                    self.state.request_timeout.as_secs()
+                ));
+                self.fail(out, &error, Outcome::Timeout);
+            }
+            Ok(None) => {
+                let error = ApiError::bad_gateway(format!(
+                    "worker {} ended the stream without completing",
+                    self.generation.worker.url
+                ));
+                self.fail(out, &error, Outcome::UpstreamError);
+            }
+            Ok(Some(Err(status))) => {
+                let (error, outcome) =
+                    worker_error(&self.generation.worker.url.to_string(), &status);
+                self.fail(out, &error, outcome);
+            }
+            Ok(Some(Ok(response))) => match response.response {
+                Some(Reply::Chunk(chunk)) => self.tokens(out, &chunk.token_ids),
+                Some(Reply::Complete(complete)) => self.complete(out, complete),
+                None => {}
+            },
+        }
+    }
+
+    fn tokens(&mut self, out: &mut BytesMut, ids: &[u32]) {
+        if !self.first_token_seen {
+            self.first_token_seen = true;
+            self.state
+                .metrics
+                .stage(Stage::FirstToken, self.prepared.started.elapsed());
+        }
+        self.completion_tokens += ids.len() as u32;
+        let text = match self.decoder.push_many(ids) {
+            Ok(text) => text.unwrap_or_default(),
+            Err(e) => {
+                let error = ApiError::internal(format!("detokenization failed: {e}"));
+                return self.fail(out, &error, Outcome::UpstreamError);
+            }
+        };
+        self.emit(out, &text);
+    }
+
+    /// Passes `text` through the stop matcher and writes what may be shown;
+    /// a matched stop ends the stream and aborts the workers.
+    fn emit(&mut self, out: &mut BytesMut, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let step = self.stops.push(text);
+        if !step.emit.is_empty() {
+            self.writer.write_content(out, &step.emit);
+        }
+        if step.stopped.is_some() {
+            self.generation.abort("stop string matched");
+            self.finish(out, FinishReason::Stop);
+        }
+    }
+
+    fn complete(&mut self, out: &mut BytesMut, complete: GenerateComplete) {
+        self.generation.finish();
+        if complete.finish_reason == "abort" {
+            let error = ApiError::bad_gateway("the worker aborted the request");
+            return self.fail(out, &error, Outcome::UpstreamError);
+        }
+        // Tokens of a non-streaming worker arrive only here.
+        if self.completion_tokens == 0 && !complete.output_ids.is_empty() {
+            self.tokens(out, &complete.output_ids);
+        }
+        self.completion_tokens = self.completion_tokens.max(complete.completion_tokens);
+        if self.phase != Phase::Tokens {
+            return;
+        }
+        let tail = self.decoder.finish();
+        self.emit(out, &tail);
+        if self.phase != Phase::Tokens {
+            return;
+        }
+        let held = self.stops.finish();
+        if !held.is_empty() {
+            self.writer.write_content(out, &held);
+        }
+        let reason = if complete.finish_reason == "length" {
+            FinishReason::Length
+        } else {
+            FinishReason::Stop
+        };
+        self.finish(out, reason);
+    }
+
+    fn finish(&mut self, out: &mut BytesMut, reason: FinishReason) {
+        self.writer.write_finish(out, reason);
+        if self.prepared.request.include_usage() {
+            self.writer.write_usage(
+                out,
+                &Usage::new(self.prepared.prompt_tokens, self.completion_tokens),
+            );
+        }
+        sse::write_done(out);
+        self.state
+            .metrics
+            .tokens(self.prepared.prompt_tokens, self.completion_tokens);
+        self.end(Outcome::Ok);
+    }
+
+    fn fail(&mut self, out: &mut BytesMut, error: &ApiError, outcome: Outcome) {
+        tracing::warn!(request_id = %self.prepared.id, error = %error.message, "stream failed");
+        self.generation.abort("gateway ended the request");
+        sse::write_error_event(out, error);
+        sse::write_done(out);
+        self.end(outcome);
+    }
+
+    fn end(&mut self, outcome: Outcome) {
+        self.phase = Phase::Done;
+        self.state.metrics.outcome(outcome);
+        self.state
+            .metrics
+            .stage(Stage::Total, self.prepared.started.elapsed());
+    }
+}

@@ -1,0 +1,155 @@
+//! `iris demo`: writes the tiny model (once, to a cache folder), starts a
+//! reference prefill and decode engine and the gateway in this process on
+//! loopback, prints how to talk to it, and stops everything on Ctrl-C.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use iris_engine::{EngineArgs, Role};
+
+use crate::ServeArgs;
+
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// HTTP port of the gateway.
+    #[arg(long, default_value_t = 8000, env = "IRIS_PORT")]
+    pub port: u16,
+    /// Where the tiny model is written (default: a cache folder).
+    #[arg(long, env = "IRIS_DEMO_MODEL_DIR")]
+    pub model_dir: Option<PathBuf>,
+    /// Simulated decode time per token, in microseconds, so streaming is visible.
+    #[arg(long, default_value_t = 20_000, env = "IRIS_DEMO_DECODE_US_PER_STEP")]
+    pub decode_us_per_step: u64,
+}
+
+/// Runs the demo until Ctrl-C.
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let model_dir = args.model_dir.clone().unwrap_or_else(default_model_dir);
+    ensure_tiny_model(&model_dir)?;
+    let prefill = iris_engine::start(engine_args(&model_dir, Role::Prefill, 0)).await?;
+    let decode = iris_engine::start(engine_args(
+        &model_dir,
+        Role::Decode,
+        args.decode_us_per_step,
+    ))
+    .await?;
+    let data = prefill
+        .data_addr
+        .context("the prefill engine has no data server")?;
+    let serve = demo_serve_args(
+        &model_dir,
+        args.port,
+        &[prefill.grpc_addr.to_string(), data.port().to_string()],
+        &decode.grpc_addr.to_string(),
+    );
+    let gateway = crate::start(serve).await?;
+    print_banner(gateway.addr, &gateway.state.model_name);
+    let tokens = [
+        gateway.shutdown_token(),
+        prefill.shutdown_token(),
+        decode.shutdown_token(),
+    ];
+    wait_for_signal().await;
+    eprintln!("\nstopping…");
+    tokens.iter().for_each(|t| t.cancel());
+    gateway.wait().await?;
+    prefill.wait().await?;
+    decode.wait().await
+}
+
+fn default_model_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("iris").join("tiny-qwen2-vl")
+}
+
+/// Writes the tiny model unless a complete one is already there.
+fn ensure_tiny_model(dir: &std::path::Path) -> anyhow::Result<()> {
+    let complete = iris_model::tiny::FILES
+        .iter()
+        .all(|f| dir.join(f).is_file());
+    if !complete {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        iris_model::tiny::write_tiny_qwen2_vl(dir).context("cannot write the tiny model")?;
+    }
+    Ok(())
+}
+
+fn engine_args(model: &std::path::Path, role: Role, decode_us_per_step: u64) -> EngineArgs {
+    EngineArgs {
+        role,
+        host: "127.0.0.1".into(),
+        port: 0,
+        bootstrap_port: 0,
+        model_path: model.to_path_buf(),
+        served_model_name: None,
+        max_running_requests: 256,
+        default_max_new_tokens: 64,
+        prefill_us_per_token: 0,
+        decode_us_per_step,
+        eos_ppm: 20_000,
+        transfer_wait_ms: 5_000,
+        room_ttl_secs: 60,
+        worker_id: Some(format!("demo-{}", role.as_str())),
+    }
+}
+
+fn demo_serve_args(
+    model: &std::path::Path,
+    port: u16,
+    prefill: &[String],
+    decode: &str,
+) -> ServeArgs {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+    let mut argv: Vec<String> = vec![
+        "iris".into(),
+        "--model-path".into(),
+        model.display().to_string(),
+    ];
+    argv.extend([
+        "--port".into(),
+        port.to_string(),
+        "--pd-disaggregation".into(),
+        "--prefill".into(),
+    ]);
+    argv.extend(prefill.iter().map(|s| format!("grpc://{s}")).take(1));
+    argv.extend(prefill.iter().skip(1).cloned());
+    argv.extend(["--decode".into(), format!("grpc://{decode}")]);
+    argv.extend(["--health-check-interval-secs".into(), "1".into()]);
+    Wrapper::parse_from(argv).serve
+}
+
+fn print_banner(addr: std::net::SocketAddr, model: &str) {
+    println!(
+        "Iris demo: gateway on http://{addr} (prefill + decode reference engines, model {model:?})"
+    );
+    println!("Try:");
+    println!(
+        "  curl -N http://{addr}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true, \"max_tokens\": 32}}'"
+    );
+    println!("Press Ctrl-C to stop.");
+}
+
+/// Waits for SIGINT or SIGTERM.
+pub async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = ctrl_c.await;
+        }
+    }
+}

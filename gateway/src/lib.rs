@@ -1,0 +1,20 @@
+//! The Iris gateway: an OpenAI-compatible chat API in front of
+//! TokenSpeed-protocol workers (aggregated, or prefill + decode).
+//!
+//! Request path: [`chat`] parses and validates the body, [`prompt`] renders
+//! the chat template and tokenizes, [`router`] picks workers from the
+//! [`workers`] pools and starts the request, and [`chat`] streams the
+//! detokenized answer back as SSE or one JSON body. [`server`] wires it to
+//! axum; [`demo`] runs every role in one process.
+
+pub mod args;
+pub mod chat;
+pub mod demo;
+pub mod metrics;
+pub mod prompt;
+pub mod router;
+pub mod server;
+pub mod workers;
+
+pub use args::ServeArgs;
+pub use server::{start, RunningGateway};

@@ -1,0 +1,60 @@
+//! The `iris` command: `iris serve` (the gateway), `iris demo` (every role
+//! in one process on a generated tiny model).
+
+use clap::{Parser, Subcommand};
+use iris_gateway::demo::DemoArgs;
+use iris_gateway::ServeArgs;
+
+#[derive(Parser)]
+#[command(
+    name = "iris",
+    version,
+    about = "Iris: a gateway for multimodal LLMs split into encode, prefill and decode roles"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the OpenAI-compatible API in front of workers.
+    Serve(Box<ServeArgs>),
+    /// Run a gateway with reference workers on a tiny generated model.
+    Demo(DemoArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            init_logging(args.log_json);
+            let running = iris_gateway::start(*args).await?;
+            tracing::info!(addr = %running.addr, "iris gateway listening");
+            let shutdown = running.shutdown_token();
+            tokio::spawn(async move {
+                iris_gateway::demo::wait_for_signal().await;
+                shutdown.cancel();
+            });
+            running.wait().await
+        }
+        Command::Demo(args) => {
+            init_logging(false);
+            iris_gateway::demo::run(args).await
+        }
+    }
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

@@ -1,0 +1,225 @@
+//! `iris serve`: builds the worker pools, the router and the prompt
+//! pipeline from the options, and serves the HTTP API with axum.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use iris_model::ModelDir;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::args::{group_with_ports, ServeArgs};
+use crate::metrics::Metrics;
+use crate::prompt::Prompter;
+use crate::router::{Mode, Router};
+use crate::workers::health::{self, HealthSettings};
+use crate::workers::policy::{Policy, PolicyKind};
+use crate::workers::{Pool, Role, Worker, WorkerUrl};
+
+/// Everything request handlers share.
+pub struct AppState {
+    pub router: Router,
+    pub prompter: Prompter,
+    pub metrics: Metrics,
+    pub model_name: String,
+    pub model_path: String,
+    pub created: u64,
+    pub request_timeout: Duration,
+    pub max_payload: usize,
+}
+
+impl AppState {
+    /// Whether `name` designates the served model.
+    pub fn serves(&self, name: &str) -> bool {
+        name == self.model_name || name == self.model_path
+    }
+}
+
+/// A started gateway.
+pub struct RunningGateway {
+    pub addr: SocketAddr,
+    pub state: Arc<AppState>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningGateway {
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Waits until the server stops (after shutdown, or on an error).
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task
+            .await
+            .context("HTTP server task panicked")?
+            .context("HTTP server failed")
+    }
+}
+
+/// Builds the gateway from `args` and starts serving.
+pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
+    let dir = ModelDir::load(&args.model_path)
+        .with_context(|| format!("cannot load model directory {}", args.model_path.display()))?;
+    let prompter = Prompter::load(&dir, args.chat_template.as_deref())?;
+    let mode = build_mode(&args)?;
+    let shutdown = CancellationToken::new();
+    health::spawn(mode.pools(), health_settings(&args), shutdown.clone());
+    let state = Arc::new(AppState {
+        router: Router::new(mode, args.max_retries),
+        prompter,
+        metrics: Metrics::default(),
+        model_name: args
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| dir.served_model_name()),
+        model_path: args.model_path.display().to_string(),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default(),
+        request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
+        max_payload: args.max_payload_size,
+    });
+    let listener = TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let addr = listener.local_addr()?;
+    let app = routes(state.clone());
+    let token = shutdown.clone();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(token.cancelled_owned())
+            .await
+    });
+    Ok(RunningGateway {
+        addr,
+        state,
+        shutdown,
+        task,
+    })
+}
+
+fn routes(state: Arc<AppState>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/chat/completions", post(crate::chat::handle))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/readiness", get(readiness))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+fn health_settings(args: &ServeArgs) -> HealthSettings {
+    let secs = |s: f64| Duration::from_secs_f64(if s.is_finite() && s > 0.0 { s } else { 1.0 });
+    HealthSettings {
+        interval: secs(args.health_check_interval_secs),
+        timeout: secs(args.health_check_timeout_secs),
+        failure_threshold: args.health_failure_threshold,
+        success_threshold: args.health_success_threshold,
+    }
+}
+
+fn build_mode(args: &ServeArgs) -> anyhow::Result<Mode> {
+    let connect = Duration::from_millis(args.connect_timeout_ms.max(1));
+    let pool =
+        |role: Role, urls: Vec<WorkerUrl>, policy: PolicyKind| -> anyhow::Result<Arc<Pool>> {
+            let workers = urls
+                .into_iter()
+                .map(|u| Worker::new(u, role, connect).map_err(anyhow::Error::msg))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            Ok(Arc::new(Pool::new(role, workers, Policy::new(policy))))
+        };
+    if args.pd_disaggregation {
+        anyhow::ensure!(args.worker_urls.is_empty(), "--worker-urls is for aggregated mode; with --pd-disaggregation use --prefill and --decode");
+        let prefill = group_with_ports(&args.prefill).map_err(anyhow::Error::msg)?;
+        let decode = args
+            .decode
+            .iter()
+            .map(|u| WorkerUrl::parse(u))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            !prefill.is_empty(),
+            "--pd-disaggregation needs at least one --prefill URL"
+        );
+        anyhow::ensure!(
+            !decode.is_empty(),
+            "--pd-disaggregation needs at least one --decode URL"
+        );
+        return Ok(Mode::PrefillDecode {
+            prefill: pool(
+                Role::Prefill,
+                prefill,
+                args.prefill_policy.unwrap_or(args.policy),
+            )?,
+            decode: pool(
+                Role::Decode,
+                decode,
+                args.decode_policy.unwrap_or(args.policy),
+            )?,
+        });
+    }
+    anyhow::ensure!(
+        args.prefill.is_empty() && args.decode.is_empty(),
+        "--prefill/--decode need --pd-disaggregation"
+    );
+    anyhow::ensure!(
+        !args.worker_urls.is_empty(),
+        "no workers: give --worker-urls, or --pd-disaggregation with --prefill and --decode"
+    );
+    let urls = args
+        .worker_urls
+        .iter()
+        .map(|u| WorkerUrl::parse(u))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    Ok(Mode::Aggregated(pool(Role::Aggregated, urls, args.policy)?))
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    let model = iris_openai::Model::new(state.model_name.as_str(), state.created, "iris");
+    let body = iris_openai::ModelList::new(vec![model]).to_json();
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+async fn health() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        r#"{"status":"ok"}"#,
+    )
+        .into_response()
+}
+
+/// Ready when every role the mode needs has a healthy worker.
+async fn readiness(State(state): State<Arc<AppState>>) -> Response {
+    let pools = state.router.mode.pools();
+    let roles: Vec<serde_json::Value> = pools
+        .iter()
+        .map(|p| serde_json::json!({"role": p.role.as_str(), "healthy": p.healthy_count(), "total": p.snapshot().len()}))
+        .collect();
+    let ready = pools.iter().all(|p| p.healthy_count() > 0);
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::json!({"ready": ready, "roles": roles}).to_string();
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let body = state.metrics.render(&state.router.mode.pools());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+async fn not_found() -> Response {
+    crate::chat::error_response(&iris_openai::ApiError::not_found("no such route"))
+}

@@ -1,0 +1,15 @@
+//! Workers the gateway routes to: their gRPC clients and live state
+//! ([`worker`]), the per-role pools ([`pool`]), how one is chosen
+//! ([`policy`]) and the health checker that moves them in and out of
+//! service ([`health`]).
+
+pub mod health;
+pub mod policy;
+pub mod pool;
+pub mod url;
+pub mod worker;
+
+pub use policy::Policy;
+pub use pool::Pool;
+pub use url::WorkerUrl;
+pub use worker::{Role, Worker};

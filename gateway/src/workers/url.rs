@@ -1,0 +1,133 @@
+//! Parsing worker URLs: `grpc://host:port`, `http://host:port` or a bare
+//! `host:port`, with an optional bootstrap (data server) port.
+
+use std::fmt;
+
+/// A worker address as given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WorkerUrl {
+    pub host: String,
+    pub port: u16,
+    /// The worker's data server port (prefill and encode roles).
+    pub bootstrap_port: Option<u16>,
+}
+
+impl WorkerUrl {
+    /// Parses `url`, e.g. `grpc://10.0.0.5:30000` or `[::1]:30000`.
+    pub fn parse(url: &str) -> Result<WorkerUrl, String> {
+        let rest = ["grpc://", "http://"]
+            .iter()
+            .find_map(|scheme| url.strip_prefix(scheme))
+            .unwrap_or(url)
+            .trim_end_matches('/');
+        if rest.contains("://") {
+            return Err(format!(
+                "worker URL {url:?}: only grpc:// (or http://) URLs are supported"
+            ));
+        }
+        let (host, port) =
+            split_host_port(rest).ok_or_else(|| format!("worker URL {url:?} needs host:port"))?;
+        let port: u16 = port
+            .parse()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("worker URL {url:?}: port {port:?} is not a valid port"))?;
+        if host.is_empty() {
+            return Err(format!("worker URL {url:?} has no host"));
+        }
+        Ok(WorkerUrl {
+            host: host.to_owned(),
+            port,
+            bootstrap_port: None,
+        })
+    }
+
+    /// Parses `URL [BOOTSTRAP_PORT]` as given to `--prefill`/`--encode`.
+    pub fn parse_with_bootstrap(values: &[String]) -> Result<WorkerUrl, String> {
+        let (url, rest) = values.split_first().ok_or("a worker URL is required")?;
+        let mut parsed = WorkerUrl::parse(url)?;
+        if let Some(port) = rest.first() {
+            let port = port
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("bootstrap port {port:?} for {url} is not a valid port"))?;
+            parsed.bootstrap_port = Some(port);
+        }
+        if rest.len() > 1 {
+            return Err(format!(
+                "{url}: expected at most one bootstrap port, got {rest:?}"
+            ));
+        }
+        Ok(parsed)
+    }
+
+    /// The URI tonic connects to.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.authority())
+    }
+
+    fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl fmt::Display for WorkerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "grpc://{}", self.authority())
+    }
+}
+
+fn split_host_port(s: &str) -> Option<(&str, &str)> {
+    if let Some(v6) = s.strip_prefix('[') {
+        let (host, rest) = v6.split_once(']')?;
+        return Some((host, rest.strip_prefix(':')?));
+    }
+    s.rsplit_once(':')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_forms() {
+        let u = WorkerUrl::parse("grpc://127.0.0.1:30000").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("127.0.0.1", 30000));
+        assert_eq!(u.to_string(), "grpc://127.0.0.1:30000");
+        let u = WorkerUrl::parse("http://[::1]:8000/").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("::1", 8000));
+        assert_eq!(u.endpoint(), "http://[::1]:8000");
+        assert_eq!(
+            WorkerUrl::parse("worker-0.svc:1").unwrap().host,
+            "worker-0.svc"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_urls() {
+        for bad in [
+            "",
+            "grpc://host",
+            "grpc://:80",
+            "grpc://h:0",
+            "grpc://h:99999",
+            "https://h:1",
+        ] {
+            assert!(WorkerUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bootstrap_port() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let u = WorkerUrl::parse_with_bootstrap(&args(&["grpc://h:1", "8998"])).unwrap();
+        assert_eq!(u.bootstrap_port, Some(8998));
+        assert!(WorkerUrl::parse_with_bootstrap(&args(&["grpc://h:1", "x"])).is_err());
+        assert!(WorkerUrl::parse_with_bootstrap(&args(&["grpc://h:1", "1", "2"])).is_err());
+    }
+}

@@ -1,0 +1,186 @@
+//! One worker: its address, gRPC client, health and in-flight count.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
+use tonic::transport::{Channel, Endpoint};
+
+use super::url::WorkerUrl;
+
+/// Largest message the gateway sends or accepts from a worker.
+pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
+
+/// What a worker does for the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    Aggregated,
+    Prefill,
+    Decode,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Aggregated => "aggregated",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+/// A worker and its live state. Shared as `Arc<Worker>`.
+pub struct Worker {
+    pub url: WorkerUrl,
+    pub role: Role,
+    channel: Channel,
+    healthy: AtomicBool,
+    in_flight: AtomicUsize,
+    failures: AtomicU32,
+    successes: AtomicU32,
+    /// No health check has completed yet.
+    unchecked: AtomicBool,
+}
+
+/// Counts a request against a worker while alive.
+pub struct InFlightGuard(Arc<Worker>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Worker {
+    /// A worker with a lazily connecting channel; unhealthy until its first
+    /// successful health check.
+    pub fn new(
+        url: WorkerUrl,
+        role: Role,
+        connect_timeout: Duration,
+    ) -> Result<Arc<Worker>, String> {
+        let channel = Endpoint::from_shared(url.endpoint())
+            .map_err(|e| format!("{url}: {e}"))?
+            .connect_timeout(connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_while_idle(true)
+            .connect_lazy();
+        Ok(Arc::new(Worker {
+            url,
+            role,
+            channel,
+            healthy: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            failures: AtomicU32::new(0),
+            successes: AtomicU32::new(0),
+            unchecked: AtomicBool::new(true),
+        }))
+    }
+
+    pub fn client(&self) -> TokenSpeedSchedulerClient<Channel> {
+        TokenSpeedSchedulerClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub fn start_request(self: &Arc<Self>) -> InFlightGuard {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlightGuard(self.clone())
+    }
+
+    /// Records a health-check result; returns the new health when it
+    /// changed. The first check decides at once; after that a healthy
+    /// worker leaves service after `fail_threshold` failures in a row and
+    /// an unhealthy one returns after `success_threshold` successes in a row.
+    pub fn record_check(
+        &self,
+        ok: bool,
+        fail_threshold: u32,
+        success_threshold: u32,
+    ) -> Option<bool> {
+        let first = self.unchecked.swap(false, Ordering::Relaxed);
+        let (streak, threshold) = if ok {
+            self.failures.store(0, Ordering::Relaxed);
+            (
+                self.successes.fetch_add(1, Ordering::Relaxed) + 1,
+                success_threshold,
+            )
+        } else {
+            self.successes.store(0, Ordering::Relaxed);
+            (
+                self.failures.fetch_add(1, Ordering::Relaxed) + 1,
+                fail_threshold,
+            )
+        };
+        let flips = self.is_healthy() != ok && (first || streak >= threshold.max(1));
+        if flips {
+            self.healthy.store(ok, Ordering::Relaxed);
+            return Some(ok);
+        }
+        None
+    }
+
+    /// Marks the worker healthy or not at once (tests, discovery).
+    pub fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker() -> Arc<Worker> {
+        Worker::new(
+            WorkerUrl::parse("grpc://127.0.0.1:1").unwrap(),
+            Role::Decode,
+            Duration::from_secs(1),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn thresholds() {
+        let w = worker();
+        assert!(!w.is_healthy());
+        assert_eq!(
+            w.record_check(true, 3, 2),
+            Some(true),
+            "first success decides"
+        );
+        assert_eq!(w.record_check(false, 3, 2), None);
+        assert_eq!(w.record_check(false, 3, 2), None);
+        assert_eq!(
+            w.record_check(false, 3, 2),
+            Some(false),
+            "third failure in a row"
+        );
+        assert_eq!(w.record_check(true, 3, 2), None);
+        assert_eq!(w.record_check(false, 3, 2), None, "streak broken");
+        assert_eq!(w.record_check(true, 3, 2), None);
+        assert_eq!(w.record_check(true, 3, 2), Some(true));
+    }
+
+    #[tokio::test]
+    async fn in_flight_guard() {
+        let w = worker();
+        let g = w.start_request();
+        assert_eq!(w.in_flight(), 1);
+        drop(g);
+        assert_eq!(w.in_flight(), 0);
+    }
+}
