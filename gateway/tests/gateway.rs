@@ -1,0 +1,270 @@
+//! Gateway behaviour over real (in-process) reference engines: OpenAI
+//! shapes, streaming vs non-streaming, PD equivalence, stop strings, errors,
+//! aborts on disconnect, timeouts and readiness.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::StreamExt;
+use iris_engine::Role;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn aggregated_chat_streams_and_completes_the_same_text() {
+    let model = tiny_model();
+    let worker = engine(&model, Role::Aggregated, 0).await;
+    let gw = aggregated(&model, &[&worker], &[]).await;
+    ready(&gw).await;
+
+    let (status, body) = post_json(&gw, &chat_body(&model.name, "Hello there", 12, false)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    let text = body["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_owned();
+    assert!(!text.is_empty());
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert_eq!(body["usage"]["completion_tokens"], 12);
+    let prompt_tokens = body["usage"]["prompt_tokens"]
+        .as_u64()
+        .expect("prompt tokens");
+    assert!(prompt_tokens > 3);
+    assert_eq!(
+        body["usage"]["total_tokens"].as_u64(),
+        Some(prompt_tokens + 12)
+    );
+
+    let mut streaming = chat_body(&model.name, "Hello there", 12, true);
+    streaming["stream_options"] = json!({"include_usage": true});
+    let events = post_stream(&gw, &streaming).await;
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(streamed_text(&events), text);
+    assert_eq!(finish_reason(&events).as_deref(), Some("length"));
+    let usage = &events[events.len() - 2];
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 12);
+    assert_eq!(events.last(), Some(&Value::Null), "ends with [DONE]");
+
+    let (_, other) = post_json(&gw, &chat_body(&model.name, "Something else", 12, false)).await;
+    assert_ne!(
+        other["choices"][0]["message"]["content"].as_str(),
+        Some(text.as_str())
+    );
+}
+
+#[tokio::test]
+async fn prefill_decode_answers_like_aggregated() {
+    let model = tiny_model();
+    let agg = engine(&model, Role::Aggregated, 0).await;
+    let prefill = engine(&model, Role::Prefill, 0).await;
+    let decode = engine(&model, Role::Decode, 0).await;
+    let gw_agg = aggregated(&model, &[&agg], &[]).await;
+    let gw_pd = pd(&model, &prefill, &decode, &[]).await;
+    ready(&gw_agg).await;
+    ready(&gw_pd).await;
+    for stream in [false, true] {
+        let body = chat_body(&model.name, "Tell me about the sea", 20, stream);
+        if stream {
+            let a = post_stream(&gw_agg, &body).await;
+            let b = post_stream(&gw_pd, &body).await;
+            assert_eq!(streamed_text(&a), streamed_text(&b));
+        } else {
+            let (_, a) = post_json(&gw_agg, &body).await;
+            let (status, b) = post_json(&gw_pd, &body).await;
+            assert_eq!(status, 200, "{b}");
+            assert_eq!(
+                a["choices"][0]["message"]["content"],
+                b["choices"][0]["message"]["content"]
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn stop_strings_cut_the_answer_across_chunks() {
+    let model = tiny_model();
+    let worker = engine(&model, Role::Aggregated, 0).await;
+    let gw = aggregated(&model, &[&worker], &[]).await;
+    ready(&gw).await;
+    let (_, full) = post_json(&gw, &chat_body(&model.name, "Count", 30, false)).await;
+    let text = full["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_owned();
+    let chars: Vec<char> = text.chars().collect();
+    assert!(chars.len() > 12, "{text:?}");
+    // A stop string spanning several tokens from the middle of the answer.
+    let stop: String = chars[5..11].iter().collect();
+    let expected = &text[..text.find(&stop).expect("stop occurs")];
+    for stream in [false, true] {
+        let mut body = chat_body(&model.name, "Count", 30, stream);
+        body["stop"] = json!(["never-in-output", stop]);
+        if stream {
+            let events = post_stream(&gw, &body).await;
+            assert_eq!(streamed_text(&events), expected);
+            assert_eq!(finish_reason(&events).as_deref(), Some("stop"));
+        } else {
+            let (_, answer) = post_json(&gw, &body).await;
+            assert_eq!(answer["choices"][0]["message"]["content"], expected);
+            assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+        }
+    }
+}
+
+#[tokio::test]
+async fn bad_requests_get_openai_errors() {
+    let model = tiny_model();
+    let worker = engine(&model, Role::Aggregated, 0).await;
+    let gw = aggregated(&model, &[&worker], &["--max-payload-size", "4096"]).await;
+    ready(&gw).await;
+    let client = reqwest::Client::new();
+    let post = |body: String| {
+        client
+            .post(url(&gw, "/v1/chat/completions"))
+            .body(body)
+            .send()
+    };
+
+    let check = |status: u16, body: &str, want_status: u16, needle: &str| {
+        assert_eq!(status, want_status, "{body}");
+        let v: Value = serde_json::from_str(body).expect("error JSON");
+        let message = v["error"]["message"].as_str().expect("message");
+        assert!(message.contains(needle), "{message:?} lacks {needle:?}");
+        assert!(v["error"]["type"].is_string());
+    };
+    let cases: Vec<(String, u16, &str)> = vec![
+        ("{not json".into(), 400, "Malformed JSON"),
+        (json!({"model": model.name}).to_string(), 400, "messages"),
+        (json!({"model": model.name, "messages": [{"role": "user", "content": 5}]}).to_string(), 400, "messages[0].content"),
+        (json!({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}).to_string(), 404, "gpt-4"),
+        (json!({"model": model.name, "n": 2, "messages": [{"role": "user", "content": "hi"}]}).to_string(), 400, "n must be 1"),
+        (json!({"model": model.name, "messages": [{"role": "user", "content": "x".repeat(5000)}]}).to_string(), 413, "4096"),
+    ];
+    for (body, want, needle) in cases {
+        let resp = post(body).await.expect("send");
+        let status = resp.status().as_u16();
+        check(status, &resp.text().await.expect("text"), want, needle);
+    }
+    let resp = client.get(url(&gw, "/nope")).send().await.expect("send");
+    assert_eq!(resp.status(), 404);
+    // Still serving.
+    let (status, _) = post_json(&gw, &chat_body(&model.name, "hi", 4, false)).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn no_healthy_worker_is_503_and_not_ready() {
+    let model = tiny_model();
+    // A port nobody listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let args = vec!["--worker-urls".to_string(), grpc(dead)];
+    let gw = gateway(&model, &args).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let resp = reqwest::get(url(&gw, "/readiness")).await.expect("send");
+    assert_eq!(resp.status(), 503);
+    let (status, body) = post_json(&gw, &chat_body(&model.name, "hi", 4, false)).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("no healthy aggregated worker")));
+    let health = reqwest::get(url(&gw, "/health")).await.expect("send");
+    assert_eq!(health.status(), 200);
+}
+
+#[tokio::test]
+async fn client_disconnect_aborts_the_workers() {
+    let model = tiny_model();
+    let prefill = engine(&model, Role::Prefill, 0).await;
+    let decode = engine(&model, Role::Decode, 20_000).await;
+    let gw = pd(&model, &prefill, &decode, &[]).await;
+    ready(&gw).await;
+    let resp = reqwest::Client::new()
+        .post(url(&gw, "/v1/chat/completions"))
+        .json(&chat_body(&model.name, "A long story", 1000, true))
+        .send()
+        .await
+        .expect("send");
+    let mut body = resp.bytes_stream();
+    let mut seen = 0;
+    while seen < 3 {
+        body.next().await.expect("chunk").expect("bytes");
+        seen += 1;
+    }
+    assert_eq!(running(&decode).await, 1);
+    drop(body);
+    let started = Instant::now();
+    while running(&decode).await > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "decode still running after disconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn request_timeout_is_504_or_an_error_event() {
+    let model = tiny_model();
+    let worker = engine(&model, Role::Aggregated, 50_000).await;
+    let gw = aggregated(&model, &[&worker], &["--request-timeout-secs", "1"]).await;
+    ready(&gw).await;
+    let started = Instant::now();
+    let (status, body) = post_json(&gw, &chat_body(&model.name, "slow", 1000, false)).await;
+    assert_eq!(status, 504, "{body}");
+    let events = post_stream(&gw, &chat_body(&model.name, "slow", 1000, true)).await;
+    let error = events
+        .iter()
+        .find(|e| e.get("error").is_some())
+        .expect("an error event");
+    assert!(error["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("within 1 s")));
+    assert_eq!(events.last(), Some(&Value::Null));
+    assert!(started.elapsed() < Duration::from_secs(8));
+    let started = Instant::now();
+    while running(&worker).await > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "worker not aborted after timeout"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn models_health_and_metrics() {
+    let model = tiny_model();
+    let worker = engine(&model, Role::Aggregated, 0).await;
+    let gw = aggregated(&model, &[&worker], &[]).await;
+    ready(&gw).await;
+    let models: Value = reqwest::get(url(&gw, "/v1/models"))
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(models["data"][0]["id"], model.name.as_str());
+    let (status, _) = post_json(&gw, &chat_body(&model.name, "hi", 4, false)).await;
+    assert_eq!(status, 200);
+    let metrics = reqwest::get(url(&gw, "/metrics"))
+        .await
+        .expect("send")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("iris_requests_total{outcome=\"ok\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("iris_completion_tokens_total 4"));
+    assert!(metrics.contains(&format!(
+        "iris_worker_healthy{{worker=\"grpc://{}\",role=\"aggregated\"}} 1",
+        worker.grpc_addr
+    )));
+}
