@@ -24,9 +24,9 @@ pub enum PassOrder {
 }
 
 impl PassOrder {
-    /// Pillow 12.2's choice for a source of `in_w`×`in_h`.
-    pub fn pillow_12_2(in_w: usize, in_h: usize) -> PassOrder {
-        if in_h > in_w.saturating_mul(100) {
+    /// Pillow 12.2's choice for resizing `in_w`×`in_h` to height `out_h`.
+    pub fn pillow_12_2(in_w: usize, in_h: usize, out_h: usize) -> PassOrder {
+        if in_h > in_w.saturating_mul(100) && out_h < in_h {
             PassOrder::VerticalFirst
         } else {
             PassOrder::HorizontalFirst
@@ -69,7 +69,7 @@ pub(crate) fn resize_into<'a>(
             let kh = Kernel::bicubic(in_w, out_w);
             let kv = Kernel::bicubic(in_h, out_h);
             ensure_len(out, out_w * out_h * 3);
-            match PassOrder::pillow_12_2(in_w, in_h) {
+            match PassOrder::pillow_12_2(in_w, in_h, out_h) {
                 PassOrder::HorizontalFirst => {
                     ensure_len(inter, out_w * in_h * 3);
                     passes::horizontal(src.data(), in_w, &kh, inter, parallel);
@@ -133,7 +133,8 @@ mod tests {
 
     #[test]
     fn pass_order_switches_above_100_to_1() {
-        assert_eq!(PassOrder::pillow_12_2(20, 2000), PassOrder::HorizontalFirst);
-        assert_eq!(PassOrder::pillow_12_2(20, 2001), PassOrder::VerticalFirst);
+        assert_eq!(PassOrder::pillow_12_2(20, 2000, 1960), PassOrder::HorizontalFirst);
+        assert_eq!(PassOrder::pillow_12_2(20, 2001, 1960), PassOrder::VerticalFirst);
+        assert_eq!(PassOrder::pillow_12_2(28, 3000, 3008), PassOrder::HorizontalFirst);
     }
 }
