@@ -27,10 +27,15 @@ fn read_info<'a>(bytes: &'a [u8], limits: &DecodeLimits) -> Result<gif::Decoder<
     options.read_info(bytes).map_err(|e| VisionError::decode(NAME, e))
 }
 
-/// Declared logical-screen `(width, height)`.
+/// Declared logical-screen `(width, height)`, read from the 10-byte header.
 pub(super) fn dimensions(bytes: &[u8]) -> Result<(u32, u32), VisionError> {
-    let decoder = read_info(bytes, &DecodeLimits::default())?;
-    Ok((u32::from(decoder.width()), u32::from(decoder.height())))
+    match bytes.get(6..10) {
+        Some(d) => Ok((
+            u32::from(u16::from_le_bytes([d[0], d[1]])),
+            u32::from(u16::from_le_bytes([d[2], d[3]])),
+        )),
+        None => Err(VisionError::decode(NAME, "header shorter than 10 bytes")),
+    }
 }
 
 /// Decodes the first frame to RGB8 in `out` (indices go through `raw`).
@@ -40,9 +45,10 @@ pub(super) fn decode(
     out: &mut Vec<u8>,
     raw: &mut Vec<u8>,
 ) -> Result<(usize, usize, Orientation), VisionError> {
+    let (sw, sh) = dimensions(bytes)?;
+    limits.check(ImageFormat::Gif, u64::from(sw), u64::from(sh))?;
     let mut decoder = read_info(bytes, limits)?;
     let (screen_w, screen_h) = (usize::from(decoder.width()), usize::from(decoder.height()));
-    limits.check(ImageFormat::Gif, screen_w as u64, screen_h as u64)?;
     let global = decoder.global_palette().map(<[u8]>::to_vec);
     let frame = decoder
         .read_next_frame()
