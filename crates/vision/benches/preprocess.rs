@@ -13,7 +13,9 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use iris_vision::{decode, preprocess_batch, processor_from_config, DecodeLimits, PreprocessOptions, Processor};
+use iris_vision::{
+    decode, preprocess_batch, processor_from_config, DecodeLimits, PreprocessOptions, Processor,
+};
 use llm_multimodal::vision::processors::Qwen2VLProcessor;
 use llm_multimodal::vision::{PreProcessorConfig, VisionPreProcessor};
 use rayon::prelude::*;
@@ -45,7 +47,12 @@ fn fixtures() -> Vec<Fixture> {
             let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
             let rgb = decode(&bytes, &DecodeLimits::default()).expect("decode");
             let dynamic = smg_decode(&bytes);
-            Fixture { name, bytes, rgb, dynamic }
+            Fixture {
+                name,
+                bytes,
+                rgb,
+                dynamic,
+            }
         })
         .collect()
 }
@@ -88,7 +95,9 @@ fn one_thread(c: &mut Criterion) {
             g.bench_with_input(BenchmarkId::new("iris", f.name), f, |b, f| {
                 b.iter(|| decode(&f.bytes, &DecodeLimits::default()).expect("decode"))
             });
-            g.bench_with_input(BenchmarkId::new("llm-multimodal", f.name), f, |b, f| b.iter(|| smg_decode(&f.bytes)));
+            g.bench_with_input(BenchmarkId::new("llm-multimodal", f.name), f, |b, f| {
+                b.iter(|| smg_decode(&f.bytes))
+            });
         }
         g.finish();
 
@@ -96,10 +105,18 @@ fn one_thread(c: &mut Criterion) {
         configure(&mut g);
         for f in &fx {
             g.bench_with_input(BenchmarkId::new("iris", f.name), f, |b, f| {
-                b.iter(|| libs.ours.preprocess(&f.rgb, &libs.opts).expect("preprocess"))
+                b.iter(|| {
+                    libs.ours
+                        .preprocess(&f.rgb, &libs.opts)
+                        .expect("preprocess")
+                })
             });
             g.bench_with_input(BenchmarkId::new("llm-multimodal", f.name), f, |b, f| {
-                b.iter(|| libs.smg.preprocess(std::slice::from_ref(&f.dynamic), &libs.smg_config).expect("smg"))
+                b.iter(|| {
+                    libs.smg
+                        .preprocess(std::slice::from_ref(&f.dynamic), &libs.smg_config)
+                        .expect("smg")
+                })
             });
         }
         g.finish();
@@ -108,12 +125,18 @@ fn one_thread(c: &mut Criterion) {
         configure(&mut g);
         for f in &fx {
             g.bench_with_input(BenchmarkId::new("iris", f.name), f, |b, f| {
-                b.iter(|| libs.ours.preprocess_bytes(&f.bytes, &libs.opts).expect("preprocess"))
+                b.iter(|| {
+                    libs.ours
+                        .preprocess_bytes(&f.bytes, &libs.opts)
+                        .expect("preprocess")
+                })
             });
             g.bench_with_input(BenchmarkId::new("llm-multimodal", f.name), f, |b, f| {
                 b.iter(|| {
                     let img = smg_decode(&f.bytes);
-                    libs.smg.preprocess(std::slice::from_ref(&img), &libs.smg_config).expect("smg")
+                    libs.smg
+                        .preprocess(std::slice::from_ref(&img), &libs.smg_config)
+                        .expect("smg")
                 })
             });
         }
@@ -125,7 +148,10 @@ fn two_threads(c: &mut Criterion) {
     const BATCH: usize = 4;
     let libs = libs();
     let fx = fixtures();
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool");
     let mut g = c.benchmark_group("decode+preprocess x4 @2 threads");
     configure(&mut g);
     g.throughput(Throughput::Elements(BATCH as u64));
@@ -134,19 +160,25 @@ fn two_threads(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("iris", f.name), &batch, |b, batch| {
             b.iter(|| pool.install(|| preprocess_batch(libs.ours.as_ref(), batch, &libs.opts)))
         });
-        g.bench_with_input(BenchmarkId::new("llm-multimodal", f.name), &batch, |b, batch| {
-            b.iter(|| {
-                pool.install(|| {
-                    batch
-                        .par_iter()
-                        .map(|bytes| {
-                            let img = smg_decode(bytes);
-                            libs.smg.preprocess(std::slice::from_ref(&img), &libs.smg_config).expect("smg")
-                        })
-                        .collect::<Vec<_>>()
+        g.bench_with_input(
+            BenchmarkId::new("llm-multimodal", f.name),
+            &batch,
+            |b, batch| {
+                b.iter(|| {
+                    pool.install(|| {
+                        batch
+                            .par_iter()
+                            .map(|bytes| {
+                                let img = smg_decode(bytes);
+                                libs.smg
+                                    .preprocess(std::slice::from_ref(&img), &libs.smg_config)
+                                    .expect("smg")
+                            })
+                            .collect::<Vec<_>>()
+                    })
                 })
-            })
-        });
+            },
+        );
     }
     g.finish();
 }

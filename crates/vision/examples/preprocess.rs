@@ -15,7 +15,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match iris_vision::debug::preprocess_report(model_dir, image, args.get(2).map(PathBuf::as_path)) {
+    match iris_vision::debug::preprocess_report(model_dir, image, args.get(2).map(PathBuf::as_path))
+    {
         Ok(report) => {
             print!("{report}");
             ExitCode::SUCCESS

@@ -46,10 +46,19 @@ impl ClipProcessor {
         scratch: &'s mut Scratch,
     ) -> Result<(RgbView<'s>, (usize, usize)), VisionError> {
         let (h, w) = shortest_edge_size(image.height(), image.width(), self.shortest_edge);
-        let resized = resize_into(image, w, h, &mut scratch.inter, &mut scratch.resized, parallel)?;
+        let resized = resize_into(
+            image,
+            w,
+            h,
+            &mut scratch.inter,
+            &mut scratch.resized,
+            parallel,
+        )?;
         let (ch, cw) = self.crop_size;
         let (top, left) = centre_crop_origin(h, w, ch, cw).ok_or_else(|| {
-            VisionError::Geometry(format!("resized image {w}x{h} is smaller than the {cw}x{ch} crop"))
+            VisionError::Geometry(format!(
+                "resized image {w}x{h} is smaller than the {cw}x{ch} crop"
+            ))
         })?;
         resized.crop_into(left, top, cw, ch, &mut scratch.cropped)?;
         Ok((RgbView::new(&scratch.cropped, cw, ch)?, (w, h)))
@@ -82,9 +91,14 @@ impl Processor for ClipProcessor {
         ))
     }
 
-    fn resized_image(&self, image: &image::RgbImage, _opts: &PreprocessOptions) -> Result<image::RgbImage, VisionError> {
+    fn resized_image(
+        &self,
+        image: &image::RgbImage,
+        _opts: &PreprocessOptions,
+    ) -> Result<image::RgbImage, VisionError> {
         let mut scratch = Scratch::default();
-        let (cropped, _) = self.resize_and_crop(RgbView::from_image(image)?, false, &mut scratch)?;
+        let (cropped, _) =
+            self.resize_and_crop(RgbView::from_image(image)?, false, &mut scratch)?;
         cropped.to_image()
     }
 

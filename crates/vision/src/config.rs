@@ -23,12 +23,17 @@ pub fn processor_from_config(json: &Value) -> Result<Box<dyn Processor>, VisionE
         .and_then(Value::as_str)
         .ok_or_else(|| VisionError::Config("no image_processor_type".into()))?;
     let lower = kind.to_ascii_lowercase();
-    if lower.starts_with("qwen2vl") || lower.starts_with("qwen2_5_vl") || lower.starts_with("qwen3vl") {
+    if lower.starts_with("qwen2vl")
+        || lower.starts_with("qwen2_5_vl")
+        || lower.starts_with("qwen3vl")
+    {
         Ok(Box::new(qwen_from_config(json)?))
     } else if lower.starts_with("clip") {
         Ok(Box::new(clip_from_config(json)?))
     } else {
-        Err(VisionError::Config(format!("unsupported image_processor_type {kind:?}")))
+        Err(VisionError::Config(format!(
+            "unsupported image_processor_type {kind:?}"
+        )))
     }
 }
 
@@ -54,18 +59,29 @@ pub fn qwen_from_config(json: &Value) -> Result<QwenVlProcessor, VisionError> {
         }
     };
     let size = json.get("size");
-    let min_pixels = first_uint(json, size, "min_pixels", "shortest_edge")?.unwrap_or(base.min_pixels);
-    let max_pixels = first_uint(json, size, "max_pixels", "longest_edge")?.unwrap_or(base.max_pixels);
+    let min_pixels =
+        first_uint(json, size, "min_pixels", "shortest_edge")?.unwrap_or(base.min_pixels);
+    let max_pixels =
+        first_uint(json, size, "max_pixels", "longest_edge")?.unwrap_or(base.max_pixels);
     let geometry = PatchGeometry {
         patch_size: nonzero(patch_size, "patch_size")?,
         merge_size: nonzero(uint(json, "merge_size")?.unwrap_or(2), "merge_size")?,
-        temporal_patch_size: nonzero(uint(json, "temporal_patch_size")?.unwrap_or(2), "temporal_patch_size")?,
+        temporal_patch_size: nonzero(
+            uint(json, "temporal_patch_size")?.unwrap_or(2),
+            "temporal_patch_size",
+        )?,
     };
     if min_pixels > max_pixels {
-        return Err(VisionError::Config(format!("min_pixels {min_pixels} > max_pixels {max_pixels}")));
+        return Err(VisionError::Config(format!(
+            "min_pixels {min_pixels} > max_pixels {max_pixels}"
+        )));
     }
     Ok(QwenVlProcessor {
-        family: if patch_size == 16 { QwenFamily::Qwen3Vl } else { QwenFamily::Qwen2Vl },
+        family: if patch_size == 16 {
+            QwenFamily::Qwen3Vl
+        } else {
+            QwenFamily::Qwen2Vl
+        },
         geometry,
         norm: normalization(json, base.norm)?,
         min_pixels,
@@ -93,7 +109,9 @@ pub fn clip_from_config(json: &Value) -> Result<ClipProcessor, VisionError> {
     }
     .unwrap_or(base.crop_size);
     if shortest_edge == 0 || crop_size.0 == 0 || crop_size.1 == 0 {
-        return Err(VisionError::Config("CLIP size and crop_size must be positive".into()));
+        return Err(VisionError::Config(
+            "CLIP size and crop_size must be positive".into(),
+        ));
     }
     Ok(ClipProcessor {
         shortest_edge,
@@ -120,15 +138,19 @@ fn normalization(json: &Value, base: Normalization) -> Result<Normalization, Vis
 fn uint(json: &Value, key: &str) -> Result<Option<usize>, VisionError> {
     match json.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(|v| Some(v as usize))
-            .ok_or_else(|| VisionError::Config(format!("{key} is not a non-negative integer: {v}"))),
+        Some(v) => v.as_u64().map(|v| Some(v as usize)).ok_or_else(|| {
+            VisionError::Config(format!("{key} is not a non-negative integer: {v}"))
+        }),
     }
 }
 
 /// `json[flat]` if present, else `json.size[nested]`.
-fn first_uint(json: &Value, size: Option<&Value>, flat: &str, nested: &str) -> Result<Option<u64>, VisionError> {
+fn first_uint(
+    json: &Value,
+    size: Option<&Value>,
+    flat: &str,
+    nested: &str,
+) -> Result<Option<u64>, VisionError> {
     if let Some(v) = uint(json, flat)? {
         return Ok(Some(v as u64));
     }
@@ -193,7 +215,10 @@ mod tests {
 
     #[test]
     fn bad_configs_are_refused() {
-        assert!(processor_from_config(&json!({"image_processor_type": "SiglipImageProcessor"})).is_err());
+        assert!(
+            processor_from_config(&json!({"image_processor_type": "SiglipImageProcessor"}))
+                .is_err()
+        );
         assert!(processor_from_config(&json!({})).is_err());
         assert!(qwen_from_config(&json!({"patch_size": 0})).is_err());
         assert!(qwen_from_config(&json!({"image_mean": [1, 2]})).is_err());
@@ -203,7 +228,10 @@ mod tests {
     #[test]
     fn clip_accepts_both_size_spellings() {
         let a = clip_from_config(&json!({"size": 336, "crop_size": 336})).unwrap();
-        let b = clip_from_config(&json!({"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}})).unwrap();
+        let b = clip_from_config(
+            &json!({"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}}),
+        )
+        .unwrap();
         assert_eq!(a, b);
         assert_eq!(a, ClipProcessor::llava_1_5());
     }

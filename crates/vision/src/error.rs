@@ -12,7 +12,9 @@ pub enum VisionError {
     #[error("empty image: the input has zero bytes")]
     EmptyInput,
     /// The bytes do not start with the signature of a supported format.
-    #[error("unsupported image format (first bytes: {magic}); supported: JPEG, PNG, WebP, GIF, BMP")]
+    #[error(
+        "unsupported image format (first bytes: {magic}); supported: JPEG, PNG, WebP, GIF, BMP"
+    )]
     UnsupportedFormat {
         /// Hex dump of the first bytes, for the log.
         magic: String,
@@ -40,7 +42,9 @@ pub enum VisionError {
         max_side: u32,
     },
     /// The header declares more pixels than the configured limit.
-    #[error("{format} image is {width}x{height} = {pixels} pixels, above the limit of {max_pixels}")]
+    #[error(
+        "{format} image is {width}x{height} = {pixels} pixels, above the limit of {max_pixels}"
+    )]
     TooManyPixels {
         /// Container format.
         format: &'static str,

@@ -91,9 +91,18 @@ mod tests {
 
     #[test]
     fn qwen2_examples_from_the_reference() {
-        assert_eq!(smart_resize(768, 1024, 28, 3136, 12_845_056).unwrap(), (756, 1036));
-        assert_eq!(smart_resize(1080, 1920, 28, 3136, 1_003_520).unwrap(), (728, 1316));
-        assert_eq!(smart_resize(1080, 1920, 32, 65_536, 16_777_216).unwrap(), (1088, 1920));
+        assert_eq!(
+            smart_resize(768, 1024, 28, 3136, 12_845_056).unwrap(),
+            (756, 1036)
+        );
+        assert_eq!(
+            smart_resize(1080, 1920, 28, 3136, 1_003_520).unwrap(),
+            (728, 1316)
+        );
+        assert_eq!(
+            smart_resize(1080, 1920, 32, 65_536, 16_777_216).unwrap(),
+            (1088, 1920)
+        );
     }
 
     #[test]

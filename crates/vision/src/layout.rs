@@ -75,7 +75,11 @@ fn fill_patch_row<T: OutElem>(
         let start = ((gy * p + py) * img.width() + gx * p) * 3;
         let src = &data[start..start + p * 3];
         let dst = py * p..(py + 1) * p;
-        let (r, g, b) = (&mut r_plane[dst.clone()], &mut g_plane[dst.clone()], &mut b_plane[dst]);
+        let (r, g, b) = (
+            &mut r_plane[dst.clone()],
+            &mut g_plane[dst.clone()],
+            &mut b_plane[dst],
+        );
         for (((px, r), g), b) in src.chunks_exact(3).zip(r).zip(g).zip(b) {
             *r = lut.0[0][usize::from(px[0])];
             *g = lut.0[1][usize::from(px[1])];

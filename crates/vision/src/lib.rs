@@ -34,7 +34,9 @@ mod scratch;
 
 pub use batch::preprocess_batch;
 pub use clip::ClipProcessor;
-pub use config::{clip_from_config, processor_from_config, processor_from_model_dir, qwen_from_config};
+pub use config::{
+    clip_from_config, processor_from_config, processor_from_model_dir, qwen_from_config,
+};
 pub use decode::{decode, probe, DecodeLimits, ImageFormat, ImageInfo};
 pub use error::VisionError;
 pub use geometry::{centre_crop_origin, shortest_edge_size, smart_resize};

@@ -39,7 +39,8 @@ pub struct Normalization {
 
 /// OpenAI CLIP mean, used by Qwen2-VL, Qwen2.5-VL and LLaVA-1.5.
 pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
-/// OpenAI CLIP std.
+/// OpenAI CLIP std (the reference's decimal text, rounded to f32 as numpy does).
+#[allow(clippy::excessive_precision)]
 pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
 
 impl Normalization {

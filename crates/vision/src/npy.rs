@@ -3,7 +3,11 @@
 use std::io::Write;
 
 /// Serialises `values` with `shape` as a little-endian float32 `.npy` file.
-pub fn write_npy_f32(mut w: impl Write, shape: &[usize], values: impl Iterator<Item = f32>) -> std::io::Result<()> {
+pub fn write_npy_f32(
+    mut w: impl Write,
+    shape: &[usize],
+    values: impl Iterator<Item = f32>,
+) -> std::io::Result<()> {
     let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
     let shape_text = if dims.len() == 1 {
         format!("({},)", dims[0])
@@ -36,7 +40,12 @@ mod tests {
     #[test]
     fn header_is_aligned_and_data_follows() {
         let mut out = Vec::new();
-        write_npy_f32(&mut out, &[2, 3], [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].into_iter()).unwrap();
+        write_npy_f32(
+            &mut out,
+            &[2, 3],
+            [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].into_iter(),
+        )
+        .unwrap();
         assert_eq!(&out[..8], b"\x93NUMPY\x01\x00");
         let hlen = u16::from_le_bytes([out[8], out[9]]) as usize;
         assert_eq!((10 + hlen) % 64, 0);

@@ -36,7 +36,11 @@ pub trait Processor: Send + Sync {
 
     /// The 8-bit image the processor feeds to normalisation (after resize
     /// and crop), for parity checks and debugging.
-    fn resized_image(&self, image: &image::RgbImage, opts: &PreprocessOptions) -> Result<image::RgbImage, VisionError>;
+    fn resized_image(
+        &self,
+        image: &image::RgbImage,
+        opts: &PreprocessOptions,
+    ) -> Result<image::RgbImage, VisionError>;
 
     /// Preprocesses decoded RGB8 pixels using the given scratch buffers.
     #[doc(hidden)]
@@ -48,13 +52,21 @@ pub trait Processor: Send + Sync {
     ) -> Result<PreprocessOutput, VisionError>;
 
     /// Preprocesses an already decoded RGB image.
-    fn preprocess(&self, image: &image::RgbImage, opts: &PreprocessOptions) -> Result<PreprocessOutput, VisionError> {
+    fn preprocess(
+        &self,
+        image: &image::RgbImage,
+        opts: &PreprocessOptions,
+    ) -> Result<PreprocessOutput, VisionError> {
         let view = RgbView::from_image(image)?;
         with_scratch(|s| self.preprocess_view(view, opts, s))
     }
 
     /// Decodes image bytes (format sniffed, limits from `opts`) and preprocesses them.
-    fn preprocess_bytes(&self, bytes: &[u8], opts: &PreprocessOptions) -> Result<PreprocessOutput, VisionError> {
+    fn preprocess_bytes(
+        &self,
+        bytes: &[u8],
+        opts: &PreprocessOptions,
+    ) -> Result<PreprocessOutput, VisionError> {
         with_scratch(|s| {
             let mut decoded = std::mem::take(&mut s.decoded);
             let result = decode_into(bytes, &opts.limits, &mut decoded, &mut s.raw)

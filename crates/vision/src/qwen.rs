@@ -78,7 +78,12 @@ impl QwenVlProcessor {
     }
 
     /// Resized `(height, width)` for an image of `height`×`width` under `opts`.
-    pub fn target_size(&self, height: usize, width: usize, opts: &PreprocessOptions) -> Result<(usize, usize), VisionError> {
+    pub fn target_size(
+        &self,
+        height: usize,
+        width: usize,
+        opts: &PreprocessOptions,
+    ) -> Result<(usize, usize), VisionError> {
         let min = opts.min_pixels.unwrap_or(self.min_pixels);
         let max = opts.max_pixels.unwrap_or(self.max_pixels);
         smart_resize(height, width, self.geometry.factor(), min, max)
@@ -118,7 +123,11 @@ impl Processor for QwenVlProcessor {
         ))
     }
 
-    fn resized_image(&self, image: &image::RgbImage, opts: &PreprocessOptions) -> Result<image::RgbImage, VisionError> {
+    fn resized_image(
+        &self,
+        image: &image::RgbImage,
+        opts: &PreprocessOptions,
+    ) -> Result<image::RgbImage, VisionError> {
         let view = RgbView::from_image(image)?;
         let (h, w) = self.target_size(view.height(), view.width(), opts)?;
         let (mut inter, mut out) = (Vec::new(), Vec::new());
@@ -133,7 +142,14 @@ impl Processor for QwenVlProcessor {
     ) -> Result<PreprocessOutput, VisionError> {
         let (h, w) = self.target_size(image.height(), image.width(), opts)?;
         let parallel = split_image(opts, image.width() * image.height());
-        let resized = resize_into(image, w, h, &mut scratch.inter, &mut scratch.resized, parallel)?;
+        let resized = resize_into(
+            image,
+            w,
+            h,
+            &mut scratch.inter,
+            &mut scratch.resized,
+            parallel,
+        )?;
         let pixel_values = match opts.dtype {
             OutputDtype::F32 => PixelValues::F32(self.write::<f32>(resized, parallel)),
             OutputDtype::Bf16 => PixelValues::Bf16(self.write::<bf16>(resized, parallel)),

@@ -14,7 +14,8 @@ mod common;
 
 use common::{expected, image_path, read, sample_indices};
 use iris_vision::{
-    decode, processor_from_config, DecodeLimits, OutputDtype, PreprocessOptions, Processor, RgbImage,
+    decode, processor_from_config, DecodeLimits, OutputDtype, PreprocessOptions, Processor,
+    RgbImage,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -22,7 +23,10 @@ use sha2::{Digest, Sha256};
 const TOLERANCE: f32 = 1e-5;
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn as_usize(v: &Value) -> usize {
@@ -52,13 +56,21 @@ fn is_jpeg(image: &Value) -> bool {
 #[test]
 fn every_test_image_has_expectations() {
     let all = expected();
-    let names: Vec<&str> = all["images"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = all["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
     for entry in std::fs::read_dir(common::SHARED).expect("../shared/images exists") {
         let file = entry.unwrap().file_name().into_string().unwrap();
         if file.ends_with(".md") {
             continue;
         }
-        assert!(names.contains(&format!("shared/{file}").as_str()), "no expectations for {file}: rerun reference.py");
+        assert!(
+            names.contains(&format!("shared/{file}").as_str()),
+            "no expectations for {file}: rerun reference.py"
+        );
     }
     assert!(names.len() >= 40, "only {} images", names.len());
 }
@@ -67,12 +79,25 @@ fn every_test_image_has_expectations() {
 fn non_jpeg_decode_is_identical_to_pillow() {
     let all = expected();
     let mut checked = 0;
-    for image in all["images"].as_array().unwrap().iter().filter(|i| !is_jpeg(i)) {
+    for image in all["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| !is_jpeg(i))
+    {
         let name = image["name"].as_str().unwrap();
         let decoded = decode_file(name);
         let want = &image["decoded"];
-        assert_eq!((decoded.width() as usize, decoded.height() as usize), (as_usize(&want["width"]), as_usize(&want["height"])), "{name}");
-        assert_eq!(sha256_hex(decoded.as_raw()), want["sha256"], "{name}: decoded pixels differ from Pillow");
+        assert_eq!(
+            (decoded.width() as usize, decoded.height() as usize),
+            (as_usize(&want["width"]), as_usize(&want["height"])),
+            "{name}"
+        );
+        assert_eq!(
+            sha256_hex(decoded.as_raw()),
+            want["sha256"],
+            "{name}: decoded pixels differ from Pillow"
+        );
         checked += 1;
     }
     assert!(checked >= 25);
@@ -81,11 +106,20 @@ fn non_jpeg_decode_is_identical_to_pillow() {
 #[test]
 fn jpeg_decode_is_close_to_pillow() {
     let all = expected();
-    for image in all["images"].as_array().unwrap().iter().filter(|i| is_jpeg(i)) {
+    for image in all["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| is_jpeg(i))
+    {
         let name = image["name"].as_str().unwrap();
         let decoded = decode_file(name);
         let want = &image["decoded"];
-        assert_eq!((decoded.width() as usize, decoded.height() as usize), (as_usize(&want["width"]), as_usize(&want["height"])), "{name}");
+        assert_eq!(
+            (decoded.width() as usize, decoded.height() as usize),
+            (as_usize(&want["width"]), as_usize(&want["height"])),
+            "{name}"
+        );
         let raw = decoded.as_raw();
         let diffs: Vec<i32> = want["samples"]
             .as_array()
@@ -96,7 +130,10 @@ fn jpeg_decode_is_close_to_pillow() {
         let max = diffs.iter().copied().max().unwrap_or(0);
         let mean = diffs.iter().sum::<i32>() as f64 / diffs.len() as f64;
         eprintln!("{name}: JPEG decode vs Pillow on samples: max {max}, mean {mean:.2} levels");
-        assert!(max <= JPEG_MAX_LEVELS && mean <= JPEG_MEAN_LEVELS, "{name}: max {max} mean {mean}");
+        assert!(
+            max <= JPEG_MAX_LEVELS && mean <= JPEG_MEAN_LEVELS,
+            "{name}: max {max} mean {mean}"
+        );
     }
 }
 
@@ -116,16 +153,36 @@ fn check_cases(all: &Value, image: &Value, pixels: &RgbImage, exact: bool) -> us
         let label = format!("{name} / {pname} {}", case["overrides"]);
         let result = p.preprocess(pixels, &opts);
         if let Some(err) = case.get("error") {
-            assert!(result.is_err(), "{label}: reference failed ({err}) but we succeeded");
+            assert!(
+                result.is_err(),
+                "{label}: reference failed ({err}) but we succeeded"
+            );
             count += 1;
             continue;
         }
         let out = result.unwrap_or_else(|e| panic!("{label}: {e}"));
-        assert_eq!(out.shape, case["shape"].as_array().unwrap().iter().map(as_usize).collect::<Vec<_>>(), "{label}");
-        assert_eq!(out.num_placeholder_tokens, as_usize(&case["tokens"]), "{label}");
+        assert_eq!(
+            out.shape,
+            case["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(as_usize)
+                .collect::<Vec<_>>(),
+            "{label}"
+        );
+        assert_eq!(
+            out.num_placeholder_tokens,
+            as_usize(&case["tokens"]),
+            "{label}"
+        );
         if let Some(grid) = case.get("grid_thw") {
             let want: Vec<usize> = grid.as_array().unwrap().iter().map(as_usize).collect();
-            assert_eq!(out.image_grid_thw.map(|g| g.to_vec()), Some(want), "{label}");
+            assert_eq!(
+                out.image_grid_thw.map(|g| g.to_vec()),
+                Some(want),
+                "{label}"
+            );
         }
         let values = out.pixel_values.to_f32_vec();
         let samples = case["samples"].as_array().unwrap();
@@ -141,15 +198,38 @@ fn check_cases(all: &Value, image: &Value, pixels: &RgbImage, exact: bool) -> us
         let n = values.len() as f64;
         if exact {
             let resized = p.resized_image(pixels, &opts).unwrap();
-            assert_eq!((resized.width() as usize, resized.height() as usize), (as_usize(&case["resized_width"]), as_usize(&case["resized_height"])), "{label}");
-            assert_eq!(sha256_hex(resized.as_raw()), case["resized_sha256"], "{label}: resized image differs from Pillow");
+            assert_eq!(
+                (resized.width() as usize, resized.height() as usize),
+                (
+                    as_usize(&case["resized_width"]),
+                    as_usize(&case["resized_height"])
+                ),
+                "{label}"
+            );
+            assert_eq!(
+                sha256_hex(resized.as_raw()),
+                case["resized_sha256"],
+                "{label}: resized image differs from Pillow"
+            );
             assert!(worst <= TOLERANCE, "{label}: sample off by {worst}");
-            assert!((sum - case["sum"].as_f64().unwrap()).abs() <= 1e-6 * n + 1e-3, "{label}: sum {sum} vs {}", case["sum"]);
-            assert!((sum_sq - case["sum_sq"].as_f64().unwrap()).abs() <= 1e-5 * n + 1e-3, "{label}: sum_sq");
+            assert!(
+                (sum - case["sum"].as_f64().unwrap()).abs() <= 1e-6 * n + 1e-3,
+                "{label}: sum {sum} vs {}",
+                case["sum"]
+            );
+            assert!(
+                (sum_sq - case["sum_sq"].as_f64().unwrap()).abs() <= 1e-5 * n + 1e-3,
+                "{label}: sum_sq"
+            );
         } else {
             let mean_diff = (sum - case["sum"].as_f64().unwrap()).abs() / n;
-            eprintln!("{label}: from our JPEG decode: worst sample {worst:.4}, mean shift {mean_diff:.5}");
-            assert!(worst <= 0.4 && mean_diff <= 0.01, "{label}: worst {worst} mean {mean_diff}");
+            eprintln!(
+                "{label}: from our JPEG decode: worst sample {worst:.4}, mean shift {mean_diff:.5}"
+            );
+            assert!(
+                worst <= 0.4 && mean_diff <= 0.01,
+                "{label}: worst {worst} mean {mean_diff}"
+            );
         }
         count += 1;
     }
@@ -175,7 +255,12 @@ fn processors_match_reference_exactly_on_lossless_inputs() {
 fn processors_stay_close_on_real_jpegs() {
     let all = expected();
     let mut count = 0;
-    for image in all["images"].as_array().unwrap().iter().filter(|i| is_jpeg(i) && i["decoded"].get("pil_png").is_none()) {
+    for image in all["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| is_jpeg(i) && i["decoded"].get("pil_png").is_none())
+    {
         let pixels = decode_file(image["name"].as_str().unwrap());
         count += check_cases(&all, image, &pixels, false);
     }
@@ -189,16 +274,52 @@ fn bytes_path_equals_image_path_and_bf16_rounds_f32() {
     let bytes = read("shared/chelsea.png");
     let opts = PreprocessOptions::default();
     let from_bytes = p.preprocess_bytes(&bytes, &opts).unwrap();
-    let from_image = p.preprocess(&decode_file("shared/chelsea.png"), &opts).unwrap();
-    assert_eq!(from_bytes.pixel_values.as_bytes(), from_image.pixel_values.as_bytes());
-    let bf16 = p.preprocess_bytes(&bytes, &PreprocessOptions { dtype: OutputDtype::Bf16, ..opts }).unwrap();
+    let from_image = p
+        .preprocess(&decode_file("shared/chelsea.png"), &opts)
+        .unwrap();
+    assert_eq!(
+        from_bytes.pixel_values.as_bytes(),
+        from_image.pixel_values.as_bytes()
+    );
+    let bf16 = p
+        .preprocess_bytes(
+            &bytes,
+            &PreprocessOptions {
+                dtype: OutputDtype::Bf16,
+                ..opts
+            },
+        )
+        .unwrap();
     assert_eq!(bf16.pixel_values.len(), from_bytes.pixel_values.len());
     let f = from_bytes.pixel_values.to_f32_vec();
-    for (i, v) in bf16.pixel_values.to_f32_vec().iter().enumerate().step_by(97) {
+    for (i, v) in bf16
+        .pixel_values
+        .to_f32_vec()
+        .iter()
+        .enumerate()
+        .step_by(97)
+    {
         assert_eq!(*v, half::bf16::from_f32(f[i]).to_f32());
     }
-    let parallel = p.preprocess_bytes(&bytes, &PreprocessOptions { intra_image_parallel: true, ..opts }).unwrap();
-    assert_eq!(parallel.pixel_values.as_bytes(), from_bytes.pixel_values.as_bytes());
-    assert_ne!(p.fingerprint(&opts), p.fingerprint(&PreprocessOptions { dtype: OutputDtype::Bf16, ..opts }));
+    let parallel = p
+        .preprocess_bytes(
+            &bytes,
+            &PreprocessOptions {
+                intra_image_parallel: true,
+                ..opts
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        parallel.pixel_values.as_bytes(),
+        from_bytes.pixel_values.as_bytes()
+    );
+    assert_ne!(
+        p.fingerprint(&opts),
+        p.fingerprint(&PreprocessOptions {
+            dtype: OutputDtype::Bf16,
+            ..opts
+        })
+    );
     let _ = image_path("shared/chelsea.png");
 }

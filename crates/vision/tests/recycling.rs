@@ -8,7 +8,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{png_with_header, read};
-use iris_vision::{decode, pool_stats, DecodeLimits, OutputDtype, PreprocessOptions, Processor, QwenVlProcessor};
+use iris_vision::{
+    decode, pool_stats, DecodeLimits, OutputDtype, PreprocessOptions, Processor, QwenVlProcessor,
+};
 
 /// Allocations at least this big count as "large".
 const LARGE: usize = 256 * 1024;
@@ -48,9 +50,15 @@ static GLOBAL: Counting = Counting;
 #[test]
 fn steady_stream_recycles_and_bombs_do_not_allocate() {
     let p = QwenVlProcessor::qwen2_vl();
-    for (name, dtype) in [("shared/motorcycle_1080p.jpg", OutputDtype::F32), ("shared/coffee.png", OutputDtype::Bf16)] {
+    for (name, dtype) in [
+        ("shared/motorcycle_1080p.jpg", OutputDtype::F32),
+        ("shared/coffee.png", OutputDtype::Bf16),
+    ] {
         let bytes = read(name);
-        let opts = PreprocessOptions { dtype, ..PreprocessOptions::default() };
+        let opts = PreprocessOptions {
+            dtype,
+            ..PreprocessOptions::default()
+        };
         for _ in 0..2 {
             drop(p.preprocess_bytes(&bytes, &opts).unwrap());
         }
@@ -63,16 +71,29 @@ fn steady_stream_recycles_and_bombs_do_not_allocate() {
         let after = pool_stats();
         let large = LARGE_ALLOCS.load(Ordering::Relaxed) - before_allocs;
         assert!(tokens > 0);
-        assert_eq!(after.output_misses, before.output_misses, "{name}: fresh output buffers");
+        assert_eq!(
+            after.output_misses, before.output_misses,
+            "{name}: fresh output buffers"
+        );
         assert_eq!(after.output_hits, before.output_hits + 5, "{name}");
-        assert_eq!(after.scratch_grows, before.scratch_grows, "{name}: scratch grew");
+        assert_eq!(
+            after.scratch_grows, before.scratch_grows,
+            "{name}: scratch grew"
+        );
         // The decoders' own tables and the image crate's row buffers stay small;
         // only the PNG decoder's inflate window may reach the threshold.
         let allowed = if name.ends_with(".png") { 5 * 2 } else { 0 };
-        assert!(large <= allowed, "{name}: {large} large allocations in 5 images");
+        assert!(
+            large <= allowed,
+            "{name}: {large} large allocations in 5 images"
+        );
     }
 
     let before = LARGE_ALLOCS.load(Ordering::Relaxed);
     assert!(decode(&png_with_header(100_000, 100_000), &DecodeLimits::default()).is_err());
-    assert_eq!(LARGE_ALLOCS.load(Ordering::Relaxed), before, "a lying header caused a large allocation");
+    assert_eq!(
+        LARGE_ALLOCS.load(Ordering::Relaxed),
+        before,
+        "a lying header caused a large allocation"
+    );
 }

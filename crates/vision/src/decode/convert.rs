@@ -43,7 +43,9 @@ pub(crate) fn to_rgb(layout: Layout, raw: &[u8], out: &mut [u8]) {
     match layout {
         Layout::L8 | Layout::La8 => pixels.for_each(|(s, d)| d.fill(s[0])),
         Layout::Rgb8 | Layout::Rgba8 => pixels.for_each(|(s, d)| d.copy_from_slice(&s[..3])),
-        Layout::L16 => pixels.for_each(|(s, d)| d.fill(u16::from_ne_bytes([s[0], s[1]]).min(255) as u8)),
+        Layout::L16 => {
+            pixels.for_each(|(s, d)| d.fill(u16::from_ne_bytes([s[0], s[1]]).min(255) as u8))
+        }
         Layout::La16 => pixels.for_each(|(s, d)| d.fill(high_byte(s, 0))),
         Layout::Rgb16 | Layout::Rgba16 => pixels.for_each(|(s, d)| {
             for (c, v) in d.iter_mut().enumerate() {
@@ -80,16 +82,28 @@ mod tests {
         let raw = [0, 0, 0, 0, 255, 0, 0, 0, 10, 20, 30, 40, 200, 100, 50, 25];
         let mut out = [0u8; 12];
         to_rgb(Layout::Cmyk8, &raw, &mut out);
-        assert_eq!(out, [255, 255, 255, 0, 255, 255, 207, 198, 190, 50, 140, 185]);
+        assert_eq!(
+            out,
+            [255, 255, 255, 0, 255, 255, 207, 198, 190, 50, 140, 185]
+        );
     }
 
     #[test]
     fn sixteen_bit_grey_clips_and_rgb_takes_high_byte() {
-        let raw: Vec<u8> = [0u16, 1, 255, 256, 65535].iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let raw: Vec<u8> = [0u16, 1, 255, 256, 65535]
+            .iter()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect();
         let mut out = [0u8; 15];
         to_rgb(Layout::L16, &raw, &mut out);
-        assert_eq!(out, [0, 0, 0, 1, 1, 1, 255, 255, 255, 255, 255, 255, 255, 255, 255]);
-        let raw: Vec<u8> = [0x1234u16, 0xff00, 0x00ff].iter().flat_map(|v| v.to_ne_bytes()).collect();
+        assert_eq!(
+            out,
+            [0, 0, 0, 1, 1, 1, 255, 255, 255, 255, 255, 255, 255, 255, 255]
+        );
+        let raw: Vec<u8> = [0x1234u16, 0xff00, 0x00ff]
+            .iter()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect();
         let mut out = [0u8; 3];
         to_rgb(Layout::Rgb16, &raw, &mut out);
         assert_eq!(out, [0x12, 0xff, 0x00]);

@@ -19,12 +19,17 @@ use crate::scratch::ensure_len;
 
 const NAME: &str = "GIF";
 
-fn read_info<'a>(bytes: &'a [u8], limits: &DecodeLimits) -> Result<gif::Decoder<&'a [u8]>, VisionError> {
+fn read_info<'a>(
+    bytes: &'a [u8],
+    limits: &DecodeLimits,
+) -> Result<gif::Decoder<&'a [u8]>, VisionError> {
     let mut options = DecodeOptions::new();
     options.set_color_output(ColorOutput::Indexed);
     let frame_bytes = NonZeroU64::new(limits.max_pixels.max(1)).unwrap_or(NonZeroU64::MIN);
     options.set_memory_limit(MemoryLimit::Bytes(frame_bytes));
-    options.read_info(bytes).map_err(|e| VisionError::decode(NAME, e))
+    options
+        .read_info(bytes)
+        .map_err(|e| VisionError::decode(NAME, e))
 }
 
 /// Declared logical-screen `(width, height)`, read from the 10-byte header.
@@ -59,7 +64,10 @@ pub(super) fn decode(
     let (w, h) = (screen_w.max(left + fw), screen_h.max(top + fh));
     limits.check(ImageFormat::Gif, w as u64, h as u64)?;
     if frame.buffer.len() < fw * fh {
-        return Err(VisionError::decode(NAME, "frame data shorter than its size"));
+        return Err(VisionError::decode(
+            NAME,
+            "frame data shorter than its size",
+        ));
     }
     ensure_len(raw, w * h);
     raw.fill(frame.transparent.unwrap_or(0));

@@ -28,8 +28,11 @@ fn options(max_side: usize) -> DecoderOptions {
 
 /// Declared `(width, height)` from the frame header.
 pub(super) fn dimensions(bytes: &[u8]) -> Result<(u32, u32), VisionError> {
-    let mut decoder = JpegDecoder::new_with_options(ZCursor::new(bytes), options(usize::from(u16::MAX)));
-    decoder.decode_headers().map_err(|e| VisionError::decode(NAME, e))?;
+    let mut decoder =
+        JpegDecoder::new_with_options(ZCursor::new(bytes), options(usize::from(u16::MAX)));
+    decoder
+        .decode_headers()
+        .map_err(|e| VisionError::decode(NAME, e))?;
     let (w, h) = decoder
         .dimensions()
         .ok_or_else(|| VisionError::decode(NAME, "no frame header"))?;
@@ -45,7 +48,9 @@ pub(super) fn decode(
 ) -> Result<(usize, usize, Orientation), VisionError> {
     let opts = options(usize::from(u16::MAX));
     let mut decoder = JpegDecoder::new_with_options(ZCursor::new(bytes), opts);
-    decoder.decode_headers().map_err(|e| VisionError::decode(NAME, e))?;
+    decoder
+        .decode_headers()
+        .map_err(|e| VisionError::decode(NAME, e))?;
     let (w, h) = decoder
         .dimensions()
         .ok_or_else(|| VisionError::decode(NAME, "no frame header"))?;
@@ -58,7 +63,9 @@ pub(super) fn decode(
     if cmyk {
         decoder.set_options(opts.jpeg_set_out_colorspace(ColorSpace::CMYK));
         ensure_len(raw, w * h * 4);
-        decoder.decode_into(raw).map_err(|e| VisionError::decode(NAME, e))?;
+        decoder
+            .decode_into(raw)
+            .map_err(|e| VisionError::decode(NAME, e))?;
         if adobe_transform(bytes).is_some() {
             raw.iter_mut().for_each(|v| *v = 255 - *v);
         }
@@ -66,7 +73,9 @@ pub(super) fn decode(
         to_rgb(Layout::Cmyk8, raw, out);
     } else {
         ensure_len(out, w * h * 3);
-        decoder.decode_into(out).map_err(|e| VisionError::decode(NAME, e))?;
+        decoder
+            .decode_into(out)
+            .map_err(|e| VisionError::decode(NAME, e))?;
     }
     Ok((w, h, orientation))
 }

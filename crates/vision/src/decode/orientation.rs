@@ -47,13 +47,22 @@ impl Orientation {
     }
 
     /// Reorients the `w`×`h` RGB8 image in `img` (using `tmp`), returns the new size.
-    pub(crate) fn apply(self, img: &mut Vec<u8>, tmp: &mut Vec<u8>, w: usize, h: usize) -> (usize, usize) {
+    pub(crate) fn apply(
+        self,
+        img: &mut Vec<u8>,
+        tmp: &mut Vec<u8>,
+        w: usize,
+        h: usize,
+    ) -> (usize, usize) {
         if self == Orientation::Normal {
             return (w, h);
         }
         let swaps = matches!(
             self,
-            Orientation::Transpose | Orientation::Rotate90 | Orientation::Transverse | Orientation::Rotate270
+            Orientation::Transpose
+                | Orientation::Rotate90
+                | Orientation::Transverse
+                | Orientation::Rotate270
         );
         let (ow, oh) = if swaps { (h, w) } else { (w, h) };
         ensure_len(tmp, ow * oh * 3);
@@ -93,10 +102,16 @@ mod tests {
         let src = vec![255, 0, 0, 0, 255, 0];
         let mut img = src.clone();
         let mut tmp = Vec::new();
-        assert_eq!(Orientation::Rotate90.apply(&mut img, &mut tmp, 2, 1), (1, 2));
+        assert_eq!(
+            Orientation::Rotate90.apply(&mut img, &mut tmp, 2, 1),
+            (1, 2)
+        );
         assert_eq!(img, src);
         let mut img = src.clone();
-        assert_eq!(Orientation::Rotate270.apply(&mut img, &mut tmp, 2, 1), (1, 2));
+        assert_eq!(
+            Orientation::Rotate270.apply(&mut img, &mut tmp, 2, 1),
+            (1, 2)
+        );
         assert_eq!(img, vec![0, 255, 0, 255, 0, 0]);
         let mut img = src.clone();
         assert_eq!(Orientation::FlipH.apply(&mut img, &mut tmp, 2, 1), (2, 1));

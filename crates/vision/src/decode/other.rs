@@ -35,7 +35,10 @@ pub(super) fn decode(
         let total = usize::try_from(decoder.total_bytes())
             .map_err(|_| VisionError::decode(format.name(), "image too large"))?;
         if total != w * h * layout.bytes_per_pixel() {
-            return Err(VisionError::decode(format.name(), "inconsistent buffer size"));
+            return Err(VisionError::decode(
+                format.name(),
+                "inconsistent buffer size",
+            ));
         }
         ensure_len(raw, total);
         decoder
@@ -60,7 +63,10 @@ fn with_decoder<R>(
         ImageFormat::WebP => Box::new(image::codecs::webp::WebPDecoder::new(cursor).map_err(err)?),
         ImageFormat::Bmp => Box::new(image::codecs::bmp::BmpDecoder::new(cursor).map_err(err)?),
         ImageFormat::Jpeg | ImageFormat::Gif => {
-            return Err(VisionError::decode(format.name(), "not handled by the image crate path"))
+            return Err(VisionError::decode(
+                format.name(),
+                "not handled by the image crate path",
+            ))
         }
     };
     f(decoder)

@@ -57,12 +57,24 @@ pub(crate) fn resize_into<'a>(
         (false, false) => Ok(src),
         (true, false) => {
             ensure_len(out, out_w * in_h * 3);
-            passes::horizontal(src.data(), in_w, &Kernel::bicubic(in_w, out_w), out, parallel);
+            passes::horizontal(
+                src.data(),
+                in_w,
+                &Kernel::bicubic(in_w, out_w),
+                out,
+                parallel,
+            );
             RgbView::new(out, out_w, out_h)
         }
         (false, true) => {
             ensure_len(out, in_w * out_h * 3);
-            passes::vertical(src.data(), in_w * 3, &Kernel::bicubic(in_h, out_h), out, parallel);
+            passes::vertical(
+                src.data(),
+                in_w * 3,
+                &Kernel::bicubic(in_h, out_h),
+                out,
+                parallel,
+            );
             RgbView::new(out, out_w, out_h)
         }
         (true, true) => {
@@ -94,7 +106,14 @@ pub fn resize_bicubic(
 ) -> Result<image::RgbImage, VisionError> {
     let view = RgbView::from_image(src)?;
     let (mut inter, mut out) = (Vec::new(), Vec::new());
-    let resized = resize_into(view, out_w as usize, out_h as usize, &mut inter, &mut out, false)?;
+    let resized = resize_into(
+        view,
+        out_w as usize,
+        out_h as usize,
+        &mut inter,
+        &mut out,
+        false,
+    )?;
     resized.to_image()
 }
 
@@ -104,7 +123,11 @@ mod tests {
 
     fn gradient(w: u32, h: u32) -> image::RgbImage {
         image::RgbImage::from_fn(w, h, |x, y| {
-            image::Rgb([(x * 7 + y * 3) as u8, (x * x + y) as u8, (255 - x - y * 2) as u8])
+            image::Rgb([
+                (x * 7 + y * 3) as u8,
+                (x * x + y) as u8,
+                (255 - x - y * 2) as u8,
+            ])
         })
     }
 
@@ -126,15 +149,30 @@ mod tests {
         let img = gradient(300, 200);
         let view = RgbView::from_image(&img).unwrap();
         let (mut a1, mut b1, mut a2, mut b2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let seq = resize_into(view, 123, 77, &mut a1, &mut b1, false).unwrap().data().to_vec();
-        let par = resize_into(view, 123, 77, &mut a2, &mut b2, true).unwrap().data().to_vec();
+        let seq = resize_into(view, 123, 77, &mut a1, &mut b1, false)
+            .unwrap()
+            .data()
+            .to_vec();
+        let par = resize_into(view, 123, 77, &mut a2, &mut b2, true)
+            .unwrap()
+            .data()
+            .to_vec();
         assert_eq!(seq, par);
     }
 
     #[test]
     fn pass_order_switches_above_100_to_1() {
-        assert_eq!(PassOrder::pillow_12_2(20, 2000, 1960), PassOrder::HorizontalFirst);
-        assert_eq!(PassOrder::pillow_12_2(20, 2001, 1960), PassOrder::VerticalFirst);
-        assert_eq!(PassOrder::pillow_12_2(28, 3000, 3008), PassOrder::HorizontalFirst);
+        assert_eq!(
+            PassOrder::pillow_12_2(20, 2000, 1960),
+            PassOrder::HorizontalFirst
+        );
+        assert_eq!(
+            PassOrder::pillow_12_2(20, 2001, 1960),
+            PassOrder::VerticalFirst
+        );
+        assert_eq!(
+            PassOrder::pillow_12_2(28, 3000, 3008),
+            PassOrder::HorizontalFirst
+        );
     }
 }

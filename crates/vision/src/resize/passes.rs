@@ -49,7 +49,13 @@ pub(crate) fn horizontal(src: &[u8], in_w: usize, kernel: &Kernel, dst: &mut [u8
 
 /// Vertical pass: `src` holds rows of `row_len` bytes; `dst` receives
 /// `kernel.out_size()` rows.
-pub(crate) fn vertical(src: &[u8], row_len: usize, kernel: &Kernel, dst: &mut [u8], parallel: bool) {
+pub(crate) fn vertical(
+    src: &[u8],
+    row_len: usize,
+    kernel: &Kernel,
+    dst: &mut [u8],
+    parallel: bool,
+) {
     let rows_per_task = (256 * 1024 / row_len.max(1)).max(1);
     let task = |(i, dst_rows): (usize, &mut [u8])| {
         for (j, out) in dst_rows.chunks_exact_mut(row_len).enumerate() {
@@ -77,7 +83,14 @@ fn with_strip_buffer(len: usize, f: impl FnOnce(&mut [u8])) {
     });
 }
 
-fn horizontal_strip(src: &[u8], in_w: usize, rows: usize, kernel: &Kernel, tmp: &mut [u8], dst: &mut [u8]) {
+fn horizontal_strip(
+    src: &[u8],
+    in_w: usize,
+    rows: usize,
+    kernel: &Kernel,
+    tmp: &mut [u8],
+    dst: &mut [u8],
+) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
@@ -99,7 +112,14 @@ fn vertical_row(src: &[u8], row_len: usize, weights: &[i32], out: &mut [u8]) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn horizontal_strip_avx2(src: &[u8], in_w: usize, rows: usize, kernel: &Kernel, tmp: &mut [u8], dst: &mut [u8]) {
+fn horizontal_strip_avx2(
+    src: &[u8],
+    in_w: usize,
+    rows: usize,
+    kernel: &Kernel,
+    tmp: &mut [u8],
+    dst: &mut [u8],
+) {
     horizontal_strip_body(src, in_w, rows, kernel, tmp, dst);
 }
 
@@ -112,7 +132,14 @@ fn vertical_row_avx2(src: &[u8], row_len: usize, weights: &[i32], out: &mut [u8]
 /// Transposes `rows` (≤ `STRIP_ROWS`) rows into column-major lanes, then
 /// filters every output column with all lanes at once.
 #[inline(always)]
-fn horizontal_strip_body(src: &[u8], in_w: usize, rows: usize, kernel: &Kernel, tmp: &mut [u8], dst: &mut [u8]) {
+fn horizontal_strip_body(
+    src: &[u8],
+    in_w: usize,
+    rows: usize,
+    kernel: &Kernel,
+    tmp: &mut [u8],
+    dst: &mut [u8],
+) {
     let in_row = in_w * 3;
     let (columns, _) = tmp.as_chunks_mut::<STRIP_LANES>();
     for (r, row) in src.chunks_exact(in_row).take(rows).enumerate() {
