@@ -55,7 +55,8 @@ pub(crate) fn patchify<T: OutElem>(
     }
 }
 
-/// One patch (`gy`, `gx`): the three channel planes, each repeated T times.
+/// One patch (`gy`, `gx`): the three channel planes, each written T times.
+/// Dispatches to a fully unrolled body for the shipped patch sizes.
 #[inline(always)]
 fn fill_patch_row<T: OutElem>(
     img: RgbView<'_>,
@@ -65,30 +66,63 @@ fn fill_patch_row<T: OutElem>(
     lut: &Lut<T>,
     row: &mut [T],
 ) {
-    let p = geo.patch_size;
+    match (geo.patch_size, geo.temporal_patch_size) {
+        (14, 2) => fill_patch::<T, 14, 2>(img, gy, gx, lut, row),
+        (16, 2) => fill_patch::<T, 16, 2>(img, gy, gx, lut, row),
+        _ => fill_patch_any(img, geo, gy, gx, lut, row),
+    }
+}
+
+/// Patch body for compile-time `P` and `TP`: every value is looked up once
+/// and stored into its `TP` temporal slots directly.
+#[inline(always)]
+fn fill_patch<T: OutElem, const P: usize, const TP: usize>(
+    img: RgbView<'_>,
+    gy: usize,
+    gx: usize,
+    lut: &Lut<T>,
+    row: &mut [T],
+) {
+    let plane = P * P;
+    let data = img.data();
+    for py in 0..P {
+        let start = ((gy * P + py) * img.width() + gx * P) * 3;
+        let (src, _) = data[start..start + P * 3].as_chunks::<3>();
+        for (c, table) in lut.0.iter().enumerate() {
+            let mut values = [T::default(); P];
+            for (v, px) in values.iter_mut().zip(src) {
+                *v = table[usize::from(px[c])];
+            }
+            for t in 0..TP {
+                let at = (c * TP + t) * plane + py * P;
+                row[at..at + P].copy_from_slice(&values);
+            }
+        }
+    }
+}
+
+/// Patch body for any geometry.
+fn fill_patch_any<T: OutElem>(
+    img: RgbView<'_>,
+    geo: PatchGeometry,
+    gy: usize,
+    gx: usize,
+    lut: &Lut<T>,
+    row: &mut [T],
+) {
+    let (p, tp) = (geo.patch_size, geo.temporal_patch_size);
     let plane = p * p;
-    let channel_stride = geo.temporal_patch_size * plane;
-    let (r_plane, rest) = row.split_at_mut(channel_stride);
-    let (g_plane, b_plane) = rest.split_at_mut(channel_stride);
     let data = img.data();
     for py in 0..p {
         let start = ((gy * p + py) * img.width() + gx * p) * 3;
         let src = &data[start..start + p * 3];
-        let dst = py * p..(py + 1) * p;
-        let (r, g, b) = (
-            &mut r_plane[dst.clone()],
-            &mut g_plane[dst.clone()],
-            &mut b_plane[dst],
-        );
-        for (((px, r), g), b) in src.chunks_exact(3).zip(r).zip(g).zip(b) {
-            *r = lut.0[0][usize::from(px[0])];
-            *g = lut.0[1][usize::from(px[1])];
-            *b = lut.0[2][usize::from(px[2])];
-        }
-    }
-    for plane_block in [r_plane, g_plane, b_plane] {
-        for t in 1..geo.temporal_patch_size {
-            plane_block.copy_within(0..plane, t * plane);
+        for (c, table) in lut.0.iter().enumerate() {
+            for t in 0..tp {
+                let at = (c * tp + t) * plane + py * p;
+                for (v, px) in row[at..at + p].iter_mut().zip(src.chunks_exact(3)) {
+                    *v = table[usize::from(px[c])];
+                }
+            }
         }
     }
 }
