@@ -1,0 +1,126 @@
+//! CLIP-style processors (LLaVA-1.5): shortest-edge resize, centre crop,
+//! CLIP normalisation, planar `[3, H, W]` output.
+
+use half::bf16;
+
+use crate::error::VisionError;
+use crate::geometry::{centre_crop_origin, shortest_edge_size};
+use crate::image::RgbView;
+use crate::layout::planar_chw;
+use crate::normalize::{Normalization, OutElem};
+use crate::output::{OutputDtype, PixelValues, PreprocessOutput};
+use crate::pool::PooledVec;
+use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
+use crate::resize::resize_into;
+use crate::scratch::Scratch;
+
+/// A CLIP-style fixed-size processor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClipProcessor {
+    /// Target of the shorter side.
+    pub shortest_edge: usize,
+    /// Crop `(height, width)`.
+    pub crop_size: (usize, usize),
+    /// Normalisation.
+    pub norm: Normalization,
+    /// Vision transformer patch size (for the placeholder count).
+    pub patch_size: usize,
+}
+
+impl ClipProcessor {
+    /// LLaVA-1.5 (CLIP ViT-L/14 at 336 px): 576 image tokens.
+    pub fn llava_1_5() -> Self {
+        ClipProcessor {
+            shortest_edge: 336,
+            crop_size: (336, 336),
+            norm: Normalization::CLIP,
+            patch_size: 14,
+        }
+    }
+
+    /// Resizes then crops into `scratch.cropped`; returns the resized size.
+    fn resize_and_crop<'s>(
+        &self,
+        image: RgbView<'_>,
+        parallel: bool,
+        scratch: &'s mut Scratch,
+    ) -> Result<(RgbView<'s>, (usize, usize)), VisionError> {
+        let (h, w) = shortest_edge_size(image.height(), image.width(), self.shortest_edge);
+        let resized = resize_into(
+            image,
+            w,
+            h,
+            &mut scratch.inter,
+            &mut scratch.resized,
+            parallel,
+        )?;
+        let (ch, cw) = self.crop_size;
+        let (top, left) = centre_crop_origin(h, w, ch, cw).ok_or_else(|| {
+            VisionError::Geometry(format!(
+                "resized image {w}x{h} is smaller than the {cw}x{ch} crop"
+            ))
+        })?;
+        resized.crop_into(left, top, cw, ch, &mut scratch.cropped)?;
+        Ok((RgbView::new(&scratch.cropped, cw, ch)?, (w, h)))
+    }
+
+    fn write<T: OutElem>(&self, img: RgbView<'_>) -> PooledVec<T> {
+        let mut out = PooledVec::<T>::take(3 * img.width() * img.height());
+        planar_chw(img, &self.norm.lut::<T>(), &mut out);
+        out
+    }
+}
+
+impl Processor for ClipProcessor {
+    fn name(&self) -> &'static str {
+        "clip"
+    }
+
+    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
+        let n = &self.norm;
+        fnv1a(&format!(
+            "clip|{}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|pillow-12.2-bicubic",
+            self.shortest_edge,
+            self.crop_size,
+            self.patch_size,
+            n.rescale_factor.to_bits(),
+            n.mean.map(f32::to_bits),
+            n.std.map(f32::to_bits),
+            opts.dtype,
+            opts.limits,
+        ))
+    }
+
+    fn resized_image(
+        &self,
+        image: &image::RgbImage,
+        _opts: &PreprocessOptions,
+    ) -> Result<image::RgbImage, VisionError> {
+        let mut scratch = Scratch::default();
+        let (cropped, _) =
+            self.resize_and_crop(RgbView::from_image(image)?, false, &mut scratch)?;
+        cropped.to_image()
+    }
+
+    fn preprocess_view(
+        &self,
+        image: RgbView<'_>,
+        opts: &PreprocessOptions,
+        scratch: &mut Scratch,
+    ) -> Result<PreprocessOutput, VisionError> {
+        let parallel = split_image(opts, image.width() * image.height());
+        let (cropped, resized_size) = self.resize_and_crop(image, parallel, scratch)?;
+        let pixel_values = match opts.dtype {
+            OutputDtype::F32 => PixelValues::F32(self.write::<f32>(cropped)),
+            OutputDtype::Bf16 => PixelValues::Bf16(self.write::<bf16>(cropped)),
+        };
+        let (ch, cw) = self.crop_size;
+        Ok(PreprocessOutput {
+            pixel_values,
+            shape: vec![3, ch, cw],
+            image_grid_thw: None,
+            num_placeholder_tokens: (ch / self.patch_size) * (cw / self.patch_size),
+            resized_size,
+        })
+    }
+}

@@ -1,0 +1,125 @@
+//! Image bytes to RGB8, the way the Hugging Face loading path does it:
+//! `PIL.Image.open` → `ImageOps.exif_transpose` → `convert("RGB")` (alpha is
+//! dropped, not composited; 16-bit samples are reduced as Pillow does).
+//!
+//! Every decoder reads the header first and checks the declared size
+//! against [`DecodeLimits`] before allocating pixel memory.
+
+mod convert;
+mod gif;
+mod jpeg;
+mod orientation;
+mod other;
+mod sniff;
+
+pub use orientation::Orientation;
+pub use sniff::ImageFormat;
+
+use crate::error::VisionError;
+use crate::scratch::with_scratch;
+
+/// Limits checked against the header before any pixel memory is allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DecodeLimits {
+    /// Longest accepted side, in pixels.
+    pub max_side: u32,
+    /// Largest accepted width × height.
+    pub max_pixels: u64,
+}
+
+impl Default for DecodeLimits {
+    /// 65 535 per side (the JPEG maximum) and Pillow's 89 478 485-pixel
+    /// decompression-bomb threshold.
+    fn default() -> Self {
+        DecodeLimits {
+            max_side: 65_535,
+            max_pixels: 89_478_485,
+        }
+    }
+}
+
+impl DecodeLimits {
+    /// Refuses a declared size that is zero or beyond the limits.
+    pub fn check(&self, format: ImageFormat, width: u64, height: u64) -> Result<(), VisionError> {
+        let name = format.name();
+        if width == 0 || height == 0 {
+            return Err(VisionError::ZeroSize {
+                format: name,
+                width,
+                height,
+            });
+        }
+        if width > u64::from(self.max_side) || height > u64::from(self.max_side) {
+            return Err(VisionError::SideTooLong {
+                format: name,
+                width,
+                height,
+                max_side: self.max_side,
+            });
+        }
+        let pixels = width * height;
+        if pixels > self.max_pixels {
+            return Err(VisionError::TooManyPixels {
+                format: name,
+                width,
+                height,
+                pixels,
+                max_pixels: self.max_pixels,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Format and declared size of an image, read from its header only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageInfo {
+    /// Container format.
+    pub format: ImageFormat,
+    /// Width before EXIF orientation.
+    pub width: u32,
+    /// Height before EXIF orientation.
+    pub height: u32,
+}
+
+/// Decodes into `out` (RGB8, orientation applied); returns `(width, height)`.
+/// `raw` is a second scratch buffer.
+pub(crate) fn decode_into(
+    bytes: &[u8],
+    limits: &DecodeLimits,
+    out: &mut Vec<u8>,
+    raw: &mut Vec<u8>,
+) -> Result<(usize, usize), VisionError> {
+    let format = sniff::sniff(bytes)?;
+    let (w, h, orientation) = match format {
+        ImageFormat::Jpeg => jpeg::decode(bytes, limits, out, raw)?,
+        ImageFormat::Gif => gif::decode(bytes, limits, out, raw)?,
+        ImageFormat::Png | ImageFormat::WebP | ImageFormat::Bmp => {
+            other::decode(format, bytes, limits, out, raw)?
+        }
+    };
+    Ok(orientation.apply(out, raw, w, h))
+}
+
+/// Decodes image bytes to an RGB8 image exactly as the reference loads it.
+pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<image::RgbImage, VisionError> {
+    with_scratch(|s| {
+        let (w, h) = decode_into(bytes, limits, &mut s.decoded, &mut s.raw)?;
+        crate::image::RgbView::new(&s.decoded, w, h)?.to_image()
+    })
+}
+
+/// Reads format and size from the header without decoding pixels.
+pub fn probe(bytes: &[u8]) -> Result<ImageInfo, VisionError> {
+    let format = sniff::sniff(bytes)?;
+    let (width, height) = match format {
+        ImageFormat::Jpeg => jpeg::dimensions(bytes)?,
+        ImageFormat::Gif => gif::dimensions(bytes)?,
+        _ => other::dimensions(format, bytes)?,
+    };
+    Ok(ImageInfo {
+        format,
+        width,
+        height,
+    })
+}

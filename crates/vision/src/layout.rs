@@ -1,0 +1,140 @@
+//! Writing normalised pixels into the encoder's tensor layouts, once each:
+//! Qwen's patch rows and CLIP's planar CHW.
+
+use rayon::prelude::*;
+
+use crate::image::RgbView;
+use crate::normalize::{Lut, OutElem};
+
+/// Qwen-VL patch geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PatchGeometry {
+    /// Spatial patch size P.
+    pub patch_size: usize,
+    /// Spatial merge size M.
+    pub merge_size: usize,
+    /// Temporal patch size T (a still image fills all T slots).
+    pub temporal_patch_size: usize,
+}
+
+impl PatchGeometry {
+    /// Width of one output row: C·T·P·P.
+    pub fn row_len(&self) -> usize {
+        3 * self.temporal_patch_size * self.patch_size * self.patch_size
+    }
+
+    /// Resize granularity P·M.
+    pub fn factor(&self) -> usize {
+        self.patch_size * self.merge_size
+    }
+}
+
+/// Writes `img` (dimensions multiples of P·M) as Qwen patch rows.
+///
+/// Rows are ordered (h/M, w/M, m_h, m_w); a row holds (C, T, p_y, p_x).
+pub(crate) fn patchify<T: OutElem>(
+    img: RgbView<'_>,
+    geo: PatchGeometry,
+    lut: &Lut<T>,
+    out: &mut [T],
+    parallel: bool,
+) {
+    let (p, m) = (geo.patch_size, geo.merge_size);
+    let grid_w = img.width() / p;
+    let band_len = grid_w * m * geo.row_len();
+    let band = |(bh, rows): (usize, &mut [T])| {
+        for (i, row) in rows.chunks_exact_mut(geo.row_len()).enumerate() {
+            let (bw, mh, mw) = (i / (m * m), (i / m) % m, i % m);
+            fill_patch_row(img, geo, bh * m + mh, bw * m + mw, lut, row);
+        }
+    };
+    if parallel {
+        out.par_chunks_mut(band_len).enumerate().for_each(band);
+    } else {
+        out.chunks_mut(band_len).enumerate().for_each(band);
+    }
+}
+
+/// One patch (`gy`, `gx`): the three channel planes, each written T times.
+/// Dispatches to a fully unrolled body for the shipped patch sizes.
+#[inline(always)]
+fn fill_patch_row<T: OutElem>(
+    img: RgbView<'_>,
+    geo: PatchGeometry,
+    gy: usize,
+    gx: usize,
+    lut: &Lut<T>,
+    row: &mut [T],
+) {
+    match (geo.patch_size, geo.temporal_patch_size) {
+        (14, 2) => fill_patch::<T, 14, 2>(img, gy, gx, lut, row),
+        (16, 2) => fill_patch::<T, 16, 2>(img, gy, gx, lut, row),
+        _ => fill_patch_any(img, geo, gy, gx, lut, row),
+    }
+}
+
+/// Patch body for compile-time `P` and `TP`: every value is looked up once
+/// and stored into its `TP` temporal slots directly.
+#[inline(always)]
+fn fill_patch<T: OutElem, const P: usize, const TP: usize>(
+    img: RgbView<'_>,
+    gy: usize,
+    gx: usize,
+    lut: &Lut<T>,
+    row: &mut [T],
+) {
+    let plane = P * P;
+    let data = img.data();
+    for py in 0..P {
+        let start = ((gy * P + py) * img.width() + gx * P) * 3;
+        let (src, _) = data[start..start + P * 3].as_chunks::<3>();
+        for (c, table) in lut.0.iter().enumerate() {
+            let mut values = [T::default(); P];
+            for (v, px) in values.iter_mut().zip(src) {
+                *v = table[usize::from(px[c])];
+            }
+            for t in 0..TP {
+                let at = (c * TP + t) * plane + py * P;
+                row[at..at + P].copy_from_slice(&values);
+            }
+        }
+    }
+}
+
+/// Patch body for any geometry.
+fn fill_patch_any<T: OutElem>(
+    img: RgbView<'_>,
+    geo: PatchGeometry,
+    gy: usize,
+    gx: usize,
+    lut: &Lut<T>,
+    row: &mut [T],
+) {
+    let (p, tp) = (geo.patch_size, geo.temporal_patch_size);
+    let plane = p * p;
+    let data = img.data();
+    for py in 0..p {
+        let start = ((gy * p + py) * img.width() + gx * p) * 3;
+        let src = &data[start..start + p * 3];
+        for (c, table) in lut.0.iter().enumerate() {
+            for t in 0..tp {
+                let at = (c * tp + t) * plane + py * p;
+                for (v, px) in row[at..at + p].iter_mut().zip(src.chunks_exact(3)) {
+                    *v = table[usize::from(px[c])];
+                }
+            }
+        }
+    }
+}
+
+/// Writes `img` as planar `[3, H, W]`.
+pub(crate) fn planar_chw<T: OutElem>(img: RgbView<'_>, lut: &Lut<T>, out: &mut [T]) {
+    let plane = img.width() * img.height();
+    let (r, rest) = out.split_at_mut(plane);
+    let (g, b) = rest.split_at_mut(plane);
+    for (((px, r), g), b) in img.data().chunks_exact(3).zip(r).zip(g).zip(b) {
+        *r = lut.0[0][usize::from(px[0])];
+        *g = lut.0[1][usize::from(px[1])];
+        *b = lut.0[2][usize::from(px[2])];
+    }
+}

@@ -1,0 +1,56 @@
+//! Iris vision preprocessing: image bytes → encoder inputs, bit-exact with the
+//! Hugging Face reference processors (`transformers` 4.57.1, Pillow 12.2.0).
+//!
+//! - [`decode()`]: JPEG, PNG, WebP, GIF (first frame), BMP → RGB8, with EXIF
+//!   orientation and Pillow's `convert("RGB")` rules, size limits checked
+//!   from the header before any pixel allocation.
+//! - [`Processor`]: one implementation per model family —
+//!   [`QwenVlProcessor`] (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) and
+//!   [`ClipProcessor`] (LLaVA-1.5) — built from `preprocessor_config.json`
+//!   by [`processor_from_config`] / [`processor_from_model_dir`].
+//! - [`resize_bicubic`]: Pillow 12.2.0's fixed-point BICUBIC, vectorised.
+//! - [`preprocess_batch`]: many images over rayon.
+//!
+//! Large buffers are recycled (per-thread scratch, pooled outputs); see
+//! [`pool_stats`]. docs/vision.md has the details.
+
+mod batch;
+mod clip;
+mod config;
+pub mod debug;
+pub mod decode;
+mod error;
+mod geometry;
+mod image;
+mod layout;
+mod normalize;
+mod npy;
+mod output;
+mod pool;
+mod processor;
+mod qwen;
+mod resize;
+mod scratch;
+
+pub use batch::preprocess_batch;
+pub use clip::ClipProcessor;
+pub use config::{
+    clip_from_config, processor_from_config, processor_from_model_dir, qwen_from_config,
+};
+pub use decode::{decode, probe, DecodeLimits, ImageFormat, ImageInfo};
+pub use error::VisionError;
+pub use geometry::{centre_crop_origin, shortest_edge_size, smart_resize};
+pub use image::RgbView;
+pub use layout::PatchGeometry;
+pub use normalize::{Normalization, CLIP_MEAN, CLIP_STD};
+pub use npy::write_npy_f32;
+pub use output::{OutputDtype, PixelValues, PreprocessOutput};
+pub use pool::{pool_stats, PoolStats, PooledVec};
+pub use processor::{PreprocessOptions, Processor, INTRA_IMAGE_PARALLEL_PIXELS};
+pub use qwen::{QwenFamily, QwenVlProcessor, QWEN_DEFAULT_MAX_PIXELS, QWEN_DEFAULT_MIN_PIXELS};
+pub use resize::{resize_bicubic, PassOrder};
+#[doc(hidden)]
+pub use scratch::Scratch;
+
+/// Re-export of the `image` crate's RGB8 buffer type used in the API.
+pub use ::image::RgbImage;

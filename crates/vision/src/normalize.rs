@@ -1,0 +1,73 @@
+//! Rescale + normalise as 256-entry lookup tables, one per channel, in the
+//! output dtype: `((v · rescale) as f32 − mean) / std`, computed the way the
+//! reference does (f64 rescale, then f32 arithmetic).
+
+use half::bf16;
+
+use crate::pool::PoolElem;
+
+/// Output element types: f32 and bf16.
+pub trait OutElem: PoolElem {
+    /// Converts from f32 (bf16: round to nearest even).
+    fn from_f32(v: f32) -> Self;
+}
+
+impl OutElem for f32 {
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+impl OutElem for bf16 {
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+/// Mean/std normalisation parameters of a processor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Normalization {
+    /// Multiplier applied to 8-bit values first (1/255 in every shipped config).
+    pub rescale_factor: f64,
+    /// Per-channel mean (RGB).
+    pub mean: [f32; 3],
+    /// Per-channel standard deviation (RGB).
+    pub std: [f32; 3],
+}
+
+/// OpenAI CLIP mean, used by Qwen2-VL, Qwen2.5-VL and LLaVA-1.5.
+pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
+/// OpenAI CLIP std (the reference's decimal text, rounded to f32 as numpy does).
+#[allow(clippy::excessive_precision)]
+pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
+
+impl Normalization {
+    /// CLIP normalisation with the 1/255 rescale.
+    pub const CLIP: Normalization = Normalization {
+        rescale_factor: 1.0 / 255.0,
+        mean: CLIP_MEAN,
+        std: CLIP_STD,
+    };
+
+    /// The float the reference produces for 8-bit value `v` in channel `c`.
+    pub fn value(&self, v: u8, c: usize) -> f32 {
+        let rescaled = (f64::from(v) * self.rescale_factor) as f32;
+        (rescaled - self.mean[c]) / self.std[c]
+    }
+
+    /// Per-channel tables in the output dtype.
+    pub(crate) fn lut<T: OutElem>(&self) -> Lut<T> {
+        let mut tables = [[T::default(); 256]; 3];
+        for (c, table) in tables.iter_mut().enumerate() {
+            for (v, slot) in table.iter_mut().enumerate() {
+                *slot = T::from_f32(self.value(v as u8, c));
+            }
+        }
+        Lut(tables)
+    }
+}
+
+/// Three 256-entry tables: `0[c][v]` is the output for value `v` of channel `c`.
+pub(crate) struct Lut<T>(pub [[T; 256]; 3]);

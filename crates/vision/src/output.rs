@@ -1,0 +1,104 @@
+//! What a processor returns: the encoder input tensor and its metadata.
+
+use half::bf16;
+
+use crate::pool::PooledVec;
+
+/// Element type written into `pixel_values`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum OutputDtype {
+    /// IEEE float32 (the reference's dtype).
+    #[default]
+    F32,
+    /// bfloat16, rounded to nearest even from the float32 value.
+    Bf16,
+}
+
+impl OutputDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            OutputDtype::F32 => 4,
+            OutputDtype::Bf16 => 2,
+        }
+    }
+
+    /// Name as the wire/numpy calls it.
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputDtype::F32 => "float32",
+            OutputDtype::Bf16 => "bfloat16",
+        }
+    }
+}
+
+/// The tensor data in the requested dtype, in a recycled buffer.
+#[derive(Debug)]
+pub enum PixelValues {
+    /// float32 elements.
+    F32(PooledVec<f32>),
+    /// bfloat16 elements.
+    Bf16(PooledVec<bf16>),
+}
+
+impl PixelValues {
+    /// Element type.
+    pub fn dtype(&self) -> OutputDtype {
+        match self {
+            PixelValues::F32(_) => OutputDtype::F32,
+            PixelValues::Bf16(_) => OutputDtype::Bf16,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            PixelValues::F32(v) => v.len(),
+            PixelValues::Bf16(v) => v.len(),
+        }
+    }
+
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The raw little-endian bytes, as sent on the wire.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            PixelValues::F32(v) => bytemuck::cast_slice(v),
+            PixelValues::Bf16(v) => bytemuck::cast_slice(v),
+        }
+    }
+
+    /// Element `i` widened to f32.
+    pub fn get_f32(&self, i: usize) -> Option<f32> {
+        match self {
+            PixelValues::F32(v) => v.get(i).copied(),
+            PixelValues::Bf16(v) => v.get(i).map(|x| x.to_f32()),
+        }
+    }
+
+    /// All elements widened to f32 (allocates).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match self {
+            PixelValues::F32(v) => v.to_vec(),
+            PixelValues::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+}
+
+/// Encoder inputs for one image.
+#[derive(Debug)]
+pub struct PreprocessOutput {
+    /// The tensor, row-major with shape [`Self::shape`].
+    pub pixel_values: PixelValues,
+    /// `[num_patches, C·T·P·P]` for Qwen, `[3, H, W]` for CLIP-style.
+    pub shape: Vec<usize>,
+    /// `[t, h, w]` patch grid (Qwen family); `None` for fixed-size processors.
+    pub image_grid_thw: Option<[usize; 3]>,
+    /// How many placeholder tokens the prompt needs for this image.
+    pub num_placeholder_tokens: usize,
+    /// Size the image was resized to, `(width, height)`, before patching/cropping.
+    pub resized_size: (usize, usize),
+}

@@ -1,0 +1,90 @@
+//! The processor trait every model family implements, and per-request options.
+
+use crate::decode::{decode_into, DecodeLimits};
+use crate::error::VisionError;
+use crate::image::RgbView;
+use crate::output::{OutputDtype, PreprocessOutput};
+use crate::scratch::{with_scratch, Scratch};
+
+/// Images with at least this many pixels are also split across threads
+/// inside one image (resize strips, patch bands) when parallelism is allowed.
+pub const INTRA_IMAGE_PARALLEL_PIXELS: usize = 1 << 20;
+
+/// Per-request options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct PreprocessOptions {
+    /// Override of the config's `min_pixels` (Qwen family).
+    pub min_pixels: Option<u64>,
+    /// Override of the config's `max_pixels` (Qwen family).
+    pub max_pixels: Option<u64>,
+    /// Element type of `pixel_values`.
+    pub dtype: OutputDtype,
+    /// Header checks applied when decoding bytes.
+    pub limits: DecodeLimits,
+    /// Allow splitting one large image across the rayon pool.
+    pub intra_image_parallel: bool,
+}
+
+/// Turns images into encoder inputs for one model family.
+pub trait Processor: Send + Sync {
+    /// Short family name, e.g. `qwen2_vl`.
+    fn name(&self) -> &'static str;
+
+    /// Stable 64-bit fingerprint of everything that affects the output for
+    /// these options (config, overrides, dtype): the pixel cache's key part.
+    fn fingerprint(&self, opts: &PreprocessOptions) -> u64;
+
+    /// The 8-bit image the processor feeds to normalisation (after resize
+    /// and crop), for parity checks and debugging.
+    fn resized_image(
+        &self,
+        image: &image::RgbImage,
+        opts: &PreprocessOptions,
+    ) -> Result<image::RgbImage, VisionError>;
+
+    /// Preprocesses decoded RGB8 pixels using the given scratch buffers.
+    #[doc(hidden)]
+    fn preprocess_view(
+        &self,
+        image: RgbView<'_>,
+        opts: &PreprocessOptions,
+        scratch: &mut Scratch,
+    ) -> Result<PreprocessOutput, VisionError>;
+
+    /// Preprocesses an already decoded RGB image.
+    fn preprocess(
+        &self,
+        image: &image::RgbImage,
+        opts: &PreprocessOptions,
+    ) -> Result<PreprocessOutput, VisionError> {
+        let view = RgbView::from_image(image)?;
+        with_scratch(|s| self.preprocess_view(view, opts, s))
+    }
+
+    /// Decodes image bytes (format sniffed, limits from `opts`) and preprocesses them.
+    fn preprocess_bytes(
+        &self,
+        bytes: &[u8],
+        opts: &PreprocessOptions,
+    ) -> Result<PreprocessOutput, VisionError> {
+        with_scratch(|s| {
+            let mut decoded = std::mem::take(&mut s.decoded);
+            let result = decode_into(bytes, &opts.limits, &mut decoded, &mut s.raw)
+                .and_then(|(w, h)| self.preprocess_view(RgbView::new(&decoded, w, h)?, opts, s));
+            s.decoded = decoded;
+            result
+        })
+    }
+}
+
+/// Whether one image of `pixels` should be split across threads.
+pub(crate) fn split_image(opts: &PreprocessOptions, pixels: usize) -> bool {
+    opts.intra_image_parallel && pixels >= INTRA_IMAGE_PARALLEL_PIXELS
+}
+
+/// FNV-1a over a canonical description: fingerprints that survive restarts.
+pub(crate) fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

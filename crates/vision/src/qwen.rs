@@ -1,0 +1,167 @@
+//! Qwen2-VL / Qwen2.5-VL / Qwen3-VL: smart resize, then normalised patch rows.
+
+use half::bf16;
+
+use crate::error::VisionError;
+use crate::geometry::smart_resize;
+use crate::image::RgbView;
+use crate::layout::{patchify, PatchGeometry};
+use crate::normalize::{Normalization, OutElem};
+use crate::output::{OutputDtype, PixelValues, PreprocessOutput};
+use crate::pool::PooledVec;
+use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
+use crate::resize::resize_into;
+use crate::scratch::Scratch;
+
+/// Qwen2-VL's class default `min_pixels` (56·56).
+pub const QWEN_DEFAULT_MIN_PIXELS: u64 = 56 * 56;
+/// Qwen2-VL's class default `max_pixels` (28·28·1280).
+pub const QWEN_DEFAULT_MAX_PIXELS: u64 = 28 * 28 * 1280;
+
+/// Which Qwen generation (decides defaults and the name only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QwenFamily {
+    /// Qwen2-VL and Qwen2.5-VL (P = 14, CLIP normalisation).
+    Qwen2Vl,
+    /// Qwen3-VL (P = 16, mean = std = 0.5).
+    Qwen3Vl,
+}
+
+/// A Qwen-VL image processor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QwenVlProcessor {
+    /// Generation.
+    pub family: QwenFamily,
+    /// Patch geometry.
+    pub geometry: PatchGeometry,
+    /// Normalisation.
+    pub norm: Normalization,
+    /// Lower pixel bound of smart resize.
+    pub min_pixels: u64,
+    /// Upper pixel bound of smart resize.
+    pub max_pixels: u64,
+}
+
+impl QwenVlProcessor {
+    /// Qwen2-VL / Qwen2.5-VL with the class defaults.
+    pub fn qwen2_vl() -> Self {
+        QwenVlProcessor {
+            family: QwenFamily::Qwen2Vl,
+            geometry: PatchGeometry {
+                patch_size: 14,
+                merge_size: 2,
+                temporal_patch_size: 2,
+            },
+            norm: Normalization::CLIP,
+            min_pixels: QWEN_DEFAULT_MIN_PIXELS,
+            max_pixels: QWEN_DEFAULT_MAX_PIXELS,
+        }
+    }
+
+    /// Qwen3-VL as shipped (`size` 65 536 … 16 777 216).
+    pub fn qwen3_vl() -> Self {
+        QwenVlProcessor {
+            family: QwenFamily::Qwen3Vl,
+            geometry: PatchGeometry {
+                patch_size: 16,
+                merge_size: 2,
+                temporal_patch_size: 2,
+            },
+            norm: Normalization {
+                rescale_factor: 1.0 / 255.0,
+                mean: [0.5; 3],
+                std: [0.5; 3],
+            },
+            min_pixels: 65_536,
+            max_pixels: 16_777_216,
+        }
+    }
+
+    /// Resized `(height, width)` for an image of `height`×`width` under `opts`.
+    pub fn target_size(
+        &self,
+        height: usize,
+        width: usize,
+        opts: &PreprocessOptions,
+    ) -> Result<(usize, usize), VisionError> {
+        let min = opts.min_pixels.unwrap_or(self.min_pixels);
+        let max = opts.max_pixels.unwrap_or(self.max_pixels);
+        smart_resize(height, width, self.geometry.factor(), min, max)
+    }
+
+    fn write<T: OutElem>(&self, img: RgbView<'_>, parallel: bool) -> PooledVec<T> {
+        let geo = self.geometry;
+        let rows = (img.width() / geo.patch_size) * (img.height() / geo.patch_size);
+        let mut out = PooledVec::<T>::take(rows * geo.row_len());
+        patchify(img, geo, &self.norm.lut::<T>(), &mut out, parallel);
+        out
+    }
+}
+
+impl Processor for QwenVlProcessor {
+    fn name(&self) -> &'static str {
+        match self.family {
+            QwenFamily::Qwen2Vl => "qwen2_vl",
+            QwenFamily::Qwen3Vl => "qwen3_vl",
+        }
+    }
+
+    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
+        let n = &self.norm;
+        fnv1a(&format!(
+            "{}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}",
+            self.name(),
+            self.geometry,
+            n.rescale_factor.to_bits(),
+            n.mean.map(f32::to_bits),
+            n.std.map(f32::to_bits),
+            opts.min_pixels.unwrap_or(self.min_pixels),
+            opts.max_pixels.unwrap_or(self.max_pixels),
+            opts.dtype,
+            opts.limits,
+            "pillow-12.2-bicubic",
+        ))
+    }
+
+    fn resized_image(
+        &self,
+        image: &image::RgbImage,
+        opts: &PreprocessOptions,
+    ) -> Result<image::RgbImage, VisionError> {
+        let view = RgbView::from_image(image)?;
+        let (h, w) = self.target_size(view.height(), view.width(), opts)?;
+        let (mut inter, mut out) = (Vec::new(), Vec::new());
+        resize_into(view, w, h, &mut inter, &mut out, false)?.to_image()
+    }
+
+    fn preprocess_view(
+        &self,
+        image: RgbView<'_>,
+        opts: &PreprocessOptions,
+        scratch: &mut Scratch,
+    ) -> Result<PreprocessOutput, VisionError> {
+        let (h, w) = self.target_size(image.height(), image.width(), opts)?;
+        let parallel = split_image(opts, image.width() * image.height());
+        let resized = resize_into(
+            image,
+            w,
+            h,
+            &mut scratch.inter,
+            &mut scratch.resized,
+            parallel,
+        )?;
+        let pixel_values = match opts.dtype {
+            OutputDtype::F32 => PixelValues::F32(self.write::<f32>(resized, parallel)),
+            OutputDtype::Bf16 => PixelValues::Bf16(self.write::<bf16>(resized, parallel)),
+        };
+        let geo = self.geometry;
+        let grid = [1, h / geo.patch_size, w / geo.patch_size];
+        Ok(PreprocessOutput {
+            pixel_values,
+            shape: vec![grid[1] * grid[2], geo.row_len()],
+            image_grid_thw: Some(grid),
+            num_placeholder_tokens: grid[0] * grid[1] * grid[2] / (geo.merge_size * geo.merge_size),
+            resized_size: (w, h),
+        })
+    }
+}

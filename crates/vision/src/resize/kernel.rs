@@ -1,0 +1,132 @@
+//! Per-output-pixel BICUBIC weights in Pillow's 22-bit fixed point.
+//!
+//! Facts (Pillow 12.2 `Resample.c`, see docs/vision.md): Keys cubic with
+//! a = −0.5 and support 2, widened by the scale when shrinking; the window
+//! of output pixel `i` starts at `trunc(centre − support + 0.5)` clamped to
+//! the image; weights are normalised to sum 1 in f64 and then rounded half
+//! away from zero to `PRECISION_BITS` fractional bits.
+
+/// Fractional bits of the fixed-point weights (32 − 8 − 2).
+pub(crate) const PRECISION_BITS: u32 = 22;
+
+/// Rounding bias added before the final shift.
+pub(crate) const BIAS: i32 = 1 << (PRECISION_BITS - 1);
+
+const BICUBIC_SUPPORT: f64 = 2.0;
+
+/// Keys cubic convolution kernel with a = −0.5.
+fn bicubic(x: f64) -> f64 {
+    const A: f64 = -0.5;
+    let x = x.abs();
+    if x < 1.0 {
+        ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+    } else if x < 2.0 {
+        (((x - 5.0) * x + 8.0) * x - 4.0) * A
+    } else {
+        0.0
+    }
+}
+
+/// Fixed-point weights of one resampling axis.
+#[derive(Debug, Clone)]
+pub(crate) struct Kernel {
+    /// Taps per output pixel (the stride of `weights`).
+    pub ksize: usize,
+    /// First input index read by each output pixel.
+    pub starts: Vec<usize>,
+    /// Number of input indices read by each output pixel.
+    pub lens: Vec<usize>,
+    /// `weights[i * ksize .. i * ksize + lens[i]]` belong to output pixel `i`.
+    pub weights: Vec<i32>,
+}
+
+impl Kernel {
+    /// Weights resampling `in_size` samples to `out_size` over the whole axis.
+    pub(crate) fn bicubic(in_size: usize, out_size: usize) -> Kernel {
+        let scale = in_size as f64 / out_size as f64;
+        let filterscale = scale.max(1.0);
+        let support = BICUBIC_SUPPORT * filterscale;
+        let ksize = support.ceil() as usize * 2 + 1;
+        let mut kernel = Kernel {
+            ksize,
+            starts: Vec::with_capacity(out_size),
+            lens: Vec::with_capacity(out_size),
+            weights: vec![0; out_size * ksize],
+        };
+        let mut taps = vec![0f64; ksize];
+        for i in 0..out_size {
+            let centre = (i as f64 + 0.5) * scale;
+            let start = ((centre - support + 0.5) as i64).max(0) as usize;
+            let end = ((centre + support + 0.5) as i64).min(in_size as i64) as usize;
+            let len = end.saturating_sub(start).min(ksize);
+            let mut sum = 0.0;
+            for (x, tap) in taps.iter_mut().enumerate().take(len) {
+                *tap = bicubic(((x + start) as f64 - centre + 0.5) / filterscale);
+                sum += *tap;
+            }
+            let row = &mut kernel.weights[i * ksize..i * ksize + len];
+            for (w, &tap) in row.iter_mut().zip(&taps[..len]) {
+                let normalised = if sum != 0.0 { tap / sum } else { tap };
+                *w = to_fixed(normalised);
+            }
+            kernel.starts.push(start);
+            kernel.lens.push(len);
+        }
+        kernel
+    }
+
+    /// Weights and first input index of output pixel `i`.
+    #[inline(always)]
+    pub(crate) fn taps(&self, i: usize) -> (usize, &[i32]) {
+        let base = i * self.ksize;
+        (self.starts[i], &self.weights[base..base + self.lens[i]])
+    }
+
+    /// Number of output samples.
+    pub(crate) fn out_size(&self) -> usize {
+        self.starts.len()
+    }
+}
+
+/// Rounds half away from zero to `PRECISION_BITS` fractional bits.
+fn to_fixed(w: f64) -> i32 {
+    let scaled = w * f64::from(1u32 << PRECISION_BITS);
+    (if w < 0.0 { scaled - 0.5 } else { scaled + 0.5 }) as i32
+}
+
+/// Shifts a fixed-point sum back to 8 bits, clamping to 0..=255.
+#[inline(always)]
+pub(crate) fn clip8(acc: i32) -> u8 {
+    (acc >> PRECISION_BITS).clamp(0, 255) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_sized_weights_sum_to_one() {
+        let k = Kernel::bicubic(10, 10);
+        for i in 0..10 {
+            let (_, w) = k.taps(i);
+            let sum: i64 = w.iter().map(|&x| i64::from(x)).sum();
+            assert!((sum - (1 << PRECISION_BITS)).abs() <= 4, "row {i}: {sum}");
+        }
+    }
+
+    #[test]
+    fn shrinking_widens_the_window() {
+        let k = Kernel::bicubic(1920, 1316);
+        assert_eq!(k.ksize, 2 * (2.0f64 * 1920.0 / 1316.0).ceil() as usize + 1);
+        assert_eq!(k.out_size(), 1316);
+        assert_eq!(k.starts[0], 0);
+        assert!(k.starts[1315] + k.lens[1315] <= 1920);
+    }
+
+    #[test]
+    fn clip_saturates() {
+        assert_eq!(clip8(-5), 0);
+        assert_eq!(clip8(300 << PRECISION_BITS), 255);
+        assert_eq!(clip8((7 << PRECISION_BITS) + BIAS), 7);
+    }
+}

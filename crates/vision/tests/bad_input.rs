@@ -1,0 +1,210 @@
+//! Bad input: every malformed, oversized or unsupported image is refused
+//! with a typed error, never a panic.
+
+mod common;
+
+use common::{gif_with_header, jpeg_with_dims, png_with_header, read, Rng};
+use iris_vision::{
+    decode, probe, DecodeLimits, PreprocessOptions, Processor, QwenVlProcessor, VisionError,
+};
+
+const FORMATS: [&str; 6] = [
+    "shared/coffee.jpg",
+    "shared/coffee.png",
+    "shared/chelsea.webp",
+    "synthetic/transparent.gif",
+    "synthetic/rgb.bmp",
+    "synthetic/progressive.jpg",
+];
+
+fn qwen() -> QwenVlProcessor {
+    QwenVlProcessor::qwen2_vl()
+}
+
+#[test]
+fn empty_input_is_refused() {
+    let err = qwen()
+        .preprocess_bytes(&[], &PreprocessOptions::default())
+        .unwrap_err();
+    assert!(matches!(err, VisionError::EmptyInput), "{err}");
+    assert!(err.is_bad_input());
+}
+
+#[test]
+fn wrong_magic_and_unsupported_formats_are_refused() {
+    for bytes in [
+        &b"hello world, not an image"[..],
+        b"II*\0\x08\0\0\0",
+        b"\0\0\0\x0cjP  \r\n\x87\n",
+        b"\x00",
+    ] {
+        let err = decode(bytes, &DecodeLimits::default()).unwrap_err();
+        assert!(
+            matches!(err, VisionError::UnsupportedFormat { .. }),
+            "{err}"
+        );
+        assert!(err
+            .to_string()
+            .contains("supported: JPEG, PNG, WebP, GIF, BMP"));
+    }
+}
+
+#[test]
+fn truncated_files_are_errors() {
+    for name in FORMATS {
+        let bytes = read(name);
+        for cut in [bytes.len() / 2, bytes.len() / 4, 40, 12, 3] {
+            let result = decode(&bytes[..cut.min(bytes.len() - 1)], &DecodeLimits::default());
+            let err = result
+                .err()
+                .unwrap_or_else(|| panic!("{name} cut at {cut} decoded"));
+            assert!(err.is_bad_input(), "{name}: {err}");
+        }
+    }
+}
+
+#[test]
+fn absurd_header_dimensions_are_refused_before_decoding() {
+    let limits = DecodeLimits::default();
+    let err = decode(&png_with_header(100_000, 100_000), &limits).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            VisionError::SideTooLong {
+                width: 100_000,
+                height: 100_000,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = decode(&png_with_header(60_000, 60_000), &limits).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            VisionError::TooManyPixels {
+                pixels: 3_600_000_000,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = decode(
+        &jpeg_with_dims(&read("shared/coffee.jpg"), 65_000, 65_000),
+        &limits,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, VisionError::TooManyPixels { format: "JPEG", .. }),
+        "{err}"
+    );
+    let err = decode(&gif_with_header(65_000, 65_000), &limits).unwrap_err();
+    assert!(
+        matches!(err, VisionError::TooManyPixels { format: "GIF", .. }),
+        "{err}"
+    );
+    let info = probe(&png_with_header(100_000, 100_000)).unwrap();
+    assert_eq!((info.width, info.height), (100_000, 100_000));
+}
+
+#[test]
+fn zero_size_headers_are_refused() {
+    assert!(decode(&png_with_header(0, 10), &DecodeLimits::default()).is_err());
+    let err = decode(
+        &jpeg_with_dims(&read("shared/coffee.jpg"), 0, 10),
+        &DecodeLimits::default(),
+    )
+    .unwrap_err();
+    assert!(err.is_bad_input(), "{err}");
+    let err = decode(&gif_with_header(0, 0), &DecodeLimits::default()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            VisionError::ZeroSize { .. } | VisionError::Decode { .. }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn configurable_pixel_limit_applies_to_every_format() {
+    let limits = DecodeLimits {
+        max_side: 65_535,
+        max_pixels: 100,
+    };
+    for name in FORMATS {
+        let err = decode(&read(name), &limits).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                VisionError::TooManyPixels {
+                    max_pixels: 100,
+                    ..
+                }
+            ),
+            "{name}: {err}"
+        );
+    }
+    let opts = PreprocessOptions {
+        limits,
+        ..PreprocessOptions::default()
+    };
+    assert!(qwen()
+        .preprocess_bytes(&read("shared/coffee.jpg"), &opts)
+        .is_err());
+}
+
+#[test]
+fn extreme_aspect_ratio_is_a_geometry_error() {
+    let err = qwen()
+        .preprocess_bytes(
+            &read("synthetic/rgb_1x4000.png"),
+            &PreprocessOptions::default(),
+        )
+        .unwrap_err();
+    assert!(matches!(err, VisionError::Geometry(_)), "{err}");
+    assert!(err.to_string().contains("aspect ratio"), "{err}");
+}
+
+/// The fuzz target's body, over a bounded deterministic corpus of mutations
+/// (bit flips, byte overwrites, truncations, insertions) of every format.
+#[test]
+fn mutated_inputs_never_panic() {
+    let p = qwen();
+    let opts = PreprocessOptions {
+        max_pixels: Some(200_000),
+        ..PreprocessOptions::default()
+    };
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let (mut ok, mut failed) = (0, 0);
+    for name in FORMATS {
+        let original = read(name);
+        for _ in 0..150 {
+            let mut bytes = original.clone();
+            for _ in 0..1 + rng.below(8) {
+                let at = rng.below(bytes.len());
+                match rng.below(4) {
+                    0 => bytes[at] ^= 1 << rng.below(8),
+                    1 => bytes[at] = rng.next() as u8,
+                    2 => bytes.truncate(at.max(1)),
+                    _ => bytes.insert(at, rng.next() as u8),
+                }
+            }
+            match p.preprocess_bytes(&bytes, &opts) {
+                Ok(out) => {
+                    assert_eq!(out.pixel_values.len(), out.shape.iter().product::<usize>());
+                    ok += 1;
+                }
+                Err(_) => failed += 1,
+            }
+        }
+    }
+    let mut real_gif = read("shared/no_time_for_that_tiny.gif");
+    for _ in 0..150 {
+        let at = rng.below(real_gif.len());
+        real_gif[at] ^= 1 << rng.below(8);
+        let _ = p.preprocess_bytes(&real_gif, &opts);
+    }
+    assert_eq!(ok + failed, 900);
+    assert!(failed > 0 && ok > 0, "ok {ok}, failed {failed}");
+}

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Regenerates the parity expectations of crates/vision from the Hugging Face reference.
+
+Pinned reference: transformers==4.57.1, pillow==12.2.0, numpy (no torch):
+
+    pip install transformers==4.57.1 pillow==12.2.0 numpy
+    python3 scripts/vision/reference.py            # from the repository root
+
+Writes
+- crates/vision/tests/data/synthetic/*: small deterministic edge-case images
+  (grey, grey+alpha, RGBA, palette, 16-bit, 1-bit, odd and extreme sizes,
+  EXIF orientation, GIF, BMP, WebP, progressive and CMYK JPEG) and, for the
+  synthetic JPEGs, Pillow's decoded pixels as PNG (so resize parity on JPEG
+  input is checked independently of the JPEG decoder);
+- crates/vision/tests/data/expected.json: per image the decoded image's
+  size/sha256/sampled pixels, and per (image, processor, overrides) the
+  resized 8-bit image's sha256, shapes, grid, token count, sum and sum of
+  squares of pixel_values, and sampled float values.
+
+Images from ../shared/images (beside the repository root) are referenced by
+name only; nothing large is written.
+"""
+
+import hashlib
+import io
+import json
+import os
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import PIL
+import transformers
+from PIL import Image
+from transformers import CLIPImageProcessor, Qwen2VLImageProcessor
+from transformers.image_transforms import center_crop, resize
+from transformers.image_utils import PILImageResampling, load_image
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = ROOT.parent / "shared" / "images"
+DATA = ROOT / "crates" / "vision" / "tests" / "data"
+SYN = DATA / "synthetic"
+SAMPLES = 128
+
+PROCESSORS = {
+    # Qwen2-VL-7B-Instruct's shipped preprocessor_config.json
+    "qwen2_vl": {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "min_pixels": 3136,
+        "max_pixels": 12845056,
+        "patch_size": 14,
+        "merge_size": 2,
+        "temporal_patch_size": 2,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+    },
+    # Qwen3-VL's shipped config (the PIL-based class with its parameters)
+    "qwen3_vl": {
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+        "size": {"shortest_edge": 65536, "longest_edge": 16777216},
+        "patch_size": 16,
+        "merge_size": 2,
+        "temporal_patch_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    },
+    # llava-hf/llava-1.5-7b-hf
+    "llava": {
+        "image_processor_type": "CLIPImageProcessor",
+        "size": {"shortest_edge": 336},
+        "crop_size": {"height": 336, "width": 336},
+        "do_center_crop": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+    },
+}
+
+
+def sha256(arr):
+    return hashlib.sha256(np.ascontiguousarray(arr, dtype=np.uint8).tobytes()).hexdigest()
+
+
+def sample_indices(n, count=SAMPLES):
+    """Deterministic spread of indices; crates/vision/tests/parity.rs uses the same formula."""
+    return sorted({(k * 2654435761 + 12345) % n for k in range(count)})
+
+
+def png_chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def write_png(path, width, height, bit_depth, colour_type, rows):
+    """Minimal PNG writer for layouts Pillow cannot save (16-bit RGB/LA, 4-bit grey)."""
+    raw = b"".join(b"\x00" + r for r in rows)
+    ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, colour_type, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", zlib.compress(raw, 9)) + png_chunk(b"IEND", b""))
+
+
+def pattern(w, h, seed):
+    """Smooth gradients plus a deterministic high-frequency texture: exercises every filter tap."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.int64)
+    texture = ((x * x * (seed + 3) + 3 * y * y + seed * x * y) % 29) * 7  # periodic: compresses well
+    noise = np.stack([texture, (texture * 3) % 61, (texture + 11 * seed) % 47], axis=-1)
+    base = np.stack([(x * 255) // max(w - 1, 1), (y * 255) // max(h - 1, 1), ((x + y) * 97) % 256], axis=-1)
+    return ((base + noise) % 256).astype(np.uint8)
+
+
+def make_synthetic():
+    SYN.mkdir(parents=True, exist_ok=True)
+    out = {}
+
+    def save(name, img, **kw):
+        img.save(SYN / name, **kw)
+        out[name] = SYN / name
+
+    save("rgb_1x1.png", Image.fromarray(pattern(1, 1, 1)))
+    save("rgb_1x4000.png", Image.fromarray(pattern(1, 4000, 2)))
+    save("rgb_4000x1.png", Image.fromarray(pattern(4000, 1, 3)))
+    save("rgb_28x3000.png", Image.fromarray(pattern(28, 3000, 4)))  # > 100:1, Pillow 12.2 goes vertical first
+    save("rgb_3000x28.png", Image.fromarray(pattern(3000, 28, 5)))
+    save("rgb_20x2500.png", Image.fromarray(pattern(20, 2500, 26)))  # > 100:1 and shrinking: vertical first
+    save("rgb_333x217.png", Image.fromarray(pattern(333, 217, 6)))
+    save("rgb_97x1013.png", Image.fromarray(pattern(97, 1013, 7)))
+    save("rgb_560x280.png", Image.fromarray(pattern(560, 280, 8)))
+    save("rgb_13x9.png", Image.fromarray(pattern(13, 9, 9)))
+    save("grey_L.png", Image.fromarray(pattern(150, 101, 10)[..., 0], mode="L"))
+    la = Image.fromarray(pattern(120, 90, 11)[..., :2].copy(), mode="LA")
+    save("grey_alpha_LA.png", la)
+    rgba = np.dstack([pattern(130, 77, 12), pattern(130, 77, 13)[..., 0]])
+    save("rgba.png", Image.fromarray(rgba, mode="RGBA"))
+    pal = Image.fromarray(pattern(111, 66, 14)).quantize(colors=37, method=Image.Quantize.MEDIANCUT)
+    save("palette_P.png", pal)
+    save("palette_P_trns.png", pal, transparency=3)
+    save("bilevel_1.png", Image.fromarray(pattern(64, 48, 15)[..., 0] > 127))
+    g16 = (pattern(90, 70, 16)[..., 0].astype(np.uint16) * 3)  # some values above 255: Pillow clips
+    save("grey16.png", Image.fromarray(g16.astype(np.uint16)))
+    rgb16 = pattern(80, 60, 17).astype(np.uint16) * 257 + np.uint16(13)
+    write_png(SYN / "rgb16.png", 80, 60, 16, 2, [r.astype(">u2").tobytes() for r in rgb16])
+    out["rgb16.png"] = SYN / "rgb16.png"
+    la16 = (pattern(70, 50, 18)[..., :2].astype(np.uint16) * 251)
+    write_png(SYN / "la16.png", 70, 50, 16, 4, [r.astype(">u2").tobytes() for r in la16])
+    out["la16.png"] = SYN / "la16.png"
+    g4 = pattern(64, 40, 19)[..., 0] >> 4
+    write_png(SYN / "grey4.png", 64, 40, 4, 0, [bytes(((a << 4) | b) for a, b in zip(r[0::2], r[1::2])) for r in g4])
+    out["grey4.png"] = SYN / "grey4.png"
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    save("exif_rot90.png", Image.fromarray(pattern(90, 40, 20)), exif=exif.tobytes())
+    exif[0x0112] = 5
+    save("exif_transpose.webp", Image.fromarray(pattern(60, 33, 21)), lossless=True, exif=exif.tobytes())
+    save("lossless.webp", Image.fromarray(pattern(95, 61, 22)), lossless=True)
+    save("lossy.webp", Image.fromarray(pattern(95, 61, 23)), quality=80)
+    save("rgb.bmp", Image.fromarray(pattern(71, 45, 24)))
+    gif = Image.fromarray(pattern(50, 30, 25)).quantize(colors=16)
+    save("transparent.gif", gif, transparency=2)
+    photo = Image.open(SHARED / "coffee.png").convert("RGB").crop((100, 50, 340, 230))
+    save("baseline.jpg", photo, quality=90)
+    save("progressive.jpg", photo, quality=85, progressive=True)
+    save("grey.jpg", photo.convert("L"), quality=90)
+    save("cmyk.jpg", photo.convert("CMYK"), quality=90)
+    exif[0x0112] = 8
+    save("exif_rot270.jpg", photo, quality=90, exif=exif.tobytes())
+    return out
+
+
+def decoded_entry(path):
+    img = load_image(str(path))
+    arr = np.asarray(img)
+    flat = arr.reshape(-1)
+    idx = sample_indices(flat.size)
+    return img, {
+        "width": img.width,
+        "height": img.height,
+        "sha256": sha256(arr),
+        "samples": [[i, int(flat[i])] for i in idx],
+    }
+
+
+def resized_8bit(name, cfg, arr, overrides):
+    if cfg["image_processor_type"].startswith("CLIP"):
+        h, w = arr.shape[:2]
+        short, long = (w, h) if w <= h else (h, w)
+        new_long = int(336 * long / short)
+        size = (new_long, 336) if w <= h else (336, new_long)
+        r = resize(arr, size, resample=PILImageResampling.BICUBIC, input_data_format="channels_last")
+        return center_crop(r, (336, 336), input_data_format="channels_last")
+    p = PROCESSORS[name]
+    size = p.get("size", {})
+    min_p = overrides.get("min_pixels", p.get("min_pixels", size.get("shortest_edge")))
+    max_p = overrides.get("max_pixels", p.get("max_pixels", size.get("longest_edge")))
+    h, w = smart_resize(arr.shape[0], arr.shape[1], factor=p["patch_size"] * p["merge_size"], min_pixels=min_p, max_pixels=max_p)
+    return resize(arr, (h, w), resample=PILImageResampling.BICUBIC, input_data_format="channels_last")
+
+
+def processor_for(name):
+    cfg = {k: v for k, v in PROCESSORS[name].items() if k != "image_processor_type"}
+    if name == "llava":
+        return CLIPImageProcessor(**cfg)
+    if "size" in cfg:
+        # transformers 4.57.1's PIL Qwen2VLImageProcessor.__init__ discards a valid `size`
+        # (its `else` branch resets it to the class defaults); the config means
+        # size.shortest_edge / size.longest_edge, which min_pixels / max_pixels express.
+        size = cfg.pop("size")
+        cfg["min_pixels"], cfg["max_pixels"] = size["shortest_edge"], size["longest_edge"]
+    return Qwen2VLImageProcessor(**cfg)
+
+
+def case(name, img, overrides):
+    arr = np.asarray(img)
+    entry = {"processor": name, "overrides": overrides}
+    try:
+        # Explicit layout: the reference guesses channels-first for 1-pixel-wide images and fails.
+        out = processor_for(name)(images=img, return_tensors="np", input_data_format="channels_last", **overrides)
+    except ValueError as e:
+        entry["error"] = str(e)
+        return entry
+    pv = np.asarray(out["pixel_values"], dtype=np.float32)
+    if name == "llava":
+        pv = pv[0]
+    r8 = resized_8bit(name, PROCESSORS[name], arr, overrides)
+    flat = pv.reshape(-1).astype(np.float64)
+    entry.update(
+        resized_width=int(r8.shape[1]),
+        resized_height=int(r8.shape[0]),
+        resized_sha256=sha256(r8),
+        shape=list(pv.shape),
+        sum=float(flat.sum()),
+        sum_sq=float((flat * flat).sum()),
+        samples=[[i, float(f"{flat[i]:.9g}")] for i in sample_indices(flat.size)],
+    )
+    if "image_grid_thw" in out:
+        grid = [int(v) for v in np.asarray(out["image_grid_thw"])[0]]
+        entry["grid_thw"] = grid
+        entry["tokens"] = grid[0] * grid[1] * grid[2] // 4
+    else:
+        entry["tokens"] = (336 // 14) ** 2
+    return entry
+
+
+def main():
+    if PIL.__version__ != "12.2.0" or transformers.__version__ != "4.57.1":
+        sys.exit(f"need pillow 12.2.0 and transformers 4.57.1, have {PIL.__version__} / {transformers.__version__}")
+    synthetic = make_synthetic()
+    images = {f"shared/{p.name}": p for p in sorted(SHARED.iterdir()) if p.suffix in {".png", ".jpg", ".webp", ".gif"}}
+    images.update({f"synthetic/{n}": p for n, p in sorted(synthetic.items())})
+    result = {"pillow": PIL.__version__, "transformers": transformers.__version__, "sample_count": SAMPLES, "processors": PROCESSORS, "images": []}
+    for key, path in images.items():
+        img, decoded = decoded_entry(path)
+        if path.suffix == ".jpg" and key.startswith("synthetic/"):
+            # Pillow's decoded pixels, so JPEG resize parity does not depend on our decoder.
+            img.save(SYN / (path.stem + ".pil.png"))
+            decoded["pil_png"] = f"synthetic/{path.stem}.pil.png"
+        cases = [case(n, img, {}) for n in PROCESSORS]
+        if key == "synthetic/rgb_560x280.png":
+            exact = 560 * 280
+            for ov in ({"max_pixels": exact}, {"max_pixels": exact - 1}, {"min_pixels": exact}, {"min_pixels": exact + 1}):
+                cases.append(case("qwen2_vl", img, ov))
+        if key == "synthetic/rgb_13x9.png":
+            cases.append(case("qwen2_vl", img, {"min_pixels": 200000, "max_pixels": 300000}))
+        result["images"].append({"name": key, "format": path.suffix[1:], "decoded": decoded, "cases": cases})
+        print(key, decoded["width"], decoded["height"], [c.get("shape", c.get("error", "")[:30]) for c in cases], file=sys.stderr)
+    (DATA / "expected.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")
+
+
+if __name__ == "__main__":
+    main()
