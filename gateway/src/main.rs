@@ -1,6 +1,8 @@
 //! The `iris` command: `iris serve` (the gateway), `iris demo` (every role
 //! in one process on a generated tiny model).
 
+use std::path::PathBuf;
+
 use clap::{Parser, Subcommand};
 use iris_gateway::demo::DemoArgs;
 use iris_gateway::ServeArgs;
@@ -22,6 +24,21 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Run a gateway with reference workers on a tiny generated model.
     Demo(DemoArgs),
+    /// Preprocess one image as the gateway would, and report shape, grid,
+    /// token count and timing.
+    Preprocess(PreprocessArgs),
+}
+
+#[derive(clap::Args)]
+struct PreprocessArgs {
+    /// Model directory whose preprocessor_config.json is used.
+    #[arg(long)]
+    model_path: PathBuf,
+    /// The image file.
+    image: PathBuf,
+    /// Write pixel_values as a float32 .npy file.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -42,6 +59,11 @@ async fn main() -> anyhow::Result<()> {
         Command::Demo(args) => {
             init_logging(false);
             iris_gateway::demo::run(args).await
+        }
+        Command::Preprocess(args) => {
+            let report = iris_vision::debug::preprocess_report(&args.model_path, &args.image, args.out.as_deref())?;
+            println!("{report}");
+            Ok(())
         }
     }
 }

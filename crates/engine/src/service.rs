@@ -153,7 +153,7 @@ impl TokenSpeedScheduler for SchedulerService {
             active_requests: engine.inflight.len() as i32,
             is_paused: false,
             uptime_seconds: engine.started.elapsed().as_secs_f64(),
-            max_total_num_tokens: engine.limits.max_context_length as i32,
+            max_total_num_tokens: i32::try_from(engine.limits.max_context_length).unwrap_or(i32::MAX),
             tokenspeed_version: format!("iris-engine {}", env!("CARGO_PKG_VERSION")),
             start_time: Some(prost_types::Timestamp {
                 seconds: since_epoch.as_secs() as i64,
@@ -243,7 +243,7 @@ fn loads(engine: &Engine) -> GetLoadsResponse {
         num_waiting_reqs: as_i32(l.waiting),
         num_total_reqs: as_i32(l.running + l.waiting),
         num_used_tokens: 0,
-        max_total_num_tokens: engine.limits.max_context_length as i32,
+        max_total_num_tokens: as_i32(i64::from(engine.limits.max_context_length)),
         max_running_requests: i32::try_from(max_running).unwrap_or(i32::MAX),
         token_usage: 0.0,
         gen_throughput: 0.0,

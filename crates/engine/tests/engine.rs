@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,41 +10,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::*;
 use iris_proto::common::{GetTokenizerRequest, Modality};
-use iris_proto::data::iris_data_server::{IrisData, IrisDataServer};
-use iris_proto::data::{FetchEmbeddingResponse, FetchKvStateResponse, FetchRequest};
 use iris_proto::scheduler::*;
-use iris_proto::tensor::{self, DType};
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::{Code, Request, Response, Status};
-
-fn pixels(bytes: &[u8]) -> MultimodalItem {
-    MultimodalItem {
-        modality: Modality::Image as i32,
-        content_hash: Bytes::from_static(b"hash"),
-        encoder_input: Some(tensor::inline(
-            vec![bytes.len() as u32 / 4, 1],
-            DType::Float32,
-            Bytes::copy_from_slice(bytes),
-        )),
-        model_specific_tensors: [(
-            "image_grid_thw".to_string(),
-            tensor::int64(vec![1, 3], &[1, 2, 2]),
-        )]
-        .into(),
-        placeholders: vec![PlaceholderRange {
-            offset: 1,
-            length: 1,
-        }],
-        placeholder_token_id: Some(646),
-    }
-}
-
-fn with_items(mut req: GenerateRequest, items: Vec<MultimodalItem>) -> GenerateRequest {
-    req.mm_inputs = Some(MultimodalInputs { items });
-    req
-}
-
-const PROMPT: [u32; 6] = [641, 646, 100, 101, 102, 642];
+use tonic::Code;
 
 #[tokio::test]
 async fn aggregated_streams_deterministic_tokens() {
@@ -236,57 +202,6 @@ async fn decode_without_prefill_fails_within_bound() {
         .status
         .expect("must fail");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-}
-
-/// A stand-in encode worker data server: serves fixed embeddings by room,
-/// or a failure.
-#[derive(Clone, Default)]
-struct FakeEncoder {
-    rooms: Arc<HashMap<i64, Result<Bytes, Code>>>,
-}
-
-#[tonic::async_trait]
-impl IrisData for FakeEncoder {
-    async fn fetch_embedding(
-        &self,
-        req: Request<FetchRequest>,
-    ) -> Result<Response<FetchEmbeddingResponse>, Status> {
-        let room = req.into_inner().room;
-        match self.rooms.get(&room) {
-            Some(Ok(bytes)) => Ok(Response::new(FetchEmbeddingResponse {
-                embedding: Some(tensor::inline(
-                    vec![bytes.len() as u32 / 4, 1],
-                    DType::Float32,
-                    bytes.clone(),
-                )),
-                content_hash: Bytes::new(),
-                num_tokens: 1,
-            })),
-            Some(Err(code)) => Err(Status::new(
-                *code,
-                format!("room {room} failed: vision tower crashed"),
-            )),
-            None => Err(Status::not_found(format!("room {room} never appeared"))),
-        }
-    }
-
-    async fn fetch_kv_state(
-        &self,
-        _: Request<FetchRequest>,
-    ) -> Result<Response<FetchKvStateResponse>, Status> {
-        Err(Status::unimplemented("encoder"))
-    }
-}
-
-async fn serve_fake(encoder: FakeEncoder) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(IrisDataServer::new(encoder))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
-    addr
 }
 
 fn encode_info(addr: SocketAddr, entries: &[(u32, i64)]) -> EncodeBootstrapInfo {

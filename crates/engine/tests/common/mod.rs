@@ -1,16 +1,30 @@
-//! Helpers for tests that run real `iris-engine` processes on loopback.
+//! Helpers for tests that run real `iris-engine` processes on loopback:
+//! starting engines, building requests, reading Generate streams, and a
+//! stand-in encode worker data server.
 
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use iris_proto::common::Modality;
+use iris_proto::data::iris_data_server::{IrisData, IrisDataServer};
+use iris_proto::data::{FetchEmbeddingResponse, FetchKvStateResponse, FetchRequest};
 use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use iris_proto::scheduler::*;
+use iris_proto::tensor::{self, DType};
 use tempfile::TempDir;
+use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Channel;
+use tonic::{Code, Request, Response, Status};
+
+/// The prompt most tests send: an image placeholder (646) at offset 1.
+pub const PROMPT: [u32; 6] = [641, 646, 100, 101, 102, 642];
 
 /// A tiny Qwen2-VL-shaped model directory, removed on drop.
 pub fn tiny_model() -> TempDir {
@@ -173,4 +187,87 @@ pub async fn generate(
             }
         }
     }
+}
+
+/// An image item whose pixels are `bytes` (float32, one column), with a
+/// Qwen-VL grid and one placeholder token at offset 1.
+pub fn pixels(bytes: &[u8]) -> MultimodalItem {
+    MultimodalItem {
+        modality: Modality::Image as i32,
+        content_hash: Bytes::from_static(b"hash"),
+        encoder_input: Some(tensor::inline(
+            vec![bytes.len() as u32 / 4, 1],
+            DType::Float32,
+            Bytes::copy_from_slice(bytes),
+        )),
+        model_specific_tensors: [(
+            "image_grid_thw".to_string(),
+            tensor::int64(vec![1, 3], &[1, 2, 2]),
+        )]
+        .into(),
+        placeholders: vec![PlaceholderRange {
+            offset: 1,
+            length: 1,
+        }],
+        placeholder_token_id: Some(646),
+    }
+}
+
+pub fn with_items(mut req: GenerateRequest, items: Vec<MultimodalItem>) -> GenerateRequest {
+    req.mm_inputs = Some(MultimodalInputs { items });
+    req
+}
+
+/// A stand-in encode worker data server: serves fixed embeddings by room,
+/// or a failure.
+#[derive(Clone, Default)]
+pub struct FakeEncoder {
+    pub rooms: Arc<HashMap<i64, Result<Bytes, Code>>>,
+}
+
+#[tonic::async_trait]
+impl IrisData for FakeEncoder {
+    async fn fetch_embedding(
+        &self,
+        req: Request<FetchRequest>,
+    ) -> Result<Response<FetchEmbeddingResponse>, Status> {
+        let room = req.into_inner().room;
+        match self.rooms.get(&room) {
+            Some(Ok(bytes)) => Ok(Response::new(FetchEmbeddingResponse {
+                embedding: Some(tensor::inline(
+                    vec![bytes.len() as u32 / 4, 1],
+                    DType::Float32,
+                    bytes.clone(),
+                )),
+                content_hash: Bytes::new(),
+                num_tokens: 1,
+            })),
+            Some(Err(code)) => Err(Status::new(
+                *code,
+                format!("room {room} failed: vision tower crashed"),
+            )),
+            None => Err(Status::not_found(format!("room {room} never appeared"))),
+        }
+    }
+
+    async fn fetch_kv_state(
+        &self,
+        _: Request<FetchRequest>,
+    ) -> Result<Response<FetchKvStateResponse>, Status> {
+        Err(Status::unimplemented("encoder"))
+    }
+}
+
+/// Serves `encoder` on a free loopback port for the rest of the test.
+pub async fn serve_fake(encoder: FakeEncoder) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the fake encoder's port");
+    let addr = listener.local_addr().expect("fake encoder address");
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(IrisDataServer::new(encoder))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    addr
 }
