@@ -44,6 +44,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         &decode.grpc_addr.to_string(),
     );
     let gateway = crate::start(serve).await?;
+    wait_until_ready(&gateway).await?;
     print_banner(gateway.addr, &gateway.state.model_name);
     let tokens = [
         gateway.shutdown_token(),
@@ -56,6 +57,18 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     gateway.wait().await?;
     prefill.wait().await?;
     decode.wait().await
+}
+
+/// Waits (bounded) until the health checker has seen every worker.
+async fn wait_until_ready(gateway: &crate::RunningGateway) -> anyhow::Result<()> {
+    let pools = gateway.state.router.mode.pools();
+    for _ in 0..200 {
+        if pools.iter().all(|p| p.healthy_count() > 0) {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("the demo workers did not become healthy within 10 s")
 }
 
 fn default_model_dir() -> PathBuf {
