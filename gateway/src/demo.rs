@@ -51,7 +51,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         prefill.shutdown_token(),
         decode.shutdown_token(),
     ];
-    wait_for_signal().await;
+    iris_process::wait_for_signal().await;
     eprintln!("\nstopping…");
     tokens.iter().for_each(|t| t.cancel());
     gateway.wait().await?;
@@ -149,20 +149,4 @@ fn print_banner(addr: std::net::SocketAddr, model: &str) {
         "  curl -N http://{addr}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true, \"max_tokens\": 32}}'"
     );
     println!("Press Ctrl-C to stop.");
-}
-
-/// Waits for SIGINT or SIGTERM.
-pub async fn wait_for_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = ctrl_c => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = ctrl_c.await;
-        }
-    }
 }

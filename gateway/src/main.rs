@@ -46,37 +46,28 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            init_logging(args.log_json);
+            iris_process::init_logging(args.log_json);
             let running = iris_gateway::start(*args).await?;
             tracing::info!(addr = %running.addr, "iris gateway listening");
             let shutdown = running.shutdown_token();
             tokio::spawn(async move {
-                iris_gateway::demo::wait_for_signal().await;
+                iris_process::wait_for_signal().await;
                 shutdown.cancel();
             });
             running.wait().await
         }
         Command::Demo(args) => {
-            init_logging(false);
+            iris_process::init_logging(false);
             iris_gateway::demo::run(args).await
         }
         Command::Preprocess(args) => {
-            let report = iris_vision::debug::preprocess_report(&args.model_path, &args.image, args.out.as_deref())?;
+            let report = iris_vision::debug::preprocess_report(
+                &args.model_path,
+                &args.image,
+                args.out.as_deref(),
+            )?;
             println!("{report}");
             Ok(())
         }
-    }
-}
-
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
     }
 }

@@ -4,6 +4,7 @@
 //! another (bounded retries). The returned [`Generation`] yields the
 //! streaming side's responses and aborts every leg if dropped unfinished.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use iris_proto::scheduler::{AbortRequest, GenerateRequest, GenerateResponse, KvBootstrapInfo};
@@ -43,6 +44,7 @@ pub enum RouteError {
 pub struct Router {
     pub mode: Mode,
     max_retries: u32,
+    retries: AtomicU64,
 }
 
 /// One worker leg of a request.
@@ -149,7 +151,11 @@ fn retryable(status: &Status) -> bool {
 
 impl Router {
     pub fn new(mode: Mode, max_retries: u32) -> Self {
-        Router { mode, max_retries }
+        Router {
+            mode,
+            max_retries,
+            retries: AtomicU64::new(0),
+        }
     }
 
     /// Starts `request` on the mode's workers.
@@ -181,15 +187,9 @@ impl Router {
                         finished: false,
                     })
                 }
-                Err(status) if retryable(&status) && (tried.len() as u32) < self.max_retries => {
-                    tracing::warn!(worker = %worker.url, error = %status.message(), "worker unreachable; retrying elsewhere");
-                    tried.push(worker);
-                }
                 Err(status) => {
-                    return Err(RouteError::Upstream {
-                        worker: worker.url.to_string(),
-                        status,
-                    })
+                    self.retry_or_fail(&worker, status, tried.len() as u32)?;
+                    tried.push(worker);
                 }
             }
         }
@@ -235,32 +235,44 @@ impl Router {
                     if d_result.is_ok() {
                         d_leg.abort("prefill leg failed");
                     }
-                    let failed = p;
-                    if !retryable(&status) || attempts >= self.max_retries {
-                        return Err(RouteError::Upstream {
-                            worker: failed.url.to_string(),
-                            status,
-                        });
-                    }
-                    tracing::warn!(worker = %failed.url, error = %status.message(), "worker unreachable; retrying elsewhere");
+                    self.retry_or_fail(&p, status, attempts)?;
                     attempts += 1;
-                    tried_p.push(failed);
+                    tried_p.push(p);
                 }
                 (Ok(_), Err(status)) => {
                     p_leg.abort("decode leg failed");
-                    let failed = d;
-                    if !retryable(&status) || attempts >= self.max_retries {
-                        return Err(RouteError::Upstream {
-                            worker: failed.url.to_string(),
-                            status,
-                        });
-                    }
-                    tracing::warn!(worker = %failed.url, error = %status.message(), "worker unreachable; retrying elsewhere");
+                    self.retry_or_fail(&d, status, attempts)?;
                     attempts += 1;
-                    tried_d.push(failed);
+                    tried_d.push(d);
                 }
             }
         }
+    }
+}
+
+impl Router {
+    /// After `worker` failed with `status` on attempt `attempts`: Ok to try
+    /// another worker (a connect failure, retries left), else the error.
+    fn retry_or_fail(
+        &self,
+        worker: &Worker,
+        status: Status,
+        attempts: u32,
+    ) -> Result<(), RouteError> {
+        if !retryable(&status) || attempts >= self.max_retries {
+            return Err(RouteError::Upstream {
+                worker: worker.url.to_string(),
+                status,
+            });
+        }
+        tracing::warn!(worker = %worker.url, error = %status.message(), "worker unreachable; retrying elsewhere");
+        self.retries.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Requests moved to another worker after a connect failure.
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
     }
 }
 

@@ -216,7 +216,9 @@ async fn readiness(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let body = state.metrics.render(&state.router.mode.pools());
+    let body = state
+        .metrics
+        .render(&state.router.mode.pools(), state.router.retries());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 

@@ -268,3 +268,62 @@ async fn models_health_and_metrics() {
         worker.grpc_addr
     )));
 }
+
+/// A worker that looks healthy but cannot be reached: the request moves to
+/// another worker, the client never notices, and the retry is counted.
+#[tokio::test]
+async fn unreachable_worker_is_retried_elsewhere() {
+    use iris_gateway::router::{Mode, Router};
+    use iris_gateway::workers::policy::{Policy, PolicyKind};
+    use iris_gateway::workers::{Pool, Role as PoolRole, Worker, WorkerUrl};
+    use iris_proto::scheduler::{GenerateRequest, SamplingParams, TokenizedInput};
+
+    let model = tiny_model();
+    let live = engine(&model, Role::Aggregated, 0).await;
+    let dead_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let worker = |addr: std::net::SocketAddr| {
+        let w = Worker::new(
+            WorkerUrl::parse(&grpc(addr)).expect("url"),
+            PoolRole::Aggregated,
+            Duration::from_secs(1),
+        )
+        .expect("worker");
+        w.set_healthy(true);
+        w
+    };
+    let pool = Pool::new(
+        PoolRole::Aggregated,
+        vec![worker(dead_addr), worker(live.grpc_addr)],
+        Policy::new(PolicyKind::RoundRobin),
+    );
+    let router = Router::new(Mode::Aggregated(std::sync::Arc::new(pool)), 2);
+    for i in 0..4 {
+        let request = GenerateRequest {
+            request_id: format!("r{i}"),
+            tokenized: Some(TokenizedInput {
+                input_ids: vec![1, 2, 3],
+                original_text: String::new(),
+            }),
+            sampling_params: Some(SamplingParams {
+                max_new_tokens: Some(2),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut generation = router
+            .start(request)
+            .await
+            .unwrap_or_else(|e| panic!("request {i}: {e:?}"));
+        assert_eq!(generation.worker.url.port, live.grpc_addr.port());
+        while let Some(message) = generation.next().await {
+            message.expect("no error from the live worker");
+        }
+    }
+    assert!(
+        router.retries() >= 2,
+        "round robin sends every other request to the dead worker first"
+    );
+}

@@ -24,7 +24,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_json);
+    iris_process::init_logging(cli.log_json);
     let running = iris_engine::start(cli.engine).await?;
     let data = running
         .data_addr
@@ -33,44 +33,8 @@ async fn main() -> anyhow::Result<()> {
     println!("iris-engine listening grpc={}{data}", running.grpc_addr);
     let shutdown = running.shutdown_token();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        iris_process::wait_for_signal().await;
         shutdown.cancel();
     });
     running.wait().await
-}
-
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
-async fn wait_for_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }

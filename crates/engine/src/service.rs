@@ -153,7 +153,8 @@ impl TokenSpeedScheduler for SchedulerService {
             active_requests: engine.inflight.len() as i32,
             is_paused: false,
             uptime_seconds: engine.started.elapsed().as_secs_f64(),
-            max_total_num_tokens: i32::try_from(engine.limits.max_context_length).unwrap_or(i32::MAX),
+            max_total_num_tokens: i32::try_from(engine.limits.max_context_length)
+                .unwrap_or(i32::MAX),
             tokenspeed_version: format!("iris-engine {}", env!("CARGO_PKG_VERSION")),
             start_time: Some(prost_types::Timestamp {
                 seconds: since_epoch.as_secs() as i64,
