@@ -1,0 +1,345 @@
+//! Batching for an encode worker: requests (each a list of items, e.g. the
+//! images of one Encode call) are fused into batches for a compute backend.
+//!
+//! The rules, each covered by a test:
+//! - a lone request on an idle worker is dispatched at once: no coalescing
+//!   delay;
+//! - requests already queued when a batch forms go into that batch;
+//! - a bounded tail window (`coalesce_window`, zero = off) lets the tail of
+//!   a staggered burst join, and is used only while another request on this
+//!   queue is still pending (queued or running), so a sequential client
+//!   never waits for it;
+//! - batches are capped by cost (e.g. patches), not item count; a request's
+//!   own cap (`Request::max_batch_cost`) is honoured for the batch it joins;
+//!   a request is never split, and one above the cap runs alone;
+//! - up to `dispatch_width` batches run at once; each request receives its
+//!   outputs in its own item order;
+//! - a backend error or panic fails only that batch's requests.
+
+mod metrics;
+mod queue;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use metrics::{BatcherMetrics, MetricsSnapshot};
+use queue::{Pending, Queue};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+/// What runs a batch. `run` is blocking compute: it is called on the
+/// blocking thread pool.
+pub trait Backend: Send + Sync + 'static {
+    type Item: Send + 'static;
+    type Output: Send + 'static;
+
+    /// Cost of one item (e.g. its patch count).
+    fn cost(&self, item: &Self::Item) -> u64;
+
+    /// Computes one output per item, in order.
+    fn run(&self, items: Vec<Self::Item>) -> Result<Vec<Self::Output>, String>;
+}
+
+/// Batching settings.
+#[derive(Debug, Clone, Copy)]
+pub struct BatcherConfig {
+    /// Largest total cost of one batch.
+    pub max_batch_cost: u64,
+    /// How long a forming batch may wait for more requests (zero: never).
+    pub coalesce_window: Duration,
+    /// Batches that may run at once.
+    pub dispatch_width: usize,
+    /// Requests that may wait in the queue; more are refused.
+    pub queue_capacity: usize,
+}
+
+/// One request: items that stay together, and an optional cost cap of the
+/// caller's own.
+pub struct Request<I> {
+    pub items: Vec<I>,
+    pub max_batch_cost: Option<u64>,
+}
+
+/// Why a request got no outputs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    #[error("the queue is full ({0} requests waiting)")]
+    QueueFull(usize),
+    #[error("the batcher has stopped")]
+    Stopped,
+    #[error("the request has no items")]
+    Empty,
+    #[error("the batch failed: {0}")]
+    Backend(String),
+    #[error("the backend returned {got} outputs for {expected} items")]
+    OutputCount { expected: usize, got: usize },
+}
+
+type Reply<O> = oneshot::Sender<Result<Vec<O>, BatchError>>;
+
+/// Where a queued request's outputs arrive.
+pub type Answer<O> = oneshot::Receiver<Result<Vec<O>, BatchError>>;
+
+/// Handle to a running batching loop. Dropping every handle stops the loop
+/// once the queue is drained.
+pub struct Batcher<B: Backend> {
+    tx: mpsc::Sender<Pending<B::Item, Reply<B::Output>>>,
+    queue: Arc<Queue>,
+    metrics: Arc<BatcherMetrics>,
+    capacity: usize,
+}
+
+impl<B: Backend> Clone for Batcher<B> {
+    fn clone(&self) -> Self {
+        Batcher {
+            tx: self.tx.clone(),
+            queue: self.queue.clone(),
+            metrics: self.metrics.clone(),
+            capacity: self.capacity,
+        }
+    }
+}
+
+impl<B: Backend> Batcher<B> {
+    /// Starts the loop on the current runtime.
+    pub fn start(backend: Arc<B>, config: BatcherConfig) -> Batcher<B> {
+        let capacity = config.queue_capacity.max(1);
+        let (tx, rx) = mpsc::channel(capacity);
+        let queue = Arc::new(Queue::default());
+        let metrics = Arc::new(BatcherMetrics::default());
+        let runner = Runner {
+            backend,
+            config,
+            queue: queue.clone(),
+            metrics: metrics.clone(),
+        };
+        tokio::spawn(runner.run(rx));
+        Batcher {
+            tx,
+            queue,
+            metrics,
+            capacity,
+        }
+    }
+
+    /// Queues `request`; resolves when its batch has run.
+    pub async fn submit(&self, request: Request<B::Item>) -> Result<Vec<B::Output>, BatchError> {
+        let receiver = self.enqueue(request)?;
+        receiver.await.map_err(|_| BatchError::Stopped)?
+    }
+
+    /// Queues `request` without waiting; the receiver yields its outputs.
+    /// Refuses at once (instead of growing) when the queue is full.
+    pub fn enqueue(&self, request: Request<B::Item>) -> Result<Answer<B::Output>, BatchError> {
+        if request.items.is_empty() {
+            return Err(BatchError::Empty);
+        }
+        let (reply, receiver) = oneshot::channel();
+        let guard = self.queue.admit();
+        let pending = Pending::new(request.items, request.max_batch_cost, reply, guard);
+        self.tx.try_send(pending).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => BatchError::QueueFull(self.capacity),
+            mpsc::error::TrySendError::Closed(_) => BatchError::Stopped,
+        })?;
+        Ok(receiver)
+    }
+
+    /// Requests accepted and not yet answered (queued or running).
+    pub fn pending(&self) -> usize {
+        self.queue.pending()
+    }
+
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.metrics.snapshot()
+    }
+}
+
+struct Runner<B: Backend> {
+    backend: Arc<B>,
+    config: BatcherConfig,
+    queue: Arc<Queue>,
+    metrics: Arc<BatcherMetrics>,
+}
+
+type Job<B> = Pending<<B as Backend>::Item, Reply<<B as Backend>::Output>>;
+
+impl<B: Backend> Runner<B> {
+    async fn run(self, mut rx: mpsc::Receiver<Job<B>>) {
+        let slots = Arc::new(Semaphore::new(self.config.dispatch_width.max(1)));
+        let mut carry: Option<Job<B>> = None;
+        loop {
+            let first = match carry.take() {
+                Some(job) => job,
+                None => match rx.recv().await {
+                    Some(job) => job,
+                    None => return,
+                },
+            };
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let (batch, overflow) = self.form(first, &mut rx).await;
+            carry = overflow;
+            let runner = Runner {
+                backend: self.backend.clone(),
+                config: self.config,
+                queue: self.queue.clone(),
+                metrics: self.metrics.clone(),
+            };
+            tokio::spawn(async move {
+                runner.execute(batch).await;
+                drop(permit);
+            });
+        }
+    }
+
+    /// Builds a batch from `first` plus whatever fits: everything already
+    /// queued, then (tail window) what arrives while others are pending.
+    /// Returns the batch and a request that did not fit, if any.
+    async fn form(
+        &self,
+        first: Job<B>,
+        rx: &mut mpsc::Receiver<Job<B>>,
+    ) -> (Vec<Job<B>>, Option<Job<B>>) {
+        let mut batch = Batch::new(first, self.config.max_batch_cost, &*self.backend);
+        while let Ok(job) = rx.try_recv() {
+            if let Some(rejected) = batch.try_add(job, &*self.backend) {
+                return (batch.jobs, Some(rejected));
+            }
+        }
+        if self.config.coalesce_window.is_zero() {
+            return (batch.jobs, None);
+        }
+        let deadline = tokio::time::Instant::now() + self.config.coalesce_window;
+        loop {
+            // Wait only while someone besides this batch is pending: the
+            // tail of a burst. A lone or sequential client never waits.
+            let answered = self.queue.answered();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            if self.queue.pending() <= batch.jobs.len() || batch.full() {
+                return (batch.jobs, None);
+            }
+            tokio::select! {
+                arrived = tokio::time::timeout_at(deadline, rx.recv()) => {
+                    let Ok(Some(job)) = arrived else { return (batch.jobs, None) };
+                    if let Some(rejected) = batch.try_add(job, &*self.backend) {
+                        return (batch.jobs, Some(rejected));
+                    }
+                }
+                _ = &mut answered => {}
+            }
+        }
+    }
+
+    async fn execute(&self, jobs: Vec<Job<B>>) {
+        let started = Instant::now();
+        for job in &jobs {
+            self.metrics
+                .queue_wait(started.duration_since(job.queued_at));
+        }
+        let counts: Vec<usize> = jobs.iter().map(|j| j.items.len()).collect();
+        let (items, replies): (Vec<Vec<B::Item>>, Vec<_>) =
+            jobs.into_iter().map(Pending::into_parts).unzip();
+        let items: Vec<B::Item> = items.into_iter().flatten().collect();
+        let expected = items.len();
+        self.metrics.batch(counts.len(), expected);
+        let backend = self.backend.clone();
+        let result = tokio::task::spawn_blocking(move || backend.run(items)).await;
+        self.metrics.compute(started.elapsed());
+        let outputs = match result {
+            Ok(Ok(outputs)) if outputs.len() == expected => Ok(outputs),
+            Ok(Ok(outputs)) => Err(BatchError::OutputCount {
+                expected,
+                got: outputs.len(),
+            }),
+            Ok(Err(message)) => Err(BatchError::Backend(message)),
+            Err(join) => Err(BatchError::Backend(panic_message(join))),
+        };
+        if outputs.is_err() {
+            self.metrics.failed_batch();
+        }
+        deliver(outputs, &counts, replies);
+    }
+}
+
+/// Hands each request its slice of the outputs, in order.
+fn deliver<O>(
+    outputs: Result<Vec<O>, BatchError>,
+    counts: &[usize],
+    replies: Vec<(Reply<O>, queue::PendingGuard)>,
+) {
+    match outputs {
+        Ok(outputs) => {
+            let mut outputs = outputs.into_iter();
+            for (&count, (reply, guard)) in counts.iter().zip(replies) {
+                let mine: Vec<O> = outputs.by_ref().take(count).collect();
+                // Stop counting the request as pending before its caller
+                // can see the answer (and send the next one).
+                drop(guard);
+                let _ = reply.send(Ok(mine));
+            }
+        }
+        Err(error) => {
+            for (reply, guard) in replies {
+                drop(guard);
+                let _ = reply.send(Err(error.clone()));
+            }
+        }
+    }
+}
+
+fn panic_message(join: tokio::task::JoinError) -> String {
+    if !join.is_panic() {
+        return format!("compute task was cancelled: {join}");
+    }
+    let payload = join.into_panic();
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("compute panicked: {text}")
+}
+
+/// A batch being formed.
+struct Batch<J> {
+    jobs: Vec<J>,
+    cost: u64,
+    cap: u64,
+}
+
+impl<I, R> Batch<Pending<I, R>> {
+    fn new<B: Backend<Item = I>>(first: Pending<I, R>, max_cost: u64, backend: &B) -> Self {
+        let cost = first.cost(backend);
+        let cap = first.max_batch_cost.map_or(max_cost, |c| c.min(max_cost));
+        Batch {
+            jobs: vec![first],
+            cost,
+            cap,
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.cost >= self.cap
+    }
+
+    /// Adds `job` if it fits under every member's cap; else hands it back.
+    fn try_add<B: Backend<Item = I>>(
+        &mut self,
+        job: Pending<I, R>,
+        backend: &B,
+    ) -> Option<Pending<I, R>> {
+        let cost = job.cost(backend);
+        let cap = job.max_batch_cost.map_or(self.cap, |c| c.min(self.cap));
+        if self.cost.saturating_add(cost) > cap {
+            return Some(job);
+        }
+        self.cost += cost;
+        self.cap = cap;
+        self.jobs.push(job);
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests;

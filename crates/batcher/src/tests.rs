@@ -1,0 +1,256 @@
+//! The batching rules, driven through the real loop with a controllable
+//! fake backend that records every batch it runs.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// Items are (request tag, cost); the output echoes the tag.
+struct Fake {
+    batches: Mutex<Vec<Vec<u32>>>,
+    /// Batches running now, and the most seen at once.
+    running: std::sync::atomic::AtomicUsize,
+    most_running: std::sync::atomic::AtomicUsize,
+    /// Time each batch takes.
+    work: Duration,
+    /// Batches containing this tag panic.
+    poison: Option<u32>,
+}
+
+impl Fake {
+    fn new(work: Duration) -> Arc<Fake> {
+        Arc::new(Fake {
+            batches: Mutex::new(Vec::new()),
+            running: 0.into(),
+            most_running: 0.into(),
+            work,
+            poison: None,
+        })
+    }
+
+    fn batches(&self) -> Vec<Vec<u32>> {
+        self.batches.lock().unwrap().clone()
+    }
+}
+
+impl Backend for Fake {
+    type Item = (u32, u64);
+    type Output = u32;
+
+    fn cost(&self, item: &(u32, u64)) -> u64 {
+        item.1
+    }
+
+    fn run(&self, items: Vec<(u32, u64)>) -> Result<Vec<u32>, String> {
+        let tags: Vec<u32> = items.iter().map(|i| i.0).collect();
+        self.batches.lock().unwrap().push(tags.clone());
+        if self.poison.is_some_and(|p| tags.contains(&p)) {
+            panic!("poisoned item");
+        }
+        use std::sync::atomic::Ordering;
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_running.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(self.work);
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        Ok(tags)
+    }
+}
+
+fn config(window_ms: u64) -> BatcherConfig {
+    BatcherConfig {
+        max_batch_cost: 100,
+        coalesce_window: Duration::from_millis(window_ms),
+        dispatch_width: 1,
+        queue_capacity: 64,
+    }
+}
+
+fn request(tag: u32, cost: u64) -> Request<(u32, u64)> {
+    Request {
+        items: vec![(tag, cost)],
+        max_batch_cost: None,
+    }
+}
+
+#[tokio::test]
+async fn lone_request_is_dispatched_without_waiting_for_the_window() {
+    let fake = Fake::new(Duration::ZERO);
+    let batcher = Batcher::start(fake.clone(), config(5_000));
+    let started = Instant::now();
+    assert_eq!(batcher.submit(request(1, 10)).await, Ok(vec![1]));
+    // The window is 5 s; finishing in well under half of it shows the
+    // request did not wait for it.
+    assert!(
+        started.elapsed() < Duration::from_millis(2_500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(batcher.pending(), 0);
+}
+
+#[tokio::test]
+async fn sequential_client_never_waits_for_the_window() {
+    let fake = Fake::new(Duration::ZERO);
+    let batcher = Batcher::start(fake.clone(), config(2_000));
+    let started = Instant::now();
+    for tag in 0..5 {
+        assert_eq!(batcher.submit(request(tag, 10)).await, Ok(vec![tag]));
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(2_000),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(fake.batches().len(), 5);
+}
+
+#[tokio::test]
+async fn an_already_queued_burst_becomes_one_batch() {
+    let fake = Fake::new(Duration::ZERO);
+    let batcher = Batcher::start(fake.clone(), config(0));
+    // Queued before the loop gets to run (single-threaded test runtime).
+    let receivers: Vec<_> = (0..8)
+        .map(|tag| batcher.enqueue(request(tag, 10)).unwrap())
+        .collect();
+    for (tag, rx) in receivers.into_iter().enumerate() {
+        assert_eq!(rx.await.unwrap(), Ok(vec![tag as u32]));
+    }
+    assert_eq!(fake.batches(), vec![(0..8).collect::<Vec<u32>>()]);
+    assert_eq!(batcher.metrics().largest_batch, 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staggered_tail_joins_within_the_window() {
+    // The first request runs alone (nothing else pending). With a free
+    // dispatch slot, the next batch forms as soon as request 1 arrives;
+    // because request 0 is still pending, the window keeps that batch open
+    // and the staggered tail joins it.
+    let fake = Fake::new(Duration::from_millis(400));
+    let mut cfg = config(2_000);
+    cfg.dispatch_width = 2;
+    let batcher = Batcher::start(fake.clone(), cfg);
+    let mut handles = Vec::new();
+    for tag in 0..5 {
+        let b = batcher.clone();
+        handles.push(tokio::spawn(
+            async move { b.submit(request(tag, 10)).await },
+        ));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (tag, h) in handles.into_iter().enumerate() {
+        assert_eq!(h.await.unwrap(), Ok(vec![tag as u32]));
+    }
+    assert_eq!(fake.batches(), vec![vec![0], vec![1, 2, 3, 4]]);
+}
+
+#[tokio::test]
+async fn batches_are_capped_by_cost_and_requests_are_never_split() {
+    let fake = Fake::new(Duration::ZERO);
+    let batcher = Batcher::start(fake.clone(), config(0));
+    let big = Request {
+        items: vec![(10, 30), (10, 30)],
+        max_batch_cost: None,
+    };
+    let rxs = vec![
+        batcher.enqueue(request(1, 40)).unwrap(),
+        batcher.enqueue(big).unwrap(),
+        batcher.enqueue(request(2, 40)).unwrap(),
+        batcher.enqueue(request(3, 500)).unwrap(),
+    ];
+    let results: Vec<_> = futures_join(rxs).await;
+    assert_eq!(
+        results,
+        vec![Ok(vec![1]), Ok(vec![10, 10]), Ok(vec![2]), Ok(vec![3])]
+    );
+    let batches = fake.batches();
+    // 40 + 60 = 100 fits; the next 40 starts a new batch; the 500-cost
+    // request exceeds the cap and runs alone.
+    assert_eq!(batches, vec![vec![1, 10, 10], vec![2], vec![3]]);
+}
+
+#[tokio::test]
+async fn a_callers_own_cap_is_honoured() {
+    let fake = Fake::new(Duration::ZERO);
+    let batcher = Batcher::start(fake.clone(), config(0));
+    let capped = Request {
+        items: vec![(2, 10)],
+        max_batch_cost: Some(25),
+    };
+    let rxs = vec![
+        batcher.enqueue(request(1, 10)).unwrap(),
+        batcher.enqueue(capped).unwrap(),
+        batcher.enqueue(request(3, 10)).unwrap(),
+        batcher.enqueue(request(4, 10)).unwrap(),
+    ];
+    futures_join(rxs).await;
+    assert_eq!(fake.batches(), vec![vec![1, 2], vec![3, 4]]);
+}
+
+#[tokio::test]
+async fn a_panic_fails_only_its_batch() {
+    let fake = Arc::new(Fake {
+        batches: Mutex::new(Vec::new()),
+        running: 0.into(),
+        most_running: 0.into(),
+        work: Duration::ZERO,
+        poison: Some(7),
+    });
+    let batcher = Batcher::start(fake.clone(), config(0));
+    let err = batcher.submit(request(7, 10)).await.unwrap_err();
+    assert!(
+        matches!(&err, BatchError::Backend(m) if m.contains("poisoned item")),
+        "{err:?}"
+    );
+    assert_eq!(batcher.submit(request(8, 10)).await, Ok(vec![8]));
+    assert_eq!(batcher.metrics().failed_batches, 1);
+}
+
+#[tokio::test]
+async fn full_queue_pushes_back_and_empty_requests_are_refused() {
+    let fake = Fake::new(Duration::from_millis(200));
+    let mut cfg = config(0);
+    cfg.queue_capacity = 2;
+    let batcher = Batcher::start(fake, cfg);
+    let _a = batcher.enqueue(request(1, 1)).unwrap();
+    let _b = batcher.enqueue(request(2, 1)).unwrap();
+    assert_eq!(
+        batcher.enqueue(request(3, 1)).unwrap_err(),
+        BatchError::QueueFull(2)
+    );
+    let empty = Request {
+        items: vec![],
+        max_batch_cost: None,
+    };
+    assert_eq!(batcher.enqueue(empty).unwrap_err(), BatchError::Empty);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatch_width_runs_batches_side_by_side() {
+    let fake = Fake::new(Duration::from_millis(300));
+    let mut cfg = config(0);
+    cfg.dispatch_width = 2;
+    cfg.max_batch_cost = 10;
+    let batcher = Batcher::start(fake.clone(), cfg);
+    let rxs = vec![
+        batcher.enqueue(request(1, 10)).unwrap(),
+        batcher.enqueue(request(2, 10)).unwrap(),
+    ];
+    assert_eq!(futures_join(rxs).await, vec![Ok(vec![1]), Ok(vec![2])]);
+    assert_eq!(batcher.metrics().batches, 2);
+    assert_eq!(
+        fake.most_running.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "both batches ran at once"
+    );
+}
+
+async fn futures_join(
+    rxs: Vec<tokio::sync::oneshot::Receiver<Result<Vec<u32>, BatchError>>>,
+) -> Vec<Result<Vec<u32>, BatchError>> {
+    let mut out = Vec::new();
+    for rx in rxs {
+        out.push(rx.await.unwrap_or(Err(BatchError::Stopped)));
+    }
+    out
+}
