@@ -1,0 +1,49 @@
+//! Command-line options of `iris-encoder`, each with an `IRIS_ENCODER_…`
+//! environment twin.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Debug, Clone, Args)]
+pub struct EncoderArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1", env = "IRIS_ENCODER_HOST")]
+    pub host: String,
+    /// gRPC port: TokenSpeedEncoder and TokenSpeedScheduler (0: pick one).
+    #[arg(long, default_value_t = 30100, env = "IRIS_ENCODER_PORT")]
+    pub port: u16,
+    /// Port of the iris.data.v1 server prefill workers fetch from (0: pick one).
+    #[arg(long, default_value_t = iris_proto::DEFAULT_BOOTSTRAP_PORT, env = "IRIS_ENCODER_BOOTSTRAP_PORT")]
+    pub bootstrap_port: u16,
+    /// Hugging Face model directory (config.json with a vision_config).
+    #[arg(long, env = "IRIS_ENCODER_MODEL_PATH")]
+    pub model_path: PathBuf,
+    /// Largest batch, in patches.
+    #[arg(long, default_value_t = 16_384, env = "IRIS_ENCODER_MAX_BATCH_PATCHES")]
+    pub max_batch_patches: u64,
+    /// Tail window for staggered bursts, in ms (0: off).
+    #[arg(long, default_value_t = 2, env = "IRIS_ENCODER_COALESCE_WINDOW_MS")]
+    pub coalesce_window_ms: u64,
+    /// Batches computed at once.
+    #[arg(long, default_value_t = 1, env = "IRIS_ENCODER_DISPATCH_WIDTH")]
+    pub dispatch_width: usize,
+    /// Encode requests that may wait; more are refused (RESOURCE_EXHAUSTED).
+    #[arg(long, default_value_t = 1024, env = "IRIS_ENCODER_QUEUE_CAPACITY")]
+    pub queue_capacity: usize,
+    /// Embedding cache size in MiB (0: off).
+    #[arg(long, default_value_t = 1024, env = "IRIS_ENCODER_EMBEDDING_CACHE_MB")]
+    pub embedding_cache_mb: u64,
+    /// Most MiB of embeddings held for prefill workers; Encode pushes back beyond.
+    #[arg(long, default_value_t = 4096, env = "IRIS_ENCODER_MAX_HELD_MB")]
+    pub max_held_mb: u64,
+    /// Seconds an uncollected embedding is kept.
+    #[arg(long, default_value_t = 60, env = "IRIS_ENCODER_ROOM_TTL_SECS")]
+    pub room_ttl_secs: u64,
+    /// Longest wait a prefill's fetch may ask for, in ms (default for 0).
+    #[arg(long, default_value_t = 5_000, env = "IRIS_ENCODER_FETCH_WAIT_MS")]
+    pub fetch_wait_ms: u64,
+    /// Identity reported to peers and in logs (default: encode@host:port).
+    #[arg(long, env = "IRIS_ENCODER_WORKER_ID")]
+    pub worker_id: Option<String>,
+}

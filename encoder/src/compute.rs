@@ -1,0 +1,150 @@
+//! What turns an image's pixels into its embedding. The [`Compute`] trait
+//! is the seam for real vision towers; [`DigestCompute`] is the reference
+//! backend: a cheap deterministic function of the pixel bytes with the
+//! right output shape, so every path can run without weights or GPUs.
+
+use sha2::{Digest, Sha256};
+
+/// One image to encode.
+#[derive(Debug, Clone)]
+pub struct ImageInput {
+    /// Pixel values, little-endian `[patches, patch_dim]`: float32, or
+    /// bfloat16 when `bf16` is set (see [`ImageInput::to_f32`]).
+    pub pixels: bytes::Bytes,
+    pub bf16: bool,
+    /// `[t, h, w]` in patches.
+    pub grid: [u32; 3],
+}
+
+impl ImageInput {
+    pub fn patches(&self) -> u64 {
+        self.grid.iter().map(|&d| u64::from(d)).product()
+    }
+
+    /// The same input with float32 pixels (bfloat16 widened; blocking work
+    /// for large images).
+    pub fn to_f32(self) -> ImageInput {
+        if !self.bf16 {
+            return self;
+        }
+        let widened: Vec<u8> = self
+            .pixels
+            .chunks_exact(2)
+            .flat_map(|c| {
+                f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16).to_le_bytes()
+            })
+            .collect();
+        ImageInput {
+            pixels: bytes::Bytes::from(widened),
+            bf16: false,
+            grid: self.grid,
+        }
+    }
+}
+
+/// A vision encoder backend. `encode` is blocking compute: callers run it
+/// on a blocking thread.
+pub trait Compute: Send + Sync + 'static {
+    /// Width of one embedding row.
+    fn out_hidden(&self) -> usize;
+    /// Output rows (LM tokens) for an image of `grid`.
+    fn tokens(&self, grid: [u32; 3]) -> usize;
+    /// One embedding per image, float32 little-endian `[tokens, out_hidden]`.
+    fn encode(&self, images: &[ImageInput]) -> Result<Vec<Vec<u8>>, String>;
+}
+
+/// The reference backend: row `i` of an image's embedding is derived from
+/// SHA-256 of (the image's pixel bytes, i), expanded to `out_hidden` floats
+/// in [-1, 1). Same pixels, same embedding; different pixels, different.
+pub struct DigestCompute {
+    pub out_hidden: usize,
+    pub merge: u32,
+}
+
+impl Compute for DigestCompute {
+    fn out_hidden(&self) -> usize {
+        self.out_hidden
+    }
+
+    fn tokens(&self, grid: [u32; 3]) -> usize {
+        let merge = self.merge.max(1) * self.merge.max(1);
+        (grid.iter().map(|&d| d as usize).product::<usize>()) / merge as usize
+    }
+
+    fn encode(&self, images: &[ImageInput]) -> Result<Vec<Vec<u8>>, String> {
+        Ok(images.iter().map(|image| self.embed(image)).collect())
+    }
+}
+
+impl DigestCompute {
+    fn embed(&self, image: &ImageInput) -> Vec<u8> {
+        let seed: [u8; 32] = Sha256::digest(&image.pixels).into();
+        let tokens = self.tokens(image.grid);
+        let mut out = Vec::with_capacity(tokens * self.out_hidden * 4);
+        for row in 0..tokens {
+            let mut state = u64::from_le_bytes([
+                seed[0], seed[1], seed[2], seed[3], seed[4], seed[5], seed[6], seed[7],
+            ]) ^ (row as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            for _ in 0..self.out_hidden {
+                state = splitmix(state);
+                let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
+                out.extend_from_slice(&(unit * 2.0 - 1.0).to_le_bytes());
+            }
+        }
+        out
+    }
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(byte: u8) -> ImageInput {
+        ImageInput {
+            pixels: bytes::Bytes::from(vec![byte; 64]),
+            bf16: false,
+            grid: [1, 4, 4],
+        }
+    }
+
+    #[test]
+    fn digest_embeddings_have_the_right_shape_and_depend_on_pixels() {
+        let c = DigestCompute {
+            out_hidden: 8,
+            merge: 2,
+        };
+        let out = c.encode(&[image(1), image(1), image(2)]).unwrap();
+        assert_eq!(c.tokens([1, 4, 4]), 4);
+        assert_eq!(out[0].len(), 4 * 8 * 4);
+        assert_eq!(out[0], out[1]);
+        assert_ne!(out[0], out[2]);
+    }
+
+    #[test]
+    fn bf16_widens_to_the_same_floats() {
+        let values = [1.5f32, -2.0, 0.0];
+        let bf16: Vec<u8> = values
+            .iter()
+            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+            .collect();
+        let input = ImageInput {
+            pixels: bytes::Bytes::from(bf16),
+            bf16: true,
+            grid: [1, 1, 3],
+        }
+        .to_f32();
+        let back: Vec<f32> = input
+            .pixels
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(back, values);
+    }
+}

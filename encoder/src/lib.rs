@@ -1,0 +1,19 @@
+//! `iris-encoder`: an encode worker. It serves `TokenSpeedEncoder.Encode`
+//! (accepting any number of items, each with its room), a health/info-only
+//! `TokenSpeedScheduler`, and `iris.data.v1.FetchEmbedding` on its
+//! bootstrap port, from which prefill workers collect embeddings by room.
+//!
+//! Work flows: [`validate`] → rooms claimed (bounded bytes: Encode pushes
+//! back when full) → [`cache`] hits answered at once → misses batched by
+//! `iris-batcher` → [`compute`] on the blocking pool → rooms completed.
+
+pub mod args;
+mod backend;
+pub mod cache;
+pub mod compute;
+mod server;
+pub mod service;
+pub mod validate;
+
+pub use args::EncoderArgs;
+pub use server::{start, RunningEncoder};

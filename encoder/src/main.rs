@@ -1,0 +1,36 @@
+//! The `iris-encoder` binary. Prints `iris-encoder listening grpc=ADDR
+//! data=ADDR` on stdout once bound, then serves until SIGINT/SIGTERM.
+
+use clap::Parser;
+use iris_encoder::EncoderArgs;
+
+#[derive(Parser)]
+#[command(
+    name = "iris-encoder",
+    version,
+    about = "Iris encode worker (TokenSpeedEncoder over gRPC)"
+)]
+struct Cli {
+    #[command(flatten)]
+    encoder: EncoderArgs,
+    /// Log as JSON lines.
+    #[arg(long, env = "IRIS_LOG_JSON")]
+    log_json: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    iris_process::init_logging(cli.log_json);
+    let running = iris_encoder::start(cli.encoder).await?;
+    println!(
+        "iris-encoder listening grpc={} data={}",
+        running.grpc_addr, running.data_addr
+    );
+    let shutdown = running.shutdown_token();
+    tokio::spawn(async move {
+        iris_process::wait_for_signal().await;
+        shutdown.cancel();
+    });
+    running.wait().await
+}

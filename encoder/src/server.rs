@@ -1,0 +1,153 @@
+//! Start-up: read the model's vision geometry, build the compute backend,
+//! the batching loop, the cache and the room store, and serve.
+
+use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use iris_batcher::{Batcher, BatcherConfig};
+use iris_model::ModelDir;
+use iris_proto::data::iris_data_server::IrisDataServer;
+use iris_proto::encoder::token_speed_encoder_server::TokenSpeedEncoderServer;
+use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServer;
+use iris_rooms::{RoomLimits, RoomStore};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::TowerBackend;
+use crate::cache::EmbeddingCache;
+use crate::compute::{Compute, DigestCompute};
+use crate::service::{Encoder, EncoderService};
+use crate::validate::Geometry;
+use crate::EncoderArgs;
+
+/// Largest Encode message accepted (pixels of large images).
+const MAX_MESSAGE_BYTES: usize = 512 << 20;
+const MIB: u64 = 1 << 20;
+
+/// A started encoder.
+pub struct RunningEncoder {
+    pub grpc_addr: SocketAddr,
+    pub data_addr: SocketAddr,
+    pub encoder: Arc<Encoder>,
+    shutdown: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+impl RunningEncoder {
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    pub async fn wait(self) -> anyhow::Result<()> {
+        for task in self.tasks {
+            task.await
+                .context("server task panicked")?
+                .context("gRPC server failed")?;
+        }
+        Ok(())
+    }
+}
+
+pub async fn start(args: EncoderArgs) -> anyhow::Result<RunningEncoder> {
+    let encoder = Arc::new(build(args.clone())?);
+    let grpc = bind(&args.host, args.port).await?;
+    let data = bind(&args.host, args.bootstrap_port).await?;
+    let (grpc_addr, data_addr) = (grpc.local_addr()?, data.local_addr()?);
+    let service = EncoderService(encoder.clone());
+    let shutdown = CancellationToken::new();
+    encoder.rooms.spawn_sweeper(Duration::from_secs(1));
+    let main = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(
+            TokenSpeedEncoderServer::new(service.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(TokenSpeedSchedulerServer::new(service.clone()))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc),
+            shutdown.clone().cancelled_owned(),
+        );
+    let data_server = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(IrisDataServer::new(service).max_encoding_message_size(MAX_MESSAGE_BYTES))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(data),
+            shutdown.clone().cancelled_owned(),
+        );
+    let tasks = vec![tokio::spawn(main), tokio::spawn(data_server)];
+    Ok(RunningEncoder {
+        grpc_addr,
+        data_addr,
+        encoder,
+        shutdown,
+        tasks,
+    })
+}
+
+async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
+    TcpListener::bind((host, port))
+        .await
+        .with_context(|| format!("cannot listen on {host}:{port}"))
+}
+
+fn build(args: EncoderArgs) -> anyhow::Result<Encoder> {
+    let dir = ModelDir::load(&args.model_path)
+        .with_context(|| format!("cannot load model directory {}", args.model_path.display()))?;
+    let vision = dir
+        .config
+        .vision
+        .context("config.json has no vision_config: not a vision-language model")?;
+    let geometry = Geometry {
+        patch_dim: vision.in_channels
+            * vision.temporal_patch_size
+            * vision.patch_size
+            * vision.patch_size,
+        merge: vision.spatial_merge_size,
+    };
+    let compute: Arc<dyn Compute> = Arc::new(DigestCompute {
+        out_hidden: vision.out_hidden_size as usize,
+        merge: vision.spatial_merge_size,
+    });
+    let batcher = Batcher::start(
+        Arc::new(TowerBackend {
+            compute: compute.clone(),
+        }),
+        BatcherConfig {
+            max_batch_cost: args.max_batch_patches.max(1),
+            coalesce_window: Duration::from_millis(args.coalesce_window_ms),
+            dispatch_width: args.dispatch_width.max(1),
+            queue_capacity: args.queue_capacity.max(1),
+        },
+    );
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (
+        dir.config.model_type.as_str(),
+        format!("{vision:?}"),
+        "digest",
+    )
+        .hash(&mut hasher);
+    let ttl = Duration::from_secs(args.room_ttl_secs.max(1));
+    let worker_id = args
+        .worker_id
+        .clone()
+        .unwrap_or_else(|| format!("encode@{}:{}", args.host, args.port));
+    Ok(Encoder {
+        geometry,
+        compute,
+        batcher,
+        cache: EmbeddingCache::new(args.embedding_cache_mb.saturating_mul(MIB)),
+        rooms: Arc::new(RoomStore::new(RoomLimits {
+            max_bytes: args.max_held_mb.saturating_mul(MIB),
+            ttl,
+        })),
+        model_fingerprint: hasher.finish(),
+        model_type: dir.config.model_type.clone(),
+        worker_id,
+        started: Instant::now(),
+        args,
+    })
+}

@@ -1,0 +1,311 @@
+//! The encoder's gRPC services: `TokenSpeedEncoder.Encode` (validate,
+//! claim rooms, serve cache hits at once, queue misses for batching), a
+//! health/info-only `TokenSpeedScheduler`, and the `iris.data.v1` server
+//! prefill workers collect embeddings from.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use iris_batcher::{BatchError, Batcher, Request as BatchRequest};
+use iris_proto::common::{GetTokenizerChunk, GetTokenizerRequest, Modality};
+use iris_proto::data::iris_data_server::IrisData;
+use iris_proto::data::{FetchEmbeddingResponse, FetchKvStateResponse, FetchRequest};
+use iris_proto::encoder::token_speed_encoder_server::TokenSpeedEncoder;
+use iris_proto::encoder::{EncodeRequest, EncodeResponse};
+use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedScheduler;
+use iris_proto::scheduler::*;
+use iris_proto::tensor::{self, DType};
+use iris_rooms::RoomStore;
+use prost_types::{value::Kind, Struct, Value};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::backend::TowerBackend;
+use crate::cache::EmbeddingCache;
+use crate::compute::Compute;
+use crate::validate::{self, EncodeItem, Geometry};
+use crate::EncoderArgs;
+
+/// A finished embedding waiting for its prefill worker.
+#[derive(Clone)]
+pub struct Embedding {
+    pub data: Bytes,
+    pub tokens: u32,
+    pub content_hash: Bytes,
+}
+
+/// Everything the services share.
+pub struct Encoder {
+    pub args: EncoderArgs,
+    pub geometry: Geometry,
+    pub compute: Arc<dyn Compute>,
+    pub batcher: Batcher<TowerBackend>,
+    pub cache: EmbeddingCache,
+    pub rooms: Arc<RoomStore<Embedding>>,
+    pub model_fingerprint: u64,
+    pub model_type: String,
+    pub worker_id: String,
+    pub started: Instant,
+}
+
+impl Encoder {
+    fn out_bytes(&self, item: &EncodeItem) -> u64 {
+        (self.compute.tokens(item.input.grid) * self.compute.out_hidden() * 4) as u64
+    }
+
+    fn tokens(&self, item: &EncodeItem) -> u32 {
+        u32::try_from(self.compute.tokens(item.input.grid)).unwrap_or(u32::MAX)
+    }
+
+    /// Claims every item's room (all or none).
+    fn claim_rooms(&self, items: &[EncodeItem]) -> Result<(), Status> {
+        for (done, item) in items.iter().enumerate() {
+            if let Err(e) = self.rooms.begin(item.room, self.out_bytes(item)) {
+                for earlier in &items[..done] {
+                    self.rooms
+                        .fail(earlier.room, format!("encode request refused: {e}"));
+                }
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes rooms whose embeddings are cached; returns the rest.
+    fn serve_hits(&self, items: Vec<EncodeItem>) -> Vec<EncodeItem> {
+        items
+            .into_iter()
+            .filter(|item| {
+                let key = (item.content_hash.clone(), self.model_fingerprint);
+                match self.cache.get(&key) {
+                    Some(data) => {
+                        self.finish(item, data);
+                        false
+                    }
+                    None => true,
+                }
+            })
+            .collect()
+    }
+
+    fn finish(&self, item: &EncodeItem, data: Bytes) {
+        let bytes = data.len() as u64;
+        let embedding = Embedding {
+            data,
+            tokens: self.tokens(item),
+            content_hash: item.content_hash.clone(),
+        };
+        if let Err(e) = self.rooms.complete(item.room, embedding, bytes) {
+            tracing::warn!(room = item.room, error = %e, "embedding finished for a room no longer waiting");
+        }
+    }
+
+    /// Queues the misses; a task completes (or fails) their rooms.
+    fn queue(self: &Arc<Self>, misses: Vec<EncodeItem>) -> Result<(), Status> {
+        let inputs = misses.iter().map(|m| m.input.clone()).collect();
+        let answer = match self.batcher.enqueue(BatchRequest {
+            items: inputs,
+            max_batch_cost: None,
+        }) {
+            Ok(answer) => answer,
+            Err(e) => {
+                let status = batch_status(&e);
+                misses
+                    .iter()
+                    .for_each(|m| self.rooms.fail(m.room, status.message().to_owned()));
+                return Err(status);
+            }
+        };
+        let encoder = self.clone();
+        tokio::spawn(async move {
+            match answer.await.unwrap_or(Err(BatchError::Stopped)) {
+                Ok(outputs) => {
+                    for (item, data) in misses.iter().zip(outputs) {
+                        encoder.cache.insert(
+                            (item.content_hash.clone(), encoder.model_fingerprint),
+                            data.clone(),
+                        );
+                        encoder.finish(item, data);
+                    }
+                }
+                Err(e) => misses
+                    .iter()
+                    .for_each(|m| encoder.rooms.fail(m.room, format!("encode failed: {e}"))),
+            }
+        });
+        Ok(())
+    }
+}
+
+fn batch_status(e: &BatchError) -> Status {
+    match e {
+        BatchError::QueueFull(_) => Status::resource_exhausted(format!("encoder busy: {e}")),
+        BatchError::Stopped => Status::unavailable(e.to_string()),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+#[derive(Clone)]
+pub struct EncoderService(pub Arc<Encoder>);
+
+#[tonic::async_trait]
+impl TokenSpeedEncoder for EncoderService {
+    async fn encode(
+        &self,
+        request: Request<EncodeRequest>,
+    ) -> Result<Response<EncodeResponse>, Status> {
+        let encoder = &self.0;
+        let items = validate::items(request.get_ref(), encoder.geometry)?;
+        encoder.claim_rooms(&items)?;
+        let misses = encoder.serve_hits(items);
+        if !misses.is_empty() {
+            encoder.queue(misses)?;
+        }
+        Ok(Response::new(EncodeResponse { accepted: true }))
+    }
+}
+
+#[tonic::async_trait]
+impl IrisData for EncoderService {
+    async fn fetch_embedding(
+        &self,
+        request: Request<FetchRequest>,
+    ) -> Result<Response<FetchEmbeddingResponse>, Status> {
+        let req = request.into_inner();
+        let wait = match req.wait_ms {
+            0 => Duration::from_millis(self.0.args.fetch_wait_ms),
+            ms => Duration::from_millis(u64::from(ms)).min(Duration::from_secs(60)),
+        };
+        let embedding = self.0.rooms.take(req.room, wait).await?;
+        let shape = vec![embedding.tokens, self.0.compute.out_hidden() as u32];
+        Ok(Response::new(FetchEmbeddingResponse {
+            embedding: Some(tensor::inline(shape, DType::Float32, embedding.data)),
+            content_hash: embedding.content_hash,
+            num_tokens: embedding.tokens,
+        }))
+    }
+
+    async fn fetch_kv_state(
+        &self,
+        _: Request<FetchRequest>,
+    ) -> Result<Response<FetchKvStateResponse>, Status> {
+        Err(Status::failed_precondition(
+            "this is an encode worker: it serves embeddings, not KV state",
+        ))
+    }
+}
+
+type Stream<T> = ReceiverStream<Result<T, Status>>;
+
+#[tonic::async_trait]
+impl TokenSpeedScheduler for EncoderService {
+    type GenerateStream = Stream<GenerateResponse>;
+    type GetTokenizerStream = Stream<GetTokenizerChunk>;
+
+    async fn generate(
+        &self,
+        _: Request<GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        Err(Status::failed_precondition(
+            "this is an encode worker: send Generate to a prefill, decode or aggregated worker",
+        ))
+    }
+
+    async fn health_check(
+        &self,
+        _: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
+        Ok(Response::new(HealthCheckResponse {
+            healthy: true,
+            message: "iris-encoder ready".into(),
+        }))
+    }
+
+    async fn abort(
+        &self,
+        request: Request<AbortRequest>,
+    ) -> Result<Response<AbortResponse>, Status> {
+        let id = request.into_inner().request_id;
+        Ok(Response::new(AbortResponse {
+            success: false,
+            message: format!("encode work cannot be aborted by request id ({id}); its rooms expire if not collected"),
+        }))
+    }
+
+    async fn get_model_info(
+        &self,
+        _: Request<GetModelInfoRequest>,
+    ) -> Result<Response<GetModelInfoResponse>, Status> {
+        let e = &self.0;
+        Ok(Response::new(GetModelInfoResponse {
+            model_path: e.args.model_path.display().to_string(),
+            model_type: e.model_type.clone(),
+            supports_vision: true,
+            supports_multimodal: true,
+            supported_modalities: vec![Modality::Image as i32],
+            multimodal_encoder_dtype: "float32".into(),
+            ..GetModelInfoResponse::default()
+        }))
+    }
+
+    async fn get_server_info(
+        &self,
+        _: Request<GetServerInfoRequest>,
+    ) -> Result<Response<GetServerInfoResponse>, Status> {
+        let e = &self.0;
+        let text = |s: &str| Value {
+            kind: Some(Kind::StringValue(s.to_owned())),
+        };
+        let number = |n: f64| Value {
+            kind: Some(Kind::NumberValue(n)),
+        };
+        let mut fields = BTreeMap::new();
+        fields.insert("engine".into(), text("iris-encoder"));
+        fields.insert("role".into(), text("encode"));
+        fields.insert("disaggregation_mode".into(), text("encode"));
+        fields.insert("worker_id".into(), text(&e.worker_id));
+        fields.insert(
+            "disaggregation_bootstrap_port".into(),
+            number(f64::from(e.args.bootstrap_port)),
+        );
+        Ok(Response::new(GetServerInfoResponse {
+            server_args: Some(Struct { fields }),
+            active_requests: i32::try_from(e.batcher.pending()).unwrap_or(i32::MAX),
+            uptime_seconds: e.started.elapsed().as_secs_f64(),
+            tokenspeed_version: format!("iris-encoder {}", env!("CARGO_PKG_VERSION")),
+            ..GetServerInfoResponse::default()
+        }))
+    }
+
+    async fn get_loads(
+        &self,
+        _: Request<GetLoadsRequest>,
+    ) -> Result<Response<GetLoadsResponse>, Status> {
+        let e = &self.0;
+        let pending = i32::try_from(e.batcher.pending()).unwrap_or(i32::MAX);
+        let rooms = e.rooms.stats();
+        let load = SchedulerLoad {
+            num_waiting_reqs: pending,
+            num_total_reqs: pending,
+            num_running_reqs: i32::try_from(rooms.pending).unwrap_or(i32::MAX),
+            ..SchedulerLoad::default()
+        };
+        Ok(Response::new(GetLoadsResponse {
+            version: env!("CARGO_PKG_VERSION").into(),
+            dp_rank_count: 1,
+            loads: vec![load],
+            ..GetLoadsResponse::default()
+        }))
+    }
+
+    async fn get_tokenizer(
+        &self,
+        _: Request<GetTokenizerRequest>,
+    ) -> Result<Response<Self::GetTokenizerStream>, Status> {
+        Err(Status::failed_precondition(
+            "encode workers do not serve tokenizers",
+        ))
+    }
+}

@@ -1,0 +1,165 @@
+//! Checking an EncodeRequest against the served model: each item's
+//! dtype, shape and grid, and its room.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+use iris_proto::common::Modality;
+use iris_proto::encoder::EncodeRequest;
+use iris_proto::scheduler::{tensor_data::Payload, MultimodalItem, TensorData};
+use iris_proto::tensor::{self, DType};
+use tonic::Status;
+
+use crate::compute::ImageInput;
+
+/// The model's input geometry.
+#[derive(Debug, Clone, Copy)]
+pub struct Geometry {
+    /// Features per patch row: C·T·P·P.
+    pub patch_dim: u32,
+    /// Patches merged per side into one token.
+    pub merge: u32,
+}
+
+/// One validated item.
+#[derive(Debug, Clone)]
+pub struct EncodeItem {
+    pub room: i64,
+    pub content_hash: Bytes,
+    pub input: ImageInput,
+}
+
+/// Validates every item of `request`; the first problem is the answer.
+pub fn items(request: &EncodeRequest, geometry: Geometry) -> Result<Vec<EncodeItem>, Status> {
+    let mm = request
+        .mm_inputs
+        .as_ref()
+        .map(|m| m.items.as_slice())
+        .unwrap_or_default();
+    if mm.is_empty() {
+        return Err(Status::invalid_argument(
+            "EncodeRequest has no mm_inputs items",
+        ));
+    }
+    if mm.len() != request.items.len() {
+        return Err(Status::invalid_argument(format!(
+            "EncodeRequest has {} mm items but {} room assignments; each item needs one",
+            mm.len(),
+            request.items.len()
+        )));
+    }
+    let mut seen = HashSet::new();
+    mm.iter()
+        .zip(&request.items)
+        .enumerate()
+        .map(|(index, (item, assignment))| {
+            let room = assignment.bootstrap_room;
+            if room < 0 {
+                return Err(Status::invalid_argument(format!(
+                    "item {index}: room {room} is negative"
+                )));
+            }
+            if !seen.insert(room) {
+                return Err(Status::invalid_argument(format!(
+                    "item {index}: room {room} is assigned twice"
+                )));
+            }
+            let input = image_input(item, geometry).map_err(|e| with_index(index, e))?;
+            Ok(EncodeItem {
+                room,
+                content_hash: item.content_hash.clone(),
+                input,
+            })
+        })
+        .collect()
+}
+
+fn with_index(index: usize, status: Status) -> Status {
+    Status::new(status.code(), format!("item {index}: {}", status.message()))
+}
+
+fn image_input(item: &MultimodalItem, geometry: Geometry) -> Result<ImageInput, Status> {
+    let modality = Modality::try_from(item.modality).unwrap_or(Modality::Unspecified);
+    if !matches!(modality, Modality::Image | Modality::Unspecified) {
+        return Err(Status::invalid_argument(format!(
+            "modality {modality:?} is not supported; this encoder takes images"
+        )));
+    }
+    let tensor = item
+        .encoder_input
+        .as_ref()
+        .ok_or_else(|| Status::invalid_argument("encoder_input is missing"))?;
+    let (dtype, _) = tensor::validate(tensor)
+        .map_err(|e| Status::invalid_argument(format!("encoder_input: {e}")))?;
+    let patches = check_shape(tensor, dtype, geometry)?;
+    let grid = grid(item)?;
+    check_grid(grid, patches, geometry)?;
+    let pixels = match &tensor.payload {
+        Some(Payload::Inline(bytes)) => bytes.clone(),
+        _ => {
+            return Err(Status::failed_precondition(
+                "only inline encoder_input payloads are enabled on this worker (shm/rdma arrive with the transport settings)",
+            ))
+        }
+    };
+    Ok(ImageInput {
+        pixels,
+        bf16: dtype == DType::BFloat16,
+        grid,
+    })
+}
+
+fn check_shape(tensor: &TensorData, dtype: DType, geometry: Geometry) -> Result<u32, Status> {
+    if !matches!(dtype, DType::Float32 | DType::BFloat16) {
+        return Err(Status::invalid_argument(format!(
+            "encoder_input dtype {} is not accepted; send float32 or bfloat16",
+            dtype.as_str()
+        )));
+    }
+    match tensor.shape.as_slice() {
+        [n, d] if *d == geometry.patch_dim && *n > 0 => Ok(*n),
+        shape => Err(Status::invalid_argument(format!(
+            "encoder_input shape {shape:?} does not fit this model: expected [patches, {}]",
+            geometry.patch_dim
+        ))),
+    }
+}
+
+fn grid(item: &MultimodalItem) -> Result<[u32; 3], Status> {
+    let tensor = item
+        .model_specific_tensors
+        .get("image_grid_thw")
+        .ok_or_else(|| {
+            Status::invalid_argument("model_specific_tensors[\"image_grid_thw\"] is missing")
+        })?;
+    let values = tensor::read_int64(tensor)
+        .ok_or_else(|| Status::invalid_argument("image_grid_thw must be an inline int64 tensor"))?;
+    match values.as_slice() {
+        [t, h, w]
+            if [t, h, w]
+                .iter()
+                .all(|v| (1..=i64::from(u32::MAX)).contains(*v)) =>
+        {
+            Ok([*t as u32, *h as u32, *w as u32])
+        }
+        other => Err(Status::invalid_argument(format!(
+            "image_grid_thw must hold three positive values [t, h, w], got {other:?}"
+        ))),
+    }
+}
+
+fn check_grid(grid: [u32; 3], patches: u32, geometry: Geometry) -> Result<(), Status> {
+    let product: u64 = grid.iter().map(|&d| u64::from(d)).product();
+    if product != u64::from(patches) {
+        return Err(Status::invalid_argument(format!(
+            "image_grid_thw {grid:?} has {product} patches but encoder_input has {patches} rows"
+        )));
+    }
+    let merge = geometry.merge.max(1);
+    if !grid[1].is_multiple_of(merge) || !grid[2].is_multiple_of(merge) {
+        return Err(Status::invalid_argument(format!(
+            "image_grid_thw {grid:?}: h and w must be multiples of the merge size {merge}"
+        )));
+    }
+    Ok(())
+}

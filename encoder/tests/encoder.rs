@@ -1,0 +1,405 @@
+//! The encode worker over gRPC, in process: Encode → FetchEmbedding by
+//! room, the embedding cache, validation, push-back, and a full EPD leg
+//! with a reference prefill and decode engine.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use iris_encoder::{EncoderArgs, RunningEncoder};
+use iris_proto::common::Modality;
+use iris_proto::data::iris_data_client::IrisDataClient;
+use iris_proto::data::FetchRequest;
+use iris_proto::encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
+use iris_proto::encoder::{EncodeItemAssignment, EncodeRequest};
+use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
+use iris_proto::scheduler::*;
+use iris_proto::tensor::{self, DType};
+use tempfile::TempDir;
+use tonic::transport::Channel;
+use tonic::Code;
+
+/// Tiny Qwen2-VL: patch 14, temporal 2, 3 channels → 1176 features; merge 2.
+const PATCH_DIM: u32 = 1176;
+
+fn model() -> TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    iris_model::tiny::write_tiny_qwen2_vl(dir.path()).expect("tiny model");
+    dir
+}
+
+async fn encoder(model: &TempDir, max_held_mb: u64) -> RunningEncoder {
+    let args = EncoderArgs {
+        host: "127.0.0.1".into(),
+        port: 0,
+        bootstrap_port: 0,
+        model_path: model.path().to_path_buf(),
+        max_batch_patches: 4096,
+        coalesce_window_ms: 0,
+        dispatch_width: 1,
+        queue_capacity: 64,
+        embedding_cache_mb: 16,
+        max_held_mb,
+        room_ttl_secs: 30,
+        fetch_wait_ms: 2_000,
+        worker_id: None,
+    };
+    iris_encoder::start(args).await.expect("encoder starts")
+}
+
+/// An image item of `h`×`w` patches whose pixels are all `value`.
+fn item(value: f32, h: u32, w: u32, hash: &'static [u8]) -> MultimodalItem {
+    let patches = h * w;
+    let pixels: Vec<u8> = std::iter::repeat_n(value.to_le_bytes(), (patches * PATCH_DIM) as usize)
+        .flatten()
+        .collect();
+    MultimodalItem {
+        modality: Modality::Image as i32,
+        content_hash: Bytes::from_static(hash),
+        encoder_input: Some(tensor::inline(
+            vec![patches, PATCH_DIM],
+            DType::Float32,
+            Bytes::from(pixels),
+        )),
+        model_specific_tensors: [(
+            "image_grid_thw".to_string(),
+            tensor::int64(vec![1, 3], &[1, h as i64, w as i64]),
+        )]
+        .into(),
+        placeholders: vec![],
+        placeholder_token_id: None,
+    }
+}
+
+fn request(items: Vec<MultimodalItem>, rooms: &[i64]) -> EncodeRequest {
+    EncodeRequest {
+        request_id: "r".into(),
+        mm_inputs: Some(MultimodalInputs { items }),
+        items: rooms
+            .iter()
+            .map(|&bootstrap_room| EncodeItemAssignment { bootstrap_room })
+            .collect(),
+    }
+}
+
+async fn clients(
+    enc: &RunningEncoder,
+) -> (TokenSpeedEncoderClient<Channel>, IrisDataClient<Channel>) {
+    let e = TokenSpeedEncoderClient::connect(format!("http://{}", enc.grpc_addr))
+        .await
+        .expect("connect");
+    let d = IrisDataClient::connect(format!("http://{}", enc.data_addr))
+        .await
+        .expect("connect");
+    (
+        e.max_encoding_message_size(usize::MAX),
+        d.max_decoding_message_size(usize::MAX),
+    )
+}
+
+async fn fetch(data: &mut IrisDataClient<Channel>, room: i64) -> Result<TensorData, tonic::Status> {
+    let resp = data
+        .fetch_embedding(FetchRequest {
+            room,
+            wait_ms: 2_000,
+            requester: "test".into(),
+        })
+        .await?;
+    Ok(resp.into_inner().embedding.expect("tensor"))
+}
+
+fn inline(t: &TensorData) -> Bytes {
+    match &t.payload {
+        Some(tensor_data::Payload::Inline(b)) => b.clone(),
+        other => panic!("expected inline, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn encode_then_fetch_by_room_with_cache_hits() {
+    let model = model();
+    let enc = encoder(&model, 64).await;
+    let (mut e, mut d) = clients(&enc).await;
+    let resp = e
+        .encode(request(
+            vec![item(0.5, 4, 6, b"img-a"), item(0.25, 2, 2, b"img-b")],
+            &[10, 11],
+        ))
+        .await;
+    assert!(resp.expect("accepted").into_inner().accepted);
+    let a = fetch(&mut d, 10).await.expect("room 10");
+    assert_eq!(
+        a.shape,
+        vec![6, 64],
+        "24 patches / merge² = 6 tokens of the LM width"
+    );
+    assert_eq!(a.dtype, "float32");
+    let b = fetch(&mut d, 11).await.expect("room 11");
+    assert_eq!(b.shape, vec![1, 64]);
+    assert_ne!(inline(&a), inline(&b));
+    // Collected rooms are gone.
+    let again = fetch(&mut d, 10).await.unwrap_err();
+    assert_eq!(again.code(), Code::NotFound);
+
+    // The same content hash is served from the cache, identical bytes.
+    e.encode(request(vec![item(0.5, 4, 6, b"img-a")], &[12]))
+        .await
+        .expect("accepted");
+    let cached = fetch(&mut d, 12).await.expect("room 12");
+    assert_eq!(inline(&cached), inline(&a));
+    let stats = enc.encoder.cache.stats();
+    assert_eq!((stats.hits, stats.misses), (1, 2));
+}
+
+#[tokio::test]
+async fn a_prefill_that_asks_first_waits_for_the_encode() {
+    let model = model();
+    let enc = encoder(&model, 64).await;
+    let (mut e, mut d) = clients(&enc).await;
+    let waiter = tokio::spawn(async move { fetch(&mut d, 42).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    e.encode(request(vec![item(1.0, 2, 2, b"late")], &[42]))
+        .await
+        .expect("accepted");
+    let got = waiter.await.expect("join").expect("embedding arrives");
+    assert_eq!(got.shape, vec![1, 64]);
+}
+
+#[tokio::test]
+async fn bad_items_are_refused_with_clear_messages() {
+    let model = model();
+    let enc = encoder(&model, 64).await;
+    let (mut e, _) = clients(&enc).await;
+    let check = |result: Result<tonic::Response<_>, tonic::Status>, code: Code, needle: &str| {
+        let status = result.expect_err("must be refused");
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(
+            status.message().contains(needle),
+            "{:?} lacks {needle:?}",
+            status.message()
+        );
+    };
+    let mut wrong_dim = item(0.0, 2, 2, b"x");
+    wrong_dim.encoder_input = Some(tensor::inline(
+        vec![4, 10],
+        DType::Float32,
+        Bytes::from(vec![0u8; 160]),
+    ));
+    check(
+        e.encode(request(vec![wrong_dim], &[1])).await,
+        Code::InvalidArgument,
+        "expected [patches, 1176]",
+    );
+    let mut bad_dtype = item(0.0, 2, 2, b"x");
+    bad_dtype.encoder_input.as_mut().expect("input").dtype = "float8".into();
+    check(
+        e.encode(request(vec![bad_dtype], &[1])).await,
+        Code::InvalidArgument,
+        "unknown dtype",
+    );
+    let mut bad_grid = item(0.0, 2, 2, b"x");
+    bad_grid.model_specific_tensors.insert(
+        "image_grid_thw".into(),
+        tensor::int64(vec![1, 3], &[1, 2, 3]),
+    );
+    check(
+        e.encode(request(vec![bad_grid], &[1])).await,
+        Code::InvalidArgument,
+        "has 6 patches but encoder_input has 4 rows",
+    );
+    let mut odd = item(0.0, 1, 3, b"x");
+    odd.model_specific_tensors.insert(
+        "image_grid_thw".into(),
+        tensor::int64(vec![1, 3], &[1, 1, 3]),
+    );
+    check(
+        e.encode(request(vec![odd], &[1])).await,
+        Code::InvalidArgument,
+        "multiples of the merge size",
+    );
+    check(
+        e.encode(request(vec![item(0.0, 2, 2, b"x")], &[1, 2]))
+            .await,
+        Code::InvalidArgument,
+        "1 mm items but 2 room",
+    );
+    check(
+        e.encode(request(vec![], &[])).await,
+        Code::InvalidArgument,
+        "no mm_inputs",
+    );
+    // A room still in flight (encoded, not collected) cannot be reused.
+    e.encode(request(vec![item(0.0, 2, 2, b"y")], &[5]))
+        .await
+        .expect("accepted");
+    check(
+        e.encode(request(vec![item(0.0, 2, 2, b"z")], &[5])).await,
+        Code::FailedPrecondition,
+        "room 5 is already in use",
+    );
+}
+
+#[tokio::test]
+async fn held_bytes_are_bounded_and_encode_pushes_back() {
+    let model = model();
+    // 1 MiB of held embeddings: 64 floats × 4 B = 256 B per token, so a
+    // 64×64-patch image (1024 tokens, 256 KiB) fits four times.
+    let enc = encoder(&model, 1).await;
+    let (mut e, mut d) = clients(&enc).await;
+    for room in 0..4 {
+        e.encode(request(vec![item(room as f32, 64, 64, b"")], &[room]))
+            .await
+            .expect("fits");
+    }
+    let full = e
+        .encode(request(vec![item(9.0, 64, 64, b"")], &[9]))
+        .await
+        .expect_err("full");
+    assert_eq!(full.code(), Code::ResourceExhausted, "{full:?}");
+    fetch(&mut d, 0).await.expect("collect one");
+    e.encode(request(vec![item(9.0, 64, 64, b"")], &[9]))
+        .await
+        .expect("room again after a fetch");
+}
+
+#[tokio::test]
+async fn scheduler_service_is_info_only() {
+    let model = model();
+    let enc = encoder(&model, 64).await;
+    let mut s = TokenSpeedSchedulerClient::connect(format!("http://{}", enc.grpc_addr))
+        .await
+        .expect("connect");
+    assert!(
+        s.health_check(HealthCheckRequest {})
+            .await
+            .expect("health")
+            .into_inner()
+            .healthy
+    );
+    let info = s
+        .get_model_info(GetModelInfoRequest {})
+        .await
+        .expect("info")
+        .into_inner();
+    assert!(info.supports_vision);
+    assert_eq!(info.model_type, "qwen2_vl");
+    let gen = s
+        .generate(GenerateRequest::default())
+        .await
+        .expect_err("no generate");
+    assert_eq!(gen.code(), Code::FailedPrecondition);
+    let server = s
+        .get_server_info(GetServerInfoRequest {})
+        .await
+        .expect("server info")
+        .into_inner();
+    let role = &server.server_args.expect("args").fields["role"];
+    assert!(matches!(&role.kind, Some(prost_types::value::Kind::StringValue(r)) if r == "encode"));
+}
+
+/// Encode → prefill (collects the embedding) → decode, against an
+/// aggregated engine fed the same embedding bytes as its pixels.
+#[tokio::test]
+async fn epd_through_reference_engines() {
+    use iris_engine::{EngineArgs, Role};
+    let model = model();
+    let enc = encoder(&model, 64).await;
+    let engine = |role| EngineArgs {
+        role,
+        host: "127.0.0.1".into(),
+        port: 0,
+        bootstrap_port: 0,
+        model_path: model.path().to_path_buf(),
+        served_model_name: None,
+        max_running_requests: 8,
+        default_max_new_tokens: 8,
+        prefill_us_per_token: 0,
+        decode_us_per_step: 0,
+        eos_ppm: 0,
+        transfer_wait_ms: 3_000,
+        room_ttl_secs: 30,
+        worker_id: None,
+    };
+    let prefill = iris_engine::start(engine(Role::Prefill))
+        .await
+        .expect("prefill");
+    let decode = iris_engine::start(engine(Role::Decode))
+        .await
+        .expect("decode");
+    let agg = iris_engine::start(engine(Role::Aggregated))
+        .await
+        .expect("aggregated");
+    let (mut e, mut d) = clients(&enc).await;
+
+    let image = item(0.75, 2, 4, b"epd");
+    e.encode(request(vec![image.clone()], &[77]))
+        .await
+        .expect("accepted");
+    let prompt: Vec<u32> = vec![641, 646, 646, 100, 642];
+    let mut meta = image.clone();
+    meta.encoder_input = None;
+    let mut req = GenerateRequest {
+        request_id: "epd".into(),
+        tokenized: Some(TokenizedInput {
+            input_ids: prompt.clone(),
+            original_text: String::new(),
+        }),
+        sampling_params: Some(SamplingParams {
+            max_new_tokens: Some(8),
+            ..Default::default()
+        }),
+        mm_inputs: Some(MultimodalInputs { items: vec![meta] }),
+        kv_bootstrap_info: Some(KvBootstrapInfo {
+            bootstrap_host: "127.0.0.1".into(),
+            bootstrap_port: prefill.data_addr.expect("data").port() as i32,
+            bootstrap_room: 5,
+        }),
+        ..Default::default()
+    };
+    let mut to_prefill = req.clone();
+    to_prefill.encode_bootstrap_info = Some(EncodeBootstrapInfo {
+        items: vec![EncodeItemBootstrapInfo {
+            item_index: 0,
+            bootstrap_host: "127.0.0.1".into(),
+            bootstrap_port: enc.data_addr.port() as i32,
+            bootstrap_room: 77,
+        }],
+    });
+    let connect =
+        |addr: std::net::SocketAddr| TokenSpeedSchedulerClient::connect(format!("http://{addr}"));
+    let (mut p, mut dc) = (
+        connect(prefill.grpc_addr).await.expect("p"),
+        connect(decode.grpc_addr).await.expect("d"),
+    );
+    let started = Instant::now();
+    let (pre, dec) = tokio::join!(p.generate(to_prefill), dc.generate(req.clone()));
+    let output = complete_ids(dec.expect("decode accepted").into_inner()).await;
+    complete_ids(pre.expect("prefill accepted").into_inner()).await;
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    // The embedding the prefill collected equals what the encoder makes for
+    // those pixels; feed it as pixels to the aggregated engine.
+    e.encode(request(vec![image], &[78]))
+        .await
+        .expect("accepted");
+    let embedding = inline(&fetch(&mut d, 78).await.expect("embedding"));
+    req.kv_bootstrap_info = None;
+    req.request_id = "agg".into();
+    let mut agg_item = item(0.0, 2, 4, b"epd");
+    agg_item.encoder_input = Some(tensor::inline(vec![2, 64], DType::Float32, embedding));
+    req.mm_inputs = Some(MultimodalInputs {
+        items: vec![agg_item],
+    });
+    let mut a = connect(agg.grpc_addr).await.expect("agg");
+    let expected = complete_ids(a.generate(req).await.expect("accepted").into_inner()).await;
+    assert_eq!(output, expected);
+}
+
+async fn complete_ids(mut stream: tonic::Streaming<GenerateResponse>) -> Vec<u32> {
+    let mut ids = Vec::new();
+    while let Some(message) = stream.message().await.expect("stream ok") {
+        if let Some(generate_response::Response::Complete(c)) = message.response {
+            ids = c.output_ids;
+        }
+    }
+    ids
+}
