@@ -176,8 +176,9 @@ impl Router {
         let mut tried = Vec::new();
         loop {
             let worker = pool.pick(&tried).ok_or(RouteError::NoWorker(pool.role))?;
-            let leg = Leg::new(worker.clone(), &request.request_id);
-            match worker.client().generate(request.clone()).await {
+            let attempt = attempt_request(&request, tried.len() as u32);
+            let leg = Leg::new(worker.clone(), &attempt.request_id);
+            match worker.client().generate(attempt).await {
                 Ok(response) => {
                     return Ok(Generation {
                         stream: response.into_inner(),
@@ -210,10 +211,10 @@ impl Router {
             let d = decode
                 .pick(&tried_d)
                 .ok_or(RouteError::NoWorker(Role::Decode))?;
-            let leg_request = with_kv_room(&request, &p);
+            let leg_request = with_kv_room(attempt_request(&request, attempts), &p);
             let (p_leg, d_leg) = (
-                Leg::new(p.clone(), &request.request_id),
-                Leg::new(d.clone(), &request.request_id),
+                Leg::new(p.clone(), &leg_request.request_id),
+                Leg::new(d.clone(), &leg_request.request_id),
             );
             let (mut p_client, mut d_client) = (p.client(), d.client());
             let (p_result, d_result) = tokio::join!(
@@ -276,9 +277,19 @@ impl Router {
     }
 }
 
+/// The request as sent on attempt `attempt`: retries get their own id
+/// (`ID-retryN`), so a late Abort of an earlier attempt cannot hit them and
+/// a worker still running the earlier attempt does not see a duplicate.
+fn attempt_request(request: &GenerateRequest, attempt: u32) -> GenerateRequest {
+    let mut attempt_request = request.clone();
+    if attempt > 0 {
+        attempt_request.request_id = format!("{}-retry{attempt}", request.request_id);
+    }
+    attempt_request
+}
+
 /// The request with a fresh random 63-bit KV room on `prefill`'s data server.
-fn with_kv_room(request: &GenerateRequest, prefill: &Worker) -> GenerateRequest {
-    let mut leg = request.clone();
+fn with_kv_room(mut leg: GenerateRequest, prefill: &Worker) -> GenerateRequest {
     leg.kv_bootstrap_info = Some(KvBootstrapInfo {
         bootstrap_host: prefill.url.host.clone(),
         bootstrap_port: i32::from(

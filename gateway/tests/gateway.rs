@@ -269,61 +269,125 @@ async fn models_health_and_metrics() {
     )));
 }
 
+fn forced_healthy(
+    addr: std::net::SocketAddr,
+    role: iris_gateway::workers::Role,
+    bootstrap_port: Option<u16>,
+) -> std::sync::Arc<iris_gateway::workers::Worker> {
+    use iris_gateway::workers::{Worker, WorkerUrl};
+    let mut url = WorkerUrl::parse(&grpc(addr)).expect("url");
+    url.bootstrap_port = bootstrap_port;
+    let w = Worker::new(url, role, Duration::from_secs(1)).expect("worker");
+    w.set_healthy(true);
+    w
+}
+
+fn dead_addr() -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr")
+}
+
+fn short_request(i: usize) -> iris_proto::scheduler::GenerateRequest {
+    use iris_proto::scheduler::{GenerateRequest, SamplingParams, TokenizedInput};
+    GenerateRequest {
+        request_id: format!("r{i}"),
+        tokenized: Some(TokenizedInput {
+            input_ids: vec![1, 2, 3],
+            original_text: String::new(),
+        }),
+        sampling_params: Some(SamplingParams {
+            max_new_tokens: Some(2),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn drain_ok(mut generation: iris_gateway::router::Generation) {
+    while let Some(message) = generation.next().await {
+        message.expect("no error from the live workers");
+    }
+}
+
 /// A worker that looks healthy but cannot be reached: the request moves to
 /// another worker, the client never notices, and the retry is counted.
 #[tokio::test]
 async fn unreachable_worker_is_retried_elsewhere() {
     use iris_gateway::router::{Mode, Router};
     use iris_gateway::workers::policy::{Policy, PolicyKind};
-    use iris_gateway::workers::{Pool, Role as PoolRole, Worker, WorkerUrl};
-    use iris_proto::scheduler::{GenerateRequest, SamplingParams, TokenizedInput};
+    use iris_gateway::workers::{Pool, Role as PoolRole};
 
     let model = tiny_model();
     let live = engine(&model, Role::Aggregated, 0).await;
-    let dead_addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr");
-    let worker = |addr: std::net::SocketAddr| {
-        let w = Worker::new(
-            WorkerUrl::parse(&grpc(addr)).expect("url"),
-            PoolRole::Aggregated,
-            Duration::from_secs(1),
-        )
-        .expect("worker");
-        w.set_healthy(true);
-        w
-    };
+    let workers = vec![
+        forced_healthy(dead_addr(), PoolRole::Aggregated, None),
+        forced_healthy(live.grpc_addr, PoolRole::Aggregated, None),
+    ];
     let pool = Pool::new(
         PoolRole::Aggregated,
-        vec![worker(dead_addr), worker(live.grpc_addr)],
+        workers,
         Policy::new(PolicyKind::RoundRobin),
     );
     let router = Router::new(Mode::Aggregated(std::sync::Arc::new(pool)), 2);
     for i in 0..4 {
-        let request = GenerateRequest {
-            request_id: format!("r{i}"),
-            tokenized: Some(TokenizedInput {
-                input_ids: vec![1, 2, 3],
-                original_text: String::new(),
-            }),
-            sampling_params: Some(SamplingParams {
-                max_new_tokens: Some(2),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let mut generation = router
-            .start(request)
+        let generation = router
+            .start(short_request(i))
             .await
             .unwrap_or_else(|e| panic!("request {i}: {e:?}"));
         assert_eq!(generation.worker.url.port, live.grpc_addr.port());
-        while let Some(message) = generation.next().await {
-            message.expect("no error from the live worker");
-        }
+        drain_ok(generation).await;
     }
     assert!(
         router.retries() >= 2,
         "round robin sends every other request to the dead worker first"
     );
+}
+
+/// PD: a dead decode worker behind a slow prefill. The retry goes to the
+/// same prefill while the first attempt's prefill is still running there:
+/// the attempts must not collide, and the first attempt's abort must not
+/// hit the retry.
+#[tokio::test]
+async fn pd_retry_past_a_dead_decode_does_not_collide_with_the_first_attempt() {
+    use iris_gateway::router::{Mode, Router};
+    use iris_gateway::workers::policy::{Policy, PolicyKind};
+    use iris_gateway::workers::{Pool, Role as PoolRole};
+
+    let model = tiny_model();
+    let mut slow = engine_args(&model, Role::Prefill, 0);
+    slow.prefill_us_per_token = 50_000;
+    let prefill = iris_engine::start(slow).await.expect("prefill");
+    let decode = engine(&model, Role::Decode, 0).await;
+    let data_port = prefill.data_addr.map(|a| a.port());
+    let prefills = vec![forced_healthy(
+        prefill.grpc_addr,
+        PoolRole::Prefill,
+        data_port,
+    )];
+    let decodes = vec![
+        forced_healthy(dead_addr(), PoolRole::Decode, None),
+        forced_healthy(decode.grpc_addr, PoolRole::Decode, None),
+    ];
+    let mode = Mode::PrefillDecode {
+        prefill: std::sync::Arc::new(Pool::new(
+            PoolRole::Prefill,
+            prefills,
+            Policy::new(PolicyKind::RoundRobin),
+        )),
+        decode: std::sync::Arc::new(Pool::new(
+            PoolRole::Decode,
+            decodes,
+            Policy::new(PolicyKind::RoundRobin),
+        )),
+    };
+    let router = Router::new(mode, 2);
+    for i in 0..2 {
+        let generation = router
+            .start(short_request(i))
+            .await
+            .unwrap_or_else(|e| panic!("request {i}: {e:?}"));
+        assert_eq!(generation.worker.url.port, decode.grpc_addr.port());
+        drain_ok(generation).await;
+    }
+    assert!(router.retries() >= 1);
 }

@@ -30,7 +30,13 @@ pub fn tiny_model() -> Model {
 }
 
 pub async fn engine(model: &Model, role: Role, decode_us_per_step: u64) -> RunningEngine {
-    let args = EngineArgs {
+    iris_engine::start(engine_args(model, role, decode_us_per_step))
+        .await
+        .expect("engine starts")
+}
+
+pub fn engine_args(model: &Model, role: Role, decode_us_per_step: u64) -> EngineArgs {
+    EngineArgs {
         role,
         host: "127.0.0.1".into(),
         port: 0,
@@ -45,8 +51,7 @@ pub async fn engine(model: &Model, role: Role, decode_us_per_step: u64) -> Runni
         transfer_wait_ms: 3_000,
         room_ttl_secs: 30,
         worker_id: None,
-    };
-    iris_engine::start(args).await.expect("engine starts")
+    }
 }
 
 #[derive(Parser)]
