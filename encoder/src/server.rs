@@ -14,7 +14,6 @@ use iris_proto::encoder::token_speed_encoder_server::TokenSpeedEncoderServer;
 use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServer;
 use iris_rooms::{RoomLimits, RoomStore};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::TowerBackend;
@@ -68,14 +67,14 @@ pub async fn start(args: EncoderArgs) -> anyhow::Result<RunningEncoder> {
         )
         .add_service(TokenSpeedSchedulerServer::new(service.clone()))
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(grpc),
+            iris_process::nodelay_incoming(grpc),
             shutdown.clone().cancelled_owned(),
         );
     let data_server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(IrisDataServer::new(service).max_encoding_message_size(MAX_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(data),
+            iris_process::nodelay_incoming(data),
             shutdown.clone().cancelled_owned(),
         );
     let tasks = vec![tokio::spawn(main), tokio::spawn(data_server)];

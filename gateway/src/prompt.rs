@@ -61,7 +61,7 @@ impl Prompter {
     /// special tokens, so none are added).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
         self.tokenizer
-            .encode(text, false)
+            .encode_fast(text, false)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))
     }

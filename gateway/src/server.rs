@@ -10,6 +10,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use iris_model::ModelDir;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -94,9 +95,15 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
     let app = routes(state.clone());
     let token = shutdown.clone();
     let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(token.cancelled_owned())
-            .await
+        axum::serve(
+            listener.tap_io(|tcp| {
+                // Streamed chunks must not wait for delayed ACKs.
+                let _ = tcp.set_nodelay(true);
+            }),
+            app,
+        )
+        .with_graceful_shutdown(token.cancelled_owned())
+        .await
     });
     Ok(RunningGateway {
         addr,

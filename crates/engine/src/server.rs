@@ -12,7 +12,6 @@ use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServ
 use iris_rooms::{RoomLimits, RoomStore};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::data::DataService;
@@ -81,7 +80,10 @@ pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(scheduler)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), token.cancelled_owned())
+            .serve_with_incoming_shutdown(
+                iris_process::nodelay_incoming(grpc),
+                token.cancelled_owned(),
+            )
             .await
     }));
     Ok(RunningEngine {
@@ -100,7 +102,10 @@ async fn serve_data(
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(
+            iris_process::nodelay_incoming(listener),
+            shutdown.cancelled_owned(),
+        )
         .await
 }
 

@@ -31,3 +31,18 @@ pub async fn wait_for_signal() {
         }
     }
 }
+
+/// Accepted connections of `listener` with Nagle's algorithm off, for
+/// `tonic`'s `serve_with_incoming*` (which ignores the builder's
+/// `tcp_nodelay` for incoming streams it did not bind itself). Without it,
+/// small streamed responses wait for delayed ACKs (~40 ms each).
+pub fn nodelay_incoming(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|accepted| {
+        let stream = accepted?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    })
+}

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Gateway overhead benchmark (text chats): one zero-cost `iris-engine`
+# (aggregated) and `iris serve` in front of it on loopback; for each
+# concurrency, RUNS runs of DURATION seconds (a) through the gateway over
+# HTTP and (b) straight to the engine over gRPC with the same prompt
+# pre-tokenized; prints a Markdown table of medians. See docs/benchmarks.md.
+#
+# Environment (all optional):
+#   RUNS=3 DURATION=15 WARMUP=2 CONCURRENCIES="1 16 64" MAX_TOKENS=16
+#   STREAM=0|1         stream the answers (SSE / gRPC chunks)
+#   LOADGEN_THREADS=1  runtime threads of the load generator
+#   SKIP_BUILD=1       use already-built release binaries
+#   RESULTS_DIR=DIR    keep every run's JSON report there
+#   CARGO_TARGET_DIR   where the release binaries are (default: ./target)
+#   ENGINE_BIN, GATEWAY_BIN  other iris-engine / iris binaries to measure
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+RUNS=${RUNS:-3}
+DURATION=${DURATION:-15}
+WARMUP=${WARMUP:-2}
+CONCURRENCIES=${CONCURRENCIES:-"1 16 64"}
+MAX_TOKENS=${MAX_TOKENS:-16}
+STREAM=${STREAM:-0}
+LOADGEN_THREADS=${LOADGEN_THREADS:-1}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=$TARGET_DIR/release
+ENGINE_BIN=${ENGINE_BIN:-$BIN/iris-engine}
+GATEWAY_BIN=${GATEWAY_BIN:-$BIN/iris}
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/iris-bench.XXXXXX")
+PIDS=()
+
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { echo "$*" >&2; }
+
+# Waits (up to 30 s) for a regex in a file and prints the first match.
+wait_for() {
+    local pattern=$1 file=$2 pid=$3 match
+    for _ in $(seq 300); do
+        match=$(grep -aoE "$pattern" "$file" 2>/dev/null | head -n1 || true)
+        if [[ -n $match ]]; then
+            echo "$match"
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || { log "process $pid died:"; cat "$file" >&2; return 1; }
+        sleep 0.1
+    done
+    log "timed out waiting for /$pattern/ in $file"
+    return 1
+}
+
+build() {
+    if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+        log "building release binaries into $TARGET_DIR …"
+        (cd "$ROOT" && CARGO_TARGET_DIR=$TARGET_DIR cargo build --release \
+            -p iris-gateway -p iris-engine -p iris-loadgen)
+    fi
+}
+
+start_engine() {
+    "$ENGINE_BIN" --role aggregated --host 127.0.0.1 --port 0 \
+        --model-path "$WORK/model" >"$WORK/engine.out" 2>"$WORK/engine.err" &
+    ENGINE_PID=$!
+    PIDS+=("$ENGINE_PID")
+    ENGINE_ADDR=$(wait_for '127\.0\.0\.1:[0-9]+' "$WORK/engine.out" "$ENGINE_PID")
+}
+
+start_gateway() {
+    NO_COLOR=1 "$GATEWAY_BIN" serve --host 127.0.0.1 --port 0 --model-path "$WORK/model" \
+        --worker-urls "grpc://$ENGINE_ADDR" >"$WORK/gateway.out" 2>"$WORK/gateway.err" &
+    GATEWAY_PID=$!
+    PIDS+=("$GATEWAY_PID")
+    GATEWAY_ADDR=$(wait_for '127\.0\.0\.1:[0-9]+' "$WORK/gateway.err" "$GATEWAY_PID")
+    for _ in $(seq 100); do
+        curl -fsS "http://$GATEWAY_ADDR/readiness" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    log "the gateway never became ready"
+    return 1
+}
+
+# loadgen NAME ARGS…: one run, its JSON report saved as $WORK/results/NAME.json.
+loadgen() {
+    local name=$1
+    shift
+    local extra=()
+    [[ $STREAM == 1 ]] && extra+=(--stream)
+    "$BIN/iris-loadgen" --json --duration-secs "$DURATION" --warmup-secs "$WARMUP" \
+        --max-tokens "$MAX_TOKENS" --threads "$LOADGEN_THREADS" "${extra[@]}" "$@" \
+        >"$WORK/results/$name.json"
+}
+
+run_all() {
+    local c r
+    for c in $CONCURRENCIES; do
+        for r in $(seq "$RUNS"); do
+            log "c=$c run $r/$RUNS: gateway"
+            loadgen "gateway-c$c-r$r" --target "http://$GATEWAY_ADDR" --concurrency "$c" \
+                --cpu-pid "$GATEWAY_PID" --cpu-pid "$ENGINE_PID"
+            log "c=$c run $r/$RUNS: direct gRPC"
+            loadgen "direct-c$c-r$r" --grpc "grpc://$ENGINE_ADDR" --model-path "$WORK/model" \
+                --concurrency "$c" --cpu-pid "$ENGINE_PID"
+        done
+    done
+}
+
+# The Markdown table of medians over runs.
+summarise() {
+    python3 - "$WORK/results" "$CONCURRENCIES" <<'PY'
+import json, os, statistics, sys
+results, concurrencies = sys.argv[1], sys.argv[2].split()
+def load(path, c):
+    runs = []
+    for name in sorted(os.listdir(results)):
+        if name.startswith(f"{path}-c{c}-r"):
+            with open(os.path.join(results, name)) as f:
+                runs.append(json.load(f))
+    return runs
+def med(runs, get):
+    values = [v for v in (get(r) for r in runs) if v is not None]
+    return statistics.median(values) if values else None
+def cpu(r, name):
+    for p in r["cpu"]:
+        if (name is None and p["pid"] is None) or (name and p["name"].startswith(name)):
+            return p["us_per_request"]
+    return None
+def fmt(v, spec):
+    return "–" if v is None else format(v, spec)
+print("| c | path | req/s | p50 ms | p99 ms | added p50 ms | gateway CPU µs/req | engine CPU µs/req | loadgen CPU µs/req | errors |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for c in concurrencies:
+    gw, direct = load("gateway", c), load("direct", c)
+    row = {}
+    for path, runs in (("gateway", gw), ("direct", direct)):
+        row[path] = {
+            "rps": med(runs, lambda r: r["requests_per_sec"]),
+            "p50": med(runs, lambda r: r["latency"] and r["latency"]["p50_ms"]),
+            "p99": med(runs, lambda r: r["latency"] and r["latency"]["p99_ms"]),
+            "gw": med(runs, lambda r: cpu(r, "iris") if path == "gateway" else None),
+            "engine": med(runs, lambda r: cpu(r, "iris-engine")),
+            "self": med(runs, lambda r: cpu(r, None)),
+            "errors": sum(r["errors"] for r in runs),
+        }
+    added = None
+    if row["gateway"]["p50"] is not None and row["direct"]["p50"] is not None:
+        added = row["gateway"]["p50"] - row["direct"]["p50"]
+    for path in ("gateway", "direct"):
+        m = row[path]
+        print(f"| {c} | {path} | {fmt(m['rps'], ',.0f')} | {fmt(m['p50'], '.3f')} | {fmt(m['p99'], '.3f')} | "
+              f"{fmt(added, '.3f') if path == 'gateway' else ''} | {fmt(m['gw'], '.0f') if path == 'gateway' else ''} | "
+              f"{fmt(m['engine'], '.0f')} | {fmt(m['self'], '.0f')} | {m['errors']} |")
+PY
+}
+
+main() {
+    build
+    mkdir -p "$WORK/results"
+    "$BIN/iris-loadgen" --write-tiny-model "$WORK/model"
+    start_engine
+    start_gateway
+    log "engine $ENGINE_ADDR (pid $ENGINE_PID), gateway $GATEWAY_ADDR (pid $GATEWAY_PID)"
+    echo "## Gateway overhead: RUNS=$RUNS DURATION=${DURATION}s WARMUP=${WARMUP}s MAX_TOKENS=$MAX_TOKENS STREAM=$STREAM"
+    echo
+    echo "- $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "- engine $ENGINE_BIN, gateway $GATEWAY_BIN"
+    echo "- $(rustc --version), commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo
+    run_all
+    summarise
+    echo
+    echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+    if [[ -n ${RESULTS_DIR:-} ]]; then
+        mkdir -p "$RESULTS_DIR"
+        cp "$WORK"/results/*.json "$RESULTS_DIR"/
+    fi
+}
+
+main "$@"

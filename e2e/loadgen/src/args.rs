@@ -1,0 +1,286 @@
+//! Command-line options and their validation into a [`Config`]; bad
+//! values become clear errors, never panics.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+
+/// The longest measured window a run may ask for (runs are bounded).
+const MAX_DURATION_SECS: f64 = 3600.0;
+/// The most concurrent requests (each owns a task, and an HTTP connection).
+const MAX_CONCURRENCY: usize = 4096;
+
+/// What `iris-loadgen` was asked to do.
+#[derive(Debug, Parser)]
+#[command(
+    name = "iris-loadgen",
+    version,
+    about = "Closed-loop load generator: OpenAI chat over HTTP, or TokenSpeed Generate over gRPC"
+)]
+pub struct Cli {
+    /// OpenAI-compatible HTTP target, e.g. http://127.0.0.1:8000.
+    #[arg(long, conflicts_with = "grpc")]
+    pub target: Option<String>,
+    /// gRPC worker target, e.g. grpc://127.0.0.1:30000 (needs --model-path).
+    #[arg(long)]
+    pub grpc: Option<String>,
+    /// Model directory whose chat template and tokenizer turn the prompt
+    /// into token ids for --grpc (the ids the gateway would send).
+    #[arg(long)]
+    pub model_path: Option<PathBuf>,
+    /// Model name for HTTP requests (default: the first of GET /v1/models).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Concurrent requests (closed loop: each sends its next request as
+    /// soon as the previous one is answered).
+    #[arg(long, default_value_t = 1)]
+    pub concurrency: usize,
+    /// Measured seconds (after the warm-up).
+    #[arg(long, default_value_t = 15.0)]
+    pub duration_secs: f64,
+    /// Unmeasured seconds before the measurement.
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup_secs: f64,
+    /// Stop after this many measured requests (even before --duration-secs).
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// max_tokens (max_new_tokens over gRPC) of every request.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: u32,
+    /// Stream the answers (SSE over HTTP, token chunks over gRPC).
+    #[arg(long)]
+    pub stream: bool,
+    /// The user message of every chat.
+    #[arg(long, default_value = crate::prompt::DEFAULT_PROMPT)]
+    pub prompt: String,
+    /// Report this process's CPU time per request (repeatable).
+    #[arg(long)]
+    pub cpu_pid: Vec<u32>,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Runtime threads of the load generator (1: a single-threaded runtime).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// gRPC connections shared by the concurrent requests (the gateway
+    /// uses one per worker).
+    #[arg(long, default_value_t = 1)]
+    pub grpc_connections: usize,
+    /// Seconds one request may take before it counts as an error.
+    #[arg(long, default_value_t = 30.0)]
+    pub request_timeout_secs: f64,
+    /// Write the tiny test model into this directory and exit.
+    #[arg(long, conflicts_with_all = ["target", "grpc"])]
+    pub write_tiny_model: Option<PathBuf>,
+}
+
+/// Where requests go.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Http {
+        addr: SocketAddr,
+        /// The Host header.
+        authority: String,
+    },
+    Grpc {
+        /// `http://host:port`, as tonic wants it.
+        endpoint: String,
+        model_path: PathBuf,
+        connections: usize,
+    },
+}
+
+/// A validated run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub target: Target,
+    pub model: Option<String>,
+    pub concurrency: usize,
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub requests: Option<u64>,
+    pub max_tokens: u32,
+    pub stream: bool,
+    pub prompt: String,
+    pub cpu_pids: Vec<u32>,
+    pub request_timeout: Duration,
+}
+
+impl Cli {
+    /// Checks every option and resolves the target address.
+    pub fn config(&self) -> anyhow::Result<Config> {
+        Ok(Config {
+            target: self.target()?,
+            model: self.model.clone(),
+            concurrency: in_range("--concurrency", self.concurrency, 1, MAX_CONCURRENCY)?,
+            duration: seconds("--duration-secs", self.duration_secs, false)?,
+            warmup: seconds("--warmup-secs", self.warmup_secs, true)?,
+            requests: match self.requests {
+                Some(0) => bail!("--requests must be at least 1"),
+                other => other,
+            },
+            max_tokens: in_range("--max-tokens", self.max_tokens, 1, 1 << 20)?,
+            stream: self.stream,
+            prompt: non_empty("--prompt", &self.prompt)?,
+            cpu_pids: self.cpu_pid.clone(),
+            request_timeout: seconds("--request-timeout-secs", self.request_timeout_secs, false)?,
+        })
+    }
+
+    fn target(&self) -> anyhow::Result<Target> {
+        match (&self.target, &self.grpc) {
+            (Some(url), None) => http_target(url),
+            (None, Some(url)) => {
+                let model_path = self
+                    .model_path
+                    .clone()
+                    .context("--grpc needs --model-path DIR (to tokenize the prompt)")?;
+                Ok(Target::Grpc {
+                    endpoint: grpc_endpoint(url)?,
+                    model_path,
+                    connections: in_range("--grpc-connections", self.grpc_connections, 1, 256)?,
+                })
+            }
+            _ => bail!("give exactly one of --target http://HOST:PORT or --grpc grpc://HOST:PORT"),
+        }
+    }
+
+    /// Threads for the runtime, checked.
+    pub fn threads(&self) -> anyhow::Result<usize> {
+        in_range("--threads", self.threads, 1, 256)
+    }
+}
+
+/// `http://host:port[/]` → the socket address and Host header.
+pub fn http_target(url: &str) -> anyhow::Result<Target> {
+    let rest = url
+        .strip_prefix("http://")
+        .with_context(|| format!("--target {url:?}: only http:// URLs are supported"))?;
+    let authority = rest.trim_end_matches('/');
+    if authority.is_empty() || authority.contains('/') {
+        bail!("--target {url:?}: give the server root, e.g. http://127.0.0.1:8000");
+    }
+    let addr = resolve(authority, 80).with_context(|| format!("--target {url:?}"))?;
+    Ok(Target::Http {
+        addr,
+        authority: authority.to_owned(),
+    })
+}
+
+/// `grpc://host:port` (or `http://`) → `http://host:port` for tonic.
+pub fn grpc_endpoint(url: &str) -> anyhow::Result<String> {
+    let rest = url
+        .strip_prefix("grpc://")
+        .or_else(|| url.strip_prefix("http://"))
+        .with_context(|| format!("--grpc {url:?}: expected grpc://HOST:PORT"))?;
+    let authority = rest.trim_end_matches('/');
+    resolve(authority, 0).with_context(|| format!("--grpc {url:?}"))?;
+    Ok(format!("http://{authority}"))
+}
+
+/// The first address of `host[:port]` (`default_port` when absent; 0
+/// means the port is required).
+fn resolve(authority: &str, default_port: u16) -> anyhow::Result<SocketAddr> {
+    let with_port = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        authority.to_owned()
+    } else if default_port != 0 {
+        format!("{authority}:{default_port}")
+    } else {
+        bail!("{authority:?} has no port");
+    };
+    with_port
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve {with_port:?}"))?
+        .next()
+        .with_context(|| format!("{with_port:?} resolves to no address"))
+}
+
+fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
+    name: &str,
+    value: T,
+    min: T,
+    max: T,
+) -> anyhow::Result<T> {
+    if value < min || value > max {
+        bail!("{name} must be between {min} and {max}, not {value}");
+    }
+    Ok(value)
+}
+
+fn seconds(name: &str, value: f64, zero_ok: bool) -> anyhow::Result<Duration> {
+    let ok =
+        value.is_finite() && value <= MAX_DURATION_SECS && (value > 0.0 || zero_ok && value == 0.0);
+    if !ok {
+        let low = if zero_ok { "0" } else { "more than 0" };
+        bail!("{name} must be {low} and at most {MAX_DURATION_SECS} seconds, not {value}");
+    }
+    Ok(Duration::from_secs_f64(value))
+}
+
+fn non_empty(name: &str, value: &str) -> anyhow::Result<String> {
+    if value.trim().is_empty() {
+        bail!("{name} must not be empty");
+    }
+    Ok(value.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("iris-loadgen").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn http_targets() {
+        let config = cli(&["--target", "http://127.0.0.1:8000/"])
+            .config()
+            .unwrap();
+        match config.target {
+            Target::Http { addr, authority } => {
+                assert_eq!(addr.port(), 8000);
+                assert_eq!(authority, "127.0.0.1:8000");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(http_target("https://127.0.0.1:8000").is_err());
+        assert!(http_target("http://127.0.0.1:8000/v1").is_err());
+    }
+
+    #[test]
+    fn grpc_targets_need_a_model_and_a_port() {
+        assert!(cli(&["--grpc", "grpc://127.0.0.1:1"]).config().is_err());
+        let c = cli(&["--grpc", "grpc://127.0.0.1:1", "--model-path", "/m"]);
+        assert!(matches!(c.config().unwrap().target, Target::Grpc { .. }));
+        assert!(grpc_endpoint("grpc://127.0.0.1").is_err());
+        assert_eq!(
+            grpc_endpoint("grpc://127.0.0.1:9").unwrap(),
+            "http://127.0.0.1:9"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_numbers() {
+        let base = ["--target", "http://127.0.0.1:1"];
+        let with = |extra: &[&str]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            cli(&v).config()
+        };
+        assert!(with(&["--concurrency", "0"]).is_err());
+        assert!(with(&["--duration-secs", "0"]).is_err());
+        assert!(with(&["--duration-secs", "NaN"]).is_err());
+        assert!(with(&["--duration-secs", "1e9"]).is_err());
+        assert!(with(&["--warmup-secs", "0"]).is_ok());
+        assert!(with(&["--requests", "0"]).is_err());
+        assert!(with(&["--prompt", " "]).is_err());
+        assert!(cli(&[]).config().is_err());
+    }
+}

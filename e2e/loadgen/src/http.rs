@@ -1,0 +1,262 @@
+//! The HTTP client: one keep-alive HTTP/1.1 connection per concurrent
+//! request loop (hyper's low-level `client::conn`, no pool), the chat body
+//! serialised once and shared, answers checked for status and, for SSE,
+//! for the closing `[DONE]` and the absence of error events.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::header::{CONTENT_TYPE, HOST};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::run::Timing;
+
+const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// What every request of a run sends.
+#[derive(Debug)]
+pub struct HttpTarget {
+    pub addr: SocketAddr,
+    pub authority: String,
+    pub body: Bytes,
+    pub stream: bool,
+}
+
+/// One connection and the loop's requests over it; reconnects after an
+/// error.
+pub struct HttpClient {
+    target: Arc<HttpTarget>,
+    sender: Option<SendRequest<Full<Bytes>>>,
+}
+
+impl HttpClient {
+    pub fn new(target: Arc<HttpTarget>) -> HttpClient {
+        HttpClient {
+            target,
+            sender: None,
+        }
+    }
+
+    /// Sends one chat and reads the whole answer.
+    pub async fn send(&mut self, start: Instant) -> anyhow::Result<Timing> {
+        let result = self.exchange(start).await;
+        if result.is_err() {
+            self.sender = None;
+        }
+        result
+    }
+
+    async fn exchange(&mut self, start: Instant) -> anyhow::Result<Timing> {
+        let request = self.request()?;
+        let sender = self.ready_sender().await?;
+        let response = sender
+            .send_request(request)
+            .await
+            .context("request failed")?;
+        let ttfb = start.elapsed();
+        let status = response.status();
+        let mut body = response.into_body();
+        let mut scan = AnswerScan::new(self.target.stream);
+        while let Some(frame) = body.frame().await {
+            let frame = frame.context("reading the answer failed")?;
+            if let Some(data) = frame.data_ref() {
+                scan.push(data, start);
+            }
+        }
+        scan.finish(status, ttfb)
+    }
+
+    fn request(&self) -> anyhow::Result<Request<Full<Bytes>>> {
+        Request::builder()
+            .method(Method::POST)
+            .uri(CHAT_PATH)
+            .header(HOST, self.target.authority.as_str())
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(self.target.body.clone()))
+            .context("cannot build the request")
+    }
+
+    async fn ready_sender(&mut self) -> anyhow::Result<&mut SendRequest<Full<Bytes>>> {
+        if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
+            self.sender = Some(connect(self.target.addr).await?);
+        }
+        let sender = self
+            .sender
+            .as_mut()
+            .context("no connection after connecting")?;
+        sender.ready().await.context("the connection closed")?;
+        Ok(sender)
+    }
+}
+
+/// Opens a keep-alive HTTP/1.1 connection (TCP_NODELAY) and drives it on
+/// its own task.
+async fn connect<B>(addr: SocketAddr) -> anyhow::Result<SendRequest<B>>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let tcp = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    tcp.set_nodelay(true).context("cannot set TCP_NODELAY")?;
+    let (sender, connection) = http1::handshake(TokioIo::new(tcp))
+        .await
+        .context("HTTP handshake failed")?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+/// What the answer's body showed: first token, `[DONE]`, error events.
+struct AnswerScan {
+    stream: bool,
+    first_token: Option<Duration>,
+    done: bool,
+    error_event: Option<String>,
+    bytes: usize,
+}
+
+impl AnswerScan {
+    fn new(stream: bool) -> AnswerScan {
+        AnswerScan {
+            stream,
+            first_token: None,
+            done: false,
+            error_event: None,
+            bytes: 0,
+        }
+    }
+
+    fn push(&mut self, data: &Bytes, start: Instant) {
+        self.bytes += data.len();
+        if !self.stream {
+            return;
+        }
+        if self.first_token.is_none() && has_content(data) {
+            self.first_token = Some(start.elapsed());
+        }
+        if self.error_event.is_none() && find(data, b"\"error\":").is_some() {
+            self.error_event = Some(String::from_utf8_lossy(data).chars().take(300).collect());
+        }
+        self.done |= find(data, b"data: [DONE]").is_some();
+    }
+
+    fn finish(self, status: StatusCode, ttfb: Duration) -> anyhow::Result<Timing> {
+        if status != StatusCode::OK {
+            bail!("HTTP {}", status.as_u16());
+        }
+        if let Some(event) = self.error_event {
+            bail!("error event in the stream: {event}");
+        }
+        if self.stream && !self.done {
+            bail!("the stream ended without data: [DONE]");
+        }
+        if self.bytes == 0 {
+            bail!("empty answer");
+        }
+        Ok(Timing {
+            ttfb,
+            first_token: self.first_token,
+        })
+    }
+}
+
+/// Whether an SSE frame carries generated text: `"content":"` followed by
+/// anything but the closing quote (the role chunk's content is empty).
+fn has_content(data: &[u8]) -> bool {
+    const KEY: &[u8] = b"\"content\":\"";
+    let mut rest = data;
+    while let Some(at) = find(rest, KEY) {
+        rest = &rest[at + KEY.len()..];
+        if rest.first().is_some_and(|&b| b != b'"') {
+            return true;
+        }
+    }
+    false
+}
+
+/// The offset of `needle` in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || hay.len() < needle.len() {
+        return None;
+    }
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// `GET /v1/models` once and the first model's id.
+pub async fn first_model(addr: SocketAddr, authority: &str) -> anyhow::Result<String> {
+    let mut sender = connect::<Empty<Bytes>>(addr).await?;
+    let request = Request::builder()
+        .uri("/v1/models")
+        .header(HOST, authority)
+        .body(Empty::new())
+        .context("cannot build GET /v1/models")?;
+    let response = sender
+        .send_request(request)
+        .await
+        .context("GET /v1/models failed")?;
+    if response.status() != StatusCode::OK {
+        bail!(
+            "GET /v1/models answered HTTP {}",
+            response.status().as_u16()
+        );
+    }
+    let body = response.into_body().collect().await?.to_bytes();
+    let json: serde_json::Value =
+        serde_json::from_slice(&body).context("GET /v1/models is not JSON")?;
+    json["data"][0]["id"]
+        .as_str()
+        .map(str::to_owned)
+        .context("GET /v1/models lists no model; pass --model NAME")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_generated_text_in_sse_frames() {
+        let role =
+            b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
+        let token = b"data: {\"choices\":[{\"delta\":{\"content\":\"sea\"}}]}\n\n";
+        assert!(!has_content(role));
+        assert!(has_content(token));
+        let both = [&role[..], &token[..]].concat();
+        assert!(has_content(&both));
+        assert_eq!(find(b"abc", b"c"), Some(2));
+        assert_eq!(find(b"ab", b"abc"), None);
+    }
+
+    #[test]
+    fn stream_answers_need_done_and_no_error() {
+        let start = Instant::now();
+        let ok = StatusCode::OK;
+        let mut scan = AnswerScan::new(true);
+        scan.push(&Bytes::from_static(b"data: {\"content\":\"x\"}\n\n"), start);
+        assert!(AnswerScan::new(true).finish(ok, Duration::ZERO).is_err());
+        scan.push(&Bytes::from_static(b"data: [DONE]\n\n"), start);
+        let timing = scan.finish(ok, Duration::ZERO).unwrap();
+        assert!(timing.first_token.is_some());
+        let mut bad = AnswerScan::new(true);
+        bad.push(
+            &Bytes::from_static(b"data: {\"error\":{}}\n\ndata: [DONE]\n\n"),
+            start,
+        );
+        assert!(bad.finish(ok, Duration::ZERO).is_err());
+        let mut plain = AnswerScan::new(false);
+        plain.push(&Bytes::from_static(b"{}"), start);
+        assert!(plain
+            .finish(StatusCode::BAD_GATEWAY, Duration::ZERO)
+            .is_err());
+    }
+}

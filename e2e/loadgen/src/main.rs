@@ -1,0 +1,55 @@
+//! `iris-loadgen`: a closed-loop load generator for the Iris gateway
+//! (OpenAI chat over HTTP/1.1 keep-alive) or a TokenSpeed worker directly
+//! (`Generate` over gRPC with the same prompt pre-tokenized). It reports
+//! requests/s, latency percentiles, time to first byte/token, errors and
+//! CPU µs per request of the processes given with `--cpu-pid` and of
+//! itself. See docs/benchmarks.md.
+
+mod args;
+mod cpu;
+mod grpc;
+mod http;
+mod prompt;
+mod report;
+mod run;
+mod stats;
+
+use anyhow::Context;
+use clap::Parser;
+
+use crate::args::Cli;
+use crate::report::Report;
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    if let Some(dir) = &cli.write_tiny_model {
+        return iris_model::tiny::write_tiny_qwen2_vl(dir)
+            .with_context(|| format!("cannot write the tiny model to {}", dir.display()));
+    }
+    let config = cli.config()?;
+    let runtime = runtime(cli.threads()?)?;
+    let measured = runtime.block_on(run::run(&config))?;
+    let report = Report::new(&config, measured);
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+/// A single-threaded runtime for one thread (the least overhead), else a
+/// multi-threaded one.
+fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    builder
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}

@@ -1,0 +1,322 @@
+"""Fixtures for the end-to-end tests: real ``iris-engine`` workers and a real
+``iris serve`` gateway on loopback, driven with the official ``openai``
+Python client.
+
+Binaries come from ``$IRIS_BIN_DIR`` (default ``target/debug`` of the repo,
+or ``$CARGO_TARGET_DIR/debug``); ``e2e/run-tests`` builds them. Every
+process a test starts is registered with a :class:`Processes` group whose
+fixture kills it at teardown, whatever the test's outcome. Process logs
+(stderr) go to files under pytest's temporary directory and their tails are
+quoted when a process fails to start.
+
+``deployment`` (module scope) is parametrized over the two ways of serving:
+``aggregated`` (one aggregated worker) and ``pd`` (one prefill and one
+decode worker with ``--pd-disaggregation``).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT = 30.0
+ENGINE_LINE = re.compile(r"iris-engine listening grpc=(\S+)(?: data=(\S+))?")
+
+
+def bin_dir() -> Path:
+    """Where the built binaries are."""
+    explicit = os.environ.get("IRIS_BIN_DIR")
+    if explicit:
+        return Path(explicit).resolve()
+    target = os.environ.get("CARGO_TARGET_DIR")
+    return (Path(target) if target else REPO / "target").resolve() / "debug"
+
+
+def binary(name: str) -> Path:
+    """The path of a built binary; fails the test with a hint if missing."""
+    path = bin_dir() / name
+    if not path.is_file():
+        pytest.fail(f"{path} not found: build with `cargo build --workspace --bins --examples` "
+                    "or run e2e/run-tests (IRIS_BIN_DIR selects the directory)")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port that was free on loopback a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_of(addr: str) -> int:
+    """The port of ``host:port``."""
+    return int(addr.rsplit(":", 1)[1])
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
+    """Polls ``predicate`` until it returns a truthy value; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def metric(text: str, name: str, **labels) -> float | None:
+    """The value of the Prometheus sample ``name{labels}`` in ``text`` (label
+    order as written by the gateway), or None when absent."""
+    inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    prefix = f"{name}{{{inner}}} " if labels else f"{name} "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix):])
+    return None
+
+
+class Process:
+    """A started child process, its stderr log file and its stdout lines."""
+
+    def __init__(self, name: str, args: list, log_path: Path):
+        self.name = name
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.popen = subprocess.Popen(
+            [str(a) for a in args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+        )
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+
+    def _read_stdout(self):
+        for raw in self.popen.stdout:
+            self.lines.put(raw.decode(errors="replace").rstrip("\n"))
+
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of the process's stderr log."""
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def wait_for_line(self, pattern: re.Pattern, timeout: float) -> re.Match:
+        """The first stdout line matching ``pattern``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                match = pattern.search(self.lines.get(timeout=0.1))
+                if match:
+                    return match
+            except queue.Empty:
+                if self.popen.poll() is not None:
+                    break
+        pytest.fail(f"{self.name} did not print {pattern.pattern!r} "
+                    f"(exit code {self.popen.poll()}):\n{self.log_tail()}")
+
+    def kill(self):
+        """SIGKILL now and reap."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def stop(self):
+        """SIGTERM, then SIGKILL if it is still alive after a short grace."""
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+        self._log.close()
+
+
+class Processes:
+    """Every process a fixture started; ``stop_all`` ends them all."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.started: list[Process] = []
+
+    def spawn(self, name: str, args: list) -> Process:
+        log = self.log_dir / f"{len(self.started):02d}-{name}.log"
+        process = Process(name, args, log)
+        self.started.append(process)
+        return process
+
+    def stop_all(self):
+        for process in reversed(self.started):
+            process.stop()
+
+
+@dataclass
+class Engine:
+    """A reference worker."""
+
+    role: str
+    process: Process
+    grpc_port: int
+    data_port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"grpc://127.0.0.1:{self.grpc_port}"
+
+
+@dataclass
+class Gateway:
+    """A running ``iris serve``."""
+
+    process: Process
+    port: int
+    model: str
+    clients: list = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, timeout: float = 30.0) -> openai.OpenAI:
+        """An OpenAI client without automatic retries (errors must surface)."""
+        client = openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused",
+                               max_retries=0, timeout=timeout)
+        self.clients.append(client)
+        return client
+
+    def http(self, timeout: float = 30.0) -> httpx.Client:
+        """A plain HTTP client on the gateway."""
+        client = httpx.Client(base_url=self.base_url, timeout=timeout)
+        self.clients.append(client)
+        return client
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.base_url}/metrics", timeout=10).text
+
+    def close_clients(self):
+        for client in self.clients:
+            client.close()
+
+
+@dataclass
+class Deployment:
+    """A gateway and its workers."""
+
+    mode: str
+    gateway: Gateway
+    engines: list
+
+
+def start_engine(procs: Processes, model_dir: Path, role: str, *extra) -> Engine:
+    """Starts ``iris-engine`` on free ports and waits until it is bound."""
+    args = [binary("iris-engine"), "--role", role, "--host", "127.0.0.1", "--port", "0",
+            "--bootstrap-port", "0", "--model-path", model_dir, *extra]
+    process = procs.spawn(f"engine-{role}", args)
+    match = process.wait_for_line(ENGINE_LINE, STARTUP_TIMEOUT)
+    data = port_of(match.group(2)) if match.group(2) else None
+    return Engine(role, process, port_of(match.group(1)), data)
+
+
+def readiness(base_url: str) -> int:
+    """The status of ``GET /readiness``, 0 when the gateway does not answer."""
+    try:
+        return httpx.get(f"{base_url}/readiness", timeout=2).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def start_gateway(procs: Processes, model_dir: Path, *mode_args) -> Gateway:
+    """Starts ``iris serve`` on a free port and waits until ``/readiness`` is 200."""
+    port = free_port()
+    args = [binary("iris"), "serve", "--host", "127.0.0.1", "--port", port,
+            "--model-path", model_dir, *mode_args]
+    process = procs.spawn("gateway", args)
+    gateway = Gateway(process, port, model_dir.name)
+
+    def ready():
+        if process.popen.poll() is not None:
+            pytest.fail(f"gateway exited with {process.popen.returncode}:\n{process.log_tail()}")
+        return readiness(gateway.base_url) == 200
+
+    wait_until(ready, STARTUP_TIMEOUT, f"gateway readiness on port {port}")
+    return gateway
+
+
+def aggregated(procs: Processes, model_dir: Path, workers: int = 1,
+               engine_args=(), gateway_args=()) -> Deployment:
+    """``workers`` aggregated engines behind a gateway."""
+    engines = [start_engine(procs, model_dir, "aggregated", *engine_args) for _ in range(workers)]
+    urls = [a for e in engines for a in ("--worker-urls", e.url)]
+    gateway = start_gateway(procs, model_dir, *urls, *gateway_args)
+    return Deployment("aggregated", gateway, engines)
+
+
+def prefill_decode(procs: Processes, model_dir: Path, decodes: int = 1, prefill_args=(),
+                   decode_args=(), gateway_args=()) -> Deployment:
+    """One prefill and ``decodes`` decode engines behind a PD gateway."""
+    prefill = start_engine(procs, model_dir, "prefill", *prefill_args)
+    decode = [start_engine(procs, model_dir, "decode", *decode_args) for _ in range(decodes)]
+    args = ["--pd-disaggregation", "--prefill", prefill.url, str(prefill.data_port)]
+    args += [a for e in decode for a in ("--decode", e.url)]
+    gateway = start_gateway(procs, model_dir, *args, *gateway_args)
+    return Deployment("pd", gateway, [prefill, *decode])
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    """The tiny model directory, written once per session."""
+    path = tmp_path_factory.mktemp("models") / "tiny-chat"
+    subprocess.run([str(binary("examples/write_tiny")), str(path)], check=True,
+                   stdout=subprocess.DEVNULL, timeout=60)
+    return path
+
+
+@pytest.fixture
+def processes(tmp_path):
+    """A process group for one test, stopped at its teardown."""
+    procs = Processes(tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
+
+
+@pytest.fixture(scope="module", params=["aggregated", "pd"])
+def deployment(request, model_dir, tmp_path_factory):
+    """A gateway with its workers, per serving mode, shared by a module."""
+    procs = Processes(tmp_path_factory.mktemp(f"logs-{request.param}"))
+    start = aggregated if request.param == "aggregated" else prefill_decode
+    dep = None
+    try:
+        dep = start(procs, model_dir)
+        yield dep
+    finally:
+        if dep is not None:
+            dep.gateway.close_clients()
+        procs.stop_all()
+
+
+@pytest.fixture(scope="module")
+def client(deployment) -> openai.OpenAI:
+    """An OpenAI client on the shared deployment."""
+    return deployment.gateway.client()
+
+
+@pytest.fixture(scope="module")
+def model(deployment) -> str:
+    """The served model name."""
+    return deployment.gateway.model

@@ -1,0 +1,148 @@
+"""Workers dying under the gateway: each test starts its own processes
+(killed at teardown by the ``processes`` fixture) and SIGKILLs a worker.
+
+- a decode worker killed mid-stream in PD mode: the client gets a clean
+  error quickly, never a hang, and the gateway keeps serving with the other
+  decode worker (retrying past the dead one);
+- the only aggregated worker killed: 503 in the OpenAI error shape;
+- one of two aggregated workers killed: requests are retried on the other.
+"""
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from conftest import aggregated, metric, prefill_decode, readiness, wait_until
+
+SLOW_DECODE = ("--decode-us-per-step", "20000")
+# A prefill that takes a realistic while (~0.2 s here): a retried PD request
+# may find its first prefill leg still running.
+SLOW_PREFILL = ("--prefill-us-per-token", "10000")
+FAST_HEALTH = ("--health-check-interval-secs", "0.2", "--health-failure-threshold", "1")
+ERROR_DEADLINE = 10.0
+
+
+def chat(client, model, max_tokens=8, **kwargs):
+    return client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Are you still there?"}],
+        max_tokens=max_tokens, extra_body={"ignore_eos": True}, **kwargs)
+
+
+def wait_all_healthy(gateway, engines):
+    """Waits until the gateway's health checker has every worker in service."""
+    def all_healthy():
+        text = gateway.metrics()
+        return all(metric(text, "iris_worker_healthy", worker=e.url, role=e.role) == 1
+                   for e in engines)
+    wait_until(all_healthy, 10, "every worker healthy")
+
+
+def serving_decode(gateway, decodes):
+    """The one decode engine with a request in flight."""
+    text = gateway.metrics()
+    busy = [e for e in decodes
+            if metric(text, "iris_worker_in_flight", worker=e.url, role="decode") == 1]
+    assert len(busy) == 1, text
+    return busy[0]
+
+
+def read_until_error(stream) -> tuple:
+    """Iterates ``stream`` to its end; returns (chunks read, error raised or None)."""
+    chunks = 0
+    try:
+        for _ in stream:
+            chunks += 1
+    except openai.APIError as error:
+        return chunks, error
+    return chunks, None
+
+
+def test_decode_killed_mid_stream(processes, model_dir):
+    dep = prefill_decode(processes, model_dir, decodes=2, prefill_args=SLOW_PREFILL,
+                         decode_args=SLOW_DECODE,
+                         gateway_args=("--decode-policy", "round_robin"))
+    gateway, decodes = dep.gateway, dep.engines[1:]
+    wait_all_healthy(gateway, dep.engines)
+    client = gateway.client(timeout=3 * ERROR_DEADLINE)
+
+    stream = chat(client, gateway.model, max_tokens=500, stream=True)
+    head = [next(stream) for _ in range(3)]
+    assert head[0].choices[0].delta.role == "assistant"
+    victim = serving_decode(gateway, decodes)
+    victim.process.kill()
+    killed_at = time.monotonic()
+    chunks, error = read_until_error(stream)
+    elapsed = time.monotonic() - killed_at
+
+    assert error is not None, f"the stream ended normally after {chunks} more chunks"
+    assert not isinstance(error, openai.APIConnectionError), \
+        f"the connection broke instead of a clean error event: {error!r}"
+    assert elapsed <= ERROR_DEADLINE, f"the error took {elapsed:.1f} s"
+    assert victim.url.removeprefix("grpc://") in error.message, error.message
+    assert chunks < 500
+
+    assert httpx.get(f"{gateway.base_url}/health", timeout=5).status_code == 200
+    wait_until(lambda: metric(gateway.metrics(), "iris_worker_in_flight",
+                              worker=victim.url, role="decode") == 0,
+               5, "the dead worker's in-flight count back to 0")
+    # Round robin: one of two requests picks the dead worker first and must
+    # be retried on the live one.
+    for attempt in range(2):
+        try:
+            answer = chat(client, gateway.model)
+        except openai.APIError as error:
+            pytest.fail(f"request {attempt + 1} after the kill failed: {error!r}")
+        assert answer.choices[0].finish_reason == "length"
+        assert answer.usage.completion_tokens == 8
+    assert "retrying elsewhere" in gateway.process.log_tail(20000)
+
+
+def assert_503(response: httpx.Response):
+    """An OpenAI-shaped 503."""
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and error["type"]
+    assert "param" in error and "code" in error
+
+
+def test_only_aggregated_worker_killed(processes, model_dir):
+    dep = aggregated(processes, model_dir, workers=1, gateway_args=FAST_HEALTH)
+    gateway = dep.gateway
+    client = gateway.client(timeout=ERROR_DEADLINE)
+    dep.engines[0].process.kill()
+
+    with pytest.raises(openai.InternalServerError) as caught:
+        chat(client, gateway.model)
+    assert caught.value.status_code == 503
+    with pytest.raises(openai.InternalServerError) as caught:
+        chat(client, gateway.model, stream=True)
+    assert caught.value.status_code == 503
+
+    wait_until(lambda: readiness(gateway.base_url) == 503, 5, "readiness 503")
+    body = {"model": gateway.model, "messages": [{"role": "user", "content": "hi"}]}
+    response = gateway.http().post("/v1/chat/completions", json=body)
+    assert_503(response)
+    assert "no healthy aggregated worker" in response.json()["error"]["message"]
+    assert httpx.get(f"{gateway.base_url}/health", timeout=5).status_code == 200
+
+
+def test_aggregated_retry_past_dead_worker(processes, model_dir):
+    dep = aggregated(processes, model_dir, workers=2,
+                     gateway_args=("--policy", "round_robin"))
+    gateway = dep.gateway
+    wait_all_healthy(gateway, dep.engines)
+    client = gateway.client()
+    before = chat(client, gateway.model).choices[0].message.content
+    dep.engines[0].process.kill()
+
+    # Round robin over two workers that both still count as healthy: one of
+    # the next two requests is sent to the dead worker first.
+    for _ in range(2):
+        assert chat(client, gateway.model).choices[0].message.content == before
+    assert "retrying elsewhere" in gateway.process.log_tail(20000)
+    retries = metric(gateway.metrics(), "iris_retries_total")
+    assert retries is not None and retries >= 1, \
+        "iris_retries_total does not count the retry that just happened"
