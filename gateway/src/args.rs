@@ -26,6 +26,11 @@ pub struct ServeArgs {
     #[arg(long, env = "IRIS_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
 
+    /// Prompt text segments (between special tokens) whose token ids are
+    /// cached (0: no cache).
+    #[arg(long, default_value_t = 4096, env = "IRIS_TOKENIZER_CACHE_ENTRIES")]
+    pub tokenizer_cache_entries: usize,
+
     /// Aggregated workers: grpc://host:port (repeatable, or comma-separated).
     #[arg(long, num_args = 1.., value_delimiter = ',', env = "IRIS_WORKER_URLS")]
     pub worker_urls: Vec<String>,

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod prompt;
 pub mod router;
 pub mod server;
+pub mod tokencache;
 pub mod workers;
 
 pub use args::ServeArgs;

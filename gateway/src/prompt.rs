@@ -11,9 +11,12 @@ use iris_openai::ApiError;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
+use crate::tokencache::SegmentTokenizer;
+
 pub struct Prompter {
     template: ChatTemplate,
     tokenizer: Arc<Tokenizer>,
+    segments: SegmentTokenizer,
     /// Variables HF templates expect besides the messages.
     extra: Value,
 }
@@ -21,7 +24,11 @@ pub struct Prompter {
 impl Prompter {
     /// Loads the tokenizer and the chat template (`template_file` wins over
     /// the model directory's own).
-    pub fn load(dir: &ModelDir, template_file: Option<&Path>) -> anyhow::Result<Prompter> {
+    pub fn load(
+        dir: &ModelDir,
+        template_file: Option<&Path>,
+        cache_entries: usize,
+    ) -> anyhow::Result<Prompter> {
         let tokenizer = Arc::new(dir.load_tokenizer().context("cannot load the tokenizer")?);
         let source = match template_file {
             Some(path) => std::fs::read_to_string(path)
@@ -37,9 +44,11 @@ impl Prompter {
             "bos_token": tc.bos_token.clone().unwrap_or_default(),
             "eos_token": tc.eos_token.clone().unwrap_or_default(),
         });
+        let segments = SegmentTokenizer::new(tokenizer.clone(), cache_entries);
         Ok(Prompter {
             template,
             tokenizer,
+            segments,
             extra,
         })
     }
@@ -60,9 +69,13 @@ impl Prompter {
     /// Token ids of rendered prompt text (the template already placed the
     /// special tokens, so none are added).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
-        self.tokenizer
-            .encode_fast(text, false)
-            .map(|e| e.get_ids().to_vec())
+        self.segments
+            .encode(text)
             .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))
+    }
+
+    /// (hits, misses) of the segment cache.
+    pub fn cache_stats(&self) -> (u64, u64) {
+        self.segments.stats()
     }
 }

@@ -68,7 +68,11 @@ impl RunningGateway {
 pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
     let dir = ModelDir::load(&args.model_path)
         .with_context(|| format!("cannot load model directory {}", args.model_path.display()))?;
-    let prompter = Prompter::load(&dir, args.chat_template.as_deref())?;
+    let prompter = Prompter::load(
+        &dir,
+        args.chat_template.as_deref(),
+        args.tokenizer_cache_entries,
+    )?;
     let mode = build_mode(&args)?;
     let shutdown = CancellationToken::new();
     health::spawn(mode.pools(), health_settings(&args), shutdown.clone());
@@ -223,9 +227,13 @@ async fn readiness(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let body = state
+    let mut body = state
         .metrics
         .render(&state.router.mode.pools(), state.router.retries());
+    let (hits, misses) = state.prompter.cache_stats();
+    body.push_str(&format!(
+        "# HELP iris_tokenizer_cache_total Prompt segments tokenized, by cache result.\n# TYPE iris_tokenizer_cache_total counter\niris_tokenizer_cache_total{{result=\"hit\"}} {hits}\niris_tokenizer_cache_total{{result=\"miss\"}} {misses}\n"
+    ));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
