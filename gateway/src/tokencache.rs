@@ -17,6 +17,9 @@ use aho_corasick::{AhoCorasick, MatchKind};
 use lru::LruCache;
 use tokenizers::Tokenizer;
 
+/// Token ids of recent segments.
+type SegmentCache = LruCache<Box<str>, Arc<[u32]>>;
+
 /// Segments longer than this (bytes) are tokenized but not cached.
 const MAX_CACHED_SEGMENT: usize = 4096;
 
@@ -26,7 +29,7 @@ pub struct SegmentTokenizer {
     /// tokens have flags (strip, single-word, normalized) that make
     /// splitting by hand differ from the tokenizer.
     specials: Option<(AhoCorasick, Vec<u32>)>,
-    cache: Option<Mutex<LruCache<Box<str>, Arc<[u32]>>>>,
+    cache: Option<Mutex<SegmentCache>>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
