@@ -5,8 +5,26 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+/// Which vision encoder computes the embeddings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ComputeKind {
+    /// The model's vision tower on the CPU, weights from the model directory.
+    Tower,
+    /// A deterministic digest of the pixels with the model's output shape
+    /// (no weights; for tests and routing benchmarks).
+    Digest,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct EncoderArgs {
+    /// Vision encoder backend.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "tower",
+        env = "IRIS_ENCODER_COMPUTE"
+    )]
+    pub compute: ComputeKind,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1", env = "IRIS_ENCODER_HOST")]
     pub host: String,

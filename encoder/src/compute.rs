@@ -95,6 +95,41 @@ impl DigestCompute {
     }
 }
 
+/// The Qwen2-VL / Qwen2.5-VL vision tower on the CPU (`iris-tower`).
+pub struct TowerCompute {
+    pub tower: iris_tower::Tower,
+}
+
+impl Compute for TowerCompute {
+    fn out_hidden(&self) -> usize {
+        self.tower.config().out_hidden_size
+    }
+
+    fn tokens(&self, grid: [u32; 3]) -> usize {
+        let merge = self.tower.config().spatial_merge_size.max(1);
+        grid.iter().map(|&d| d as usize).product::<usize>() / (merge * merge)
+    }
+
+    fn encode(&self, images: &[ImageInput]) -> Result<Vec<Vec<u8>>, String> {
+        let pixels: Vec<f32> = images
+            .iter()
+            .flat_map(|image| {
+                image
+                    .pixels
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            })
+            .collect();
+        let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid.map(|d| d as usize)).collect();
+        let outputs = iris_tower::VisionBackend::encode(&self.tower, &pixels, &grids)
+            .map_err(|e| e.to_string())?;
+        Ok(outputs
+            .into_iter()
+            .map(|rows| rows.iter().flat_map(|v| v.to_le_bytes()).collect())
+            .collect())
+    }
+}
+
 fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -15,5 +15,5 @@ mod server;
 pub mod service;
 pub mod validate;
 
-pub use args::EncoderArgs;
+pub use args::{ComputeKind, EncoderArgs};
 pub use server::{start, RunningEncoder};

@@ -18,10 +18,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::TowerBackend;
 use crate::cache::EmbeddingCache;
-use crate::compute::{Compute, DigestCompute};
+use crate::compute::{Compute, DigestCompute, TowerCompute};
 use crate::service::{Encoder, EncoderService};
 use crate::validate::Geometry;
-use crate::EncoderArgs;
+use crate::{ComputeKind, EncoderArgs};
 
 /// Largest Encode message accepted (pixels of large images).
 const MAX_MESSAGE_BYTES: usize = 512 << 20;
@@ -87,6 +87,27 @@ pub async fn start(args: EncoderArgs) -> anyhow::Result<RunningEncoder> {
     })
 }
 
+fn compute_backend(
+    args: &EncoderArgs,
+    vision: &iris_model::VisionConfig,
+) -> anyhow::Result<Arc<dyn Compute>> {
+    Ok(match args.compute {
+        ComputeKind::Digest => Arc::new(DigestCompute {
+            out_hidden: vision.out_hidden_size as usize,
+            merge: vision.spatial_merge_size,
+        }),
+        ComputeKind::Tower => {
+            let tower = iris_tower::Tower::load(&args.model_path).with_context(|| {
+                format!(
+                    "cannot load the vision tower from {} (use --compute digest to run without weights)",
+                    args.model_path.display()
+                )
+            })?;
+            Arc::new(TowerCompute { tower })
+        }
+    })
+}
+
 async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
     TcpListener::bind((host, port))
         .await
@@ -107,10 +128,7 @@ fn build(args: EncoderArgs) -> anyhow::Result<Encoder> {
             * vision.patch_size,
         merge: vision.spatial_merge_size,
     };
-    let compute: Arc<dyn Compute> = Arc::new(DigestCompute {
-        out_hidden: vision.out_hidden_size as usize,
-        merge: vision.spatial_merge_size,
-    });
+    let compute = compute_backend(&args, &vision)?;
     let batcher = Batcher::start(
         Arc::new(TowerBackend {
             compute: compute.clone(),
@@ -126,7 +144,7 @@ fn build(args: EncoderArgs) -> anyhow::Result<Encoder> {
     (
         dir.config.model_type.as_str(),
         format!("{vision:?}"),
-        "digest",
+        format!("{:?}", args.compute),
     )
         .hash(&mut hasher);
     let ttl = Duration::from_secs(args.room_ttl_secs.max(1));

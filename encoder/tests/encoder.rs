@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use iris_encoder::{EncoderArgs, RunningEncoder};
+use iris_encoder::{ComputeKind, EncoderArgs, RunningEncoder};
 use iris_proto::common::Modality;
 use iris_proto::data::iris_data_client::IrisDataClient;
 use iris_proto::data::FetchRequest;
@@ -28,7 +28,12 @@ fn model() -> TempDir {
 }
 
 async fn encoder(model: &TempDir, max_held_mb: u64) -> RunningEncoder {
+    encoder_with(model, max_held_mb, ComputeKind::Digest).await
+}
+
+async fn encoder_with(model: &TempDir, max_held_mb: u64, compute: ComputeKind) -> RunningEncoder {
     let args = EncoderArgs {
+        compute,
         host: "127.0.0.1".into(),
         port: 0,
         bootstrap_port: 0,
@@ -402,4 +407,64 @@ async fn complete_ids(mut stream: tonic::Streaming<GenerateResponse>) -> Vec<u32
         }
     }
     ids
+}
+
+/// The real CPU vision tower behind Encode: tiny Qwen2-VL weights written
+/// next to the tiny model; embeddings are finite, deterministic, shaped
+/// [tokens, 64], and differ between images.
+#[tokio::test]
+async fn tower_backend_encodes_with_real_weights() {
+    let model = model();
+    iris_tower::write_tiny_weights(model.path(), &iris_tower::TowerConfig::tiny_qwen2_vl(), 7)
+        .expect("weights");
+    let enc = encoder_with(&model, 64, ComputeKind::Tower).await;
+    let (mut e, mut d) = clients(&enc).await;
+    e.encode(request(
+        vec![item(0.1, 2, 4, b"t1"), item(-0.3, 2, 4, b"t2")],
+        &[1, 2],
+    ))
+    .await
+    .expect("accepted");
+    let a = fetch(&mut d, 1).await.expect("room 1");
+    let b = fetch(&mut d, 2).await.expect("room 2");
+    assert_eq!(a.shape, vec![2, 64]);
+    let floats = |t: &TensorData| -> Vec<f32> {
+        inline(t)
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    assert!(floats(&a).iter().all(|v| v.is_finite()));
+    assert_ne!(floats(&a), floats(&b));
+    e.encode(request(vec![item(0.1, 2, 4, b"")], &[3]))
+        .await
+        .expect("accepted (no hash: computed again)");
+    assert_eq!(
+        floats(&fetch(&mut d, 3).await.expect("room 3")),
+        floats(&a),
+        "deterministic"
+    );
+}
+
+#[tokio::test]
+async fn tower_backend_without_weights_is_a_clear_startup_error() {
+    let model = model();
+    let args = EncoderArgs {
+        compute: ComputeKind::Tower,
+        host: "127.0.0.1".into(),
+        port: 0,
+        bootstrap_port: 0,
+        model_path: model.path().to_path_buf(),
+        max_batch_patches: 4096,
+        coalesce_window_ms: 0,
+        dispatch_width: 1,
+        queue_capacity: 4,
+        embedding_cache_mb: 1,
+        max_held_mb: 1,
+        room_ttl_secs: 1,
+        fetch_wait_ms: 100,
+        worker_id: None,
+    };
+    let err = iris_encoder::start(args).await.err().expect("no weights");
+    assert!(format!("{err:#}").contains("--compute digest"), "{err:#}");
 }
