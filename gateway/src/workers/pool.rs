@@ -34,15 +34,27 @@ impl Pool {
         self.snapshot().iter().filter(|w| w.is_healthy()).count()
     }
 
-    /// Picks a healthy worker not in `exclude` (workers already tried).
-    pub fn pick(&self, exclude: &[Arc<Worker>]) -> Option<Arc<Worker>> {
-        let all = self.snapshot();
-        let candidates: Vec<Arc<Worker>> = all
+    /// Picks a healthy worker, preferring one not in `tried`. When every
+    /// healthy worker has been tried, one of them is tried again: a connect
+    /// failure is often transient (a dropped connection that the channel
+    /// re-establishes), and the caller bounds the attempts.
+    pub fn pick(&self, tried: &[Arc<Worker>]) -> Option<Arc<Worker>> {
+        let healthy: Vec<Arc<Worker>> = self
+            .snapshot()
             .iter()
-            .filter(|w| w.is_healthy() && !exclude.iter().any(|e| Arc::ptr_eq(e, w)))
+            .filter(|w| w.is_healthy())
             .cloned()
             .collect();
-        self.policy.pick(&candidates)
+        let untried: Vec<Arc<Worker>> = healthy
+            .iter()
+            .filter(|w| !tried.iter().any(|t| Arc::ptr_eq(t, w)))
+            .cloned()
+            .collect();
+        if untried.is_empty() {
+            self.policy.pick(&healthy)
+        } else {
+            self.policy.pick(&untried)
+        }
     }
 
     /// Adds a worker (no-op if its URL is already present).
