@@ -5,6 +5,7 @@ use rayon::prelude::*;
 
 use crate::image::RgbView;
 use crate::normalize::{Lut, OutElem};
+use crate::stream;
 
 /// Qwen-VL patch geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,6 +33,8 @@ impl PatchGeometry {
 /// Writes `img` (dimensions multiples of P·M) as Qwen patch rows.
 ///
 /// Rows are ordered (h/M, w/M, m_h, m_w); a row holds (C, T, p_y, p_x).
+/// Each row is assembled in a small cache-resident buffer and then streamed
+/// to `out` (see [`crate::stream`]): every output element is written once.
 pub(crate) fn patchify<T: OutElem>(
     img: RgbView<'_>,
     geo: PatchGeometry,
@@ -43,10 +46,13 @@ pub(crate) fn patchify<T: OutElem>(
     let grid_w = img.width() / p;
     let band_len = grid_w * m * geo.row_len();
     let band = |(bh, rows): (usize, &mut [T])| {
+        let mut staging = vec![T::default(); geo.row_len()];
         for (i, row) in rows.chunks_exact_mut(geo.row_len()).enumerate() {
             let (bw, mh, mw) = (i / (m * m), (i / m) % m, i % m);
-            fill_patch_row(img, geo, bh * m + mh, bw * m + mw, lut, row);
+            fill_patch_row(img, geo, bh * m + mh, bw * m + mw, lut, &mut staging);
+            stream::copy(row, &staging);
         }
+        stream::fence();
     };
     if parallel {
         out.par_chunks_mut(band_len).enumerate().for_each(band);
@@ -74,7 +80,7 @@ fn fill_patch_row<T: OutElem>(
 }
 
 /// Patch body for compile-time `P` and `TP`: every value is looked up once
-/// and stored into its `TP` temporal slots directly.
+/// into temporal slot 0, which is then copied to the other slots.
 #[inline(always)]
 fn fill_patch<T: OutElem, const P: usize, const TP: usize>(
     img: RgbView<'_>,
@@ -85,18 +91,22 @@ fn fill_patch<T: OutElem, const P: usize, const TP: usize>(
 ) {
     let plane = P * P;
     let data = img.data();
+    let [lut_r, lut_g, lut_b] = &lut.0;
+    let (planes, _) = row.as_chunks_mut::<P>();
     for py in 0..P {
         let start = ((gy * P + py) * img.width() + gx * P) * 3;
         let (src, _) = data[start..start + P * 3].as_chunks::<3>();
-        for (c, table) in lut.0.iter().enumerate() {
-            let mut values = [T::default(); P];
-            for (v, px) in values.iter_mut().zip(src) {
-                *v = table[usize::from(px[c])];
-            }
-            for t in 0..TP {
-                let at = (c * TP + t) * plane + py * P;
-                row[at..at + P].copy_from_slice(&values);
-            }
+        let (r, g, b) = (py, TP * P + py, 2 * TP * P + py);
+        for (x, px) in src.iter().enumerate() {
+            planes[r][x] = lut_r[usize::from(px[0])];
+            planes[g][x] = lut_g[usize::from(px[1])];
+            planes[b][x] = lut_b[usize::from(px[2])];
+        }
+    }
+    for c in 0..3 {
+        let first = c * TP * plane;
+        for t in 1..TP {
+            row.copy_within(first..first + plane, first + t * plane);
         }
     }
 }

@@ -31,6 +31,7 @@ mod processor;
 mod qwen;
 mod resize;
 mod scratch;
+mod stream;
 
 pub use batch::preprocess_batch;
 pub use clip::ClipProcessor;

@@ -7,7 +7,7 @@ use half::bf16;
 use crate::pool::PoolElem;
 
 /// Output element types: f32 and bf16.
-pub trait OutElem: PoolElem {
+pub trait OutElem: PoolElem + bytemuck::Pod {
     /// Converts from f32 (bf16: round to nearest even).
     fn from_f32(v: f32) -> Self;
 }
