@@ -1,7 +1,7 @@
 //! Quick single-thread timing of decode / preprocess (min and median over
 //! many runs; the minimum is robust to a shared, noisy machine).
 //!
-//! `cargo run --release -p iris-vision --example timing -- IMAGE [bf16] [ITERS]`
+//! `cargo run --release -p iris-vision --example timing -- IMAGE [bf16] [pre] [ITERS]`
 
 use std::time::{Duration, Instant};
 
@@ -33,10 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let path = args.get(1).ok_or("usage: timing IMAGE [bf16] [ITERS]")?;
     let bf16 = args.iter().any(|a| a == "bf16");
-    let iters = args
-        .last()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(40usize);
+    let iters = args.last().and_then(|a| a.parse().ok()).unwrap_or(40usize);
     let bytes = std::fs::read(path)?;
     let config = serde_json::json!({
         "image_processor_type": "Qwen2VLImageProcessor",
@@ -45,12 +42,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let proc = iris_vision::processor_from_config(&config)?;
     let opts = PreprocessOptions {
-        dtype: if bf16 { OutputDtype::Bf16 } else { OutputDtype::F32 },
+        dtype: if bf16 {
+            OutputDtype::Bf16
+        } else {
+            OutputDtype::F32
+        },
         ..PreprocessOptions::default()
     };
     let rgb = decode(&bytes, &DecodeLimits::default())?;
-    println!("decode      {}", time(iters, || drop(decode(&bytes, &DecodeLimits::default()))));
-    println!("preprocess  {}", time(iters, || drop(proc.preprocess(&rgb, &opts))));
-    println!("decode+pre  {}", time(iters, || drop(proc.preprocess_bytes(&bytes, &opts))));
+    let only_pre = args.iter().any(|a| a == "pre");
+    if !only_pre {
+        println!(
+            "decode      {}",
+            time(iters, || drop(decode(&bytes, &DecodeLimits::default())))
+        );
+    }
+    println!(
+        "preprocess  {}",
+        time(iters, || drop(proc.preprocess(&rgb, &opts)))
+    );
+    if !only_pre {
+        println!(
+            "decode+pre  {}",
+            time(iters, || drop(proc.preprocess_bytes(&bytes, &opts)))
+        );
+    }
     Ok(())
 }

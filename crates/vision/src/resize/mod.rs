@@ -6,6 +6,7 @@
 //! Pillow 12.2 resizes vertically first (checked against Pillow in
 //! `scripts/vision/reference.py`).
 
+mod hblock;
 mod kernel;
 mod passes;
 

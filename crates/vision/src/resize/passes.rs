@@ -12,6 +12,7 @@
 //! The inner loops are compiled twice, for the baseline target and for AVX2
 //! (chosen at run time), from one generic body.
 
+use super::hblock::BlockKernel;
 use super::kernel::{clip8, Kernel, BIAS};
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -19,6 +20,8 @@ use std::cell::Cell;
 /// Rows transposed together by the horizontal pass.
 pub(crate) const STRIP_ROWS: usize = 16;
 const STRIP_LANES: usize = STRIP_ROWS * 3;
+/// Rows per parallel task of the blocked horizontal pass.
+const BLOCK_TASK_ROWS: usize = 32;
 /// Bytes of a row accumulated together by the vertical pass.
 const BLOCK: usize = 64;
 
@@ -32,6 +35,20 @@ thread_local! {
 pub(crate) fn horizontal(src: &[u8], in_w: usize, kernel: &Kernel, dst: &mut [u8], parallel: bool) {
     let out_row = kernel.out_size() * 3;
     let in_row = in_w * 3;
+    if let Some(blocks) = BlockKernel::new(kernel, in_w).filter(|_| has_avx2()) {
+        let task = |(i, dst_rows): (usize, &mut [u8])| {
+            let rows = dst_rows.len() / out_row;
+            let src_rows = &src[i * BLOCK_TASK_ROWS * in_row..][..rows * in_row];
+            blocks.rows(kernel, src_rows, dst_rows);
+        };
+        let chunk = BLOCK_TASK_ROWS * out_row;
+        if parallel {
+            dst.par_chunks_mut(chunk).enumerate().for_each(task);
+        } else {
+            dst.chunks_mut(chunk).enumerate().for_each(task);
+        }
+        return;
+    }
     let strip = |(i, dst_strip): (usize, &mut [u8])| {
         let rows = dst_strip.len() / out_row;
         let src_strip = &src[i * STRIP_ROWS * in_row..][..rows * in_row];
@@ -68,6 +85,18 @@ pub(crate) fn vertical(
         dst.par_chunks_mut(chunk).enumerate().for_each(task);
     } else {
         dst.chunks_mut(chunk).enumerate().for_each(task);
+    }
+}
+
+/// Whether the blocked horizontal pass has its vector body on this CPU.
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
