@@ -4,7 +4,8 @@
 use rayon::prelude::*;
 
 use crate::image::RgbView;
-use crate::normalize::{Lut, OutElem};
+use crate::normalize::{Lut, Normalization, OutElem};
+use crate::patch_simd::PatchSimd;
 use crate::stream;
 
 /// Qwen-VL patch geometry.
@@ -38,19 +39,31 @@ impl PatchGeometry {
 pub(crate) fn patchify<T: OutElem>(
     img: RgbView<'_>,
     geo: PatchGeometry,
-    lut: &Lut<T>,
+    norm: &Normalization,
     out: &mut [T],
     parallel: bool,
 ) {
     let (p, m) = (geo.patch_size, geo.merge_size);
+    let lut = norm.lut::<T>();
+    let simd = PatchSimd::new(geo, norm, &lut);
     let grid_w = img.width() / p;
     let band_len = grid_w * m * geo.row_len();
     let band = |(bh, rows): (usize, &mut [T])| {
         let mut staging = vec![T::default(); geo.row_len()];
+        let mut wide = vec![0f32; if simd.is_some() { geo.row_len() } else { 0 }];
         for (i, row) in rows.chunks_exact_mut(geo.row_len()).enumerate() {
             let (bw, mh, mw) = (i / (m * m), (i / m) % m, i % m);
-            fill_patch_row(img, geo, bh * m + mh, bw * m + mw, lut, &mut staging);
-            stream::copy(row, &staging);
+            let (gy, gx) = (bh * m + mh, bw * m + mw);
+            match &simd {
+                Some(simd) => {
+                    simd.fill(img.data(), img.width(), gy, gx, &mut wide);
+                    T::stream_row(row, &wide, &mut staging);
+                }
+                None => {
+                    fill_patch_row(img, geo, gy, gx, &lut, &mut staging);
+                    stream::copy(row, &staging);
+                }
+            }
         }
         stream::fence();
     };
@@ -112,7 +125,7 @@ fn fill_patch<T: OutElem, const P: usize, const TP: usize>(
 }
 
 /// Patch body for any geometry.
-fn fill_patch_any<T: OutElem>(
+pub(crate) fn fill_patch_any<T: OutElem>(
     img: RgbView<'_>,
     geo: PatchGeometry,
     gy: usize,

@@ -26,6 +26,7 @@ mod layout;
 mod normalize;
 mod npy;
 mod output;
+mod patch_simd;
 mod pool;
 mod processor;
 mod qwen;

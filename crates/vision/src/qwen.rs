@@ -93,7 +93,7 @@ impl QwenVlProcessor {
         let geo = self.geometry;
         let rows = (img.width() / geo.patch_size) * (img.height() / geo.patch_size);
         let mut out = PooledVec::<T>::take(rows * geo.row_len());
-        patchify(img, geo, &self.norm.lut::<T>(), &mut out, parallel);
+        patchify(img, geo, &self.norm, &mut out, parallel);
         out
     }
 }
