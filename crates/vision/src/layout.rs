@@ -1,8 +1,6 @@
 //! Writing normalised pixels into the encoder's tensor layouts, once each:
 //! Qwen's patch rows and CLIP's planar CHW.
 
-use rayon::prelude::*;
-
 use crate::image::RgbView;
 use crate::normalize::{Lut, Normalization, OutElem};
 use crate::patch_simd::PatchSimd;
@@ -31,46 +29,81 @@ impl PatchGeometry {
     }
 }
 
-/// Writes `img` (dimensions multiples of P·M) as Qwen patch rows.
+/// Writes Qwen patch rows, one band of `P·M` image rows at a time.
 ///
 /// Rows are ordered (h/M, w/M, m_h, m_w); a row holds (C, T, p_y, p_x).
 /// Each row is assembled in a small cache-resident buffer and then streamed
-/// to `out` (see [`crate::stream`]): every output element is written once.
-pub(crate) fn patchify<T: OutElem>(
-    img: RgbView<'_>,
+/// to the output (see [`crate::stream`]): every output element is written
+/// once. The AVX2 writer ([`PatchSimd`]) is used when it reproduces the
+/// table exactly, the table otherwise.
+pub(crate) struct PatchWriter<T> {
     geo: PatchGeometry,
-    norm: &Normalization,
-    out: &mut [T],
-    parallel: bool,
-) {
-    let (p, m) = (geo.patch_size, geo.merge_size);
-    let lut = norm.lut::<T>();
-    let simd = PatchSimd::new(geo, norm, &lut);
-    let grid_w = img.width() / p;
-    let band_len = grid_w * m * geo.row_len();
-    let band = |(bh, rows): (usize, &mut [T])| {
+    lut: Lut<T>,
+    simd: Option<PatchSimd>,
+}
+
+impl<T: OutElem> PatchWriter<T> {
+    /// A writer for `geo` with normalisation `norm`.
+    pub(crate) fn new(geo: PatchGeometry, norm: &Normalization) -> Self {
+        let lut = norm.lut::<T>();
+        let simd = PatchSimd::new(geo, norm, &lut);
+        PatchWriter { geo, lut, simd }
+    }
+
+    /// Output elements of one band of an image `width` pixels wide.
+    pub(crate) fn band_len(&self, width: usize) -> usize {
+        width / self.geo.patch_size * self.geo.merge_size * self.geo.row_len()
+    }
+
+    /// Writes the patch rows of `band` (`P·M` rows of the resized image,
+    /// width a multiple of `P·M`) into `out`.
+    pub(crate) fn band(&self, band: RgbView<'_>, out: &mut [T]) {
+        let (geo, m) = (self.geo, self.geo.merge_size);
         let mut staging = vec![T::default(); geo.row_len()];
-        let mut wide = vec![0f32; if simd.is_some() { geo.row_len() } else { 0 }];
-        for (i, row) in rows.chunks_exact_mut(geo.row_len()).enumerate() {
+        let mut wide = vec![
+            0f32;
+            if self.simd.is_some() {
+                geo.row_len()
+            } else {
+                0
+            }
+        ];
+        for (i, row) in out.chunks_exact_mut(geo.row_len()).enumerate() {
             let (bw, mh, mw) = (i / (m * m), (i / m) % m, i % m);
-            let (gy, gx) = (bh * m + mh, bw * m + mw);
-            match &simd {
+            let (gy, gx) = (mh, bw * m + mw);
+            match &self.simd {
                 Some(simd) => {
-                    simd.fill(img.data(), img.width(), gy, gx, &mut wide);
+                    simd.fill(band.data(), band.width(), gy, gx, &mut wide);
                     T::stream_row(row, &wide, &mut staging);
                 }
                 None => {
-                    fill_patch_row(img, geo, gy, gx, &lut, &mut staging);
+                    fill_patch_row(band, geo, gy, gx, &self.lut, &mut staging);
                     stream::copy(row, &staging);
                 }
             }
         }
         stream::fence();
-    };
-    if parallel {
-        out.par_chunks_mut(band_len).enumerate().for_each(band);
-    } else {
-        out.chunks_mut(band_len).enumerate().for_each(band);
+    }
+}
+
+/// Writes a whole resized `img` (dimensions multiples of P·M) as Qwen patch
+/// rows, band by band (the unfused path, kept for tests).
+#[cfg(test)]
+pub(crate) fn patchify<T: OutElem>(
+    img: RgbView<'_>,
+    geo: PatchGeometry,
+    norm: &Normalization,
+    out: &mut [T],
+) {
+    let writer = PatchWriter::<T>::new(geo, norm);
+    let band_rows = geo.factor() * img.width() * 3;
+    for (data, chunk) in img
+        .data()
+        .chunks_exact(band_rows)
+        .zip(out.chunks_exact_mut(writer.band_len(img.width())))
+    {
+        let band = RgbView::new(data, img.width(), geo.factor()).expect("band view");
+        writer.band(band, chunk);
     }
 }
 

@@ -100,16 +100,42 @@ fn has_avx2() -> bool {
     }
 }
 
+/// Output rows `first ..` of the vertical pass, as many as fit in `dst`:
+/// `src` holds rows of `row_len` bytes.
+pub(crate) fn vertical_rows(
+    src: &[u8],
+    row_len: usize,
+    kernel: &Kernel,
+    first: usize,
+    dst: &mut [u8],
+) {
+    for (j, out) in dst.chunks_exact_mut(row_len).enumerate() {
+        let (start, weights) = kernel.taps(first + j);
+        vertical_row(&src[start * row_len..], row_len, weights, out);
+    }
+}
+
 /// Lends this thread's transpose buffer, sized to `len` bytes.
 fn with_strip_buffer(len: usize, f: impl FnOnce(&mut [u8])) {
-    STRIP.with(|cell| {
+    with_thread_buffer(&STRIP, len, f);
+}
+
+/// Lends the per-thread buffer in `slot`, grown to at least `len` bytes
+/// (kept for the next call; its old contents are not cleared).
+pub(crate) fn with_thread_buffer<R>(
+    slot: &'static std::thread::LocalKey<Cell<Vec<u8>>>,
+    len: usize,
+    f: impl FnOnce(&mut [u8]) -> R,
+) -> R {
+    slot.with(|cell| {
         let mut buf = cell.take();
         if buf.len() < len {
             buf.resize(len, 0);
         }
-        f(&mut buf[..len]);
+        let result = f(&mut buf[..len]);
         cell.set(buf);
-    });
+        result
+    })
 }
 
 fn horizontal_strip(
