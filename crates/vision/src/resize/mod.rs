@@ -63,7 +63,7 @@ pub(crate) fn resize_into<'a>(
             passes::horizontal(
                 src.data(),
                 in_w,
-                &Kernel::bicubic(in_w, out_w),
+                &Kernel::cached(in_w, out_w),
                 out,
                 parallel,
             );
@@ -74,15 +74,15 @@ pub(crate) fn resize_into<'a>(
             passes::vertical(
                 src.data(),
                 in_w * 3,
-                &Kernel::bicubic(in_h, out_h),
+                &Kernel::cached(in_h, out_h),
                 out,
                 parallel,
             );
             RgbView::new(out, out_w, out_h)
         }
         (true, true) => {
-            let kh = Kernel::bicubic(in_w, out_w);
-            let kv = Kernel::bicubic(in_h, out_h);
+            let kh = Kernel::cached(in_w, out_w);
+            let kv = Kernel::cached(in_h, out_h);
             ensure_len(out, out_w * out_h * 3);
             match PassOrder::pillow_12_2(in_w, in_h, out_h) {
                 PassOrder::HorizontalFirst => {
@@ -153,13 +153,13 @@ where
     }
     let vsrc: &[u8] = if out_w != in_w {
         ensure_len(inter, row_len * in_h);
-        let kh = Kernel::bicubic(in_w, out_w);
+        let kh = Kernel::cached(in_w, out_w);
         passes::horizontal(src.data(), in_w, &kh, inter, parallel);
         inter
     } else {
         src.data()
     };
-    let kv = Kernel::bicubic(in_h, out_h);
+    let kv = Kernel::cached(in_h, out_h);
     for_each_band(out, out_band_len, parallel, |b, chunk| {
         let rows = rows_of(b);
         passes::with_thread_buffer(&BAND, rows * row_len, |buf| {

@@ -12,7 +12,6 @@
 //! The inner loops are compiled twice, for the baseline target and for AVX2
 //! (chosen at run time), from one generic body.
 
-use super::hblock::BlockKernel;
 use super::kernel::{clip8, Kernel, BIAS};
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -35,7 +34,7 @@ thread_local! {
 pub(crate) fn horizontal(src: &[u8], in_w: usize, kernel: &Kernel, dst: &mut [u8], parallel: bool) {
     let out_row = kernel.out_size() * 3;
     let in_row = in_w * 3;
-    if let Some(blocks) = BlockKernel::new(kernel, in_w).filter(|_| has_avx2()) {
+    if let Some(blocks) = kernel.blocks().filter(|_| has_avx2()) {
         let task = |(i, dst_rows): (usize, &mut [u8])| {
             let rows = dst_rows.len() / out_row;
             let src_rows = &src[i * BLOCK_TASK_ROWS * in_row..][..rows * in_row];
