@@ -60,27 +60,14 @@ impl<T: OutElem> PatchWriter<T> {
     pub(crate) fn band(&self, band: RgbView<'_>, out: &mut [T]) {
         let (geo, m) = (self.geo, self.geo.merge_size);
         let mut staging = vec![T::default(); geo.row_len()];
-        let mut wide = vec![
-            0f32;
-            if self.simd.is_some() {
-                geo.row_len()
-            } else {
-                0
-            }
-        ];
         for (i, row) in out.chunks_exact_mut(geo.row_len()).enumerate() {
             let (bw, mh, mw) = (i / (m * m), (i / m) % m, i % m);
             let (gy, gx) = (mh, bw * m + mw);
             match &self.simd {
-                Some(simd) => {
-                    simd.fill(band.data(), band.width(), gy, gx, &mut wide);
-                    T::stream_row(row, &wide, &mut staging);
-                }
-                None => {
-                    fill_patch_row(band, geo, gy, gx, &self.lut, &mut staging);
-                    stream::copy(row, &staging);
-                }
+                Some(simd) => simd.fill(band.data(), band.width(), gy, gx, &mut staging),
+                None => fill_patch_row(band, geo, gy, gx, &self.lut, &mut staging),
             }
+            stream::copy(row, &staging);
         }
         stream::fence();
     }

@@ -5,60 +5,40 @@
 use half::bf16;
 
 use crate::pool::PoolElem;
-use crate::stream;
+
+/// Memory layout of an output element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElemKind {
+    /// IEEE float32.
+    F32,
+    /// bfloat16 (the high half of a float32).
+    Bf16,
+}
 
 /// Output element types: f32 and bf16.
 pub trait OutElem: PoolElem + bytemuck::Pod {
+    /// The element's layout (vector code picks its stores by it).
+    const KIND: ElemKind;
+
     /// Converts from f32 (bf16: round to nearest even).
     fn from_f32(v: f32) -> Self;
-
-    /// Branch-free conversion for vector loops: equal to [`Self::from_f32`]
-    /// for every non-NaN value.
-    fn from_f32_fast(v: f32) -> Self;
-
-    /// Streams the f32 row `wide` into `dst` converted (see
-    /// [`crate::stream`]), using `staging` (same length) when converting.
-    fn stream_row(dst: &mut [Self], wide: &[f32], staging: &mut [Self]);
 }
 
 impl OutElem for f32 {
+    const KIND: ElemKind = ElemKind::F32;
+
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         v
-    }
-
-    #[inline(always)]
-    fn from_f32_fast(v: f32) -> Self {
-        v
-    }
-
-    #[inline(always)]
-    fn stream_row(dst: &mut [f32], wide: &[f32], _staging: &mut [f32]) {
-        stream::copy(dst, wide);
     }
 }
 
 impl OutElem for bf16 {
+    const KIND: ElemKind = ElemKind::Bf16;
+
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         bf16::from_f32(v)
-    }
-
-    #[inline(always)]
-    fn from_f32_fast(v: f32) -> Self {
-        // Round to nearest, ties to even, on the bits (what `half` does for
-        // every non-NaN value).
-        let bits = v.to_bits();
-        let rounded = bits.wrapping_add(0x7FFF + ((bits >> 16) & 1));
-        bf16::from_bits((rounded >> 16) as u16)
-    }
-
-    #[inline(always)]
-    fn stream_row(dst: &mut [bf16], wide: &[f32], staging: &mut [bf16]) {
-        for (s, &w) in staging.iter_mut().zip(wide) {
-            *s = Self::from_f32_fast(w);
-        }
-        stream::copy(dst, staging);
     }
 }
 

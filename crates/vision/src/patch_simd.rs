@@ -4,15 +4,15 @@
 //! R, G and B, then the reference's own float operations eight values at a
 //! time — `(v as f64 · rescale) as f32`, minus the mean, divided by the std
 //! (IEEE-exact, so bit-identical to the scalar table) — stored into both
-//! temporal slots straight from the register. Nothing is looked up, and no
-//! plane is copied.
+//! temporal slots straight from the register (bf16: rounded to nearest even
+//! in the register first). Nothing is looked up, and no plane is copied.
 //!
 //! [`PatchSimd::new`] checks all 3 × 256 values against the scalar table
 //! first and declines when any differs (or without AVX2), so callers can
 //! always fall back to the table.
 
 use crate::layout::PatchGeometry;
-use crate::normalize::{Lut, Normalization, OutElem};
+use crate::normalize::{ElemKind, Lut, Normalization, OutElem};
 
 /// The vector patch writer for one normalisation.
 #[derive(Debug, Clone, Copy)]
@@ -40,48 +40,69 @@ impl PatchSimd {
         simd.matches(lut).then_some(simd)
     }
 
-    /// Whether every (channel, value) gives the table's exact bits.
+    /// Whether every (channel, value) gives the table's exact bits, through
+    /// the very conversion and store the patch rows use.
     fn matches<T: OutElem>(&self, lut: &Lut<T>) -> bool {
         let values: Vec<u8> = (0..=255).collect();
-        let mut wide = [0f32; 256];
+        let mut got = [T::default(); 256];
         lut.0.iter().enumerate().all(|(c, table)| {
-            for (chunk, out) in values.chunks_exact(8).zip(wide.chunks_exact_mut(8)) {
+            for (chunk, out) in values.chunks_exact(8).zip(got.chunks_exact_mut(8)) {
                 self.normalise8(c, chunk, out);
             }
-            wide.iter()
-                .zip(table)
-                .all(|(&w, &t)| bytemuck::bytes_of(&T::from_f32_fast(w)) == bytemuck::bytes_of(&t))
+            bytemuck::cast_slice::<T, u8>(&got) == bytemuck::cast_slice::<T, u8>(table)
         })
     }
 
-    /// Normalises eight values of channel `c` (used by the self-check).
-    fn normalise8(&self, c: usize, values: &[u8], out: &mut [f32]) {
+    /// Normalises eight values of channel `c` into `out` (the self-check).
+    fn normalise8<T: OutElem>(&self, c: usize, values: &[u8], out: &mut [T]) {
         assert!(values.len() >= 8 && out.len() >= 8);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `new` only builds a `PatchSimd` when AVX2 is available;
-        // `values` has 8 readable bytes and `out` 8 writable floats
+        // `values` has 8 readable bytes and `out` 8 writable elements
         // (asserted above).
         unsafe {
-            use std::arch::x86_64::*;
-            let v = _mm_loadl_epi64(values.as_ptr().cast());
-            _mm256_storeu_ps(out.as_mut_ptr(), avx2::normalise8(&self.norm, c, v));
+            use avx2::Lanes;
+            use std::arch::x86_64::_mm_loadl_epi64;
+            let v = avx2::normalise8(&self.norm, c, _mm_loadl_epi64(values.as_ptr().cast()));
+            match T::KIND {
+                ElemKind::F32 => avx2::F32::store(lanes_mut(out).as_mut_ptr(), v, 8),
+                ElemKind::Bf16 => avx2::Bf16::store(lanes_mut(out).as_mut_ptr(), v, 8),
+            }
         }
     }
 
     /// Writes patch (`gy`, `gx`) of the packed RGB image `data` (`width`
-    /// pixels per row) as one f32 row of `3 · 2 · P²` values.
-    pub(crate) fn fill(&self, data: &[u8], width: usize, gy: usize, gx: usize, row: &mut [f32]) {
+    /// pixels per row) as one row of `3 · 2 · P²` elements.
+    pub(crate) fn fill<T: OutElem>(
+        &self,
+        data: &[u8],
+        width: usize,
+        gy: usize,
+        gx: usize,
+        row: &mut [T],
+    ) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `new` only builds a `PatchSimd` when AVX2 is available.
         unsafe {
-            match self.patch_size {
-                14 => avx2::fill::<14>(&self.norm, data, width, gy, gx, row),
-                _ => avx2::fill::<16>(&self.norm, data, width, gy, gx, row),
+            use avx2::{fill, Bf16, F32};
+            let n = &self.norm;
+            match (self.patch_size, T::KIND) {
+                (14, ElemKind::F32) => fill::<14, F32>(n, data, width, gy, gx, lanes_mut(row)),
+                (14, ElemKind::Bf16) => fill::<14, Bf16>(n, data, width, gy, gx, lanes_mut(row)),
+                (_, ElemKind::F32) => fill::<16, F32>(n, data, width, gy, gx, lanes_mut(row)),
+                (_, ElemKind::Bf16) => fill::<16, Bf16>(n, data, width, gy, gx, lanes_mut(row)),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (data, width, gy, gx, row);
     }
+}
+
+/// `row` as the raw lanes of its element kind (`f32`, or `u16` bf16 bits).
+#[cfg(target_arch = "x86_64")]
+fn lanes_mut<T: OutElem, L: bytemuck::Pod>(row: &mut [T]) -> &mut [L] {
+    // `OutElem::KIND` names the element's layout, so the sizes agree.
+    bytemuck::cast_slice_mut(row)
 }
 
 fn has_avx2() -> bool {
@@ -138,26 +159,127 @@ mod avx2 {
         _mm256_div_ps(centred, _mm256_set1_ps(norm.std[c]))
     }
 
+    /// How normalised f32 lanes are stored in one output element type.
+    pub(super) trait Lanes {
+        /// Raw lane type (`f32`, or `u16` bf16 bits).
+        type Raw: Copy;
+
+        /// Stores the first `n` (1..=8) lanes of `v` at `dst`, converted.
+        ///
+        /// # Safety
+        /// AVX2 must be available and `dst` valid for `n` writes.
+        unsafe fn store(dst: *mut Self::Raw, v: __m256, n: usize);
+    }
+
+    /// float32 output.
+    pub(super) struct F32;
+
+    /// bfloat16 output, rounded to nearest even in the register.
+    pub(super) struct Bf16;
+
+    impl Lanes for F32 {
+        type Raw = f32;
+
+        #[inline(always)]
+        unsafe fn store(dst: *mut f32, v: __m256, n: usize) {
+            // SAFETY: AVX2 and `n` writable floats at `dst` (the caller's
+            // contract); each branch writes exactly `n` floats.
+            unsafe {
+                if n == 8 {
+                    _mm256_storeu_ps(dst, v);
+                    return;
+                }
+                let lo = _mm256_castps256_ps128(v);
+                let (quad, rest, at) = if n >= 4 {
+                    _mm_storeu_ps(dst, lo);
+                    (_mm256_extractf128_ps::<1>(v), n - 4, 4)
+                } else {
+                    (lo, n, 0)
+                };
+                store_floats(dst.add(at), quad, rest);
+            }
+        }
+    }
+
+    /// Stores the first `n` (0..=3) floats of `v`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `n` float writes.
+    #[inline(always)]
+    unsafe fn store_floats(dst: *mut f32, v: __m128, n: usize) {
+        // SAFETY: each branch writes exactly `n` floats at `dst`.
+        unsafe {
+            if n >= 2 {
+                _mm_storel_pd(dst.cast(), _mm_castps_pd(v));
+                if n == 3 {
+                    _mm_store_ss(dst.add(2), _mm_movehl_ps(v, v));
+                }
+            } else if n == 1 {
+                _mm_store_ss(dst, v);
+            }
+        }
+    }
+
+    impl Lanes for Bf16 {
+        type Raw = u16;
+
+        #[inline(always)]
+        unsafe fn store(dst: *mut u16, v: __m256, n: usize) {
+            // SAFETY: AVX2 and `n` writable u16s at `dst` (the caller's
+            // contract); each branch writes exactly `n` of them.
+            unsafe {
+                let halves = to_bf16(v);
+                match n {
+                    8 => _mm_storeu_si128(dst.cast(), halves),
+                    6 => {
+                        _mm_storel_epi64(dst.cast(), halves);
+                        _mm_storeu_si32(dst.add(4).cast(), _mm_srli_si128::<8>(halves));
+                    }
+                    _ => {
+                        let mut tmp = [0u16; 8];
+                        _mm_storeu_si128(tmp.as_mut_ptr().cast(), halves);
+                        std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, n.min(8));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Eight f32 lanes to bf16 bits, rounded to nearest even (the same
+    /// arithmetic as `half`'s `bf16::from_f32` for every non-NaN value).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn to_bf16(v: __m256) -> __m128i {
+        let bits = _mm256_castps_si256(v);
+        let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
+        let rounded = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+        let high = _mm256_srli_epi32::<16>(rounded);
+        // Per 128-bit half: [h0..h3, h0..h3 | h4..h7, h4..h7]; keep qwords 0, 2.
+        let packed = _mm256_packus_epi32(high, high);
+        _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(packed))
+    }
+
     /// One patch row; see [`super::PatchSimd::fill`].
     #[target_feature(enable = "avx2")]
-    pub(super) fn fill<const P: usize>(
+    pub(super) fn fill<const P: usize, L: Lanes>(
         norm: &Normalization,
         data: &[u8],
         width: usize,
         gy: usize,
         gx: usize,
-        row: &mut [f32],
+        row: &mut [L::Raw],
     ) {
         const { assert!(P > 8 && P <= 16) };
         let plane = P * P;
         assert_eq!(row.len(), 6 * plane, "patch row length");
         let (lines, _) = row.as_chunks_mut::<P>();
-        let split = SPLIT.map(|loads| {
-            loads.map(|m| {
-                // SAFETY: `m` is 16 readable bytes (unaligned load).
-                unsafe { _mm_loadu_si128(m.as_ptr().cast()) }
-            })
-        });
+        let mut split = [[_mm_setzero_si128(); 3]; 3];
+        for (masks, bytes) in split.iter_mut().zip(&SPLIT) {
+            for (mask, b) in masks.iter_mut().zip(bytes) {
+                // SAFETY: `b` is 16 readable bytes (unaligned load).
+                *mask = unsafe { _mm_loadu_si128(b.as_ptr().cast()) };
+            }
+        }
         for py in 0..P {
             let start = ((gy * P + py) * width + gx * P) * 3;
             let mut tail = [0u8; 48];
@@ -191,54 +313,14 @@ mod avx2 {
                 let rest = normalise8(norm, c, _mm_srli_si128::<8>(bytes));
                 for t in 0..2 {
                     let line = &mut lines[(c * 2 + t) * P + py];
-                    // SAFETY: `line` is P (9..=16) writable floats: 8 at its
-                    // start, then P − 8 at +8 (`store_first`).
+                    // SAFETY: AVX2 is enabled here; `line` is P (9..=16)
+                    // writable elements: 8 at its start, P − 8 at +8.
                     unsafe {
-                        _mm256_storeu_ps(line.as_mut_ptr(), first);
-                        store_first::<P>(line.as_mut_ptr().add(8), rest);
+                        L::store(line.as_mut_ptr(), first, 8);
+                        L::store(line.as_mut_ptr().add(8), rest, P - 8);
                     }
                 }
             }
-        }
-    }
-
-    /// Stores the first `P − 8` floats of `v` at `dst`.
-    ///
-    /// # Safety
-    /// `dst` must be valid for `P − 8` float writes; AVX2 available.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn store_first<const P: usize>(dst: *mut f32, v: __m256) {
-        let n = P - 8;
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps::<1>(v);
-        // SAFETY: every branch writes exactly `n` floats at `dst`.
-        unsafe {
-            if n >= 4 {
-                _mm_storeu_ps(dst, lo);
-                match n - 4 {
-                    4 => _mm_storeu_ps(dst.add(4), hi),
-                    rest => store_partial(dst.add(4), hi, rest),
-                }
-            } else {
-                store_partial(dst, lo, n);
-            }
-        }
-    }
-
-    /// Stores the first `n` (< 4) floats of `v`.
-    ///
-    /// # Safety
-    /// `dst` must be valid for `n` float writes.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn store_partial(dst: *mut f32, v: __m128, n: usize) {
-        let mut tmp = [0f32; 4];
-        // SAFETY: `tmp` holds 4 floats; `dst` is valid for `n ≤ 3` writes
-        // (the caller's contract) and cannot overlap the local `tmp`.
-        unsafe {
-            _mm_storeu_ps(tmp.as_mut_ptr(), v);
-            std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, n.min(3));
         }
     }
 }
@@ -270,12 +352,11 @@ mod tests {
         let data = image(w, h);
         let view = RgbView::new(&data, w, h).expect("view");
         let mut expected = vec![T::default(); geo.row_len()];
-        let mut got = vec![0f32; geo.row_len()];
+        let mut got = vec![T::default(); geo.row_len()];
         for gy in 0..3 {
             for gx in 0..4 {
                 fill_patch_any(view, geo, gy, gx, &lut, &mut expected);
                 simd.fill(&data, w, gy, gx, &mut got);
-                let got: Vec<T> = got.iter().map(|&v| T::from_f32_fast(v)).collect();
                 assert_eq!(
                     bytemuck::cast_slice::<T, u8>(&got),
                     bytemuck::cast_slice::<T, u8>(&expected),
