@@ -2,7 +2,7 @@
 //! shared test photos, Qwen2-VL with its shipped preprocessor config.
 //!
 //! Groups: `decode`, `preprocess` (from decoded RGB), `decode+preprocess`
-//! on one thread, and `decode+preprocess x4 @2 threads` (four images over a
+//! on one thread (plus an `iris-bf16` row: bfloat16 output), and `decode+preprocess x4 @2 threads` (four images over a
 //! two-thread rayon pool, throughput in images/s). llm-multimodal runs with
 //! `Parallelism::Inline` so each of its calls uses exactly its caller's
 //! thread, like ours with intra-image parallelism off.
@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use iris_vision::{
-    decode, preprocess_batch, processor_from_config, DecodeLimits, PreprocessOptions, Processor,
+    decode, preprocess_batch, processor_from_config, DecodeLimits, OutputDtype, PreprocessOptions,
+    Processor,
 };
 use llm_multimodal::vision::processors::Qwen2VLProcessor;
 use llm_multimodal::vision::{PreProcessorConfig, VisionPreProcessor};
@@ -66,6 +67,9 @@ fn smg_decode(bytes: &[u8]) -> image::DynamicImage {
 struct Libs {
     ours: Box<dyn Processor>,
     opts: PreprocessOptions,
+    /// Same, with bfloat16 output (the TokenSpeed wire default): an extra
+    /// row, not the headline comparison (llm-multimodal only makes f32).
+    opts_bf16: PreprocessOptions,
     smg: Qwen2VLProcessor,
     smg_config: PreProcessorConfig,
 }
@@ -78,6 +82,10 @@ fn libs() -> Libs {
     Libs {
         ours: processor_from_config(&json).expect("processor"),
         opts: PreprocessOptions::default(),
+        opts_bf16: PreprocessOptions {
+            dtype: OutputDtype::Bf16,
+            ..PreprocessOptions::default()
+        },
         smg: Qwen2VLProcessor::from_preprocessor_config(&smg_config),
         smg_config,
     }
@@ -111,6 +119,13 @@ fn one_thread(c: &mut Criterion) {
                         .expect("preprocess")
                 })
             });
+            g.bench_with_input(BenchmarkId::new("iris-bf16", f.name), f, |b, f| {
+                b.iter(|| {
+                    libs.ours
+                        .preprocess(&f.rgb, &libs.opts_bf16)
+                        .expect("preprocess")
+                })
+            });
             g.bench_with_input(BenchmarkId::new("llm-multimodal", f.name), f, |b, f| {
                 b.iter(|| {
                     libs.smg
@@ -128,6 +143,13 @@ fn one_thread(c: &mut Criterion) {
                 b.iter(|| {
                     libs.ours
                         .preprocess_bytes(&f.bytes, &libs.opts)
+                        .expect("preprocess")
+                })
+            });
+            g.bench_with_input(BenchmarkId::new("iris-bf16", f.name), f, |b, f| {
+                b.iter(|| {
+                    libs.ours
+                        .preprocess_bytes(&f.bytes, &libs.opts_bf16)
                         .expect("preprocess")
                 })
             });

@@ -1,10 +1,10 @@
 //! Writing normalised pixels into the encoder's tensor layouts, once each:
 //! Qwen's patch rows and CLIP's planar CHW.
 
-use rayon::prelude::*;
-
 use crate::image::RgbView;
-use crate::normalize::{Lut, OutElem};
+use crate::normalize::{Lut, Normalization, OutElem};
+use crate::patch_simd::PatchSimd;
+use crate::stream;
 
 /// Qwen-VL patch geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -29,29 +29,68 @@ impl PatchGeometry {
     }
 }
 
-/// Writes `img` (dimensions multiples of P·M) as Qwen patch rows.
+/// Writes Qwen patch rows, one band of `P·M` image rows at a time.
 ///
 /// Rows are ordered (h/M, w/M, m_h, m_w); a row holds (C, T, p_y, p_x).
+/// Each row is assembled in a small cache-resident buffer and then streamed
+/// to the output (see [`crate::stream`]): every output element is written
+/// once. The AVX2 writer ([`PatchSimd`]) is used when it reproduces the
+/// table exactly, the table otherwise.
+pub(crate) struct PatchWriter<T> {
+    geo: PatchGeometry,
+    lut: Lut<T>,
+    simd: Option<PatchSimd>,
+}
+
+impl<T: OutElem> PatchWriter<T> {
+    /// A writer for `geo` with normalisation `norm`.
+    pub(crate) fn new(geo: PatchGeometry, norm: &Normalization) -> Self {
+        let lut = norm.lut::<T>();
+        let simd = PatchSimd::new(geo, norm, &lut);
+        PatchWriter { geo, lut, simd }
+    }
+
+    /// Output elements of one band of an image `width` pixels wide.
+    pub(crate) fn band_len(&self, width: usize) -> usize {
+        width / self.geo.patch_size * self.geo.merge_size * self.geo.row_len()
+    }
+
+    /// Writes the patch rows of `band` (`P·M` rows of the resized image,
+    /// width a multiple of `P·M`) into `out`.
+    pub(crate) fn band(&self, band: RgbView<'_>, out: &mut [T]) {
+        let (geo, m) = (self.geo, self.geo.merge_size);
+        let mut staging = vec![T::default(); geo.row_len()];
+        for (i, row) in out.chunks_exact_mut(geo.row_len()).enumerate() {
+            let (bw, mh, mw) = (i / (m * m), (i / m) % m, i % m);
+            let (gy, gx) = (mh, bw * m + mw);
+            match &self.simd {
+                Some(simd) => simd.fill(band.data(), band.width(), gy, gx, &mut staging),
+                None => fill_patch_row(band, geo, gy, gx, &self.lut, &mut staging),
+            }
+            stream::copy(row, &staging);
+        }
+        stream::fence();
+    }
+}
+
+/// Writes a whole resized `img` (dimensions multiples of P·M) as Qwen patch
+/// rows, band by band (the unfused path, kept for tests).
+#[cfg(test)]
 pub(crate) fn patchify<T: OutElem>(
     img: RgbView<'_>,
     geo: PatchGeometry,
-    lut: &Lut<T>,
+    norm: &Normalization,
     out: &mut [T],
-    parallel: bool,
 ) {
-    let (p, m) = (geo.patch_size, geo.merge_size);
-    let grid_w = img.width() / p;
-    let band_len = grid_w * m * geo.row_len();
-    let band = |(bh, rows): (usize, &mut [T])| {
-        for (i, row) in rows.chunks_exact_mut(geo.row_len()).enumerate() {
-            let (bw, mh, mw) = (i / (m * m), (i / m) % m, i % m);
-            fill_patch_row(img, geo, bh * m + mh, bw * m + mw, lut, row);
-        }
-    };
-    if parallel {
-        out.par_chunks_mut(band_len).enumerate().for_each(band);
-    } else {
-        out.chunks_mut(band_len).enumerate().for_each(band);
+    let writer = PatchWriter::<T>::new(geo, norm);
+    let band_rows = geo.factor() * img.width() * 3;
+    for (data, chunk) in img
+        .data()
+        .chunks_exact(band_rows)
+        .zip(out.chunks_exact_mut(writer.band_len(img.width())))
+    {
+        let band = RgbView::new(data, img.width(), geo.factor()).expect("band view");
+        writer.band(band, chunk);
     }
 }
 
@@ -74,7 +113,7 @@ fn fill_patch_row<T: OutElem>(
 }
 
 /// Patch body for compile-time `P` and `TP`: every value is looked up once
-/// and stored into its `TP` temporal slots directly.
+/// into temporal slot 0, which is then copied to the other slots.
 #[inline(always)]
 fn fill_patch<T: OutElem, const P: usize, const TP: usize>(
     img: RgbView<'_>,
@@ -85,24 +124,28 @@ fn fill_patch<T: OutElem, const P: usize, const TP: usize>(
 ) {
     let plane = P * P;
     let data = img.data();
+    let [lut_r, lut_g, lut_b] = &lut.0;
+    let (planes, _) = row.as_chunks_mut::<P>();
     for py in 0..P {
         let start = ((gy * P + py) * img.width() + gx * P) * 3;
         let (src, _) = data[start..start + P * 3].as_chunks::<3>();
-        for (c, table) in lut.0.iter().enumerate() {
-            let mut values = [T::default(); P];
-            for (v, px) in values.iter_mut().zip(src) {
-                *v = table[usize::from(px[c])];
-            }
-            for t in 0..TP {
-                let at = (c * TP + t) * plane + py * P;
-                row[at..at + P].copy_from_slice(&values);
-            }
+        let (r, g, b) = (py, TP * P + py, 2 * TP * P + py);
+        for (x, px) in src.iter().enumerate() {
+            planes[r][x] = lut_r[usize::from(px[0])];
+            planes[g][x] = lut_g[usize::from(px[1])];
+            planes[b][x] = lut_b[usize::from(px[2])];
+        }
+    }
+    for c in 0..3 {
+        let first = c * TP * plane;
+        for t in 1..TP {
+            row.copy_within(first..first + plane, first + t * plane);
         }
     }
 }
 
 /// Patch body for any geometry.
-fn fill_patch_any<T: OutElem>(
+pub(crate) fn fill_patch_any<T: OutElem>(
     img: RgbView<'_>,
     geo: PatchGeometry,
     gy: usize,

@@ -26,11 +26,13 @@ mod layout;
 mod normalize;
 mod npy;
 mod output;
+mod patch_simd;
 mod pool;
 mod processor;
 mod qwen;
 mod resize;
 mod scratch;
+mod stream;
 
 pub use batch::preprocess_batch;
 pub use clip::ClipProcessor;

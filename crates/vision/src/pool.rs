@@ -34,7 +34,7 @@ impl<T> Pool<T> {
 }
 
 /// Element types that have an output pool.
-pub trait PoolElem: Copy + Default + Send + Sync + 'static {
+pub trait PoolElem: bytemuck::Zeroable + Copy + Default + Send + Sync + 'static {
     #[doc(hidden)]
     fn pool() -> &'static Pool<Self>;
 }
@@ -63,6 +63,8 @@ pub struct PooledVec<T: PoolElem> {
 impl<T: PoolElem> PooledVec<T> {
     /// A vector of exactly `len` elements, recycled when one fits. The
     /// contents are unspecified (old values or zeros): callers overwrite all.
+    /// A recycled buffer is not cleared; a fresh one is a zeroed allocation
+    /// (no fill pass; `resize` below then has nothing to do).
     pub fn take(len: usize) -> Self {
         let pool = T::pool();
         let recycled = pool.free.lock().ok().and_then(|mut free| {
@@ -81,7 +83,9 @@ impl<T: PoolElem> PooledVec<T> {
             }
             None => {
                 pool.misses.fetch_add(1, Ordering::Relaxed);
-                Vec::with_capacity(len)
+                // A zeroed allocation: large ones come straight from the
+                // kernel as zero pages, with no user-space fill pass.
+                bytemuck::allocation::try_zeroed_vec(len).unwrap_or_default()
             }
         };
         if vec.len() < len {

@@ -5,12 +5,12 @@ use half::bf16;
 use crate::error::VisionError;
 use crate::geometry::smart_resize;
 use crate::image::RgbView;
-use crate::layout::{patchify, PatchGeometry};
+use crate::layout::{PatchGeometry, PatchWriter};
 use crate::normalize::{Normalization, OutElem};
 use crate::output::{OutputDtype, PixelValues, PreprocessOutput};
 use crate::pool::PooledVec;
 use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
-use crate::resize::resize_into;
+use crate::resize::{resize_banded, resize_into};
 use crate::scratch::Scratch;
 
 /// Qwen2-VL's class default `min_pixels` (56·56).
@@ -89,12 +89,30 @@ impl QwenVlProcessor {
         smart_resize(height, width, self.geometry.factor(), min, max)
     }
 
-    fn write<T: OutElem>(&self, img: RgbView<'_>, parallel: bool) -> PooledVec<T> {
+    /// Resizes `image` to `w`×`h` and writes its patch rows; the vertical
+    /// resize pass is fused with the patch writer band by band.
+    fn write<T: OutElem>(
+        &self,
+        image: RgbView<'_>,
+        (w, h): (usize, usize),
+        scratch: &mut Scratch,
+        parallel: bool,
+    ) -> Result<PooledVec<T>, VisionError> {
         let geo = self.geometry;
-        let rows = (img.width() / geo.patch_size) * (img.height() / geo.patch_size);
+        let writer = PatchWriter::<T>::new(geo, &self.norm);
+        let rows = (w / geo.patch_size) * (h / geo.patch_size);
         let mut out = PooledVec::<T>::take(rows * geo.row_len());
-        patchify(img, geo, &self.norm.lut::<T>(), &mut out, parallel);
-        out
+        resize_banded(
+            image,
+            (w, h),
+            geo.factor(),
+            (&mut scratch.inter, &mut scratch.resized),
+            &mut out,
+            writer.band_len(w),
+            parallel,
+            |band, chunk| writer.band(band, chunk),
+        )?;
+        Ok(out)
     }
 }
 
@@ -142,17 +160,14 @@ impl Processor for QwenVlProcessor {
     ) -> Result<PreprocessOutput, VisionError> {
         let (h, w) = self.target_size(image.height(), image.width(), opts)?;
         let parallel = split_image(opts, image.width() * image.height());
-        let resized = resize_into(
-            image,
-            w,
-            h,
-            &mut scratch.inter,
-            &mut scratch.resized,
-            parallel,
-        )?;
+        let size = (w, h);
         let pixel_values = match opts.dtype {
-            OutputDtype::F32 => PixelValues::F32(self.write::<f32>(resized, parallel)),
-            OutputDtype::Bf16 => PixelValues::Bf16(self.write::<bf16>(resized, parallel)),
+            OutputDtype::F32 => {
+                PixelValues::F32(self.write::<f32>(image, size, scratch, parallel)?)
+            }
+            OutputDtype::Bf16 => {
+                PixelValues::Bf16(self.write::<bf16>(image, size, scratch, parallel)?)
+            }
         };
         let geo = self.geometry;
         let grid = [1, h / geo.patch_size, w / geo.patch_size];
@@ -163,5 +178,67 @@ impl Processor for QwenVlProcessor {
             num_placeholder_tokens: grid[0] * grid[1] * grid[2] / (geo.merge_size * geo.merge_size),
             resized_size: (w, h),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::patchify;
+
+    fn noise(w: usize, h: usize) -> Vec<u8> {
+        let mut s = (w * 7919 + h) as u32;
+        (0..w * h * 3)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 24) as u8
+            })
+            .collect()
+    }
+
+    /// Resize fully, then patchify: the unfused reference of `write`.
+    fn unfused<T: OutElem>(p: &QwenVlProcessor, img: RgbView<'_>, w: usize, h: usize) -> Vec<T> {
+        let (mut inter, mut full) = (Vec::new(), Vec::new());
+        let resized = resize_into(img, w, h, &mut inter, &mut full, false).expect("resize");
+        let geo = p.geometry;
+        let mut out =
+            vec![T::default(); (w / geo.patch_size) * (h / geo.patch_size) * geo.row_len()];
+        patchify(resized, geo, &p.norm, &mut out);
+        out
+    }
+
+    fn check<T: OutElem>(p: &QwenVlProcessor, (iw, ih): (usize, usize), (w, h): (usize, usize)) {
+        let data = noise(iw, ih);
+        let img = RgbView::new(&data, iw, ih).expect("view");
+        let expected = unfused::<T>(p, img, w, h);
+        for parallel in [false, true] {
+            let mut scratch = Scratch::default();
+            let got = p
+                .write::<T>(img, (w, h), &mut scratch, parallel)
+                .expect("write");
+            assert!(
+                bytemuck::cast_slice::<T, u8>(&got) == bytemuck::cast_slice::<T, u8>(&expected),
+                "{iw}x{ih} -> {w}x{h}, parallel {parallel}"
+            );
+        }
+    }
+
+    #[test]
+    fn fused_bands_equal_resize_then_patchify() {
+        let cases = [
+            ((200, 100), (196, 112)), // both passes, fused
+            ((333, 217), (336, 224)), // both passes
+            ((224, 300), (224, 280)), // vertical only, fused
+            ((300, 224), (280, 224)), // horizontal only
+            ((224, 112), (224, 112)), // no resize
+            ((20, 2500), (28, 2296)), // vertical first (not fused)
+            ((1920, 1080), (1932, 1092)),
+        ];
+        for (input, output) in cases {
+            check::<f32>(&QwenVlProcessor::qwen2_vl(), input, output);
+            check::<bf16>(&QwenVlProcessor::qwen2_vl(), input, output);
+        }
+        check::<f32>(&QwenVlProcessor::qwen3_vl(), (333, 217), (320, 224));
+        check::<bf16>(&QwenVlProcessor::qwen3_vl(), (1920, 1080), (1920, 1088));
     }
 }

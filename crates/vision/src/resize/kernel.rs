@@ -14,6 +14,11 @@ pub(crate) const BIAS: i32 = 1 << (PRECISION_BITS - 1);
 
 const BICUBIC_SUPPORT: f64 = 2.0;
 
+use std::cell::RefCell;
+use std::sync::{Arc, OnceLock};
+
+use super::hblock::BlockKernel;
+
 /// Keys cubic convolution kernel with a = −0.5.
 fn bicubic(x: f64) -> f64 {
     const A: f64 = -0.5;
@@ -27,9 +32,23 @@ fn bicubic(x: f64) -> f64 {
     }
 }
 
+/// Kernels kept per thread (most recently used first).
+const CACHED_KERNELS: usize = 4;
+
+thread_local! {
+    /// Recently used kernels of this thread: a stream of same-size images
+    /// builds its weights once.
+    static CACHE: RefCell<Vec<Arc<Kernel>>> = const { RefCell::new(Vec::new()) };
+}
+
 /// Fixed-point weights of one resampling axis.
 #[derive(Debug, Clone)]
 pub(crate) struct Kernel {
+    /// Input samples.
+    pub in_size: usize,
+    /// The same weights grouped for the blocked horizontal pass (built on
+    /// first use).
+    blocks: OnceLock<Option<BlockKernel>>,
     /// Taps per output pixel (the stride of `weights`).
     pub ksize: usize,
     /// First input index read by each output pixel.
@@ -41,6 +60,31 @@ pub(crate) struct Kernel {
 }
 
 impl Kernel {
+    /// [`Kernel::bicubic`], reused from this thread's cache when the same
+    /// sizes were resampled recently.
+    pub(crate) fn cached(in_size: usize, out_size: usize) -> Arc<Kernel> {
+        CACHE.with(|cache| {
+            let mut cache = cache.borrow_mut();
+            let hit = cache
+                .iter()
+                .position(|k| k.in_size == in_size && k.out_size() == out_size);
+            let kernel = match hit {
+                Some(i) => cache.remove(i),
+                None => Arc::new(Kernel::bicubic(in_size, out_size)),
+            };
+            cache.insert(0, Arc::clone(&kernel));
+            cache.truncate(CACHED_KERNELS);
+            kernel
+        })
+    }
+
+    /// The blocked form of these weights, if the scale suits it.
+    pub(crate) fn blocks(&self) -> Option<&BlockKernel> {
+        self.blocks
+            .get_or_init(|| BlockKernel::new(self, self.in_size))
+            .as_ref()
+    }
+
     /// Weights resampling `in_size` samples to `out_size` over the whole axis.
     pub(crate) fn bicubic(in_size: usize, out_size: usize) -> Kernel {
         let scale = in_size as f64 / out_size as f64;
@@ -48,6 +92,8 @@ impl Kernel {
         let support = BICUBIC_SUPPORT * filterscale;
         let ksize = support.ceil() as usize * 2 + 1;
         let mut kernel = Kernel {
+            in_size,
+            blocks: OnceLock::new(),
             ksize,
             starts: Vec::with_capacity(out_size),
             lens: Vec::with_capacity(out_size),
@@ -121,6 +167,20 @@ mod tests {
         assert_eq!(k.out_size(), 1316);
         assert_eq!(k.starts[0], 0);
         assert!(k.starts[1315] + k.lens[1315] <= 1920);
+    }
+
+    #[test]
+    fn cache_returns_the_same_weights() {
+        let a = Kernel::cached(1920, 1932);
+        let b = Kernel::cached(1920, 1932);
+        assert!(Arc::ptr_eq(&a, &b));
+        let fresh = Kernel::bicubic(1920, 1932);
+        assert_eq!(a.weights, fresh.weights);
+        assert_eq!(a.starts, fresh.starts);
+        for n in 0..2 * CACHED_KERNELS {
+            let _ = Kernel::cached(100 + n, 50);
+        }
+        assert!(!Arc::ptr_eq(&a, &Kernel::cached(1920, 1932)));
     }
 
     #[test]

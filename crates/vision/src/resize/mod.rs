@@ -6,6 +6,7 @@
 //! Pillow 12.2 resizes vertically first (checked against Pillow in
 //! `scripts/vision/reference.py`).
 
+mod hblock;
 mod kernel;
 mod passes;
 
@@ -13,6 +14,8 @@ use crate::error::VisionError;
 use crate::image::RgbView;
 use crate::scratch::ensure_len;
 use kernel::Kernel;
+use rayon::prelude::*;
+use std::cell::Cell;
 
 /// Which axis Pillow 12.2 filters first for an `in_w`×`in_h` source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +63,7 @@ pub(crate) fn resize_into<'a>(
             passes::horizontal(
                 src.data(),
                 in_w,
-                &Kernel::bicubic(in_w, out_w),
+                &Kernel::cached(in_w, out_w),
                 out,
                 parallel,
             );
@@ -71,15 +74,15 @@ pub(crate) fn resize_into<'a>(
             passes::vertical(
                 src.data(),
                 in_w * 3,
-                &Kernel::bicubic(in_h, out_h),
+                &Kernel::cached(in_h, out_h),
                 out,
                 parallel,
             );
             RgbView::new(out, out_w, out_h)
         }
         (true, true) => {
-            let kh = Kernel::bicubic(in_w, out_w);
-            let kv = Kernel::bicubic(in_h, out_h);
+            let kh = Kernel::cached(in_w, out_w);
+            let kv = Kernel::cached(in_h, out_h);
             ensure_len(out, out_w * out_h * 3);
             match PassOrder::pillow_12_2(in_w, in_h, out_h) {
                 PassOrder::HorizontalFirst => {
@@ -95,6 +98,96 @@ pub(crate) fn resize_into<'a>(
             }
             RgbView::new(out, out_w, out_h)
         }
+    }
+}
+
+thread_local! {
+    /// Per-thread buffer holding one band of resized rows (recycled).
+    static BAND: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// Resizes `src` to `out_w`×`out_h` like [`resize_into`] and hands the
+/// result to `consume` in bands of `band_rows` rows, each with its chunk of
+/// `out` (`out_band_len` elements per band; `out` must hold exactly one
+/// chunk per band).
+///
+/// When the vertical pass runs last (the usual case) it is fused with the
+/// consumer: each band's rows are filtered into a small per-thread buffer
+/// and consumed while still in cache, so the full resized image is never
+/// written out. Other cases resize fully first (into `full`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resize_banded<T, F>(
+    src: RgbView<'_>,
+    (out_w, out_h): (usize, usize),
+    band_rows: usize,
+    (inter, full): (&mut Vec<u8>, &mut Vec<u8>),
+    out: &mut [T],
+    out_band_len: usize,
+    parallel: bool,
+    consume: F,
+) -> Result<(), VisionError>
+where
+    T: Send,
+    F: Fn(RgbView<'_>, &mut [T]) + Sync,
+{
+    let (in_w, in_h) = (src.width(), src.height());
+    let bands = out_h.div_ceil(band_rows.max(1));
+    if out_w == 0 || out_h == 0 || band_rows == 0 || out.len() != bands * out_band_len {
+        return Err(VisionError::Geometry(format!(
+            "cannot resize {in_w}x{in_h} to {out_w}x{out_h} in bands of {band_rows} rows \
+             into {} elements",
+            out.len()
+        )));
+    }
+    let row_len = out_w * 3;
+    let rows_of = |b: usize| band_rows.min(out_h - b * band_rows);
+    let fused =
+        out_h != in_h && PassOrder::pillow_12_2(in_w, in_h, out_h) == PassOrder::HorizontalFirst;
+    if !fused {
+        let resized = resize_into(src, out_w, out_h, inter, full, parallel)?.data();
+        return for_each_band(out, out_band_len, parallel, |b, chunk| {
+            let rows = &resized[b * band_rows * row_len..][..rows_of(b) * row_len];
+            consume(RgbView::new(rows, out_w, rows_of(b))?, chunk);
+            Ok(())
+        });
+    }
+    let vsrc: &[u8] = if out_w != in_w {
+        ensure_len(inter, row_len * in_h);
+        let kh = Kernel::cached(in_w, out_w);
+        passes::horizontal(src.data(), in_w, &kh, inter, parallel);
+        inter
+    } else {
+        src.data()
+    };
+    let kv = Kernel::cached(in_h, out_h);
+    for_each_band(out, out_band_len, parallel, |b, chunk| {
+        let rows = rows_of(b);
+        passes::with_thread_buffer(&BAND, rows * row_len, |buf| {
+            passes::vertical_rows(vsrc, row_len, &kv, b * band_rows, buf);
+            consume(RgbView::new(buf, out_w, rows)?, chunk);
+            Ok(())
+        })
+    })
+}
+
+/// Runs `f(band index, chunk)` over the `band_len`-element chunks of `out`.
+fn for_each_band<T: Send>(
+    out: &mut [T],
+    band_len: usize,
+    parallel: bool,
+    f: impl Fn(usize, &mut [T]) -> Result<(), VisionError> + Sync,
+) -> Result<(), VisionError> {
+    if band_len == 0 {
+        return Ok(());
+    }
+    if parallel {
+        out.par_chunks_mut(band_len)
+            .enumerate()
+            .try_for_each(|(b, chunk)| f(b, chunk))
+    } else {
+        out.chunks_mut(band_len)
+            .enumerate()
+            .try_for_each(|(b, chunk)| f(b, chunk))
     }
 }
 

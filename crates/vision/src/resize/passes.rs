@@ -19,6 +19,8 @@ use std::cell::Cell;
 /// Rows transposed together by the horizontal pass.
 pub(crate) const STRIP_ROWS: usize = 16;
 const STRIP_LANES: usize = STRIP_ROWS * 3;
+/// Rows per parallel task of the blocked horizontal pass.
+const BLOCK_TASK_ROWS: usize = 32;
 /// Bytes of a row accumulated together by the vertical pass.
 const BLOCK: usize = 64;
 
@@ -32,6 +34,20 @@ thread_local! {
 pub(crate) fn horizontal(src: &[u8], in_w: usize, kernel: &Kernel, dst: &mut [u8], parallel: bool) {
     let out_row = kernel.out_size() * 3;
     let in_row = in_w * 3;
+    if let Some(blocks) = kernel.blocks().filter(|_| has_avx2()) {
+        let task = |(i, dst_rows): (usize, &mut [u8])| {
+            let rows = dst_rows.len() / out_row;
+            let src_rows = &src[i * BLOCK_TASK_ROWS * in_row..][..rows * in_row];
+            blocks.rows(kernel, src_rows, dst_rows);
+        };
+        let chunk = BLOCK_TASK_ROWS * out_row;
+        if parallel {
+            dst.par_chunks_mut(chunk).enumerate().for_each(task);
+        } else {
+            dst.chunks_mut(chunk).enumerate().for_each(task);
+        }
+        return;
+    }
     let strip = |(i, dst_strip): (usize, &mut [u8])| {
         let rows = dst_strip.len() / out_row;
         let src_strip = &src[i * STRIP_ROWS * in_row..][..rows * in_row];
@@ -71,16 +87,54 @@ pub(crate) fn vertical(
     }
 }
 
+/// Whether the blocked horizontal pass has its vector body on this CPU.
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Output rows `first ..` of the vertical pass, as many as fit in `dst`:
+/// `src` holds rows of `row_len` bytes.
+pub(crate) fn vertical_rows(
+    src: &[u8],
+    row_len: usize,
+    kernel: &Kernel,
+    first: usize,
+    dst: &mut [u8],
+) {
+    for (j, out) in dst.chunks_exact_mut(row_len).enumerate() {
+        let (start, weights) = kernel.taps(first + j);
+        vertical_row(&src[start * row_len..], row_len, weights, out);
+    }
+}
+
 /// Lends this thread's transpose buffer, sized to `len` bytes.
 fn with_strip_buffer(len: usize, f: impl FnOnce(&mut [u8])) {
-    STRIP.with(|cell| {
+    with_thread_buffer(&STRIP, len, f);
+}
+
+/// Lends the per-thread buffer in `slot`, grown to at least `len` bytes
+/// (kept for the next call; its old contents are not cleared).
+pub(crate) fn with_thread_buffer<R>(
+    slot: &'static std::thread::LocalKey<Cell<Vec<u8>>>,
+    len: usize,
+    f: impl FnOnce(&mut [u8]) -> R,
+) -> R {
+    slot.with(|cell| {
         let mut buf = cell.take();
         if buf.len() < len {
             buf.resize(len, 0);
         }
-        f(&mut buf[..len]);
+        let result = f(&mut buf[..len]);
         cell.set(buf);
-    });
+        result
+    })
 }
 
 fn horizontal_strip(
