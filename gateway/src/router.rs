@@ -80,7 +80,8 @@ impl Leg {
 
 /// A started request: the streaming leg's responses.
 pub struct Generation {
-    stream: Streaming<GenerateResponse>,
+    /// `None` once handed to the background drain by [`finish`](Self::finish).
+    stream: Option<Streaming<GenerateResponse>>,
     /// The streaming leg's worker, for error messages.
     pub worker: Arc<Worker>,
     prefill_failure: Option<oneshot::Receiver<Status>>,
@@ -101,7 +102,7 @@ impl Generation {
             };
             tokio::select! {
                 biased;
-                message = self.stream.message() => {
+                message = next_message(&mut self.stream) => {
                     return match message {
                         Ok(Some(response)) => Some(Ok(response)),
                         Ok(None) => {
@@ -121,26 +122,54 @@ impl Generation {
     }
 
     /// Marks the request complete: dropping it will abort nothing.
+    ///
+    /// The worker's stream is read to its end (the trailers) in the
+    /// background rather than dropped: dropping an unfinished HTTP/2
+    /// stream resets it, and a connection that sees many resets is closed
+    /// by h2 ("locally-reset streams reached limit"), failing every other
+    /// request on it.
     pub fn finish(&mut self) {
         self.finished = true;
+        self.drain_in_background();
+    }
+
+    fn drain_in_background(&mut self) {
+        let Some(mut stream) = self.stream.take() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let drain = async { while let Ok(Some(_)) = stream.message().await {} };
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;
+        });
     }
 
     /// Aborts every leg now (e.g. a stop string matched in the gateway).
+    /// The worker's stream is then drained like after [`finish`](Self::finish):
+    /// the aborted request ends with a complete of its own.
     pub fn abort(&mut self, reason: &str) {
         if !self.finished {
             self.legs.iter().for_each(|leg| leg.abort(reason));
             self.finished = true;
         }
+        self.drain_in_background();
     }
 }
 
 impl Drop for Generation {
     fn drop(&mut self) {
         if !self.finished {
-            self.legs
-                .iter()
-                .for_each(|leg| leg.abort("client went away"));
+            self.abort("client went away");
         }
+    }
+}
+
+/// The next message of `stream`; `Ok(None)` once it was handed off.
+async fn next_message(
+    stream: &mut Option<Streaming<GenerateResponse>>,
+) -> Result<Option<GenerateResponse>, Status> {
+    match stream.as_mut() {
+        Some(stream) => stream.message().await,
+        None => Ok(None),
     }
 }
 
@@ -181,7 +210,7 @@ impl Router {
             match worker.client().generate(attempt).await {
                 Ok(response) => {
                     return Ok(Generation {
-                        stream: response.into_inner(),
+                        stream: Some(response.into_inner()),
                         worker,
                         prefill_failure: None,
                         legs: vec![leg],
@@ -225,7 +254,7 @@ impl Router {
                 (Ok(p_stream), Ok(d_stream)) => {
                     let failure = drain_prefill(p_stream.into_inner(), p.clone());
                     return Ok(Generation {
-                        stream: d_stream.into_inner(),
+                        stream: Some(d_stream.into_inner()),
                         worker: d,
                         prefill_failure: Some(failure),
                         legs: vec![p_leg, d_leg],
