@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use iris_batcher::{Batcher, BatcherConfig};
 use iris_model::ModelDir;
+use iris_process::ServerTasks;
 use iris_proto::data::iris_data_server::IrisDataServer;
 use iris_proto::encoder::token_speed_encoder_server::TokenSpeedEncoderServer;
 use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServer;
@@ -32,22 +33,16 @@ pub struct RunningEncoder {
     pub grpc_addr: SocketAddr,
     pub data_addr: SocketAddr,
     pub encoder: Arc<Encoder>,
-    shutdown: CancellationToken,
-    tasks: Vec<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+    servers: ServerTasks,
 }
 
 impl RunningEncoder {
     pub fn shutdown_token(&self) -> CancellationToken {
-        self.shutdown.clone()
+        self.servers.shutdown_token()
     }
 
     pub async fn wait(self) -> anyhow::Result<()> {
-        for task in self.tasks {
-            task.await
-                .context("server task panicked")?
-                .context("gRPC server failed")?;
-        }
-        Ok(())
+        self.servers.wait().await
     }
 }
 
@@ -57,33 +52,28 @@ pub async fn start(args: EncoderArgs) -> anyhow::Result<RunningEncoder> {
     let data = bind(&args.host, args.bootstrap_port).await?;
     let (grpc_addr, data_addr) = (grpc.local_addr()?, data.local_addr()?);
     let service = EncoderService(encoder.clone());
-    let shutdown = CancellationToken::new();
+    let mut servers = ServerTasks::default();
     encoder.rooms.spawn_sweeper(Duration::from_secs(1));
+    let encode =
+        TokenSpeedEncoderServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let main = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_service(
-            TokenSpeedEncoderServer::new(service.clone())
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .add_service(TokenSpeedSchedulerServer::new(service.clone()))
-        .serve_with_incoming_shutdown(
-            iris_process::nodelay_incoming(grpc),
-            shutdown.clone().cancelled_owned(),
-        );
-    let data_server = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_service(IrisDataServer::new(service).max_encoding_message_size(MAX_MESSAGE_BYTES))
-        .serve_with_incoming_shutdown(
-            iris_process::nodelay_incoming(data),
-            shutdown.clone().cancelled_owned(),
-        );
-    let tasks = vec![tokio::spawn(main), tokio::spawn(data_server)];
+        .add_service(encode)
+        .add_service(TokenSpeedSchedulerServer::new(service.clone()));
+    servers.spawn(main.serve_with_incoming_shutdown(
+        iris_process::nodelay_incoming(grpc),
+        servers.shutdown_token().cancelled_owned(),
+    ));
+    let data_service = IrisDataServer::new(service).max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let data_router = tonic::transport::Server::builder().add_service(data_service);
+    servers.spawn(data_router.serve_with_incoming_shutdown(
+        iris_process::nodelay_incoming(data),
+        servers.shutdown_token().cancelled_owned(),
+    ));
     Ok(RunningEncoder {
         grpc_addr,
         data_addr,
         encoder,
-        shutdown,
-        tasks,
+        servers,
     })
 }
 

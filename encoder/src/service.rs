@@ -3,7 +3,6 @@
 //! health/info-only `TokenSpeedScheduler`, and the `iris.data.v1` server
 //! prefill workers collect embeddings from.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,11 +13,11 @@ use iris_proto::data::iris_data_server::IrisData;
 use iris_proto::data::{FetchEmbeddingResponse, FetchKvStateResponse, FetchRequest};
 use iris_proto::encoder::token_speed_encoder_server::TokenSpeedEncoder;
 use iris_proto::encoder::{EncodeRequest, EncodeResponse};
+use iris_proto::info::{fields, number, text};
 use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedScheduler;
 use iris_proto::scheduler::*;
 use iris_proto::tensor::{self, DType};
 use iris_rooms::RoomStore;
-use prost_types::{value::Kind, Struct, Value};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
@@ -255,23 +254,18 @@ impl TokenSpeedScheduler for EncoderService {
         _: Request<GetServerInfoRequest>,
     ) -> Result<Response<GetServerInfoResponse>, Status> {
         let e = &self.0;
-        let text = |s: &str| Value {
-            kind: Some(Kind::StringValue(s.to_owned())),
-        };
-        let number = |n: f64| Value {
-            kind: Some(Kind::NumberValue(n)),
-        };
-        let mut fields = BTreeMap::new();
-        fields.insert("engine".into(), text("iris-encoder"));
-        fields.insert("role".into(), text("encode"));
-        fields.insert("disaggregation_mode".into(), text("encode"));
-        fields.insert("worker_id".into(), text(&e.worker_id));
-        fields.insert(
-            "disaggregation_bootstrap_port".into(),
-            number(f64::from(e.args.bootstrap_port)),
-        );
+        let args = fields([
+            ("engine", text("iris-encoder")),
+            ("role", text("encode")),
+            ("disaggregation_mode", text("encode")),
+            ("worker_id", text(&e.worker_id)),
+            (
+                "disaggregation_bootstrap_port",
+                number(f64::from(e.args.bootstrap_port)),
+            ),
+        ]);
         Ok(Response::new(GetServerInfoResponse {
-            server_args: Some(Struct { fields }),
+            server_args: Some(args),
             active_requests: i32::try_from(e.batcher.pending()).unwrap_or(i32::MAX),
             uptime_seconds: e.started.elapsed().as_secs_f64(),
             tokenspeed_version: format!("iris-encoder {}", env!("CARGO_PKG_VERSION")),

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use iris_model::ModelDir;
+use iris_process::ServerTasks;
 use iris_proto::data::iris_data_server::IrisDataServer;
 use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServer;
 use iris_rooms::{RoomLimits, RoomStore};
@@ -33,40 +34,37 @@ pub struct RunningEngine {
     pub grpc_addr: SocketAddr,
     /// Where the data service listens (prefill role only).
     pub data_addr: Option<SocketAddr>,
-    shutdown: CancellationToken,
-    tasks: Vec<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+    servers: ServerTasks,
 }
 
 impl RunningEngine {
     /// A token that stops the servers when cancelled.
     pub fn shutdown_token(&self) -> CancellationToken {
-        self.shutdown.clone()
+        self.servers.shutdown_token()
     }
 
     /// Waits until the servers stop (after shutdown, or on a server error).
     pub async fn wait(self) -> anyhow::Result<()> {
-        for task in self.tasks {
-            task.await
-                .context("server task panicked")?
-                .context("gRPC server failed")?;
-        }
-        Ok(())
+        self.servers.wait().await
     }
 }
 
 /// Loads the model and starts serving.
 pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
     let engine = Arc::new(build_engine(&args)?);
-    let shutdown = CancellationToken::new();
+    let mut servers = ServerTasks::default();
     let grpc = bind(&args.host, args.port).await?;
     let grpc_addr = grpc.local_addr()?;
-    let mut tasks = Vec::new();
     let data_addr = if args.role == Role::Prefill {
         let data = bind(&args.host, args.bootstrap_port).await?;
         let addr = data.local_addr()?;
         let service = IrisDataServer::new(DataService::new(engine.clone()))
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        tasks.push(tokio::spawn(serve_data(service, data, shutdown.clone())));
+        let router = tonic::transport::Server::builder().add_service(service);
+        servers.spawn(router.serve_with_incoming_shutdown(
+            iris_process::nodelay_incoming(data),
+            servers.shutdown_token().cancelled_owned(),
+        ));
         engine.rooms.spawn_sweeper(Duration::from_secs(1));
         Some(addr)
     } else {
@@ -75,38 +73,16 @@ pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
     let scheduler = TokenSpeedSchedulerServer::new(SchedulerService::new(engine.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let token = shutdown.clone();
-    tasks.push(tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            .add_service(scheduler)
-            .serve_with_incoming_shutdown(
-                iris_process::nodelay_incoming(grpc),
-                token.cancelled_owned(),
-            )
-            .await
-    }));
+    let router = tonic::transport::Server::builder().add_service(scheduler);
+    servers.spawn(router.serve_with_incoming_shutdown(
+        iris_process::nodelay_incoming(grpc),
+        servers.shutdown_token().cancelled_owned(),
+    ));
     Ok(RunningEngine {
         grpc_addr,
         data_addr,
-        shutdown,
-        tasks,
+        servers,
     })
-}
-
-async fn serve_data(
-    service: IrisDataServer<DataService>,
-    listener: TcpListener,
-    shutdown: CancellationToken,
-) -> Result<(), tonic::transport::Error> {
-    tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_service(service)
-        .serve_with_incoming_shutdown(
-            iris_process::nodelay_incoming(listener),
-            shutdown.cancelled_owned(),
-        )
-        .await
 }
 
 async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {

@@ -1,16 +1,16 @@
 //! The `TokenSpeedScheduler` service: request intake and the info, load,
 //! health, abort and tokenizer RPCs.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use iris_model::TokenizerBundle;
 use iris_proto::common::{GetTokenizerChunk, GetTokenizerRequest, Modality};
+use iris_proto::info::{fields, number, text};
 use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedScheduler;
 use iris_proto::scheduler::*;
 use iris_rooms::RoomStore;
-use prost_types::{value::Kind, Struct, Value};
+use prost_types::Struct;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -273,33 +273,26 @@ fn loads(engine: &Engine) -> GetLoadsResponse {
 }
 
 fn server_args(engine: &Engine) -> Struct {
-    let text = |s: &str| Value {
-        kind: Some(Kind::StringValue(s.to_owned())),
-    };
-    let number = |n: f64| Value {
-        kind: Some(Kind::NumberValue(n)),
-    };
-    let mut fields = BTreeMap::new();
-    fields.insert("engine".into(), text("iris-engine"));
-    fields.insert("role".into(), text(engine.role.as_str()));
-    fields.insert("worker_id".into(), text(&engine.worker_id));
-    fields.insert("model_path".into(), text(&engine.facts.model_path));
-    fields.insert(
-        "served_model_name".into(),
-        text(&engine.facts.served_model_name),
-    );
-    fields.insert("host".into(), text(&engine.args.host));
-    fields.insert("port".into(), number(f64::from(engine.args.port)));
+    let role = engine.role.as_str();
+    let mut pairs = vec![
+        ("engine", text("iris-engine")),
+        ("role", text(role)),
+        ("disaggregation_mode", text(role)),
+        ("worker_id", text(&engine.worker_id)),
+        ("model_path", text(&engine.facts.model_path)),
+        ("served_model_name", text(&engine.facts.served_model_name)),
+        ("host", text(&engine.args.host)),
+        ("port", number(f64::from(engine.args.port))),
+        (
+            "max_running_requests",
+            number(f64::from(engine.args.max_running_requests)),
+        ),
+    ];
     if engine.role == Role::Prefill {
-        fields.insert(
-            "disaggregation_bootstrap_port".into(),
+        pairs.push((
+            "disaggregation_bootstrap_port",
             number(f64::from(engine.args.bootstrap_port)),
-        );
+        ));
     }
-    fields.insert("disaggregation_mode".into(), text(engine.role.as_str()));
-    fields.insert(
-        "max_running_requests".into(),
-        number(f64::from(engine.args.max_running_requests)),
-    );
-    Struct { fields }
+    fields(pairs)
 }

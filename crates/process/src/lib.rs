@@ -1,5 +1,6 @@
 //! Process plumbing shared by the Iris binaries (`iris`, `iris-engine`,
-//! `iris-encoder`): logging set-up and waiting for a shutdown signal.
+//! `iris-encoder`): logging set-up, waiting for a shutdown signal,
+//! TCP_NODELAY accept streams and the set of server tasks of a process.
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`), as JSON lines
 /// when `json` is set.
@@ -45,4 +46,47 @@ pub fn nodelay_incoming(
         stream.set_nodelay(true)?;
         Ok(stream)
     })
+}
+
+/// The server tasks of a running process and the token that stops them.
+pub struct ServerTasks {
+    shutdown: tokio_util::sync::CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Default for ServerTasks {
+    fn default() -> Self {
+        ServerTasks {
+            shutdown: tokio_util::sync::CancellationToken::new(),
+            tasks: Vec::new(),
+        }
+    }
+}
+
+impl ServerTasks {
+    /// Cancelling it stops every server gracefully.
+    pub fn shutdown_token(&self) -> tokio_util::sync::CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Runs `server` (which should stop when the token is cancelled).
+    pub fn spawn<E>(
+        &mut self,
+        server: impl std::future::Future<Output = Result<(), E>> + Send + 'static,
+    ) where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        self.tasks.push(tokio::spawn(async move {
+            server.await.map_err(anyhow::Error::new)
+        }));
+    }
+
+    /// Waits until every server has stopped; the first failure is the answer.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        for task in self.tasks {
+            task.await
+                .map_err(|e| anyhow::anyhow!("server task panicked: {e}"))??;
+        }
+        Ok(())
+    }
 }

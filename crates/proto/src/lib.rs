@@ -13,6 +13,7 @@
 
 #![allow(clippy::doc_lazy_continuation, clippy::large_enum_variant)]
 
+pub mod info;
 pub mod tensor;
 
 /// Generated modules, nested by protobuf package (the generated code refers

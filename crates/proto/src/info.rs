@@ -1,0 +1,40 @@
+//! Building the free-form `google.protobuf.Struct` of GetServerInfo
+//! (`server_args`), which Iris workers fill with their role, ports and
+//! identity.
+
+use std::collections::BTreeMap;
+
+use prost_types::{value::Kind, Struct, Value};
+
+/// A string value.
+pub fn text(s: &str) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(s.to_owned())),
+    }
+}
+
+/// A number value.
+pub fn number(n: f64) -> Value {
+    Value {
+        kind: Some(Kind::NumberValue(n)),
+    }
+}
+
+/// A struct from (key, value) pairs.
+pub fn fields<'a>(pairs: impl IntoIterator<Item = (&'a str, Value)>) -> Struct {
+    let fields: BTreeMap<String, Value> =
+        pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    Struct { fields }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builds_a_struct() {
+        let s = fields([("role", text("prefill")), ("port", number(8998.0))]);
+        assert!(matches!(&s.fields["role"].kind, Some(Kind::StringValue(r)) if r == "prefill"));
+        assert!(matches!(s.fields["port"].kind, Some(Kind::NumberValue(p)) if p == 8998.0));
+    }
+}
