@@ -219,7 +219,7 @@ mod tests {
             image::Rgb([
                 (x * 7 + y * 3) as u8,
                 (x * x + y) as u8,
-                (255 - x - y * 2) as u8,
+                255u32.wrapping_sub(x).wrapping_sub(y * 2) as u8,
             ])
         })
     }
