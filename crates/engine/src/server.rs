@@ -123,7 +123,8 @@ fn build_engine(args: &EngineArgs) -> anyhow::Result<Engine> {
         bos_token_id: dir.config.bos_token_id,
         supports_vision: dir.config.supports_vision(),
         dtype: dir.config.torch_dtype.clone().unwrap_or_default(),
-        tokenizer_bundle: bundle,
+        tokenizer_zip: bytes::Bytes::from(bundle.zip),
+        tokenizer_sha256: bundle.sha256_hex,
     };
     let limits = Limits {
         max_context_length: dir.config.max_context_length.unwrap_or(32_768),

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use iris_model::TokenizerBundle;
 use iris_proto::common::{GetTokenizerChunk, GetTokenizerRequest, Modality};
 use iris_proto::info::{fields, number, text};
 use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedScheduler;
@@ -43,7 +42,9 @@ pub struct ModelFacts {
     pub bos_token_id: Option<u32>,
     pub supports_vision: bool,
     pub dtype: String,
-    pub tokenizer_bundle: TokenizerBundle,
+    /// The tokenizer files as a zip (shared by every GetTokenizer stream).
+    pub tokenizer_zip: bytes::Bytes,
+    pub tokenizer_sha256: String,
 }
 
 /// Everything a running engine shares between requests.
@@ -174,9 +175,8 @@ impl TokenSpeedScheduler for SchedulerService {
         &self,
         _: Request<GetTokenizerRequest>,
     ) -> Result<Response<Self::GetTokenizerStream>, Status> {
-        let bundle = &self.engine.facts.tokenizer_bundle;
-        let zip = bytes::Bytes::from(bundle.zip.clone());
-        let sha = bundle.sha256_hex.clone();
+        let zip = self.engine.facts.tokenizer_zip.clone();
+        let sha = self.engine.facts.tokenizer_sha256.clone();
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             let count = zip.len().div_ceil(TOKENIZER_CHUNK).max(1);

@@ -8,7 +8,9 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use iris_detok::StopMatcher;
 use iris_openai::{unix_now, ApiError, ChatCompletion, FinishReason, Usage};
-use iris_proto::scheduler::{generate_response::Response as Reply, GenerateComplete};
+use iris_proto::scheduler::{
+    generate_response::Response as Reply, GenerateComplete, GenerateRequest,
+};
 
 use super::errors::{error_response, route_error, worker_error};
 use super::Prepared;
@@ -16,9 +18,10 @@ use crate::metrics::{Outcome, Stage};
 use crate::router::Generation;
 use crate::server::AppState;
 
-pub async fn respond(state: Arc<AppState>, prepared: Prepared) -> Response {
+pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
+    let generate = std::mem::take(&mut prepared.generate);
     let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
-    let result = match tokio::time::timeout_at(deadline, run(&state, &prepared)).await {
+    let result = match tokio::time::timeout_at(deadline, run(&state, &prepared, generate)).await {
         Ok(result) => result,
         Err(_) => Err((
             ApiError::gateway_timeout(format!(
@@ -43,13 +46,13 @@ pub async fn respond(state: Arc<AppState>, prepared: Prepared) -> Response {
     }
 }
 
-async fn run(state: &AppState, prepared: &Prepared) -> Result<Vec<u8>, (ApiError, Outcome)> {
+async fn run(
+    state: &AppState,
+    prepared: &Prepared,
+    generate: GenerateRequest,
+) -> Result<Vec<u8>, (ApiError, Outcome)> {
     let dispatch = Instant::now();
-    let mut generation = state
-        .router
-        .start(prepared.generate.clone())
-        .await
-        .map_err(route_error)?;
+    let mut generation = state.router.start(generate).await.map_err(route_error)?;
     state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
     let complete = await_complete(&mut generation).await?;
     generation.finish();
@@ -72,7 +75,7 @@ async fn run(state: &AppState, prepared: &Prepared) -> Result<Vec<u8>, (ApiError
                 Outcome::UpstreamError,
             )
         })?;
-    let (content, stopped) = cut_at_stop(&text, &prepared.request.sampling().stop);
+    let (content, stopped) = cut_at_stop(&text, &prepared.stop);
     let finish_reason = if stopped || complete.finish_reason != "length" {
         FinishReason::Stop
     } else {

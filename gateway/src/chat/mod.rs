@@ -31,6 +31,8 @@ pub struct Prepared {
     pub id: String,
     pub request: ChatCompletionRequest,
     pub generate: GenerateRequest,
+    /// Stop strings, matched by the gateway on the decoded text.
+    pub stop: Vec<String>,
     pub prompt_tokens: u32,
     pub started: Instant,
 }
@@ -95,7 +97,8 @@ async fn prepare(
         .metrics
         .stage(Stage::Tokenize, tokenize_start.elapsed());
     let id = iris_openai::new_completion_id();
-    let generate = generate_request(&id, input_ids, &request.sampling(), request.is_stream());
+    let sampling = request.sampling();
+    let generate = generate_request(&id, input_ids, &sampling, request.is_stream());
     let prompt_tokens = generate
         .tokenized
         .as_ref()
@@ -105,6 +108,7 @@ async fn prepare(
         id,
         request,
         generate,
+        stop: sampling.stop,
         prompt_tokens,
         started,
     })

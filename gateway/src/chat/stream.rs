@@ -20,9 +20,13 @@ use crate::metrics::{Outcome, Stage};
 use crate::router::Generation;
 use crate::server::AppState;
 
-pub async fn respond(state: Arc<AppState>, prepared: Prepared) -> Response {
+pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
     let dispatch = std::time::Instant::now();
-    let generation = match state.router.start(prepared.generate.clone()).await {
+    let generation = match state
+        .router
+        .start(std::mem::take(&mut prepared.generate))
+        .await
+    {
         Ok(generation) => generation,
         Err(error) => {
             let (error, outcome) = route_error(error);
@@ -80,7 +84,7 @@ impl Streamer {
     ) -> Result<Streamer, ApiError> {
         let writer = ChunkWriter::new(&prepared.id, unix_now(), &state.model_name);
         let decoder = IncrementalDecoder::new(state.prompter.tokenizer().clone(), &[], true);
-        let stops = StopMatcher::new(prepared.request.sampling().stop);
+        let stops = StopMatcher::new(prepared.stop.clone());
         let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
         Ok(Streamer {
             state,

@@ -85,10 +85,6 @@ impl Worker {
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
-    pub fn channel(&self) -> Channel {
-        self.channel.clone()
-    }
-
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
     }
