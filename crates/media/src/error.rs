@@ -55,7 +55,7 @@ pub enum MediaError {
         host: String,
     },
     /// The host is, or resolves to, an address that may not be reached.
-    #[error("image host `{host}` resolves to {addr}, a {class} address, which is refused")]
+    #[error("image host `{host}` resolves to a refused {class} address ({addr})")]
     BlockedAddress {
         /// The host as written in the URL.
         host: String,

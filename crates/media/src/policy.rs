@@ -16,21 +16,37 @@ use crate::MediaError;
 #[derive(Debug, Clone)]
 pub(crate) struct HostPolicy {
     allow_private: bool,
-    /// Lowercase, without leading or trailing dots; empty = any domain.
+    /// Allow-listed domains, as the URL parser spells hosts (lowercase,
+    /// IDNA/punycode), without leading or trailing dots.
     allowed_domains: Vec<String>,
+    /// Allow-listed IP addresses (entries that parse as one).
+    allowed_ips: Vec<IpAddr>,
 }
 
 impl HostPolicy {
     pub(crate) fn new(allow_private: bool, allowed_domains: &[String]) -> Self {
-        let allowed_domains = allowed_domains
-            .iter()
-            .map(|d| d.trim().trim_matches('.').to_ascii_lowercase())
-            .filter(|d| !d.is_empty())
-            .collect();
-        HostPolicy {
+        let mut policy = HostPolicy {
             allow_private,
-            allowed_domains,
+            allowed_domains: Vec::new(),
+            allowed_ips: Vec::new(),
+        };
+        for entry in allowed_domains {
+            let entry = entry.trim().trim_matches('.');
+            // Spelled the way `Url` spells hosts: `Bücher.de` becomes
+            // `xn--bcher-kva.de`, `[::1]` and `2130706433` become addresses.
+            match Host::parse(entry) {
+                Ok(Host::Domain(d)) => policy.allowed_domains.push(d),
+                Ok(Host::Ipv4(ip)) => policy.allowed_ips.push(IpAddr::V4(ip)),
+                Ok(Host::Ipv6(ip)) => policy.allowed_ips.push(IpAddr::V6(ip)),
+                Err(_) if entry.is_empty() => {}
+                Err(_) => policy.allowed_domains.push(entry.to_ascii_lowercase()),
+            }
         }
+        policy
+    }
+
+    fn has_allow_list(&self) -> bool {
+        !self.allowed_domains.is_empty() || !self.allowed_ips.is_empty()
     }
 
     pub(crate) fn allow_private(&self) -> bool {
@@ -73,12 +89,7 @@ impl HostPolicy {
                 class,
             });
         }
-        let listed = self.allowed_domains.is_empty()
-            || self
-                .allowed_domains
-                .iter()
-                .any(|entry| entry.trim_matches(['[', ']']).parse::<IpAddr>() == Ok(ip));
-        if !listed {
+        if self.has_allow_list() && !self.allowed_ips.contains(&ip) {
             return Err(MediaError::DomainNotAllowed {
                 host: ip.to_string(),
             });
@@ -89,7 +100,7 @@ impl HostPolicy {
     /// Exact match or subdomain of an entry; any domain when the list is
     /// empty.
     fn domain_allowed(&self, domain: &str) -> bool {
-        if self.allowed_domains.is_empty() {
+        if !self.has_allow_list() {
             return true;
         }
         let domain = domain.trim_end_matches('.').to_ascii_lowercase();
@@ -219,7 +230,13 @@ mod tests {
     fn allow_list_matches_exact_host_and_subdomains() {
         let policy = HostPolicy::new(
             false,
-            &["Example.com".into(), ".cdn.test.".into(), "8.8.8.8".into()],
+            &[
+                "Example.com".into(),
+                ".cdn.test.".into(),
+                "8.8.8.8".into(),
+                "[2606:4700::1111]".into(),
+                "bücher.de".into(),
+            ],
         );
         for ok in [
             "https://example.com/a.png",
@@ -227,6 +244,9 @@ mod tests {
             "https://a.b.example.com./a.png",
             "https://cdn.test/a.png",
             "http://8.8.8.8/a.png",
+            "http://[2606:4700:0::1111]/a.png",
+            "https://img.BÜCHER.de/a.png",
+            "https://xn--bcher-kva.de/a.png",
         ] {
             assert!(policy.check(&url(ok)).is_ok(), "{ok}");
         }
@@ -235,6 +255,7 @@ mod tests {
             "https://example.com.evil.net/a.png",
             "https://test/a.png",
             "http://8.8.4.4/a.png",
+            "https://buecher.de/a.png",
         ] {
             assert!(
                 matches!(
