@@ -1,0 +1,61 @@
+//! [`MediaConfig`]: the limits and rules a [`crate::MediaFetcher`] applies.
+//! The gateway maps its command-line flags onto these fields.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How image URLs may be fetched. `Default` is the safe setting: no private
+/// hosts, any public domain, no local files, 5 s to connect, 30 s to read,
+/// 20 MiB, 3 redirects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MediaConfig {
+    /// Allow hosts that resolve to loopback, private, link-local, CGNAT,
+    /// multicast and other non-public addresses (flag
+    /// `--mm-allow-private-media-hosts`). Cloud metadata endpoints stay
+    /// refused even then. Default `false`.
+    pub allow_private_hosts: bool,
+    /// Domains http(s) URLs may name (flag `--mm-allowed-media-domains`). A
+    /// host matches an entry when it equals it or is a subdomain of it
+    /// (`img.example.com` matches `example.com`; `badexample.com` does not).
+    /// An entry that is an IP address matches that address literally.
+    /// Matching is case-insensitive and ignores a trailing dot. Empty (the
+    /// default) allows any domain.
+    pub allowed_domains: Vec<String>,
+    /// The directory `file://` URLs may read under (flag
+    /// `--allowed-local-media-path`). It is canonicalised when the fetcher
+    /// is built; a file is served only when its canonical path (symlinks
+    /// resolved) lies inside it. `None` (the default) refuses `file://`.
+    pub allowed_local_media_path: Option<PathBuf>,
+    /// Time allowed to establish a TCP (and TLS) connection. Default 5 s.
+    pub connect_timeout: Duration,
+    /// Time allowed between two reads of a response; also, together with
+    /// `connect_timeout`, the deadline for the whole fetch, redirects and
+    /// body included, so a server trickling bytes cannot hold a fetch open.
+    /// Default 30 s.
+    pub read_timeout: Duration,
+    /// The largest image accepted, in bytes: checked against
+    /// `Content-Length` before reading, while streaming the body, against
+    /// the size of a local file, and against the decoded size of a `data:`
+    /// URL (after an up-front check of its encoded length). Default 20 MiB.
+    pub max_bytes: u64,
+    /// How many redirects an http(s) fetch follows; every hop is checked
+    /// against all the rules again. `0` refuses any redirect. Default 3.
+    pub max_redirects: u32,
+    /// The `User-Agent` header sent with http(s) requests.
+    pub user_agent: String,
+}
+
+impl Default for MediaConfig {
+    fn default() -> Self {
+        MediaConfig {
+            allow_private_hosts: false,
+            allowed_domains: Vec::new(),
+            allowed_local_media_path: None,
+            connect_timeout: Duration::from_secs(5),
+            read_timeout: Duration::from_secs(30),
+            max_bytes: 20 * 1024 * 1024,
+            max_redirects: 3,
+            user_agent: concat!("iris-media/", env!("CARGO_PKG_VERSION")).to_owned(),
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! `data:` URLs (RFC 2397): `data:[<mime>][;param=value]*[;base64],<payload>`.
+//!
+//! Rules, all explicit:
+//! - the scheme and the `;base64` marker are case-insensitive; `;base64`
+//!   must be the last parameter; other parameters (`charset=...`) are
+//!   ignored;
+//! - the declared type must be a supported image type (JPEG, PNG, GIF,
+//!   WebP, BMP); an empty type (RFC 2397's `text/plain` default) and any
+//!   other type are refused;
+//! - base64 uses the standard alphabet (`+`, `/`); the URL-safe alphabet
+//!   (`-`, `_`) is refused; `=` padding is optional; ASCII whitespace is
+//!   ignored; percent-escapes (`%2B`, `%3D`) are decoded first;
+//! - without `;base64` the payload is percent-decoded;
+//! - the size cap applies to the decoded bytes, and the encoded length is
+//!   checked first so an oversized payload is refused without decoding it;
+//! - the decoded bytes must sniff as the declared format.
+
+use std::borrow::Cow;
+
+use base64::alphabet;
+use base64::engine::general_purpose::GeneralPurpose;
+use base64::engine::{DecodePaddingMode, GeneralPurposeConfig};
+use base64::Engine as _;
+use bytes::Bytes;
+use percent_encoding::percent_decode;
+
+use crate::{ImageFormat, MediaError};
+
+/// Standard alphabet, padding optional, stray low bits in the last symbol
+/// tolerated (as browsers' forgiving base64 does).
+const BASE64: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new()
+        .with_decode_padding_mode(DecodePaddingMode::Indifferent)
+        .with_decode_allow_trailing_bits(true),
+);
+
+/// Longest piece of client input quoted back in an error message.
+const QUOTE_LIMIT: usize = 64;
+
+/// A decoded `data:` URL image.
+#[derive(Debug)]
+pub(crate) struct DataImage {
+    pub bytes: Bytes,
+    /// The declared MIME type, lowercased, without parameters.
+    pub mime: String,
+    pub format: ImageFormat,
+}
+
+/// Whether `url` is a `data:` URL (scheme compared case-insensitively,
+/// leading whitespace ignored as URL parsers do).
+pub(crate) fn is_data_url(url: &str) -> bool {
+    strip_scheme(url).is_some()
+}
+
+fn strip_scheme(url: &str) -> Option<&str> {
+    let url = url.trim_start_matches(|c: char| c.is_ascii_whitespace() || c.is_ascii_control());
+    let (scheme, rest) = url.split_at_checked(5)?;
+    scheme.eq_ignore_ascii_case("data:").then_some(rest)
+}
+
+/// Decodes the `data:` URL `url`, refusing payloads over `max_bytes`.
+pub(crate) fn decode(url: &str, max_bytes: u64) -> Result<DataImage, MediaError> {
+    let rest = strip_scheme(url)
+        .ok_or_else(|| MediaError::InvalidDataUrl("not a data: URL".to_owned()))?;
+    let (meta, payload) = rest.split_once(',').ok_or_else(|| {
+        MediaError::InvalidDataUrl("missing `,` between the media type and the data".to_owned())
+    })?;
+    let (mime, is_base64) = parse_meta(meta);
+    let format = ImageFormat::from_mime(&mime).ok_or_else(|| {
+        MediaError::UnsupportedMediaType(if mime.is_empty() {
+            "text/plain (no media type given)".to_owned()
+        } else {
+            quote(&mime)
+        })
+    })?;
+    let bytes = if is_base64 {
+        decode_base64(payload, max_bytes)?
+    } else {
+        decode_percent(payload, max_bytes)?
+    };
+    check_format(&mime, format, &bytes)?;
+    Ok(DataImage {
+        bytes: Bytes::from(bytes),
+        mime,
+        format,
+    })
+}
+
+/// The lowercased MIME type and whether the last parameter is `base64`.
+fn parse_meta(meta: &str) -> (String, bool) {
+    let mut parts = meta.split(';');
+    let mime = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+    let is_base64 = parts
+        .next_back()
+        .is_some_and(|p| p.trim().eq_ignore_ascii_case("base64"));
+    (mime, is_base64)
+}
+
+fn quote(s: &str) -> String {
+    match s.char_indices().nth(QUOTE_LIMIT) {
+        Some((cut, _)) => format!("{}...", &s[..cut]),
+        None => s.to_owned(),
+    }
+}
+
+fn too_large(limit: u64, size: u64) -> MediaError {
+    MediaError::TooLarge {
+        limit,
+        size: Some(size),
+    }
+}
+
+/// Base64 length that decodes to at most `max_bytes` bytes.
+fn max_encoded_len(max_bytes: u64) -> u64 {
+    max_bytes.div_ceil(3).saturating_mul(4)
+}
+
+fn decode_base64(payload: &str, max_bytes: u64) -> Result<Vec<u8>, MediaError> {
+    // Before any work: even if every character were a percent-escape (3x),
+    // a payload this long cannot decode to an allowed size.
+    let raw_len = payload.len() as u64;
+    let ceiling = max_encoded_len(max_bytes)
+        .saturating_mul(3)
+        .saturating_add(16);
+    if raw_len > ceiling {
+        return Err(too_large(max_bytes, raw_len / 4 * 3));
+    }
+    let unescaped: Cow<'_, [u8]> = if payload.contains('%') {
+        Cow::Owned(percent_decode(payload.as_bytes()).collect())
+    } else {
+        Cow::Borrowed(payload.as_bytes())
+    };
+    let clean: Vec<u8> = unescaped
+        .iter()
+        .copied()
+        .filter(|b| !b.is_ascii_whitespace())
+        .collect();
+    let symbols = clean.iter().rev().skip_while(|&&b| b == b'=').count() as u64;
+    let estimate = symbols * 3 / 4;
+    if estimate > max_bytes {
+        return Err(too_large(max_bytes, estimate));
+    }
+    let bytes = BASE64
+        .decode(&clean)
+        .map_err(|e| MediaError::InvalidBase64(e.to_string()))?;
+    check_size(bytes, max_bytes)
+}
+
+fn decode_percent(payload: &str, max_bytes: u64) -> Result<Vec<u8>, MediaError> {
+    let raw_len = payload.len() as u64;
+    if raw_len > max_bytes.saturating_mul(3) {
+        return Err(too_large(max_bytes, raw_len / 3));
+    }
+    check_size(percent_decode(payload.as_bytes()).collect(), max_bytes)
+}
+
+fn check_size(bytes: Vec<u8>, max_bytes: u64) -> Result<Vec<u8>, MediaError> {
+    let len = bytes.len() as u64;
+    if len > max_bytes {
+        return Err(too_large(max_bytes, len));
+    }
+    Ok(bytes)
+}
+
+fn check_format(mime: &str, declared: ImageFormat, bytes: &[u8]) -> Result<(), MediaError> {
+    let detected = ImageFormat::sniff(bytes);
+    if detected == Some(declared) {
+        Ok(())
+    } else {
+        Err(MediaError::TypeMismatch {
+            declared: mime.to_owned(),
+            detected,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
+    const JPEG: &[u8] = &[0xFF, 0xD8, 0xFF, 0xE0, 0, 0x10, b'J', b'F', b'I', b'F'];
+
+    fn b64(bytes: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
+    #[test]
+    fn decodes_base64_png() {
+        let url = format!("data:image/png;base64,{}", b64(PNG));
+        let image = decode(&url, 1024).expect("valid data URL");
+        assert_eq!(&image.bytes[..], PNG);
+        assert_eq!(image.mime, "image/png");
+        assert_eq!(image.format, ImageFormat::Png);
+    }
+
+    #[test]
+    fn scheme_marker_and_type_are_case_insensitive() {
+        let url = format!("DATA:Image/PNG;charset=x;BASE64,{}", b64(PNG));
+        let image = decode(&url, 1024).expect("valid data URL");
+        assert_eq!(&image.bytes[..], PNG);
+        assert_eq!(image.mime, "image/png");
+    }
+
+    #[test]
+    fn tolerates_missing_padding_whitespace_and_escapes() {
+        let encoded = b64(PNG);
+        assert!(encoded.ends_with('='), "test needs a padded encoding");
+        let unpadded = encoded.trim_end_matches('=');
+        let url = format!("data:image/png;base64,{unpadded}");
+        assert_eq!(&decode(&url, 1024).expect("unpadded").bytes[..], PNG);
+
+        let (a, b) = encoded.split_at(6);
+        let url = format!("data:image/png;base64,{a}\n {b}");
+        assert_eq!(&decode(&url, 1024).expect("whitespace").bytes[..], PNG);
+
+        let escaped = encoded.replace('=', "%3D");
+        let url = format!("data:image/png;base64,{escaped}");
+        assert_eq!(&decode(&url, 1024).expect("escaped").bytes[..], PNG);
+    }
+
+    #[test]
+    fn decodes_percent_encoded_payload() {
+        let url = "data:image/gif,GIF89a%01%00%01%00";
+        let image = decode(url, 1024).expect("valid data URL");
+        assert_eq!(&image.bytes[..], b"GIF89a\x01\x00\x01\x00");
+        assert_eq!(image.format, ImageFormat::Gif);
+    }
+
+    #[test]
+    fn refuses_type_mismatch() {
+        let url = format!("data:image/png;base64,{}", b64(JPEG));
+        let err = decode(&url, 1024).expect_err("jpeg declared as png");
+        match &err {
+            MediaError::TypeMismatch { declared, detected } => {
+                assert_eq!(declared, "image/png");
+                assert_eq!(*detected, Some(ImageFormat::Jpeg));
+            }
+            other => panic!("wrong error: {other:?}"),
+        }
+        assert!(err.to_string().contains("image/jpeg"));
+
+        let url = format!("data:image/png;base64,{}", b64(b"not an image at all"));
+        assert!(matches!(
+            decode(&url, 1024),
+            Err(MediaError::TypeMismatch { detected: None, .. })
+        ));
+    }
+
+    #[test]
+    fn refuses_non_image_and_unknown_types() {
+        for url in [
+            "data:text/plain;base64,aGVsbG8=",
+            "data:;base64,aGVsbG8=",
+            "data:,hello",
+            "data:image/svg+xml,<svg/>",
+            "data:application/octet-stream;base64,iVBORw0KGgo=",
+        ] {
+            assert!(
+                matches!(decode(url, 1024), Err(MediaError::UnsupportedMediaType(_))),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_malformed_urls_and_base64() {
+        assert!(matches!(
+            decode("data:image/png;base64", 1024),
+            Err(MediaError::InvalidDataUrl(_))
+        ));
+        for bad in ["iVBO!w0KGgo", "iVBORw0KGgo-_", "iVBORw0KGgoA=A", "i"] {
+            let url = format!("data:image/png;base64,{bad}");
+            assert!(
+                matches!(decode(&url, 1024), Err(MediaError::InvalidBase64(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn size_cap_is_on_decoded_bytes() {
+        let mut exact = PNG.to_vec();
+        exact.resize(300, 0);
+        let url = format!("data:image/png;base64,{}", b64(&exact));
+        assert_eq!(
+            decode(&url, 300).expect("exactly at the cap").bytes.len(),
+            300
+        );
+        assert!(matches!(
+            decode(&url, 299),
+            Err(MediaError::TooLarge {
+                limit: 299,
+                size: Some(300)
+            })
+        ));
+        let mut exact = b"GIF89a".to_vec();
+        exact.resize(10, b'a');
+        let url = format!("data:image/gif,{}", String::from_utf8_lossy(&exact));
+        assert!(decode(&url, 10).is_ok());
+        assert!(matches!(decode(&url, 9), Err(MediaError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn huge_payload_is_refused_before_decoding() {
+        // Invalid base64 throughout: were it decoded, the error would be
+        // InvalidBase64 rather than TooLarge.
+        let url = format!("data:image/png;base64,{}", "!".repeat(100_000));
+        assert!(matches!(
+            decode(&url, 1000),
+            Err(MediaError::TooLarge { limit: 1000, .. })
+        ));
+    }
+
+    #[test]
+    fn long_types_are_quoted_short() {
+        let url = format!("data:{};base64,AAAA", "x".repeat(10_000));
+        let msg = decode(&url, 1024).expect_err("refused").to_string();
+        assert!(msg.len() < 300, "{msg}");
+    }
+}

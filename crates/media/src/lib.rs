@@ -1,0 +1,204 @@
+//! iris-media: fetching the bytes of an image an OpenAI chat `image_url`
+//! part refers to, safely.
+//!
+//! [`MediaFetcher::fetch`] takes the URL string and returns [`Fetched`]:
+//! - `data:` URLs are decoded (base64 or percent-encoded), size-capped and
+//!   checked to be the image type they declare ([`ImageFormat::sniff`]);
+//! - `http(s):` URLs are fetched with an SSRF guard (no loopback, private,
+//!   link-local, ... addresses, no cloud metadata endpoints; see
+//!   [`AddressClass`]), an optional domain allow-list, connect and read
+//!   timeouts, a size cap and re-checked redirects;
+//! - `file:` URLs are read only from under a configured directory.
+//!
+//! Every refusal is a typed [`MediaError`] whose [`MediaError::fault`]
+//! tells the gateway whether to answer 400, 502 or 504. See
+//! `docs/media.md` for the rules and the reasons behind them.
+
+mod address;
+mod config;
+mod data_url;
+mod error;
+mod file;
+mod http;
+mod policy;
+mod resolver;
+mod sniff;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use url::Url;
+
+pub use address::{classify, AddressClass};
+pub use config::MediaConfig;
+pub use error::{ConfigError, Fault, MediaError};
+pub use sniff::ImageFormat;
+
+use file::LocalRoot;
+use http::HttpFetcher;
+use policy::redact;
+
+/// Where fetched bytes came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// A `data:` URL.
+    Data,
+    /// An `http:` or `https:` URL.
+    Http,
+    /// A `file:` URL.
+    File,
+}
+
+impl Source {
+    /// `"data"`, `"http"` or `"file"`, for metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Data => "data",
+            Source::Http => "http",
+            Source::File => "file",
+        }
+    }
+}
+
+/// What a fetch cost, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FetchStats {
+    /// Wall time of the whole fetch (decode, connect, redirects, body).
+    pub duration: Duration,
+    /// Bytes returned (decoded size for `data:` URLs).
+    pub bytes: u64,
+    /// Redirects followed (http(s) only).
+    pub redirects: u32,
+}
+
+/// A fetched image.
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    /// The image bytes, at most `max_bytes` of them.
+    pub bytes: Bytes,
+    /// The declared MIME type, lowercased and without parameters: the
+    /// `data:` URL's type or the http `Content-Type`; `None` for files and
+    /// responses without one. Not checked for http(s) responses.
+    pub declared_type: Option<String>,
+    /// The format the bytes sniff as, `None` when none of the known ones.
+    /// Always `Some` and equal to the declared type for `data:` URLs.
+    pub format: Option<ImageFormat>,
+    /// Where the bytes came from.
+    pub source: Source,
+    /// Duration and size.
+    pub stats: FetchStats,
+}
+
+/// Fetches image URLs under one [`MediaConfig`]. Holds one pooled HTTP
+/// client; cheap to clone (clones share the pool).
+#[derive(Debug, Clone)]
+pub struct MediaFetcher {
+    http: HttpFetcher,
+    local_root: Option<LocalRoot>,
+    max_bytes: u64,
+}
+
+impl MediaFetcher {
+    /// Builds a fetcher: canonicalises `allowed_local_media_path` (which
+    /// must be an existing directory) and builds the HTTP client.
+    pub fn new(config: MediaConfig) -> Result<Self, ConfigError> {
+        let local_root = config
+            .allowed_local_media_path
+            .as_deref()
+            .map(LocalRoot::new)
+            .transpose()?;
+        Ok(MediaFetcher {
+            http: HttpFetcher::new(&config)?,
+            local_root,
+            max_bytes: config.max_bytes,
+        })
+    }
+
+    /// Fetches the image `url` refers to (`data:`, `http:`, `https:` or
+    /// `file:`).
+    pub async fn fetch(&self, url: &str) -> Result<Fetched, MediaError> {
+        let started = Instant::now();
+        let result = self.fetch_inner(url, started).await;
+        match &result {
+            Ok(f) => tracing::debug!(
+                source = f.source.as_str(),
+                bytes = f.stats.bytes,
+                redirects = f.stats.redirects,
+                elapsed_ms = f.stats.duration.as_millis() as u64,
+                "fetched image"
+            ),
+            Err(e) => tracing::debug!(
+                kind = e.kind(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                error = %e,
+                "image fetch failed"
+            ),
+        }
+        result
+    }
+
+    async fn fetch_inner(&self, url: &str, started: Instant) -> Result<Fetched, MediaError> {
+        if data_url::is_data_url(url) {
+            let image = data_url::decode(url, self.max_bytes)?;
+            let format = Some(image.format);
+            return Ok(fetched(
+                image.bytes,
+                Some(image.mime),
+                format,
+                Source::Data,
+                0,
+                started,
+            ));
+        }
+        let parsed = Url::parse(url).map_err(|e| MediaError::InvalidUrl(e.to_string()))?;
+        match parsed.scheme() {
+            "http" | "https" => {
+                tracing::trace!(url = %redact(&parsed), "fetching image");
+                let body = self.http.fetch(parsed).await?;
+                let format = ImageFormat::sniff(&body.bytes);
+                Ok(fetched(
+                    body.bytes,
+                    body.content_type,
+                    format,
+                    Source::Http,
+                    body.redirects,
+                    started,
+                ))
+            }
+            "file" => {
+                let root = self
+                    .local_root
+                    .as_ref()
+                    .ok_or(MediaError::FileAccessDisabled)?;
+                let bytes = root.read(&parsed, self.max_bytes).await?;
+                let format = ImageFormat::sniff(&bytes);
+                Ok(fetched(bytes, None, format, Source::File, 0, started))
+            }
+            other => Err(MediaError::UnsupportedScheme(
+                other.chars().take(32).collect(),
+            )),
+        }
+    }
+}
+
+fn fetched(
+    bytes: Bytes,
+    declared_type: Option<String>,
+    format: Option<ImageFormat>,
+    source: Source,
+    redirects: u32,
+    started: Instant,
+) -> Fetched {
+    let stats = FetchStats {
+        duration: started.elapsed(),
+        bytes: bytes.len() as u64,
+        redirects,
+    };
+    Fetched {
+        bytes,
+        declared_type,
+        format,
+        source,
+        stats,
+    }
+}
