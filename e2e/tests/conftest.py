@@ -34,6 +34,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT = 30.0
 ENGINE_LINE = re.compile(r"iris-engine listening grpc=(\S+)(?: data=(\S+))?")
+ENCODER_LINE = re.compile(r"iris-encoder listening grpc=(\S+) data=(\S+)")
 
 
 def bin_dir() -> Path:
@@ -229,6 +230,15 @@ def start_engine(procs: Processes, model_dir: Path, role: str, *extra) -> Engine
     match = process.wait_for_line(ENGINE_LINE, STARTUP_TIMEOUT)
     data = port_of(match.group(2)) if match.group(2) else None
     return Engine(role, process, port_of(match.group(1)), data)
+
+
+def start_encoder(procs: Processes, model_dir: Path, *extra) -> Engine:
+    """Starts ``iris-encoder`` (the model's vision tower) on free ports."""
+    args = [binary("iris-encoder"), "--host", "127.0.0.1", "--port", "0",
+            "--bootstrap-port", "0", "--model-path", model_dir, "--compute", "digest", *extra]
+    process = procs.spawn("encoder", args)
+    match = process.wait_for_line(ENCODER_LINE, STARTUP_TIMEOUT)
+    return Engine("encode", process, port_of(match.group(1)), port_of(match.group(2)))
 
 
 def readiness(base_url: str) -> int:

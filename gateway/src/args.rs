@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::workers::affinity::EncodePolicyKind;
 use crate::workers::policy::PolicyKind;
 use crate::workers::WorkerUrl;
 
@@ -44,6 +45,30 @@ pub struct ServeArgs {
     #[arg(long, num_args = 1, action = clap::ArgAction::Append, value_delimiter = ',', env = "IRIS_DECODE")]
     pub decode: Vec<String>,
 
+    /// Route images to encode workers, the request to a prefill and a
+    /// decode worker (needs --encode, --prefill and --decode).
+    #[arg(long, env = "IRIS_EPD_DISAGGREGATION")]
+    pub epd_disaggregation: bool,
+    /// An encode worker: URL [BOOTSTRAP_PORT] (repeatable).
+    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = clap::ArgAction::Append, value_delimiter = ',', env = "IRIS_ENCODE")]
+    pub encode: Vec<String>,
+    /// Encode worker choice per image.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "consistent_hashing",
+        env = "IRIS_ENCODE_POLICY"
+    )]
+    pub encode_policy: EncodePolicyKind,
+    /// consistent_hashing: an encoder takes an image only while its
+    /// in-flight count stays under this factor times the mean.
+    #[arg(long, default_value_t = 1.25, env = "IRIS_ENCODE_LOAD_FACTOR")]
+    pub encode_load_factor: f64,
+
+    /// Milliseconds an encode worker may take to accept an image.
+    #[arg(long, default_value_t = 10000, env = "IRIS_ENCODE_TIMEOUT_MS")]
+    pub encode_timeout_ms: u64,
+
     /// Worker choice for every role unless overridden.
     #[arg(long, value_enum, default_value = "power_of_two", env = "IRIS_POLICY")]
     pub policy: PolicyKind,
@@ -67,6 +92,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 2, env = "IRIS_HEALTH_SUCCESS_THRESHOLD")]
     pub health_success_threshold: u32,
 
+    /// Request failures in a row that take a worker out of service until
+    /// its health checks pass again (0: never).
+    #[arg(long, default_value_t = 3, env = "IRIS_CIRCUIT_BREAKER_FAILURES")]
+    pub circuit_breaker_failures: u32,
+
     /// Other workers tried when one cannot be reached (before any token).
     #[arg(long, default_value_t = 2, env = "IRIS_MAX_RETRIES")]
     pub max_retries: u32,
@@ -79,9 +109,66 @@ pub struct ServeArgs {
     /// Largest request body in bytes (413 above it).
     #[arg(long, default_value_t = 64 << 20, env = "IRIS_MAX_PAYLOAD_SIZE")]
     pub max_payload_size: usize,
+    #[command(flatten)]
+    pub media: MediaArgs,
+
     /// Log as JSON lines.
     #[arg(long, env = "IRIS_LOG_JSON")]
     pub log_json: bool,
+}
+
+/// Image inputs: fetching, limits, preprocessing and the pixel cache.
+#[derive(Debug, Clone, Args)]
+pub struct MediaArgs {
+    /// Pixel cache size in MiB (preprocessed images; 0: no cache).
+    #[arg(long, default_value_t = 1024, env = "IRIS_MM_PIXEL_CACHE_MB")]
+    pub mm_pixel_cache_mb: u64,
+    /// Most images one request may carry.
+    #[arg(long, default_value_t = 16, env = "IRIS_MM_PER_REQUEST_IMAGE_LIMIT")]
+    pub mm_per_request_image_limit: usize,
+    /// Let image URLs reach loopback, private, link-local and metadata
+    /// addresses (off: such URLs get 400).
+    #[arg(long, env = "IRIS_MM_ALLOW_PRIVATE_MEDIA_HOSTS")]
+    pub mm_allow_private_media_hosts: bool,
+    /// Only these domains (and their subdomains) may serve image URLs
+    /// (comma-separated; empty: any public host).
+    #[arg(long, value_delimiter = ',', env = "IRIS_MM_ALLOWED_MEDIA_DOMAINS")]
+    pub mm_allowed_media_domains: Vec<String>,
+    /// file:// image URLs are read only under this directory (unset: refused).
+    #[arg(long, env = "IRIS_ALLOWED_LOCAL_MEDIA_PATH")]
+    pub allowed_local_media_path: Option<PathBuf>,
+    /// Largest image file in bytes (fetched, inline or local).
+    #[arg(long, default_value_t = 32 << 20, env = "IRIS_MM_MAX_IMAGE_BYTES")]
+    pub mm_max_image_bytes: usize,
+    /// Largest decoded image in pixels (checked from the header).
+    #[arg(long, default_value_t = 89_478_485, env = "IRIS_MM_MAX_IMAGE_PIXELS")]
+    pub mm_max_image_pixels: u64,
+    /// Milliseconds to connect to an image host.
+    #[arg(long, default_value_t = 5000, env = "IRIS_MM_FETCH_CONNECT_TIMEOUT_MS")]
+    pub mm_fetch_connect_timeout_ms: u64,
+    /// Milliseconds for a whole image download.
+    #[arg(long, default_value_t = 30000, env = "IRIS_MM_FETCH_TIMEOUT_MS")]
+    pub mm_fetch_timeout_ms: u64,
+    /// Redirects followed per image URL (each re-checked).
+    #[arg(long, default_value_t = 5, env = "IRIS_MM_MAX_REDIRECTS")]
+    pub mm_max_redirects: u32,
+    /// Element type of the pixel tensors sent to workers.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "float32",
+        env = "IRIS_MM_ENCODER_INPUT_DTYPE"
+    )]
+    pub mm_encoder_input_dtype: InputDtype,
+}
+
+/// `--mm-encoder-input-dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum InputDtype {
+    #[value(name = "float32")]
+    Float32,
+    #[value(name = "bfloat16")]
+    Bfloat16,
 }
 
 /// Groups `URL [PORT] URL [PORT] …` into worker URLs: a value that is a

@@ -1,5 +1,6 @@
-//! `iris demo`: writes the tiny model (once, to a cache folder), starts a
-//! reference prefill and decode engine and the gateway in this process on
+//! `iris demo`: writes the tiny model (once, to a cache folder), starts an
+//! encode worker (the real vision tower on the CPU), a reference prefill
+//! and decode engine and the gateway in EPD mode, all in this process on
 //! loopback, prints how to talk to it, and stops everything on Ctrl-C.
 
 use std::path::PathBuf;
@@ -27,6 +28,7 @@ pub struct DemoArgs {
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let model_dir = args.model_dir.clone().unwrap_or_else(default_model_dir);
     ensure_tiny_model(&model_dir)?;
+    let encoder = iris_encoder::start(encoder_args(&model_dir)).await?;
     let prefill = iris_engine::start(engine_args(&model_dir, Role::Prefill, 0)).await?;
     let decode = iris_engine::start(engine_args(
         &model_dir,
@@ -40,7 +42,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let serve = demo_serve_args(
         &model_dir,
         args.port,
-        &[prefill.grpc_addr.to_string(), data.port().to_string()],
+        [
+            &[
+                encoder.grpc_addr.to_string(),
+                encoder.data_addr.port().to_string(),
+            ],
+            &[prefill.grpc_addr.to_string(), data.port().to_string()],
+        ],
         &decode.grpc_addr.to_string(),
     );
     let gateway = crate::start(serve).await?;
@@ -48,6 +56,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     print_banner(gateway.addr, &gateway.state.model_name);
     let tokens = [
         gateway.shutdown_token(),
+        encoder.shutdown_token(),
         prefill.shutdown_token(),
         decode.shutdown_token(),
     ];
@@ -55,6 +64,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     eprintln!("\nstopping…");
     tokens.iter().for_each(|t| t.cancel());
     gateway.wait().await?;
+    encoder.wait().await?;
     prefill.wait().await?;
     decode.wait().await
 }
@@ -110,10 +120,36 @@ fn engine_args(model: &std::path::Path, role: Role, decode_us_per_step: u64) -> 
     }
 }
 
+/// The encode worker: the tiny model's vision tower, on free loopback ports.
+fn encoder_args(model: &std::path::Path) -> iris_encoder::EncoderArgs {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        encoder: iris_encoder::EncoderArgs,
+    }
+    let model = model.display().to_string();
+    let argv = [
+        "iris-encoder",
+        "--model-path",
+        &model,
+        "--compute",
+        "tower",
+        "--port",
+        "0",
+        "--bootstrap-port",
+        "0",
+        "--worker-id",
+        "demo-encode",
+    ];
+    Wrapper::parse_from(argv).encoder
+}
+
+/// `[encode, prefill]` are `[grpc address, bootstrap port]`.
 fn demo_serve_args(
     model: &std::path::Path,
     port: u16,
-    prefill: &[String],
+    [encode, prefill]: [&[String]; 2],
     decode: &str,
 ) -> ServeArgs {
     use clap::Parser;
@@ -130,11 +166,13 @@ fn demo_serve_args(
     argv.extend([
         "--port".into(),
         port.to_string(),
-        "--pd-disaggregation".into(),
-        "--prefill".into(),
+        "--epd-disaggregation".into(),
     ]);
-    argv.extend(prefill.iter().map(|s| format!("grpc://{s}")).take(1));
-    argv.extend(prefill.iter().skip(1).cloned());
+    for (flag, worker) in [("--encode", encode), ("--prefill", prefill)] {
+        argv.push(flag.into());
+        argv.extend(worker.iter().take(1).map(|s| format!("grpc://{s}")));
+        argv.extend(worker.iter().skip(1).cloned());
+    }
     argv.extend(["--decode".into(), format!("grpc://{decode}")]);
     argv.extend(["--health-check-interval-secs".into(), "1".into()]);
     Wrapper::parse_from(argv).serve
@@ -142,11 +180,15 @@ fn demo_serve_args(
 
 fn print_banner(addr: std::net::SocketAddr, model: &str) {
     println!(
-        "Iris demo: gateway on http://{addr} (prefill + decode reference engines, model {model:?})"
+        "Iris demo: gateway on http://{addr} (encode worker + prefill and decode reference engines, model {model:?})"
     );
     println!("Try:");
     println!(
         "  curl -N http://{addr}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true, \"max_tokens\": 32}}'"
+    );
+    println!("With an image (a data: URL; http(s) URLs work too):");
+    println!(
+        "  IMG=$(base64 -w0 photo.jpg)\n  curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"max_tokens\": 32, \"messages\": [{{\"role\": \"user\", \"content\": [{{\"type\": \"text\", \"text\": \"What is in this picture?\"}}, {{\"type\": \"image_url\", \"image_url\": {{\"url\": \"data:image/jpeg;base64,'\"$IMG\"'\"}}}}]}}]}}'"
     );
     println!("Press Ctrl-C to stop.");
 }

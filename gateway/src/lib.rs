@@ -1,8 +1,10 @@
 //! The Iris gateway: an OpenAI-compatible chat API in front of
-//! TokenSpeed-protocol workers (aggregated, or prefill + decode).
+//! TokenSpeed-protocol workers (aggregated, prefill + decode, or encode +
+//! prefill + decode).
 //!
-//! Request path: [`chat`] parses and validates the body, [`prompt`] renders
-//! the chat template and tokenizes, [`router`] picks workers from the
+//! Request path: [`chat`] parses and validates the body, [`mm`] fetches
+//! and preprocesses its images (pixel cache), [`prompt`] renders the chat
+//! template and tokenizes, [`router`] picks workers from the
 //! [`workers`] pools and starts the request, and [`chat`] streams the
 //! detokenized answer back as SSE or one JSON body. [`server`] wires it to
 //! axum; [`demo`] runs every role in one process.
@@ -11,6 +13,7 @@ pub mod args;
 pub mod chat;
 pub mod demo;
 pub mod metrics;
+pub mod mm;
 pub mod prompt;
 pub mod router;
 pub mod server;

@@ -43,7 +43,7 @@ impl Histogram {
         );
     }
 
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
+    pub fn render(&self, out: &mut String, name: &str, labels: &str) {
         let mut cumulative = 0;
         let sep = if labels.is_empty() { "" } else { "," };
         for (bound, count) in BUCKETS.iter().zip(&self.counts) {
@@ -93,19 +93,35 @@ pub enum Stage {
     Parse,
     /// Rendering the chat template and tokenizing.
     Tokenize,
+    /// All image work of a request (fetch, hash, cache, preprocess).
+    Images,
+    /// Fetching one image.
+    Fetch,
+    /// Decoding and preprocessing one image (pixel cache misses).
+    Preprocess,
+    /// Waiting on the pixel cache (hits, and misses joined to another
+    /// request's preprocessing).
+    PixelCache,
     /// Until the worker(s) accepted the request.
     Dispatch,
     /// Until the first token reached the client.
     FirstToken,
+    /// From the first token to the last.
+    Decode,
     /// The whole request.
     Total,
 }
 
-const STAGES: [(Stage, &str); 5] = [
+const STAGES: [(Stage, &str); 10] = [
     (Stage::Parse, "parse"),
     (Stage::Tokenize, "tokenize"),
+    (Stage::Images, "images"),
+    (Stage::Fetch, "fetch"),
+    (Stage::Preprocess, "preprocess"),
+    (Stage::PixelCache, "pixel_cache"),
     (Stage::Dispatch, "dispatch"),
     (Stage::FirstToken, "first_token"),
+    (Stage::Decode, "decode"),
     (Stage::Total, "total"),
 ];
 
@@ -134,7 +150,13 @@ impl Metrics {
     }
 
     /// Prometheus text exposition of every metric and of the worker pools.
-    pub fn render(&self, pools: &[std::sync::Arc<Pool>], retries: u64) -> String {
+    /// `more_stages` are histograms kept elsewhere (the router's encode time).
+    pub fn render(
+        &self,
+        pools: &[std::sync::Arc<Pool>],
+        retries: u64,
+        more_stages: &[(&str, &Histogram)],
+    ) -> String {
         let mut out = String::with_capacity(8192);
         out.push_str("# HELP iris_requests_total Chat requests by outcome.\n# TYPE iris_requests_total counter\n");
         for ((_, name), value) in OUTCOMES.iter().zip(&self.outcomes) {
@@ -145,7 +167,8 @@ impl Metrics {
             );
         }
         out.push_str("# HELP iris_stage_duration_seconds Time spent per pipeline stage.\n# TYPE iris_stage_duration_seconds histogram\n");
-        for ((_, name), histogram) in STAGES.iter().zip(&self.stages) {
+        let own = STAGES.iter().map(|(_, name)| *name).zip(self.stages.iter());
+        for (name, histogram) in own.chain(more_stages.iter().copied()) {
             histogram.render(
                 &mut out,
                 "iris_stage_duration_seconds",
@@ -185,6 +208,8 @@ fn counter(out: &mut String, name: &str, help: &str, value: u64) {
 fn render_workers(out: &mut String, pools: &[std::sync::Arc<Pool>]) {
     out.push_str("# HELP iris_worker_healthy 1 when the worker is in service.\n# TYPE iris_worker_healthy gauge\n");
     let mut in_flight = String::from("# HELP iris_worker_in_flight Requests in flight per worker.\n# TYPE iris_worker_in_flight gauge\n");
+    let mut requests = String::from("# HELP iris_worker_requests_total Requests (for encoders: images) sent per worker.\n# TYPE iris_worker_requests_total counter\n");
+    let mut failures = String::from("# HELP iris_worker_failures_total Requests a worker failed or could not take.\n# TYPE iris_worker_failures_total counter\n");
     for pool in pools {
         for w in pool.snapshot().iter() {
             let labels = format!("worker=\"{}\",role=\"{}\"", w.url, w.role.as_str());
@@ -198,9 +223,14 @@ fn render_workers(out: &mut String, pools: &[std::sync::Arc<Pool>]) {
                 "iris_worker_in_flight{{{labels}}} {}",
                 w.in_flight()
             );
+            let (sent, failed) = w.request_counts();
+            let _ = writeln!(requests, "iris_worker_requests_total{{{labels}}} {sent}");
+            let _ = writeln!(failures, "iris_worker_failures_total{{{labels}}} {failed}");
         }
     }
     out.push_str(&in_flight);
+    out.push_str(&requests);
+    out.push_str(&failures);
 }
 
 #[cfg(test)]
@@ -214,7 +244,7 @@ mod tests {
         m.outcome(Outcome::Ok);
         m.outcome(Outcome::Timeout);
         m.stage(Stage::Total, Duration::from_millis(3));
-        let text = m.render(&[], 0);
+        let text = m.render(&[], 0, &[]);
         assert!(
             text.contains("iris_requests_total{outcome=\"ok\"} 2"),
             "{text}"

@@ -17,8 +17,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::args::{group_with_ports, ServeArgs};
 use crate::metrics::Metrics;
+use crate::mm::Multimodal;
 use crate::prompt::Prompter;
-use crate::router::{Mode, Router};
+use crate::router::{Mode, Router, RouterSettings};
+use crate::workers::affinity::EncodePolicy;
 use crate::workers::health::{self, HealthSettings};
 use crate::workers::policy::{Policy, PolicyKind};
 use crate::workers::{Pool, Role, Worker, WorkerUrl};
@@ -27,6 +29,8 @@ use crate::workers::{Pool, Role, Worker, WorkerUrl};
 pub struct AppState {
     pub router: Router,
     pub prompter: Prompter,
+    /// The image pipeline; `None` for a text-only model.
+    pub multimodal: Option<Multimodal>,
     pub metrics: Metrics,
     pub model_name: String,
     pub model_path: String,
@@ -73,12 +77,21 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
         args.chat_template.as_deref(),
         args.tokenizer_cache_entries,
     )?;
+    let multimodal = Multimodal::load(&dir, &args.media)?;
     let mode = build_mode(&args)?;
     let shutdown = CancellationToken::new();
     health::spawn(mode.pools(), health_settings(&args), shutdown.clone());
     let state = Arc::new(AppState {
-        router: Router::new(mode, args.max_retries),
+        router: Router::new(
+            mode,
+            RouterSettings {
+                max_retries: args.max_retries,
+                circuit_breaker_failures: args.circuit_breaker_failures,
+                encode_timeout: Duration::from_millis(args.encode_timeout_ms.max(1)),
+            },
+        ),
         prompter,
+        multimodal,
         metrics: Metrics::default(),
         model_name: args
             .served_model_name
@@ -148,8 +161,20 @@ fn build_mode(args: &ServeArgs) -> anyhow::Result<Mode> {
                 .collect::<anyhow::Result<Vec<_>>>()?;
             Ok(Arc::new(Pool::new(role, workers, Policy::new(policy))))
         };
-    if args.pd_disaggregation {
-        anyhow::ensure!(args.worker_urls.is_empty(), "--worker-urls is for aggregated mode; with --pd-disaggregation use --prefill and --decode");
+    if args.epd_disaggregation || args.pd_disaggregation {
+        anyhow::ensure!(
+            !(args.epd_disaggregation && args.pd_disaggregation),
+            "--epd-disaggregation and --pd-disaggregation exclude each other"
+        );
+        let flag = if args.epd_disaggregation {
+            "--epd-disaggregation"
+        } else {
+            "--pd-disaggregation"
+        };
+        anyhow::ensure!(
+            args.worker_urls.is_empty(),
+            "--worker-urls is for aggregated mode; with {flag} use --prefill and --decode"
+        );
         let prefill = group_with_ports(&args.prefill).map_err(anyhow::Error::msg)?;
         let decode = args
             .decode
@@ -159,28 +184,41 @@ fn build_mode(args: &ServeArgs) -> anyhow::Result<Mode> {
             .map_err(anyhow::Error::msg)?;
         anyhow::ensure!(
             !prefill.is_empty(),
-            "--pd-disaggregation needs at least one --prefill URL"
+            "{flag} needs at least one --prefill URL"
         );
+        anyhow::ensure!(!decode.is_empty(), "{flag} needs at least one --decode URL");
+        let prefill = pool(
+            Role::Prefill,
+            prefill,
+            args.prefill_policy.unwrap_or(args.policy),
+        )?;
+        let decode = pool(
+            Role::Decode,
+            decode,
+            args.decode_policy.unwrap_or(args.policy),
+        )?;
+        if !args.epd_disaggregation {
+            anyhow::ensure!(
+                args.encode.is_empty(),
+                "--encode needs --epd-disaggregation"
+            );
+            return Ok(Mode::PrefillDecode { prefill, decode });
+        }
+        let encode = group_with_ports(&args.encode).map_err(anyhow::Error::msg)?;
         anyhow::ensure!(
-            !decode.is_empty(),
-            "--pd-disaggregation needs at least one --decode URL"
+            !encode.is_empty(),
+            "--epd-disaggregation needs at least one --encode URL"
         );
-        return Ok(Mode::PrefillDecode {
-            prefill: pool(
-                Role::Prefill,
-                prefill,
-                args.prefill_policy.unwrap_or(args.policy),
-            )?,
-            decode: pool(
-                Role::Decode,
-                decode,
-                args.decode_policy.unwrap_or(args.policy),
-            )?,
+        return Ok(Mode::EncodePrefillDecode {
+            encode: pool(Role::Encode, encode, PolicyKind::LeastLoad)?,
+            encode_policy: EncodePolicy::new(args.encode_policy, args.encode_load_factor),
+            prefill,
+            decode,
         });
     }
     anyhow::ensure!(
-        args.prefill.is_empty() && args.decode.is_empty(),
-        "--prefill/--decode need --pd-disaggregation"
+        args.prefill.is_empty() && args.decode.is_empty() && args.encode.is_empty(),
+        "--prefill/--decode need --pd-disaggregation (and --encode --epd-disaggregation)"
     );
     anyhow::ensure!(
         !args.worker_urls.is_empty(),
@@ -227,14 +265,32 @@ async fn readiness(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let mut body = state
-        .metrics
-        .render(&state.router.mode.pools(), state.router.retries());
+    let mut body = state.metrics.render(
+        &state.router.mode.pools(),
+        state.router.retries(),
+        &[("encode", &state.router.encode_time)],
+    );
+    if let Some(mm) = &state.multimodal {
+        render_pixel_cache(&mut body, &mm.cache_stats());
+    }
     let (hits, misses) = state.prompter.cache_stats();
     body.push_str(&format!(
         "# HELP iris_tokenizer_cache_total Prompt segments tokenized, by cache result.\n# TYPE iris_tokenizer_cache_total counter\niris_tokenizer_cache_total{{result=\"hit\"}} {hits}\niris_tokenizer_cache_total{{result=\"miss\"}} {misses}\n"
     ));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+fn render_pixel_cache(out: &mut String, stats: &iris_cache::CacheStats) {
+    use std::fmt::Write;
+    let _ = write!(
+        out,
+        "# HELP iris_pixel_cache_lookups_total Image preprocessing lookups by result (joined: waited for a concurrent miss).\n# TYPE iris_pixel_cache_lookups_total counter\n\
+         iris_pixel_cache_lookups_total{{result=\"hit\"}} {}\niris_pixel_cache_lookups_total{{result=\"miss\"}} {}\niris_pixel_cache_lookups_total{{result=\"joined\"}} {}\n\
+         # HELP iris_pixel_cache_evictions_total Entries evicted to stay within the byte bound.\n# TYPE iris_pixel_cache_evictions_total counter\niris_pixel_cache_evictions_total {}\n\
+         # HELP iris_pixel_cache_bytes Bytes held by the pixel cache.\n# TYPE iris_pixel_cache_bytes gauge\niris_pixel_cache_bytes {}\n\
+         # HELP iris_pixel_cache_entries Entries in the pixel cache.\n# TYPE iris_pixel_cache_entries gauge\niris_pixel_cache_entries {}\n",
+        stats.hits, stats.misses, stats.joined, stats.evictions, stats.bytes, stats.entries
+    );
 }
 
 async fn not_found() -> Response {

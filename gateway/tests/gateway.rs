@@ -313,7 +313,7 @@ async fn drain_ok(mut generation: iris_gateway::router::Generation) {
 /// another worker, the client never notices, and the retry is counted.
 #[tokio::test]
 async fn unreachable_worker_is_retried_elsewhere() {
-    use iris_gateway::router::{Mode, Router};
+    use iris_gateway::router::{Mode, Router, RouterSettings};
     use iris_gateway::workers::policy::{Policy, PolicyKind};
     use iris_gateway::workers::{Pool, Role as PoolRole};
 
@@ -328,7 +328,10 @@ async fn unreachable_worker_is_retried_elsewhere() {
         workers,
         Policy::new(PolicyKind::RoundRobin),
     );
-    let router = Router::new(Mode::Aggregated(std::sync::Arc::new(pool)), 2);
+    let router = Router::new(
+        Mode::Aggregated(std::sync::Arc::new(pool)),
+        RouterSettings::default(),
+    );
     for i in 0..4 {
         let generation = router
             .start(short_request(i))
@@ -349,7 +352,7 @@ async fn unreachable_worker_is_retried_elsewhere() {
 /// hit the retry.
 #[tokio::test]
 async fn pd_retry_past_a_dead_decode_does_not_collide_with_the_first_attempt() {
-    use iris_gateway::router::{Mode, Router};
+    use iris_gateway::router::{Mode, Router, RouterSettings};
     use iris_gateway::workers::policy::{Policy, PolicyKind};
     use iris_gateway::workers::{Pool, Role as PoolRole};
 
@@ -380,7 +383,7 @@ async fn pd_retry_past_a_dead_decode_does_not_collide_with_the_first_attempt() {
             Policy::new(PolicyKind::RoundRobin),
         )),
     };
-    let router = Router::new(mode, 2);
+    let router = Router::new(mode, RouterSettings::default());
     for i in 0..2 {
         let generation = router
             .start(short_request(i))

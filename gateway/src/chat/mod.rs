@@ -13,14 +13,16 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
 use iris_openai::{
-    ApiError, ChatCompletionRequest, ChatMessage, ContentPart, MessageContent, Sampling,
+    ApiError, ChatCompletionRequest, ChatMessage, ContentPart, ImageUrl, MessageContent, Sampling,
 };
-use iris_proto::scheduler::{GenerateRequest, SamplingParams, TokenizedInput};
+use iris_proto::scheduler::{GenerateRequest, MultimodalInputs, SamplingParams, TokenizedInput};
 use serde_json::{json, Value};
 
 pub use errors::error_response;
 
 use crate::metrics::{Outcome, Stage};
+use crate::mm::items::{expand_placeholders, multimodal_inputs};
+use crate::mm::pixels::PixelEntry;
 use crate::server::AppState;
 
 /// Bodies larger than this are prompt-built on the blocking pool.
@@ -67,17 +69,8 @@ async fn prepare(
     if !state.serves(&request.model) {
         return Err(client(ApiError::model_not_found(&request.model)));
     }
-    if request
-        .messages
-        .iter()
-        .any(|m| m.content.as_ref().is_some_and(MessageContent::has_images))
-    {
-        return Err(client(ApiError::bad_field(
-            "messages",
-            "image inputs are not supported by this gateway configuration (text-only workers)",
-        )));
-    }
     state.metrics.stage(Stage::Parse, started.elapsed());
+    let images = load_images(state, &request).await?;
     let tokenize_start = Instant::now();
     let input_ids = if bytes.len() <= INLINE_PROMPT_BYTES {
         build_prompt(state, &request)
@@ -96,9 +89,11 @@ async fn prepare(
     state
         .metrics
         .stage(Stage::Tokenize, tokenize_start.elapsed());
+    let (input_ids, mm_inputs) = place_images(state, input_ids, &images).map_err(client)?;
     let id = iris_openai::new_completion_id();
     let sampling = request.sampling();
-    let generate = generate_request(&id, input_ids, &sampling, request.is_stream());
+    let mut generate = generate_request(&id, input_ids, &sampling, request.is_stream());
+    generate.mm_inputs = mm_inputs;
     let prompt_tokens = generate
         .tokenized
         .as_ref()
@@ -112,6 +107,64 @@ async fn prepare(
         prompt_tokens,
         started,
     })
+}
+
+/// Fetches and preprocesses the request's images (none: no work).
+async fn load_images(
+    state: &AppState,
+    request: &ChatCompletionRequest,
+) -> Result<Vec<Arc<PixelEntry>>, (ApiError, Outcome)> {
+    let urls: Vec<&ImageUrl> = request
+        .messages
+        .iter()
+        .filter_map(|m| m.content.as_ref())
+        .flat_map(MessageContent::images)
+        .collect();
+    if urls.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(mm) = state.multimodal.as_ref() else {
+        return Err((
+            ApiError::bad_field(
+                "messages",
+                "this model takes no image inputs (its directory has no preprocessor_config.json or config.json has no image_token_id)",
+            ),
+            Outcome::ClientError,
+        ));
+    };
+    let started = Instant::now();
+    let images = mm.load_images(&urls, &state.metrics).await.map_err(|e| {
+        let outcome = if e.status == 400 {
+            Outcome::ClientError
+        } else {
+            Outcome::UpstreamError
+        };
+        (e, outcome)
+    })?;
+    state.metrics.stage(Stage::Images, started.elapsed());
+    Ok(images)
+}
+
+/// Expands the image placeholders and builds the request's items. With a
+/// vision model this also runs for text-only requests, so image tokens
+/// typed into the text cannot pose as images.
+fn place_images(
+    state: &AppState,
+    input_ids: Vec<u32>,
+    images: &[Arc<PixelEntry>],
+) -> Result<(Vec<u32>, Option<MultimodalInputs>), ApiError> {
+    let Some(mm) = state.multimodal.as_ref() else {
+        return Ok((input_ids, None));
+    };
+    let counts: Vec<usize> = images.iter().map(|i| i.tokens).collect();
+    let (ids, ranges) = expand_placeholders(&input_ids, mm.image_token_id, &counts)?;
+    if images.is_empty() {
+        return Ok((ids, None));
+    }
+    Ok((
+        ids,
+        Some(multimodal_inputs(images, ranges, mm.image_token_id)),
+    ))
 }
 
 fn build_prompt(state: &AppState, request: &ChatCompletionRequest) -> Result<Vec<u32>, ApiError> {

@@ -4,6 +4,7 @@
 //! away it is dropped, and dropping the [`Generation`] aborts the workers.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::http::header;
@@ -72,7 +73,8 @@ struct Streamer {
     stops: StopMatcher,
     phase: Phase,
     completion_tokens: u32,
-    first_token_seen: bool,
+    /// When the first token reached the client.
+    first_token_at: Option<Instant>,
     deadline: tokio::time::Instant,
 }
 
@@ -95,7 +97,7 @@ impl Streamer {
             stops,
             phase: Phase::Start,
             completion_tokens: 0,
-            first_token_seen: false,
+            first_token_at: None,
             deadline,
         })
     }
@@ -150,8 +152,8 @@ impl Streamer {
     }
 
     fn tokens(&mut self, out: &mut BytesMut, ids: &[u32]) {
-        if !self.first_token_seen {
-            self.first_token_seen = true;
+        if self.first_token_at.is_none() {
+            self.first_token_at = Some(Instant::now());
             self.state
                 .metrics
                 .stage(Stage::FirstToken, self.prepared.started.elapsed());
@@ -226,6 +228,9 @@ impl Streamer {
         self.state
             .metrics
             .tokens(self.prepared.prompt_tokens, self.completion_tokens);
+        if let Some(first) = self.first_token_at {
+            self.state.metrics.stage(Stage::Decode, first.elapsed());
+        }
         self.end(Outcome::Ok);
     }
 

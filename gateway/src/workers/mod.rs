@@ -1,8 +1,9 @@
 //! Workers the gateway routes to: their gRPC clients and live state
 //! ([`worker`]), the per-role pools ([`pool`]), how one is chosen
-//! ([`policy`]) and the health checker that moves them in and out of
+//! ([`policy`], and per image for encoders [`affinity`]) and the health checker that moves them in and out of
 //! service ([`health`]).
 
+pub mod affinity;
 pub mod health;
 pub mod policy;
 pub mod pool;

@@ -34,11 +34,17 @@ impl Pool {
         self.snapshot().iter().filter(|w| w.is_healthy()).count()
     }
 
-    /// Picks a healthy worker, preferring one not in `tried`. When every
-    /// healthy worker has been tried, one of them is tried again: a connect
-    /// failure is often transient (a dropped connection that the channel
-    /// re-establishes), and the caller bounds the attempts.
+    /// Picks a healthy worker with the pool's policy, preferring one not
+    /// in `tried` (see [`candidates`](Self::candidates)).
     pub fn pick(&self, tried: &[Arc<Worker>]) -> Option<Arc<Worker>> {
+        self.policy.pick(&self.candidates(tried))
+    }
+
+    /// The healthy workers not in `tried`; when every healthy worker has
+    /// been tried, all healthy workers: a connect failure is often
+    /// transient (a dropped connection that the channel re-establishes),
+    /// and the caller bounds the attempts.
+    pub fn candidates(&self, tried: &[Arc<Worker>]) -> Vec<Arc<Worker>> {
         let healthy: Vec<Arc<Worker>> = self
             .snapshot()
             .iter()
@@ -51,9 +57,9 @@ impl Pool {
             .cloned()
             .collect();
         if untried.is_empty() {
-            self.policy.pick(&healthy)
+            healthy
         } else {
-            self.policy.pick(&untried)
+            untried
         }
     }
 

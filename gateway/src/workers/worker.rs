@@ -1,9 +1,10 @@
 //! One worker: its address, gRPC client, health and in-flight count.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use iris_proto::encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
 use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use tonic::transport::{Channel, Endpoint};
 
@@ -18,6 +19,7 @@ pub enum Role {
     Aggregated,
     Prefill,
     Decode,
+    Encode,
 }
 
 impl Role {
@@ -26,6 +28,7 @@ impl Role {
             Role::Aggregated => "aggregated",
             Role::Prefill => "prefill",
             Role::Decode => "decode",
+            Role::Encode => "encode",
         }
     }
 }
@@ -41,6 +44,11 @@ pub struct Worker {
     successes: AtomicU32,
     /// No health check has completed yet.
     unchecked: AtomicBool,
+    /// Request failures in a row (the passive circuit breaker).
+    request_failures: AtomicU32,
+    /// Requests started and failed over the worker's life (metrics).
+    requests: AtomicU64,
+    failed_requests: AtomicU64,
 }
 
 /// Counts a request against a worker while alive.
@@ -76,6 +84,9 @@ impl Worker {
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             unchecked: AtomicBool::new(true),
+            request_failures: AtomicU32::new(0),
+            requests: AtomicU64::new(0),
+            failed_requests: AtomicU64::new(0),
         }))
     }
 
@@ -83,6 +94,22 @@ impl Worker {
         TokenSpeedSchedulerClient::new(self.channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// A client of the worker's `TokenSpeedEncoder` service (encode role).
+    pub fn encoder_client(&self) -> TokenSpeedEncoderClient<Channel> {
+        TokenSpeedEncoderClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// The host and port of the worker's data server (bootstrap port).
+    pub fn data_server(&self) -> (String, i32) {
+        let port = self
+            .url
+            .bootstrap_port
+            .unwrap_or(iris_proto::DEFAULT_BOOTSTRAP_PORT);
+        (self.url.host.clone(), i32::from(port))
     }
 
     pub fn is_healthy(&self) -> bool {
@@ -95,7 +122,36 @@ impl Worker {
 
     pub fn start_request(self: &Arc<Self>) -> InFlightGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(1, Ordering::Relaxed);
         InFlightGuard(self.clone())
+    }
+
+    /// Records that a request reached the worker and was accepted: closes
+    /// the failure streak.
+    pub fn record_success(&self) {
+        self.request_failures.store(0, Ordering::Relaxed);
+    }
+
+    /// Records a failed request; after `threshold` failures in a row the
+    /// circuit opens: the worker leaves service until health checks bring
+    /// it back. Returns true when this failure opened it.
+    pub fn record_failure(&self, threshold: u32) -> bool {
+        self.failed_requests.fetch_add(1, Ordering::Relaxed);
+        let streak = self.request_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if threshold > 0 && streak >= threshold && self.healthy.swap(false, Ordering::Relaxed) {
+            self.successes.store(0, Ordering::Relaxed);
+            tracing::warn!(worker = %self.url, role = self.role.as_str(), failures = streak, "circuit open: worker out of service until health checks pass");
+            return true;
+        }
+        false
+    }
+
+    /// (requests started, requests failed) over the worker's life.
+    pub fn request_counts(&self) -> (u64, u64) {
+        (
+            self.requests.load(Ordering::Relaxed),
+            self.failed_requests.load(Ordering::Relaxed),
+        )
     }
 
     /// Records a health-check result; returns the new health when it
@@ -169,6 +225,27 @@ mod tests {
         assert_eq!(w.record_check(false, 3, 2), None, "streak broken");
         assert_eq!(w.record_check(true, 3, 2), None);
         assert_eq!(w.record_check(true, 3, 2), Some(true));
+    }
+
+    #[tokio::test]
+    async fn circuit_opens_after_failures_in_a_row() {
+        let w = worker();
+        assert_eq!(w.record_check(true, 3, 2), Some(true));
+        assert!(!w.record_failure(3));
+        w.record_success();
+        assert!(!w.record_failure(3));
+        assert!(!w.record_failure(3));
+        assert!(w.is_healthy(), "a success broke the streak");
+        assert!(w.record_failure(3), "third failure in a row opens");
+        assert!(!w.is_healthy());
+        assert!(!w.record_failure(3), "already open");
+        assert_eq!(w.request_counts(), (0, 5));
+        assert_eq!(w.record_check(true, 3, 2), None);
+        assert_eq!(
+            w.record_check(true, 3, 2),
+            Some(true),
+            "health checks close it"
+        );
     }
 
     #[tokio::test]

@@ -1,23 +1,39 @@
 //! Sending a GenerateRequest to workers: one aggregated worker, or a
-//! prefill and a decode worker at once joined by a fresh KV room. A worker
-//! that cannot be reached before anything was streamed is replaced by
-//! another (bounded retries). The returned [`Generation`] yields the
-//! streaming side's responses and aborts every leg if dropped unfinished.
+//! prefill and a decode worker at once joined by a fresh KV room, or —
+//! with images — encode workers too ([`epd`]). A worker that cannot be
+//! reached before anything was streamed is replaced by another (bounded
+//! retries). The returned [`Generation`] yields the streaming side's
+//! responses and aborts every leg if dropped unfinished.
+
+mod epd;
+mod legs;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use iris_proto::scheduler::{AbortRequest, GenerateRequest, GenerateResponse, KvBootstrapInfo};
+use iris_proto::scheduler::{AbortRequest, GenerateRequest, GenerateResponse};
 use tokio::sync::oneshot;
 use tonic::{Code, Status, Streaming};
 
+use crate::metrics::Histogram;
+use crate::workers::affinity::EncodePolicy;
 use crate::workers::worker::InFlightGuard;
 use crate::workers::{Pool, Role, Worker};
+
+pub use legs::strip_pixels;
+use legs::{attempt_request, with_kv_room};
 
 /// How requests are spread over workers.
 pub enum Mode {
     Aggregated(Arc<Pool>),
     PrefillDecode {
+        prefill: Arc<Pool>,
+        decode: Arc<Pool>,
+    },
+    /// Images to encode workers; prefill fetches their embeddings.
+    EncodePrefillDecode {
+        encode: Arc<Pool>,
+        encode_policy: EncodePolicy,
         prefill: Arc<Pool>,
         decode: Arc<Pool>,
     },
@@ -28,6 +44,12 @@ impl Mode {
         match self {
             Mode::Aggregated(pool) => vec![pool.clone()],
             Mode::PrefillDecode { prefill, decode } => vec![prefill.clone(), decode.clone()],
+            Mode::EncodePrefillDecode {
+                encode,
+                prefill,
+                decode,
+                ..
+            } => vec![encode.clone(), prefill.clone(), decode.clone()],
         }
     }
 }
@@ -41,10 +63,36 @@ pub enum RouteError {
     Upstream { worker: String, status: Status },
 }
 
+/// How the router retries and supervises.
+#[derive(Debug, Clone, Copy)]
+pub struct RouterSettings {
+    /// Other workers tried after a failure before the first token.
+    pub max_retries: u32,
+    /// Failures in a row that open a worker's circuit (0: never).
+    pub circuit_breaker_failures: u32,
+    /// Longest wait for an encode worker to accept an image.
+    pub encode_timeout: std::time::Duration,
+}
+
+impl Default for RouterSettings {
+    /// The command line's defaults.
+    fn default() -> Self {
+        RouterSettings {
+            max_retries: 2,
+            circuit_breaker_failures: 3,
+            encode_timeout: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
 pub struct Router {
     pub mode: Mode,
     max_retries: u32,
     retries: AtomicU64,
+    circuit_breaker_failures: u32,
+    encode_timeout: std::time::Duration,
+    /// How long the Encode calls of a request took (all images, in parallel).
+    pub encode_time: Histogram,
 }
 
 /// One worker leg of a request.
@@ -61,6 +109,12 @@ impl Leg {
             worker,
             request_id: request_id.to_owned(),
             _in_flight: guard,
+        }
+    }
+
+    fn abort_if(&self, started: bool, reason: &str) {
+        if started {
+            self.abort(reason);
         }
     }
 
@@ -82,6 +136,9 @@ impl Leg {
 pub struct Generation {
     /// `None` once handed to the background drain by [`finish`](Self::finish).
     stream: Option<Streaming<GenerateResponse>>,
+    /// A response read ahead (EPD waits for the first one before
+    /// answering, so failures before it can be retried), yielded first.
+    pending: Option<GenerateResponse>,
     /// The streaming leg's worker, for error messages.
     pub worker: Arc<Worker>,
     prefill_failure: Option<oneshot::Receiver<Status>>,
@@ -93,6 +150,9 @@ impl Generation {
     /// The next response of the streaming leg; `None` at its end. A prefill
     /// failure ends the stream with that failure.
     pub async fn next(&mut self) -> Option<Result<GenerateResponse, Status>> {
+        if let Some(response) = self.pending.take() {
+            return Some(Ok(response));
+        }
         loop {
             let failure = async {
                 match self.prefill_failure.as_mut() {
@@ -179,11 +239,14 @@ fn retryable(status: &Status) -> bool {
 }
 
 impl Router {
-    pub fn new(mode: Mode, max_retries: u32) -> Self {
+    pub fn new(mode: Mode, settings: RouterSettings) -> Self {
         Router {
             mode,
-            max_retries,
+            max_retries: settings.max_retries,
             retries: AtomicU64::new(0),
+            circuit_breaker_failures: settings.circuit_breaker_failures,
+            encode_timeout: settings.encode_timeout,
+            encode_time: Histogram::default(),
         }
     }
 
@@ -193,6 +256,20 @@ impl Router {
             Mode::Aggregated(pool) => self.start_aggregated(pool, request).await,
             Mode::PrefillDecode { prefill, decode } => {
                 self.start_pd(prefill, decode, request).await
+            }
+            Mode::EncodePrefillDecode {
+                encode,
+                encode_policy,
+                prefill,
+                decode,
+            } => {
+                let pools = epd::Pools {
+                    encode,
+                    policy: encode_policy,
+                    prefill,
+                    decode,
+                };
+                self.start_epd(pools, request).await
             }
         }
     }
@@ -209,13 +286,15 @@ impl Router {
             let leg = Leg::new(worker.clone(), &attempt.request_id);
             match worker.client().generate(attempt).await {
                 Ok(response) => {
+                    worker.record_success();
                     return Ok(Generation {
                         stream: Some(response.into_inner()),
+                        pending: None,
                         worker,
                         prefill_failure: None,
                         legs: vec![leg],
                         finished: false,
-                    })
+                    });
                 }
                 Err(status) => {
                     self.retry_or_fail(&worker, status, tried.len() as u32)?;
@@ -225,12 +304,15 @@ impl Router {
         }
     }
 
+    /// Prefill and decode: the prefill leg gets the pixels of any images
+    /// (it runs the vision tower itself), the decode leg only their metadata.
     async fn start_pd(
         &self,
         prefill: &Pool,
         decode: &Pool,
         request: GenerateRequest,
     ) -> Result<Generation, RouteError> {
+        let decode_request = strip_pixels(&request);
         let (mut tried_p, mut tried_d) = (Vec::new(), Vec::new());
         let mut attempts = 0u32;
         loop {
@@ -240,21 +322,27 @@ impl Router {
             let d = decode
                 .pick(&tried_d)
                 .ok_or(RouteError::NoWorker(Role::Decode))?;
-            let leg_request = with_kv_room(attempt_request(&request, attempts), &p);
+            let p_request = with_kv_room(attempt_request(&request, attempts), &p);
+            let d_request = GenerateRequest {
+                kv_bootstrap_info: p_request.kv_bootstrap_info.clone(),
+                request_id: p_request.request_id.clone(),
+                ..decode_request.clone()
+            };
             let (p_leg, d_leg) = (
-                Leg::new(p.clone(), &leg_request.request_id),
-                Leg::new(d.clone(), &leg_request.request_id),
+                Leg::new(p.clone(), &p_request.request_id),
+                Leg::new(d.clone(), &p_request.request_id),
             );
             let (mut p_client, mut d_client) = (p.client(), d.client());
-            let (p_result, d_result) = tokio::join!(
-                p_client.generate(leg_request.clone()),
-                d_client.generate(leg_request)
-            );
+            let (p_result, d_result) =
+                tokio::join!(p_client.generate(p_request), d_client.generate(d_request));
             match (p_result, d_result) {
                 (Ok(p_stream), Ok(d_stream)) => {
+                    p.record_success();
+                    d.record_success();
                     let failure = drain_prefill(p_stream.into_inner(), p.clone());
                     return Ok(Generation {
                         stream: Some(d_stream.into_inner()),
+                        pending: None,
                         worker: d,
                         prefill_failure: Some(failure),
                         legs: vec![p_leg, d_leg],
@@ -289,6 +377,9 @@ impl Router {
         status: Status,
         attempts: u32,
     ) -> Result<(), RouteError> {
+        if retryable(&status) {
+            worker.record_failure(self.circuit_breaker_failures);
+        }
         if !retryable(&status) || attempts >= self.max_retries {
             return Err(RouteError::Upstream {
                 worker: worker.url.to_string(),
@@ -304,32 +395,6 @@ impl Router {
     pub fn retries(&self) -> u64 {
         self.retries.load(Ordering::Relaxed)
     }
-}
-
-/// The request as sent on attempt `attempt`: retries get their own id
-/// (`ID-retryN`), so a late Abort of an earlier attempt cannot hit them and
-/// a worker still running the earlier attempt does not see a duplicate.
-fn attempt_request(request: &GenerateRequest, attempt: u32) -> GenerateRequest {
-    let mut attempt_request = request.clone();
-    if attempt > 0 {
-        attempt_request.request_id = format!("{}-retry{attempt}", request.request_id);
-    }
-    attempt_request
-}
-
-/// The request with a fresh random 63-bit KV room on `prefill`'s data server.
-fn with_kv_room(mut leg: GenerateRequest, prefill: &Worker) -> GenerateRequest {
-    leg.kv_bootstrap_info = Some(KvBootstrapInfo {
-        bootstrap_host: prefill.url.host.clone(),
-        bootstrap_port: i32::from(
-            prefill
-                .url
-                .bootstrap_port
-                .unwrap_or(iris_proto::DEFAULT_BOOTSTRAP_PORT),
-        ),
-        bootstrap_room: fastrand::i64(0..=i64::MAX),
-    });
-    leg
 }
 
 /// Reads the prefill leg to its end in the background; a failure is sent

@@ -1,0 +1,118 @@
+//! Preprocessed images as the gateway keeps them: the encoder input tensor
+//! in shared bytes (a cache hit, or the copy in each leg's request, copies
+//! no tensor data), its patch grid and token count, and the content hash
+//! that names the item to encoders.
+
+use bytes::Bytes;
+use iris_proto::tensor::DType;
+use iris_vision::{OutputDtype, PixelValues, PreprocessOutput};
+use sha2::{Digest, Sha256};
+
+/// One preprocessed image.
+#[derive(Debug)]
+pub struct PixelEntry {
+    /// Little-endian tensor bytes (the vision crate's recycled buffer).
+    pub pixels: Bytes,
+    pub shape: Vec<u32>,
+    pub dtype: DType,
+    /// `[t, h, w]` patch grid (Qwen family).
+    pub grid: Option<[u32; 3]>,
+    /// Placeholder tokens the prompt needs for this image.
+    pub tokens: usize,
+    /// SHA-256 over the image bytes' hash and the preprocessor fingerprint.
+    pub content_hash: Bytes,
+}
+
+impl PixelEntry {
+    /// Takes the processor's output without copying its tensor.
+    pub fn from_output(output: PreprocessOutput, content_hash: Bytes) -> Result<Self, String> {
+        let shape = output
+            .shape
+            .iter()
+            .map(|&d| u32::try_from(d).map_err(|_| format!("tensor dimension {d} is too large")))
+            .collect::<Result<Vec<u32>, String>>()?;
+        let grid = match output.image_grid_thw {
+            Some([t, h, w]) => Some([dim(t)?, dim(h)?, dim(w)?]),
+            None => None,
+        };
+        let dtype = match output.pixel_values.dtype() {
+            OutputDtype::F32 => DType::Float32,
+            OutputDtype::Bf16 => DType::BFloat16,
+        };
+        Ok(PixelEntry {
+            pixels: Bytes::from_owner(Tensor(output.pixel_values)),
+            shape,
+            dtype,
+            grid,
+            tokens: output.num_placeholder_tokens,
+            content_hash,
+        })
+    }
+
+    /// Bytes the entry holds, for the cache's bound.
+    pub fn weight(&self) -> usize {
+        self.pixels.len() + self.content_hash.len() + std::mem::size_of::<Self>()
+    }
+}
+
+fn dim(value: usize) -> Result<u32, String> {
+    u32::try_from(value).map_err(|_| format!("grid dimension {value} is too large"))
+}
+
+/// Owns the recycled tensor buffer behind a [`Bytes`]; it returns to the
+/// vision crate's pool when the last reference goes.
+struct Tensor(PixelValues);
+
+impl AsRef<[u8]> for Tensor {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+/// SHA-256 of the image file's bytes: the pixel cache's key part.
+pub fn image_hash(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// The content hash sent to encoders (and their embedding caches): the
+/// same bytes preprocessed differently are a different item.
+pub fn content_hash(image_hash: &[u8; 32], fingerprint: u64) -> Bytes {
+    let mut hasher = Sha256::new();
+    hasher.update(image_hash);
+    hasher.update(fingerprint.to_le_bytes());
+    Bytes::copy_from_slice(&hasher.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iris_vision::{PreprocessOptions, Processor, QwenVlProcessor};
+
+    #[test]
+    fn entry_shares_the_tensor_and_names_the_preprocessing() {
+        let raw: Vec<u8> = (0..56 * 84 * 3).map(|i| (i * 7 % 251) as u8).collect();
+        let image = iris_vision::RgbImage::from_raw(56, 84, raw).unwrap();
+        let processor = QwenVlProcessor::qwen2_vl();
+        let opts = PreprocessOptions::default();
+        let output = processor.preprocess(&image, &opts).unwrap();
+        let expected = output.pixel_values.as_bytes().to_vec();
+        let hash = image_hash(b"file bytes");
+        let entry = PixelEntry::from_output(output, content_hash(&hash, 1)).unwrap();
+        assert_eq!(&entry.pixels[..], &expected[..]);
+        assert_eq!(entry.shape, vec![24, 1176]);
+        assert_eq!(entry.grid, Some([1, 6, 4]));
+        assert_eq!(entry.tokens, 6);
+        assert_eq!(entry.dtype, DType::Float32);
+        let shared = entry.pixels.clone();
+        assert_eq!(
+            shared.as_ptr(),
+            entry.pixels.as_ptr(),
+            "clones share the buffer"
+        );
+        assert_ne!(content_hash(&hash, 1), content_hash(&hash, 2));
+        assert_ne!(
+            content_hash(&hash, 1),
+            content_hash(&image_hash(b"other"), 1)
+        );
+    }
+}
