@@ -23,16 +23,21 @@ use crate::server::AppState;
 
 pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
     let dispatch = std::time::Instant::now();
-    let generation = match state
-        .router
-        .start(std::mem::take(&mut prepared.generate))
-        .await
-    {
-        Ok(generation) => generation,
-        Err(error) => {
+    let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
+    let start = state.router.start(std::mem::take(&mut prepared.generate));
+    let generation = match tokio::time::timeout_at(deadline, start).await {
+        Ok(Ok(generation)) => generation,
+        Ok(Err(error)) => {
             let (error, outcome) = route_error(error);
             state.metrics.outcome(outcome);
             return error_response(&error);
+        }
+        Err(_) => {
+            state.metrics.outcome(Outcome::Timeout);
+            return error_response(&ApiError::gateway_timeout(format!(
+                "the workers did not start answering within {} s",
+                state.request_timeout.as_secs()
+            )));
         }
     };
     state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
