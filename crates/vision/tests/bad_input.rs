@@ -215,7 +215,10 @@ fn jpeg_warnings_are_errors() {
     // such a file, and so do we.
     let bytes = read("shared/coffee.jpg");
     let err = decode(&bytes[..bytes.len() * 2 / 3], &DecodeLimits::default()).unwrap_err();
-    assert!(matches!(err, VisionError::Decode { format: "JPEG", .. }), "{err}");
+    assert!(
+        matches!(err, VisionError::Decode { format: "JPEG", .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("Premature end"), "{err}");
     // A complete file whose entropy-coded data hits a stray marker: a
     // warning (corrupt data) in libjpeg, an error here.
@@ -223,7 +226,10 @@ fn jpeg_warnings_are_errors() {
     let middle = damaged.len() / 2;
     damaged[middle..middle + 2].copy_from_slice(&[0xFF, 0xD3]);
     let err = decode(&damaged, &DecodeLimits::default()).unwrap_err();
-    assert!(matches!(err, VisionError::Decode { format: "JPEG", .. }), "{err}");
+    assert!(
+        matches!(err, VisionError::Decode { format: "JPEG", .. }),
+        "{err}"
+    );
     assert!(err.is_bad_input());
     // A tables-only datastream has no frame.
     let err = decode(&[0xFF, 0xD8, 0xFF, 0xD9], &DecodeLimits::default()).unwrap_err();
