@@ -9,9 +9,9 @@ Pinned reference: transformers==4.57.1, pillow==12.2.0, numpy (no torch):
 Writes
 - crates/vision/tests/data/synthetic/*: small deterministic edge-case images
   (grey, grey+alpha, RGBA, palette, 16-bit, 1-bit, odd and extreme sizes,
-  EXIF orientation, GIF, BMP, WebP, progressive and CMYK JPEG) and, for the
-  synthetic JPEGs, Pillow's decoded pixels as PNG (so resize parity on JPEG
-  input is checked independently of the JPEG decoder);
+  EXIF orientation, GIF, BMP, WebP, and JPEG: baseline, progressive, grey,
+  CMYK with and without Adobe segment, YCCK, 4:4:4 / 4:2:2 / 4:2:0, sizes
+  that are not whole MCUs, restart markers, untransformed RGB);
 - crates/vision/tests/data/expected.json: per image the decoded image's
   size/sha256/sampled pixels, and per (image, processor, overrides) the
   resized 8-bit image's sha256, shapes, grid, token count, sum and sum of
@@ -163,6 +163,31 @@ def make_synthetic():
     save("cmyk.jpg", photo.convert("CMYK"), quality=90)
     exif[0x0112] = 8
     save("exif_rot270.jpg", photo, quality=90, exif=exif.tobytes())
+    # libjpeg-turbo paths: chroma subsampling (4:4:4 / 4:2:2 / 4:2:0 select
+    # different upsamplers), sizes that are not whole MCUs, restart markers,
+    # RGB without colour transform, progressive subsampled, tiny images.
+    save("q444_37x23.jpg", photo.crop((3, 5, 40, 28)), quality=92, subsampling=0)
+    save("q422_41x19.jpg", photo.crop((7, 1, 48, 20)), quality=88, subsampling=1)
+    save("q420_35x29.jpg", photo.crop((11, 13, 46, 42)), quality=75, subsampling=2)
+    save("q420_1x1.jpg", photo.crop((60, 60, 61, 61)), quality=90)
+    save("q422_progressive_101x67.jpg", photo.crop((20, 30, 121, 97)), quality=80, subsampling=1, progressive=True)
+    save("q420_restart_rows.jpg", photo, quality=85, restart_marker_rows=1)
+    save("q444_restart_blocks.jpg", photo.crop((0, 0, 123, 77)), quality=85, subsampling=0, restart_marker_blocks=5)
+    save("rgb_keep_rgb.jpg", photo.crop((0, 0, 77, 51)), quality=90, keep_rgb=True)
+    save("grey_odd_progressive.jpg", photo.convert("L").crop((1, 2, 84, 61)), quality=70, progressive=True)
+    # Four components without an Adobe segment (Pillow still inverts), and
+    # YCCK: a CMYK file whose Adobe transform byte says 2, so libjpeg
+    # converts YCC→RGB→CMY (Pillow cannot write YCCK itself).
+    cmyk = io.BytesIO()
+    photo.convert("CMYK").crop((5, 5, 94, 70)).save(cmyk, "JPEG", quality=90)
+    cmyk = cmyk.getvalue()
+    adobe = cmyk.index(b"Adobe")
+    length = struct.unpack(">H", cmyk[adobe - 2 : adobe])[0]
+    assert cmyk[adobe - 4 : adobe - 2] == b"\xff\xee" and cmyk[adobe + 11] == 0
+    (SYN / "cmyk_no_adobe.jpg").write_bytes(cmyk[: adobe - 4] + cmyk[adobe - 2 + length :])
+    out["cmyk_no_adobe.jpg"] = SYN / "cmyk_no_adobe.jpg"
+    (SYN / "ycck.jpg").write_bytes(cmyk[: adobe + 11] + b"\x02" + cmyk[adobe + 12 :])
+    out["ycck.jpg"] = SYN / "ycck.jpg"
     return out
 
 
@@ -249,10 +274,6 @@ def main():
     result = {"pillow": PIL.__version__, "transformers": transformers.__version__, "sample_count": SAMPLES, "processors": PROCESSORS, "images": []}
     for key, path in images.items():
         img, decoded = decoded_entry(path)
-        if path.suffix == ".jpg" and key.startswith("synthetic/"):
-            # Pillow's decoded pixels, so JPEG resize parity does not depend on our decoder.
-            img.save(SYN / (path.stem + ".pil.png"))
-            decoded["pil_png"] = f"synthetic/{path.stem}.pil.png"
         cases = [case(n, img, {}) for n in PROCESSORS]
         if key == "synthetic/rgb_560x280.png":
             exact = 560 * 280

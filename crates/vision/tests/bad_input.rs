@@ -208,3 +208,30 @@ fn mutated_inputs_never_panic() {
     assert_eq!(ok + failed, 900);
     assert!(failed > 0 && ok > 0, "ok {ok}, failed {failed}");
 }
+
+#[test]
+fn jpeg_warnings_are_errors() {
+    // libjpeg pads a truncated scan with grey and only warns; Pillow refuses
+    // such a file, and so do we.
+    let bytes = read("shared/coffee.jpg");
+    let err = decode(&bytes[..bytes.len() * 2 / 3], &DecodeLimits::default()).unwrap_err();
+    assert!(
+        matches!(err, VisionError::Decode { format: "JPEG", .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("Premature end"), "{err}");
+    // A complete file whose entropy-coded data hits a stray marker: a
+    // warning (corrupt data) in libjpeg, an error here.
+    let mut damaged = bytes.clone();
+    let middle = damaged.len() / 2;
+    damaged[middle..middle + 2].copy_from_slice(&[0xFF, 0xD3]);
+    let err = decode(&damaged, &DecodeLimits::default()).unwrap_err();
+    assert!(
+        matches!(err, VisionError::Decode { format: "JPEG", .. }),
+        "{err}"
+    );
+    assert!(err.is_bad_input());
+    // A tables-only datastream has no frame.
+    let err = decode(&[0xFF, 0xD8, 0xFF, 0xD9], &DecodeLimits::default()).unwrap_err();
+    assert!(err.is_bad_input(), "{err}");
+}

@@ -1,14 +1,23 @@
-//! JPEG through zune-jpeg: baseline, progressive, greyscale, CMYK/YCCK.
+//! JPEG through libjpeg-turbo, the library Pillow decodes with, so decoded
+//! pixels are Pillow's exactly: ISLOW integer IDCT, fancy upsampling and
+//! libjpeg's YCbCr→RGB tables, as `PIL.Image.open(...).convert("RGB")` does.
 //!
-//! zune-jpeg's IDCT and chroma upsampling are not libjpeg-turbo's, so decoded
-//! pixels may differ from Pillow's by a few levels (see docs/vision.md).
-//! CMYK is decoded raw and converted with Pillow's formula; an Adobe APP14
-//! segment means the samples are stored inverted (Pillow's `CMYK;I`).
+//! libjpeg-turbo is built from the source vendored in `turbojpeg-sys` (see
+//! docs/vision.md for the version) and called through its TurboJPEG 3 API,
+//! which catches libjpeg's errors with `setjmp` inside the C library and
+//! returns them, so a corrupt file never aborts the process. Warnings (a
+//! truncated stream, corrupt entropy data) are turned into errors
+//! (`TJPARAM_STOPONWARNING`): Pillow refuses truncated JPEGs too.
+//!
+//! Four-component JPEGs (CMYK and YCCK, which libjpeg turns into CMYK) are
+//! read as Pillow reads them: raw mode `CMYK;I`, i.e. every sample inverted,
+//! whatever the Adobe APP14 segment says, then Pillow's CMYK→RGB formula.
+//! EXIF orientation comes from the first `Exif` APP1 segment before the first
+//! scan, as Pillow takes it.
 
-use zune_core::bytestream::ZCursor;
-use zune_core::colorspace::ColorSpace;
-use zune_core::options::DecoderOptions;
-use zune_jpeg::JpegDecoder;
+use std::ffi::{c_int, CStr};
+
+use turbojpeg_sys as tj;
 
 use super::convert::{to_rgb, Layout};
 use super::orientation::Orientation;
@@ -18,25 +27,155 @@ use crate::scratch::ensure_len;
 
 const NAME: &str = "JPEG";
 
-fn options(max_side: usize) -> DecoderOptions {
-    DecoderOptions::default()
-        .set_max_width(max_side)
-        .set_max_height(max_side)
-        .set_strict_mode(true)
-        .jpeg_set_out_colorspace(ColorSpace::RGB)
+/// Most progressive scans accepted (libjpeg-turbo's own `TJFLAG_LIMITSCANS`
+/// value): a crafted file with thousands of tiny scans would otherwise cost
+/// a full-image pass each.
+const SCAN_LIMIT: c_int = 500;
+
+/// What the frame header says.
+struct Header {
+    width: usize,
+    height: usize,
+    /// CMYK or YCCK: decoded as CMYK, then converted as Pillow does.
+    four_components: bool,
+}
+
+/// A TurboJPEG decompressor instance, destroyed on drop.
+struct Decompressor(tj::tjhandle);
+
+impl Drop for Decompressor {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from tj3Init and is destroyed once.
+        unsafe { tj::tj3Destroy(self.0) }
+    }
+}
+
+impl Decompressor {
+    fn new() -> Result<Self, VisionError> {
+        // SAFETY: plain constructor; a null return is handled below.
+        let handle = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as c_int) };
+        if handle.is_null() {
+            return Err(VisionError::decode(
+                NAME,
+                "cannot create a libjpeg-turbo decompressor",
+            ));
+        }
+        let this = Decompressor(handle);
+        this.set(tj::TJPARAM_TJPARAM_STOPONWARNING, 1)?;
+        this.set(tj::TJPARAM_TJPARAM_SCANLIMIT, SCAN_LIMIT)?;
+        Ok(this)
+    }
+
+    fn set(&self, param: tj::TJPARAM, value: c_int) -> Result<(), VisionError> {
+        // SAFETY: valid handle; TurboJPEG validates the parameter.
+        if unsafe { tj::tj3Set(self.0, param as c_int, value) } != 0 {
+            return Err(self.error());
+        }
+        Ok(())
+    }
+
+    fn get(&self, param: tj::TJPARAM) -> c_int {
+        // SAFETY: valid handle; unknown parameters return -1.
+        unsafe { tj::tj3Get(self.0, param as c_int) }
+    }
+
+    /// The last error, as a typed decode error.
+    fn error(&self) -> VisionError {
+        // SAFETY: tj3GetErrorStr returns a NUL-terminated string owned by
+        // the instance (or a static one), valid until the next call on it.
+        let message = unsafe {
+            let ptr = tj::tj3GetErrorStr(self.0);
+            if ptr.is_null() {
+                String::from("unknown libjpeg-turbo error")
+            } else {
+                CStr::from_ptr(ptr).to_string_lossy().into_owned()
+            }
+        };
+        VisionError::decode(NAME, message.trim_end())
+    }
+
+    /// Reads the headers up to the first scan; allocates no pixel memory.
+    fn header(&self, bytes: &[u8]) -> Result<Header, VisionError> {
+        // SAFETY: valid handle; the buffer outlives the call.
+        let rc =
+            unsafe { tj::tj3DecompressHeader(self.0, bytes.as_ptr(), bytes.len() as tj::size_t) };
+        if rc != 0 {
+            return Err(self.error());
+        }
+        let width = self.get(tj::TJPARAM_TJPARAM_JPEGWIDTH);
+        let height = self.get(tj::TJPARAM_TJPARAM_JPEGHEIGHT);
+        if width < 1 || height < 1 {
+            // A tables-only datastream: no frame at all.
+            return Err(VisionError::decode(NAME, "no frame header"));
+        }
+        let precision = self.get(tj::TJPARAM_TJPARAM_PRECISION);
+        if precision != 8 {
+            return Err(VisionError::decode(
+                NAME,
+                format!("{precision}-bit samples are not supported (Pillow reads 8-bit JPEG only)"),
+            ));
+        }
+        let colorspace = self.get(tj::TJPARAM_TJPARAM_COLORSPACE);
+        let four_components = match colorspace as tj::TJCS {
+            tj::TJCS_TJCS_RGB | tj::TJCS_TJCS_YCbCr | tj::TJCS_TJCS_GRAY => false,
+            tj::TJCS_TJCS_CMYK | tj::TJCS_TJCS_YCCK => true,
+            _ => return Err(VisionError::decode(NAME, "unknown colour space")),
+        };
+        Ok(Header {
+            width: width as usize,
+            height: height as usize,
+            four_components,
+        })
+    }
+
+    /// Decodes the whole image into `dst` (`height` rows of `width` pixels
+    /// of `format`, tightly packed), which the caller sized from the header.
+    fn decompress(
+        &self,
+        bytes: &[u8],
+        dst: &mut [u8],
+        header: &Header,
+        format: tj::TJPF,
+    ) -> Result<(), VisionError> {
+        let bpp = if format == tj::TJPF_TJPF_CMYK { 4 } else { 3 };
+        let pitch = header.width * bpp;
+        if dst.len() != pitch * header.height {
+            return Err(VisionError::decode(
+                NAME,
+                "output buffer does not fit the frame",
+            ));
+        }
+        let pitch =
+            c_int::try_from(pitch).map_err(|_| VisionError::decode(NAME, "row too long"))?;
+        // Decoding re-reads the same headers from the same bytes, so the
+        // frame is the one `dst` was sized for; as a second guard, a larger
+        // frame would be refused before any row is written.
+        if let Ok(pixels) = c_int::try_from(header.width * header.height) {
+            self.set(tj::TJPARAM_TJPARAM_MAXPIXELS, pixels)?;
+        }
+        // SAFETY: valid handle; `dst` holds `height` rows of `pitch` bytes,
+        // exactly what the frame decodes to, and outlives the call.
+        let rc = unsafe {
+            tj::tj3Decompress8(
+                self.0,
+                bytes.as_ptr(),
+                bytes.len() as tj::size_t,
+                dst.as_mut_ptr(),
+                pitch,
+                format,
+            )
+        };
+        if rc != 0 {
+            return Err(self.error());
+        }
+        Ok(())
+    }
 }
 
 /// Declared `(width, height)` from the frame header.
 pub(super) fn dimensions(bytes: &[u8]) -> Result<(u32, u32), VisionError> {
-    let mut decoder =
-        JpegDecoder::new_with_options(ZCursor::new(bytes), options(usize::from(u16::MAX)));
-    decoder
-        .decode_headers()
-        .map_err(|e| VisionError::decode(NAME, e))?;
-    let (w, h) = decoder
-        .dimensions()
-        .ok_or_else(|| VisionError::decode(NAME, "no frame header"))?;
-    Ok((w as u32, h as u32))
+    let header = Decompressor::new()?.header(bytes)?;
+    Ok((header.width as u32, header.height as u32))
 }
 
 /// Decodes to RGB8 in `out`; returns size and EXIF orientation.
@@ -46,42 +185,31 @@ pub(super) fn decode(
     out: &mut Vec<u8>,
     raw: &mut Vec<u8>,
 ) -> Result<(usize, usize, Orientation), VisionError> {
-    let opts = options(usize::from(u16::MAX));
-    let mut decoder = JpegDecoder::new_with_options(ZCursor::new(bytes), opts);
-    decoder
-        .decode_headers()
-        .map_err(|e| VisionError::decode(NAME, e))?;
-    let (w, h) = decoder
-        .dimensions()
-        .ok_or_else(|| VisionError::decode(NAME, "no frame header"))?;
+    let decompressor = Decompressor::new()?;
+    let header = decompressor.header(bytes)?;
+    let (w, h) = (header.width, header.height);
     limits.check(ImageFormat::Jpeg, w as u64, h as u64)?;
-    let orientation = decoder
-        .exif()
-        .map(|block| Orientation::from_exif_block(block))
+    let orientation = exif_block(bytes)
+        .map(Orientation::from_exif_block)
         .unwrap_or_default();
-    let cmyk = decoder.input_colorspace() == Some(ColorSpace::CMYK);
-    if cmyk {
-        decoder.set_options(opts.jpeg_set_out_colorspace(ColorSpace::CMYK));
+    if header.four_components {
         ensure_len(raw, w * h * 4);
-        decoder
-            .decode_into(raw)
-            .map_err(|e| VisionError::decode(NAME, e))?;
-        if adobe_transform(bytes).is_some() {
-            raw.iter_mut().for_each(|v| *v = 255 - *v);
-        }
+        decompressor.decompress(bytes, raw, &header, tj::TJPF_TJPF_CMYK)?;
+        // Pillow's `CMYK;I`: every sample inverted.
+        raw.iter_mut().for_each(|v| *v = !*v);
         ensure_len(out, w * h * 3);
         to_rgb(Layout::Cmyk8, raw, out);
     } else {
+        // Greyscale is expanded by libjpeg (each grey value replicated),
+        // exactly as Pillow's `convert("RGB")` of an `L` image.
         ensure_len(out, w * h * 3);
-        decoder
-            .decode_into(out)
-            .map_err(|e| VisionError::decode(NAME, e))?;
+        decompressor.decompress(bytes, out, &header, tj::TJPF_TJPF_RGB)?;
     }
     Ok((w, h, orientation))
 }
 
-/// The transform byte of an Adobe APP14 segment before the first scan, if any.
-fn adobe_transform(bytes: &[u8]) -> Option<u8> {
+/// The TIFF data of the first `Exif` APP1 segment before the first scan.
+fn exif_block(bytes: &[u8]) -> Option<&[u8]> {
     let mut i = 2;
     while i + 4 <= bytes.len() {
         if bytes[i] != 0xFF {
@@ -94,13 +222,40 @@ fn adobe_transform(bytes: &[u8]) -> Option<u8> {
             0xDA | 0xD9 => return None,
             _ => {
                 let len = usize::from(u16::from_be_bytes([bytes[i + 2], bytes[i + 3]]));
-                let segment = bytes.get(i + 4..i + 2 + len)?;
-                if marker == 0xEE && segment.starts_with(b"Adobe") {
-                    return segment.get(11).copied();
+                let segment = bytes.get(i + 4..(i + 2 + len).max(i + 4))?;
+                if marker == 0xE1 {
+                    if let Some(tiff) = segment.strip_prefix(b"Exif\0\0") {
+                        return Some(tiff);
+                    }
                 }
-                i += 2 + len;
+                i += 2 + len.max(2);
             }
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exif_walk_takes_the_first_block_and_stops_at_the_scan() {
+        let mut jpeg = vec![0xFF, 0xD8];
+        for payload in [&b"Exif\0\0MM\0*first"[..], b"Exif\0\0II*\0second"] {
+            jpeg.extend_from_slice(&[0xFF, 0xE1]);
+            jpeg.extend_from_slice(&((payload.len() + 2) as u16).to_be_bytes());
+            jpeg.extend_from_slice(payload);
+        }
+        assert_eq!(exif_block(&jpeg), Some(&b"MM\0*first"[..]));
+        let mut late = vec![0xFF, 0xD8, 0xFF, 0xDA, 0x00, 0x02];
+        late.extend_from_slice(&jpeg[2..]);
+        assert_eq!(exif_block(&late), None);
+        // A length running past the end, or below 2, never panics.
+        assert_eq!(exif_block(&[0xFF, 0xD8, 0xFF, 0xE1, 0xFF, 0xFF, 0]), None);
+        assert_eq!(
+            exif_block(&[0xFF, 0xD8, 0xFF, 0xE1, 0x00, 0x00, 0xFF, 0xD9]),
+            None
+        );
+    }
 }
