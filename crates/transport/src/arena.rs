@@ -102,7 +102,7 @@ impl ArenaConfig {
         if self.slot_count == 0 {
             return bad("slot_count must be at least 1".into());
         }
-        if self.slot_size <= FRAME_OVERHEAD || self.slot_size % 8 != 0 {
+        if self.slot_size <= FRAME_OVERHEAD || !self.slot_size.is_multiple_of(8) {
             return bad(format!(
                 "slot_size {} must be a multiple of 8 above {FRAME_OVERHEAD}",
                 self.slot_size

@@ -1,16 +1,16 @@
 //! Tensor transports between the gateway and its workers: inline bytes,
 //! shared-memory files, and RDMA over a NIXL-registered slot arena.
 //!
-//! - [`lane`]: the `inline|shm|rdma|auto` choice per tensor and the
+//! - [`lane`] — the `inline|shm|rdma|auto` choice per tensor and the
 //!   fallback reasons;
-//! - [`sender`]: the gateway side, tensor → `TensorData` by lane;
-//! - [`receiver`]: the worker side, `TensorData` → bytes;
-//! - [`shm`]: `/dev/shm` files, their guard, orphan sweep and the
+//! - [`sender`] — the gateway side, tensor → `TensorData` by lane;
+//! - [`receiver`] — the worker side, `TensorData` → bytes;
+//! - [`shm`] — `/dev/shm` files, their guard, orphan sweep and the
 //!   "same /dev/shm" identity;
-//! - [`arena`]: the slot arena, its leases and the reaper;
-//! - [`descriptor`]: the `SMGRDMA1` descriptor and slot framing;
-//! - [`metrics`]: counters;
-//! - `nixl` (feature `nixl`): the NIXL agent wrapper.
+//! - [`arena`] — the slot arena, its leases and the reaper;
+//! - [`descriptor`] — the `SMGRDMA1` descriptor and slot framing;
+//! - [`metrics`] — counters;
+//! - `nixl` (feature `nixl`) — the NIXL agent wrapper.
 //!
 //! See `docs/transports.md`.
 

@@ -249,6 +249,9 @@ impl SenderAgent {
 pub struct ReceiverConfig {
     /// This agent's name.
     pub name: String,
+    /// This agent's own metadata listener port. NIXL runs metadata fetches
+    /// on the listener thread, so a receiver needs one too.
+    pub listen_port: u16,
     /// The senders' agent name (known by configuration, not in descriptors).
     pub sender_name: String,
     /// Landing buffers (concurrent READs).
@@ -374,7 +377,7 @@ impl ReceiverAgent {
     pub fn start(lib: Option<&Path>, cfg: ReceiverConfig) -> Result<ReceiverAgent, NixlError> {
         probe(lib)?;
         let landing = Landing::new(cfg.landing_slots, cfg.landing_slot_size)?;
-        let (agent, backend) = new_agent(&cfg.name, None)?;
+        let (agent, backend) = new_agent(&cfg.name, Some(cfg.listen_port))?;
         let registration = register(&agent, &backend, landing.addr(0), landing.layout.size())?;
         Ok(ReceiverAgent {
             _registration: registration,

@@ -53,6 +53,7 @@ fn arena() -> Arc<SlotArena> {
 fn receiver(name: &str, sender_name: &str) -> ReceiverAgent {
     let cfg = ReceiverConfig {
         name: name.into(),
+        listen_port: free_port(),
         sender_name: sender_name.into(),
         landing_slots: 1,
         landing_slot_size: SLOT,
@@ -126,7 +127,8 @@ fn one_mib_read_notify_release_and_killed_peer() {
     let err = recv.read(&stale, 12).unwrap_err();
     assert!(matches!(err, RemoteError::Frame(_)), "{err}");
 
-    // The sender dies: the next READ fails with a clear error, in bounded time.
+    // The sender dies (its arena stays allocated here only so the next
+    // descriptor can be built): the next READ fails with a clear error, in bounded time.
     drop(sender);
     let t2 = Instant::now();
     let err = recv.read(&descriptor(&arena, 80, port), 13).unwrap_err();
@@ -135,6 +137,24 @@ fn one_mib_read_notify_release_and_killed_peer() {
         "{err}"
     );
     assert!(t2.elapsed() < Duration::from_secs(30));
+
+    // The sender comes back under the same name and port: the receiver
+    // fetches its metadata afresh and READs again.
+    let arena2 = self::arena();
+    let sender2 =
+        SenderAgent::start(lib().as_deref(), "iris-loop-sender", port, arena2.clone()).unwrap();
+    arena2.lease(81, &data).unwrap();
+    let got = recv
+        .read(&descriptor(&arena2, 81, port), MIB as u64)
+        .unwrap();
+    assert!(
+        got.as_ref() == data.as_slice(),
+        "bytes identical after the restart"
+    );
+    wait_until("the restarted sender's slot freed", || {
+        sender2.poll_notifications().unwrap();
+        arena2.in_use() == 0
+    });
 }
 
 #[test]
