@@ -265,10 +265,11 @@ pub struct ReceiverConfig {
 }
 
 impl ReceiverConfig {
-    /// The longest a READ can hold a sender's slot: the sender's arena TTL
-    /// must exceed it.
+    /// The longest a READ can hold a sender's slot: the landing wait, then
+    /// up to two metadata waits and two READs (one retry), each bounded by
+    /// `read_timeout`. The sender's arena TTL must exceed it.
     pub fn hold(&self) -> Duration {
-        self.landing_wait + self.read_timeout * 2
+        self.landing_wait + self.read_timeout * 4
     }
 }
 

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iris_transport::arena::{ArenaConfig, Clock, SlotArena, SystemClock};
+use iris_transport::arena::{ArenaConfig, Clock, Reaper, SlotArena, SystemClock};
 use iris_transport::nixl::{probe, ReceiverAgent, ReceiverConfig, SenderAgent};
 use iris_transport::{Descriptor, Metrics, RemoteError, RemoteReader};
 
@@ -87,8 +87,9 @@ fn one_mib_read_notify_release_and_killed_peer() {
     require_nixl();
     let arena = arena();
     let port = free_port();
-    let sender =
-        SenderAgent::start(lib().as_deref(), "iris-loop-sender", port, arena.clone()).unwrap();
+    let sender = Arc::new(
+        SenderAgent::start(lib().as_deref(), "iris-loop-sender", port, arena.clone()).unwrap(),
+    );
     let recv = receiver("iris-loop-receiver", "iris-loop-sender");
 
     let data: Vec<u8> = (0..MIB)
@@ -100,11 +101,17 @@ fn one_mib_read_notify_release_and_killed_peer() {
     let got = recv.read(&desc, MIB as u64).unwrap();
     let first = t0.elapsed();
     assert!(got.as_ref() == data.as_slice(), "bytes identical");
-    wait_until("the notification to free the slot", || {
-        sender.poll_notifications().unwrap();
-        arena.in_use() == 0
-    });
-    assert_eq!(arena.metrics().snapshot().releases, 1);
+    // The reaper thread polls notifications and frees the slot.
+    let reaper = Reaper::start(
+        arena.clone(),
+        Duration::from_millis(5),
+        Some(sender.tick_hook()),
+    )
+    .unwrap();
+    wait_until("the notification to free the slot", || arena.in_use() == 0);
+    reaper.stop();
+    let m = arena.metrics().snapshot();
+    assert_eq!((m.releases, m.reaped), (1, 0));
 
     // Metadata is cached: a second READ skips the fetch.
     arena.lease(78, &data).unwrap();
@@ -129,6 +136,11 @@ fn one_mib_read_notify_release_and_killed_peer() {
 
     // The sender dies (its arena stays allocated here only so the next
     // descriptor can be built): the next READ fails with a clear error, in bounded time.
+    assert_eq!(
+        Arc::strong_count(&sender),
+        1,
+        "the stopped reaper let go of the agent"
+    );
     drop(sender);
     let t2 = Instant::now();
     let err = recv.read(&descriptor(&arena, 80, port), 13).unwrap_err();
