@@ -108,6 +108,8 @@ struct Region {
 }
 
 impl MemoryRegion for Region {
+    /// The region start; valid while the arena or landing pool that owns
+    /// it lives (the registration is dropped first).
     unsafe fn as_ptr(&self) -> *const u8 {
         self.addr as *const u8
     }

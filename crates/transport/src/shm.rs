@@ -107,7 +107,7 @@ pub fn plain_name(name: &str) -> Result<&str, ShmError> {
 /// Creates `path` exclusively with mode 0600 and writes `data`. A file
 /// this call created is removed again if the write fails; an existing file
 /// (someone else's) is left alone.
-fn create_exclusive(path: &Path, data: &[u8]) -> Result<(), ShmError> {
+pub fn create_new_file(path: &Path, data: &[u8]) -> Result<(), ShmError> {
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -148,7 +148,7 @@ impl ShmWriter {
     pub fn write(&self, data: &[u8]) -> Result<(ShmHandle, ShmGuard), ShmError> {
         let name = fresh_name(&self.prefix);
         let path = self.dir.join(&name);
-        create_exclusive(&path, data)?;
+        create_new_file(&path, data)?;
         let guard = ShmGuard { path: Some(path) };
         let handle = ShmHandle {
             name,
@@ -310,7 +310,7 @@ impl ShmIdentity {
             rand::random::<u64>()
         );
         let path = dir.join(&name);
-        create_exclusive(&path, token.as_bytes())?;
+        create_new_file(&path, token.as_bytes())?;
         Ok(ShmIdentity {
             path,
             identity: format!("{name}:{token}"),

@@ -2,13 +2,12 @@
 //! creation, the clean-up guard, the orphan sweep and the identity token.
 //! Files go to a temporary directory standing in for /dev/shm.
 
-use std::fs::{self, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs;
 use std::time::Duration;
 
 use iris_transport::shm::{
-    mode_of, owner_id, owner_pid, read_and_unlink, sweep_orphans, verify_identity, ShmError,
-    ShmIdentity, ShmWriter,
+    create_new_file, mode_of, owner_id, owner_pid, read_and_unlink, sweep_orphans, verify_identity,
+    ShmError, ShmIdentity, ShmWriter,
 };
 
 fn dir() -> tempfile::TempDir {
@@ -94,18 +93,22 @@ fn create_new_refuses_an_existing_file() {
     let d = dir();
     let path = d.path().join("taken");
     fs::write(&path, b"someone else's").unwrap();
-    let again = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path);
-    assert!(again.is_err());
-    // The writer uses the same flags: an existing name is never overwritten.
+    let err = create_new_file(&path, b"mine").unwrap_err();
+    assert!(matches!(err, ShmError::Io { op: "create", .. }), "{err}");
+    assert_eq!(
+        fs::read(&path).unwrap(),
+        b"someone else's",
+        "left intact, not removed"
+    );
+    let fresh = d.path().join("fresh");
+    create_new_file(&fresh, b"mine").unwrap();
+    assert_eq!(fs::read(&fresh).unwrap(), b"mine");
+    assert_eq!(mode_of(&fresh).unwrap(), 0o600);
+    // Every write gets a fresh name.
     let w = ShmWriter::new(d.path(), "iris-test").unwrap();
     let (h1, _g1) = w.write(b"a").unwrap();
     let (h2, _g2) = w.write(b"b").unwrap();
     assert_ne!(h1.name, h2.name);
-    assert_eq!(fs::read(&path).unwrap(), b"someone else's");
 }
 
 #[test]
@@ -202,4 +205,20 @@ fn identity_verifies_only_in_the_same_directory() {
     assert_eq!(mode_of(&path).unwrap(), 0o600);
     drop(id);
     assert!(!path.exists(), "the token file goes with its publisher");
+}
+
+#[test]
+fn real_dev_shm_round_trip_and_identity() {
+    let shm = std::path::Path::new(iris_transport::shm::DEFAULT_SHM_DIR);
+    let w = ShmWriter::new(shm, "iris-transport-test").unwrap();
+    let (handle, guard) = w.write(&[7u8; 4096]).unwrap();
+    assert_eq!(mode_of(&shm.join(&handle.name)).unwrap(), 0o600);
+    guard.handed_over();
+    assert_eq!(
+        read_and_unlink(shm, &handle, 4096).unwrap().as_ref(),
+        &[7u8; 4096][..]
+    );
+    assert!(!shm.join(&handle.name).exists());
+    let id = ShmIdentity::publish(shm, "iris-transport-test-id").unwrap();
+    assert!(verify_identity(shm, id.identity()));
 }
