@@ -195,3 +195,105 @@ fn a_bad_library_path_is_unavailable_not_an_abort() {
             .unwrap_err();
     assert!(err.to_string().contains("unavailable"), "{err}");
 }
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn pattern() -> Vec<u8> {
+    (0..MIB).map(|i| (i % 251) as u8 ^ 0x5a).collect()
+}
+
+/// The sender half of `two_processes_read_then_kill`, run in a child
+/// process of this test binary (ignored when run directly).
+#[test]
+#[ignore = "the child half of two_processes_read_then_kill"]
+fn child_sender_process() {
+    let port: u16 = std::env::var("IRIS_NIXL_CHILD_PORT")
+        .expect("run by two_processes_read_then_kill")
+        .parse()
+        .unwrap();
+    require_nixl();
+    let arena = arena();
+    let sender =
+        SenderAgent::start(lib().as_deref(), "iris-child-sender", port, arena.clone()).unwrap();
+    arena.lease(5, &pattern()).unwrap();
+    println!("DESC {}", hex(&descriptor(&arena, 5, port).encode()));
+    wait_until("the parent's notification", || {
+        sender.poll_notifications().unwrap();
+        arena.in_use() == 0
+    });
+    arena.lease(6, &pattern()).unwrap();
+    println!("FREED {}", hex(&descriptor(&arena, 6, port).encode()));
+    // Wait to be killed.
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn two_processes_read_then_kill() {
+    use std::io::BufRead;
+    require_nixl();
+    let port = free_port();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "child_sender_process",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("IRIS_NIXL_CHILD_PORT", port.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next = |tag: &str| -> Descriptor {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx
+                .recv_timeout(left)
+                .unwrap_or_else(|e| panic!("child said no {tag}: {e}"));
+            // The harness may have printed "test … ... " on the same line.
+            if let Some(at) = line.find(tag) {
+                return Descriptor::decode(&unhex(line[at + tag.len()..].trim())).unwrap();
+            }
+        }
+    };
+    let recv = receiver("iris-parent-receiver", "iris-child-sender");
+    let desc = next("DESC ");
+    let got = recv.read(&desc, MIB as u64).unwrap();
+    assert!(
+        got.as_ref() == pattern().as_slice(),
+        "bytes identical across processes"
+    );
+    // The child frees the slot on our notification and says so.
+    let desc6 = next("FREED ");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t0 = Instant::now();
+    let err = recv.read(&desc6, MIB as u64).unwrap_err();
+    assert!(
+        matches!(err, RemoteError::PeerGone(..) | RemoteError::Timeout(_)),
+        "{err}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(30));
+}
