@@ -519,8 +519,7 @@ fn nixl_remote(e: NixlError) -> RemoteError {
 
 impl RemoteReader for ReceiverAgent {
     fn read(&self, desc: &Descriptor, nbytes: u64) -> Result<Bytes, RemoteError> {
-        let max =
-            (self.cfg.landing_slot_size - FRAME_OVERHEAD.min(self.cfg.landing_slot_size)) as u64;
+        let max = self.cfg.landing_slot_size.saturating_sub(FRAME_OVERHEAD) as u64;
         if nbytes > max {
             return Err(RemoteError::TooLarge { nbytes, max });
         }
