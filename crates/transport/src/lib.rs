@@ -1,0 +1,35 @@
+//! Tensor transports between the gateway and its workers: inline bytes,
+//! shared-memory files, and RDMA over a NIXL-registered slot arena.
+//!
+//! - [`lane`] — the `inline|shm|rdma|auto` choice per tensor and the
+//!   fallback reasons;
+//! - [`sender`] — the gateway side, tensor → `TensorData` by lane;
+//! - [`receiver`] — the worker side, `TensorData` → bytes;
+//! - [`shm`] — `/dev/shm` files, their guard, orphan sweep and the
+//!   "same /dev/shm" identity;
+//! - [`arena`] — the slot arena, its leases and the reaper;
+//! - [`descriptor`] — the `SMGRDMA1` descriptor and slot framing;
+//! - [`metrics`] — counters;
+//! - `nixl` (feature `nixl`) — the NIXL agent wrapper.
+//!
+//! See `docs/transports.md`.
+
+pub mod arena;
+pub mod descriptor;
+pub mod lane;
+pub mod metrics;
+#[cfg(feature = "nixl")]
+pub mod nixl;
+pub mod receiver;
+pub mod sender;
+pub mod shm;
+
+pub use arena::{
+    ArenaConfig, ArenaError, Clock, Lease, ManualClock, Reaper, Release, SlotArena, SystemClock,
+};
+pub use descriptor::{Descriptor, DescriptorError, FrameError};
+pub use lane::{decide, Decision, FallbackReason, Lane, LanePolicy, Transport, WorkerCaps};
+pub use metrics::{Metrics, MetricsSnapshot};
+pub use receiver::{ReceiveError, Received, RemoteError, RemoteReader, TensorReceiver};
+pub use sender::{DeliveryTicket, RdmaEndpoint, Sent, TensorSender};
+pub use shm::{ShmError, ShmGuard, ShmIdentity, ShmWriter};

@@ -1,0 +1,359 @@
+//! The shared-memory lane: a tensor written once into a file under
+//! `/dev/shm`, handed over as a `ShmHandle`, read and unlinked by the receiver.
+//!
+//! Ownership: the sender creates `<prefix>-<pid>-<random>` (`O_CREAT|O_EXCL`,
+//! mode 0600) and holds a [`ShmGuard`] that unlinks it on drop. Once the
+//! receiver has acknowledged the message (the RPC succeeded) the sender calls
+//! [`ShmGuard::handed_over`] and from then on only the receiver unlinks (it
+//! does so right after reading, before answering). On every other path —
+//! error, timeout, cancellation, a retry elsewhere — the guard unlinks; an
+//! unlink of an already removed file is ignored. A file left by a process
+//! that died is removed by [`sweep_orphans`] at the next start.
+//!
+//! "Same /dev/shm" is proven with [`ShmIdentity`]: one side publishes a
+//! token file and its identity string, the other reads the file back.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use iris_proto::common::ShmHandle;
+
+/// Where POSIX shared memory lives on Linux.
+pub const DEFAULT_SHM_DIR: &str = "/dev/shm";
+/// Default name prefix of tensor files.
+pub const DEFAULT_PREFIX: &str = "iris-tensor";
+/// Default name prefix of identity token files.
+pub const IDENTITY_PREFIX: &str = "iris-shmid";
+
+/// Why a shared-memory operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    #[error("shared-memory name {0:?} is not a plain file name")]
+    BadName(String),
+    #[error("shared-memory prefix {0:?} must be non-empty ASCII letters, digits, '-' or '_'")]
+    BadPrefix(String),
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("shared-memory handle says {handle} bytes but the tensor needs {expected}")]
+    SizeMismatch { handle: u64, expected: u64 },
+    #[error("shared-memory file {path} holds {len} bytes, fewer than offset {offset} + {nbytes}")]
+    ShortFile {
+        path: PathBuf,
+        len: u64,
+        offset: u64,
+        nbytes: u64,
+    },
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ShmError + 'a {
+    move |source| ShmError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// This process's owner id: `<boot id>:<pid>` (boot id from the kernel, or
+/// `unknown-boot` where it cannot be read).
+pub fn owner_id() -> String {
+    let boot = fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-boot".to_owned());
+    format!("{boot}:{}", std::process::id())
+}
+
+fn check_prefix(prefix: &str) -> Result<(), ShmError> {
+    let ok = !prefix.is_empty()
+        && prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ShmError::BadPrefix(prefix.to_owned()))
+    }
+}
+
+/// A fresh `<prefix>-<pid>-<16 hex digits>` name.
+fn fresh_name(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    )
+}
+
+/// A handle's name as a plain file name: an optional leading `/` (as
+/// `shm_open` names have) and nothing else that could leave the directory.
+pub fn plain_name(name: &str) -> Result<&str, ShmError> {
+    let bare = name.strip_prefix('/').unwrap_or(name);
+    let ok = !bare.is_empty() && bare != "." && bare != ".." && !bare.contains(['/', '\0']);
+    if ok {
+        Ok(bare)
+    } else {
+        Err(ShmError::BadName(name.to_owned()))
+    }
+}
+
+/// Creates `path` exclusively with mode 0600 and writes `data`. A file
+/// this call created is removed again if the write fails; an existing file
+/// (someone else's) is left alone.
+pub fn create_new_file(path: &Path, data: &[u8]) -> Result<(), ShmError> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err("create", path))?;
+    file.write_all(data)
+        .map_err(io_err("write", path))
+        .inspect_err(|_| remove_quietly(path))
+}
+
+/// Writes tensors into the shm directory (the sender side).
+#[derive(Debug, Clone)]
+pub struct ShmWriter {
+    dir: PathBuf,
+    prefix: String,
+    owner: String,
+}
+
+impl ShmWriter {
+    /// A writer into `dir` (normally [`DEFAULT_SHM_DIR`]) naming files `<prefix>-<pid>-<random>`.
+    pub fn new(dir: impl Into<PathBuf>, prefix: &str) -> Result<ShmWriter, ShmError> {
+        check_prefix(prefix)?;
+        Ok(ShmWriter {
+            dir: dir.into(),
+            prefix: prefix.to_owned(),
+            owner: owner_id(),
+        })
+    }
+
+    /// The directory written to.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes `data` once into a new file and returns its handle and guard.
+    /// On any failure the partly written file is already removed.
+    pub fn write(&self, data: &[u8]) -> Result<(ShmHandle, ShmGuard), ShmError> {
+        let name = fresh_name(&self.prefix);
+        let path = self.dir.join(&name);
+        create_new_file(&path, data)?;
+        let guard = ShmGuard { path: Some(path) };
+        let handle = ShmHandle {
+            name,
+            offset: 0,
+            nbytes: data.len() as u64,
+            owner_id: self.owner.clone(),
+        };
+        Ok((handle, guard))
+    }
+}
+
+fn remove_quietly(path: &Path) {
+    match fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove a shared-memory file")
+        }
+    }
+}
+
+/// Unlinks the sender's file on drop unless ownership was handed over.
+#[derive(Debug)]
+#[must_use = "dropping the guard removes the shared-memory file"]
+pub struct ShmGuard {
+    path: Option<PathBuf>,
+}
+
+impl ShmGuard {
+    /// The receiver acknowledged the message: it unlinks the file now.
+    pub fn handed_over(mut self) {
+        self.path.take();
+    }
+
+    /// The file this guard removes.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+}
+
+impl Drop for ShmGuard {
+    fn drop(&mut self) {
+        if let Some(path) = self.path.take() {
+            remove_quietly(&path);
+        }
+    }
+}
+
+/// Reads a handle's bytes from `dir` and unlinks the file (the receiver
+/// side). `expected` is shape × dtype size; the handle must agree with it.
+/// The file is unlinked whether or not the read succeeds, once opened.
+pub fn read_and_unlink(dir: &Path, handle: &ShmHandle, expected: u64) -> Result<Bytes, ShmError> {
+    if handle.nbytes != expected {
+        return Err(ShmError::SizeMismatch {
+            handle: handle.nbytes,
+            expected,
+        });
+    }
+    let path = dir.join(plain_name(&handle.name)?);
+    let file = File::open(&path).map_err(io_err("open", &path))?;
+    // Unlink at once: the open descriptor keeps the data readable.
+    remove_quietly(&path);
+    read_range(&file, &path, handle.offset, handle.nbytes)
+}
+
+fn read_range(file: &File, path: &Path, offset: u64, nbytes: u64) -> Result<Bytes, ShmError> {
+    let len = file.metadata().map_err(io_err("stat", path))?.len();
+    let short = || ShmError::ShortFile {
+        path: path.to_owned(),
+        len,
+        offset,
+        nbytes,
+    };
+    let end = offset.checked_add(nbytes).ok_or_else(short)?;
+    if end > len {
+        return Err(short());
+    }
+    let size = usize::try_from(nbytes).map_err(|_| short())?;
+    let mut buf = vec![0u8; size];
+    file.read_exact_at(&mut buf, offset)
+        .map_err(io_err("read", path))?;
+    Ok(Bytes::from(buf))
+}
+
+/// What [`sweep_orphans`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Files removed (their owner pid is dead).
+    pub removed: Vec<String>,
+    /// Files of this prefix kept (owner alive, too young, or unparsable).
+    pub kept: usize,
+}
+
+/// The pid encoded in `<prefix>-<pid>-<random>`, if `name` is such a name.
+pub fn owner_pid(name: &str, prefix: &str) -> Option<i32> {
+    let rest = name.strip_prefix(prefix)?.strip_prefix('-')?;
+    let (pid, random) = rest.split_once('-')?;
+    if random.is_empty() || !random.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    pid.parse::<i32>().ok().filter(|p| *p > 0)
+}
+
+/// Whether a process with `pid` exists (as seen from this pid namespace).
+pub fn pid_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks existence and permission; no signal is sent.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Removes files `<prefix>-<pid>-<random>` in `dir` whose pid is dead and
+/// that are older than `min_age` (a guard against another pid namespace
+/// sharing the directory). Run once at start-up.
+pub fn sweep_orphans(dir: &Path, prefix: &str, min_age: Duration) -> Result<SweepReport, ShmError> {
+    check_prefix(prefix)?;
+    let mut report = SweepReport::default();
+    for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
+        let Ok(entry) = entry else { continue };
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = owner_pid(&name, prefix) else {
+            continue;
+        };
+        let old_enough = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .map(|t| t.elapsed().map(|age| age >= min_age).unwrap_or(false))
+            .unwrap_or(false);
+        if pid_alive(pid) || !old_enough {
+            report.kept += 1;
+            continue;
+        }
+        match fs::remove_file(entry.path()) {
+            Ok(()) => report.removed.push(name),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(_) => report.kept += 1,
+        }
+    }
+    Ok(report)
+}
+
+/// A published "same /dev/shm" token: a mode-0600 file holding a random
+/// token, removed on drop. Its [`ShmIdentity::identity`] string
+/// (`<file name>:<token>`) travels to the peer (e.g. in `GetServerInfo`),
+/// which calls [`verify_identity`] against its own shm directory.
+#[derive(Debug)]
+pub struct ShmIdentity {
+    path: PathBuf,
+    identity: String,
+}
+
+impl ShmIdentity {
+    /// Writes a fresh token file into `dir`.
+    pub fn publish(dir: &Path, prefix: &str) -> Result<ShmIdentity, ShmError> {
+        check_prefix(prefix)?;
+        let name = fresh_name(prefix);
+        let token = format!(
+            "{:016x}{:016x}",
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        );
+        let path = dir.join(&name);
+        create_new_file(&path, token.as_bytes())?;
+        Ok(ShmIdentity {
+            path,
+            identity: format!("{name}:{token}"),
+        })
+    }
+
+    /// The string to hand to the peer.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+}
+
+impl Drop for ShmIdentity {
+    fn drop(&mut self) {
+        remove_quietly(&self.path);
+    }
+}
+
+/// True when `identity` (from a peer's [`ShmIdentity`]) names a token file
+/// in `dir` holding that very token: the peer shares this `/dev/shm`.
+/// Any malformed identity or unreadable file is simply `false`.
+pub fn verify_identity(dir: &Path, identity: &str) -> bool {
+    let Some((name, token)) = identity.rsplit_once(':') else {
+        return false;
+    };
+    if token.len() < 16 {
+        return false;
+    }
+    let Ok(name) = plain_name(name) else {
+        return false;
+    };
+    let path = dir.join(name);
+    // The token file is tiny; refuse anything large rather than read it.
+    match fs::metadata(&path) {
+        Ok(m) if m.is_file() && m.len() <= 256 => {}
+        _ => return false,
+    }
+    fs::read(&path)
+        .map(|b| b == token.as_bytes())
+        .unwrap_or(false)
+}
+
+/// The permission bits of a file (tests and diagnostics).
+pub fn mode_of(path: &Path) -> io::Result<u32> {
+    Ok(fs::metadata(path)?.permissions().mode() & 0o777)
+}

@@ -1,0 +1,224 @@
+//! Shared-memory lane: write, read and unlink, permissions, exclusive
+//! creation, the clean-up guard, the orphan sweep and the identity token.
+//! Files go to a temporary directory standing in for /dev/shm.
+
+use std::fs;
+use std::time::Duration;
+
+use iris_transport::shm::{
+    create_new_file, mode_of, owner_id, owner_pid, read_and_unlink, sweep_orphans, verify_identity,
+    ShmError, ShmIdentity, ShmWriter,
+};
+
+fn dir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+#[test]
+fn write_read_unlink() {
+    let d = dir();
+    let w = ShmWriter::new(d.path(), "iris-test").unwrap();
+    let data: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
+    let (handle, guard) = w.write(&data).unwrap();
+    assert_eq!(handle.nbytes, 10_000);
+    assert_eq!(handle.offset, 0);
+    assert_eq!(handle.owner_id, owner_id());
+    assert_eq!(
+        owner_pid(&handle.name, "iris-test"),
+        Some(std::process::id() as i32)
+    );
+    let path = d.path().join(&handle.name);
+    assert_eq!(mode_of(&path).unwrap(), 0o600);
+    guard.handed_over();
+    let got = read_and_unlink(d.path(), &handle, 10_000).unwrap();
+    assert_eq!(got.as_ref(), data.as_slice());
+    assert!(!path.exists(), "the receiver unlinked the file");
+    // A second read finds nothing.
+    assert!(matches!(
+        read_and_unlink(d.path(), &handle, 10_000),
+        Err(ShmError::Io { .. })
+    ));
+}
+
+#[test]
+fn leading_slash_names_are_accepted_and_escapes_refused() {
+    let d = dir();
+    let w = ShmWriter::new(d.path(), "iris-test").unwrap();
+    let (mut handle, guard) = w.write(b"12345678").unwrap();
+    handle.name = format!("/{}", handle.name);
+    assert_eq!(
+        read_and_unlink(d.path(), &handle, 8).unwrap().as_ref(),
+        b"12345678"
+    );
+    drop(guard);
+    for bad in ["../etc/passwd", "a/b", "", "/", "..", "x\0y"] {
+        handle.name = bad.into();
+        assert!(
+            matches!(
+                read_and_unlink(d.path(), &handle, 8),
+                Err(ShmError::BadName(_))
+            ),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn size_mismatch_is_an_error_and_short_files_are_caught() {
+    let d = dir();
+    let w = ShmWriter::new(d.path(), "iris-test").unwrap();
+    let (mut handle, _guard) = w.write(&[1u8; 16]).unwrap();
+    let err = read_and_unlink(d.path(), &handle, 24).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ShmError::SizeMismatch {
+                handle: 16,
+                expected: 24
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        d.path().join(&handle.name).exists(),
+        "a refused handle leaves the file to its guard"
+    );
+    handle.nbytes = 24;
+    let err = read_and_unlink(d.path(), &handle, 24).unwrap_err();
+    assert!(matches!(err, ShmError::ShortFile { len: 16, .. }), "{err}");
+}
+
+#[test]
+fn create_new_refuses_an_existing_file() {
+    let d = dir();
+    let path = d.path().join("taken");
+    fs::write(&path, b"someone else's").unwrap();
+    let err = create_new_file(&path, b"mine").unwrap_err();
+    assert!(matches!(err, ShmError::Io { op: "create", .. }), "{err}");
+    assert_eq!(
+        fs::read(&path).unwrap(),
+        b"someone else's",
+        "left intact, not removed"
+    );
+    let fresh = d.path().join("fresh");
+    create_new_file(&fresh, b"mine").unwrap();
+    assert_eq!(fs::read(&fresh).unwrap(), b"mine");
+    assert_eq!(mode_of(&fresh).unwrap(), 0o600);
+    // Every write gets a fresh name.
+    let w = ShmWriter::new(d.path(), "iris-test").unwrap();
+    let (h1, _g1) = w.write(b"a").unwrap();
+    let (h2, _g2) = w.write(b"b").unwrap();
+    assert_ne!(h1.name, h2.name);
+}
+
+#[test]
+fn guard_removes_the_file_unless_handed_over() {
+    let d = dir();
+    let w = ShmWriter::new(d.path(), "iris-test").unwrap();
+    let (h, guard) = w.write(b"dropped").unwrap();
+    let path = d.path().join(&h.name);
+    assert!(path.exists());
+    drop(guard);
+    assert!(
+        !path.exists(),
+        "dropping the guard (error or cancellation) unlinks"
+    );
+    let (h, guard) = w.write(b"kept").unwrap();
+    guard.handed_over();
+    assert!(
+        d.path().join(&h.name).exists(),
+        "handed over: the receiver owns it now"
+    );
+    // The receiver already unlinked: the guard's unlink is harmless.
+    let (h, guard) = w.write(b"raced").unwrap();
+    read_and_unlink(d.path(), &h, 5).unwrap();
+    drop(guard);
+}
+
+#[test]
+fn failed_write_leaves_no_file() {
+    let d = dir();
+    let missing = d.path().join("not-there");
+    let w = ShmWriter::new(&missing, "iris-test").unwrap();
+    assert!(matches!(
+        w.write(b"x"),
+        Err(ShmError::Io { op: "create", .. })
+    ));
+    assert!(ShmWriter::new(d.path(), "bad/prefix").is_err());
+    assert!(ShmWriter::new(d.path(), "").is_err());
+}
+
+fn dead_pid() -> i32 {
+    // A child that has exited and been reaped: its pid is free.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id() as i32;
+    child.wait().unwrap();
+    pid
+}
+
+#[test]
+fn sweep_removes_only_dead_owners_files() {
+    let d = dir();
+    let dead = dead_pid();
+    let me = std::process::id();
+    let orphan = format!("iris-test-{dead}-00000000deadbeef");
+    let live = format!("iris-test-{me}-00000000cafef00d");
+    let other = format!("other-{dead}-00000000deadbeef");
+    let odd = "iris-test-notapid-1234".to_owned();
+    for n in [&orphan, &live, &other, &odd] {
+        fs::write(d.path().join(n), b"x").unwrap();
+    }
+    let report = sweep_orphans(d.path(), "iris-test", Duration::ZERO).unwrap();
+    assert_eq!(report.removed, vec![orphan.clone()]);
+    assert!(!d.path().join(&orphan).exists());
+    for n in [&live, &other, &odd] {
+        assert!(d.path().join(n).exists(), "{n} kept");
+    }
+}
+
+#[test]
+fn sweep_spares_young_files() {
+    let d = dir();
+    let orphan = format!("iris-test-{}-00000000deadbeef", dead_pid());
+    fs::write(d.path().join(&orphan), b"x").unwrap();
+    let report = sweep_orphans(d.path(), "iris-test", Duration::from_secs(3600)).unwrap();
+    assert!(report.removed.is_empty());
+    assert_eq!(report.kept, 1);
+}
+
+#[test]
+fn identity_verifies_only_in_the_same_directory() {
+    let here = dir();
+    let elsewhere = dir();
+    let id = ShmIdentity::publish(here.path(), "iris-shmid").unwrap();
+    assert!(verify_identity(here.path(), id.identity()));
+    assert!(
+        !verify_identity(elsewhere.path(), id.identity()),
+        "another /dev/shm"
+    );
+    let (name, token) = id.identity().rsplit_once(':').unwrap();
+    let wrong = format!("{name}:{}", "0".repeat(token.len()));
+    assert!(!verify_identity(here.path(), &wrong), "wrong token");
+    assert!(!verify_identity(here.path(), "garbage"));
+    assert!(!verify_identity(here.path(), "../x:0123456789abcdef0123"));
+    let path = here.path().join(name);
+    assert_eq!(mode_of(&path).unwrap(), 0o600);
+    drop(id);
+    assert!(!path.exists(), "the token file goes with its publisher");
+}
+
+#[test]
+fn real_dev_shm_round_trip_and_identity() {
+    let shm = std::path::Path::new(iris_transport::shm::DEFAULT_SHM_DIR);
+    let w = ShmWriter::new(shm, "iris-transport-test").unwrap();
+    let (handle, guard) = w.write(&[7u8; 4096]).unwrap();
+    assert_eq!(mode_of(&shm.join(&handle.name)).unwrap(), 0o600);
+    guard.handed_over();
+    assert_eq!(
+        read_and_unlink(shm, &handle, 4096).unwrap().as_ref(),
+        &[7u8; 4096][..]
+    );
+    assert!(!shm.join(&handle.name).exists());
+    let id = ShmIdentity::publish(shm, "iris-transport-test-id").unwrap();
+    assert!(verify_identity(shm, id.identity()));
+}
