@@ -4,7 +4,10 @@
 //! version, filters by label selector, and can expire every watch with
 //! 410 Gone. Pods appear, become ready, lose readiness and are deleted;
 //! each role selector feeds its own pool; annotations give the ports; an
-//! expired watch makes the gateway list again and drop what vanished.
+//! expired watch makes the gateway list again and drop what vanished;
+//! a whole gateway serves chat through a discovered reference engine.
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -571,4 +574,66 @@ fn selector_flags_are_checked() {
         .to_string()
         .contains("key=value"));
     assert!(parse(&["--service-discovery", "--decode-selector", "role=decode"]).unwrap());
+}
+
+/// The whole gateway, configured through a kubeconfig as `iris serve` is
+/// outside a cluster: a discovered engine passes its health checks and
+/// serves chat; once its pod is deleted the gateway is no longer ready.
+#[tokio::test]
+async fn discovered_engine_serves_chat_through_the_gateway() {
+    let model = common::tiny_model();
+    let engine = common::engine(&model, iris_engine::Role::Aggregated, 0).await;
+    let api = FakeApi::new();
+    let annotations = json!({"iris.ai/grpc-port": engine.grpc_addr.port().to_string()});
+    api.put(pod(
+        "engine-0",
+        "127.0.0.1",
+        true,
+        json!({"app": "iris"}),
+        annotations,
+    ));
+    let addr = api.clone().serve().await;
+    let kubeconfig = model.dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kubeconfig_yaml(addr)).unwrap();
+    // Only this test reads the variable (the others build their clients).
+    std::env::set_var("KUBECONFIG", &kubeconfig);
+    let args = ["--service-discovery", "--selector", "app=iris"].map(String::from);
+    let gw = common::gateway(&model, &args).await;
+    common::ready(&gw).await;
+
+    let body = common::chat_body(&model.name, "Hello", 4, false);
+    let (status, answer) = common::post_json(&gw, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["usage"]["completion_tokens"], 4);
+
+    api.delete("engine-0");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let readiness = common::url(&gw, "/readiness");
+    while reqwest::get(&readiness).await.unwrap().status() != 503 {
+        assert!(Instant::now() < deadline, "still ready without workers");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A kubeconfig for the fake API server, default namespace [`NAMESPACE`].
+fn kubeconfig_yaml(addr: SocketAddr) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+  - name: fake
+    cluster:
+      server: http://{addr}
+users:
+  - name: fake
+    user: {{}}
+contexts:
+  - name: fake
+    context:
+      cluster: fake
+      user: fake
+      namespace: {NAMESPACE}
+current-context: fake
+"
+    )
 }
