@@ -111,6 +111,8 @@ pub struct ServeArgs {
     pub max_payload_size: usize,
     #[command(flatten)]
     pub media: MediaArgs,
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
 
     /// Log as JSON lines.
     #[arg(long, env = "IRIS_LOG_JSON")]
@@ -160,6 +162,40 @@ pub struct MediaArgs {
         env = "IRIS_MM_ENCODER_INPUT_DTYPE"
     )]
     pub mm_encoder_input_dtype: InputDtype,
+}
+
+/// Kubernetes service discovery: workers are the Ready pods matching a
+/// role's label selector (see docs/deploy-kubernetes.md).
+#[derive(Debug, Clone, Args)]
+pub struct DiscoveryArgs {
+    /// Find workers among the pods of a Kubernetes namespace (the gateway
+    /// needs get/list/watch on pods there).
+    #[arg(long, env = "IRIS_SERVICE_DISCOVERY")]
+    pub service_discovery: bool,
+    /// Label key=value selecting aggregated worker pods (repeatable or
+    /// comma-separated; a pod must match all).
+    #[arg(long, value_delimiter = ',', env = "IRIS_SELECTOR")]
+    pub selector: Vec<String>,
+    /// Label key=value selecting encode worker pods (repeatable).
+    #[arg(long, value_delimiter = ',', env = "IRIS_ENCODE_SELECTOR")]
+    pub encode_selector: Vec<String>,
+    /// Label key=value selecting prefill worker pods (repeatable).
+    #[arg(long, value_delimiter = ',', env = "IRIS_PREFILL_SELECTOR")]
+    pub prefill_selector: Vec<String>,
+    /// Label key=value selecting decode worker pods (repeatable).
+    #[arg(long, value_delimiter = ',', env = "IRIS_DECODE_SELECTOR")]
+    pub decode_selector: Vec<String>,
+    /// Namespace whose pods are watched (default: the gateway's own).
+    #[arg(long, env = "IRIS_SERVICE_DISCOVERY_NAMESPACE")]
+    pub service_discovery_namespace: Option<String>,
+    /// gRPC port of a discovered pod without an `iris.ai/grpc-port`
+    /// annotation.
+    #[arg(long, default_value_t = 30000, env = "IRIS_SERVICE_DISCOVERY_PORT")]
+    pub service_discovery_port: u16,
+    /// Only LeaderWorkerSet leaders: pods labelled
+    /// `leaderworkerset.sigs.k8s.io/worker-index=0`.
+    #[arg(long, env = "IRIS_LWS_LEADERS_ONLY")]
+    pub lws_leaders_only: bool,
 }
 
 /// `--mm-encoder-input-dtype`.

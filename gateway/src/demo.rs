@@ -90,7 +90,7 @@ fn default_model_dir() -> PathBuf {
 }
 
 /// Writes the tiny model unless a complete one is already there.
-fn ensure_tiny_model(dir: &std::path::Path) -> anyhow::Result<()> {
+pub fn ensure_tiny_model(dir: &std::path::Path) -> anyhow::Result<()> {
     let complete = iris_model::tiny::FILES
         .iter()
         .all(|f| dir.join(f).is_file());

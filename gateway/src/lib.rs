@@ -5,13 +5,15 @@
 //! Request path: [`chat`] parses and validates the body, [`mm`] fetches
 //! and preprocesses its images (pixel cache), [`prompt`] renders the chat
 //! template and tokenizes, [`router`] picks workers from the
-//! [`workers`] pools and starts the request, and [`chat`] streams the
-//! detokenized answer back as SSE or one JSON body. [`server`] wires it to
-//! axum; [`demo`] runs every role in one process.
+//! [`workers`] pools (configured, or fed by Kubernetes [`discovery`]) and
+//! starts the request, and [`chat`] streams the detokenized answer back as
+//! SSE or one JSON body. [`server`] wires it to axum; [`demo`] runs every
+//! role in one process.
 
 pub mod args;
 pub mod chat;
 pub mod demo;
+pub mod discovery;
 pub mod metrics;
 pub mod mm;
 pub mod prompt;

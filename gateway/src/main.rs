@@ -27,6 +27,15 @@ enum Command {
     /// Preprocess one image as the gateway would, and report shape, grid,
     /// token count and timing.
     Preprocess(PreprocessArgs),
+    /// Write the tiny generated model (the demo's) to a directory, e.g. for
+    /// the Kubernetes cpu-demo overlay's workers.
+    TinyModel(TinyModelArgs),
+}
+
+#[derive(clap::Args)]
+struct TinyModelArgs {
+    /// Where the model is written (kept if already complete).
+    dir: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -59,6 +68,11 @@ async fn main() -> anyhow::Result<()> {
         Command::Demo(args) => {
             iris_process::init_logging(false);
             iris_gateway::demo::run(args).await
+        }
+        Command::TinyModel(args) => {
+            iris_gateway::demo::ensure_tiny_model(&args.dir)?;
+            println!("tiny model in {}", args.dir.display());
+            Ok(())
         }
         Command::Preprocess(args) => {
             let report = iris_vision::debug::preprocess_report(

@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{group_with_ports, ServeArgs};
+use crate::discovery::Discovery;
 use crate::metrics::Metrics;
 use crate::mm::Multimodal;
 use crate::prompt::Prompter;
@@ -78,8 +79,14 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
         args.tokenizer_cache_entries,
     )?;
     let multimodal = Multimodal::load(&dir, &args.media)?;
-    let mode = build_mode(&args)?;
+    let discovery = Discovery::from_args(&args.discovery)?;
+    let mode = build_mode(&args, discovery.as_ref())?;
     let shutdown = CancellationToken::new();
+    if let Some(discovery) = &discovery {
+        discovery
+            .start(&mode.pools(), connect_timeout(&args), shutdown.clone())
+            .await?;
+    }
     health::spawn(mode.pools(), health_settings(&args), shutdown.clone());
     let state = Arc::new(AppState {
         router: Router::new(
@@ -151,16 +158,23 @@ fn health_settings(args: &ServeArgs) -> HealthSettings {
     }
 }
 
-fn build_mode(args: &ServeArgs) -> anyhow::Result<Mode> {
-    let connect = Duration::from_millis(args.connect_timeout_ms.max(1));
-    let pool =
-        |role: Role, urls: Vec<WorkerUrl>, policy: PolicyKind| -> anyhow::Result<Arc<Pool>> {
-            let workers = urls
-                .into_iter()
-                .map(|u| Worker::new(u, role, connect).map_err(anyhow::Error::msg))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            Ok(Arc::new(Pool::new(role, workers, Policy::new(policy))))
-        };
+/// The pools of the mode the flags ask for, holding the configured
+/// workers; a role whose pods are discovered may start with none.
+fn build_mode(args: &ServeArgs, discovery: Option<&Discovery>) -> anyhow::Result<Mode> {
+    let connect = connect_timeout(args);
+    let discovered = |role: Role| discovery.is_some_and(|d| d.watches(role));
+    let pool = |role: Role,
+                urls: Vec<WorkerUrl>,
+                policy: PolicyKind,
+                missing: &str|
+     -> anyhow::Result<Arc<Pool>> {
+        anyhow::ensure!(!urls.is_empty() || discovered(role), "{missing}");
+        let workers = urls
+            .into_iter()
+            .map(|u| Worker::new(u, role, connect).map_err(anyhow::Error::msg))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Arc::new(Pool::new(role, workers, Policy::new(policy))))
+    };
     if args.epd_disaggregation || args.pd_disaggregation {
         anyhow::ensure!(
             !(args.epd_disaggregation && args.pd_disaggregation),
@@ -176,26 +190,18 @@ fn build_mode(args: &ServeArgs) -> anyhow::Result<Mode> {
             "--worker-urls is for aggregated mode; with {flag} use --prefill and --decode"
         );
         let prefill = group_with_ports(&args.prefill).map_err(anyhow::Error::msg)?;
-        let decode = args
-            .decode
-            .iter()
-            .map(|u| WorkerUrl::parse(u))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(anyhow::Error::msg)?;
-        anyhow::ensure!(
-            !prefill.is_empty(),
-            "{flag} needs at least one --prefill URL"
-        );
-        anyhow::ensure!(!decode.is_empty(), "{flag} needs at least one --decode URL");
+        let decode = parse_urls(&args.decode)?;
         let prefill = pool(
             Role::Prefill,
             prefill,
             args.prefill_policy.unwrap_or(args.policy),
+            &format!("{flag} needs at least one --prefill URL (or a --prefill-selector)"),
         )?;
         let decode = pool(
             Role::Decode,
             decode,
             args.decode_policy.unwrap_or(args.policy),
+            &format!("{flag} needs at least one --decode URL (or a --decode-selector)"),
         )?;
         if !args.epd_disaggregation {
             anyhow::ensure!(
@@ -205,12 +211,13 @@ fn build_mode(args: &ServeArgs) -> anyhow::Result<Mode> {
             return Ok(Mode::PrefillDecode { prefill, decode });
         }
         let encode = group_with_ports(&args.encode).map_err(anyhow::Error::msg)?;
-        anyhow::ensure!(
-            !encode.is_empty(),
-            "--epd-disaggregation needs at least one --encode URL"
-        );
         return Ok(Mode::EncodePrefillDecode {
-            encode: pool(Role::Encode, encode, PolicyKind::LeastLoad)?,
+            encode: pool(
+                Role::Encode,
+                encode,
+                PolicyKind::LeastLoad,
+                "--epd-disaggregation needs at least one --encode URL (or an --encode-selector)",
+            )?,
             encode_policy: EncodePolicy::new(args.encode_policy, args.encode_load_factor),
             prefill,
             decode,
@@ -220,17 +227,24 @@ fn build_mode(args: &ServeArgs) -> anyhow::Result<Mode> {
         args.prefill.is_empty() && args.decode.is_empty() && args.encode.is_empty(),
         "--prefill/--decode need --pd-disaggregation (and --encode --epd-disaggregation)"
     );
-    anyhow::ensure!(
-        !args.worker_urls.is_empty(),
-        "no workers: give --worker-urls, or --pd-disaggregation with --prefill and --decode"
-    );
-    let urls = args
-        .worker_urls
-        .iter()
+    let urls = parse_urls(&args.worker_urls)?;
+    Ok(Mode::Aggregated(pool(
+        Role::Aggregated,
+        urls,
+        args.policy,
+        "no workers: give --worker-urls (or --service-discovery with --selector), or --pd-disaggregation with --prefill and --decode",
+    )?))
+}
+
+fn connect_timeout(args: &ServeArgs) -> Duration {
+    Duration::from_millis(args.connect_timeout_ms.max(1))
+}
+
+fn parse_urls(urls: &[String]) -> anyhow::Result<Vec<WorkerUrl>> {
+    urls.iter()
         .map(|u| WorkerUrl::parse(u))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(anyhow::Error::msg)?;
-    Ok(Mode::Aggregated(pool(Role::Aggregated, urls, args.policy)?))
+        .map_err(anyhow::Error::msg)
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Response {

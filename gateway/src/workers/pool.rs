@@ -63,15 +63,17 @@ impl Pool {
         }
     }
 
-    /// Adds a worker (no-op if its URL is already present).
-    pub fn add(&self, worker: Arc<Worker>) {
+    /// Adds a worker; returns false (and adds nothing) if its URL is
+    /// already present.
+    pub fn add(&self, worker: Arc<Worker>) -> bool {
         let mut guard = self.workers.write().unwrap_or_else(|p| p.into_inner());
         if guard.iter().any(|w| w.url == worker.url) {
-            return;
+            return false;
         }
         let mut next = guard.as_ref().clone();
         next.push(worker);
         *guard = Arc::new(next);
+        true
     }
 
     /// Removes the worker with `url`; returns whether one was removed.

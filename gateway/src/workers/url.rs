@@ -10,6 +10,10 @@ pub struct WorkerUrl {
     pub port: u16,
     /// The worker's data server port (prefill and encode roles).
     pub bootstrap_port: Option<u16>,
+    /// The worker's own multimodal tensor transport (`inline`, `shm`,
+    /// `rdma` or `auto`) when it overrides the gateway's; set from the
+    /// `iris.ai/tensor-transport` pod annotation by service discovery.
+    pub tensor_transport: Option<String>,
 }
 
 impl WorkerUrl {
@@ -39,6 +43,7 @@ impl WorkerUrl {
             host: host.to_owned(),
             port,
             bootstrap_port: None,
+            tensor_transport: None,
         })
     }
 

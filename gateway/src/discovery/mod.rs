@@ -1,0 +1,185 @@
+//! Kubernetes service discovery: with `--service-discovery`, each role
+//! that has a label selector (`--selector` for aggregated workers,
+//! `--encode-selector`, `--prefill-selector`, `--decode-selector`) gets a
+//! watcher over the pods of one namespace. Ready pods with an IP join the
+//! role's pool as workers ([`tracker`]), at the address their annotations
+//! give ([`pod`]); they leave it when they lose readiness or are deleted.
+//! From then on they are ordinary workers: health checks, policies and
+//! circuit breakers treat them like configured ones.
+//!
+//! The watcher (kube-runtime) lists the pods, then watches from the
+//! list's resource version; when the watch expires (410 Gone) it lists
+//! again, and the tracker drops the pods that list no longer has.
+
+pub mod pod;
+pub mod tracker;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+
+use crate::args::DiscoveryArgs;
+use crate::workers::{Pool, Role};
+use pod::{PodRules, Selector, LWS_WORKER_INDEX_LABEL};
+use tracker::Tracker;
+
+/// What `--service-discovery` watches.
+#[derive(Debug, Clone)]
+pub struct Discovery {
+    /// `None`: the client's default (in a pod, the pod's own namespace).
+    pub namespace: Option<String>,
+    /// The label selector of each discovered role.
+    pub roles: Vec<(Role, Selector)>,
+    pub rules: PodRules,
+}
+
+impl Discovery {
+    /// The discovery the flags ask for; `None` without `--service-discovery`.
+    pub fn from_args(args: &DiscoveryArgs) -> anyhow::Result<Option<Discovery>> {
+        let flags = [
+            (Role::Aggregated, "--selector", &args.selector),
+            (Role::Encode, "--encode-selector", &args.encode_selector),
+            (Role::Prefill, "--prefill-selector", &args.prefill_selector),
+            (Role::Decode, "--decode-selector", &args.decode_selector),
+        ];
+        if !args.service_discovery {
+            if let Some((_, flag, _)) = flags.iter().find(|(_, _, v)| !v.is_empty()) {
+                anyhow::bail!("{flag} needs --service-discovery");
+            }
+            return Ok(None);
+        }
+        let mut roles = Vec::new();
+        for (role, flag, items) in flags {
+            let selector = Selector::parse(items).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+            if !selector.is_empty() {
+                roles.push((role, selector));
+            }
+        }
+        anyhow::ensure!(
+            !roles.is_empty(),
+            "--service-discovery needs a label selector: --selector, or --encode-selector, --prefill-selector and --decode-selector"
+        );
+        Ok(Some(Discovery {
+            namespace: args.service_discovery_namespace.clone(),
+            roles,
+            rules: PodRules {
+                default_port: args.service_discovery_port,
+                leaders_only: args.lws_leaders_only,
+            },
+        }))
+    }
+
+    /// Whether pods of `role` are discovered.
+    pub fn watches(&self, role: Role) -> bool {
+        self.roles.iter().any(|(r, _)| *r == role)
+    }
+
+    /// Starts the watchers with the in-cluster (or kubeconfig) client.
+    pub async fn start(
+        &self,
+        pools: &[Arc<Pool>],
+        connect_timeout: Duration,
+        stop: CancellationToken,
+    ) -> anyhow::Result<()> {
+        self.role_pools(pools)?;
+        let client = Client::try_default()
+            .await
+            .context("service discovery: no Kubernetes API access (in-cluster service account or kubeconfig)")?;
+        self.spawn(client, pools, connect_timeout, stop)?;
+        Ok(())
+    }
+
+    /// Starts one watcher per discovered role with `client`; each feeds
+    /// the pool of its role until `stop` is cancelled.
+    pub fn spawn(
+        &self,
+        client: Client,
+        pools: &[Arc<Pool>],
+        connect_timeout: Duration,
+        stop: CancellationToken,
+    ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+        let namespace = self
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_owned());
+        let tasks = self
+            .role_pools(pools)?
+            .into_iter()
+            .map(|(pool, selector)| {
+                tracing::info!(role = pool.role.as_str(), %namespace, %selector, "watching pods");
+                let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+                let tracker = Tracker::new(pool, self.rules, connect_timeout);
+                tokio::spawn(watch(api, selector, tracker, stop.clone()))
+            })
+            .collect();
+        Ok(tasks)
+    }
+
+    /// Each discovered role's pool and API selector; an error when the
+    /// mode has no pool for a role that has a selector.
+    pub fn role_pools(&self, pools: &[Arc<Pool>]) -> anyhow::Result<Vec<(Arc<Pool>, String)>> {
+        self.roles
+            .iter()
+            .map(|(role, selector)| {
+                let pool = pools.iter().find(|p| p.role == *role).with_context(|| {
+                    format!(
+                        "{} has a label selector, but the mode routes to no {} workers ({})",
+                        role.as_str(),
+                        role.as_str(),
+                        mode_hint(*role)
+                    )
+                })?;
+                Ok((pool.clone(), self.server_selector(selector)))
+            })
+            .collect()
+    }
+
+    /// The selector sent to the API server (leaders only: filtered there too).
+    fn server_selector(&self, selector: &Selector) -> String {
+        let selector = selector.clone();
+        let selector = if self.rules.leaders_only {
+            selector.with(LWS_WORKER_INDEX_LABEL, "0")
+        } else {
+            selector
+        };
+        selector.to_query()
+    }
+}
+
+fn mode_hint(role: Role) -> &'static str {
+    match role {
+        Role::Aggregated => "--selector is for aggregated mode",
+        Role::Encode => "--encode-selector needs --epd-disaggregation",
+        Role::Prefill | Role::Decode => {
+            "--prefill-selector and --decode-selector need --pd-disaggregation or --epd-disaggregation"
+        }
+    }
+}
+
+/// Feeds `tracker` from a pod watcher until `stop` is cancelled. Errors
+/// (API unreachable, watch expired) are logged; the watcher retries with
+/// backoff and lists again where needed.
+async fn watch(api: Api<Pod>, selector: String, mut tracker: Tracker, stop: CancellationToken) {
+    let config = watcher::Config::default().labels(&selector);
+    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    loop {
+        let event = tokio::select! {
+            _ = stop.cancelled() => return,
+            event = events.next() => event,
+        };
+        match event {
+            Some(Ok(event)) => tracker.handle(event),
+            Some(Err(why)) => {
+                tracing::warn!(%selector, error = %why, "pod watch failed; retrying")
+            }
+            None => return,
+        }
+    }
+}
