@@ -1,6 +1,7 @@
-//! `iris demo`: writes the tiny model (once, to a cache folder), starts a
-//! reference prefill and decode engine and the gateway in this process on
-//! loopback, prints how to talk to it, and stops everything on Ctrl-C.
+//! `iris demo`: writes the tiny model with its vision tower weights (once,
+//! to a cache folder), starts a reference prefill and decode engine and the
+//! gateway in this process on loopback, prints how to talk to it, and stops
+//! everything on Ctrl-C.
 
 use std::path::PathBuf;
 
@@ -45,7 +46,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
     let gateway = crate::start(serve).await?;
     wait_until_ready(&gateway).await?;
-    print_banner(gateway.addr, &gateway.state.model_name);
+    print_banner(gateway.addr, &gateway.state.model_name, &model_dir);
     let tokens = [
         gateway.shutdown_token(),
         prefill.shutdown_token(),
@@ -79,14 +80,12 @@ fn default_model_dir() -> PathBuf {
     base.join("iris").join("tiny-qwen2-vl")
 }
 
-/// Writes the tiny model unless a complete one is already there.
+/// Writes the tiny model, with its vision tower's weights, unless a
+/// complete one is already there.
 fn ensure_tiny_model(dir: &std::path::Path) -> anyhow::Result<()> {
-    let complete = iris_model::tiny::FILES
-        .iter()
-        .all(|f| dir.join(f).is_file());
+    let complete = iris_tower::tiny_vl_files().all(|f| dir.join(f).is_file());
     if !complete {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        iris_model::tiny::write_tiny_qwen2_vl(dir).context("cannot write the tiny model")?;
+        iris_tower::write_tiny_vl_model(dir).context("cannot write the tiny model")?;
     }
     Ok(())
 }
@@ -140,13 +139,17 @@ fn demo_serve_args(
     Wrapper::parse_from(argv).serve
 }
 
-fn print_banner(addr: std::net::SocketAddr, model: &str) {
+fn print_banner(addr: std::net::SocketAddr, model: &str, model_dir: &std::path::Path) {
     println!(
         "Iris demo: gateway on http://{addr} (prefill + decode reference engines, model {model:?})"
     );
     println!("Try:");
     println!(
         "  curl -N http://{addr}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true, \"max_tokens\": 32}}'"
+    );
+    println!(
+        "The model directory holds vision tower weights; encode images with the real tower:\n  iris-encoder --compute tower --model-path {}",
+        model_dir.display()
     );
     println!("Press Ctrl-C to stop.");
 }
