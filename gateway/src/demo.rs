@@ -89,14 +89,12 @@ fn default_model_dir() -> PathBuf {
     base.join("iris").join("tiny-qwen2-vl")
 }
 
-/// Writes the tiny model unless a complete one is already there.
+/// Writes the tiny model, with its vision tower's weights, unless a
+/// complete one is already there.
 pub fn ensure_tiny_model(dir: &std::path::Path) -> anyhow::Result<()> {
-    let complete = iris_model::tiny::FILES
-        .iter()
-        .all(|f| dir.join(f).is_file());
+    let complete = iris_tower::tiny_vl_files().all(|f| dir.join(f).is_file());
     if !complete {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        iris_model::tiny::write_tiny_qwen2_vl(dir).context("cannot write the tiny model")?;
+        iris_tower::write_tiny_vl_model(dir).context("cannot write the tiny model")?;
     }
     Ok(())
 }
@@ -138,6 +136,8 @@ fn encoder_args(model: &std::path::Path) -> iris_encoder::EncoderArgs {
         "--port",
         "0",
         "--bootstrap-port",
+        "0",
+        "--metrics-port",
         "0",
         "--worker-id",
         "demo-encode",
