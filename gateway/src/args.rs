@@ -106,6 +106,10 @@ pub struct ServeArgs {
     /// Whole-request deadline in seconds (504 or an error event past it).
     #[arg(long, default_value_t = 600, env = "IRIS_REQUEST_TIMEOUT_SECS")]
     pub request_timeout_secs: u64,
+    /// Seconds requests in flight may finish after SIGTERM/Ctrl-C before
+    /// they are ended and their workers aborted.
+    #[arg(long, default_value_t = 30.0, env = "IRIS_SHUTDOWN_GRACE_SECS")]
+    pub shutdown_grace_secs: f64,
     /// Largest request body in bytes (413 above it).
     #[arg(long, default_value_t = 64 << 20, env = "IRIS_MAX_PAYLOAD_SIZE")]
     pub max_payload_size: usize,

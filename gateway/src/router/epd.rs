@@ -131,7 +131,10 @@ impl Router {
         let d_request = with_kv_room(attempt_request(stripped, attempt), &p);
         let p_request = with_encode_info(d_request.clone(), &encoders, &rooms);
         let id = d_request.request_id.clone();
-        let (p_leg, d_leg) = (Leg::new(p.clone(), &id), Leg::new(d.clone(), &id));
+        let (p_leg, d_leg) = (
+            Leg::new(p.clone(), &id, &self.aborts),
+            Leg::new(d.clone(), &id, &self.aborts),
+        );
         let _encoding: Vec<_> = encoders.iter().map(|e| e.start_request()).collect();
         let encode_started = Instant::now();
         let encodes = futures::future::join_all(
