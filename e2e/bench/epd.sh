@@ -24,6 +24,7 @@
 #   ENCODER_ARGS=…, ENGINE_ARGS=…  more iris-encoder / iris-engine flags
 #   SKIP_BUILD=1       use already-built release binaries
 #   SUMMARY_OF=DIR     only print the table of an earlier run's RESULTS_DIR
+#                      (with the same MIXES and CONCURRENCIES)
 #   RESULTS_DIR=DIR    keep every run's JSON report and metrics there
 #   CARGO_TARGET_DIR   where the release binaries are (default: ./target)
 #   ENCODER_BIN, ENGINE_BIN, GATEWAY_BIN  other binaries to measure
@@ -117,9 +118,9 @@ run_mix() {
 # summarise DIR: the Markdown table of the runs in DIR; medians over runs
 # for the load generator's figures, sums over runs for the metrics deltas.
 summarise() {
-    python3 - "$1" "$MIXES" "$CONCURRENCIES" "$RUNS" <<'PY'
-import json, re, statistics, sys
-results, mixes, concurrencies, runs = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), int(sys.argv[4])
+    python3 - "$1" "$MIXES" "$CONCURRENCIES" <<'PY'
+import glob, json, re, statistics, sys
+results, mixes, concurrencies = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
 SAMPLE = re.compile(r'^(\w+)(?:\{([^}]*)\})? (\S+)$')
 def prom(path):
     out = {}
@@ -146,8 +147,8 @@ for mix in mixes:
     for c in concurrencies:
         reports, lookups = [], {"hit": 0.0, "miss": 0.0, "joined": 0.0}
         stages = {s: [0.0, 0.0] for s in ("fetch", "preprocess", "encode", "first_token")}
-        for r in range(1, runs + 1):
-            base = f"{results}/m{mix}-c{c}-r{r}"
+        for path in sorted(glob.glob(f"{results}/m{mix}-c{c}-r*.json")):
+            base = path[:-len(".json")]
             with open(base + ".json") as f:
                 reports.append(json.load(f))
             before, after = prom(base + ".before.prom"), prom(base + ".after.prom")
