@@ -69,6 +69,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 10000, env = "IRIS_ENCODE_TIMEOUT_MS")]
     pub encode_timeout_ms: u64,
 
+    /// Encode calls (image transfers) in flight per encode worker; more
+    /// images wait in the gateway (0: unlimited).
+    #[arg(long, default_value_t = 8, env = "IRIS_ENCODE_MAX_IN_FLIGHT")]
+    pub encode_max_in_flight: usize,
+
     /// Worker choice for every role unless overridden.
     #[arg(long, value_enum, default_value = "power_of_two", env = "IRIS_POLICY")]
     pub policy: PolicyKind,

@@ -126,6 +126,7 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
                 max_retries: args.max_retries,
                 circuit_breaker_failures: args.circuit_breaker_failures,
                 encode_timeout: Duration::from_millis(args.encode_timeout_ms.max(1)),
+                encode_max_in_flight: args.encode_max_in_flight,
             },
         ),
         prompter,

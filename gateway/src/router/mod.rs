@@ -5,6 +5,7 @@
 //! retries). The returned [`Generation`] yields the streaming side's
 //! responses and aborts every leg if dropped unfinished.
 
+mod admission;
 mod epd;
 mod legs;
 
@@ -73,6 +74,8 @@ pub struct RouterSettings {
     pub circuit_breaker_failures: u32,
     /// Longest wait for an encode worker to accept an image.
     pub encode_timeout: std::time::Duration,
+    /// Encode calls in flight per encoder; more images wait (0: unlimited).
+    pub encode_max_in_flight: usize,
 }
 
 impl Default for RouterSettings {
@@ -82,6 +85,7 @@ impl Default for RouterSettings {
             max_retries: 2,
             circuit_breaker_failures: 3,
             encode_timeout: std::time::Duration::from_secs(10),
+            encode_max_in_flight: 8,
         }
     }
 }
@@ -96,6 +100,7 @@ pub struct Router {
     pub encode_time: Histogram,
     /// Abort RPCs being sent.
     aborts: TaskTracker,
+    admission: admission::Admission,
 }
 
 /// One worker leg of a request.
@@ -254,6 +259,7 @@ impl Router {
             encode_timeout: settings.encode_timeout,
             encode_time: Histogram::default(),
             aborts: TaskTracker::new(),
+            admission: admission::Admission::new(settings.encode_max_in_flight),
         }
     }
 
