@@ -11,6 +11,10 @@ use iris_engine::{EngineArgs, Role};
 
 use crate::ServeArgs;
 
+/// How long the demo's workers wait for an embedding or a KV state: the
+/// CPU vision tower needs seconds for a large photo.
+const DEMO_TRANSFER_WAIT_MS: u64 = 60_000;
+
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
     /// HTTP port of the gateway.
@@ -112,7 +116,8 @@ fn engine_args(model: &std::path::Path, role: Role, decode_us_per_step: u64) -> 
         prefill_us_per_token: 0,
         decode_us_per_step,
         eos_ppm: 20_000,
-        transfer_wait_ms: 5_000,
+        // The CPU tower takes seconds on a large photo: wait for it.
+        transfer_wait_ms: DEMO_TRANSFER_WAIT_MS,
         room_ttl_secs: 60,
         worker_id: Some(format!("demo-{}", role.as_str())),
     }
@@ -127,6 +132,7 @@ fn encoder_args(model: &std::path::Path) -> iris_encoder::EncoderArgs {
         encoder: iris_encoder::EncoderArgs,
     }
     let model = model.display().to_string();
+    let wait = DEMO_TRANSFER_WAIT_MS.to_string();
     let argv = [
         "iris-encoder",
         "--model-path",
@@ -139,6 +145,8 @@ fn encoder_args(model: &std::path::Path) -> iris_encoder::EncoderArgs {
         "0",
         "--metrics-port",
         "0",
+        "--fetch-wait-ms",
+        &wait,
         "--worker-id",
         "demo-encode",
     ];
