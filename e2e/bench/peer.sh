@@ -48,8 +48,15 @@ LOADGEN_THREADS=${LOADGEN_THREADS:-1}
 REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-60}
 PLOT=${PLOT:-}
 PLOT_PYTHON=${PLOT_PYTHON:-python3}
-# The model directory's name is the served model name (both gateways).
-MODEL=$WORK/Qwen2-VL-tiny
+# The model directory's name is the served model name (both gateways). The
+# tiny model is Qwen2-VL-shaped (model_type qwen2_vl), but smg 1.13's
+# Qwen2-VL spec looks for a literal `<image>` token that Qwen2-VL tokenizers
+# lack (HTTP 400 "image placeholder token '<image>' is missing from the
+# tokenizer vocabulary"); a name with "qwen3" and "vl" in it selects smg's
+# Qwen3-VL spec, which takes the placeholder from config.json's
+# image_token_id (<|image_pad|>) and expands an image to as many tokens as
+# Iris does.
+MODEL=$WORK/Qwen3-VL-tiny
 
 ADDRS='listening grpc=[0-9.:]+( data=[0-9.:]+)?'
 
