@@ -2,8 +2,8 @@
 # Iris against a peer gateway (smg, the PyPI package `smg`) on the SAME
 # reference workers in the same run. For each deployment mode (aggregated:
 # one `iris-engine --role aggregated`; pd: one prefill and one decode
-# `iris-engine`), the workers start once and both gateways are started in
-# front of them (`iris serve` and `smg launch`, each idle while the other
+# `iris-engine`; epd: those and one `iris-encoder --compute digest`), the
+# workers start once and both gateways are started in front of them (`iris serve` and `smg launch`, each idle while the other
 # is measured). For each workload (text chats; image chats with distinct
 # images; image chats with a fraction repeating one image), each
 # concurrency and each gateway: an unmeasured warm-up of WARMUP seconds,
@@ -15,7 +15,7 @@
 #
 # Environment (all optional):
 #   DURATION=10 WARMUP=2 CONCURRENCIES="1 16 64" MAX_TOKENS=16
-#   MODES="aggregated pd"         deployments
+#   MODES="aggregated pd epd"     deployments
 #   WORKLOADS="text img0 img0.5"  text, or imgF: one image per chat with
 #                                 --image-repeat-fraction F
 #   GATEWAYS="iris smg"
@@ -24,6 +24,8 @@
 #   SMG_ARGS=…, GATEWAY_ARGS=…  more `smg launch` / `iris serve` flags
 #   LOADGEN_THREADS=1  runtime threads of the load generator
 #   REQUEST_TIMEOUT=60 seconds a request may take before it counts as an error
+#   SLO_TTFT_MS=… SLO_TPOT_MS=… SLO_E2E_MS=…  goodput objectives (the
+#                      goodput column counts requests meeting all that are set)
 #   PLOT=FILE.png PLOT_PYTHON=python3  the plot (needs matplotlib)
 #   SKIP_BUILD=1       use already-built release binaries
 #   SUMMARY_OF=DIR     only print the table (and plot) of an earlier RESULTS_DIR
@@ -37,7 +39,7 @@ DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-2}
 CONCURRENCIES=${CONCURRENCIES:-"1 16 64"}
 MAX_TOKENS=${MAX_TOKENS:-16}
-MODES=${MODES:-"aggregated pd"}
+MODES=${MODES:-"aggregated pd epd"}
 WORKLOADS=${WORKLOADS:-"text img0 img0.5"}
 GATEWAYS=${GATEWAYS:-"iris smg"}
 IMAGE=${IMAGE:-$ROOT/../shared/images/motorcycle_1080p.jpg}
@@ -46,6 +48,9 @@ SMG_ARGS=${SMG_ARGS:-}
 GATEWAY_ARGS=${GATEWAY_ARGS:-}
 LOADGEN_THREADS=${LOADGEN_THREADS:-1}
 REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-60}
+SLO_TTFT_MS=${SLO_TTFT_MS:-}
+SLO_TPOT_MS=${SLO_TPOT_MS:-}
+SLO_E2E_MS=${SLO_E2E_MS:-}
 PLOT=${PLOT:-}
 PLOT_PYTHON=${PLOT_PYTHON:-python3}
 # The model directory's name is the served model name (both gateways). The
@@ -94,6 +99,17 @@ start_workers() {
         IRIS_WORKERS=(--pd-disaggregation --prefill "${prefill[@]}" --decode "grpc://$W_GRPC")
         SMG_WORKERS=(--pd-disaggregation --prefill "${prefill[@]}" --decode "grpc://$W_GRPC")
         ;;
+    epd)
+        worker encoder "$BIN/iris-encoder" --compute digest
+        local encoder=("grpc://$W_GRPC" "$W_DATA_PORT") encoder_pid=$W_PID
+        worker prefill "$BIN/iris-engine" --role prefill
+        local prefill=("grpc://$W_GRPC" "$W_DATA_PORT") prefill_pid=$W_PID
+        worker decode "$BIN/iris-engine" --role decode
+        WORKER_PIDS=("$encoder_pid" "$prefill_pid" "$W_PID")
+        IRIS_WORKERS=(--epd-disaggregation --encode "${encoder[@]}" --prefill "${prefill[@]}"
+            --decode "grpc://$W_GRPC")
+        SMG_WORKERS=("${IRIS_WORKERS[@]}")
+        ;;
     *)
         log "unknown mode $1"
         return 1
@@ -138,6 +154,9 @@ loadgen() {
     local workload=$1 c=$2 secs=$3 out=$4 target=$5
     shift 5
     local extra=()
+    [[ -z $SLO_TTFT_MS ]] || extra+=(--slo-ttft-ms "$SLO_TTFT_MS")
+    [[ -z $SLO_TPOT_MS ]] || extra+=(--slo-tpot-ms "$SLO_TPOT_MS")
+    [[ -z $SLO_E2E_MS ]] || extra+=(--slo-e2e-ms "$SLO_E2E_MS")
     if [[ $workload == img* ]]; then
         extra+=(--image "$IMAGE" --image-repeat-fraction "${workload#img}")
     fi
@@ -212,9 +231,12 @@ def workers_cpu(r):
         return None
     per = [p["us_per_request"] for p in r["cpu"][1:-1]]
     return None if not per or None in per else sum(per)
-print("| mode | workload | c | gateway | req/s | TTFT p50 ms | TTFT p99 ms | E2E p50 ms | E2E p99 ms "
-      "| gateway CPU µs/req | workers CPU µs/req | errors |")
-print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+def goodput(r):
+    g = r and r.get("goodput")
+    return g and g["requests_per_sec"]
+print("| mode | workload | c | gateway | req/s | goodput/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p99 ms "
+      "| E2E p50 ms | E2E p99 ms | gateway CPU µs/req | workers CPU µs/req | errors |")
+print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 series = {}
 for mode in modes:
     for w in workloads:
@@ -224,8 +246,9 @@ for mode in modes:
                 rps = r and r["requests_per_sec"]
                 series.setdefault((mode, w, gw), []).append((int(c), rps, dist(r, "ttft", "p99_ms")))
                 errors = "–" if r is None else r["errors"]
-                print(f"| {mode} | {wname(w)} | {c} | {gw} | {fmt(rps, ',.0f')} "
+                print(f"| {mode} | {wname(w)} | {c} | {gw} | {fmt(rps, ',.1f')} | {fmt(goodput(r), ',.1f')} "
                       f"| {fmt(dist(r, 'ttft', 'p50_ms'), '.2f')} | {fmt(dist(r, 'ttft', 'p99_ms'), '.2f')} "
+                      f"| {fmt(dist(r, 'tpot', 'p50_ms'), '.3f')} | {fmt(dist(r, 'itl', 'p99_ms'), '.2f')} "
                       f"| {fmt(dist(r, 'latency', 'p50_ms'), '.2f')} | {fmt(dist(r, 'latency', 'p99_ms'), '.2f')} "
                       f"| {fmt(cpu(r, 0), ',.0f')} | {fmt(workers_cpu(r), ',.0f')} | {errors} |")
 if plot:
@@ -267,7 +290,7 @@ main() {
         summarise "$SUMMARY_OF"
         return
     fi
-    build iris-gateway iris-engine iris-loadgen
+    build iris-gateway iris-engine iris-encoder iris-loadgen
     command -v "$SMG" >/dev/null || { log "no smg launcher at '$SMG' (pip install smg; set SMG=PATH)"; exit 1; }
     if [[ $WORKLOADS == *img* ]]; then
         [[ -f $IMAGE ]] || { log "no image at $IMAGE (set IMAGE=FILE)"; exit 1; }
