@@ -67,4 +67,9 @@ pub struct EncoderArgs {
     /// Identity reported to peers and in logs (default: encode@host:port).
     #[arg(long, env = "IRIS_ENCODER_WORKER_ID")]
     pub worker_id: Option<String>,
+    /// Name reported as served_model_name in GetModelInfo (default: the
+    /// model directory's name, as iris-engine). Gateways that group workers
+    /// by model (smg) need it equal to the prefill and decode workers'.
+    #[arg(long, env = "IRIS_ENCODER_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
 }

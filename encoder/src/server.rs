@@ -179,6 +179,11 @@ fn build(args: EncoderArgs, compute: Option<Arc<dyn Compute>>) -> anyhow::Result
         })),
         model_fingerprint: hasher.finish(),
         model_type: dir.config.model_type.clone(),
+        served_model_name: args
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| dir.served_model_name()),
+        architectures: dir.config.architectures.clone(),
         metrics: EncoderMetrics::default(),
         worker_id,
         started: Instant::now(),

@@ -46,6 +46,9 @@ pub struct Encoder {
     pub rooms: Arc<RoomStore<Embedding>>,
     pub model_fingerprint: u64,
     pub model_type: String,
+    /// What GetModelInfo reports as served_model_name.
+    pub served_model_name: String,
+    pub architectures: Vec<String>,
     pub metrics: EncoderMetrics,
     pub worker_id: String,
     pub started: Instant,
@@ -304,7 +307,9 @@ impl TokenSpeedScheduler for EncoderService {
         let e = &self.0;
         Ok(Response::new(GetModelInfoResponse {
             model_path: e.args.model_path.display().to_string(),
+            served_model_name: e.served_model_name.clone(),
             model_type: e.model_type.clone(),
+            architectures: e.architectures.clone(),
             supports_vision: true,
             supports_multimodal: true,
             supported_modalities: vec![Modality::Image as i32],

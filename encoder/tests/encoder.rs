@@ -47,6 +47,7 @@ async fn encoder_with(model: &TempDir, max_held_mb: u64, compute: ComputeKind) -
         room_ttl_secs: 30,
         fetch_wait_ms: 2_000,
         worker_id: None,
+        served_model_name: None,
         metrics_port: 0,
     };
     iris_encoder::start(args).await.expect("encoder starts")
@@ -288,6 +289,11 @@ async fn scheduler_service_is_info_only() {
         .into_inner();
     assert!(info.supports_vision);
     assert_eq!(info.model_type, "qwen2_vl");
+    // The directory's name, as the engines report it (gateways group the
+    // encode, prefill and decode workers of one model by it).
+    let dir_name = model.path().file_name().expect("name").to_string_lossy();
+    assert_eq!(info.served_model_name, dir_name);
+    assert!(!info.architectures.is_empty());
     let gen = s
         .generate(GenerateRequest::default())
         .await
@@ -465,6 +471,7 @@ async fn tower_backend_without_weights_is_a_clear_startup_error() {
         room_ttl_secs: 1,
         fetch_wait_ms: 100,
         worker_id: None,
+        served_model_name: None,
         metrics_port: 0,
     };
     let err = iris_encoder::start(args).await.err().expect("no weights");
@@ -621,6 +628,7 @@ async fn a_fast_item_is_served_while_a_slow_one_in_its_batch_computes() {
         room_ttl_secs: 30,
         fetch_wait_ms: 2_000,
         worker_id: None,
+        served_model_name: None,
     };
     let enc = iris_encoder::start_with(args, Some(compute))
         .await

@@ -84,6 +84,16 @@ pub struct Cli {
     /// Seconds one request may take before it counts as an error.
     #[arg(long, default_value_t = 30.0)]
     pub request_timeout_secs: f64,
+    /// Goodput objective: time to first token at most this many ms (streams).
+    #[arg(long)]
+    pub slo_ttft_ms: Option<f64>,
+    /// Goodput objective: time per output token after the first at most
+    /// this many ms (streams).
+    #[arg(long)]
+    pub slo_tpot_ms: Option<f64>,
+    /// Goodput objective: end-to-end latency at most this many ms.
+    #[arg(long)]
+    pub slo_e2e_ms: Option<f64>,
     /// Write the tiny test model into this directory and exit.
     #[arg(long, conflicts_with_all = ["target", "grpc"])]
     pub write_tiny_model: Option<PathBuf>,
@@ -129,6 +139,8 @@ pub struct Config {
     pub image: Option<ImageInput>,
     pub cpu_pids: Vec<u32>,
     pub request_timeout: Duration,
+    /// Goodput objectives (none set: no goodput in the report).
+    pub slo: crate::stats::Slo,
 }
 
 impl Cli {
@@ -150,6 +162,11 @@ impl Cli {
             image: self.image()?,
             cpu_pids: self.cpu_pid.clone(),
             request_timeout: seconds("--request-timeout-secs", self.request_timeout_secs, false)?,
+            slo: crate::stats::Slo {
+                ttft_ms: positive_ms("--slo-ttft-ms", self.slo_ttft_ms)?,
+                tpot_ms: positive_ms("--slo-tpot-ms", self.slo_tpot_ms)?,
+                e2e_ms: positive_ms("--slo-e2e-ms", self.slo_e2e_ms)?,
+            },
         })
     }
 
@@ -280,6 +297,14 @@ fn seconds(name: &str, value: f64, zero_ok: bool) -> anyhow::Result<Duration> {
         bail!("{name} must be {low} and at most {MAX_DURATION_SECS} seconds, not {value}");
     }
     Ok(Duration::from_secs_f64(value))
+}
+
+/// An optional objective in milliseconds: finite and above 0.
+fn positive_ms(name: &str, value: Option<f64>) -> anyhow::Result<Option<f64>> {
+    match value {
+        Some(v) if !(v.is_finite() && v > 0.0) => bail!("{name} must be more than 0 ms, not {v}"),
+        other => Ok(other),
+    }
 }
 
 fn non_empty(name: &str, value: &str) -> anyhow::Result<String> {

@@ -11,7 +11,7 @@ use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClie
 use iris_proto::scheduler::GenerateRequest;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::run::Timing;
+use crate::run::{Timing, TokenClock};
 
 /// Opens `count` channels to `endpoint` (eagerly, so a dead target fails
 /// before the run).
@@ -59,7 +59,7 @@ impl GrpcClient {
             .map_err(|s| anyhow::anyhow!("Generate failed: {:?} {}", s.code(), s.message()))?
             .into_inner();
         let ttfb = start.elapsed();
-        let mut first_token = None;
+        let mut tokens = TokenClock::default();
         let mut finish = None;
         while let Some(reply) = stream
             .message()
@@ -67,8 +67,9 @@ impl GrpcClient {
             .map_err(|s| anyhow::anyhow!("stream failed: {:?} {}", s.code(), s.message()))?
         {
             match reply.response {
-                Some(Reply::Chunk(c)) if first_token.is_none() && !c.token_ids.is_empty() => {
-                    first_token = Some(start.elapsed());
+                Some(Reply::Chunk(c)) => {
+                    let n = u32::try_from(c.token_ids.len()).unwrap_or(u32::MAX);
+                    tokens.arrived(n, start.elapsed());
                 }
                 Some(Reply::Complete(c)) => finish = Some(c.finish_reason),
                 _ => {}
@@ -77,7 +78,7 @@ impl GrpcClient {
         match finish.as_deref() {
             None => bail!("the stream ended without a GenerateComplete"),
             Some("abort") => bail!("the worker aborted the request"),
-            Some(_) => Ok(Timing { ttfb, first_token }),
+            Some(_) => Ok(Timing { ttfb, tokens }),
         }
     }
 }

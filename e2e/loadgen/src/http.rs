@@ -18,7 +18,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::image::{ChatBody, ImageChats};
-use crate::run::Timing;
+use crate::run::{Timing, TokenClock};
 
 const CHAT_PATH: &str = "/v1/chat/completions";
 
@@ -143,7 +143,7 @@ const ERROR_BODY_BYTES: usize = 200;
 /// What the answer's body showed: first token, `[DONE]`, error events.
 struct AnswerScan {
     stream: bool,
-    first_token: Option<Duration>,
+    tokens: TokenClock,
     done: bool,
     error_event: Option<String>,
     bytes: usize,
@@ -155,7 +155,7 @@ impl AnswerScan {
     fn new(stream: bool) -> AnswerScan {
         AnswerScan {
             stream,
-            first_token: None,
+            tokens: TokenClock::default(),
             done: false,
             error_event: None,
             bytes: 0,
@@ -172,8 +172,9 @@ impl AnswerScan {
         if !self.stream {
             return;
         }
-        if self.first_token.is_none() && has_content(data) {
-            self.first_token = Some(start.elapsed());
+        let n = content_events(data);
+        if n > 0 {
+            self.tokens.arrived(n, start.elapsed());
         }
         if self.error_event.is_none() && find(data, b"\"error\":").is_some() {
             self.error_event = Some(String::from_utf8_lossy(data).chars().take(300).collect());
@@ -200,23 +201,24 @@ impl AnswerScan {
         }
         Ok(Timing {
             ttfb,
-            first_token: self.first_token,
+            tokens: self.tokens,
         })
     }
 }
 
-/// Whether an SSE frame carries generated text: `"content":"` followed by
-/// anything but the closing quote (the role chunk's content is empty).
-fn has_content(data: &[u8]) -> bool {
+/// SSE events with generated text in `data`: each `"content":"` followed
+/// by anything but the closing quote (the role chunk's content is empty).
+fn content_events(data: &[u8]) -> u32 {
     const KEY: &[u8] = b"\"content\":\"";
     let mut rest = data;
+    let mut n = 0u32;
     while let Some(at) = find(rest, KEY) {
         rest = &rest[at + KEY.len()..];
         if rest.first().is_some_and(|&b| b != b'"') {
-            return true;
+            n = n.saturating_add(1);
         }
     }
-    false
+    n
 }
 
 /// The offset of `needle` in `hay`.
@@ -263,10 +265,10 @@ mod tests {
         let role =
             b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
         let token = b"data: {\"choices\":[{\"delta\":{\"content\":\"sea\"}}]}\n\n";
-        assert!(!has_content(role));
-        assert!(has_content(token));
-        let both = [&role[..], &token[..]].concat();
-        assert!(has_content(&both));
+        assert_eq!(content_events(role), 0);
+        assert_eq!(content_events(token), 1);
+        let both = [&role[..], &token[..], &token[..]].concat();
+        assert_eq!(content_events(&both), 2);
         assert_eq!(find(b"abc", b"c"), Some(2));
         assert_eq!(find(b"ab", b"abc"), None);
     }
@@ -280,7 +282,7 @@ mod tests {
         assert!(AnswerScan::new(true).finish(ok, Duration::ZERO).is_err());
         scan.push(&Bytes::from_static(b"data: [DONE]\n\n"), start);
         let timing = scan.finish(ok, Duration::ZERO).unwrap();
-        assert!(timing.first_token.is_some());
+        assert!(timing.tokens.first.is_some());
         let mut bad = AnswerScan::new(true);
         bad.push(
             &Bytes::from_static(b"data: {\"error\":{}}\n\ndata: [DONE]\n\n"),

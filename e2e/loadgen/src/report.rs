@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::args::{Config, Target};
 use crate::cpu::Proc;
 use crate::run::Measured;
-use crate::stats::{cpu_us_per_request, rate, Distribution};
+use crate::stats::{cpu_us_per_request, rate, Distribution, Slo};
 
 /// CPU of one process over the measured window.
 #[derive(Debug, Serialize)]
@@ -32,6 +32,14 @@ pub struct ImageReport {
     pub repeat_fraction: f64,
 }
 
+/// Goodput: measured requests meeting every service-level objective.
+#[derive(Debug, Serialize)]
+pub struct Goodput {
+    pub slo: Slo,
+    pub requests: u64,
+    pub requests_per_sec: f64,
+}
+
 /// Everything printed for a run.
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -51,6 +59,14 @@ pub struct Report {
     pub ttfb: Option<Distribution>,
     /// First generated token (streams only).
     pub ttft: Option<Distribution>,
+    /// Time per output token after the first, one value per request with
+    /// at least two tokens (streams only).
+    pub tpot: Option<Distribution>,
+    /// Inter-token latency, one value per token after the first (streams
+    /// only; tokens that arrive together are 0 apart).
+    pub itl: Option<Distribution>,
+    /// Requests that met every objective (with --slo-*-ms).
+    pub goodput: Option<Goodput>,
     /// Watched processes, then the load generator (`pid: null`).
     pub cpu: Vec<CpuReport>,
     /// `sysconf(_SC_CLK_TCK)`; CPU times have this resolution.
@@ -106,9 +122,35 @@ impl Report {
             ttft: Distribution::of(
                 samples
                     .iter()
-                    .filter_map(|s| s.timing.first_token)
+                    .filter_map(|s| s.timing.tokens.first)
                     .collect(),
             ),
+            tpot: Distribution::of(
+                samples
+                    .iter()
+                    .filter_map(|s| s.timing.tokens.tpot())
+                    .collect(),
+            ),
+            itl: Distribution::of(
+                samples
+                    .iter()
+                    .flat_map(|s| s.timing.tokens.gaps.iter().copied())
+                    .collect(),
+            ),
+            goodput: config.slo.is_set().then(|| {
+                let good = samples
+                    .iter()
+                    .filter(|s| {
+                        let t = &s.timing.tokens;
+                        config.slo.met(t.first, t.tpot(), s.latency)
+                    })
+                    .count() as u64;
+                Goodput {
+                    slo: config.slo,
+                    requests: good,
+                    requests_per_sec: rate(good, m.window),
+                }
+            }),
             cpu,
             clock_ticks_per_sec: m.ticks_per_sec,
             error_samples: m
@@ -149,6 +191,8 @@ impl Report {
             ("latency", &self.latency),
             ("ttfb", &self.ttfb),
             ("ttft", &self.ttft),
+            ("tpot", &self.tpot),
+            ("itl", &self.itl),
         ] {
             if let Some(d) = d {
                 let _ = writeln!(
@@ -157,6 +201,13 @@ impl Report {
                     d.p50_ms, d.p90_ms, d.p99_ms, d.mean_ms, d.max_ms
                 );
             }
+        }
+        if let Some(g) = &self.goodput {
+            let _ = writeln!(
+                s,
+                "goodput {} requests => {:.1} req/s (SLO ms: ttft {:?}, tpot {:?}, e2e {:?})",
+                g.requests, g.requests_per_sec, g.slo.ttft_ms, g.slo.tpot_ms, g.slo.e2e_ms
+            );
         }
         for c in &self.cpu {
             let who = c.pid.map_or_else(

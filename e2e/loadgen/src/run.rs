@@ -23,16 +23,54 @@ const ERROR_PAUSE: Duration = Duration::from_millis(5);
 const ERROR_SAMPLES: usize = 5;
 
 /// Times of one answered request, from its start.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Timing {
     /// Response headers received.
     pub ttfb: Duration,
-    /// First generated token received (streams only).
-    pub first_token: Option<Duration>,
+    /// Arrivals of the generated tokens (streams only).
+    pub tokens: TokenClock,
+}
+
+/// When a stream's generated tokens arrived, from the request's start.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenClock {
+    /// The first token (time to first token).
+    pub first: Option<Duration>,
+    /// The last token.
+    pub last: Option<Duration>,
+    /// Tokens (HTTP: SSE events with generated text) received.
+    pub tokens: u32,
+    /// Inter-token latencies: one per token after the first. Tokens that
+    /// arrive together (one read, one gRPC chunk) are 0 apart.
+    pub gaps: Vec<Duration>,
+}
+
+impl TokenClock {
+    /// `n` tokens arrived together, `at` after the request's start.
+    pub fn arrived(&mut self, n: u32, at: Duration) {
+        if n == 0 {
+            return;
+        }
+        match self.last {
+            None => self.first = Some(at),
+            Some(prev) => self.gaps.push(at.saturating_sub(prev)),
+        }
+        self.gaps
+            .extend(std::iter::repeat_n(Duration::ZERO, (n - 1) as usize));
+        self.last = Some(at);
+        self.tokens = self.tokens.saturating_add(n);
+    }
+
+    /// Time per output token after the first: (last − first) / (tokens − 1);
+    /// `None` with fewer than two tokens.
+    pub fn tpot(&self) -> Option<Duration> {
+        let (first, last) = (self.first?, self.last?);
+        (self.tokens >= 2).then(|| last.saturating_sub(first) / (self.tokens - 1))
+    }
 }
 
 /// One measured, successful request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Sample {
     pub latency: Duration,
     pub timing: Timing,
@@ -319,11 +357,28 @@ mod tests {
         }
         let ok = Timing {
             ttfb: Duration::from_millis(1),
-            first_token: None,
+            tokens: TokenClock::default(),
         };
         record(&mut out, Ok(ok), Duration::from_millis(2));
         assert_eq!(out.errors, ERROR_SAMPLES as u64 + 3);
         assert_eq!(out.error_messages.len(), ERROR_SAMPLES);
         assert_eq!(out.samples.len(), 1);
+    }
+
+    #[test]
+    fn token_clock_times_tokens() {
+        let ms = Duration::from_millis;
+        let mut c = TokenClock::default();
+        c.arrived(0, ms(1));
+        assert_eq!((c.first, c.tpot()), (None, None));
+        c.arrived(1, ms(10));
+        assert_eq!((c.first, c.tpot()), (Some(ms(10)), None));
+        c.arrived(1, ms(14));
+        // Two tokens in one read: the second is 0 after the first.
+        c.arrived(2, ms(22));
+        assert_eq!(c.tokens, 4);
+        assert_eq!(c.last, Some(ms(22)));
+        assert_eq!(c.gaps, vec![ms(4), ms(8), Duration::ZERO]);
+        assert_eq!(c.tpot(), Some(ms(4)));
     }
 }

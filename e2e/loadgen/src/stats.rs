@@ -62,6 +62,35 @@ impl Distribution {
     }
 }
 
+/// Service-level objectives for goodput: a request counts when it meets
+/// every one that is set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Slo {
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub e2e_ms: Option<f64>,
+}
+
+impl Slo {
+    /// Whether any objective is set.
+    pub fn is_set(&self) -> bool {
+        self.ttft_ms.is_some() || self.tpot_ms.is_some() || self.e2e_ms.is_some()
+    }
+
+    /// Whether a request met every objective: without a measured first
+    /// token it misses a TTFT objective; with fewer than two tokens (no
+    /// TPOT) it meets a TPOT objective.
+    pub fn met(&self, ttft: Option<Duration>, tpot: Option<Duration>, e2e: Duration) -> bool {
+        let within = |limit: Option<f64>, v: Duration| limit.is_none_or(|l| ms(v) <= l);
+        let ttft_ok = match (self.ttft_ms, ttft) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(_), Some(t)) => within(self.ttft_ms, t),
+        };
+        ttft_ok && tpot.is_none_or(|t| within(self.tpot_ms, t)) && within(self.e2e_ms, e2e)
+    }
+}
+
 /// Microseconds of CPU per request; `None` without requests.
 pub fn cpu_us_per_request(cpu: Duration, requests: u64) -> Option<f64> {
     (requests > 0).then(|| cpu.as_secs_f64() * 1e6 / requests as f64)
@@ -114,6 +143,32 @@ mod tests {
         assert!((rate(10, Duration::from_secs(4)) - 2.5).abs() < 1e-12);
         assert_eq!(rate(10, Duration::ZERO), 0.0);
         assert_eq!(rate(0, Duration::from_secs(1)), 0.0);
+    }
+
+    #[test]
+    fn slo_goodput_checks() {
+        let ms = Duration::from_millis;
+        let none = Slo::default();
+        assert!(!none.is_set());
+        assert!(none.met(None, None, ms(1000)));
+        let slo = Slo {
+            ttft_ms: Some(10.0),
+            tpot_ms: Some(2.0),
+            e2e_ms: Some(50.0),
+        };
+        assert!(slo.is_set());
+        assert!(slo.met(Some(ms(10)), Some(ms(2)), ms(50)));
+        assert!(!slo.met(Some(ms(11)), Some(ms(2)), ms(50)));
+        assert!(!slo.met(Some(ms(10)), Some(ms(3)), ms(50)));
+        assert!(!slo.met(Some(ms(10)), Some(ms(2)), ms(51)));
+        // No first token: misses a TTFT objective; one token: no TPOT.
+        assert!(!slo.met(None, Some(ms(1)), ms(1)));
+        assert!(slo.met(Some(ms(1)), None, ms(1)));
+        let e2e_only = Slo {
+            e2e_ms: Some(5.0),
+            ..Slo::default()
+        };
+        assert!(e2e_only.met(None, None, ms(5)));
     }
 
     #[test]
