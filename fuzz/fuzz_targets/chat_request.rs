@@ -27,16 +27,19 @@ fn prompt() -> &'static Prompt {
         let dir = std::env::temp_dir().join(format!("iris-fuzz-tiny-{}", std::process::id()));
         iris_model::tiny::write_tiny_qwen2_vl(&dir).expect("write the tiny model");
         let model = ModelDir::load(&dir).expect("load the tiny model");
-        let template =
-            ChatTemplate::new(model.chat_template().expect("tiny model has a template"))
-                .expect("template compiles");
+        let template = ChatTemplate::new(model.chat_template().expect("tiny model has a template"))
+            .expect("template compiles");
         let tokenizer = model.load_tokenizer().expect("tokenizer loads");
         let tc = &model.tokenizer_config;
         let extra = json!({
             "bos_token": tc.bos_token.clone().unwrap_or_default(),
             "eos_token": tc.eos_token.clone().unwrap_or_default(),
         });
-        Prompt { template, tokenizer, extra }
+        Prompt {
+            template,
+            tokenizer,
+            extra,
+        }
     })
 }
 
@@ -68,9 +71,13 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     };
-    let Ok(text) = p.template.render(&template_messages(&request.messages), true, Some(&p.extra))
+    let Ok(text) = p
+        .template
+        .render(&template_messages(&request.messages), true, Some(&p.extra))
     else {
         return;
     };
-    p.tokenizer.encode(text.as_str(), false).expect("rendered prompts tokenize");
+    p.tokenizer
+        .encode(text.as_str(), false)
+        .expect("rendered prompts tokenize");
 });

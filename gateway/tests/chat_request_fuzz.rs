@@ -36,9 +36,29 @@ const SEEDS: &[&str] = &[
 ];
 
 const SPLICES: &[&str] = &[
-    "{", "}", "[", "]", ",", ":", "\"", "\\u", "\\ud800", "null", "true", "1e999", "-0",
-    "\"role\"", "\"content\"", "\"user\"", "\"assistant\"", "\"image_url\"", "<|im_start|>",
-    "{{", "{%", "\u{feff}", "\u{10ffff}",
+    "{",
+    "}",
+    "[",
+    "]",
+    ",",
+    ":",
+    "\"",
+    "\\u",
+    "\\ud800",
+    "null",
+    "true",
+    "1e999",
+    "-0",
+    "\"role\"",
+    "\"content\"",
+    "\"user\"",
+    "\"assistant\"",
+    "\"image_url\"",
+    "<|im_start|>",
+    "{{",
+    "{%",
+    "\u{feff}",
+    "\u{10ffff}",
 ];
 
 /// Runs one body through the request path; `(parsed, rendered)`.
@@ -71,7 +91,9 @@ fn mutated_requests_never_panic() {
         for _ in 0..300 {
             let mut bytes = seed.as_bytes().to_vec();
             for _ in 0..1 + rng.below(4) {
-                let at = rng.below(bytes.len() + 1).min(bytes.len().saturating_sub(1));
+                let at = rng
+                    .below(bytes.len() + 1)
+                    .min(bytes.len().saturating_sub(1));
                 match rng.below(5) {
                     0 => bytes[at] ^= 1 << rng.below(8),
                     1 => bytes[at] = rng.next() as u8,
@@ -88,5 +110,8 @@ fn mutated_requests_never_panic() {
             rendered += usize::from(r);
         }
     }
-    assert!(parsed > 0 && rendered > 0, "parsed {parsed}, rendered {rendered}");
+    assert!(
+        parsed > 0 && rendered > 0,
+        "parsed {parsed}, rendered {rendered}"
+    );
 }
