@@ -9,7 +9,10 @@ fuzz_target!(|data: &[u8]| {
     // Small limits keep each run fast and memory-bounded.
     let opts = PreprocessOptions {
         max_pixels: Some(100_000),
-        limits: DecodeLimits { max_side: 4096, max_pixels: 4_000_000 },
+        limits: DecodeLimits {
+            max_side: 4096,
+            max_pixels: 4_000_000,
+        },
         ..PreprocessOptions::default()
     };
     if let Ok(out) = QwenVlProcessor::qwen2_vl().preprocess_bytes(data, &opts) {

@@ -89,6 +89,17 @@ pub struct Fetched {
     pub stats: FetchStats,
 }
 
+/// Decodes the `data:` URL `url` without fetching anything (the rules are
+/// in `docs/media.md`): the decoded bytes, at most `max_bytes` of them,
+/// and the format they sniff as, which is the declared one.
+/// [`MediaFetcher::fetch`] uses the same code; this entry point exists for
+/// fuzzing and tools. A URL that is not a `data:` URL is
+/// [`MediaError::InvalidDataUrl`].
+pub fn decode_data_url(url: &str, max_bytes: u64) -> Result<(Bytes, ImageFormat), MediaError> {
+    let image = data_url::decode(url, max_bytes)?;
+    Ok((image.bytes, image.format))
+}
+
 /// Fetches image URLs under one [`MediaConfig`]. Holds one pooled HTTP
 /// client; cheap to clone (clones share the pool).
 #[derive(Debug, Clone)]

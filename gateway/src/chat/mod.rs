@@ -191,7 +191,7 @@ fn build_prompt(state: &AppState, request: &ChatCompletionRequest) -> Result<Vec
 
 /// Messages as Hugging Face chat templates expect them: `developer`
 /// becomes `system`, image parts become `{"type": "image"}`.
-fn template_messages(messages: &[ChatMessage]) -> Value {
+pub fn template_messages(messages: &[ChatMessage]) -> Value {
     let part = |p: &ContentPart| match p {
         ContentPart::Text { text } => json!({"type": "text", "text": text}),
         ContentPart::ImageUrl { .. } => json!({"type": "image"}),

@@ -1,0 +1,95 @@
+//! The `data_url` fuzz target's body (`fuzz/fuzz_targets/data_url.rs`) as
+//! an ordinary test over a deterministic mutated corpus, so CI runs it
+//! without libFuzzer or a nightly toolchain: `decode_data_url` never
+//! panics, refuses only with client errors, and accepts only images within
+//! the size cap that sniff as their declared format.
+
+use base64::Engine as _;
+use iris_media::{decode_data_url, ImageFormat};
+
+const MAX_BYTES: u64 = 4096;
+
+/// SplitMix64, so the test needs no extra crates.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// The fuzz target's check; whether `url` was accepted.
+fn check(url: &str) -> bool {
+    match decode_data_url(url, MAX_BYTES) {
+        Ok((bytes, format)) => {
+            assert!(bytes.len() as u64 <= MAX_BYTES);
+            assert_eq!(ImageFormat::sniff(&bytes), Some(format));
+            true
+        }
+        Err(e) => {
+            assert!(e.is_client_error(), "{e:?} is not a client error");
+            false
+        }
+    }
+}
+
+/// The fuzz target's body: the text as is and behind two prefixes.
+fn target(data: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(data);
+    let a = check(&text);
+    check(&format!("data:image/png;base64,{text}"));
+    check(&format!("data:image/png,{text}"));
+    a
+}
+
+const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x02\0\0\0";
+const GIF: &[u8] = b"GIF89a\x01\x00\x01\x00\x00\x00\x00;";
+
+fn seeds() -> Vec<String> {
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    vec![
+        format!("data:image/png;base64,{}", b64(PNG)),
+        format!("DATA:Image/PNG;charset=utf-8;BASE64,{}", b64(PNG)),
+        format!("data:image/gif;base64,{}", b64(GIF).replace('/', "%2F")),
+        "data:image/png,%89PNG%0D%0A%1A%0A%00%00%00%0DIHDR%00%00%00%01".to_owned(),
+        format!("  data:image/jpeg;base64, {} ", b64(PNG)),
+        format!("data:image/png;base64,{}", "A".repeat(6000)),
+    ]
+}
+
+#[test]
+fn mutated_data_urls_never_panic() {
+    let mut rng = Rng(0xda7a_0ff1_ce00_0001);
+    let mut accepted = 0;
+    for seed in seeds() {
+        target(seed.as_bytes());
+        for _ in 0..500 {
+            let mut bytes = seed.clone().into_bytes();
+            for _ in 0..1 + rng.below(6) {
+                let at = rng.below(bytes.len());
+                match rng.below(5) {
+                    0 => bytes[at] ^= 1 << rng.below(8),
+                    1 => bytes[at] = rng.next() as u8,
+                    2 => bytes.truncate(at.max(1)),
+                    3 => bytes.insert(at, b"%=;,+/ \t"[rng.below(8)]),
+                    _ => bytes.insert(at, rng.next() as u8),
+                }
+            }
+            accepted += usize::from(target(&bytes));
+        }
+    }
+    assert!(accepted > 0, "some mutants must still decode");
+    for _ in 0..2000 {
+        let len = rng.below(64);
+        let bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        target(&bytes);
+    }
+}

@@ -1,0 +1,119 @@
+//! The `chat_request` fuzz target's body (`fuzz/fuzz_targets/chat_request.rs`)
+//! as an ordinary test over a deterministic mutated corpus, so CI runs it
+//! without libFuzzer or a nightly toolchain: request bytes through
+//! `parse_chat_request`, then the tiny model's chat template and tokenizer
+//! (the gateway's own `Prompter` and `template_messages`). Parse failures
+//! must be 400s, template refusals are fine, tokenizing must succeed, and
+//! nothing may panic.
+
+use iris_gateway::chat::template_messages;
+use iris_gateway::prompt::Prompter;
+use iris_model::ModelDir;
+use iris_openai::parse_chat_request;
+
+/// SplitMix64, so the test needs no extra crates.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+const SEEDS: &[&str] = &[
+    r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+    r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"t"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]},{"role":"assistant","content":null},{"role":"user","content":"again"}],"stop":["a","\u00e9"],"max_tokens":3}"#,
+    r#"{"model":"m","messages":[{"role":"developer","content":"<|im_start|>x<|im_end|>"},{"role":"user","content":"\u0000\u200d\ud83d\udc69 {{ raise_exception('x') }} {% for %}"}]}"#,
+    r#"{"model":"m","messages":[{"role":"assistant","content":[{"type":"text","text":"r"}]},{"role":"user","content":[{"type":"text","text":"<|vision_start|><|image_pad|>"}]}]}"#,
+];
+
+const SPLICES: &[&str] = &[
+    "{",
+    "}",
+    "[",
+    "]",
+    ",",
+    ":",
+    "\"",
+    "\\u",
+    "\\ud800",
+    "null",
+    "true",
+    "1e999",
+    "-0",
+    "\"role\"",
+    "\"content\"",
+    "\"user\"",
+    "\"assistant\"",
+    "\"image_url\"",
+    "<|im_start|>",
+    "{{",
+    "{%",
+    "\u{feff}",
+    "\u{10ffff}",
+];
+
+/// Runs one body through the request path; `(parsed, rendered)`.
+fn check(prompter: &Prompter, body: &[u8]) -> (bool, bool) {
+    let request = match parse_chat_request(body) {
+        Ok(request) => request,
+        Err(e) => {
+            assert_eq!(e.status, 400, "{e:?}");
+            return (false, false);
+        }
+    };
+    let Ok(text) = prompter.render(&template_messages(&request.messages)) else {
+        return (true, false);
+    };
+    prompter.encode(&text).expect("rendered prompts tokenize");
+    (true, true)
+}
+
+#[test]
+fn mutated_requests_never_panic() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    iris_model::tiny::write_tiny_qwen2_vl(dir.path()).expect("tiny model");
+    let model = ModelDir::load(dir.path()).expect("model dir");
+    let prompter = Prompter::load(&model, None, 256).expect("prompter");
+    let mut rng = Rng(0x0bad_c0de_5eed_0001);
+    let (mut parsed, mut rendered) = (0, 0);
+    for seed in SEEDS {
+        let (p, r) = check(&prompter, seed.as_bytes());
+        assert!(p && r, "seed must pass: {seed}");
+        for _ in 0..300 {
+            let mut bytes = seed.as_bytes().to_vec();
+            for _ in 0..1 + rng.below(4) {
+                let at = rng
+                    .below(bytes.len() + 1)
+                    .min(bytes.len().saturating_sub(1));
+                match rng.below(5) {
+                    0 => bytes[at] ^= 1 << rng.below(8),
+                    1 => bytes[at] = rng.next() as u8,
+                    2 => bytes.truncate(at.max(1)),
+                    3 => bytes.insert(at, rng.next() as u8),
+                    _ => {
+                        let splice = SPLICES[rng.below(SPLICES.len())].as_bytes();
+                        let tail = bytes.split_off(at);
+                        bytes.extend_from_slice(splice);
+                        bytes.extend_from_slice(&tail);
+                    }
+                }
+            }
+            let (p, r) = check(&prompter, &bytes);
+            parsed += usize::from(p);
+            rendered += usize::from(r);
+        }
+    }
+    assert!(
+        parsed > 0 && rendered > 0,
+        "parsed {parsed}, rendered {rendered}"
+    );
+}
