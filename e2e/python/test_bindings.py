@@ -32,6 +32,7 @@ import iris
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("iris_e2e_helpers", HERE.parent / "tests" / "conftest.py")
 helpers = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = helpers
 _spec.loader.exec_module(helpers)
 
 
@@ -44,8 +45,9 @@ def helpers_png() -> bytes:
     import struct
     import zlib
 
-    rows = b"".join(b"\x00" + bytes((x * 7 % 256, y * 5 % 256, (x + y) % 256)
-                                     for x in range(56)) for y in range(56))
+    rows = b"".join(b"\x00" + bytes(v for x in range(56)
+                                     for v in (x * 7 % 256, y * 5 % 256, (x + y) % 256))
+                    for y in range(56))
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return (struct.pack(">I", len(data)) + kind + data

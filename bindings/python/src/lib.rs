@@ -29,7 +29,7 @@ use pyo3::prelude::*;
 use tokio_util::sync::CancellationToken;
 
 pyo3::create_exception!(
-    _native,
+    iris,
     GatewayError,
     PyRuntimeError,
     "The gateway failed to start, or stopped with an error."
@@ -294,7 +294,7 @@ fn serve(
 
 /// A gateway running in this process (from `launch`): its address, and
 /// `wait`/`stop`. Dropping the handle stops the gateway (without waiting).
-#[pyclass(module = "iris._native", name = "Gateway", frozen)]
+#[pyclass(module = "iris", name = "Gateway", frozen)]
 struct Gateway {
     addr: SocketAddr,
     shutdown: CancellationToken,
