@@ -61,6 +61,9 @@ class GatewayArgs:
         mm_fetch_timeout_ms: int | None = None,
         mm_max_redirects: int | None = None,
         mm_encoder_input_dtype: Literal["float32", "bfloat16"] | None = None,
+        # --multimodal-tensor-transport is being added to the gateway; until
+        # it lands, passing it raises the CLI's "unexpected argument" error.
+        multimodal_tensor_transport: str | None = None,
         service_discovery: bool = False,
         selector: _Strings | None = None,
         encode_selector: _Strings | None = None,
@@ -119,6 +122,7 @@ def launch_gateway(
     mm_fetch_timeout_ms: int | None = None,
     mm_max_redirects: int | None = None,
     mm_encoder_input_dtype: Literal["float32", "bfloat16"] | None = None,
+    multimodal_tensor_transport: str | None = None,
     service_discovery: bool = False,
     selector: _Strings | None = None,
     encode_selector: _Strings | None = None,
