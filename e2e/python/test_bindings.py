@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import gc
 import importlib.util
 import os
 import signal
@@ -191,6 +192,16 @@ def test_ctrl_c_interrupts_wait(model_dir):
         assert time.monotonic() - started < 5
         assert gateway.running
     assert not gateway.running
+
+
+def test_dropping_the_handle_stops_the_gateway(model_dir):
+    gateway = iris.launch_gateway(model_path=model_dir, port=0,
+                                  worker_urls=["grpc://127.0.0.1:1"])
+    port = gateway.port
+    assert repr(gateway) == f"<iris.Gateway http://127.0.0.1:{port} running>"
+    del gateway
+    gc.collect()
+    helpers.wait_until(lambda: port_closed(port), 15, "the port to close")
 
 
 def iris_script() -> str:
