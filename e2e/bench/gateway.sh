@@ -15,7 +15,8 @@
 #   ENGINE_BIN, GATEWAY_BIN  other iris-engine / iris binaries to measure
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+source "$(dirname "$0")/lib.sh"
+
 RUNS=${RUNS:-3}
 DURATION=${DURATION:-15}
 WARMUP=${WARMUP:-2}
@@ -23,73 +24,22 @@ CONCURRENCIES=${CONCURRENCIES:-"1 16 64"}
 MAX_TOKENS=${MAX_TOKENS:-16}
 STREAM=${STREAM:-0}
 LOADGEN_THREADS=${LOADGEN_THREADS:-1}
-TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-BIN=$TARGET_DIR/release
 ENGINE_BIN=${ENGINE_BIN:-$BIN/iris-engine}
 GATEWAY_BIN=${GATEWAY_BIN:-$BIN/iris}
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/iris-bench.XXXXXX")
-PIDS=()
-
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-log() { echo "$*" >&2; }
-
-# Waits (up to 30 s) for a regex in a file and prints the first match.
-wait_for() {
-    local pattern=$1 file=$2 pid=$3 match
-    for _ in $(seq 300); do
-        match=$(grep -aoE "$pattern" "$file" 2>/dev/null | head -n1 || true)
-        if [[ -n $match ]]; then
-            echo "$match"
-            return 0
-        fi
-        kill -0 "$pid" 2>/dev/null || { log "process $pid died:"; cat "$file" >&2; return 1; }
-        sleep 0.1
-    done
-    log "timed out waiting for /$pattern/ in $file"
-    return 1
-}
-
-build() {
-    if [[ ${SKIP_BUILD:-0} != 1 ]]; then
-        log "building release binaries into $TARGET_DIR …"
-        (cd "$ROOT" && CARGO_TARGET_DIR=$TARGET_DIR cargo build --release \
-            -p iris-gateway -p iris-engine -p iris-loadgen)
-    fi
-}
-
 start_engine() {
-    "$ENGINE_BIN" --role aggregated --host 127.0.0.1 --port 0 \
-        --model-path "$WORK/model" >"$WORK/engine.out" 2>"$WORK/engine.err" &
-    ENGINE_PID=$!
-    PIDS+=("$ENGINE_PID")
+    spawn engine "$ENGINE_BIN" --role aggregated --host 127.0.0.1 --port 0 \
+        --model-path "$WORK/model"
+    ENGINE_PID=$SPAWNED
     ENGINE_ADDR=$(wait_for '127\.0\.0\.1:[0-9]+' "$WORK/engine.out" "$ENGINE_PID")
 }
 
 start_gateway() {
-    NO_COLOR=1 "$GATEWAY_BIN" serve --host 127.0.0.1 --port 0 --model-path "$WORK/model" \
-        --worker-urls "grpc://$ENGINE_ADDR" >"$WORK/gateway.out" 2>"$WORK/gateway.err" &
-    GATEWAY_PID=$!
-    PIDS+=("$GATEWAY_PID")
-    GATEWAY_ADDR=$(wait_for '127\.0\.0\.1:[0-9]+' "$WORK/gateway.err" "$GATEWAY_PID")
-    for _ in $(seq 100); do
-        curl -fsS "http://$GATEWAY_ADDR/readiness" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    log "the gateway never became ready"
-    return 1
+    spawn gateway env NO_COLOR=1 "$GATEWAY_BIN" serve --host 127.0.0.1 --port 0 \
+        --model-path "$WORK/model" --worker-urls "grpc://$ENGINE_ADDR"
+    GATEWAY_PID=$SPAWNED
+    GATEWAY_ADDR=$(gateway_addr "$GATEWAY_PID")
+    wait_ready "$GATEWAY_ADDR"
 }
 
 # loadgen NAME ARGS…: one run, its JSON report saved as $WORK/results/NAME.json.
@@ -166,7 +116,7 @@ PY
 }
 
 main() {
-    build
+    build iris-gateway iris-engine iris-loadgen
     mkdir -p "$WORK/results"
     "$BIN/iris-loadgen" --write-tiny-model "$WORK/model"
     start_engine
@@ -174,18 +124,14 @@ main() {
     log "engine $ENGINE_ADDR (pid $ENGINE_PID), gateway $GATEWAY_ADDR (pid $GATEWAY_PID)"
     echo "## Gateway overhead: RUNS=$RUNS DURATION=${DURATION}s WARMUP=${WARMUP}s MAX_TOKENS=$MAX_TOKENS STREAM=$STREAM"
     echo
-    echo "- $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    machine_info
     echo "- engine $ENGINE_BIN, gateway $GATEWAY_BIN"
-    echo "- $(rustc --version), commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo
     run_all
     summarise
     echo
     echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-    if [[ -n ${RESULTS_DIR:-} ]]; then
-        mkdir -p "$RESULTS_DIR"
-        cp "$WORK"/results/*.json "$RESULTS_DIR"/
-    fi
+    keep_results
 }
 
 main "$@"

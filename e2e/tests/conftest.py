@@ -235,7 +235,7 @@ def start_engine(procs: Processes, model_dir: Path, role: str, *extra) -> Engine
 def start_encoder(procs: Processes, model_dir: Path, *extra) -> Engine:
     """Starts ``iris-encoder`` (the model's vision tower) on free ports."""
     args = [binary("iris-encoder"), "--host", "127.0.0.1", "--port", "0",
-            "--bootstrap-port", "0", "--model-path", model_dir, "--compute", "digest", *extra]
+            "--bootstrap-port", "0", "--model-path", model_dir, "--metrics-port", "0", "--compute", "tower", *extra]
     process = procs.spawn("encoder", args)
     match = process.wait_for_line(ENCODER_LINE, STARTUP_TIMEOUT)
     return Engine("encode", process, port_of(match.group(1)), port_of(match.group(2)))
@@ -290,7 +290,7 @@ def prefill_decode(procs: Processes, model_dir: Path, decodes: int = 1, prefill_
 def model_dir(tmp_path_factory) -> Path:
     """The tiny model directory, written once per session."""
     path = tmp_path_factory.mktemp("models") / "tiny-chat"
-    subprocess.run([str(binary("examples/write_tiny")), str(path)], check=True,
+    subprocess.run([str(binary("iris")), "tiny-model", str(path)], check=True,
                    stdout=subprocess.DEVNULL, timeout=60)
     return path
 

@@ -34,6 +34,9 @@ pub struct EncoderArgs {
     /// Port of the iris.data.v1 server prefill workers fetch from (0: pick one).
     #[arg(long, default_value_t = iris_proto::DEFAULT_BOOTSTRAP_PORT, env = "IRIS_ENCODER_BOOTSTRAP_PORT")]
     pub bootstrap_port: u16,
+    /// HTTP port serving Prometheus text on `/metrics` (0: pick one).
+    #[arg(long, default_value_t = 30101, env = "IRIS_ENCODER_METRICS_PORT")]
+    pub metrics_port: u16,
     /// Hugging Face model directory (config.json with a vision_config).
     #[arg(long, env = "IRIS_ENCODER_MODEL_PATH")]
     pub model_path: PathBuf,

@@ -1,11 +1,13 @@
 //! Adapts a [`Compute`] backend to the batching loop: items are images,
-//! cost is patches, and the batch runs on the blocking pool.
+//! cost is patches, the batch runs on the blocking pool, and each image's
+//! embedding is handed back the moment it is done.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
+use iris_batcher::Completion;
 
-use crate::compute::{Compute, ImageInput};
+use crate::compute::{Compute, Encoded, ImageInput};
 
 pub struct TowerBackend {
     pub compute: Arc<dyn Compute>,
@@ -19,9 +21,9 @@ impl iris_batcher::Backend for TowerBackend {
         item.patches()
     }
 
-    fn run(&self, items: Vec<ImageInput>) -> Result<Vec<Bytes>, String> {
-        let items: Vec<ImageInput> = items.into_iter().map(ImageInput::to_f32).collect();
-        let outputs = self.compute.encode(&items)?;
-        Ok(outputs.into_iter().map(Bytes::from).collect())
+    fn run(&self, items: Vec<ImageInput>, done: &Completion<Bytes>) -> Result<(), String> {
+        let report = |index: usize, output: Encoded| done.finish(index, output.map(Bytes::from));
+        self.compute.encode_batch(items, &report);
+        Ok(())
     }
 }

@@ -3,6 +3,7 @@
 //! backend: a cheap deterministic function of the pixel bytes with the
 //! right output shape, so every path can run without weights or GPUs.
 
+use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 /// One image to encode.
@@ -42,15 +43,31 @@ impl ImageInput {
     }
 }
 
-/// A vision encoder backend. `encode` is blocking compute: callers run it
-/// on a blocking thread.
+/// An embedding (float32 little-endian `[tokens, out_hidden]`) or why the
+/// image could not be encoded.
+pub type Encoded = Result<Vec<u8>, String>;
+
+/// A vision encoder backend. `encode` and `encode_batch` are blocking
+/// compute: callers run them on a blocking thread.
 pub trait Compute: Send + Sync + 'static {
     /// Width of one embedding row.
     fn out_hidden(&self) -> usize;
     /// Output rows (LM tokens) for an image of `grid`.
     fn tokens(&self, grid: [u32; 3]) -> usize;
-    /// One embedding per image, float32 little-endian `[tokens, out_hidden]`.
-    fn encode(&self, images: &[ImageInput]) -> Result<Vec<Vec<u8>>, String>;
+    /// One image's embedding; `image` holds float32 pixels.
+    fn encode(&self, image: &ImageInput) -> Encoded;
+
+    /// Encodes a batch, handing each image's embedding to `done` (with its
+    /// index) as soon as it is ready. The default runs the images side by
+    /// side on the rayon pool, each its own forward pass, so a small image
+    /// is answered without waiting for a large one; bfloat16 pixels are
+    /// widened first. A backend that gains from fusing a batch overrides it.
+    fn encode_batch(&self, images: Vec<ImageInput>, done: &(dyn Fn(usize, Encoded) + Sync)) {
+        images
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(index, image)| done(index, self.encode(&image.to_f32())));
+    }
 }
 
 /// The reference backend: row `i` of an image's embedding is derived from
@@ -71,8 +88,8 @@ impl Compute for DigestCompute {
         (grid.iter().map(|&d| d as usize).product::<usize>()) / merge as usize
     }
 
-    fn encode(&self, images: &[ImageInput]) -> Result<Vec<Vec<u8>>, String> {
-        Ok(images.iter().map(|image| self.embed(image)).collect())
+    fn encode(&self, image: &ImageInput) -> Encoded {
+        Ok(self.embed(image))
     }
 }
 
@@ -110,23 +127,19 @@ impl Compute for TowerCompute {
         grid.iter().map(|&d| d as usize).product::<usize>() / (merge * merge)
     }
 
-    fn encode(&self, images: &[ImageInput]) -> Result<Vec<Vec<u8>>, String> {
-        let pixels: Vec<f32> = images
-            .iter()
-            .flat_map(|image| {
-                image
-                    .pixels
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            })
+    fn encode(&self, image: &ImageInput) -> Encoded {
+        let pixels: Vec<f32> = image
+            .pixels
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid.map(|d| d as usize)).collect();
-        let outputs = iris_tower::VisionBackend::encode(&self.tower, &pixels, &grids)
+        let grid = image.grid.map(|d| d as usize);
+        let mut outputs = iris_tower::VisionBackend::encode(&self.tower, &pixels, &[grid])
             .map_err(|e| e.to_string())?;
-        Ok(outputs
-            .into_iter()
-            .map(|rows| rows.iter().flat_map(|v| v.to_le_bytes()).collect())
-            .collect())
+        let rows = outputs
+            .pop()
+            .ok_or_else(|| "the tower returned no embedding".to_string())?;
+        Ok(rows.iter().flat_map(|v| v.to_le_bytes()).collect())
     }
 }
 
@@ -155,7 +168,10 @@ mod tests {
             out_hidden: 8,
             merge: 2,
         };
-        let out = c.encode(&[image(1), image(1), image(2)]).unwrap();
+        let out: Vec<Vec<u8>> = [image(1), image(1), image(2)]
+            .iter()
+            .map(|i| c.encode(i).unwrap())
+            .collect();
         assert_eq!(c.tokens([1, 4, 4]), 4);
         assert_eq!(out[0].len(), 4 * 8 * 4);
         assert_eq!(out[0], out[1]);

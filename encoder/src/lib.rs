@@ -5,15 +5,18 @@
 //!
 //! Work flows: [`validate`] → rooms claimed (bounded bytes: Encode pushes
 //! back when full) → [`cache`] hits answered at once → misses batched by
-//! `iris-batcher` → [`compute`] on the blocking pool → rooms completed.
+//! `iris-batcher` → [`compute`] on the blocking pool → each room completed
+//! as soon as its item is done. [`metrics`] serves Prometheus text on
+//! `--metrics-port`.
 
 pub mod args;
 mod backend;
 pub mod cache;
 pub mod compute;
+pub mod metrics;
 mod server;
 pub mod service;
 pub mod validate;
 
 pub use args::{ComputeKind, EncoderArgs};
-pub use server::{start, RunningEncoder};
+pub use server::{start, start_with, RunningEncoder};

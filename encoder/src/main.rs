@@ -1,5 +1,6 @@
 //! The `iris-encoder` binary. Prints `iris-encoder listening grpc=ADDR
-//! data=ADDR` on stdout once bound, then serves until SIGINT/SIGTERM.
+//! data=ADDR metrics=ADDR` on stdout once bound, then serves until
+//! SIGINT/SIGTERM.
 
 use clap::Parser;
 use iris_encoder::EncoderArgs;
@@ -24,8 +25,8 @@ async fn main() -> anyhow::Result<()> {
     iris_process::init_logging(cli.log_json);
     let running = iris_encoder::start(cli.encoder).await?;
     println!(
-        "iris-encoder listening grpc={} data={}",
-        running.grpc_addr, running.data_addr
+        "iris-encoder listening grpc={} data={} metrics={}",
+        running.grpc_addr, running.data_addr, running.metrics_addr
     );
     let shutdown = running.shutdown_token();
     tokio::spawn(async move {

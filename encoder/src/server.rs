@@ -1,6 +1,8 @@
 //! Start-up: read the model's vision geometry, build the compute backend,
-//! the batching loop, the cache and the room store, and serve.
+//! the batching loop, the cache and the room store, and serve gRPC, the
+//! data server and `/metrics`.
 
+use std::future::IntoFuture;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::TowerBackend;
 use crate::cache::EmbeddingCache;
 use crate::compute::{Compute, DigestCompute, TowerCompute};
+use crate::metrics::EncoderMetrics;
 use crate::service::{Encoder, EncoderService};
 use crate::validate::Geometry;
 use crate::{ComputeKind, EncoderArgs};
@@ -32,6 +35,8 @@ const MIB: u64 = 1 << 20;
 pub struct RunningEncoder {
     pub grpc_addr: SocketAddr,
     pub data_addr: SocketAddr,
+    /// Where `GET /metrics` is served.
+    pub metrics_addr: SocketAddr,
     pub encoder: Arc<Encoder>,
     servers: ServerTasks,
 }
@@ -46,11 +51,23 @@ impl RunningEncoder {
     }
 }
 
+/// Starts the encoder with the `--compute` backend named in `args`.
 pub async fn start(args: EncoderArgs) -> anyhow::Result<RunningEncoder> {
-    let encoder = Arc::new(build(args.clone())?);
+    start_with(args, None).await
+}
+
+/// Starts the encoder; `compute` (if given) replaces the `--compute`
+/// backend, e.g. an accelerator backend or a test double.
+pub async fn start_with(
+    args: EncoderArgs,
+    compute: Option<Arc<dyn Compute>>,
+) -> anyhow::Result<RunningEncoder> {
+    let encoder = Arc::new(build(args.clone(), compute)?);
     let grpc = bind(&args.host, args.port).await?;
     let data = bind(&args.host, args.bootstrap_port).await?;
+    let metrics = bind(&args.host, args.metrics_port).await?;
     let (grpc_addr, data_addr) = (grpc.local_addr()?, data.local_addr()?);
+    let metrics_addr = metrics.local_addr()?;
     let service = EncoderService(encoder.clone());
     let mut servers = ServerTasks::default();
     encoder.rooms.spawn_sweeper(Duration::from_secs(1));
@@ -69,9 +86,15 @@ pub async fn start(args: EncoderArgs) -> anyhow::Result<RunningEncoder> {
         iris_process::nodelay_incoming(data),
         servers.shutdown_token().cancelled_owned(),
     ));
+    servers.spawn(
+        axum::serve(metrics, crate::metrics::routes(encoder.clone()))
+            .with_graceful_shutdown(servers.shutdown_token().cancelled_owned())
+            .into_future(),
+    );
     Ok(RunningEncoder {
         grpc_addr,
         data_addr,
+        metrics_addr,
         encoder,
         servers,
     })
@@ -104,7 +127,7 @@ async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot listen on {host}:{port}"))
 }
 
-fn build(args: EncoderArgs) -> anyhow::Result<Encoder> {
+fn build(args: EncoderArgs, compute: Option<Arc<dyn Compute>>) -> anyhow::Result<Encoder> {
     let dir = ModelDir::load(&args.model_path)
         .with_context(|| format!("cannot load model directory {}", args.model_path.display()))?;
     let vision = dir
@@ -118,7 +141,10 @@ fn build(args: EncoderArgs) -> anyhow::Result<Encoder> {
             * vision.patch_size,
         merge: vision.spatial_merge_size,
     };
-    let compute = compute_backend(&args, &vision)?;
+    let compute = match compute {
+        Some(compute) => compute,
+        None => compute_backend(&args, &vision)?,
+    };
     let batcher = Batcher::start(
         Arc::new(TowerBackend {
             compute: compute.clone(),
@@ -153,6 +179,7 @@ fn build(args: EncoderArgs) -> anyhow::Result<Encoder> {
         })),
         model_fingerprint: hasher.finish(),
         model_type: dir.config.model_type.clone(),
+        metrics: EncoderMetrics::default(),
         worker_id,
         started: Instant::now(),
         args,

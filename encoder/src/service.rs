@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use iris_batcher::{BatchError, Batcher, Request as BatchRequest};
+use iris_batcher::{Answer, BatchError, Batcher, Request as BatchRequest};
 use iris_proto::common::{GetTokenizerChunk, GetTokenizerRequest, Modality};
 use iris_proto::data::iris_data_server::IrisData;
 use iris_proto::data::{FetchEmbeddingResponse, FetchKvStateResponse, FetchRequest};
@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 use crate::backend::TowerBackend;
 use crate::cache::EmbeddingCache;
 use crate::compute::Compute;
+use crate::metrics::EncoderMetrics;
 use crate::validate::{self, EncodeItem, Geometry};
 use crate::EncoderArgs;
 
@@ -45,6 +46,7 @@ pub struct Encoder {
     pub rooms: Arc<RoomStore<Embedding>>,
     pub model_fingerprint: u64,
     pub model_type: String,
+    pub metrics: EncoderMetrics,
     pub worker_id: String,
     pub started: Instant,
 }
@@ -101,7 +103,8 @@ impl Encoder {
         }
     }
 
-    /// Queues the misses; a task completes (or fails) their rooms.
+    /// Queues the misses; a task completes (or fails) each room as soon as
+    /// its item is done.
     fn queue(self: &Arc<Self>, misses: Vec<EncodeItem>) -> Result<(), Status> {
         let inputs = misses.iter().map(|m| m.input.clone()).collect();
         let answer = match self.batcher.enqueue(BatchRequest {
@@ -117,24 +120,85 @@ impl Encoder {
                 return Err(status);
             }
         };
-        let encoder = self.clone();
-        tokio::spawn(async move {
-            match answer.await.unwrap_or(Err(BatchError::Stopped)) {
-                Ok(outputs) => {
-                    for (item, data) in misses.iter().zip(outputs) {
-                        encoder.cache.insert(
-                            (item.content_hash.clone(), encoder.model_fingerprint),
-                            data.clone(),
-                        );
-                        encoder.finish(item, data);
-                    }
-                }
-                Err(e) => misses
-                    .iter()
-                    .for_each(|m| encoder.rooms.fail(m.room, format!("encode failed: {e}"))),
-            }
-        });
+        tokio::spawn(self.clone().settle_all(misses, answer));
         Ok(())
+    }
+
+    /// Settles each item as its answer arrives; items left unanswered
+    /// (the batcher stopped) fail.
+    async fn settle_all(self: Arc<Self>, misses: Vec<EncodeItem>, mut answer: Answer<Bytes>) {
+        let mut open = vec![true; misses.len()];
+        while let Some((index, output)) = answer.next().await {
+            if let (Some(item), Some(flag)) = (misses.get(index), open.get_mut(index)) {
+                *flag = false;
+                self.settle(item, output.map_err(|e| e.to_string()));
+            }
+        }
+        for (item, _) in misses.iter().zip(open).filter(|(_, open)| *open) {
+            self.settle(item, Err(BatchError::Stopped.to_string()));
+        }
+    }
+
+    /// Completes an item's room (and caches its embedding) or fails it.
+    fn settle(&self, item: &EncodeItem, output: Result<Bytes, String>) {
+        match output {
+            Ok(data) => {
+                self.cache.insert(
+                    (item.content_hash.clone(), self.model_fingerprint),
+                    data.clone(),
+                );
+                self.finish(item, data);
+            }
+            Err(e) => {
+                self.metrics.failed_item();
+                self.rooms.fail(item.room, format!("encode failed: {e}"));
+            }
+        }
+    }
+
+    /// Validates, claims rooms, answers cache hits, queues the misses.
+    fn accept(self: &Arc<Self>, request: &EncodeRequest) -> Result<(), Status> {
+        let items = validate::items(request, self.geometry)?;
+        self.claim_rooms(&items)?;
+        let misses = self.serve_hits(items);
+        if !misses.is_empty() {
+            self.queue(misses)?;
+        }
+        Ok(())
+    }
+
+    /// Load as GetLoads reports it: the unit of work is an item (image);
+    /// waiting = items queued for a batch, running = items being computed.
+    fn loads(&self) -> GetLoadsResponse {
+        let as_i32 = |v: u64| i32::try_from(v).unwrap_or(i32::MAX);
+        let batch = self.batcher.metrics();
+        let cache = self.cache.stats();
+        let lookups = cache.hits + cache.misses;
+        let cache_hit_rate = match lookups {
+            0 => 0.0,
+            n => cache.hits as f64 / n as f64,
+        };
+        let load = SchedulerLoad {
+            dp_rank: 0,
+            num_running_reqs: as_i32(batch.running_items),
+            num_waiting_reqs: as_i32(batch.queued_items),
+            num_total_reqs: as_i32(batch.running_items + batch.queued_items),
+            cache_hit_rate,
+            ..SchedulerLoad::default()
+        };
+        let aggregate = AggregateMetrics {
+            total_running_reqs: load.num_running_reqs,
+            total_waiting_reqs: load.num_waiting_reqs,
+            total_reqs: load.num_total_reqs,
+            ..AggregateMetrics::default()
+        };
+        GetLoadsResponse {
+            timestamp: iris_proto::info::timestamp_now(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            dp_rank_count: 1,
+            loads: vec![load],
+            aggregate: Some(aggregate),
+        }
     }
 }
 
@@ -156,12 +220,12 @@ impl TokenSpeedEncoder for EncoderService {
         request: Request<EncodeRequest>,
     ) -> Result<Response<EncodeResponse>, Status> {
         let encoder = &self.0;
-        let items = validate::items(request.get_ref(), encoder.geometry)?;
-        encoder.claim_rooms(&items)?;
-        let misses = encoder.serve_hits(items);
-        if !misses.is_empty() {
-            encoder.queue(misses)?;
-        }
+        let request = request.into_inner();
+        let items = request.mm_inputs.as_ref().map_or(0, |m| m.items.len());
+        encoder.metrics.request(items);
+        encoder
+            .accept(&request)
+            .inspect_err(|_| encoder.metrics.refused())?;
         Ok(Response::new(EncodeResponse { accepted: true }))
     }
 }
@@ -277,21 +341,7 @@ impl TokenSpeedScheduler for EncoderService {
         &self,
         _: Request<GetLoadsRequest>,
     ) -> Result<Response<GetLoadsResponse>, Status> {
-        let e = &self.0;
-        let pending = i32::try_from(e.batcher.pending()).unwrap_or(i32::MAX);
-        let rooms = e.rooms.stats();
-        let load = SchedulerLoad {
-            num_waiting_reqs: pending,
-            num_total_reqs: pending,
-            num_running_reqs: i32::try_from(rooms.pending).unwrap_or(i32::MAX),
-            ..SchedulerLoad::default()
-        };
-        Ok(Response::new(GetLoadsResponse {
-            version: env!("CARGO_PKG_VERSION").into(),
-            dp_rank_count: 1,
-            loads: vec![load],
-            ..GetLoadsResponse::default()
-        }))
+        Ok(Response::new(self.0.loads()))
     }
 
     async fn get_tokenizer(

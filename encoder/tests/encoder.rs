@@ -47,6 +47,7 @@ async fn encoder_with(model: &TempDir, max_held_mb: u64, compute: ComputeKind) -
         room_ttl_secs: 30,
         fetch_wait_ms: 2_000,
         worker_id: None,
+        metrics_port: 0,
     };
     iris_encoder::start(args).await.expect("encoder starts")
 }
@@ -409,14 +410,14 @@ async fn complete_ids(mut stream: tonic::Streaming<GenerateResponse>) -> Vec<u32
     ids
 }
 
-/// The real CPU vision tower behind Encode: tiny Qwen2-VL weights written
-/// next to the tiny model; embeddings are finite, deterministic, shaped
-/// [tokens, 64], and differ between images.
+/// The real CPU vision tower behind Encode, on the tiny VL model as
+/// `iris_tower::write_tiny_vl_model` writes it (the demo's model):
+/// embeddings are finite, deterministic, shaped [tokens, 64] (the language
+/// model's hidden size), and differ between images.
 #[tokio::test]
 async fn tower_backend_encodes_with_real_weights() {
-    let model = model();
-    iris_tower::write_tiny_weights(model.path(), &iris_tower::TowerConfig::tiny_qwen2_vl(), 7)
-        .expect("weights");
+    let model = tempfile::tempdir().expect("temp dir");
+    iris_tower::write_tiny_vl_model(model.path()).expect("tiny VL model");
     let enc = encoder_with(&model, 64, ComputeKind::Tower).await;
     let (mut e, mut d) = clients(&enc).await;
     e.encode(request(
@@ -464,7 +465,202 @@ async fn tower_backend_without_weights_is_a_clear_startup_error() {
         room_ttl_secs: 1,
         fetch_wait_ms: 100,
         worker_id: None,
+        metrics_port: 0,
     };
     let err = iris_encoder::start(args).await.err().expect("no weights");
     assert!(format!("{err:#}").contains("--compute digest"), "{err:#}");
+}
+
+/// A GET over a plain TCP connection; returns the whole response.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    response
+}
+
+fn assert_lines(text: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(
+            text.lines().any(|l| l == *line),
+            "{line:?} missing from\n{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn metrics_endpoint_exports_requests_cache_batches_and_held_bytes() {
+    let model = model();
+    let enc = encoder(&model, 64).await;
+    let (mut e, mut d) = clients(&enc).await;
+    e.encode(request(
+        vec![item(0.5, 4, 6, b"m-a"), item(0.25, 2, 2, b"m-b")],
+        &[10, 11],
+    ))
+    .await
+    .expect("accepted");
+    fetch(&mut d, 10).await.expect("room 10");
+    fetch(&mut d, 11).await.expect("room 11");
+    // A cache hit left uncollected: 6 tokens × 64 × 4 bytes held.
+    e.encode(request(vec![item(0.5, 4, 6, b"m-a")], &[12]))
+        .await
+        .expect("accepted");
+    e.encode(request(vec![item(0.5, 3, 3, b"bad")], &[13]))
+        .await
+        .expect_err("odd grid");
+    let response = http_get(enc.metrics_addr, "/metrics").await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response.contains("content-type: text/plain; version=0.0.4"),
+        "{response}"
+    );
+    assert_lines(
+        &response,
+        &[
+            "iris_encoder_encode_requests_total 3",
+            "iris_encoder_encode_failures_total 1",
+            "iris_encoder_encode_items_total 4",
+            "iris_encoder_items_failed_total 0",
+            "iris_encoder_cache_hits_total 1",
+            "iris_encoder_cache_misses_total 2",
+            "iris_encoder_cache_evictions_total 0",
+            "iris_encoder_cache_entries 2",
+            "iris_encoder_cache_bytes 1792",
+            "iris_encoder_held_bytes 1536",
+            "iris_encoder_rooms_ready 1",
+            "# TYPE iris_encoder_queue_wait_seconds histogram",
+            "iris_encoder_queue_wait_seconds_count 1",
+            "iris_encoder_batch_requests_count 1",
+            "iris_encoder_batch_items_bucket{le=\"1\"} 0",
+            "iris_encoder_batch_items_bucket{le=\"2\"} 1",
+            "iris_encoder_batch_items_sum 2",
+            "# TYPE iris_encoder_batch_compute_seconds histogram",
+            "iris_encoder_batch_compute_seconds_count 1",
+            "iris_encoder_batches_failed_total 0",
+            "iris_encoder_items_queued 0",
+            "iris_encoder_items_in_flight 0",
+        ],
+    );
+    let missing = http_get(enc.metrics_addr, "/nope").await;
+    assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+}
+
+/// Digest compute whose images of one grid wait until the test says so.
+struct Gated {
+    inner: iris_encoder::compute::DigestCompute,
+    slow_grid: [u32; 3],
+    gate: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl iris_encoder::compute::Compute for Gated {
+    fn out_hidden(&self) -> usize {
+        self.inner.out_hidden()
+    }
+
+    fn tokens(&self, grid: [u32; 3]) -> usize {
+        self.inner.tokens(grid)
+    }
+
+    fn encode(&self, image: &iris_encoder::compute::ImageInput) -> iris_encoder::compute::Encoded {
+        if image.grid == self.slow_grid {
+            let _ = self.gate.lock().expect("gate").recv();
+        }
+        self.inner.encode(image)
+    }
+}
+
+async fn loads(enc: &RunningEncoder) -> SchedulerLoad {
+    let mut s = TokenSpeedSchedulerClient::connect(format!("http://{}", enc.grpc_addr))
+        .await
+        .expect("connect");
+    let loads = s
+        .get_loads(GetLoadsRequest::default())
+        .await
+        .expect("loads")
+        .into_inner();
+    assert_eq!(loads.dp_rank_count, 1);
+    let aggregate = loads.aggregate.expect("aggregate");
+    let load = loads.loads.into_iter().next().expect("one load");
+    assert_eq!(aggregate.total_reqs, load.num_total_reqs);
+    load
+}
+
+/// One slow image does not hold the rest of its batch: the fast image's
+/// room is collected while the slow one still computes (the gate is only
+/// opened afterwards), and GetLoads and /metrics count the slow item in
+/// flight and a later request's item queued behind it.
+#[tokio::test]
+async fn a_fast_item_is_served_while_a_slow_one_in_its_batch_computes() {
+    use iris_encoder::compute::{Compute, DigestCompute};
+    let model = model();
+    let (release, gate) = std::sync::mpsc::channel();
+    let compute: std::sync::Arc<dyn Compute> = std::sync::Arc::new(Gated {
+        inner: DigestCompute {
+            out_hidden: 64,
+            merge: 2,
+        },
+        slow_grid: [1, 4, 4],
+        gate: std::sync::Mutex::new(gate),
+    });
+    let args = EncoderArgs {
+        compute: ComputeKind::Digest,
+        host: "127.0.0.1".into(),
+        port: 0,
+        bootstrap_port: 0,
+        metrics_port: 0,
+        model_path: model.path().to_path_buf(),
+        max_batch_patches: 4096,
+        coalesce_window_ms: 0,
+        dispatch_width: 1,
+        queue_capacity: 64,
+        embedding_cache_mb: 16,
+        max_held_mb: 64,
+        room_ttl_secs: 30,
+        fetch_wait_ms: 2_000,
+        worker_id: None,
+    };
+    let enc = iris_encoder::start_with(args, Some(compute))
+        .await
+        .expect("encoder starts");
+    let (mut e, mut d) = clients(&enc).await;
+    e.encode(request(
+        vec![item(1.0, 4, 4, b"slow"), item(2.0, 2, 2, b"fast")],
+        &[1, 2],
+    ))
+    .await
+    .expect("accepted");
+    let fast = fetch(&mut d, 2)
+        .await
+        .expect("the fast item, slow one gated");
+    assert_eq!(fast.shape, vec![1, 64]);
+    let load = loads(&enc).await;
+    assert_eq!((load.num_running_reqs, load.num_waiting_reqs), (1, 0));
+    e.encode(request(vec![item(3.0, 2, 2, b"next")], &[3]))
+        .await
+        .expect("accepted");
+    let load = loads(&enc).await;
+    assert_eq!(
+        (
+            load.num_running_reqs,
+            load.num_waiting_reqs,
+            load.num_total_reqs
+        ),
+        (1, 1, 2)
+    );
+    let text = http_get(enc.metrics_addr, "/metrics").await;
+    assert_lines(
+        &text,
+        &[
+            "iris_encoder_items_in_flight 1",
+            "iris_encoder_items_queued 1",
+        ],
+    );
+    release.send(()).expect("release");
+    assert_eq!(fetch(&mut d, 1).await.expect("slow").shape, vec![4, 64]);
+    assert_eq!(fetch(&mut d, 3).await.expect("queued").shape, vec![1, 64]);
+    let load = loads(&enc).await;
+    assert_eq!((load.num_running_reqs, load.num_waiting_reqs), (0, 0));
 }

@@ -69,6 +69,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 10000, env = "IRIS_ENCODE_TIMEOUT_MS")]
     pub encode_timeout_ms: u64,
 
+    /// Encode calls (image transfers) in flight per encode worker; more
+    /// images wait in the gateway (0: unlimited).
+    #[arg(long, default_value_t = 8, env = "IRIS_ENCODE_MAX_IN_FLIGHT")]
+    pub encode_max_in_flight: usize,
+
     /// Worker choice for every role unless overridden.
     #[arg(long, value_enum, default_value = "power_of_two", env = "IRIS_POLICY")]
     pub policy: PolicyKind,
@@ -106,6 +111,10 @@ pub struct ServeArgs {
     /// Whole-request deadline in seconds (504 or an error event past it).
     #[arg(long, default_value_t = 600, env = "IRIS_REQUEST_TIMEOUT_SECS")]
     pub request_timeout_secs: u64,
+    /// Seconds requests in flight may finish after SIGTERM/Ctrl-C before
+    /// they are ended and their workers aborted.
+    #[arg(long, default_value_t = 30.0, env = "IRIS_SHUTDOWN_GRACE_SECS")]
+    pub shutdown_grace_secs: f64,
     /// Largest request body in bytes (413 above it).
     #[arg(long, default_value_t = 64 << 20, env = "IRIS_MAX_PAYLOAD_SIZE")]
     pub max_payload_size: usize,

@@ -11,6 +11,10 @@ use iris_engine::{EngineArgs, Role};
 
 use crate::ServeArgs;
 
+/// How long the demo's workers wait for an embedding or a KV state: the
+/// CPU vision tower needs seconds for a large photo.
+const DEMO_TRANSFER_WAIT_MS: u64 = 60_000;
+
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
     /// HTTP port of the gateway.
@@ -89,14 +93,12 @@ fn default_model_dir() -> PathBuf {
     base.join("iris").join("tiny-qwen2-vl")
 }
 
-/// Writes the tiny model unless a complete one is already there.
+/// Writes the tiny model, with its vision tower's weights, unless a
+/// complete one is already there.
 pub fn ensure_tiny_model(dir: &std::path::Path) -> anyhow::Result<()> {
-    let complete = iris_model::tiny::FILES
-        .iter()
-        .all(|f| dir.join(f).is_file());
+    let complete = iris_tower::tiny_vl_files().all(|f| dir.join(f).is_file());
     if !complete {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        iris_model::tiny::write_tiny_qwen2_vl(dir).context("cannot write the tiny model")?;
+        iris_tower::write_tiny_vl_model(dir).context("cannot write the tiny model")?;
     }
     Ok(())
 }
@@ -114,7 +116,8 @@ fn engine_args(model: &std::path::Path, role: Role, decode_us_per_step: u64) -> 
         prefill_us_per_token: 0,
         decode_us_per_step,
         eos_ppm: 20_000,
-        transfer_wait_ms: 5_000,
+        // The CPU tower takes seconds on a large photo: wait for it.
+        transfer_wait_ms: DEMO_TRANSFER_WAIT_MS,
         room_ttl_secs: 60,
         worker_id: Some(format!("demo-{}", role.as_str())),
     }
@@ -129,6 +132,7 @@ fn encoder_args(model: &std::path::Path) -> iris_encoder::EncoderArgs {
         encoder: iris_encoder::EncoderArgs,
     }
     let model = model.display().to_string();
+    let wait = DEMO_TRANSFER_WAIT_MS.to_string();
     let argv = [
         "iris-encoder",
         "--model-path",
@@ -139,6 +143,10 @@ fn encoder_args(model: &std::path::Path) -> iris_encoder::EncoderArgs {
         "0",
         "--bootstrap-port",
         "0",
+        "--metrics-port",
+        "0",
+        "--fetch-wait-ms",
+        &wait,
         "--worker-id",
         "demo-encode",
     ];

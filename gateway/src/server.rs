@@ -38,6 +38,10 @@ pub struct AppState {
     pub created: u64,
     pub request_timeout: Duration,
     pub max_payload: usize,
+    /// How long requests in flight may finish after shutdown begins.
+    pub shutdown_grace: Duration,
+    /// Cancelled when the grace period is over: requests still running end.
+    pub hard_stop: CancellationToken,
 }
 
 impl AppState {
@@ -46,6 +50,9 @@ impl AppState {
         name == self.model_name || name == self.model_path
     }
 }
+
+/// Longest wait, at exit, for Abort RPCs still being sent.
+const ABORT_FLUSH: Duration = Duration::from_secs(5);
 
 /// A started gateway.
 pub struct RunningGateway {
@@ -61,9 +68,33 @@ impl RunningGateway {
     }
 
     /// Waits until the server stops (after shutdown, or on an error).
+    ///
+    /// Shutdown is graceful: once the shutdown token is cancelled no new
+    /// connection is accepted and requests in flight may finish for the
+    /// grace period (`--shutdown-grace-secs`); then the remaining ones end
+    /// with an error event (or 503) and their worker legs get `Abort`,
+    /// which is sent before this returns.
     pub async fn wait(self) -> anyhow::Result<()> {
-        self.task
-            .await
+        let RunningGateway {
+            state,
+            shutdown,
+            mut task,
+            ..
+        } = self;
+        let grace_over = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(state.shutdown_grace).await;
+        };
+        let served = tokio::select! {
+            served = &mut task => served,
+            _ = grace_over => {
+                tracing::warn!("shutdown grace period over: ending the requests still in flight");
+                state.hard_stop.cancel();
+                (&mut task).await
+            }
+        };
+        state.router.flush_aborts(ABORT_FLUSH).await;
+        served
             .context("HTTP server task panicked")?
             .context("HTTP server failed")
     }
@@ -95,6 +126,7 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
                 max_retries: args.max_retries,
                 circuit_breaker_failures: args.circuit_breaker_failures,
                 encode_timeout: Duration::from_millis(args.encode_timeout_ms.max(1)),
+                encode_max_in_flight: args.encode_max_in_flight,
             },
         ),
         prompter,
@@ -111,6 +143,8 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
             .unwrap_or_default(),
         request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
         max_payload: args.max_payload_size,
+        shutdown_grace: Duration::from_secs_f64(args.shutdown_grace_secs.clamp(0.0, 86_400.0)),
+        hard_stop: CancellationToken::new(),
     });
     let listener = TcpListener::bind((args.host.as_str(), args.port))
         .await

@@ -12,19 +12,24 @@
 //! - batches are capped by cost (e.g. patches), not item count; a request's
 //!   own cap (`Request::max_batch_cost`) is honoured for the batch it joins;
 //!   a request is never split, and one above the cap runs alone;
-//! - up to `dispatch_width` batches run at once; each request receives its
-//!   outputs in its own item order;
-//! - a backend error or panic fails only that batch's requests.
+//! - up to `dispatch_width` batches run at once;
+//! - each item is answered as soon as the backend reports it done
+//!   ([`Completion`]), so a fast item is not held by a slow one in the same
+//!   batch; [`Answer::all`] gives a request its outputs in item order;
+//! - a backend error or panic fails only that batch's items not yet done.
 
+mod completion;
 mod metrics;
 mod queue;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use completion::Answering;
+pub use completion::{Answer, Completion, ItemResult};
 pub use metrics::{BatcherMetrics, MetricsSnapshot};
 use queue::{Pending, Queue};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 
 /// What runs a batch. `run` is blocking compute: it is called on the
 /// blocking thread pool.
@@ -35,8 +40,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Cost of one item (e.g. its patch count).
     fn cost(&self, item: &Self::Item) -> u64;
 
-    /// Computes one output per item, in order.
-    fn run(&self, items: Vec<Self::Item>) -> Result<Vec<Self::Output>, String>;
+    /// Computes the items, reporting each to `done` (by its index in
+    /// `items`) as soon as it is ready, in any order and from any thread:
+    /// independent items should run in parallel. Items not reported when
+    /// `run` returns fail with its error (or, after `Ok`, as not computed).
+    fn run(&self, items: Vec<Self::Item>, done: &Completion<Self::Output>) -> Result<(), String>;
 }
 
 /// Batching settings.
@@ -70,14 +78,13 @@ pub enum BatchError {
     Empty,
     #[error("the batch failed: {0}")]
     Backend(String),
-    #[error("the backend returned {got} outputs for {expected} items")]
-    OutputCount { expected: usize, got: usize },
+    #[error("the item failed: {0}")]
+    Item(String),
+    #[error("the backend finished without computing the item")]
+    NotComputed,
 }
 
-type Reply<O> = oneshot::Sender<Result<Vec<O>, BatchError>>;
-
-/// Where a queued request's outputs arrive.
-pub type Answer<O> = oneshot::Receiver<Result<Vec<O>, BatchError>>;
+type Reply<O> = completion::ItemSender<O>;
 
 /// Handle to a running batching loop. Dropping every handle stops the loop
 /// once the queue is drained.
@@ -121,26 +128,32 @@ impl<B: Backend> Batcher<B> {
         }
     }
 
-    /// Queues `request`; resolves when its batch has run.
+    /// Queues `request`; resolves when all its items are done, with their
+    /// outputs in item order (or the first failure).
     pub async fn submit(&self, request: Request<B::Item>) -> Result<Vec<B::Output>, BatchError> {
-        let receiver = self.enqueue(request)?;
-        receiver.await.map_err(|_| BatchError::Stopped)?
+        self.enqueue(request)?.all().await
     }
 
-    /// Queues `request` without waiting; the receiver yields its outputs.
-    /// Refuses at once (instead of growing) when the queue is full.
+    /// Queues `request` without waiting; the answer yields each item's
+    /// output as it is done. Refuses at once (instead of growing) when the
+    /// queue is full.
     pub fn enqueue(&self, request: Request<B::Item>) -> Result<Answer<B::Output>, BatchError> {
-        if request.items.is_empty() {
+        let items = request.items.len();
+        if items == 0 {
             return Err(BatchError::Empty);
         }
-        let (reply, receiver) = oneshot::channel();
+        let (reply, receiver) = mpsc::unbounded_channel();
         let guard = self.queue.admit();
         let pending = Pending::new(request.items, request.max_batch_cost, reply, guard);
-        self.tx.try_send(pending).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => BatchError::QueueFull(self.capacity),
-            mpsc::error::TrySendError::Closed(_) => BatchError::Stopped,
+        self.metrics.queued(items);
+        self.tx.try_send(pending).map_err(|e| {
+            self.metrics.unqueued(items);
+            match e {
+                mpsc::error::TrySendError::Full(_) => BatchError::QueueFull(self.capacity),
+                mpsc::error::TrySendError::Closed(_) => BatchError::Stopped,
+            }
         })?;
-        Ok(receiver)
+        Ok(Answer::new(receiver, items))
     }
 
     /// Requests accepted and not yet answered (queued or running).
@@ -150,6 +163,11 @@ impl<B: Backend> Batcher<B> {
 
     pub fn metrics(&self) -> MetricsSnapshot {
         self.metrics.snapshot()
+    }
+
+    /// Prometheus text of the loop's metrics, named `{prefix}_…`.
+    pub fn render_metrics(&self, out: &mut String, prefix: &str) {
+        self.metrics.render(out, prefix);
     }
 }
 
@@ -233,58 +251,29 @@ impl<B: Backend> Runner<B> {
 
     async fn execute(&self, jobs: Vec<Job<B>>) {
         let started = Instant::now();
-        for job in &jobs {
+        let requests = jobs.len();
+        let mut items = Vec::new();
+        let mut answering = Vec::with_capacity(requests);
+        for job in jobs {
             self.metrics
                 .queue_wait(started.duration_since(job.queued_at));
+            let (mine, reply, guard) = job.into_parts();
+            answering.push((Answering::new(reply, mine.len(), guard), mine.len()));
+            items.extend(mine);
         }
-        let counts: Vec<usize> = jobs.iter().map(|j| j.items.len()).collect();
-        let (items, replies): (Vec<Vec<B::Item>>, Vec<_>) =
-            jobs.into_iter().map(Pending::into_parts).unzip();
-        let items: Vec<B::Item> = items.into_iter().flatten().collect();
-        let expected = items.len();
-        self.metrics.batch(counts.len(), expected);
-        let backend = self.backend.clone();
-        let result = tokio::task::spawn_blocking(move || backend.run(items)).await;
-        self.metrics.compute(started.elapsed());
-        let outputs = match result {
-            Ok(Ok(outputs)) if outputs.len() == expected => Ok(outputs),
-            Ok(Ok(outputs)) => Err(BatchError::OutputCount {
-                expected,
-                got: outputs.len(),
-            }),
-            Ok(Err(message)) => Err(BatchError::Backend(message)),
-            Err(join) => Err(BatchError::Backend(panic_message(join))),
+        self.metrics.batch(requests, items.len());
+        let completion = Arc::new(Completion::new(answering, started, self.metrics.clone()));
+        let (backend, done) = (self.backend.clone(), completion.clone());
+        let result = tokio::task::spawn_blocking(move || backend.run(items, &done)).await;
+        let error = match result {
+            Ok(Ok(())) => BatchError::NotComputed,
+            Ok(Err(message)) => BatchError::Backend(message),
+            Err(join) => BatchError::Backend(panic_message(join)),
         };
-        if outputs.is_err() {
+        if error != BatchError::NotComputed {
             self.metrics.failed_batch();
         }
-        deliver(outputs, &counts, replies);
-    }
-}
-
-/// Hands each request its slice of the outputs, in order.
-fn deliver<O>(
-    outputs: Result<Vec<O>, BatchError>,
-    counts: &[usize],
-    replies: Vec<(Reply<O>, queue::PendingGuard)>,
-) {
-    match outputs {
-        Ok(outputs) => {
-            let mut outputs = outputs.into_iter();
-            for (&count, (reply, guard)) in counts.iter().zip(replies) {
-                let mine: Vec<O> = outputs.by_ref().take(count).collect();
-                // Stop counting the request as pending before its caller
-                // can see the answer (and send the next one).
-                drop(guard);
-                let _ = reply.send(Ok(mine));
-            }
-        }
-        Err(error) => {
-            for (reply, guard) in replies {
-                drop(guard);
-                let _ = reply.send(Err(error.clone()));
-            }
-        }
+        completion.fail_rest(&error);
     }
 }
 

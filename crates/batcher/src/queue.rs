@@ -64,8 +64,9 @@ impl<I, R> Pending<I, R> {
         self.items.iter().map(|i| backend.cost(i)).sum()
     }
 
-    /// The items, and what answers the request (kept pending until used).
-    pub fn into_parts(self) -> (Vec<I>, (R, PendingGuard)) {
-        (self.items, (self.reply, self.guard))
+    /// The items, what answers the request, and the guard that keeps it
+    /// pending until it is answered.
+    pub fn into_parts(self) -> (Vec<I>, R, PendingGuard) {
+        (self.items, self.reply, self.guard)
     }
 }

@@ -16,6 +16,8 @@ struct Fake {
     work: Duration,
     /// Batches containing this tag panic.
     poison: Option<u32>,
+    /// The item with this tag waits until the test sends on the gate.
+    slow: Option<(u32, Mutex<std::sync::mpsc::Receiver<()>>)>,
 }
 
 impl Fake {
@@ -26,7 +28,26 @@ impl Fake {
             most_running: 0.into(),
             work,
             poison: None,
+            slow: None,
         })
+    }
+
+    /// A fake whose item `tag` runs until the returned sender is used.
+    fn gated(tag: u32) -> (Arc<Fake>, std::sync::mpsc::Sender<()>) {
+        let (release, gate) = std::sync::mpsc::channel();
+        let mut fake = Arc::into_inner(Fake::new(Duration::ZERO)).unwrap();
+        fake.slow = Some((tag, Mutex::new(gate)));
+        (Arc::new(fake), release)
+    }
+
+    /// One item's work: wait for the gate if it is the slow one.
+    fn work_on(&self, tag: u32) {
+        match &self.slow {
+            Some((slow, gate)) if *slow == tag => {
+                let _ = gate.lock().unwrap().recv();
+            }
+            _ => std::thread::sleep(self.work),
+        }
     }
 
     fn batches(&self) -> Vec<Vec<u32>> {
@@ -42,7 +63,8 @@ impl Backend for Fake {
         item.1
     }
 
-    fn run(&self, items: Vec<(u32, u64)>) -> Result<Vec<u32>, String> {
+    /// Runs the items in parallel, each reported as soon as it is done.
+    fn run(&self, items: Vec<(u32, u64)>, done: &Completion<u32>) -> Result<(), String> {
         let tags: Vec<u32> = items.iter().map(|i| i.0).collect();
         self.batches.lock().unwrap().push(tags.clone());
         if self.poison.is_some_and(|p| tags.contains(&p)) {
@@ -51,9 +73,16 @@ impl Backend for Fake {
         use std::sync::atomic::Ordering;
         let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_running.fetch_max(now, Ordering::SeqCst);
-        std::thread::sleep(self.work);
+        std::thread::scope(|scope| {
+            for (index, tag) in tags.into_iter().enumerate() {
+                scope.spawn(move || {
+                    self.work_on(tag);
+                    done.finish(index, Ok(tag));
+                });
+            }
+        });
         self.running.fetch_sub(1, Ordering::SeqCst);
-        Ok(tags)
+        Ok(())
     }
 }
 
@@ -114,7 +143,7 @@ async fn an_already_queued_burst_becomes_one_batch() {
         .map(|tag| batcher.enqueue(request(tag, 10)).unwrap())
         .collect();
     for (tag, rx) in receivers.into_iter().enumerate() {
-        assert_eq!(rx.await.unwrap(), Ok(vec![tag as u32]));
+        assert_eq!(rx.all().await, Ok(vec![tag as u32]));
     }
     assert_eq!(fake.batches(), vec![(0..8).collect::<Vec<u32>>()]);
     assert_eq!(batcher.metrics().largest_batch, 8);
@@ -195,6 +224,7 @@ async fn a_panic_fails_only_its_batch() {
         most_running: 0.into(),
         work: Duration::ZERO,
         poison: Some(7),
+        slow: None,
     });
     let batcher = Batcher::start(fake.clone(), config(0));
     let err = batcher.submit(request(7, 10)).await.unwrap_err();
@@ -245,12 +275,112 @@ async fn dispatch_width_runs_batches_side_by_side() {
     );
 }
 
-async fn futures_join(
-    rxs: Vec<tokio::sync::oneshot::Receiver<Result<Vec<u32>, BatchError>>>,
-) -> Vec<Result<Vec<u32>, BatchError>> {
+async fn futures_join(rxs: Vec<Answer<u32>>) -> Vec<Result<Vec<u32>, BatchError>> {
     let mut out = Vec::new();
     for rx in rxs {
-        out.push(rx.await.unwrap_or(Err(BatchError::Stopped)));
+        out.push(rx.all().await);
     }
     out
+}
+
+/// Bounds a wait that only a broken implementation would not finish (a
+/// failure instead of a hang, not a timing assertion).
+async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} never arrived"))
+}
+
+#[tokio::test]
+async fn a_fast_item_is_answered_while_a_slow_one_in_its_batch_runs() {
+    let (fake, release) = Fake::gated(1);
+    let batcher = Batcher::start(fake.clone(), config(0));
+    // One batch: request A = [slow 1, fast 2], request B = [fast 3], both
+    // queued before the loop gets to run (single-threaded test runtime).
+    let mut a = batcher
+        .enqueue(Request {
+            items: vec![(1, 10), (2, 10)],
+            max_batch_cost: None,
+        })
+        .unwrap();
+    let b = batcher.enqueue(request(3, 10)).unwrap();
+    assert_eq!(bounded("request B", b.all()).await, Ok(vec![3]));
+    assert_eq!(bounded("A's fast item", a.next()).await, Some((1, Ok(2))));
+    // The slow item is still running: not answered, counted in flight.
+    assert!(a.try_next().is_none());
+    assert_eq!(batcher.metrics().running_items, 1);
+    assert_eq!(batcher.pending(), 1, "A is pending until its last item");
+    release.send(()).unwrap();
+    assert_eq!(bounded("A's slow item", a.next()).await, Some((0, Ok(1))));
+    assert_eq!(fake.batches(), vec![vec![1, 2, 3]], "all in one batch");
+    let m = batcher.metrics();
+    assert_eq!((m.running_items, m.queued_items, m.batches), (0, 0, 1));
+}
+
+/// Reports item 0 only, then returns `result`.
+struct ReportsFirst(Result<(), String>);
+
+impl Backend for ReportsFirst {
+    type Item = u32;
+    type Output = u32;
+
+    fn cost(&self, _: &u32) -> u64 {
+        1
+    }
+
+    fn run(&self, items: Vec<u32>, done: &Completion<u32>) -> Result<(), String> {
+        done.finish(0, Ok(items[0]));
+        done.finish(0, Ok(999));
+        done.finish(items.len(), Ok(999));
+        self.0.clone()
+    }
+}
+
+#[tokio::test]
+async fn items_a_backend_leaves_unreported_fail_and_reported_ones_stand() {
+    for (result, expected) in [
+        (Err("boom".to_string()), BatchError::Backend("boom".into())),
+        (Ok(()), BatchError::NotComputed),
+    ] {
+        let failing = result.is_err();
+        let batcher = Batcher::start(Arc::new(ReportsFirst(result)), config(0));
+        let mut answer = batcher
+            .enqueue(Request {
+                items: vec![5, 6],
+                max_batch_cost: None,
+            })
+            .unwrap();
+        assert_eq!(answer.next().await, Some((0, Ok(5))), "reported once");
+        assert_eq!(answer.next().await, Some((1, Err(expected))));
+        assert_eq!(answer.next().await, None);
+        assert_eq!(batcher.pending(), 0);
+        let m = batcher.metrics();
+        assert_eq!(m.failed_batches, u64::from(failing));
+        assert_eq!(m.running_items, 0);
+    }
+}
+
+#[tokio::test]
+async fn metrics_render_as_prometheus_text_under_a_prefix() {
+    let fake = Fake::new(Duration::ZERO);
+    let batcher = Batcher::start(fake, config(0));
+    let rxs = vec![
+        batcher.enqueue(request(1, 10)).unwrap(),
+        batcher.enqueue(request(2, 10)).unwrap(),
+    ];
+    futures_join(rxs).await;
+    let mut text = String::new();
+    batcher.render_metrics(&mut text, "enc");
+    for line in [
+        "# TYPE enc_queue_wait_seconds histogram",
+        "enc_queue_wait_seconds_count 2",
+        "enc_batch_requests_bucket{le=\"2\"} 1",
+        "enc_batch_items_sum 2",
+        "enc_batch_compute_seconds_count 1",
+        "enc_batches_failed_total 0",
+        "enc_items_queued 0",
+        "enc_items_in_flight 0",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
 }

@@ -260,11 +260,8 @@ fn loads(engine: &Engine) -> GetLoadsResponse {
         avg_throughput: 0.0,
         avg_utilization: utilization,
     };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
     GetLoadsResponse {
-        timestamp: format!("{}.{:03}", now.as_secs(), now.subsec_millis()),
+        timestamp: iris_proto::info::timestamp_now(),
         version: env!("CARGO_PKG_VERSION").into(),
         dp_rank_count: 1,
         loads: vec![load],

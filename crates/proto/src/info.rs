@@ -1,6 +1,6 @@
 //! Building the free-form `google.protobuf.Struct` of GetServerInfo
 //! (`server_args`), which Iris workers fill with their role, ports and
-//! identity.
+//! identity, and the GetLoads timestamp.
 
 use std::collections::BTreeMap;
 
@@ -20,6 +20,14 @@ pub fn number(n: f64) -> Value {
     }
 }
 
+/// Now as GetLoads reports it: Unix seconds with milliseconds, `"S.mmm"`.
+pub fn timestamp_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}.{:03}", now.as_secs(), now.subsec_millis())
+}
+
 /// A struct from (key, value) pairs.
 pub fn fields<'a>(pairs: impl IntoIterator<Item = (&'a str, Value)>) -> Struct {
     let fields: BTreeMap<String, Value> =
@@ -36,5 +44,13 @@ mod tests {
         let s = fields([("role", text("prefill")), ("port", number(8998.0))]);
         assert!(matches!(&s.fields["role"].kind, Some(Kind::StringValue(r)) if r == "prefill"));
         assert!(matches!(s.fields["port"].kind, Some(Kind::NumberValue(p)) if p == 8998.0));
+    }
+
+    #[test]
+    fn timestamp_is_seconds_dot_millis() {
+        let t = timestamp_now();
+        let (secs, millis) = t.split_once('.').expect("a dot");
+        assert!(secs.parse::<u64>().expect("seconds") > 1_600_000_000);
+        assert_eq!(millis.len(), 3, "{t}");
     }
 }

@@ -39,6 +39,9 @@ pub enum TowerError {
     /// The inputs to [`crate::VisionBackend::encode`] do not fit the grids or the config.
     #[error("invalid input: {0}")]
     Input(String),
+    /// The language model's files of the tiny model could not be written.
+    #[error("tiny model: {0}")]
+    Model(#[from] iris_model::ModelError),
 }
 
 impl TowerError {

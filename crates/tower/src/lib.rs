@@ -9,7 +9,8 @@
 //!   implements it, a GPU backend can later.
 //! - [`TowerConfig`]: the tower's shape, read from `config.json`.
 //! - [`write_tiny_weights`]: deterministic random weights for a config, e.g.
-//!   [`TowerConfig::tiny_qwen2_vl`], the tower of `iris_model`'s tiny model.
+//!   [`TowerConfig::tiny_qwen2_vl`], the tower of `iris_model`'s tiny model;
+//!   [`write_tiny_vl_model`]: that whole model with its tower weights.
 //!
 //! Inputs are `pixel_values` rows as `iris-vision` produces them (rows
 //! ordered (t, h/M, w/M, m_h, m_w), features (C, T, p_y, p_x)) with each
@@ -29,6 +30,8 @@ mod weights;
 pub use backend::VisionBackend;
 pub use config::{Activation, Family, TowerConfig, NORM_EPS};
 pub use error::TowerError;
-pub use tiny::{weight_shapes, write_tiny_weights, WEIGHTS_FILE};
+pub use tiny::{
+    tiny_vl_files, weight_shapes, write_tiny_vl_model, write_tiny_weights, TINY_SEED, WEIGHTS_FILE,
+};
 pub use tower::Tower;
 pub use weights::{Checkpoint, PREFIXES};

@@ -1,6 +1,8 @@
 //! Deterministic random weights for a tower config, written as a
 //! Hugging Face-layout safetensors file (`visual.*` keys, f32), so demos and
-//! tests can run the real forward pass without a downloaded checkpoint.
+//! tests can run the real forward pass without a downloaded checkpoint;
+//! [`write_tiny_vl_model`] writes the whole tiny vision-language model
+//! (`iris_model`'s files plus its tower's weights).
 
 use std::path::{Path, PathBuf};
 
@@ -11,6 +13,36 @@ use crate::error::TowerError;
 
 /// Name of the file [`write_tiny_weights`] writes into the model directory.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
+
+/// Seed of the tiny model's vision weights.
+pub const TINY_SEED: u64 = 7;
+
+/// Writes the complete tiny Qwen2-VL model into `dir`: the files of
+/// `iris_model::tiny::write_tiny_qwen2_vl` plus [`WEIGHTS_FILE`] with the
+/// vision tower its `config.json` describes ([`TowerConfig::tiny_qwen2_vl`],
+/// merger output = the language model's hidden size), seeded with
+/// [`TINY_SEED`]. Byte-identical on every run; `Tower::load(dir)` and
+/// `iris-encoder --compute tower` run on it.
+pub fn write_tiny_vl_model(dir: &Path) -> Result<(), TowerError> {
+    iris_model::tiny::write_tiny_qwen2_vl(dir)?;
+    let config = TowerConfig::from_config_json(dir)?;
+    if config != TowerConfig::tiny_qwen2_vl() {
+        return Err(TowerError::config(
+            dir.join("config.json"),
+            format!("the tiny model's vision_config describes {config:?}, not the tiny tower"),
+        ));
+    }
+    write_tiny_weights(dir, &config, TINY_SEED)?;
+    Ok(())
+}
+
+/// Names of every file [`write_tiny_vl_model`] writes.
+pub fn tiny_vl_files() -> impl Iterator<Item = &'static str> {
+    iris_model::tiny::FILES
+        .iter()
+        .copied()
+        .chain(std::iter::once(WEIGHTS_FILE))
+}
 
 /// Every tensor the tower reads for `config`, un-prefixed, with its shape.
 pub fn weight_shapes(config: &TowerConfig) -> Vec<(String, Vec<usize>)> {

@@ -47,10 +47,33 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn tiny_model(dir: &Path) -> TowerConfig {
-    iris_model::tiny::write_tiny_qwen2_vl(dir).expect("tiny model");
-    let config = TowerConfig::tiny_qwen2_vl();
-    write_tiny_weights(dir, &config, 7).expect("weights");
-    config
+    iris_tower::write_tiny_vl_model(dir).expect("tiny VL model");
+    TowerConfig::tiny_qwen2_vl()
+}
+
+#[test]
+fn tiny_vl_model_is_complete_and_deterministic() {
+    let a = tempfile::tempdir().expect("tempdir");
+    let b = tempfile::tempdir().expect("tempdir");
+    iris_tower::write_tiny_vl_model(a.path()).expect("a");
+    iris_tower::write_tiny_vl_model(b.path()).expect("b");
+    let files: Vec<&str> = iris_tower::tiny_vl_files().collect();
+    assert!(files.contains(&iris_tower::WEIGHTS_FILE));
+    for file in &files {
+        let read = |d: &tempfile::TempDir| std::fs::read(d.path().join(file)).expect(file);
+        assert_eq!(read(&a), read(&b), "{file} differs between runs");
+    }
+    let mut written: Vec<String> = std::fs::read_dir(a.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    written.sort();
+    let mut expected: Vec<String> = files.iter().map(|f| f.to_string()).collect();
+    expected.sort();
+    assert_eq!(written, expected, "exactly the listed files");
+    let tower = Tower::load(a.path()).expect("the tower loads");
+    assert_eq!(tower.config(), &TowerConfig::tiny_qwen2_vl());
+    assert_eq!(tower.out_hidden(), iris_model::tiny::HIDDEN_SIZE as usize);
 }
 
 #[test]

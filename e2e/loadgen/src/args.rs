@@ -53,9 +53,21 @@ pub struct Cli {
     /// Stream the answers (SSE over HTTP, token chunks over gRPC).
     #[arg(long)]
     pub stream: bool,
-    /// The user message of every chat.
-    #[arg(long, default_value = crate::prompt::DEFAULT_PROMPT)]
-    pub prompt: String,
+    /// The user message of every chat (the text part of image chats).
+    /// Default: "Write one short sentence about the sea.", or with
+    /// --image "Describe the image in one sentence."
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Send image chats (HTTP only): a short text part and this JPEG as a
+    /// `data:image/jpeg;base64,…` image_url part. Distinct images get a
+    /// counter in a JPEG comment (distinct bytes, the same pixels).
+    #[arg(long, conflicts_with = "grpc")]
+    pub image: Option<PathBuf>,
+    /// Fraction of the image chats that send one fixed image (0: every
+    /// image distinct, 0.5: every second request the same image, 1: all
+    /// the same).
+    #[arg(long, default_value_t = 0.0, requires = "image")]
+    pub image_repeat_fraction: f64,
     /// Report this process's CPU time per request (repeatable).
     #[arg(long)]
     pub cpu_pid: Vec<u32>,
@@ -93,6 +105,14 @@ pub enum Target {
     },
 }
 
+/// The image of image chats.
+#[derive(Debug, Clone)]
+pub struct ImageInput {
+    pub path: PathBuf,
+    pub bytes: Vec<u8>,
+    pub repeat_fraction: f64,
+}
+
 /// A validated run.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -105,6 +125,8 @@ pub struct Config {
     pub max_tokens: u32,
     pub stream: bool,
     pub prompt: String,
+    /// Image chats (HTTP only).
+    pub image: Option<ImageInput>,
     pub cpu_pids: Vec<u32>,
     pub request_timeout: Duration,
 }
@@ -124,7 +146,8 @@ impl Cli {
             },
             max_tokens: in_range("--max-tokens", self.max_tokens, 1, 1 << 20)?,
             stream: self.stream,
-            prompt: non_empty("--prompt", &self.prompt)?,
+            prompt: non_empty("--prompt", self.prompt())?,
+            image: self.image()?,
             cpu_pids: self.cpu_pid.clone(),
             request_timeout: seconds("--request-timeout-secs", self.request_timeout_secs, false)?,
         })
@@ -146,6 +169,42 @@ impl Cli {
             }
             _ => bail!("give exactly one of --target http://HOST:PORT or --grpc grpc://HOST:PORT"),
         }
+    }
+
+    fn prompt(&self) -> &str {
+        match (&self.prompt, &self.image) {
+            (Some(p), _) => p,
+            (None, Some(_)) => crate::image::DEFAULT_IMAGE_PROMPT,
+            (None, None) => crate::prompt::DEFAULT_PROMPT,
+        }
+    }
+
+    /// The --image file, read and size-checked (its format is checked
+    /// when the bodies are built).
+    fn image(&self) -> anyhow::Result<Option<ImageInput>> {
+        let Some(path) = &self.image else {
+            return Ok(None);
+        };
+        let f = self.image_repeat_fraction;
+        if !(0.0..=1.0).contains(&f) {
+            bail!("--image-repeat-fraction must be between 0 and 1, not {f}");
+        }
+        let size = std::fs::metadata(path)
+            .with_context(|| format!("--image {}", path.display()))?
+            .len();
+        if size > crate::image::MAX_IMAGE_BYTES as u64 {
+            bail!(
+                "--image {}: {size} bytes, at most {}",
+                path.display(),
+                crate::image::MAX_IMAGE_BYTES
+            );
+        }
+        let bytes = std::fs::read(path).with_context(|| format!("--image {}", path.display()))?;
+        Ok(Some(ImageInput {
+            path: path.clone(),
+            bytes,
+            repeat_fraction: f,
+        }))
     }
 
     /// Threads for the runtime, checked.
@@ -282,5 +341,36 @@ mod tests {
         assert!(with(&["--requests", "0"]).is_err());
         assert!(with(&["--prompt", " "]).is_err());
         assert!(cli(&[]).config().is_err());
+    }
+
+    #[test]
+    fn image_options() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.jpg");
+        std::fs::write(&file, [0xFF, 0xD8, 0xFF, 0xD9]).unwrap();
+        let file = file.to_str().unwrap();
+        let target = ["--target", "http://127.0.0.1:1"];
+        let with = |extra: &[&str]| {
+            let mut v = target.to_vec();
+            v.extend_from_slice(extra);
+            Cli::try_parse_from(std::iter::once("iris-loadgen").chain(v))
+                .map_err(anyhow::Error::from)
+                .and_then(|c| c.config())
+        };
+        let config = with(&["--image", file, "--image-repeat-fraction", "0.5"]).unwrap();
+        let image = config.image.unwrap();
+        assert_eq!(image.bytes.len(), 4);
+        assert_eq!(image.repeat_fraction, 0.5);
+        assert_eq!(config.prompt, crate::image::DEFAULT_IMAGE_PROMPT);
+        assert_eq!(with(&[]).unwrap().prompt, crate::prompt::DEFAULT_PROMPT);
+        assert!(with(&[]).unwrap().image.is_none());
+        assert!(with(&["--image", file, "--image-repeat-fraction", "1.5"]).is_err());
+        assert!(with(&["--image", file, "--image-repeat-fraction", "NaN"]).is_err());
+        assert!(with(&["--image-repeat-fraction", "0.5"]).is_err());
+        assert!(with(&["--image", "/nonexistent/x.jpg"]).is_err());
+        let grpc = ["--grpc", "grpc://127.0.0.1:1", "--model-path", "/m"];
+        let mut v = grpc.to_vec();
+        v.extend_from_slice(&["--image", file]);
+        assert!(Cli::try_parse_from(std::iter::once("iris-loadgen").chain(v)).is_err());
     }
 }

@@ -1,7 +1,8 @@
 //! The HTTP client: one keep-alive HTTP/1.1 connection per concurrent
 //! request loop (hyper's low-level `client::conn`, no pool), the chat body
-//! serialised once and shared, answers checked for status and, for SSE,
-//! for the closing `[DONE]` and the absence of error events.
+//! serialised once and shared (image chats: shared chunks around a
+//! per-request image prefix, see `image`), answers checked for status and,
+//! for SSE, for the closing `[DONE]` and the absence of error events.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,13 +10,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::header::{CONTENT_TYPE, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use crate::image::{ChatBody, ImageChats};
 use crate::run::Timing;
 
 const CHAT_PATH: &str = "/v1/chat/completions";
@@ -25,15 +27,33 @@ const CHAT_PATH: &str = "/v1/chat/completions";
 pub struct HttpTarget {
     pub addr: SocketAddr,
     pub authority: String,
-    pub body: Bytes,
+    pub bodies: Bodies,
     pub stream: bool,
+}
+
+/// The request bodies of a run.
+#[derive(Debug)]
+pub enum Bodies {
+    /// The same text chat every time.
+    Text(Bytes),
+    /// Image chats, distinct or repeated images.
+    Image(ImageChats),
+}
+
+impl Bodies {
+    fn next(&self) -> ChatBody {
+        match self {
+            Bodies::Text(body) => ChatBody::single(body.clone()),
+            Bodies::Image(chats) => chats.next(),
+        }
+    }
 }
 
 /// One connection and the loop's requests over it; reconnects after an
 /// error.
 pub struct HttpClient {
     target: Arc<HttpTarget>,
-    sender: Option<SendRequest<Full<Bytes>>>,
+    sender: Option<SendRequest<ChatBody>>,
 }
 
 impl HttpClient {
@@ -73,17 +93,17 @@ impl HttpClient {
         scan.finish(status, ttfb)
     }
 
-    fn request(&self) -> anyhow::Result<Request<Full<Bytes>>> {
+    fn request(&self) -> anyhow::Result<Request<ChatBody>> {
         Request::builder()
             .method(Method::POST)
             .uri(CHAT_PATH)
             .header(HOST, self.target.authority.as_str())
             .header(CONTENT_TYPE, "application/json")
-            .body(Full::new(self.target.body.clone()))
+            .body(self.target.bodies.next())
             .context("cannot build the request")
     }
 
-    async fn ready_sender(&mut self) -> anyhow::Result<&mut SendRequest<Full<Bytes>>> {
+    async fn ready_sender(&mut self) -> anyhow::Result<&mut SendRequest<ChatBody>> {
         if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
             self.sender = Some(connect(self.target.addr).await?);
         }
@@ -117,6 +137,9 @@ where
     Ok(sender)
 }
 
+/// Bytes of an answer's start kept to explain a failed request.
+const ERROR_BODY_BYTES: usize = 200;
+
 /// What the answer's body showed: first token, `[DONE]`, error events.
 struct AnswerScan {
     stream: bool,
@@ -124,6 +147,8 @@ struct AnswerScan {
     done: bool,
     error_event: Option<String>,
     bytes: usize,
+    /// The answer's first bytes (quoted when the status is not 200).
+    head: Vec<u8>,
 }
 
 impl AnswerScan {
@@ -134,11 +159,16 @@ impl AnswerScan {
             done: false,
             error_event: None,
             bytes: 0,
+            head: Vec::new(),
         }
     }
 
     fn push(&mut self, data: &Bytes, start: Instant) {
         self.bytes += data.len();
+        if self.head.len() < ERROR_BODY_BYTES {
+            let n = (ERROR_BODY_BYTES - self.head.len()).min(data.len());
+            self.head.extend_from_slice(&data[..n]);
+        }
         if !self.stream {
             return;
         }
@@ -153,7 +183,11 @@ impl AnswerScan {
 
     fn finish(self, status: StatusCode, ttfb: Duration) -> anyhow::Result<Timing> {
         if status != StatusCode::OK {
-            bail!("HTTP {}", status.as_u16());
+            bail!(
+                "HTTP {}: {}",
+                status.as_u16(),
+                String::from_utf8_lossy(&self.head).trim()
+            );
         }
         if let Some(event) = self.error_event {
             bail!("error event in the stream: {event}");
@@ -254,9 +288,10 @@ mod tests {
         );
         assert!(bad.finish(ok, Duration::ZERO).is_err());
         let mut plain = AnswerScan::new(false);
-        plain.push(&Bytes::from_static(b"{}"), start);
-        assert!(plain
+        plain.push(&Bytes::from_static(b"{\"error\":\"no worker\"}"), start);
+        let err = plain
             .finish(StatusCode::BAD_GATEWAY, Duration::ZERO)
-            .is_err());
+            .unwrap_err();
+        assert_eq!(err.to_string(), "HTTP 502: {\"error\":\"no worker\"}");
     }
 }

@@ -3,12 +3,15 @@
 //! (`Generate` over gRPC with the same prompt pre-tokenized). It reports
 //! requests/s, latency percentiles, time to first byte/token, errors and
 //! CPU µs per request of the processes given with `--cpu-pid` and of
-//! itself. See docs/benchmarks.md.
+//! itself. `--image FILE` sends image chats (a JPEG as a data: URL,
+//! distinct or repeated per `--image-repeat-fraction`). See
+//! docs/benchmarks.md.
 
 mod args;
 mod cpu;
 mod grpc;
 mod http;
+mod image;
 mod prompt;
 mod report;
 mod run;

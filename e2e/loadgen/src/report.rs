@@ -23,6 +23,15 @@ pub struct CpuReport {
     pub us_per_request: Option<f64>,
 }
 
+/// The image of image chats.
+#[derive(Debug, Serialize)]
+pub struct ImageReport {
+    pub path: String,
+    pub bytes: usize,
+    /// Fraction of the requests that sent the one fixed image.
+    pub repeat_fraction: f64,
+}
+
 /// Everything printed for a run.
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -31,6 +40,8 @@ pub struct Report {
     pub stream: bool,
     pub concurrency: usize,
     pub max_tokens: u32,
+    /// Image chats: one image per request, so CPU per request is per image.
+    pub image: Option<ImageReport>,
     pub window_secs: f64,
     pub requests: u64,
     pub errors: u64,
@@ -81,6 +92,11 @@ impl Report {
             stream: config.stream,
             concurrency: config.concurrency,
             max_tokens: config.max_tokens,
+            image: config.image.as_ref().map(|i| ImageReport {
+                path: i.path.display().to_string(),
+                bytes: i.bytes.len(),
+                repeat_fraction: i.repeat_fraction,
+            }),
             window_secs: wall,
             requests,
             errors,
@@ -112,6 +128,13 @@ impl Report {
             "{} {}  stream={}  concurrency={}  max_tokens={}",
             self.mode, self.target, self.stream, self.concurrency, self.max_tokens
         );
+        if let Some(i) = &self.image {
+            let _ = writeln!(
+                s,
+                "image {} ({} bytes), repeat fraction {}, one image per request",
+                i.path, i.bytes, i.repeat_fraction
+            );
+        }
         let _ = writeln!(
             s,
             "requests {}  errors {}  window {:.2} s  => {:.1} req/s",

@@ -13,7 +13,8 @@ use anyhow::Context;
 use crate::args::{Config, Target};
 use crate::cpu::{self, Proc};
 use crate::grpc::{self, GrpcClient};
-use crate::http::{self, HttpClient, HttpTarget};
+use crate::http::{self, Bodies, HttpClient, HttpTarget};
+use crate::image::{self, ChatFields, ImageChats};
 use crate::prompt;
 
 /// Pause after a failed request, so a dead target does not spin a core.
@@ -156,10 +157,34 @@ async fn clients(config: &Config) -> anyhow::Result<Vec<Client>> {
                 Some(m) => m.clone(),
                 None => http::first_model(*addr, authority).await?,
             };
+            let bodies = match &config.image {
+                None => Bodies::Text(prompt::chat_body(
+                    &model,
+                    &config.prompt,
+                    config.max_tokens,
+                    config.stream,
+                )),
+                Some(input) => {
+                    let fields = ChatFields {
+                        model: &model,
+                        prompt: &config.prompt,
+                        max_tokens: config.max_tokens,
+                        stream: config.stream,
+                    };
+                    let chats = ImageChats::new(
+                        &input.bytes,
+                        &fields,
+                        input.repeat_fraction,
+                        image::run_nonce(),
+                    )
+                    .with_context(|| format!("--image {}", input.path.display()))?;
+                    Bodies::Image(chats)
+                }
+            };
             let target = Arc::new(HttpTarget {
                 addr: *addr,
                 authority: authority.clone(),
-                body: prompt::chat_body(&model, &config.prompt, config.max_tokens, config.stream),
+                bodies,
                 stream: config.stream,
             });
             Ok((0..config.concurrency)

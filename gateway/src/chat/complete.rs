@@ -21,7 +21,15 @@ use crate::server::AppState;
 pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
     let generate = std::mem::take(&mut prepared.generate);
     let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
-    let result = match tokio::time::timeout_at(deadline, run(&state, &prepared, generate)).await {
+    let run = tokio::time::timeout_at(deadline, run(&state, &prepared, generate));
+    let result = match tokio::select! {
+        biased;
+        _ = state.hard_stop.cancelled() => Ok(Err((
+            ApiError::service_unavailable("the gateway is shutting down and its grace period ended"),
+            Outcome::Cancelled,
+        ))),
+        result = run => result,
+    } {
         Ok(result) => result,
         Err(_) => Err((
             ApiError::gateway_timeout(format!(

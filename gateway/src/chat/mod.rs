@@ -17,6 +17,7 @@ use iris_openai::{
 };
 use iris_proto::scheduler::{GenerateRequest, MultimodalInputs, SamplingParams, TokenizedInput};
 use serde_json::{json, Value};
+use tracing::Instrument;
 
 pub use errors::error_response;
 
@@ -40,8 +41,15 @@ pub struct Prepared {
 }
 
 pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let id = iris_openai::new_completion_id();
+    // Every log line of the request (routing, retries, failures) carries its id.
+    let span = tracing::info_span!("chat", request_id = %id);
+    respond(state, request, id).instrument(span).await
+}
+
+async fn respond(state: Arc<AppState>, request: Request, id: String) -> Response {
     let started = Instant::now();
-    match prepare(&state, request.into_body(), started).await {
+    match prepare(&state, request.into_body(), id, started).await {
         Ok(prepared) if prepared.request.is_stream() => stream::respond(state, prepared).await,
         Ok(prepared) => complete::respond(state, prepared).await,
         Err((error, outcome)) => {
@@ -54,6 +62,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Res
 async fn prepare(
     state: &Arc<AppState>,
     body: Body,
+    id: String,
     started: Instant,
 ) -> Result<Prepared, (ApiError, Outcome)> {
     let client = |e: ApiError| (e, Outcome::ClientError);
@@ -90,7 +99,6 @@ async fn prepare(
         .metrics
         .stage(Stage::Tokenize, tokenize_start.elapsed());
     let (input_ids, mm_inputs) = place_images(state, input_ids, &images).map_err(client)?;
-    let id = iris_openai::new_completion_id();
     let sampling = request.sampling();
     let mut generate = generate_request(&id, input_ids, &sampling, request.is_stream());
     generate.mm_inputs = mm_inputs;

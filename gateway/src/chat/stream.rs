@@ -127,7 +127,16 @@ impl Streamer {
 
     /// Reads one response from the worker and writes what it produces.
     async fn step(&mut self, out: &mut BytesMut) {
-        let next = tokio::time::timeout_at(self.deadline, self.generation.next()).await;
+        let next = tokio::select! {
+            biased;
+            _ = self.state.hard_stop.cancelled() => {
+                let error = ApiError::service_unavailable(
+                    "the gateway is shutting down and its grace period ended",
+                );
+                return self.fail(out, &error, Outcome::Cancelled);
+            }
+            next = tokio::time::timeout_at(self.deadline, self.generation.next()) => next,
+        };
         match next {
             Err(_) => {
                 let error = ApiError::gateway_timeout(format!(

@@ -106,6 +106,10 @@ impl Router {
             );
             self.retries
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if busy(&failure.status) {
+                // Give an overloaded encoder a moment instead of hammering it.
+                tokio::time::sleep(Duration::from_millis(50 << attempt.min(5))).await;
+            }
             attempt += 1;
         }
     }
@@ -131,9 +135,13 @@ impl Router {
         let d_request = with_kv_room(attempt_request(stripped, attempt), &p);
         let p_request = with_encode_info(d_request.clone(), &encoders, &rooms);
         let id = d_request.request_id.clone();
-        let (p_leg, d_leg) = (Leg::new(p.clone(), &id), Leg::new(d.clone(), &id));
+        let (p_leg, d_leg) = (
+            Leg::new(p.clone(), &id, &self.aborts),
+            Leg::new(d.clone(), &id, &self.aborts),
+        );
         let _encoding: Vec<_> = encoders.iter().map(|e| e.start_request()).collect();
         let encode_started = Instant::now();
+        let permits = self.admission.acquire(&encoders).await;
         let encodes = futures::future::join_all(
             items
                 .iter()
@@ -155,6 +163,7 @@ impl Router {
             p_client.generate(p_request),
             d_client.generate(d_request)
         );
+        drop(permits);
         self.encode_time.observe(encode_started.elapsed());
         let failed_encode = encoders
             .iter()
@@ -222,7 +231,7 @@ impl Router {
         status: Status,
         suspects: &mut Suspects,
     ) -> Failure {
-        if status.code() != Code::ResourceExhausted {
+        if !busy(&status) {
             worker.record_failure(self.circuit_breaker_failures);
         }
         suspects.encode.push(worker.clone());
@@ -331,6 +340,16 @@ async fn read_ahead(
             },
         }
     }
+}
+
+/// The encoder is overloaded rather than broken (queue full, or too slow
+/// to accept): the image goes elsewhere or waits, but the encoder's
+/// circuit stays closed.
+fn busy(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::ResourceExhausted | Code::DeadlineExceeded
+    )
 }
 
 /// Before the first token nothing reached the client, so any failure may

@@ -5,6 +5,7 @@
 //! retries). The returned [`Generation`] yields the streaming side's
 //! responses and aborts every leg if dropped unfinished.
 
+mod admission;
 mod epd;
 mod legs;
 
@@ -13,6 +14,7 @@ use std::sync::Arc;
 
 use iris_proto::scheduler::{AbortRequest, GenerateRequest, GenerateResponse};
 use tokio::sync::oneshot;
+use tokio_util::task::TaskTracker;
 use tonic::{Code, Status, Streaming};
 
 use crate::metrics::Histogram;
@@ -72,6 +74,8 @@ pub struct RouterSettings {
     pub circuit_breaker_failures: u32,
     /// Longest wait for an encode worker to accept an image.
     pub encode_timeout: std::time::Duration,
+    /// Encode calls in flight per encoder; more images wait (0: unlimited).
+    pub encode_max_in_flight: usize,
 }
 
 impl Default for RouterSettings {
@@ -81,6 +85,7 @@ impl Default for RouterSettings {
             max_retries: 2,
             circuit_breaker_failures: 3,
             encode_timeout: std::time::Duration::from_secs(10),
+            encode_max_in_flight: 8,
         }
     }
 }
@@ -93,6 +98,9 @@ pub struct Router {
     encode_timeout: std::time::Duration,
     /// How long the Encode calls of a request took (all images, in parallel).
     pub encode_time: Histogram,
+    /// Abort RPCs being sent.
+    aborts: TaskTracker,
+    admission: admission::Admission,
 }
 
 /// One worker leg of a request.
@@ -100,15 +108,18 @@ struct Leg {
     worker: Arc<Worker>,
     request_id: String,
     _in_flight: InFlightGuard,
+    /// Where the Abort RPC task is tracked (flushed at shutdown).
+    aborts: TaskTracker,
 }
 
 impl Leg {
-    fn new(worker: Arc<Worker>, request_id: &str) -> Leg {
+    fn new(worker: Arc<Worker>, request_id: &str, aborts: &TaskTracker) -> Leg {
         let guard = worker.start_request();
         Leg {
             worker,
             request_id: request_id.to_owned(),
             _in_flight: guard,
+            aborts: aborts.clone(),
         }
     }
 
@@ -124,7 +135,7 @@ impl Leg {
             request_id: self.request_id.clone(),
             reason: reason.to_owned(),
         };
-        tokio::spawn(async move {
+        self.aborts.spawn(async move {
             let mut request = tonic::Request::new(request);
             request.set_timeout(std::time::Duration::from_secs(5));
             let _ = client.abort(request).await;
@@ -247,7 +258,15 @@ impl Router {
             circuit_breaker_failures: settings.circuit_breaker_failures,
             encode_timeout: settings.encode_timeout,
             encode_time: Histogram::default(),
+            aborts: TaskTracker::new(),
+            admission: admission::Admission::new(settings.encode_max_in_flight),
         }
+    }
+
+    /// Waits (at most `limit`) until the Abort RPCs sent so far are out.
+    pub async fn flush_aborts(&self, limit: std::time::Duration) {
+        self.aborts.close();
+        let _ = tokio::time::timeout(limit, self.aborts.wait()).await;
     }
 
     /// Starts `request` on the mode's workers.
@@ -283,7 +302,7 @@ impl Router {
         loop {
             let worker = pool.pick(&tried).ok_or(RouteError::NoWorker(pool.role))?;
             let attempt = attempt_request(&request, tried.len() as u32);
-            let leg = Leg::new(worker.clone(), &attempt.request_id);
+            let leg = Leg::new(worker.clone(), &attempt.request_id, &self.aborts);
             match worker.client().generate(attempt).await {
                 Ok(response) => {
                     worker.record_success();
@@ -329,8 +348,8 @@ impl Router {
                 ..decode_request.clone()
             };
             let (p_leg, d_leg) = (
-                Leg::new(p.clone(), &p_request.request_id),
-                Leg::new(d.clone(), &p_request.request_id),
+                Leg::new(p.clone(), &p_request.request_id, &self.aborts),
+                Leg::new(d.clone(), &p_request.request_id, &self.aborts),
             );
             let (mut p_client, mut d_client) = (p.client(), d.client());
             let (p_result, d_result) =

@@ -1,0 +1,107 @@
+# Helpers shared by the benchmark scripts (gateway.sh, epd.sh); sourced,
+# not run. Sets ROOT, TARGET_DIR, BIN (release binaries), WORK (a temporary
+# directory removed at exit) and PIDS (every process started with `spawn`,
+# killed at exit, whatever the outcome).
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=$TARGET_DIR/release
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/iris-bench.XXXXXX")
+PIDS=()
+
+# Kills every started process and waits for them.
+stop_all() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    PIDS=()
+}
+
+cleanup() {
+    stop_all
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { echo "$*" >&2; }
+
+# wait_for REGEX FILE PID: waits (up to 30 s) for REGEX in FILE and prints
+# the first match; fails if PID dies first.
+wait_for() {
+    local pattern=$1 file=$2 pid=$3 match
+    for _ in $(seq 300); do
+        match=$(grep -aoE "$pattern" "$file" 2>/dev/null | head -n1 || true)
+        if [[ -n $match ]]; then
+            echo "$match"
+            return 0
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "process $pid died:"
+            cat "$file" >&2
+            [[ $file != *.out ]] || cat "${file%.out}.err" >&2 || true
+            return 1
+        fi
+        sleep 0.1
+    done
+    log "timed out waiting for /$pattern/ in $file"
+    return 1
+}
+
+# build PACKAGE…: the release binaries of these packages, unless SKIP_BUILD=1.
+build() {
+    if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+        local args=() p
+        for p in "$@"; do
+            args+=(-p "$p")
+        done
+        log "building release binaries into $TARGET_DIR …"
+        (cd "$ROOT" && CARGO_TARGET_DIR=$TARGET_DIR cargo build --release "${args[@]}")
+    fi
+}
+
+# spawn NAME COMMAND…: starts COMMAND in the background (stdout to
+# $WORK/NAME.out, stderr to $WORK/NAME.err) and sets SPAWNED to its pid.
+spawn() {
+    local name=$1
+    shift
+    "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    SPAWNED=$!
+    PIDS+=("$SPAWNED")
+}
+
+# gateway_addr PID: the address the gateway PID (spawned as `gateway`,
+# with NO_COLOR=1) logged as listening on.
+gateway_addr() {
+    local line
+    line=$(wait_for 'listening addr=[0-9.]+:[0-9]+' "$WORK/gateway.err" "$1")
+    echo "${line#listening addr=}"
+}
+
+# wait_ready ADDR: until the gateway at ADDR answers GET /readiness (10 s).
+wait_ready() {
+    for _ in $(seq 100); do
+        curl -fsS "http://$1/readiness" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    log "the gateway at $1 never became ready"
+    return 1
+}
+
+# machine_info: Markdown list items on the date, CPUs, load and toolchain.
+machine_info() {
+    echo "- $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "- $(rustc --version), commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+}
+
+# keep_results: copies the runs' files to RESULTS_DIR when it is set.
+keep_results() {
+    if [[ -n ${RESULTS_DIR:-} ]]; then
+        mkdir -p "$RESULTS_DIR"
+        cp "$WORK"/results/* "$RESULTS_DIR"/
+    fi
+}
