@@ -5,8 +5,9 @@ official ``openai`` client and stopped; bad options and startup failures as
 Python exceptions; Ctrl-C in ``wait``; the ``iris`` console script; the
 type stub listing every ``iris serve`` option.
 
-Engines and the tiny model come from the e2e helpers (e2e/tests/conftest.py)
-and ``$IRIS_BIN_DIR``.
+Engines come from the e2e helpers (e2e/tests/conftest.py) and
+``$IRIS_BIN_DIR``; the tiny model from the console script's ``iris
+tiny-model``.
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ def port_closed(port: int) -> bool:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("models") / "tiny-chat"
-    subprocess.run([str(helpers.binary("examples/write_tiny")), str(path)], check=True,
-                   stdout=subprocess.DEVNULL, timeout=60)
+    # The console script writes it (iris tiny-model), as the e2e tests do
+    # with the binary: the tiny model with its vision tower.
+    subprocess.run([iris_script(), "tiny-model", str(path)], check=True,
+                   stdout=subprocess.DEVNULL, timeout=120)
     return path
 
 
