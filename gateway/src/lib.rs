@@ -12,6 +12,7 @@
 
 pub mod args;
 pub mod chat;
+pub mod cli;
 pub mod demo;
 pub mod discovery;
 pub mod metrics;

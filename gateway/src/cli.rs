@@ -1,0 +1,126 @@
+//! The `iris` command line as a library: [`main`] parses an argv and runs
+//! the command on its own tokio runtime, returning the exit code. The
+//! `iris` binary is `main(std::env::args_os())`; the Python bindings'
+//! `iris` console script calls the same function.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use crate::demo::DemoArgs;
+use crate::ServeArgs;
+use clap::{Parser, Subcommand};
+
+/// `iris …`: the whole command line.
+#[derive(Parser)]
+#[command(
+    name = "iris",
+    version,
+    about = "Iris: a gateway for multimodal LLMs split into encode, prefill and decode roles"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the OpenAI-compatible API in front of workers.
+    Serve(Box<ServeArgs>),
+    /// Run a gateway with reference workers on a tiny generated model.
+    Demo(DemoArgs),
+    /// Preprocess one image as the gateway would, and report shape, grid,
+    /// token count and timing.
+    Preprocess(PreprocessArgs),
+    /// Write the tiny generated model (the demo's) to a directory, e.g. for
+    /// the Kubernetes cpu-demo overlay's workers.
+    TinyModel(TinyModelArgs),
+}
+
+#[derive(clap::Args)]
+struct TinyModelArgs {
+    /// Where the model is written (kept if already complete).
+    dir: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct PreprocessArgs {
+    /// Model directory whose preprocessor_config.json is used.
+    #[arg(long)]
+    model_path: PathBuf,
+    /// The image file.
+    image: PathBuf,
+    /// Write pixel_values as a float32 .npy file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// Parses `argv` (program name first) and runs the command; prints clap's
+/// messages and a failure as `Error: …` to stderr, exactly like a
+/// `#[tokio::main] fn main() -> anyhow::Result<()>` would, and returns the
+/// exit code (0, 1 on a failure, clap's 2 on a usage error).
+pub fn main<I, T>(argv: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(argv) {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return err.exit_code();
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("Error: cannot start the tokio runtime: {err}");
+            return 1;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => 0,
+        Err(err) => {
+            eprintln!("Error: {err:?}");
+            1
+        }
+    }
+}
+
+/// Runs a parsed command line to its end (`iris serve`: until SIGINT or
+/// SIGTERM).
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve(args) => {
+            iris_process::init_logging(args.log_json);
+            let running = crate::start(*args).await?;
+            tracing::info!(addr = %running.addr, "iris gateway listening");
+            let shutdown = running.shutdown_token();
+            tokio::spawn(async move {
+                iris_process::wait_for_signal().await;
+                shutdown.cancel();
+            });
+            running.wait().await
+        }
+        Command::Demo(args) => {
+            iris_process::init_logging(false);
+            crate::demo::run(args).await
+        }
+        Command::TinyModel(args) => {
+            crate::demo::ensure_tiny_model(&args.dir)?;
+            println!("tiny model in {}", args.dir.display());
+            Ok(())
+        }
+        Command::Preprocess(args) => {
+            let report = iris_vision::debug::preprocess_report(
+                &args.model_path,
+                &args.image,
+                args.out.as_deref(),
+            )?;
+            println!("{report}");
+            Ok(())
+        }
+    }
+}
