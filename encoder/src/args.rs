@@ -67,4 +67,7 @@ pub struct EncoderArgs {
     /// Identity reported to peers and in logs (default: encode@host:port).
     #[arg(long, env = "IRIS_ENCODER_WORKER_ID")]
     pub worker_id: Option<String>,
+    /// How pixel tensors are received (shm, RDMA).
+    #[command(flatten)]
+    pub receive: crate::receive::ReceiveArgs,
 }
