@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 use tonic::{Code, Status, Streaming};
 
 use crate::metrics::Histogram;
+use crate::transport::Lanes;
 use crate::workers::affinity::EncodePolicy;
 use crate::workers::worker::InFlightGuard;
 use crate::workers::{Pool, Role, Worker};
@@ -93,6 +94,8 @@ pub struct Router {
     encode_timeout: std::time::Duration,
     /// How long the Encode calls of a request took (all images, in parallel).
     pub encode_time: Histogram,
+    /// How pixel tensors reach encode workers.
+    pub lanes: Arc<Lanes>,
 }
 
 /// One worker leg of a request.
@@ -247,7 +250,14 @@ impl Router {
             circuit_breaker_failures: settings.circuit_breaker_failures,
             encode_timeout: settings.encode_timeout,
             encode_time: Histogram::default(),
+            lanes: Arc::new(Lanes::inline()),
         }
+    }
+
+    /// Sends pixel tensors to encode workers by `lanes`.
+    pub fn with_lanes(mut self, lanes: Lanes) -> Self {
+        self.lanes = Arc::new(lanes);
+        self
     }
 
     /// Starts `request` on the mode's workers.
