@@ -55,6 +55,34 @@ def binary(name: str) -> Path:
     return path
 
 
+def nixl_binary(name: str) -> Path:
+    """A binary built with ``--features nixl`` (``$IRIS_NIXL_BIN_DIR``, which
+    e2e/run-tests sets); fails — never skips — when it is missing."""
+    explicit = os.environ.get("IRIS_NIXL_BIN_DIR")
+    if not explicit:
+        pytest.fail("IRIS_NIXL_BIN_DIR is not set: the rdma tests need binaries built with "
+                    "--features nixl (e2e/run-tests builds them)")
+    path = Path(explicit).resolve() / name
+    if not path.is_file():
+        pytest.fail(f"{path} not found: build it with `cargo build -p iris-gateway -p iris-encoder "
+                    "--features iris-gateway/nixl --target-dir …` or run e2e/run-tests")
+    return path
+
+
+def nixl_env() -> tuple[list, dict]:
+    """The ``--nixl-lib`` flag and the environment (library path, UCX over
+    TCP) for a process using NIXL; fails when the library is missing."""
+    lib = os.environ.get("IRIS_NIXL_LIB")
+    if not lib or not Path(lib).is_file():
+        pytest.fail(f"IRIS_NIXL_LIB={lib!r} is not a file: the rdma tests need libnixl_capi.so "
+                    "(.ci/run downloads it; see docs/transports.md)")
+    env = dict(os.environ)
+    lib_dir = str(Path(lib).parent)
+    env["LD_LIBRARY_PATH"] = lib_dir + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    env.setdefault("UCX_TLS", "tcp")
+    return ["--nixl-lib", lib], env
+
+
 def free_port() -> int:
     """A TCP port that was free on loopback a moment ago."""
     with socket.socket() as sock:
@@ -93,7 +121,7 @@ def metric(text: str, name: str, **labels) -> float | None:
 class Process:
     """A started child process, its stderr log file and its stdout lines."""
 
-    def __init__(self, name: str, args: list, log_path: Path):
+    def __init__(self, name: str, args: list, log_path: Path, env: dict | None = None):
         self.name = name
         self.log_path = log_path
         self._log = open(log_path, "wb")
@@ -102,6 +130,7 @@ class Process:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._log,
+            env=env,
         )
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read_stdout, daemon=True).start()
@@ -154,9 +183,9 @@ class Processes:
         self.log_dir = log_dir
         self.started: list[Process] = []
 
-    def spawn(self, name: str, args: list) -> Process:
+    def spawn(self, name: str, args: list, env: dict | None = None) -> Process:
         log = self.log_dir / f"{len(self.started):02d}-{name}.log"
-        process = Process(name, args, log)
+        process = Process(name, args, log, env)
         self.started.append(process)
         return process
 
@@ -232,11 +261,16 @@ def start_engine(procs: Processes, model_dir: Path, role: str, *extra) -> Engine
     return Engine(role, process, port_of(match.group(1)), data)
 
 
-def start_encoder(procs: Processes, model_dir: Path, *extra) -> Engine:
-    """Starts ``iris-encoder`` (the model's vision tower) on free ports."""
-    args = [binary("iris-encoder"), "--host", "127.0.0.1", "--port", "0",
-            "--bootstrap-port", "0", "--model-path", model_dir, "--metrics-port", "0", "--compute", "tower", *extra]
-    process = procs.spawn("encoder", args)
+def start_encoder(procs: Processes, model_dir: Path, *extra, nixl: bool = False) -> Engine:
+    """Starts ``iris-encoder`` (the model's vision tower) on free ports;
+    ``nixl`` runs the ``--features nixl`` build with the NIXL library."""
+    exe, env, flags = binary("iris-encoder"), None, []
+    if nixl:
+        exe = nixl_binary("iris-encoder")
+        flags, env = nixl_env()
+    args = [exe, "--host", "127.0.0.1", "--port", "0", "--bootstrap-port", "0",
+            "--model-path", model_dir, "--metrics-port", "0", "--compute", "tower", *flags, *extra]
+    process = procs.spawn("encoder", args, env)
     match = process.wait_for_line(ENCODER_LINE, STARTUP_TIMEOUT)
     return Engine("encode", process, port_of(match.group(1)), port_of(match.group(2)))
 
@@ -249,12 +283,17 @@ def readiness(base_url: str) -> int:
         return 0
 
 
-def start_gateway(procs: Processes, model_dir: Path, *mode_args) -> Gateway:
-    """Starts ``iris serve`` on a free port and waits until ``/readiness`` is 200."""
+def start_gateway(procs: Processes, model_dir: Path, *mode_args, nixl: bool = False) -> Gateway:
+    """Starts ``iris serve`` on a free port and waits until ``/readiness`` is
+    200; ``nixl`` runs the ``--features nixl`` build with the NIXL library."""
     port = free_port()
-    args = [binary("iris"), "serve", "--host", "127.0.0.1", "--port", port,
-            "--model-path", model_dir, *mode_args]
-    process = procs.spawn("gateway", args)
+    exe, env, flags = binary("iris"), None, []
+    if nixl:
+        exe = nixl_binary("iris")
+        flags, env = nixl_env()
+    args = [exe, "serve", "--host", "127.0.0.1", "--port", port,
+            "--model-path", model_dir, *flags, *mode_args]
+    process = procs.spawn("gateway", args, env)
     gateway = Gateway(process, port, model_dir.name)
 
     def ready():

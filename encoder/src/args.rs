@@ -72,4 +72,7 @@ pub struct EncoderArgs {
     /// by model (smg) need it equal to the prefill and decode workers'.
     #[arg(long, env = "IRIS_ENCODER_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
+    /// How pixel tensors are received (shm, RDMA).
+    #[command(flatten)]
+    pub receive: crate::receive::ReceiveArgs,
 }

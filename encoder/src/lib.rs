@@ -3,7 +3,8 @@
 //! `TokenSpeedScheduler`, and `iris.data.v1.FetchEmbedding` on its
 //! bootstrap port, from which prefill workers collect embeddings by room.
 //!
-//! Work flows: [`validate`] → rooms claimed (bounded bytes: Encode pushes
+//! Work flows: [`receive`] (shm and RDMA payloads read into bytes) →
+//! [`validate`] → rooms claimed (bounded bytes: Encode pushes
 //! back when full) → [`cache`] hits answered at once → misses batched by
 //! `iris-batcher` → [`compute`] on the blocking pool → each room completed
 //! as soon as its item is done. [`metrics`] serves Prometheus text on
@@ -14,6 +15,7 @@ mod backend;
 pub mod cache;
 pub mod compute;
 pub mod metrics;
+pub mod receive;
 mod server;
 pub mod service;
 pub mod validate;

@@ -23,6 +23,7 @@ use crate::backend::TowerBackend;
 use crate::cache::EmbeddingCache;
 use crate::compute::{Compute, DigestCompute, TowerCompute};
 use crate::metrics::EncoderMetrics;
+use crate::receive::Receiving;
 use crate::service::{Encoder, EncoderService};
 use crate::validate::Geometry;
 use crate::{ComputeKind, EncoderArgs};
@@ -185,6 +186,7 @@ fn build(args: EncoderArgs, compute: Option<Arc<dyn Compute>>) -> anyhow::Result
             .unwrap_or_else(|| dir.served_model_name()),
         architectures: dir.config.architectures.clone(),
         metrics: EncoderMetrics::default(),
+        receiving: Receiving::start(&args.receive)?,
         worker_id,
         started: Instant::now(),
         args,

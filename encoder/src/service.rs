@@ -25,6 +25,7 @@ use crate::backend::TowerBackend;
 use crate::cache::EmbeddingCache;
 use crate::compute::Compute;
 use crate::metrics::EncoderMetrics;
+use crate::receive::Receiving;
 use crate::validate::{self, EncodeItem, Geometry};
 use crate::EncoderArgs;
 
@@ -50,6 +51,8 @@ pub struct Encoder {
     pub served_model_name: String,
     pub architectures: Vec<String>,
     pub metrics: EncoderMetrics,
+    /// Shm and RDMA payloads, and the identity reported for them.
+    pub receiving: Receiving,
     pub worker_id: String,
     pub started: Instant,
 }
@@ -226,6 +229,11 @@ impl TokenSpeedEncoder for EncoderService {
         let request = request.into_inner();
         let items = request.mm_inputs.as_ref().map_or(0, |m| m.items.len());
         encoder.metrics.request(items);
+        let request = encoder
+            .receiving
+            .resolve(request)
+            .await
+            .inspect_err(|_| encoder.metrics.refused())?;
         encoder
             .accept(&request)
             .inspect_err(|_| encoder.metrics.refused())?;
@@ -323,16 +331,25 @@ impl TokenSpeedScheduler for EncoderService {
         _: Request<GetServerInfoRequest>,
     ) -> Result<Response<GetServerInfoResponse>, Status> {
         let e = &self.0;
-        let args = fields([
-            ("engine", text("iris-encoder")),
-            ("role", text("encode")),
-            ("disaggregation_mode", text("encode")),
-            ("worker_id", text(&e.worker_id)),
-            (
-                "disaggregation_bootstrap_port",
-                number(f64::from(e.args.bootstrap_port)),
-            ),
-        ]);
+        let identity = e.receiving.shm_identity().map(text);
+        let args = fields(
+            [
+                ("engine", text("iris-encoder")),
+                ("role", text("encode")),
+                ("disaggregation_mode", text("encode")),
+                ("worker_id", text(&e.worker_id)),
+                (
+                    "disaggregation_bootstrap_port",
+                    number(f64::from(e.args.bootstrap_port)),
+                ),
+                (
+                    iris_transport::NIXL_RECEIVER_FIELD,
+                    number(if e.receiving.nixl() { 1.0 } else { 0.0 }),
+                ),
+            ]
+            .into_iter()
+            .chain(identity.map(|id| (iris_transport::SHM_IDENTITY_FIELD, id))),
+        );
         Ok(Response::new(GetServerInfoResponse {
             server_args: Some(args),
             active_requests: i32::try_from(e.batcher.pending()).unwrap_or(i32::MAX),

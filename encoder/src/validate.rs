@@ -97,8 +97,8 @@ fn image_input(item: &MultimodalItem, geometry: Geometry) -> Result<ImageInput, 
     let pixels = match &tensor.payload {
         Some(Payload::Inline(bytes)) => bytes.clone(),
         _ => {
-            return Err(Status::failed_precondition(
-                "only inline encoder_input payloads are enabled on this worker (shm/rdma arrive with the transport settings)",
+            return Err(Status::invalid_argument(
+                "encoder_input must be resolved to inline bytes before validation",
             ))
         }
     };

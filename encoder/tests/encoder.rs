@@ -49,6 +49,7 @@ async fn encoder_with(model: &TempDir, max_held_mb: u64, compute: ComputeKind) -
         worker_id: None,
         served_model_name: None,
         metrics_port: 0,
+        receive: Default::default(),
     };
     iris_encoder::start(args).await.expect("encoder starts")
 }
@@ -304,8 +305,51 @@ async fn scheduler_service_is_info_only() {
         .await
         .expect("server info")
         .into_inner();
-    let role = &server.server_args.expect("args").fields["role"];
+    let args = server.server_args.expect("args");
+    let role = &args.fields["role"];
     assert!(matches!(&role.kind, Some(prost_types::value::Kind::StringValue(r)) if r == "encode"));
+    let identity = iris_proto::info::text_field(&args, iris_transport::SHM_IDENTITY_FIELD)
+        .expect("shm identity");
+    assert!(iris_transport::shm::verify_identity(
+        std::path::Path::new("/dev/shm"),
+        identity
+    ));
+}
+
+/// An item whose pixels arrive as a /dev/shm file: the encoder reads and
+/// unlinks it, and computes what it computes for the same inline pixels.
+#[tokio::test]
+async fn shm_payloads_are_read_and_unlinked() {
+    let model = model();
+    let enc = encoder(&model, 64).await;
+    let (mut e, mut d) = clients(&enc).await;
+    let writer = iris_transport::ShmWriter::new("/dev/shm", "iris-tensor").expect("writer");
+    let inline_item = item(0.75, 2, 2, b"");
+    let tensor = inline_item.encoder_input.clone().expect("tensor");
+    let (handle, guard) = writer.write(&inline(&tensor)).expect("shm write");
+    let path = guard.path().expect("path").to_path_buf();
+    let mut shm_item = inline_item.clone();
+    shm_item.encoder_input = Some(TensorData {
+        payload: Some(tensor_data::Payload::Shm(handle)),
+        ..tensor
+    });
+    e.encode(request(vec![shm_item.clone()], &[1]))
+        .await
+        .expect("accepted");
+    guard.handed_over();
+    assert!(!path.exists(), "the receiver unlinks the file");
+    e.encode(request(vec![inline_item], &[2]))
+        .await
+        .expect("accepted");
+    let by_shm = fetch(&mut d, 1).await.expect("room 1");
+    let by_inline = fetch(&mut d, 2).await.expect("room 2");
+    assert_eq!(inline(&by_shm), inline(&by_inline));
+    // The file is gone now: a second send of the same handle is UNAVAILABLE.
+    let again = e
+        .encode(request(vec![shm_item], &[3]))
+        .await
+        .expect_err("file gone");
+    assert_eq!(again.code(), Code::Unavailable, "{again:?}");
 }
 
 /// Encode → prefill (collects the embedding) → decode, against an
@@ -473,6 +517,7 @@ async fn tower_backend_without_weights_is_a_clear_startup_error() {
         worker_id: None,
         served_model_name: None,
         metrics_port: 0,
+        receive: Default::default(),
     };
     let err = iris_encoder::start(args).await.err().expect("no weights");
     assert!(format!("{err:#}").contains("--compute digest"), "{err:#}");
@@ -629,6 +674,7 @@ async fn a_fast_item_is_served_while_a_slow_one_in_its_batch_computes() {
         fetch_wait_ms: 2_000,
         worker_id: None,
         served_model_name: None,
+        receive: Default::default(),
     };
     let enc = iris_encoder::start_with(args, Some(compute))
         .await

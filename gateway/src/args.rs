@@ -122,6 +122,8 @@ pub struct ServeArgs {
     pub media: MediaArgs,
     #[command(flatten)]
     pub discovery: DiscoveryArgs,
+    #[command(flatten)]
+    pub transport: crate::transport::TransportArgs,
 
     /// Log as JSON lines.
     #[arg(long, env = "IRIS_LOG_JSON")]

@@ -7,8 +7,9 @@
 //! template and tokenizes, [`router`] picks workers from the
 //! [`workers`] pools (configured, or fed by Kubernetes [`discovery`]) and
 //! starts the request, and [`chat`] streams the detokenized answer back as
-//! SSE or one JSON body. [`server`] wires it to axum; [`demo`] runs every
-//! role in one process.
+//! SSE or one JSON body. [`transport`] picks how each image's pixels reach
+//! its encode worker (inline, shm or RDMA). [`server`] wires it to axum;
+//! [`demo`] runs every role in one process.
 
 pub mod args;
 pub mod chat;
@@ -21,6 +22,7 @@ pub mod prompt;
 pub mod router;
 pub mod server;
 pub mod tokencache;
+pub mod transport;
 pub mod workers;
 
 pub use args::ServeArgs;

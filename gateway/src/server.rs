@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 use crate::mm::Multimodal;
 use crate::prompt::Prompter;
 use crate::router::{Mode, Router, RouterSettings};
+use crate::transport::Lanes;
 use crate::workers::affinity::EncodePolicy;
 use crate::workers::health::{self, HealthSettings};
 use crate::workers::policy::{Policy, PolicyKind};
@@ -118,6 +119,7 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
             .start(&mode.pools(), connect_timeout(&args), shutdown.clone())
             .await?;
     }
+    let lanes = Lanes::start(&args.transport, any_worker_wants_rdma(&mode))?;
     health::spawn(mode.pools(), health_settings(&args), shutdown.clone());
     let state = Arc::new(AppState {
         router: Router::new(
@@ -128,7 +130,8 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
                 encode_timeout: Duration::from_millis(args.encode_timeout_ms.max(1)),
                 encode_max_in_flight: args.encode_max_in_flight,
             },
-        ),
+        )
+        .with_lanes(lanes),
         prompter,
         multimodal,
         metrics: Metrics::default(),
@@ -180,6 +183,18 @@ fn routes(state: Arc<AppState>) -> axum::Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .with_state(state)
+}
+
+/// Whether a configured worker's own transport may use RDMA.
+fn any_worker_wants_rdma(mode: &Mode) -> bool {
+    mode.pools().iter().any(|pool| {
+        pool.snapshot().iter().any(|w| {
+            matches!(
+                w.transport(),
+                Some(iris_transport::Transport::Rdma | iris_transport::Transport::Auto)
+            )
+        })
+    })
 }
 
 fn health_settings(args: &ServeArgs) -> HealthSettings {
@@ -321,6 +336,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     if let Some(mm) = &state.multimodal {
         render_pixel_cache(&mut body, &mm.cache_stats());
     }
+    state.router.lanes.render(&mut body);
     let (hits, misses) = state.prompter.cache_stats();
     body.push_str(&format!(
         "# HELP iris_tokenizer_cache_total Prompt segments tokenized, by cache result.\n# TYPE iris_tokenizer_cache_total counter\niris_tokenizer_cache_total{{result=\"hit\"}} {hits}\niris_tokenizer_cache_total{{result=\"miss\"}} {misses}\n"

@@ -28,6 +28,22 @@ pub fn timestamp_now() -> String {
     format!("{}.{:03}", now.as_secs(), now.subsec_millis())
 }
 
+/// The string field `key` of `s`, if it is one.
+pub fn text_field<'a>(s: &'a Struct, key: &str) -> Option<&'a str> {
+    match s.fields.get(key)?.kind.as_ref()? {
+        Kind::StringValue(v) => Some(v),
+        _ => None,
+    }
+}
+
+/// The number field `key` of `s`, if it is one.
+pub fn number_field(s: &Struct, key: &str) -> Option<f64> {
+    match s.fields.get(key)?.kind.as_ref()? {
+        Kind::NumberValue(v) => Some(*v),
+        _ => None,
+    }
+}
+
 /// A struct from (key, value) pairs.
 pub fn fields<'a>(pairs: impl IntoIterator<Item = (&'a str, Value)>) -> Struct {
     let fields: BTreeMap<String, Value> =
@@ -43,6 +59,10 @@ mod tests {
     fn builds_a_struct() {
         let s = fields([("role", text("prefill")), ("port", number(8998.0))]);
         assert!(matches!(&s.fields["role"].kind, Some(Kind::StringValue(r)) if r == "prefill"));
+        assert_eq!(text_field(&s, "role"), Some("prefill"));
+        assert_eq!(text_field(&s, "port"), None);
+        assert_eq!(number_field(&s, "port"), Some(8998.0));
+        assert_eq!(number_field(&s, "missing"), None);
         assert!(matches!(s.fields["port"].kind, Some(Kind::NumberValue(p)) if p == 8998.0));
     }
 

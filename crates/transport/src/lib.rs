@@ -24,6 +24,12 @@ pub mod receiver;
 pub mod sender;
 pub mod shm;
 
+/// GetServerInfo `server_args` field holding a worker's shm identity
+/// ([`ShmIdentity::identity`]).
+pub const SHM_IDENTITY_FIELD: &str = "shm_identity";
+/// GetServerInfo `server_args` field: 1 when the worker's NIXL receiver is up.
+pub const NIXL_RECEIVER_FIELD: &str = "nixl_receiver";
+
 pub use arena::{
     ArenaConfig, ArenaError, Clock, Lease, ManualClock, Reaper, Release, SlotArena, SystemClock,
 };

@@ -1,4 +1,4 @@
-//! Transport counters: lanes taken, fallbacks by reason, and the arena's
+//! Transport counters: tensors and bytes by lane, fallbacks by reason, and the arena's
 //! slots in use, leases, releases, stale notifications and reaps.
 //!
 //! One [`Metrics`] is shared (`Arc`) by the sender and the arena; a
@@ -12,6 +12,7 @@ use crate::lane::{FallbackReason, Lane};
 #[derive(Debug, Default)]
 pub struct Metrics {
     tensors: [AtomicU64; 3],
+    bytes: [AtomicU64; 3],
     fallbacks: [AtomicU64; FallbackReason::ALL.len()],
     pub(crate) slots_in_use: AtomicU64,
     pub(crate) leases: AtomicU64,
@@ -25,6 +26,8 @@ pub struct Metrics {
 pub struct MetricsSnapshot {
     /// Tensors sent, by lane: inline, shm, rdma.
     pub tensors: [u64; 3],
+    /// Payload bytes sent, by lane: inline, shm, rdma.
+    pub bytes: [u64; 3],
     /// Fallbacks to inline, indexed like [`FallbackReason::ALL`].
     pub fallbacks: [u64; FallbackReason::ALL.len()],
     pub slots_in_use: u64,
@@ -43,9 +46,10 @@ fn lane_index(lane: Lane) -> usize {
 }
 
 impl Metrics {
-    /// Counts a tensor sent on `lane`.
-    pub fn record_lane(&self, lane: Lane) {
+    /// Counts a tensor of `nbytes` payload bytes sent on `lane`.
+    pub fn record_lane(&self, lane: Lane, nbytes: usize) {
         self.tensors[lane_index(lane)].fetch_add(1, Ordering::Relaxed);
+        self.bytes[lane_index(lane)].fetch_add(nbytes as u64, Ordering::Relaxed);
     }
 
     /// Counts a fallback to inline.
@@ -58,6 +62,7 @@ impl Metrics {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         MetricsSnapshot {
             tensors: self.tensors.each_ref().map(load),
+            bytes: self.bytes.each_ref().map(load),
             fallbacks: self.fallbacks.each_ref().map(load),
             slots_in_use: load(&self.slots_in_use),
             leases: load(&self.leases),
@@ -79,6 +84,11 @@ impl MetricsSnapshot {
         self.tensors[lane_index(lane)]
     }
 
+    /// Payload bytes counted on `lane`.
+    pub fn lane_bytes(&self, lane: Lane) -> u64 {
+        self.bytes[lane_index(lane)]
+    }
+
     /// Every value under its exported name (Prometheus style, with labels).
     pub fn samples(&self) -> Vec<(String, u64)> {
         let mut out = Vec::new();
@@ -86,6 +96,10 @@ impl MetricsSnapshot {
             out.push((
                 format!("iris_transport_tensors_total{{lane=\"{}\"}}", lane.as_str()),
                 self.lane(lane),
+            ));
+            out.push((
+                format!("iris_transport_bytes_total{{lane=\"{}\"}}", lane.as_str()),
+                self.lane_bytes(lane),
             ));
         }
         for reason in FallbackReason::ALL {
@@ -119,9 +133,9 @@ mod tests {
     #[test]
     fn counts_lanes_and_reasons_by_name() {
         let m = Metrics::default();
-        m.record_lane(Lane::Shm);
-        m.record_lane(Lane::Inline);
-        m.record_lane(Lane::Inline);
+        m.record_lane(Lane::Shm, 10);
+        m.record_lane(Lane::Inline, 3);
+        m.record_lane(Lane::Inline, 4);
         m.record_fallback(FallbackReason::ArenaFull);
         let s = m.snapshot();
         assert_eq!(s.lane(Lane::Inline), 2);
@@ -138,6 +152,8 @@ mod tests {
             get("iris_transport_tensors_total{lane=\"inline\"}"),
             Some(2)
         );
+        assert_eq!(get("iris_transport_bytes_total{lane=\"inline\"}"), Some(7));
+        assert_eq!(get("iris_transport_bytes_total{lane=\"shm\"}"), Some(10));
         assert_eq!(get("iris_transport_arena_reaped_total"), Some(0));
     }
 }

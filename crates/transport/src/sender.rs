@@ -136,12 +136,13 @@ impl TensorSender {
     ) -> Result<Sent, TensorError> {
         check_len(&shape, dtype, &data)?;
         let plan = self.plan(requested, caps, data.len());
+        let nbytes = data.len();
         let sent = match plan.lane {
             Lane::Inline => Ok(inline_sent(shape, dtype, data, plan.fallback)),
             Lane::Shm => self.via_shm(shape, dtype, data),
             Lane::Rdma => self.via_rdma(key, shape, dtype, data),
         }?;
-        self.metrics.record_lane(sent.lane);
+        self.metrics.record_lane(sent.lane, nbytes);
         if let Some(reason) = sent.fallback {
             self.metrics.record_fallback(reason);
             tracing::debug!(requested = %requested, reason = %reason, "tensor goes inline");

@@ -9,6 +9,14 @@
 //! the encoders' embedding caches make re-encoding a repeated image
 //! cheap). Nothing waits for a receive timeout: the first response is read
 //! ahead, so every failure before it is seen and can still be retried.
+//!
+//! Each image's pixels take the lane chosen for its encoder
+//! ([`Lanes`]): inline, a `/dev/shm` file or an RDMA arena slot keyed by
+//! the attempt's fresh room. The delivery ticket is settled by the Encode
+//! call's outcome: delivered once accepted; otherwise dropped (the shm
+//! file is unlinked, the slot is left to the NIXL notification or the
+//! reaper, since the encoder may still be READing it). A retry prepares
+//! the image again for its new encoder and room.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +28,7 @@ use tonic::{Code, Status, Streaming};
 
 use super::legs::{attempt_request, new_room, strip_pixels, with_encode_info, with_kv_room};
 use super::{drain_prefill, Generation, Leg, RouteError, Router};
+use crate::transport::Lanes;
 use crate::workers::affinity::{affinity_key, EncodePolicy};
 use crate::workers::{Pool, Role, Worker};
 
@@ -149,6 +158,7 @@ impl Router {
                 .enumerate()
                 .map(|(i, (item, (worker, room)))| {
                     encode(
+                        &self.lanes,
                         worker,
                         format!("{id}-img{i}"),
                         item,
@@ -277,19 +287,54 @@ fn pick_encoders(
         .collect()
 }
 
-/// Sends one image to `worker` under `room`; `Ok` once it was accepted.
+/// Sends one image to `worker` under `room`, its pixels on the worker's
+/// lane; `Ok` once it was accepted.
 async fn encode(
+    lanes: &Arc<Lanes>,
     worker: &Arc<Worker>,
     request_id: String,
     item: &MultimodalItem,
     room: i64,
     timeout: Duration,
 ) -> Result<(), Status> {
+    let (item, ticket) = prepare(lanes, worker, item, room).await?;
+    let result = call_encode(worker, request_id, item, room, timeout).await;
+    if let Some(ticket) = ticket {
+        match &result {
+            Ok(()) => ticket.delivered(),
+            Err(_) => drop(ticket),
+        }
+    }
+    result
+}
+
+/// The item with its pixels on `worker`'s lane, prepared on the blocking
+/// pool unless they stay inline.
+async fn prepare(
+    lanes: &Arc<Lanes>,
+    worker: &Arc<Worker>,
+    item: &MultimodalItem,
+    room: i64,
+) -> Result<(MultimodalItem, Option<iris_transport::DeliveryTicket>), Status> {
+    if lanes.requested(worker) == iris_transport::Transport::Inline {
+        return lanes.prepare(worker, item, room);
+    }
+    let (lanes, worker, item) = (lanes.clone(), worker.clone(), item.clone());
+    tokio::task::spawn_blocking(move || lanes.prepare(&worker, &item, room))
+        .await
+        .map_err(|e| Status::internal(format!("preparing the image's tensor failed: {e}")))?
+}
+
+async fn call_encode(
+    worker: &Arc<Worker>,
+    request_id: String,
+    item: MultimodalItem,
+    room: i64,
+    timeout: Duration,
+) -> Result<(), Status> {
     let mut request = tonic::Request::new(EncodeRequest {
         request_id,
-        mm_inputs: Some(MultimodalInputs {
-            items: vec![item.clone()],
-        }),
+        mm_inputs: Some(MultimodalInputs { items: vec![item] }),
         items: vec![EncodeItemAssignment {
             bootstrap_room: room,
         }],

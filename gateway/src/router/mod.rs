@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use tonic::{Code, Status, Streaming};
 
 use crate::metrics::Histogram;
+use crate::transport::Lanes;
 use crate::workers::affinity::EncodePolicy;
 use crate::workers::worker::InFlightGuard;
 use crate::workers::{Pool, Role, Worker};
@@ -101,6 +102,8 @@ pub struct Router {
     /// Abort RPCs being sent.
     aborts: TaskTracker,
     admission: admission::Admission,
+    /// How pixel tensors reach encode workers.
+    pub lanes: Arc<Lanes>,
 }
 
 /// One worker leg of a request.
@@ -260,6 +263,7 @@ impl Router {
             encode_time: Histogram::default(),
             aborts: TaskTracker::new(),
             admission: admission::Admission::new(settings.encode_max_in_flight),
+            lanes: Arc::new(Lanes::inline()),
         }
     }
 
@@ -267,6 +271,12 @@ impl Router {
     pub async fn flush_aborts(&self, limit: std::time::Duration) {
         self.aborts.close();
         let _ = tokio::time::timeout(limit, self.aborts.wait()).await;
+    }
+
+    /// Sends pixel tensors to encode workers by `lanes`.
+    pub fn with_lanes(mut self, lanes: Lanes) -> Self {
+        self.lanes = Arc::new(lanes);
+        self
     }
 
     /// Starts `request` on the mode's workers.

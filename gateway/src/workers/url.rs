@@ -1,5 +1,7 @@
 //! Parsing worker URLs: `grpc://host:port`, `http://host:port` or a bare
-//! `host:port`, with an optional bootstrap (data server) port.
+//! `host:port`, with an optional bootstrap (data server) port and options
+//! after `?`: `grpc://host:port?transport=shm` sets the worker's own
+//! multimodal tensor transport (`inline`, `shm`, `rdma` or `auto`).
 
 use std::fmt;
 
@@ -12,17 +14,20 @@ pub struct WorkerUrl {
     pub bootstrap_port: Option<u16>,
     /// The worker's own multimodal tensor transport (`inline`, `shm`,
     /// `rdma` or `auto`) when it overrides the gateway's; set from the
-    /// `iris.ai/tensor-transport` pod annotation by service discovery.
+    /// `?transport=` URL option or the `iris.ai/tensor-transport` pod
+    /// annotation by service discovery.
     pub tensor_transport: Option<String>,
 }
 
 impl WorkerUrl {
-    /// Parses `url`, e.g. `grpc://10.0.0.5:30000` or `[::1]:30000`.
+    /// Parses `url`, e.g. `grpc://10.0.0.5:30000`, `[::1]:30000` or
+    /// `grpc://10.0.0.5:30000?transport=rdma`.
     pub fn parse(url: &str) -> Result<WorkerUrl, String> {
+        let (address, options) = url.split_once('?').unwrap_or((url, ""));
         let rest = ["grpc://", "http://"]
             .iter()
-            .find_map(|scheme| url.strip_prefix(scheme))
-            .unwrap_or(url)
+            .find_map(|scheme| address.strip_prefix(scheme))
+            .unwrap_or(address)
             .trim_end_matches('/');
         if rest.contains("://") {
             return Err(format!(
@@ -43,7 +48,7 @@ impl WorkerUrl {
             host: host.to_owned(),
             port,
             bootstrap_port: None,
-            tensor_transport: None,
+            tensor_transport: transport_option(url, options)?,
         })
     }
 
@@ -87,6 +92,28 @@ impl fmt::Display for WorkerUrl {
     }
 }
 
+/// The `transport=` value of a URL's options (`key=value` pairs joined
+/// by `&`); any other key is an error.
+fn transport_option(url: &str, options: &str) -> Result<Option<String>, String> {
+    let mut transport = None;
+    for pair in options.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("transport", value)) => {
+                let parsed: iris_transport::Transport = value
+                    .parse()
+                    .map_err(|e| format!("worker URL {url:?}: {e}"))?;
+                transport = Some(parsed.as_str().to_owned());
+            }
+            _ => {
+                return Err(format!(
+                    "worker URL {url:?}: unknown option {pair:?} (expected transport=inline|shm|rdma|auto)"
+                ))
+            }
+        }
+    }
+    Ok(transport)
+}
+
 fn split_host_port(s: &str) -> Option<(&str, &str)> {
     if let Some(v6) = s.strip_prefix('[') {
         let (host, rest) = v6.split_once(']')?;
@@ -122,6 +149,22 @@ mod tests {
             "grpc://h:0",
             "grpc://h:99999",
             "https://h:1",
+        ] {
+            assert!(WorkerUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn transport_option() {
+        let u = WorkerUrl::parse("grpc://h:1?transport=SHM").unwrap();
+        assert_eq!(u.tensor_transport.as_deref(), Some("shm"));
+        assert_eq!(u.port, 1);
+        assert_eq!(u.to_string(), "grpc://h:1");
+        assert_eq!(WorkerUrl::parse("h:1?").unwrap().tensor_transport, None);
+        for bad in [
+            "grpc://h:1?transport=tcp",
+            "grpc://h:1?x=1",
+            "grpc://h:1?transport",
         ] {
             assert!(WorkerUrl::parse(bad).is_err(), "{bad}");
         }

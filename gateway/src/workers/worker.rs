@@ -1,4 +1,6 @@
-//! One worker: its address, gRPC client, health and in-flight count.
+//! One worker: its address, gRPC client, health, in-flight count, and
+//! what it can receive tensors by (its transport override and the
+//! capabilities its GetServerInfo proved).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -6,6 +8,7 @@ use std::time::Duration;
 
 use iris_proto::encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
 use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
+use iris_transport::{Transport, WorkerCaps};
 use tonic::transport::{Channel, Endpoint};
 
 use super::url::WorkerUrl;
@@ -49,6 +52,12 @@ pub struct Worker {
     /// Requests started and failed over the worker's life (metrics).
     requests: AtomicU64,
     failed_requests: AtomicU64,
+    /// The worker's own tensor transport (URL option or annotation).
+    transport: Option<Transport>,
+    /// Proved to share this process's `/dev/shm` (GetServerInfo identity).
+    shared_shm: AtomicBool,
+    /// Reports a working NIXL receiver.
+    nixl: AtomicBool,
 }
 
 /// Counts a request against a worker while alive.
@@ -75,6 +84,7 @@ impl Worker {
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_while_idle(true)
             .connect_lazy();
+        let transport = url.tensor_transport.as_deref().and_then(|t| t.parse().ok());
         Ok(Arc::new(Worker {
             url,
             role,
@@ -87,6 +97,9 @@ impl Worker {
             request_failures: AtomicU32::new(0),
             requests: AtomicU64::new(0),
             failed_requests: AtomicU64::new(0),
+            transport,
+            shared_shm: AtomicBool::new(false),
+            nixl: AtomicBool::new(false),
         }))
     }
 
@@ -184,6 +197,27 @@ impl Worker {
             return Some(ok);
         }
         None
+    }
+
+    /// The worker's own tensor transport, overriding the gateway's.
+    pub fn transport(&self) -> Option<Transport> {
+        self.transport
+    }
+
+    /// What the worker proved it can receive (last GetServerInfo).
+    pub fn caps(&self) -> WorkerCaps {
+        WorkerCaps {
+            shared_shm: self.shared_shm.load(Ordering::Relaxed),
+            nixl: self.nixl.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Records the capabilities GetServerInfo proved; returns true when
+    /// they changed.
+    pub fn set_caps(&self, caps: WorkerCaps) -> bool {
+        let shm = self.shared_shm.swap(caps.shared_shm, Ordering::Relaxed);
+        let nixl = self.nixl.swap(caps.nixl, Ordering::Relaxed);
+        (shm, nixl) != (caps.shared_shm, caps.nixl)
     }
 
     /// Marks the worker healthy or not at once (tests, discovery).

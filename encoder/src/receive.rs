@@ -1,0 +1,330 @@
+//! Receiving pixel tensors by any lane (docs/transports.md): inline bytes,
+//! a `/dev/shm` file (read and unlinked) or an RDMA slot of the gateway's
+//! arena (READ over NIXL into a registered landing pool, feature `nixl`).
+//! Non-inline payloads are resolved to inline bytes on the blocking pool
+//! before validation. The worker's shm identity and NIXL state are
+//! reported in GetServerInfo so the gateway can pick lanes.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::Args;
+use iris_proto::encoder::EncodeRequest;
+use iris_proto::scheduler::{tensor_data::Payload, MultimodalItem, TensorData};
+use iris_transport::shm::{sweep_orphans, DEFAULT_SHM_DIR, IDENTITY_PREFIX};
+use iris_transport::{
+    ReceiveError, RemoteError, RemoteReader, ShmError, ShmIdentity, TensorReceiver,
+};
+use tonic::Status;
+
+/// Receiver options of `iris-encoder`.
+#[derive(Debug, Clone, Args)]
+pub struct ReceiveArgs {
+    /// libnixl_capi.so to load before NIXL is used (else the dynamic
+    /// linker's search path); a missing library disables the RDMA lane.
+    #[arg(long, env = "IRIS_ENCODER_NIXL_LIB")]
+    pub nixl_lib: Option<PathBuf>,
+    /// This worker's NIXL agent name (default: iris-encoder-PID).
+    #[arg(long, env = "IRIS_ENCODER_NIXL_AGENT_NAME")]
+    pub nixl_agent_name: Option<String>,
+    /// The gateway's NIXL agent name (its --nixl-agent-name).
+    #[arg(
+        long,
+        default_value = "iris-gateway",
+        env = "IRIS_ENCODER_NIXL_SENDER_NAME"
+    )]
+    pub nixl_sender_name: String,
+    /// Port of this worker's NIXL metadata listener (0: a free one).
+    #[arg(long, default_value_t = 0, env = "IRIS_ENCODER_RDMA_LISTEN_PORT")]
+    pub rdma_listen_port: u16,
+    /// Landing buffers for RDMA READs (concurrent READs; 0: no RDMA lane).
+    #[arg(long, default_value_t = 4, env = "IRIS_ENCODER_RDMA_LANDING_SLOTS")]
+    pub rdma_landing_slots: usize,
+    /// MiB per landing buffer (at least the gateway's --rdma-slot-size-mb).
+    #[arg(
+        long,
+        default_value_t = 32,
+        env = "IRIS_ENCODER_RDMA_LANDING_SLOT_SIZE_MB"
+    )]
+    pub rdma_landing_slot_size_mb: usize,
+    /// Longest wait for a free landing buffer, in ms.
+    #[arg(
+        long,
+        default_value_t = 1000,
+        env = "IRIS_ENCODER_RDMA_LANDING_WAIT_MS"
+    )]
+    pub rdma_landing_wait_ms: u64,
+    /// Longest wait for the gateway's metadata, then for a READ, in ms.
+    /// The gateway's --rdma-receiver-hold-ms must be at least the landing
+    /// wait plus four times this.
+    #[arg(
+        long,
+        default_value_t = 2000,
+        env = "IRIS_ENCODER_RDMA_READ_TIMEOUT_MS"
+    )]
+    pub rdma_read_timeout_ms: u64,
+}
+
+impl Default for ReceiveArgs {
+    /// The command line's defaults (with any `IRIS_ENCODER_*` twins set).
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            receive: ReceiveArgs,
+        }
+        <Defaults as clap::Parser>::parse_from(["iris-encoder"]).receive
+    }
+}
+
+/// The receiving side: the receiver, the published shm identity and
+/// whether the NIXL receiver is up.
+pub struct Receiving {
+    receiver: TensorReceiver,
+    identity: Option<ShmIdentity>,
+    nixl: bool,
+}
+
+impl Receiving {
+    /// Publishes the shm identity and starts the NIXL receiver (if built
+    /// in and enabled). A missing NIXL library only logs.
+    pub fn start(args: &ReceiveArgs) -> anyhow::Result<Receiving> {
+        let dir = Path::new(DEFAULT_SHM_DIR);
+        if let Err(e) = sweep_orphans(dir, IDENTITY_PREFIX, std::time::Duration::from_secs(60)) {
+            tracing::debug!(error = %e, "could not sweep shm identity orphans");
+        }
+        let identity = match ShmIdentity::publish(dir, IDENTITY_PREFIX) {
+            Ok(identity) => Some(identity),
+            Err(e) => {
+                tracing::warn!(error = %e, "no shm identity: the gateway will not use shm");
+                None
+            }
+        };
+        let mut receiver = TensorReceiver::new(dir);
+        let remote = nixl::start(args)?;
+        let nixl = remote.is_some();
+        if let Some(remote) = remote {
+            receiver = receiver.with_remote(remote);
+        }
+        Ok(Receiving {
+            receiver,
+            identity,
+            nixl,
+        })
+    }
+
+    /// The identity string for GetServerInfo.
+    pub fn shm_identity(&self) -> Option<&str> {
+        self.identity.as_ref().map(|i| i.identity())
+    }
+
+    /// Whether RDMA payloads can be received.
+    pub fn nixl(&self) -> bool {
+        self.nixl
+    }
+
+    /// `request` with every item's pixels inline: shm and remote payloads
+    /// are read on the blocking pool.
+    pub async fn resolve(&self, mut request: EncodeRequest) -> Result<EncodeRequest, Status> {
+        let Some(mm) = request.mm_inputs.as_mut() else {
+            return Ok(request);
+        };
+        for (index, item) in mm.items.iter_mut().enumerate() {
+            if needs_receiving(item) {
+                self.resolve_item(item)
+                    .await
+                    .map_err(|s| Status::new(s.code(), format!("item {index}: {}", s.message())))?;
+            }
+        }
+        Ok(request)
+    }
+
+    async fn resolve_item(&self, item: &mut MultimodalItem) -> Result<(), Status> {
+        let Some(tensor) = item.encoder_input.take() else {
+            return Ok(());
+        };
+        let receiver = self.receiver.clone();
+        let received = tokio::task::spawn_blocking(move || {
+            receiver
+                .receive(&tensor)
+                .map(|r| (tensor.shape, tensor.dtype, r.data))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("receiving encoder_input failed: {e}")))?
+        .map_err(|e| receive_status(&e))?;
+        let (shape, dtype, data) = received;
+        item.encoder_input = Some(TensorData {
+            shape,
+            dtype,
+            payload: Some(Payload::Inline(data)),
+        });
+        Ok(())
+    }
+}
+
+fn needs_receiving(item: &MultimodalItem) -> bool {
+    matches!(
+        item.encoder_input.as_ref().and_then(|t| t.payload.as_ref()),
+        Some(Payload::Shm(_) | Payload::Remote(_))
+    )
+}
+
+/// The status a receive failure is answered with: INVALID_ARGUMENT when
+/// the message itself is wrong, UNAVAILABLE when this worker could not
+/// fetch the bytes (another attempt, with a fresh lane, may succeed).
+pub fn receive_status(e: &ReceiveError) -> Status {
+    let message = format!("encoder_input: {e}");
+    match e {
+        ReceiveError::Tensor(_)
+        | ReceiveError::Descriptor(_)
+        | ReceiveError::Remote(RemoteError::TooLarge { .. })
+        | ReceiveError::Shm(
+            ShmError::BadName(_)
+            | ShmError::BadPrefix(_)
+            | ShmError::SizeMismatch { .. }
+            | ShmError::ShortFile { .. },
+        ) => Status::invalid_argument(message),
+        ReceiveError::Shm(ShmError::Io { .. })
+        | ReceiveError::NoRemoteReader
+        | ReceiveError::Remote(_) => Status::unavailable(message),
+    }
+}
+
+#[cfg(feature = "nixl")]
+mod nixl {
+    //! The NIXL receiver agent.
+
+    use std::time::Duration;
+
+    use iris_transport::nixl::{NixlError, ReceiverAgent, ReceiverConfig};
+
+    use super::*;
+
+    /// The receiver, or `None` when disabled or NIXL is missing (logged).
+    pub fn start(args: &ReceiveArgs) -> anyhow::Result<Option<Arc<dyn RemoteReader>>> {
+        if args.rdma_landing_slots == 0 {
+            return Ok(None);
+        }
+        let cfg = ReceiverConfig {
+            name: args
+                .nixl_agent_name
+                .clone()
+                .unwrap_or_else(|| format!("iris-encoder-{}", std::process::id())),
+            listen_port: listen_port(args.rdma_listen_port)?,
+            sender_name: args.nixl_sender_name.clone(),
+            landing_slots: args.rdma_landing_slots,
+            landing_slot_size: args
+                .rdma_landing_slot_size_mb
+                .checked_mul(1 << 20)
+                .ok_or_else(|| anyhow::anyhow!("--rdma-landing-slot-size-mb is too large"))?,
+            landing_wait: Duration::from_millis(args.rdma_landing_wait_ms),
+            read_timeout: Duration::from_millis(args.rdma_read_timeout_ms.max(1)),
+        };
+        let hold = cfg.hold();
+        match ReceiverAgent::start(args.nixl_lib.as_deref(), cfg) {
+            Ok(agent) => {
+                tracing::info!(
+                    hold_ms = hold.as_millis() as u64,
+                    "NIXL receiver up (the gateway's --rdma-receiver-hold-ms must be at least hold_ms)"
+                );
+                Ok(Some(Arc::new(agent)))
+            }
+            Err(NixlError::Unavailable(why)) => {
+                tracing::warn!(%why, "NIXL unavailable: this worker takes no rdma tensors");
+                Ok(None)
+            }
+            Err(e) => anyhow::bail!("cannot start the NIXL receiver: {e}"),
+        }
+    }
+
+    /// `port`, or a port that was free a moment ago for 0.
+    fn listen_port(port: u16) -> anyhow::Result<u16> {
+        if port != 0 {
+            return Ok(port);
+        }
+        let probe = std::net::TcpListener::bind(("0.0.0.0", 0))?;
+        Ok(probe.local_addr()?.port())
+    }
+}
+
+#[cfg(not(feature = "nixl"))]
+mod nixl {
+    //! Built without feature `nixl`: no RDMA lane.
+
+    use super::*;
+
+    /// Always `None`; logs when RDMA settings were given.
+    pub fn start(args: &ReceiveArgs) -> anyhow::Result<Option<Arc<dyn RemoteReader>>> {
+        if args.nixl_lib.is_some() {
+            tracing::warn!(
+                "built without the `nixl` feature: --nixl-lib is ignored, no rdma tensors"
+            );
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iris_proto::common::ShmHandle;
+    use iris_transport::DescriptorError;
+    use tonic::Code;
+
+    #[test]
+    fn receive_errors_map_to_clear_codes() {
+        let bad_name = ReceiveError::Shm(ShmError::BadName("../x".into()));
+        assert_eq!(receive_status(&bad_name).code(), Code::InvalidArgument);
+        assert_eq!(
+            receive_status(&ReceiveError::Descriptor(DescriptorError::Short(3))).code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            receive_status(&ReceiveError::NoRemoteReader).code(),
+            Code::Unavailable
+        );
+        let gone = ReceiveError::Remote(RemoteError::PeerGone("a".into(), "b".into()));
+        let status = receive_status(&gone);
+        assert_eq!(status.code(), Code::Unavailable);
+        assert!(status.message().starts_with("encoder_input: "));
+    }
+
+    #[tokio::test]
+    async fn a_missing_shm_file_is_unavailable_and_inline_passes() {
+        let receiving = Receiving {
+            receiver: TensorReceiver::new(std::env::temp_dir()),
+            identity: None,
+            nixl: false,
+        };
+        let item = |payload| MultimodalItem {
+            encoder_input: Some(TensorData {
+                shape: vec![2],
+                dtype: "float32".into(),
+                payload: Some(payload),
+            }),
+            ..MultimodalItem::default()
+        };
+        let shm = ShmHandle {
+            name: "iris-tensor-no-such-file".into(),
+            offset: 0,
+            nbytes: 8,
+            owner_id: String::new(),
+        };
+        let request = |items| EncodeRequest {
+            mm_inputs: Some(iris_proto::scheduler::MultimodalInputs { items }),
+            ..EncodeRequest::default()
+        };
+        let err = receiving
+            .resolve(request(vec![item(Payload::Shm(shm))]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Unavailable);
+        assert!(err.message().starts_with("item 0: "), "{}", err.message());
+        let inline = item(Payload::Inline(bytes::Bytes::from(vec![0u8; 8])));
+        let out = receiving
+            .resolve(request(vec![inline.clone()]))
+            .await
+            .unwrap();
+        assert_eq!(out.mm_inputs.unwrap().items, vec![inline]);
+    }
+}

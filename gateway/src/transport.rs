@@ -1,0 +1,435 @@
+//! The gateway's tensor lanes (docs/transports.md): the
+//! `--multimodal-tensor-transport` options, the shm writer, the RDMA slot
+//! arena with its reaper and NIXL sender agent (feature `nixl`), and the
+//! lane of each image sent to an encode worker, chosen per receiving
+//! worker: its own transport (URL option or pod annotation) over the
+//! process flag, then what the worker proved it can receive.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use iris_proto::scheduler::{tensor_data::Payload, MultimodalItem};
+use iris_proto::tensor::validate;
+use iris_transport::arena::DEFAULT_MAX_ARENA_BYTES;
+use iris_transport::shm::{sweep_orphans, DEFAULT_PREFIX, DEFAULT_SHM_DIR, IDENTITY_PREFIX};
+use iris_transport::{
+    ArenaConfig, DeliveryTicket, LanePolicy, Metrics, RdmaEndpoint, Reaper, ShmWriter,
+    TensorSender, Transport,
+};
+use tonic::Status;
+
+use crate::workers::Worker;
+
+const MIB: usize = 1 << 20;
+/// Files of dead processes younger than this are left alone (a process in
+/// another pid namespace may share the directory).
+const SWEEP_MIN_AGE: Duration = Duration::from_secs(60);
+/// How often the reaper polls NIXL notifications and reaps expired slots.
+#[cfg_attr(not(feature = "nixl"), allow(dead_code))]
+const REAPER_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Tensor transport options of `iris serve`.
+#[derive(Debug, Clone, Args)]
+pub struct TransportArgs {
+    /// How pixel tensors reach encode workers: inline, shm, rdma or auto
+    /// (a worker's `?transport=` URL option or `iris.ai/tensor-transport`
+    /// annotation overrides it). A tensor that cannot take its lane goes inline.
+    #[arg(long, default_value = "inline", env = "IRIS_MM_TENSOR_TRANSPORT")]
+    pub multimodal_tensor_transport: Transport,
+    /// Smallest tensor, in bytes, sent through /dev/shm.
+    #[arg(long, default_value_t = 64 << 10, env = "IRIS_MM_SHM_MIN_BYTES")]
+    pub multimodal_shm_min_bytes: usize,
+    /// Smallest tensor, in bytes, sent through the RDMA arena.
+    #[arg(long, default_value_t = 64 << 10, env = "IRIS_MM_RDMA_MIN_BYTES")]
+    pub multimodal_rdma_min_bytes: usize,
+    /// libnixl_capi.so to load before NIXL is used (else the dynamic
+    /// linker's search path); a missing library sends tensors inline.
+    #[arg(long, env = "IRIS_NIXL_LIB")]
+    pub nixl_lib: Option<PathBuf>,
+    /// The gateway's NIXL agent name (encoders' --nixl-sender-name).
+    #[arg(long, default_value = "iris-gateway", env = "IRIS_NIXL_AGENT_NAME")]
+    pub nixl_agent_name: String,
+    /// Address encoders fetch the arena's NIXL metadata from.
+    #[arg(long, default_value = "127.0.0.1", env = "IRIS_RDMA_LISTEN_IP")]
+    pub rdma_listen_ip: String,
+    /// Port of the NIXL metadata listener (fixed: it is in every descriptor).
+    #[arg(long, default_value_t = 5600, env = "IRIS_RDMA_LISTEN_PORT")]
+    pub rdma_listen_port: u16,
+    /// Bytes per arena slot, in MiB (a tensor larger than a slot goes inline).
+    #[arg(long, default_value_t = 32, env = "IRIS_RDMA_SLOT_SIZE_MB")]
+    pub rdma_slot_size_mb: usize,
+    /// Arena slots (tensors in flight at once).
+    #[arg(long, default_value_t = 8, env = "IRIS_RDMA_SLOT_COUNT")]
+    pub rdma_slot_count: usize,
+    /// Seconds after which an unacknowledged slot is reaped; must exceed
+    /// --rdma-receiver-hold-ms.
+    #[arg(long, default_value_t = 30.0, env = "IRIS_RDMA_SLOT_TTL_S")]
+    pub rdma_slot_ttl_s: f64,
+    /// The encoders' longest hold of a slot in ms: their landing wait plus
+    /// four READ timeouts (9000 with iris-encoder's defaults).
+    #[arg(long, default_value_t = 9000, env = "IRIS_RDMA_RECEIVER_HOLD_MS")]
+    pub rdma_receiver_hold_ms: u64,
+    /// Upper bound of the arena (slot size × count), in MiB.
+    #[arg(long, default_value_t = DEFAULT_MAX_ARENA_BYTES / MIB, env = "IRIS_RDMA_MAX_ARENA_MB")]
+    pub rdma_max_arena_mb: usize,
+}
+
+impl TransportArgs {
+    /// The arena geometry and TTL, validated (start-up errors).
+    pub fn arena_config(&self) -> anyhow::Result<ArenaConfig> {
+        let ttl = self.rdma_slot_ttl_s;
+        anyhow::ensure!(
+            ttl.is_finite() && ttl > 0.0 && ttl <= 86_400.0,
+            "--rdma-slot-ttl-s {ttl} must be a positive number of seconds (at most a day)"
+        );
+        let mb = |v: usize, flag: &str| {
+            v.checked_mul(MIB)
+                .ok_or_else(|| anyhow::anyhow!("{flag} {v} is too large"))
+        };
+        let cfg = ArenaConfig {
+            slot_size: mb(self.rdma_slot_size_mb, "--rdma-slot-size-mb")?,
+            slot_count: self.rdma_slot_count,
+            max_bytes: mb(self.rdma_max_arena_mb, "--rdma-max-arena-mb")?,
+            ttl: Duration::from_secs_f64(ttl),
+            receiver_hold: Duration::from_millis(self.rdma_receiver_hold_ms),
+        };
+        cfg.validate()
+            .map_err(|e| anyhow::anyhow!("RDMA arena (--rdma-slot-*): {e}"))?;
+        Ok(cfg)
+    }
+
+    fn policy(&self) -> LanePolicy {
+        LanePolicy {
+            min_shm_bytes: self.multimodal_shm_min_bytes,
+            min_rdma_bytes: self.multimodal_rdma_min_bytes,
+        }
+    }
+}
+
+/// Whether `t` may use the RDMA lane.
+fn wants_rdma(t: Transport) -> bool {
+    matches!(t, Transport::Rdma | Transport::Auto)
+}
+
+/// The sender and what keeps its RDMA side alive.
+pub struct Lanes {
+    default: Transport,
+    sender: TensorSender,
+    // Stops (joins) the reaper before the agent it polls goes away.
+    _reaper: Option<Reaper>,
+}
+
+impl Lanes {
+    /// Everything inline (tests; a gateway without encode workers).
+    pub fn inline() -> Lanes {
+        Lanes {
+            default: Transport::Inline,
+            sender: TensorSender::new(LanePolicy::default(), Arc::new(Metrics::default())),
+            _reaper: None,
+        }
+    }
+
+    /// Sweeps shm orphans, opens the shm writer and — when `rdma_wanted`
+    /// (the flag or a worker's own transport may use RDMA) — the arena,
+    /// its reaper and the NIXL agent. A missing NIXL only logs.
+    pub fn start(args: &TransportArgs, rdma_wanted: bool) -> anyhow::Result<Lanes> {
+        let arena = args.arena_config()?;
+        let metrics = Arc::new(Metrics::default());
+        sweep_shm();
+        let mut sender = TensorSender::new(args.policy(), metrics.clone());
+        match ShmWriter::new(DEFAULT_SHM_DIR, DEFAULT_PREFIX) {
+            Ok(writer) => sender = sender.with_shm(writer),
+            Err(e) => tracing::warn!(error = %e, "no shm writer: shm tensors go inline"),
+        }
+        let mut reaper = None;
+        if rdma_wanted || wants_rdma(args.multimodal_tensor_transport) {
+            if let Some((endpoint, r)) = rdma::start(args, arena, metrics)? {
+                sender = sender.with_rdma(endpoint);
+                reaper = Some(r);
+            }
+        }
+        Ok(Lanes {
+            default: args.multimodal_tensor_transport,
+            sender,
+            _reaper: reaper,
+        })
+    }
+
+    /// The transport asked for `worker`: its own, else the process flag.
+    pub fn requested(&self, worker: &Worker) -> Transport {
+        worker.transport().unwrap_or(self.default)
+    }
+
+    /// `item` with its pixels on the lane for `worker` (the RDMA lease
+    /// keyed by `room`), and the ticket owed for it. Blocking (shm write,
+    /// arena copy): run on the blocking pool.
+    pub fn prepare(
+        &self,
+        worker: &Worker,
+        item: &MultimodalItem,
+        room: i64,
+    ) -> Result<(MultimodalItem, Option<DeliveryTicket>), Status> {
+        let Some(tensor) = item.encoder_input.as_ref() else {
+            return Ok((item.clone(), None));
+        };
+        let Some(Payload::Inline(data)) = tensor.payload.as_ref() else {
+            return Ok((item.clone(), None));
+        };
+        let bad = |e: iris_proto::tensor::TensorError| {
+            Status::invalid_argument(format!("encoder_input: {e}"))
+        };
+        let (dtype, _) = validate(tensor).map_err(bad)?;
+        let sent = self
+            .sender
+            .send(
+                self.requested(worker),
+                worker.caps(),
+                room,
+                tensor.shape.clone(),
+                dtype,
+                data.clone(),
+            )
+            .map_err(bad)?;
+        let item = MultimodalItem {
+            encoder_input: Some(sent.tensor),
+            ..item.clone()
+        };
+        Ok((item, Some(sent.ticket)))
+    }
+
+    /// Appends the transport counters as Prometheus text.
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        let mut family = String::new();
+        for (name, value) in self.sender.metrics().snapshot().samples() {
+            let base = name.split('{').next().unwrap_or(&name);
+            if base != family {
+                family = base.to_owned();
+                let kind = if family.ends_with("_total") {
+                    "counter"
+                } else {
+                    "gauge"
+                };
+                let _ = writeln!(out, "# TYPE {family} {kind}");
+            }
+            let _ = writeln!(out, "{name} {value}");
+        }
+    }
+}
+
+/// Removes tensor and identity files of dead processes.
+fn sweep_shm() {
+    let dir = std::path::Path::new(DEFAULT_SHM_DIR);
+    for prefix in [DEFAULT_PREFIX, IDENTITY_PREFIX] {
+        match sweep_orphans(dir, prefix, SWEEP_MIN_AGE) {
+            Ok(report) => tracing::debug!(prefix, ?report, "swept shm orphans"),
+            Err(e) => tracing::warn!(prefix, error = %e, "could not sweep shm orphans"),
+        }
+    }
+}
+
+#[cfg(feature = "nixl")]
+mod rdma {
+    //! The RDMA lane over NIXL: arena, sender agent, reaper.
+
+    use super::*;
+    use iris_transport::nixl::{NixlError, SenderAgent};
+    use iris_transport::{SlotArena, SystemClock};
+
+    /// The endpoint and reaper, or `None` (logged) when NIXL is missing.
+    pub fn start(
+        args: &TransportArgs,
+        cfg: ArenaConfig,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Option<(RdmaEndpoint, Reaper)>> {
+        let lib = args.nixl_lib.as_deref();
+        let arena = Arc::new(SlotArena::new(
+            cfg,
+            Arc::new(SystemClock::default()),
+            metrics,
+        )?);
+        let agent = match SenderAgent::start(
+            lib,
+            &args.nixl_agent_name,
+            args.rdma_listen_port,
+            arena.clone(),
+        ) {
+            Ok(agent) => Arc::new(agent),
+            Err(NixlError::Unavailable(why)) => {
+                tracing::warn!(%why, "NIXL unavailable: rdma tensors go inline");
+                return Ok(None);
+            }
+            Err(e) => anyhow::bail!("cannot start the NIXL sender agent: {e}"),
+        };
+        let reaper = Reaper::start(arena.clone(), REAPER_INTERVAL, Some(agent.tick_hook()))
+            .map_err(|e| anyhow::anyhow!("cannot start the RDMA slot reaper: {e}"))?;
+        tracing::info!(
+            agent = %agent.name(),
+            ip = %args.rdma_listen_ip,
+            port = agent.port(),
+            slots = cfg.slot_count,
+            slot_bytes = cfg.slot_size,
+            "RDMA tensor lane up"
+        );
+        let endpoint = RdmaEndpoint {
+            arena,
+            ip: args.rdma_listen_ip.clone(),
+            port: args.rdma_listen_port,
+        };
+        Ok(Some((endpoint, reaper)))
+    }
+}
+
+#[cfg(not(feature = "nixl"))]
+mod rdma {
+    //! Built without feature `nixl`: the RDMA lane is never up.
+
+    use super::*;
+
+    /// Logs (once, at start-up) that rdma goes inline.
+    pub fn start(
+        _: &TransportArgs,
+        _: ArenaConfig,
+        _: Arc<Metrics>,
+    ) -> anyhow::Result<Option<(RdmaEndpoint, Reaper)>> {
+        tracing::warn!(
+            "built without the `nixl` feature: rdma tensors go inline (fallback reason nixl_unavailable)"
+        );
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::{Role, WorkerUrl};
+    use bytes::Bytes;
+    use clap::Parser;
+    use iris_proto::tensor::{inline, DType};
+    use iris_transport::WorkerCaps;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        t: TransportArgs,
+    }
+
+    fn args(extra: &[&str]) -> TransportArgs {
+        Cli::try_parse_from([&["x"], extra].concat()).unwrap().t
+    }
+
+    #[test]
+    fn ttl_and_geometry_are_checked_at_start_up() {
+        assert!(args(&[]).arena_config().is_ok());
+        for bad in [
+            &["--rdma-slot-ttl-s", "0"][..],
+            &["--rdma-slot-ttl-s", "nan"],
+            &["--rdma-slot-ttl-s", "5"],
+            &["--rdma-slot-count", "0"],
+            &["--rdma-slot-size-mb", "2048"],
+        ] {
+            assert!(args(bad).arena_config().is_err(), "{bad:?}");
+        }
+        assert!(Cli::try_parse_from(["x", "--multimodal-tensor-transport", "tcp"]).is_err());
+        let t = args(&["--multimodal-tensor-transport", "RDMA"]);
+        assert_eq!(t.multimodal_tensor_transport, Transport::Rdma);
+    }
+
+    fn worker(url: &str, caps: WorkerCaps) -> Arc<Worker> {
+        let url = WorkerUrl::parse(url).unwrap();
+        let w = Worker::new(url, Role::Encode, Duration::from_secs(1)).unwrap();
+        w.set_caps(caps);
+        w
+    }
+
+    fn item() -> MultimodalItem {
+        let data = Bytes::from(vec![7u8; 64]);
+        MultimodalItem {
+            encoder_input: Some(inline(vec![16], DType::Float32, data)),
+            ..MultimodalItem::default()
+        }
+    }
+
+    fn payload(item: &MultimodalItem) -> &Payload {
+        item.encoder_input
+            .as_ref()
+            .unwrap()
+            .payload
+            .as_ref()
+            .unwrap()
+    }
+
+    fn rendered(lanes: &Lanes) -> String {
+        let mut text = String::new();
+        lanes.render(&mut text);
+        text
+    }
+
+    #[tokio::test]
+    async fn the_workers_own_transport_and_proof_decide_the_lane() {
+        let lanes = Lanes::start(&args(&["--multimodal-shm-min-bytes", "0"]), false).unwrap();
+        let shared = WorkerCaps {
+            shared_shm: true,
+            nixl: false,
+        };
+        // The URL option overrides the process flag (inline).
+        let by_url = worker("grpc://127.0.0.1:1?transport=shm", shared);
+        let (sent, ticket) = lanes.prepare(&by_url, &item(), 1).unwrap();
+        let Payload::Shm(handle) = payload(&sent) else {
+            panic!("expected shm, got {:?}", payload(&sent));
+        };
+        let path = std::path::Path::new(DEFAULT_SHM_DIR).join(&handle.name);
+        assert!(path.exists());
+        drop(ticket);
+        assert!(!path.exists(), "a dropped ticket unlinks the file");
+        // Not proven to share /dev/shm: inline, counted.
+        let unproven = worker("grpc://127.0.0.1:2?transport=shm", WorkerCaps::default());
+        let (sent, _) = lanes.prepare(&unproven, &item(), 2).unwrap();
+        assert!(matches!(payload(&sent), Payload::Inline(_)));
+        // The process flag: inline.
+        let plain = worker("grpc://127.0.0.1:3", shared);
+        let (sent, _) = lanes.prepare(&plain, &item(), 3).unwrap();
+        assert!(matches!(payload(&sent), Payload::Inline(_)));
+        let text = rendered(&lanes);
+        assert!(
+            text.contains("iris_transport_bytes_total{lane=\"shm\"} 64\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("iris_transport_bytes_total{lane=\"inline\"} 128\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("iris_transport_fallbacks_total{reason=\"no_shared_shm\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE iris_transport_arena_slots_in_use gauge\n"));
+    }
+
+    #[cfg(not(feature = "nixl"))]
+    #[tokio::test]
+    async fn rdma_without_the_feature_goes_inline_and_says_why() {
+        let flags = [
+            "--multimodal-tensor-transport",
+            "rdma",
+            "--multimodal-rdma-min-bytes",
+            "0",
+        ];
+        let lanes = Lanes::start(&args(&flags), false).unwrap();
+        let caps = WorkerCaps {
+            shared_shm: false,
+            nixl: true,
+        };
+        let (sent, _) = lanes
+            .prepare(&worker("grpc://127.0.0.1:1", caps), &item(), 1)
+            .unwrap();
+        assert!(matches!(payload(&sent), Payload::Inline(_)));
+        let text = rendered(&lanes);
+        assert!(
+            text.contains("iris_transport_fallbacks_total{reason=\"nixl_unavailable\"} 1\n"),
+            "{text}"
+        );
+    }
+}
