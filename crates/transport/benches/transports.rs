@@ -109,7 +109,8 @@ struct Loopback {
 impl Loopback {
     fn new() -> Loopback {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let tx = std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let tx =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
         let (rx, _) = listener.accept().expect("accept");
         tx.set_nodelay(true).expect("nodelay");
         Loopback { tx, rx }
