@@ -15,6 +15,7 @@ answers, and the gateway's metrics prove which lane carried the bytes.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -77,6 +78,17 @@ def lane_counts(text: str, lane: str) -> tuple[float, float]:
 def fallbacks(text: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("iris_transport_fallbacks_total{"))
+
+
+def port_bindable(port: int) -> bool:
+    """Whether ``port`` can be bound as NIXL's listener binds it (no
+    SO_REUSEADDR: a connection of the killed gateway in TIME_WAIT blocks it)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False
 
 
 def tensor_files(gateway) -> list:
@@ -158,6 +170,7 @@ def test_rdma_reads_work_after_a_gateway_restart(processes, model_dir):
     before = ask(first.gateway.client(), first.gateway.model, *parts)
     encoder, pre, dec = first.engines
     first.gateway.process.kill()
+    wait_until(lambda: port_bindable(port), 90, f"NIXL metadata port {port} free again", 0.5)
     args = ["--epd-disaggregation", "--prefill", pre.url, str(pre.data_port), "--decode", dec.url,
             "--encode", encoder.url, str(encoder.data_port), "--multimodal-tensor-transport", "rdma",
             "--multimodal-rdma-min-bytes", "0", "--rdma-listen-port", str(port), *SMALL_ARENA]
