@@ -2,14 +2,14 @@
 //! as an ordinary test over a deterministic mutated corpus, so CI runs it
 //! without libFuzzer or a nightly toolchain: request bytes through
 //! `parse_chat_request`, then the tiny model's chat template and tokenizer
-//! (the gateway's own `Prompter` and `template_messages`). Parse failures
+//! (the gateway's own `Prompter` and `iris_openai::template_messages`). Parse failures
 //! must be 400s, template refusals are fine, tokenizing must succeed, and
 //! nothing may panic.
 
-use iris_gateway::chat::template_messages;
 use iris_gateway::prompt::Prompter;
 use iris_model::ModelDir;
 use iris_openai::parse_chat_request;
+use iris_openai::template_messages;
 
 /// SplitMix64, so the test needs no extra crates.
 struct Rng(u64);

@@ -18,6 +18,7 @@ mod request;
 mod response;
 mod sampling;
 pub mod sse;
+mod template;
 pub mod validate;
 
 pub use error::{ApiError, ErrorBody, ErrorKind, ErrorObject};
@@ -32,3 +33,4 @@ pub use response::{
 };
 pub use sampling::Sampling;
 pub use sse::{write_done, write_error_event, ChunkWriter, DONE};
+pub use template::template_messages;

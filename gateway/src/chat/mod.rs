@@ -12,11 +12,8 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
-use iris_openai::{
-    ApiError, ChatCompletionRequest, ChatMessage, ContentPart, ImageUrl, MessageContent, Sampling,
-};
+use iris_openai::{ApiError, ChatCompletionRequest, ImageUrl, MessageContent, Sampling};
 use iris_proto::scheduler::{GenerateRequest, MultimodalInputs, SamplingParams, TokenizedInput};
-use serde_json::{json, Value};
 use tracing::Instrument;
 
 pub use errors::error_response;
@@ -178,7 +175,7 @@ fn place_images(
 fn build_prompt(state: &AppState, request: &ChatCompletionRequest) -> Result<Vec<u32>, ApiError> {
     let text = state
         .prompter
-        .render(&template_messages(&request.messages))?;
+        .render(&iris_openai::template_messages(&request.messages))?;
     let ids = state.prompter.encode(&text)?;
     if ids.is_empty() {
         return Err(ApiError::bad_field(
@@ -187,26 +184,6 @@ fn build_prompt(state: &AppState, request: &ChatCompletionRequest) -> Result<Vec
         ));
     }
     Ok(ids)
-}
-
-/// Messages as Hugging Face chat templates expect them: `developer`
-/// becomes `system`, image parts become `{"type": "image"}`.
-pub fn template_messages(messages: &[ChatMessage]) -> Value {
-    let part = |p: &ContentPart| match p {
-        ContentPart::Text { text } => json!({"type": "text", "text": text}),
-        ContentPart::ImageUrl { .. } => json!({"type": "image"}),
-    };
-    let content = |c: &Option<MessageContent>| match c {
-        None => Value::String(String::new()),
-        Some(MessageContent::Text(text)) => Value::String(text.clone()),
-        Some(MessageContent::Parts(parts)) => Value::Array(parts.iter().map(part).collect()),
-    };
-    Value::Array(
-        messages
-            .iter()
-            .map(|m| json!({"role": m.role.template_role(), "content": content(&m.content)}))
-            .collect(),
-    )
 }
 
 fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling, stream: bool) -> GenerateRequest {
