@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use iris_model::chat_template::ChatTemplate;
 use iris_model::ModelDir;
-use iris_openai::{parse_chat_request, ChatMessage, ContentPart, MessageContent};
+use iris_openai::{parse_chat_request, template_messages};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
 use tokenizers::Tokenizer;
@@ -41,25 +41,6 @@ fn prompt() -> &'static Prompt {
             extra,
         }
     })
-}
-
-/// The gateway's `template_messages`.
-fn template_messages(messages: &[ChatMessage]) -> Value {
-    let part = |p: &ContentPart| match p {
-        ContentPart::Text { text } => json!({"type": "text", "text": text}),
-        ContentPart::ImageUrl { .. } => json!({"type": "image"}),
-    };
-    let content = |c: &Option<MessageContent>| match c {
-        None => Value::String(String::new()),
-        Some(MessageContent::Text(text)) => Value::String(text.clone()),
-        Some(MessageContent::Parts(parts)) => Value::Array(parts.iter().map(part).collect()),
-    };
-    Value::Array(
-        messages
-            .iter()
-            .map(|m| json!({"role": m.role.template_role(), "content": content(&m.content)}))
-            .collect(),
-    )
 }
 
 fuzz_target!(|data: &[u8]| {
