@@ -14,6 +14,12 @@
 //!   by a NIXL receiver agent over UCX (`UCX_TLS` as set, e.g. `tcp`), slot
 //!   freed by the notification.
 //!
+//! Then the same lanes the way the gateway uses them: one
+//! `TokenSpeedEncoder.Encode` call over loopback (tonic client and server
+//! configured as the gateway's and the encoder's), the tensor in the
+//! request's item, resolved to bytes by the server's `TensorReceiver` on
+//! the blocking pool before it answers (see `grpc`).
+//!
 //! `cargo bench -p iris-transport --bench transports [--features nixl]`;
 //! `IRIS_BENCH_ITERS` sets the timed iterations (default 10, after one
 //! warm-up). Prints MB/s (10^6 bytes) from the median and the latencies.
@@ -80,6 +86,7 @@ fn main() {
         Err(e) => println!("| shm | unavailable: {e} | | | |"),
     }
     rdma::run(iters, &data);
+    grpc::run(iters, &data);
 }
 
 fn policy() -> LanePolicy {
@@ -219,7 +226,7 @@ mod rdma {
     use super::*;
 
     pub fn run(iters: usize, data: &Bytes) {
-        match setup(data.len()) {
+        match setup(data.len(), 2) {
             Ok((sender, agent, receiver)) => {
                 let mut key = 0;
                 let times = time(iters, || {
@@ -237,13 +244,13 @@ mod rdma {
 
     type Setup = (TensorSender, Arc<SenderAgent>, TensorReceiver);
 
-    fn setup(nbytes: usize) -> Result<Setup, String> {
+    fn setup(nbytes: usize, slots: usize) -> Result<Setup, String> {
         let lib = std::env::var_os("IRIS_NIXL_LIB").map(PathBuf::from);
         let slot = (nbytes + 16).next_multiple_of(4096);
         let cfg = ArenaConfig {
             slot_size: slot,
-            slot_count: 2,
-            max_bytes: 2 * slot,
+            slot_count: slots,
+            max_bytes: slots * slot,
             ttl: Duration::from_secs(60),
             receiver_hold: Duration::from_secs(30),
         };
@@ -280,6 +287,23 @@ mod rdma {
         Ok((sender, agent, receiver))
     }
 
+    /// The rdma lane for `grpc`: an arena with a slot per call, so no call
+    /// waits for the previous one's notification (the reaper's job in the
+    /// gateway); notifications are polled after each call.
+    pub fn grpc_setup(nbytes: usize, iters: usize) -> Result<super::grpc::Setup, String> {
+        let (sender, agent, receiver) = setup(nbytes, iters + 2)?;
+        Ok(super::grpc::Setup {
+            name: "rdma",
+            lane: Transport::Rdma,
+            sender,
+            receiver,
+            after: Box::new(move || {
+                let _ = agent.poll_notifications();
+            }),
+            windows: None,
+        })
+    }
+
     fn free_port() -> Result<u16, String> {
         let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
         Ok(l.local_addr().map_err(|e| e.to_string())?.port())
@@ -294,5 +318,211 @@ mod rdma {
 
     pub fn run(_: usize, _: &Bytes) {
         println!("| rdma | not built (feature `nixl`) | | | |");
+    }
+
+    pub fn grpc_setup(_: usize, _: usize) -> Result<super::grpc::Setup, String> {
+        Err("not built (feature `nixl`)".into())
+    }
+}
+
+mod grpc {
+    //! Each lane through a real unary `Encode` call on loopback: the time
+    //! from the sender's `send` to the reply, which the server sends once
+    //! the receiver holds the bytes.
+
+    use std::net::SocketAddr;
+
+    use iris_proto::encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
+    use iris_proto::encoder::token_speed_encoder_server::{
+        TokenSpeedEncoder, TokenSpeedEncoderServer,
+    };
+    use iris_proto::encoder::{EncodeItemAssignment, EncodeRequest, EncodeResponse};
+    use iris_proto::scheduler::{MultimodalInputs, MultimodalItem};
+    use tonic::transport::{Channel, Endpoint};
+    use tonic::{Request, Response, Status};
+
+    use super::*;
+
+    /// The gateway's and the encoder's message size cap.
+    const MAX_MESSAGE_BYTES: usize = 512 << 20;
+
+    struct Server(TensorReceiver);
+
+    #[tonic::async_trait]
+    impl TokenSpeedEncoder for Server {
+        async fn encode(
+            &self,
+            request: Request<EncodeRequest>,
+        ) -> Result<Response<EncodeResponse>, Status> {
+            let receiver = self.0.clone();
+            let tensor = request
+                .into_inner()
+                .mm_inputs
+                .and_then(|m| m.items.into_iter().next())
+                .and_then(|item| item.encoder_input)
+                .ok_or_else(|| Status::invalid_argument("no tensor"))?;
+            let got = tokio::task::spawn_blocking(move || receiver.receive(&tensor))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            std::hint::black_box(got.data.len());
+            Ok(Response::new(EncodeResponse { accepted: true }))
+        }
+    }
+
+    /// One lane's sender and the receiver its server uses.
+    pub struct Setup {
+        pub name: &'static str,
+        pub lane: Transport,
+        pub sender: TensorSender,
+        pub receiver: TensorReceiver,
+        /// Called after each call (e.g. polling the RDMA notification).
+        pub after: Box<dyn FnMut()>,
+        /// HTTP/2 stream and connection windows of both ends (None: the
+        /// defaults, as the gateway and the encoder use).
+        pub windows: Option<u32>,
+    }
+
+    pub fn run(iters: usize, data: &Bytes) {
+        println!();
+        println!("Through a loopback `Encode` call (tonic):");
+        println!("| lane | MB/s (median) | median ms | best ms | worst ms |");
+        println!("|---|---|---|---|---|");
+        let runtime = match tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => return println!("| grpc | no runtime: {e} | | | |"),
+        };
+        let mut setups = vec![Setup {
+            name: "inline",
+            lane: Transport::Inline,
+            sender: TensorSender::new(policy(), Arc::new(Metrics::default())),
+            receiver: TensorReceiver::new("/dev/shm"),
+            after: Box::new(|| {}),
+            windows: None,
+        }];
+        setups.push(Setup {
+            name: "inline, 16 MiB HTTP/2 windows",
+            lane: Transport::Inline,
+            sender: TensorSender::new(policy(), Arc::new(Metrics::default())),
+            receiver: TensorReceiver::new("/dev/shm"),
+            after: Box::new(|| {}),
+            windows: Some(16 << 20),
+        });
+        match ShmWriter::new("/dev/shm", "iris-tensor") {
+            Ok(writer) => setups.push(Setup {
+                name: "shm",
+                lane: Transport::Shm,
+                sender: TensorSender::new(policy(), Arc::new(Metrics::default())).with_shm(writer),
+                receiver: TensorReceiver::new("/dev/shm"),
+                after: Box::new(|| {}),
+                windows: None,
+            }),
+            Err(e) => println!("| shm | unavailable: {e} | | | |"),
+        }
+        match rdma::grpc_setup(data.len(), iters) {
+            Ok(setup) => setups.push(setup),
+            Err(e) => println!("| rdma | unavailable: {e} | | | |"),
+        }
+        for setup in setups {
+            let name = setup.name;
+            match runtime.block_on(lane(iters, data, setup)) {
+                Ok(times) => report(name, data.len(), times),
+                Err(e) => println!("| {name} | failed: {e} | | | |"),
+            }
+        }
+    }
+
+    async fn serve(receiver: TensorReceiver, windows: Option<u32>) -> Result<SocketAddr, String> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let service = TokenSpeedEncoderServer::new(Server(receiver))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .initial_stream_window_size(windows)
+                .initial_connection_window_size(windows)
+                .add_service(service)
+                .serve_with_incoming(incoming),
+        );
+        Ok(addr)
+    }
+
+    async fn client(
+        addr: SocketAddr,
+        windows: Option<u32>,
+    ) -> Result<TokenSpeedEncoderClient<Channel>, String> {
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .tcp_nodelay(true)
+            .initial_stream_window_size(windows)
+            .initial_connection_window_size(windows)
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(TokenSpeedEncoderClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    }
+
+    async fn call(
+        client: &mut TokenSpeedEncoderClient<Channel>,
+        setup: &Setup,
+        key: i64,
+        data: &Bytes,
+    ) -> Result<(), String> {
+        let caps = WorkerCaps {
+            shared_shm: true,
+            nixl: true,
+        };
+        let sent = setup
+            .sender
+            .send(
+                setup.lane,
+                caps,
+                key,
+                shape(),
+                DType::BFloat16,
+                data.clone(),
+            )
+            .map_err(|e| e.to_string())?;
+        if let Some(reason) = sent.fallback {
+            return Err(format!("fell back inline: {reason}"));
+        }
+        let request = EncodeRequest {
+            request_id: format!("bench-{key}"),
+            mm_inputs: Some(MultimodalInputs {
+                items: vec![MultimodalItem {
+                    encoder_input: Some(sent.tensor),
+                    ..Default::default()
+                }],
+            }),
+            items: vec![EncodeItemAssignment {
+                bootstrap_room: key,
+            }],
+        };
+        client.encode(request).await.map_err(|e| e.to_string())?;
+        sent.ticket.delivered();
+        Ok(())
+    }
+
+    async fn lane(iters: usize, data: &Bytes, mut setup: Setup) -> Result<Vec<Duration>, String> {
+        let addr = serve(setup.receiver.clone(), setup.windows).await?;
+        let mut client = client(addr, setup.windows).await?;
+        let mut times = Vec::with_capacity(iters);
+        for key in 0..=iters as i64 {
+            let t0 = Instant::now();
+            call(&mut client, &setup, key + 1, data).await?;
+            if key > 0 {
+                times.push(t0.elapsed());
+            }
+            (setup.after)();
+        }
+        Ok(times)
     }
 }

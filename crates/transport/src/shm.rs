@@ -5,17 +5,19 @@
 //! mode 0600) and holds a [`ShmGuard`] that unlinks it on drop. Once the
 //! receiver has acknowledged the message (the RPC succeeded) the sender calls
 //! [`ShmGuard::handed_over`] and from then on only the receiver unlinks (it
-//! does so right after reading, before answering). On every other path —
-//! error, timeout, cancellation, a retry elsewhere — the guard unlinks; an
-//! unlink of an already removed file is ignored. A file left by a process
-//! that died is removed by [`sweep_orphans`] at the next start.
+//! does so right after opening, before answering; it maps the file rather
+//! than copying it, and the pages are freed with the last mapping). On
+//! every other path — error, timeout, cancellation, a retry elsewhere — the
+//! guard unlinks; an unlink of an already removed file is ignored. A file
+//! left by a process that died is removed by [`sweep_orphans`] at the next
+//! start.
 //!
 //! "Same /dev/shm" is proven with [`ShmIdentity`]: one side publishes a
 //! token file and its identity string, the other reads the file back.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -227,10 +229,26 @@ fn read_range(file: &File, path: &Path, offset: u64, nbytes: u64) -> Result<Byte
         return Err(short());
     }
     let size = usize::try_from(nbytes).map_err(|_| short())?;
-    let mut buf = vec![0u8; size];
-    file.read_exact_at(&mut buf, offset)
-        .map_err(io_err("read", path))?;
-    Ok(Bytes::from(buf))
+    if size == 0 {
+        return Ok(Bytes::new());
+    }
+    // Mapped, not copied: the tensor's pages are already in memory (tmpfs),
+    // so a populated read-only mapping hands them over without a copy or a
+    // page fault per page. The file is unlinked before this point, so only
+    // a process that opened it earlier could still shrink it; the sender
+    // (the gateway) closes its descriptor after the one write and never
+    // truncates.
+    // SAFETY: the mapping is read-only and private to this receiver; the
+    // range was checked against the file's length above.
+    let map = unsafe {
+        memmap2::MmapOptions::new()
+            .offset(offset)
+            .len(size)
+            .populate()
+            .map(file)
+    }
+    .map_err(io_err("map", path))?;
+    Ok(Bytes::from_owner(map))
 }
 
 /// What [`sweep_orphans`] did.

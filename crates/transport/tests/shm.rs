@@ -41,6 +41,39 @@ fn write_read_unlink() {
 }
 
 #[test]
+fn unaligned_offsets_map_the_right_bytes_and_outlive_the_file() {
+    let d = dir();
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let mut kept = Vec::new();
+    for (offset, nbytes) in [
+        (1u64, 9_000u64),
+        (4095, 2),
+        (4096, 15_904),
+        (19_999, 1),
+        (7, 0),
+    ] {
+        let name = format!("iris-test-1-{offset:016x}");
+        create_new_file(&d.path().join(&name), &data).unwrap();
+        let handle = iris_proto::common::ShmHandle {
+            name,
+            offset,
+            nbytes,
+            owner_id: owner_id(),
+        };
+        let got = read_and_unlink(d.path(), &handle, nbytes).unwrap();
+        let (start, end) = (offset as usize, (offset + nbytes) as usize);
+        assert_eq!(got.as_ref(), &data[start..end], "offset {offset}");
+        assert!(!d.path().join(&handle.name).exists());
+        kept.push((got, start, end));
+    }
+    // The bytes stay readable after the files and their directory are gone.
+    drop(d);
+    for (got, start, end) in kept {
+        assert_eq!(got.as_ref(), &data[start..end]);
+    }
+}
+
+#[test]
 fn leading_slash_names_are_accepted_and_escapes_refused() {
     let d = dir();
     let w = ShmWriter::new(d.path(), "iris-test").unwrap();
