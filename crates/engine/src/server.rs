@@ -1,6 +1,7 @@
 //! Start-up: load the model directory, bind the listeners, serve the
 //! scheduler service (and, for prefill, the data service) until shut down.
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
