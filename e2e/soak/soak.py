@@ -684,6 +684,7 @@ def main(argv=None) -> int:
         events, rss = [], []
         results, elapsed = asyncio.run(run_load(args, dep, images, events, rss))
         held = settle(args, dep)
+        idle_rss = rss_kib(dep.gateway.popen.pid)
         text = scrape(dep.port)
         transport = {lane: metric(text, "iris_transport_tensors_total", lane=lane)
                      for lane in ("inline", "shm")}
@@ -693,6 +694,8 @@ def main(argv=None) -> int:
         summary = summarise(args, dep, results, elapsed, events, held, rss, transport,
                             gateway_outcomes)
         summary["work_dir"] = str(work)
+        summary["rss"]["idle_after_settling_kib"] = idle_rss
+        summary["rss_samples"] = [[round(t, 1), v] for t, v in rss]
         print_summary(summary)
         if args.json:
             args.json.write_text(json.dumps(summary, indent=2))
