@@ -286,6 +286,7 @@ def gateway(model_dir, tmp_path_factory):
         dep = aggregated(procs, model_dir, gateway_args=(
             "--mm-allow-private-media-hosts", "--max-payload-size", str(MAX_PAYLOAD),
             "--mm-max-image-bytes", str(MAX_IMAGE_BYTES)))
+        WORKER_ADDRESSES[:] = [dep.engines[0].url, f"127.0.0.1:{dep.engines[0].grpc_port}"]
         yield dep.gateway
     finally:
         if dep is not None:
@@ -299,6 +300,11 @@ def post(http: httpx.Client, body) -> httpx.Response:
     return http.post("/v1/chat/completions", json=body)
 
 
+# The worker's URL and address, set by the ``gateway`` fixture: no error
+# message may reveal them (the gateway logs them instead).
+WORKER_ADDRESSES: list = []
+
+
 def assert_error_shape(response: httpx.Response, fragment: str, what: str):
     try:
         error = response.json()["error"]
@@ -308,6 +314,9 @@ def assert_error_shape(response: httpx.Response, fragment: str, what: str):
     assert error.get("type") == "invalid_request_error", (what, error)
     assert "code" in error and "param" in error, (what, error)
     assert fragment.lower() in error["message"].lower(), (what, fragment, error["message"])
+    assert WORKER_ADDRESSES, "the gateway fixture sets the worker addresses"
+    for address in [*WORKER_ADDRESSES, "grpc://"]:
+        assert address not in error["message"], (what, "worker address leaked", error["message"])
 
 
 def test_corpus_is_big_enough():

@@ -155,6 +155,9 @@ fn build(args: EncoderArgs, compute: Option<Arc<dyn Compute>>) -> anyhow::Result
             coalesce_window: Duration::from_millis(args.coalesce_window_ms),
             dispatch_width: args.dispatch_width.max(1),
             queue_capacity: args.queue_capacity.max(1),
+            // An item still queued after the room TTL is for a request
+            // that has been given up on: do not compute it.
+            max_queue_wait: Some(Duration::from_secs(args.room_ttl_secs.max(1))),
         },
     );
     let mut hasher = std::collections::hash_map::DefaultHasher::new();

@@ -374,6 +374,7 @@ async fn epd_through_reference_engines() {
         transfer_wait_ms: 3_000,
         room_ttl_secs: 30,
         worker_id: None,
+        metrics_port: None,
     };
     let prefill = iris_engine::start(engine(Role::Prefill))
         .await

@@ -120,6 +120,7 @@ fn engine_args(model: &std::path::Path, role: Role, decode_us_per_step: u64) -> 
         transfer_wait_ms: DEMO_TRANSFER_WAIT_MS,
         room_ttl_secs: 60,
         worker_id: Some(format!("demo-{}", role.as_str())),
+        metrics_port: None,
     }
 }
 

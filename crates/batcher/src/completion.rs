@@ -80,7 +80,7 @@ impl<O> Answering<O> {
         })
     }
 
-    fn answer(&self, index: usize, output: Result<O, BatchError>) {
+    pub(crate) fn answer(&self, index: usize, output: Result<O, BatchError>) {
         if self.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
             // Stop counting the request as pending before its caller can
             // see the last answer (and send the next request).

@@ -16,7 +16,11 @@
 //! - each item is answered as soon as the backend reports it done
 //!   ([`Completion`]), so a fast item is not held by a slow one in the same
 //!   batch; [`Answer::all`] gives a request its outputs in item order;
-//! - a backend error or panic fails only that batch's items not yet done.
+//! - a backend error or panic fails only that batch's items not yet done;
+//! - a request that waited in the queue longer than `max_queue_wait` (when
+//!   set) is not computed: its items fail with [`BatchError::Expired`], so
+//!   an overloaded worker does not spend its time on work its callers have
+//!   given up on.
 
 mod completion;
 mod metrics;
@@ -58,6 +62,9 @@ pub struct BatcherConfig {
     pub dispatch_width: usize,
     /// Requests that may wait in the queue; more are refused.
     pub queue_capacity: usize,
+    /// Longest a request may wait for its batch; older requests fail with
+    /// [`BatchError::Expired`] instead of being computed (None: no bound).
+    pub max_queue_wait: Option<Duration>,
 }
 
 /// One request: items that stay together, and an optional cost cap of the
@@ -82,6 +89,10 @@ pub enum BatchError {
     Item(String),
     #[error("the backend finished without computing the item")]
     NotComputed,
+    #[error(
+        "the item waited {waited_ms} ms in the queue, longer than {limit_ms} ms: not computed"
+    )]
+    Expired { waited_ms: u64, limit_ms: u64 },
 }
 
 type Reply<O> = completion::ItemSender<O>;
@@ -251,6 +262,16 @@ impl<B: Backend> Runner<B> {
 
     async fn execute(&self, jobs: Vec<Job<B>>) {
         let started = Instant::now();
+        let jobs: Vec<Job<B>> = match self.config.max_queue_wait {
+            Some(limit) => jobs
+                .into_iter()
+                .filter_map(|job| self.expire_if_stale(job, started, limit))
+                .collect(),
+            None => jobs,
+        };
+        if jobs.is_empty() {
+            return;
+        }
         let requests = jobs.len();
         let mut items = Vec::new();
         let mut answering = Vec::with_capacity(requests);
@@ -274,6 +295,29 @@ impl<B: Backend> Runner<B> {
             self.metrics.failed_batch();
         }
         completion.fail_rest(&error);
+    }
+}
+
+impl<B: Backend> Runner<B> {
+    /// `job` back if it waited at most `limit`; otherwise answers each of
+    /// its items with [`BatchError::Expired`] and returns None.
+    fn expire_if_stale(&self, job: Job<B>, now: Instant, limit: Duration) -> Option<Job<B>> {
+        let waited = now.duration_since(job.queued_at);
+        if waited <= limit {
+            return Some(job);
+        }
+        self.metrics.queue_wait(waited);
+        let (items, reply, guard) = job.into_parts();
+        self.metrics.expired(items.len());
+        let error = BatchError::Expired {
+            waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+            limit_ms: u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+        };
+        let answering = Answering::new(reply, items.len(), guard);
+        for index in 0..items.len() {
+            answering.answer(index, Err(error.clone()));
+        }
+        None
     }
 }
 

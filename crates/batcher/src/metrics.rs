@@ -13,6 +13,7 @@ pub struct BatcherMetrics {
     batch_items: Histogram,
     compute: Histogram,
     failed_batches: AtomicU64,
+    expired_items: AtomicU64,
     largest_batch: AtomicU64,
     queued_items: AtomicU64,
     running_items: AtomicU64,
@@ -26,6 +27,7 @@ impl Default for BatcherMetrics {
             batch_items: Histogram::new(COUNT_BUCKETS),
             compute: Histogram::new(SECONDS_BUCKETS),
             failed_batches: AtomicU64::new(0),
+            expired_items: AtomicU64::new(0),
             largest_batch: AtomicU64::new(0),
             queued_items: AtomicU64::new(0),
             running_items: AtomicU64::new(0),
@@ -38,6 +40,8 @@ impl Default for BatcherMetrics {
 pub struct MetricsSnapshot {
     pub batches: u64,
     pub failed_batches: u64,
+    /// Items not computed because they waited longer than `max_queue_wait`.
+    pub expired_items: u64,
     /// Requests dispatched (summed over batches).
     pub requests: u64,
     /// Items dispatched (summed over batches).
@@ -59,6 +63,13 @@ impl BatcherMetrics {
 
     pub(crate) fn unqueued(&self, items: usize) {
         self.queued_items.fetch_sub(items as u64, Ordering::SeqCst);
+    }
+
+    /// `items` left the queue without being computed (waited too long).
+    pub(crate) fn expired(&self, items: usize) {
+        self.expired_items
+            .fetch_add(items as u64, Ordering::Relaxed);
+        self.unqueued(items);
     }
 
     pub(crate) fn queue_wait(&self, d: Duration) {
@@ -91,6 +102,7 @@ impl BatcherMetrics {
         MetricsSnapshot {
             batches: self.batch_requests.count(),
             failed_batches: self.failed_batches.load(Ordering::Relaxed),
+            expired_items: self.expired_items.load(Ordering::Relaxed),
             requests: self.batch_requests.sum() as u64,
             items: self.batch_items.sum() as u64,
             largest_batch: self.largest_batch.load(Ordering::Relaxed),
@@ -130,6 +142,12 @@ impl BatcherMetrics {
             &format!("{prefix}_batches_failed_total"),
             "Batches whose backend failed or panicked.",
             s.failed_batches,
+        );
+        counter(
+            out,
+            &format!("{prefix}_items_expired_total"),
+            "Items not computed because they waited in the queue past the limit.",
+            s.expired_items,
         );
         gauge(
             out,

@@ -92,6 +92,7 @@ fn config(window_ms: u64) -> BatcherConfig {
         coalesce_window: Duration::from_millis(window_ms),
         dispatch_width: 1,
         queue_capacity: 64,
+        max_queue_wait: None,
     }
 }
 
@@ -273,6 +274,44 @@ async fn dispatch_width_runs_batches_side_by_side() {
         2,
         "both batches ran at once"
     );
+}
+
+#[tokio::test]
+async fn requests_that_waited_too_long_are_not_computed() {
+    let (fake, release) = Fake::gated(1);
+    let mut cfg = config(0);
+    cfg.max_batch_cost = 1;
+    cfg.max_queue_wait = Some(Duration::from_millis(100));
+    let batcher = Batcher::start(fake.clone(), cfg);
+    // 1 runs until released; 2 and 3 wait in the queue meanwhile.
+    let slow = batcher.enqueue(request(1, 1)).unwrap();
+    let stale = batcher.enqueue(request(2, 1)).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let also_stale = batcher.enqueue(request(3, 1)).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    release.send(()).unwrap();
+    assert_eq!(bounded("the slow item", slow.all()).await, Ok(vec![1]));
+    for answer in [stale, also_stale] {
+        match bounded("an expired item", answer.all()).await {
+            Err(BatchError::Expired {
+                waited_ms,
+                limit_ms: 100,
+            }) => assert!(waited_ms > 100, "{waited_ms}"),
+            other => panic!("expected Expired, got {other:?}"),
+        }
+    }
+    // Never computed, nothing left counted as queued or pending.
+    assert_eq!(fake.batches(), vec![vec![1]]);
+    let metrics = batcher.metrics();
+    assert_eq!(metrics.expired_items, 2);
+    assert_eq!(metrics.queued_items, 0);
+    assert_eq!(metrics.running_items, 0);
+    assert_eq!(batcher.pending(), 0);
+    // A fresh request is computed as usual.
+    assert_eq!(batcher.submit(request(4, 1)).await, Ok(vec![4]));
+    let mut text = String::new();
+    batcher.render_metrics(&mut text, "enc");
+    assert!(text.contains("enc_items_expired_total 2"), "{text}");
 }
 
 async fn futures_join(rxs: Vec<Answer<u32>>) -> Vec<Result<Vec<u32>, BatchError>> {

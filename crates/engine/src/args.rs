@@ -81,4 +81,8 @@ pub struct EngineArgs {
     /// Identity reported to peers and in logs (default: role@host:port).
     #[arg(long, env = "IRIS_ENGINE_WORKER_ID")]
     pub worker_id: Option<String>,
+    /// HTTP port serving Prometheus text on `/metrics` (0 picks one;
+    /// unset: no metrics server).
+    #[arg(long, env = "IRIS_ENGINE_METRICS_PORT")]
+    pub metrics_port: Option<u16>,
 }

@@ -11,6 +11,7 @@
 pub mod args;
 mod data;
 pub mod inflight;
+pub mod metrics;
 pub mod model;
 mod payload;
 mod peers;

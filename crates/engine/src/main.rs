@@ -1,6 +1,7 @@
 //! The `iris-engine` binary: a reference TokenSpeedScheduler worker.
 //!
-//! Prints one line `iris-engine listening grpc=ADDR [data=ADDR]` on stdout
+//! Prints one line `iris-engine listening grpc=ADDR [data=ADDR]
+//! [metrics=ADDR]` on stdout
 //! once its ports are bound (useful with `--port 0`), then serves until
 //! SIGINT or SIGTERM.
 
@@ -30,7 +31,14 @@ async fn main() -> anyhow::Result<()> {
         .data_addr
         .map(|a| format!(" data={a}"))
         .unwrap_or_default();
-    println!("iris-engine listening grpc={}{data}", running.grpc_addr);
+    let metrics = running
+        .metrics_addr
+        .map(|a| format!(" metrics={a}"))
+        .unwrap_or_default();
+    println!(
+        "iris-engine listening grpc={}{data}{metrics}",
+        running.grpc_addr
+    );
     let shutdown = running.shutdown_token();
     tokio::spawn(async move {
         iris_process::wait_for_signal().await;

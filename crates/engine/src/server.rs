@@ -1,6 +1,7 @@
 //! Start-up: load the model directory, bind the listeners, serve the
 //! scheduler service (and, for prefill, the data service) until shut down.
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -34,6 +35,8 @@ pub struct RunningEngine {
     pub grpc_addr: SocketAddr,
     /// Where the data service listens (prefill role only).
     pub data_addr: Option<SocketAddr>,
+    /// Where `/metrics` is served (with `--metrics-port` only).
+    pub metrics_addr: Option<SocketAddr>,
     servers: ServerTasks,
 }
 
@@ -78,9 +81,23 @@ pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
         iris_process::nodelay_incoming(grpc),
         servers.shutdown_token().cancelled_owned(),
     ));
+    let metrics_addr = match args.metrics_port {
+        Some(port) => {
+            let metrics = bind(&args.host, port).await?;
+            let addr = metrics.local_addr()?;
+            servers.spawn(
+                axum::serve(metrics, crate::metrics::routes(engine.clone()))
+                    .with_graceful_shutdown(servers.shutdown_token().cancelled_owned())
+                    .into_future(),
+            );
+            Some(addr)
+        }
+        None => None,
+    };
     Ok(RunningEngine {
         grpc_addr,
         data_addr,
+        metrics_addr,
         servers,
     })
 }

@@ -12,7 +12,7 @@ use iris_proto::scheduler::{
     generate_response::Response as Reply, GenerateComplete, GenerateRequest,
 };
 
-use super::errors::{error_response, route_error, worker_error};
+use super::errors::{error_response, route_error, stream_ended, worker_error};
 use super::Prepared;
 use crate::metrics::{Outcome, Stage};
 use crate::router::Generation;
@@ -119,10 +119,7 @@ async fn await_complete(
             }
             None => {
                 return Err((
-                    ApiError::bad_gateway(format!(
-                        "worker {} ended the stream without an answer",
-                        generation.worker.url
-                    )),
+                    stream_ended(&generation.worker.url.to_string()),
                     Outcome::UpstreamError,
                 ))
             }

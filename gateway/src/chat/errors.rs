@@ -1,4 +1,9 @@
 //! Turning routing and worker failures into OpenAI-shaped HTTP errors.
+//!
+//! Clients never see where the gateway's workers are: a worker's address
+//! (and any URL or `host:port` a worker's own message quotes, e.g. a peer
+//! it could not reach) is logged with the failure and replaced by
+//! `[address]` in the message the client gets.
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -33,13 +38,35 @@ pub fn route_error(error: RouteError) -> (ApiError, Outcome) {
     }
 }
 
-/// The client-facing error for a worker's gRPC status.
+/// The client-facing error for a worker's gRPC status. The worker and the
+/// full message are logged; the client's message names no address.
 pub fn worker_error(worker: &str, status: &tonic::Status) -> (ApiError, Outcome) {
-    let message = format!("worker {worker}: {}", status.message());
+    tracing::warn!(
+        worker,
+        code = ?status.code(),
+        message = status.message(),
+        "worker failed a request"
+    );
+    let detail = redact_addresses(status.message());
     match status.code() {
-        Code::InvalidArgument | Code::OutOfRange => {
-            (ApiError::bad_request(message), Outcome::ClientError)
-        }
+        Code::InvalidArgument | Code::OutOfRange => (
+            ApiError::bad_request(format!("the request was refused: {detail}")),
+            Outcome::ClientError,
+        ),
+        code => worker_failure(code, format!("a worker failed: {detail}")),
+    }
+}
+
+/// A worker's stream ended without an answer: logged with the worker, the
+/// client gets a 502 without its address.
+pub fn stream_ended(worker: &str) -> ApiError {
+    tracing::warn!(worker, "worker ended the stream without completing");
+    ApiError::bad_gateway("a worker ended the stream without completing")
+}
+
+/// The HTTP error and outcome for a worker failure that is not the client's.
+fn worker_failure(code: Code, message: String) -> (ApiError, Outcome) {
+    match code {
         Code::Unavailable | Code::ResourceExhausted => (
             ApiError::service_unavailable(message),
             Outcome::UpstreamError,
@@ -48,6 +75,76 @@ pub fn worker_error(worker: &str, status: &tonic::Status) -> (ApiError, Outcome)
         Code::Cancelled => (ApiError::bad_gateway(message), Outcome::Cancelled),
         _ => (ApiError::bad_gateway(message), Outcome::UpstreamError),
     }
+}
+
+/// Text with every URL (`scheme://…`), IP address (v4, v6, bracketed) and
+/// `host:port` replaced by `[address]`. Over-eager by design: a word like
+/// `3:4` is replaced too, an address is never let through.
+pub fn redact_addresses(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find(is_address_char) {
+        out.push_str(&rest[..start]);
+        let word = &rest[start..];
+        let end = word.find(|c| !is_address_char(c)).unwrap_or(word.len());
+        let (word, after) = word.split_at(end);
+        // Sentence punctuation after an address is not part of it.
+        let core = word.trim_end_matches(['.', ',', ':', ';', ')', ']', '?', '!']);
+        let core = if core.ends_with(']') || !word[core.len()..].starts_with(']') {
+            core
+        } else {
+            &word[..core.len() + 1]
+        };
+        if is_address(core) {
+            out.push_str("[address]");
+            out.push_str(&word[core.len()..]);
+        } else {
+            out.push_str(word);
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Characters an address or URL may be made of.
+fn is_address_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "._-:/[]%@?=&+~#".contains(c)
+}
+
+fn is_address(word: &str) -> bool {
+    if word.contains("://") {
+        return true;
+    }
+    let host = match word.rsplit_once(':') {
+        Some((host, port))
+            if !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            host
+        }
+        _ => word,
+    };
+    if host.len() != word.len() && is_host(host) {
+        return true;
+    }
+    let bare = word.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<std::net::IpAddr>().is_ok()
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok()
+}
+
+/// A host name, an IPv4 address or a bracketed IPv6 address.
+fn is_host(host: &str) -> bool {
+    if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return inner.parse::<std::net::Ipv6Addr>().is_ok();
+    }
+    !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'_')
 }
 
 #[cfg(test)]
@@ -64,12 +161,61 @@ mod tests {
             (Code::Aborted, 502),
         ];
         for (code, http) in cases {
-            let (err, _) = worker_error("w", &tonic::Status::new(code, "boom"));
+            let (err, _) = worker_error("grpc://10.0.0.7:30000", &tonic::Status::new(code, "boom"));
             assert_eq!(err.status, http, "{code:?}");
-            assert!(err.message.contains("worker w: boom"));
+            assert!(err.message.ends_with(": boom"), "{}", err.message);
+            assert!(!err.message.contains("10.0.0.7"), "{}", err.message);
         }
         let (err, _) = route_error(RouteError::NoWorker(crate::workers::Role::Decode));
         assert_eq!(err.status, 503);
         assert!(err.message.contains("no healthy decode worker"));
+    }
+
+    #[test]
+    fn worker_errors_name_no_address() {
+        let status = tonic::Status::invalid_argument(
+            "prompt has 90000 tokens; the model's context is 32768 tokens",
+        );
+        let (err, outcome) = worker_error("grpc://10.1.2.3:30000", &status);
+        assert_eq!(err.status, 400);
+        assert!(matches!(outcome, Outcome::ClientError));
+        assert_eq!(
+            err.message,
+            "the request was refused: prompt has 90000 tokens; the model's context is 32768 tokens"
+        );
+        // Addresses inside a worker's own message are redacted as well.
+        let status = tonic::Status::unavailable(
+            "prefill worker grpc://prefill-0.svc:30000 failed: cannot fetch from 10.0.0.9:8998 (http://[fd00::1]:80/x), peer [::1]:9",
+        );
+        let (err, _) = worker_error("grpc://prefill-0.svc:30000", &status);
+        assert_eq!(err.status, 503);
+        assert_eq!(
+            err.message,
+            "a worker failed: prefill worker [address] failed: cannot fetch from [address] ([address]), peer [address]"
+        );
+        assert_eq!(
+            stream_ended("grpc://10.0.0.1:1").message,
+            "a worker ended the stream without completing"
+        );
+    }
+
+    #[test]
+    fn redaction_keeps_ordinary_text() {
+        let cases = [
+            (
+                "prompt has 12 tokens; the context is 8 tokens.",
+                "prompt has 12 tokens; the context is 8 tokens.",
+            ),
+            ("no room 42: expired", "no room 42: expired"),
+            ("at 127.0.0.1.", "at [address]."),
+            ("peer fe80::1 gone", "peer [address] gone"),
+            ("see encode-0:30100, then", "see [address], then"),
+            ("x grpc://h:1: y", "x [address]: y"),
+            ("", ""),
+            ("über 1.2.3.4:5 ünd", "über [address] ünd"),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(redact_addresses(input), expected, "{input:?}");
+        }
     }
 }

@@ -15,7 +15,7 @@ use iris_openai::sse::{self, ChunkWriter};
 use iris_openai::{unix_now, ApiError, FinishReason, Usage};
 use iris_proto::scheduler::{generate_response::Response as Reply, GenerateComplete};
 
-use super::errors::{error_response, route_error, worker_error};
+use super::errors::{error_response, route_error, stream_ended, worker_error};
 use super::Prepared;
 use crate::metrics::{Outcome, Stage};
 use crate::router::Generation;
@@ -146,10 +146,7 @@ impl Streamer {
                 self.fail(out, &error, Outcome::Timeout);
             }
             Ok(None) => {
-                let error = ApiError::bad_gateway(format!(
-                    "worker {} ended the stream without completing",
-                    self.generation.worker.url
-                ));
+                let error = stream_ended(&self.generation.worker.url.to_string());
                 self.fail(out, &error, Outcome::UpstreamError);
             }
             Ok(Some(Err(status))) => {

@@ -51,6 +51,7 @@ pub fn engine_args(model: &Model, role: Role, decode_us_per_step: u64) -> Engine
         transfer_wait_ms: 3_000,
         room_ttl_secs: 30,
         worker_id: None,
+        metrics_port: None,
     }
 }
 

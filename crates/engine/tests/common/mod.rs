@@ -38,6 +38,8 @@ pub struct EngineProcess {
     child: Child,
     pub grpc: SocketAddr,
     pub data: Option<SocketAddr>,
+    /// `/metrics` (started with `--metrics-port`).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Drop for EngineProcess {
@@ -83,6 +85,7 @@ impl EngineProcess {
             child,
             grpc,
             data: addr("data="),
+            metrics: addr("metrics="),
         }
     }
 
@@ -91,6 +94,30 @@ impl EngineProcess {
             .await
             .expect("connect")
             .max_decoding_message_size(usize::MAX)
+    }
+
+    /// The Prometheus text of `/metrics` (plain HTTP/1.0 over a socket).
+    pub fn metrics_text(&self) -> String {
+        use std::io::{Read, Write};
+        let addr = self.metrics.expect("started with --metrics-port");
+        let mut sock = std::net::TcpStream::connect(addr).expect("connect to /metrics");
+        sock.write_all(b"GET /metrics HTTP/1.0\r\nHost: engine\r\n\r\n")
+            .expect("send");
+        let mut reply = String::new();
+        sock.read_to_string(&mut reply).expect("read /metrics");
+        assert!(
+            reply.starts_with("HTTP/1.0 200") || reply.starts_with("HTTP/1.1 200"),
+            "{reply}"
+        );
+        reply
+    }
+
+    /// The value of the sample `name` (no labels) in `/metrics`.
+    pub fn metric(&self, name: &str) -> f64 {
+        let text = self.metrics_text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
     }
 
     pub fn kill(&mut self) {

@@ -1,0 +1,720 @@
+#!/usr/bin/env python3
+"""Soak test with failures: an EPD deployment on loopback under mixed chat
+load while encode and decode workers are SIGKILLed and restarted.
+
+Topology: ``iris serve --epd-disaggregation`` with two ``iris-encoder``
+workers (the tiny model's CPU vision tower), one prefill and one decode
+``iris-engine``, tensors to the encoders through ``/dev/shm``
+(``--multimodal-tensor-transport shm``). Every port is fixed at start so a
+restarted worker comes back where the gateway expects it.
+
+Load: ``--concurrency`` closed-loop clients (asyncio + httpx) send a mix of
+text chats and chats with one or two real images (``--images``: JPEG, PNG,
+WebP, GIF), some repeated byte for byte (pixel and embedding cache hits),
+some made distinct (a JPEG comment or PNG text chunk with a counter: the
+same pixels, other bytes, a cache miss), streamed or not, for
+``--duration`` seconds. Every ``--kill-interval`` seconds one encoder
+(alternating) and the decode worker get SIGKILL, and are started again on
+the same ports ``--restart-delay`` seconds later.
+
+Every request must end in success or a clean error: an HTTP error status
+with an OpenAI error body, or a stream whose error event is followed by
+``[DONE]``. Anything else (connection dropped, truncated stream, malformed
+body) counts as *lost*; a request still open after ``--client-timeout``
+counts as *hung*. No error message may name a worker's address.
+
+Checks after the load (the script exits 1 when one fails, 2 when the
+deployment could not be set up):
+
+- lost = 0 and hung = 0, and at least ``--min-success-ratio`` succeeded;
+- no leaked rooms: once the room TTLs have passed, the encoders' and the
+  prefill engine's metrics show no room pending or ready and no bytes
+  held, the engines no request registered, the gateway no request in
+  flight at any worker;
+- no leaked ``/dev/shm`` files of the gateway (``iris-tensor-<pid>-*``),
+  and the shm lane was used (``iris_transport_tensors_total{lane="shm"}``);
+- every worker healthy again at the gateway, the gateway never died;
+- gateway RSS (sampled every ``--rss-interval`` s): the median of the last
+  window is within ``--rss-tolerance`` of the median of the first window
+  after ``--warmup`` seconds.
+
+A summary is printed (and written as JSON with ``--json``). Logs of every
+process are kept in ``--work-dir`` (default: a temporary directory,
+removed unless a check failed or ``--keep``).
+
+    python3 e2e/soak/soak.py                          # 600 s, release binaries
+    python3 e2e/soak/soak.py --duration 45 --kill-interval 15 --bin-dir target/debug
+
+Binaries: ``--bin-dir``, else ``$IRIS_BIN_DIR``, else
+``$CARGO_TARGET_DIR/release`` (or ``target/release``). ``DURATION`` in the
+environment sets the default of ``--duration``. See docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "e2e" / "tests"))
+from conftest import (ENCODER_LINE, ENGINE_LINE, Process, free_port,  # noqa: E402
+                      metric)
+
+MIME = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png",
+        ".webp": "image/webp", ".gif": "image/gif"}
+PROMPTS = [
+    "Write one short sentence about the sea.",
+    "List three colours.",
+    "What is the capital of France? Answer briefly.",
+    "Tell me a joke about compilers.",
+    "Summarise the plot of a film you like in one line.",
+    "Count from one to five.",
+]
+IMAGE_PROMPTS = ["Describe the image.", "What is in this picture?", "Compare these.",
+                 "Name the main colours."]
+ADDRESS_FRAGMENTS = ("grpc://",)
+
+
+class SetupError(Exception):
+    """The deployment could not be started."""
+
+
+# ---------------------------------------------------------------- images
+
+
+def make_distinct(data: bytes, mime: str, tag: int) -> bytes | None:
+    """The same image with other bytes (a JPEG comment or a PNG text chunk
+    carrying ``tag``), or None for formats we do not rewrite."""
+    text = f"iris-soak {tag}".encode()
+    if mime == "image/jpeg" and data[:2] == b"\xff\xd8":
+        return data[:2] + b"\xff\xfe" + struct.pack(">H", len(text) + 2) + text + data[2:]
+    if mime == "image/png" and data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
+        ihdr_end = 8 + 8 + struct.unpack(">I", data[8:12])[0] + 4
+        body = b"tEXt" + b"Comment\x00" + text
+        chunk = struct.pack(">I", len(body) - 4) + body + struct.pack(">I", zlib.crc32(body))
+        return data[:ihdr_end] + chunk + data[ihdr_end:]
+    return None
+
+
+@dataclass
+class Image:
+    name: str
+    mime: str
+    data: bytes
+    url: str  # the data: URL of the unchanged bytes (repeated requests)
+    rewritable: bool
+
+
+def load_images(directory: Path, exclude: list) -> list[Image]:
+    images = []
+    for path in sorted(directory.iterdir()):
+        mime = MIME.get(path.suffix.lower())
+        if mime is None or path.name in exclude:
+            continue
+        data = path.read_bytes()
+        url = f"data:{mime};base64,{base64.b64encode(data).decode()}"
+        images.append(Image(path.name, mime, data, url, make_distinct(data, mime, 0) is not None))
+    if not images:
+        raise SetupError(f"no JPEG, PNG, WebP or GIF images in {directory}")
+    return images
+
+
+# ---------------------------------------------------------------- processes
+
+
+@dataclass
+class Worker:
+    """A worker on fixed ports, restartable."""
+
+    name: str
+    args: list
+    line: re.Pattern
+    log_dir: Path
+    process: Process | None = None
+    starts: int = 0
+
+    def start(self, timeout: float) -> None:
+        """Starts the worker and waits for its listening line; retries while
+        the old process's ports are still being released."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.starts += 1
+            log = self.log_dir / f"{self.name}-{self.starts}.log"
+            self.process = Process(self.name, self.args, log)
+            if wait_for_line(self.process, self.line, max(1.0, deadline - time.monotonic())):
+                return
+            self.process.kill()
+            if time.monotonic() > deadline:
+                raise SetupError(f"{self.name} did not start:\n{self.process.log_tail()}")
+            time.sleep(0.5)
+
+    def kill(self) -> None:
+        """SIGKILL, reap, close the log."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.stop()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+def wait_for_line(process: Process, pattern: re.Pattern, timeout: float) -> bool:
+    """True once ``process`` printed a line matching ``pattern``; False if
+    it exited or the time ran out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if pattern.search(process.lines.get(timeout=0.1)):
+                return True
+        except Exception:  # queue.Empty
+            if process.popen.poll() is not None:
+                return False
+    return False
+
+
+@dataclass
+class Deployment:
+    encoders: list
+    prefill: Worker
+    decode: Worker
+    gateway: Process
+    port: int
+    model: str
+    metrics_ports: dict = field(default_factory=dict)  # worker name -> metrics port
+    worker_urls: list = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def start_deployment(args, work: Path) -> Deployment:
+    bins = bin_dir(args)
+    for name in ("iris", "iris-engine", "iris-encoder"):
+        if not (bins / name).is_file():
+            raise SetupError(f"{bins / name} not found (cargo build --release, or --bin-dir)")
+    model = work / "model" / "tiny-qwen2-vl"
+    subprocess.run([str(bins / "iris"), "tiny-model", str(model)], check=True,
+                   stdout=subprocess.DEVNULL, timeout=120)
+    logs = work / "logs"
+    logs.mkdir(exist_ok=True)
+    ttl = str(args.room_ttl)
+    encoders, metrics_ports = [], {}
+    for i in range(2):
+        grpc, data, metrics = free_port(), free_port(), free_port()
+        name = f"encoder{i}"
+        metrics_ports[name] = metrics
+        encoders.append(Worker(name, [
+            bins / "iris-encoder", "--host", "127.0.0.1", "--port", grpc, "--bootstrap-port", data,
+            "--metrics-port", metrics, "--model-path", model, "--compute", args.encoder_compute,
+            "--room-ttl-secs", ttl], ENCODER_LINE, logs))
+        encoders[-1].grpc, encoders[-1].data = grpc, data
+    pre_grpc, pre_data, pre_metrics = free_port(), free_port(), free_port()
+    prefill = Worker("prefill", [
+        bins / "iris-engine", "--role", "prefill", "--host", "127.0.0.1", "--port", pre_grpc,
+        "--bootstrap-port", pre_data, "--metrics-port", pre_metrics, "--model-path", model,
+        "--room-ttl-secs", ttl], ENGINE_LINE, logs)
+    dec_grpc, dec_metrics = free_port(), free_port()
+    decode = Worker("decode", [
+        bins / "iris-engine", "--role", "decode", "--host", "127.0.0.1", "--port", dec_grpc,
+        "--bootstrap-port", "0", "--metrics-port", dec_metrics, "--model-path", model],
+        ENGINE_LINE, logs)
+    metrics_ports.update(prefill=pre_metrics, decode=dec_metrics)
+    for worker in [*encoders, prefill, decode]:
+        worker.start(args.startup_timeout)
+    port = free_port()
+    gateway_args = [
+        bins / "iris", "serve", "--host", "127.0.0.1", "--port", port, "--model-path", model,
+        "--epd-disaggregation",
+        *[a for e in encoders for a in ("--encode", f"grpc://127.0.0.1:{e.grpc}", e.data)],
+        "--prefill", f"grpc://127.0.0.1:{pre_grpc}", pre_data,
+        "--decode", f"grpc://127.0.0.1:{dec_grpc}",
+        "--multimodal-tensor-transport", "shm", "--multimodal-shm-min-bytes", "0",
+        "--mm-pixel-cache-mb", args.pixel_cache_mb,
+        "--request-timeout-secs", args.request_timeout,
+        "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
+    ]
+    gateway = Process("gateway", gateway_args, logs / "gateway.log")
+    dep = Deployment(encoders, prefill, decode, gateway, port, model.name, metrics_ports)
+    dep.worker_urls = [f"127.0.0.1:{p}" for p in (*(e.grpc for e in encoders), pre_grpc, dec_grpc)]
+    deadline = time.monotonic() + args.startup_timeout
+    while True:
+        if gateway.popen.poll() is not None:
+            raise SetupError(f"gateway exited with {gateway.popen.returncode}:\n{gateway.log_tail()}")
+        try:
+            if httpx.get(f"{dep.base_url}/readiness", timeout=2).status_code == 200:
+                return dep
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise SetupError(f"gateway not ready after {args.startup_timeout} s:\n{gateway.log_tail()}")
+        time.sleep(0.1)
+
+
+def bin_dir(args) -> Path:
+    if args.bin_dir:
+        return Path(args.bin_dir).resolve()
+    if os.environ.get("IRIS_BIN_DIR"):
+        return Path(os.environ["IRIS_BIN_DIR"]).resolve()
+    target = os.environ.get("CARGO_TARGET_DIR")
+    return ((Path(target) if target else REPO / "target") / "release").resolve()
+
+
+def scrape(port: int, timeout: float = 5.0) -> str:
+    """Prometheus text from ``127.0.0.1:port/metrics`` ("" when unreachable)."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=timeout).text
+    except httpx.HTTPError:
+        return ""
+
+
+def rss_kib(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+# ---------------------------------------------------------------- load
+
+
+@dataclass
+class Result:
+    kind: str          # text / image
+    stream: bool
+    outcome: str       # ok / clean_error / lost / hung
+    seconds: float
+    status: int = 0
+    detail: str = ""
+
+
+class Load:
+    """Builds request bodies and classifies their endings."""
+
+    def __init__(self, args, dep: Deployment, images: list[Image]):
+        self.args, self.dep, self.images = args, dep, images
+        self.rng = random.Random(args.seed)
+        self.counter = 0
+        self.results: list[Result] = []
+
+    def body(self) -> tuple[str, bool, bytes]:
+        rng, args = self.rng, self.args
+        stream = rng.random() < 0.5
+        kind = "image" if rng.random() < args.image_fraction else "text"
+        request = {"model": self.dep.model, "max_tokens": rng.randint(4, args.max_tokens),
+                   "stream": stream}
+        if rng.random() < 0.5:
+            request["ignore_eos"] = True
+        if kind == "text":
+            request["messages"] = [{"role": "user",
+                                    "content": f"{rng.choice(PROMPTS)} ({rng.randint(0, 50)})"}]
+        else:
+            parts = [{"type": "text", "text": rng.choice(IMAGE_PROMPTS)}]
+            for _ in range(1 if rng.random() < 0.7 else 2):
+                parts.append({"type": "image_url", "image_url": {"url": self.image_url()}})
+            request["messages"] = [{"role": "user", "content": parts}]
+        return kind, stream, json.dumps(request).encode()
+
+    def image_url(self) -> str:
+        image = self.rng.choice(self.images)
+        if image.rewritable and self.rng.random() < self.args.distinct_fraction:
+            self.counter += 1
+            data = make_distinct(image.data, image.mime, self.counter)
+            return f"data:{image.mime};base64,{base64.b64encode(data).decode()}"
+        return image.url
+
+    async def one(self, client: httpx.AsyncClient) -> Result:
+        kind, stream, body = self.body()
+        started = time.monotonic()
+        result = Result(kind, stream, "lost", 0.0)
+        try:
+            await asyncio.wait_for(self._send(client, stream, body, result),
+                                   timeout=self.args.client_timeout)
+        except asyncio.TimeoutError:
+            result.outcome, result.detail = "hung", f"no end within {self.args.client_timeout} s"
+        except httpx.HTTPError as e:
+            result.outcome, result.detail = "lost", f"{type(e).__name__}: {e}"
+        except Exception as e:  # anything else the client met is a lost answer too
+            result.outcome, result.detail = "lost", f"{type(e).__name__}: {e}"
+        result.seconds = time.monotonic() - started
+        return result
+
+    async def _send(self, client, stream: bool, body: bytes, result: Result):
+        headers = {"Content-Type": "application/json"}
+        async with client.stream("POST", "/v1/chat/completions", content=body,
+                                 headers=headers) as response:
+            result.status = response.status_code
+            if response.status_code != 200:
+                self._error_body(await response.aread(), result)
+                return
+            if not stream:
+                self._completion(await response.aread(), result)
+                return
+            done = finished = False
+            error = None
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    done = True
+                    continue
+                if done:
+                    result.detail = "event after [DONE]"
+                    return
+                try:
+                    event = json.loads(data)
+                except ValueError:
+                    result.detail = f"malformed event {data[:120]!r}"
+                    return
+                if "error" in event:
+                    error = event
+                    continue
+                for choice in event.get("choices") or []:
+                    if choice.get("finish_reason"):
+                        finished = True
+            if not done:
+                result.detail = "stream ended without [DONE]"
+            elif error is not None:
+                self._error_shape(error, result)
+            elif finished:
+                result.outcome = "ok"
+            else:
+                result.detail = "stream without finish_reason"
+
+    def _completion(self, raw: bytes, result: Result):
+        try:
+            choice = json.loads(raw)["choices"][0]
+            ok = isinstance(choice["message"]["content"], str) and choice["finish_reason"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            ok = False
+        if ok:
+            result.outcome = "ok"
+        else:
+            result.detail = f"malformed completion {raw[:200]!r}"
+
+    def _error_body(self, raw: bytes, result: Result):
+        try:
+            self._error_shape(json.loads(raw), result)
+        except ValueError:
+            result.detail = f"status {result.status} without a JSON body: {raw[:200]!r}"
+
+    def _error_shape(self, body, result: Result):
+        error = body.get("error") if isinstance(body, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        if isinstance(message, str) and message and isinstance(error.get("type"), str):
+            result.outcome, result.detail = "clean_error", message
+        else:
+            result.detail = f"not an OpenAI error: {str(body)[:200]}"
+
+
+# ---------------------------------------------------------------- run
+
+
+@dataclass
+class Event:
+    at: float
+    what: str
+
+
+async def run_load(args, dep: Deployment, images: list[Image], events: list, rss: list):
+    load = Load(args, dep, images)
+    t0 = time.monotonic()
+    stop_at = t0 + args.duration
+    limits = httpx.Limits(max_connections=args.concurrency + 8,
+                          max_keepalive_connections=args.concurrency + 8)
+    async with httpx.AsyncClient(base_url=dep.base_url, timeout=None, limits=limits) as client:
+
+        async def user():
+            while time.monotonic() < stop_at:
+                load.results.append(await load.one(client))
+
+        async def sample_rss():
+            while time.monotonic() < stop_at:
+                value = rss_kib(dep.gateway.popen.pid)
+                if value is not None:
+                    rss.append((time.monotonic() - t0, value))
+                await asyncio.sleep(args.rss_interval)
+            value = rss_kib(dep.gateway.popen.pid)
+            if value is not None:
+                rss.append((time.monotonic() - t0, value))
+
+        async def chaos():
+            k = 0
+            while True:
+                k += 1
+                at = t0 + k * args.kill_interval
+                if at + args.restart_delay + 1 >= stop_at:
+                    return
+                await asyncio.sleep(max(0.0, at - time.monotonic()))
+                encoder = dep.encoders[(k - 1) % len(dep.encoders)]
+                for victim in (encoder, dep.decode):
+                    victim.kill()
+                events.append(Event(time.monotonic() - t0, f"SIGKILL {encoder.name} and decode"))
+                await asyncio.sleep(args.restart_delay)
+                for victim in (encoder, dep.decode):
+                    await asyncio.to_thread(victim.start, args.startup_timeout)
+                events.append(Event(time.monotonic() - t0, f"restarted {encoder.name} and decode"))
+
+        tasks = [asyncio.create_task(user()) for _ in range(args.concurrency)]
+        helpers = [asyncio.create_task(sample_rss()), asyncio.create_task(chaos())]
+        await asyncio.gather(*tasks, *helpers)
+    return load.results, time.monotonic() - t0
+
+
+def settle(args, dep: Deployment) -> dict:
+    """Waits (up to the room TTL + ``--settle``) until nothing is held
+    anywhere; returns the last readings."""
+    deadline = time.monotonic() + args.room_ttl + args.settle
+    while True:
+        held = readings(dep)
+        if not any(held.values()) or time.monotonic() > deadline:
+            return held
+        time.sleep(0.5)
+
+
+def readings(dep: Deployment) -> dict:
+    """Everything that must be 0 once the system is idle (unreachable
+    metrics count as held: a worker that did not come back is a failure)."""
+    out = {}
+    gateway = scrape(dep.port)
+    for line in gateway.splitlines():
+        if line.startswith("iris_worker_in_flight{"):
+            out[f"gateway {line.split(' ')[0]}"] = float(line.rsplit(" ", 1)[1])
+        if line.startswith("iris_worker_healthy{"):
+            out[f"gateway not healthy {line.split(' ')[0]}"] = 1.0 - float(line.rsplit(" ", 1)[1])
+    if not gateway:
+        out["gateway /metrics unreachable"] = 1.0
+    names = {
+        "encoder": ["iris_encoder_rooms_pending", "iris_encoder_rooms_ready",
+                    "iris_encoder_held_bytes", "iris_encoder_items_queued",
+                    "iris_encoder_items_in_flight"],
+        "prefill": ["iris_engine_rooms_awaited", "iris_engine_rooms_pending",
+                    "iris_engine_rooms_ready", "iris_engine_room_bytes_held",
+                    "iris_engine_requests_running", "iris_engine_requests_waiting",
+                    "iris_engine_requests_registered"],
+        "decode": ["iris_engine_requests_running", "iris_engine_requests_waiting",
+                   "iris_engine_requests_registered"],
+    }
+    for worker, port in dep.metrics_ports.items():
+        text = scrape(port)
+        for name in names[worker.rstrip("0123456789")]:
+            value = metric(text, name) if text else None
+            out[f"{worker} {name}"] = 1.0 if value is None else value
+    out["/dev/shm files of the gateway"] = float(len(shm_files(dep)))
+    return out
+
+
+def shm_files(dep: Deployment) -> list[Path]:
+    return list(Path("/dev/shm").glob(f"iris-tensor-{dep.gateway.popen.pid}-*"))
+
+
+def rss_figures(args, samples: list) -> dict:
+    """Start, after warm-up (median of the first window after it), end
+    (median of the last window), max, growth."""
+    if not samples:
+        return {}
+    window = max(3 * args.rss_interval, min(60.0, args.duration / 10))
+    after = [v for t, v in samples if args.warmup <= t < args.warmup + window]
+    end = [v for t, v in samples if t >= samples[-1][0] - window]
+    if not after or not end:
+        return {"start_kib": samples[0][1], "samples": len(samples)}
+    base, last = statistics.median(after), statistics.median(end)
+    return {"start_kib": samples[0][1], "after_warmup_kib": base, "end_kib": last,
+            "max_after_warmup_kib": max(v for t, v in samples if t >= args.warmup),
+            "growth": last / base - 1.0, "window_s": window, "samples": len(samples)}
+
+
+def summarise(args, dep, results, elapsed, events, held, rss, transport, gateway_outcomes):
+    outcomes = Counter(r.outcome for r in results)
+    by_kind = Counter((r.kind, "stream" if r.stream else "plain", r.outcome) for r in results)
+    statuses = Counter(r.status for r in results if r.outcome == "clean_error")
+    messages = Counter(re.sub(r"\d+", "N", r.detail)[:140] for r in results
+                       if r.outcome == "clean_error")
+    problems = Counter(f"{r.outcome}: {r.detail[:160]}" for r in results
+                       if r.outcome in ("lost", "hung"))
+    leaks = [r.detail for r in results if r.outcome == "clean_error"
+             and (any(f in r.detail for f in ADDRESS_FRAGMENTS)
+                  or any(u in r.detail for u in dep.worker_urls))]
+    total = len(results)
+    figures = rss_figures(args, rss)
+    checks = {
+        "lost = 0": outcomes["lost"] == 0,
+        "hung = 0": outcomes["hung"] == 0,
+        f"success ratio >= {args.min_success_ratio}":
+            total > 0 and outcomes["ok"] / total >= args.min_success_ratio,
+        "text and image chats succeeded": all(
+            any(r.kind == k and r.outcome == "ok" for r in results) for k in ("text", "image")),
+        "no worker address in error messages": not leaks,
+        "nothing held after settling (rooms, in flight, shm files, health)":
+            not any(held.values()),
+        "shm lane used": (transport.get("shm") or 0) > 0,
+        "gateway alive": dep.gateway.popen.poll() is None,
+        f"kills done ({args.expect_kills} expected)":
+            sum(e.what.startswith("SIGKILL") for e in events) >= args.expect_kills,
+        f"gateway RSS growth <= {args.rss_tolerance:.0%} after warm-up":
+            "growth" in figures and figures["growth"] <= args.rss_tolerance,
+    }
+    return {
+        "duration_s": round(elapsed, 1), "concurrency": args.concurrency, "requests": total,
+        "requests_per_s": round(total / elapsed, 2) if elapsed else 0,
+        "outcomes": dict(outcomes),
+        "by_kind": {" ".join(k): v for k, v in sorted(by_kind.items())},
+        "clean_error_statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "clean_error_messages": dict(messages.most_common(8)),
+        "lost_or_hung": dict(problems.most_common(10)),
+        "address_leaks": leaks[:5],
+        "latency_s": latency(results),
+        "events": [f"{e.at:7.1f}s {e.what}" for e in events],
+        "held_after_settling": {k: v for k, v in held.items() if v},
+        "transport_tensors": transport,
+        "gateway_outcomes": gateway_outcomes,
+        "rss": figures,
+        "checks": checks,
+        "passed": all(checks.values()),
+    }
+
+
+def latency(results: list) -> dict:
+    ok = sorted(r.seconds for r in results if r.outcome == "ok")
+    if not ok:
+        return {}
+    pick = lambda q: round(ok[min(len(ok) - 1, int(q * len(ok)))], 3)  # noqa: E731
+    return {"ok_p50": pick(0.5), "ok_p99": pick(0.99), "ok_max": round(ok[-1], 3),
+            "any_max": round(max(r.seconds for r in results), 3)}
+
+
+def print_summary(summary: dict):
+    out = sys.stdout
+    out.write(f"\n== soak summary: {summary['requests']} requests in {summary['duration_s']} s "
+              f"({summary['requests_per_s']}/s) at concurrency {summary['concurrency']}\n")
+    for key in ("outcomes", "by_kind", "clean_error_statuses", "clean_error_messages",
+                "lost_or_hung", "address_leaks", "latency_s", "transport_tensors",
+                "gateway_outcomes", "held_after_settling", "rss"):
+        out.write(f"{key}: {json.dumps(summary[key], indent=None)}\n")
+    out.write("events:\n" + "".join(f"  {e}\n" for e in summary["events"]))
+    out.write("checks:\n")
+    for name, ok in summary["checks"].items():
+        out.write(f"  [{'PASS' if ok else 'FAIL'}] {name}\n")
+    out.write(f"result: {'PASSED' if summary['passed'] else 'FAILED'}\n")
+    out.flush()
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=float, default=float(os.environ.get("DURATION", 600)),
+                   help="seconds of load (default $DURATION or 600)")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--kill-interval", type=float, default=60.0)
+    p.add_argument("--restart-delay", type=float, default=3.0)
+    p.add_argument("--expect-kills", type=int, default=None,
+                   help="kill rounds that must happen (default: as the schedule allows)")
+    p.add_argument("--warmup", type=float, default=None,
+                   help="seconds before RSS is compared (default: 20%% of the duration)")
+    p.add_argument("--rss-interval", type=float, default=5.0)
+    p.add_argument("--rss-tolerance", type=float, default=0.10)
+    p.add_argument("--client-timeout", type=float, default=90.0)
+    p.add_argument("--request-timeout", type=int, default=60,
+                   help="the gateway's --request-timeout-secs")
+    p.add_argument("--room-ttl", type=int, default=10, help="workers' --room-ttl-secs")
+    p.add_argument("--settle", type=float, default=15.0,
+                   help="seconds beyond the room TTL to wait for everything to be released")
+    p.add_argument("--min-success-ratio", type=float, default=0.5)
+    p.add_argument("--image-fraction", type=float, default=0.6)
+    p.add_argument("--distinct-fraction", type=float, default=0.5,
+                   help="of images in JPEG or PNG, the fraction made distinct")
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--pixel-cache-mb", type=int, default=64)
+    p.add_argument("--encoder-compute", choices=["tower", "digest"], default="tower")
+    p.add_argument("--images", type=Path, default=REPO.parent / "shared" / "images")
+    p.add_argument("--exclude", nargs="*", default=["motorcycle_4k.jpg"],
+                   help="image files not sent (default: the 4K JPEG, ~99 MB of pixels each)")
+    p.add_argument("--bin-dir")
+    p.add_argument("--work-dir", type=Path)
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--json", type=Path, help="write the summary here")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--startup-timeout", type=float, default=60.0)
+    args = p.parse_args(argv)
+    if args.warmup is None:
+        args.warmup = args.duration * 0.2
+    schedule = int((args.duration - args.restart_delay - 1) // args.kill_interval)
+    if args.expect_kills is None:
+        args.expect_kills = max(0, schedule)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="iris-soak."))
+    work.mkdir(parents=True, exist_ok=True)
+    dep = None
+    summary = None
+    try:
+        images = load_images(args.images, args.exclude)
+        dep = start_deployment(args, work)
+        print(f"soak: gateway {dep.base_url} (pid {dep.gateway.popen.pid}), "
+              f"{len(images)} images, {args.duration:.0f} s at concurrency {args.concurrency}, "
+              f"kills every {args.kill_interval:.0f} s; logs in {work}", flush=True)
+        events, rss = [], []
+        results, elapsed = asyncio.run(run_load(args, dep, images, events, rss))
+        held = settle(args, dep)
+        idle_rss = rss_kib(dep.gateway.popen.pid)
+        text = scrape(dep.port)
+        transport = {lane: metric(text, "iris_transport_tensors_total", lane=lane)
+                     for lane in ("inline", "shm")}
+        gateway_outcomes = {o: metric(text, "iris_requests_total", outcome=o)
+                            for o in ("ok", "client_error", "no_worker", "upstream_error",
+                                      "timeout", "cancelled")}
+        summary = summarise(args, dep, results, elapsed, events, held, rss, transport,
+                            gateway_outcomes)
+        summary["work_dir"] = str(work)
+        summary["rss"]["idle_after_settling_kib"] = idle_rss
+        summary["rss_samples"] = [[round(t, 1), v] for t, v in rss]
+        print_summary(summary)
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=2))
+        return 0 if summary["passed"] else 1
+    except (SetupError, subprocess.SubprocessError, OSError) as e:
+        print(f"soak: setup failed: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if dep is not None:
+            dep.gateway.stop()
+            for worker in [*dep.encoders, dep.prefill, dep.decode]:
+                worker.stop()
+        failed = summary is None or not summary["passed"]
+        if args.keep or failed or args.work_dir:
+            print(f"soak: logs kept in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sys.exit(main())

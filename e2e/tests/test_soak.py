@@ -1,0 +1,59 @@
+"""The soak script (e2e/soak/soak.py) in short, as CI runs it: 45 s of
+mixed text and image chats at concurrency 64 through 2 encoders, 1 prefill
+and 1 decode worker, with two kill rounds (SIGKILL of an encoder — each
+encoder once — and of the decode worker, restarted on the same ports 3 s
+later). The script's own checks must all pass: no request lost or hung,
+clean errors only, no worker address in an error, nothing held after the
+room TTL (encoder and engine rooms, in-flight counts, /dev/shm files), the
+shm lane used, every worker healthy again, gateway RSS within 50 % after
+warm-up (the 10-minute run holds it to 10 %).
+The 10-minute run is docs/benchmarks.md, "Soak".
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, bin_dir, binary
+
+# The pixel cache is 8 MiB (the script's default is 64): in a 45 s run a
+# 64 MiB cache is still filling after the 15 s warm-up, and its fill reads
+# as RSS growth (seen: +81 MB, +33 %).
+# RSS tolerance 50 % here (10 % in the 10-minute run): 45 s is too short
+# for the gateway to reach its steady state — two runs measured +16 % and
+# +33 % between 4.5 s windows — so this catches only gross growth.
+# Small and mid-size images: the debug encoder's tower and the debug
+# gateway's decoder keep up with them at this concurrency.
+IMAGES = ["astronaut.jpg", "coffee.jpg", "chelsea.png", "chelsea.webp", "horse.png",
+          "camera.png", "no_time_for_that_tiny.gif"]
+
+
+def test_soak_with_kills(tmp_path):
+    for name in ("iris", "iris-engine", "iris-encoder"):
+        binary(name)  # fails with a hint when not built
+    shared = REPO.parent / "shared" / "images"
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in IMAGES:
+        source = shared / name
+        assert source.is_file(), f"{source} is missing (../shared/images beside the repo)"
+        (images / name).symlink_to(source)
+    summary_path = tmp_path / "summary.json"
+    command = [sys.executable, str(REPO / "e2e" / "soak" / "soak.py"),
+               "--duration", "45", "--kill-interval", "15", "--restart-delay", "3",
+               "--expect-kills", "2", "--warmup", "15", "--rss-interval", "1",
+               "--room-ttl", "5", "--settle", "15", "--client-timeout", "60", "--pixel-cache-mb", "8",
+               "--rss-tolerance", "0.5",
+               "--request-timeout", "40", "--bin-dir", str(bin_dir()), "--images", str(images),
+               "--work-dir", str(tmp_path / "work"), "--json", str(summary_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    report = f"exit {done.returncode}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, report
+    summary = json.loads(summary_path.read_text())
+    assert summary["passed"] and all(summary["checks"].values()), report
+    assert summary["outcomes"].get("lost", 0) == 0 and summary["outcomes"].get("hung", 0) == 0
+    kills = [e for e in summary["events"] if "SIGKILL" in e]
+    assert any("encoder0" in e for e in kills) and any("encoder1" in e for e in kills), report
