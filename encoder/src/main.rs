@@ -20,7 +20,10 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
-    iris_process::keep_large_allocations();
+    // No `iris_process::keep_large_allocations` here: the encoder holds
+    // many tensors at once (queued, batched, in rooms), and with `mmap`
+    // off glibc's per-thread arenas fragmented to 19 GB under a flood of
+    // concurrent 50 MB Encode calls.
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
