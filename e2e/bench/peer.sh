@@ -331,9 +331,18 @@ def fmt(st, spec, spread=True):
 
 table = {}
 print(f"Median over the repeats (min–max in brackets); CPU per request is per image for image chats.\n")
-print("| mode | workload | load | gateway | runs | req/s | goodput/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms "
+# The goodput column only when some run had objectives (SLO_*_MS).
+def has_goodput(path):
+    try:
+        with open(path) as f:
+            return bool(json.load(f).get("goodput"))
+    except (OSError, ValueError):
+        return False
+with_goodput = any(has_goodput(p) for p in glob.glob(os.path.join(results, "*.json")))
+gp_head, gp_rule = ("goodput/s | ", "---:|") if with_goodput else ("", "")
+print(f"| mode | workload | load | gateway | runs | req/s | {gp_head}TTFT p50 ms | TTFT p99 ms | TPOT p50 ms "
       "| ITL p99 ms | E2E p99 ms | gateway CPU µs/req | workers CPU µs/req | errors |")
-print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print(f"|---|---|---|---|---:|---:|{gp_rule}---:|---:|---:|---:|---:|---:|---:|---:|")
 for mode in modes:
     for w in workloads:
         for load in loads:
@@ -344,8 +353,9 @@ for mode in modes:
                 st = {k: stats(rs, k) for k in METRICS}
                 table[(mode, w, load, gw)] = st
                 errors = sum(r["errors"] for r in rs)
+                gp = f"{fmt(st['goodput'], ',.1f', False)} | " if with_goodput else ""
                 print(f"| {mode} | {wname(w)} | {lname(load)} | {gw} | {len(rs)} | {fmt(st['rps'], ',.1f')} "
-                      f"| {fmt(st['goodput'], ',.1f', False)} | {fmt(st['ttft50'], ',.1f', False)} "
+                      f"| {gp}{fmt(st['ttft50'], ',.1f', False)} "
                       f"| {fmt(st['ttft99'], ',.1f')} | {fmt(st['tpot50'], '.3f', False)} "
                       f"| {fmt(st['itl99'], '.2f', False)} | {fmt(st['e2e99'], ',.1f', False)} "
                       f"| {fmt(st['gwcpu'], ',.0f')} | {fmt(st['wkcpu'], ',.0f', False)} | {errors} |")
