@@ -237,7 +237,9 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use iris_proto::scheduler::{GenerateRequest, MultimodalInputs, MultimodalItem, TensorData};
+    use iris_proto::scheduler::{
+        GenerateRequest, MultimodalInputs, MultimodalItem, PlaceholderRange, TensorData,
+    };
 
     fn request(pixels: Bytes) -> GenerateRequest {
         GenerateRequest {
@@ -250,6 +252,11 @@ mod tests {
                         iris_proto::tensor::DType::UInt8,
                         pixels,
                     )),
+                    // Encoded after the tensor: a tail chunk.
+                    placeholders: vec![PlaceholderRange {
+                        offset: 1,
+                        length: 2,
+                    }],
                     ..MultimodalItem::default()
                 }],
             }),
@@ -283,6 +290,7 @@ mod tests {
     #[test]
     fn small_messages_are_one_chunk() {
         let req = request(Bytes::from_static(&[7u8; 100]));
+        assert!(req.encoded_len() > 100);
         let chunks = frame(&req).unwrap();
         assert_eq!(chunks.len(), 1);
         assert_eq!(chunks.concat(), contiguous(&req));
