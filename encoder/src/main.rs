@@ -19,8 +19,18 @@ struct Cli {
     log_json: bool,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // No `iris_process::keep_large_allocations` here: the encoder holds
+    // many tensors at once (queued, batched, in rooms), and with `mmap`
+    // off glibc's per-thread arenas fragmented to 19 GB under a flood of
+    // concurrent 50 MB Encode calls.
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     iris_process::init_logging(cli.log_json);
     let running = iris_encoder::start(cli.encoder).await?;

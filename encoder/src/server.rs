@@ -74,7 +74,7 @@ pub async fn start_with(
     encoder.rooms.spawn_sweeper(Duration::from_secs(1));
     let encode =
         TokenSpeedEncoderServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let main = tonic::transport::Server::builder()
+    let main = iris_process::large_message_server()
         .add_service(encode)
         .add_service(TokenSpeedSchedulerServer::new(service.clone()));
     servers.spawn(main.serve_with_incoming_shutdown(

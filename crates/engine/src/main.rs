@@ -22,8 +22,15 @@ struct Cli {
     log_json: bool,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    iris_process::keep_large_allocations();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     iris_process::init_logging(cli.log_json);
     let running = iris_engine::start(cli.engine).await?;

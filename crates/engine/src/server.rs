@@ -76,7 +76,7 @@ pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
     let scheduler = TokenSpeedSchedulerServer::new(SchedulerService::new(engine.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let router = tonic::transport::Server::builder().add_service(scheduler);
+    let router = iris_process::large_message_server().add_service(scheduler);
     servers.spawn(router.serve_with_incoming_shutdown(
         iris_process::nodelay_incoming(grpc),
         servers.shutdown_token().cancelled_owned(),

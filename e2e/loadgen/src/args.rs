@@ -18,7 +18,7 @@ const MAX_CONCURRENCY: usize = 4096;
 #[command(
     name = "iris-loadgen",
     version,
-    about = "Closed-loop load generator: OpenAI chat over HTTP, or TokenSpeed Generate over gRPC"
+    about = "Load generator (closed loop, or Poisson arrivals with --request-rate): OpenAI chat over HTTP, or TokenSpeed Generate over gRPC"
 )]
 pub struct Cli {
     /// OpenAI-compatible HTTP target, e.g. http://127.0.0.1:8000.
@@ -38,6 +38,23 @@ pub struct Cli {
     /// soon as the previous one is answered).
     #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
+    /// Requests per second, arriving with gamma-distributed gaps (see
+    /// --burstiness; 1 is a Poisson process), each on a free connection
+    /// (at most --max-concurrency in flight). `inf`: the closed loop at
+    /// --concurrency (or --max-concurrency).
+    #[arg(long, default_value = "inf")]
+    pub request_rate: String,
+    /// Shape of the gamma distribution of the gaps between arrivals (1:
+    /// Poisson; below 1: burstier; above 1: more even), as vllm's.
+    #[arg(long, default_value_t = 1.0)]
+    pub burstiness: f64,
+    /// Most requests in flight with --request-rate (default 1024); with
+    /// `--request-rate inf`, the closed loop's concurrency.
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
+    /// Seed of the arrival schedule and of synthetic images.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     /// Measured seconds (after the warm-up).
     #[arg(long, default_value_t = 15.0)]
     pub duration_secs: f64,
@@ -63,10 +80,18 @@ pub struct Cli {
     /// counter in a JPEG comment (distinct bytes, the same pixels).
     #[arg(long, conflicts_with = "grpc")]
     pub image: Option<PathBuf>,
-    /// Fraction of the image chats that send one fixed image (0: every
-    /// image distinct, 0.5: every second request the same image, 1: all
-    /// the same).
-    #[arg(long, default_value_t = 0.0, requires = "image")]
+    /// Send image chats with synthetic JPEGs (random pixels, as vllm's
+    /// random-mm) of this size: `WxH`, or `WxH:WEIGHT` to draw each image's
+    /// size from several (repeatable; weights are relative, default 1).
+    #[arg(long, conflicts_with_all = ["grpc", "image"])]
+    pub image_size: Vec<String>,
+    /// Images per chat (with --image or --image-size).
+    #[arg(long, default_value_t = 1)]
+    pub images_per_request: usize,
+    /// Fraction of the images that are one fixed image per source (0:
+    /// every image distinct, 0.5: every second image the same, 1: all the
+    /// same).
+    #[arg(long, default_value_t = 0.0)]
     pub image_repeat_fraction: f64,
     /// Report this process's CPU time per request (repeatable).
     #[arg(long)]
@@ -115,20 +140,42 @@ pub enum Target {
     },
 }
 
-/// The image of image chats.
+/// The images of image chats.
 #[derive(Debug, Clone)]
 pub struct ImageInput {
-    pub path: PathBuf,
-    pub bytes: Vec<u8>,
+    /// The JPEGs each image is drawn from (one for --image).
+    pub sources: Vec<crate::image::ImageSource>,
+    pub per_request: usize,
     pub repeat_fraction: f64,
 }
+
+/// How requests are started.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrival {
+    /// `concurrency` loops, each sending its next request when the
+    /// previous one is answered.
+    Closed,
+    /// Requests at `rate` per second (gamma gaps of shape `burstiness`),
+    /// at most `max_concurrency` in flight.
+    Rate {
+        rate: f64,
+        burstiness: f64,
+        max_concurrency: usize,
+    },
+}
+
+/// In-flight cap of a rate run without --max-concurrency.
+pub const DEFAULT_MAX_CONCURRENCY: usize = 1024;
 
 /// A validated run.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub target: Target,
     pub model: Option<String>,
+    /// Closed loop: the loops; rate: the in-flight cap (clients).
     pub concurrency: usize,
+    pub arrival: Arrival,
+    pub seed: u64,
     pub duration: Duration,
     pub warmup: Duration,
     pub requests: Option<u64>,
@@ -146,10 +193,22 @@ pub struct Config {
 impl Cli {
     /// Checks every option and resolves the target address.
     pub fn config(&self) -> anyhow::Result<Config> {
+        let arrival = self.arrival()?;
+        let concurrency = match arrival {
+            Arrival::Rate {
+                max_concurrency, ..
+            } => max_concurrency,
+            Arrival::Closed => match self.max_concurrency {
+                Some(m) => in_range("--max-concurrency", m, 1, MAX_CONCURRENCY)?,
+                None => in_range("--concurrency", self.concurrency, 1, MAX_CONCURRENCY)?,
+            },
+        };
         Ok(Config {
             target: self.target()?,
             model: self.model.clone(),
-            concurrency: in_range("--concurrency", self.concurrency, 1, MAX_CONCURRENCY)?,
+            concurrency,
+            arrival,
+            seed: self.seed,
             duration: seconds("--duration-secs", self.duration_secs, false)?,
             warmup: seconds("--warmup-secs", self.warmup_secs, true)?,
             requests: match self.requests {
@@ -188,24 +247,91 @@ impl Cli {
         }
     }
 
+    /// --request-rate, --burstiness and --max-concurrency, checked.
+    fn arrival(&self) -> anyhow::Result<Arrival> {
+        let text = self.request_rate.trim();
+        if text.eq_ignore_ascii_case("inf") {
+            return Ok(Arrival::Closed);
+        }
+        let rate: f64 = text.parse().map_err(|_| {
+            anyhow::anyhow!("--request-rate must be a number of requests/s or inf, not {text:?}")
+        })?;
+        if !(rate.is_finite() && rate > 0.0 && rate <= 1e6) {
+            bail!("--request-rate must be above 0 and at most 1e6 (or inf), not {rate}");
+        }
+        let b = self.burstiness;
+        if !(b.is_finite() && (0.01..=100.0).contains(&b)) {
+            bail!("--burstiness must be between 0.01 and 100, not {b}");
+        }
+        let cap = self.max_concurrency.unwrap_or(DEFAULT_MAX_CONCURRENCY);
+        Ok(Arrival::Rate {
+            rate,
+            burstiness: b,
+            max_concurrency: in_range("--max-concurrency", cap, 1, MAX_CONCURRENCY)?,
+        })
+    }
+
     fn prompt(&self) -> &str {
-        match (&self.prompt, &self.image) {
-            (Some(p), _) => p,
-            (None, Some(_)) => crate::image::DEFAULT_IMAGE_PROMPT,
-            (None, None) => crate::prompt::DEFAULT_PROMPT,
+        let images = self.image.is_some() || !self.image_size.is_empty();
+        match &self.prompt {
+            Some(p) => p,
+            None if images => crate::image::DEFAULT_IMAGE_PROMPT,
+            None => crate::prompt::DEFAULT_PROMPT,
         }
     }
 
-    /// The --image file, read and size-checked (its format is checked
-    /// when the bodies are built).
+    /// The images: the --image file (read and size-checked; its format
+    /// is checked when the bodies are built) or the --image-size JPEGs.
     fn image(&self) -> anyhow::Result<Option<ImageInput>> {
-        let Some(path) = &self.image else {
-            return Ok(None);
-        };
         let f = self.image_repeat_fraction;
+        let n = self.images_per_request;
+        let sources = match (&self.image, self.image_size.is_empty()) {
+            (Some(path), _) => vec![crate::image::ImageSource {
+                name: path.display().to_string(),
+                jpeg: self.image_file(path)?,
+                weight: 1.0,
+            }],
+            (None, false) => self.synthetic()?,
+            (None, true) => {
+                if f != 0.0 || n != 1 {
+                    bail!("--image-repeat-fraction and --images-per-request need --image or --image-size");
+                }
+                return Ok(None);
+            }
+        };
         if !(0.0..=1.0).contains(&f) {
             bail!("--image-repeat-fraction must be between 0 and 1, not {f}");
         }
+        Ok(Some(ImageInput {
+            sources,
+            per_request: in_range(
+                "--images-per-request",
+                n,
+                1,
+                crate::image::MAX_IMAGES_PER_REQUEST,
+            )?,
+            repeat_fraction: f,
+        }))
+    }
+
+    /// One synthetic JPEG per --image-size (seeded by --seed and the size).
+    fn synthetic(&self) -> anyhow::Result<Vec<crate::image::ImageSource>> {
+        self.image_size
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                let spec: crate::synth::SizeSpec = text.parse().context("--image-size")?;
+                let seed = crate::arrivals::mix(self.seed ^ (i as u64 + 1));
+                Ok(crate::image::ImageSource {
+                    name: format!("synthetic {}x{}", spec.width, spec.height),
+                    jpeg: crate::synth::noise_jpeg(spec.width, spec.height, seed)?,
+                    weight: spec.weight,
+                })
+            })
+            .collect()
+    }
+
+    fn image_file(&self, path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
         let size = std::fs::metadata(path)
             .with_context(|| format!("--image {}", path.display()))?
             .len();
@@ -216,12 +342,7 @@ impl Cli {
                 crate::image::MAX_IMAGE_BYTES
             );
         }
-        let bytes = std::fs::read(path).with_context(|| format!("--image {}", path.display()))?;
-        Ok(Some(ImageInput {
-            path: path.clone(),
-            bytes,
-            repeat_fraction: f,
-        }))
+        std::fs::read(path).with_context(|| format!("--image {}", path.display()))
     }
 
     /// Threads for the runtime, checked.
@@ -369,6 +490,50 @@ mod tests {
     }
 
     #[test]
+    fn arrival_options() {
+        let base = ["--target", "http://127.0.0.1:1"];
+        let with = |extra: &[&str]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            cli(&v).config()
+        };
+        let closed = with(&["--concurrency", "8"]).unwrap();
+        assert_eq!((closed.arrival, closed.concurrency), (Arrival::Closed, 8));
+        let capped = with(&["--request-rate", "inf", "--max-concurrency", "4"]).unwrap();
+        assert_eq!((capped.arrival, capped.concurrency), (Arrival::Closed, 4));
+        let rate = with(&[
+            "--request-rate",
+            "2.5",
+            "--burstiness",
+            "0.5",
+            "--max-concurrency",
+            "16",
+        ])
+        .unwrap();
+        assert_eq!(
+            rate.arrival,
+            Arrival::Rate {
+                rate: 2.5,
+                burstiness: 0.5,
+                max_concurrency: 16
+            }
+        );
+        assert_eq!(rate.concurrency, 16);
+        let default_cap = with(&["--request-rate", "1"]).unwrap();
+        assert_eq!(default_cap.concurrency, DEFAULT_MAX_CONCURRENCY);
+        for bad in [
+            &["--request-rate", "0"][..],
+            &["--request-rate", "-1"],
+            &["--request-rate", "fast"],
+            &["--request-rate", "NaN"],
+            &["--request-rate", "1", "--burstiness", "0"],
+            &["--request-rate", "1", "--max-concurrency", "0"],
+        ] {
+            assert!(with(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn image_options() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("a.jpg");
@@ -384,7 +549,9 @@ mod tests {
         };
         let config = with(&["--image", file, "--image-repeat-fraction", "0.5"]).unwrap();
         let image = config.image.unwrap();
-        assert_eq!(image.bytes.len(), 4);
+        assert_eq!(image.sources.len(), 1);
+        assert_eq!(image.sources[0].jpeg.len(), 4);
+        assert_eq!(image.per_request, 1);
         assert_eq!(image.repeat_fraction, 0.5);
         assert_eq!(config.prompt, crate::image::DEFAULT_IMAGE_PROMPT);
         assert_eq!(with(&[]).unwrap().prompt, crate::prompt::DEFAULT_PROMPT);
@@ -393,6 +560,25 @@ mod tests {
         assert!(with(&["--image", file, "--image-repeat-fraction", "NaN"]).is_err());
         assert!(with(&["--image-repeat-fraction", "0.5"]).is_err());
         assert!(with(&["--image", "/nonexistent/x.jpg"]).is_err());
+        assert!(with(&["--image", file, "--images-per-request", "0"]).is_err());
+        assert!(with(&["--image", file, "--image-size", "8x8"]).is_err());
+        let synth = with(&[
+            "--image-size",
+            "32x16",
+            "--image-size",
+            "8x8:3",
+            "--images-per-request",
+            "2",
+        ])
+        .unwrap();
+        let image = synth.image.unwrap();
+        assert_eq!(image.per_request, 2);
+        let names: Vec<&str> = image.sources.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["synthetic 32x16", "synthetic 8x8"]);
+        assert_eq!(image.sources[1].weight, 3.0);
+        assert_eq!(synth.prompt, crate::image::DEFAULT_IMAGE_PROMPT);
+        assert!(with(&["--image-size", "0x8"]).is_err());
+        assert!(with(&["--images-per-request", "2"]).is_err());
         let grpc = ["--grpc", "grpc://127.0.0.1:1", "--model-path", "/m"];
         let mut v = grpc.to_vec();
         v.extend_from_slice(&["--image", file]);

@@ -1,6 +1,8 @@
-//! Image chats: the OpenAI chat body with a short text part and one
-//! `data:image/jpeg;base64,…` image part, built per request without
-//! re-encoding the image.
+//! Image chats: the OpenAI chat body with a short text part and one or
+//! more `data:image/jpeg;base64,…` image parts, built per request without
+//! re-encoding the images. Each image slot draws its JPEG from the run's
+//! sources (the `--image` file, or one synthetic JPEG per `--image-size`)
+//! by weight, from a hash of `--seed` and the slot's index.
 //!
 //! A distinct image is the JPEG with a COM segment inserted right after
 //! SOI, carrying a run nonce and a counter: distinct bytes (so the
@@ -10,13 +12,14 @@
 //! a multiple of 3, so `base64(prefix ‖ rest) = base64(prefix) ‖
 //! base64(rest)`: the JSON before the image, and base64 of the rest of the
 //! file with the JSON after it, are built once; a request adds only the
-//! 76-character base64 of its prefix. The body goes out as three shared
-//! chunks ([`ChatBody`]), so nothing of the ≈0.5 MB is copied per request.
+//! 76-character base64 of its prefix per image. The body goes out as
+//! shared chunks ([`ChatBody`]: JSON, then prefix and rest per image), so
+//! nothing of the images is copied per request.
 //!
-//! `--image-repeat-fraction F`: request `n` (counted over all loops) sends
-//! the one fixed image (nonce 0, counter 0) when `⌊(n+1)F⌋ > ⌊nF⌋`, i.e.
-//! exactly a fraction F of the requests, evenly spread; the others send a
-//! fresh distinct image.
+//! `--image-repeat-fraction F`: image slot `n` (counted over all requests)
+//! carries its source's fixed image (nonce 0, counter 0) when
+//! `⌊(n+1)F⌋ > ⌊nF⌋`, i.e. exactly a fraction F of the images, evenly
+//! spread; the others a fresh distinct image.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -44,86 +47,170 @@ pub const PREFIX_LEN: usize = 2 + 2 + 2 + PAYLOAD_LEN;
 const MARKER: &str = "IRIS_LOADGEN_IMAGE_BASE64";
 /// Largest image file accepted.
 pub const MAX_IMAGE_BYTES: usize = 64 << 20;
+/// Most images one chat may carry.
+pub const MAX_IMAGES_PER_REQUEST: usize = 64;
 
 const _: () = assert!(PREFIX_LEN.is_multiple_of(3));
 const _: () = assert!(PAYLOAD_LEN + 2 <= u16::MAX as usize);
 
+/// One image a chat may carry: a JPEG file, or a synthetic one.
+#[derive(Debug, Clone)]
+pub struct ImageSource {
+    /// The file's path, or `synthetic WxH`.
+    pub name: String,
+    pub jpeg: Vec<u8>,
+    /// Relative chance that an image slot uses this source.
+    pub weight: f64,
+}
+
 /// Builds the body of every image chat of a run.
 #[derive(Debug)]
 pub struct ImageChats {
-    /// The JSON up to and including `data:image/jpeg;base64,`.
-    head: Bytes,
-    /// base64 of the file after its SOI, then the rest of the JSON.
-    tail: Bytes,
+    /// The JSON around the images: `pieces[0]` up to and including the
+    /// first `data:image/jpeg;base64,`, `pieces[i]` between image `i-1`
+    /// and image `i`, the last after the last image.
+    pieces: Vec<Bytes>,
+    /// Per source: base64 of the file after its SOI.
+    rests: Vec<Bytes>,
+    /// Per source: the running sum of the weights (the last is the total).
+    cumulative: Vec<f64>,
     /// base64 of the fixed image's prefix.
     fixed_prefix: Bytes,
     /// Distinguishes this run's distinct images from other runs'.
     nonce: u64,
+    /// Seeds the choice of source per image slot.
+    seed: u64,
     repeat_fraction: f64,
-    /// Requests built so far (the repeat schedule).
-    requests: AtomicU64,
+    /// Image slots built so far (the repeat schedule).
+    images: AtomicU64,
     /// Distinct images built so far (their counters start at 1).
     distinct: AtomicU64,
 }
 
 impl ImageChats {
-    /// Checks the JPEG and precomputes the shared parts. `nonce` must not
-    /// be 0 (that is the fixed image's).
+    /// One image per chat from one JPEG (the tests' shorthand).
+    #[cfg(test)]
     pub fn new(
         jpeg: &[u8],
         chat: &ChatFields<'_>,
         repeat_fraction: f64,
         nonce: u64,
     ) -> anyhow::Result<ImageChats> {
-        check_jpeg(jpeg)?;
+        let source = ImageSource {
+            name: "image".into(),
+            jpeg: jpeg.to_vec(),
+            weight: 1.0,
+        };
+        ImageChats::with_sources(&[source], 1, chat, repeat_fraction, nonce, 0)
+    }
+
+    /// Checks the JPEGs and precomputes the shared parts: chats with
+    /// `per_request` images each, every image drawn from `sources` by
+    /// weight (seeded by `seed` and the image's index). `nonce` must not
+    /// be 0 (that is the fixed images').
+    pub fn with_sources(
+        sources: &[ImageSource],
+        per_request: usize,
+        chat: &ChatFields<'_>,
+        repeat_fraction: f64,
+        nonce: u64,
+        seed: u64,
+    ) -> anyhow::Result<ImageChats> {
+        if sources.is_empty() {
+            bail!("no image to send");
+        }
+        if per_request == 0 || per_request > MAX_IMAGES_PER_REQUEST {
+            bail!("images per request must be between 1 and {MAX_IMAGES_PER_REQUEST}, not {per_request}");
+        }
+        for s in sources {
+            check_jpeg(&s.jpeg).with_context(|| s.name.clone())?;
+            if !(s.weight.is_finite() && s.weight > 0.0) {
+                bail!("{}: the weight must be above 0, not {}", s.name, s.weight);
+            }
+        }
         if !(0.0..=1.0).contains(&repeat_fraction) {
             bail!("the repeat fraction must be between 0 and 1, not {repeat_fraction}");
         }
         if nonce == 0 {
             bail!("the nonce 0 is reserved for the fixed image");
         }
+        let mut content = vec![json!({"type": "text", "text": chat.prompt})];
+        content.extend((0..per_request).map(|_| {
+            json!({"type": "image_url", "image_url": {"url": format!("data:image/jpeg;base64,{MARKER}")}})
+        }));
         let json = json!({
             "model": chat.model,
-            "messages": [{"role": "user", "content": [
-                {"type": "text", "text": chat.prompt},
-                {"type": "image_url", "image_url": {"url": format!("data:image/jpeg;base64,{MARKER}")}},
-            ]}],
+            "messages": [{"role": "user", "content": content}],
             "max_tokens": chat.max_tokens,
             "ignore_eos": true,
             "stream": chat.stream,
         })
         .to_string();
-        let (head, after) = json
-            .split_once(MARKER)
-            .context("the image marker is missing from the chat body")?;
-        if after.contains(MARKER) {
+        let pieces: Vec<Bytes> = json
+            .split(MARKER)
+            .map(|p| Bytes::from(p.to_owned()))
+            .collect();
+        if pieces.len() != per_request + 1 {
             bail!("the prompt must not contain {MARKER}");
         }
-        let rest = &jpeg[SOI.len()..];
-        let mut tail = String::with_capacity(rest.len().div_ceil(3) * 4 + after.len());
-        STANDARD.encode_string(rest, &mut tail);
-        tail.push_str(after);
+        let rests = sources
+            .iter()
+            .map(|s| Bytes::from(STANDARD.encode(&s.jpeg[SOI.len()..])))
+            .collect();
+        let cumulative = sources
+            .iter()
+            .scan(0.0, |sum, s| {
+                *sum += s.weight;
+                Some(*sum)
+            })
+            .collect();
         Ok(ImageChats {
-            head: Bytes::from(head.to_owned()),
-            tail: Bytes::from(tail),
+            pieces,
+            rests,
+            cumulative,
             fixed_prefix: Bytes::from(STANDARD.encode(prefix(0, 0))),
             nonce,
+            seed,
             repeat_fraction,
-            requests: AtomicU64::new(0),
+            images: AtomicU64::new(0),
             distinct: AtomicU64::new(0),
         })
     }
 
     /// The next request's body.
     pub fn next(&self) -> ChatBody {
-        let n = self.requests.fetch_add(1, Ordering::Relaxed);
-        let prefix = if is_repeat(n, self.repeat_fraction) {
-            self.fixed_prefix.clone()
-        } else {
-            let counter = self.distinct.fetch_add(1, Ordering::Relaxed) + 1;
-            Bytes::from(STANDARD.encode(prefix(self.nonce, counter)))
-        };
-        ChatBody::new([self.head.clone(), prefix, self.tail.clone()])
+        let per_request = self.pieces.len() - 1;
+        let mut chunks = Vec::with_capacity(1 + 3 * per_request);
+        chunks.push(self.pieces[0].clone());
+        for piece in &self.pieces[1..] {
+            let n = self.images.fetch_add(1, Ordering::Relaxed);
+            let prefix = if is_repeat(n, self.repeat_fraction) {
+                self.fixed_prefix.clone()
+            } else {
+                let counter = self.distinct.fetch_add(1, Ordering::Relaxed) + 1;
+                Bytes::from(STANDARD.encode(prefix(self.nonce, counter)))
+            };
+            chunks.push(prefix);
+            chunks.push(self.rests[self.source_of(n)].clone());
+            chunks.push(piece.clone());
+        }
+        ChatBody::new(chunks)
+    }
+
+    /// The source of image slot `n`: a weighted draw from a hash of the
+    /// seed and `n` (the same slot gets the same source in every run).
+    fn source_of(&self, n: u64) -> usize {
+        let total = self.cumulative.last().copied().unwrap_or(1.0);
+        if self.cumulative.len() == 1 {
+            return 0;
+        }
+        let u = (crate::arrivals::mix(self.seed ^ crate::arrivals::mix(n)) >> 11) as f64
+            / (1u64 << 53) as f64;
+        let at = u * total;
+        self.cumulative
+            .iter()
+            .position(|&c| at < c)
+            .unwrap_or(self.cumulative.len() - 1)
     }
 }
 
@@ -190,7 +277,7 @@ pub struct ChatBody {
 }
 
 impl ChatBody {
-    pub fn new<const N: usize>(chunks: [Bytes; N]) -> ChatBody {
+    pub fn new(chunks: Vec<Bytes>) -> ChatBody {
         let remaining = chunks.iter().map(|c| c.len() as u64).sum();
         let mut chunks: Vec<Bytes> = chunks.into_iter().filter(|c| !c.is_empty()).collect();
         chunks.reverse();
@@ -199,7 +286,7 @@ impl ChatBody {
 
     /// One chunk (the text chats).
     pub fn single(bytes: Bytes) -> ChatBody {
-        ChatBody::new([bytes])
+        ChatBody::new(vec![bytes])
     }
 }
 
@@ -377,6 +464,93 @@ mod tests {
         };
         assert!(ImageChats::new(&jpeg(), &marker, 0.5, 1).is_err());
         assert_ne!(run_nonce(), 0);
+    }
+
+    /// Every image of a body (parsed as JSON, data: URLs decoded).
+    fn images_of(body: &[u8]) -> Vec<Vec<u8>> {
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+        let content = v["messages"][0]["content"].as_array().unwrap();
+        assert_eq!(content[0]["type"], "text");
+        content[1..]
+            .iter()
+            .map(|part| {
+                let url = part["image_url"]["url"].as_str().unwrap();
+                let b64 = url.strip_prefix("data:image/jpeg;base64,").unwrap();
+                STANDARD.decode(b64).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn several_images_per_chat_from_weighted_sources() {
+        let small = jpeg();
+        let mut big = jpeg();
+        big.truncate(big.len() - 2);
+        big.extend((0..3000u32).map(|i| (i % 97) as u8 & 0x7F));
+        big.extend_from_slice(&[0xFF, 0xD9]);
+        let sources = [
+            ImageSource {
+                name: "small".into(),
+                jpeg: small.clone(),
+                weight: 1.0,
+            },
+            ImageSource {
+                name: "big".into(),
+                jpeg: big.clone(),
+                weight: 3.0,
+            },
+        ];
+        let chats = ImageChats::with_sources(&sources, 3, &fields(), 0.0, 5, 11).unwrap();
+        let mut seen = [0usize; 2];
+        let mut all = Vec::new();
+        for _ in 0..400 {
+            let images = images_of(&collect(chats.next()));
+            assert_eq!(images.len(), 3);
+            for img in images {
+                let which = usize::from(img[PREFIX_LEN..] == big[2..]);
+                assert_eq!(
+                    &img[PREFIX_LEN..],
+                    if which == 1 { &big[2..] } else { &small[2..] }
+                );
+                seen[which] += 1;
+                all.push(img);
+            }
+        }
+        // Weighted 1:3 over 1200 slots.
+        let share = seen[1] as f64 / 1200.0;
+        assert!((share - 0.75).abs() < 0.05, "{seen:?}");
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n, "every image distinct");
+        // The same seed draws the same sources.
+        let again = ImageChats::with_sources(&sources, 3, &fields(), 0.0, 5, 11).unwrap();
+        let first = images_of(&collect(again.next()));
+        let lens: Vec<usize> = first.iter().map(Vec::len).collect();
+        let chats = ImageChats::with_sources(&sources, 3, &fields(), 0.0, 5, 11).unwrap();
+        let lens2: Vec<usize> = images_of(&collect(chats.next()))
+            .iter()
+            .map(Vec::len)
+            .collect();
+        assert_eq!(lens, lens2);
+        assert!(ImageChats::with_sources(&sources, 0, &fields(), 0.0, 5, 1).is_err());
+        assert!(ImageChats::with_sources(&[], 1, &fields(), 0.0, 5, 1).is_err());
+    }
+
+    #[test]
+    fn repeats_count_images_not_requests() {
+        let file = jpeg();
+        let source = ImageSource {
+            name: "a".into(),
+            jpeg: file.clone(),
+            weight: 1.0,
+        };
+        let chats = ImageChats::with_sources(&[source], 2, &fields(), 0.5, 9, 0).unwrap();
+        let fixed: Vec<u8> = [&prefix(0, 0)[..], &file[2..]].concat();
+        for _ in 0..10 {
+            let images = images_of(&collect(chats.next()));
+            assert_eq!(images.iter().filter(|i| **i == fixed).count(), 1);
+        }
     }
 
     #[test]

@@ -1,13 +1,19 @@
-//! `iris-loadgen`: a closed-loop load generator for the Iris gateway
-//! (OpenAI chat over HTTP/1.1 keep-alive) or a TokenSpeed worker directly
-//! (`Generate` over gRPC with the same prompt pre-tokenized). It reports
-//! requests/s, latency percentiles, time to first byte/token, errors and
-//! CPU µs per request of the processes given with `--cpu-pid` and of
-//! itself. `--image FILE` sends image chats (a JPEG as a data: URL,
-//! distinct or repeated per `--image-repeat-fraction`). See
+//! `iris-loadgen`: a load generator for the Iris gateway (OpenAI chat over
+//! HTTP/1.1 keep-alive) or a TokenSpeed worker directly (`Generate` over
+//! gRPC with the same prompt pre-tokenized), modelled on `vllm bench serve
+//! --dataset-name random-mm`: a closed loop at `--concurrency`, or
+//! Poisson/gamma arrivals at `--request-rate` capped by
+//! `--max-concurrency`. It reports requests/s, goodput under `--slo-*-ms`,
+//! p50/p90/p99 of end-to-end latency, time to first byte/token, time per
+//! output token and inter-token latency, errors and CPU µs per request of
+//! the processes given with `--cpu-pid` and of itself. `--image FILE` or
+//! `--image-size WxH` (synthetic random-pixel JPEGs, repeatable with
+//! weights) send image chats with `--images-per-request` data: URLs each,
+//! distinct or repeated per `--image-repeat-fraction`. See
 //! docs/benchmarks.md.
 
 mod args;
+mod arrivals;
 mod cpu;
 mod grpc;
 mod http;
@@ -16,6 +22,7 @@ mod prompt;
 mod report;
 mod run;
 mod stats;
+mod synth;
 
 use anyhow::Context;
 use clap::Parser;

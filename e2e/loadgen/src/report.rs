@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::args::{Config, Target};
+use crate::args::{Arrival, Config, Target};
 use crate::cpu::Proc;
 use crate::run::Measured;
 use crate::stats::{cpu_us_per_request, rate, Distribution, Slo};
@@ -23,12 +23,17 @@ pub struct CpuReport {
     pub us_per_request: Option<f64>,
 }
 
-/// The image of image chats.
+/// The images of image chats.
 #[derive(Debug, Serialize)]
 pub struct ImageReport {
+    /// The first source's path (or `synthetic WxH`).
     pub path: String,
+    /// The first source's JPEG size.
     pub bytes: usize,
-    /// Fraction of the requests that sent the one fixed image.
+    /// Every source: name, JPEG bytes, weight.
+    pub sources: Vec<(String, usize, f64)>,
+    pub images_per_request: usize,
+    /// Fraction of the images that were their source's fixed image.
     pub repeat_fraction: f64,
 }
 
@@ -46,9 +51,15 @@ pub struct Report {
     pub mode: &'static str,
     pub target: String,
     pub stream: bool,
+    /// Closed loop: the loops; open loop: the most requests in flight.
     pub concurrency: usize,
+    /// Arrivals per second (`null`: the closed loop).
+    pub request_rate: Option<f64>,
+    /// Gamma shape of the gaps between arrivals (open loop).
+    pub burstiness: Option<f64>,
+    pub seed: u64,
     pub max_tokens: u32,
-    /// Image chats: one image per request, so CPU per request is per image.
+    /// Image chats (CPU per request is per image with one image each).
     pub image: Option<ImageReport>,
     pub window_secs: f64,
     pub requests: u64,
@@ -107,10 +118,28 @@ impl Report {
             target,
             stream: config.stream,
             concurrency: config.concurrency,
+            request_rate: match config.arrival {
+                Arrival::Closed => None,
+                Arrival::Rate { rate, .. } => Some(rate),
+            },
+            burstiness: match config.arrival {
+                Arrival::Closed => None,
+                Arrival::Rate { burstiness, .. } => Some(burstiness),
+            },
+            seed: config.seed,
             max_tokens: config.max_tokens,
             image: config.image.as_ref().map(|i| ImageReport {
-                path: i.path.display().to_string(),
-                bytes: i.bytes.len(),
+                path: i
+                    .sources
+                    .first()
+                    .map_or_else(String::new, |s| s.name.clone()),
+                bytes: i.sources.first().map_or(0, |s| s.jpeg.len()),
+                sources: i
+                    .sources
+                    .iter()
+                    .map(|s| (s.name.clone(), s.jpeg.len(), s.weight))
+                    .collect(),
+                images_per_request: i.per_request,
                 repeat_fraction: i.repeat_fraction,
             }),
             window_secs: wall,
@@ -165,16 +194,30 @@ impl Report {
     /// A human-readable table.
     pub fn table(&self) -> String {
         let mut s = String::new();
+        let arrivals = match (self.request_rate, self.burstiness) {
+            (Some(r), Some(b)) => format!(
+                "request rate {r}/s (burstiness {b}, seed {}), at most {} in flight",
+                self.seed, self.concurrency
+            ),
+            _ => format!("closed loop, concurrency={}", self.concurrency),
+        };
         let _ = writeln!(
             s,
-            "{} {}  stream={}  concurrency={}  max_tokens={}",
-            self.mode, self.target, self.stream, self.concurrency, self.max_tokens
+            "{} {}  stream={}  {arrivals}  max_tokens={}",
+            self.mode, self.target, self.stream, self.max_tokens
         );
         if let Some(i) = &self.image {
+            let sources: Vec<String> = i
+                .sources
+                .iter()
+                .map(|(name, bytes, weight)| format!("{name} ({bytes} bytes, weight {weight})"))
+                .collect();
             let _ = writeln!(
                 s,
-                "image {} ({} bytes), repeat fraction {}, one image per request",
-                i.path, i.bytes, i.repeat_fraction
+                "images: {}; {} per request, repeat fraction {}",
+                sources.join(", "),
+                i.images_per_request,
+                i.repeat_fraction
             );
         }
         let _ = writeln!(

@@ -1,8 +1,17 @@
-//! The closed loop: `concurrency` request loops, each sending its next
-//! request as soon as the previous one is answered, for the warm-up and
-//! then the measured window (or until `--requests` measured requests have
-//! started). Only requests started inside the window are measured; CPU
-//! time is sampled at the window's start and after the last loop ends.
+//! Running the load, for the warm-up and then the measured window (or
+//! until `--requests` measured requests have started), in one of two ways:
+//!
+//! - closed loop (`--request-rate inf`): `concurrency` request loops, each
+//!   sending its next request as soon as the previous one is answered;
+//! - open loop (`--request-rate R`): a dispatcher draws arrival times from
+//!   [`Arrivals`] and hands each request to an idle client, at most
+//!   `--max-concurrency` in flight. As in `vllm bench serve`, a request
+//!   that finds every client busy waits for one, and its latencies count
+//!   from when it is sent.
+//!
+//! Only requests started (open loop: arriving) inside the window are
+//! measured; CPU time is sampled at the window's start and after the last
+//! request ends.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::args::{Config, Target};
+use crate::args::{Arrival, Config, Target};
+use crate::arrivals::Arrivals;
 use crate::cpu::{self, Proc};
 use crate::grpc::{self, GrpcClient};
 use crate::http::{self, Bodies, HttpClient, HttpTarget};
@@ -158,13 +168,32 @@ pub async fn run(config: &Config) -> anyhow::Result<Measured> {
         started: AtomicU64::new(0),
         request_timeout: config.request_timeout,
     });
-    let handles: Vec<_> = clients
-        .into_iter()
-        .map(|c| tokio::spawn(request_loop(c, schedule.clone())))
-        .collect();
+    let handles: Vec<_> = match config.arrival {
+        Arrival::Closed => clients
+            .into_iter()
+            .map(|c| tokio::spawn(request_loop(c, schedule.clone())))
+            .collect(),
+        Arrival::Rate {
+            rate, burstiness, ..
+        } => {
+            let arrivals = Arrivals::new(rate, burstiness, config.seed);
+            vec![tokio::spawn(dispatch(
+                clients,
+                schedule.clone(),
+                arrivals,
+                start,
+            ))]
+        }
+    };
     tokio::time::sleep_until(schedule.measure_from.into()).await;
     let before = cpu_times(&procs, ticks_per_sec)?;
-    let loops = join_bounded(handles, schedule.stop_at + config.request_timeout).await?;
+    // An open-loop request may wait for a client up to a timeout, then run
+    // up to another.
+    let grace = match config.arrival {
+        Arrival::Closed => config.request_timeout,
+        Arrival::Rate { .. } => config.request_timeout * 2,
+    };
+    let loops = join_bounded(handles, schedule.stop_at + grace).await?;
     let after = cpu_times(&procs, ticks_per_sec)?;
     let last_end = loops.iter().filter_map(|l| l.last_end).max();
     let window = last_end.map_or(Duration::ZERO, |e| {
@@ -209,13 +238,15 @@ async fn clients(config: &Config) -> anyhow::Result<Vec<Client>> {
                         max_tokens: config.max_tokens,
                         stream: config.stream,
                     };
-                    let chats = ImageChats::new(
-                        &input.bytes,
+                    let chats = ImageChats::with_sources(
+                        &input.sources,
+                        input.per_request,
                         &fields,
                         input.repeat_fraction,
                         image::run_nonce(),
+                        config.seed,
                     )
-                    .with_context(|| format!("--image {}", input.path.display()))?;
+                    .context("the image chats")?;
                     Bodies::Image(chats)
                 }
             };
@@ -271,6 +302,73 @@ async fn request_loop(mut client: Client, schedule: Arc<Schedule>) -> LoopResult
         }
     }
     out
+}
+
+/// The open loop: each arrival waits for its time, then for an idle
+/// client, and runs on its own task; the client returns to the idle set
+/// when the request ends.
+async fn dispatch(
+    clients: Vec<Client>,
+    schedule: Arc<Schedule>,
+    mut arrivals: Arrivals,
+    start: Instant,
+) -> LoopResult {
+    let (idle_tx, mut idle_rx) = tokio::sync::mpsc::unbounded_channel();
+    for c in clients {
+        let _ = idle_tx.send(c);
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut out = LoopResult::default();
+    let mut at = start;
+    loop {
+        at += arrivals.next_gap();
+        tokio::time::sleep_until(at.into()).await;
+        // The window is decided by the arrival time, not the send time.
+        let Some(measured) = schedule.admit(at) else {
+            break;
+        };
+        let Some(mut client) = idle_rx.recv().await else {
+            break;
+        };
+        let idle = idle_tx.clone();
+        let timeout = schedule.request_timeout;
+        tasks.spawn(async move {
+            let sent = Instant::now();
+            let result = tokio::time::timeout(timeout, client.send(sent)).await;
+            let end = Instant::now();
+            let _ = idle.send(client);
+            let result = result.unwrap_or_else(|_| Err(anyhow::anyhow!("request timed out")));
+            (measured, result, end - sent, end)
+        });
+        // Reap finished requests as we go, so the set stays small.
+        while let Some(done) = tasks.try_join_next() {
+            reap(&mut out, done);
+        }
+    }
+    drop(idle_tx);
+    while let Some(done) = tasks.join_next().await {
+        reap(&mut out, done);
+    }
+    out
+}
+
+/// One open-loop request's outcome: (measured, result, latency, end).
+type Outcome = (bool, anyhow::Result<Timing>, Duration, Instant);
+
+fn reap(out: &mut LoopResult, done: Result<Outcome, tokio::task::JoinError>) {
+    match done {
+        Ok((measured, result, latency, end)) => {
+            if measured {
+                record(out, result, latency);
+                out.last_end = out.last_end.max(Some(end));
+            }
+        }
+        Err(e) => record(
+            out,
+            Err(anyhow::anyhow!("a request task failed: {e}")),
+            Duration::ZERO,
+        ),
+    }
 }
 
 fn record(out: &mut LoopResult, result: anyhow::Result<Timing>, latency: Duration) {

@@ -167,12 +167,8 @@ impl Router {
                     )
                 }),
         );
-        let (mut p_client, mut d_client) = (p.client(), d.client());
-        let (encoded, p_result, d_result) = tokio::join!(
-            encodes,
-            p_client.generate(p_request),
-            d_client.generate(d_request)
-        );
+        let (encoded, p_result, d_result) =
+            tokio::join!(encodes, p.generate(&p_request), d.generate(&d_request));
         drop(permits);
         self.encode_time.observe(encode_started.elapsed());
         let failed_encode = encoders
@@ -332,17 +328,15 @@ async fn call_encode(
     room: i64,
     timeout: Duration,
 ) -> Result<(), Status> {
-    let mut request = tonic::Request::new(EncodeRequest {
+    let request = EncodeRequest {
         request_id,
         mm_inputs: Some(MultimodalInputs { items: vec![item] }),
         items: vec![EncodeItemAssignment {
             bootstrap_room: room,
         }],
-    });
-    request.set_timeout(timeout);
-    let mut client = worker.encoder_client();
-    match tokio::time::timeout(timeout, client.encode(request)).await {
-        Ok(Ok(response)) if response.get_ref().accepted => Ok(()),
+    };
+    match tokio::time::timeout(timeout, worker.encode(&request, timeout)).await {
+        Ok(Ok(response)) if response.accepted => Ok(()),
         Ok(Ok(_)) => Err(Status::unavailable("the encoder did not accept the item")),
         Ok(Err(status)) => Err(status),
         Err(_) => Err(Status::deadline_exceeded(format!(

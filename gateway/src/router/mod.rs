@@ -313,7 +313,7 @@ impl Router {
             let worker = pool.pick(&tried).ok_or(RouteError::NoWorker(pool.role))?;
             let attempt = attempt_request(&request, tried.len() as u32);
             let leg = Leg::new(worker.clone(), &attempt.request_id, &self.aborts);
-            match worker.client().generate(attempt).await {
+            match worker.generate(&attempt).await {
                 Ok(response) => {
                     worker.record_success();
                     return Ok(Generation {
@@ -361,9 +361,7 @@ impl Router {
                 Leg::new(p.clone(), &p_request.request_id, &self.aborts),
                 Leg::new(d.clone(), &p_request.request_id, &self.aborts),
             );
-            let (mut p_client, mut d_client) = (p.client(), d.client());
-            let (p_result, d_result) =
-                tokio::join!(p_client.generate(p_request), d_client.generate(d_request));
+            let (p_result, d_result) = tokio::join!(p.generate(&p_request), d.generate(&d_request));
             match (p_result, d_result) {
                 (Ok(p_stream), Ok(d_stream)) => {
                     p.record_success();

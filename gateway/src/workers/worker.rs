@@ -7,11 +7,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iris_proto::encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
+use iris_proto::encoder::{EncodeRequest, EncodeResponse};
 use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
+use iris_proto::scheduler::{GenerateRequest, GenerateResponse};
 use iris_transport::{Transport, WorkerCaps};
+use tonic::codec::Streaming;
 use tonic::transport::{Channel, Endpoint};
+use tonic::Status;
 
 use super::url::WorkerUrl;
+
+/// The gRPC path of `TokenSpeedScheduler.Generate`.
+const GENERATE_PATH: &str = "/tokenspeed.grpc.scheduler.TokenSpeedScheduler/Generate";
+/// The gRPC path of `TokenSpeedEncoder.Encode`.
+const ENCODE_PATH: &str = "/tokenspeed.grpc.encoder.TokenSpeedEncoder/Encode";
 
 /// Largest message the gateway sends or accepts from a worker.
 pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
@@ -107,6 +116,47 @@ impl Worker {
         TokenSpeedSchedulerClient::new(self.channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// `TokenSpeedScheduler.Generate`, its pixel tensors sent from the
+    /// shared buffers without a copy ([`super::splice`]).
+    pub async fn generate(
+        &self,
+        request: &GenerateRequest,
+    ) -> Result<tonic::Response<Streaming<GenerateResponse>>, Status> {
+        super::splice::call(
+            &self.channel,
+            GENERATE_PATH,
+            request,
+            None,
+            MAX_MESSAGE_BYTES,
+        )
+        .await
+    }
+
+    /// `TokenSpeedEncoder.Encode` (encode role), its pixel tensors sent
+    /// without a copy; `timeout` becomes the call's `grpc-timeout`.
+    pub async fn encode(
+        &self,
+        request: &EncodeRequest,
+        timeout: Duration,
+    ) -> Result<EncodeResponse, Status> {
+        let response = super::splice::call(
+            &self.channel,
+            ENCODE_PATH,
+            request,
+            Some(timeout),
+            MAX_MESSAGE_BYTES,
+        )
+        .await?;
+        let mut stream = response.into_inner();
+        let message = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::internal("the encoder answered Encode without a message"))?;
+        // The trailers carry the call's status.
+        stream.trailers().await?;
+        Ok(message)
     }
 
     /// A client of the worker's `TokenSpeedEncoder` service (encode role).
