@@ -15,8 +15,9 @@
 //!   freed by the notification.
 //!
 //! Then the same lanes the way the gateway uses them: one
-//! `TokenSpeedEncoder.Encode` call over loopback (tonic client and server
-//! configured as the gateway's and the encoder's), the tensor in the
+//! `TokenSpeedEncoder.Encode` call over loopback (a tonic client as the
+//! gateway's channel, the server with the encoder's HTTP/2 settings, and
+//! once more inline with tonic's defaults), the tensor in the
 //! request's item, resolved to bytes by the server's `TensorReceiver` on
 //! the blocking pool before it answers (see `grpc`).
 //!
@@ -300,7 +301,7 @@ mod rdma {
             after: Box::new(move || {
                 let _ = agent.poll_notifications();
             }),
-            windows: None,
+            encoder_http2: true,
         })
     }
 
@@ -378,9 +379,9 @@ mod grpc {
         pub receiver: TensorReceiver,
         /// Called after each call (e.g. polling the RDMA notification).
         pub after: Box<dyn FnMut()>,
-        /// HTTP/2 stream and connection windows of both ends (None: the
-        /// defaults, as the gateway and the encoder use).
-        pub windows: Option<u32>,
+        /// The server runs with the encoder's HTTP/2 settings
+        /// (`iris_process::large_message_server`), else tonic's defaults.
+        pub encoder_http2: bool,
     }
 
     pub fn run(iters: usize, data: &Bytes) {
@@ -401,15 +402,15 @@ mod grpc {
             sender: TensorSender::new(policy(), Arc::new(Metrics::default())),
             receiver: TensorReceiver::new("/dev/shm"),
             after: Box::new(|| {}),
-            windows: None,
+            encoder_http2: true,
         }];
         setups.push(Setup {
-            name: "inline, 16 MiB HTTP/2 windows",
+            name: "inline, tonic's default HTTP/2 settings",
             lane: Transport::Inline,
             sender: TensorSender::new(policy(), Arc::new(Metrics::default())),
             receiver: TensorReceiver::new("/dev/shm"),
             after: Box::new(|| {}),
-            windows: Some(16 << 20),
+            encoder_http2: false,
         });
         match ShmWriter::new("/dev/shm", "iris-tensor") {
             Ok(writer) => setups.push(Setup {
@@ -418,7 +419,7 @@ mod grpc {
                 sender: TensorSender::new(policy(), Arc::new(Metrics::default())).with_shm(writer),
                 receiver: TensorReceiver::new("/dev/shm"),
                 after: Box::new(|| {}),
-                windows: None,
+                encoder_http2: true,
             }),
             Err(e) => println!("| shm | unavailable: {e} | | | |"),
         }
@@ -435,7 +436,7 @@ mod grpc {
         }
     }
 
-    async fn serve(receiver: TensorReceiver, windows: Option<u32>) -> Result<SocketAddr, String> {
+    async fn serve(receiver: TensorReceiver, encoder_http2: bool) -> Result<SocketAddr, String> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| e.to_string())?;
@@ -443,25 +444,19 @@ mod grpc {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let service = TokenSpeedEncoderServer::new(Server(receiver))
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
-        tokio::spawn(
+        let mut builder = if encoder_http2 {
+            iris_process::large_message_server()
+        } else {
             tonic::transport::Server::builder()
-                .initial_stream_window_size(windows)
-                .initial_connection_window_size(windows)
-                .add_service(service)
-                .serve_with_incoming(incoming),
-        );
+        };
+        tokio::spawn(builder.add_service(service).serve_with_incoming(incoming));
         Ok(addr)
     }
 
-    async fn client(
-        addr: SocketAddr,
-        windows: Option<u32>,
-    ) -> Result<TokenSpeedEncoderClient<Channel>, String> {
+    async fn client(addr: SocketAddr) -> Result<TokenSpeedEncoderClient<Channel>, String> {
         let channel = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| e.to_string())?
             .tcp_nodelay(true)
-            .initial_stream_window_size(windows)
-            .initial_connection_window_size(windows)
             .connect()
             .await
             .map_err(|e| e.to_string())?;
@@ -512,8 +507,8 @@ mod grpc {
     }
 
     async fn lane(iters: usize, data: &Bytes, mut setup: Setup) -> Result<Vec<Duration>, String> {
-        let addr = serve(setup.receiver.clone(), setup.windows).await?;
-        let mut client = client(addr, setup.windows).await?;
+        let addr = serve(setup.receiver.clone(), setup.encoder_http2).await?;
+        let mut client = client(addr).await?;
         let mut times = Vec::with_capacity(iters);
         for key in 0..=iters as i64 {
             let t0 = Instant::now();
