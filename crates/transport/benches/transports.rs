@@ -384,6 +384,20 @@ mod grpc {
         pub encoder_http2: bool,
     }
 
+    impl Setup {
+        /// A lane without RDMA state, its sender with default metrics.
+        fn plain(name: &'static str, lane: Transport, encoder_http2: bool) -> Setup {
+            Setup {
+                name,
+                lane,
+                sender: TensorSender::new(policy(), Arc::new(Metrics::default())),
+                receiver: TensorReceiver::new("/dev/shm"),
+                after: Box::new(|| {}),
+                encoder_http2,
+            }
+        }
+    }
+
     pub fn run(iters: usize, data: &Bytes) {
         println!();
         println!("Through a loopback `Encode` call (tonic):");
@@ -396,31 +410,20 @@ mod grpc {
             Ok(rt) => rt,
             Err(e) => return println!("| grpc | no runtime: {e} | | | |"),
         };
-        let mut setups = vec![Setup {
-            name: "inline",
-            lane: Transport::Inline,
-            sender: TensorSender::new(policy(), Arc::new(Metrics::default())),
-            receiver: TensorReceiver::new("/dev/shm"),
-            after: Box::new(|| {}),
-            encoder_http2: true,
-        }];
-        setups.push(Setup {
-            name: "inline, tonic's default HTTP/2 settings",
-            lane: Transport::Inline,
-            sender: TensorSender::new(policy(), Arc::new(Metrics::default())),
-            receiver: TensorReceiver::new("/dev/shm"),
-            after: Box::new(|| {}),
-            encoder_http2: false,
-        });
+        let mut setups = vec![
+            Setup::plain("inline", Transport::Inline, true),
+            Setup::plain(
+                "inline, tonic's default HTTP/2 settings",
+                Transport::Inline,
+                false,
+            ),
+        ];
         match ShmWriter::new("/dev/shm", "iris-tensor") {
-            Ok(writer) => setups.push(Setup {
-                name: "shm",
-                lane: Transport::Shm,
-                sender: TensorSender::new(policy(), Arc::new(Metrics::default())).with_shm(writer),
-                receiver: TensorReceiver::new("/dev/shm"),
-                after: Box::new(|| {}),
-                encoder_http2: true,
-            }),
+            Ok(writer) => {
+                let mut shm = Setup::plain("shm", Transport::Shm, true);
+                shm.sender = shm.sender.with_shm(writer);
+                setups.push(shm);
+            }
             Err(e) => println!("| shm | unavailable: {e} | | | |"),
         }
         match rdma::grpc_setup(data.len(), iters) {
