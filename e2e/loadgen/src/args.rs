@@ -42,7 +42,7 @@ pub struct Cli {
     /// --burstiness; 1 is a Poisson process), each on a free connection
     /// (at most --max-concurrency in flight). `inf`: the closed loop at
     /// --concurrency (or --max-concurrency).
-    #[arg(long, default_value = "inf")]
+    #[arg(long, default_value = "inf", allow_hyphen_values = true)]
     pub request_rate: String,
     /// Shape of the gamma distribution of the gaps between arrivals (1:
     /// Poisson; below 1: burstier; above 1: more even), as vllm's.
