@@ -576,9 +576,10 @@ def summarise(args, dep, results, elapsed, events, held, rss, transport, gateway
         "gateway alive": dep.gateway.popen.poll() is None,
         f"kills done ({args.expect_kills} expected)":
             sum(e.what.startswith("SIGKILL") for e in events) >= args.expect_kills,
-        f"gateway RSS growth <= {args.rss_tolerance:.0%} after warm-up":
-            "growth" in figures and figures["growth"] <= args.rss_tolerance,
     }
+    if not args.no_rss_check:
+        checks[f"gateway RSS growth <= {args.rss_tolerance:.0%} after warm-up"] = (
+            "growth" in figures and figures["growth"] <= args.rss_tolerance)
     return {
         "duration_s": round(elapsed, 1), "concurrency": args.concurrency, "requests": total,
         "requests_per_s": round(total / elapsed, 2) if elapsed else 0,
@@ -638,6 +639,9 @@ def parse_args(argv=None):
                    help="seconds before RSS is compared (default: 20%% of the duration)")
     p.add_argument("--rss-interval", type=float, default=5.0)
     p.add_argument("--rss-tolerance", type=float, default=0.10)
+    p.add_argument("--no-rss-check", action="store_true",
+                   help="report RSS but do not check its growth (runs too short to reach a "
+                        "steady state, such as the CI twin)")
     p.add_argument("--client-timeout", type=float, default=90.0)
     p.add_argument("--request-timeout", type=int, default=60,
                    help="the gateway's --request-timeout-secs")
