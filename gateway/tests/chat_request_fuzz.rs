@@ -11,22 +11,7 @@ use iris_model::ModelDir;
 use iris_openai::parse_chat_request;
 use iris_openai::template_messages;
 
-/// SplitMix64, so the test needs no extra crates.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use iris_testkit::Rng;
 
 const SEEDS: &[&str] = &[
     r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
@@ -96,9 +81,9 @@ fn mutated_requests_never_panic() {
                     .min(bytes.len().saturating_sub(1));
                 match rng.below(5) {
                     0 => bytes[at] ^= 1 << rng.below(8),
-                    1 => bytes[at] = rng.next() as u8,
+                    1 => bytes[at] = rng.next_u64() as u8,
                     2 => bytes.truncate(at.max(1)),
-                    3 => bytes.insert(at, rng.next() as u8),
+                    3 => bytes.insert(at, rng.next_u64() as u8),
                     _ => {
                         let splice = SPLICES[rng.below(SPLICES.len())].as_bytes();
                         let tail = bytes.split_off(at);

@@ -8,22 +8,7 @@ use iris_detok::IncrementalDecoder;
 use iris_model::tiny::{self, IM_END_ID, IM_START_ID, VOCAB_SIZE};
 use tokenizers::Tokenizer;
 
-/// A small deterministic PRNG (SplitMix64) so tests need no extra crates.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use iris_testkit::Rng;
 
 fn tiny_tokenizer() -> Arc<Tokenizer> {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -100,9 +85,9 @@ fn matches_full_decode_on_random_ids() {
     let tok = tiny_tokenizer();
     let mut rng = Rng(7);
     for case in 0..400 {
-        let len = 1 + rng.below(48) as usize;
+        let len = 1 + rng.below(48);
         let ids: Vec<u32> = (0..len)
-            .map(|_| rng.below(u64::from(VOCAB_SIZE)) as u32)
+            .map(|_| rng.below(VOCAB_SIZE as usize) as u32)
             .collect();
         for skip in [true, false] {
             let expected = tok.decode(&ids, skip).expect("decode");
@@ -122,10 +107,8 @@ fn matches_full_decode_on_shuffled_text_tokens() {
     let pool: Vec<u32> = TEXTS.iter().flat_map(|t| encode(&tok, t)).collect();
     let mut rng = Rng(11);
     for case in 0..300 {
-        let len = 1 + rng.below(40) as usize;
-        let ids: Vec<u32> = (0..len)
-            .map(|_| pool[rng.below(pool.len() as u64) as usize])
-            .collect();
+        let len = 1 + rng.below(40);
+        let ids: Vec<u32> = (0..len).map(|_| pool[rng.below(pool.len())]).collect();
         let expected = tok.decode(&ids, true).expect("decode");
         assert_eq!(
             streamed_text(&tok, &ids, true),
@@ -276,7 +259,7 @@ fn byte_fallback_characters_complete_before_emitting() {
     assert_eq!(rest, "");
     let mut rng = Rng(3);
     for _ in 0..200 {
-        let len = 1 + rng.below(12) as usize;
+        let len = 1 + rng.below(12);
         let ids: Vec<u32> = (0..len).map(|_| rng.below(12) as u32).collect();
         let expected = tok.decode(&ids, true).expect("decode");
         assert_eq!(streamed_text(&tok, &ids, true), expected, "ids {ids:?}");

@@ -9,22 +9,7 @@ use iris_media::{decode_data_url, ImageFormat};
 
 const MAX_BYTES: u64 = 4096;
 
-/// SplitMix64, so the test needs no extra crates.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use iris_testkit::Rng;
 
 /// The fuzz target's check; whether `url` was accepted.
 fn check(url: &str) -> bool {
@@ -77,10 +62,10 @@ fn mutated_data_urls_never_panic() {
                 let at = rng.below(bytes.len());
                 match rng.below(5) {
                     0 => bytes[at] ^= 1 << rng.below(8),
-                    1 => bytes[at] = rng.next() as u8,
+                    1 => bytes[at] = rng.next_u64() as u8,
                     2 => bytes.truncate(at.max(1)),
                     3 => bytes.insert(at, b"%=;,+/ \t"[rng.below(8)]),
-                    _ => bytes.insert(at, rng.next() as u8),
+                    _ => bytes.insert(at, rng.next_u64() as u8),
                 }
             }
             accepted += usize::from(target(&bytes));
@@ -89,7 +74,7 @@ fn mutated_data_urls_never_panic() {
     assert!(accepted > 0, "some mutants must still decode");
     for _ in 0..2000 {
         let len = rng.below(64);
-        let bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let bytes: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
         target(&bytes);
     }
 }

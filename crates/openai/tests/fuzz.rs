@@ -6,22 +6,7 @@
 use iris_openai::{parse_chat_request, ChatCompletionRequest};
 use serde_json::{json, Value};
 
-/// SplitMix64, so the test needs no extra crates.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use iris_testkit::Rng;
 
 fn seed_bodies() -> Vec<Value> {
     vec![
@@ -66,11 +51,11 @@ fn random_value(rng: &mut Rng, depth: usize) -> Value {
     match pick {
         0 => Value::Null,
         1 => Value::Bool(rng.below(2) == 0),
-        2 => json!(rng.next() as i64),
-        3 => json!((rng.next() % 7) as i64 - 3),
-        4 => json!(f64::from((rng.next() % 1000) as u32) / 100.0 - 3.0),
+        2 => json!(rng.next_u64() as i64),
+        3 => json!((rng.next_u64() % 7) as i64 - 3),
+        4 => json!(f64::from((rng.next_u64() % 1000) as u32) / 100.0 - 3.0),
         5 => json!(["", "user", "text", "image_url", "assistant", "\u{0}", "é😀"][rng.below(7)]),
-        6 => json!(rng.next() % 20),
+        6 => json!(rng.next_u64() % 20),
         7 => Value::Array(
             (0..rng.below(4))
                 .map(|_| random_value(rng, depth + 1))
@@ -146,7 +131,7 @@ fn mutated_bodies_never_panic() {
         for _ in 0..1 + rng.below(4) {
             let i = rng.below(body.len() + 1);
             match rng.below(4) {
-                0 if i < body.len() => body[i] = rng.next() as u8,
+                0 if i < body.len() => body[i] = rng.next_u64() as u8,
                 1 if i < body.len() => {
                     body.remove(i);
                 }
