@@ -5,6 +5,12 @@
 //! [`PooledVec`] hands its allocation back to a small process-wide free list
 //! when dropped, and the next image of the same size takes it again: its
 //! pages are already faulted in and nothing is zero-filled.
+//!
+//! The free list is bounded in count and in bytes, and a buffer is only
+//! reused for a request of at least half its size: one 4K image (a 200 MB
+//! float32 tensor) must neither pin its allocation for ever nor end up
+//! behind a thumbnail's tensor, where caches that weigh tensors by length
+//! would not see it.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,11 +20,64 @@ use half::bf16;
 
 /// Free buffers kept per element type.
 const MAX_FREE: usize = 8;
+/// Bytes of free buffers kept per element type; a larger buffer is freed.
+const MAX_FREE_BYTES: usize = 256 << 20;
+/// A free buffer serves a request only if its capacity is at most this
+/// many times the requested length.
+const MAX_SLACK: usize = 2;
+
+/// Free buffers of one element type, newest last.
+struct FreeList<T> {
+    bufs: Vec<Vec<T>>,
+}
+
+impl<T> FreeList<T> {
+    const fn new() -> Self {
+        FreeList { bufs: Vec::new() }
+    }
+
+    fn bytes_of(v: &Vec<T>) -> usize {
+        v.capacity().saturating_mul(std::mem::size_of::<T>())
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.bufs.iter().map(Self::bytes_of).sum()
+    }
+
+    /// The smallest free buffer that holds `len` elements without more
+    /// than [`MAX_SLACK`] times the room.
+    fn take_fitting(&mut self, len: usize) -> Option<Vec<T>> {
+        let best = self
+            .bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= len && v.capacity() / MAX_SLACK <= len)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i)?;
+        Some(self.bufs.remove(best))
+    }
+
+    /// Keeps `vec` for reuse, dropping the oldest buffers to stay within
+    /// [`MAX_FREE`] and [`MAX_FREE_BYTES`]; a buffer bigger than the whole
+    /// byte budget is dropped itself.
+    fn put(&mut self, vec: Vec<T>) {
+        let bytes = Self::bytes_of(&vec);
+        if vec.capacity() == 0 || bytes > MAX_FREE_BYTES {
+            return;
+        }
+        while !self.bufs.is_empty()
+            && (self.bufs.len() >= MAX_FREE || self.held_bytes() + bytes > MAX_FREE_BYTES)
+        {
+            self.bufs.remove(0);
+        }
+        self.bufs.push(vec);
+    }
+}
 
 /// A process-wide free list of vectors of one element type.
 #[doc(hidden)]
 pub struct Pool<T> {
-    free: Mutex<Vec<Vec<T>>>,
+    free: Mutex<FreeList<T>>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
@@ -26,7 +85,7 @@ pub struct Pool<T> {
 impl<T> Pool<T> {
     const fn new() -> Self {
         Pool {
-            free: Mutex::new(Vec::new()),
+            free: Mutex::new(FreeList::new()),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         }
@@ -67,15 +126,11 @@ impl<T: PoolElem> PooledVec<T> {
     /// (no fill pass; `resize` below then has nothing to do).
     pub fn take(len: usize) -> Self {
         let pool = T::pool();
-        let recycled = pool.free.lock().ok().and_then(|mut free| {
-            let best = free
-                .iter()
-                .enumerate()
-                .filter(|(_, v)| v.capacity() >= len)
-                .min_by_key(|(_, v)| v.capacity())
-                .map(|(i, _)| i)?;
-            Some(free.swap_remove(best))
-        });
+        let recycled = pool
+            .free
+            .lock()
+            .ok()
+            .and_then(|mut free| free.take_fitting(len));
         let mut vec = match recycled {
             Some(v) => {
                 pool.hits.fetch_add(1, Ordering::Relaxed);
@@ -105,13 +160,8 @@ impl<T: PoolElem> PooledVec<T> {
 impl<T: PoolElem> Drop for PooledVec<T> {
     fn drop(&mut self) {
         let vec = std::mem::take(&mut self.vec);
-        if vec.capacity() == 0 {
-            return;
-        }
         if let Ok(mut free) = T::pool().free.lock() {
-            if free.len() < MAX_FREE {
-                free.push(vec);
-            }
+            free.put(vec);
         }
     }
 }
@@ -147,5 +197,55 @@ pub fn pool_stats() -> PoolStats {
         output_misses: F32_POOL.misses.load(Ordering::Relaxed)
             + BF16_POOL.misses.load(Ordering::Relaxed),
         scratch_grows: crate::scratch::SCRATCH_GROWS.load(Ordering::Relaxed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(capacities: &[usize]) -> FreeList<u8> {
+        let mut free = FreeList::new();
+        for &c in capacities {
+            free.put(Vec::with_capacity(c));
+        }
+        free
+    }
+
+    fn capacities(free: &FreeList<u8>) -> Vec<usize> {
+        free.bufs.iter().map(Vec::capacity).collect()
+    }
+
+    #[test]
+    fn takes_the_smallest_buffer_that_fits() {
+        let mut free = list(&[4000, 1000, 1500]);
+        assert_eq!(free.take_fitting(900).map(|v| v.capacity()), Some(1000));
+        assert_eq!(capacities(&free), [4000, 1500]);
+    }
+
+    #[test]
+    fn a_small_request_does_not_take_a_much_larger_buffer() {
+        let mut free = list(&[10_000]);
+        assert!(free.take_fitting(100).is_none());
+        assert!(free.take_fitting(4_999).is_none());
+        assert_eq!(free.take_fitting(5_000).map(|v| v.capacity()), Some(10_000));
+    }
+
+    #[test]
+    fn keeps_at_most_max_free_buffers_newest_first() {
+        let free = list(&(1..=MAX_FREE + 3).collect::<Vec<_>>());
+        assert_eq!(capacities(&free), (4..=MAX_FREE + 3).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn stays_within_the_byte_budget() {
+        let third = MAX_FREE_BYTES / 3;
+        let free = list(&[third, third, third, third]);
+        assert_eq!(capacities(&free), [third, third, third]);
+        assert!(free.held_bytes() <= MAX_FREE_BYTES);
+        // A buffer larger than the whole budget is not kept, and evicts nothing.
+        let mut free = list(&[third]);
+        free.put(Vec::with_capacity(MAX_FREE_BYTES + 1));
+        assert_eq!(capacities(&free), [third]);
     }
 }

@@ -3,9 +3,10 @@
 //! hashed, and preprocessed with the model's processor ([`iris_vision`])
 //! once per (image bytes, preprocessor) through the pixel cache
 //! ([`iris_cache`]: byte-bounded LRU, `Arc`-shared, single-flight) —
-//! hashing and preprocessing on the blocking pool, never on the async
-//! runtime. [`items`] then puts the images into the prompt and the request.
+//! hashing on the blocking pool and preprocessing on the fixed CPU pool
+//! ([`cpu_pool`]), never on the async runtime. [`items`] then puts the images into the prompt and the request.
 
+pub mod cpu_pool;
 pub mod items;
 pub mod pixels;
 
@@ -133,7 +134,7 @@ impl Multimodal {
         Ok(entry)
     }
 
-    /// Decodes and preprocesses on the blocking pool.
+    /// Decodes and preprocesses on the CPU pool (one thread per core).
     async fn preprocess(
         &self,
         index: usize,
@@ -145,7 +146,7 @@ impl Multimodal {
         let processor = self.processor.clone();
         let options = self.options;
         let content = content_hash(&hash, self.fingerprint);
-        let entry = tokio::task::spawn_blocking(move || {
+        let entry = cpu_pool::run(move || {
             let output = processor
                 .preprocess_bytes(&bytes, &options)
                 .map_err(|e| vision_error(index, &e))?;
@@ -153,9 +154,7 @@ impl Multimodal {
                 .map_err(|e| ApiError::bad_field("messages", format!("image {index}: {e}")))
         })
         .await
-        .map_err(|e| {
-            ApiError::internal(format!("image {index}: preprocessing task failed: {e}"))
-        })??;
+        .map_err(|e| ApiError::internal(format!("image {index}: preprocessing {e}")))??;
         metrics.stage(Stage::Preprocess, started.elapsed());
         Ok(entry)
     }
