@@ -153,7 +153,9 @@ pub struct MediaArgs {
     /// Largest image file in bytes (fetched, inline or local).
     #[arg(long, default_value_t = 32 << 20, env = "IRIS_MM_MAX_IMAGE_BYTES")]
     pub mm_max_image_bytes: usize,
-    /// Largest decoded image in pixels (checked from the header).
+    /// Largest decoded image in pixels (checked from the header); for
+    /// CLIP-style processors also the size the image is resized to before
+    /// the centre crop.
     #[arg(long, default_value_t = 89_478_485, env = "IRIS_MM_MAX_IMAGE_PIXELS")]
     pub mm_max_image_pixels: u64,
     /// Milliseconds to connect to an image host.

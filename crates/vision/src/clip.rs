@@ -1,8 +1,13 @@
 //! CLIP-style processors (LLaVA-1.5): shortest-edge resize, centre crop,
 //! CLIP normalisation, planar `[3, H, W]` output.
+//!
+//! The shortest-edge resize magnifies thin images: a 1×65 535 PNG of a few
+//! kB would become 336 × 22 million pixels before the crop. The resize
+//! target is therefore held to the same [`DecodeLimits`] as decoded images.
 
 use half::bf16;
 
+use crate::decode::DecodeLimits;
 use crate::error::VisionError;
 use crate::geometry::{centre_crop_origin, shortest_edge_size};
 use crate::image::RgbView;
@@ -42,10 +47,12 @@ impl ClipProcessor {
     fn resize_and_crop<'s>(
         &self,
         image: RgbView<'_>,
+        limits: &DecodeLimits,
         parallel: bool,
         scratch: &'s mut Scratch,
     ) -> Result<(RgbView<'s>, (usize, usize)), VisionError> {
         let (h, w) = shortest_edge_size(image.height(), image.width(), self.shortest_edge);
+        check_resize_target(image.width(), image.height(), w, h, limits)?;
         let resized = resize_into(
             image,
             w,
@@ -71,6 +78,25 @@ impl ClipProcessor {
     }
 }
 
+/// Refuses a resize target beyond `limits` (side or pixel count).
+fn check_resize_target(
+    in_w: usize,
+    in_h: usize,
+    w: usize,
+    h: usize,
+    limits: &DecodeLimits,
+) -> Result<(), VisionError> {
+    let pixels = (w as u64).saturating_mul(h as u64);
+    if w.max(h) as u64 > u64::from(limits.max_side) || pixels > limits.max_pixels {
+        return Err(VisionError::Geometry(format!(
+            "a {in_w}x{in_h} image would be resized to {w}x{h} before the centre crop, \
+             beyond the limits ({} per side, {} pixels)",
+            limits.max_side, limits.max_pixels
+        )));
+    }
+    Ok(())
+}
+
 impl Processor for ClipProcessor {
     fn name(&self) -> &'static str {
         "clip"
@@ -94,11 +120,11 @@ impl Processor for ClipProcessor {
     fn resized_image(
         &self,
         image: &image::RgbImage,
-        _opts: &PreprocessOptions,
+        opts: &PreprocessOptions,
     ) -> Result<image::RgbImage, VisionError> {
         let mut scratch = Scratch::default();
-        let (cropped, _) =
-            self.resize_and_crop(RgbView::from_image(image)?, false, &mut scratch)?;
+        let view = RgbView::from_image(image)?;
+        let (cropped, _) = self.resize_and_crop(view, &opts.limits, false, &mut scratch)?;
         cropped.to_image()
     }
 
@@ -109,7 +135,8 @@ impl Processor for ClipProcessor {
         scratch: &mut Scratch,
     ) -> Result<PreprocessOutput, VisionError> {
         let parallel = split_image(opts, image.width() * image.height());
-        let (cropped, resized_size) = self.resize_and_crop(image, parallel, scratch)?;
+        let (cropped, resized_size) =
+            self.resize_and_crop(image, &opts.limits, parallel, scratch)?;
         let pixel_values = match opts.dtype {
             OutputDtype::F32 => PixelValues::F32(self.write::<f32>(cropped)),
             OutputDtype::Bf16 => PixelValues::Bf16(self.write::<bf16>(cropped)),

@@ -5,7 +5,8 @@ mod common;
 
 use common::{gif_with_header, jpeg_with_dims, png_with_header, read, Rng};
 use iris_vision::{
-    decode, probe, DecodeLimits, PreprocessOptions, Processor, QwenVlProcessor, VisionError,
+    decode, probe, ClipProcessor, DecodeLimits, PreprocessOptions, Processor, QwenVlProcessor,
+    VisionError,
 };
 
 const FORMATS: [&str; 6] = [
@@ -164,6 +165,51 @@ fn extreme_aspect_ratio_is_a_geometry_error() {
         .unwrap_err();
     assert!(matches!(err, VisionError::Geometry(_)), "{err}");
     assert!(err.to_string().contains("aspect ratio"), "{err}");
+}
+
+/// A thin image is magnified by the shortest-edge resize (1×4000 → 336 ×
+/// 1 344 000): the resize target is held to the decode limits, with a clear
+/// error, instead of allocating gigabytes.
+#[test]
+fn clip_resize_target_is_held_to_the_limits() {
+    let err = ClipProcessor::llava_1_5()
+        .preprocess_bytes(
+            &read("synthetic/rgb_1x4000.png"),
+            &PreprocessOptions::default(),
+        )
+        .unwrap_err();
+    assert!(matches!(err, VisionError::Geometry(_)), "{err}");
+    assert!(err.is_bad_input());
+    let message = err.to_string();
+    assert!(
+        message.contains("1x4000 image would be resized to 336x1344000"),
+        "{message}"
+    );
+    assert!(message.contains("89478485 pixels"), "{message}");
+}
+
+/// The fuzzer's slowest input (82 s under ASan): a 4 kB WebP of 2897×8
+/// that the shortest-edge resize turns into 121 674 × 336 pixels. Within
+/// the default limits it is processed; a tighter pixel limit refuses it
+/// before any resize work.
+#[test]
+fn fuzz_slow_unit_respects_the_pixel_limit() {
+    let bytes = read("fuzz/slow-webp-2897x8.webp");
+    let tight = PreprocessOptions {
+        limits: DecodeLimits {
+            max_pixels: 20_000_000,
+            ..DecodeLimits::default()
+        },
+        ..PreprocessOptions::default()
+    };
+    let err = ClipProcessor::llava_1_5()
+        .preprocess_bytes(&bytes, &tight)
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("2897x8 image would be resized to 121674x336"),
+        "{err}"
+    );
 }
 
 /// The fuzz target's body, over a bounded deterministic corpus of mutations
