@@ -67,7 +67,11 @@ pub fn items(request: &EncodeRequest, geometry: Geometry) -> Result<Vec<EncodeIt
             let input = image_input(item, geometry).map_err(|e| with_index(index, e))?;
             Ok(EncodeItem {
                 room,
-                content_hash: item.content_hash.clone(),
+                // A copy, not a slice: the request's `Bytes` fields share
+                // one allocation with the inline tensor, and this hash
+                // outlives the request (cache key, room) — a slice would
+                // keep every tensor ever received alive.
+                content_hash: Bytes::copy_from_slice(&item.content_hash),
                 input,
             })
         })
@@ -162,4 +166,72 @@ fn check_grid(grid: [u32; 3], patches: u32, geometry: Geometry) -> Result<(), St
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use iris_proto::encoder::EncodeItemAssignment;
+    use iris_proto::scheduler::MultimodalInputs;
+    use prost::Message;
+
+    use super::*;
+
+    const GEOMETRY: Geometry = Geometry {
+        patch_dim: 4,
+        merge: 2,
+    };
+
+    /// A valid one-item request, encoded and decoded the way the server
+    /// receives it: every `Bytes` field then points into one buffer.
+    fn received_request() -> (Bytes, EncodeRequest) {
+        let item = MultimodalItem {
+            encoder_input: Some(tensor::inline(
+                vec![4, 4],
+                DType::Float32,
+                Bytes::from(vec![0u8; 64]),
+            )),
+            content_hash: Bytes::from(vec![7u8; 32]),
+            model_specific_tensors: [(
+                "image_grid_thw".to_owned(),
+                tensor::int64(vec![3], &[1, 2, 2]),
+            )]
+            .into(),
+            ..MultimodalItem::default()
+        };
+        let request = EncodeRequest {
+            request_id: "r".into(),
+            mm_inputs: Some(MultimodalInputs { items: vec![item] }),
+            items: vec![EncodeItemAssignment { bootstrap_room: 5 }],
+        };
+        let wire = Bytes::from(request.encode_to_vec());
+        let decoded = EncodeRequest::decode(wire.clone()).unwrap();
+        (wire, decoded)
+    }
+
+    fn within(inner: &Bytes, outer: &Bytes) -> bool {
+        let range = outer.as_ptr_range();
+        range.contains(&inner.as_ptr())
+    }
+
+    #[test]
+    fn a_valid_item_is_accepted() {
+        let (_, request) = received_request();
+        let items = items(&request, GEOMETRY).unwrap();
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].room, 5);
+        assert_eq!(items[0].input.grid, [1, 2, 2]);
+        assert_eq!(&items[0].content_hash[..], &[7u8; 32][..]);
+    }
+
+    /// The content hash outlives the request (embedding-cache key, room):
+    /// it must not be a slice of the received buffer, or each cached hash
+    /// keeps a whole inline tensor alive (an encoder grew to 23 GB that way).
+    #[test]
+    fn the_content_hash_does_not_pin_the_request_buffer() {
+        let (wire, request) = received_request();
+        let received_hash = &request.mm_inputs.as_ref().unwrap().items[0].content_hash;
+        assert!(within(received_hash, &wire), "the premise: decoding slices");
+        let items = items(&request, GEOMETRY).unwrap();
+        assert!(!within(&items[0].content_hash, &wire));
+    }
 }
