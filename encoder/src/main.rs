@@ -20,10 +20,11 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
-    // No `iris_process::keep_large_allocations` here: the encoder holds
-    // many tensors at once (queued, batched, in rooms), and with `mmap`
-    // off glibc's per-thread arenas fragmented to 19 GB under a flood of
-    // concurrent 50 MB Encode calls.
+    // No `iris_process::keep_large_allocations` here. It was blamed for the
+    // encoder growing to 19 GB under a flood of 50 MB Encode calls; the
+    // cause turned out to be cached content hashes that were slices of the
+    // request bodies (see `validate::items`), so the setting may be worth
+    // measuring again.
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
