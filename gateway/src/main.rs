@@ -3,6 +3,7 @@
 //! tiny-model`; the command line itself is [`iris_gateway::cli`].
 
 fn main() -> std::process::ExitCode {
+    iris_process::return_large_allocations();
     let code = iris_gateway::cli::main(std::env::args_os());
     std::process::ExitCode::from(u8::try_from(code).unwrap_or(1))
 }

@@ -84,6 +84,29 @@ pub fn keep_large_allocations() {
     }
 }
 
+/// Makes glibc's allocator give every block of 1 MiB or more its own
+/// `mmap`, returned to the kernel as soon as it is freed. By default the
+/// threshold rises with each large block freed, up to 32 MiB, after which
+/// blocks of images and tensors up to that size come from the per-thread
+/// heaps, where freed ones stay resident: a gateway that had served 64
+/// concurrent image chats kept 1.0–1.4 GB with nothing in flight, against
+/// ≈ 0.35 GB of live data. Setting the threshold also stops it moving. The
+/// gateway's hottest large buffers (output tensors, per-thread scratch) are
+/// recycled by the vision crate, so the extra page faults are on the
+/// first use of a size only. The gateway binary calls it first thing in
+/// `main`, before any thread starts; it does nothing on other C libraries.
+pub fn return_large_allocations() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        const ONE_MIB: libc::c_int = 1 << 20;
+        // SAFETY: mallopt only changes allocator parameters; it is called
+        // before the process starts any thread.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, ONE_MIB);
+        }
+    }
+}
+
 /// The server tasks of a running process and the token that stops them.
 pub struct ServerTasks {
     shutdown: tokio_util::sync::CancellationToken,
