@@ -5,7 +5,10 @@ load while encode and decode workers are SIGKILLed and restarted.
 Topology: ``iris serve --epd-disaggregation`` with two ``iris-encoder``
 workers (the tiny model's CPU vision tower), one prefill and one decode
 ``iris-engine``, tensors to the encoders through ``/dev/shm``
-(``--multimodal-tensor-transport shm``). Every port is fixed at start so a
+(``--transport shm``, the default) or by RDMA READs from the gateway's
+NIXL arena (``--transport rdma``: the gateway and encoders from
+``--nixl-bin-dir``, built ``--features nixl``, with ``--nixl-lib``; UCX
+over TCP on loopback). Every port is fixed at start so a
 restarted worker comes back where the gateway expects it.
 
 Load: ``--concurrency`` closed-loop clients (asyncio + httpx) send a mix of
@@ -31,8 +34,10 @@ deployment could not be set up):
   prefill engine's metrics show no room pending or ready and no bytes
   held, the engines no request registered, the gateway no request in
   flight at any worker;
-- no leaked ``/dev/shm`` files of the gateway (``iris-tensor-<pid>-*``),
-  and the shm lane was used (``iris_transport_tensors_total{lane="shm"}``);
+- no leaked ``/dev/shm`` files of the gateway (``iris-tensor-<pid>-*``)
+  and no RDMA arena slot still leased
+  (``iris_transport_arena_slots_in_use``), and the chosen lane was used
+  (``iris_transport_tensors_total{lane=…}``);
 - every worker healthy again at the gateway, the gateway never died;
 - gateway RSS, idle to idle: at ``--warmup`` seconds the clients pause
   until the gateway has nothing in flight, RSS is read, and the load
@@ -155,6 +160,7 @@ class Worker:
     log_dir: Path
     process: Process | None = None
     starts: int = 0
+    env: dict | None = None
 
     def start(self, timeout: float) -> None:
         """Starts the worker and waits for its listening line; retries while
@@ -163,7 +169,7 @@ class Worker:
         while True:
             self.starts += 1
             log = self.log_dir / f"{self.name}-{self.starts}.log"
-            self.process = Process(self.name, self.args, log)
+            self.process = Process(self.name, self.args, log, self.env)
             if wait_for_line(self.process, self.line, max(1.0, deadline - time.monotonic())):
                 return
             self.process.kill()
@@ -212,6 +218,49 @@ class Deployment:
         return f"http://127.0.0.1:{self.port}"
 
 
+class Lane:
+    """The tensor lane's binaries, flags and environment (``--transport``)."""
+
+    def __init__(self, args):
+        self.name = args.transport
+        self.env = None
+        self.nixl_bins = None
+        if self.name == "shm":
+            self.gateway_args = ["--multimodal-tensor-transport", "shm",
+                                 "--multimodal-shm-min-bytes", "0"]
+            self.encoder_args = []
+            return
+        lib = Path(args.nixl_lib or "")
+        if not args.nixl_lib or not lib.is_file():
+            raise SetupError(f"--transport rdma needs libnixl_capi.so (--nixl-lib or "
+                             f"$IRIS_NIXL_LIB; got {args.nixl_lib!r})")
+        if not args.nixl_bin_dir:
+            raise SetupError("--transport rdma needs binaries built --features nixl "
+                             "(--nixl-bin-dir or $IRIS_NIXL_BIN_DIR)")
+        self.nixl_bins = Path(args.nixl_bin_dir).resolve()
+        self.env = dict(os.environ)
+        paths = [str(lib.parent), self.env.get("LD_LIBRARY_PATH", "")]
+        self.env["LD_LIBRARY_PATH"] = ":".join(p for p in paths if p)
+        self.env.setdefault("UCX_TLS", "tcp")
+        # 64 MiB slots hold a float32 1080p tensor (50.6 MB); 16 of them
+        # serve most of 64 clients. Slots of a killed encoder are reaped
+        # after the slot TTL, which has to pass within the settling time
+        # (room TTL + --settle).
+        self.gateway_args = ["--multimodal-tensor-transport", "rdma",
+                             "--multimodal-rdma-min-bytes", "0", "--nixl-lib", lib,
+                             "--rdma-listen-port", free_port(), "--rdma-slot-size-mb", "64",
+                             "--rdma-slot-count", "16", "--rdma-receiver-hold-ms", "4000",
+                             "--rdma-slot-ttl-s", "8"]
+        self.encoder_args = ["--nixl-lib", lib, "--rdma-landing-slot-size-mb", "64"]
+
+    def bin(self, name: str, bins: Path) -> Path:
+        """The gateway's and encoders' binary: the NIXL build for rdma."""
+        path = (self.nixl_bins or bins) / name
+        if not path.is_file():
+            raise SetupError(f"{path} not found")
+        return path
+
+
 def start_deployment(args, work: Path) -> Deployment:
     bins = bin_dir(args)
     for name in ("iris", "iris-engine", "iris-encoder"):
@@ -223,15 +272,17 @@ def start_deployment(args, work: Path) -> Deployment:
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
     ttl = str(args.room_ttl)
+    lane = Lane(args)
     encoders, metrics_ports = [], {}
     for i in range(2):
         grpc, data, metrics = free_port(), free_port(), free_port()
         name = f"encoder{i}"
         metrics_ports[name] = metrics
         encoders.append(Worker(name, [
-            bins / "iris-encoder", "--host", "127.0.0.1", "--port", grpc, "--bootstrap-port", data,
-            "--metrics-port", metrics, "--model-path", model, "--compute", args.encoder_compute,
-            "--room-ttl-secs", ttl], ENCODER_LINE, logs))
+            lane.bin("iris-encoder", bins), "--host", "127.0.0.1", "--port", grpc,
+            "--bootstrap-port", data, "--metrics-port", metrics, "--model-path", model,
+            "--compute", args.encoder_compute, "--room-ttl-secs", ttl, *lane.encoder_args],
+            ENCODER_LINE, logs, env=lane.env))
         encoders[-1].grpc, encoders[-1].data = grpc, data
     pre_grpc, pre_data, pre_metrics = free_port(), free_port(), free_port()
     prefill = Worker("prefill", [
@@ -248,17 +299,17 @@ def start_deployment(args, work: Path) -> Deployment:
         worker.start(args.startup_timeout)
     port = free_port()
     gateway_args = [
-        bins / "iris", "serve", "--host", "127.0.0.1", "--port", port, "--model-path", model,
+        lane.bin("iris", bins), "serve", "--host", "127.0.0.1", "--port", port, "--model-path", model,
         "--epd-disaggregation",
         *[a for e in encoders for a in ("--encode", f"grpc://127.0.0.1:{e.grpc}", e.data)],
         "--prefill", f"grpc://127.0.0.1:{pre_grpc}", pre_data,
         "--decode", f"grpc://127.0.0.1:{dec_grpc}",
-        "--multimodal-tensor-transport", "shm", "--multimodal-shm-min-bytes", "0",
+        *lane.gateway_args,
         "--mm-pixel-cache-mb", args.pixel_cache_mb,
         "--request-timeout-secs", args.request_timeout,
         "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
     ]
-    gateway = Process("gateway", gateway_args, logs / "gateway.log")
+    gateway = Process("gateway", gateway_args, logs / "gateway.log", lane.env)
     dep = Deployment(encoders, prefill, decode, gateway, port, model.name, metrics_ports)
     dep.worker_urls = [f"127.0.0.1:{p}" for p in (*(e.grpc for e in encoders), pre_grpc, dec_grpc)]
     deadline = time.monotonic() + args.startup_timeout
@@ -549,6 +600,8 @@ def readings(dep: Deployment) -> dict:
     for line in gateway.splitlines():
         if line.startswith("iris_worker_in_flight{"):
             out[f"gateway {line.split(' ')[0]}"] = float(line.rsplit(" ", 1)[1])
+        if line.startswith("iris_transport_arena_slots_in_use "):
+            out["gateway iris_transport_arena_slots_in_use"] = float(line.rsplit(" ", 1)[1])
         if line.startswith("iris_worker_healthy{"):
             out[f"gateway not healthy {line.split(' ')[0]}"] = 1.0 - float(line.rsplit(" ", 1)[1])
     if not gateway:
@@ -622,7 +675,7 @@ def summarise(args, dep, results, elapsed, events, held, rss, transport, gateway
         "no worker address in error messages": not leaks,
         "nothing held after settling (rooms, in flight, shm files, health)":
             not any(held.values()),
-        "shm lane used": (transport.get("shm") or 0) > 0,
+        f"{args.transport} lane used": (transport.get(args.transport) or 0) > 0,
         "gateway alive": dep.gateway.popen.poll() is None,
         f"kills done ({args.expect_kills} expected)":
             sum(e.what.startswith("SIGKILL") for e in events) >= args.expect_kills,
@@ -712,6 +765,12 @@ def parse_args(argv=None):
     p.add_argument("--exclude", nargs="*", default=["motorcycle_4k.jpg"],
                    help="image files not sent (default: the 4K JPEG, ~99 MB of pixels each)")
     p.add_argument("--bin-dir")
+    p.add_argument("--transport", choices=["shm", "rdma"], default="shm",
+                   help="the lane tensors take to the encoders")
+    p.add_argument("--nixl-bin-dir", default=os.environ.get("IRIS_NIXL_BIN_DIR"),
+                   help="iris and iris-encoder built --features nixl (for --transport rdma)")
+    p.add_argument("--nixl-lib", default=os.environ.get("IRIS_NIXL_LIB"),
+                   help="libnixl_capi.so (for --transport rdma)")
     p.add_argument("--work-dir", type=Path)
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--json", type=Path, help="write the summary here")
@@ -744,7 +803,7 @@ def main(argv=None) -> int:
         idle_end = idle_rss(args, dep)
         text = scrape(dep.port)
         transport = {lane: metric(text, "iris_transport_tensors_total", lane=lane)
-                     for lane in ("inline", "shm")}
+                     for lane in ("inline", "shm", "rdma")}
         gateway_outcomes = {o: metric(text, "iris_requests_total", outcome=o)
                             for o in ("ok", "client_error", "no_worker", "upstream_error",
                                       "timeout", "cancelled")}
