@@ -30,10 +30,18 @@ fn as_usize(v: &Value) -> usize {
     v.as_u64().expect("integer") as usize
 }
 
+/// The case's options. The limits are lifted: the reference resizes a
+/// 1×4000 image to 336×1 344 000 for LLaVA's centre crop, which Iris's
+/// default limits refuse (`bad_input.rs`), and parity is checked on what
+/// the reference computes.
 fn opts_from(overrides: &Value) -> PreprocessOptions {
     PreprocessOptions {
         min_pixels: overrides.get("min_pixels").and_then(Value::as_u64),
         max_pixels: overrides.get("max_pixels").and_then(Value::as_u64),
+        limits: DecodeLimits {
+            max_side: u32::MAX,
+            max_pixels: u64::MAX,
+        },
         ..PreprocessOptions::default()
     }
 }
