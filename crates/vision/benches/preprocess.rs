@@ -2,8 +2,9 @@
 //! shared test photos, Qwen2-VL with its shipped preprocessor config.
 //!
 //! Groups: `decode`, `preprocess` (from decoded RGB), `decode+preprocess`
-//! on one thread (plus an `iris-bf16` row: bfloat16 output), and `decode+preprocess x4 @2 threads` (four images over a
-//! two-thread rayon pool, throughput in images/s). llm-multimodal runs with
+//! on one thread (plus an `iris-bf16` row: bfloat16 output), and the same
+//! three stages as `<stage> x4 @2 threads` (four images over a two-thread
+//! rayon pool, throughput in images/s). llm-multimodal runs with
 //! `Parallelism::Inline` so each of its calls uses exactly its caller's
 //! thread, like ours with intra-image parallelism off.
 //!
@@ -167,40 +168,101 @@ fn one_thread(c: &mut Criterion) {
 }
 
 fn two_threads(c: &mut Criterion) {
-    const BATCH: usize = 4;
     let libs = libs();
     let fx = fixtures();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .build()
         .expect("pool");
-    let mut g = c.benchmark_group("decode+preprocess x4 @2 threads");
+    let limits = DecodeLimits::default();
+    let on_pool = |work: &(dyn Fn(&Fixture) + Sync), f: &Fixture| {
+        pool.install(|| (0..BATCH).into_par_iter().for_each(|_| work(f)))
+    };
+    two_thread_group(
+        c,
+        "decode",
+        &fx,
+        |f| on_pool(&|f| drop(decode(&f.bytes, &limits).expect("decode")), f),
+        |f| on_pool(&|f| drop(smg_decode(&f.bytes)), f),
+    );
+    two_thread_group(
+        c,
+        "preprocess",
+        &fx,
+        |f| {
+            on_pool(
+                &|f| {
+                    drop(
+                        libs.ours
+                            .preprocess(&f.rgb, &libs.opts)
+                            .expect("preprocess"),
+                    )
+                },
+                f,
+            )
+        },
+        |f| {
+            on_pool(
+                &|f| {
+                    drop(
+                        libs.smg
+                            .preprocess(std::slice::from_ref(&f.dynamic), &libs.smg_config)
+                            .expect("smg"),
+                    )
+                },
+                f,
+            )
+        },
+    );
+    // Ours through the gateway's entry point (`preprocess_batch`), theirs
+    // as a par_iter over decode+preprocess.
+    two_thread_group(
+        c,
+        "decode+preprocess",
+        &fx,
+        |f| {
+            let batch: Vec<&[u8]> = vec![f.bytes.as_slice(); BATCH];
+            pool.install(|| drop(preprocess_batch(libs.ours.as_ref(), &batch, &libs.opts)))
+        },
+        |f| {
+            on_pool(
+                &|f| {
+                    let img = smg_decode(&f.bytes);
+                    drop(
+                        libs.smg
+                            .preprocess(std::slice::from_ref(&img), &libs.smg_config)
+                            .expect("smg"),
+                    )
+                },
+                f,
+            )
+        },
+    );
+}
+
+/// Images handed to the two-thread pool per iteration.
+const BATCH: usize = 4;
+
+/// One `<stage> x4 @2 threads` group: `ours` and `theirs` each process
+/// [`BATCH`] copies of an image on the shared two-thread pool; throughput
+/// in images/s.
+fn two_thread_group(
+    c: &mut Criterion,
+    stage: &str,
+    fx: &[Fixture],
+    ours: impl Fn(&Fixture),
+    theirs: impl Fn(&Fixture),
+) {
+    let mut g = c.benchmark_group(format!("{stage} x{BATCH} @2 threads"));
     configure(&mut g);
     g.throughput(Throughput::Elements(BATCH as u64));
-    for f in &fx {
-        let batch: Vec<&[u8]> = vec![f.bytes.as_slice(); BATCH];
-        g.bench_with_input(BenchmarkId::new("iris", f.name), &batch, |b, batch| {
-            b.iter(|| pool.install(|| preprocess_batch(libs.ours.as_ref(), batch, &libs.opts)))
+    for f in fx {
+        g.bench_with_input(BenchmarkId::new("iris", f.name), f, |b, f| {
+            b.iter(|| ours(f))
         });
-        g.bench_with_input(
-            BenchmarkId::new("llm-multimodal", f.name),
-            &batch,
-            |b, batch| {
-                b.iter(|| {
-                    pool.install(|| {
-                        batch
-                            .par_iter()
-                            .map(|bytes| {
-                                let img = smg_decode(bytes);
-                                libs.smg
-                                    .preprocess(std::slice::from_ref(&img), &libs.smg_config)
-                                    .expect("smg")
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                })
-            },
-        );
+        g.bench_with_input(BenchmarkId::new("llm-multimodal", f.name), f, |b, f| {
+            b.iter(|| theirs(f))
+        });
     }
     g.finish();
 }
