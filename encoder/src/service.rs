@@ -29,6 +29,11 @@ use crate::receive::Receiving;
 use crate::validate::{self, EncodeItem, Geometry};
 use crate::EncoderArgs;
 
+/// gRPC metadata entry on an Encode call with the caller's own batch limit,
+/// in patches: the call's items are batched in groups within it (an item
+/// above it alone), and joined with other calls' items only within it.
+pub const MAX_BATCH_PATCHES_HEADER: &str = "iris-max-batch-patches";
+
 /// A finished embedding waiting for its prefill worker.
 #[derive(Clone)]
 pub struct Embedding {
@@ -109,24 +114,33 @@ impl Encoder {
         }
     }
 
-    /// Queues the misses; a task completes (or fails) each room as soon as
-    /// its item is done.
-    fn queue(self: &Arc<Self>, misses: Vec<EncodeItem>) -> Result<(), Status> {
-        let inputs = misses.iter().map(|m| m.input.clone()).collect();
-        let answer = match self.batcher.enqueue(BatchRequest {
-            items: inputs,
-            max_batch_cost: None,
-        }) {
-            Ok(answer) => answer,
+    /// Queues the misses, in groups of at most `cap` patches when the
+    /// caller set a batch limit (one group otherwise); a task completes (or
+    /// fails) each room as soon as its item is done.
+    fn queue(self: &Arc<Self>, misses: Vec<EncodeItem>, cap: Option<u64>) -> Result<(), Status> {
+        let cap = cap.map(|c| c.min(self.args.max_batch_patches.max(1)));
+        let groups = split_by_cost(misses, cap);
+        let requests = groups
+            .iter()
+            .map(|group| BatchRequest {
+                items: group.iter().map(|m| m.input.clone()).collect(),
+                max_batch_cost: cap,
+            })
+            .collect();
+        let answers = match self.batcher.enqueue_all(requests) {
+            Ok(answers) => answers,
             Err(e) => {
                 let status = batch_status(&e);
-                misses
+                groups
                     .iter()
+                    .flatten()
                     .for_each(|m| self.rooms.fail(m.room, status.message().to_owned()));
                 return Err(status);
             }
         };
-        tokio::spawn(self.clone().settle_all(misses, answer));
+        for (group, answer) in groups.into_iter().zip(answers) {
+            tokio::spawn(self.clone().settle_all(group, answer));
+        }
         Ok(())
     }
 
@@ -163,12 +177,13 @@ impl Encoder {
     }
 
     /// Validates, claims rooms, answers cache hits, queues the misses.
-    fn accept(self: &Arc<Self>, request: &EncodeRequest) -> Result<(), Status> {
+    /// `cap` is the caller's own batch limit in patches, if any.
+    fn accept(self: &Arc<Self>, request: &EncodeRequest, cap: Option<u64>) -> Result<(), Status> {
         let items = validate::items(request, self.geometry)?;
         self.claim_rooms(&items)?;
         let misses = self.serve_hits(items);
         if !misses.is_empty() {
-            self.queue(misses)?;
+            self.queue(misses, cap)?;
         }
         Ok(())
     }
@@ -208,9 +223,55 @@ impl Encoder {
     }
 }
 
+/// Splits `items` into consecutive groups of at most `cap` patches each (an
+/// item above `cap` alone); without a cap, one group.
+fn split_by_cost(items: Vec<EncodeItem>, cap: Option<u64>) -> Vec<Vec<EncodeItem>> {
+    let Some(cap) = cap else {
+        return vec![items];
+    };
+    let mut groups: Vec<Vec<EncodeItem>> = Vec::new();
+    let mut cost = 0u64;
+    for item in items {
+        let patches = item.input.patches();
+        match groups.last_mut() {
+            Some(group) if cost.saturating_add(patches) <= cap => {
+                cost += patches;
+                group.push(item);
+            }
+            _ => {
+                cost = patches;
+                groups.push(vec![item]);
+            }
+        }
+    }
+    groups
+}
+
+/// The caller's own batch limit: the positive integer in the
+/// [`MAX_BATCH_PATCHES_HEADER`] metadata entry, if present.
+fn caller_batch_limit(metadata: &tonic::metadata::MetadataMap) -> Result<Option<u64>, Status> {
+    let Some(value) = metadata.get(MAX_BATCH_PATCHES_HEADER) else {
+        return Ok(None);
+    };
+    let parsed = value
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .filter(|&patches| patches > 0);
+    match parsed {
+        Some(patches) => Ok(Some(patches)),
+        None => Err(Status::invalid_argument(format!(
+            "metadata {MAX_BATCH_PATCHES_HEADER} must be a positive integer (patches per batch), got {value:?}"
+        ))),
+    }
+}
+
 fn batch_status(e: &BatchError) -> Status {
     match e {
         BatchError::QueueFull(_) => Status::resource_exhausted(format!("encoder busy: {e}")),
+        BatchError::TooMany { .. } => Status::invalid_argument(format!(
+            "{MAX_BATCH_PATCHES_HEADER} splits this request into too many batches: {e}; raise the limit or send fewer items per call"
+        )),
         BatchError::Stopped => Status::unavailable(e.to_string()),
         other => Status::internal(other.to_string()),
     }
@@ -226,16 +287,18 @@ impl TokenSpeedEncoder for EncoderService {
         request: Request<EncodeRequest>,
     ) -> Result<Response<EncodeResponse>, Status> {
         let encoder = &self.0;
+        let cap = caller_batch_limit(request.metadata());
         let request = request.into_inner();
         let items = request.mm_inputs.as_ref().map_or(0, |m| m.items.len());
         encoder.metrics.request(items);
+        let cap = cap.inspect_err(|_| encoder.metrics.refused())?;
         let request = encoder
             .receiving
             .resolve(request)
             .await
             .inspect_err(|_| encoder.metrics.refused())?;
         encoder
-            .accept(&request)
+            .accept(&request, cap)
             .inspect_err(|_| encoder.metrics.refused())?;
         Ok(Response::new(EncodeResponse { accepted: true }))
     }

@@ -6,26 +6,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use iris_encoder::{ComputeKind, EncoderArgs, RunningEncoder};
-use iris_proto::common::Modality;
-use iris_proto::data::iris_data_client::IrisDataClient;
-use iris_proto::data::FetchRequest;
-use iris_proto::encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
-use iris_proto::encoder::{EncodeItemAssignment, EncodeRequest};
 use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use iris_proto::scheduler::*;
 use iris_proto::tensor::{self, DType};
 use tempfile::TempDir;
-use tonic::transport::Channel;
 use tonic::Code;
 
-/// Tiny Qwen2-VL: patch 14, temporal 2, 3 channels → 1176 features; merge 2.
-const PATCH_DIM: u32 = 1176;
-
-fn model() -> TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    iris_model::tiny::write_tiny_qwen2_vl(dir.path()).expect("tiny model");
-    dir
-}
+mod common;
+use common::*;
 
 async fn encoder(model: &TempDir, max_held_mb: u64) -> RunningEncoder {
     encoder_with(model, max_held_mb, ComputeKind::Digest).await
@@ -34,92 +22,9 @@ async fn encoder(model: &TempDir, max_held_mb: u64) -> RunningEncoder {
 async fn encoder_with(model: &TempDir, max_held_mb: u64, compute: ComputeKind) -> RunningEncoder {
     let args = EncoderArgs {
         compute,
-        host: "127.0.0.1".into(),
-        port: 0,
-        bootstrap_port: 0,
-        model_path: model.path().to_path_buf(),
-        max_batch_patches: 4096,
-        coalesce_window_ms: 0,
-        dispatch_width: 1,
-        queue_capacity: 64,
-        embedding_cache_mb: 16,
-        max_held_mb,
-        room_ttl_secs: 30,
-        fetch_wait_ms: 2_000,
-        worker_id: None,
-        served_model_name: None,
-        metrics_port: 0,
-        receive: Default::default(),
+        ..args(model, max_held_mb)
     };
     iris_encoder::start(args).await.expect("encoder starts")
-}
-
-/// An image item of `h`×`w` patches whose pixels are all `value`.
-fn item(value: f32, h: u32, w: u32, hash: &'static [u8]) -> MultimodalItem {
-    let patches = h * w;
-    let pixels: Vec<u8> = std::iter::repeat_n(value.to_le_bytes(), (patches * PATCH_DIM) as usize)
-        .flatten()
-        .collect();
-    MultimodalItem {
-        modality: Modality::Image as i32,
-        content_hash: Bytes::from_static(hash),
-        encoder_input: Some(tensor::inline(
-            vec![patches, PATCH_DIM],
-            DType::Float32,
-            Bytes::from(pixels),
-        )),
-        model_specific_tensors: [(
-            "image_grid_thw".to_string(),
-            tensor::int64(vec![1, 3], &[1, h as i64, w as i64]),
-        )]
-        .into(),
-        placeholders: vec![],
-        placeholder_token_id: None,
-    }
-}
-
-fn request(items: Vec<MultimodalItem>, rooms: &[i64]) -> EncodeRequest {
-    EncodeRequest {
-        request_id: "r".into(),
-        mm_inputs: Some(MultimodalInputs { items }),
-        items: rooms
-            .iter()
-            .map(|&bootstrap_room| EncodeItemAssignment { bootstrap_room })
-            .collect(),
-    }
-}
-
-async fn clients(
-    enc: &RunningEncoder,
-) -> (TokenSpeedEncoderClient<Channel>, IrisDataClient<Channel>) {
-    let e = TokenSpeedEncoderClient::connect(format!("http://{}", enc.grpc_addr))
-        .await
-        .expect("connect");
-    let d = IrisDataClient::connect(format!("http://{}", enc.data_addr))
-        .await
-        .expect("connect");
-    (
-        e.max_encoding_message_size(usize::MAX),
-        d.max_decoding_message_size(usize::MAX),
-    )
-}
-
-async fn fetch(data: &mut IrisDataClient<Channel>, room: i64) -> Result<TensorData, tonic::Status> {
-    let resp = data
-        .fetch_embedding(FetchRequest {
-            room,
-            wait_ms: 2_000,
-            requester: "test".into(),
-        })
-        .await?;
-    Ok(resp.into_inner().embedding.expect("tensor"))
-}
-
-fn inline(t: &TensorData) -> Bytes {
-    match &t.payload {
-        Some(tensor_data::Payload::Inline(b)) => b.clone(),
-        other => panic!("expected inline, got {other:?}"),
-    }
 }
 
 #[tokio::test]
@@ -503,45 +408,14 @@ async fn tower_backend_without_weights_is_a_clear_startup_error() {
     let model = model();
     let args = EncoderArgs {
         compute: ComputeKind::Tower,
-        host: "127.0.0.1".into(),
-        port: 0,
-        bootstrap_port: 0,
-        model_path: model.path().to_path_buf(),
-        max_batch_patches: 4096,
-        coalesce_window_ms: 0,
-        dispatch_width: 1,
         queue_capacity: 4,
         embedding_cache_mb: 1,
-        max_held_mb: 1,
         room_ttl_secs: 1,
         fetch_wait_ms: 100,
-        worker_id: None,
-        served_model_name: None,
-        metrics_port: 0,
-        receive: Default::default(),
+        ..args(&model, 1)
     };
     let err = iris_encoder::start(args).await.err().expect("no weights");
     assert!(format!("{err:#}").contains("--compute digest"), "{err:#}");
-}
-
-/// A GET over a plain TCP connection; returns the whole response.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let head = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    stream.write_all(head.as_bytes()).await.expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("read");
-    response
-}
-
-fn assert_lines(text: &str, lines: &[&str]) {
-    for line in lines {
-        assert!(
-            text.lines().any(|l| l == *line),
-            "{line:?} missing from\n{text}"
-        );
-    }
 }
 
 #[tokio::test]
@@ -647,39 +521,14 @@ async fn loads(enc: &RunningEncoder) -> SchedulerLoad {
 /// flight and a later request's item queued behind it.
 #[tokio::test]
 async fn a_fast_item_is_served_while_a_slow_one_in_its_batch_computes() {
-    use iris_encoder::compute::{Compute, DigestCompute};
     let model = model();
     let (release, gate) = std::sync::mpsc::channel();
-    let compute: std::sync::Arc<dyn Compute> = std::sync::Arc::new(Gated {
-        inner: DigestCompute {
-            out_hidden: 64,
-            merge: 2,
-        },
+    let compute = std::sync::Arc::new(Gated {
+        inner: digest(),
         slow_grid: [1, 4, 4],
         gate: std::sync::Mutex::new(gate),
     });
-    let args = EncoderArgs {
-        compute: ComputeKind::Digest,
-        host: "127.0.0.1".into(),
-        port: 0,
-        bootstrap_port: 0,
-        metrics_port: 0,
-        model_path: model.path().to_path_buf(),
-        max_batch_patches: 4096,
-        coalesce_window_ms: 0,
-        dispatch_width: 1,
-        queue_capacity: 64,
-        embedding_cache_mb: 16,
-        max_held_mb: 64,
-        room_ttl_secs: 30,
-        fetch_wait_ms: 2_000,
-        worker_id: None,
-        served_model_name: None,
-        receive: Default::default(),
-    };
-    let enc = iris_encoder::start_with(args, Some(compute))
-        .await
-        .expect("encoder starts");
+    let enc = start_with(args(&model, 64), compute).await;
     let (mut e, mut d) = clients(&enc).await;
     e.encode(request(
         vec![item(1.0, 4, 4, b"slow"), item(2.0, 2, 2, b"fast")],

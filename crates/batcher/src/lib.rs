@@ -11,7 +11,9 @@
 //!   never waits for it;
 //! - batches are capped by cost (e.g. patches), not item count; a request's
 //!   own cap (`Request::max_batch_cost`) is honoured for the batch it joins;
-//!   a request is never split, and one above the cap runs alone;
+//!   a request is never split, and one above the cap runs alone (a caller
+//!   that wants its work split queues it as several requests, all or none,
+//!   with [`Batcher::enqueue_all`]);
 //! - up to `dispatch_width` batches run at once;
 //! - each item is answered as soon as the backend reports it done
 //!   ([`Completion`]), so a fast item is not held by a slow one in the same
@@ -83,6 +85,8 @@ pub enum BatchError {
     Stopped,
     #[error("the request has no items")]
     Empty,
+    #[error("{parts} requests queued together, more than the queue holds ({capacity})")]
+    TooMany { parts: usize, capacity: usize },
     #[error("the batch failed: {0}")]
     Backend(String),
     #[error("the item failed: {0}")]
@@ -149,22 +153,51 @@ impl<B: Backend> Batcher<B> {
     /// output as it is done. Refuses at once (instead of growing) when the
     /// queue is full.
     pub fn enqueue(&self, request: Request<B::Item>) -> Result<Answer<B::Output>, BatchError> {
-        let items = request.items.len();
-        if items == 0 {
+        let mut answers = self.enqueue_all(vec![request])?;
+        answers.pop().ok_or(BatchError::Empty)
+    }
+
+    /// Queues several requests, all or none: each is batched on its own
+    /// (and may land in different batches), and either every one is queued
+    /// or none is and the error says why. Answers are in request order.
+    pub fn enqueue_all(
+        &self,
+        requests: Vec<Request<B::Item>>,
+    ) -> Result<Vec<Answer<B::Output>>, BatchError> {
+        if requests.is_empty() || requests.iter().any(|r| r.items.is_empty()) {
             return Err(BatchError::Empty);
         }
-        let (reply, receiver) = mpsc::unbounded_channel();
-        let guard = self.queue.admit();
-        let pending = Pending::new(request.items, request.max_batch_cost, reply, guard);
-        self.metrics.queued(items);
-        self.tx.try_send(pending).map_err(|e| {
-            self.metrics.unqueued(items);
-            match e {
-                mpsc::error::TrySendError::Full(_) => BatchError::QueueFull(self.capacity),
-                mpsc::error::TrySendError::Closed(_) => BatchError::Stopped,
-            }
-        })?;
-        Ok(Answer::new(receiver, items))
+        if requests.len() > self.capacity {
+            return Err(BatchError::TooMany {
+                parts: requests.len(),
+                capacity: self.capacity,
+            });
+        }
+        let permits = self
+            .tx
+            .try_reserve_many(requests.len())
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(()) => BatchError::QueueFull(self.capacity),
+                mpsc::error::TrySendError::Closed(()) => BatchError::Stopped,
+            })?;
+        let answers = requests
+            .into_iter()
+            .zip(permits)
+            .map(|(request, permit)| {
+                let items = request.items.len();
+                let (reply, receiver) = mpsc::unbounded_channel();
+                let guard = self.queue.admit();
+                self.metrics.queued(items);
+                permit.send(Pending::new(
+                    request.items,
+                    request.max_batch_cost,
+                    reply,
+                    guard,
+                ));
+                Answer::new(receiver, items)
+            })
+            .collect();
+        Ok(answers)
     }
 
     /// Requests accepted and not yet answered (queued or running).

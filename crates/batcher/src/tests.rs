@@ -217,6 +217,50 @@ async fn a_callers_own_cap_is_honoured() {
     assert_eq!(fake.batches(), vec![vec![1, 2], vec![3, 4]]);
 }
 
+/// Requests queued together with `enqueue_all` are batched each on its
+/// own under their caps, and are queued all or none.
+#[tokio::test]
+async fn requests_queued_together_are_all_or_none() {
+    let fake = Fake::new(Duration::ZERO);
+    let mut cfg = config(0);
+    cfg.queue_capacity = 3;
+    let batcher = Batcher::start(fake.clone(), cfg);
+    let capped = |tag| Request {
+        items: vec![(tag, 10), (tag, 10)],
+        max_batch_cost: Some(20),
+    };
+    let answers = batcher
+        .enqueue_all(vec![capped(1), capped(2), capped(3)])
+        .unwrap();
+    let results = futures_join(answers).await;
+    assert_eq!(
+        results,
+        vec![Ok(vec![1, 1]), Ok(vec![2, 2]), Ok(vec![3, 3])]
+    );
+    assert_eq!(fake.batches(), vec![vec![1, 1], vec![2, 2], vec![3, 3]]);
+    let four = (1..=4).map(capped).collect();
+    assert_eq!(
+        batcher.enqueue_all(four).unwrap_err(),
+        BatchError::TooMany {
+            parts: 4,
+            capacity: 3
+        }
+    );
+    let with_empty = vec![
+        capped(1),
+        Request {
+            items: vec![],
+            max_batch_cost: None,
+        },
+    ];
+    assert_eq!(
+        batcher.enqueue_all(with_empty).unwrap_err(),
+        BatchError::Empty
+    );
+    assert_eq!(batcher.pending(), 0);
+    assert_eq!(fake.batches().len(), 3);
+}
+
 #[tokio::test]
 async fn a_panic_fails_only_its_batch() {
     let fake = Arc::new(Fake {
