@@ -48,7 +48,8 @@ pub enum Stage {
     PixelCache,
     /// Until the worker(s) accepted the request.
     Dispatch,
-    /// Until the first token reached the client.
+    /// Until the first token arrived from the workers (streaming: and
+    /// was sent on to the client).
     FirstToken,
     /// From the first token to the last.
     Decode,

@@ -291,15 +291,8 @@ fn pick_encoders(
     suspects: &[Arc<Worker>],
 ) -> Option<Vec<Arc<Worker>>> {
     let candidates = pools.encode.candidates(suspects);
-    items
-        .iter()
-        .map(|item| {
-            let worker = pools
-                .policy
-                .pick(&candidates, affinity_key(&item.content_hash))?;
-            Some(worker)
-        })
-        .collect()
+    let keys = items.iter().map(|item| affinity_key(&item.content_hash));
+    pools.policy.pick_all(&candidates, keys)
 }
 
 /// Sends one image to `worker` under `room`, its pixels on the worker's
