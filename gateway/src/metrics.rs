@@ -48,7 +48,8 @@ pub enum Stage {
     PixelCache,
     /// Until the worker(s) accepted the request.
     Dispatch,
-    /// Until the first token reached the client.
+    /// Until the first token arrived from the workers (streaming: and
+    /// was sent on to the client).
     FirstToken,
     /// From the first token to the last.
     Decode,
@@ -146,7 +147,7 @@ fn render_workers(out: &mut String, pools: &[std::sync::Arc<Pool>]) {
     out.push_str("# HELP iris_worker_healthy 1 when the worker is in service.\n# TYPE iris_worker_healthy gauge\n");
     let mut in_flight = String::from("# HELP iris_worker_in_flight Requests in flight per worker.\n# TYPE iris_worker_in_flight gauge\n");
     let mut requests = String::from("# HELP iris_worker_requests_total Requests (for encoders: images) sent per worker.\n# TYPE iris_worker_requests_total counter\n");
-    let mut failures = String::from("# HELP iris_worker_failures_total Requests a worker failed or could not take.\n# TYPE iris_worker_failures_total counter\n");
+    let mut failures = String::from("# HELP iris_worker_failures_total Requests (for encoders: images) a worker failed or could not take, pushback and timeouts included.\n# TYPE iris_worker_failures_total counter\n");
     for pool in pools {
         for w in pool.snapshot().iter() {
             let labels = format!("worker=\"{}\",role=\"{}\"", w.url, w.role.as_str());

@@ -269,6 +269,48 @@ async fn models_health_and_metrics() {
     )));
 }
 
+/// `iris_stage_duration_seconds_{suffix}{stage="STAGE"}` from metrics text.
+fn stage_value(metrics: &str, suffix: &str, stage: &str) -> f64 {
+    let prefix = format!("iris_stage_duration_seconds_{suffix}{{stage=\"{stage}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in {metrics}"))
+}
+
+#[tokio::test]
+async fn a_non_streaming_answer_times_its_first_token_and_its_decode() {
+    let model = tiny_model();
+    // 20 ms per decode step: ten tokens take at least 180 ms after the first.
+    let worker = engine(&model, Role::Aggregated, 20_000).await;
+    let gw = aggregated(&model, &[&worker], &[]).await;
+    ready(&gw).await;
+    let (status, body) = post_json(&gw, &chat_body(&model.name, "hi", 10, false)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 10);
+    let metrics = reqwest::get(url(&gw, "/metrics"))
+        .await
+        .expect("send")
+        .text()
+        .await
+        .expect("text");
+    for stage in ["first_token", "decode", "total"] {
+        assert_eq!(stage_value(&metrics, "count", stage), 1.0, "{stage}");
+    }
+    let first_token = stage_value(&metrics, "sum", "first_token");
+    let decode = stage_value(&metrics, "sum", "decode");
+    let total = stage_value(&metrics, "sum", "total");
+    assert!(
+        decode >= 0.18,
+        "decode covers the nine later steps: {decode}"
+    );
+    assert!(
+        first_token + decode <= total,
+        "the first token came before the end: {first_token} + {decode} > {total}"
+    );
+}
+
 fn forced_healthy(
     addr: std::net::SocketAddr,
     role: iris_gateway::workers::Role,

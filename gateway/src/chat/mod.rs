@@ -2,6 +2,7 @@
 //! prompt, start the request on workers, then answer as SSE
 //! ([`stream`]) or as one JSON body ([`complete`]).
 
+mod clock;
 mod complete;
 mod errors;
 mod stream;
@@ -97,7 +98,7 @@ async fn prepare(
         .stage(Stage::Tokenize, tokenize_start.elapsed());
     let (input_ids, mm_inputs) = place_images(state, input_ids, &images).map_err(client)?;
     let sampling = request.sampling();
-    let mut generate = generate_request(&id, input_ids, &sampling, request.is_stream());
+    let mut generate = generate_request(&id, input_ids, &sampling);
     generate.mm_inputs = mm_inputs;
     let prompt_tokens = generate
         .tokenized
@@ -186,7 +187,10 @@ fn build_prompt(state: &AppState, request: &ChatCompletionRequest) -> Result<Vec
     Ok(ids)
 }
 
-fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling, stream: bool) -> GenerateRequest {
+/// The Generate request for the workers. Workers always stream: a
+/// non-streaming answer is collected in the gateway, which so learns when
+/// the first token arrived (the `first_token` and `decode` stages).
+fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling) -> GenerateRequest {
     GenerateRequest {
         request_id: id.to_owned(),
         tokenized: Some(TokenizedInput {
@@ -210,7 +214,7 @@ fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling, stream: bool) -
             sampling_seed: s.seed,
             ..SamplingParams::default()
         }),
-        stream,
+        stream: true,
         ..GenerateRequest::default()
     }
 }

@@ -171,17 +171,19 @@ impl Router {
             tokio::join!(encodes, p.generate(&p_request), d.generate(&d_request));
         drop(permits);
         self.encode_time.observe(encode_started.elapsed());
-        let failed_encode = encoders
+        let failed_encodes: Vec<(&Arc<Worker>, Status)> = encoders
             .iter()
             .zip(encoded)
-            .find_map(|(worker, result)| result.err().map(|status| (worker, status)));
+            .filter_map(|(worker, result)| result.err().map(|status| (worker, status)))
+            .collect();
+        let failed_encode = self.encodes_failed(failed_encodes, suspects);
         const REASON: &str = "another leg of the request failed";
         let (p_stream, d_stream) = match (failed_encode, p_result, d_result) {
             (None, Ok(p_stream), Ok(d_stream)) => (p_stream.into_inner(), d_stream.into_inner()),
-            (Some((worker, status)), p_result, d_result) => {
+            (Some(failure), p_result, d_result) => {
                 p_leg.abort_if(p_result.is_ok(), REASON);
                 d_leg.abort_if(d_result.is_ok(), REASON);
-                return Attempt::Failed(self.encode_failed(worker, status, suspects));
+                return Attempt::Failed(failure);
             }
             (None, Err(status), d_result) => {
                 d_leg.abort_if(d_result.is_ok(), REASON);
@@ -229,24 +231,30 @@ impl Router {
         }
     }
 
-    /// An Encode call failed: the encoder is avoided for this request and,
-    /// unless it only pushed back (queue full), counts toward its circuit.
-    fn encode_failed(
+    /// The failed Encode calls of an attempt: each encoder is counted and
+    /// avoided for this request. The attempt's failure (`None`: no call
+    /// failed) is the first that says the request itself is wrong (no
+    /// retry could help), else the first.
+    fn encodes_failed(
         &self,
-        worker: &Arc<Worker>,
-        status: Status,
+        failed: Vec<(&Arc<Worker>, Status)>,
         suspects: &mut Suspects,
-    ) -> Failure {
-        if !busy(&status) {
-            worker.record_failure(self.circuit_breaker_failures);
-        }
-        suspects.encode.push(worker.clone());
-        let retryable = retryable_before_first_token(&status);
-        let status = Status::new(
-            status.code(),
-            format!("encode worker {} failed: {}", worker.url, status.message()),
-        );
-        Failure::new(worker, status, retryable)
+    ) -> Option<Failure> {
+        let failures: Vec<Failure> = failed
+            .into_iter()
+            .map(|(worker, status)| {
+                count_encode_failure(worker, &status, self.circuit_breaker_failures);
+                suspects.encode.push(worker.clone());
+                let retryable = retryable_before_first_token(&status);
+                let status = Status::new(
+                    status.code(),
+                    format!("encode worker {} failed: {}", worker.url, status.message()),
+                );
+                Failure::new(worker, status, retryable)
+            })
+            .collect();
+        let decisive = failures.iter().position(|f| !f.retryable).unwrap_or(0);
+        failures.into_iter().nth(decisive)
     }
 
     /// A Generate leg could not be started.
@@ -265,6 +273,17 @@ impl Router {
     }
 }
 
+/// Counts a failed Encode against `worker`. Every failure is counted; only
+/// those that say the encoder is broken count toward its circuit, not
+/// pushback (queue full, too slow to accept) nor a refused request.
+fn count_encode_failure(worker: &Worker, status: &Status, circuit_breaker_failures: u32) {
+    if busy(status) || !retryable_before_first_token(status) {
+        worker.record_refusal();
+    } else {
+        worker.record_failure(circuit_breaker_failures);
+    }
+}
+
 /// One encode worker per image, or `None` when the pool has no healthy one.
 fn pick_encoders(
     pools: &Pools<'_>,
@@ -272,15 +291,8 @@ fn pick_encoders(
     suspects: &[Arc<Worker>],
 ) -> Option<Vec<Arc<Worker>>> {
     let candidates = pools.encode.candidates(suspects);
-    items
-        .iter()
-        .map(|item| {
-            let worker = pools
-                .policy
-                .pick(&candidates, affinity_key(&item.content_hash))?;
-            Some(worker)
-        })
-        .collect()
+    let keys = items.iter().map(|item| affinity_key(&item.content_hash));
+    pools.policy.pick_all(&candidates, keys)
 }
 
 /// Sends one image to `worker` under `room`, its pixels on the worker's
@@ -404,4 +416,42 @@ fn retryable_before_first_token(status: &Status) -> bool {
             | Code::PermissionDenied
             | Code::Unauthenticated
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::WorkerUrl;
+
+    fn encoder() -> Arc<Worker> {
+        let url = WorkerUrl::parse("grpc://127.0.0.1:1").unwrap();
+        let worker = Worker::new(url, Role::Encode, Duration::from_secs(1)).unwrap();
+        worker.set_healthy(true);
+        worker
+    }
+
+    #[tokio::test]
+    async fn pushback_timeouts_and_refused_requests_count_but_keep_the_circuit_closed() {
+        let codes = [
+            Code::ResourceExhausted,
+            Code::DeadlineExceeded,
+            Code::InvalidArgument,
+        ];
+        for code in codes {
+            let worker = encoder();
+            count_encode_failure(&worker, &Status::new(code, "no"), 1);
+            assert_eq!(worker.request_counts(), (0, 1), "{code:?} is counted");
+            assert!(worker.is_healthy(), "{code:?} leaves the circuit closed");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_broken_encoder_counts_toward_its_circuit() {
+        for code in [Code::Unavailable, Code::Internal, Code::Unknown] {
+            let worker = encoder();
+            count_encode_failure(&worker, &Status::new(code, "broken"), 1);
+            assert_eq!(worker.request_counts(), (0, 1));
+            assert!(!worker.is_healthy(), "{code:?} opens the circuit");
+        }
+    }
 }

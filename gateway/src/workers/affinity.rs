@@ -1,4 +1,4 @@
-//! Choosing an encode worker for one image (`--encode-policy`).
+//! Choosing an encode worker for each image of a request (`--encode-policy`).
 //!
 //! The default, `consistent_hashing`, sends an image to the same encoder
 //! every time (so the encoder's embedding cache hits) without letting a hot
@@ -7,7 +7,8 @@
 //! moves only the images that scored highest on it) with bounded loads —
 //! a worker is skipped while its in-flight count would exceed
 //! `load_factor` × the mean, and the image goes to the next worker in its
-//! score order.
+//! score order. Images assigned earlier in the same request count as load
+//! too, so one request carrying many copies of a hot image spreads them.
 
 use std::sync::Arc;
 
@@ -65,29 +66,60 @@ impl EncodePolicy {
 
     /// Picks one of `candidates` for the image whose content hash folds to `key`.
     pub fn pick(&self, candidates: &[Arc<Worker>], key: u64) -> Option<Arc<Worker>> {
-        match self.kind {
-            EncodePolicyKind::ConsistentHashing => self.bounded_rendezvous(candidates, key),
-            _ => self.plain.pick(candidates),
-        }
+        self.pick_all(candidates, [key])?.pop()
     }
 
-    fn bounded_rendezvous(&self, candidates: &[Arc<Worker>], key: u64) -> Option<Arc<Worker>> {
+    /// Picks an encoder for each image of one request (`keys`: their
+    /// affinity keys, in order). Images assigned earlier in the request
+    /// count as load on their encoder, so several copies of one hot image
+    /// spread as they would across requests. `None` when there is no
+    /// candidate.
+    pub fn pick_all(
+        &self,
+        candidates: &[Arc<Worker>],
+        keys: impl IntoIterator<Item = u64>,
+    ) -> Option<Vec<Arc<Worker>>> {
+        let mut assigned = vec![0usize; candidates.len()];
+        keys.into_iter()
+            .map(|key| {
+                let load = |i: usize| candidates[i].in_flight() + assigned[i];
+                let index = match self.kind {
+                    EncodePolicyKind::ConsistentHashing => {
+                        self.bounded_rendezvous(candidates, key, load)
+                    }
+                    _ => self.plain.pick_index(candidates.len(), load),
+                }?;
+                assigned[index] += 1;
+                candidates.get(index).cloned()
+            })
+            .collect()
+    }
+
+    /// The index of the highest-scoring candidate for `key` whose load
+    /// stays under the bound; the plain policy's pick when none does.
+    fn bounded_rendezvous(
+        &self,
+        candidates: &[Arc<Worker>],
+        key: u64,
+        load: impl Fn(usize) -> usize,
+    ) -> Option<usize> {
         let n = candidates.len();
         if n == 0 {
             return None;
         }
-        let total: usize = candidates.iter().map(|w| w.in_flight()).sum();
+        let total: usize = (0..n).map(&load).sum();
         let bound = (self.load_factor * (total + 1) as f64 / n as f64).ceil() as usize;
-        let mut ranked: Vec<(u64, &Arc<Worker>)> = candidates
+        let mut ranked: Vec<(u64, usize)> = candidates
             .iter()
-            .map(|w| (score(key, &w.url.to_string()), w))
+            .enumerate()
+            .map(|(i, w)| (score(key, &w.url.to_string()), i))
             .collect();
         ranked.sort_unstable_by_key(|(score, _)| std::cmp::Reverse(*score));
         ranked
             .iter()
-            .find(|(_, w)| w.in_flight() < bound)
-            .map(|(_, w)| (*w).clone())
-            .or_else(|| self.plain.pick(candidates))
+            .map(|(_, i)| *i)
+            .find(|&i| load(i) < bound)
+            .or_else(|| self.plain.pick_index(n, &load))
     }
 }
 
@@ -192,6 +224,71 @@ mod tests {
             home,
             "back home when idle"
         );
+    }
+
+    #[tokio::test]
+    async fn copies_of_a_hot_image_in_one_request_spread_too() {
+        let ws = workers(4);
+        let p = EncodePolicy::new(EncodePolicyKind::ConsistentHashing, 1.25);
+        // One request carrying the same image 40 times, nothing in flight.
+        let picks = p.pick_all(&ws, [42u64; 40]).unwrap();
+        assert_eq!(picks.len(), 40);
+        let mut per_worker: HashMap<String, usize> = HashMap::new();
+        for w in &picks {
+            *per_worker.entry(host(w)).or_default() += 1;
+        }
+        let max = per_worker.values().copied().max().unwrap();
+        assert!(max <= 13, "bounded load within the request: {per_worker:?}");
+        assert_eq!(
+            per_worker.len(),
+            4,
+            "spilled to every worker: {per_worker:?}"
+        );
+        let home = host(&p.pick(&ws, 42).unwrap());
+        assert_eq!(host(&picks[0]), home, "the first copy goes home");
+    }
+
+    #[tokio::test]
+    async fn distinct_images_of_one_request_keep_their_homes() {
+        let ws = workers(4);
+        let p = EncodePolicy::new(EncodePolicyKind::ConsistentHashing, 1.25);
+        // Two images whose homes differ: the request changes nothing.
+        let a = 1u64;
+        let home_a = host(&p.pick(&ws, a).unwrap());
+        let b = (2..)
+            .map(mix)
+            .find(|&k| host(&p.pick(&ws, k).unwrap()) != home_a)
+            .unwrap();
+        let home_b = host(&p.pick(&ws, b).unwrap());
+        let picks: Vec<String> = p
+            .pick_all(&ws, [a, b])
+            .unwrap()
+            .iter()
+            .map(|w| host(w))
+            .collect();
+        assert_eq!(picks, vec![home_a, home_b]);
+    }
+
+    #[tokio::test]
+    async fn least_load_counts_the_images_already_assigned() {
+        let ws = workers(3);
+        let p = EncodePolicy::new(EncodePolicyKind::LeastLoad, 1.25);
+        let _busy = [
+            ws[0].start_request(),
+            ws[0].start_request(),
+            ws[1].start_request(),
+        ];
+        // In flight 2, 1, 0: three images even the loads out at 2, 2, 2
+        // instead of all going to the idle worker.
+        let mut picks: Vec<String> = p
+            .pick_all(&ws, [7u64; 3])
+            .unwrap()
+            .iter()
+            .map(|w| host(w))
+            .collect();
+        picks.sort();
+        assert_eq!(picks, vec!["10.0.0.2", "10.0.0.3", "10.0.0.3"]);
+        assert!(p.pick_all(&[], [7u64]).is_none());
     }
 
     #[tokio::test]

@@ -44,42 +44,46 @@ impl Policy {
 
     /// Picks one of `candidates` (already filtered to usable workers).
     pub fn pick(&self, candidates: &[Arc<Worker>]) -> Option<Arc<Worker>> {
-        let n = candidates.len();
+        let index = self.pick_index(candidates.len(), |i| candidates[i].in_flight())?;
+        candidates.get(index).cloned()
+    }
+
+    /// The index of the pick among `n` candidates whose loads are
+    /// `load(i)` (callers may add work not yet in flight); `None` when
+    /// `n` is 0.
+    pub fn pick_index(&self, n: usize, load: impl Fn(usize) -> usize) -> Option<usize> {
         if n == 0 {
             return None;
         }
-        let index = match self.kind {
+        Some(match self.kind {
             PolicyKind::RoundRobin => self.next(n),
             PolicyKind::Random => fastrand::usize(..n),
-            PolicyKind::PowerOfTwo => power_of_two(candidates),
-            PolicyKind::LeastLoad => self.least_load(candidates),
-        };
-        candidates.get(index).cloned()
+            PolicyKind::PowerOfTwo => power_of_two(n, load),
+            PolicyKind::LeastLoad => self.least_load(n, load),
+        })
     }
 
     fn next(&self, n: usize) -> usize {
         self.cursor.fetch_add(1, Ordering::Relaxed) % n
     }
 
-    fn least_load(&self, candidates: &[Arc<Worker>]) -> usize {
+    fn least_load(&self, n: usize, load: impl Fn(usize) -> usize) -> usize {
         // Start the scan at a rotating offset so ties spread evenly.
-        let n = candidates.len();
         let start = self.next(n);
         (0..n)
             .map(|i| (start + i) % n)
-            .min_by_key(|&i| candidates[i].in_flight())
+            .min_by_key(|&i| load(i))
             .unwrap_or(0)
     }
 }
 
-fn power_of_two(candidates: &[Arc<Worker>]) -> usize {
-    let n = candidates.len();
+fn power_of_two(n: usize, load: impl Fn(usize) -> usize) -> usize {
     if n == 1 {
         return 0;
     }
     let a = fastrand::usize(..n);
     let b = (a + 1 + fastrand::usize(..n - 1)) % n;
-    if candidates[b].in_flight() < candidates[a].in_flight() {
+    if load(b) < load(a) {
         b
     } else {
         a

@@ -209,6 +209,13 @@ impl Worker {
         false
     }
 
+    /// Records a request the worker could not take (queue full, too slow
+    /// to accept) or refused as malformed: counted as failed, but not
+    /// toward the circuit, since the worker itself is not broken.
+    pub fn record_refusal(&self) {
+        self.failed_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// (requests started, requests failed) over the worker's life.
     pub fn request_counts(&self) -> (u64, u64) {
         (

@@ -1,0 +1,427 @@
+//! Supervised encode through a real EPD gateway: reference prefill and
+//! decode engines, a real digest encoder, and a fake `TokenSpeedEncoder`
+//! whose answers each test chooses (refuse, fail with a status). The fake
+//! is listed first and images go round robin, so the first attempt of the
+//! first request always meets it.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::*;
+use iris_encoder::{ComputeKind, EncoderArgs, RunningEncoder};
+use iris_engine::{Role, RunningEngine};
+use iris_gateway::RunningGateway;
+use iris_proto::common::{GetTokenizerChunk, GetTokenizerRequest};
+use iris_proto::encoder::token_speed_encoder_server::{TokenSpeedEncoder, TokenSpeedEncoderServer};
+use iris_proto::encoder::{EncodeRequest, EncodeResponse};
+use iris_proto::scheduler::token_speed_scheduler_server::{
+    TokenSpeedScheduler, TokenSpeedSchedulerServer,
+};
+use iris_proto::scheduler::*;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Request, Response, Status};
+
+/// How the fake encoder answers Encode.
+#[derive(Clone, Copy)]
+enum Behaviour {
+    /// `accepted = false`.
+    Refuse,
+    /// An error status with this code.
+    Fail(Code),
+}
+
+/// A fake encode worker: healthy, answers Encode as told, counts calls.
+#[derive(Clone)]
+struct FakeEncoder {
+    behaviour: Behaviour,
+    calls: Arc<AtomicUsize>,
+}
+
+#[tonic::async_trait]
+impl TokenSpeedEncoder for FakeEncoder {
+    async fn encode(&self, _: Request<EncodeRequest>) -> Result<Response<EncodeResponse>, Status> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        match self.behaviour {
+            Behaviour::Refuse => Ok(Response::new(EncodeResponse { accepted: false })),
+            Behaviour::Fail(code) => Err(Status::new(code, "the fake encoder fails as told")),
+        }
+    }
+}
+
+type Stream<T> = ReceiverStream<Result<T, Status>>;
+
+#[tonic::async_trait]
+impl TokenSpeedScheduler for FakeEncoder {
+    type GenerateStream = Stream<GenerateResponse>;
+    type GetTokenizerStream = Stream<GetTokenizerChunk>;
+
+    async fn generate(
+        &self,
+        _: Request<GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        Err(Status::unimplemented("fake encoder"))
+    }
+
+    async fn health_check(
+        &self,
+        _: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
+        Ok(Response::new(HealthCheckResponse {
+            healthy: true,
+            message: "fake encoder".into(),
+        }))
+    }
+
+    async fn abort(&self, _: Request<AbortRequest>) -> Result<Response<AbortResponse>, Status> {
+        Ok(Response::new(AbortResponse::default()))
+    }
+
+    async fn get_model_info(
+        &self,
+        _: Request<GetModelInfoRequest>,
+    ) -> Result<Response<GetModelInfoResponse>, Status> {
+        Err(Status::unimplemented("fake encoder"))
+    }
+
+    async fn get_server_info(
+        &self,
+        _: Request<GetServerInfoRequest>,
+    ) -> Result<Response<GetServerInfoResponse>, Status> {
+        Err(Status::unimplemented("fake encoder"))
+    }
+
+    async fn get_loads(
+        &self,
+        _: Request<GetLoadsRequest>,
+    ) -> Result<Response<GetLoadsResponse>, Status> {
+        Err(Status::unimplemented("fake encoder"))
+    }
+
+    async fn get_tokenizer(
+        &self,
+        _: Request<GetTokenizerRequest>,
+    ) -> Result<Response<Self::GetTokenizerStream>, Status> {
+        Err(Status::unimplemented("fake encoder"))
+    }
+}
+
+/// A running fake: its gRPC address, a data port that accepts connections
+/// and never answers (a prefill fetching from it waits until aborted), and
+/// its call count.
+struct Fake {
+    addr: SocketAddr,
+    silent_data: TcpListener,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Fake {
+    async fn start(behaviour: Behaviour) -> Fake {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let silent_data = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let calls = Arc::new(AtomicUsize::new(0));
+        let fake = FakeEncoder {
+            behaviour,
+            calls: calls.clone(),
+        };
+        let server = tonic::transport::Server::builder()
+            .add_service(TokenSpeedEncoderServer::new(fake.clone()))
+            .add_service(TokenSpeedSchedulerServer::new(fake))
+            .serve_with_incoming(iris_process::nodelay_incoming(listener));
+        tokio::spawn(server);
+        Fake {
+            addr,
+            silent_data,
+            calls,
+        }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn url(&self) -> String {
+        grpc(self.addr)
+    }
+
+    /// `--encode URL PORT` arguments.
+    fn encode_args(&self) -> [String; 3] {
+        let port = self.silent_data.local_addr().expect("addr").port();
+        ["--encode".into(), self.url(), port.to_string()]
+    }
+}
+
+async fn digest_encoder(model: &Model) -> RunningEncoder {
+    let args = EncoderArgs {
+        compute: ComputeKind::Digest,
+        host: "127.0.0.1".into(),
+        port: 0,
+        bootstrap_port: 0,
+        model_path: model.dir.path().to_path_buf(),
+        max_batch_patches: 4096,
+        coalesce_window_ms: 0,
+        dispatch_width: 1,
+        queue_capacity: 64,
+        embedding_cache_mb: 16,
+        max_held_mb: 64,
+        room_ttl_secs: 30,
+        fetch_wait_ms: 5_000,
+        worker_id: None,
+        served_model_name: None,
+        metrics_port: 0,
+        receive: Default::default(),
+    };
+    iris_encoder::start(args).await.expect("encoder starts")
+}
+
+fn real_encode_args(encoder: &RunningEncoder) -> [String; 3] {
+    [
+        "--encode".into(),
+        grpc(encoder.grpc_addr),
+        encoder.data_addr.port().to_string(),
+    ]
+}
+
+/// Prefill and decode that wait a long time for transferred state, so a
+/// leg of a failed attempt ends early only if the gateway aborts it.
+struct Pd {
+    prefill: RunningEngine,
+    decode: RunningEngine,
+}
+
+impl Pd {
+    async fn start(model: &Model) -> Pd {
+        let start = |role| {
+            let mut args = engine_args(model, role, 0);
+            args.transfer_wait_ms = 600_000;
+            iris_engine::start(args)
+        };
+        Pd {
+            prefill: start(Role::Prefill).await.expect("prefill starts"),
+            decode: start(Role::Decode).await.expect("decode starts"),
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        let data = self.prefill.data_addr.expect("prefill data server");
+        vec![
+            "--prefill".into(),
+            grpc(self.prefill.grpc_addr),
+            data.port().to_string(),
+            "--decode".into(),
+            grpc(self.decode.grpc_addr),
+        ]
+    }
+
+    /// Waits (bounded, generously) until neither engine runs anything.
+    async fn idle(&self) {
+        for _ in 0..400 {
+            if running(&self.prefill).await == 0 && running(&self.decode).await == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("a leg of a failed attempt was never aborted");
+    }
+}
+
+/// An EPD gateway over `encoders` (each `--encode URL PORT`), images round
+/// robin, waited on until every worker is healthy.
+async fn epd_gateway(
+    model: &Model,
+    encoders: &[[String; 3]],
+    pd: &Pd,
+    extra: &[&str],
+) -> RunningGateway {
+    let mut args: Vec<String> = vec!["--epd-disaggregation".into()];
+    args.extend(encoders.iter().flatten().cloned());
+    args.extend(pd.args());
+    args.extend(["--encode-policy".into(), "round_robin".into()]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let gw = gateway(model, &args).await;
+    all_healthy(&gw).await;
+    gw
+}
+
+async fn metrics(gw: &RunningGateway) -> String {
+    reqwest::get(url(gw, "/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body")
+}
+
+async fn all_healthy(gw: &RunningGateway) {
+    for _ in 0..200 {
+        let text = metrics(gw).await;
+        let health: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("iris_worker_healthy{"))
+            .collect();
+        if !health.is_empty() && health.iter().all(|l| l.ends_with(" 1")) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the workers never all became healthy");
+}
+
+/// The value of `metric{worker="URL",…}` in the gateway's metrics.
+async fn worker_metric(gw: &RunningGateway, metric: &str, worker: &str) -> u64 {
+    let prefix = format!("{metric}{{worker=\"{worker}\"");
+    metrics(gw)
+        .await
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix}"))
+}
+
+/// A small PNG whose pixels depend on `seed`, as a data: URL.
+fn png_data_url(seed: u8) -> String {
+    let image = image::RgbImage::from_fn(64, 64, |x, y| {
+        image::Rgb([x as u8 * 4, y as u8 * 4, seed.wrapping_mul(31)])
+    });
+    let mut png = std::io::Cursor::new(Vec::new());
+    image
+        .write_to(&mut png, image::ImageFormat::Png)
+        .expect("png");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(png.into_inner());
+    format!("data:image/png;base64,{b64}")
+}
+
+fn image_chat(model: &str, seeds: &[u8]) -> Value {
+    let mut content = vec![json!({"type": "text", "text": "What is in these pictures?"})];
+    content.extend(
+        seeds
+            .iter()
+            .map(|&s| json!({"type": "image_url", "image_url": {"url": png_data_url(s)}})),
+    );
+    json!({
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 8,
+        "ignore_eos": true,
+    })
+}
+
+/// One image chat through a fake that fails as `behaviour` says and a real
+/// encoder: the chat succeeds on the real one, the fake's failure is
+/// counted against it, and the legs of the failed attempt are aborted.
+async fn retried_on_the_other_encoder(behaviour: Behaviour) {
+    let model = tiny_model();
+    let pd = Pd::start(&model).await;
+    let fake = Fake::start(behaviour).await;
+    let real = digest_encoder(&model).await;
+    let encoders = [fake.encode_args(), real_encode_args(&real)];
+    let gw = epd_gateway(&model, &encoders, &pd, &[]).await;
+
+    let (status, body) = post_json(&gw, &image_chat(&model.name, &[1])).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 8);
+    assert_eq!(fake.calls(), 1, "the first attempt went to the fake");
+    let real_url = grpc(real.grpc_addr);
+    assert_eq!(
+        worker_metric(&gw, "iris_worker_requests_total", &real_url).await,
+        1,
+        "the retry went to the real encoder"
+    );
+    assert_eq!(
+        worker_metric(&gw, "iris_worker_failures_total", &fake.url()).await,
+        1
+    );
+    assert_eq!(
+        worker_metric(&gw, "iris_worker_failures_total", &real_url).await,
+        0
+    );
+    assert!(metrics(&gw).await.contains("iris_retries_total 1"));
+    // The failed attempt's prefill waits on the fake's silent data server
+    // and its decode on that prefill: only the gateway's aborts end them.
+    pd.idle().await;
+}
+
+#[tokio::test]
+async fn a_refused_image_goes_to_the_other_encoder() {
+    retried_on_the_other_encoder(Behaviour::Refuse).await;
+}
+
+#[tokio::test]
+async fn an_encoder_error_status_moves_the_image_and_aborts_the_failed_legs() {
+    retried_on_the_other_encoder(Behaviour::Fail(Code::Unavailable)).await;
+    retried_on_the_other_encoder(Behaviour::Fail(Code::Internal)).await;
+}
+
+#[tokio::test]
+async fn encoder_pushback_and_timeouts_count_as_worker_failures() {
+    retried_on_the_other_encoder(Behaviour::Fail(Code::ResourceExhausted)).await;
+    retried_on_the_other_encoder(Behaviour::Fail(Code::DeadlineExceeded)).await;
+}
+
+#[tokio::test]
+async fn an_invalid_request_fails_at_once_without_trying_another_encoder() {
+    let model = tiny_model();
+    let pd = Pd::start(&model).await;
+    let fake = Fake::start(Behaviour::Fail(Code::InvalidArgument)).await;
+    let real = digest_encoder(&model).await;
+    let encoders = [fake.encode_args(), real_encode_args(&real)];
+    let gw = epd_gateway(&model, &encoders, &pd, &[]).await;
+
+    let (status, body) = post_json(&gw, &image_chat(&model.name, &[2])).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(message.contains("fails as told"), "{message}");
+    assert!(
+        !message.contains("127.0.0.1"),
+        "no worker address: {message}"
+    );
+    assert_eq!(fake.calls(), 1);
+    let real_url = grpc(real.grpc_addr);
+    assert_eq!(
+        worker_metric(&gw, "iris_worker_requests_total", &real_url).await,
+        0,
+        "the other encoder was not tried"
+    );
+    assert!(metrics(&gw).await.contains("iris_retries_total 0"));
+    pd.idle().await;
+}
+
+#[tokio::test]
+async fn every_encoder_failing_ends_in_a_clear_error_once_retries_run_out() {
+    let model = tiny_model();
+    let pd = Pd::start(&model).await;
+    let a = Fake::start(Behaviour::Fail(Code::Unavailable)).await;
+    let b = Fake::start(Behaviour::Refuse).await;
+    let gw = epd_gateway(
+        &model,
+        &[a.encode_args(), b.encode_args()],
+        &pd,
+        &["--max-retries", "3", "--circuit-breaker-failures", "0"],
+    )
+    .await;
+
+    let (status, body) = post_json(&gw, &image_chat(&model.name, &[3, 4])).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["type"], "server_error", "{body}");
+    assert_eq!(body["error"]["code"], "service_unavailable", "{body}");
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(message.contains("encode worker"), "{message}");
+    // Four attempts of two images each, round robin over both fakes.
+    assert_eq!(a.calls() + b.calls(), 8);
+    assert!(a.calls() > 0 && b.calls() > 0);
+    // Every failed image is counted, not only the first of each attempt.
+    let failures = worker_metric(&gw, "iris_worker_failures_total", &a.url()).await
+        + worker_metric(&gw, "iris_worker_failures_total", &b.url()).await;
+    assert_eq!(failures, 8);
+    assert!(metrics(&gw).await.contains("iris_retries_total 3"));
+    pd.idle().await;
+}
