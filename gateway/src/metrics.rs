@@ -53,11 +53,14 @@ pub enum Stage {
     FirstToken,
     /// From the first token to the last.
     Decode,
+    /// Non-streaming answers: from dispatch to the worker's one answer
+    /// (first token and decode are not separable there).
+    Generate,
     /// The whole request.
     Total,
 }
 
-const STAGES: [(Stage, &str); 10] = [
+const STAGES: [(Stage, &str); 11] = [
     (Stage::Parse, "parse"),
     (Stage::Tokenize, "tokenize"),
     (Stage::Images, "images"),
@@ -67,6 +70,7 @@ const STAGES: [(Stage, &str); 10] = [
     (Stage::Dispatch, "dispatch"),
     (Stage::FirstToken, "first_token"),
     (Stage::Decode, "decode"),
+    (Stage::Generate, "generate"),
     (Stage::Total, "total"),
 ];
 

@@ -280,7 +280,7 @@ fn stage_value(metrics: &str, suffix: &str, stage: &str) -> f64 {
 }
 
 #[tokio::test]
-async fn a_non_streaming_answer_times_its_first_token_and_its_decode() {
+async fn stages_time_first_token_and_decode_when_streaming_and_generate_otherwise() {
     let model = tiny_model();
     // 20 ms per decode step: ten tokens take at least 180 ms after the first.
     let worker = engine(&model, Role::Aggregated, 20_000).await;
@@ -289,26 +289,44 @@ async fn a_non_streaming_answer_times_its_first_token_and_its_decode() {
     let (status, body) = post_json(&gw, &chat_body(&model.name, "hi", 10, false)).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 10);
-    let metrics = reqwest::get(url(&gw, "/metrics"))
-        .await
-        .expect("send")
-        .text()
-        .await
-        .expect("text");
-    for stage in ["first_token", "decode", "total"] {
-        assert_eq!(stage_value(&metrics, "count", stage), 1.0, "{stage}");
+    let metrics = metrics_text(&gw).await;
+    for (stage, count) in [("generate", 1.0), ("first_token", 0.0), ("decode", 0.0)] {
+        assert_eq!(stage_value(&metrics, "count", stage), count, "{stage}");
+    }
+    let generate = stage_value(&metrics, "sum", "generate");
+    let first_total = stage_value(&metrics, "sum", "total");
+    assert!(
+        generate >= 0.18,
+        "generate covers the decode steps: {generate}"
+    );
+    assert!(generate <= first_total);
+
+    let events = post_stream(&gw, &chat_body(&model.name, "hi", 10, true)).await;
+    assert_eq!(finish_reason(&events).as_deref(), Some("length"));
+    let metrics = metrics_text(&gw).await;
+    for (stage, count) in [("generate", 1.0), ("first_token", 1.0), ("decode", 1.0)] {
+        assert_eq!(stage_value(&metrics, "count", stage), count, "{stage}");
     }
     let first_token = stage_value(&metrics, "sum", "first_token");
     let decode = stage_value(&metrics, "sum", "decode");
-    let total = stage_value(&metrics, "sum", "total");
     assert!(
         decode >= 0.18,
         "decode covers the nine later steps: {decode}"
     );
+    let streamed_total = stage_value(&metrics, "sum", "total") - first_total;
     assert!(
-        first_token + decode <= total,
-        "the first token came before the end: {first_token} + {decode} > {total}"
+        first_token + decode <= streamed_total,
+        "the first token came before the end: {first_token} + {decode} > {streamed_total}"
     );
+}
+
+async fn metrics_text(gw: &iris_gateway::RunningGateway) -> String {
+    reqwest::get(url(gw, "/metrics"))
+        .await
+        .expect("send")
+        .text()
+        .await
+        .expect("text")
 }
 
 fn forced_healthy(

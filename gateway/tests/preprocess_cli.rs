@@ -10,7 +10,10 @@ use std::process::{Command, Output};
 
 use iris_vision::{decode, processor_from_model_dir, DecodeLimits, PreprocessOptions};
 
-const IMAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/images/coffee.jpg");
+const IMAGE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/images/coffee.jpg"
+);
 
 fn iris(args: &[&std::ffi::OsStr]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_iris"))
@@ -86,7 +89,9 @@ fn report_and_npy_match_the_vision_crate() {
         field(&report, "pixel_values:"),
         format!("{:?} float32", expected.shape)
     );
-    let grid = expected.image_grid_thw.expect("Qwen processors have a grid");
+    let grid = expected
+        .image_grid_thw
+        .expect("Qwen processors have a grid");
     assert_eq!(field(&report, "image_grid_thw:"), format!("{grid:?}"));
     assert_eq!(
         field(&report, "tokens:"),

@@ -1,6 +1,9 @@
-//! Non-streaming answers: collect the worker's streamed tokens up to its
-//! GenerateComplete (timing the first token and the decode), decode them
-//! at once, cut at the first stop string, answer one JSON body.
+//! Non-streaming answers: wait for the worker's GenerateComplete, decode
+//! all tokens at once, cut at the first stop string, answer one JSON body.
+//!
+//! Workers answer a non-streaming Generate in one message, so the time
+//! from dispatch to that answer is one stage (`generate`); the
+//! `first_token` and `decode` stages are the streaming path's.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,10 +16,9 @@ use iris_proto::scheduler::{
     generate_response::Response as Reply, GenerateComplete, GenerateRequest,
 };
 
-use super::clock::TokenClock;
 use super::errors::{error_response, route_error, stream_ended, worker_error};
 use super::Prepared;
-use crate::metrics::{Metrics, Outcome, Stage};
+use crate::metrics::{Outcome, Stage};
 use crate::router::Generation;
 use crate::server::AppState;
 
@@ -64,16 +66,16 @@ async fn run(
     let dispatch = Instant::now();
     let mut generation = state.router.start(generate).await.map_err(route_error)?;
     state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
-    let mut clock = TokenClock::new(prepared.started);
-    let complete = collect(&mut generation, &state.metrics, &mut clock).await?;
+    let generating = Instant::now();
+    let complete = await_complete(&mut generation).await?;
     generation.finish();
+    state.metrics.stage(Stage::Generate, generating.elapsed());
     if complete.finish_reason == "abort" {
         return Err((
             ApiError::bad_gateway("the worker aborted the request"),
             Outcome::UpstreamError,
         ));
     }
-    clock.finished(&state.metrics);
     let text = state
         .prompter
         .tokenizer()
@@ -105,33 +107,16 @@ async fn run(
     .to_json())
 }
 
-/// Reads the worker's answer to its GenerateComplete, timing its tokens
-/// on `clock` as they arrive. The complete's `output_ids` are the streamed
-/// tokens when any came in chunks (a worker that does not stream sends
-/// them only in the complete).
-async fn collect(
+async fn await_complete(
     generation: &mut Generation,
-    metrics: &Metrics,
-    clock: &mut TokenClock,
 ) -> Result<GenerateComplete, (ApiError, Outcome)> {
-    let mut streamed: Vec<u32> = Vec::new();
     loop {
         match generation.next().await {
-            Some(Ok(response)) => match response.response {
-                Some(Reply::Chunk(chunk)) => {
-                    clock.tokens_arrived(metrics, &chunk.token_ids);
-                    streamed.extend_from_slice(&chunk.token_ids);
-                }
-                Some(Reply::Complete(mut complete)) => {
-                    if streamed.is_empty() {
-                        clock.tokens_arrived(metrics, &complete.output_ids);
-                    } else {
-                        complete.output_ids = streamed;
-                    }
+            Some(Ok(response)) => {
+                if let Some(Reply::Complete(complete)) = response.response {
                     return Ok(complete);
                 }
-                None => {}
-            },
+            }
             Some(Err(status)) => {
                 return Err(worker_error(&generation.worker.url.to_string(), &status))
             }

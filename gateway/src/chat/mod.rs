@@ -98,7 +98,7 @@ async fn prepare(
         .stage(Stage::Tokenize, tokenize_start.elapsed());
     let (input_ids, mm_inputs) = place_images(state, input_ids, &images).map_err(client)?;
     let sampling = request.sampling();
-    let mut generate = generate_request(&id, input_ids, &sampling);
+    let mut generate = generate_request(&id, input_ids, &sampling, request.is_stream());
     generate.mm_inputs = mm_inputs;
     let prompt_tokens = generate
         .tokenized
@@ -187,10 +187,9 @@ fn build_prompt(state: &AppState, request: &ChatCompletionRequest) -> Result<Vec
     Ok(ids)
 }
 
-/// The Generate request for the workers. Workers always stream: a
-/// non-streaming answer is collected in the gateway, which so learns when
-/// the first token arrived (the `first_token` and `decode` stages).
-fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling) -> GenerateRequest {
+/// The Generate request for the workers; they stream only when the client
+/// does (one answer message per request otherwise).
+fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling, stream: bool) -> GenerateRequest {
     GenerateRequest {
         request_id: id.to_owned(),
         tokenized: Some(TokenizedInput {
@@ -214,7 +213,7 @@ fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling) -> GenerateRequ
             sampling_seed: s.seed,
             ..SamplingParams::default()
         }),
-        stream: true,
+        stream,
         ..GenerateRequest::default()
     }
 }
