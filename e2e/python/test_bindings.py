@@ -1,7 +1,8 @@
 """The Python bindings (bindings/python), installed from the wheel in a
 fresh virtualenv by e2e/python/run-tests: ``iris.launch_gateway`` in front
 of real reference engines and an encoder, chatted with through the
-official ``openai`` client and stopped; bad options and startup failures as
+official ``openai`` client and stopped; ``rdma`` without NIXL in the wheel
+(a warning, tensors inline); bad options and startup failures as
 Python exceptions; Ctrl-C in ``wait``; the ``iris`` console script; the
 type stub listing every ``iris serve`` option.
 
@@ -129,6 +130,41 @@ def test_epd_gateway_chats_and_stops(model_dir, workers):
     assert gateway.wait() is True
     assert port_closed(port)
     gateway.stop()  # again: a no-op
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """``/metrics`` samples by name with labels (comments left out)."""
+    samples = (line.rsplit(" ", 1) for line in text.splitlines()
+               if line and not line.startswith("#"))
+    return {name: float(value) for name, value in samples}
+
+
+def test_rdma_without_nixl_warns_and_sends_inline(model_dir, workers, capfd):
+    """The wheel is built without the gateway's ``nixl`` feature: ``rdma`` is
+    accepted, the gateway says at start-up that such tensors go inline, and
+    an image chat works with its pixels inline, counted as a
+    ``nixl_unavailable`` fallback."""
+    with iris.launch_gateway(model_path=model_dir, host="127.0.0.1", port=0,
+                             epd_disaggregation=True, multimodal_tensor_transport="rdma",
+                             multimodal_rdma_min_bytes=0, **workers) as gateway:
+        wait_ready(gateway)
+        assert "built without the `nixl` feature" in capfd.readouterr().err
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0,
+                               timeout=30)
+        image = client.chat.completions.create(
+            model=model_dir.name, max_tokens=4, extra_body={"ignore_eos": True},
+            messages=[{"role": "user", "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": png_data_url()}}]}])
+        client.close()
+        assert image.choices[0].message.content
+        metrics = metric_values(httpx.get(f"{gateway.url}/metrics", timeout=10).text)
+    assert metrics['iris_transport_rdma_lane{state="unavailable"}'] == 1
+    assert metrics['iris_transport_rdma_lane{state="up"}'] == 0
+    assert metrics['iris_transport_tensors_total{lane="rdma"}'] == 0
+    assert metrics['iris_transport_tensors_total{lane="inline"}'] >= 1
+    assert metrics['iris_transport_bytes_total{lane="inline"}'] > 0
+    assert metrics['iris_transport_fallbacks_total{reason="nixl_unavailable"}'] >= 1
 
 
 def test_context_manager_and_gateway_args(model_dir, workers):

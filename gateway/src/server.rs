@@ -119,7 +119,7 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
             .start(&mode.pools(), connect_timeout(&args), shutdown.clone())
             .await?;
     }
-    let lanes = Lanes::start(&args.transport, any_worker_wants_rdma(&mode))?;
+    let lanes = Lanes::start(&args.transport, rdma_wanted(&mode, discovery.as_ref()))?;
     health::spawn(mode.pools(), health_settings(&args), shutdown.clone());
     let state = Arc::new(AppState {
         router: Router::new(
@@ -185,16 +185,22 @@ fn routes(state: Arc<AppState>) -> axum::Router {
         .with_state(state)
 }
 
-/// Whether a configured worker's own transport may use RDMA.
-fn any_worker_wants_rdma(mode: &Mode) -> bool {
-    mode.pools().iter().any(|pool| {
-        pool.snapshot().iter().any(|w| {
-            matches!(
-                w.transport(),
-                Some(iris_transport::Transport::Rdma | iris_transport::Transport::Auto)
-            )
-        })
-    })
+/// Whether an encode worker may ask for the RDMA lane with its own
+/// transport: a configured one through its URL option, or — since their
+/// `iris.ai/tensor-transport` annotation is only known once they appear —
+/// any pod discovery may bring into the encode pool. Decided before the
+/// watchers report anything, so the lane is up when such a pod joins.
+pub fn rdma_wanted(mode: &Mode, discovery: Option<&Discovery>) -> bool {
+    let configured = mode.pools().iter().any(|pool| {
+        pool.role == Role::Encode
+            && pool.snapshot().iter().any(|w| {
+                matches!(
+                    w.transport(),
+                    Some(iris_transport::Transport::Rdma | iris_transport::Transport::Auto)
+                )
+            })
+    });
+    configured || discovery.is_some_and(|d| d.watches(Role::Encode))
 }
 
 fn health_settings(args: &ServeArgs) -> HealthSettings {
@@ -359,4 +365,59 @@ fn render_pixel_cache(out: &mut String, stats: &iris_cache::CacheStats) {
 
 async fn not_found() -> Response {
     crate::chat::error_response(&iris_openai::ApiError::not_found("no such route"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    /// `rdma_wanted` for an EPD gateway with the extra flags `flags`.
+    fn wanted(flags: &[&str]) -> bool {
+        let base = ["iris", "--model-path", "/m", "--epd-disaggregation"];
+        let argv = base.iter().chain(flags);
+        let args = Cli::try_parse_from(argv).unwrap().serve;
+        let discovery = Discovery::from_args(&args.discovery).unwrap();
+        let mode = build_mode(&args, discovery.as_ref()).unwrap();
+        rdma_wanted(&mode, discovery.as_ref())
+    }
+
+    #[tokio::test]
+    async fn rdma_is_wanted_by_encode_workers_configured_or_discovered() {
+        let pd = ["--prefill", "grpc://p:1", "--decode", "grpc://d:1"];
+        let with = |extra: &[&'static str]| [&pd[..], extra].concat();
+        assert!(!wanted(&with(&["--encode", "grpc://e:1"])));
+        assert!(wanted(&with(&["--encode", "grpc://e:1?transport=rdma"])));
+        assert!(wanted(&with(&["--encode", "grpc://e:1?transport=auto"])));
+        // Only encode workers receive tensors.
+        assert!(!wanted(&[
+            "--encode",
+            "grpc://e:1",
+            "--prefill",
+            "grpc://p:1?transport=rdma",
+            "--decode",
+            "grpc://d:1",
+        ]));
+        // Discovered encode pods may carry the annotation: wanted before
+        // any pod is known; discovered prefill/decode pods alone do not.
+        let discovered_pd = [
+            "--service-discovery",
+            "--prefill-selector",
+            "r=p",
+            "--decode-selector",
+            "r=d",
+        ];
+        assert!(!wanted(
+            &[&discovered_pd[..], &["--encode", "grpc://e:1"]].concat()
+        ));
+        assert!(wanted(
+            &[&discovered_pd[..], &["--encode-selector", "r=e"]].concat()
+        ));
+    }
 }

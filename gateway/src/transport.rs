@@ -113,10 +113,37 @@ fn wants_rdma(t: Transport) -> bool {
     matches!(t, Transport::Rdma | Transport::Auto)
 }
 
+/// Whether this gateway's RDMA lane is up (exported as the
+/// `iris_transport_rdma_lane{state}` gauge).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmaLane {
+    /// Not started: neither the flag nor any encode worker may ask for rdma.
+    Off,
+    /// The arena is registered and the NIXL agent listens.
+    Up,
+    /// Wanted, but NIXL is missing (library, or the build's `nixl`
+    /// feature): rdma tensors go inline.
+    Unavailable,
+}
+
+impl RdmaLane {
+    const ALL: [RdmaLane; 3] = [RdmaLane::Off, RdmaLane::Up, RdmaLane::Unavailable];
+
+    /// The `state` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RdmaLane::Off => "off",
+            RdmaLane::Up => "up",
+            RdmaLane::Unavailable => "unavailable",
+        }
+    }
+}
+
 /// The sender and what keeps its RDMA side alive.
 pub struct Lanes {
     default: Transport,
     sender: TensorSender,
+    rdma: RdmaLane,
     // Stops (joins) the reaper before the agent it polls goes away.
     _reaper: Option<Reaper>,
 }
@@ -127,13 +154,15 @@ impl Lanes {
         Lanes {
             default: Transport::Inline,
             sender: TensorSender::new(LanePolicy::default(), Arc::new(Metrics::default())),
+            rdma: RdmaLane::Off,
             _reaper: None,
         }
     }
 
     /// Sweeps shm orphans, opens the shm writer and — when `rdma_wanted`
-    /// (the flag or a worker's own transport may use RDMA) — the arena,
-    /// its reaper and the NIXL agent. A missing NIXL only logs.
+    /// (an encode worker's own transport may use RDMA, configured or
+    /// discovered) or the flag asks for it — the arena, its reaper and
+    /// the NIXL agent. A missing NIXL only logs.
     pub fn start(args: &TransportArgs, rdma_wanted: bool) -> anyhow::Result<Lanes> {
         let arena = args.arena_config()?;
         let metrics = Arc::new(Metrics::default());
@@ -144,17 +173,26 @@ impl Lanes {
             Err(e) => tracing::warn!(error = %e, "no shm writer: shm tensors go inline"),
         }
         let mut reaper = None;
+        let mut rdma = RdmaLane::Off;
         if rdma_wanted || wants_rdma(args.multimodal_tensor_transport) {
+            rdma = RdmaLane::Unavailable;
             if let Some((endpoint, r)) = rdma::start(args, arena, metrics)? {
                 sender = sender.with_rdma(endpoint);
                 reaper = Some(r);
+                rdma = RdmaLane::Up;
             }
         }
         Ok(Lanes {
             default: args.multimodal_tensor_transport,
             sender,
+            rdma,
             _reaper: reaper,
         })
+    }
+
+    /// Whether the RDMA lane is up, and if not, whether it was wanted.
+    pub fn rdma_lane(&self) -> RdmaLane {
+        self.rdma
     }
 
     /// The transport asked for `worker`: its own, else the process flag.
@@ -215,6 +253,18 @@ impl Lanes {
                 let _ = writeln!(out, "# TYPE {family} {kind}");
             }
             let _ = writeln!(out, "{name} {value}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP iris_transport_rdma_lane The RDMA tensor lane: off (not wanted), up, or unavailable (wanted, NIXL missing: inline).\n# TYPE iris_transport_rdma_lane gauge"
+        );
+        for state in RdmaLane::ALL {
+            let up = u8::from(state == self.rdma);
+            let _ = writeln!(
+                out,
+                "iris_transport_rdma_lane{{state=\"{}\"}} {up}",
+                state.as_str()
+            );
         }
     }
 }
@@ -295,7 +345,7 @@ mod rdma {
         _: Arc<Metrics>,
     ) -> anyhow::Result<Option<(RdmaEndpoint, Reaper)>> {
         tracing::warn!(
-            "built without the `nixl` feature: rdma tensors go inline (fallback reason nixl_unavailable)"
+            "built without the `nixl` feature: tensors for encode workers that ask for rdma (flag, URL option or pod annotation) go inline (fallback reason nixl_unavailable)"
         );
         Ok(None)
     }
@@ -431,5 +481,22 @@ mod tests {
             text.contains("iris_transport_fallbacks_total{reason=\"nixl_unavailable\"} 1\n"),
             "{text}"
         );
+        assert_eq!(lanes.rdma_lane(), RdmaLane::Unavailable);
+        assert!(
+            text.contains("iris_transport_rdma_lane{state=\"unavailable\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("iris_transport_rdma_lane{state=\"off\"} 0\n"));
+    }
+
+    #[tokio::test]
+    async fn the_rdma_lane_starts_only_when_wanted() {
+        let missing = ["--nixl-lib", "/nonexistent/libnixl_capi.so"];
+        let off = Lanes::start(&args(&missing), false).unwrap();
+        assert_eq!(off.rdma_lane(), RdmaLane::Off);
+        assert!(rendered(&off).contains("iris_transport_rdma_lane{state=\"off\"} 1\n"));
+        // Wanted by a worker (not the flag): started, NIXL missing here.
+        let wanted = Lanes::start(&args(&missing), true).unwrap();
+        assert_eq!(wanted.rdma_lane(), RdmaLane::Unavailable);
     }
 }

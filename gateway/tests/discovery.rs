@@ -5,7 +5,8 @@
 //! 410 Gone. Pods appear, become ready, lose readiness and are deleted;
 //! each role selector feeds its own pool; annotations give the ports; an
 //! expired watch makes the gateway list again and drop what vanished;
-//! a whole gateway serves chat through a discovered reference engine.
+//! a whole gateway serves chat through a discovered reference engine; an
+//! EPD gateway asks a discovered encode pod annotated rdma for that lane.
 
 mod common;
 
@@ -21,8 +22,10 @@ use axum::response::{IntoResponse, Response};
 use clap::Parser;
 use iris_gateway::args::DiscoveryArgs;
 use iris_gateway::discovery::Discovery;
+use iris_gateway::transport::RdmaLane;
 use iris_gateway::workers::policy::PolicyKind;
 use iris_gateway::workers::{Policy, Pool, Role};
+use iris_transport::Transport;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -593,12 +596,8 @@ async fn discovered_engine_serves_chat_through_the_gateway() {
         annotations,
     ));
     let addr = api.clone().serve().await;
-    let kubeconfig = model.dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, kubeconfig_yaml(addr)).unwrap();
-    // Only this test reads the variable (the others build their clients).
-    std::env::set_var("KUBECONFIG", &kubeconfig);
     let args = ["--service-discovery", "--selector", "app=iris"].map(String::from);
-    let gw = common::gateway(&model, &args).await;
+    let gw = gateway_through_kubeconfig(&model, addr, &args).await;
     common::ready(&gw).await;
 
     let body = common::chat_body(&model.name, "Hello", 4, false);
@@ -613,6 +612,101 @@ async fn discovered_engine_serves_chat_through_the_gateway() {
         assert!(Instant::now() < deadline, "still ready without workers");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// An EPD gateway whose encode pods are all discovered starts its RDMA
+/// lane before any pod exists (the process flag stays inline); a pod
+/// annotated `iris.ai/tensor-transport: rdma` that joins later is asked
+/// for that lane. NIXL is pointed at a missing library, so the lane is
+/// wanted but unavailable in every build (rdma tensors would go inline).
+#[tokio::test]
+async fn discovered_rdma_encode_pod_gets_the_rdma_lane() {
+    let model = common::tiny_model();
+    let api = FakeApi::new();
+    let addr = api.clone().serve().await;
+    let args = [
+        "--epd-disaggregation",
+        "--service-discovery",
+        "--encode-selector",
+        "iris.ai/role=encode",
+        "--prefill-selector",
+        "iris.ai/role=prefill",
+        "--decode-selector",
+        "iris.ai/role=decode",
+        "--nixl-lib",
+        "/nonexistent/libnixl_capi.so",
+    ]
+    .map(String::from);
+    let gw = gateway_through_kubeconfig(&model, addr, &args).await;
+    let lanes = gw.state.router.lanes.clone();
+    assert_eq!(
+        lanes.rdma_lane(),
+        RdmaLane::Unavailable,
+        "lane never wanted"
+    );
+    let metrics = reqwest::get(common::url(&gw, "/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("iris_transport_rdma_lane{state=\"unavailable\"} 1\n"),
+        "{metrics}"
+    );
+
+    let annotated = |name: &str, ip: &str, transport: &str| {
+        pod(
+            name,
+            ip,
+            true,
+            json!({"iris.ai/role": "encode"}),
+            json!({"iris.ai/grpc-port": "30100", "iris.ai/tensor-transport": transport}),
+        )
+    };
+    api.put(annotated("enc-rdma", "10.4.0.1", "rdma"));
+    api.put(annotated("enc-inline", "10.4.0.2", "inline"));
+    let encode = gw
+        .state
+        .router
+        .mode
+        .pools()
+        .into_iter()
+        .find(|p| p.role == Role::Encode)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while encode.snapshot().len() < 2 {
+        assert!(Instant::now() < deadline, "encode pods never joined");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for worker in encode.snapshot().iter() {
+        let expected = if worker.url.to_string().contains("10.4.0.1") {
+            Transport::Rdma
+        } else {
+            Transport::Inline
+        };
+        assert_eq!(lanes.requested(worker), expected, "{}", worker.url);
+    }
+    gw.shutdown_token().cancel();
+    gw.wait().await.unwrap();
+}
+
+/// Serialises the tests that point `KUBECONFIG` at their own fake API
+/// server (`iris serve` reads it while starting, as outside a cluster).
+static KUBECONFIG: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Starts a gateway with `args`, its Kubernetes client configured by a
+/// kubeconfig for the fake API server at `addr`.
+async fn gateway_through_kubeconfig(
+    model: &common::Model,
+    addr: SocketAddr,
+    args: &[String],
+) -> iris_gateway::RunningGateway {
+    let _only_us = KUBECONFIG.lock().await;
+    let kubeconfig = model.dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kubeconfig_yaml(addr)).unwrap();
+    std::env::set_var("KUBECONFIG", &kubeconfig);
+    common::gateway(model, args).await
 }
 
 /// A kubeconfig for the fake API server, default namespace [`NAMESPACE`].
