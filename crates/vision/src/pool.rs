@@ -138,9 +138,7 @@ impl<T: PoolElem> PooledVec<T> {
             }
             None => {
                 pool.misses.fetch_add(1, Ordering::Relaxed);
-                // A zeroed allocation: large ones come straight from the
-                // kernel as zero pages, with no user-space fill pass.
-                bytemuck::allocation::try_zeroed_vec(len).unwrap_or_default()
+                fresh(len)
             }
         };
         if vec.len() < len {
@@ -156,6 +154,45 @@ impl<T: PoolElem> PooledVec<T> {
         std::mem::take(&mut self.vec)
     }
 }
+
+/// Fresh tensors of at least this many bytes ask for transparent huge
+/// pages.
+const HUGE_PAGE_MIN_BYTES: usize = 4 << 20;
+
+/// A zeroed allocation of `len` elements: large ones come straight from
+/// the kernel as zero pages, with no user-space fill pass, and are advised
+/// to use huge pages, so that writing a 50–200 MB tensor takes a hundred
+/// page faults instead of tens of thousands.
+fn fresh<T: PoolElem>(len: usize) -> Vec<T> {
+    let vec = bytemuck::allocation::try_zeroed_vec(len).unwrap_or_default();
+    advise_huge_pages(&vec);
+    vec
+}
+
+/// `madvise(MADV_HUGEPAGE)` on the whole 2 MiB pages inside `vec`'s
+/// allocation (the kernel's `madvise` mode of transparent huge pages).
+/// Advice only: contents are unchanged, and an error changes nothing.
+#[cfg(target_os = "linux")]
+fn advise_huge_pages<T>(vec: &Vec<T>) {
+    const HUGE_PAGE: usize = 2 << 20;
+    let bytes = vec.capacity().saturating_mul(std::mem::size_of::<T>());
+    if bytes < HUGE_PAGE_MIN_BYTES {
+        return;
+    }
+    let start = vec.as_ptr() as usize;
+    let first = start.next_multiple_of(HUGE_PAGE);
+    let end = (start + bytes) / HUGE_PAGE * HUGE_PAGE;
+    if end > first {
+        // SAFETY: advice on whole pages inside this live allocation;
+        // MADV_HUGEPAGE never changes memory contents.
+        unsafe {
+            libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages<T>(_vec: &Vec<T>) {}
 
 impl<T: PoolElem> Drop for PooledVec<T> {
     fn drop(&mut self) {
