@@ -1,15 +1,21 @@
-//! AVX2 patch rows for the shipped Qwen geometries (P = 14 or 16, T = 2).
+//! AVX2 + FMA patch rows for the shipped Qwen geometries (P = 14 or 16,
+//! T = 2).
 //!
 //! Per pixel line of a patch: one 48-byte load, nine byte shuffles to split
 //! R, G and B, then the reference's own float operations eight values at a
 //! time — `(v as f64 · rescale) as f32`, minus the mean, divided by the std
-//! (IEEE-exact, so bit-identical to the scalar table) — stored into both
-//! temporal slots straight from the register (bf16: rounded to nearest even
-//! in the register first). Nothing is looked up, and no plane is copied.
+//! — stored into both temporal slots straight from the register (bf16:
+//! rounded to nearest even in the register first). Nothing is looked up,
+//! and no plane is copied.
 //!
-//! [`PatchSimd::new`] checks all 3 × 256 values against the scalar table
-//! first and declines when any differs (or without AVX2), so callers can
-//! always fall back to the table.
+//! The division is the costly step. Where it gives the same bits, it is
+//! done as a multiply by the reciprocal corrected by two fused
+//! multiply-adds (`q = c·r`, `q + (c − q·s)·r`: the correctly rounded
+//! quotient in all but rare cases); otherwise with the divider.
+//! [`PatchSimd::new`] checks all 3 × 256 values of the chosen arithmetic
+//! against the scalar table first (the FMA form, then the division) and
+//! declines when neither reproduces it (or without AVX2 and FMA), so the
+//! output is always bit-identical to the table.
 
 use crate::layout::PatchGeometry;
 use crate::normalize::{ElemKind, Lut, Normalization, OutElem};
@@ -19,6 +25,9 @@ use crate::normalize::{ElemKind, Lut, Normalization, OutElem};
 pub(crate) struct PatchSimd {
     norm: Normalization,
     patch_size: usize,
+    /// Divide by the std with the FMA-corrected reciprocal (exact for
+    /// this normalisation: checked), not the divider.
+    fma_division: bool,
 }
 
 impl PatchSimd {
@@ -30,14 +39,17 @@ impl PatchSimd {
         lut: &Lut<T>,
     ) -> Option<PatchSimd> {
         let supported = matches!(geo.patch_size, 14 | 16) && geo.temporal_patch_size == 2;
-        if !supported || !has_avx2() {
+        if !supported || !has_avx2_fma() {
             return None;
         }
-        let simd = PatchSimd {
-            norm: *norm,
-            patch_size: geo.patch_size,
-        };
-        simd.matches(lut).then_some(simd)
+        [true, false]
+            .into_iter()
+            .map(|fma_division| PatchSimd {
+                norm: *norm,
+                patch_size: geo.patch_size,
+                fma_division,
+            })
+            .find(|simd| simd.matches(lut))
     }
 
     /// Whether every (channel, value) gives the table's exact bits, through
@@ -57,13 +69,18 @@ impl PatchSimd {
     fn normalise8<T: OutElem>(&self, c: usize, values: &[u8], out: &mut [T]) {
         assert!(values.len() >= 8 && out.len() >= 8);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `new` only builds a `PatchSimd` when AVX2 is available;
-        // `values` has 8 readable bytes and `out` 8 writable elements
-        // (asserted above).
+        // SAFETY: `new` only builds a `PatchSimd` when AVX2 and FMA are
+        // available; `values` has 8 readable bytes and `out` 8 writable
+        // elements (asserted above).
         unsafe {
             use avx2::Lanes;
             use std::arch::x86_64::_mm_loadl_epi64;
-            let v = avx2::normalise8(&self.norm, c, _mm_loadl_epi64(values.as_ptr().cast()));
+            let bytes = _mm_loadl_epi64(values.as_ptr().cast());
+            let v = if self.fma_division {
+                avx2::normalise8::<true>(&self.norm, c, bytes)
+            } else {
+                avx2::normalise8::<false>(&self.norm, c, bytes)
+            };
             match T::KIND {
                 ElemKind::F32 => avx2::F32::store(lanes_mut(out).as_mut_ptr(), v, 8),
                 ElemKind::Bf16 => avx2::Bf16::store(lanes_mut(out).as_mut_ptr(), v, 8),
@@ -82,15 +99,36 @@ impl PatchSimd {
         row: &mut [T],
     ) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `new` only builds a `PatchSimd` when AVX2 is available.
+        // SAFETY: `new` only builds a `PatchSimd` when AVX2 and FMA are
+        // available.
         unsafe {
             use avx2::{fill, Bf16, F32};
             let n = &self.norm;
-            match (self.patch_size, T::KIND) {
-                (14, ElemKind::F32) => fill::<14, F32>(n, data, width, gy, gx, lanes_mut(row)),
-                (14, ElemKind::Bf16) => fill::<14, Bf16>(n, data, width, gy, gx, lanes_mut(row)),
-                (_, ElemKind::F32) => fill::<16, F32>(n, data, width, gy, gx, lanes_mut(row)),
-                (_, ElemKind::Bf16) => fill::<16, Bf16>(n, data, width, gy, gx, lanes_mut(row)),
+            match (self.patch_size, T::KIND, self.fma_division) {
+                (14, ElemKind::F32, true) => {
+                    fill::<14, F32, true>(n, data, width, gy, gx, lanes_mut(row))
+                }
+                (14, ElemKind::F32, false) => {
+                    fill::<14, F32, false>(n, data, width, gy, gx, lanes_mut(row))
+                }
+                (14, ElemKind::Bf16, true) => {
+                    fill::<14, Bf16, true>(n, data, width, gy, gx, lanes_mut(row))
+                }
+                (14, ElemKind::Bf16, false) => {
+                    fill::<14, Bf16, false>(n, data, width, gy, gx, lanes_mut(row))
+                }
+                (_, ElemKind::F32, true) => {
+                    fill::<16, F32, true>(n, data, width, gy, gx, lanes_mut(row))
+                }
+                (_, ElemKind::F32, false) => {
+                    fill::<16, F32, false>(n, data, width, gy, gx, lanes_mut(row))
+                }
+                (_, ElemKind::Bf16, true) => {
+                    fill::<16, Bf16, true>(n, data, width, gy, gx, lanes_mut(row))
+                }
+                (_, ElemKind::Bf16, false) => {
+                    fill::<16, Bf16, false>(n, data, width, gy, gx, lanes_mut(row))
+                }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -105,10 +143,10 @@ fn lanes_mut<T: OutElem, L: bytemuck::Pod>(row: &mut [T]) -> &mut [L] {
     bytemuck::cast_slice_mut(row)
 }
 
-fn has_avx2() -> bool {
+fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2")
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -144,10 +182,15 @@ mod avx2 {
 
     /// The reference's value for the low eight bytes of `v` in channel `c`:
     /// `((v as f64 * rescale) as f32 - mean) / std`, each step IEEE-rounded
-    /// exactly as the scalar code rounds it.
+    /// exactly as the scalar code rounds it; with `FMA_DIVISION` the
+    /// division is the FMA-corrected reciprocal (see the module docs).
     #[inline]
-    #[target_feature(enable = "avx2")]
-    pub(super) fn normalise8(norm: &Normalization, c: usize, v: __m128i) -> __m256 {
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn normalise8<const FMA_DIVISION: bool>(
+        norm: &Normalization,
+        c: usize,
+        v: __m128i,
+    ) -> __m256 {
         let rescale = _mm256_set1_pd(norm.rescale_factor);
         let ints = _mm256_cvtepu8_epi32(v);
         let lo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(ints));
@@ -156,7 +199,15 @@ mod avx2 {
         let hi = _mm256_cvtpd_ps(_mm256_mul_pd(hi, rescale));
         let x = _mm256_set_m128(hi, lo);
         let centred = _mm256_sub_ps(x, _mm256_set1_ps(norm.mean[c]));
-        _mm256_div_ps(centred, _mm256_set1_ps(norm.std[c]))
+        let std = _mm256_set1_ps(norm.std[c]);
+        if FMA_DIVISION {
+            let reciprocal = _mm256_set1_ps(1.0 / norm.std[c]);
+            let q = _mm256_mul_ps(centred, reciprocal);
+            let residual = _mm256_fnmadd_ps(q, std, centred);
+            _mm256_fmadd_ps(residual, reciprocal, q)
+        } else {
+            _mm256_div_ps(centred, std)
+        }
     }
 
     /// How normalised f32 lanes are stored in one output element type.
@@ -260,8 +311,8 @@ mod avx2 {
     }
 
     /// One patch row; see [`super::PatchSimd::fill`].
-    #[target_feature(enable = "avx2")]
-    pub(super) fn fill<const P: usize, L: Lanes>(
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn fill<const P: usize, L: Lanes, const FMA_DIVISION: bool>(
         norm: &Normalization,
         data: &[u8],
         width: usize,
@@ -309,8 +360,8 @@ mod avx2 {
                     ),
                     _mm_shuffle_epi8(loads[2], masks[2]),
                 );
-                let first = normalise8(norm, c, bytes);
-                let rest = normalise8(norm, c, _mm_srli_si128::<8>(bytes));
+                let first = normalise8::<FMA_DIVISION>(norm, c, bytes);
+                let rest = normalise8::<FMA_DIVISION>(norm, c, _mm_srli_si128::<8>(bytes));
                 for t in 0..2 {
                     let line = &mut lines[(c * 2 + t) * P + py];
                     // SAFETY: AVX2 is enabled here; `line` is P (9..=16)
@@ -345,7 +396,10 @@ mod tests {
         };
         let lut = norm.lut::<T>();
         let Some(simd) = PatchSimd::new(geo, &norm, &lut) else {
-            assert!(!has_avx2(), "AVX2 present but the vector path was refused");
+            assert!(
+                !has_avx2_fma(),
+                "AVX2 present but the vector path was refused"
+            );
             return;
         };
         let (w, h) = (p * 4, p * 3);
@@ -378,6 +432,26 @@ mod tests {
             check::<bf16>(Normalization::CLIP, p);
             check::<f32>(half, p);
             check::<bf16>(half, p);
+        }
+    }
+
+    #[test]
+    fn shipped_norms_take_the_fma_division() {
+        let geo = PatchGeometry {
+            patch_size: 14,
+            merge_size: 2,
+            temporal_patch_size: 2,
+        };
+        let half = Normalization {
+            rescale_factor: 1.0 / 255.0,
+            mean: [0.5; 3],
+            std: [0.5; 3],
+        };
+        for norm in [Normalization::CLIP, half] {
+            match PatchSimd::new(geo, &norm, &norm.lut::<f32>()) {
+                Some(simd) => assert!(simd.fma_division, "{norm:?}"),
+                None => assert!(!has_avx2_fma()),
+            }
         }
     }
 
