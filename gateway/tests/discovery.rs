@@ -644,12 +644,7 @@ async fn discovered_rdma_encode_pod_gets_the_rdma_lane() {
         RdmaLane::Unavailable,
         "lane never wanted"
     );
-    let metrics = reqwest::get(common::url(&gw, "/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics_text(&gw).await;
     assert!(
         metrics.contains("iris_transport_rdma_lane{state=\"unavailable\"} 1\n"),
         "{metrics}"

@@ -250,18 +250,9 @@ async fn epd_gateway(
     gw
 }
 
-async fn metrics(gw: &RunningGateway) -> String {
-    reqwest::get(url(gw, "/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics body")
-}
-
 async fn all_healthy(gw: &RunningGateway) {
     for _ in 0..200 {
-        let text = metrics(gw).await;
+        let text = metrics_text(gw).await;
         let health: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("iris_worker_healthy{"))
@@ -277,7 +268,7 @@ async fn all_healthy(gw: &RunningGateway) {
 /// The value of `metric{worker="URL",…}` in the gateway's metrics.
 async fn worker_metric(gw: &RunningGateway, metric: &str, worker: &str) -> u64 {
     let prefix = format!("{metric}{{worker=\"{worker}\"");
-    metrics(gw)
+    metrics_text(gw)
         .await
         .lines()
         .find(|l| l.starts_with(&prefix))
@@ -343,7 +334,7 @@ async fn retried_on_the_other_encoder(behaviour: Behaviour) {
         worker_metric(&gw, "iris_worker_failures_total", &real_url).await,
         0
     );
-    assert!(metrics(&gw).await.contains("iris_retries_total 1"));
+    assert!(metrics_text(&gw).await.contains("iris_retries_total 1"));
     // The failed attempt's prefill waits on the fake's silent data server
     // and its decode on that prefill: only the gateway's aborts end them.
     pd.idle().await;
@@ -391,7 +382,7 @@ async fn an_invalid_request_fails_at_once_without_trying_another_encoder() {
         0,
         "the other encoder was not tried"
     );
-    assert!(metrics(&gw).await.contains("iris_retries_total 0"));
+    assert!(metrics_text(&gw).await.contains("iris_retries_total 0"));
     pd.idle().await;
 }
 
@@ -422,6 +413,6 @@ async fn every_encoder_failing_ends_in_a_clear_error_once_retries_run_out() {
     let failures = worker_metric(&gw, "iris_worker_failures_total", &a.url()).await
         + worker_metric(&gw, "iris_worker_failures_total", &b.url()).await;
     assert_eq!(failures, 8);
-    assert!(metrics(&gw).await.contains("iris_retries_total 3"));
+    assert!(metrics_text(&gw).await.contains("iris_retries_total 3"));
     pd.idle().await;
 }

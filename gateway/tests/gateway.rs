@@ -252,12 +252,7 @@ async fn models_health_and_metrics() {
     assert_eq!(models["data"][0]["id"], model.name.as_str());
     let (status, _) = post_json(&gw, &chat_body(&model.name, "hi", 4, false)).await;
     assert_eq!(status, 200);
-    let metrics = reqwest::get(url(&gw, "/metrics"))
-        .await
-        .expect("send")
-        .text()
-        .await
-        .expect("text");
+    let metrics = metrics_text(&gw).await;
     assert!(
         metrics.contains("iris_requests_total{outcome=\"ok\"} 1"),
         "{metrics}"
@@ -318,15 +313,6 @@ async fn stages_time_first_token_and_decode_when_streaming_and_generate_otherwis
         first_token + decode <= streamed_total,
         "the first token came before the end: {first_token} + {decode} > {streamed_total}"
     );
-}
-
-async fn metrics_text(gw: &iris_gateway::RunningGateway) -> String {
-    reqwest::get(url(gw, "/metrics"))
-        .await
-        .expect("send")
-        .text()
-        .await
-        .expect("text")
 }
 
 fn forced_healthy(

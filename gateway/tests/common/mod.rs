@@ -118,6 +118,16 @@ pub fn url(gw: &RunningGateway, path: &str) -> String {
     format!("http://{}{path}", gw.addr)
 }
 
+/// The gateway's Prometheus text (`GET /metrics`).
+pub async fn metrics_text(gw: &RunningGateway) -> String {
+    reqwest::get(url(gw, "/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics body")
+}
+
 /// Waits until /readiness answers 200 (bounded).
 pub async fn ready(gw: &RunningGateway) {
     let client = reqwest::Client::new();
