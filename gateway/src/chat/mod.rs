@@ -2,7 +2,6 @@
 //! prompt, start the request on workers, then answer as SSE
 //! ([`stream`]) or as one JSON body ([`complete`]).
 
-mod clock;
 mod complete;
 mod errors;
 mod stream;

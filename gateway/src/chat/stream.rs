@@ -4,6 +4,7 @@
 //! away it is dropped, and dropping the [`Generation`] aborts the workers.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::http::header;
@@ -14,7 +15,6 @@ use iris_openai::sse::{self, ChunkWriter};
 use iris_openai::{unix_now, ApiError, FinishReason, Usage};
 use iris_proto::scheduler::{generate_response::Response as Reply, GenerateComplete};
 
-use super::clock::TokenClock;
 use super::errors::{error_response, route_error, stream_ended, worker_error};
 use super::Prepared;
 use crate::metrics::{Outcome, Stage};
@@ -78,8 +78,8 @@ struct Streamer {
     stops: StopMatcher,
     phase: Phase,
     completion_tokens: u32,
-    /// The first_token and decode stages.
-    clock: TokenClock,
+    /// When the first token reached the client.
+    first_token_at: Option<Instant>,
     deadline: tokio::time::Instant,
 }
 
@@ -93,7 +93,6 @@ impl Streamer {
         let decoder = IncrementalDecoder::new(state.prompter.tokenizer().clone(), &[], true);
         let stops = StopMatcher::new(prepared.stop.clone());
         let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
-        let clock = TokenClock::new(prepared.started);
         Ok(Streamer {
             state,
             prepared,
@@ -103,7 +102,7 @@ impl Streamer {
             stops,
             phase: Phase::Start,
             completion_tokens: 0,
-            clock,
+            first_token_at: None,
             deadline,
         })
     }
@@ -164,7 +163,12 @@ impl Streamer {
     }
 
     fn tokens(&mut self, out: &mut BytesMut, ids: &[u32]) {
-        self.clock.tokens_arrived(&self.state.metrics, ids);
+        if self.first_token_at.is_none() {
+            self.first_token_at = Some(Instant::now());
+            self.state
+                .metrics
+                .stage(Stage::FirstToken, self.prepared.started.elapsed());
+        }
         self.completion_tokens += ids.len() as u32;
         let text = match self.decoder.push_many(ids) {
             Ok(text) => text.unwrap_or_default(),
@@ -235,7 +239,9 @@ impl Streamer {
         self.state
             .metrics
             .tokens(self.prepared.prompt_tokens, self.completion_tokens);
-        self.clock.finished(&self.state.metrics);
+        if let Some(first) = self.first_token_at {
+            self.state.metrics.stage(Stage::Decode, first.elapsed());
+        }
         self.end(Outcome::Ok);
     }
 
