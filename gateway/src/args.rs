@@ -27,6 +27,11 @@ pub struct ServeArgs {
     #[arg(long, env = "IRIS_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
 
+    /// Tokens the prompt and the completion share (default: the model's
+    /// max_position_embeddings); requests over it get 400.
+    #[arg(long, env = "IRIS_CONTEXT_LENGTH", value_parser = clap::value_parser!(u32).range(1..))]
+    pub context_length: Option<u32>,
+
     /// Prompt text segments (between special tokens) whose token ids are
     /// cached (0: no cache).
     #[arg(long, default_value_t = 4096, env = "IRIS_TOKENIZER_CACHE_ENTRIES")]

@@ -14,6 +14,7 @@
 pub mod args;
 pub mod chat;
 pub mod cli;
+pub mod context;
 pub mod demo;
 pub mod discovery;
 pub mod metrics;
@@ -23,6 +24,7 @@ pub mod router;
 pub mod server;
 pub mod tokencache;
 pub mod transport;
+pub mod usertext;
 pub mod workers;
 
 pub use args::ServeArgs;

@@ -1,5 +1,11 @@
 //! From chat messages to prompt token ids: the model's chat template
 //! (minijinja) and its tokenizer.
+//!
+//! Only the template's own markup makes special tokens: message text is
+//! escaped before rendering ([`crate::usertext`]) and tokenized as plain
+//! text after ([`crate::tokencache`]). The model's context is enforced
+//! here too ([`crate::context`]): a text budget before rendering, the exact
+//! token count after.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -7,30 +13,40 @@ use std::sync::Arc;
 use anyhow::Context;
 use iris_model::chat_template::ChatTemplate;
 use iris_model::ModelDir;
-use iris_openai::ApiError;
+use iris_openai::{ApiError, ChatMessage};
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
+use crate::context::{self, ContextLimits};
 use crate::tokencache::SegmentTokenizer;
+use crate::usertext::Escaper;
 
 pub struct Prompter {
     template: ChatTemplate,
-    tokenizer: Arc<Tokenizer>,
     segments: SegmentTokenizer,
+    escaper: Escaper,
+    limits: ContextLimits,
     /// Variables HF templates expect besides the messages.
     extra: Value,
 }
 
+/// How to build prompts: the template, the segment cache, the context.
+#[derive(Debug, Clone, Default)]
+pub struct PromptOptions<'a> {
+    /// A chat template file that wins over the model directory's own.
+    pub template_file: Option<&'a Path>,
+    /// Segments in the tokenizer cache (0: none).
+    pub cache_entries: usize,
+    /// Overrides the model's context length.
+    pub context_length: Option<u32>,
+}
+
 impl Prompter {
-    /// Loads the tokenizer and the chat template (`template_file` wins over
-    /// the model directory's own).
-    pub fn load(
-        dir: &ModelDir,
-        template_file: Option<&Path>,
-        cache_entries: usize,
-    ) -> anyhow::Result<Prompter> {
-        let tokenizer = Arc::new(dir.load_tokenizer().context("cannot load the tokenizer")?);
-        let source = match template_file {
+    /// Loads the tokenizer and the chat template, and works out the
+    /// context length and the text budget.
+    pub fn load(dir: &ModelDir, options: &PromptOptions<'_>) -> anyhow::Result<Prompter> {
+        let tokenizer = dir.load_tokenizer().context("cannot load the tokenizer")?;
+        let source = match options.template_file {
             Some(path) => std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read chat template {}", path.display()))?,
             None => dir
@@ -44,30 +60,60 @@ impl Prompter {
             "bos_token": tc.bos_token.clone().unwrap_or_default(),
             "eos_token": tc.eos_token.clone().unwrap_or_default(),
         });
-        let segments = SegmentTokenizer::new(tokenizer.clone(), cache_entries);
+        let limits = ContextLimits::new(
+            context::context_length(dir, options.context_length)?,
+            &tokenizer,
+        );
+        let escaper = Escaper::new(
+            tokenizer
+                .get_added_tokens_decoder()
+                .values()
+                .filter(|t| t.special)
+                .map(|t| t.content.as_str()),
+        )
+        .map_err(anyhow::Error::msg)?;
+        let segments =
+            SegmentTokenizer::new(tokenizer, options.cache_entries).map_err(anyhow::Error::msg)?;
         Ok(Prompter {
             template,
-            tokenizer,
             segments,
+            escaper,
+            limits,
             extra,
         })
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
-        &self.tokenizer
+        self.segments.tokenizer()
+    }
+
+    /// The context length and text budget requests are checked against.
+    pub fn limits(&self) -> &ContextLimits {
+        &self.limits
+    }
+
+    /// Token ids of the prompt for `messages`. Check the text budget
+    /// first ([`ContextLimits::check_text`]), and the exact count, image
+    /// tokens included, after ([`ContextLimits::check_tokens`]).
+    pub fn prompt_ids(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+        let text = self.render(iris_openai::template_messages(messages))?;
+        self.encode(&text)
     }
 
     /// Renders `messages` (HF message dicts) with the generation prompt.
-    pub fn render(&self, messages: &Value) -> Result<String, ApiError> {
+    /// Special-token strings in message text come out escaped, so the
+    /// result is for [`Prompter::encode`], not for reading.
+    pub fn render(&self, mut messages: Value) -> Result<String, ApiError> {
+        self.escaper.escape_messages(&mut messages);
         self.template
-            .render(messages, true, Some(&self.extra))
+            .render(&messages, true, Some(&self.extra))
             .map_err(|e| {
                 ApiError::bad_request(format!("the chat template rejected these messages: {e}"))
             })
     }
 
-    /// Token ids of rendered prompt text (the template already placed the
-    /// special tokens, so none are added).
+    /// Token ids of a prompt from [`Prompter::render`] (the template already
+    /// placed the special tokens, so none are added).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
         self.segments
             .encode(text)

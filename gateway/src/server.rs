@@ -19,7 +19,7 @@ use crate::args::{group_with_ports, ServeArgs};
 use crate::discovery::Discovery;
 use crate::metrics::Metrics;
 use crate::mm::Multimodal;
-use crate::prompt::Prompter;
+use crate::prompt::{PromptOptions, Prompter};
 use crate::router::{Mode, Router, RouterSettings};
 use crate::transport::Lanes;
 use crate::workers::affinity::EncodePolicy;
@@ -107,8 +107,11 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
         .with_context(|| format!("cannot load model directory {}", args.model_path.display()))?;
     let prompter = Prompter::load(
         &dir,
-        args.chat_template.as_deref(),
-        args.tokenizer_cache_entries,
+        &PromptOptions {
+            template_file: args.chat_template.as_deref(),
+            cache_entries: args.tokenizer_cache_entries,
+            context_length: args.context_length,
+        },
     )?;
     let multimodal = Multimodal::load(&dir, &args.media)?;
     let discovery = Discovery::from_args(&args.discovery)?;

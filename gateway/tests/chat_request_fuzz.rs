@@ -6,7 +6,7 @@
 //! must be 400s, template refusals are fine, tokenizing must succeed, and
 //! nothing may panic.
 
-use iris_gateway::prompt::Prompter;
+use iris_gateway::prompt::{PromptOptions, Prompter};
 use iris_model::ModelDir;
 use iris_openai::parse_chat_request;
 use iris_openai::template_messages;
@@ -55,7 +55,7 @@ fn check(prompter: &Prompter, body: &[u8]) -> (bool, bool) {
             return (false, false);
         }
     };
-    let Ok(text) = prompter.render(&template_messages(&request.messages)) else {
+    let Ok(text) = prompter.render(template_messages(&request.messages)) else {
         return (true, false);
     };
     prompter.encode(&text).expect("rendered prompts tokenize");
@@ -67,7 +67,11 @@ fn mutated_requests_never_panic() {
     let dir = tempfile::tempdir().expect("temp dir");
     iris_model::tiny::write_tiny_qwen2_vl(dir.path()).expect("tiny model");
     let model = ModelDir::load(dir.path()).expect("model dir");
-    let prompter = Prompter::load(&model, None, 256).expect("prompter");
+    let options = PromptOptions {
+        cache_entries: 256,
+        ..PromptOptions::default()
+    };
+    let prompter = Prompter::load(&model, &options).expect("prompter");
     let mut rng = Rng(0x0bad_c0de_5eed_0001);
     let (mut parsed, mut rendered) = (0, 0);
     for seed in SEEDS {

@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine as _;
 use common::*;
 use iris_encoder::{ComputeKind, EncoderArgs, RunningEncoder};
 use iris_engine::{Role, RunningEngine};
@@ -275,19 +274,6 @@ async fn worker_metric(gw: &RunningGateway, metric: &str, worker: &str) -> u64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {prefix}"))
-}
-
-/// A small PNG whose pixels depend on `seed`, as a data: URL.
-fn png_data_url(seed: u8) -> String {
-    let image = image::RgbImage::from_fn(64, 64, |x, y| {
-        image::Rgb([x as u8 * 4, y as u8 * 4, seed.wrapping_mul(31)])
-    });
-    let mut png = std::io::Cursor::new(Vec::new());
-    image
-        .write_to(&mut png, image::ImageFormat::Png)
-        .expect("png");
-    let b64 = base64::engine::general_purpose::STANDARD.encode(png.into_inner());
-    format!("data:image/png;base64,{b64}")
 }
 
 fn image_chat(model: &str, seeds: &[u8]) -> Value {

@@ -75,6 +75,13 @@ async fn prepare(
     if !state.serves(&request.model) {
         return Err(client(ApiError::model_not_found(&request.model)));
     }
+    let max_new_tokens = request.sampling().max_new_tokens;
+    // Before any image is fetched or any text rendered or tokenized.
+    state
+        .prompter
+        .limits()
+        .check_text(&request.messages, max_new_tokens)
+        .map_err(client)?;
     state.metrics.stage(Stage::Parse, started.elapsed());
     let images = load_images(state, &request).await?;
     let tokenize_start = Instant::now();
@@ -96,6 +103,11 @@ async fn prepare(
         .metrics
         .stage(Stage::Tokenize, tokenize_start.elapsed());
     let (input_ids, mm_inputs) = place_images(state, input_ids, &images).map_err(client)?;
+    state
+        .prompter
+        .limits()
+        .check_tokens(input_ids.len(), max_new_tokens)
+        .map_err(client)?;
     let sampling = request.sampling();
     let mut generate = generate_request(&id, input_ids, &sampling, request.is_stream());
     generate.mm_inputs = mm_inputs;
@@ -173,10 +185,7 @@ fn place_images(
 }
 
 fn build_prompt(state: &AppState, request: &ChatCompletionRequest) -> Result<Vec<u32>, ApiError> {
-    let text = state
-        .prompter
-        .render(&iris_openai::template_messages(&request.messages))?;
-    let ids = state.prompter.encode(&text)?;
+    let ids = state.prompter.prompt_ids(&request.messages)?;
     if ids.is_empty() {
         return Err(ApiError::bad_field(
             "messages",

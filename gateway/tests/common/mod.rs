@@ -221,3 +221,17 @@ pub async fn running(engine: &RunningEngine) -> i32 {
         .into_inner();
     loads.loads[0].num_running_reqs + loads.loads[0].num_waiting_reqs
 }
+
+/// A small PNG whose pixels depend on `seed`, as a data: URL.
+pub fn png_data_url(seed: u8) -> String {
+    use base64::Engine as _;
+    let image = image::RgbImage::from_fn(64, 64, |x, y| {
+        image::Rgb([x as u8 * 4, y as u8 * 4, seed.wrapping_mul(31)])
+    });
+    let mut png = std::io::Cursor::new(Vec::new());
+    image
+        .write_to(&mut png, image::ImageFormat::Png)
+        .expect("png");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(png.into_inner());
+    format!("data:image/png;base64,{b64}")
+}
