@@ -57,7 +57,11 @@ pub trait Processor: Send + Sync {
     /// describes ([`crate::probe`]) will take, for callers that reserve
     /// memory before decoding. Refuses, as decoding would, a declared size
     /// beyond `opts.limits`.
-    fn memory_needed(&self, info: &ImageInfo, opts: &PreprocessOptions) -> Result<u64, VisionError> {
+    fn memory_needed(
+        &self,
+        info: &ImageInfo,
+        opts: &PreprocessOptions,
+    ) -> Result<u64, VisionError> {
         let (w, h) = (u64::from(info.width), u64::from(info.height));
         opts.limits.check(info.format, w, h)?;
         let work = self.working_bytes(info.width, info.height, opts)?;

@@ -152,9 +152,17 @@ mod tests {
                 ensure_len(&mut s.decoded, 6 << 20);
                 ensure_len(&mut s.inter, 6 << 20);
             });
-            assert_eq!(thread_scratch_bytes(), 12 << 20, "a 1080p-sized image keeps its buffers");
+            assert_eq!(
+                thread_scratch_bytes(),
+                12 << 20,
+                "a 1080p-sized image keeps its buffers"
+            );
             with_scratch(|s| ensure_len(&mut s.raw, SCRATCH_KEEP_BYTES));
-            assert_eq!(thread_scratch_bytes(), 0, "past the bound everything is freed");
+            assert_eq!(
+                thread_scratch_bytes(),
+                0,
+                "past the bound everything is freed"
+            );
         })
         .join()
         .unwrap();

@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{png_with_header, read, Rng, DATA};
 use iris_vision::{
-    decode, parked_scratch_bytes, probe, thread_scratch_bytes, ClipProcessor, DecodeLimits, ImageFormat, ImageInfo, OutputDtype,
-    PreprocessOptions, Processor, QwenVlProcessor, SCRATCH_KEEP_TOTAL_BYTES,
+    decode, parked_scratch_bytes, probe, thread_scratch_bytes, ClipProcessor, DecodeLimits,
+    ImageFormat, ImageInfo, OutputDtype, PreprocessOptions, Processor, QwenVlProcessor,
+    SCRATCH_KEEP_TOTAL_BYTES,
 };
 
 struct Tracking;
@@ -94,7 +95,12 @@ fn png16_rgba(w: u32, h: u32) -> Vec<u8> {
 fn bmp_rgb(w: u32, h: u32) -> Vec<u8> {
     let mut out = Cursor::new(Vec::new());
     image::codecs::bmp::BmpEncoder::new(&mut out)
-        .encode(&noise((w * h * 3) as usize, 2), w, h, image::ExtendedColorType::Rgb8)
+        .encode(
+            &noise((w * h * 3) as usize, 2),
+            w,
+            h,
+            image::ExtendedColorType::Rgb8,
+        )
         .unwrap();
     out.into_inner()
 }
@@ -102,7 +108,12 @@ fn bmp_rgb(w: u32, h: u32) -> Vec<u8> {
 fn webp_lossless(w: u32, h: u32) -> Vec<u8> {
     let mut out = Vec::new();
     image::codecs::webp::WebPEncoder::new_lossless(&mut out)
-        .encode(&noise((w * h * 4) as usize, 3), w, h, image::ExtendedColorType::Rgba8)
+        .encode(
+            &noise((w * h * 4) as usize, 3),
+            w,
+            h,
+            image::ExtendedColorType::Rgba8,
+        )
         .unwrap();
     out
 }
@@ -110,7 +121,12 @@ fn webp_lossless(w: u32, h: u32) -> Vec<u8> {
 fn jpeg(w: u32, h: u32) -> Vec<u8> {
     let mut out = Vec::new();
     image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90)
-        .encode(&noise((w * h * 3) as usize, 5), w, h, image::ExtendedColorType::Rgb8)
+        .encode(
+            &noise((w * h * 3) as usize, 5),
+            w,
+            h,
+            image::ExtendedColorType::Rgb8,
+        )
         .unwrap();
     out
 }
@@ -155,9 +171,13 @@ fn estimates_bound_the_real_peak() {
     corpus.push(("png16 rgba".into(), png16_rgba(700, 500)));
     corpus.push(("bmp".into(), bmp_rgb(640, 480)));
     corpus.push(("webp lossless".into(), webp_lossless(640, 480)));
-    corpus.push(("gif canvas".into(), gif_frame_outside(10, 10, (300, 200, 40, 30))));
+    corpus.push((
+        "gif canvas".into(),
+        gif_frame_outside(10, 10, (300, 200, 40, 30)),
+    ));
     corpus.push(("1080p jpeg".into(), jpeg(1920, 1080)));
-    let processors: [&dyn Processor; 2] = [&QwenVlProcessor::qwen2_vl(), &ClipProcessor::llava_1_5()];
+    let processors: [&dyn Processor; 2] =
+        [&QwenVlProcessor::qwen2_vl(), &ClipProcessor::llava_1_5()];
     for (name, bytes) in &corpus {
         let Ok(info) = probe(bytes) else {
             continue; // not an image the corpus expects to decode
@@ -194,7 +214,12 @@ fn estimates_bound_the_real_peak() {
 fn probe_reads_what_decoding_needs() {
     let info = probe(&png16_rgba(70, 50)).unwrap();
     assert_eq!(
-        (info.format, info.width, info.height, info.work_bytes_per_pixel),
+        (
+            info.format,
+            info.width,
+            info.height,
+            info.work_bytes_per_pixel
+        ),
         (ImageFormat::Png, 70, 50, 8)
     );
     assert_eq!(info.decode_bytes(), 70 * 50 * 11);
@@ -205,17 +230,33 @@ fn probe_reads_what_decoding_needs() {
     // orientation copy.
     let baseline = probe(&read("synthetic/baseline.jpg")).unwrap();
     assert_eq!(baseline.work_bytes_per_pixel, 6);
-    assert_eq!(probe(&read("synthetic/cmyk.jpg")).unwrap().work_bytes_per_pixel, 12);
-    assert_eq!(probe(&read("synthetic/exif_rot270.jpg")).unwrap().work_bytes_per_pixel, 9);
+    assert_eq!(
+        probe(&read("synthetic/cmyk.jpg"))
+            .unwrap()
+            .work_bytes_per_pixel,
+        12
+    );
+    assert_eq!(
+        probe(&read("synthetic/exif_rot270.jpg"))
+            .unwrap()
+            .work_bytes_per_pixel,
+        9
+    );
     // GIF: the canvas grows to hold a frame outside the logical screen,
     // exactly as decoding builds it.
     let gif = gif_frame_outside(10, 10, (300, 200, 40, 30));
     let info = probe(&gif).unwrap();
-    assert_eq!((info.width, info.height, info.work_bytes_per_pixel), (340, 230, 2));
+    assert_eq!(
+        (info.width, info.height, info.work_bytes_per_pixel),
+        (340, 230, 2)
+    );
     let decoded = decode(&gif, &DecodeLimits::default()).unwrap();
     assert_eq!(decoded.dimensions(), (340, 230));
     let webp = probe(&webp_lossless(64, 32)).unwrap();
-    assert_eq!((webp.format, webp.width, webp.height), (ImageFormat::WebP, 64, 32));
+    assert_eq!(
+        (webp.format, webp.width, webp.height),
+        (ImageFormat::WebP, 64, 32)
+    );
     assert!(webp.work_bytes_per_pixel >= 4 + 4, "{webp:?}");
 }
 

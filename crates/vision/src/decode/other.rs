@@ -26,7 +26,12 @@ pub(super) fn probe(format: ImageFormat, bytes: &[u8]) -> Result<ImageInfo, Visi
         let (width, height) = d.dimensions();
         let native = layout(format, d.color_type())?.bytes_per_pixel() as u32;
         if format == ImageFormat::Png {
-            png_data_can_fill(bytes, width, height, d.original_color_type().bits_per_pixel())?;
+            png_data_can_fill(
+                bytes,
+                width,
+                height,
+                d.original_color_type().bits_per_pixel(),
+            )?;
         }
         let own = match format {
             ImageFormat::WebP => WEBP_OWN_BYTES_PER_PIXEL,
