@@ -137,8 +137,9 @@ pub struct MediaArgs {
     #[arg(long, default_value_t = 1024, env = "IRIS_MM_PIXEL_CACHE_MB")]
     pub mm_pixel_cache_mb: u64,
     /// MiB of memory for images being decoded and preprocessed and for the
-    /// tensors of requests not yet answered, reserved from each image's
-    /// header before decoding (an image needing more is refused with 400).
+    /// tensors of requests not yet handed to the workers, reserved from each
+    /// image's header before decoding (an image needing more is refused with
+    /// 400).
     #[arg(
         long,
         default_value_t = 1536,

@@ -108,7 +108,7 @@ impl MemoryBudget {
     pub fn render(&self, out: &mut String) {
         let _ = write!(
             out,
-            "# HELP iris_mm_inflight_bytes Bytes reserved by images being decoded and preprocessed and by the tensors of requests not yet answered.\n# TYPE iris_mm_inflight_bytes gauge\niris_mm_inflight_bytes {}\n\
+            "# HELP iris_mm_inflight_bytes Bytes reserved by images being decoded and preprocessed and by the tensors of requests not yet handed to the workers.\n# TYPE iris_mm_inflight_bytes gauge\niris_mm_inflight_bytes {}\n\
              # HELP iris_mm_inflight_budget_bytes The budget for those bytes (--mm-max-inflight-mb).\n# TYPE iris_mm_inflight_budget_bytes gauge\niris_mm_inflight_budget_bytes {}\n\
              # HELP iris_mm_inflight_refusals_total Images refused by the budget (busy: 503 after the wait; too_large: 400).\n# TYPE iris_mm_inflight_refusals_total counter\n\
              iris_mm_inflight_refusals_total{{reason=\"busy\"}} {}\niris_mm_inflight_refusals_total{{reason=\"too_large\"}} {}\n",
