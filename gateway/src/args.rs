@@ -141,6 +141,21 @@ pub struct MediaArgs {
     /// Pixel cache size in MiB (preprocessed images; 0: no cache).
     #[arg(long, default_value_t = 1024, env = "IRIS_MM_PIXEL_CACHE_MB")]
     pub mm_pixel_cache_mb: u64,
+    /// MiB of memory for images being decoded and preprocessed and for the
+    /// tensors of requests not yet handed to the workers, reserved from each
+    /// image's header before decoding (an image needing more is refused with
+    /// 400).
+    #[arg(
+        long,
+        default_value_t = 1536,
+        value_parser = clap::value_parser!(u64).range(1..=4_194_304),
+        env = "IRIS_MM_MAX_INFLIGHT_MB"
+    )]
+    pub mm_max_inflight_mb: u64,
+    /// Milliseconds an image waits for room in that memory before its
+    /// request gets 503 with Retry-After.
+    #[arg(long, default_value_t = 10000, env = "IRIS_MM_INFLIGHT_WAIT_MS")]
+    pub mm_inflight_wait_ms: u64,
     /// Most images one request may carry.
     #[arg(long, default_value_t = 16, env = "IRIS_MM_PER_REQUEST_IMAGE_LIMIT")]
     pub mm_per_request_image_limit: usize,

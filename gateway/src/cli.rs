@@ -95,6 +95,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             iris_process::init_logging(args.log_json);
+            crate::mm::cpu_pool::init_global();
             let running = crate::start(*args).await?;
             tracing::info!(addr = %running.addr, "iris gateway listening");
             let shutdown = running.shutdown_token();

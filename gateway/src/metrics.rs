@@ -19,15 +19,18 @@ pub enum Outcome {
     UpstreamError,
     Timeout,
     Cancelled,
+    /// Refused for lack of the gateway's own resources (image memory).
+    Overloaded,
 }
 
-const OUTCOMES: [(Outcome, &str); 6] = [
+const OUTCOMES: [(Outcome, &str); 7] = [
     (Outcome::Ok, "ok"),
     (Outcome::ClientError, "client_error"),
     (Outcome::NoWorker, "no_worker"),
     (Outcome::UpstreamError, "upstream_error"),
     (Outcome::Timeout, "timeout"),
     (Outcome::Cancelled, "cancelled"),
+    (Outcome::Overloaded, "overloaded"),
 ];
 
 /// Pipeline stages with their own histogram.

@@ -344,6 +344,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     );
     if let Some(mm) = &state.multimodal {
         render_pixel_cache(&mut body, &mm.cache_stats());
+        mm.budget().render(&mut body);
     }
     state.router.lanes.render(&mut body);
     let (hits, misses) = state.prompter.cache_stats();

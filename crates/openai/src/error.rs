@@ -68,6 +68,9 @@ pub struct ApiError {
     pub param: Option<String>,
     /// A machine-readable code, e.g. `model_not_found`.
     pub code: Option<String>,
+    /// Seconds the client should wait before retrying, sent as the
+    /// `Retry-After` header (not part of the body).
+    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -79,6 +82,7 @@ impl ApiError {
             kind,
             param: None,
             code: None,
+            retry_after: None,
         }
     }
 
@@ -133,6 +137,12 @@ impl ApiError {
     /// Sets `param`.
     pub fn with_param(mut self, param: impl Into<String>) -> Self {
         self.param = Some(param.into());
+        self
+    }
+
+    /// Sets `retry_after` (seconds).
+    pub fn with_retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after = Some(seconds);
         self
     }
 

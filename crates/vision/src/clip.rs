@@ -16,7 +16,7 @@ use crate::normalize::{Normalization, OutElem};
 use crate::output::{OutputDtype, PixelValues, PreprocessOutput};
 use crate::pool::PooledVec;
 use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
-use crate::resize::resize_into;
+use crate::resize::{self, resize_into};
 use crate::scratch::Scratch;
 
 /// A CLIP-style fixed-size processor.
@@ -115,6 +115,21 @@ impl Processor for ClipProcessor {
             opts.dtype,
             opts.limits,
         ))
+    }
+
+    fn working_bytes(
+        &self,
+        width: u32,
+        height: u32,
+        opts: &PreprocessOptions,
+    ) -> Result<u64, VisionError> {
+        let (in_w, in_h) = (width as usize, height as usize);
+        let (h, w) = shortest_edge_size(in_h, in_w, self.shortest_edge);
+        check_resize_target(in_w, in_h, w, h, &opts.limits)?;
+        let (ch, cw) = self.crop_size;
+        let crop = (ch * cw) as u64;
+        let resize = resize::working_bytes((in_w as u64, in_h as u64), (w as u64, h as u64));
+        Ok(resize + 3 * crop + 3 * crop * opts.dtype.size() as u64)
     }
 
     fn resized_image(

@@ -53,6 +53,9 @@ pub use qwen::{QwenFamily, QwenVlProcessor, QWEN_DEFAULT_MAX_PIXELS, QWEN_DEFAUL
 pub use resize::{resize_bicubic, PassOrder};
 #[doc(hidden)]
 pub use scratch::Scratch;
+pub use scratch::{
+    parked_scratch_bytes, thread_scratch_bytes, SCRATCH_KEEP_BYTES, SCRATCH_KEEP_TOTAL_BYTES,
+};
 
 /// Re-export of the `image` crate's RGB8 buffer type used in the API.
 pub use ::image::RgbImage;

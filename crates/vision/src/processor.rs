@@ -1,6 +1,6 @@
 //! The processor trait every model family implements, and per-request options.
 
-use crate::decode::{decode_into, DecodeLimits};
+use crate::decode::{decode_into, DecodeLimits, ImageInfo};
 use crate::error::VisionError;
 use crate::image::RgbView;
 use crate::output::{OutputDtype, PreprocessOutput};
@@ -41,6 +41,32 @@ pub trait Processor: Send + Sync {
         image: &image::RgbImage,
         opts: &PreprocessOptions,
     ) -> Result<image::RgbImage, VisionError>;
+
+    /// Peak bytes of the buffers preprocessing a decoded `width`×`height`
+    /// image allocates (resize intermediates, crop, the output tensor).
+    /// The same for the image turned by EXIF orientation, so the size
+    /// before orientation will do.
+    fn working_bytes(
+        &self,
+        width: u32,
+        height: u32,
+        opts: &PreprocessOptions,
+    ) -> Result<u64, VisionError>;
+
+    /// Peak memory that decoding and preprocessing the image `info`
+    /// describes ([`crate::probe`]) will take, for callers that reserve
+    /// memory before decoding. Refuses, as decoding would, a declared size
+    /// beyond `opts.limits`.
+    fn memory_needed(
+        &self,
+        info: &ImageInfo,
+        opts: &PreprocessOptions,
+    ) -> Result<u64, VisionError> {
+        let (w, h) = (u64::from(info.width), u64::from(info.height));
+        opts.limits.check(info.format, w, h)?;
+        let work = self.working_bytes(info.width, info.height, opts)?;
+        Ok(info.decode_bytes().saturating_add(work))
+    }
 
     /// Preprocesses decoded RGB8 pixels using the given scratch buffers.
     #[doc(hidden)]

@@ -10,7 +10,7 @@ use crate::normalize::{Normalization, OutElem};
 use crate::output::{OutputDtype, PixelValues, PreprocessOutput};
 use crate::pool::PooledVec;
 use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
-use crate::resize::{resize_banded, resize_into};
+use crate::resize::{self, resize_banded, resize_into};
 use crate::scratch::Scratch;
 
 /// Qwen2-VL's class default `min_pixels` (56·56).
@@ -139,6 +139,20 @@ impl Processor for QwenVlProcessor {
             opts.limits,
             "pillow-12.2-bicubic",
         ))
+    }
+
+    fn working_bytes(
+        &self,
+        width: u32,
+        height: u32,
+        opts: &PreprocessOptions,
+    ) -> Result<u64, VisionError> {
+        let (h, w) = self.target_size(height as usize, width as usize, opts)?;
+        let (w, h) = (w as u64, h as u64);
+        let p = self.geometry.patch_size as u64;
+        let elements = (w / p) * (h / p) * self.geometry.row_len() as u64;
+        let resize = resize::working_bytes((width.into(), height.into()), (w, h));
+        Ok(resize + elements * opts.dtype.size() as u64)
     }
 
     fn resized_image(

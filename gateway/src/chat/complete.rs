@@ -19,13 +19,15 @@ use iris_proto::scheduler::{
 use super::errors::{error_response, route_error, stream_ended, worker_error};
 use super::Prepared;
 use crate::metrics::{Outcome, Stage};
+use crate::mm::budget::HeldImages;
 use crate::router::Generation;
 use crate::server::AppState;
 
 pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
     let generate = std::mem::take(&mut prepared.generate);
+    let images_memory = std::mem::take(&mut prepared.images_memory);
     let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
-    let run = tokio::time::timeout_at(deadline, run(&state, &prepared, generate));
+    let run = tokio::time::timeout_at(deadline, run(&state, &prepared, generate, images_memory));
     let result = match tokio::select! {
         biased;
         _ = state.hard_stop.cancelled() => Ok(Err((
@@ -62,9 +64,13 @@ async fn run(
     state: &AppState,
     prepared: &Prepared,
     generate: GenerateRequest,
+    images_memory: HeldImages,
 ) -> Result<Vec<u8>, (ApiError, Outcome)> {
     let dispatch = Instant::now();
-    let mut generation = state.router.start(generate).await.map_err(route_error)?;
+    let started = state.router.start(generate).await;
+    // The workers have the tensors now (or the request failed).
+    drop(images_memory);
+    let mut generation = started.map_err(route_error)?;
     state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
     let generating = Instant::now();
     let complete = await_complete(&mut generation).await?;

@@ -13,15 +13,22 @@ use tonic::Code;
 use crate::metrics::Outcome;
 use crate::router::RouteError;
 
-/// The HTTP response for `error`.
+/// The HTTP response for `error`, with `Retry-After` when it says when to
+/// retry.
 pub fn error_response(error: &ApiError) -> Response {
     let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (
+    let mut response = (
         status,
         [(header::CONTENT_TYPE, "application/json")],
         error.body(),
     )
-        .into_response()
+        .into_response();
+    if let Some(seconds) = error.retry_after {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+    }
+    response
 }
 
 /// The client-facing error for a request that could not be started.
@@ -150,6 +157,16 @@ fn is_host(host: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_is_a_header_and_only_when_set() {
+        let busy = ApiError::service_unavailable("busy").with_retry_after(2);
+        let response = error_response(&busy);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+        let plain = error_response(&ApiError::service_unavailable("busy"));
+        assert!(plain.headers().get(header::RETRY_AFTER).is_none());
+    }
 
     #[test]
     fn statuses_map_to_http() {

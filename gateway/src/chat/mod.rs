@@ -19,6 +19,7 @@ use tracing::Instrument;
 pub use errors::error_response;
 
 use crate::metrics::{Outcome, Stage};
+use crate::mm::budget::HeldImages;
 use crate::mm::items::{expand_placeholders, multimodal_inputs};
 use crate::mm::pixels::PixelEntry;
 use crate::server::AppState;
@@ -35,6 +36,9 @@ pub struct Prepared {
     pub stop: Vec<String>,
     pub prompt_tokens: u32,
     pub started: Instant,
+    /// The in-flight memory of the tensors preprocessed for this request,
+    /// given back once the request has been handed to the workers.
+    pub images_memory: HeldImages,
 }
 
 pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
@@ -83,7 +87,7 @@ async fn prepare(
         .check_text(&request.messages, max_new_tokens)
         .map_err(client)?;
     state.metrics.stage(Stage::Parse, started.elapsed());
-    let images = load_images(state, &request).await?;
+    let (images, images_memory) = load_images(state, &request).await?;
     let tokenize_start = Instant::now();
     let input_ids = if bytes.len() <= INLINE_PROMPT_BYTES {
         build_prompt(state, &request)
@@ -123,6 +127,7 @@ async fn prepare(
         stop: sampling.stop,
         prompt_tokens,
         started,
+        images_memory,
     })
 }
 
@@ -130,7 +135,7 @@ async fn prepare(
 async fn load_images(
     state: &AppState,
     request: &ChatCompletionRequest,
-) -> Result<Vec<Arc<PixelEntry>>, (ApiError, Outcome)> {
+) -> Result<(Vec<Arc<PixelEntry>>, HeldImages), (ApiError, Outcome)> {
     let urls: Vec<&ImageUrl> = request
         .messages
         .iter()
@@ -138,7 +143,7 @@ async fn load_images(
         .flat_map(MessageContent::images)
         .collect();
     if urls.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), HeldImages::default()));
     }
     let Some(mm) = state.multimodal.as_ref() else {
         return Err((
@@ -151,10 +156,10 @@ async fn load_images(
     };
     let started = Instant::now();
     let images = mm.load_images(&urls, &state.metrics).await.map_err(|e| {
-        let outcome = if e.status == 400 {
-            Outcome::ClientError
-        } else {
-            Outcome::UpstreamError
+        let outcome = match e.status {
+            400 => Outcome::ClientError,
+            _ if e.retry_after.is_some() => Outcome::Overloaded,
+            _ => Outcome::UpstreamError,
         };
         (e, outcome)
     })?;

@@ -25,7 +25,10 @@ pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
     let dispatch = std::time::Instant::now();
     let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
     let start = state.router.start(std::mem::take(&mut prepared.generate));
-    let generation = match tokio::time::timeout_at(deadline, start).await {
+    let started = tokio::time::timeout_at(deadline, start).await;
+    // The workers have the tensors now (or the request failed).
+    drop(std::mem::take(&mut prepared.images_memory));
+    let generation = match started {
         Ok(Ok(generation)) => generation,
         Ok(Err(error)) => {
             let (error, outcome) = route_error(error);

@@ -4,8 +4,10 @@
 //! once per (image bytes, preprocessor) through the pixel cache
 //! ([`iris_cache`]: byte-bounded LRU, `Arc`-shared, single-flight) —
 //! hashing on the blocking pool and preprocessing on the fixed CPU pool
-//! ([`cpu_pool`]), never on the async runtime. [`items`] then puts the images into the prompt and the request.
+//! ([`cpu_pool`]), never on the async runtime. Before a miss is decoded,
+//! the memory it will take is reserved from the in-flight [`budget`]. [`items`] then puts the images into the prompt and the request.
 
+pub mod budget;
 pub mod cpu_pool;
 pub mod items;
 pub mod pixels;
@@ -19,17 +21,26 @@ use iris_cache::{CacheStats, Lookup, SingleFlightCache};
 use iris_media::{MediaConfig, MediaError, MediaFetcher};
 use iris_model::ModelDir;
 use iris_openai::{ApiError, ImageUrl};
-use iris_vision::{DecodeLimits, OutputDtype, PreprocessOptions, Processor};
+use iris_vision::{
+    DecodeLimits, ImageInfo, OutputDtype, PreprocessOptions, Processor, VisionError,
+};
 
 use crate::args::{InputDtype, MediaArgs};
 use crate::metrics::{Metrics, Stage};
+use budget::{BudgetError, HeldImages, MemoryBudget, Reservation};
 use pixels::{content_hash, image_hash, PixelEntry};
 
-/// Images smaller than this are hashed inline rather than on the blocking pool.
+/// Images smaller than this are hashed (and their header read) inline
+/// rather than on the blocking pool.
 const INLINE_HASH_BYTES: usize = 256 << 10;
 
 /// Pixel cache key: (SHA-256 of the image bytes, preprocessor fingerprint).
 type PixelKey = ([u8; 32], u64);
+
+/// Seconds a client refused for lack of image memory is told to wait.
+const RETRY_AFTER_SECS: u32 = 1;
+
+const MIB: u64 = 1 << 20;
 
 /// The gateway's image pipeline for one model.
 pub struct Multimodal {
@@ -42,6 +53,7 @@ pub struct Multimodal {
     /// `image_token_id`), expanded to each image's token count.
     pub image_token_id: u32,
     per_request_limit: usize,
+    budget: MemoryBudget,
 }
 
 impl Multimodal {
@@ -80,15 +92,26 @@ impl Multimodal {
             cache: SingleFlightCache::with_weigher(capacity, PixelEntry::weight),
             image_token_id,
             per_request_limit: args.mm_per_request_image_limit,
+            budget: MemoryBudget::new(
+                args.mm_max_inflight_mb.saturating_mul(MIB),
+                Duration::from_millis(args.mm_inflight_wait_ms),
+            ),
         }))
     }
 
     /// Fetches and preprocesses every image of a request, concurrently.
+    ///
+    /// Before anything is decoded, the memory of all the request's misses
+    /// is reserved at once (a request never holds part of the budget while
+    /// waiting for the rest, so requests cannot block each other). Each
+    /// image's share shrinks to its tensor when preprocessed; the tensors
+    /// stay reserved until the caller drops the [`HeldImages`] (once the
+    /// request has been handed to the workers).
     pub async fn load_images(
         &self,
         urls: &[&ImageUrl],
         metrics: &Metrics,
-    ) -> Result<Vec<Arc<PixelEntry>>, ApiError> {
+    ) -> Result<(Vec<Arc<PixelEntry>>, HeldImages), ApiError> {
         if urls.len() > self.per_request_limit {
             return Err(ApiError::bad_field(
                 "messages",
@@ -99,19 +122,29 @@ impl Multimodal {
                 ),
             ));
         }
-        let loads = urls
+        let fetches = urls
             .iter()
             .enumerate()
-            .map(|(index, url)| self.load_one(index, &url.url, metrics));
-        futures::future::try_join_all(loads).await
+            .map(|(index, url)| self.fetch_one(index, &url.url, metrics));
+        let images = futures::future::try_join_all(fetches).await?;
+        let shares = self.reserve(&images).await?;
+        let loads = images
+            .into_iter()
+            .zip(shares)
+            .enumerate()
+            .map(|(index, (image, share))| self.load_one(index, image, share, metrics));
+        let loaded = futures::future::try_join_all(loads).await?;
+        let (entries, held): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
+        Ok((entries, HeldImages(held.into_iter().flatten().collect())))
     }
 
-    async fn load_one(
+    /// Fetches one image, hashes it and reads its header.
+    async fn fetch_one(
         &self,
         index: usize,
         url: &str,
         metrics: &Metrics,
-    ) -> Result<Arc<PixelEntry>, ApiError> {
+    ) -> Result<FetchedImage, ApiError> {
         let started = Instant::now();
         let fetched = self
             .fetcher
@@ -119,19 +152,110 @@ impl Multimodal {
             .await
             .map_err(|e| media_error(index, &e))?;
         metrics.stage(Stage::Fetch, started.elapsed());
-        let bytes = fetched.bytes;
-        let hash = hash_off_runtime(bytes.clone()).await?;
+        hash_and_probe_off_runtime(fetched.bytes).await
+    }
+
+    /// Memory one image needs, from its header: 400 for an unreadable
+    /// header, a size beyond the limits or more than the whole budget.
+    fn need(&self, index: usize, info: &Result<ImageInfo, VisionError>) -> Result<u64, ApiError> {
+        let info = info.as_ref().map_err(|e| vision_error(index, e))?;
+        let need = self
+            .processor
+            .memory_needed(info, &self.options)
+            .map_err(|e| vision_error(index, &e))?;
+        let budget = self.budget.total_bytes();
+        if need > budget {
+            return Err(budget_error(
+                &image_name(index, info),
+                &BudgetError::TooLarge { need, budget },
+            ));
+        }
+        Ok(need)
+    }
+
+    /// Reserves, in one piece, the memory of the request's images that
+    /// are not in the pixel cache (each distinct image once), and splits
+    /// it into one share per image.
+    async fn reserve(&self, images: &[FetchedImage]) -> Result<Vec<Option<Reservation>>, ApiError> {
+        let mut seen = std::collections::HashSet::new();
+        let mut needs = Vec::with_capacity(images.len());
+        for (index, image) in images.iter().enumerate() {
+            let cached = self.cache.peek(&(image.hash, self.fingerprint)).is_some();
+            let repeated = !seen.insert(image.hash);
+            let need = if cached || repeated {
+                0
+            } else {
+                self.need(index, &image.info)?
+            };
+            needs.push(need);
+        }
+        let total: u64 = needs.iter().sum();
+        if total == 0 {
+            return Ok(needs.iter().map(|_| None).collect());
+        }
+        let new = needs.iter().filter(|&&need| need > 0).count();
+        let what = format!("the request's {new} new image(s)");
+        let mut all = self
+            .budget
+            .reserve(total)
+            .await
+            .map_err(|e| budget_error(&what, &e))?;
+        Ok(needs
+            .into_iter()
+            .map(|need| (need > 0).then(|| all.split_off(need)))
+            .collect())
+    }
+
+    /// Preprocesses one image through the pixel cache, within its share of
+    /// the reservation (reserved now if it was cached at reservation time
+    /// but evicted since); returns the tensor's part of the share when
+    /// this request computed it.
+    async fn load_one(
+        &self,
+        index: usize,
+        image: FetchedImage,
+        share: Option<Reservation>,
+        metrics: &Metrics,
+    ) -> Result<(Arc<PixelEntry>, Option<Reservation>), ApiError> {
         let looked_up = Instant::now();
+        let mut held = None;
+        let slot = &mut held;
+        let key = (image.hash, self.fingerprint);
         let (entry, lookup) = self
             .cache
-            .get_or_compute((hash, self.fingerprint), || {
-                self.preprocess(index, bytes, hash, metrics)
+            .get_or_compute(key, || async move {
+                let share = match share {
+                    Some(share) => share,
+                    None => self.reserve_one(index, &image.info).await?,
+                };
+                let entry = self
+                    .preprocess(index, image.bytes, image.hash, metrics)
+                    .await?;
+                *slot = Some(share.shrink_to(entry.weight() as u64));
+                Ok(entry)
             })
             .await?;
         if lookup != Lookup::Miss {
             metrics.stage(Stage::PixelCache, looked_up.elapsed());
         }
-        Ok(entry)
+        Ok((entry, held))
+    }
+
+    /// Reserves one image's memory on its own.
+    async fn reserve_one(
+        &self,
+        index: usize,
+        info: &Result<ImageInfo, VisionError>,
+    ) -> Result<Reservation, ApiError> {
+        let need = self.need(index, info)?;
+        let name = info
+            .as_ref()
+            .map(|i| image_name(index, i))
+            .unwrap_or_default();
+        self.budget
+            .reserve(need)
+            .await
+            .map_err(|e| budget_error(&name, &e))
     }
 
     /// Decodes and preprocesses on the CPU pool (one thread per core).
@@ -163,6 +287,11 @@ impl Multimodal {
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
     }
+
+    /// The in-flight memory budget (for metrics).
+    pub fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
 }
 
 fn media_config(args: &MediaArgs) -> MediaConfig {
@@ -183,11 +312,25 @@ fn media_config(args: &MediaArgs) -> MediaConfig {
     }
 }
 
-async fn hash_off_runtime(bytes: Bytes) -> Result<[u8; 32], ApiError> {
-    if bytes.len() <= INLINE_HASH_BYTES {
-        return Ok(image_hash(&bytes));
+/// A fetched image, its hash and what its header says (read once, used
+/// on a miss).
+struct FetchedImage {
+    bytes: Bytes,
+    hash: [u8; 32],
+    info: Result<ImageInfo, VisionError>,
+}
+
+async fn hash_and_probe_off_runtime(bytes: Bytes) -> Result<FetchedImage, ApiError> {
+    let inline = bytes.len() <= INLINE_HASH_BYTES;
+    let work = move || FetchedImage {
+        hash: image_hash(&bytes),
+        info: iris_vision::probe(&bytes),
+        bytes,
+    };
+    if inline {
+        return Ok(work());
     }
-    tokio::task::spawn_blocking(move || image_hash(&bytes))
+    tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| ApiError::internal(format!("hashing task failed: {e}")))
 }
@@ -203,10 +346,86 @@ fn media_error(index: usize, error: &MediaError) -> ApiError {
     }
 }
 
+/// How messages name an image: index, declared size and format.
+fn image_name(index: usize, info: &ImageInfo) -> String {
+    format!(
+        "image {index} ({}x{} {})",
+        info.width,
+        info.height,
+        info.format.name()
+    )
+}
+
+/// A budget refusal as the client sees it: 400 when `what` (an image, or a
+/// request's images together) needs more than the whole budget, 503 with
+/// Retry-After when the budget stayed in use for the whole wait.
+fn budget_error(what: &str, error: &BudgetError) -> ApiError {
+    match *error {
+        BudgetError::TooLarge { need, budget } => ApiError::bad_field(
+            "messages",
+            format!(
+                "{what}: decoding and preprocessing needs {} MiB, more than the gateway's whole memory for images in flight ({} MiB, --mm-max-inflight-mb)",
+                need.div_ceil(MIB),
+                budget / MIB
+            ),
+        )
+        .with_code("image_too_large"),
+        BudgetError::Busy { budget, waited } => ApiError::service_unavailable(format!(
+            "{what}: the gateway's memory for images in flight ({} MiB) stayed in use for {} ms; retry later",
+            budget / MIB,
+            waited.as_millis()
+        ))
+        .with_retry_after(RETRY_AFTER_SECS),
+    }
+}
+
 fn vision_error(index: usize, error: &iris_vision::VisionError) -> ApiError {
     if error.is_bad_input() {
         ApiError::bad_field("messages", format!("image {index}: {error}"))
     } else {
         ApiError::internal(format!("image {index}: {error}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iris_vision::ImageFormat;
+
+    #[test]
+    fn budget_refusals_name_the_image_or_say_when_to_retry() {
+        let info = ImageInfo {
+            format: ImageFormat::Png,
+            width: 9459,
+            height: 9459,
+            work_bytes_per_pixel: 8,
+        };
+        let too_large = BudgetError::TooLarge {
+            need: 1400 * MIB - 5,
+            budget: 1024 * MIB,
+        };
+        let err = budget_error(&image_name(2, &info), &too_large);
+        assert_eq!((err.status, err.retry_after), (400, None));
+        assert_eq!(err.code.as_deref(), Some("image_too_large"));
+        assert_eq!(err.param.as_deref(), Some("messages"));
+        assert!(
+            err.message.starts_with(
+                "image 2 (9459x9459 PNG): decoding and preprocessing needs 1400 MiB, \
+                 more than the gateway's whole memory for images in flight (1024 MiB"
+            ),
+            "{}",
+            err.message
+        );
+        let busy = BudgetError::Busy {
+            budget: 1024 * MIB,
+            waited: Duration::from_millis(2500),
+        };
+        let err = budget_error("the request's 3 new image(s)", &busy);
+        assert_eq!((err.status, err.retry_after), (503, Some(RETRY_AFTER_SECS)));
+        assert!(
+            err.message.contains("stayed in use for 2500 ms"),
+            "{}",
+            err.message
+        );
     }
 }

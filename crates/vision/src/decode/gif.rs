@@ -13,7 +13,7 @@ use std::num::NonZeroU64;
 use gif::{ColorOutput, DecodeOptions, MemoryLimit};
 
 use super::orientation::Orientation;
-use super::{DecodeLimits, ImageFormat};
+use super::{DecodeLimits, ImageFormat, ImageInfo};
 use crate::error::VisionError;
 use crate::scratch::ensure_len;
 
@@ -33,7 +33,7 @@ fn read_info<'a>(
 }
 
 /// Declared logical-screen `(width, height)`, read from the 10-byte header.
-pub(super) fn dimensions(bytes: &[u8]) -> Result<(u32, u32), VisionError> {
+fn dimensions(bytes: &[u8]) -> Result<(u32, u32), VisionError> {
     match bytes.get(6..10) {
         Some(d) => Ok((
             u32::from(u16::from_le_bytes([d[0], d[1]])),
@@ -41,6 +41,28 @@ pub(super) fn dimensions(bytes: &[u8]) -> Result<(u32, u32), VisionError> {
         )),
         None => Err(VisionError::decode(NAME, "header shorter than 10 bytes")),
     }
+}
+
+/// The canvas the first frame is decoded onto (the logical screen, grown
+/// to hold the frame, as [`decode`] builds it) from the headers and the
+/// first frame's descriptor, without decoding pixels. Decoding holds the
+/// frame's indices (at most one byte per canvas pixel), the canvas of
+/// indices and the RGB8 result.
+pub(super) fn probe(bytes: &[u8]) -> Result<ImageInfo, VisionError> {
+    let (sw, sh) = dimensions(bytes)?;
+    let mut decoder = read_info(bytes, &DecodeLimits::default())?;
+    let frame = decoder
+        .next_frame_info()
+        .map_err(|e| VisionError::decode(NAME, e))?
+        .ok_or_else(|| VisionError::decode(NAME, "no image frame"))?;
+    let width = sw.max(u32::from(frame.left) + u32::from(frame.width));
+    let height = sh.max(u32::from(frame.top) + u32::from(frame.height));
+    Ok(ImageInfo {
+        format: ImageFormat::Gif,
+        width,
+        height,
+        work_bytes_per_pixel: 2,
+    })
 }
 
 /// Decodes the first frame to RGB8 in `out` (indices go through `raw`).

@@ -21,7 +21,7 @@ use turbojpeg_sys as tj;
 
 use super::convert::{to_rgb, Layout};
 use super::orientation::Orientation;
-use super::{DecodeLimits, ImageFormat};
+use super::{DecodeLimits, ImageFormat, ImageInfo};
 use crate::error::VisionError;
 use crate::scratch::ensure_len;
 
@@ -172,10 +172,27 @@ impl Decompressor {
     }
 }
 
-/// Declared `(width, height)` from the frame header.
-pub(super) fn dimensions(bytes: &[u8]) -> Result<(u32, u32), VisionError> {
+/// Size and decoding memory from the headers. libjpeg's own whole-image
+/// coefficient buffer (2 bytes per sample per component) is needed by
+/// progressive and multi-scan files only, but is counted for every JPEG:
+/// which kind a file is shows only in its scans. Then the CMYK samples
+/// before conversion, or the copy EXIF orientation makes.
+pub(super) fn probe(bytes: &[u8]) -> Result<ImageInfo, VisionError> {
     let header = Decompressor::new()?.header(bytes)?;
-    Ok((header.width as u32, header.height as u32))
+    let oriented = exif_block(bytes)
+        .map(Orientation::from_exif_block)
+        .is_some_and(|o| o != Orientation::Normal);
+    let (components, raw) = match (header.four_components, oriented) {
+        (true, _) => (4, 4),
+        (false, true) => (3, 3),
+        (false, false) => (3, 0),
+    };
+    Ok(ImageInfo {
+        format: ImageFormat::Jpeg,
+        width: u32::try_from(header.width).unwrap_or(u32::MAX),
+        height: u32::try_from(header.height).unwrap_or(u32::MAX),
+        work_bytes_per_pixel: 2 * components + raw,
+    })
 }
 
 /// Decodes to RGB8 in `out`; returns size and EXIF orientation.

@@ -71,15 +71,37 @@ impl DecodeLimits {
     }
 }
 
-/// Format and declared size of an image, read from its header only.
+/// Format, declared size and decoding memory of an image, read from its
+/// header only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageInfo {
     /// Container format.
     pub format: ImageFormat,
-    /// Width before EXIF orientation.
+    /// Width before EXIF orientation (a GIF's canvas: the logical screen,
+    /// grown to hold the first frame).
     pub width: u32,
     /// Height before EXIF orientation.
     pub height: u32,
+    /// Bytes per pixel the decoder holds at its peak besides the RGB8
+    /// result: its native samples (8 for 16-bit RGBA), its own frame or
+    /// coefficient buffers, a GIF's index canvas, the copy EXIF
+    /// orientation makes.
+    pub work_bytes_per_pixel: u32,
+}
+
+impl ImageInfo {
+    /// Declared width × height.
+    pub fn pixels(&self) -> u64 {
+        u64::from(self.width) * u64::from(self.height)
+    }
+
+    /// Peak bytes of pixel memory decoding this image takes: the RGB8
+    /// result plus [`Self::work_bytes_per_pixel`]. An upper bound for a
+    /// file that decodes; a truncated one takes less.
+    pub fn decode_bytes(&self) -> u64 {
+        self.pixels()
+            .saturating_mul(3 + u64::from(self.work_bytes_per_pixel))
+    }
 }
 
 /// Decodes into `out` (RGB8, orientation applied); returns `(width, height)`.
@@ -109,17 +131,13 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<image::RgbImage, Vi
     })
 }
 
-/// Reads format and size from the header without decoding pixels.
+/// Reads format, size and decoding memory from the header without
+/// decoding pixels or allocating memory in proportion to the declared size.
 pub fn probe(bytes: &[u8]) -> Result<ImageInfo, VisionError> {
     let format = sniff::sniff(bytes)?;
-    let (width, height) = match format {
-        ImageFormat::Jpeg => jpeg::dimensions(bytes)?,
-        ImageFormat::Gif => gif::dimensions(bytes)?,
-        _ => other::dimensions(format, bytes)?,
-    };
-    Ok(ImageInfo {
-        format,
-        width,
-        height,
-    })
+    match format {
+        ImageFormat::Jpeg => jpeg::probe(bytes),
+        ImageFormat::Gif => gif::probe(bytes),
+        _ => other::probe(format, bytes),
+    }
 }

@@ -101,6 +101,22 @@ pub(crate) fn resize_into<'a>(
     }
 }
 
+/// Bytes of the buffers resizing `in_w`×`in_h` to `out_w`×`out_h` takes
+/// at most: the intermediate pass (either order), the full result (the
+/// fused path writes only bands of it) and the two kernels (per output
+/// sample: its start, length, taps and their blocked copy).
+pub(crate) fn working_bytes((in_w, in_h): (u64, u64), (out_w, out_h): (u64, u64)) -> u64 {
+    if (in_w, in_h) == (out_w, out_h) {
+        return 0;
+    }
+    let kernel = |input: u64, output: u64| {
+        let taps = 4 * input.div_ceil(output.max(1)).max(1) + 1;
+        output * (64 + 16 * taps)
+    };
+    let inter = (out_w * in_h).max(in_w * out_h);
+    3 * (inter + out_w * out_h) + kernel(in_w, out_w) + kernel(in_h, out_h)
+}
+
 thread_local! {
     /// Per-thread buffer holding one band of resized rows (recycled).
     static BAND: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
