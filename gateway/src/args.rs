@@ -139,8 +139,10 @@ pub struct MediaArgs {
     /// Most images one request may carry.
     #[arg(long, default_value_t = 16, env = "IRIS_MM_PER_REQUEST_IMAGE_LIMIT")]
     pub mm_per_request_image_limit: usize,
-    /// Let image URLs reach loopback, private, link-local and metadata
-    /// addresses (off: such URLs get 400).
+    /// Let image URLs reach loopback, private, link-local and other
+    /// non-public addresses (off: such URLs get 400). Cloud metadata and
+    /// credential endpoints (169.254.169.254, 168.63.129.16,
+    /// 169.254.170.2, ...) stay refused even then.
     #[arg(long, env = "IRIS_MM_ALLOW_PRIVATE_MEDIA_HOSTS")]
     pub mm_allow_private_media_hosts: bool,
     /// Only these domains (and their subdomains) may serve image URLs
