@@ -248,7 +248,7 @@ const METRICS_MAX_CONNECTIONS: usize = 256;
 /// open-file limit (raised to its hard limit first) can hold.
 fn conn_limits(args: &ConnArgs) -> anyhow::Result<ConnLimits> {
     let keep_alive = match args.keep_alive_timeout_secs {
-        s if s == 0.0 => None,
+        0.0 => None,
         s => Some(seconds("--keep-alive-timeout-secs", s)?),
     };
     Ok(ConnLimits {
