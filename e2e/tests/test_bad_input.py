@@ -317,6 +317,11 @@ def assert_error_shape(response: httpx.Response, fragment: str, what: str):
     assert WORKER_ADDRESSES, "the gateway fixture sets the worker addresses"
     for address in [*WORKER_ADDRESSES, "grpc://"]:
         assert address not in error["message"], (what, "worker address leaked", error["message"])
+    # Bytes the media server sent are never echoed, as text or hex.
+    for fetched in (HTML, SVG):
+        for echo in (fetched[:8].decode(), fetched[:4].hex(" "), fetched[:4].hex()):
+            assert echo.lower() not in error["message"].lower(), (what, "fetched bytes echoed",
+                                                                   error["message"])
 
 
 def test_corpus_is_big_enough():

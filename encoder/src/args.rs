@@ -72,6 +72,11 @@ pub struct EncoderArgs {
     /// by model (smg) need it equal to the prefill and decode workers'.
     #[arg(long, env = "IRIS_ENCODER_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
+    /// Report the model directory as model_path in GetModelInfo (default:
+    /// the served model name, so peers do not learn the file system
+    /// layout).
+    #[arg(long, env = "IRIS_ENCODER_EXPOSE_MODEL_PATH")]
+    pub expose_model_path: bool,
     /// How pixel tensors are received (shm, RDMA).
     #[command(flatten)]
     pub receive: crate::receive::ReceiveArgs,

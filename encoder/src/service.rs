@@ -377,7 +377,11 @@ impl TokenSpeedScheduler for EncoderService {
     ) -> Result<Response<GetModelInfoResponse>, Status> {
         let e = &self.0;
         Ok(Response::new(GetModelInfoResponse {
-            model_path: e.args.model_path.display().to_string(),
+            model_path: if e.args.expose_model_path {
+                e.args.model_path.display().to_string()
+            } else {
+                e.served_model_name.clone()
+            },
             served_model_name: e.served_model_name.clone(),
             model_type: e.model_type.clone(),
             architectures: e.architectures.clone(),

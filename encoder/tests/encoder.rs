@@ -199,6 +199,8 @@ async fn scheduler_service_is_info_only() {
     // encode, prefill and decode workers of one model by it).
     let dir_name = model.path().file_name().expect("name").to_string_lossy();
     assert_eq!(info.served_model_name, dir_name);
+    // No file system path unless --expose-model-path asks for it.
+    assert_eq!(info.model_path, dir_name);
     assert!(!info.architectures.is_empty());
     let gen = s
         .generate(GenerateRequest::default())
@@ -271,6 +273,7 @@ async fn epd_through_reference_engines() {
         bootstrap_port: 0,
         model_path: model.path().to_path_buf(),
         served_model_name: None,
+        expose_model_path: false,
         max_running_requests: 8,
         default_max_new_tokens: 8,
         prefill_us_per_token: 0,
@@ -567,4 +570,23 @@ async fn a_fast_item_is_served_while_a_slow_one_in_its_batch_computes() {
     assert_eq!(fetch(&mut d, 3).await.expect("queued").shape, vec![1, 64]);
     let load = loads(&enc).await;
     assert_eq!((load.num_running_reqs, load.num_waiting_reqs), (0, 0));
+}
+
+#[tokio::test]
+async fn model_path_is_reported_only_when_asked() {
+    let model = model();
+    let args = EncoderArgs {
+        expose_model_path: true,
+        ..args(&model, 64)
+    };
+    let enc = iris_encoder::start(args).await.expect("encoder starts");
+    let mut s = TokenSpeedSchedulerClient::connect(format!("http://{}", enc.grpc_addr))
+        .await
+        .expect("connect");
+    let info = s
+        .get_model_info(GetModelInfoRequest {})
+        .await
+        .expect("info")
+        .into_inner();
+    assert_eq!(info.model_path, model.path().display().to_string());
 }

@@ -124,6 +124,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64 << 20, env = "IRIS_MAX_PAYLOAD_SIZE")]
     pub max_payload_size: usize,
     #[command(flatten)]
+    pub connections: ConnArgs,
+    /// Serve /metrics on this port instead of the HTTP port (/health and
+    /// /readiness are answered on both); unset: /metrics on the HTTP port.
+    #[arg(long, env = "IRIS_METRICS_PORT")]
+    pub metrics_port: Option<u16>,
+    #[command(flatten)]
     pub media: MediaArgs,
     #[command(flatten)]
     pub discovery: DiscoveryArgs,
@@ -133,6 +139,30 @@ pub struct ServeArgs {
     /// Log as JSON lines.
     #[arg(long, env = "IRIS_LOG_JSON")]
     pub log_json: bool,
+}
+
+/// Client connections: how many, and how long a client may take.
+#[derive(Debug, Clone, Args)]
+pub struct ConnArgs {
+    /// HTTP connections open at once; past it a new connection gets a 503
+    /// and is closed at once (lowered to fit the open-file limit).
+    #[arg(long, default_value_t = 32768, env = "IRIS_MAX_CONNECTIONS")]
+    pub max_connections: usize,
+    /// Seconds a client may take to send a request's headers (on a
+    /// kept-alive connection: counted from the previous response).
+    #[arg(long, default_value_t = 30.0, env = "IRIS_HEADER_READ_TIMEOUT_SECS")]
+    pub header_read_timeout_secs: f64,
+    /// Seconds a client may take to send a whole request body (408 past it).
+    #[arg(long, default_value_t = 60.0, env = "IRIS_BODY_READ_TIMEOUT_SECS")]
+    pub body_read_timeout_secs: f64,
+    /// Seconds an idle connection is kept open after a response (0: one
+    /// request per connection; at most the header-read timeout).
+    #[arg(long, default_value_t = 30.0, env = "IRIS_KEEP_ALIVE_TIMEOUT_SECS")]
+    pub keep_alive_timeout_secs: f64,
+    /// Requests served per connection; the last one is answered with
+    /// `Connection: close` (0: unlimited).
+    #[arg(long, default_value_t = 0, env = "IRIS_MAX_REQUESTS_PER_CONNECTION")]
+    pub max_requests_per_connection: u64,
 }
 
 /// Image inputs: fetching, limits, preprocessing and the pixel cache.
@@ -159,8 +189,10 @@ pub struct MediaArgs {
     /// Most images one request may carry.
     #[arg(long, default_value_t = 16, env = "IRIS_MM_PER_REQUEST_IMAGE_LIMIT")]
     pub mm_per_request_image_limit: usize,
-    /// Let image URLs reach loopback, private, link-local and metadata
-    /// addresses (off: such URLs get 400).
+    /// Let image URLs reach loopback, private, link-local and other
+    /// non-public addresses (off: such URLs get 400). Cloud metadata and
+    /// credential endpoints (169.254.169.254, 168.63.129.16,
+    /// 169.254.170.2, ...) stay refused even then.
     #[arg(long, env = "IRIS_MM_ALLOW_PRIVATE_MEDIA_HOSTS")]
     pub mm_allow_private_media_hosts: bool,
     /// Only these domains (and their subdomains) may serve image URLs

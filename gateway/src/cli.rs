@@ -97,7 +97,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             iris_process::init_logging(args.log_json);
             crate::mm::cpu_pool::init_global();
             let running = crate::start(*args).await?;
-            tracing::info!(addr = %running.addr, "iris gateway listening");
+            match running.metrics_addr {
+                Some(metrics) => {
+                    tracing::info!(addr = %running.addr, %metrics, "iris gateway listening")
+                }
+                None => tracing::info!(addr = %running.addr, "iris gateway listening"),
+            }
             let shutdown = running.shutdown_token();
             tokio::spawn(async move {
                 iris_process::wait_for_signal().await;

@@ -111,6 +111,7 @@ fn engine_args(model: &std::path::Path, role: Role, decode_us_per_step: u64) -> 
         bootstrap_port: 0,
         model_path: model.to_path_buf(),
         served_model_name: None,
+        expose_model_path: false,
         max_running_requests: 256,
         default_max_new_tokens: 64,
         prefill_us_per_token: 0,

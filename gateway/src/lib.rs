@@ -8,7 +8,7 @@
 //! [`workers`] pools (configured, or fed by Kubernetes [`discovery`]) and
 //! starts the request, and [`chat`] streams the detokenized answer back as
 //! SSE or one JSON body. [`transport`] picks how each image's pixels reach
-//! its encode worker (inline, shm or RDMA). [`server`] wires it to axum;
+//! its encode worker (inline, shm or RDMA). [`server`] wires it to axum behind the connection limits of [`listen`];
 //! [`demo`] runs every role in one process.
 
 pub mod args;
@@ -17,6 +17,7 @@ pub mod cli;
 pub mod context;
 pub mod demo;
 pub mod discovery;
+pub mod listen;
 pub mod metrics;
 pub mod mm;
 pub mod prompt;

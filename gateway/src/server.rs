@@ -1,5 +1,7 @@
 //! `iris serve`: builds the worker pools, the router and the prompt
-//! pipeline from the options, and serves the HTTP API with axum.
+//! pipeline from the options, and serves the HTTP API (axum routes behind
+//! the connection limits of [`crate::listen`]), with `/metrics` on its own
+//! port when `--metrics-port` is set.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,13 +12,13 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use iris_model::ModelDir;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::args::{group_with_ports, ServeArgs};
+use crate::args::{group_with_ports, ConnArgs, ServeArgs};
 use crate::discovery::Discovery;
+use crate::listen::{ConnLimits, ConnStats, Stop};
 use crate::metrics::Metrics;
 use crate::mm::Multimodal;
 use crate::prompt::{PromptOptions, Prompter};
@@ -39,6 +41,11 @@ pub struct AppState {
     pub created: u64,
     pub request_timeout: Duration,
     pub max_payload: usize,
+    /// Time for a whole request body to arrive (408 past it).
+    pub body_read_timeout: Duration,
+    /// Connection counters per listener (`api`, and `metrics` with
+    /// `--metrics-port`).
+    pub connection_stats: Vec<(&'static str, Arc<ConnStats>)>,
     /// How long requests in flight may finish after shutdown begins.
     pub shutdown_grace: Duration,
     /// Cancelled when the grace period is over: requests still running end.
@@ -58,6 +65,8 @@ const ABORT_FLUSH: Duration = Duration::from_secs(5);
 /// A started gateway.
 pub struct RunningGateway {
     pub addr: SocketAddr,
+    /// Where `/metrics` is served when `--metrics-port` is set.
+    pub metrics_addr: Option<SocketAddr>,
     pub state: Arc<AppState>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -123,7 +132,27 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
             .await?;
     }
     let lanes = Lanes::start(&args.transport, rdma_wanted(&mode, discovery.as_ref()))?;
+    let limits = conn_limits(&args.connections)?;
+    let listener = TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let metrics_listener = match args.metrics_port {
+        Some(port) => Some(
+            TcpListener::bind((args.host.as_str(), port))
+                .await
+                .with_context(|| {
+                    format!("cannot listen on {}:{port} (--metrics-port)", args.host)
+                })?,
+        ),
+        None => None,
+    };
     health::spawn(mode.pools(), health_settings(&args), shutdown.clone());
+    let api_stats = Arc::new(ConnStats::default());
+    let metrics_stats = Arc::new(ConnStats::default());
+    let mut connection_stats = vec![("api", api_stats.clone())];
+    if metrics_listener.is_some() {
+        connection_stats.push(("metrics", metrics_stats.clone()));
+    }
     let state = Arc::new(AppState {
         router: Router::new(
             mode,
@@ -149,41 +178,137 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
             .unwrap_or_default(),
         request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
         max_payload: args.max_payload_size,
+        body_read_timeout: seconds(
+            "--body-read-timeout-secs",
+            args.connections.body_read_timeout_secs,
+        )?,
+        connection_stats,
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace_secs.clamp(0.0, 86_400.0)),
         hard_stop: CancellationToken::new(),
     });
-    let listener = TcpListener::bind((args.host.as_str(), args.port))
-        .await
-        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let addr = listener.local_addr()?;
-    let app = routes(state.clone());
-    let token = shutdown.clone();
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
+    let stop = Stop {
+        graceful: shutdown.clone(),
+        hard: state.hard_stop.clone(),
+    };
+    let api = crate::listen::serve(
+        listener,
+        routes(state.clone(), metrics_listener.is_none()),
+        limits.clone(),
+        api_stats,
+        stop.clone(),
+    );
+    let metrics = metrics_listener.map(|listener| {
+        // Probes and scrapes: few connections, open until the API port
+        // has drained (Prometheus sees the shutdown through).
+        let limits = ConnLimits {
+            max_connections: METRICS_MAX_CONNECTIONS,
+            ..limits
+        };
+        let stop = Stop {
+            graceful: CancellationToken::new(),
+            hard: stop.hard.clone(),
+        };
+        let done = stop.graceful.clone();
+        let served = crate::listen::serve(
+            listener,
+            metrics_routes(state.clone()),
+            limits,
+            metrics_stats,
+            stop,
+        );
+        (served, done)
+    });
     let task = tokio::spawn(async move {
-        axum::serve(
-            listener.tap_io(|tcp| {
-                // Streamed chunks must not wait for delayed ACKs.
-                let _ = tcp.set_nodelay(true);
-            }),
-            app,
-        )
-        .with_graceful_shutdown(token.cancelled_owned())
-        .await
+        let Some((metrics, metrics_done)) = metrics else {
+            return api.await;
+        };
+        let api = async {
+            let served = api.await;
+            metrics_done.cancel();
+            served
+        };
+        let (api, metrics) = tokio::join!(api, metrics);
+        api.and(metrics)
     });
     Ok(RunningGateway {
         addr,
+        metrics_addr,
         state,
         shutdown,
         task,
     })
 }
 
-fn routes(state: Arc<AppState>) -> axum::Router {
-    axum::Router::new()
+/// Connections the `--metrics-port` listener keeps open at once.
+const METRICS_MAX_CONNECTIONS: usize = 256;
+
+/// The connection limits the flags ask for, the cap lowered to what the
+/// open-file limit (raised to its hard limit first) can hold.
+fn conn_limits(args: &ConnArgs) -> anyhow::Result<ConnLimits> {
+    let keep_alive = match args.keep_alive_timeout_secs {
+        0.0 => None,
+        s => Some(seconds("--keep-alive-timeout-secs", s)?),
+    };
+    Ok(ConnLimits {
+        max_connections: fd_capped(args.max_connections, iris_process::raise_fd_limit()),
+        header_read_timeout: seconds("--header-read-timeout-secs", args.header_read_timeout_secs)?,
+        keep_alive,
+        max_requests: args.max_requests_per_connection,
+    })
+}
+
+/// `max` lowered so that the connections and a reserve for everything
+/// else (worker channels, files, the metrics port) fit under the open-file
+/// limit `fd_limit` (`None`: unknown, `max` stands).
+fn fd_capped(max: usize, fd_limit: Option<u64>) -> usize {
+    let Some(limit) = fd_limit else {
+        return max.max(1);
+    };
+    let reserve = (limit / 4).min(1024);
+    let fits = usize::try_from(limit.saturating_sub(reserve)).unwrap_or(usize::MAX);
+    if max > fits {
+        tracing::warn!(
+            max_connections = max,
+            open_file_limit = limit,
+            effective = fits.max(1),
+            "--max-connections lowered to fit the open-file limit"
+        );
+    }
+    max.min(fits).max(1)
+}
+
+/// A positive, finite number of seconds from the flag `name`.
+fn seconds(name: &str, secs: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("{name} must be a positive number of seconds, not {secs}"))
+}
+
+/// The API routes, with `/metrics` unless it has a port of its own.
+fn routes(state: Arc<AppState>, with_metrics: bool) -> axum::Router {
+    let mut router = axum::Router::new()
         .route("/v1/chat/completions", post(crate::chat::handle))
         .route("/v1/models", get(models))
         .route("/health", get(health))
-        .route("/readiness", get(readiness))
+        .route("/readiness", get(readiness));
+    if with_metrics {
+        router = router.route("/metrics", get(metrics));
+    }
+    router.fallback(not_found).with_state(state)
+}
+
+/// The `--metrics-port` routes: `/metrics` and the probes.
+fn metrics_routes(state: Arc<AppState>) -> axum::Router {
+    axum::Router::new()
         .route("/metrics", get(metrics))
+        .route("/health", get(health))
+        .route("/readiness", get(readiness))
         .fallback(not_found)
         .with_state(state)
 }
@@ -347,6 +472,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         mm.budget().render(&mut body);
     }
     state.router.lanes.render(&mut body);
+    crate::listen::render_stats(&mut body, &state.connection_stats);
     let (hits, misses) = state.prompter.cache_stats();
     body.push_str(&format!(
         "# HELP iris_tokenizer_cache_total Prompt segments tokenized, by cache result.\n# TYPE iris_tokenizer_cache_total counter\niris_tokenizer_cache_total{{result=\"hit\"}} {hits}\niris_tokenizer_cache_total{{result=\"miss\"}} {misses}\n"
@@ -390,6 +516,26 @@ mod tests {
         let discovery = Discovery::from_args(&args.discovery).unwrap();
         let mode = build_mode(&args, discovery.as_ref()).unwrap();
         rdma_wanted(&mode, discovery.as_ref())
+    }
+
+    #[test]
+    fn connection_cap_fits_the_open_file_limit() {
+        assert_eq!(fd_capped(32768, None), 32768);
+        assert_eq!(fd_capped(100, Some(20_000)), 100);
+        // 20 000 descriptors: 1024 kept for workers and files.
+        assert_eq!(fd_capped(32768, Some(20_000)), 18_976);
+        // Small limits keep a quarter in reserve.
+        assert_eq!(fd_capped(5000, Some(1024)), 768);
+        assert_eq!(fd_capped(0, Some(1024)), 1);
+    }
+
+    #[test]
+    fn timeouts_must_be_positive_seconds() {
+        assert_eq!(seconds("--x", 1.5).unwrap(), Duration::from_millis(1500));
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300] {
+            let err = seconds("--x", bad).unwrap_err().to_string();
+            assert!(err.contains("--x must be a positive number"), "{err}");
+        }
     }
 
     #[tokio::test]

@@ -174,6 +174,7 @@ async fn digest_encoder(model: &Model) -> RunningEncoder {
         fetch_wait_ms: 5_000,
         worker_id: None,
         served_model_name: None,
+        expose_model_path: false,
         metrics_port: 0,
         receive: Default::default(),
     };

@@ -264,6 +264,36 @@ async fn models_health_and_metrics() {
     )));
 }
 
+#[tokio::test]
+async fn metrics_port_takes_metrics_off_the_api_port() {
+    let model = tiny_model();
+    let worker = engine(&model, Role::Aggregated, 0).await;
+    let gw = aggregated(&model, &[&worker], &["--metrics-port", "0"]).await;
+    ready(&gw).await;
+    let metrics_addr = gw.metrics_addr.expect("a metrics listener");
+    assert_ne!(metrics_addr, gw.addr);
+    let get = |u: String| async move { reqwest::get(u).await.expect("send") };
+    assert_eq!(get(url(&gw, "/metrics")).await.status(), 404);
+    let scraped = get(format!("http://{metrics_addr}/metrics")).await;
+    assert_eq!(scraped.status(), 200);
+    let text = scraped.text().await.expect("body");
+    assert!(text.contains("iris_worker_healthy{"), "{text}");
+    assert!(
+        text.contains("iris_http_connections_open{listener=\"api\"}")
+            && text.contains("iris_http_connections_open{listener=\"metrics\"} 1"),
+        "{text}"
+    );
+    for probe in ["/health", "/readiness"] {
+        let answer = get(format!("http://{metrics_addr}{probe}")).await;
+        assert_eq!(answer.status(), 200, "{probe}");
+        assert_eq!(get(url(&gw, probe)).await.status(), 200, "{probe}");
+    }
+    // Without the flag, /metrics stays on the API port.
+    let plain = aggregated(&model, &[&worker], &[]).await;
+    assert!(plain.metrics_addr.is_none());
+    assert!(metrics_text(&plain).await.contains("listener=\"api\""));
+}
+
 /// `iris_stage_duration_seconds_{suffix}{stage="STAGE"}` from metrics text.
 fn stage_value(metrics: &str, suffix: &str, stage: &str) -> f64 {
     let prefix = format!("iris_stage_duration_seconds_{suffix}{{stage=\"{stage}\"}} ");

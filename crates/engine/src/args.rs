@@ -51,6 +51,11 @@ pub struct EngineArgs {
     /// Name reported as served_model_name (default: the directory name).
     #[arg(long, env = "IRIS_ENGINE_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
+    /// Report the model directory as model_path / tokenizer_path in
+    /// GetModelInfo and GetServerInfo (default: the served model name, so
+    /// peers do not learn the worker's file system layout).
+    #[arg(long, env = "IRIS_ENGINE_EXPOSE_MODEL_PATH")]
+    pub expose_model_path: bool,
     /// Requests generating at once; more wait in a queue.
     #[arg(long, default_value_t = 256, env = "IRIS_ENGINE_MAX_RUNNING_REQUESTS")]
     pub max_running_requests: u32,

@@ -127,12 +127,18 @@ fn build_engine(args: &EngineArgs) -> anyhow::Result<Engine> {
     let bundle = dir
         .tokenizer_bundle()
         .context("cannot bundle the tokenizer files")?;
+    let served_model_name = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| dir.served_model_name());
+    let model_path = if args.expose_model_path {
+        dir.root.display().to_string()
+    } else {
+        served_model_name.clone()
+    };
     let facts = ModelFacts {
-        served_model_name: args
-            .served_model_name
-            .clone()
-            .unwrap_or_else(|| dir.served_model_name()),
-        model_path: dir.root.display().to_string(),
+        served_model_name,
+        model_path,
         model_type: dir.config.model_type.clone(),
         architectures: dir.config.architectures.clone(),
         eos_token_ids: dir.eos_token_ids(),

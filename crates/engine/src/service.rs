@@ -34,6 +34,8 @@ pub struct StoredState {
 /// What GetModelInfo reports, read once from the model directory.
 pub struct ModelFacts {
     pub served_model_name: String,
+    /// What is reported as model_path and tokenizer_path: the served model
+    /// name unless `--expose-model-path` asks for the directory.
     pub model_path: String,
     pub model_type: String,
     pub architectures: Vec<String>,

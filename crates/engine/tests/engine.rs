@@ -399,6 +399,35 @@ async fn model_info_and_tokenizer_bundle() {
     assert!(
         matches!(&args["role"].kind, Some(prost_types::value::Kind::StringValue(r)) if r == "aggregated")
     );
+    // No file system path unless asked: the served model name stands in.
+    let name = model.path().file_name().unwrap().to_string_lossy();
+    let dir = model.path().display().to_string();
+    assert_eq!(info.served_model_name, name);
+    assert_eq!(
+        (info.model_path.as_str(), info.tokenizer_path.as_str()),
+        (&*name, &*name)
+    );
+    assert!(
+        matches!(&args["model_path"].kind, Some(prost_types::value::Kind::StringValue(p)) if *p == name)
+    );
+    assert!(
+        !format!("{info:?}{args:?}").contains(&dir),
+        "{info:?} {args:?}"
+    );
+}
+
+#[tokio::test]
+async fn model_path_is_reported_when_asked() {
+    let model = tiny_model();
+    let engine = EngineProcess::start(&model, "aggregated", &["--expose-model-path"]);
+    let mut client = engine.client().await;
+    let info = client
+        .get_model_info(GetModelInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let dir = model.path().display().to_string();
+    assert_eq!((info.model_path, info.tokenizer_path), (dir.clone(), dir));
 }
 
 #[tokio::test]

@@ -293,10 +293,13 @@ async fn published_client_drives_iris_engines() {
         assert_eq!(info["supports_multimodal"], json!(true));
         assert_eq!(info["supported_modalities"], json!(["IMAGE"]));
         assert_eq!(info["multimodal_encoder_dtype"], json!("float32"));
-        assert_eq!(
-            info["model_path"],
-            json!(model.path().display().to_string())
-        );
+        // The served model name, not the directory (--expose-model-path).
+        let name = model
+            .path()
+            .file_name()
+            .expect("dir name")
+            .to_string_lossy();
+        assert_eq!(info["model_path"], json!(name));
 
         let server = &out["server_info"][role];
         assert_eq!(server["server_args"]["role"], json!(role), "{server}");

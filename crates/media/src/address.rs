@@ -3,12 +3,17 @@
 //!
 //! [`classify`] says why an address is not a public unicast one (loopback,
 //! private, link-local, ...). IPv6 forms that embed an IPv4 address
-//! (IPv4-mapped `::ffff:a.b.c.d`, IPv4-compatible `::a.b.c.d`, NAT64
-//! `64:ff9b::/96` and 6to4 `2002::/16`) are judged by the embedded IPv4
-//! address, so `::ffff:127.0.0.1` is loopback like `127.0.0.1`.
+//! (IPv4-mapped `::ffff:0:0/96`, IPv4-translated `::ffff:0:0:0/96`,
+//! IPv4-compatible `::a.b.c.d`, NAT64 `64:ff9b::/96`, 6to4 `2002::/16`,
+//! Teredo `2001::/32`) are judged by the embedded IPv4 address, so
+//! `::ffff:127.0.0.1` is loopback like `127.0.0.1`. Where a form carries
+//! two IPv4 addresses (Teredo: server and client) every one is judged and
+//! the strictest class wins. The local-use NAT64 prefix `64:ff9b:1::/48`
+//! reaches whatever the site's translator maps it to: it is private, or
+//! the class of a non-public IPv4 address embedded in it.
 //!
-//! Cloud metadata endpoints are a class of their own: they are refused even
-//! when private hosts are allowed (see [`is_refused`]).
+//! Cloud metadata and credential endpoints are a class of their own: they
+//! are refused even when private hosts are allowed (see [`is_refused`]).
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -16,8 +21,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// Why an address is refused as a fetch target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AddressClass {
-    /// A cloud instance-metadata endpoint (169.254.169.254, fd00:ec2::254,
-    /// 100.100.100.200, ...): refused even with `allow_private_hosts`.
+    /// A cloud instance-metadata or credential endpoint (169.254.169.254,
+    /// fd00:ec2::254, Azure's WireServer 168.63.129.16, the ECS/EKS
+    /// credential agents 169.254.170.2, 169.254.170.23 and fd00:ec2::23,
+    /// GCE's fd20:ce::254, Alibaba's 100.100.100.200): refused even with
+    /// `allow_private_hosts`.
     CloudMetadata,
     /// 127.0.0.0/8, ::1.
     Loopback,
@@ -107,9 +115,12 @@ fn in_v4(ip: Ipv4Addr, net: [u8; 4], prefix: u32) -> bool {
 
 fn classify_v4(ip: Ipv4Addr) -> Option<AddressClass> {
     use AddressClass::*;
-    const METADATA_V4: [[u8; 4]; 2] = [
+    const METADATA_V4: [[u8; 4]; 5] = [
         [169, 254, 169, 254], // AWS, GCP, Azure, OpenStack, ...
         [100, 100, 100, 200], // Alibaba Cloud
+        [168, 63, 129, 16],   // Azure WireServer (a public address)
+        [169, 254, 170, 2],   // ECS task credentials
+        [169, 254, 170, 23],  // EKS Pod Identity agent
     ];
     const RANGES: [([u8; 4], u32, AddressClass); 16] = [
         ([0, 0, 0, 0], 8, Unspecified),
@@ -143,27 +154,78 @@ fn in_v6(ip: Ipv6Addr, net: Ipv6Addr, prefix: u32) -> bool {
     u128::from(ip) & mask == u128::from(net) & mask
 }
 
-/// The IPv4 address an IPv6 address stands for, in the forms that reach or
-/// name an IPv4 host: mapped, compatible, NAT64 well-known prefix, 6to4.
-fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+/// The IPv4 addresses an IPv6 address stands for, in the forms that reach
+/// or name an IPv4 host: mapped, translated, NAT64 well-known prefix, 6to4
+/// and Teredo. Empty for any other address.
+fn embedded_v4(ip: Ipv6Addr) -> Vec<Ipv4Addr> {
     let bits = u128::from(ip);
-    let low32 = Ipv4Addr::from((bits & 0xFFFF_FFFF) as u32);
+    let at = |shift: u32| Ipv4Addr::from(((bits >> shift) & 0xFFFF_FFFF) as u32);
+    let net = |a: u16, b: u16, c: u16, prefix: u32| {
+        in_v6(ip, Ipv6Addr::new(a, b, c, 0, 0, 0, 0, 0), prefix)
+    };
     if let Some(v4) = ip.to_ipv4_mapped() {
-        return Some(v4);
+        return vec![v4];
     }
-    if in_v6(ip, Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0), 96) {
-        return Some(low32);
+    // IPv4-translated ::ffff:0:a.b.c.d (SIIT) and NAT64 64:ff9b::/96.
+    let translated = in_v6(ip, Ipv6Addr::new(0, 0, 0, 0, 0xffff, 0, 0, 0), 96);
+    if translated || net(0x64, 0xff9b, 0, 96) {
+        return vec![at(0)];
     }
-    if in_v6(ip, Ipv6Addr::new(0x2002, 0, 0, 0, 0, 0, 0, 0), 16) {
-        return Some(Ipv4Addr::from(((bits >> 80) & 0xFFFF_FFFF) as u32));
+    if net(0x2002, 0, 0, 16) {
+        return vec![at(80)];
     }
-    None
+    // Teredo: the server's IPv4 in bits 32..64, the client's (the host
+    // traffic reaches) in the last 32 bits, inverted.
+    if net(0x2001, 0, 0, 32) {
+        let client = Ipv4Addr::from(!(bits as u32));
+        return vec![client, at(64)];
+    }
+    Vec::new()
+}
+
+/// The local-use NAT64 prefix 64:ff9b:1::/48 (RFC 8215).
+const LOCAL_NAT64: Ipv6Addr = Ipv6Addr::new(0x64, 0xff9b, 1, 0, 0, 0, 0, 0);
+
+/// An address under the local-use NAT64 prefix: the site's own translator
+/// decides what it reaches, so it is private however it is read, and a
+/// non-public embedded IPv4 address (metadata above all) classifies it.
+/// The operator picks the prefix length, so both the /96 placement (last
+/// 32 bits) and the /48 one (bits 48..64 and 72..88, around RFC 6052's
+/// "u" octet) are judged; a candidate that is all zeros is padding.
+fn classify_local_nat64(ip: Ipv6Addr) -> AddressClass {
+    let bits = u128::from(ip);
+    let hi = ((bits >> 64) & 0xFFFF) as u32;
+    let lo = ((bits >> 40) & 0xFFFF) as u32;
+    let candidates = [
+        Ipv4Addr::from((bits & 0xFFFF_FFFF) as u32),
+        Ipv4Addr::from((hi << 16) | lo),
+    ];
+    let judged = candidates
+        .into_iter()
+        .filter(|v4| !v4.is_unspecified())
+        .map(classify_v4);
+    strictest(judged).unwrap_or(AddressClass::Private)
+}
+
+/// The strictest class among `classes`: cloud metadata first, then the
+/// first non-public one.
+fn strictest(classes: impl Iterator<Item = Option<AddressClass>>) -> Option<AddressClass> {
+    let found: Vec<AddressClass> = classes.flatten().collect();
+    found
+        .iter()
+        .copied()
+        .find(|&c| c == AddressClass::CloudMetadata)
+        .or_else(|| found.first().copied())
 }
 
 fn classify_v6(ip: Ipv6Addr) -> Option<AddressClass> {
     use AddressClass::*;
-    const METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
-    if ip == METADATA_V6 {
+    const METADATA_V6: [Ipv6Addr; 3] = [
+        Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254), // AWS IMDS
+        Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x23),  // EKS Pod Identity agent
+        Ipv6Addr::new(0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254),  // GCE metadata
+    ];
+    if METADATA_V6.contains(&ip) {
         return Some(CloudMetadata);
     }
     if ip.is_unspecified() {
@@ -172,8 +234,12 @@ fn classify_v6(ip: Ipv6Addr) -> Option<AddressClass> {
     if ip.is_loopback() {
         return Some(Loopback);
     }
-    if let Some(v4) = embedded_v4(ip) {
-        return classify_v4(v4);
+    if in_v6(ip, LOCAL_NAT64, 48) {
+        return Some(classify_local_nat64(ip));
+    }
+    let embedded = embedded_v4(ip);
+    if !embedded.is_empty() {
+        return strictest(embedded.into_iter().map(classify_v4));
     }
     // IPv4-compatible ::a.b.c.d (deprecated): judge the IPv4 address, and
     // refuse it as reserved even when that one is public.
@@ -277,6 +343,90 @@ mod tests {
             ("2002:0808:0808::1", None),
         ];
         for (addr, want) in cases {
+            assert_eq!(class(addr), want, "{addr}");
+        }
+    }
+
+    /// Teredo address with server `server` and client `client` (stored
+    /// inverted in the last 32 bits), flags and port zero.
+    fn teredo(server: [u8; 4], client: [u8; 4]) -> String {
+        let s = u32::from(Ipv4Addr::from(server));
+        let c = !u32::from(Ipv4Addr::from(client));
+        let bits = (0x2001_0000u128 << 96) | (u128::from(s) << 64) | u128::from(c);
+        Ipv6Addr::from(bits).to_string()
+    }
+
+    #[test]
+    fn judges_translated_nat64_and_teredo_forms_by_their_ipv4() {
+        let cases = [
+            // IPv4-mapped ::ffff:0:0/96, written both ways.
+            ("::ffff:0:0", Some(Unspecified)),
+            ("::ffff:a00:1", Some(Private)),
+            ("::ffff:168.63.129.16", Some(CloudMetadata)),
+            // IPv4-translated ::ffff:0:0:0/96.
+            ("::ffff:0:127.0.0.1", Some(Loopback)),
+            ("::ffff:0:8.8.8.8", None),
+            // NAT64 well-known prefix and its hex spelling.
+            ("64:ff9b::a9fe:a9fe", Some(CloudMetadata)),
+            ("64:ff9b::192.168.1.1", Some(Private)),
+            // Local-use NAT64, /96 placement (last 32 bits): private even
+            // with a public IPv4 inside, classed by a non-public one.
+            ("64:ff9b:1::10.0.0.1", Some(Private)),
+            ("64:ff9b:1::127.0.0.1", Some(Loopback)),
+            ("64:ff9b:1:ab::169.254.170.2", Some(CloudMetadata)),
+            ("64:ff9b:1::8.8.8.8", Some(Private)),
+            // Local-use NAT64, /48 placement: 127.0.0.1 = 7f00 | u | 0001.
+            ("64:ff9b:1:7f00:1::", Some(Loopback)),
+            ("64:ff9b:1:a9fe:a9:fe00::", Some(CloudMetadata)),
+            ("64:ff9b:1:0808:08::", Some(Private)),
+        ];
+        for (addr, want) in cases {
+            assert_eq!(class(addr), want, "{addr}");
+        }
+        let teredo_cases = [
+            (teredo([8, 8, 8, 8], [127, 0, 0, 1]), Some(Loopback)),
+            (teredo([8, 8, 8, 8], [10, 1, 2, 3]), Some(Private)),
+            (teredo([192, 168, 0, 1], [8, 8, 4, 4]), Some(Private)),
+            (
+                teredo([10, 0, 0, 1], [169, 254, 169, 254]),
+                Some(CloudMetadata),
+            ),
+            (teredo([8, 8, 8, 8], [1, 1, 1, 1]), None),
+        ];
+        for (addr, want) in teredo_cases {
+            assert_eq!(class(&addr), want, "{addr}");
+        }
+        // The layout the helper writes: 2001:0:SSSS:SSSS:0:0:~CCCC:~CCCC.
+        assert_eq!(
+            teredo([8, 8, 8, 8], [127, 0, 0, 1]),
+            "2001:0:808:808::80ff:fffe"
+        );
+    }
+
+    #[test]
+    fn credential_endpoints_are_metadata_even_when_private_is_allowed() {
+        for addr in [
+            "168.63.129.16",
+            "169.254.170.2",
+            "169.254.170.23",
+            "fd00:ec2::23",
+            "fd20:ce::254",
+            "fd00:ec2::254",
+            "::ffff:169.254.170.2",
+            "64:ff9b::168.63.129.16",
+            "2002:a9fe:aa17::1",
+        ] {
+            let ip: IpAddr = addr.parse().expect("test address parses");
+            assert_eq!(is_refused(ip, true), Some(CloudMetadata), "{addr}");
+            assert_eq!(is_refused(ip, false), Some(CloudMetadata), "{addr}");
+        }
+        // Their neighbours are ordinary link-local / unique-local / public.
+        let neighbours = [
+            ("169.254.170.3", Some(LinkLocal)),
+            ("fd00:ec2::24", Some(Private)),
+            ("168.63.129.17", None),
+        ];
+        for (addr, want) in neighbours {
             assert_eq!(class(addr), want, "{addr}");
         }
     }

@@ -11,8 +11,8 @@ use std::time::Duration;
 pub struct MediaConfig {
     /// Allow hosts that resolve to loopback, private, link-local, CGNAT,
     /// multicast and other non-public addresses (flag
-    /// `--mm-allow-private-media-hosts`). Cloud metadata endpoints stay
-    /// refused even then. Default `false`.
+    /// `--mm-allow-private-media-hosts`). Cloud metadata and credential
+    /// endpoints stay refused even then. Default `false`.
     pub allow_private_hosts: bool,
     /// Domains http(s) URLs may name (flag `--mm-allowed-media-domains`). A
     /// host matches an entry when it equals it or is a subdomain of it

@@ -55,11 +55,13 @@ pub enum MediaError {
         host: String,
     },
     /// The host is, or resolves to, an address that may not be reached.
-    #[error("image host `{host}` resolves to a refused {class} address ({addr})")]
+    /// The message names the host and the class, never the resolved
+    /// address (it would map internal DNS for the client).
+    #[error("image host `{host}` is or resolves to a refused {class} address")]
     BlockedAddress {
         /// The host as written in the URL.
         host: String,
-        /// The refused address.
+        /// The refused address (for the operator's log only).
         addr: IpAddr,
         /// Why it is refused.
         class: AddressClass,
@@ -273,6 +275,15 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "data: URL declares image/png but the bytes are image/jpeg"
+        );
+        let e = MediaError::BlockedAddress {
+            host: "intranet.example".into(),
+            addr: "10.1.2.3".parse().expect("address"),
+            class: AddressClass::Private,
+        };
+        assert_eq!(
+            e.to_string(),
+            "image host `intranet.example` is or resolves to a refused private address"
         );
         let e = MediaError::TooLarge {
             limit: 10,

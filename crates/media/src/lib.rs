@@ -142,6 +142,9 @@ impl MediaFetcher {
                 kind = e.kind(),
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 error = %e,
+                // Never in the message the client sees; the operator may
+                // want it.
+                refused_addr = refused_addr(e).map(tracing::field::display),
                 "image fetch failed"
             ),
         }
@@ -189,6 +192,14 @@ impl MediaFetcher {
                 other.chars().take(32).collect(),
             )),
         }
+    }
+}
+
+/// The address behind a `BlockedAddress` refusal.
+fn refused_addr(error: &MediaError) -> Option<std::net::IpAddr> {
+    match error {
+        MediaError::BlockedAddress { addr, .. } => Some(*addr),
+        _ => None,
     }
 }
 

@@ -187,6 +187,14 @@ mod tests {
             ("http://[fd00:ec2::254]/", CloudMetadata),
             ("http://[::ffff:169.254.169.254]/", CloudMetadata),
             ("https://[::ffff:a9fe:a9fe]/", CloudMetadata),
+            ("http://168.63.129.16/machine/", CloudMetadata),
+            ("http://169.254.170.2/v2/credentials/x", CloudMetadata),
+            ("http://169.254.170.23/v1/credentials", CloudMetadata),
+            ("http://[fd00:ec2::23]/", CloudMetadata),
+            ("http://[fd20:ce::254]/", CloudMetadata),
+            ("http://[64:ff9b::7f00:1]/", Loopback),
+            ("http://[64:ff9b:1::a00:1]/", Private),
+            ("http://[2001:0:808:808::80ff:fffe]/", Loopback),
         ];
         for (s, class) in cases {
             assert_eq!(blocked_class(&policy, s), Some(class), "{s}");
@@ -201,10 +209,24 @@ mod tests {
         assert!(policy.check(&url("http://127.0.0.1/")).is_ok());
         assert!(policy.check(&url("http://[::1]/")).is_ok());
         assert!(policy.check(&url("http://10.0.0.1/")).is_ok());
-        assert_eq!(
-            blocked_class(&policy, "http://169.254.169.254/"),
-            Some(AddressClass::CloudMetadata)
-        );
+        assert!(policy.check(&url("http://[64:ff9b:1::a00:1]/")).is_ok());
+        for never in [
+            "http://169.254.169.254/",
+            "http://168.63.129.16/",
+            "http://169.254.170.2/",
+            "http://169.254.170.23/",
+            "http://[fd00:ec2::23]/",
+            "http://[fd20:ce::254]/",
+            "http://[::ffff:169.254.170.2]/",
+            "http://[64:ff9b::a9fe:a9fe]/",
+            "http://[2001:0:808:808::5601:5601]/",
+        ] {
+            assert_eq!(
+                blocked_class(&policy, never),
+                Some(AddressClass::CloudMetadata),
+                "{never}"
+            );
+        }
         assert!(matches!(
             policy.check(&url("http://metadata.google.internal/computeMetadata/v1/")),
             Err(MediaError::MetadataHost { .. })

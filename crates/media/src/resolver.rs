@@ -31,7 +31,8 @@ pub(crate) struct Refused {
 
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} is a {} address", self.addr, self.class)
+        // No address: this text may end up in a message for the client.
+        write!(f, "the host resolves to a refused {} address", self.class)
     }
 }
 

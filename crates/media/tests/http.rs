@@ -533,6 +533,13 @@ async fn host_name_resolving_to_loopback_is_refused_unless_private_allowed() {
             assert_eq!(host, "localhost");
             assert!(addr.is_loopback());
             assert_eq!(*class, AddressClass::Loopback);
+            // The client learns the class, not the address the name
+            // resolved to.
+            let message = err.to_string();
+            assert!(message.contains("`localhost`"), "{message}");
+            for leaked in ["127.0.0.1", "::1"] {
+                assert!(!message.contains(leaked), "{message}");
+            }
         }
         other => panic!("wrong error: {other:?}"),
     }

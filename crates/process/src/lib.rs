@@ -149,3 +149,36 @@ impl ServerTasks {
         Ok(())
     }
 }
+
+/// Raises the soft open-file limit (`RLIMIT_NOFILE`) to the hard limit, so
+/// a server can hold as many connections as the system lets it; returns
+/// the soft limit now in force (`None` where it cannot be read).
+pub fn raise_fd_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit only read and write `limit`.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                return None;
+            }
+            if limit.rlim_cur < limit.rlim_max {
+                let raised = libc::rlimit {
+                    rlim_cur: limit.rlim_max,
+                    rlim_max: limit.rlim_max,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                    limit = raised;
+                }
+            }
+        }
+        Some(limit.rlim_cur)
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}

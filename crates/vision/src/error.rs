@@ -12,12 +12,12 @@ pub enum VisionError {
     #[error("empty image: the input has zero bytes")]
     EmptyInput,
     /// The bytes do not start with the signature of a supported format.
-    #[error(
-        "unsupported image format (first bytes: {magic}); supported: JPEG, PNG, WebP, GIF, BMP"
-    )]
+    /// The message gives their size only: the bytes may come from a remote
+    /// server and must not be echoed to the client.
+    #[error("unsupported image format: the {len} bytes are none of JPEG, PNG, WebP, GIF, BMP")]
     UnsupportedFormat {
-        /// Hex dump of the first bytes, for the log.
-        magic: String,
+        /// Size of the input in bytes.
+        len: usize,
     },
     /// The header declares a zero width or height.
     #[error("{format} image declares a zero size ({width}x{height})")]

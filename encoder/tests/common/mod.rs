@@ -45,6 +45,7 @@ pub fn args(model: &TempDir, max_held_mb: u64) -> EncoderArgs {
         fetch_wait_ms: 2_000,
         worker_id: None,
         served_model_name: None,
+        expose_model_path: false,
         metrics_port: 0,
         receive: Default::default(),
     }

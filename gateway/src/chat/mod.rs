@@ -55,7 +55,15 @@ async fn respond(state: Arc<AppState>, request: Request, id: String) -> Response
         Ok(prepared) => complete::respond(state, prepared).await,
         Err((error, outcome)) => {
             state.metrics.outcome(outcome);
-            error_response(&error)
+            let mut response = error_response(&error);
+            if error.status == 408 {
+                // The rest of the body is not read: the connection ends.
+                response.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+            }
+            response
         }
     }
 }
@@ -67,14 +75,7 @@ async fn prepare(
     started: Instant,
 ) -> Result<Prepared, (ApiError, Outcome)> {
     let client = |e: ApiError| (e, Outcome::ClientError);
-    let bytes = axum::body::to_bytes(body, state.max_payload)
-        .await
-        .map_err(|e| {
-            client(ApiError::payload_too_large(format!(
-                "request body could not be read within the {} byte limit: {e}",
-                state.max_payload
-            )))
-        })?;
+    let bytes = read_body(state, body).await.map_err(client)?;
     let request = iris_openai::parse_chat_request(&bytes).map_err(client)?;
     if !state.serves(&request.model) {
         return Err(client(ApiError::model_not_found(&request.model)));
@@ -129,6 +130,29 @@ async fn prepare(
         started,
         images_memory,
     })
+}
+
+/// The whole request body, within the payload limit (413) and the
+/// body-read deadline (408: a client trickling its body does not hold a
+/// connection and its buffer for longer).
+async fn read_body(state: &AppState, body: Body) -> Result<bytes::Bytes, ApiError> {
+    let limit = state.max_payload;
+    let deadline = state.body_read_timeout;
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => Err(ApiError::payload_too_large(format!(
+            "request body could not be read within the {limit} byte limit: {e}"
+        ))),
+        Err(_) => Err(ApiError::new(
+            408,
+            iris_openai::ErrorKind::InvalidRequest,
+            format!(
+                "the request body did not arrive within {} s (--body-read-timeout-secs)",
+                deadline.as_secs_f64()
+            ),
+        )
+        .with_code("request_timeout")),
+    }
 }
 
 /// Fetches and preprocesses the request's images (none: no work).

@@ -43,6 +43,7 @@ pub fn engine_args(model: &Model, role: Role, decode_us_per_step: u64) -> Engine
         bootstrap_port: 0,
         model_path: model.dir.path().to_path_buf(),
         served_model_name: None,
+        expose_model_path: false,
         max_running_requests: 64,
         default_max_new_tokens: 32,
         prefill_us_per_token: 0,
