@@ -40,9 +40,26 @@ pub struct EncoderArgs {
     /// Hugging Face model directory (config.json with a vision_config).
     #[arg(long, env = "IRIS_ENCODER_MODEL_PATH")]
     pub model_path: PathBuf,
-    /// Largest batch, in patches.
-    #[arg(long, default_value_t = 16_384, env = "IRIS_ENCODER_MAX_BATCH_PATCHES")]
+    /// Largest batch, in patches. No item may be larger: a larger one is
+    /// refused (INVALID_ARGUMENT) before it is read or queued. The default
+    /// takes the largest image of Qwen2-VL's and Qwen3-VL's shipped
+    /// configurations.
+    #[arg(long, default_value_t = 65_536, env = "IRIS_ENCODER_MAX_BATCH_PATCHES")]
     pub max_batch_patches: u64,
+    /// Most patches one item may have (default: the model's largest image,
+    /// preprocessor_config.json's max_pixels / patch_size²); capped by
+    /// --max-batch-patches.
+    #[arg(long, env = "IRIS_ENCODER_MAX_PATCHES_PER_ITEM")]
+    pub max_patches_per_item: Option<u64>,
+    /// Largest Encode message in MiB (default: one item of the largest
+    /// size taken, as float32 pixels, plus 1 MiB).
+    #[arg(long, env = "IRIS_ENCODER_MAX_MESSAGE_MB")]
+    pub max_message_mb: Option<u64>,
+    /// File holding a shared secret: every gRPC call (Encode, scheduler
+    /// and data service) must then carry `authorization: Bearer <secret>`,
+    /// else UNAUTHENTICATED. Unset: no authentication.
+    #[arg(long, env = "IRIS_ENCODER_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
     /// Tail window for staggered bursts, in ms (0: off).
     #[arg(long, default_value_t = 2, env = "IRIS_ENCODER_COALESCE_WINDOW_MS")]
     pub coalesce_window_ms: u64,

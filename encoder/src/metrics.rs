@@ -1,4 +1,5 @@
-//! The encoder's Prometheus metrics: Encode calls, failed items, the
+//! The encoder's Prometheus metrics: Encode calls, failed and joined
+//! (single-flight) items, the
 //! embedding cache, bytes held for rooms, and the batching loop's
 //! histograms and gauges, served as text on `GET /metrics`.
 
@@ -23,6 +24,7 @@ pub struct EncoderMetrics {
     refused: AtomicU64,
     items: AtomicU64,
     failed_items: AtomicU64,
+    joined_items: AtomicU64,
 }
 
 impl EncoderMetrics {
@@ -40,6 +42,12 @@ impl EncoderMetrics {
     /// An accepted item's compute failed (its room failed).
     pub fn failed_item(&self) {
         self.failed_items.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `n` accepted items joined the computation of the same content
+    /// already in flight instead of being queued.
+    pub fn joined_items(&self, n: usize) {
+        self.joined_items.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 
@@ -68,6 +76,11 @@ pub fn render(encoder: &Encoder) -> String {
             "items_failed_total",
             "Accepted items whose compute failed (their rooms failed).",
             load(&m.failed_items),
+        ),
+        (
+            "items_joined_total",
+            "Items that joined the computation of the same content already in flight (single flight) instead of computing again.",
+            load(&m.joined_items),
         ),
     ];
     let cache = encoder.cache.stats();

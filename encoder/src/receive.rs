@@ -11,7 +11,7 @@ use std::sync::Arc;
 use clap::Args;
 use iris_proto::encoder::EncodeRequest;
 use iris_proto::scheduler::{tensor_data::Payload, MultimodalItem, TensorData};
-use iris_transport::shm::{sweep_orphans, DEFAULT_SHM_DIR, IDENTITY_PREFIX};
+use iris_transport::shm::{sweep_orphans, ShmNames, DEFAULT_SHM_DIR, IDENTITY_PREFIX};
 use iris_transport::{
     ReceiveError, RemoteError, RemoteReader, ShmError, ShmIdentity, TensorReceiver,
 };
@@ -63,6 +63,17 @@ pub struct ReceiveArgs {
         env = "IRIS_ENCODER_RDMA_READ_TIMEOUT_MS"
     )]
     pub rdma_read_timeout_ms: u64,
+    /// Another sender's shm file-name prefix to accept, besides Iris's
+    /// (`iris-tensor-`) and smg's (`smg-tokenspeed-`); repeatable, or
+    /// comma-separated in the environment. Names with no accepted prefix
+    /// are refused unopened.
+    #[arg(
+        long = "shm-name-prefix",
+        value_name = "PREFIX",
+        env = "IRIS_ENCODER_SHM_NAME_PREFIX",
+        value_delimiter = ','
+    )]
+    pub shm_name_prefixes: Vec<String>,
 }
 
 impl Default for ReceiveArgs {
@@ -100,7 +111,7 @@ impl Receiving {
                 None
             }
         };
-        let mut receiver = TensorReceiver::new(dir);
+        let mut receiver = TensorReceiver::new(dir).with_shm_names(shm_names(args)?);
         let remote = nixl::start(args)?;
         let nixl = remote.is_some();
         if let Some(remote) = remote {
@@ -162,6 +173,16 @@ impl Receiving {
     }
 }
 
+/// The default senders' prefixes and the `--shm-name-prefix` ones.
+fn shm_names(args: &ReceiveArgs) -> anyhow::Result<ShmNames> {
+    args.shm_name_prefixes
+        .iter()
+        .try_fold(ShmNames::default(), |names, prefix| {
+            names.with_prefix(prefix.trim())
+        })
+        .map_err(|e| anyhow::anyhow!("--shm-name-prefix: {e}"))
+}
+
 fn needs_receiving(item: &MultimodalItem) -> bool {
     matches!(
         item.encoder_input.as_ref().and_then(|t| t.payload.as_ref()),
@@ -171,7 +192,9 @@ fn needs_receiving(item: &MultimodalItem) -> bool {
 
 /// The status a receive failure is answered with: INVALID_ARGUMENT when
 /// the message itself is wrong, UNAVAILABLE when this worker could not
-/// fetch the bytes (another attempt, with a fresh lane, may succeed).
+/// fetch the bytes (another attempt, with a fresh lane, may succeed). A
+/// refused shm file is UNAVAILABLE whatever the reason, so the answer
+/// tells a caller nothing about the file.
 pub fn receive_status(e: &ReceiveError) -> Status {
     let message = format!("encoder_input: {e}");
     match e {
@@ -182,9 +205,9 @@ pub fn receive_status(e: &ReceiveError) -> Status {
             ShmError::BadName(_)
             | ShmError::BadPrefix(_)
             | ShmError::SizeMismatch { .. }
-            | ShmError::ShortFile { .. },
+            | ShmError::Unlisted(_),
         ) => Status::invalid_argument(message),
-        ReceiveError::Shm(ShmError::Io { .. })
+        ReceiveError::Shm(ShmError::Io { .. } | ShmError::Refused(_))
         | ReceiveError::NoRemoteReader
         | ReceiveError::Remote(_) => Status::unavailable(message),
     }
@@ -305,7 +328,7 @@ mod tests {
             ..MultimodalItem::default()
         };
         let shm = ShmHandle {
-            name: "iris-tensor-no-such-file".into(),
+            name: "iris-tensor-1-no-such-file".into(),
             offset: 0,
             nbytes: 8,
             owner_id: String::new(),
@@ -319,7 +342,7 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.code(), Code::Unavailable);
-        assert!(err.message().starts_with("item 0: "), "{}", err.message());
+        assert_eq!(err.message(), "item 0: encoder_input: shm handle refused");
         let inline = item(Payload::Inline(bytes::Bytes::from(vec![0u8; 8])));
         let out = receiving
             .resolve(request(vec![inline.clone()]))

@@ -1,6 +1,7 @@
-//! Start-up: read the model's vision geometry, build the compute backend,
-//! the batching loop, the cache and the room store, and serve gRPC, the
-//! data server and `/metrics`.
+//! Start-up: read the model's vision geometry and the largest item it
+//! takes, build the compute backend, the batching loop, the cache and the
+//! room store, and serve gRPC, the data server (both behind the optional
+//! shared-secret check) and `/metrics`.
 
 use std::future::IntoFuture;
 use std::hash::{Hash, Hasher};
@@ -22,15 +23,19 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::TowerBackend;
 use crate::cache::EmbeddingCache;
 use crate::compute::{Compute, DigestCompute, TowerCompute};
+use crate::flight::Flights;
 use crate::metrics::EncoderMetrics;
 use crate::receive::Receiving;
 use crate::service::{Encoder, EncoderService};
 use crate::validate::Geometry;
 use crate::{ComputeKind, EncoderArgs};
 
-/// Largest Encode message accepted (pixels of large images).
-const MAX_MESSAGE_BYTES: usize = 512 << 20;
+/// Largest FetchEmbedding answer sent (embeddings of large images).
+const MAX_EMBEDDING_MESSAGE_BYTES: usize = 512 << 20;
 const MIB: u64 = 1 << 20;
+/// What an Encode message may carry besides one item's pixels (grid,
+/// hashes, room, framing).
+const MESSAGE_SLACK_BYTES: u64 = MIB;
 
 /// A started encoder.
 pub struct RunningEncoder {
@@ -63,7 +68,15 @@ pub async fn start_with(
     args: EncoderArgs,
     compute: Option<Arc<dyn Compute>>,
 ) -> anyhow::Result<RunningEncoder> {
+    let token = iris_process::auth::AuthToken::load(args.auth_token_file.as_deref())?;
     let encoder = Arc::new(build(args.clone(), compute)?);
+    let max_message = max_message_bytes(&args, encoder.geometry);
+    tracing::info!(
+        max_patches_per_item = encoder.geometry.max_patches,
+        max_message_bytes = max_message,
+        authentication = token.is_some(),
+        "encoder limits"
+    );
     let grpc = bind(&args.host, args.port).await?;
     let data = bind(&args.host, args.bootstrap_port).await?;
     let metrics = bind(&args.host, args.metrics_port).await?;
@@ -73,16 +86,20 @@ pub async fn start_with(
     let mut servers = ServerTasks::default();
     encoder.rooms.spawn_sweeper(Duration::from_secs(1));
     let encode =
-        TokenSpeedEncoderServer::new(service.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES);
+        TokenSpeedEncoderServer::new(service.clone()).max_decoding_message_size(max_message);
     let main = iris_process::large_message_server()
+        .layer(iris_process::auth::require(token.clone()))
         .add_service(encode)
         .add_service(TokenSpeedSchedulerServer::new(service.clone()));
     servers.spawn(main.serve_with_incoming_shutdown(
         iris_process::nodelay_incoming(grpc),
         servers.shutdown_token().cancelled_owned(),
     ));
-    let data_service = IrisDataServer::new(service).max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let data_router = tonic::transport::Server::builder().add_service(data_service);
+    let data_service =
+        IrisDataServer::new(service).max_encoding_message_size(MAX_EMBEDDING_MESSAGE_BYTES);
+    let data_router = tonic::transport::Server::builder()
+        .layer(iris_process::auth::require(token))
+        .add_service(data_service);
     servers.spawn(data_router.serve_with_incoming_shutdown(
         iris_process::nodelay_incoming(data),
         servers.shutdown_token().cancelled_owned(),
@@ -141,6 +158,7 @@ fn build(args: EncoderArgs, compute: Option<Arc<dyn Compute>>) -> anyhow::Result
             * vision.patch_size
             * vision.patch_size,
         merge: vision.spatial_merge_size,
+        max_patches: max_patches_per_item(&args, &dir, &vision),
     };
     let compute = match compute {
         Some(compute) => compute,
@@ -177,6 +195,7 @@ fn build(args: EncoderArgs, compute: Option<Arc<dyn Compute>>) -> anyhow::Result
         compute,
         batcher,
         cache: EmbeddingCache::new(args.embedding_cache_mb.saturating_mul(MIB)),
+        flights: Flights::default(),
         rooms: Arc::new(RoomStore::new(RoomLimits {
             max_bytes: args.max_held_mb.saturating_mul(MIB),
             ttl,
@@ -194,4 +213,55 @@ fn build(args: EncoderArgs, compute: Option<Arc<dyn Compute>>) -> anyhow::Result
         started: Instant::now(),
         args,
     })
+}
+
+/// The largest image the model's preprocessor produces, in patches:
+/// `max_pixels / patch_size²` of its `preprocessor_config.json` (Qwen-VL's
+/// resize never goes above `max_pixels`; an image is one temporal patch).
+/// `None` when the directory has no such file.
+fn model_max_patches(dir: &ModelDir, vision: &iris_model::VisionConfig) -> Option<u64> {
+    let config = dir.preprocessor_config.as_ref()?;
+    let processor = match iris_vision::qwen_from_config(config) {
+        Ok(processor) => processor,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read max_pixels from preprocessor_config.json");
+            return None;
+        }
+    };
+    let side = u64::from(vision.patch_size.max(1));
+    Some(processor.max_pixels / (side * side))
+}
+
+/// The per-item patch limit: `--max-patches-per-item` (default: the
+/// model's largest image), never above `--max-batch-patches`.
+fn max_patches_per_item(
+    args: &EncoderArgs,
+    dir: &ModelDir,
+    vision: &iris_model::VisionConfig,
+) -> u64 {
+    let batch = args.max_batch_patches.max(1);
+    let model = model_max_patches(dir, vision);
+    let wanted = args.max_patches_per_item.or(model).unwrap_or(batch).max(1);
+    if let Some(model) = model.filter(|&m| m > batch) {
+        tracing::warn!(
+            model_max_patches = model,
+            max_batch_patches = batch,
+            "images above --max-batch-patches are refused although the model takes up to model_max_patches; raise --max-batch-patches to take them"
+        );
+    }
+    wanted.min(batch)
+}
+
+/// `--max-message-mb`, or one item of the largest size as float32 pixels
+/// plus [`MESSAGE_SLACK_BYTES`].
+fn max_message_bytes(args: &EncoderArgs, geometry: Geometry) -> usize {
+    let bytes = match args.max_message_mb {
+        Some(mb) => mb.saturating_mul(MIB),
+        None => geometry
+            .max_patches
+            .saturating_mul(u64::from(geometry.patch_dim))
+            .saturating_mul(4)
+            .saturating_add(MESSAGE_SLACK_BYTES),
+    };
+    usize::try_from(bytes).unwrap_or(usize::MAX)
 }

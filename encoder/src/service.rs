@@ -1,5 +1,6 @@
-//! The encoder's gRPC services: `TokenSpeedEncoder.Encode` (validate,
-//! claim rooms, serve cache hits at once, queue misses for batching), a
+//! The encoder's gRPC services: `TokenSpeedEncoder.Encode` (check the
+//! declared items, read their payloads, claim rooms, serve cache hits at
+//! once, join computations in flight, queue the rest for batching), a
 //! health/info-only `TokenSpeedScheduler`, and the `iris.data.v1` server
 //! prefill workers collect embeddings from.
 
@@ -24,6 +25,7 @@ use tonic::{Request, Response, Status};
 use crate::backend::TowerBackend;
 use crate::cache::EmbeddingCache;
 use crate::compute::Compute;
+use crate::flight::Flights;
 use crate::metrics::EncoderMetrics;
 use crate::receive::Receiving;
 use crate::validate::{self, EncodeItem, Geometry};
@@ -49,6 +51,8 @@ pub struct Encoder {
     pub compute: Arc<dyn Compute>,
     pub batcher: Batcher<TowerBackend>,
     pub cache: EmbeddingCache,
+    /// Computations in flight, joined by repeats of the same content.
+    pub flights: Flights,
     pub rooms: Arc<RoomStore<Embedding>>,
     pub model_fingerprint: u64,
     pub model_type: String,
@@ -85,18 +89,20 @@ impl Encoder {
         Ok(())
     }
 
-    /// Completes rooms whose embeddings are cached; returns the rest.
+    /// Completes rooms whose embeddings are cached; returns the rest. A
+    /// cached embedding of another size than this item's (same hash, other
+    /// grid) is no hit.
     fn serve_hits(&self, items: Vec<EncodeItem>) -> Vec<EncodeItem> {
         items
             .into_iter()
             .filter(|item| {
                 let key = (item.content_hash.clone(), self.model_fingerprint);
                 match self.cache.get(&key) {
-                    Some(data) => {
+                    Some(data) if data.len() as u64 == self.out_bytes(item) => {
                         self.finish(item, data);
                         false
                     }
-                    None => true,
+                    _ => true,
                 }
             })
             .collect()
@@ -114,27 +120,26 @@ impl Encoder {
         }
     }
 
-    /// Queues the misses, in groups of at most `cap` patches when the
-    /// caller set a batch limit (one group otherwise); a task completes (or
+    /// Queues the misses in groups of at most the batch cap (the caller's
+    /// limit, if smaller than `--max-batch-patches`); a task completes (or
     /// fails) each room as soon as its item is done.
     fn queue(self: &Arc<Self>, misses: Vec<EncodeItem>, cap: Option<u64>) -> Result<(), Status> {
-        let cap = cap.map(|c| c.min(self.args.max_batch_patches.max(1)));
-        let groups = split_by_cost(misses, cap);
+        let server_cap = self.args.max_batch_patches.max(1);
+        let groups = split_by_cost(misses, cap.unwrap_or(server_cap).min(server_cap));
         let requests = groups
             .iter()
             .map(|group| BatchRequest {
                 items: group.iter().map(|m| m.input.clone()).collect(),
-                max_batch_cost: cap,
+                max_batch_cost: cap.map(|c| c.min(server_cap)),
             })
             .collect();
         let answers = match self.batcher.enqueue_all(requests) {
             Ok(answers) => answers,
             Err(e) => {
                 let status = batch_status(&e);
-                groups
-                    .iter()
-                    .flatten()
-                    .for_each(|m| self.rooms.fail(m.room, status.message().to_owned()));
+                for item in groups.iter().flatten() {
+                    self.refuse(item, status.message());
+                }
                 return Err(status);
             }
         };
@@ -159,31 +164,49 @@ impl Encoder {
         }
     }
 
-    /// Completes an item's room (and caches its embedding) or fails it.
+    /// Completes an item's room (and caches its embedding) or fails it,
+    /// and with it the rooms of the items that joined its flight.
     fn settle(&self, item: &EncodeItem, output: Result<Bytes, String>) {
+        let joined = self.flights.land(item);
         match output {
             Ok(data) => {
                 self.cache.insert(
                     (item.content_hash.clone(), self.model_fingerprint),
                     data.clone(),
                 );
-                self.finish(item, data);
+                for done in std::iter::once(item).chain(&joined) {
+                    self.finish(done, data.clone());
+                }
             }
             Err(e) => {
-                self.metrics.failed_item();
-                self.rooms.fail(item.room, format!("encode failed: {e}"));
+                for failed in std::iter::once(item).chain(&joined) {
+                    self.metrics.failed_item();
+                    self.rooms.fail(failed.room, format!("encode failed: {e}"));
+                }
             }
         }
     }
 
-    /// Validates, claims rooms, answers cache hits, queues the misses.
-    /// `cap` is the caller's own batch limit in patches, if any.
+    /// Fails a refused item's room and those of the items that joined it
+    /// (their Encode was accepted, but the work they waited for is not
+    /// going to run).
+    fn refuse(&self, item: &EncodeItem, message: &str) {
+        for refused in std::iter::once(item).chain(&self.flights.land(item)) {
+            self.rooms.fail(refused.room, message.to_owned());
+        }
+    }
+
+    /// Validates, claims rooms, answers cache hits, joins computations in
+    /// flight and queues the rest. `cap` is the caller's own batch limit
+    /// in patches, if any.
     fn accept(self: &Arc<Self>, request: &EncodeRequest, cap: Option<u64>) -> Result<(), Status> {
         let items = validate::items(request, self.geometry)?;
         self.claim_rooms(&items)?;
         let misses = self.serve_hits(items);
-        if !misses.is_empty() {
-            self.queue(misses, cap)?;
+        let (leaders, joined) = self.flights.board(misses);
+        self.metrics.joined_items(joined);
+        if !leaders.is_empty() {
+            self.queue(leaders, cap)?;
         }
         Ok(())
     }
@@ -224,11 +247,8 @@ impl Encoder {
 }
 
 /// Splits `items` into consecutive groups of at most `cap` patches each (an
-/// item above `cap` alone); without a cap, one group.
-fn split_by_cost(items: Vec<EncodeItem>, cap: Option<u64>) -> Vec<Vec<EncodeItem>> {
-    let Some(cap) = cap else {
-        return vec![items];
-    };
+/// item above `cap` alone).
+fn split_by_cost(items: Vec<EncodeItem>, cap: u64) -> Vec<Vec<EncodeItem>> {
     let mut groups: Vec<Vec<EncodeItem>> = Vec::new();
     let mut cost = 0u64;
     for item in items {
@@ -270,7 +290,10 @@ fn batch_status(e: &BatchError) -> Status {
     match e {
         BatchError::QueueFull(_) => Status::resource_exhausted(format!("encoder busy: {e}")),
         BatchError::TooMany { .. } => Status::invalid_argument(format!(
-            "{MAX_BATCH_PATCHES_HEADER} splits this request into too many batches: {e}; raise the limit or send fewer items per call"
+            "the batch limit ({MAX_BATCH_PATCHES_HEADER} or --max-batch-patches) splits this request into too many batches: {e}; raise the limit or send fewer items per call"
+        )),
+        BatchError::TooCostly { .. } => Status::invalid_argument(format!(
+            "an item is larger than this encoder's batches (--max-batch-patches): {e}"
         )),
         BatchError::Stopped => Status::unavailable(e.to_string()),
         other => Status::internal(other.to_string()),
@@ -292,6 +315,10 @@ impl TokenSpeedEncoder for EncoderService {
         let items = request.mm_inputs.as_ref().map_or(0, |m| m.items.len());
         encoder.metrics.request(items);
         let cap = cap.inspect_err(|_| encoder.metrics.refused())?;
+        // Everything the message declares is checked before any payload is
+        // read: no shm file is opened, no RDMA READ issued, for a request
+        // that would be refused anyway.
+        validate::check(&request, encoder.geometry).inspect_err(|_| encoder.metrics.refused())?;
         let request = encoder
             .receiving
             .resolve(request)

@@ -1,5 +1,8 @@
 //! Checking an EncodeRequest against the served model: each item's
-//! dtype, shape and grid, and its room.
+//! dtype, shape, grid and size, and its room. [`check`] runs before any
+//! payload is read (no shm file opened, no RDMA READ issued), on the
+//! declared shapes and lengths alone; [`items`] builds the work once the
+//! payloads are inline.
 
 use std::collections::HashSet;
 
@@ -12,13 +15,16 @@ use tonic::Status;
 
 use crate::compute::ImageInput;
 
-/// The model's input geometry.
+/// The model's input geometry and the largest item taken.
 #[derive(Debug, Clone, Copy)]
 pub struct Geometry {
     /// Features per patch row: C·T·P·P.
     pub patch_dim: u32,
     /// Patches merged per side into one token.
     pub merge: u32,
+    /// Most patches one item may have (`--max-patches-per-item`, and
+    /// never above `--max-batch-patches`: no item is larger than a batch).
+    pub max_patches: u64,
 }
 
 /// One validated item.
@@ -29,8 +35,48 @@ pub struct EncodeItem {
     pub input: ImageInput,
 }
 
-/// Validates every item of `request`; the first problem is the answer.
+/// What [`check_item`] establishes about an item.
+struct Checked {
+    dtype: DType,
+    grid: [u32; 3],
+}
+
+/// Checks every item of `request` without reading any payload; the first
+/// problem is the answer.
+pub fn check(request: &EncodeRequest, geometry: Geometry) -> Result<(), Status> {
+    assigned(request, geometry).map(|_| ())
+}
+
+/// Validates every item of `request` (payloads already inline) and builds
+/// its work; the first problem is the answer.
 pub fn items(request: &EncodeRequest, geometry: Geometry) -> Result<Vec<EncodeItem>, Status> {
+    assigned(request, geometry)?
+        .into_iter()
+        .enumerate()
+        .map(|(index, (room, item, checked))| {
+            let pixels = inline_pixels(item).map_err(|e| with_index(index, e))?;
+            Ok(EncodeItem {
+                room,
+                // A copy, not a slice: the request's `Bytes` fields share
+                // one allocation with the inline tensor, and this hash
+                // outlives the request (cache key, room) — a slice would
+                // keep every tensor ever received alive.
+                content_hash: Bytes::copy_from_slice(&item.content_hash),
+                input: ImageInput {
+                    pixels,
+                    bf16: checked.dtype == DType::BFloat16,
+                    grid: checked.grid,
+                },
+            })
+        })
+        .collect()
+}
+
+/// Each item with its room, checked.
+fn assigned(
+    request: &EncodeRequest,
+    geometry: Geometry,
+) -> Result<Vec<(i64, &MultimodalItem, Checked)>, Status> {
     let mm = request
         .mm_inputs
         .as_ref()
@@ -64,16 +110,8 @@ pub fn items(request: &EncodeRequest, geometry: Geometry) -> Result<Vec<EncodeIt
                     "item {index}: room {room} is assigned twice"
                 )));
             }
-            let input = image_input(item, geometry).map_err(|e| with_index(index, e))?;
-            Ok(EncodeItem {
-                room,
-                // A copy, not a slice: the request's `Bytes` fields share
-                // one allocation with the inline tensor, and this hash
-                // outlives the request (cache key, room) — a slice would
-                // keep every tensor ever received alive.
-                content_hash: Bytes::copy_from_slice(&item.content_hash),
-                input,
-            })
+            let checked = check_item(item, geometry).map_err(|e| with_index(index, e))?;
+            Ok((room, item, checked))
         })
         .collect()
 }
@@ -82,7 +120,7 @@ fn with_index(index: usize, status: Status) -> Status {
     Status::new(status.code(), format!("item {index}: {}", status.message()))
 }
 
-fn image_input(item: &MultimodalItem, geometry: Geometry) -> Result<ImageInput, Status> {
+fn check_item(item: &MultimodalItem, geometry: Geometry) -> Result<Checked, Status> {
     let modality = Modality::try_from(item.modality).unwrap_or(Modality::Unspecified);
     if !matches!(modality, Modality::Image | Modality::Unspecified) {
         return Err(Status::invalid_argument(format!(
@@ -98,19 +136,16 @@ fn image_input(item: &MultimodalItem, geometry: Geometry) -> Result<ImageInput, 
     let patches = check_shape(tensor, dtype, geometry)?;
     let grid = grid(item)?;
     check_grid(grid, patches, geometry)?;
-    let pixels = match &tensor.payload {
-        Some(Payload::Inline(bytes)) => bytes.clone(),
-        _ => {
-            return Err(Status::invalid_argument(
-                "encoder_input must be resolved to inline bytes before validation",
-            ))
-        }
-    };
-    Ok(ImageInput {
-        pixels,
-        bf16: dtype == DType::BFloat16,
-        grid,
-    })
+    Ok(Checked { dtype, grid })
+}
+
+fn inline_pixels(item: &MultimodalItem) -> Result<Bytes, Status> {
+    match item.encoder_input.as_ref().and_then(|t| t.payload.as_ref()) {
+        Some(Payload::Inline(bytes)) => Ok(bytes.clone()),
+        _ => Err(Status::invalid_argument(
+            "encoder_input must be resolved to inline bytes before validation",
+        )),
+    }
 }
 
 fn check_shape(tensor: &TensorData, dtype: DType, geometry: Geometry) -> Result<u32, Status> {
@@ -120,13 +155,22 @@ fn check_shape(tensor: &TensorData, dtype: DType, geometry: Geometry) -> Result<
             dtype.as_str()
         )));
     }
-    match tensor.shape.as_slice() {
-        [n, d] if *d == geometry.patch_dim && *n > 0 => Ok(*n),
-        shape => Err(Status::invalid_argument(format!(
-            "encoder_input shape {shape:?} does not fit this model: expected [patches, {}]",
-            geometry.patch_dim
-        ))),
+    let patches = match tensor.shape.as_slice() {
+        [n, d] if *d == geometry.patch_dim && *n > 0 => *n,
+        shape => {
+            return Err(Status::invalid_argument(format!(
+                "encoder_input shape {shape:?} does not fit this model: expected [patches, {}]",
+                geometry.patch_dim
+            )))
+        }
+    };
+    if u64::from(patches) > geometry.max_patches {
+        return Err(Status::invalid_argument(format!(
+            "encoder_input has {patches} patches, more than this encoder takes per item ({}: --max-patches-per-item, at most --max-batch-patches)",
+            geometry.max_patches
+        )));
     }
+    Ok(patches)
 }
 
 fn grid(item: &MultimodalItem) -> Result<[u32; 3], Status> {
@@ -179,6 +223,7 @@ mod tests {
     const GEOMETRY: Geometry = Geometry {
         patch_dim: 4,
         merge: 2,
+        max_patches: 4,
     };
 
     /// A valid one-item request, encoded and decoded the way the server
@@ -233,5 +278,68 @@ mod tests {
         assert!(within(received_hash, &wire), "the premise: decoding slices");
         let items = items(&request, GEOMETRY).unwrap();
         assert!(!within(&items[0].content_hash, &wire));
+    }
+
+    /// An item above the per-item patch limit is refused by the check that
+    /// runs before any payload is read.
+    #[test]
+    fn an_item_above_the_patch_limit_is_refused() {
+        let (_, request) = received_request();
+        let small = Geometry {
+            max_patches: 3,
+            ..GEOMETRY
+        };
+        let status = check(&request, small).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(
+            status.message().starts_with(
+                "item 0: encoder_input has 4 patches, more than this encoder takes per item (3"
+            ),
+            "{}",
+            status.message()
+        );
+        assert!(check(&request, GEOMETRY).is_ok());
+    }
+
+    /// The pre-I/O check takes a shm handle on its declared shape and
+    /// length: a wrong shape or a length that disagrees with it is refused
+    /// before the file would be opened; a right one passes.
+    #[test]
+    fn handles_are_checked_on_their_declared_shape_and_length() {
+        let (_, mut request) = received_request();
+        let handle = |nbytes| {
+            Some(Payload::Shm(iris_proto::common::ShmHandle {
+                name: "iris-tensor-1-00".into(),
+                offset: 0,
+                nbytes,
+                owner_id: String::new(),
+            }))
+        };
+        let tensor = |r: &mut EncodeRequest| {
+            r.mm_inputs.as_mut().unwrap().items[0]
+                .encoder_input
+                .as_mut()
+                .unwrap()
+                .clone()
+        };
+        let set = |r: &mut EncodeRequest, t: TensorData| {
+            r.mm_inputs.as_mut().unwrap().items[0].encoder_input = Some(t);
+        };
+        let mut t = tensor(&mut request);
+        t.payload = handle(64);
+        set(&mut request, t.clone());
+        assert!(check(&request, GEOMETRY).is_ok());
+        t.payload = handle(1 << 30);
+        set(&mut request, t.clone());
+        assert!(check(&request, GEOMETRY).is_err(), "length off the shape");
+        t.payload = handle(64);
+        t.shape = vec![2, 8];
+        set(&mut request, t);
+        let status = check(&request, GEOMETRY).unwrap_err();
+        assert!(
+            status.message().contains("does not fit this model"),
+            "{}",
+            status.message()
+        );
     }
 }

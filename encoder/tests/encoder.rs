@@ -283,6 +283,8 @@ async fn epd_through_reference_engines() {
         room_ttl_secs: 30,
         worker_id: None,
         metrics_port: None,
+        auth_token_file: None,
+        shm_name_prefixes: Vec::new(),
     };
     let prefill = iris_engine::start(engine(Role::Prefill))
         .await

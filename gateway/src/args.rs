@@ -113,6 +113,11 @@ pub struct ServeArgs {
     /// Milliseconds to wait for a worker connection.
     #[arg(long, default_value_t = 2000, env = "IRIS_CONNECT_TIMEOUT_MS")]
     pub connect_timeout_ms: u64,
+    /// File holding the shared secret the workers require (their
+    /// --auth-token-file): sent as `authorization: Bearer <secret>` on
+    /// every call to every worker. Unset: no header.
+    #[arg(long, env = "IRIS_WORKER_AUTH_TOKEN_FILE")]
+    pub worker_auth_token_file: Option<std::path::PathBuf>,
     /// Whole-request deadline in seconds (504 or an error event past it).
     #[arg(long, default_value_t = 600, env = "IRIS_REQUEST_TIMEOUT_SECS")]
     pub request_timeout_secs: u64,

@@ -122,6 +122,8 @@ fn engine_args(model: &std::path::Path, role: Role, decode_us_per_step: u64) -> 
         room_ttl_secs: 60,
         worker_id: Some(format!("demo-{}", role.as_str())),
         metrics_port: None,
+        auth_token_file: None,
+        shm_name_prefixes: Vec::new(),
     }
 }
 

@@ -27,6 +27,7 @@ use crate::transport::Lanes;
 use crate::workers::affinity::EncodePolicy;
 use crate::workers::health::{self, HealthSettings};
 use crate::workers::policy::{Policy, PolicyKind};
+use crate::workers::worker::Connect;
 use crate::workers::{Pool, Role, Worker, WorkerUrl};
 
 /// Everything request handlers share.
@@ -124,11 +125,12 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
     )?;
     let multimodal = Multimodal::load(&dir, &args.media)?;
     let discovery = Discovery::from_args(&args.discovery)?;
-    let mode = build_mode(&args, discovery.as_ref())?;
+    let connect = worker_connect(&args)?;
+    let mode = build_mode(&args, &connect, discovery.as_ref())?;
     let shutdown = CancellationToken::new();
     if let Some(discovery) = &discovery {
         discovery
-            .start(&mode.pools(), connect_timeout(&args), shutdown.clone())
+            .start(&mode.pools(), connect, shutdown.clone())
             .await?;
     }
     let lanes = Lanes::start(&args.transport, rdma_wanted(&mode, discovery.as_ref()))?;
@@ -343,8 +345,11 @@ fn health_settings(args: &ServeArgs) -> HealthSettings {
 
 /// The pools of the mode the flags ask for, holding the configured
 /// workers; a role whose pods are discovered may start with none.
-fn build_mode(args: &ServeArgs, discovery: Option<&Discovery>) -> anyhow::Result<Mode> {
-    let connect = connect_timeout(args);
+fn build_mode(
+    args: &ServeArgs,
+    connect: &Connect,
+    discovery: Option<&Discovery>,
+) -> anyhow::Result<Mode> {
     let discovered = |role: Role| discovery.is_some_and(|d| d.watches(role));
     let pool = |role: Role,
                 urls: Vec<WorkerUrl>,
@@ -354,7 +359,7 @@ fn build_mode(args: &ServeArgs, discovery: Option<&Discovery>) -> anyhow::Result
         anyhow::ensure!(!urls.is_empty() || discovered(role), "{missing}");
         let workers = urls
             .into_iter()
-            .map(|u| Worker::new(u, role, connect).map_err(anyhow::Error::msg))
+            .map(|u| Worker::new(u, role, connect.clone()).map_err(anyhow::Error::msg))
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Arc::new(Pool::new(role, workers, Policy::new(policy))))
     };
@@ -419,8 +424,13 @@ fn build_mode(args: &ServeArgs, discovery: Option<&Discovery>) -> anyhow::Result
     )?))
 }
 
-fn connect_timeout(args: &ServeArgs) -> Duration {
-    Duration::from_millis(args.connect_timeout_ms.max(1))
+/// How workers are reached: `--connect-timeout-ms` and the token of
+/// `--worker-auth-token-file`, read once at start-up.
+fn worker_connect(args: &ServeArgs) -> anyhow::Result<Connect> {
+    Ok(Connect {
+        timeout: Duration::from_millis(args.connect_timeout_ms.max(1)),
+        token: iris_process::auth::AuthToken::load(args.worker_auth_token_file.as_deref())?,
+    })
 }
 
 fn parse_urls(urls: &[String]) -> anyhow::Result<Vec<WorkerUrl>> {
@@ -514,7 +524,7 @@ mod tests {
         let argv = base.iter().chain(flags);
         let args = Cli::try_parse_from(argv).unwrap().serve;
         let discovery = Discovery::from_args(&args.discovery).unwrap();
-        let mode = build_mode(&args, discovery.as_ref()).unwrap();
+        let mode = build_mode(&args, &worker_connect(&args).unwrap(), discovery.as_ref()).unwrap();
         rdma_wanted(&mode, discovery.as_ref())
     }
 

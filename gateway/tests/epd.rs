@@ -158,13 +158,22 @@ impl Fake {
 }
 
 async fn digest_encoder(model: &Model) -> RunningEncoder {
-    let args = EncoderArgs {
+    iris_encoder::start(digest_encoder_args(model))
+        .await
+        .expect("encoder starts")
+}
+
+fn digest_encoder_args(model: &Model) -> EncoderArgs {
+    EncoderArgs {
         compute: ComputeKind::Digest,
         host: "127.0.0.1".into(),
         port: 0,
         bootstrap_port: 0,
         model_path: model.dir.path().to_path_buf(),
         max_batch_patches: 4096,
+        max_patches_per_item: None,
+        max_message_mb: None,
+        auth_token_file: None,
         coalesce_window_ms: 0,
         dispatch_width: 1,
         queue_capacity: 64,
@@ -177,8 +186,7 @@ async fn digest_encoder(model: &Model) -> RunningEncoder {
         expose_model_path: false,
         metrics_port: 0,
         receive: Default::default(),
-    };
-    iris_encoder::start(args).await.expect("encoder starts")
+    }
 }
 
 fn real_encode_args(encoder: &RunningEncoder) -> [String; 3] {
@@ -402,4 +410,42 @@ async fn every_encoder_failing_ends_in_a_clear_error_once_retries_run_out() {
     assert_eq!(failures, 8);
     assert!(metrics_text(&gw).await.contains("iris_retries_total 3"));
     pd.idle().await;
+}
+
+/// Workers started with `--auth-token-file` refuse every call without the
+/// token; a gateway given the same secret (`--worker-auth-token-file`)
+/// presents it on every call — health checks, Encode, Generate — and
+/// serves an image chat through them (the prefill presenting it to the
+/// encoder's data port, the decode to the prefill's).
+#[tokio::test]
+async fn a_gateway_with_the_worker_token_serves_through_protected_workers() {
+    let model = tiny_model();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "gateway-test-secret\n").expect("token file");
+    let start = |role| {
+        let mut args = engine_args(&model, role, 0);
+        args.auth_token_file = Some(token.clone());
+        iris_engine::start(args)
+    };
+    let pd = Pd {
+        prefill: start(Role::Prefill).await.expect("prefill starts"),
+        decode: start(Role::Decode).await.expect("decode starts"),
+    };
+    let encoder = EncoderArgs {
+        auth_token_file: Some(token.clone()),
+        ..digest_encoder_args(&model)
+    };
+    let encoder = iris_encoder::start(encoder).await.expect("encoder starts");
+    let flag = token.display().to_string();
+    let gw = epd_gateway(
+        &model,
+        &[real_encode_args(&encoder)],
+        &pd,
+        &["--worker-auth-token-file", &flag],
+    )
+    .await;
+    let (status, body) = post_json(&gw, &image_chat(&model.name, &[5])).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 8);
 }

@@ -14,6 +14,11 @@
 //!   a request is never split, and one above the cap runs alone (a caller
 //!   that wants its work split queues it as several requests, all or none,
 //!   with [`Batcher::enqueue_all`]);
+//! - no single item may cost more than a batch holds (`max_batch_cost`):
+//!   such a request is refused at once ([`BatchError::TooCostly`]), before
+//!   it is queued, so one caller's huge item cannot hold the workers for
+//!   longer than any full batch does, and work queued behind a full batch
+//!   waits for that one batch only;
 //! - up to `dispatch_width` batches run at once;
 //! - each item is answered as soon as the backend reports it done
 //!   ([`Completion`]), so a fast item is not held by a slow one in the same
@@ -87,6 +92,8 @@ pub enum BatchError {
     Empty,
     #[error("{parts} requests queued together, more than the queue holds ({capacity})")]
     TooMany { parts: usize, capacity: usize },
+    #[error("an item costs {cost}, more than a whole batch may ({cap})")]
+    TooCostly { cost: u64, cap: u64 },
     #[error("the batch failed: {0}")]
     Backend(String),
     #[error("the item failed: {0}")]
@@ -108,6 +115,9 @@ pub struct Batcher<B: Backend> {
     queue: Arc<Queue>,
     metrics: Arc<BatcherMetrics>,
     capacity: usize,
+    /// Prices items at enqueue (the per-item cap).
+    backend: Arc<B>,
+    max_batch_cost: u64,
 }
 
 impl<B: Backend> Clone for Batcher<B> {
@@ -117,6 +127,8 @@ impl<B: Backend> Clone for Batcher<B> {
             queue: self.queue.clone(),
             metrics: self.metrics.clone(),
             capacity: self.capacity,
+            backend: self.backend.clone(),
+            max_batch_cost: self.max_batch_cost,
         }
     }
 }
@@ -129,7 +141,7 @@ impl<B: Backend> Batcher<B> {
         let queue = Arc::new(Queue::default());
         let metrics = Arc::new(BatcherMetrics::default());
         let runner = Runner {
-            backend,
+            backend: backend.clone(),
             config,
             queue: queue.clone(),
             metrics: metrics.clone(),
@@ -140,6 +152,8 @@ impl<B: Backend> Batcher<B> {
             queue,
             metrics,
             capacity,
+            backend,
+            max_batch_cost: config.max_batch_cost,
         }
     }
 
@@ -160,6 +174,8 @@ impl<B: Backend> Batcher<B> {
     /// Queues several requests, all or none: each is batched on its own
     /// (and may land in different batches), and either every one is queued
     /// or none is and the error says why. Answers are in request order.
+    /// An item that costs more than a batch may is refused
+    /// ([`BatchError::TooCostly`]).
     pub fn enqueue_all(
         &self,
         requests: Vec<Request<B::Item>>,
@@ -167,6 +183,7 @@ impl<B: Backend> Batcher<B> {
         if requests.is_empty() || requests.iter().any(|r| r.items.is_empty()) {
             return Err(BatchError::Empty);
         }
+        self.check_costs(&requests)?;
         if requests.len() > self.capacity {
             return Err(BatchError::TooMany {
                 parts: requests.len(),
@@ -198,6 +215,16 @@ impl<B: Backend> Batcher<B> {
             })
             .collect();
         Ok(answers)
+    }
+
+    /// Refuses the requests if any item costs more than a batch may.
+    fn check_costs(&self, requests: &[Request<B::Item>]) -> Result<(), BatchError> {
+        let cap = self.max_batch_cost;
+        let costs = requests.iter().flat_map(|r| &r.items);
+        match costs.map(|item| self.backend.cost(item)).find(|&c| c > cap) {
+            Some(cost) => Err(BatchError::TooCostly { cost, cap }),
+            None => Ok(()),
+        }
     }
 
     /// Requests accepted and not yet answered (queued or running).

@@ -182,21 +182,72 @@ async fn batches_are_capped_by_cost_and_requests_are_never_split() {
         items: vec![(10, 30), (10, 30)],
         max_batch_cost: None,
     };
+    let over = Request {
+        items: vec![(3, 60), (3, 60)],
+        max_batch_cost: None,
+    };
     let rxs = vec![
         batcher.enqueue(request(1, 40)).unwrap(),
         batcher.enqueue(big).unwrap(),
         batcher.enqueue(request(2, 40)).unwrap(),
-        batcher.enqueue(request(3, 500)).unwrap(),
+        batcher.enqueue(over).unwrap(),
     ];
     let results: Vec<_> = futures_join(rxs).await;
     assert_eq!(
         results,
-        vec![Ok(vec![1]), Ok(vec![10, 10]), Ok(vec![2]), Ok(vec![3])]
+        vec![Ok(vec![1]), Ok(vec![10, 10]), Ok(vec![2]), Ok(vec![3, 3])]
     );
     let batches = fake.batches();
-    // 40 + 60 = 100 fits; the next 40 starts a new batch; the 500-cost
-    // request exceeds the cap and runs alone.
-    assert_eq!(batches, vec![vec![1, 10, 10], vec![2], vec![3]]);
+    // 40 + 60 = 100 fits; the next 40 starts a new batch; the request of
+    // two 60s exceeds the cap as a whole and runs alone, unsplit.
+    assert_eq!(batches, vec![vec![1, 10, 10], vec![2], vec![3, 3]]);
+}
+
+/// An item costing more than a whole batch is refused before it is
+/// queued (with every other request of the same call), and nothing runs.
+#[tokio::test]
+async fn an_item_above_the_batch_cap_is_refused_before_queueing() {
+    let fake = Fake::new(Duration::ZERO);
+    let batcher = Batcher::start(fake.clone(), config(0));
+    let refused = batcher.enqueue(request(3, 101)).map(|_| ()).unwrap_err();
+    assert_eq!(
+        refused,
+        BatchError::TooCostly {
+            cost: 101,
+            cap: 100
+        }
+    );
+    let together = batcher
+        .enqueue_all(vec![request(1, 10), request(2, 500)])
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        together,
+        BatchError::TooCostly {
+            cost: 500,
+            cap: 100
+        }
+    );
+    assert_eq!(batcher.pending(), 0, "nothing was queued");
+    assert_eq!(batcher.submit(request(4, 100)).await, Ok(vec![4]));
+    assert_eq!(fake.batches(), vec![vec![4]]);
+}
+
+/// Small requests queued behind the largest item allowed wait for that
+/// one batch only: the next batch takes all of them.
+#[tokio::test]
+async fn small_requests_behind_a_full_size_item_wait_one_batch() {
+    let (fake, release) = Fake::gated(9);
+    let batcher = Batcher::start(fake.clone(), config(0));
+    let big = batcher.enqueue(request(9, 100)).unwrap();
+    let small: Vec<_> = (1..=4)
+        .map(|tag| batcher.enqueue(request(tag, 10)).unwrap())
+        .collect();
+    release.send(()).unwrap();
+    assert_eq!(big.all().await, Ok(vec![9]));
+    let results = futures_join(small).await;
+    assert_eq!(results, (1..=4).map(|t| Ok(vec![t])).collect::<Vec<_>>());
+    assert_eq!(fake.batches(), vec![vec![9], vec![1, 2, 3, 4]]);
 }
 
 #[tokio::test]

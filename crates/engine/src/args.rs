@@ -90,4 +90,20 @@ pub struct EngineArgs {
     /// unset: no metrics server).
     #[arg(long, env = "IRIS_ENGINE_METRICS_PORT")]
     pub metrics_port: Option<u16>,
+    /// File holding a shared secret: every gRPC call (scheduler and data
+    /// service) must then carry `authorization: Bearer <secret>`, else
+    /// UNAUTHENTICATED; this worker also presents it when it fetches from
+    /// other workers' data ports. Unset: no authentication.
+    #[arg(long, env = "IRIS_ENGINE_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+    /// Another sender's shm file-name prefix to accept, besides Iris's
+    /// (`iris-tensor-`) and smg's (`smg-tokenspeed-`); repeatable, or
+    /// comma-separated in the environment.
+    #[arg(
+        long = "shm-name-prefix",
+        value_name = "PREFIX",
+        env = "IRIS_ENGINE_SHM_NAME_PREFIX",
+        value_delimiter = ','
+    )]
+    pub shm_name_prefixes: Vec<String>,
 }

@@ -1,23 +1,23 @@
 //! Reading a tensor's bytes from whichever payload carries them.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use bytes::Bytes;
-use iris_proto::common::ShmHandle;
 use iris_proto::scheduler::{tensor_data::Payload, TensorData};
+use iris_transport::shm::{read_and_unlink, ShmError, ShmNames, DEFAULT_SHM_DIR};
 use tonic::Status;
 
-/// Where POSIX shared-memory objects live.
-const SHM_DIR: &str = "/dev/shm";
-
 /// The bytes of `tensor`. Inline payloads are shared, not copied; shared
-/// memory is read and unlinked (blocking: runs on the blocking pool).
-pub async fn read(tensor: &TensorData) -> Result<Bytes, Status> {
+/// memory is read and unlinked (blocking: runs on the blocking pool) under
+/// the receiver's rules (`iris_transport::shm::read_and_unlink`: names
+/// with an allowed prefix only, no symlinks, this user's regular files of
+/// exactly the declared size, checked against shape × dtype first).
+pub async fn read(tensor: &TensorData, names: &ShmNames) -> Result<Bytes, Status> {
     match &tensor.payload {
         Some(Payload::Inline(bytes)) => Ok(bytes.clone()),
-        Some(Payload::Shm(handle)) => {
-            let handle = handle.clone();
-            tokio::task::spawn_blocking(move || read_shm(Path::new(SHM_DIR), &handle))
+        Some(Payload::Shm(_)) => {
+            let (tensor, names) = (tensor.clone(), names.clone());
+            tokio::task::spawn_blocking(move || read_shm(Path::new(DEFAULT_SHM_DIR), &tensor, &names))
                 .await
                 .map_err(|e| Status::internal(format!("shared-memory read task failed: {e}")))?
         }
@@ -29,85 +29,79 @@ pub async fn read(tensor: &TensorData) -> Result<Bytes, Status> {
     }
 }
 
-/// Reads `handle` under `dir` and unlinks the object, whatever the outcome.
-pub fn read_shm(dir: &Path, handle: &ShmHandle) -> Result<Bytes, Status> {
-    let path = shm_path(dir, &handle.name)?;
-    let result = read_range(&path, handle.offset, handle.nbytes);
-    // The reader owns the object once it has the handle.
-    let _ = std::fs::remove_file(&path);
-    result
-}
-
-fn shm_path(dir: &Path, name: &str) -> Result<PathBuf, Status> {
-    let bare = name.strip_prefix('/').unwrap_or(name);
-    let valid = !bare.is_empty()
-        && bare != "."
-        && bare != ".."
-        && !bare.contains('/')
-        && !bare.contains('\0');
-    if !valid {
-        return Err(Status::invalid_argument(format!(
-            "invalid shared-memory object name {name:?}"
-        )));
-    }
-    Ok(dir.join(bare))
-}
-
-fn read_range(path: &Path, offset: u64, nbytes: u64) -> Result<Bytes, Status> {
-    use std::io::{Read, Seek, SeekFrom};
-    let not_found = |e: std::io::Error| {
-        Status::not_found(format!("shared-memory object {}: {e}", path.display()))
+/// Reads a shm-carried `tensor` under `dir`. Every refusal that involves
+/// the file is the same UNAVAILABLE "shm handle refused" (its reason is
+/// logged at debug level only).
+pub fn read_shm(dir: &Path, tensor: &TensorData, names: &ShmNames) -> Result<Bytes, Status> {
+    let Some(Payload::Shm(handle)) = &tensor.payload else {
+        return Err(Status::invalid_argument(
+            "tensor has no shared-memory payload",
+        ));
     };
-    let mut file = std::fs::File::open(path).map_err(not_found)?;
-    let size = file.metadata().map_err(not_found)?.len();
-    let end = offset.checked_add(nbytes).filter(|end| *end <= size).ok_or_else(|| {
-        Status::invalid_argument(format!(
-            "shared-memory object {} has {size} bytes; the handle asks for {nbytes} at offset {offset}",
-            path.display()
-        ))
-    })?;
-    let len = usize::try_from(end - offset)
-        .map_err(|_| Status::invalid_argument("shared-memory range too large for this host"))?;
-    let mut buf = vec![0u8; len];
-    file.seek(SeekFrom::Start(offset)).map_err(not_found)?;
-    file.read_exact(&mut buf).map_err(not_found)?;
-    Ok(Bytes::from(buf))
+    let (_, nbytes) = iris_proto::tensor::validate(tensor)
+        .map_err(|e| Status::invalid_argument(format!("tensor: {e}")))?;
+    read_and_unlink(dir, handle, nbytes, names).map_err(|e| {
+        tracing::debug!(detail = %e.detail(), "shm handle refused");
+        match e {
+            ShmError::Refused(_) | ShmError::Io { .. } => Status::unavailable(e.to_string()),
+            _ => Status::invalid_argument(e.to_string()),
+        }
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use iris_proto::common::ShmHandle;
+
     use super::*;
 
-    fn handle(name: &str, offset: u64, nbytes: u64) -> ShmHandle {
-        ShmHandle {
-            name: name.into(),
-            offset,
-            nbytes,
-            owner_id: "test".into(),
+    fn tensor(name: &str, offset: u64, nbytes: u64) -> TensorData {
+        TensorData {
+            shape: vec![nbytes as u32],
+            dtype: "uint8".into(),
+            payload: Some(Payload::Shm(ShmHandle {
+                name: name.into(),
+                offset,
+                nbytes,
+                owner_id: "test".into(),
+            })),
         }
     }
 
     #[test]
     fn reads_range_and_unlinks() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("obj"), b"0123456789").unwrap();
-        let bytes = read_shm(dir.path(), &handle("/obj", 2, 5)).unwrap();
+        std::fs::write(dir.path().join("iris-tensor-1-a"), b"0123456").unwrap();
+        let names = ShmNames::default();
+        let bytes = read_shm(dir.path(), &tensor("/iris-tensor-1-a", 2, 5), &names).unwrap();
         assert_eq!(&bytes[..], b"23456");
-        assert!(!dir.path().join("obj").exists());
+        assert!(!dir.path().join("iris-tensor-1-a").exists());
     }
 
+    /// Bad names and other senders' files are refused and left in place,
+    /// with one message whether the file exists or not.
     #[test]
-    fn refuses_bad_names_and_ranges() {
+    fn refuses_bad_names_foreign_files_and_ranges_and_keeps_them() {
         let dir = tempfile::tempdir().unwrap();
+        let names = ShmNames::default();
         for name in ["", "..", "a/b", "/../etc"] {
-            let err = read_shm(dir.path(), &handle(name, 0, 1)).unwrap_err();
+            let err = read_shm(dir.path(), &tensor(name, 0, 1), &names).unwrap_err();
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{name}");
         }
-        std::fs::write(dir.path().join("short"), b"abc").unwrap();
-        let err = read_shm(dir.path(), &handle("short", 1, 5)).unwrap_err();
+        std::fs::write(dir.path().join("victim"), b"abc").unwrap();
+        let err = read_shm(dir.path(), &tensor("victim", 0, 3), &names).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
-        assert!(!dir.path().join("short").exists(), "unlinked even on error");
-        let err = read_shm(dir.path(), &handle("missing", 0, 1)).unwrap_err();
-        assert_eq!(err.code(), tonic::Code::NotFound);
+        assert!(dir.path().join("victim").exists(), "not an allowed name");
+        std::fs::write(dir.path().join("iris-tensor-1-short"), b"abc").unwrap();
+        let short = read_shm(dir.path(), &tensor("iris-tensor-1-short", 1, 5), &names).unwrap_err();
+        assert!(dir.path().join("iris-tensor-1-short").exists(), "kept");
+        let missing =
+            read_shm(dir.path(), &tensor("iris-tensor-1-none", 0, 1), &names).unwrap_err();
+        assert_eq!(
+            (short.code(), short.message()),
+            (missing.code(), missing.message()),
+            "a short file and a missing one read the same"
+        );
+        assert_eq!(missing.code(), tonic::Code::Unavailable);
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
+use iris_process::auth::AuthToken;
 use iris_proto::data::iris_data_client::IrisDataClient;
 use iris_proto::data::FetchRequest;
 use iris_proto::scheduler::tensor_data::Payload;
@@ -22,13 +23,16 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct Peers {
     channels: Mutex<HashMap<(String, u16), Channel>>,
     requester: String,
+    /// Presented on every fetch (the peers require it when this worker does).
+    token: Option<AuthToken>,
 }
 
 impl Peers {
-    pub fn new(requester: String) -> Self {
+    pub fn new(requester: String, token: Option<AuthToken>) -> Self {
         Peers {
             channels: Mutex::new(HashMap::new()),
             requester,
+            token,
         }
     }
 
@@ -62,6 +66,9 @@ impl Peers {
             requester: self.requester.clone(),
         });
         req.set_timeout(wait + RPC_MARGIN);
+        if let Some(token) = &self.token {
+            token.authorize(&mut req);
+        }
         req
     }
 

@@ -69,7 +69,7 @@ async fn prefill(engine: &Engine, plan: &Plan) -> Result<PromptState, Status> {
     let wait = Duration::from_millis(engine.args.transfer_wait_ms);
     let fetches = plan.items.iter().map(|item| async move {
         match item {
-            ItemSource::Pixels(tensor) => payload::read(tensor).await,
+            ItemSource::Pixels(tensor) => payload::read(tensor, &engine.shm_names).await,
             ItemSource::Embedding { host, port, room } => {
                 engine.peers.fetch_embedding(host, *port, *room, wait).await
             }

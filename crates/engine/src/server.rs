@@ -54,7 +54,8 @@ impl RunningEngine {
 
 /// Loads the model and starts serving.
 pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
-    let engine = Arc::new(build_engine(&args)?);
+    let token = iris_process::auth::AuthToken::load(args.auth_token_file.as_deref())?;
+    let engine = Arc::new(build_engine(&args, token.clone())?);
     let mut servers = ServerTasks::default();
     let grpc = bind(&args.host, args.port).await?;
     let grpc_addr = grpc.local_addr()?;
@@ -63,7 +64,9 @@ pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
         let addr = data.local_addr()?;
         let service = IrisDataServer::new(DataService::new(engine.clone()))
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let router = tonic::transport::Server::builder().add_service(service);
+        let router = tonic::transport::Server::builder()
+            .layer(iris_process::auth::require(token.clone()))
+            .add_service(service);
         servers.spawn(router.serve_with_incoming_shutdown(
             iris_process::nodelay_incoming(data),
             servers.shutdown_token().cancelled_owned(),
@@ -76,7 +79,9 @@ pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
     let scheduler = TokenSpeedSchedulerServer::new(SchedulerService::new(engine.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let router = iris_process::large_message_server().add_service(scheduler);
+    let router = iris_process::large_message_server()
+        .layer(iris_process::auth::require(token))
+        .add_service(scheduler);
     servers.spawn(router.serve_with_incoming_shutdown(
         iris_process::nodelay_incoming(grpc),
         servers.shutdown_token().cancelled_owned(),
@@ -108,7 +113,10 @@ async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot listen on {host}:{port}"))
 }
 
-fn build_engine(args: &EngineArgs) -> anyhow::Result<Engine> {
+fn build_engine(
+    args: &EngineArgs,
+    token: Option<iris_process::auth::AuthToken>,
+) -> anyhow::Result<Engine> {
     let dir = ModelDir::load(&args.model_path)
         .with_context(|| format!("cannot load model directory {}", args.model_path.display()))?;
     let tokenizer = dir
@@ -175,10 +183,21 @@ fn build_engine(args: &EngineArgs) -> anyhow::Result<Engine> {
             max_bytes: MAX_ROOM_BYTES,
             ttl,
         })),
-        peers: Peers::new(worker_id.clone()),
+        peers: Peers::new(worker_id.clone(), token),
+        shm_names: shm_names(&args.shm_name_prefixes)?,
         slots: Arc::new(Semaphore::new(args.max_running_requests.max(1) as usize)),
         worker_id,
         started: Instant::now(),
         started_at: SystemTime::now(),
     })
+}
+
+/// The default shm senders' prefixes and the `--shm-name-prefix` ones.
+fn shm_names(extra: &[String]) -> anyhow::Result<iris_transport::ShmNames> {
+    extra
+        .iter()
+        .try_fold(iris_transport::ShmNames::default(), |names, prefix| {
+            names.with_prefix(prefix.trim())
+        })
+        .map_err(|e| anyhow::anyhow!("--shm-name-prefix: {e}"))
 }

@@ -60,6 +60,8 @@ pub struct Engine {
     /// Prefill role: request states by KV room.
     pub rooms: Arc<RoomStore<StoredState>>,
     pub peers: Peers,
+    /// Which shm names pixel payloads may have.
+    pub shm_names: iris_transport::ShmNames,
     /// One permit per running request.
     pub slots: Arc<Semaphore>,
     pub worker_id: String,

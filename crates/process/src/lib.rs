@@ -1,7 +1,10 @@
 //! Process plumbing shared by the Iris binaries (`iris`, `iris-engine`,
 //! `iris-encoder`): logging set-up, waiting for a shutdown signal,
 //! TCP_NODELAY accept streams, HTTP/2 and allocator settings for servers
-//! of large messages and the set of server tasks of a process.
+//! of large messages, the set of server tasks of a process, and
+//! shared-secret authentication of gRPC calls ([`auth`]).
+
+pub mod auth;
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`), as JSON lines
 /// when `json` is set.

@@ -38,4 +38,4 @@ pub use lane::{decide, Decision, FallbackReason, Lane, LanePolicy, Transport, Wo
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use receiver::{ReceiveError, Received, RemoteError, RemoteReader, TensorReceiver};
 pub use sender::{DeliveryTicket, RdmaEndpoint, Sent, TensorSender};
-pub use shm::{ShmError, ShmGuard, ShmIdentity, ShmWriter};
+pub use shm::{ShmError, ShmGuard, ShmIdentity, ShmNames, ShmWriter};

@@ -12,7 +12,7 @@ use iris_proto::tensor::{validate, DType, TensorError};
 
 use crate::descriptor::{Descriptor, DescriptorError, FrameError};
 use crate::lane::Lane;
-use crate::shm::{read_and_unlink, ShmError, DEFAULT_SHM_DIR};
+use crate::shm::{read_and_unlink, ShmError, ShmNames, DEFAULT_SHM_DIR};
 
 /// Why a remote READ failed.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +84,7 @@ fn check_remote_len(
 #[derive(Clone)]
 pub struct TensorReceiver {
     shm_dir: PathBuf,
+    shm_names: ShmNames,
     remote: Option<Arc<dyn RemoteReader>>,
 }
 
@@ -91,6 +92,7 @@ impl std::fmt::Debug for TensorReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TensorReceiver")
             .field("shm_dir", &self.shm_dir)
+            .field("shm_names", &self.shm_names)
             .field("remote", &self.remote.is_some())
             .finish()
     }
@@ -103,12 +105,20 @@ impl Default for TensorReceiver {
 }
 
 impl TensorReceiver {
-    /// A receiver reading shm handles from `shm_dir`, without RDMA.
+    /// A receiver reading shm handles from `shm_dir` (names of the default
+    /// senders only, [`ShmNames::default`]), without RDMA.
     pub fn new(shm_dir: impl Into<PathBuf>) -> TensorReceiver {
         TensorReceiver {
             shm_dir: shm_dir.into(),
+            shm_names: ShmNames::default(),
             remote: None,
         }
+    }
+
+    /// Opens shm names with these prefixes (instead of the defaults).
+    pub fn with_shm_names(mut self, names: ShmNames) -> TensorReceiver {
+        self.shm_names = names;
+        self
     }
 
     /// Enables remote payloads.
@@ -117,13 +127,17 @@ impl TensorReceiver {
         self
     }
 
-    /// The tensor's bytes (an inline payload is shared, not copied).
+    /// The tensor's bytes (an inline payload is shared, not copied). The
+    /// shape and dtype are checked against `nbytes` before any file is
+    /// opened or READ is issued.
     pub fn receive(&self, tensor: &TensorData) -> Result<Received, ReceiveError> {
         let (dtype, nbytes) = validate(tensor)?;
         let (data, lane) = match &tensor.payload {
             Some(Payload::Inline(bytes)) => (bytes.clone(), Lane::Inline),
             Some(Payload::Shm(handle)) => {
-                (read_and_unlink(&self.shm_dir, handle, nbytes)?, Lane::Shm)
+                let data = read_and_unlink(&self.shm_dir, handle, nbytes, &self.shm_names)
+                    .inspect_err(|e| tracing::debug!(detail = %e.detail(), "shm handle refused"))?;
+                (data, Lane::Shm)
             }
             Some(Payload::Remote(handle)) => {
                 let desc = Descriptor::from_handle(handle)?;

@@ -5,19 +5,26 @@
 //! mode 0600) and holds a [`ShmGuard`] that unlinks it on drop. Once the
 //! receiver has acknowledged the message (the RPC succeeded) the sender calls
 //! [`ShmGuard::handed_over`] and from then on only the receiver unlinks (it
-//! does so right after opening, before answering; it maps the file rather
-//! than copying it, and the pages are freed with the last mapping). On
-//! every other path — error, timeout, cancellation, a retry elsewhere — the
-//! guard unlinks; an unlink of an already removed file is ignored. A file
-//! left by a process that died is removed by [`sweep_orphans`] at the next
-//! start.
+//! does so once it has checked and mapped the file, before answering; it
+//! maps the file rather than copying it, and the pages are freed with the
+//! last mapping). On every other path — error, timeout, cancellation, a
+//! retry elsewhere — the guard unlinks; an unlink of an already removed
+//! file is ignored. A file left by a process that died is removed by
+//! [`sweep_orphans`] at the next start.
+//!
+//! The receiver trusts no handle ([`read_and_unlink`]): it opens only
+//! names with a known sender's prefix ([`ShmNames`]), never follows a
+//! symlink, takes only regular files of its own user that nobody else may
+//! write and that hold exactly the declared tensor, and unlinks nothing
+//! else. Every refusal that involves the file reads "shm handle refused",
+//! whether the file is missing, foreign or the wrong size.
 //!
 //! "Same /dev/shm" is proven with [`ShmIdentity`]: one side publishes a
 //! token file and its identity string, the other reads the file back.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -30,6 +37,9 @@ pub const DEFAULT_SHM_DIR: &str = "/dev/shm";
 pub const DEFAULT_PREFIX: &str = "iris-tensor";
 /// Default name prefix of identity token files.
 pub const IDENTITY_PREFIX: &str = "iris-shmid";
+/// Name prefix of the tensor files smg's gateway writes for TokenSpeed
+/// workers (`smg-tokenspeed-<pid>-…`), accepted by default.
+pub const SMG_PREFIX: &str = "smg-tokenspeed-";
 
 /// Why a shared-memory operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -47,13 +57,26 @@ pub enum ShmError {
     },
     #[error("shared-memory handle says {handle} bytes but the tensor needs {expected}")]
     SizeMismatch { handle: u64, expected: u64 },
-    #[error("shared-memory file {path} holds {len} bytes, fewer than offset {offset} + {nbytes}")]
-    ShortFile {
-        path: PathBuf,
-        len: u64,
-        offset: u64,
-        nbytes: u64,
-    },
+    /// The name has none of the allowed senders' prefixes ([`ShmNames`]).
+    #[error("shm handle refused: the name has no allowed sender prefix")]
+    Unlisted(String),
+    /// The file is missing, not a regular file, not this user's, writable
+    /// by others or not exactly the declared tensor. The message says none
+    /// of that (a caller must not learn which files exist or their sizes);
+    /// [`ShmError::detail`] does, for the receiver's own debug log.
+    #[error("shm handle refused")]
+    Refused(String),
+}
+
+impl ShmError {
+    /// What a [`ShmError::Refused`] hides (else the message itself): for
+    /// the receiver's debug log, never for the caller.
+    pub fn detail(&self) -> String {
+        match self {
+            ShmError::Refused(detail) => detail.clone(),
+            other => other.to_string(),
+        }
+    }
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ShmError + 'a {
@@ -199,55 +222,167 @@ impl Drop for ShmGuard {
     }
 }
 
+/// The shm names a receiver opens: those starting with one of its
+/// prefixes. By default Iris's own gateway's (`iris-tensor-`) and smg's
+/// ([`SMG_PREFIX`]); a receiver adds other senders' with
+/// [`ShmNames::with_prefix`]. The identity token files are never on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmNames {
+    prefixes: Vec<String>,
+}
+
+impl Default for ShmNames {
+    fn default() -> Self {
+        ShmNames {
+            prefixes: vec![format!("{DEFAULT_PREFIX}-"), SMG_PREFIX.to_owned()],
+        }
+    }
+}
+
+impl ShmNames {
+    /// Also accepts names starting with `prefix` (letters, digits, `-`, `_`).
+    pub fn with_prefix(mut self, prefix: &str) -> Result<ShmNames, ShmError> {
+        check_prefix(prefix)?;
+        if !self.prefixes.iter().any(|p| p == prefix) {
+            self.prefixes.push(prefix.to_owned());
+        }
+        Ok(self)
+    }
+
+    /// The accepted prefixes.
+    pub fn prefixes(&self) -> &[String] {
+        &self.prefixes
+    }
+
+    /// Whether the plain file name `name` has an accepted prefix (and more).
+    pub fn allows(&self, name: &str) -> bool {
+        self.prefixes
+            .iter()
+            .any(|p| name.len() > p.len() && name.starts_with(p.as_str()))
+    }
+}
+
 /// Reads a handle's bytes from `dir` and unlinks the file (the receiver
 /// side). `expected` is shape × dtype size; the handle must agree with it.
-/// The file is unlinked whether or not the read succeeds, once opened.
-pub fn read_and_unlink(dir: &Path, handle: &ShmHandle, expected: u64) -> Result<Bytes, ShmError> {
+///
+/// Checked before any file is touched: the name is a plain file name with
+/// a prefix `names` allows, and `nbytes` is `expected`. Then the file is
+/// opened without following symlinks (and without blocking on a FIFO),
+/// and must be a regular file owned by this process's user, writable by
+/// nobody else, exactly `offset + nbytes` long. Only a file that passed
+/// all of this and was mapped is unlinked (and only if its name still
+/// points at it); anything else is left where it is.
+pub fn read_and_unlink(
+    dir: &Path,
+    handle: &ShmHandle,
+    expected: u64,
+    names: &ShmNames,
+) -> Result<Bytes, ShmError> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    read_owned_by(dir, handle, expected, names, me)
+}
+
+/// [`read_and_unlink`] taking only files owned by `owner`.
+fn read_owned_by(
+    dir: &Path,
+    handle: &ShmHandle,
+    expected: u64,
+    names: &ShmNames,
+    owner: u32,
+) -> Result<Bytes, ShmError> {
     if handle.nbytes != expected {
         return Err(ShmError::SizeMismatch {
             handle: handle.nbytes,
             expected,
         });
     }
-    let path = dir.join(plain_name(&handle.name)?);
-    let file = File::open(&path).map_err(io_err("open", &path))?;
-    // Unlink at once: the open descriptor keeps the data readable.
-    remove_quietly(&path);
-    read_range(&file, &path, handle.offset, handle.nbytes)
+    let name = plain_name(&handle.name)?;
+    if !names.allows(name) {
+        return Err(ShmError::Unlisted(handle.name.clone()));
+    }
+    let path = dir.join(name);
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| refused(&path, format!("open: {e}")))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| refused(&path, format!("fstat: {e}")))?;
+    check_file(&meta, owner, handle.offset, handle.nbytes).map_err(|why| refused(&path, why))?;
+    let data = map_range(&file, handle.offset, handle.nbytes)
+        .map_err(|e| refused(&path, format!("map: {e}")))?;
+    unlink_if_same(&path, &meta);
+    Ok(data)
 }
 
-fn read_range(file: &File, path: &Path, offset: u64, nbytes: u64) -> Result<Bytes, ShmError> {
-    let len = file.metadata().map_err(io_err("stat", path))?.len();
-    let short = || ShmError::ShortFile {
-        path: path.to_owned(),
-        len,
-        offset,
-        nbytes,
-    };
-    let end = offset.checked_add(nbytes).ok_or_else(short)?;
-    if end > len {
-        return Err(short());
+/// A [`ShmError::Refused`] whose detail names the file and the reason.
+fn refused(path: &Path, why: String) -> ShmError {
+    ShmError::Refused(format!("{}: {why}", path.display()))
+}
+
+/// The opened file may be taken: a regular file of `owner` (this
+/// process's user), writable by nobody else (so no other user can truncate
+/// it under the mapping), of exactly `offset + nbytes` bytes.
+fn check_file(meta: &fs::Metadata, owner: u32, offset: u64, nbytes: u64) -> Result<(), String> {
+    if !meta.file_type().is_file() {
+        return Err("not a regular file".into());
     }
-    let size = usize::try_from(nbytes).map_err(|_| short())?;
+    if meta.uid() != owner {
+        return Err(format!("owned by uid {}, not {owner}", meta.uid()));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "mode {:o} lets others write it",
+            meta.mode() & 0o777
+        ));
+    }
+    let end = offset
+        .checked_add(nbytes)
+        .ok_or("offset + nbytes overflows")?;
+    if meta.len() != end {
+        return Err(format!(
+            "{} bytes, not offset {offset} + nbytes {nbytes}",
+            meta.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Removes `path` if it still names the file `meta` describes (nobody
+/// swapped it since it was opened).
+fn unlink_if_same(path: &Path, meta: &fs::Metadata) {
+    match fs::symlink_metadata(path) {
+        Ok(now) if now.dev() == meta.dev() && now.ino() == meta.ino() => remove_quietly(path),
+        Ok(_) => {
+            tracing::debug!(path = %path.display(), "shm name now points elsewhere: not unlinked")
+        }
+        Err(e) => {
+            tracing::debug!(path = %path.display(), error = %e, "shm file gone before unlink")
+        }
+    }
+}
+
+fn map_range(file: &File, offset: u64, nbytes: u64) -> io::Result<Bytes> {
+    let size = usize::try_from(nbytes).map_err(|_| io::Error::other("too large"))?;
     if size == 0 {
         return Ok(Bytes::new());
     }
     // Mapped, not copied: the tensor's pages are already in memory (tmpfs),
     // so a populated read-only mapping hands them over without a copy or a
-    // page fault per page. The file is unlinked before this point, so only
-    // a process that opened it earlier could still shrink it; the sender
-    // (the gateway) closes its descriptor after the one write and never
-    // truncates.
+    // page fault per page. Only this user can write the file (checked), and
+    // the sender (the gateway) closes its descriptor after the one write and
+    // never truncates, so the mapped range stays backed.
     // SAFETY: the mapping is read-only and private to this receiver; the
-    // range was checked against the file's length above.
+    // range was checked against the file's length.
     let map = unsafe {
         memmap2::MmapOptions::new()
             .offset(offset)
             .len(size)
             .populate()
             .map(file)
-    }
-    .map_err(io_err("map", path))?;
+    }?;
     Ok(Bytes::from_owner(map))
 }
 
@@ -374,4 +509,38 @@ pub fn verify_identity(dir: &Path, identity: &str) -> bool {
 /// The permission bits of a file (tests and diagnostics).
 pub fn mode_of(path: &Path) -> io::Result<u32> {
     Ok(fs::metadata(path)?.permissions().mode() & 0o777)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of another user is refused and kept, with the same message
+    /// as a missing one (tested as a reader of another uid, so it runs as
+    /// any user).
+    #[test]
+    fn another_users_file_is_refused_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = "iris-tensor-1-00000000000000aa";
+        create_new_file(&dir.path().join(name), &[5u8; 16]).unwrap();
+        let handle = ShmHandle {
+            name: name.into(),
+            offset: 0,
+            nbytes: 16,
+            owner_id: String::new(),
+        };
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let other = unsafe { libc::geteuid() }.wrapping_add(1);
+        let names = ShmNames::default();
+        let err = read_owned_by(dir.path(), &handle, 16, &names, other).unwrap_err();
+        assert_eq!(err.to_string(), "shm handle refused");
+        assert!(err.detail().contains("owned by uid"), "{}", err.detail());
+        assert!(dir.path().join(name).exists(), "not unlinked");
+        let data = read_and_unlink(dir.path(), &handle, 16, &names).unwrap();
+        assert_eq!(data.as_ref(), &[5u8; 16]);
+        assert!(
+            !dir.path().join(name).exists(),
+            "its owner's reader unlinks"
+        );
+    }
 }

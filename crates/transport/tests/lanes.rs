@@ -87,7 +87,7 @@ fn shm_round_trip_and_ticket_cleanup() {
     let d = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::default());
     let sender = TensorSender::new(POLICY, metrics.clone())
-        .with_shm(ShmWriter::new(d.path(), "iris-t").unwrap());
+        .with_shm(ShmWriter::new(d.path(), "iris-tensor").unwrap());
     let data = pixels(4 * 1024);
     let sent = sender
         .send(
@@ -122,7 +122,7 @@ fn fs_count(p: &std::path::Path) -> usize {
 fn shm_write_failure_falls_back_inline() {
     let d = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::default());
-    let writer = ShmWriter::new(d.path().join("missing"), "iris-t").unwrap();
+    let writer = ShmWriter::new(d.path().join("missing"), "iris-tensor").unwrap();
     let sender = TensorSender::new(POLICY, metrics.clone()).with_shm(writer);
     let sent = sender
         .send(Transport::Shm, ALL, 1, vec![256], DType::UInt8, pixels(256))

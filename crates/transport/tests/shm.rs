@@ -6,12 +6,29 @@ use std::fs;
 use std::time::Duration;
 
 use iris_transport::shm::{
-    create_new_file, mode_of, owner_id, owner_pid, read_and_unlink, sweep_orphans, verify_identity,
-    ShmError, ShmIdentity, ShmWriter,
+    create_new_file, mode_of, owner_id, owner_pid, sweep_orphans, verify_identity, ShmError,
+    ShmIdentity, ShmNames, ShmWriter,
 };
 
 fn dir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
+}
+
+/// The receiver's allow-list in these tests: the defaults and the test
+/// writers' prefixes.
+fn names() -> ShmNames {
+    ShmNames::default()
+        .with_prefix("iris-test-")
+        .and_then(|n| n.with_prefix("iris-transport-test-"))
+        .unwrap()
+}
+
+fn read_and_unlink(
+    dir: &std::path::Path,
+    handle: &iris_proto::common::ShmHandle,
+    expected: u64,
+) -> Result<bytes::Bytes, ShmError> {
+    iris_transport::shm::read_and_unlink(dir, handle, expected, &names())
 }
 
 #[test]
@@ -33,11 +50,10 @@ fn write_read_unlink() {
     let got = read_and_unlink(d.path(), &handle, 10_000).unwrap();
     assert_eq!(got.as_ref(), data.as_slice());
     assert!(!path.exists(), "the receiver unlinked the file");
-    // A second read finds nothing.
-    assert!(matches!(
-        read_and_unlink(d.path(), &handle, 10_000),
-        Err(ShmError::Io { .. })
-    ));
+    // A second read finds nothing, and says no more than any refusal.
+    let err = read_and_unlink(d.path(), &handle, 10_000).unwrap_err();
+    assert!(matches!(err, ShmError::Refused(_)), "{err:?}");
+    assert_eq!(err.to_string(), "shm handle refused");
 }
 
 #[test]
@@ -53,7 +69,8 @@ fn unaligned_offsets_map_the_right_bytes_and_outlive_the_file() {
         (7, 0),
     ] {
         let name = format!("iris-test-1-{offset:016x}");
-        create_new_file(&d.path().join(&name), &data).unwrap();
+        let end = (offset + nbytes) as usize;
+        create_new_file(&d.path().join(&name), &data[..end]).unwrap();
         let handle = iris_proto::common::ShmHandle {
             name,
             offset,
@@ -118,7 +135,9 @@ fn size_mismatch_is_an_error_and_short_files_are_caught() {
     );
     handle.nbytes = 24;
     let err = read_and_unlink(d.path(), &handle, 24).unwrap_err();
-    assert!(matches!(err, ShmError::ShortFile { len: 16, .. }), "{err}");
+    assert!(matches!(err, ShmError::Refused(_)), "{err}");
+    assert!(err.detail().contains("16 bytes"), "{}", err.detail());
+    assert!(d.path().join(&handle.name).exists(), "a short file is kept");
 }
 
 #[test]
@@ -254,4 +273,91 @@ fn real_dev_shm_round_trip_and_identity() {
     assert!(!shm.join(&handle.name).exists());
     let id = ShmIdentity::publish(shm, "iris-transport-test-id").unwrap();
     assert!(verify_identity(shm, id.identity()));
+}
+
+/// A handle for `name` in a test directory, asking for `nbytes` at 0.
+fn handle_for(name: &str, nbytes: u64) -> iris_proto::common::ShmHandle {
+    iris_proto::common::ShmHandle {
+        name: name.into(),
+        offset: 0,
+        nbytes,
+        owner_id: String::new(),
+    }
+}
+
+/// Asserts a refusal that says nothing about the file, and that the file
+/// (or link, FIFO, directory) is still there.
+fn assert_refused_and_kept(d: &std::path::Path, name: &str, nbytes: u64) {
+    let err = read_and_unlink(d, &handle_for(name, nbytes), nbytes).unwrap_err();
+    assert!(matches!(err, ShmError::Refused(_)), "{name}: {err:?}");
+    assert_eq!(err.to_string(), "shm handle refused", "{name}");
+    assert!(
+        fs::symlink_metadata(d.join(name)).is_ok(),
+        "{name} must not be unlinked"
+    );
+}
+
+/// Only names with a known sender's prefix are opened: anything else in
+/// the directory, however well sized, is refused untouched.
+#[test]
+fn names_without_an_allowed_prefix_are_refused_untouched() {
+    let d = dir();
+    for name in ["victim", "iris-shmid-1-00", "iris-tensor", "iris-testx-1"] {
+        fs::write(d.path().join(name), [0u8; 8]).unwrap();
+        let err = read_and_unlink(d.path(), &handle_for(name, 8), 8).unwrap_err();
+        assert!(matches!(err, ShmError::Unlisted(_)), "{name}: {err:?}");
+        assert!(d.path().join(name).exists(), "{name} kept");
+    }
+    let defaults = ShmNames::default();
+    assert!(defaults.allows("iris-tensor-1-00ff"));
+    assert!(defaults.allows("smg-tokenspeed-7-1-2"));
+    assert!(
+        !defaults.allows("iris-shmid-1-00ff"),
+        "identity files never"
+    );
+    assert!(
+        !defaults.allows("smg-tokenspeed-"),
+        "a bare prefix is no name"
+    );
+    assert!(ShmNames::default().with_prefix("bad/prefix").is_err());
+}
+
+/// A symlink is never followed (neither its target read nor it removed),
+/// and a FIFO, a directory, a world-writable file or a file longer than
+/// the declared tensor is refused and left in place.
+#[test]
+fn links_fifos_directories_shared_and_oversized_files_are_refused_and_kept() {
+    let d = dir();
+    let outside = dir();
+    let target = outside.path().join("secret");
+    fs::write(&target, [1u8; 8]).unwrap();
+    std::os::unix::fs::symlink(&target, d.path().join("iris-test-link")).unwrap();
+    assert_refused_and_kept(d.path(), "iris-test-link", 8);
+    assert!(target.exists(), "the link's target is untouched");
+
+    let fifo = std::ffi::CString::new(
+        d.path()
+            .join("iris-test-fifo")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    assert_refused_and_kept(d.path(), "iris-test-fifo", 8);
+
+    fs::create_dir(d.path().join("iris-test-dir")).unwrap();
+    assert_refused_and_kept(d.path(), "iris-test-dir", 8);
+
+    let shared = d.path().join("iris-test-shared");
+    fs::write(&shared, [2u8; 8]).unwrap();
+    fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    assert_refused_and_kept(d.path(), "iris-test-shared", 8);
+
+    fs::write(d.path().join("iris-test-long"), [3u8; 9]).unwrap();
+    assert_refused_and_kept(d.path(), "iris-test-long", 8);
+
+    // A missing file reads exactly like all of these.
+    let err = read_and_unlink(d.path(), &handle_for("iris-test-none", 8), 8).unwrap_err();
+    assert_eq!(err.to_string(), "shm handle refused");
 }

@@ -15,7 +15,6 @@ pub mod pod;
 pub mod tracker;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use futures::StreamExt;
@@ -26,6 +25,7 @@ use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::DiscoveryArgs;
+use crate::workers::worker::Connect;
 use crate::workers::{Pool, Role};
 use pod::{PodRules, Selector, LWS_WORKER_INDEX_LABEL};
 use tracker::Tracker;
@@ -85,14 +85,14 @@ impl Discovery {
     pub async fn start(
         &self,
         pools: &[Arc<Pool>],
-        connect_timeout: Duration,
+        connect: impl Into<Connect>,
         stop: CancellationToken,
     ) -> anyhow::Result<()> {
         self.role_pools(pools)?;
         let client = Client::try_default()
             .await
             .context("service discovery: no Kubernetes API access (in-cluster service account or kubeconfig)")?;
-        self.spawn(client, pools, connect_timeout, stop)?;
+        self.spawn(client, pools, connect, stop)?;
         Ok(())
     }
 
@@ -102,9 +102,10 @@ impl Discovery {
         &self,
         client: Client,
         pools: &[Arc<Pool>],
-        connect_timeout: Duration,
+        connect: impl Into<Connect>,
         stop: CancellationToken,
     ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+        let connect = connect.into();
         let namespace = self
             .namespace
             .clone()
@@ -115,7 +116,7 @@ impl Discovery {
             .map(|(pool, selector)| {
                 tracing::info!(role = pool.role.as_str(), %namespace, %selector, "watching pods");
                 let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-                let tracker = Tracker::new(pool, self.rules, connect_timeout);
+                let tracker = Tracker::new(pool, self.rules, connect.clone());
                 tokio::spawn(watch(api, selector, tracker, stop.clone()))
             })
             .collect();

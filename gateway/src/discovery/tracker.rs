@@ -5,19 +5,19 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
 
 use super::pod::{pod_key, worker_url, PodRules};
+use crate::workers::worker::Connect;
 use crate::workers::{Pool, Worker, WorkerUrl};
 
 /// The discovered workers of one pool.
 pub struct Tracker {
     pool: Arc<Pool>,
     rules: PodRules,
-    connect_timeout: Duration,
+    connect: Connect,
     /// The address each serving pod has now, by `namespace/name`.
     pods: HashMap<String, WorkerUrl>,
     /// The addresses this tracker added to the pool.
@@ -27,11 +27,11 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    pub fn new(pool: Arc<Pool>, rules: PodRules, connect_timeout: Duration) -> Self {
+    pub fn new(pool: Arc<Pool>, rules: PodRules, connect: impl Into<Connect>) -> Self {
         Tracker {
             pool,
             rules,
-            connect_timeout,
+            connect: connect.into(),
             pods: HashMap::new(),
             added: HashSet::new(),
             relisting: None,
@@ -91,7 +91,7 @@ impl Tracker {
 
     fn track(&mut self, key: String, url: WorkerUrl) {
         if !self.added.contains(&url) {
-            let worker = match Worker::new(url.clone(), self.pool.role, self.connect_timeout) {
+            let worker = match Worker::new(url.clone(), self.pool.role, self.connect.clone()) {
                 Ok(worker) => worker,
                 Err(why) => {
                     tracing::warn!(pod = %key, %why, "discovered worker cannot be used");
@@ -123,6 +123,7 @@ impl Tracker {
 mod tests {
     use super::*;
     use crate::workers::{Policy, Role};
+    use std::time::Duration;
 
     fn pod(name: &str, ip: &str, ready: bool) -> Pod {
         serde_json::from_value(serde_json::json!({

@@ -21,10 +21,10 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{CONTENT_TYPE, TE};
 use http::HeaderValue;
 use http_body::{Body, Frame, SizeHint};
+use iris_process::auth::AuthChannel;
 use prost::Message;
 use tonic::client::GrpcService;
 use tonic::codec::Streaming;
-use tonic::transport::Channel;
 use tonic::{Response, Status};
 
 /// `bytes` fields at least this long are sent by reference, not copied.
@@ -180,7 +180,7 @@ impl Body for ChunkBody {
 /// `max_decode` as the message size limit. `timeout` becomes the
 /// `grpc-timeout` the server and the channel enforce.
 pub async fn call<M, R>(
-    channel: &Channel,
+    channel: &AuthChannel,
     path: &'static str,
     message: &M,
     timeout: Option<Duration>,

@@ -1,18 +1,21 @@
 //! One worker: its address, gRPC client, health, in-flight count, and
 //! what it can receive tensors by (its transport override and the
-//! capabilities its GetServerInfo proved).
+//! capabilities its GetServerInfo proved). Every call on its channel
+//! carries the gateway's worker token, when it has one
+//! (`--worker-auth-token-file`).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use iris_process::auth::{AuthChannel, AuthToken};
 use iris_proto::encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
 use iris_proto::encoder::{EncodeRequest, EncodeResponse};
 use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use iris_proto::scheduler::{GenerateRequest, GenerateResponse};
 use iris_transport::{Transport, WorkerCaps};
 use tonic::codec::Streaming;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::Status;
 
 use super::url::WorkerUrl;
@@ -24,6 +27,24 @@ const ENCODE_PATH: &str = "/tokenspeed.grpc.encoder.TokenSpeedEncoder/Encode";
 
 /// Largest message the gateway sends or accepts from a worker.
 pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
+
+/// How the gateway reaches its workers: the connect timeout, and the
+/// shared secret presented on every call (`--worker-auth-token-file`).
+#[derive(Debug, Clone)]
+pub struct Connect {
+    pub timeout: Duration,
+    pub token: Option<AuthToken>,
+}
+
+impl From<Duration> for Connect {
+    /// Without a token.
+    fn from(timeout: Duration) -> Connect {
+        Connect {
+            timeout,
+            token: None,
+        }
+    }
+}
 
 /// What a worker does for the gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,7 +70,7 @@ impl Role {
 pub struct Worker {
     pub url: WorkerUrl,
     pub role: Role,
-    channel: Channel,
+    channel: AuthChannel,
     healthy: AtomicBool,
     in_flight: AtomicUsize,
     failures: AtomicU32,
@@ -79,20 +100,23 @@ impl Drop for InFlightGuard {
 }
 
 impl Worker {
-    /// A worker with a lazily connecting channel; unhealthy until its first
+    /// A worker with a lazily connecting channel that presents
+    /// `connect`'s token on every call; unhealthy until its first
     /// successful health check.
     pub fn new(
         url: WorkerUrl,
         role: Role,
-        connect_timeout: Duration,
+        connect: impl Into<Connect>,
     ) -> Result<Arc<Worker>, String> {
+        let connect = connect.into();
         let channel = Endpoint::from_shared(url.endpoint())
             .map_err(|e| format!("{url}: {e}"))?
-            .connect_timeout(connect_timeout)
+            .connect_timeout(connect.timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_while_idle(true)
             .connect_lazy();
+        let channel = AuthChannel::new(channel, connect.token.as_ref());
         let transport = url.tensor_transport.as_deref().and_then(|t| t.parse().ok());
         Ok(Arc::new(Worker {
             url,
@@ -112,7 +136,7 @@ impl Worker {
         }))
     }
 
-    pub fn client(&self) -> TokenSpeedSchedulerClient<Channel> {
+    pub fn client(&self) -> TokenSpeedSchedulerClient<AuthChannel> {
         TokenSpeedSchedulerClient::new(self.channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
@@ -160,7 +184,7 @@ impl Worker {
     }
 
     /// A client of the worker's `TokenSpeedEncoder` service (encode role).
-    pub fn encoder_client(&self) -> TokenSpeedEncoderClient<Channel> {
+    pub fn encoder_client(&self) -> TokenSpeedEncoderClient<AuthChannel> {
         TokenSpeedEncoderClient::new(self.channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)

@@ -53,6 +53,8 @@ pub fn engine_args(model: &Model, role: Role, decode_us_per_step: u64) -> Engine
         room_ttl_secs: 30,
         worker_id: None,
         metrics_port: None,
+        auth_token_file: None,
+        shm_name_prefixes: Vec::new(),
     }
 }
 
