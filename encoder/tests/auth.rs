@@ -100,6 +100,7 @@ fn prefill_args(model: &TempDir, token: Option<std::path::PathBuf>) -> EngineArg
         bootstrap_port: 0,
         model_path: model.path().to_path_buf(),
         served_model_name: None,
+        expose_model_path: false,
         max_running_requests: 8,
         default_max_new_tokens: 8,
         prefill_us_per_token: 0,
