@@ -267,6 +267,15 @@ fn configuration_md_matches_every_command_line() {
     );
 }
 
+/// clap's own consistency checks on the three command lines (what
+/// `--help` and parsing would otherwise find only at run time).
+#[test]
+fn command_lines_are_consistent() {
+    iris_engine::Cli::command().debug_assert();
+    iris_encoder::Cli::command().debug_assert();
+    iris_gateway::cli::Cli::command().debug_assert();
+}
+
 /// The checker itself: each kind of mismatch is reported, all at once.
 #[test]
 fn checker_reports_every_kind_of_mismatch() {
