@@ -98,3 +98,20 @@ pub struct EncoderArgs {
     #[command(flatten)]
     pub receive: crate::receive::ReceiveArgs,
 }
+
+/// The `iris-encoder` command line: [`EncoderArgs`] and the logging switch. The binary
+/// parses it; tests read its definition (`clap::CommandFactory`), e.g. to
+/// hold docs/configuration.md to it.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "iris-encoder",
+    version,
+    about = "Iris encode worker (TokenSpeedEncoder over gRPC)"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub encoder: EncoderArgs,
+    /// Log as JSON lines.
+    #[arg(long, env = "IRIS_LOG_JSON")]
+    pub log_json: bool,
+}

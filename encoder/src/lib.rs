@@ -22,5 +22,5 @@ mod server;
 pub mod service;
 pub mod validate;
 
-pub use args::{ComputeKind, EncoderArgs};
+pub use args::{Cli, ComputeKind, EncoderArgs};
 pub use server::{start, start_with, RunningEncoder};

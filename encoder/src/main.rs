@@ -3,21 +3,7 @@
 //! SIGINT/SIGTERM.
 
 use clap::Parser;
-use iris_encoder::EncoderArgs;
-
-#[derive(Parser)]
-#[command(
-    name = "iris-encoder",
-    version,
-    about = "Iris encode worker (TokenSpeedEncoder over gRPC)"
-)]
-struct Cli {
-    #[command(flatten)]
-    encoder: EncoderArgs,
-    /// Log as JSON lines.
-    #[arg(long, env = "IRIS_LOG_JSON")]
-    log_json: bool,
-}
+use iris_encoder::Cli;
 
 fn main() -> anyhow::Result<()> {
     // No `iris_process::keep_large_allocations` here. It was blamed for the

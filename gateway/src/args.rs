@@ -218,7 +218,9 @@ pub struct MediaArgs {
     /// Milliseconds to connect to an image host.
     #[arg(long, default_value_t = 5000, env = "IRIS_MM_FETCH_CONNECT_TIMEOUT_MS")]
     pub mm_fetch_connect_timeout_ms: u64,
-    /// Milliseconds for a whole image download.
+    /// Longest gap between two reads of an image host's response, in
+    /// milliseconds; the whole fetch (redirects and body included) must end
+    /// within the connect timeout plus this.
     #[arg(long, default_value_t = 30000, env = "IRIS_MM_FETCH_TIMEOUT_MS")]
     pub mm_fetch_timeout_ms: u64,
     /// Redirects followed per image URL (each re-checked).

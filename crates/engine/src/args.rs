@@ -107,3 +107,20 @@ pub struct EngineArgs {
     )]
     pub shm_name_prefixes: Vec<String>,
 }
+
+/// The `iris-engine` command line: [`EngineArgs`] and the logging switch. The binary
+/// parses it; tests read its definition (`clap::CommandFactory`), e.g. to
+/// hold docs/configuration.md to it.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "iris-engine",
+    version,
+    about = "Reference prefill/decode worker for Iris (TokenSpeedScheduler over gRPC)"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Log as JSON lines.
+    #[arg(long, env = "IRIS_LOG_JSON")]
+    pub log_json: bool,
+}

@@ -20,5 +20,5 @@ mod run;
 mod server;
 mod service;
 
-pub use args::{EngineArgs, Role};
+pub use args::{Cli, EngineArgs, Role};
 pub use server::{start, RunningEngine};

@@ -6,21 +6,7 @@
 //! SIGINT or SIGTERM.
 
 use clap::Parser;
-use iris_engine::EngineArgs;
-
-#[derive(Parser)]
-#[command(
-    name = "iris-engine",
-    version,
-    about = "Reference prefill/decode worker for Iris (TokenSpeedScheduler over gRPC)"
-)]
-struct Cli {
-    #[command(flatten)]
-    engine: EngineArgs,
-    /// Log as JSON lines.
-    #[arg(long, env = "IRIS_LOG_JSON")]
-    log_json: bool,
-}
+use iris_engine::Cli;
 
 fn main() -> anyhow::Result<()> {
     iris_process::keep_large_allocations();
