@@ -20,6 +20,7 @@ pub mod discovery;
 pub mod listen;
 pub mod metrics;
 pub mod mm;
+pub mod pipeline;
 pub mod prompt;
 pub mod router;
 pub mod server;

@@ -379,6 +379,17 @@ fn short_request(i: usize) -> iris_proto::scheduler::GenerateRequest {
     }
 }
 
+/// The router's settings for these tests (as the command line's defaults,
+/// spelled out: the library keeps no copy of them).
+fn router_settings() -> iris_gateway::router::RouterSettings {
+    iris_gateway::router::RouterSettings {
+        max_retries: 2,
+        circuit_breaker_failures: 3,
+        encode_timeout: Duration::from_secs(10),
+        encode_max_in_flight: 8,
+    }
+}
+
 async fn drain_ok(mut generation: iris_gateway::router::Generation) {
     while let Some(message) = generation.next().await {
         message.expect("no error from the live workers");
@@ -389,7 +400,7 @@ async fn drain_ok(mut generation: iris_gateway::router::Generation) {
 /// another worker, the client never notices, and the retry is counted.
 #[tokio::test]
 async fn unreachable_worker_is_retried_elsewhere() {
-    use iris_gateway::router::{Mode, Router, RouterSettings};
+    use iris_gateway::router::{Mode, Router};
     use iris_gateway::workers::policy::{Policy, PolicyKind};
     use iris_gateway::workers::{Pool, Role as PoolRole};
 
@@ -406,7 +417,7 @@ async fn unreachable_worker_is_retried_elsewhere() {
     );
     let router = Router::new(
         Mode::Aggregated(std::sync::Arc::new(pool)),
-        RouterSettings::default(),
+        router_settings(),
     );
     for i in 0..4 {
         let generation = router
@@ -428,7 +439,7 @@ async fn unreachable_worker_is_retried_elsewhere() {
 /// hit the retry.
 #[tokio::test]
 async fn pd_retry_past_a_dead_decode_does_not_collide_with_the_first_attempt() {
-    use iris_gateway::router::{Mode, Router, RouterSettings};
+    use iris_gateway::router::{Mode, Router};
     use iris_gateway::workers::policy::{Policy, PolicyKind};
     use iris_gateway::workers::{Pool, Role as PoolRole};
 
@@ -459,7 +470,7 @@ async fn pd_retry_past_a_dead_decode_does_not_collide_with_the_first_attempt() {
             Policy::new(PolicyKind::RoundRobin),
         )),
     };
-    let router = Router::new(mode, RouterSettings::default());
+    let router = Router::new(mode, router_settings());
     for i in 0..2 {
         let generation = router
             .start(short_request(i))

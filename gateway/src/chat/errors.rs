@@ -11,6 +11,7 @@ use iris_openai::ApiError;
 use tonic::Code;
 
 use crate::metrics::Outcome;
+use crate::router::classify::{classify, client_fault, Verdict};
 use crate::router::RouteError;
 
 /// The HTTP response for `error`, with `Retry-After` when it says when to
@@ -45,23 +46,31 @@ pub fn route_error(error: RouteError) -> (ApiError, Outcome) {
     }
 }
 
-/// The client-facing error for a worker's gRPC status. The worker and the
-/// full message are logged; the client's message names no address.
+/// The client-facing error for a worker's gRPC status, by the router's one
+/// rule ([`classify`]). The worker and the full message are logged (a
+/// request the worker refused as malformed is the client's mistake, not a
+/// worker failure: logged at info); the client's message names no address.
 pub fn worker_error(worker: &str, status: &tonic::Status) -> (ApiError, Outcome) {
+    let detail = redact_addresses(status.message());
+    if client_fault(status) {
+        tracing::info!(
+            worker,
+            code = ?status.code(),
+            message = status.message(),
+            "worker refused the request"
+        );
+        return (
+            ApiError::bad_request(format!("the request was refused: {detail}")),
+            Outcome::ClientError,
+        );
+    }
     tracing::warn!(
         worker,
         code = ?status.code(),
         message = status.message(),
         "worker failed a request"
     );
-    let detail = redact_addresses(status.message());
-    match status.code() {
-        Code::InvalidArgument | Code::OutOfRange => (
-            ApiError::bad_request(format!("the request was refused: {detail}")),
-            Outcome::ClientError,
-        ),
-        code => worker_failure(code, format!("a worker failed: {detail}")),
-    }
+    worker_failure(status, format!("a worker failed: {detail}"))
 }
 
 /// A worker's stream ended without an answer: logged with the worker, the
@@ -71,16 +80,22 @@ pub fn stream_ended(worker: &str) -> ApiError {
     ApiError::bad_gateway("a worker ended the stream without completing")
 }
 
-/// The HTTP error and outcome for a worker failure that is not the client's.
-fn worker_failure(code: Code, message: String) -> (ApiError, Outcome) {
-    match code {
-        Code::Unavailable | Code::ResourceExhausted => (
+/// The HTTP error and outcome for a worker failure that is not the
+/// client's: an overloaded worker ([`Verdict::Busy`]) or one that cannot
+/// be reached is 503 (504 when it was too slow), anything else a 502.
+fn worker_failure(status: &tonic::Status, message: String) -> (ApiError, Outcome) {
+    match (classify(status), status.code()) {
+        (Verdict::Busy, Code::DeadlineExceeded) => {
+            (ApiError::gateway_timeout(message), Outcome::Timeout)
+        }
+        (Verdict::Busy, _) | (Verdict::Retry, Code::Unavailable) => (
             ApiError::service_unavailable(message),
             Outcome::UpstreamError,
         ),
-        Code::DeadlineExceeded => (ApiError::gateway_timeout(message), Outcome::Timeout),
-        Code::Cancelled => (ApiError::bad_gateway(message), Outcome::Cancelled),
-        _ => (ApiError::bad_gateway(message), Outcome::UpstreamError),
+        (Verdict::Retry, Code::Cancelled) => (ApiError::bad_gateway(message), Outcome::Cancelled),
+        (Verdict::Retry | Verdict::Fatal, _) => {
+            (ApiError::bad_gateway(message), Outcome::UpstreamError)
+        }
     }
 }
 
@@ -176,6 +191,10 @@ mod tests {
             (Code::DeadlineExceeded, 504),
             (Code::Internal, 502),
             (Code::Aborted, 502),
+            (Code::OutOfRange, 400),
+            (Code::ResourceExhausted, 503),
+            (Code::PermissionDenied, 502),
+            (Code::Unimplemented, 502),
         ];
         for (code, http) in cases {
             let (err, _) = worker_error("grpc://10.0.0.7:30000", &tonic::Status::new(code, "boom"));

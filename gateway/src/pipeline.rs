@@ -1,0 +1,113 @@
+//! The stages of a chat request, in order, and the code of each: the one
+//! list (docs/architecture.md mirrors it; a test keeps every named
+//! function where this list says it is).
+//!
+//! 1. **Parse** — `gateway/src/chat/mod.rs` `handle` → `prepare`: read the
+//!    body (`read_body`), parse and validate it, check the text's size.
+//! 2. **Images** — `gateway/src/mm/mod.rs` `load_images`: fetch
+//!    (`fetch_one`, `crates/media`), the pixel cache and preprocessing
+//!    (`load_one`, `preprocess`).
+//! 3. **Prompt** — `gateway/src/prompt.rs` `prompt_ids`: chat template and
+//!    tokenizing; `gateway/src/mm/items.rs` `expand_placeholders` places
+//!    the image tokens.
+//! 4. **Encode** (EPD only) — `gateway/src/router/dispatch.rs` `start`
+//!    (the attempt loop) with `gateway/src/router/strategy.rs` `plan`, then
+//!    `gateway/src/router/encode.rs` `send_all`; the encoder's `encode`
+//!    in `encoder/src/service.rs`.
+//! 5. **Prefill** — the engine's `prefill` (`crates/engine/src/run.rs`),
+//!    started by the same attempt; with PD or EPD it hands its KV state
+//!    to decode (`hand_over`).
+//! 6. **Decode** — the engine's `decode` (`crates/engine/src/run.rs`); the
+//!    gateway reads it through `gateway/src/router/generation.rs` `next`.
+//! 7. **Stream** — `gateway/src/chat/stream.rs` `respond` (SSE) or
+//!    `gateway/src/chat/complete.rs` `respond` (one JSON body).
+
+/// A stage of a chat request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Parse,
+    Images,
+    Prompt,
+    Encode,
+    Prefill,
+    Decode,
+    Stream,
+}
+
+/// Every stage in order, with its main functions as (file from the
+/// workspace root, function name).
+pub const STAGES: [(Stage, &[(&str, &str)]); 7] = [
+    (
+        Stage::Parse,
+        &[
+            ("gateway/src/chat/mod.rs", "handle"),
+            ("gateway/src/chat/mod.rs", "prepare"),
+        ],
+    ),
+    (
+        Stage::Images,
+        &[
+            ("gateway/src/mm/mod.rs", "load_images"),
+            ("gateway/src/mm/mod.rs", "fetch_one"),
+            ("gateway/src/mm/mod.rs", "load_one"),
+        ],
+    ),
+    (
+        Stage::Prompt,
+        &[
+            ("gateway/src/prompt.rs", "prompt_ids"),
+            ("gateway/src/mm/items.rs", "expand_placeholders"),
+        ],
+    ),
+    (
+        Stage::Encode,
+        &[
+            ("gateway/src/router/dispatch.rs", "start"),
+            ("gateway/src/router/strategy.rs", "plan"),
+            ("gateway/src/router/encode.rs", "send_all"),
+            ("encoder/src/service.rs", "encode"),
+        ],
+    ),
+    (
+        Stage::Prefill,
+        &[
+            ("crates/engine/src/run.rs", "prefill"),
+            ("crates/engine/src/run.rs", "hand_over"),
+        ],
+    ),
+    (
+        Stage::Decode,
+        &[
+            ("crates/engine/src/run.rs", "decode"),
+            ("gateway/src/router/generation.rs", "next"),
+        ],
+    ),
+    (
+        Stage::Stream,
+        &[
+            ("gateway/src/chat/stream.rs", "respond"),
+            ("gateway/src/chat/complete.rs", "respond"),
+        ],
+    ),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_named_function_is_where_the_list_says() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for (stage, code) in STAGES {
+            for (file, function) in code {
+                let text = std::fs::read_to_string(root.join(file))
+                    .unwrap_or_else(|e| panic!("{stage:?}: {file}: {e}"));
+                assert!(
+                    text.contains(&format!("fn {function}("))
+                        || text.contains(&format!("fn {function}<")),
+                    "{stage:?}: no fn {function} in {file}"
+                );
+            }
+        }
+    }
+}

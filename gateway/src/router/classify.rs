@@ -1,0 +1,168 @@
+//! What a worker's failure means for the request: the one rule used by
+//! the attempt loop ([`super::dispatch`]), by the encode step's and every
+//! leg's circuit-breaker accounting, and by the HTTP mapping in
+//! `chat/errors.rs`.
+//!
+//! The rule is the same in every mode (aggregated, PD, EPD), because the
+//! reason is: the router hands a request to the client only once its
+//! first response arrived, so before that nothing reached the client and
+//! any failure may be retried on other workers — except a failure that
+//! says the request itself is wrong (or can never be served by this
+//! deployment), which every other worker would repeat:
+//!
+//! - [`Verdict::Fatal`]: `InvalidArgument`, `OutOfRange`,
+//!   `FailedPrecondition`, `Unimplemented`, `PermissionDenied`,
+//!   `Unauthenticated`. Not retried; the worker's circuit is untouched.
+//!   The first two are the client's mistake ([`client_fault`]: HTTP 400).
+//! - [`Verdict::Busy`]: `ResourceExhausted` (a full queue) and
+//!   `DeadlineExceeded` (too slow to accept). The worker is overloaded,
+//!   not broken: retried elsewhere after a short backoff, and its circuit
+//!   stays closed.
+//! - [`Verdict::Retry`]: everything else (`Unavailable`, `Internal`,
+//!   `Unknown`, `Aborted`, …). The worker may be broken: retried
+//!   elsewhere at once, and counted toward its circuit.
+
+use std::time::Duration;
+
+use tonic::{Code, Status};
+
+use crate::workers::Worker;
+
+/// What to do after a worker failed a request before its first response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The worker may be broken: try another one now.
+    Retry,
+    /// The worker is overloaded: try another one after a backoff.
+    Busy,
+    /// No other worker would do better: fail the request.
+    Fatal,
+}
+
+/// The [`Verdict`] for `status` (see the module doc for the rule).
+pub fn classify(status: &Status) -> Verdict {
+    match status.code() {
+        Code::InvalidArgument
+        | Code::OutOfRange
+        | Code::FailedPrecondition
+        | Code::Unimplemented
+        | Code::PermissionDenied
+        | Code::Unauthenticated => Verdict::Fatal,
+        Code::ResourceExhausted | Code::DeadlineExceeded => Verdict::Busy,
+        _ => Verdict::Retry,
+    }
+}
+
+/// A [`Verdict::Fatal`] failure that is the client's mistake (the request
+/// was refused as malformed or too large), not the deployment's.
+pub fn client_fault(status: &Status) -> bool {
+    matches!(status.code(), Code::InvalidArgument | Code::OutOfRange)
+}
+
+/// Counts `status` against `worker`: every failure is counted, and only a
+/// [`Verdict::Retry`] (the worker may be broken) toward its circuit, which
+/// opens after `circuit_breaker_failures` in a row (0: never).
+pub fn account(worker: &Worker, status: &Status, circuit_breaker_failures: u32) -> Verdict {
+    let verdict = classify(status);
+    match verdict {
+        Verdict::Retry => {
+            worker.record_failure(circuit_breaker_failures);
+        }
+        Verdict::Busy | Verdict::Fatal => worker.record_refusal(),
+    }
+    verdict
+}
+
+/// How long to wait before retry number `attempt + 1` after a
+/// [`Verdict::Busy`] failure: 50 ms, doubling, at most 1.6 s.
+pub fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(50 << attempt.min(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::workers::{Role, WorkerUrl};
+
+    fn worker() -> Arc<Worker> {
+        let url = WorkerUrl::parse("grpc://127.0.0.1:1").expect("url");
+        let worker = Worker::new(url, Role::Encode, Duration::from_secs(1)).expect("worker");
+        worker.set_healthy(true);
+        worker
+    }
+
+    #[test]
+    fn every_code_has_one_verdict() {
+        let cases = [
+            (Code::InvalidArgument, Verdict::Fatal),
+            (Code::OutOfRange, Verdict::Fatal),
+            (Code::FailedPrecondition, Verdict::Fatal),
+            (Code::Unimplemented, Verdict::Fatal),
+            (Code::PermissionDenied, Verdict::Fatal),
+            (Code::Unauthenticated, Verdict::Fatal),
+            (Code::ResourceExhausted, Verdict::Busy),
+            (Code::DeadlineExceeded, Verdict::Busy),
+            (Code::Unavailable, Verdict::Retry),
+            (Code::Internal, Verdict::Retry),
+            (Code::Unknown, Verdict::Retry),
+            (Code::Aborted, Verdict::Retry),
+            (Code::NotFound, Verdict::Retry),
+            (Code::Cancelled, Verdict::Retry),
+            (Code::DataLoss, Verdict::Retry),
+        ];
+        for (code, verdict) in cases {
+            assert_eq!(classify(&Status::new(code, "x")), verdict, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn only_malformed_requests_are_the_clients_fault() {
+        for code in [Code::InvalidArgument, Code::OutOfRange] {
+            assert!(client_fault(&Status::new(code, "x")), "{code:?}");
+        }
+        for code in [
+            Code::PermissionDenied,
+            Code::Unimplemented,
+            Code::FailedPrecondition,
+            Code::Internal,
+            Code::ResourceExhausted,
+        ] {
+            assert!(!client_fault(&Status::new(code, "x")), "{code:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn pushback_timeouts_and_refused_requests_count_but_keep_the_circuit_closed() {
+        let codes = [
+            Code::ResourceExhausted,
+            Code::DeadlineExceeded,
+            Code::InvalidArgument,
+        ];
+        for code in codes {
+            let worker = worker();
+            account(&worker, &Status::new(code, "no"), 1);
+            assert_eq!(worker.request_counts(), (0, 1), "{code:?} is counted");
+            assert!(worker.is_healthy(), "{code:?} leaves the circuit closed");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_broken_worker_counts_toward_its_circuit() {
+        for code in [Code::Unavailable, Code::Internal, Code::Unknown] {
+            let worker = worker();
+            let verdict = account(&worker, &Status::new(code, "broken"), 1);
+            assert_eq!(verdict, Verdict::Retry);
+            assert_eq!(worker.request_counts(), (0, 1));
+            assert!(!worker.is_healthy(), "{code:?} opens the circuit");
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_a_cap() {
+        assert_eq!(backoff(0), Duration::from_millis(50));
+        assert_eq!(backoff(1), Duration::from_millis(100));
+        assert_eq!(backoff(5), backoff(40));
+    }
+}

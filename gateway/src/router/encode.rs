@@ -1,0 +1,115 @@
+//! The encode step of an EPD attempt: each image's pixels go to its
+//! encode worker under the attempt's fresh room, by the lane chosen for
+//! that encoder ([`Lanes`]: inline, a `/dev/shm` file or an RDMA arena
+//! slot keyed by the room). The delivery ticket is settled by the Encode
+//! call's outcome: delivered once accepted; otherwise dropped (the shm
+//! file is unlinked, the slot is left to the NIXL notification or the
+//! reaper, since the encoder may still be READing it). A retry prepares
+//! the image again for its new encoder and room; the encoders' embedding
+//! caches make re-encoding a repeated image cheap.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use iris_proto::encoder::{EncodeItemAssignment, EncodeRequest};
+use iris_proto::scheduler::{MultimodalInputs, MultimodalItem};
+use tonic::Status;
+
+use crate::transport::Lanes;
+use crate::workers::Worker;
+
+/// One image of an attempt and where it goes.
+pub(super) struct EncodeJob<'a> {
+    pub worker: Arc<Worker>,
+    pub item: &'a MultimodalItem,
+    /// Where the embedding waits on the encoder's data server.
+    pub room: i64,
+}
+
+/// Sends every job's image at once (the `i`-th as `{request_id}-img{i}`);
+/// one result per job, `Ok` once the encoder accepted it.
+pub(super) async fn send_all(
+    lanes: &Arc<Lanes>,
+    jobs: &[EncodeJob<'_>],
+    request_id: &str,
+    timeout: Duration,
+) -> Vec<Result<(), Status>> {
+    let calls = jobs.iter().enumerate().map(|(i, job)| {
+        let id = format!("{request_id}-img{i}");
+        async move {
+            encode(lanes, job, id, timeout)
+                .await
+                .map_err(|status| named(&job.worker, status))
+        }
+    });
+    futures::future::join_all(calls).await
+}
+
+/// `status` with the encoder named, for the log (the client's copy is
+/// redacted).
+fn named(worker: &Worker, status: Status) -> Status {
+    Status::new(
+        status.code(),
+        format!("encode worker {} failed: {}", worker.url, status.message()),
+    )
+}
+
+/// Sends one image to its worker, its pixels on the worker's lane.
+async fn encode(
+    lanes: &Arc<Lanes>,
+    job: &EncodeJob<'_>,
+    request_id: String,
+    timeout: Duration,
+) -> Result<(), Status> {
+    let (item, ticket) = prepare(lanes, &job.worker, job.item, job.room).await?;
+    let result = call_encode(&job.worker, request_id, item, job.room, timeout).await;
+    if let Some(ticket) = ticket {
+        match &result {
+            Ok(()) => ticket.delivered(),
+            Err(_) => drop(ticket),
+        }
+    }
+    result
+}
+
+/// The item with its pixels on `worker`'s lane, prepared on the blocking
+/// pool unless they stay inline.
+async fn prepare(
+    lanes: &Arc<Lanes>,
+    worker: &Arc<Worker>,
+    item: &MultimodalItem,
+    room: i64,
+) -> Result<(MultimodalItem, Option<iris_transport::DeliveryTicket>), Status> {
+    if lanes.requested(worker) == iris_transport::Transport::Inline {
+        return lanes.prepare(worker, item, room);
+    }
+    let (lanes, worker, item) = (lanes.clone(), worker.clone(), item.clone());
+    tokio::task::spawn_blocking(move || lanes.prepare(&worker, &item, room))
+        .await
+        .map_err(|e| Status::internal(format!("preparing the image's tensor failed: {e}")))?
+}
+
+async fn call_encode(
+    worker: &Arc<Worker>,
+    request_id: String,
+    item: MultimodalItem,
+    room: i64,
+    timeout: Duration,
+) -> Result<(), Status> {
+    let request = EncodeRequest {
+        request_id,
+        mm_inputs: Some(MultimodalInputs { items: vec![item] }),
+        items: vec![EncodeItemAssignment {
+            bootstrap_room: room,
+        }],
+    };
+    match tokio::time::timeout(timeout, worker.encode(&request, timeout)).await {
+        Ok(Ok(response)) if response.accepted => Ok(()),
+        Ok(Ok(_)) => Err(Status::unavailable("the encoder did not accept the item")),
+        Ok(Err(status)) => Err(status),
+        Err(_) => Err(Status::deadline_exceeded(format!(
+            "no answer to Encode within {} ms",
+            timeout.as_millis()
+        ))),
+    }
+}

@@ -1,0 +1,210 @@
+//! The three ways of spreading a request over workers, as strategies of
+//! the one attempt loop ([`super::dispatch`]): each only picks an
+//! attempt's workers (avoiding the request's suspects) and builds what
+//! every leg is sent. Retries, accounting and aborts are the loop's.
+//!
+//! - Aggregated: one worker runs the whole request.
+//! - Prefill + decode: both legs at once, joined by a fresh KV room; the
+//!   prefill leg gets the pixels of any images (it runs the vision tower
+//!   itself), the decode leg only their metadata.
+//! - Encode + prefill + decode (requests with images in an EPD
+//!   deployment; without images it is prefill + decode): per image an
+//!   encode worker (the encode policy, keyed by the image's content hash)
+//!   and a fresh room; the encode step ([`super::encode`]) and both
+//!   Generate legs go out at once, and prefill fetches the embeddings.
+
+use std::sync::Arc;
+
+use iris_proto::scheduler::{GenerateRequest, MultimodalItem};
+
+use super::encode::EncodeJob;
+use super::legs::{attempt_request, new_room, strip_pixels, with_encode_info, with_kv_room};
+use crate::workers::affinity::{affinity_key, EncodePolicy};
+use crate::workers::{Pool, Role, Worker};
+
+/// How requests are spread over workers.
+pub enum Mode {
+    Aggregated(Arc<Pool>),
+    PrefillDecode {
+        prefill: Arc<Pool>,
+        decode: Arc<Pool>,
+    },
+    /// Images to encode workers; prefill fetches their embeddings.
+    EncodePrefillDecode {
+        encode: Arc<Pool>,
+        encode_policy: EncodePolicy,
+        prefill: Arc<Pool>,
+        decode: Arc<Pool>,
+    },
+}
+
+impl Mode {
+    pub fn pools(&self) -> Vec<Arc<Pool>> {
+        match self {
+            Mode::Aggregated(pool) => vec![pool.clone()],
+            Mode::PrefillDecode { prefill, decode } => vec![prefill.clone(), decode.clone()],
+            Mode::EncodePrefillDecode {
+                encode,
+                prefill,
+                decode,
+                ..
+            } => vec![encode.clone(), prefill.clone(), decode.clone()],
+        }
+    }
+}
+
+/// How one request is spread over workers, with the request prepared
+/// once for every attempt.
+pub(super) enum Strategy<'a> {
+    Aggregated {
+        pool: &'a Pool,
+        request: GenerateRequest,
+    },
+    PrefillDecode {
+        prefill: &'a Pool,
+        decode: &'a Pool,
+        request: GenerateRequest,
+        /// What decode is sent: the request without pixels.
+        stripped: Box<GenerateRequest>,
+    },
+    EncodePrefillDecode {
+        encode: &'a Pool,
+        policy: &'a EncodePolicy,
+        prefill: &'a Pool,
+        decode: &'a Pool,
+        /// The images, pixels included, for the encode step.
+        items: Vec<MultimodalItem>,
+        /// What prefill and decode are sent: the request without pixels.
+        stripped: GenerateRequest,
+    },
+}
+
+/// The workers of one attempt and what each is sent.
+pub(super) struct Plan<'a> {
+    /// The encode step: one job per image (empty unless EPD).
+    pub encodes: Vec<EncodeJob<'a>>,
+    /// The prefill leg, when the request is split.
+    pub prefill: Option<(Arc<Worker>, GenerateRequest)>,
+    /// The leg whose responses reach the client (aggregated or decode).
+    pub stream: (Arc<Worker>, GenerateRequest),
+}
+
+impl<'a> Strategy<'a> {
+    /// The strategy of `mode` for `request`.
+    pub fn new(mode: &'a Mode, request: GenerateRequest) -> Self {
+        match mode {
+            Mode::Aggregated(pool) => Strategy::Aggregated { pool, request },
+            Mode::PrefillDecode { prefill, decode } => {
+                Self::prefill_decode(prefill, decode, request)
+            }
+            Mode::EncodePrefillDecode {
+                encode,
+                encode_policy,
+                prefill,
+                decode,
+            } => {
+                let items = request
+                    .mm_inputs
+                    .as_ref()
+                    .map(|m| m.items.clone())
+                    .unwrap_or_default();
+                if items.is_empty() {
+                    return Self::prefill_decode(prefill, decode, request);
+                }
+                Strategy::EncodePrefillDecode {
+                    encode,
+                    policy: encode_policy,
+                    prefill,
+                    decode,
+                    items,
+                    stripped: strip_pixels(&request),
+                }
+            }
+        }
+    }
+
+    fn prefill_decode(prefill: &'a Pool, decode: &'a Pool, request: GenerateRequest) -> Self {
+        Strategy::PrefillDecode {
+            prefill,
+            decode,
+            stripped: Box::new(strip_pixels(&request)),
+            request,
+        }
+    }
+
+    /// Attempt number `attempt`'s workers, none of `suspects` unless a
+    /// role has no other; `Err` names a role without any healthy worker.
+    pub fn plan(&self, attempt: u32, suspects: &[Arc<Worker>]) -> Result<Plan<'_>, Role> {
+        match self {
+            Strategy::Aggregated { pool, request } => {
+                let worker = pick(pool, suspects)?;
+                Ok(Plan {
+                    encodes: Vec::new(),
+                    prefill: None,
+                    stream: (worker, attempt_request(request, attempt)),
+                })
+            }
+            Strategy::PrefillDecode {
+                prefill,
+                decode,
+                request,
+                stripped,
+            } => {
+                let (p, d) = (pick(prefill, suspects)?, pick(decode, suspects)?);
+                let p_request = with_kv_room(attempt_request(request, attempt), &p);
+                let d_request = GenerateRequest {
+                    kv_bootstrap_info: p_request.kv_bootstrap_info.clone(),
+                    request_id: p_request.request_id.clone(),
+                    ..GenerateRequest::clone(stripped)
+                };
+                Ok(Plan {
+                    encodes: Vec::new(),
+                    prefill: Some((p, p_request)),
+                    stream: (d, d_request),
+                })
+            }
+            Strategy::EncodePrefillDecode {
+                encode,
+                policy,
+                prefill,
+                decode,
+                items,
+                stripped,
+            } => {
+                let encoders = pick_encoders(encode, policy, items, suspects)?;
+                let (p, d) = (pick(prefill, suspects)?, pick(decode, suspects)?);
+                let rooms: Vec<i64> = items.iter().map(|_| new_room()).collect();
+                let d_request = with_kv_room(attempt_request(stripped, attempt), &p);
+                let p_request = with_encode_info(d_request.clone(), &encoders, &rooms);
+                let encodes = encoders
+                    .into_iter()
+                    .zip(items)
+                    .zip(rooms)
+                    .map(|((worker, item), room)| EncodeJob { worker, item, room })
+                    .collect();
+                Ok(Plan {
+                    encodes,
+                    prefill: Some((p, p_request)),
+                    stream: (d, d_request),
+                })
+            }
+        }
+    }
+}
+
+/// A worker of `pool`, preferring those not in `suspects`.
+fn pick(pool: &Pool, suspects: &[Arc<Worker>]) -> Result<Arc<Worker>, Role> {
+    pool.pick(suspects).ok_or(pool.role)
+}
+
+/// One encode worker per image.
+fn pick_encoders(
+    pool: &Pool,
+    policy: &EncodePolicy,
+    items: &[MultimodalItem],
+    suspects: &[Arc<Worker>],
+) -> Result<Vec<Arc<Worker>>, Role> {
+    let candidates = pool.candidates(suspects);
+    let keys = items.iter().map(|item| affinity_key(&item.content_hash));
+    policy.pick_all(&candidates, keys).ok_or(Role::Encode)
+}
