@@ -2,12 +2,11 @@
 //!
 //! An attempt: the [`Strategy`] picks workers (avoiding this request's
 //! suspects) and builds each leg's request; the encode step (EPD), the
-//! prefill leg and the streaming leg go out at once; then the streaming
-//! leg's first response is read ahead while the prefill leg is watched.
-//! Only then is the [`Generation`] handed to the caller, so every failure
-//! before the first response — a worker that cannot be reached, an
-//! Encode that fails, a KV or embedding transfer that never arrives — is
-//! seen while nothing reached the client and can still be retried.
+//! prefill leg and the streaming leg go out at once. Once every call was
+//! accepted the [`Generation`] is handed to the caller — after its first
+//! response when the strategy reads ahead (EPD, see
+//! [`Plan::read_ahead`]), so that failures surfacing only in the
+//! streams, before anything reached the client, can still be retried.
 //!
 //! After a failed attempt the loop aborts the legs that started, counts
 //! every failed call against its worker ([`classify::account`]: only
@@ -21,8 +20,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use iris_proto::scheduler::GenerateRequest;
-use tonic::Status;
+use iris_proto::scheduler::{GenerateRequest, GenerateResponse};
+use tonic::{Status, Streaming};
 
 use super::classify::{self, Verdict};
 use super::encode;
@@ -36,6 +35,62 @@ struct Failure {
     worker: Arc<Worker>,
     status: Status,
     verdict: Verdict,
+}
+
+/// A Generate leg the worker accepted.
+struct Accepted {
+    stream: Streaming<GenerateResponse>,
+    worker: Arc<Worker>,
+    leg: Leg,
+}
+
+/// A Generate call's outcome: the accepted leg, or its worker and status.
+type LegResult = Result<Accepted, (Arc<Worker>, Status)>;
+
+impl Accepted {
+    fn from_call(
+        worker: Arc<Worker>,
+        leg: Leg,
+        result: Result<tonic::Response<Streaming<GenerateResponse>>, Status>,
+    ) -> LegResult {
+        match result {
+            Ok(response) => Ok(Accepted {
+                stream: response.into_inner(),
+                worker,
+                leg,
+            }),
+            Err(status) => Err((worker, status)),
+        }
+    }
+}
+
+/// The calls of an attempt, answered.
+struct Sent {
+    encoders: Vec<Arc<Worker>>,
+    encoded: Vec<(Arc<Worker>, Result<(), Status>)>,
+    prefill: Option<LegResult>,
+    stream: LegResult,
+}
+
+/// The workers of a started generation's legs.
+struct LegWorkers {
+    prefill: Option<Arc<Worker>>,
+    stream: Arc<Worker>,
+}
+
+/// The generation of accepted legs, with their workers.
+fn generation(prefill: Option<Accepted>, stream: Accepted) -> (Generation, LegWorkers) {
+    let workers = LegWorkers {
+        prefill: prefill.as_ref().map(|p| p.worker.clone()),
+        stream: stream.worker.clone(),
+    };
+    let (prefill_stream, mut legs) = match prefill {
+        Some(p) => (Some((p.stream, p.worker)), vec![p.leg]),
+        None => (None, Vec::new()),
+    };
+    legs.push(stream.leg);
+    let generation = Generation::new(stream.stream, stream.worker, prefill_stream, legs);
+    (generation, workers)
 }
 
 const ABORT_REASON: &str = "another leg of the request failed";
@@ -76,8 +131,9 @@ impl Router {
         }
     }
 
-    /// Runs one attempt of `plan`: its generation once the first response
-    /// arrived, else the failure that decides the next step. Every worker
+    /// Runs one attempt of `plan`: its generation once every call was
+    /// accepted (and, if the plan reads ahead, the first response
+    /// arrived), else the failure that decides the next step. Every worker
     /// that failed, and on a late failure every encoder too, joins
     /// `suspects`.
     async fn attempt(
@@ -85,85 +141,95 @@ impl Router {
         plan: Plan<'_>,
         suspects: &mut Vec<Arc<Worker>>,
     ) -> Result<Generation, Failure> {
-        let Plan {
-            encodes,
-            prefill,
-            stream,
-        } = plan;
-        let (s_worker, s_request) = stream;
+        let read_ahead = plan.read_ahead;
+        let sent = self.send(plan).await;
+        let encoders = sent.encoders.clone();
+        let (mut generation, workers) = self.accepted(sent, suspects)?;
+        encoders.iter().for_each(|e| e.record_success());
+        if read_ahead {
+            if let Err((leg, status)) = generation.read_ahead().await {
+                generation.abort(ABORT_REASON);
+                let worker = match (leg, workers.prefill) {
+                    (FailedLeg::Prefill, Some(p)) => p,
+                    _ => workers.stream,
+                };
+                return Err(late_failure(worker, status, encoders, suspects));
+            }
+        }
+        workers.prefill.iter().for_each(|p| p.record_success());
+        workers.stream.record_success();
+        Ok(generation)
+    }
+
+    /// Sends the plan's calls at once: the encode step (after admission)
+    /// and both Generate legs.
+    async fn send(&self, plan: Plan<'_>) -> Sent {
+        let (s_worker, s_request) = plan.stream;
         let id = s_request.request_id.clone();
-        let p_leg = prefill
+        let encoders: Vec<Arc<Worker>> = plan.encodes.iter().map(|j| j.worker.clone()).collect();
+        let _encoding: Vec<_> = encoders.iter().map(|e| e.start_request()).collect();
+        let p_leg = plan
+            .prefill
             .as_ref()
             .map(|(p, _)| Leg::new(p.clone(), &id, &self.aborts));
         let s_leg = Leg::new(s_worker.clone(), &id, &self.aborts);
-        let encoders: Vec<Arc<Worker>> = encodes.iter().map(|job| job.worker.clone()).collect();
-        let _encoding: Vec<_> = encoders.iter().map(|e| e.start_request()).collect();
         let encode_started = Instant::now();
         let permits = self.admission.acquire(&encoders).await;
         let prefill_call = async {
-            match &prefill {
+            match &plan.prefill {
                 Some((p, request)) => Some(p.generate(request).await),
                 None => None,
             }
         };
         let (encoded, p_result, s_result) = tokio::join!(
-            encode::send_all(&self.lanes, &encodes, &id, self.encode_timeout),
+            encode::send_all(&self.lanes, &plan.encodes, &id, self.encode_timeout),
             prefill_call,
             s_worker.generate(&s_request),
         );
         drop(permits);
-        if !encodes.is_empty() {
+        if !encoders.is_empty() {
             self.encode_time.observe(encode_started.elapsed());
         }
-
-        // Every failed call, in order: the encodes, prefill, the stream.
-        let mut failed: Vec<(Arc<Worker>, Status)> = encoders
-            .iter()
-            .zip(encoded)
-            .filter_map(|(worker, result)| result.err().map(|status| (worker.clone(), status)))
-            .collect();
-        let mut started: Vec<&Leg> = Vec::with_capacity(2);
-        let p_stream = match (prefill, p_result, &p_leg) {
-            (Some((p, _)), Some(Ok(response)), Some(leg)) => {
-                started.push(leg);
-                Some((response.into_inner(), p))
-            }
-            (Some((p, _)), Some(Err(status)), _) => {
-                failed.push((p, status));
-                None
-            }
-            _ => None,
-        };
-        let s_stream = match s_result {
-            Ok(response) => response.into_inner(),
-            Err(status) => {
-                failed.push((s_worker.clone(), status));
-                started.iter().for_each(|leg| leg.abort(ABORT_REASON));
-                return Err(self.calls_failed(failed, suspects));
-            }
-        };
-        if !failed.is_empty() {
-            started.push(&s_leg);
-            started.iter().for_each(|leg| leg.abort(ABORT_REASON));
-            return Err(self.calls_failed(failed, suspects));
+        let prefill = plan
+            .prefill
+            .zip(p_leg)
+            .zip(p_result)
+            .map(|(((p, _), leg), result)| Accepted::from_call(p, leg, result));
+        Sent {
+            encoded: encoders.iter().cloned().zip(encoded).collect(),
+            encoders,
+            prefill,
+            stream: Accepted::from_call(s_worker, s_leg, s_result),
         }
-        let legs = p_leg.into_iter().chain([s_leg]).collect();
-        encoders.iter().for_each(|e| e.record_success());
-        let prefill_worker = p_stream.as_ref().map(|(_, p)| p.clone());
-        let mut generation = Generation::new(s_stream, s_worker.clone(), p_stream, legs);
-        match generation.read_ahead().await {
-            Ok(()) => {
-                prefill_worker.iter().for_each(|p| p.record_success());
-                s_worker.record_success();
-                Ok(generation)
+    }
+
+    /// The generation of an attempt whose calls were all accepted, with
+    /// its legs' workers; else the accepted legs are aborted and the
+    /// failed calls counted.
+    fn accepted(
+        &self,
+        sent: Sent,
+        suspects: &mut Vec<Arc<Worker>>,
+    ) -> Result<(Generation, LegWorkers), Failure> {
+        // Every failed call, in order: the encodes, prefill, the stream.
+        let mut failed: Vec<(Arc<Worker>, Status)> = sent
+            .encoded
+            .into_iter()
+            .filter_map(|(worker, result)| result.err().map(|status| (worker, status)))
+            .collect();
+        match (sent.prefill, sent.stream) {
+            (None, Ok(stream)) if failed.is_empty() => Ok(generation(None, stream)),
+            (Some(Ok(prefill)), Ok(stream)) if failed.is_empty() => {
+                Ok(generation(Some(prefill), stream))
             }
-            Err((leg, status)) => {
-                generation.abort(ABORT_REASON);
-                let worker = match (leg, prefill_worker) {
-                    (FailedLeg::Prefill, Some(p)) => p,
-                    _ => s_worker,
-                };
-                Err(late_failure(worker, status, encoders, suspects))
+            (prefill, stream) => {
+                for leg in prefill.into_iter().chain([stream]) {
+                    match leg {
+                        Ok(accepted) => accepted.leg.abort(ABORT_REASON),
+                        Err(failure) => failed.push(failure),
+                    }
+                }
+                Err(self.calls_failed(failed, suspects))
             }
         }
     }

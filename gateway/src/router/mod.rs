@@ -14,6 +14,8 @@ mod encode;
 mod generation;
 mod legs;
 mod strategy;
+#[cfg(test)]
+mod tests;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

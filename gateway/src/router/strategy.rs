@@ -87,6 +87,8 @@ pub(super) struct Plan<'a> {
     pub prefill: Option<(Arc<Worker>, GenerateRequest)>,
     /// The leg whose responses reach the client (aggregated or decode).
     pub stream: (Arc<Worker>, GenerateRequest),
+    /// Wait for the stream's first response before handing it over.
+    pub read_ahead: bool,
 }
 
 impl<'a> Strategy<'a> {
@@ -123,6 +125,18 @@ impl<'a> Strategy<'a> {
         }
     }
 
+    /// Whether the loop waits for the first response before handing the
+    /// generation over ([`Plan::read_ahead`]). EPD does: its usual failures (an embedding that
+    /// never arrives, an encoder that accepted but did not deliver)
+    /// surface only in the prefill's stream, after every call was
+    /// accepted. Aggregated and PD hand over once their legs are accepted,
+    /// so the client's stream starts and the images' memory is released
+    /// at once (for a non-streaming request the first response is the
+    /// whole answer); a failure after that reaches the client.
+    fn reads_ahead(&self) -> bool {
+        matches!(self, Strategy::EncodePrefillDecode { .. })
+    }
+
     fn prefill_decode(prefill: &'a Pool, decode: &'a Pool, request: GenerateRequest) -> Self {
         Strategy::PrefillDecode {
             prefill,
@@ -142,6 +156,7 @@ impl<'a> Strategy<'a> {
                     encodes: Vec::new(),
                     prefill: None,
                     stream: (worker, attempt_request(request, attempt)),
+                    read_ahead: self.reads_ahead(),
                 })
             }
             Strategy::PrefillDecode {
@@ -161,6 +176,7 @@ impl<'a> Strategy<'a> {
                     encodes: Vec::new(),
                     prefill: Some((p, p_request)),
                     stream: (d, d_request),
+                    read_ahead: self.reads_ahead(),
                 })
             }
             Strategy::EncodePrefillDecode {
@@ -186,6 +202,7 @@ impl<'a> Strategy<'a> {
                     encodes,
                     prefill: Some((p, p_request)),
                     stream: (d, d_request),
+                    read_ahead: self.reads_ahead(),
                 })
             }
         }

@@ -1,0 +1,381 @@
+//! The attempt loop against scripted workers: real gRPC servers whose
+//! Generate answers follow a script, so each retry rule is seen end to end
+//! (pick, send, classify, account, abort, retry).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use iris_proto::common::{GetTokenizerChunk, GetTokenizerRequest};
+use iris_proto::encoder::token_speed_encoder_server::{TokenSpeedEncoder, TokenSpeedEncoderServer};
+use iris_proto::encoder::{EncodeRequest, EncodeResponse};
+use iris_proto::scheduler::token_speed_scheduler_server::{
+    TokenSpeedScheduler, TokenSpeedSchedulerServer,
+};
+use iris_proto::scheduler::*;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Request, Response, Status};
+
+use super::{Mode, RouteError, Router, RouterSettings};
+use crate::workers::affinity::{EncodePolicy, EncodePolicyKind};
+use crate::workers::policy::{Policy, PolicyKind};
+use crate::workers::{Pool, Role, Worker, WorkerUrl};
+
+/// How a scripted worker answers one Generate call.
+#[derive(Clone, Copy, Debug)]
+enum Answer {
+    /// Refuse the call with this code.
+    Fail(Code),
+    /// Accept the call, then end the stream with this code before any
+    /// response.
+    FailInStream(Code),
+    /// One response, then the end of the stream.
+    Respond,
+    /// Accept the call and send nothing until the stream is dropped.
+    Pending,
+}
+
+/// A worker that answers Generate calls by its script (the last answer
+/// repeats) and counts Generate and Abort calls.
+#[derive(Clone)]
+struct Scripted {
+    script: Arc<Mutex<Vec<Answer>>>,
+    generates: Arc<AtomicUsize>,
+    encodes: Arc<AtomicUsize>,
+    aborts: Arc<AtomicUsize>,
+}
+
+/// Encode: every image is accepted.
+#[tonic::async_trait]
+impl TokenSpeedEncoder for Scripted {
+    async fn encode(&self, _: Request<EncodeRequest>) -> Result<Response<EncodeResponse>, Status> {
+        self.encodes.fetch_add(1, Ordering::SeqCst);
+        Ok(Response::new(EncodeResponse { accepted: true }))
+    }
+}
+
+impl Scripted {
+    fn next_answer(&self) -> Answer {
+        let mut script = self.script.lock().unwrap_or_else(|p| p.into_inner());
+        match script.len() {
+            0 => Answer::Fail(Code::Internal),
+            1 => script[0],
+            _ => script.remove(0),
+        }
+    }
+}
+
+type Stream<T> = ReceiverStream<Result<T, Status>>;
+
+fn unimplemented<T>() -> Result<Response<T>, Status> {
+    Err(Status::unimplemented("scripted worker"))
+}
+
+#[tonic::async_trait]
+impl TokenSpeedScheduler for Scripted {
+    type GenerateStream = Stream<GenerateResponse>;
+    type GetTokenizerStream = Stream<GetTokenizerChunk>;
+
+    async fn generate(
+        &self,
+        _: Request<GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        self.generates.fetch_add(1, Ordering::SeqCst);
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        match self.next_answer() {
+            Answer::Fail(code) => return Err(Status::new(code, "fails as scripted")),
+            Answer::FailInStream(code) => {
+                let _ = tx.try_send(Err(Status::new(code, "fails as scripted")));
+            }
+            Answer::Respond => {
+                let _ = tx.try_send(Ok(GenerateResponse::default()));
+            }
+            Answer::Pending => {
+                // The sender lives as long as the stream: no end, no message.
+                let held = tx.clone();
+                tokio::spawn(async move { held.closed().await });
+            }
+        }
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn health_check(
+        &self,
+        _: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
+        unimplemented()
+    }
+
+    async fn abort(&self, _: Request<AbortRequest>) -> Result<Response<AbortResponse>, Status> {
+        self.aborts.fetch_add(1, Ordering::SeqCst);
+        Ok(Response::new(AbortResponse::default()))
+    }
+
+    async fn get_model_info(
+        &self,
+        _: Request<GetModelInfoRequest>,
+    ) -> Result<Response<GetModelInfoResponse>, Status> {
+        unimplemented()
+    }
+
+    async fn get_server_info(
+        &self,
+        _: Request<GetServerInfoRequest>,
+    ) -> Result<Response<GetServerInfoResponse>, Status> {
+        unimplemented()
+    }
+
+    async fn get_loads(
+        &self,
+        _: Request<GetLoadsRequest>,
+    ) -> Result<Response<GetLoadsResponse>, Status> {
+        unimplemented()
+    }
+
+    async fn get_tokenizer(
+        &self,
+        _: Request<GetTokenizerRequest>,
+    ) -> Result<Response<Self::GetTokenizerStream>, Status> {
+        unimplemented()
+    }
+}
+
+/// A running scripted worker, already healthy in the gateway's view.
+struct Fake {
+    worker: Arc<Worker>,
+    service: Scripted,
+}
+
+impl Fake {
+    async fn start(role: Role, script: &[Answer]) -> Fake {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let service = Scripted {
+            script: Arc::new(Mutex::new(script.to_vec())),
+            generates: Arc::default(),
+            encodes: Arc::default(),
+            aborts: Arc::default(),
+        };
+        let server = tonic::transport::Server::builder()
+            .add_service(TokenSpeedSchedulerServer::new(service.clone()))
+            .add_service(TokenSpeedEncoderServer::new(service.clone()))
+            .serve_with_incoming(iris_process::nodelay_incoming(listener));
+        tokio::spawn(server);
+        let mut url = WorkerUrl::parse(&format!("grpc://{addr}")).expect("url");
+        url.bootstrap_port = Some(1);
+        let worker = Worker::new(url, role, Duration::from_secs(5)).expect("worker");
+        worker.set_healthy(true);
+        Fake { worker, service }
+    }
+
+    fn generates(&self) -> usize {
+        self.service.generates.load(Ordering::SeqCst)
+    }
+
+    fn encodes(&self) -> usize {
+        self.service.encodes.load(Ordering::SeqCst)
+    }
+
+    fn aborts(&self) -> usize {
+        self.service.aborts.load(Ordering::SeqCst)
+    }
+}
+
+fn pool(role: Role, fakes: &[&Fake]) -> Arc<Pool> {
+    let workers = fakes.iter().map(|f| f.worker.clone()).collect();
+    Arc::new(Pool::new(
+        role,
+        workers,
+        Policy::new(PolicyKind::RoundRobin),
+    ))
+}
+
+/// A router whose circuits open at the first failure counted toward them.
+fn router(mode: Mode, max_retries: u32) -> Router {
+    let settings = RouterSettings {
+        max_retries,
+        circuit_breaker_failures: 1,
+        encode_timeout: Duration::from_secs(5),
+        encode_max_in_flight: 0,
+    };
+    Router::new(mode, settings)
+}
+
+fn request() -> GenerateRequest {
+    GenerateRequest {
+        request_id: "chatcmpl-test".into(),
+        ..GenerateRequest::default()
+    }
+}
+
+/// A request with one image (its metadata only: no pixels to transfer).
+fn image_request() -> GenerateRequest {
+    let item = MultimodalItem {
+        content_hash: vec![7; 32].into(),
+        ..MultimodalItem::default()
+    };
+    GenerateRequest {
+        mm_inputs: Some(MultimodalInputs { items: vec![item] }),
+        ..request()
+    }
+}
+
+#[tokio::test]
+async fn pd_retries_an_internal_error_of_prefill_on_another_prefill() {
+    let broken = Fake::start(Role::Prefill, &[Answer::Fail(Code::Internal)]).await;
+    let good = Fake::start(Role::Prefill, &[Answer::Respond]).await;
+    let decode = Fake::start(Role::Decode, &[Answer::Respond]).await;
+    let mode = Mode::PrefillDecode {
+        prefill: pool(Role::Prefill, &[&broken, &good]),
+        decode: pool(Role::Decode, &[&decode]),
+    };
+    let router = router(mode, 2);
+    let mut generation = router.start(request()).await.expect("retried");
+    assert!(Arc::ptr_eq(&generation.worker, &decode.worker));
+    assert!(matches!(generation.next().await, Some(Ok(_))));
+    generation.finish();
+    assert_eq!((broken.generates(), good.generates()), (1, 1));
+    assert_eq!(decode.generates(), 2, "decode was part of both attempts");
+    assert_eq!(router.retries(), 1);
+    assert!(
+        !broken.worker.is_healthy(),
+        "Internal counts toward the circuit"
+    );
+    router.flush_aborts(Duration::from_secs(5)).await;
+    assert_eq!(
+        decode.aborts(),
+        1,
+        "the failed attempt's decode leg is aborted"
+    );
+}
+
+/// EPD reads ahead: a prefill that fails in its stream (say, the
+/// embedding never arrived) is replaced before the client sees anything.
+#[tokio::test]
+async fn epd_retries_a_failure_in_the_prefill_stream_before_the_first_response() {
+    let encoder = Fake::start(Role::Encode, &[]).await;
+    let failing = Fake::start(Role::Prefill, &[Answer::FailInStream(Code::Internal)]).await;
+    let good = Fake::start(Role::Prefill, &[Answer::Respond]).await;
+    let decode = Fake::start(Role::Decode, &[Answer::Pending, Answer::Respond]).await;
+    let mode = Mode::EncodePrefillDecode {
+        encode: pool(Role::Encode, &[&encoder]),
+        encode_policy: EncodePolicy::new(EncodePolicyKind::RoundRobin, 1.0),
+        prefill: pool(Role::Prefill, &[&failing, &good]),
+        decode: pool(Role::Decode, &[&decode]),
+    };
+    let router = router(mode, 2);
+    let mut generation = router.start(image_request()).await.expect("retried");
+    assert!(matches!(generation.next().await, Some(Ok(_))));
+    generation.finish();
+    assert_eq!(
+        encoder.encodes(),
+        2,
+        "the image is encoded again for the retry"
+    );
+    assert_eq!((failing.generates(), good.generates()), (1, 1));
+    assert_eq!(router.retries(), 1);
+    assert!(
+        failing.worker.is_healthy(),
+        "a failure after the leg started may be a peer's: no circuit"
+    );
+    assert_eq!(failing.worker.request_counts(), (1, 1));
+    router.flush_aborts(Duration::from_secs(5)).await;
+    assert_eq!(
+        decode.aborts(),
+        1,
+        "the failed attempt's decode leg is aborted"
+    );
+}
+
+/// Aggregated and PD hand the generation over once the legs are accepted:
+/// a failure after that is the caller's to see, not retried.
+#[tokio::test]
+async fn pd_hands_over_once_accepted_and_a_later_failure_reaches_the_caller() {
+    let prefill = Fake::start(Role::Prefill, &[Answer::Respond]).await;
+    let decode = Fake::start(Role::Decode, &[Answer::FailInStream(Code::Internal)]).await;
+    let mode = Mode::PrefillDecode {
+        prefill: pool(Role::Prefill, &[&prefill]),
+        decode: pool(Role::Decode, &[&decode]),
+    };
+    let router = router(mode, 2);
+    let mut generation = router.start(request()).await.expect("accepted");
+    match generation.next().await {
+        Some(Err(status)) => assert_eq!(status.code(), Code::Internal),
+        other => panic!("expected the decode leg's failure, got {other:?}"),
+    }
+    assert_eq!(router.retries(), 0);
+    assert_eq!(decode.generates(), 1);
+}
+
+#[tokio::test]
+async fn a_fatal_failure_stops_at_once() {
+    let refusing = Fake::start(Role::Aggregated, &[Answer::Fail(Code::InvalidArgument)]).await;
+    let good = Fake::start(Role::Aggregated, &[Answer::Respond]).await;
+    let router = router(
+        Mode::Aggregated(pool(Role::Aggregated, &[&refusing, &good])),
+        2,
+    );
+    match router.start(request()).await {
+        Err(RouteError::Upstream { status, .. }) => {
+            assert_eq!(status.code(), Code::InvalidArgument)
+        }
+        Err(other) => panic!("expected the worker's refusal, got {other:?}"),
+        Ok(_) => panic!("expected the worker's refusal, got a generation"),
+    }
+    assert_eq!(good.generates(), 0, "no other worker is tried");
+    assert_eq!(router.retries(), 0);
+    assert!(refusing.worker.is_healthy(), "a refusal opens no circuit");
+    assert_eq!(refusing.worker.request_counts(), (1, 1));
+}
+
+#[tokio::test]
+async fn a_busy_worker_is_retried_and_keeps_its_circuit_closed() {
+    let busy = Fake::start(Role::Aggregated, &[Answer::Fail(Code::ResourceExhausted)]).await;
+    let good = Fake::start(Role::Aggregated, &[Answer::Respond]).await;
+    let router = router(Mode::Aggregated(pool(Role::Aggregated, &[&busy, &good])), 2);
+    let mut generation = router.start(request()).await.expect("retried");
+    generation.finish();
+    assert!(Arc::ptr_eq(&generation.worker, &good.worker));
+    assert_eq!(router.retries(), 1);
+    assert!(busy.worker.is_healthy(), "pushback opens no circuit");
+    assert_eq!(busy.worker.request_counts(), (1, 1));
+}
+
+#[tokio::test]
+async fn retries_are_bounded_by_max_retries() {
+    let a = Fake::start(Role::Aggregated, &[Answer::Fail(Code::Unavailable)]).await;
+    let b = Fake::start(Role::Aggregated, &[Answer::Fail(Code::Unavailable)]).await;
+    let mut router = router(Mode::Aggregated(pool(Role::Aggregated, &[&a, &b])), 3);
+    // Keep both workers in service so every attempt finds one.
+    router.circuit_breaker_failures = 0;
+    match router.start(request()).await {
+        Err(RouteError::Upstream { status, .. }) => assert_eq!(status.code(), Code::Unavailable),
+        Err(other) => panic!("expected the last failure, got {other:?}"),
+        Ok(_) => panic!("every worker fails"),
+    }
+    assert_eq!(
+        a.generates() + b.generates(),
+        4,
+        "the first try and three retries"
+    );
+    assert_eq!(router.retries(), 3);
+}
+
+#[tokio::test]
+async fn no_healthy_worker_names_the_role() {
+    let decode = Fake::start(Role::Decode, &[Answer::Respond]).await;
+    let prefill = Fake::start(Role::Prefill, &[Answer::Respond]).await;
+    prefill.worker.set_healthy(false);
+    let mode = Mode::PrefillDecode {
+        prefill: pool(Role::Prefill, &[&prefill]),
+        decode: pool(Role::Decode, &[&decode]),
+    };
+    let router = router(mode, 2);
+    assert!(matches!(
+        router.start(request()).await,
+        Err(RouteError::NoWorker(Role::Prefill))
+    ));
+    assert_eq!(decode.generates(), 0);
+}
