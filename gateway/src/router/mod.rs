@@ -8,7 +8,7 @@
 //! every leg if dropped unfinished.
 
 mod admission;
-pub mod classify;
+pub(crate) mod classify;
 mod dispatch;
 mod encode;
 mod generation;
