@@ -207,6 +207,49 @@ mod tests {
         assert!(err.message.contains("no healthy decode worker"));
     }
 
+    /// The levels of the events logged while `f` runs.
+    fn logged_levels(f: impl FnOnce()) -> Vec<tracing::Level> {
+        use std::sync::{Arc, Mutex};
+        use tracing::span::{Attributes, Id, Record};
+        use tracing::{Event, Metadata};
+
+        struct Levels(Arc<Mutex<Vec<tracing::Level>>>);
+        impl tracing::Subscriber for Levels {
+            fn enabled(&self, _: &Metadata<'_>) -> bool {
+                true
+            }
+            fn new_span(&self, _: &Attributes<'_>) -> Id {
+                Id::from_u64(1)
+            }
+            fn record(&self, _: &Id, _: &Record<'_>) {}
+            fn record_follows_from(&self, _: &Id, _: &Id) {}
+            fn event(&self, event: &Event<'_>) {
+                let mut levels = self.0.lock().unwrap_or_else(|p| p.into_inner());
+                levels.push(*event.metadata().level());
+            }
+            fn enter(&self, _: &Id) {}
+            fn exit(&self, _: &Id) {}
+        }
+        let levels = Arc::new(Mutex::new(Vec::new()));
+        tracing::subscriber::with_default(Levels(levels.clone()), f);
+        let levels = levels.lock().unwrap_or_else(|p| p.into_inner());
+        levels.clone()
+    }
+
+    #[test]
+    fn a_clients_mistake_is_not_logged_as_a_worker_failure() {
+        let refused = tonic::Status::invalid_argument("prompt too long");
+        let levels = logged_levels(|| {
+            worker_error("grpc://10.0.0.7:30000", &refused);
+        });
+        assert_eq!(levels, [tracing::Level::INFO]);
+        let failed = tonic::Status::internal("boom");
+        let levels = logged_levels(|| {
+            worker_error("grpc://10.0.0.7:30000", &failed);
+        });
+        assert_eq!(levels, [tracing::Level::WARN]);
+    }
+
     #[test]
     fn worker_errors_name_no_address() {
         let status = tonic::Status::invalid_argument(
