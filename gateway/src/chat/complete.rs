@@ -49,12 +49,12 @@ pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
         .metrics
         .stage(Stage::Total, prepared.started.elapsed());
     match result {
-        Ok(body) => {
-            state.metrics.outcome(Outcome::Ok);
+        Ok((body, completion_tokens)) => {
+            prepared.record(&state, 200, Outcome::Ok, completion_tokens, None);
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
         Err((error, outcome)) => {
-            state.metrics.outcome(outcome);
+            prepared.record(&state, error.status, outcome, 0, Some(&error.message));
             error_response(&error)
         }
     }
@@ -65,7 +65,7 @@ async fn run(
     prepared: &Prepared,
     generate: GenerateRequest,
     images_memory: HeldImages,
-) -> Result<Vec<u8>, (ApiError, Outcome)> {
+) -> Result<(Vec<u8>, u32), (ApiError, Outcome)> {
     let dispatch = Instant::now();
     let started = state.router.start(generate).await;
     // The workers have the tensors now (or the request failed).
@@ -102,7 +102,7 @@ async fn run(
         .metrics
         .tokens(prepared.prompt_tokens, complete.completion_tokens);
     let usage = Usage::new(prepared.prompt_tokens, complete.completion_tokens);
-    Ok(ChatCompletion::new(
+    let body = ChatCompletion::new(
         &prepared.id,
         unix_now(),
         &state.model_name,
@@ -110,7 +110,8 @@ async fn run(
         finish_reason,
         usage,
     )
-    .to_json())
+    .to_json();
+    Ok((body, complete.completion_tokens))
 }
 
 async fn await_complete(
