@@ -115,7 +115,7 @@ def test_one_line_per_request_and_no_colour_in_a_file(gateway):
     assert "\x1b[" not in log, "ANSI escapes in a log file"
 
 
-def test_a_stream_whose_client_leaves_is_logged_as_499(model_dir, processes):
+def test_a_client_that_leaves_is_logged_as_499(model_dir, processes):
     # 20 ms a token: the 500 tokens take 10 s, the client leaves at once.
     gateway = aggregated(processes, model_dir, engine_args=("--decode-us-per-step", "20000")).gateway
     body = chat(gateway.model, text="Hello!", stream=True, max_tokens=500, ignore_eos=True)
@@ -126,8 +126,19 @@ def test_a_stream_whose_client_leaves_is_logged_as_499(model_dir, processes):
     request_id = json.loads(first.removeprefix("data: "))["id"]
     line = line_for(gateway, request_id)
     assert (line["status"], line["outcome"]) == ("499", "Cancelled"), line
-    assert "went away" in line["error"], line
-    assert len(request_lines(gateway)) == 1
+    assert "went away before the end of the stream" in line["error"], line
+
+    # A unary request: the client gives up after 1 s of the 10.
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{gateway.base_url}/v1/chat/completions", timeout=1,
+                   json={**body, "stream": False})
+
+    def unary_logged():
+        return any("before the answer" in f.get("error", "") for f in request_lines(gateway).values())
+
+    wait_until(unary_logged, 15, "the unary request's 499 line")
+    lines = request_lines(gateway).values()
+    assert len(lines) == 2 and {f["status"] for f in lines} == {"499"}, lines
 
 
 def test_json_logs(model_dir, tmp_path):

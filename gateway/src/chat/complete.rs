@@ -17,6 +17,7 @@ use iris_proto::scheduler::{
 };
 
 use super::errors::{error_response, route_error, stream_ended, worker_error};
+use super::record::CLIENT_CLOSED;
 use super::Prepared;
 use crate::metrics::{Outcome, Stage};
 use crate::mm::budget::HeldImages;
@@ -26,6 +27,11 @@ use crate::server::AppState;
 pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
     let generate = std::mem::take(&mut prepared.generate);
     let images_memory = std::mem::take(&mut prepared.images_memory);
+    let mut unanswered = ClientGone {
+        prepared: &prepared,
+        state: &state,
+        armed: true,
+    };
     let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
     let run = tokio::time::timeout_at(deadline, run(&state, &prepared, generate, images_memory));
     let result = match tokio::select! {
@@ -45,6 +51,7 @@ pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
             Outcome::Timeout,
         )),
     };
+    unanswered.armed = false;
     state
         .metrics
         .stage(Stage::Total, prepared.started.elapsed());
@@ -56,6 +63,24 @@ pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
         Err((error, outcome)) => {
             prepared.record(&state, error.status, outcome, 0, Some(&error.message));
             error_response(&error)
+        }
+    }
+}
+
+/// Counts and logs a request whose client left before its answer (the
+/// server drops the handler's future): status 499, outcome cancelled.
+struct ClientGone<'a> {
+    prepared: &'a Prepared,
+    state: &'a AppState,
+    armed: bool,
+}
+
+impl Drop for ClientGone<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let error = "the client went away before the answer";
+            self.prepared
+                .record(self.state, CLIENT_CLOSED, Outcome::Cancelled, 0, Some(error));
         }
     }
 }

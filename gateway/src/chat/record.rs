@@ -3,14 +3,14 @@
 //! id, status, duration, prompt and completion tokens, images and
 //! pixel-cache hits (and the error's message when it failed). Every way a
 //! request ends — an error before dispatch, a unary answer, a stream that
-//! finishes, fails or loses its client — goes through
+//! finishes or fails, a client that leaves before the end — goes through
 //! [`RequestLine::record`] exactly once.
 
 use std::time::Instant;
 
 use crate::metrics::{Metrics, Outcome};
 
-/// Status logged for a stream whose client went away before its end
+/// Status logged for a request whose client went away before its end
 /// (nginx's "client closed request"; nothing more was sent).
 pub const CLIENT_CLOSED: u16 = 499;
 
@@ -27,7 +27,7 @@ pub struct RequestLine<'a> {
     pub id: &'a str,
     pub started: Instant,
     /// The HTTP status; for a stream that ended in an error event, that
-    /// event's status; [`CLIENT_CLOSED`] when the client left a stream.
+    /// event's status; [`CLIENT_CLOSED`] when the client left first.
     pub status: u16,
     pub outcome: Outcome,
     pub prompt_tokens: u32,
