@@ -231,8 +231,11 @@ mod tests {
     #[test]
     fn urls_without_the_data_prefix_are_named_as_such() {
         let message = |url: &str| missing_prefix(url).map(|e| e.to_string());
-        let expect =
-            |write: &str| Some(format!("the image URL lacks its `data:` prefix: write `{write}`"));
+        let expect = |write: &str| {
+            Some(format!(
+                "the image URL lacks its `data:` prefix: write `{write}`"
+            ))
+        };
         let jpeg = b64(JPEG);
         assert_eq!(
             message(&format!("image/jpeg;base64,{jpeg}")),
