@@ -234,6 +234,7 @@ impl Multimodal {
         let mut held = None;
         let slot = &mut held;
         let key = (image.hash, self.fingerprint);
+        let place = image.place.clone();
         let (entry, lookup) = self
             .cache
             .get_or_compute(key, || async move {
@@ -247,7 +248,8 @@ impl Multimodal {
                 *slot = Some(share.shrink_to(entry.weight() as u64));
                 Ok(entry)
             })
-            .await?;
+            .await
+            .map_err(|e| relabel(e, &place))?;
         let hit = lookup != Lookup::Miss;
         if hit {
             metrics.stage(Stage::PixelCache, looked_up.elapsed());
@@ -286,12 +288,11 @@ impl Multimodal {
         let content = content_hash(&hash, self.fingerprint);
         let pool_place = place.clone();
         let entry = cpu_pool::run(move || {
-            let place = pool_place;
             let output = processor
                 .preprocess_bytes(&bytes, &options)
-                .map_err(|e| vision_error(&place, &e))?;
+                .map_err(|e| vision_error(&pool_place, &e))?;
             PixelEntry::from_output(output, content)
-                .map_err(|e| ApiError::bad_field(place.as_str(), format!("{place}: {e}")))
+                .map_err(|e| ApiError::bad_field(pool_place.as_str(), format!("{pool_place}: {e}")))
         })
         .await
         .map_err(|e| {
@@ -378,6 +379,22 @@ fn media_error(place: &str, error: &MediaError) -> ApiError {
     .with_param(place)
 }
 
+/// An image error as this request's part `place` names it: a failure
+/// computed once for several requests sharing the same image (the pixel
+/// cache's single flight) names the part of the request that computed it.
+fn relabel(mut error: ApiError, place: &str) -> ApiError {
+    let Some(other) = error.param.as_deref() else {
+        return error;
+    };
+    if other != place && other.starts_with("messages[") {
+        if let Some(rest) = error.message.strip_prefix(other) {
+            error.message = format!("{place}{rest}");
+        }
+        error.param = Some(place.to_owned());
+    }
+    error
+}
+
 /// How messages name an image: its place, declared size and format.
 fn image_name(place: &str, info: &ImageInfo) -> String {
     format!(
@@ -461,6 +478,24 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    #[test]
+    fn a_shared_failure_names_each_requests_own_part() {
+        let computed = vision_error("messages[0].content[1]", &VisionError::EmptyInput);
+        let err = relabel(computed.clone(), "messages[3].content[0]");
+        assert_eq!(err.param.as_deref(), Some("messages[3].content[0]"));
+        assert!(
+            err.message.starts_with("messages[3].content[0]: "),
+            "{}",
+            err.message
+        );
+        assert_eq!(
+            relabel(computed.clone(), "messages[0].content[1]"),
+            computed
+        );
+        let whole = ApiError::bad_field("messages", "too many images");
+        assert_eq!(relabel(whole.clone(), "messages[1].content[0]"), whole);
     }
 
     #[test]
