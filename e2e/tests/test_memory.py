@@ -209,7 +209,9 @@ def test_a_full_budget_is_503_with_retry_after(model_dir, tmp_path, corpus):
                          json=corpus["rgba16"][0], timeout=60)
         assert big.status_code == 400, big.text
         message = big.json()["error"]["message"]
-        assert "image 0 (9459x9459 PNG)" in message and "--mm-max-inflight-mb" in message, message
+        assert "messages[0].content[1] (9459x9459 PNG)" in message, message
+        assert "--mm-max-inflight-mb" in message, message
+        assert big.json()["error"]["param"] == "messages[0].content[1]", big.text
         metrics = dep.gateway.metrics()
         assert "iris_mm_inflight_budget_bytes 62914560" in metrics, metrics[-2000:]
     finally:

@@ -111,7 +111,6 @@ pub struct EncoderArgs {
 pub struct Cli {
     #[command(flatten)]
     pub encoder: EncoderArgs,
-    /// Log as JSON lines.
-    #[arg(long, env = "IRIS_LOG_JSON")]
-    pub log_json: bool,
+    #[command(flatten)]
+    pub log: iris_process::LogArgs,
 }

@@ -19,7 +19,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    iris_process::init_logging(cli.log_json);
+    iris_process::init_logging(cli.log.format());
     let running = iris_encoder::start(cli.encoder).await?;
     println!(
         "iris-encoder listening grpc={} data={} metrics={}",

@@ -141,9 +141,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub transport: crate::transport::TransportArgs,
 
-    /// Log as JSON lines.
-    #[arg(long, env = "IRIS_LOG_JSON")]
-    pub log_json: bool,
+    #[command(flatten)]
+    pub log: iris_process::LogArgs,
 }
 
 /// Client connections: how many, and how long a client may take.

@@ -94,7 +94,7 @@ where
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
-            iris_process::init_logging(args.log_json);
+            iris_process::init_logging(args.log.format());
             crate::mm::cpu_pool::init_global();
             let running = crate::start(*args).await?;
             match running.metrics_addr {
@@ -111,7 +111,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             running.wait().await
         }
         Command::Demo(args) => {
-            iris_process::init_logging(false);
+            iris_process::init_logging(args.log.format());
             crate::demo::run(args).await
         }
         Command::TinyModel(args) => {

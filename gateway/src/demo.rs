@@ -26,6 +26,8 @@ pub struct DemoArgs {
     /// Simulated decode time per token, in microseconds, so streaming is visible.
     #[arg(long, default_value_t = 20_000, env = "IRIS_DEMO_DECODE_US_PER_STEP")]
     pub decode_us_per_step: u64,
+    #[command(flatten)]
+    pub log: iris_process::LogArgs,
 }
 
 /// Runs the demo until Ctrl-C.
@@ -198,9 +200,9 @@ fn print_banner(addr: std::net::SocketAddr, model: &str) {
     println!(
         "  curl -N http://{addr}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true, \"max_tokens\": 32}}'"
     );
-    println!("With an image (a data: URL; http(s) URLs work too):");
+    println!("With an image (a data: URL, the body streamed from stdin so any size fits; http(s) URLs work too):");
     println!(
-        "  IMG=$(base64 -w0 photo.jpg)\n  curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"max_tokens\": 32, \"messages\": [{{\"role\": \"user\", \"content\": [{{\"type\": \"text\", \"text\": \"What is in this picture?\"}}, {{\"type\": \"image_url\", \"image_url\": {{\"url\": \"data:image/jpeg;base64,'\"$IMG\"'\"}}}}]}}]}}'"
+        "  {{ printf '{{\"model\": \"{model}\", \"max_tokens\": 32, \"messages\": [{{\"role\": \"user\", \"content\": [{{\"type\": \"text\", \"text\": \"What is in this picture?\"}}, {{\"type\": \"image_url\", \"image_url\": {{\"url\": \"data:image/jpeg;base64,'\n    base64 -w0 photo.jpg\n    printf '\"}}}}]}}]}}'; }} |\n  curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' --data-binary @-"
     );
     println!("Press Ctrl-C to stop.");
 }

@@ -503,8 +503,12 @@ fn render_pixel_cache(out: &mut String, stats: &iris_cache::CacheStats) {
     );
 }
 
-async fn not_found() -> Response {
-    crate::chat::error_response(&iris_openai::ApiError::not_found("no such route"))
+/// 404 naming the method and path asked for (the path cut to 200
+/// characters).
+async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let path: String = uri.path().chars().take(200).collect();
+    let message = format!("no route for {method} {path}");
+    crate::chat::error_response(&iris_openai::ApiError::not_found(message))
 }
 
 #[cfg(test)]

@@ -114,22 +114,11 @@ fn run_cli(py: Python<'_>, argv: Vec<OsString>) -> PyResult<i32> {
 }
 
 /// Logs go to stderr as with `iris serve` (`RUST_LOG` filters, default
-/// info); set up once per process, by the first gateway.
-fn init_logging(json: bool) {
+/// info); set up once per process, by the first gateway. Another
+/// subscriber already installed is kept.
+fn init_logging(format: iris_process::LogFormat) {
     static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr);
-        // Another subscriber may already be installed: keep it.
-        let _ = if json {
-            builder.json().try_init()
-        } else {
-            builder.try_init()
-        };
-    });
+    ONCE.call_once(|| iris_process::init_logging(format));
 }
 
 /// Where the gateway's thread is.
@@ -174,7 +163,7 @@ impl Status {
 fn launch(py: Python<'_>, argv: Vec<OsString>) -> PyResult<Gateway> {
     guarded(|| {
         let args = parse(argv)?;
-        init_logging(args.log_json);
+        init_logging(args.log.format());
         let shutdown = CancellationToken::new();
         let force = CancellationToken::new();
         let status = Arc::new(Status {

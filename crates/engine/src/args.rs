@@ -120,7 +120,6 @@ pub struct EngineArgs {
 pub struct Cli {
     #[command(flatten)]
     pub engine: EngineArgs,
-    /// Log as JSON lines.
-    #[arg(long, env = "IRIS_LOG_JSON")]
-    pub log_json: bool,
+    #[command(flatten)]
+    pub log: iris_process::LogArgs,
 }

@@ -18,7 +18,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    iris_process::init_logging(cli.log_json);
+    iris_process::init_logging(cli.log.format());
     let running = iris_engine::start(cli.engine).await?;
     let data = running
         .data_addr

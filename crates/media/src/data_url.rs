@@ -87,6 +87,48 @@ pub(crate) fn decode(url: &str, max_bytes: u64) -> Result<DataImage, MediaError>
     })
 }
 
+/// Base64 characters read to tell what a bare payload is (18 bytes: enough
+/// for every format's signature).
+const SNIFF_CHARS: usize = 24;
+
+/// Payloads at least this long made only of base64 characters count as
+/// base64 image data even when their first bytes name no image format.
+const BARE_BASE64_MIN: usize = 64;
+
+/// The error for a `data:` URL written without its `data:` prefix — a
+/// media type and payload (`image/png;base64,…`) or a bare base64 payload
+/// — saying what to write; `None` when `url` looks like neither.
+pub(crate) fn missing_prefix(url: &str) -> Option<MediaError> {
+    let url = url.trim();
+    if let Some((meta, _)) = url.split_once(',') {
+        let looks_like_type = meta
+            .get(..6)
+            .is_some_and(|head| head.eq_ignore_ascii_case("image/"));
+        return looks_like_type.then(|| MediaError::MissingDataPrefix {
+            write: format!("data:{},…", quote(meta)),
+        });
+    }
+    let base64_only = url
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='));
+    if !base64_only {
+        return None;
+    }
+    let head = url.get(..SNIFF_CHARS.min(url.len() / 4 * 4))?;
+    let format = BASE64
+        .decode(head)
+        .ok()
+        .and_then(|bytes| ImageFormat::sniff(&bytes));
+    let write = match format {
+        Some(format) => format!("data:{};base64,", format.mime()),
+        None if url.len() >= BARE_BASE64_MIN => "data:image/<type>;base64,".to_owned(),
+        None => return None,
+    };
+    Some(MediaError::MissingDataPrefix {
+        write: format!("{write}…"),
+    })
+}
+
 /// The lowercased MIME type and whether the last parameter is `base64`.
 fn parse_meta(meta: &str) -> (String, bool) {
     let mut parts = meta.split(';');
@@ -184,6 +226,33 @@ mod tests {
 
     fn b64(bytes: &[u8]) -> String {
         base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
+    #[test]
+    fn urls_without_the_data_prefix_are_named_as_such() {
+        let message = |url: &str| missing_prefix(url).map(|e| e.to_string());
+        let expect = |write: &str| {
+            Some(format!(
+                "the image URL lacks its `data:` prefix: write `{write}`"
+            ))
+        };
+        let jpeg = b64(JPEG);
+        assert_eq!(
+            message(&format!("image/jpeg;base64,{jpeg}")),
+            expect("data:image/jpeg;base64,…")
+        );
+        assert_eq!(message(&jpeg), expect("data:image/jpeg;base64,…"));
+        assert_eq!(
+            message(&format!(" {} ", b64(PNG))),
+            expect("data:image/png;base64,…")
+        );
+        assert_eq!(
+            message(&"QUJD".repeat(20)),
+            expect("data:image/<type>;base64,…")
+        );
+        for other in ["photo.jpg", "example.com/a.png", "abc", "text/plain,hi", ""] {
+            assert_eq!(message(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -87,6 +87,13 @@ pub enum MediaError {
     /// A `data:` URL that is malformed (no comma, bad percent-encoding).
     #[error("invalid data: URL: {0}")]
     InvalidDataUrl(String),
+    /// A `data:` URL written without its `data:` prefix (a media type
+    /// and payload, or bare base64 image data).
+    #[error("the image URL lacks its `data:` prefix: write `{write}`")]
+    MissingDataPrefix {
+        /// How the URL should start.
+        write: String,
+    },
     /// A `data:` URL whose base64 payload does not decode.
     #[error("invalid base64 in data: URL: {0}")]
     InvalidBase64(String),
@@ -121,7 +128,16 @@ pub enum MediaError {
         /// The redacted URL of the hop that failed.
         url: String,
     },
-    /// The host name could not be resolved.
+    /// The host name has no address: the request named a host that does
+    /// not exist.
+    #[error("image host `{host}` does not resolve to any address: {reason}")]
+    UnknownHost {
+        /// The host.
+        host: String,
+        /// The resolver's message.
+        reason: String,
+    },
+    /// The resolver failed (could not answer whether the host exists).
     #[error("could not resolve image host `{host}`: {reason}")]
     Resolve {
         /// The host.
@@ -202,12 +218,14 @@ impl MediaError {
             MediaError::FileRead(_) => "file_read",
             MediaError::TooLarge { .. } => "too_large",
             MediaError::InvalidDataUrl(_) => "invalid_data_url",
+            MediaError::MissingDataPrefix { .. } => "missing_data_prefix",
             MediaError::InvalidBase64(_) => "invalid_base64",
             MediaError::UnsupportedMediaType(_) => "unsupported_media_type",
             MediaError::TypeMismatch { .. } => "type_mismatch",
             MediaError::TooManyRedirects { .. } => "too_many_redirects",
             MediaError::BadRedirect { .. } => "bad_redirect",
             MediaError::UpstreamStatus { .. } => "upstream_status",
+            MediaError::UnknownHost { .. } => "unknown_host",
             MediaError::Resolve { .. } => "resolve",
             MediaError::Connect { .. } => "connect",
             MediaError::Timeout { .. } => "timeout",
@@ -259,6 +277,16 @@ mod tests {
             400
         );
         assert!(MediaError::FileNotAllowed.is_client_error());
+        let unknown = MediaError::UnknownHost {
+            host: "no-such-host.invalid".into(),
+            reason: "Name or service not known".into(),
+        };
+        assert_eq!(unknown.http_status(), 400);
+        let resolver = MediaError::Resolve {
+            host: "example.com".into(),
+            reason: "Temporary failure in name resolution".into(),
+        };
+        assert_eq!(resolver.http_status(), 502);
         assert!(!MediaError::Connect {
             url: String::new(),
             reason: String::new()

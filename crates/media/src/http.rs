@@ -215,10 +215,12 @@ fn send_error(err: reqwest::Error, url: &Url, started: Instant) -> MediaError {
             class,
         };
     }
-    if let Some(reason) = find_lookup_failure(dyn_err) {
-        return MediaError::Resolve {
-            host: host_of(url),
-            reason,
+    if let Some((reason, resolver_failed)) = find_lookup_failure(dyn_err) {
+        let host = host_of(url);
+        return if resolver_failed {
+            MediaError::Resolve { host, reason }
+        } else {
+            MediaError::UnknownHost { host, reason }
         };
     }
     if err.is_timeout() {

@@ -164,7 +164,9 @@ impl MediaFetcher {
                 started,
             ));
         }
-        let parsed = Url::parse(url).map_err(|e| MediaError::InvalidUrl(e.to_string()))?;
+        let parsed = Url::parse(url).map_err(|e| {
+            data_url::missing_prefix(url).unwrap_or_else(|| MediaError::InvalidUrl(e.to_string()))
+        })?;
         match parsed.scheme() {
             "http" | "https" => {
                 tracing::trace!(url = %redact(&parsed), "fetching image");

@@ -38,14 +38,42 @@ impl fmt::Display for Refused {
 
 impl StdError for Refused {}
 
-/// The lookup itself failed (no such host, resolver down).
+/// The lookup itself failed: the name has no address, or the resolver
+/// failed.
 #[derive(Debug)]
-pub(crate) struct LookupFailed(pub String);
+pub(crate) struct LookupFailed {
+    pub reason: String,
+    /// The resolver failed (could not answer), rather than answering that
+    /// the name has no address.
+    pub resolver_failed: bool,
+}
+
+impl LookupFailed {
+    fn new(reason: String) -> LookupFailed {
+        LookupFailed {
+            resolver_failed: says_resolver_failed(&reason),
+            reason,
+        }
+    }
+}
 
 impl fmt::Display for LookupFailed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.reason)
     }
+}
+
+/// Whether the system resolver's message is `EAI_AGAIN` or `EAI_FAIL`
+/// (glibc and musl word them alike; the error code itself does not reach
+/// us through `std`): the resolver could not answer. Any other failure
+/// means the name has no address.
+fn says_resolver_failed(message: &str) -> bool {
+    [
+        "Temporary failure in name resolution",
+        "Non-recoverable failure in name resolution",
+    ]
+    .iter()
+    .any(|words| message.contains(words))
 }
 
 impl StdError for LookupFailed {}
@@ -67,10 +95,10 @@ impl Resolve for GuardedResolver {
 async fn lookup(host: &str) -> Result<Vec<SocketAddr>, BoxError> {
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, 0))
         .await
-        .map_err(|e| LookupFailed(e.to_string()))?
+        .map_err(|e| LookupFailed::new(e.to_string()))?
         .collect();
     if addrs.is_empty() {
-        return Err(LookupFailed("no addresses".to_owned()).into());
+        return Err(LookupFailed::new("no addresses".to_owned()).into());
     }
     Ok(addrs)
 }
@@ -120,12 +148,13 @@ pub(crate) fn find_refusal(err: &(dyn StdError + 'static)) -> Option<(IpAddr, Ad
     found
 }
 
-/// The resolver's lookup failure somewhere in `err`'s chain.
-pub(crate) fn find_lookup_failure(err: &(dyn StdError + 'static)) -> Option<String> {
+/// The resolver's lookup failure somewhere in `err`'s chain: its message
+/// and whether the resolver itself failed.
+pub(crate) fn find_lookup_failure(err: &(dyn StdError + 'static)) -> Option<(String, bool)> {
     let mut found = None;
     walk(err, &mut |e| {
         if let Some(l) = e.downcast_ref::<LookupFailed>() {
-            found.get_or_insert_with(|| l.0.clone());
+            found.get_or_insert_with(|| (l.reason.clone(), l.resolver_failed));
         }
     });
     found
@@ -177,6 +206,38 @@ mod tests {
             Some(AddressClass::Loopback)
         );
         assert!(find_lookup_failure(&io).is_none());
+    }
+
+    #[test]
+    fn a_name_without_address_is_told_from_a_failed_resolver() {
+        let prefix = "failed to lookup address information: ";
+        for (message, resolver_failed) in [
+            ("Name or service not known", false),
+            ("No address associated with hostname", false),
+            ("Name does not resolve", false),
+            ("Temporary failure in name resolution", true),
+            ("Non-recoverable failure in name resolution", true),
+        ] {
+            let failed = LookupFailed::new(format!("{prefix}{message}"));
+            assert_eq!(failed.resolver_failed, resolver_failed, "{message}");
+        }
+        assert!(!LookupFailed::new("no addresses".to_owned()).resolver_failed);
+    }
+
+    #[tokio::test]
+    async fn a_name_that_does_not_exist_is_a_lookup_failure() {
+        // RFC 6761: `.invalid` never resolves; a machine without DNS
+        // answers EAI_AGAIN instead, which is the other case.
+        let name: Name = "no-such-host.invalid".parse().expect("name");
+        let err = GuardedResolver {
+            allow_private: false,
+        }
+        .resolve(name)
+        .await
+        .err()
+        .expect("does not resolve");
+        let (reason, _) = find_lookup_failure(err.as_ref()).expect("lookup failure in chain");
+        assert!(!reason.is_empty());
     }
 
     #[tokio::test]

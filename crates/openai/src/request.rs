@@ -214,6 +214,29 @@ pub enum MessageContent {
     Parts(Vec<ContentPart>),
 }
 
+impl ChatCompletionRequest {
+    /// Every image part, in order, with its place in the request
+    /// (`messages[2].content[1]`): errors about an image name it in
+    /// `param`.
+    pub fn image_parts(&self) -> impl Iterator<Item = (String, &ImageUrl)> {
+        self.messages.iter().enumerate().flat_map(|(i, message)| {
+            let parts: &[ContentPart] = match &message.content {
+                Some(MessageContent::Parts(parts)) => parts,
+                _ => &[],
+            };
+            parts
+                .iter()
+                .enumerate()
+                .filter_map(move |(j, part)| match part {
+                    ContentPart::ImageUrl { image_url } => {
+                        Some((format!("messages[{i}].content[{j}]"), image_url))
+                    }
+                    ContentPart::Text { .. } => None,
+                })
+        })
+    }
+}
+
 impl MessageContent {
     /// All text, parts joined with no separator.
     pub fn joined_text(&self) -> String {

@@ -116,6 +116,23 @@ fn vision_request_with_parts() {
     );
     assert_eq!(content.joined_text(), "What's in this image? And this one?");
     assert_eq!(req.sampling().max_new_tokens, Some(300));
+    let places: Vec<(String, &str)> = req
+        .image_parts()
+        .map(|(place, image)| (place, image.url.as_str()))
+        .collect();
+    assert_eq!(
+        places,
+        [
+            (
+                "messages[0].content[1]".to_owned(),
+                "https://example.com/cat.png"
+            ),
+            (
+                "messages[0].content[2]".to_owned(),
+                "data:image/png;base64,iVBORw0KGgo="
+            )
+        ]
+    );
 }
 
 #[test]

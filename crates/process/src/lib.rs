@@ -1,25 +1,13 @@
 //! Process plumbing shared by the Iris binaries (`iris`, `iris-engine`,
-//! `iris-encoder`): logging set-up, waiting for a shutdown signal,
+//! `iris-encoder`): logging set-up and the `--log-format` flag, waiting for a shutdown signal,
 //! TCP_NODELAY accept streams, HTTP/2 and allocator settings for servers
 //! of large messages, the set of server tasks of a process, and
 //! shared-secret authentication of gRPC calls ([`auth`]).
 
 pub mod auth;
+mod logging;
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`), as JSON lines
-/// when `json` is set.
-pub fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
+pub use logging::{init_logging, use_colour, LogArgs, LogFormat};
 
 /// Waits for SIGINT (Ctrl-C) or SIGTERM.
 pub async fn wait_for_signal() {

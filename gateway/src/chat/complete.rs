@@ -17,6 +17,7 @@ use iris_proto::scheduler::{
 };
 
 use super::errors::{error_response, route_error, stream_ended, worker_error};
+use super::record::CLIENT_CLOSED;
 use super::Prepared;
 use crate::metrics::{Outcome, Stage};
 use crate::mm::budget::HeldImages;
@@ -26,6 +27,11 @@ use crate::server::AppState;
 pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
     let generate = std::mem::take(&mut prepared.generate);
     let images_memory = std::mem::take(&mut prepared.images_memory);
+    let mut unanswered = ClientGone {
+        prepared: &prepared,
+        state: &state,
+        armed: true,
+    };
     let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
     let run = tokio::time::timeout_at(deadline, run(&state, &prepared, generate, images_memory));
     let result = match tokio::select! {
@@ -45,17 +51,41 @@ pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
             Outcome::Timeout,
         )),
     };
+    unanswered.armed = false;
     state
         .metrics
         .stage(Stage::Total, prepared.started.elapsed());
     match result {
-        Ok(body) => {
-            state.metrics.outcome(Outcome::Ok);
+        Ok((body, completion_tokens)) => {
+            prepared.record(&state, 200, Outcome::Ok, completion_tokens, None);
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
         Err((error, outcome)) => {
-            state.metrics.outcome(outcome);
+            prepared.record(&state, error.status, outcome, 0, Some(&error.message));
             error_response(&error)
+        }
+    }
+}
+
+/// Counts and logs a request whose client left before its answer (the
+/// server drops the handler's future): status 499, outcome cancelled.
+struct ClientGone<'a> {
+    prepared: &'a Prepared,
+    state: &'a AppState,
+    armed: bool,
+}
+
+impl Drop for ClientGone<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let error = "the client went away before the answer";
+            self.prepared.record(
+                self.state,
+                CLIENT_CLOSED,
+                Outcome::Cancelled,
+                0,
+                Some(error),
+            );
         }
     }
 }
@@ -65,7 +95,7 @@ async fn run(
     prepared: &Prepared,
     generate: GenerateRequest,
     images_memory: HeldImages,
-) -> Result<Vec<u8>, (ApiError, Outcome)> {
+) -> Result<(Vec<u8>, u32), (ApiError, Outcome)> {
     let dispatch = Instant::now();
     let started = state.router.start(generate).await;
     // The workers have the tensors now (or the request failed).
@@ -102,7 +132,7 @@ async fn run(
         .metrics
         .tokens(prepared.prompt_tokens, complete.completion_tokens);
     let usage = Usage::new(prepared.prompt_tokens, complete.completion_tokens);
-    Ok(ChatCompletion::new(
+    let body = ChatCompletion::new(
         &prepared.id,
         unix_now(),
         &state.model_name,
@@ -110,7 +140,8 @@ async fn run(
         finish_reason,
         usage,
     )
-    .to_json())
+    .to_json();
+    Ok((body, complete.completion_tokens))
 }
 
 async fn await_complete(

@@ -1,9 +1,11 @@
 //! `POST /v1/chat/completions`: read and validate the body, build the
 //! prompt, start the request on workers, then answer as SSE
-//! ([`stream`]) or as one JSON body ([`complete`]).
+//! ([`stream`]) or as one JSON body ([`complete`]). However it ends, the
+//! request is counted and logged once ([`record`]).
 
 mod complete;
 mod errors;
+mod record;
 mod stream;
 
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
-use iris_openai::{ApiError, ChatCompletionRequest, ImageUrl, MessageContent, Sampling};
+use iris_openai::{ApiError, ChatCompletionRequest, ImageUrl, Sampling};
 use iris_proto::scheduler::{GenerateRequest, MultimodalInputs, SamplingParams, TokenizedInput};
 use tracing::Instrument;
 
@@ -23,6 +25,7 @@ use crate::mm::budget::HeldImages;
 use crate::mm::items::{expand_placeholders, multimodal_inputs};
 use crate::mm::pixels::PixelEntry;
 use crate::server::AppState;
+use record::{ImageCount, RequestLine};
 
 /// Bodies larger than this are prompt-built on the blocking pool.
 const INLINE_PROMPT_BYTES: usize = 16 << 10;
@@ -39,6 +42,31 @@ pub struct Prepared {
     /// The in-flight memory of the tensors preprocessed for this request,
     /// given back once the request has been handed to the workers.
     pub images_memory: HeldImages,
+    pub images: ImageCount,
+}
+
+impl Prepared {
+    /// Counts and logs the request's end ([`RequestLine::record`]); once.
+    fn record(
+        &self,
+        state: &AppState,
+        status: u16,
+        outcome: Outcome,
+        completion_tokens: u32,
+        error: Option<&str>,
+    ) {
+        RequestLine {
+            id: &self.id,
+            started: self.started,
+            status,
+            outcome,
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens,
+            images: self.images,
+            error,
+        }
+        .record(&state.metrics);
+    }
 }
 
 pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
@@ -50,11 +78,30 @@ pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Res
 
 async fn respond(state: Arc<AppState>, request: Request, id: String) -> Response {
     let started = Instant::now();
-    match prepare(&state, request.into_body(), id, started).await {
+    let mut images = ImageCount::default();
+    match prepare(
+        &state,
+        request.into_body(),
+        id.clone(),
+        started,
+        &mut images,
+    )
+    .await
+    {
         Ok(prepared) if prepared.request.is_stream() => stream::respond(state, prepared).await,
         Ok(prepared) => complete::respond(state, prepared).await,
         Err((error, outcome)) => {
-            state.metrics.outcome(outcome);
+            RequestLine {
+                id: &id,
+                started,
+                status: error.status,
+                outcome,
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                images,
+                error: Some(&error.message),
+            }
+            .record(&state.metrics);
             let mut response = error_response(&error);
             if error.status == 408 {
                 // The rest of the body is not read: the connection ends.
@@ -68,11 +115,14 @@ async fn respond(state: Arc<AppState>, request: Request, id: String) -> Response
     }
 }
 
+/// Reads, checks and tokenizes the request; `images` counts its images as
+/// soon as they are loaded (for the log line, even when a later step fails).
 async fn prepare(
     state: &Arc<AppState>,
     body: Body,
     id: String,
     started: Instant,
+    images_seen: &mut ImageCount,
 ) -> Result<Prepared, (ApiError, Outcome)> {
     let client = |e: ApiError| (e, Outcome::ClientError);
     let bytes = read_body(state, body).await.map_err(client)?;
@@ -88,7 +138,11 @@ async fn prepare(
         .check_text(&request.messages, max_new_tokens)
         .map_err(client)?;
     state.metrics.stage(Stage::Parse, started.elapsed());
-    let (images, images_memory) = load_images(state, &request).await?;
+    let (images, images_memory, cache_hits) = load_images(state, &request).await?;
+    *images_seen = ImageCount {
+        images: images.len(),
+        cache_hits,
+    };
     let tokenize_start = Instant::now();
     let input_ids = if bytes.len() <= INLINE_PROMPT_BYTES {
         build_prompt(state, &request)
@@ -129,6 +183,7 @@ async fn prepare(
         prompt_tokens,
         started,
         images_memory,
+        images: *images_seen,
     })
 }
 
@@ -155,24 +210,20 @@ async fn read_body(state: &AppState, body: Body) -> Result<bytes::Bytes, ApiErro
     }
 }
 
-/// Fetches and preprocesses the request's images (none: no work).
+/// Fetches and preprocesses the request's images (none: no work); also
+/// says how many came from the pixel cache.
 async fn load_images(
     state: &AppState,
     request: &ChatCompletionRequest,
-) -> Result<(Vec<Arc<PixelEntry>>, HeldImages), (ApiError, Outcome)> {
-    let urls: Vec<&ImageUrl> = request
-        .messages
-        .iter()
-        .filter_map(|m| m.content.as_ref())
-        .flat_map(MessageContent::images)
-        .collect();
+) -> Result<(Vec<Arc<PixelEntry>>, HeldImages, usize), (ApiError, Outcome)> {
+    let urls: Vec<(String, &ImageUrl)> = request.image_parts().collect();
     if urls.is_empty() {
-        return Ok((Vec::new(), HeldImages::default()));
+        return Ok((Vec::new(), HeldImages::default(), 0));
     }
     let Some(mm) = state.multimodal.as_ref() else {
         return Err((
             ApiError::bad_field(
-                "messages",
+                urls[0].0.as_str(),
                 "this model takes no image inputs (its directory has no preprocessor_config.json or config.json has no image_token_id)",
             ),
             Outcome::ClientError,
@@ -188,7 +239,7 @@ async fn load_images(
         (e, outcome)
     })?;
     state.metrics.stage(Stage::Images, started.elapsed());
-    Ok(images)
+    Ok((images.entries, images.held, images.cache_hits))
 }
 
 /// Expands the image placeholders and builds the request's items. With a

@@ -1,7 +1,8 @@
 //! Streaming answers: the worker's token chunks become OpenAI SSE chunks,
 //! decoded incrementally (UTF-8 safe) and cut at the first stop string,
 //! which may span chunks. The body is a lazy stream: when the client goes
-//! away it is dropped, and dropping the [`Generation`] aborts the workers.
+//! away it is dropped, and dropping the [`Generation`] aborts the workers
+//! (the request is then logged with status 499).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +17,7 @@ use iris_openai::{unix_now, ApiError, FinishReason, Usage};
 use iris_proto::scheduler::{generate_response::Response as Reply, GenerateComplete};
 
 use super::errors::{error_response, route_error, stream_ended, worker_error};
+use super::record::CLIENT_CLOSED;
 use super::Prepared;
 use crate::metrics::{Outcome, Stage};
 use crate::router::Generation;
@@ -32,15 +34,17 @@ pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
         Ok(Ok(generation)) => generation,
         Ok(Err(error)) => {
             let (error, outcome) = route_error(error);
-            state.metrics.outcome(outcome);
+            prepared.record(&state, error.status, outcome, 0, Some(&error.message));
             return error_response(&error);
         }
         Err(_) => {
-            state.metrics.outcome(Outcome::Timeout);
-            return error_response(&ApiError::gateway_timeout(format!(
+            let error = ApiError::gateway_timeout(format!(
                 "the workers did not start answering within {} s",
                 state.request_timeout.as_secs()
-            )));
+            ));
+            let outcome = Outcome::Timeout;
+            prepared.record(&state, error.status, outcome, 0, Some(&error.message));
+            return error_response(&error);
         }
     };
     state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
@@ -245,7 +249,7 @@ impl Streamer {
         if let Some(first) = self.first_token_at {
             self.state.metrics.stage(Stage::Decode, first.elapsed());
         }
-        self.end(Outcome::Ok);
+        self.end(200, Outcome::Ok, None);
     }
 
     fn fail(&mut self, out: &mut BytesMut, error: &ApiError, outcome: Outcome) {
@@ -253,14 +257,25 @@ impl Streamer {
         self.generation.abort("gateway ended the request");
         sse::write_error_event(out, error);
         sse::write_done(out);
-        self.end(outcome);
+        self.end(error.status, outcome, Some(&error.message));
     }
 
-    fn end(&mut self, outcome: Outcome) {
+    fn end(&mut self, status: u16, outcome: Outcome, error: Option<&str>) {
         self.phase = Phase::Done;
-        self.state.metrics.outcome(outcome);
+        self.prepared
+            .record(&self.state, status, outcome, self.completion_tokens, error);
         self.state
             .metrics
             .stage(Stage::Total, self.prepared.started.elapsed());
+    }
+}
+
+impl Drop for Streamer {
+    /// A stream dropped before its end lost its client.
+    fn drop(&mut self) {
+        if self.phase != Phase::Done {
+            let error = "the client went away before the end of the stream";
+            self.end(CLIENT_CLOSED, Outcome::Cancelled, Some(error));
+        }
     }
 }

@@ -107,11 +107,15 @@ impl Multimodal {
     /// image's share shrinks to its tensor when preprocessed; the tensors
     /// stay reserved until the caller drops the [`HeldImages`] (once the
     /// request has been handed to the workers).
+    ///
+    /// Each image comes with its place in the request
+    /// (`messages[2].content[1]`, [`iris_openai::ChatCompletionRequest::image_parts`]),
+    /// which an error about it names in `param` and its message.
     pub async fn load_images(
         &self,
-        urls: &[&ImageUrl],
+        urls: &[(String, &ImageUrl)],
         metrics: &Metrics,
-    ) -> Result<(Vec<Arc<PixelEntry>>, HeldImages), ApiError> {
+    ) -> Result<LoadedImages, ApiError> {
         if urls.len() > self.per_request_limit {
             return Err(ApiError::bad_field(
                 "messages",
@@ -124,24 +128,32 @@ impl Multimodal {
         }
         let fetches = urls
             .iter()
-            .enumerate()
-            .map(|(index, url)| self.fetch_one(index, &url.url, metrics));
+            .map(|(place, url)| self.fetch_one(place, &url.url, metrics));
         let images = futures::future::try_join_all(fetches).await?;
         let shares = self.reserve(&images).await?;
         let loads = images
             .into_iter()
             .zip(shares)
-            .enumerate()
-            .map(|(index, (image, share))| self.load_one(index, image, share, metrics));
+            .map(|(image, share)| self.load_one(image, share, metrics));
         let loaded = futures::future::try_join_all(loads).await?;
-        let (entries, held): (Vec<_>, Vec<_>) = loaded.into_iter().unzip();
-        Ok((entries, HeldImages(held.into_iter().flatten().collect())))
+        let cache_hits = loaded.iter().filter(|(_, _, hit)| *hit).count();
+        let mut entries = Vec::with_capacity(loaded.len());
+        let mut held = Vec::with_capacity(loaded.len());
+        for (entry, share, _) in loaded {
+            entries.push(entry);
+            held.extend(share);
+        }
+        Ok(LoadedImages {
+            entries,
+            held: HeldImages(held),
+            cache_hits,
+        })
     }
 
     /// Fetches one image, hashes it and reads its header.
     async fn fetch_one(
         &self,
-        index: usize,
+        place: &str,
         url: &str,
         metrics: &Metrics,
     ) -> Result<FetchedImage, ApiError> {
@@ -150,25 +162,26 @@ impl Multimodal {
             .fetcher
             .fetch(url)
             .await
-            .map_err(|e| media_error(index, &e))?;
+            .map_err(|e| media_error(place, &e))?;
         metrics.stage(Stage::Fetch, started.elapsed());
-        hash_and_probe_off_runtime(fetched.bytes).await
+        hash_and_probe_off_runtime(place.to_owned(), fetched.bytes).await
     }
 
     /// Memory one image needs, from its header: 400 for an unreadable
     /// header, a size beyond the limits or more than the whole budget.
-    fn need(&self, index: usize, info: &Result<ImageInfo, VisionError>) -> Result<u64, ApiError> {
-        let info = info.as_ref().map_err(|e| vision_error(index, e))?;
+    fn need(&self, place: &str, info: &Result<ImageInfo, VisionError>) -> Result<u64, ApiError> {
+        let info = info.as_ref().map_err(|e| vision_error(place, e))?;
         let need = self
             .processor
             .memory_needed(info, &self.options)
-            .map_err(|e| vision_error(index, &e))?;
+            .map_err(|e| vision_error(place, &e))?;
         let budget = self.budget.total_bytes();
         if need > budget {
             return Err(budget_error(
-                &image_name(index, info),
+                &image_name(place, info),
                 &BudgetError::TooLarge { need, budget },
-            ));
+            )
+            .with_param(place));
         }
         Ok(need)
     }
@@ -179,13 +192,13 @@ impl Multimodal {
     async fn reserve(&self, images: &[FetchedImage]) -> Result<Vec<Option<Reservation>>, ApiError> {
         let mut seen = std::collections::HashSet::new();
         let mut needs = Vec::with_capacity(images.len());
-        for (index, image) in images.iter().enumerate() {
+        for image in images {
             let cached = self.cache.peek(&(image.hash, self.fingerprint)).is_some();
             let repeated = !seen.insert(image.hash);
             let need = if cached || repeated {
                 0
             } else {
-                self.need(index, &image.info)?
+                self.need(&image.place, &image.info)?
             };
             needs.push(need);
         }
@@ -209,59 +222,62 @@ impl Multimodal {
     /// Preprocesses one image through the pixel cache, within its share of
     /// the reservation (reserved now if it was cached at reservation time
     /// but evicted since); returns the tensor's part of the share when
-    /// this request computed it.
+    /// this request computed it, and whether the pixel cache (or another
+    /// request preprocessing the same image) supplied it.
     async fn load_one(
         &self,
-        index: usize,
         image: FetchedImage,
         share: Option<Reservation>,
         metrics: &Metrics,
-    ) -> Result<(Arc<PixelEntry>, Option<Reservation>), ApiError> {
+    ) -> Result<(Arc<PixelEntry>, Option<Reservation>, bool), ApiError> {
         let looked_up = Instant::now();
         let mut held = None;
         let slot = &mut held;
         let key = (image.hash, self.fingerprint);
+        let place = image.place.clone();
         let (entry, lookup) = self
             .cache
             .get_or_compute(key, || async move {
                 let share = match share {
                     Some(share) => share,
-                    None => self.reserve_one(index, &image.info).await?,
+                    None => self.reserve_one(&image.place, &image.info).await?,
                 };
                 let entry = self
-                    .preprocess(index, image.bytes, image.hash, metrics)
+                    .preprocess(image.place, image.bytes, image.hash, metrics)
                     .await?;
                 *slot = Some(share.shrink_to(entry.weight() as u64));
                 Ok(entry)
             })
-            .await?;
-        if lookup != Lookup::Miss {
+            .await
+            .map_err(|e| relabel(e, &place))?;
+        let hit = lookup != Lookup::Miss;
+        if hit {
             metrics.stage(Stage::PixelCache, looked_up.elapsed());
         }
-        Ok((entry, held))
+        Ok((entry, held, hit))
     }
 
     /// Reserves one image's memory on its own.
     async fn reserve_one(
         &self,
-        index: usize,
+        place: &str,
         info: &Result<ImageInfo, VisionError>,
     ) -> Result<Reservation, ApiError> {
-        let need = self.need(index, info)?;
+        let need = self.need(place, info)?;
         let name = info
             .as_ref()
-            .map(|i| image_name(index, i))
+            .map(|i| image_name(place, i))
             .unwrap_or_default();
         self.budget
             .reserve(need)
             .await
-            .map_err(|e| budget_error(&name, &e))
+            .map_err(|e| budget_error(&name, &e).with_param(place))
     }
 
     /// Decodes and preprocesses on the CPU pool (one thread per core).
     async fn preprocess(
         &self,
-        index: usize,
+        place: String,
         bytes: Bytes,
         hash: [u8; 32],
         metrics: &Metrics,
@@ -270,15 +286,18 @@ impl Multimodal {
         let processor = self.processor.clone();
         let options = self.options;
         let content = content_hash(&hash, self.fingerprint);
+        let pool_place = place.clone();
         let entry = cpu_pool::run(move || {
             let output = processor
                 .preprocess_bytes(&bytes, &options)
-                .map_err(|e| vision_error(index, &e))?;
+                .map_err(|e| vision_error(&pool_place, &e))?;
             PixelEntry::from_output(output, content)
-                .map_err(|e| ApiError::bad_field("messages", format!("image {index}: {e}")))
+                .map_err(|e| ApiError::bad_field(pool_place.as_str(), format!("{pool_place}: {e}")))
         })
         .await
-        .map_err(|e| ApiError::internal(format!("image {index}: preprocessing {e}")))??;
+        .map_err(|e| {
+            ApiError::internal(format!("{place}: preprocessing {e}")).with_param(place.as_str())
+        })??;
         metrics.stage(Stage::Preprocess, started.elapsed());
         Ok(entry)
     }
@@ -312,17 +331,30 @@ fn media_config(args: &MediaArgs) -> MediaConfig {
     }
 }
 
-/// A fetched image, its hash and what its header says (read once, used
-/// on a miss).
+/// A request's preprocessed images ([`Multimodal::load_images`]).
+pub struct LoadedImages {
+    /// The images, in the request's order.
+    pub entries: Vec<Arc<PixelEntry>>,
+    /// The in-flight memory of the tensors this request preprocessed.
+    pub held: HeldImages,
+    /// How many images the pixel cache (or another request preprocessing
+    /// the same image) supplied, rather than this request.
+    pub cache_hits: usize,
+}
+
+/// A fetched image, its place in the request, its hash and what its
+/// header says (read once, used on a miss).
 struct FetchedImage {
+    place: String,
     bytes: Bytes,
     hash: [u8; 32],
     info: Result<ImageInfo, VisionError>,
 }
 
-async fn hash_and_probe_off_runtime(bytes: Bytes) -> Result<FetchedImage, ApiError> {
+async fn hash_and_probe_off_runtime(place: String, bytes: Bytes) -> Result<FetchedImage, ApiError> {
     let inline = bytes.len() <= INLINE_HASH_BYTES;
     let work = move || FetchedImage {
+        place,
         hash: image_hash(&bytes),
         info: iris_vision::probe(&bytes),
         bytes,
@@ -336,20 +368,37 @@ async fn hash_and_probe_off_runtime(bytes: Bytes) -> Result<FetchedImage, ApiErr
 }
 
 /// A fetch failure as the client sees it: 400 for a bad or refused
-/// reference, 502/504 when the image host failed.
-fn media_error(index: usize, error: &MediaError) -> ApiError {
-    let message = format!("image {index}: {error}");
+/// reference, 502/504 when the image host failed; `param` names the part.
+fn media_error(place: &str, error: &MediaError) -> ApiError {
+    let message = format!("{place}: {error}");
     match error.http_status() {
         502 => ApiError::bad_gateway(message),
         504 => ApiError::gateway_timeout(message),
-        _ => ApiError::bad_field("messages", message),
+        _ => ApiError::bad_request(message),
     }
+    .with_param(place)
 }
 
-/// How messages name an image: index, declared size and format.
-fn image_name(index: usize, info: &ImageInfo) -> String {
+/// An image error as this request's part `place` names it: a failure
+/// computed once for several requests sharing the same image (the pixel
+/// cache's single flight) names the part of the request that computed it.
+fn relabel(mut error: ApiError, place: &str) -> ApiError {
+    let Some(other) = error.param.as_deref() else {
+        return error;
+    };
+    if other != place && other.starts_with("messages[") {
+        if let Some(rest) = error.message.strip_prefix(other) {
+            error.message = format!("{place}{rest}");
+        }
+        error.param = Some(place.to_owned());
+    }
+    error
+}
+
+/// How messages name an image: its place, declared size and format.
+fn image_name(place: &str, info: &ImageInfo) -> String {
     format!(
-        "image {index} ({}x{} {})",
+        "{place} ({}x{} {})",
         info.width,
         info.height,
         info.format.name()
@@ -379,12 +428,14 @@ fn budget_error(what: &str, error: &BudgetError) -> ApiError {
     }
 }
 
-fn vision_error(index: usize, error: &iris_vision::VisionError) -> ApiError {
+fn vision_error(place: &str, error: &iris_vision::VisionError) -> ApiError {
+    let message = format!("{place}: {error}");
     if error.is_bad_input() {
-        ApiError::bad_field("messages", format!("image {index}: {error}"))
+        ApiError::bad_request(message)
     } else {
-        ApiError::internal(format!("image {index}: {error}"))
+        ApiError::internal(message)
     }
+    .with_param(place)
 }
 
 #[cfg(test)]
@@ -404,13 +455,13 @@ mod tests {
             need: 1400 * MIB - 5,
             budget: 1024 * MIB,
         };
-        let err = budget_error(&image_name(2, &info), &too_large);
+        let err = budget_error(&image_name("messages[0].content[2]", &info), &too_large);
         assert_eq!((err.status, err.retry_after), (400, None));
         assert_eq!(err.code.as_deref(), Some("image_too_large"));
         assert_eq!(err.param.as_deref(), Some("messages"));
         assert!(
             err.message.starts_with(
-                "image 2 (9459x9459 PNG): decoding and preprocessing needs 1400 MiB, \
+                "messages[0].content[2] (9459x9459 PNG): decoding and preprocessing needs 1400 MiB, \
                  more than the gateway's whole memory for images in flight (1024 MiB"
             ),
             "{}",
@@ -427,5 +478,44 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    #[test]
+    fn a_shared_failure_names_each_requests_own_part() {
+        let computed = vision_error("messages[0].content[1]", &VisionError::EmptyInput);
+        let err = relabel(computed.clone(), "messages[3].content[0]");
+        assert_eq!(err.param.as_deref(), Some("messages[3].content[0]"));
+        assert!(
+            err.message.starts_with("messages[3].content[0]: "),
+            "{}",
+            err.message
+        );
+        assert_eq!(
+            relabel(computed.clone(), "messages[0].content[1]"),
+            computed
+        );
+        let whole = ApiError::bad_field("messages", "too many images");
+        assert_eq!(relabel(whole.clone(), "messages[1].content[0]"), whole);
+    }
+
+    #[test]
+    fn fetch_failures_name_the_part_in_param_and_message() {
+        let place = "messages[2].content[1]";
+        let err = media_error(place, &MediaError::InvalidUrl("no host".into()));
+        assert_eq!((err.status, err.param.as_deref()), (400, Some(place)));
+        assert_eq!(
+            err.message,
+            "messages[2].content[1]: invalid image URL: no host"
+        );
+        let err = media_error(place, &MediaError::Timeout { elapsed_ms: 5 });
+        assert_eq!((err.status, err.param.as_deref()), (504, Some(place)));
+        let err = media_error(
+            place,
+            &MediaError::Connect {
+                url: "http://example.com/a.png".into(),
+                reason: "refused".into(),
+            },
+        );
+        assert_eq!((err.status, err.param.as_deref()), (502, Some(place)));
     }
 }

@@ -93,6 +93,7 @@ class GatewayArgs:
         service_discovery_namespace: str | None = None,
         service_discovery_port: int | None = None,
         lws_leaders_only: bool = False,
+        log_format: str | None = None,
         log_json: bool = False,
         **more: Any,
     ) -> None: ...
@@ -175,6 +176,7 @@ def launch_gateway(
     service_discovery_namespace: str | None = None,
     service_discovery_port: int | None = None,
     lws_leaders_only: bool = False,
+    log_format: str | None = None,
     log_json: bool = False,
     **more: Any,
 ) -> Gateway: ...

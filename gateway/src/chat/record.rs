@@ -1,0 +1,58 @@
+//! How a chat request ends: its outcome counted in `iris_requests_total`
+//! and one `info` log line with what an operator looks for first — request
+//! id, status, duration, prompt and completion tokens, images and
+//! pixel-cache hits (and the error's message when it failed). Every way a
+//! request ends — an error before dispatch, a unary answer, a stream that
+//! finishes or fails, a client that leaves before the end — goes through
+//! [`RequestLine::record`] exactly once.
+
+use std::time::Instant;
+
+use crate::metrics::{Metrics, Outcome};
+
+/// Status logged for a request whose client went away before its end
+/// (nginx's "client closed request"; nothing more was sent).
+pub const CLIENT_CLOSED: u16 = 499;
+
+/// A request's images: how many, and how many the pixel cache supplied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ImageCount {
+    pub images: usize,
+    pub cache_hits: usize,
+}
+
+/// The facts of one request's log line.
+#[derive(Debug)]
+pub struct RequestLine<'a> {
+    pub id: &'a str,
+    pub started: Instant,
+    /// The HTTP status; for a stream that ended in an error event, that
+    /// event's status; [`CLIENT_CLOSED`] when the client left first.
+    pub status: u16,
+    pub outcome: Outcome,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub images: ImageCount,
+    /// The message sent to the client, when the request failed.
+    pub error: Option<&'a str>,
+}
+
+impl RequestLine<'_> {
+    /// Counts the outcome and logs the line; once per request.
+    pub fn record(&self, metrics: &Metrics) {
+        metrics.outcome(self.outcome);
+        let duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(
+            request_id = %self.id,
+            status = self.status,
+            duration_ms,
+            prompt_tokens = self.prompt_tokens,
+            completion_tokens = self.completion_tokens,
+            images = self.images.images,
+            pixel_cache_hits = self.images.cache_hits,
+            outcome = ?self.outcome,
+            error = self.error,
+            "chat request done"
+        );
+    }
+}
