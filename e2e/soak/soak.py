@@ -250,7 +250,7 @@ class Lane:
                              "--multimodal-rdma-min-bytes", "0", "--nixl-lib", lib,
                              "--rdma-listen-port", free_port(), "--rdma-slot-size-mb", "64",
                              "--rdma-slot-count", "16", "--rdma-receiver-hold-ms", "4000",
-                             "--rdma-slot-ttl-s", "8"]
+                             "--rdma-slot-ttl-secs", "8"]
         self.encoder_args = ["--nixl-lib", lib, "--rdma-landing-slot-size-mb", "64"]
 
     def bin(self, name: str, bins: Path) -> Path:
