@@ -6,15 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-/// Which vision encoder computes the embeddings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ComputeKind {
-    /// The model's vision tower on the CPU, weights from the model directory.
-    Tower,
-    /// A deterministic digest of the pixels with the model's output shape
-    /// (no weights; for tests and routing benchmarks).
-    Digest,
-}
+pub use crate::config::ComputeKind;
 
 #[derive(Debug, Clone, Args)]
 pub struct EncoderArgs {

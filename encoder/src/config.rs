@@ -11,9 +11,19 @@ use std::time::Duration;
 use iris_process::auth::AuthToken;
 use iris_transport::shm::ShmNames;
 
-use crate::args::{ComputeKind, EncoderArgs, ReceiveArgs};
+use crate::args::{EncoderArgs, ReceiveArgs};
 
 const MIB: u64 = 1 << 20;
+
+/// Which vision encoder computes the embeddings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ComputeKind {
+    /// The model's vision tower on the CPU, weights from the model directory.
+    Tower,
+    /// A deterministic digest of the pixels with the model's output shape
+    /// (no weights; for tests and routing benchmarks).
+    Digest,
+}
 
 /// Everything `iris-encoder` runs with.
 #[derive(Debug, Clone)]

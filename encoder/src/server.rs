@@ -23,13 +23,13 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::TowerBackend;
 use crate::cache::EmbeddingCache;
 use crate::compute::{Compute, DigestCompute, TowerCompute};
-use crate::config::EncoderConfig;
+use crate::config::{ComputeKind, EncoderConfig};
 use crate::flight::Flights;
 use crate::metrics::EncoderMetrics;
 use crate::receive::Receiving;
 use crate::service::{Encoder, EncoderService};
 use crate::validate::Geometry;
-use crate::{ComputeKind, EncoderArgs};
+use crate::EncoderArgs;
 
 /// Largest FetchEmbedding answer sent (embeddings of large images).
 const MAX_EMBEDDING_MESSAGE_BYTES: usize = 512 << 20;

@@ -24,7 +24,13 @@ pub struct DemoArgs {
     #[arg(long, env = "IRIS_DEMO_MODEL_DIR")]
     pub model_dir: Option<PathBuf>,
     /// Simulated decode time per token, in microseconds, so streaming is visible.
-    #[arg(long, default_value_t = 20_000, env = "IRIS_DEMO_DECODE_US_PER_STEP")]
+    /// Formerly `--decode-us-per-step` (still accepted).
+    #[arg(
+        long = "decode-per-step-us",
+        alias = "decode-us-per-step",
+        default_value_t = 20_000,
+        env = "IRIS_DEMO_DECODE_PER_STEP_US"
+    )]
     pub decode_us_per_step: u64,
 }
 
@@ -124,7 +130,7 @@ fn engine_args(model: &std::path::Path, role: Role, decode_us_per_step: u64) -> 
         "0".to_owned(),
         "--default-max-new-tokens".to_owned(),
         "64".to_owned(),
-        "--decode-us-per-step".to_owned(),
+        "--decode-per-step-us".to_owned(),
         decode_us_per_step.to_string(),
         // The CPU tower takes seconds on a large photo: wait for it.
         "--transfer-wait-ms".to_owned(),

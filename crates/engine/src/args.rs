@@ -51,10 +51,22 @@ pub struct EngineArgs {
     )]
     pub default_max_new_tokens: u32,
     /// Simulated prefill cost per prompt token, in microseconds.
-    #[arg(long, default_value_t = 0, env = "IRIS_ENGINE_PREFILL_US_PER_TOKEN")]
+    /// Formerly `--prefill-us-per-token` (still accepted).
+    #[arg(
+        long = "prefill-per-token-us",
+        alias = "prefill-us-per-token",
+        default_value_t = 0,
+        env = "IRIS_ENGINE_PREFILL_PER_TOKEN_US"
+    )]
     pub prefill_us_per_token: u64,
     /// Simulated decode cost per step, in microseconds.
-    #[arg(long, default_value_t = 0, env = "IRIS_ENGINE_DECODE_US_PER_STEP")]
+    /// Formerly `--decode-us-per-step` (still accepted).
+    #[arg(
+        long = "decode-per-step-us",
+        alias = "decode-us-per-step",
+        default_value_t = 0,
+        env = "IRIS_ENGINE_DECODE_PER_STEP_US"
+    )]
     pub decode_us_per_step: u64,
     /// Chance per decode step of emitting EOS, in parts per million
     /// (after min_new_tokens, unless ignore_eos).

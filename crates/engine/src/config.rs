@@ -118,7 +118,7 @@ mod tests {
 
     #[test]
     fn defaults_become_durations() {
-        let cfg = config(&["--decode-us-per-step", "1500"]).unwrap();
+        let cfg = config(&["--decode-per-step-us", "1500"]).unwrap();
         assert_eq!(cfg.transfer_wait, Duration::from_secs(5));
         assert_eq!(cfg.room_ttl, Duration::from_secs(60));
         assert_eq!(cfg.decode_per_step, Duration::from_micros(1500));

@@ -35,7 +35,7 @@ mod tests {
     use clap::Parser;
 
     #[derive(Parser)]
-    #[command(mut_arg("shm_name_prefixes", |a| a.env("IRIS_TEST_SHM_NAME_PREFIX_UNSET")))]
+    #[command(mut_arg("shm_name_prefixes", |a| a.env("TEST_ONLY_SHM_NAME_PREFIX_TWIN")))]
     struct Cli {
         #[command(flatten)]
         shm: ShmNameArgs,
@@ -58,7 +58,7 @@ mod tests {
                 .find(|a| a.get_id() == "shm_name_prefixes")
                 .and_then(|a| a.get_env())
                 .and_then(|e| e.to_str()),
-            Some("IRIS_TEST_SHM_NAME_PREFIX_UNSET")
+            Some("TEST_ONLY_SHM_NAME_PREFIX_TWIN")
         );
     }
 
