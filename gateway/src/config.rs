@@ -77,7 +77,6 @@ pub struct Config {
     /// Kubernetes service discovery; `None` without `--service-discovery`.
     pub discovery: Option<Discovery>,
     pub transport: TransportConfig,
-    pub log_json: bool,
 }
 
 /// Where and how client connections are served.
@@ -192,7 +191,6 @@ impl Config {
             media: media(&args.media),
             discovery,
             transport: transport(&args.transport)?,
-            log_json: args.log_json,
             model: ModelConfig {
                 path: args.model_path,
                 chat_template: args.chat_template,
