@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iris_proto::info::{number_field, text_field};
-use iris_proto::scheduler::{GetServerInfoRequest, HealthCheckRequest};
+use iris_proto::scheduler::{GetServerInfoRequest, GetServerInfoResponse, HealthCheckRequest};
 use iris_transport::shm::{verify_identity, DEFAULT_SHM_DIR};
 use iris_transport::{
     WorkerCaps, NIXL_RECEIVER_FIELD, NIXL_RECEIVER_HOLD_FIELD, SHM_IDENTITY_FIELD,
@@ -95,18 +95,26 @@ pub async fn probe_caps(
         Ok(Err(status)) => return Err(format!("{:?}: {}", status.code(), status.message())),
         Err(_) => return Err(format!("no answer within {} ms", timeout.as_millis())),
     };
-    let args = info.server_args.unwrap_or_default();
-    let shared_shm = text_field(&args, SHM_IDENTITY_FIELD)
+    Ok(probed(info, our_hold))
+}
+
+/// What GetServerInfo's `server_args` grant: shm when the identity token
+/// is read back from this process's `/dev/shm`, NIXL when the receiver is
+/// up and its hold fits `our_hold`.
+fn probed(info: GetServerInfoResponse, our_hold: Duration) -> Probed {
+    let args = &info.server_args.unwrap_or_default();
+    let shared_shm = text_field(args, SHM_IDENTITY_FIELD)
         .is_some_and(|id| verify_identity(std::path::Path::new(DEFAULT_SHM_DIR), id));
-    let nixl = number_field(&args, NIXL_RECEIVER_FIELD).is_some_and(|n| n >= 1.0);
-    let hold_too_long = hold_too_long(number_field(&args, NIXL_RECEIVER_HOLD_FIELD), our_hold);
-    Ok(Probed {
+    let nixl = number_field(args, NIXL_RECEIVER_FIELD).is_some_and(|n| n >= 1.0);
+    let hold_too_long =
+        hold_too_long(number_field(args, NIXL_RECEIVER_HOLD_FIELD), our_hold).filter(|_| nixl);
+    Probed {
         caps: WorkerCaps {
             shared_shm,
             nixl: nixl && hold_too_long.is_none(),
         },
-        hold_too_long: hold_too_long.filter(|_| nixl),
-    })
+        hold_too_long,
+    }
 }
 
 /// The receiver hold a worker reported (`reported_ms`) when it exceeds
@@ -180,6 +188,30 @@ mod tests {
         // An encoder that does not report its hold is trusted.
         assert_eq!(hold_too_long(None, ours), None);
         assert_eq!(hold_too_long(Some(-1.0), ours), None);
+    }
+
+    #[test]
+    fn server_info_grants_nixl_only_when_the_hold_fits() {
+        use iris_proto::info::{fields, number};
+        let ours = Duration::from_millis(9000);
+        let info = |up: f64, hold: Option<f64>| {
+            let mut pairs = vec![(NIXL_RECEIVER_FIELD, number(up))];
+            pairs.extend(hold.map(|h| (NIXL_RECEIVER_HOLD_FIELD, number(h))));
+            let info = GetServerInfoResponse {
+                server_args: Some(fields(pairs)),
+                ..GetServerInfoResponse::default()
+            };
+            probed(info, ours)
+        };
+        assert!(info(1.0, Some(9000.0)).caps.nixl);
+        assert!(info(1.0, None).caps.nixl);
+        let long = info(1.0, Some(12_000.0));
+        assert!(!long.caps.nixl);
+        assert_eq!(long.hold_too_long, Some(Duration::from_secs(12)));
+        // No receiver: nothing to refuse, nothing to warn about.
+        let down = info(0.0, Some(12_000.0));
+        assert_eq!((down.caps.nixl, down.hold_too_long), (false, None));
+        assert!(!info(1.0, Some(9000.0)).caps.shared_shm);
     }
 
     #[tokio::test]
