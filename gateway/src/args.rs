@@ -188,10 +188,18 @@ pub struct TransportArgs {
     #[arg(long, default_value = "inline", env = "IRIS_MM_TENSOR_TRANSPORT")]
     pub multimodal_tensor_transport: Transport,
     /// Smallest tensor, in bytes, sent through /dev/shm.
-    #[arg(long, default_value_t = 64 << 10, env = "IRIS_MM_SHM_MIN_BYTES")]
+    #[arg(
+        long,
+        default_value_t = iris_transport::lane::DEFAULT_MIN_LANE_BYTES,
+        env = "IRIS_MM_SHM_MIN_BYTES"
+    )]
     pub multimodal_shm_min_bytes: usize,
     /// Smallest tensor, in bytes, sent through the RDMA arena.
-    #[arg(long, default_value_t = 64 << 10, env = "IRIS_MM_RDMA_MIN_BYTES")]
+    #[arg(
+        long,
+        default_value_t = iris_transport::lane::DEFAULT_MIN_LANE_BYTES,
+        env = "IRIS_MM_RDMA_MIN_BYTES"
+    )]
     pub multimodal_rdma_min_bytes: usize,
     /// libnixl_capi.so to load before NIXL is used (else the dynamic
     /// linker's search path); a missing library sends tensors inline.
