@@ -250,8 +250,12 @@ class Lane:
                              "--multimodal-rdma-min-bytes", "0", "--nixl-lib", lib,
                              "--rdma-listen-port", free_port(), "--rdma-slot-size-mb", "64",
                              "--rdma-slot-count", "16", "--rdma-receiver-hold-ms", "4000",
-                             "--rdma-slot-ttl-s", "8"]
-        self.encoder_args = ["--nixl-lib", lib, "--rdma-landing-slot-size-mb", "64"]
+                             "--rdma-slot-ttl-secs", "8"]
+        # The encoders' hold (landing wait + 4 READ timeouts = 1000 + 4 ×
+        # 750 ms) must not exceed the gateway's --rdma-receiver-hold-ms,
+        # else the gateway sends them no rdma tensors.
+        self.encoder_args = ["--nixl-lib", lib, "--rdma-landing-slot-size-mb", "64",
+                             "--rdma-landing-wait-ms", "1000", "--rdma-read-timeout-ms", "750"]
 
     def bin(self, name: str, bins: Path) -> Path:
         """The gateway's and encoders' binary: the NIXL build for rdma."""

@@ -284,7 +284,7 @@ def gateway(model_dir, tmp_path_factory):
     dep = None
     try:
         dep = aggregated(procs, model_dir, gateway_args=(
-            "--mm-allow-private-media-hosts", "--max-payload-size", str(MAX_PAYLOAD),
+            "--mm-allow-private-media-hosts", "--max-payload-bytes", str(MAX_PAYLOAD),
             "--mm-max-image-bytes", str(MAX_IMAGE_BYTES)))
         WORKER_ADDRESSES[:] = [dep.engines[0].url, f"127.0.0.1:{dep.engines[0].grpc_port}"]
         yield dep.gateway

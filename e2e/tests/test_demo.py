@@ -24,7 +24,7 @@ def test_demo_chats_about_an_image_and_stops_on_ctrl_c(processes, tmp_path):
     port = free_port()
     demo = processes.spawn("demo", [binary("iris"), "demo", "--port", port,
                                     "--model-dir", tmp_path / "tiny-model",
-                                    "--decode-us-per-step", 0])
+                                    "--decode-per-step-us", 0])
     # The demo loads the tiny model's vision tower and starts four servers.
     banner = demo.wait_for_line(BANNER, STARTUP_TIMEOUT * 2)
     base_url, model = banner.group(1), banner.group(2)

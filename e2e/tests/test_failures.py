@@ -16,10 +16,10 @@ import pytest
 
 from conftest import aggregated, metric, prefill_decode, readiness, wait_until
 
-SLOW_DECODE = ("--decode-us-per-step", "20000")
+SLOW_DECODE = ("--decode-per-step-us", "20000")
 # A prefill that takes a realistic while (~0.2 s here): a retried PD request
 # may find its first prefill leg still running.
-SLOW_PREFILL = ("--prefill-us-per-token", "10000")
+SLOW_PREFILL = ("--prefill-per-token-us", "10000")
 FAST_HEALTH = ("--health-check-interval-secs", "0.2", "--health-failure-threshold", "1")
 ERROR_DEADLINE = 10.0
 

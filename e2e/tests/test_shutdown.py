@@ -12,7 +12,7 @@ import openai
 
 from conftest import aggregated, readiness, start_gateway
 
-SLOW_DECODE = ("--decode-us-per-step", "20000")
+SLOW_DECODE = ("--decode-per-step-us", "20000")
 
 
 def stream_words(client, model, max_tokens):

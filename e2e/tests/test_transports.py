@@ -31,7 +31,7 @@ from test_epd import ask, data_url, image_part, png
 # timeouts = 200 + 4 × 400 ms) stays below it, as the gateway checks.
 TTL_S = 3.0
 SMALL_ARENA = ("--rdma-slot-size-mb", "2", "--rdma-slot-count", "8",
-               "--rdma-slot-ttl-s", str(TTL_S), "--rdma-receiver-hold-ms", "1800")
+               "--rdma-slot-ttl-secs", str(TTL_S), "--rdma-receiver-hold-ms", "1800")
 ENCODER_RDMA = ("--rdma-landing-slot-size-mb", "2", "--rdma-landing-slots", "4",
                 "--rdma-landing-wait-ms", "200", "--rdma-read-timeout-ms", "400")
 

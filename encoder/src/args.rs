@@ -1,19 +1,12 @@
 //! Command-line options of `iris-encoder`, each with an `IRIS_ENCODER_…`
-//! environment twin.
+//! environment twin. The defaults live here and only here;
+//! [`crate::config`] validates these into the runtime configuration.
 
 use std::path::PathBuf;
 
 use clap::Args;
 
-/// Which vision encoder computes the embeddings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ComputeKind {
-    /// The model's vision tower on the CPU, weights from the model directory.
-    Tower,
-    /// A deterministic digest of the pixels with the model's output shape
-    /// (no weights; for tests and routing benchmarks).
-    Digest,
-}
+pub use crate::config::ComputeKind;
 
 #[derive(Debug, Clone, Args)]
 pub struct EncoderArgs {
@@ -96,7 +89,7 @@ pub struct EncoderArgs {
     pub expose_model_path: bool,
     /// How pixel tensors are received (shm, RDMA).
     #[command(flatten)]
-    pub receive: crate::receive::ReceiveArgs,
+    pub receive: ReceiveArgs,
 }
 
 /// The `iris-encoder` command line: [`EncoderArgs`] and the logging switch. The binary
@@ -113,4 +106,70 @@ pub struct Cli {
     pub encoder: EncoderArgs,
     #[command(flatten)]
     pub log: iris_process::LogArgs,
+}
+
+/// Receiver options of `iris-encoder`.
+#[derive(Debug, Clone, Args)]
+#[command(mut_arg("shm_name_prefixes", |a| a.env("IRIS_ENCODER_SHM_NAME_PREFIX")))]
+pub struct ReceiveArgs {
+    /// libnixl_capi.so to load before NIXL is used (else the dynamic
+    /// linker's search path); a missing library disables the RDMA lane.
+    #[arg(long, env = "IRIS_ENCODER_NIXL_LIB")]
+    pub nixl_lib: Option<PathBuf>,
+    /// This worker's NIXL agent name (default: iris-encoder-PID).
+    #[arg(long, env = "IRIS_ENCODER_NIXL_AGENT_NAME")]
+    pub nixl_agent_name: Option<String>,
+    /// The gateway's NIXL agent name (its --nixl-agent-name).
+    #[arg(
+        long,
+        default_value = "iris-gateway",
+        env = "IRIS_ENCODER_NIXL_SENDER_NAME"
+    )]
+    pub nixl_sender_name: String,
+    /// Port of this worker's NIXL metadata listener (0: a free one).
+    #[arg(long, default_value_t = 0, env = "IRIS_ENCODER_RDMA_LISTEN_PORT")]
+    pub rdma_listen_port: u16,
+    /// Landing buffers for RDMA READs (concurrent READs; 0: no RDMA lane).
+    #[arg(long, default_value_t = 4, env = "IRIS_ENCODER_RDMA_LANDING_SLOTS")]
+    pub rdma_landing_slots: usize,
+    /// MiB per landing buffer (at least the gateway's --rdma-slot-size-mb).
+    #[arg(
+        long,
+        default_value_t = 32,
+        env = "IRIS_ENCODER_RDMA_LANDING_SLOT_SIZE_MB"
+    )]
+    pub rdma_landing_slot_size_mb: usize,
+    /// Longest wait for a free landing buffer, in ms.
+    #[arg(
+        long,
+        default_value_t = 1000,
+        env = "IRIS_ENCODER_RDMA_LANDING_WAIT_MS"
+    )]
+    pub rdma_landing_wait_ms: u64,
+    /// Longest wait for the gateway's metadata, then for a READ, in ms.
+    /// The gateway's --rdma-receiver-hold-ms must be at least the landing
+    /// wait plus four times this: the worker reports that hold in
+    /// GetServerInfo, and a gateway whose hold is shorter sends it no rdma
+    /// tensors.
+    #[arg(
+        long,
+        default_value_t = 2000,
+        env = "IRIS_ENCODER_RDMA_READ_TIMEOUT_MS"
+    )]
+    pub rdma_read_timeout_ms: u64,
+    /// `--shm-name-prefix` (env `IRIS_ENCODER_SHM_NAME_PREFIX`).
+    #[command(flatten)]
+    pub shm: iris_transport::args::ShmNameArgs,
+}
+
+impl Default for ReceiveArgs {
+    /// The command line's defaults (with any `IRIS_ENCODER_*` twins set).
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            receive: ReceiveArgs,
+        }
+        <Defaults as clap::Parser>::parse_from(["iris-encoder"]).receive
+    }
 }

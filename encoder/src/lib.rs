@@ -15,6 +15,7 @@ pub mod args;
 mod backend;
 pub mod cache;
 pub mod compute;
+pub mod config;
 pub mod flight;
 pub mod metrics;
 pub mod receive;
@@ -23,4 +24,5 @@ pub mod service;
 pub mod validate;
 
 pub use args::{Cli, ComputeKind, EncoderArgs};
-pub use server::{start, start_with, RunningEncoder};
+pub use config::{ConfigError, EncoderConfig};
+pub use server::{start, start_configured, start_with, RunningEncoder};

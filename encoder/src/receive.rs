@@ -5,101 +5,32 @@
 //! before validation. The worker's shm identity and NIXL state are
 //! reported in GetServerInfo so the gateway can pick lanes.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
-use clap::Args;
 use iris_proto::encoder::EncodeRequest;
 use iris_proto::scheduler::{tensor_data::Payload, MultimodalItem, TensorData};
-use iris_transport::shm::{sweep_orphans, ShmNames, DEFAULT_SHM_DIR, IDENTITY_PREFIX};
+use iris_transport::shm::{sweep_orphans, DEFAULT_SHM_DIR, IDENTITY_PREFIX};
 use iris_transport::{
     ReceiveError, RemoteError, RemoteReader, ShmError, ShmIdentity, TensorReceiver,
 };
 use tonic::Status;
 
-/// Receiver options of `iris-encoder`.
-#[derive(Debug, Clone, Args)]
-pub struct ReceiveArgs {
-    /// libnixl_capi.so to load before NIXL is used (else the dynamic
-    /// linker's search path); a missing library disables the RDMA lane.
-    #[arg(long, env = "IRIS_ENCODER_NIXL_LIB")]
-    pub nixl_lib: Option<PathBuf>,
-    /// This worker's NIXL agent name (default: iris-encoder-PID).
-    #[arg(long, env = "IRIS_ENCODER_NIXL_AGENT_NAME")]
-    pub nixl_agent_name: Option<String>,
-    /// The gateway's NIXL agent name (its --nixl-agent-name).
-    #[arg(
-        long,
-        default_value = "iris-gateway",
-        env = "IRIS_ENCODER_NIXL_SENDER_NAME"
-    )]
-    pub nixl_sender_name: String,
-    /// Port of this worker's NIXL metadata listener (0: a free one).
-    #[arg(long, default_value_t = 0, env = "IRIS_ENCODER_RDMA_LISTEN_PORT")]
-    pub rdma_listen_port: u16,
-    /// Landing buffers for RDMA READs (concurrent READs; 0: no RDMA lane).
-    #[arg(long, default_value_t = 4, env = "IRIS_ENCODER_RDMA_LANDING_SLOTS")]
-    pub rdma_landing_slots: usize,
-    /// MiB per landing buffer (at least the gateway's --rdma-slot-size-mb).
-    #[arg(
-        long,
-        default_value_t = 32,
-        env = "IRIS_ENCODER_RDMA_LANDING_SLOT_SIZE_MB"
-    )]
-    pub rdma_landing_slot_size_mb: usize,
-    /// Longest wait for a free landing buffer, in ms.
-    #[arg(
-        long,
-        default_value_t = 1000,
-        env = "IRIS_ENCODER_RDMA_LANDING_WAIT_MS"
-    )]
-    pub rdma_landing_wait_ms: u64,
-    /// Longest wait for the gateway's metadata, then for a READ, in ms.
-    /// The gateway's --rdma-receiver-hold-ms must be at least the landing
-    /// wait plus four times this.
-    #[arg(
-        long,
-        default_value_t = 2000,
-        env = "IRIS_ENCODER_RDMA_READ_TIMEOUT_MS"
-    )]
-    pub rdma_read_timeout_ms: u64,
-    /// Another sender's shm file-name prefix to accept, besides Iris's
-    /// (`iris-tensor-`) and smg's (`smg-tokenspeed-`); repeatable, or
-    /// comma-separated in the environment. Names with no accepted prefix
-    /// are refused unopened.
-    #[arg(
-        long = "shm-name-prefix",
-        value_name = "PREFIX",
-        env = "IRIS_ENCODER_SHM_NAME_PREFIX",
-        value_delimiter = ','
-    )]
-    pub shm_name_prefixes: Vec<String>,
-}
+use crate::config::ReceiveConfig;
 
-impl Default for ReceiveArgs {
-    /// The command line's defaults (with any `IRIS_ENCODER_*` twins set).
-    fn default() -> Self {
-        #[derive(clap::Parser)]
-        struct Defaults {
-            #[command(flatten)]
-            receive: ReceiveArgs,
-        }
-        <Defaults as clap::Parser>::parse_from(["iris-encoder"]).receive
-    }
-}
-
-/// The receiving side: the receiver, the published shm identity and
-/// whether the NIXL receiver is up.
+/// The receiving side: the receiver, the published shm identity and,
+/// when the NIXL receiver is up, its longest hold of a sender's slot.
 pub struct Receiving {
     receiver: TensorReceiver,
     identity: Option<ShmIdentity>,
-    nixl: bool,
+    nixl_hold: Option<Duration>,
 }
 
 impl Receiving {
     /// Publishes the shm identity and starts the NIXL receiver (if built
     /// in and enabled). A missing NIXL library only logs.
-    pub fn start(args: &ReceiveArgs) -> anyhow::Result<Receiving> {
+    pub fn start(args: &ReceiveConfig) -> anyhow::Result<Receiving> {
         let dir = Path::new(DEFAULT_SHM_DIR);
         if let Err(e) = sweep_orphans(dir, IDENTITY_PREFIX, std::time::Duration::from_secs(60)) {
             tracing::debug!(error = %e, "could not sweep shm identity orphans");
@@ -111,16 +42,16 @@ impl Receiving {
                 None
             }
         };
-        let mut receiver = TensorReceiver::new(dir).with_shm_names(shm_names(args)?);
+        let mut receiver = TensorReceiver::new(dir).with_shm_names(args.shm_names.clone());
         let remote = nixl::start(args)?;
-        let nixl = remote.is_some();
-        if let Some(remote) = remote {
+        let nixl_hold = remote.as_ref().map(|(_, hold)| *hold);
+        if let Some((remote, _)) = remote {
             receiver = receiver.with_remote(remote);
         }
         Ok(Receiving {
             receiver,
             identity,
-            nixl,
+            nixl_hold,
         })
     }
 
@@ -131,7 +62,14 @@ impl Receiving {
 
     /// Whether RDMA payloads can be received.
     pub fn nixl(&self) -> bool {
-        self.nixl
+        self.nixl_hold.is_some()
+    }
+
+    /// The NIXL receiver's longest hold of a sender's slot (landing wait
+    /// plus four READ timeouts), reported in GetServerInfo so the gateway
+    /// can check its `--rdma-receiver-hold-ms` against it.
+    pub fn nixl_hold(&self) -> Option<Duration> {
+        self.nixl_hold
     }
 
     /// `request` with every item's pixels inline: shm and remote payloads
@@ -173,16 +111,6 @@ impl Receiving {
     }
 }
 
-/// The default senders' prefixes and the `--shm-name-prefix` ones.
-fn shm_names(args: &ReceiveArgs) -> anyhow::Result<ShmNames> {
-    args.shm_name_prefixes
-        .iter()
-        .try_fold(ShmNames::default(), |names, prefix| {
-            names.with_prefix(prefix.trim())
-        })
-        .map_err(|e| anyhow::anyhow!("--shm-name-prefix: {e}"))
-}
-
 fn needs_receiving(item: &MultimodalItem) -> bool {
     matches!(
         item.encoder_input.as_ref().and_then(|t| t.payload.as_ref()),
@@ -217,14 +145,15 @@ pub fn receive_status(e: &ReceiveError) -> Status {
 mod nixl {
     //! The NIXL receiver agent.
 
-    use std::time::Duration;
-
     use iris_transport::nixl::{NixlError, ReceiverAgent, ReceiverConfig};
 
     use super::*;
 
-    /// The receiver, or `None` when disabled or NIXL is missing (logged).
-    pub fn start(args: &ReceiveArgs) -> anyhow::Result<Option<Arc<dyn RemoteReader>>> {
+    /// The receiver and its hold, or `None` when disabled or NIXL is
+    /// missing (logged).
+    pub fn start(
+        args: &ReceiveConfig,
+    ) -> anyhow::Result<Option<(Arc<dyn RemoteReader>, Duration)>> {
         if args.rdma_landing_slots == 0 {
             return Ok(None);
         }
@@ -236,12 +165,9 @@ mod nixl {
             listen_port: listen_port(args.rdma_listen_port)?,
             sender_name: args.nixl_sender_name.clone(),
             landing_slots: args.rdma_landing_slots,
-            landing_slot_size: args
-                .rdma_landing_slot_size_mb
-                .checked_mul(1 << 20)
-                .ok_or_else(|| anyhow::anyhow!("--rdma-landing-slot-size-mb is too large"))?,
-            landing_wait: Duration::from_millis(args.rdma_landing_wait_ms),
-            read_timeout: Duration::from_millis(args.rdma_read_timeout_ms.max(1)),
+            landing_slot_size: args.rdma_landing_slot_bytes,
+            landing_wait: args.rdma_landing_wait,
+            read_timeout: args.rdma_read_timeout,
         };
         let hold = cfg.hold();
         match ReceiverAgent::start(args.nixl_lib.as_deref(), cfg) {
@@ -250,7 +176,7 @@ mod nixl {
                     hold_ms = hold.as_millis() as u64,
                     "NIXL receiver up (the gateway's --rdma-receiver-hold-ms must be at least hold_ms)"
                 );
-                Ok(Some(Arc::new(agent)))
+                Ok(Some((Arc::new(agent), hold)))
             }
             Err(NixlError::Unavailable(why)) => {
                 tracing::warn!(%why, "NIXL unavailable: this worker takes no rdma tensors");
@@ -277,7 +203,9 @@ mod nixl {
     use super::*;
 
     /// Always `None`; logs when RDMA settings were given.
-    pub fn start(args: &ReceiveArgs) -> anyhow::Result<Option<Arc<dyn RemoteReader>>> {
+    pub fn start(
+        args: &ReceiveConfig,
+    ) -> anyhow::Result<Option<(Arc<dyn RemoteReader>, Duration)>> {
         if args.nixl_lib.is_some() {
             tracing::warn!(
                 "built without the `nixl` feature: --nixl-lib is ignored, no rdma tensors"
@@ -317,7 +245,7 @@ mod tests {
         let receiving = Receiving {
             receiver: TensorReceiver::new(std::env::temp_dir()),
             identity: None,
-            nixl: false,
+            nixl_hold: None,
         };
         let item = |payload| MultimodalItem {
             encoder_input: Some(TensorData {

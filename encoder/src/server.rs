@@ -23,12 +23,13 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::TowerBackend;
 use crate::cache::EmbeddingCache;
 use crate::compute::{Compute, DigestCompute, TowerCompute};
+use crate::config::{ComputeKind, EncoderConfig};
 use crate::flight::Flights;
 use crate::metrics::EncoderMetrics;
 use crate::receive::Receiving;
 use crate::service::{Encoder, EncoderService};
 use crate::validate::Geometry;
-use crate::{ComputeKind, EncoderArgs};
+use crate::EncoderArgs;
 
 /// Largest FetchEmbedding answer sent (embeddings of large images).
 const MAX_EMBEDDING_MESSAGE_BYTES: usize = 512 << 20;
@@ -62,24 +63,34 @@ pub async fn start(args: EncoderArgs) -> anyhow::Result<RunningEncoder> {
     start_with(args, None).await
 }
 
-/// Starts the encoder; `compute` (if given) replaces the `--compute`
-/// backend, e.g. an accelerator backend or a test double.
+/// Validates `args` ([`EncoderConfig::from_args`]) and starts the encoder;
+/// `compute` (if given) replaces the `--compute` backend, e.g. an
+/// accelerator backend or a test double.
 pub async fn start_with(
     args: EncoderArgs,
     compute: Option<Arc<dyn Compute>>,
 ) -> anyhow::Result<RunningEncoder> {
-    let token = iris_process::auth::AuthToken::load(args.auth_token_file.as_deref())?;
-    let encoder = Arc::new(build(args.clone(), compute)?);
-    let max_message = max_message_bytes(&args, encoder.geometry);
+    start_configured(EncoderConfig::from_args(args)?, compute).await
+}
+
+/// Starts the encoder from a validated `config`.
+pub async fn start_configured(
+    config: EncoderConfig,
+    compute: Option<Arc<dyn Compute>>,
+) -> anyhow::Result<RunningEncoder> {
+    let token = config.auth_token.clone();
+    let encoder = Arc::new(build(config, compute)?);
+    let cfg = &encoder.config;
+    let max_message = max_message_bytes(cfg, encoder.geometry);
     tracing::info!(
         max_patches_per_item = encoder.geometry.max_patches,
         max_message_bytes = max_message,
         authentication = token.is_some(),
         "encoder limits"
     );
-    let grpc = bind(&args.host, args.port).await?;
-    let data = bind(&args.host, args.bootstrap_port).await?;
-    let metrics = bind(&args.host, args.metrics_port).await?;
+    let grpc = bind(&cfg.host, cfg.port).await?;
+    let data = bind(&cfg.host, cfg.bootstrap_port).await?;
+    let metrics = bind(&cfg.host, cfg.metrics_port).await?;
     let (grpc_addr, data_addr) = (grpc.local_addr()?, data.local_addr()?);
     let metrics_addr = metrics.local_addr()?;
     let service = EncoderService(encoder.clone());
@@ -119,19 +130,19 @@ pub async fn start_with(
 }
 
 fn compute_backend(
-    args: &EncoderArgs,
+    cfg: &EncoderConfig,
     vision: &iris_model::VisionConfig,
 ) -> anyhow::Result<Arc<dyn Compute>> {
-    Ok(match args.compute {
+    Ok(match cfg.compute {
         ComputeKind::Digest => Arc::new(DigestCompute {
             out_hidden: vision.out_hidden_size as usize,
             merge: vision.spatial_merge_size,
         }),
         ComputeKind::Tower => {
-            let tower = iris_tower::Tower::load(&args.model_path).with_context(|| {
+            let tower = iris_tower::Tower::load(&cfg.model_path).with_context(|| {
                 format!(
                     "cannot load the vision tower from {} (use --compute digest to run without weights)",
-                    args.model_path.display()
+                    cfg.model_path.display()
                 )
             })?;
             Arc::new(TowerCompute { tower })
@@ -145,9 +156,9 @@ async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot listen on {host}:{port}"))
 }
 
-fn build(args: EncoderArgs, compute: Option<Arc<dyn Compute>>) -> anyhow::Result<Encoder> {
-    let dir = ModelDir::load(&args.model_path)
-        .with_context(|| format!("cannot load model directory {}", args.model_path.display()))?;
+fn build(cfg: EncoderConfig, compute: Option<Arc<dyn Compute>>) -> anyhow::Result<Encoder> {
+    let dir = ModelDir::load(&cfg.model_path)
+        .with_context(|| format!("cannot load model directory {}", cfg.model_path.display()))?;
     let vision = dir
         .config
         .vision
@@ -158,60 +169,59 @@ fn build(args: EncoderArgs, compute: Option<Arc<dyn Compute>>) -> anyhow::Result
             * vision.patch_size
             * vision.patch_size,
         merge: vision.spatial_merge_size,
-        max_patches: max_patches_per_item(&args, &dir, &vision),
+        max_patches: max_patches_per_item(&cfg, &dir, &vision),
     };
     let compute = match compute {
         Some(compute) => compute,
-        None => compute_backend(&args, &vision)?,
+        None => compute_backend(&cfg, &vision)?,
     };
     let batcher = Batcher::start(
         Arc::new(TowerBackend {
             compute: compute.clone(),
         }),
         BatcherConfig {
-            max_batch_cost: args.max_batch_patches.max(1),
-            coalesce_window: Duration::from_millis(args.coalesce_window_ms),
-            dispatch_width: args.dispatch_width.max(1),
-            queue_capacity: args.queue_capacity.max(1),
+            max_batch_cost: cfg.max_batch_patches,
+            coalesce_window: cfg.coalesce_window,
+            dispatch_width: cfg.dispatch_width,
+            queue_capacity: cfg.queue_capacity,
             // An item still queued after the room TTL is for a request
             // that has been given up on: do not compute it.
-            max_queue_wait: Some(Duration::from_secs(args.room_ttl_secs.max(1))),
+            max_queue_wait: Some(cfg.room_ttl),
         },
     );
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     (
         dir.config.model_type.as_str(),
         format!("{vision:?}"),
-        format!("{:?}", args.compute),
+        format!("{:?}", cfg.compute),
     )
         .hash(&mut hasher);
-    let ttl = Duration::from_secs(args.room_ttl_secs.max(1));
-    let worker_id = args
+    let worker_id = cfg
         .worker_id
         .clone()
-        .unwrap_or_else(|| format!("encode@{}:{}", args.host, args.port));
+        .unwrap_or_else(|| format!("encode@{}:{}", cfg.host, cfg.port));
     Ok(Encoder {
         geometry,
         compute,
         batcher,
-        cache: EmbeddingCache::new(args.embedding_cache_mb.saturating_mul(MIB)),
+        cache: EmbeddingCache::new(cfg.embedding_cache_bytes),
         flights: Flights::default(),
         rooms: Arc::new(RoomStore::new(RoomLimits {
-            max_bytes: args.max_held_mb.saturating_mul(MIB),
-            ttl,
+            max_bytes: cfg.max_held_bytes,
+            ttl: cfg.room_ttl,
         })),
         model_fingerprint: hasher.finish(),
         model_type: dir.config.model_type.clone(),
-        served_model_name: args
+        served_model_name: cfg
             .served_model_name
             .clone()
             .unwrap_or_else(|| dir.served_model_name()),
         architectures: dir.config.architectures.clone(),
         metrics: EncoderMetrics::default(),
-        receiving: Receiving::start(&args.receive)?,
+        receiving: Receiving::start(&cfg.receive)?,
         worker_id,
         started: Instant::now(),
-        args,
+        config: cfg,
     })
 }
 
@@ -235,13 +245,13 @@ fn model_max_patches(dir: &ModelDir, vision: &iris_model::VisionConfig) -> Optio
 /// The per-item patch limit: `--max-patches-per-item` (default: the
 /// model's largest image), never above `--max-batch-patches`.
 fn max_patches_per_item(
-    args: &EncoderArgs,
+    cfg: &EncoderConfig,
     dir: &ModelDir,
     vision: &iris_model::VisionConfig,
 ) -> u64 {
-    let batch = args.max_batch_patches.max(1);
+    let batch = cfg.max_batch_patches;
     let model = model_max_patches(dir, vision);
-    let wanted = args.max_patches_per_item.or(model).unwrap_or(batch).max(1);
+    let wanted = cfg.max_patches_per_item.or(model).unwrap_or(batch).max(1);
     if let Some(model) = model.filter(|&m| m > batch) {
         tracing::warn!(
             model_max_patches = model,
@@ -254,9 +264,9 @@ fn max_patches_per_item(
 
 /// `--max-message-mb`, or one item of the largest size as float32 pixels
 /// plus [`MESSAGE_SLACK_BYTES`].
-fn max_message_bytes(args: &EncoderArgs, geometry: Geometry) -> usize {
-    let bytes = match args.max_message_mb {
-        Some(mb) => mb.saturating_mul(MIB),
+fn max_message_bytes(cfg: &EncoderConfig, geometry: Geometry) -> usize {
+    let bytes = match cfg.max_message_bytes {
+        Some(bytes) => bytes,
         None => geometry
             .max_patches
             .saturating_mul(u64::from(geometry.patch_dim))

@@ -25,11 +25,11 @@ use tonic::{Request, Response, Status};
 use crate::backend::TowerBackend;
 use crate::cache::EmbeddingCache;
 use crate::compute::Compute;
+use crate::config::EncoderConfig;
 use crate::flight::Flights;
 use crate::metrics::EncoderMetrics;
 use crate::receive::Receiving;
 use crate::validate::{self, EncodeItem, Geometry};
-use crate::EncoderArgs;
 
 /// gRPC metadata entry on an Encode call with the caller's own batch limit,
 /// in patches: the call's items are batched in groups within it (an item
@@ -46,7 +46,7 @@ pub struct Embedding {
 
 /// Everything the services share.
 pub struct Encoder {
-    pub args: EncoderArgs,
+    pub config: EncoderConfig,
     pub geometry: Geometry,
     pub compute: Arc<dyn Compute>,
     pub batcher: Batcher<TowerBackend>,
@@ -124,7 +124,7 @@ impl Encoder {
     /// limit, if smaller than `--max-batch-patches`); a task completes (or
     /// fails) each room as soon as its item is done.
     fn queue(self: &Arc<Self>, misses: Vec<EncodeItem>, cap: Option<u64>) -> Result<(), Status> {
-        let server_cap = self.args.max_batch_patches.max(1);
+        let server_cap = self.config.max_batch_patches;
         let groups = split_by_cost(misses, cap.unwrap_or(server_cap).min(server_cap));
         let requests = groups
             .iter()
@@ -339,7 +339,7 @@ impl IrisData for EncoderService {
     ) -> Result<Response<FetchEmbeddingResponse>, Status> {
         let req = request.into_inner();
         let wait = match req.wait_ms {
-            0 => Duration::from_millis(self.0.args.fetch_wait_ms),
+            0 => self.0.config.fetch_wait,
             ms => Duration::from_millis(u64::from(ms)).min(Duration::from_secs(60)),
         };
         let embedding = self.0.rooms.take(req.room, wait).await?;
@@ -404,8 +404,8 @@ impl TokenSpeedScheduler for EncoderService {
     ) -> Result<Response<GetModelInfoResponse>, Status> {
         let e = &self.0;
         Ok(Response::new(GetModelInfoResponse {
-            model_path: if e.args.expose_model_path {
-                e.args.model_path.display().to_string()
+            model_path: if e.config.expose_model_path {
+                e.config.model_path.display().to_string()
             } else {
                 e.served_model_name.clone()
             },
@@ -434,7 +434,7 @@ impl TokenSpeedScheduler for EncoderService {
                 ("worker_id", text(&e.worker_id)),
                 (
                     "disaggregation_bootstrap_port",
-                    number(f64::from(e.args.bootstrap_port)),
+                    number(f64::from(e.config.bootstrap_port)),
                 ),
                 (
                     iris_transport::NIXL_RECEIVER_FIELD,
@@ -442,7 +442,13 @@ impl TokenSpeedScheduler for EncoderService {
                 ),
             ]
             .into_iter()
-            .chain(identity.map(|id| (iris_transport::SHM_IDENTITY_FIELD, id))),
+            .chain(identity.map(|id| (iris_transport::SHM_IDENTITY_FIELD, id)))
+            .chain(e.receiving.nixl_hold().map(|hold| {
+                (
+                    iris_transport::NIXL_RECEIVER_HOLD_FIELD,
+                    number(hold.as_millis() as f64),
+                )
+            })),
         );
         Ok(Response::new(GetServerInfoResponse {
             server_args: Some(args),

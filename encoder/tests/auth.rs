@@ -111,7 +111,7 @@ fn prefill_args(model: &TempDir, token: Option<std::path::PathBuf>) -> EngineArg
         worker_id: None,
         metrics_port: None,
         auth_token_file: token,
-        shm_name_prefixes: Vec::new(),
+        shm: Default::default(),
     }
 }
 

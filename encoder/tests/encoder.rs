@@ -284,7 +284,7 @@ async fn epd_through_reference_engines() {
         worker_id: None,
         metrics_port: None,
         auth_token_file: None,
-        shm_name_prefixes: Vec::new(),
+        shm: Default::default(),
     };
     let prefill = iris_engine::start(engine(Role::Prefill))
         .await

@@ -1,13 +1,16 @@
 //! Command-line options of `iris serve`; every flag has an `IRIS_…`
-//! environment twin (documented in docs/configuration.md).
+//! environment twin (documented in docs/configuration.md). The defaults
+//! live here and only here; [`crate::config`] validates these into the
+//! runtime configuration, and nothing else past start-up reads them.
 
 use std::path::PathBuf;
 
 use clap::Args;
 
+use iris_transport::Transport;
+
 use crate::workers::affinity::EncodePolicyKind;
 use crate::workers::policy::PolicyKind;
-use crate::workers::WorkerUrl;
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -125,9 +128,15 @@ pub struct ServeArgs {
     /// they are ended and their workers aborted.
     #[arg(long, default_value_t = 30.0, env = "IRIS_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: f64,
-    /// Largest request body in bytes (413 above it).
-    #[arg(long, default_value_t = 64 << 20, env = "IRIS_MAX_PAYLOAD_SIZE")]
-    pub max_payload_size: usize,
+    /// Largest request body in bytes (413 above it). Formerly
+    /// `--max-payload-size` (still accepted).
+    #[arg(
+        long,
+        alias = "max-payload-size",
+        default_value_t = 64 << 20,
+        env = "IRIS_MAX_PAYLOAD_BYTES"
+    )]
+    pub max_payload_bytes: usize,
     #[command(flatten)]
     pub connections: ConnArgs,
     /// Serve /metrics on this port instead of the HTTP port (/health and
@@ -139,7 +148,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub discovery: DiscoveryArgs,
     #[command(flatten)]
-    pub transport: crate::transport::TransportArgs,
+    pub transport: TransportArgs,
 
     #[command(flatten)]
     pub log: iris_process::LogArgs,
@@ -167,6 +176,67 @@ pub struct ConnArgs {
     /// `Connection: close` (0: unlimited).
     #[arg(long, default_value_t = 0, env = "IRIS_MAX_REQUESTS_PER_CONNECTION")]
     pub max_requests_per_connection: u64,
+}
+
+/// Tensor transport options of `iris serve`.
+#[derive(Debug, Clone, Args)]
+pub struct TransportArgs {
+    /// How pixel tensors reach encode workers: inline, shm, rdma or auto
+    /// (a worker's `?transport=` URL option or `iris.ai/tensor-transport`
+    /// annotation overrides it). A tensor that cannot take its lane goes inline.
+    #[arg(long, default_value = "inline", env = "IRIS_MM_TENSOR_TRANSPORT")]
+    pub multimodal_tensor_transport: Transport,
+    /// Smallest tensor, in bytes, sent through /dev/shm.
+    #[arg(
+        long,
+        default_value_t = iris_transport::lane::DEFAULT_MIN_LANE_BYTES,
+        env = "IRIS_MM_SHM_MIN_BYTES"
+    )]
+    pub multimodal_shm_min_bytes: usize,
+    /// Smallest tensor, in bytes, sent through the RDMA arena.
+    #[arg(
+        long,
+        default_value_t = iris_transport::lane::DEFAULT_MIN_LANE_BYTES,
+        env = "IRIS_MM_RDMA_MIN_BYTES"
+    )]
+    pub multimodal_rdma_min_bytes: usize,
+    /// libnixl_capi.so to load before NIXL is used (else the dynamic
+    /// linker's search path); a missing library sends tensors inline.
+    #[arg(long, env = "IRIS_NIXL_LIB")]
+    pub nixl_lib: Option<PathBuf>,
+    /// The gateway's NIXL agent name (encoders' --nixl-sender-name).
+    #[arg(long, default_value = "iris-gateway", env = "IRIS_NIXL_AGENT_NAME")]
+    pub nixl_agent_name: String,
+    /// Address encoders fetch the arena's NIXL metadata from.
+    #[arg(long, default_value = "127.0.0.1", env = "IRIS_RDMA_LISTEN_IP")]
+    pub rdma_listen_ip: String,
+    /// Port of the NIXL metadata listener (fixed: it is in every descriptor).
+    #[arg(long, default_value_t = 5600, env = "IRIS_RDMA_LISTEN_PORT")]
+    pub rdma_listen_port: u16,
+    /// Bytes per arena slot, in MiB (a tensor larger than a slot goes inline).
+    #[arg(long, default_value_t = 32, env = "IRIS_RDMA_SLOT_SIZE_MB")]
+    pub rdma_slot_size_mb: usize,
+    /// Arena slots (tensors in flight at once).
+    #[arg(long, default_value_t = 8, env = "IRIS_RDMA_SLOT_COUNT")]
+    pub rdma_slot_count: usize,
+    /// Seconds after which an unacknowledged slot is reaped; must exceed
+    /// --rdma-receiver-hold-ms. Formerly `--rdma-slot-ttl-s` (still
+    /// accepted).
+    #[arg(
+        long,
+        alias = "rdma-slot-ttl-s",
+        default_value_t = 30.0,
+        env = "IRIS_RDMA_SLOT_TTL_SECS"
+    )]
+    pub rdma_slot_ttl_secs: f64,
+    /// The encoders' longest hold of a slot in ms: their landing wait plus
+    /// four READ timeouts (9000 with iris-encoder's defaults). An encode
+    /// worker that reports a longer hold gets no rdma tensors.
+    #[arg(long, default_value_t = 9000, env = "IRIS_RDMA_RECEIVER_HOLD_MS")]
+    pub rdma_receiver_hold_ms: u64,
+    /// Upper bound of the arena (slot size × count), in MiB.
+    #[arg(long, default_value_t = iris_transport::arena::DEFAULT_MAX_ARENA_BYTES >> 20, env = "IRIS_RDMA_MAX_ARENA_MB")]
+    pub rdma_max_arena_mb: usize,
 }
 
 /// Image inputs: fetching, limits, preprocessing and the pixel cache.
@@ -276,51 +346,4 @@ pub enum InputDtype {
     Float32,
     #[value(name = "bfloat16")]
     Bfloat16,
-}
-
-/// Groups `URL [PORT] URL [PORT] …` into worker URLs: a value that is a
-/// bare number is the bootstrap port of the URL before it.
-pub fn group_with_ports(values: &[String]) -> Result<Vec<WorkerUrl>, String> {
-    let mut groups: Vec<Vec<String>> = Vec::new();
-    for value in values.iter().map(|v| v.trim()).filter(|v| !v.is_empty()) {
-        let is_port = value.chars().all(|c| c.is_ascii_digit());
-        match groups.last_mut() {
-            Some(group) if is_port && group.len() == 1 => group.push(value.to_owned()),
-            _ if is_port => {
-                return Err(format!(
-                    "bootstrap port {value} does not follow a worker URL"
-                ))
-            }
-            _ => groups.push(vec![value.to_owned()]),
-        }
-    }
-    groups
-        .iter()
-        .map(|g| WorkerUrl::parse_with_bootstrap(g))
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn strings(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn groups_ports_with_urls() {
-        let urls = group_with_ports(&strings(&[
-            "grpc://a:1",
-            "8998",
-            "grpc://b:2",
-            "grpc://c:3",
-            "9000",
-        ]))
-        .unwrap();
-        let ports: Vec<Option<u16>> = urls.iter().map(|u| u.bootstrap_port).collect();
-        assert_eq!(ports, vec![Some(8998), None, Some(9000)]);
-        assert!(group_with_ports(&strings(&["8998"])).is_err());
-        assert!(group_with_ports(&strings(&["grpc://a:1", "1", "2"])).is_err());
-    }
 }

@@ -24,7 +24,13 @@ pub struct DemoArgs {
     #[arg(long, env = "IRIS_DEMO_MODEL_DIR")]
     pub model_dir: Option<PathBuf>,
     /// Simulated decode time per token, in microseconds, so streaming is visible.
-    #[arg(long, default_value_t = 20_000, env = "IRIS_DEMO_DECODE_US_PER_STEP")]
+    /// Formerly `--decode-us-per-step` (still accepted).
+    #[arg(
+        long = "decode-per-step-us",
+        alias = "decode-us-per-step",
+        default_value_t = 20_000,
+        env = "IRIS_DEMO_DECODE_PER_STEP_US"
+    )]
     pub decode_us_per_step: u64,
     #[command(flatten)]
     pub log: iris_process::LogArgs,
@@ -105,28 +111,36 @@ pub fn ensure_tiny_model(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A reference engine of `role` on free loopback ports; every other
+/// setting is the command line's default.
 fn engine_args(model: &std::path::Path, role: Role, decode_us_per_step: u64) -> EngineArgs {
-    EngineArgs {
-        role,
-        host: "127.0.0.1".into(),
-        port: 0,
-        bootstrap_port: 0,
-        model_path: model.to_path_buf(),
-        served_model_name: None,
-        expose_model_path: false,
-        max_running_requests: 256,
-        default_max_new_tokens: 64,
-        prefill_us_per_token: 0,
-        decode_us_per_step,
-        eos_ppm: 20_000,
-        // The CPU tower takes seconds on a large photo: wait for it.
-        transfer_wait_ms: DEMO_TRANSFER_WAIT_MS,
-        room_ttl_secs: 60,
-        worker_id: Some(format!("demo-{}", role.as_str())),
-        metrics_port: None,
-        auth_token_file: None,
-        shm_name_prefixes: Vec::new(),
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        engine: EngineArgs,
     }
+    let argv = [
+        "iris-engine".to_owned(),
+        "--model-path".to_owned(),
+        model.display().to_string(),
+        "--role".to_owned(),
+        role.as_str().to_owned(),
+        "--port".to_owned(),
+        "0".to_owned(),
+        "--bootstrap-port".to_owned(),
+        "0".to_owned(),
+        "--default-max-new-tokens".to_owned(),
+        "64".to_owned(),
+        "--decode-per-step-us".to_owned(),
+        decode_us_per_step.to_string(),
+        // The CPU tower takes seconds on a large photo: wait for it.
+        "--transfer-wait-ms".to_owned(),
+        DEMO_TRANSFER_WAIT_MS.to_string(),
+        "--worker-id".to_owned(),
+        format!("demo-{}", role.as_str()),
+    ];
+    Wrapper::parse_from(argv).engine
 }
 
 /// The encode worker: the tiny model's vision tower, on free loopback ports.

@@ -14,6 +14,7 @@
 pub mod args;
 pub mod chat;
 pub mod cli;
+pub mod config;
 pub mod context;
 pub mod demo;
 pub mod discovery;
@@ -30,4 +31,5 @@ pub mod usertext;
 pub mod workers;
 
 pub use args::ServeArgs;
-pub use server::{start, RunningGateway};
+pub use config::{Config, ConfigError};
+pub use server::{start, start_with, RunningGateway};

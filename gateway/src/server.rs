@@ -16,7 +16,8 @@ use iris_model::ModelDir;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::args::{group_with_ports, ConnArgs, ServeArgs};
+use crate::args::ServeArgs;
+use crate::config::{Config, ListenConfig, Topology};
 use crate::discovery::Discovery;
 use crate::listen::{ConnLimits, ConnStats, Stop};
 use crate::metrics::Metrics;
@@ -25,7 +26,7 @@ use crate::prompt::{PromptOptions, Prompter};
 use crate::router::{Mode, Router, RouterSettings};
 use crate::transport::Lanes;
 use crate::workers::affinity::EncodePolicy;
-use crate::workers::health::{self, HealthSettings};
+use crate::workers::health;
 use crate::workers::policy::{Policy, PolicyKind};
 use crate::workers::worker::Connect;
 use crate::workers::{Pool, Role, Worker, WorkerUrl};
@@ -111,44 +112,49 @@ impl RunningGateway {
     }
 }
 
-/// Builds the gateway from `args` and starts serving.
+/// Validates `args` ([`Config::from_args`]) and starts serving.
 pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
-    let dir = ModelDir::load(&args.model_path)
-        .with_context(|| format!("cannot load model directory {}", args.model_path.display()))?;
+    start_with(Config::from_args(args)?).await
+}
+
+/// Builds the gateway from `config` and starts serving.
+pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
+    let model = &config.model;
+    let dir = ModelDir::load(&model.path)
+        .with_context(|| format!("cannot load model directory {}", model.path.display()))?;
     let prompter = Prompter::load(
         &dir,
         &PromptOptions {
-            template_file: args.chat_template.as_deref(),
-            cache_entries: args.tokenizer_cache_entries,
-            context_length: args.context_length,
+            template_file: model.chat_template.as_deref(),
+            cache_entries: model.tokenizer_cache_entries,
+            context_length: model.context_length,
         },
     )?;
-    let multimodal = Multimodal::load(&dir, &args.media)?;
-    let discovery = Discovery::from_args(&args.discovery)?;
-    let connect = worker_connect(&args)?;
-    let mode = build_mode(&args, &connect, discovery.as_ref())?;
+    let multimodal = Multimodal::load(&dir, &config.media)?;
+    let discovery = config.discovery.as_ref();
+    let connect = config.connect.clone();
+    let mode = build_mode(&config.topology, &connect)?;
     let shutdown = CancellationToken::new();
-    if let Some(discovery) = &discovery {
+    if let Some(discovery) = discovery {
         discovery
             .start(&mode.pools(), connect, shutdown.clone())
             .await?;
     }
-    let lanes = Lanes::start(&args.transport, rdma_wanted(&mode, discovery.as_ref()))?;
-    let limits = conn_limits(&args.connections)?;
-    let listener = TcpListener::bind((args.host.as_str(), args.port))
+    let lanes = Lanes::start(&config.transport, rdma_wanted(&mode, discovery))?;
+    let limits = conn_limits(&config.listen);
+    let host = config.listen.host.as_str();
+    let listener = TcpListener::bind((host, config.listen.port))
         .await
-        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-    let metrics_listener = match args.metrics_port {
+        .with_context(|| format!("cannot listen on {host}:{}", config.listen.port))?;
+    let metrics_listener = match config.listen.metrics_port {
         Some(port) => Some(
-            TcpListener::bind((args.host.as_str(), port))
+            TcpListener::bind((host, port))
                 .await
-                .with_context(|| {
-                    format!("cannot listen on {}:{port} (--metrics-port)", args.host)
-                })?,
+                .with_context(|| format!("cannot listen on {host}:{port} (--metrics-port)"))?,
         ),
         None => None,
     };
-    health::spawn(mode.pools(), health_settings(&args), shutdown.clone());
+    health::spawn(mode.pools(), config.health, shutdown.clone());
     let api_stats = Arc::new(ConnStats::default());
     let metrics_stats = Arc::new(ConnStats::default());
     let mut connection_stats = vec![("api", api_stats.clone())];
@@ -159,33 +165,30 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
         router: Router::new(
             mode,
             RouterSettings {
-                max_retries: args.max_retries,
-                circuit_breaker_failures: args.circuit_breaker_failures,
-                encode_timeout: Duration::from_millis(args.encode_timeout_ms.max(1)),
-                encode_max_in_flight: args.encode_max_in_flight,
+                max_retries: config.router.max_retries,
+                circuit_breaker_failures: config.router.circuit_breaker_failures,
+                encode_timeout: config.router.encode_timeout,
+                encode_max_in_flight: config.router.encode_max_in_flight,
             },
         )
         .with_lanes(lanes),
         prompter,
         multimodal,
         metrics: Metrics::default(),
-        model_name: args
-            .served_model_name
+        model_name: model
+            .served_name
             .clone()
             .unwrap_or_else(|| dir.served_model_name()),
-        model_path: args.model_path.display().to_string(),
+        model_path: model.path.display().to_string(),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or_default(),
-        request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
-        max_payload: args.max_payload_size,
-        body_read_timeout: seconds(
-            "--body-read-timeout-secs",
-            args.connections.body_read_timeout_secs,
-        )?,
+        request_timeout: config.request_timeout,
+        max_payload: config.max_payload_bytes,
+        body_read_timeout: config.listen.body_read_timeout,
         connection_stats,
-        shutdown_grace: Duration::from_secs_f64(args.shutdown_grace_secs.clamp(0.0, 86_400.0)),
+        shutdown_grace: config.shutdown_grace,
         hard_stop: CancellationToken::new(),
     });
     let addr = listener.local_addr()?;
@@ -251,17 +254,13 @@ const METRICS_MAX_CONNECTIONS: usize = 256;
 
 /// The connection limits the flags ask for, the cap lowered to what the
 /// open-file limit (raised to its hard limit first) can hold.
-fn conn_limits(args: &ConnArgs) -> anyhow::Result<ConnLimits> {
-    let keep_alive = match args.keep_alive_timeout_secs {
-        0.0 => None,
-        s => Some(seconds("--keep-alive-timeout-secs", s)?),
-    };
-    Ok(ConnLimits {
-        max_connections: fd_capped(args.max_connections, iris_process::raise_fd_limit()),
-        header_read_timeout: seconds("--header-read-timeout-secs", args.header_read_timeout_secs)?,
-        keep_alive,
-        max_requests: args.max_requests_per_connection,
-    })
+fn conn_limits(listen: &ListenConfig) -> ConnLimits {
+    ConnLimits {
+        max_connections: fd_capped(listen.max_connections, iris_process::raise_fd_limit()),
+        header_read_timeout: listen.header_read_timeout,
+        keep_alive: listen.keep_alive,
+        max_requests: listen.max_requests_per_connection,
+    }
 }
 
 /// `max` lowered so that the connections and a reserve for everything
@@ -282,14 +281,6 @@ fn fd_capped(max: usize, fd_limit: Option<u64>) -> usize {
         );
     }
     max.min(fits).max(1)
-}
-
-/// A positive, finite number of seconds from the flag `name`.
-fn seconds(name: &str, secs: f64) -> anyhow::Result<Duration> {
-    Duration::try_from_secs_f64(secs)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .with_context(|| format!("{name} must be a positive number of seconds, not {secs}"))
 }
 
 /// The API routes, with `/metrics` unless it has a port of its own.
@@ -333,111 +324,40 @@ pub fn rdma_wanted(mode: &Mode, discovery: Option<&Discovery>) -> bool {
     configured || discovery.is_some_and(|d| d.watches(Role::Encode))
 }
 
-fn health_settings(args: &ServeArgs) -> HealthSettings {
-    let secs = |s: f64| Duration::from_secs_f64(if s.is_finite() && s > 0.0 { s } else { 1.0 });
-    HealthSettings {
-        interval: secs(args.health_check_interval_secs),
-        timeout: secs(args.health_check_timeout_secs),
-        failure_threshold: args.health_failure_threshold,
-        success_threshold: args.health_success_threshold,
-    }
-}
-
-/// The pools of the mode the flags ask for, holding the configured
-/// workers; a role whose pods are discovered may start with none.
-fn build_mode(
-    args: &ServeArgs,
-    connect: &Connect,
-    discovery: Option<&Discovery>,
-) -> anyhow::Result<Mode> {
-    let discovered = |role: Role| discovery.is_some_and(|d| d.watches(role));
-    let pool = |role: Role,
-                urls: Vec<WorkerUrl>,
-                policy: PolicyKind,
-                missing: &str|
-     -> anyhow::Result<Arc<Pool>> {
-        anyhow::ensure!(!urls.is_empty() || discovered(role), "{missing}");
+/// The pools of `topology`, holding its configured workers (a role whose
+/// pods are discovered may start with none).
+fn build_mode(topology: &Topology, connect: &Connect) -> anyhow::Result<Mode> {
+    let pool = |role: Role, urls: &[WorkerUrl], policy: PolicyKind| -> anyhow::Result<Arc<Pool>> {
         let workers = urls
-            .into_iter()
-            .map(|u| Worker::new(u, role, connect.clone()).map_err(anyhow::Error::msg))
+            .iter()
+            .map(|u| Worker::new(u.clone(), role, connect.clone()).map_err(anyhow::Error::msg))
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Arc::new(Pool::new(role, workers, Policy::new(policy))))
     };
-    if args.epd_disaggregation || args.pd_disaggregation {
-        anyhow::ensure!(
-            !(args.epd_disaggregation && args.pd_disaggregation),
-            "--epd-disaggregation and --pd-disaggregation exclude each other"
-        );
-        let flag = if args.epd_disaggregation {
-            "--epd-disaggregation"
-        } else {
-            "--pd-disaggregation"
-        };
-        anyhow::ensure!(
-            args.worker_urls.is_empty(),
-            "--worker-urls is for aggregated mode; with {flag} use --prefill and --decode"
-        );
-        let prefill = group_with_ports(&args.prefill).map_err(anyhow::Error::msg)?;
-        let decode = parse_urls(&args.decode)?;
-        let prefill = pool(
-            Role::Prefill,
-            prefill,
-            args.prefill_policy.unwrap_or(args.policy),
-            &format!("{flag} needs at least one --prefill URL (or a --prefill-selector)"),
-        )?;
-        let decode = pool(
-            Role::Decode,
-            decode,
-            args.decode_policy.unwrap_or(args.policy),
-            &format!("{flag} needs at least one --decode URL (or a --decode-selector)"),
-        )?;
-        if !args.epd_disaggregation {
-            anyhow::ensure!(
-                args.encode.is_empty(),
-                "--encode needs --epd-disaggregation"
-            );
-            return Ok(Mode::PrefillDecode { prefill, decode });
+    Ok(match topology {
+        Topology::Aggregated { workers, policy } => {
+            Mode::Aggregated(pool(Role::Aggregated, workers, *policy)?)
         }
-        let encode = group_with_ports(&args.encode).map_err(anyhow::Error::msg)?;
-        return Ok(Mode::EncodePrefillDecode {
-            encode: pool(
-                Role::Encode,
-                encode,
-                PolicyKind::LeastLoad,
-                "--epd-disaggregation needs at least one --encode URL (or an --encode-selector)",
-            )?,
-            encode_policy: EncodePolicy::new(args.encode_policy, args.encode_load_factor),
+        Topology::Disaggregated {
             prefill,
+            prefill_policy,
             decode,
-        });
-    }
-    anyhow::ensure!(
-        args.prefill.is_empty() && args.decode.is_empty() && args.encode.is_empty(),
-        "--prefill/--decode need --pd-disaggregation (and --encode --epd-disaggregation)"
-    );
-    let urls = parse_urls(&args.worker_urls)?;
-    Ok(Mode::Aggregated(pool(
-        Role::Aggregated,
-        urls,
-        args.policy,
-        "no workers: give --worker-urls (or --service-discovery with --selector), or --pd-disaggregation with --prefill and --decode",
-    )?))
-}
-
-/// How workers are reached: `--connect-timeout-ms` and the token of
-/// `--worker-auth-token-file`, read once at start-up.
-fn worker_connect(args: &ServeArgs) -> anyhow::Result<Connect> {
-    Ok(Connect {
-        timeout: Duration::from_millis(args.connect_timeout_ms.max(1)),
-        token: iris_process::auth::AuthToken::load(args.worker_auth_token_file.as_deref())?,
+            decode_policy,
+            encode,
+        } => {
+            let prefill = pool(Role::Prefill, prefill, *prefill_policy)?;
+            let decode = pool(Role::Decode, decode, *decode_policy)?;
+            match encode {
+                None => Mode::PrefillDecode { prefill, decode },
+                Some(encode) => Mode::EncodePrefillDecode {
+                    encode: pool(Role::Encode, &encode.workers, PolicyKind::LeastLoad)?,
+                    encode_policy: EncodePolicy::new(encode.policy, encode.load_factor),
+                    prefill,
+                    decode,
+                },
+            }
+        }
     })
-}
-
-fn parse_urls(urls: &[String]) -> anyhow::Result<Vec<WorkerUrl>> {
-    urls.iter()
-        .map(|u| WorkerUrl::parse(u))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(anyhow::Error::msg)
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Response {
@@ -514,22 +434,13 @@ async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        serve: ServeArgs,
-    }
 
     /// `rdma_wanted` for an EPD gateway with the extra flags `flags`.
     fn wanted(flags: &[&str]) -> bool {
-        let base = ["iris", "--model-path", "/m", "--epd-disaggregation"];
-        let argv = base.iter().chain(flags);
-        let args = Cli::try_parse_from(argv).unwrap().serve;
-        let discovery = Discovery::from_args(&args.discovery).unwrap();
-        let mode = build_mode(&args, &worker_connect(&args).unwrap(), discovery.as_ref()).unwrap();
-        rdma_wanted(&mode, discovery.as_ref())
+        let config = Config::from_flags(&[&["--epd-disaggregation"][..], flags].concat()).unwrap();
+        let connect = Connect::from(Duration::from_secs(1));
+        let mode = build_mode(&config.topology, &connect).unwrap();
+        rdma_wanted(&mode, config.discovery.as_ref())
     }
 
     #[test]
@@ -541,15 +452,6 @@ mod tests {
         // Small limits keep a quarter in reserve.
         assert_eq!(fd_capped(5000, Some(1024)), 768);
         assert_eq!(fd_capped(0, Some(1024)), 1);
-    }
-
-    #[test]
-    fn timeouts_must_be_positive_seconds() {
-        assert_eq!(seconds("--x", 1.5).unwrap(), Duration::from_millis(1500));
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300] {
-            let err = seconds("--x", bad).unwrap_err().to_string();
-            assert!(err.contains("--x must be a positive number"), "{err}");
-        }
     }
 
     #[tokio::test]

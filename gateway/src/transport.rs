@@ -9,10 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Args;
 use iris_proto::scheduler::{tensor_data::Payload, MultimodalItem};
 use iris_proto::tensor::validate;
-use iris_transport::arena::DEFAULT_MAX_ARENA_BYTES;
 use iris_transport::shm::{sweep_orphans, DEFAULT_PREFIX, DEFAULT_SHM_DIR, IDENTITY_PREFIX};
 use iris_transport::{
     ArenaConfig, DeliveryTicket, LanePolicy, Metrics, RdmaEndpoint, Reaper, ShmWriter,
@@ -22,7 +20,6 @@ use tonic::Status;
 
 use crate::workers::Worker;
 
-const MIB: usize = 1 << 20;
 /// Files of dead processes younger than this are left alone (a process in
 /// another pid namespace may share the directory).
 const SWEEP_MIN_AGE: Duration = Duration::from_secs(60);
@@ -30,82 +27,25 @@ const SWEEP_MIN_AGE: Duration = Duration::from_secs(60);
 #[cfg_attr(not(feature = "nixl"), allow(dead_code))]
 const REAPER_INTERVAL: Duration = Duration::from_millis(20);
 
-/// Tensor transport options of `iris serve`.
-#[derive(Debug, Clone, Args)]
-pub struct TransportArgs {
-    /// How pixel tensors reach encode workers: inline, shm, rdma or auto
-    /// (a worker's `?transport=` URL option or `iris.ai/tensor-transport`
-    /// annotation overrides it). A tensor that cannot take its lane goes inline.
-    #[arg(long, default_value = "inline", env = "IRIS_MM_TENSOR_TRANSPORT")]
-    pub multimodal_tensor_transport: Transport,
-    /// Smallest tensor, in bytes, sent through /dev/shm.
-    #[arg(long, default_value_t = 64 << 10, env = "IRIS_MM_SHM_MIN_BYTES")]
-    pub multimodal_shm_min_bytes: usize,
-    /// Smallest tensor, in bytes, sent through the RDMA arena.
-    #[arg(long, default_value_t = 64 << 10, env = "IRIS_MM_RDMA_MIN_BYTES")]
-    pub multimodal_rdma_min_bytes: usize,
-    /// libnixl_capi.so to load before NIXL is used (else the dynamic
-    /// linker's search path); a missing library sends tensors inline.
-    #[arg(long, env = "IRIS_NIXL_LIB")]
+/// The tensor lanes' settings (`--multimodal-tensor-transport`,
+/// `--multimodal-*-min-bytes`, `--nixl-*`, `--rdma-*`), validated by
+/// [`crate::config`].
+#[derive(Debug, Clone)]
+pub struct TransportConfig {
+    /// The process-wide transport (a worker's own overrides it).
+    pub default: Transport,
+    /// Size thresholds of the shm and RDMA lanes.
+    pub policy: LanePolicy,
+    /// The RDMA arena: geometry, TTL and the receivers' hold.
+    pub arena: ArenaConfig,
+    /// libnixl_capi.so to load (else the dynamic linker's search path).
     pub nixl_lib: Option<PathBuf>,
-    /// The gateway's NIXL agent name (encoders' --nixl-sender-name).
-    #[arg(long, default_value = "iris-gateway", env = "IRIS_NIXL_AGENT_NAME")]
+    /// The gateway's NIXL agent name.
     pub nixl_agent_name: String,
     /// Address encoders fetch the arena's NIXL metadata from.
-    #[arg(long, default_value = "127.0.0.1", env = "IRIS_RDMA_LISTEN_IP")]
     pub rdma_listen_ip: String,
-    /// Port of the NIXL metadata listener (fixed: it is in every descriptor).
-    #[arg(long, default_value_t = 5600, env = "IRIS_RDMA_LISTEN_PORT")]
+    /// Port of the NIXL metadata listener.
     pub rdma_listen_port: u16,
-    /// Bytes per arena slot, in MiB (a tensor larger than a slot goes inline).
-    #[arg(long, default_value_t = 32, env = "IRIS_RDMA_SLOT_SIZE_MB")]
-    pub rdma_slot_size_mb: usize,
-    /// Arena slots (tensors in flight at once).
-    #[arg(long, default_value_t = 8, env = "IRIS_RDMA_SLOT_COUNT")]
-    pub rdma_slot_count: usize,
-    /// Seconds after which an unacknowledged slot is reaped; must exceed
-    /// --rdma-receiver-hold-ms.
-    #[arg(long, default_value_t = 30.0, env = "IRIS_RDMA_SLOT_TTL_S")]
-    pub rdma_slot_ttl_s: f64,
-    /// The encoders' longest hold of a slot in ms: their landing wait plus
-    /// four READ timeouts (9000 with iris-encoder's defaults).
-    #[arg(long, default_value_t = 9000, env = "IRIS_RDMA_RECEIVER_HOLD_MS")]
-    pub rdma_receiver_hold_ms: u64,
-    /// Upper bound of the arena (slot size × count), in MiB.
-    #[arg(long, default_value_t = DEFAULT_MAX_ARENA_BYTES / MIB, env = "IRIS_RDMA_MAX_ARENA_MB")]
-    pub rdma_max_arena_mb: usize,
-}
-
-impl TransportArgs {
-    /// The arena geometry and TTL, validated (start-up errors).
-    pub fn arena_config(&self) -> anyhow::Result<ArenaConfig> {
-        let ttl = self.rdma_slot_ttl_s;
-        anyhow::ensure!(
-            ttl.is_finite() && ttl > 0.0 && ttl <= 86_400.0,
-            "--rdma-slot-ttl-s {ttl} must be a positive number of seconds (at most a day)"
-        );
-        let mb = |v: usize, flag: &str| {
-            v.checked_mul(MIB)
-                .ok_or_else(|| anyhow::anyhow!("{flag} {v} is too large"))
-        };
-        let cfg = ArenaConfig {
-            slot_size: mb(self.rdma_slot_size_mb, "--rdma-slot-size-mb")?,
-            slot_count: self.rdma_slot_count,
-            max_bytes: mb(self.rdma_max_arena_mb, "--rdma-max-arena-mb")?,
-            ttl: Duration::from_secs_f64(ttl),
-            receiver_hold: Duration::from_millis(self.rdma_receiver_hold_ms),
-        };
-        cfg.validate()
-            .map_err(|e| anyhow::anyhow!("RDMA arena (--rdma-slot-*): {e}"))?;
-        Ok(cfg)
-    }
-
-    fn policy(&self) -> LanePolicy {
-        LanePolicy {
-            min_shm_bytes: self.multimodal_shm_min_bytes,
-            min_rdma_bytes: self.multimodal_rdma_min_bytes,
-        }
-    }
 }
 
 /// Whether `t` may use the RDMA lane.
@@ -163,27 +103,26 @@ impl Lanes {
     /// (an encode worker's own transport may use RDMA, configured or
     /// discovered) or the flag asks for it — the arena, its reaper and
     /// the NIXL agent. A missing NIXL only logs.
-    pub fn start(args: &TransportArgs, rdma_wanted: bool) -> anyhow::Result<Lanes> {
-        let arena = args.arena_config()?;
+    pub fn start(cfg: &TransportConfig, rdma_wanted: bool) -> anyhow::Result<Lanes> {
         let metrics = Arc::new(Metrics::default());
         sweep_shm();
-        let mut sender = TensorSender::new(args.policy(), metrics.clone());
+        let mut sender = TensorSender::new(cfg.policy, metrics.clone());
         match ShmWriter::new(DEFAULT_SHM_DIR, DEFAULT_PREFIX) {
             Ok(writer) => sender = sender.with_shm(writer),
             Err(e) => tracing::warn!(error = %e, "no shm writer: shm tensors go inline"),
         }
         let mut reaper = None;
         let mut rdma = RdmaLane::Off;
-        if rdma_wanted || wants_rdma(args.multimodal_tensor_transport) {
+        if rdma_wanted || wants_rdma(cfg.default) {
             rdma = RdmaLane::Unavailable;
-            if let Some((endpoint, r)) = rdma::start(args, arena, metrics)? {
+            if let Some((endpoint, r)) = rdma::start(cfg, metrics)? {
                 sender = sender.with_rdma(endpoint);
                 reaper = Some(r);
                 rdma = RdmaLane::Up;
             }
         }
         Ok(Lanes {
-            default: args.multimodal_tensor_transport,
+            default: cfg.default,
             sender,
             rdma,
             _reaper: reaper,
@@ -290,20 +229,19 @@ mod rdma {
 
     /// The endpoint and reaper, or `None` (logged) when NIXL is missing.
     pub fn start(
-        args: &TransportArgs,
-        cfg: ArenaConfig,
+        cfg: &TransportConfig,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Option<(RdmaEndpoint, Reaper)>> {
-        let lib = args.nixl_lib.as_deref();
+        let lib = cfg.nixl_lib.as_deref();
         let arena = Arc::new(SlotArena::new(
-            cfg,
+            cfg.arena,
             Arc::new(SystemClock::default()),
             metrics,
         )?);
         let agent = match SenderAgent::start(
             lib,
-            &args.nixl_agent_name,
-            args.rdma_listen_port,
+            &cfg.nixl_agent_name,
+            cfg.rdma_listen_port,
             arena.clone(),
         ) {
             Ok(agent) => Arc::new(agent),
@@ -317,16 +255,16 @@ mod rdma {
             .map_err(|e| anyhow::anyhow!("cannot start the RDMA slot reaper: {e}"))?;
         tracing::info!(
             agent = %agent.name(),
-            ip = %args.rdma_listen_ip,
+            ip = %cfg.rdma_listen_ip,
             port = agent.port(),
-            slots = cfg.slot_count,
-            slot_bytes = cfg.slot_size,
+            slots = cfg.arena.slot_count,
+            slot_bytes = cfg.arena.slot_size,
             "RDMA tensor lane up"
         );
         let endpoint = RdmaEndpoint {
             arena,
-            ip: args.rdma_listen_ip.clone(),
-            port: args.rdma_listen_port,
+            ip: cfg.rdma_listen_ip.clone(),
+            port: cfg.rdma_listen_port,
         };
         Ok(Some((endpoint, reaper)))
     }
@@ -340,8 +278,7 @@ mod rdma {
 
     /// Logs (once, at start-up) that rdma goes inline.
     pub fn start(
-        _: &TransportArgs,
-        _: ArenaConfig,
+        _: &TransportConfig,
         _: Arc<Metrics>,
     ) -> anyhow::Result<Option<(RdmaEndpoint, Reaper)>> {
         tracing::warn!(
@@ -356,35 +293,15 @@ mod tests {
     use super::*;
     use crate::workers::{Role, WorkerUrl};
     use bytes::Bytes;
-    use clap::Parser;
     use iris_proto::tensor::{inline, DType};
     use iris_transport::WorkerCaps;
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        t: TransportArgs,
-    }
-
-    fn args(extra: &[&str]) -> TransportArgs {
-        Cli::try_parse_from([&["x"], extra].concat()).unwrap().t
-    }
-
-    #[test]
-    fn ttl_and_geometry_are_checked_at_start_up() {
-        assert!(args(&[]).arena_config().is_ok());
-        for bad in [
-            &["--rdma-slot-ttl-s", "0"][..],
-            &["--rdma-slot-ttl-s", "nan"],
-            &["--rdma-slot-ttl-s", "5"],
-            &["--rdma-slot-count", "0"],
-            &["--rdma-slot-size-mb", "2048"],
-        ] {
-            assert!(args(bad).arena_config().is_err(), "{bad:?}");
-        }
-        assert!(Cli::try_parse_from(["x", "--multimodal-tensor-transport", "tcp"]).is_err());
-        let t = args(&["--multimodal-tensor-transport", "RDMA"]);
-        assert_eq!(t.multimodal_tensor_transport, Transport::Rdma);
+    /// The transport settings of an aggregated gateway with `extra` flags.
+    fn args(extra: &[&str]) -> TransportConfig {
+        let base = ["--worker-urls", "grpc://w:1"];
+        crate::config::Config::from_flags(&[&base[..], extra].concat())
+            .unwrap()
+            .transport
     }
 
     fn worker(url: &str, caps: WorkerCaps) -> Arc<Worker> {

@@ -21,7 +21,6 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use clap::Parser;
 use iris_gateway::args::DiscoveryArgs;
-use iris_gateway::discovery::Discovery;
 use iris_gateway::transport::RdmaLane;
 use iris_gateway::workers::policy::PolicyKind;
 use iris_gateway::workers::{Policy, Pool, Role};
@@ -300,7 +299,7 @@ impl Gateway {
         }
         let argv = std::iter::once("iris").chain(flags.iter().copied());
         let args = Flags::try_parse_from(argv).unwrap().discovery;
-        let discovery = Discovery::from_args(&args)
+        let discovery = iris_gateway::config::discovery(&args)
             .unwrap()
             .expect("discovery is on");
         let pools: Vec<Arc<Pool>> = roles
@@ -561,7 +560,7 @@ fn selector_flags_are_checked() {
         let args = Flags::try_parse_from(std::iter::once("iris").chain(flags.iter().copied()))
             .unwrap()
             .discovery;
-        Discovery::from_args(&args).map(|d| d.is_some())
+        iris_gateway::config::discovery(&args).map(|d| d.is_some())
     };
     assert!(!parse(&[]).unwrap());
     assert!(parse(&["--selector", "app=iris"])

@@ -118,7 +118,7 @@ async fn stop_strings_cut_the_answer_across_chunks() {
 async fn bad_requests_get_openai_errors() {
     let model = tiny_model();
     let worker = engine(&model, Role::Aggregated, 0).await;
-    let gw = aggregated(&model, &[&worker], &["--max-payload-size", "4096"]).await;
+    let gw = aggregated(&model, &[&worker], &["--max-payload-bytes", "4096"]).await;
     ready(&gw).await;
     let client = reqwest::Client::new();
     let post = |body: String| {

@@ -1,32 +1,16 @@
 //! Command-line options of `iris-engine` (each with an `IRIS_ENGINE_…`
 //! environment twin), shared by the binary and by in-process launchers.
+//! The defaults live here and only here; [`crate::config`] validates these
+//! into the runtime configuration.
 
 use std::path::PathBuf;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 
-/// Which part of the work this worker does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Role {
-    /// Prefill and decode in one worker.
-    Aggregated,
-    /// Computes request state and serves it by KV room.
-    Prefill,
-    /// Collects request state from a prefill worker and generates.
-    Decode,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Aggregated => "aggregated",
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-        }
-    }
-}
+pub use crate::config::Role;
 
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("shm_name_prefixes", |a| a.env("IRIS_ENGINE_SHM_NAME_PREFIX")))]
 pub struct EngineArgs {
     /// Role of this worker.
     #[arg(
@@ -67,10 +51,22 @@ pub struct EngineArgs {
     )]
     pub default_max_new_tokens: u32,
     /// Simulated prefill cost per prompt token, in microseconds.
-    #[arg(long, default_value_t = 0, env = "IRIS_ENGINE_PREFILL_US_PER_TOKEN")]
+    /// Formerly `--prefill-us-per-token` (still accepted).
+    #[arg(
+        long = "prefill-per-token-us",
+        alias = "prefill-us-per-token",
+        default_value_t = 0,
+        env = "IRIS_ENGINE_PREFILL_PER_TOKEN_US"
+    )]
     pub prefill_us_per_token: u64,
     /// Simulated decode cost per step, in microseconds.
-    #[arg(long, default_value_t = 0, env = "IRIS_ENGINE_DECODE_US_PER_STEP")]
+    /// Formerly `--decode-us-per-step` (still accepted).
+    #[arg(
+        long = "decode-per-step-us",
+        alias = "decode-us-per-step",
+        default_value_t = 0,
+        env = "IRIS_ENGINE_DECODE_PER_STEP_US"
+    )]
     pub decode_us_per_step: u64,
     /// Chance per decode step of emitting EOS, in parts per million
     /// (after min_new_tokens, unless ignore_eos).
@@ -96,16 +92,9 @@ pub struct EngineArgs {
     /// other workers' data ports. Unset: no authentication.
     #[arg(long, env = "IRIS_ENGINE_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
-    /// Another sender's shm file-name prefix to accept, besides Iris's
-    /// (`iris-tensor-`) and smg's (`smg-tokenspeed-`); repeatable, or
-    /// comma-separated in the environment.
-    #[arg(
-        long = "shm-name-prefix",
-        value_name = "PREFIX",
-        env = "IRIS_ENGINE_SHM_NAME_PREFIX",
-        value_delimiter = ','
-    )]
-    pub shm_name_prefixes: Vec<String>,
+    /// `--shm-name-prefix` (env `IRIS_ENGINE_SHM_NAME_PREFIX`).
+    #[command(flatten)]
+    pub shm: iris_transport::args::ShmNameArgs,
 }
 
 /// The `iris-engine` command line: [`EngineArgs`] and the logging switch. The binary

@@ -26,7 +26,7 @@ impl DataService {
 
     fn wait(&self, wait_ms: u32) -> Duration {
         match wait_ms {
-            0 => Duration::from_millis(self.engine.args.transfer_wait_ms),
+            0 => self.engine.config.transfer_wait,
             ms => Duration::from_millis(u64::from(ms)).min(MAX_WAIT),
         }
     }

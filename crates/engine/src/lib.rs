@@ -9,6 +9,7 @@
 //! room over `iris.data.v1`; the decode role collects it from there.
 
 pub mod args;
+pub mod config;
 mod data;
 pub mod inflight;
 pub mod metrics;
@@ -20,5 +21,6 @@ mod run;
 mod server;
 mod service;
 
-pub use args::{Cli, EngineArgs, Role};
-pub use server::{start, RunningEngine};
+pub use args::{Cli, EngineArgs};
+pub use config::{ConfigError, EngineConfig, Role};
+pub use server::{start, start_configured, RunningEngine};

@@ -66,7 +66,7 @@ async fn drive(engine: &Engine, plan: &Plan, tx: &Tx) -> Result<(), Stop> {
 
 /// Folds the prompt and every item's bytes into the state.
 async fn prefill(engine: &Engine, plan: &Plan) -> Result<PromptState, Status> {
-    let wait = Duration::from_millis(engine.args.transfer_wait_ms);
+    let wait = engine.config.transfer_wait;
     let fetches = plan.items.iter().map(|item| async move {
         match item {
             ItemSource::Pixels(tensor) => payload::read(tensor, &engine.shm_names).await,
@@ -76,7 +76,10 @@ async fn prefill(engine: &Engine, plan: &Plan) -> Result<PromptState, Status> {
         }
     });
     let items: Vec<Bytes> = futures::future::try_join_all(fetches).await?;
-    simulate(engine.args.prefill_us_per_token * plan.input_ids.len() as u64).await;
+    simulate(
+        engine.config.prefill_per_token * u32::try_from(plan.input_ids.len()).unwrap_or(u32::MAX),
+    )
+    .await;
     let input_ids = plan.input_ids.clone();
     tokio::task::spawn_blocking(move || {
         PromptState::prefill(&input_ids, items.iter().map(|b| &b[..]))
@@ -91,7 +94,7 @@ async fn collect_state(engine: &Engine, plan: &Plan) -> Result<PromptState, Stat
         .kv
         .as_ref()
         .ok_or_else(|| Status::internal("decode plan without a KV room"))?;
-    let wait = Duration::from_millis(engine.args.transfer_wait_ms);
+    let wait = engine.config.transfer_wait;
     let state = engine
         .peers
         .fetch_kv_state(&kv.host, kv.port, kv.room, wait)
@@ -140,7 +143,7 @@ async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> R
         .collect();
     let prompt_tokens = state.prompt_tokens;
     loop {
-        simulate(engine.args.decode_us_per_step).await;
+        simulate(engine.config.decode_per_step).await;
         let mut active = false;
         for (index, (seq, output, done)) in sequences.iter_mut().enumerate() {
             if *done {
@@ -249,8 +252,8 @@ async fn finish_early(engine: &Engine, plan: &Plan, tx: &Tx, stop: Stop) {
 }
 
 /// Sleeps for a simulated compute cost.
-async fn simulate(micros: u64) {
-    if micros > 0 {
-        tokio::time::sleep(Duration::from_micros(micros)).await;
+async fn simulate(cost: Duration) {
+    if !cost.is_zero() {
+        tokio::time::sleep(cost).await;
     }
 }

@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::EngineConfig;
 use crate::data::DataService;
 use crate::inflight::InFlight;
 use crate::model::Vocab;
@@ -52,15 +53,22 @@ impl RunningEngine {
     }
 }
 
-/// Loads the model and starts serving.
+/// Validates `args` ([`EngineConfig::from_args`]), loads the model and
+/// starts serving.
 pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
-    let token = iris_process::auth::AuthToken::load(args.auth_token_file.as_deref())?;
-    let engine = Arc::new(build_engine(&args, token.clone())?);
+    start_configured(EngineConfig::from_args(args)?).await
+}
+
+/// Loads the model and starts serving with a validated `config`.
+pub async fn start_configured(config: EngineConfig) -> anyhow::Result<RunningEngine> {
+    let token = config.auth_token.clone();
+    let engine = Arc::new(build_engine(config)?);
+    let cfg = &engine.config;
     let mut servers = ServerTasks::default();
-    let grpc = bind(&args.host, args.port).await?;
+    let grpc = bind(&cfg.host, cfg.port).await?;
     let grpc_addr = grpc.local_addr()?;
-    let data_addr = if args.role == Role::Prefill {
-        let data = bind(&args.host, args.bootstrap_port).await?;
+    let data_addr = if cfg.role == Role::Prefill {
+        let data = bind(&cfg.host, cfg.bootstrap_port).await?;
         let addr = data.local_addr()?;
         let service = IrisDataServer::new(DataService::new(engine.clone()))
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -86,9 +94,9 @@ pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
         iris_process::nodelay_incoming(grpc),
         servers.shutdown_token().cancelled_owned(),
     ));
-    let metrics_addr = match args.metrics_port {
+    let metrics_addr = match cfg.metrics_port {
         Some(port) => {
-            let metrics = bind(&args.host, port).await?;
+            let metrics = bind(&cfg.host, port).await?;
             let addr = metrics.local_addr()?;
             servers.spawn(
                 axum::serve(metrics, crate::metrics::routes(engine.clone()))
@@ -113,12 +121,9 @@ async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot listen on {host}:{port}"))
 }
 
-fn build_engine(
-    args: &EngineArgs,
-    token: Option<iris_process::auth::AuthToken>,
-) -> anyhow::Result<Engine> {
-    let dir = ModelDir::load(&args.model_path)
-        .with_context(|| format!("cannot load model directory {}", args.model_path.display()))?;
+fn build_engine(cfg: EngineConfig) -> anyhow::Result<Engine> {
+    let dir = ModelDir::load(&cfg.model_path)
+        .with_context(|| format!("cannot load model directory {}", cfg.model_path.display()))?;
     let tokenizer = dir
         .load_tokenizer()
         .context("cannot load the model's tokenizer")?;
@@ -135,11 +140,11 @@ fn build_engine(
     let bundle = dir
         .tokenizer_bundle()
         .context("cannot bundle the tokenizer files")?;
-    let served_model_name = args
+    let served_model_name = cfg
         .served_model_name
         .clone()
         .unwrap_or_else(|| dir.served_model_name());
-    let model_path = if args.expose_model_path {
+    let model_path = if cfg.expose_model_path {
         dir.root.display().to_string()
     } else {
         served_model_name.clone()
@@ -160,44 +165,33 @@ fn build_engine(
     let limits = Limits {
         max_context_length: dir.config.max_context_length.unwrap_or(32_768),
         vocab_size,
-        default_max_new_tokens: args.default_max_new_tokens,
+        default_max_new_tokens: cfg.default_max_new_tokens,
     };
     let vocab = Vocab {
         ordinary,
         eos: facts.eos_token_ids.clone(),
-        eos_ppm: args.eos_ppm.min(1_000_000),
+        eos_ppm: cfg.eos_ppm,
     };
-    let worker_id = args
+    let worker_id = cfg
         .worker_id
         .clone()
-        .unwrap_or_else(|| format!("{}@{}:{}", args.role.as_str(), args.host, args.port));
-    let ttl = Duration::from_secs(args.room_ttl_secs.max(1));
+        .unwrap_or_else(|| format!("{}@{}:{}", cfg.role.as_str(), cfg.host, cfg.port));
     Ok(Engine {
-        role: args.role,
-        args: args.clone(),
+        role: cfg.role,
         facts,
         limits,
         vocab,
         inflight: Arc::new(InFlight::default()),
         rooms: Arc::new(RoomStore::new(RoomLimits {
             max_bytes: MAX_ROOM_BYTES,
-            ttl,
+            ttl: cfg.room_ttl,
         })),
-        peers: Peers::new(worker_id.clone(), token),
-        shm_names: shm_names(&args.shm_name_prefixes)?,
-        slots: Arc::new(Semaphore::new(args.max_running_requests.max(1) as usize)),
+        peers: Peers::new(worker_id.clone(), cfg.auth_token.clone()),
+        shm_names: cfg.shm_names.clone(),
+        slots: Arc::new(Semaphore::new(cfg.max_running_requests as usize)),
         worker_id,
         started: Instant::now(),
         started_at: SystemTime::now(),
+        config: cfg,
     })
-}
-
-/// The default shm senders' prefixes and the `--shm-name-prefix` ones.
-fn shm_names(extra: &[String]) -> anyhow::Result<iris_transport::ShmNames> {
-    extra
-        .iter()
-        .try_fold(iris_transport::ShmNames::default(), |names, prefix| {
-            names.with_prefix(prefix.trim())
-        })
-        .map_err(|e| anyhow::anyhow!("--shm-name-prefix: {e}"))
 }

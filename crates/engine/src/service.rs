@@ -14,11 +14,12 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use crate::config::EngineConfig;
 use crate::inflight::InFlight;
 use crate::model::{PromptState, Vocab};
 use crate::peers::Peers;
 use crate::request::{self, Limits};
-use crate::{run, EngineArgs, Role};
+use crate::{run, Role};
 
 /// Bytes a prefill reserves per stored state.
 pub const STATE_BYTES: u64 = 32;
@@ -52,7 +53,7 @@ pub struct ModelFacts {
 /// Everything a running engine shares between requests.
 pub struct Engine {
     pub role: Role,
-    pub args: EngineArgs,
+    pub config: EngineConfig,
     pub facts: ModelFacts,
     pub limits: Limits,
     pub vocab: Vocab,
@@ -240,7 +241,7 @@ fn model_info(engine: &Engine) -> GetModelInfoResponse {
 fn loads(engine: &Engine) -> GetLoadsResponse {
     let l = engine.inflight.loads();
     let as_i32 = |v: i64| i32::try_from(v).unwrap_or(i32::MAX);
-    let max_running = engine.args.max_running_requests.max(1);
+    let max_running = engine.config.max_running_requests;
     let utilization = l.running as f64 / f64::from(max_running);
     let load = SchedulerLoad {
         dp_rank: 0,
@@ -282,17 +283,17 @@ fn server_args(engine: &Engine) -> Struct {
         ("worker_id", text(&engine.worker_id)),
         ("model_path", text(&engine.facts.model_path)),
         ("served_model_name", text(&engine.facts.served_model_name)),
-        ("host", text(&engine.args.host)),
-        ("port", number(f64::from(engine.args.port))),
+        ("host", text(&engine.config.host)),
+        ("port", number(f64::from(engine.config.port))),
         (
             "max_running_requests",
-            number(f64::from(engine.args.max_running_requests)),
+            number(f64::from(engine.config.max_running_requests)),
         ),
     ];
     if engine.role == Role::Prefill {
         pairs.push((
             "disaggregation_bootstrap_port",
-            number(f64::from(engine.args.bootstrap_port)),
+            number(f64::from(engine.config.bootstrap_port)),
         ));
     }
     fields(pairs)

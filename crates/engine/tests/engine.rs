@@ -313,7 +313,7 @@ async fn epd_prefill_collects_embeddings() {
 #[tokio::test]
 async fn abort_ends_a_running_request() {
     let model = tiny_model();
-    let engine = EngineProcess::start(&model, "aggregated", &["--decode-us-per-step", "20000"]);
+    let engine = EngineProcess::start(&model, "aggregated", &["--decode-per-step-us", "20000"]);
     let mut client = engine.client().await;
     let mut abort_client = engine.client().await;
     let run = tokio::spawn(async move {
@@ -434,7 +434,7 @@ async fn model_path_is_reported_when_asked() {
 async fn bad_input_gets_clear_status() {
     let model = tiny_model();
     let engine = EngineProcess::start(&model, "aggregated", &[]);
-    let prefill = EngineProcess::start(&model, "prefill", &["--decode-us-per-step", "1000"]);
+    let prefill = EngineProcess::start(&model, "prefill", &["--decode-per-step-us", "1000"]);
     let mut client = engine.client().await;
     let check = |out: Outcome, code: Code, needle: &str| {
         let status = out

@@ -155,11 +155,15 @@ pub struct LanePolicy {
     pub min_rdma_bytes: usize,
 }
 
+/// The default of both thresholds (the gateway's
+/// `--multimodal-shm-min-bytes` and `--multimodal-rdma-min-bytes`).
+pub const DEFAULT_MIN_LANE_BYTES: usize = 64 << 10;
+
 impl Default for LanePolicy {
     fn default() -> Self {
         LanePolicy {
-            min_shm_bytes: 64 * 1024,
-            min_rdma_bytes: 64 * 1024,
+            min_shm_bytes: DEFAULT_MIN_LANE_BYTES,
+            min_rdma_bytes: DEFAULT_MIN_LANE_BYTES,
         }
     }
 }

@@ -15,6 +15,7 @@
 //! See `docs/transports.md`.
 
 pub mod arena;
+pub mod args;
 pub mod descriptor;
 pub mod lane;
 pub mod metrics;
@@ -29,6 +30,10 @@ pub mod shm;
 pub const SHM_IDENTITY_FIELD: &str = "shm_identity";
 /// GetServerInfo `server_args` field: 1 when the worker's NIXL receiver is up.
 pub const NIXL_RECEIVER_FIELD: &str = "nixl_receiver";
+/// GetServerInfo `server_args` field: the longest a worker's NIXL receiver
+/// may hold a sender's slot, in ms (its landing wait plus four READ
+/// timeouts); a sender whose receiver hold is shorter must not use RDMA.
+pub const NIXL_RECEIVER_HOLD_FIELD: &str = "nixl_receiver_hold_ms";
 
 pub use arena::{
     ArenaConfig, ArenaError, Clock, Lease, ManualClock, Reaper, Release, SlotArena, SystemClock,

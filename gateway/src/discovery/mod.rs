@@ -24,7 +24,6 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
-use crate::args::DiscoveryArgs;
 use crate::workers::worker::Connect;
 use crate::workers::{Pool, Role};
 use pod::{PodRules, Selector, LWS_WORKER_INDEX_LABEL};
@@ -41,41 +40,6 @@ pub struct Discovery {
 }
 
 impl Discovery {
-    /// The discovery the flags ask for; `None` without `--service-discovery`.
-    pub fn from_args(args: &DiscoveryArgs) -> anyhow::Result<Option<Discovery>> {
-        let flags = [
-            (Role::Aggregated, "--selector", &args.selector),
-            (Role::Encode, "--encode-selector", &args.encode_selector),
-            (Role::Prefill, "--prefill-selector", &args.prefill_selector),
-            (Role::Decode, "--decode-selector", &args.decode_selector),
-        ];
-        if !args.service_discovery {
-            if let Some((_, flag, _)) = flags.iter().find(|(_, _, v)| !v.is_empty()) {
-                anyhow::bail!("{flag} needs --service-discovery");
-            }
-            return Ok(None);
-        }
-        let mut roles = Vec::new();
-        for (role, flag, items) in flags {
-            let selector = Selector::parse(items).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
-            if !selector.is_empty() {
-                roles.push((role, selector));
-            }
-        }
-        anyhow::ensure!(
-            !roles.is_empty(),
-            "--service-discovery needs a label selector: --selector, or --encode-selector, --prefill-selector and --decode-selector"
-        );
-        Ok(Some(Discovery {
-            namespace: args.service_discovery_namespace.clone(),
-            roles,
-            rules: PodRules {
-                default_port: args.service_discovery_port,
-                leaders_only: args.lws_leaders_only,
-            },
-        }))
-    }
-
     /// Whether pods of `role` are discovered.
     pub fn watches(&self, role: Role) -> bool {
         self.roles.iter().any(|(r, _)| *r == role)

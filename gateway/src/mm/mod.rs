@@ -13,19 +13,17 @@ pub mod items;
 pub mod pixels;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use bytes::Bytes;
 use iris_cache::{CacheStats, Lookup, SingleFlightCache};
-use iris_media::{MediaConfig, MediaError, MediaFetcher};
+use iris_media::{MediaError, MediaFetcher};
 use iris_model::ModelDir;
 use iris_openai::{ApiError, ImageUrl};
-use iris_vision::{
-    DecodeLimits, ImageInfo, OutputDtype, PreprocessOptions, Processor, VisionError,
-};
+use iris_vision::{DecodeLimits, ImageInfo, PreprocessOptions, Processor, VisionError};
 
-use crate::args::{InputDtype, MediaArgs};
+use crate::config::MediaSettings;
 use crate::metrics::{Metrics, Stage};
 use budget::{BudgetError, HeldImages, MemoryBudget, Reservation};
 use pixels::{content_hash, image_hash, PixelEntry};
@@ -59,7 +57,7 @@ pub struct Multimodal {
 impl Multimodal {
     /// The pipeline for `dir`'s model, or `None` when the model takes no
     /// images (no `preprocessor_config.json` or no `image_token_id`).
-    pub fn load(dir: &ModelDir, args: &MediaArgs) -> anyhow::Result<Option<Multimodal>> {
+    pub fn load(dir: &ModelDir, settings: &MediaSettings) -> anyhow::Result<Option<Multimodal>> {
         let (Some(_), Some(image_token_id)) =
             (dir.preprocessor_config.as_ref(), dir.config.image_token_id)
         else {
@@ -69,33 +67,25 @@ impl Multimodal {
             .context("cannot build the image processor from preprocessor_config.json")?
             .into();
         let options = PreprocessOptions {
-            dtype: match args.mm_encoder_input_dtype {
-                InputDtype::Float32 => OutputDtype::F32,
-                InputDtype::Bfloat16 => OutputDtype::Bf16,
-            },
+            dtype: settings.dtype,
             limits: DecodeLimits {
-                max_pixels: args.mm_max_image_pixels,
+                max_pixels: settings.max_image_pixels,
                 ..DecodeLimits::default()
             },
             intra_image_parallel: true,
             ..PreprocessOptions::default()
         };
-        let fetcher = MediaFetcher::new(media_config(args))
+        let fetcher = MediaFetcher::new(settings.fetch.clone())
             .map_err(|e| anyhow::anyhow!("image fetching settings: {e}"))?;
-        let capacity =
-            usize::try_from(args.mm_pixel_cache_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         Ok(Some(Multimodal {
             fetcher,
             fingerprint: processor.fingerprint(&options),
             processor,
             options,
-            cache: SingleFlightCache::with_weigher(capacity, PixelEntry::weight),
+            cache: SingleFlightCache::with_weigher(settings.pixel_cache_bytes, PixelEntry::weight),
             image_token_id,
-            per_request_limit: args.mm_per_request_image_limit,
-            budget: MemoryBudget::new(
-                args.mm_max_inflight_mb.saturating_mul(MIB),
-                Duration::from_millis(args.mm_inflight_wait_ms),
-            ),
+            per_request_limit: settings.per_request_image_limit,
+            budget: MemoryBudget::new(settings.inflight_bytes, settings.inflight_wait),
         }))
     }
 
@@ -313,24 +303,6 @@ impl Multimodal {
     }
 }
 
-fn media_config(args: &MediaArgs) -> MediaConfig {
-    MediaConfig {
-        allow_private_hosts: args.mm_allow_private_media_hosts,
-        allowed_domains: args
-            .mm_allowed_media_domains
-            .iter()
-            .map(|d| d.trim().to_owned())
-            .filter(|d| !d.is_empty())
-            .collect(),
-        allowed_local_media_path: args.allowed_local_media_path.clone(),
-        connect_timeout: Duration::from_millis(args.mm_fetch_connect_timeout_ms.max(1)),
-        read_timeout: Duration::from_millis(args.mm_fetch_timeout_ms.max(1)),
-        max_bytes: args.mm_max_image_bytes as u64,
-        max_redirects: args.mm_max_redirects,
-        ..MediaConfig::default()
-    }
-}
-
 /// A request's preprocessed images ([`Multimodal::load_images`]).
 pub struct LoadedImages {
     /// The images, in the request's order.
@@ -442,6 +414,7 @@ fn vision_error(place: &str, error: &iris_vision::VisionError) -> ApiError {
 mod tests {
     use super::*;
     use iris_vision::ImageFormat;
+    use std::time::Duration;
 
     #[test]
     fn budget_refusals_name_the_image_or_say_when_to_retry() {

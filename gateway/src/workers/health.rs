@@ -2,15 +2,20 @@
 //! a fixed interval and applies the failure/success thresholds. Encode
 //! workers that pass are also asked GetServerInfo for their tensor
 //! capabilities: a shm identity (verified here: true only if this process
-//! reads the very token back from its `/dev/shm`) and a NIXL receiver.
+//! reads the very token back from its `/dev/shm`) and a NIXL receiver
+//! (refused when it may hold an RDMA slot longer than this gateway's
+//! `--rdma-receiver-hold-ms`: the arena could then reap a slot the worker
+//! is still reading).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use iris_proto::info::{number_field, text_field};
-use iris_proto::scheduler::{GetServerInfoRequest, HealthCheckRequest};
+use iris_proto::scheduler::{GetServerInfoRequest, GetServerInfoResponse, HealthCheckRequest};
 use iris_transport::shm::{verify_identity, DEFAULT_SHM_DIR};
-use iris_transport::{WorkerCaps, NIXL_RECEIVER_FIELD, SHM_IDENTITY_FIELD};
+use iris_transport::{
+    WorkerCaps, NIXL_RECEIVER_FIELD, NIXL_RECEIVER_HOLD_FIELD, SHM_IDENTITY_FIELD,
+};
 use tokio_util::sync::CancellationToken;
 
 use super::pool::Pool;
@@ -23,6 +28,9 @@ pub struct HealthSettings {
     pub timeout: Duration,
     pub failure_threshold: u32,
     pub success_threshold: u32,
+    /// `--rdma-receiver-hold-ms`: encode workers whose NIXL receiver may
+    /// hold a slot longer get no rdma tensors.
+    pub rdma_receiver_hold: Duration,
 }
 
 /// Checks one worker once: healthy when the RPC answers `healthy: true`
@@ -63,8 +71,22 @@ pub fn spawn(
     })
 }
 
-/// Asks an encode worker's GetServerInfo what it can receive tensors by.
-pub async fn probe_caps(worker: &Worker, timeout: Duration) -> Result<WorkerCaps, String> {
+/// What an encode worker's GetServerInfo says it can receive tensors by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probed {
+    /// The capabilities granted (NIXL only when its hold fits ours).
+    pub caps: WorkerCaps,
+    /// The worker's receiver hold when it exceeds ours (RDMA refused).
+    pub hold_too_long: Option<Duration>,
+}
+
+/// Asks an encode worker's GetServerInfo what it can receive tensors by;
+/// `our_hold` is this gateway's `--rdma-receiver-hold-ms`.
+pub async fn probe_caps(
+    worker: &Worker,
+    timeout: Duration,
+    our_hold: Duration,
+) -> Result<Probed, String> {
     let mut request = tonic::Request::new(GetServerInfoRequest {});
     request.set_timeout(timeout);
     let mut client = worker.client();
@@ -73,22 +95,56 @@ pub async fn probe_caps(worker: &Worker, timeout: Duration) -> Result<WorkerCaps
         Ok(Err(status)) => return Err(format!("{:?}: {}", status.code(), status.message())),
         Err(_) => return Err(format!("no answer within {} ms", timeout.as_millis())),
     };
-    let args = info.server_args.unwrap_or_default();
-    let shared_shm = text_field(&args, SHM_IDENTITY_FIELD)
+    Ok(probed(info, our_hold))
+}
+
+/// What GetServerInfo's `server_args` grant: shm when the identity token
+/// is read back from this process's `/dev/shm`, NIXL when the receiver is
+/// up and its hold fits `our_hold`.
+fn probed(info: GetServerInfoResponse, our_hold: Duration) -> Probed {
+    let args = &info.server_args.unwrap_or_default();
+    let shared_shm = text_field(args, SHM_IDENTITY_FIELD)
         .is_some_and(|id| verify_identity(std::path::Path::new(DEFAULT_SHM_DIR), id));
-    let nixl = number_field(&args, NIXL_RECEIVER_FIELD).is_some_and(|n| n >= 1.0);
-    Ok(WorkerCaps { shared_shm, nixl })
+    let nixl = number_field(args, NIXL_RECEIVER_FIELD).is_some_and(|n| n >= 1.0);
+    let hold_too_long =
+        hold_too_long(number_field(args, NIXL_RECEIVER_HOLD_FIELD), our_hold).filter(|_| nixl);
+    Probed {
+        caps: WorkerCaps {
+            shared_shm,
+            nixl: nixl && hold_too_long.is_none(),
+        },
+        hold_too_long,
+    }
+}
+
+/// The receiver hold a worker reported (`reported_ms`) when it exceeds
+/// `ours`; a worker that reports none (an older encoder) is trusted.
+pub fn hold_too_long(reported_ms: Option<f64>, ours: Duration) -> Option<Duration> {
+    let theirs = Duration::try_from_secs_f64(reported_ms? / 1000.0).ok()?;
+    (theirs > ours).then_some(theirs)
 }
 
 /// Refreshes an encode worker's capabilities after a passing check.
-async fn refresh_caps(worker: &Worker, timeout: Duration) {
-    let caps = match probe_caps(worker, timeout).await {
-        Ok(caps) => caps,
+async fn refresh_caps(worker: &Worker, settings: &HealthSettings) {
+    let probed = match probe_caps(worker, settings.timeout, settings.rdma_receiver_hold).await {
+        Ok(probed) => probed,
         Err(why) => {
             tracing::debug!(worker = %worker.url, %why, "GetServerInfo failed; tensors go inline");
-            WorkerCaps::default()
+            Probed {
+                caps: WorkerCaps::default(),
+                hold_too_long: None,
+            }
         }
     };
+    if worker.set_hold_refused(probed.hold_too_long.is_some()) {
+        tracing::warn!(
+            worker = %worker.url,
+            worker_hold_ms = probed.hold_too_long.map_or(0, |d| d.as_millis()),
+            gateway_hold_ms = settings.rdma_receiver_hold.as_millis(),
+            "encode worker's RDMA receiver may hold a slot longer than --rdma-receiver-hold-ms: its tensors go inline (fallback reason nixl_unavailable); raise --rdma-receiver-hold-ms (and --rdma-slot-ttl-secs) or lower its --rdma-landing-wait-ms / --rdma-read-timeout-ms"
+        );
+    }
+    let caps = probed.caps;
     if worker.set_caps(caps) {
         tracing::info!(worker = %worker.url, shared_shm = caps.shared_shm, nixl = caps.nixl, "encode worker tensor capabilities");
     }
@@ -97,7 +153,7 @@ async fn refresh_caps(worker: &Worker, timeout: Duration) {
 async fn check_and_record(worker: &Arc<Worker>, settings: &HealthSettings) {
     let result = check(worker, settings.timeout).await;
     if result.is_ok() && worker.role == Role::Encode {
-        refresh_caps(worker, settings.timeout).await;
+        refresh_caps(worker, settings).await;
     }
     let changed = worker.record_check(
         result.is_ok(),
@@ -112,5 +168,59 @@ async fn check_and_record(worker: &Arc<Worker>, settings: &HealthSettings) {
             tracing::warn!(worker = %worker.url, role = worker.role.as_str(), %why, "worker unhealthy: out of service")
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::WorkerUrl;
+
+    #[test]
+    fn a_receiver_hold_longer_than_ours_refuses_rdma() {
+        let ours = Duration::from_millis(9000);
+        // iris-encoder's defaults: 1000 + 4 × 2000 ms.
+        assert_eq!(hold_too_long(Some(9000.0), ours), None);
+        assert_eq!(
+            hold_too_long(Some(9001.0), ours),
+            Some(Duration::from_millis(9001))
+        );
+        // An encoder that does not report its hold is trusted.
+        assert_eq!(hold_too_long(None, ours), None);
+        assert_eq!(hold_too_long(Some(-1.0), ours), None);
+    }
+
+    #[test]
+    fn server_info_grants_nixl_only_when_the_hold_fits() {
+        use iris_proto::info::{fields, number};
+        let ours = Duration::from_millis(9000);
+        let info = |up: f64, hold: Option<f64>| {
+            let mut pairs = vec![(NIXL_RECEIVER_FIELD, number(up))];
+            pairs.extend(hold.map(|h| (NIXL_RECEIVER_HOLD_FIELD, number(h))));
+            let info = GetServerInfoResponse {
+                server_args: Some(fields(pairs)),
+                ..GetServerInfoResponse::default()
+            };
+            probed(info, ours)
+        };
+        assert!(info(1.0, Some(9000.0)).caps.nixl);
+        assert!(info(1.0, None).caps.nixl);
+        let long = info(1.0, Some(12_000.0));
+        assert!(!long.caps.nixl);
+        assert_eq!(long.hold_too_long, Some(Duration::from_secs(12)));
+        // No receiver: nothing to refuse, nothing to warn about.
+        let down = info(0.0, Some(12_000.0));
+        assert_eq!((down.caps.nixl, down.hold_too_long), (false, None));
+        assert!(!info(1.0, Some(9000.0)).caps.shared_shm);
+    }
+
+    #[tokio::test]
+    async fn the_refusal_is_reported_once_per_change() {
+        let url = WorkerUrl::parse("grpc://127.0.0.1:1").unwrap();
+        let worker = Worker::new(url, Role::Encode, Duration::from_secs(1)).unwrap();
+        assert!(worker.set_hold_refused(true));
+        assert!(!worker.set_hold_refused(true));
+        assert!(!worker.set_hold_refused(false));
+        assert!(worker.set_hold_refused(true));
     }
 }

@@ -88,6 +88,9 @@ pub struct Worker {
     shared_shm: AtomicBool,
     /// Reports a working NIXL receiver.
     nixl: AtomicBool,
+    /// Its NIXL receiver may hold a slot longer than our
+    /// `--rdma-receiver-hold-ms`: no rdma tensors for it.
+    hold_refused: AtomicBool,
 }
 
 /// Counts a request against a worker while alive.
@@ -133,6 +136,7 @@ impl Worker {
             transport,
             shared_shm: AtomicBool::new(false),
             nixl: AtomicBool::new(false),
+            hold_refused: AtomicBool::new(false),
         }))
     }
 
@@ -299,6 +303,12 @@ impl Worker {
         let shm = self.shared_shm.swap(caps.shared_shm, Ordering::Relaxed);
         let nixl = self.nixl.swap(caps.nixl, Ordering::Relaxed);
         (shm, nixl) != (caps.shared_shm, caps.nixl)
+    }
+
+    /// Records whether the RDMA lane is refused because the worker's
+    /// receiver hold exceeds ours; returns true when it just became so.
+    pub fn set_hold_refused(&self, refused: bool) -> bool {
+        !self.hold_refused.swap(refused, Ordering::Relaxed) && refused
     }
 
     /// Marks the worker healthy or not at once (tests, discovery).

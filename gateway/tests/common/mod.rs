@@ -54,7 +54,7 @@ pub fn engine_args(model: &Model, role: Role, decode_us_per_step: u64) -> Engine
         worker_id: None,
         metrics_port: None,
         auth_token_file: None,
-        shm_name_prefixes: Vec::new(),
+        shm: Default::default(),
     }
 }
 

@@ -1,0 +1,142 @@
+//! The engine's runtime configuration: [`EngineConfig::from_args`] turns
+//! the parsed command line ([`EngineArgs`]) into typed settings (durations,
+//! the shm names accepted, the auth token), each error naming its flag.
+//! Only this module (and the entry points that parse) read
+//! [`crate::args`]; defaults live in the clap definitions alone.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use iris_process::auth::AuthToken;
+use iris_transport::ShmNames;
+
+use crate::args::EngineArgs;
+
+/// Which part of the work this worker does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Role {
+    /// Prefill and decode in one worker.
+    Aggregated,
+    /// Computes request state and serves it by KV room.
+    Prefill,
+    /// Collects request state from a prefill worker and generates.
+    Decode,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Aggregated => "aggregated",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+/// Everything `iris-engine` runs with.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub role: Role,
+    pub host: String,
+    pub port: u16,
+    pub bootstrap_port: u16,
+    pub model_path: PathBuf,
+    /// `None`: the model directory's name.
+    pub served_model_name: Option<String>,
+    pub expose_model_path: bool,
+    /// Requests generating at once (at least 1).
+    pub max_running_requests: u32,
+    pub default_max_new_tokens: u32,
+    /// Simulated prefill cost per prompt token.
+    pub prefill_per_token: Duration,
+    /// Simulated decode cost per step.
+    pub decode_per_step: Duration,
+    /// Chance of EOS per decode step, in parts per million (at most 10⁶).
+    pub eos_ppm: u32,
+    /// The wait for a KV state or an embedding when a fetch asks for none.
+    pub transfer_wait: Duration,
+    /// How long an uncollected state is kept (at least 1 s).
+    pub room_ttl: Duration,
+    /// `None`: `role@host:port`.
+    pub worker_id: Option<String>,
+    /// `None`: no metrics server.
+    pub metrics_port: Option<u16>,
+    /// The shared secret of `--auth-token-file`, read once.
+    pub auth_token: Option<AuthToken>,
+    /// The shm file-name prefixes accepted.
+    pub shm_names: ShmNames,
+}
+
+/// A flag the engine cannot run with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+impl EngineConfig {
+    /// Validates `args`; reads the auth token file.
+    pub fn from_args(args: EngineArgs) -> Result<EngineConfig, ConfigError> {
+        if args.eos_ppm > 1_000_000 {
+            return Err(ConfigError(format!(
+                "--eos-ppm must be at most 1000000 (parts per million), not {}",
+                args.eos_ppm
+            )));
+        }
+        Ok(EngineConfig {
+            auth_token: AuthToken::load(args.auth_token_file.as_deref())
+                .map_err(|e| ConfigError(format!("--auth-token-file: {e:#}")))?,
+            shm_names: args.shm.names().map_err(ConfigError)?,
+            role: args.role,
+            host: args.host,
+            port: args.port,
+            bootstrap_port: args.bootstrap_port,
+            model_path: args.model_path,
+            served_model_name: args.served_model_name,
+            expose_model_path: args.expose_model_path,
+            max_running_requests: args.max_running_requests.max(1),
+            default_max_new_tokens: args.default_max_new_tokens,
+            prefill_per_token: Duration::from_micros(args.prefill_us_per_token),
+            decode_per_step: Duration::from_micros(args.decode_us_per_step),
+            eos_ppm: args.eos_ppm,
+            transfer_wait: Duration::from_millis(args.transfer_wait_ms),
+            room_ttl: Duration::from_secs(args.room_ttl_secs.max(1)),
+            worker_id: args.worker_id,
+            metrics_port: args.metrics_port,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn config(flags: &[&str]) -> Result<EngineConfig, ConfigError> {
+        let argv = ["iris-engine", "--model-path", "/m"].iter().chain(flags);
+        EngineConfig::from_args(crate::Cli::try_parse_from(argv).unwrap().engine)
+    }
+
+    #[test]
+    fn defaults_become_durations() {
+        let cfg = config(&["--decode-per-step-us", "1500"]).unwrap();
+        assert_eq!(cfg.transfer_wait, Duration::from_secs(5));
+        assert_eq!(cfg.room_ttl, Duration::from_secs(60));
+        assert_eq!(cfg.decode_per_step, Duration::from_micros(1500));
+        assert_eq!(cfg.prefill_per_token, Duration::ZERO);
+        assert_eq!(cfg.role, Role::Aggregated);
+    }
+
+    #[test]
+    fn errors_name_the_flag() {
+        let err = config(&["--eos-ppm", "1000001"]).unwrap_err().to_string();
+        assert!(err.starts_with("--eos-ppm must be at most"), "{err}");
+        let err = config(&["--shm-name-prefix", "a/b"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("--shm-name-prefix: "), "{err}");
+        let err = config(&["--auth-token-file", "/nonexistent/iris-token"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("--auth-token-file: "), "{err}");
+    }
+}

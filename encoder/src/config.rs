@@ -1,0 +1,184 @@
+//! The encoder's runtime configuration: [`EncoderConfig::from_args`] turns
+//! the parsed command line ([`EncoderArgs`]) into typed settings
+//! (durations, sizes in bytes, the shm names accepted, the auth token) and
+//! performs every check on the flags, each error naming its flag. Only
+//! this module (and the entry points that parse) read [`crate::args`];
+//! defaults live in the clap definitions alone.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use iris_process::auth::AuthToken;
+use iris_transport::shm::ShmNames;
+
+use crate::args::{EncoderArgs, ReceiveArgs};
+
+const MIB: u64 = 1 << 20;
+
+/// Which vision encoder computes the embeddings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ComputeKind {
+    /// The model's vision tower on the CPU, weights from the model directory.
+    Tower,
+    /// A deterministic digest of the pixels with the model's output shape
+    /// (no weights; for tests and routing benchmarks).
+    Digest,
+}
+
+/// Everything `iris-encoder` runs with.
+#[derive(Debug, Clone)]
+pub struct EncoderConfig {
+    pub compute: ComputeKind,
+    pub host: String,
+    pub port: u16,
+    pub bootstrap_port: u16,
+    pub metrics_port: u16,
+    pub model_path: PathBuf,
+    /// Largest batch, in patches (at least 1).
+    pub max_batch_patches: u64,
+    /// `None`: the model's largest image.
+    pub max_patches_per_item: Option<u64>,
+    /// `None`: one item of the largest size taken, plus slack.
+    pub max_message_bytes: Option<u64>,
+    /// The shared secret of `--auth-token-file`, read once.
+    pub auth_token: Option<AuthToken>,
+    pub coalesce_window: Duration,
+    /// Batches computed at once (at least 1).
+    pub dispatch_width: usize,
+    /// Encode requests that may wait (at least 1).
+    pub queue_capacity: usize,
+    pub embedding_cache_bytes: u64,
+    pub max_held_bytes: u64,
+    /// How long an uncollected embedding is kept (at least 1 s).
+    pub room_ttl: Duration,
+    /// The wait a fetch gets when it asks for none.
+    pub fetch_wait: Duration,
+    /// `None`: `encode@host:port`.
+    pub worker_id: Option<String>,
+    /// `None`: the model directory's name.
+    pub served_model_name: Option<String>,
+    pub expose_model_path: bool,
+    pub receive: ReceiveConfig,
+}
+
+/// How pixel tensors are received.
+#[derive(Debug, Clone)]
+pub struct ReceiveConfig {
+    pub nixl_lib: Option<PathBuf>,
+    /// `None`: `iris-encoder-PID`.
+    pub nixl_agent_name: Option<String>,
+    pub nixl_sender_name: String,
+    /// 0: a free port.
+    pub rdma_listen_port: u16,
+    /// 0: no RDMA lane.
+    pub rdma_landing_slots: usize,
+    pub rdma_landing_slot_bytes: usize,
+    pub rdma_landing_wait: Duration,
+    pub rdma_read_timeout: Duration,
+    /// The shm file-name prefixes accepted.
+    pub shm_names: ShmNames,
+}
+
+/// A flag the encoder cannot run with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+impl EncoderConfig {
+    /// Validates `args`; reads the auth token file.
+    pub fn from_args(args: EncoderArgs) -> Result<EncoderConfig, ConfigError> {
+        let auth_token = AuthToken::load(args.auth_token_file.as_deref())
+            .map_err(|e| ConfigError(format!("--auth-token-file: {e:#}")))?;
+        Ok(EncoderConfig {
+            compute: args.compute,
+            host: args.host,
+            port: args.port,
+            bootstrap_port: args.bootstrap_port,
+            metrics_port: args.metrics_port,
+            model_path: args.model_path,
+            max_batch_patches: args.max_batch_patches.max(1),
+            max_patches_per_item: args.max_patches_per_item,
+            max_message_bytes: args
+                .max_message_mb
+                .map(|mb| mib("--max-message-mb", mb))
+                .transpose()?,
+            auth_token,
+            coalesce_window: Duration::from_millis(args.coalesce_window_ms),
+            dispatch_width: args.dispatch_width.max(1),
+            queue_capacity: args.queue_capacity.max(1),
+            embedding_cache_bytes: mib("--embedding-cache-mb", args.embedding_cache_mb)?,
+            max_held_bytes: mib("--max-held-mb", args.max_held_mb)?,
+            room_ttl: Duration::from_secs(args.room_ttl_secs.max(1)),
+            fetch_wait: Duration::from_millis(args.fetch_wait_ms),
+            worker_id: args.worker_id,
+            served_model_name: args.served_model_name,
+            expose_model_path: args.expose_model_path,
+            receive: receive(&args.receive)?,
+        })
+    }
+}
+
+/// `mb` MiB in bytes; an error names `flag` when it overflows.
+fn mib(flag: &str, mb: u64) -> Result<u64, ConfigError> {
+    mb.checked_mul(MIB)
+        .ok_or_else(|| ConfigError(format!("{flag} {mb} is too large")))
+}
+
+fn receive(args: &ReceiveArgs) -> Result<ReceiveConfig, ConfigError> {
+    let slot = mib(
+        "--rdma-landing-slot-size-mb",
+        args.rdma_landing_slot_size_mb as u64,
+    )?;
+    Ok(ReceiveConfig {
+        nixl_lib: args.nixl_lib.clone(),
+        nixl_agent_name: args.nixl_agent_name.clone(),
+        nixl_sender_name: args.nixl_sender_name.clone(),
+        rdma_listen_port: args.rdma_listen_port,
+        rdma_landing_slots: args.rdma_landing_slots,
+        rdma_landing_slot_bytes: usize::try_from(slot).map_err(|_| {
+            ConfigError(format!(
+                "--rdma-landing-slot-size-mb {} is too large",
+                args.rdma_landing_slot_size_mb
+            ))
+        })?,
+        rdma_landing_wait: Duration::from_millis(args.rdma_landing_wait_ms),
+        rdma_read_timeout: Duration::from_millis(args.rdma_read_timeout_ms.max(1)),
+        shm_names: args.shm.names().map_err(ConfigError)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn config(flags: &[&str]) -> Result<EncoderConfig, ConfigError> {
+        let argv = ["iris-encoder", "--model-path", "/m"].iter().chain(flags);
+        EncoderConfig::from_args(crate::Cli::try_parse_from(argv).unwrap().encoder)
+    }
+
+    #[test]
+    fn defaults_become_durations_and_bytes() {
+        let cfg = config(&[]).unwrap();
+        assert_eq!(cfg.coalesce_window, Duration::from_millis(2));
+        assert_eq!(cfg.room_ttl, Duration::from_secs(60));
+        assert_eq!(cfg.max_held_bytes, 4096 * MIB);
+        assert_eq!(cfg.receive.rdma_landing_slot_bytes, 32 << 20);
+        assert_eq!(cfg.receive.rdma_landing_wait, Duration::from_millis(1000));
+        assert_eq!(cfg.receive.rdma_read_timeout, Duration::from_millis(2000));
+        assert_eq!(cfg.max_message_bytes, None);
+    }
+
+    #[test]
+    fn errors_name_the_flag() {
+        let too_large = u64::MAX.to_string();
+        for flag in ["--max-message-mb", "--embedding-cache-mb", "--max-held-mb"] {
+            let err = config(&[flag, &too_large]).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("{flag} ")), "{err}");
+        }
+        let err = config(&["--shm-name-prefix", "../x"]).unwrap_err();
+        assert!(err.to_string().starts_with("--shm-name-prefix: "), "{err}");
+        let err = config(&["--auth-token-file", "/nonexistent/iris-token"]).unwrap_err();
+        assert!(err.to_string().starts_with("--auth-token-file: "), "{err}");
+    }
+}

@@ -1,0 +1,487 @@
+//! The gateway's runtime configuration: [`Config::from_args`] turns the
+//! parsed command line ([`ServeArgs`]) into plain typed settings —
+//! durations as [`Duration`], sizes in bytes, the worker topology, media
+//! limits, the tensor lanes, discovery, connection limits — and performs
+//! every check on the flags, so a bad combination is one clear start-up
+//! error naming the flag. Nothing past start-up reads the command line:
+//! this is the only module that imports [`crate::args`] (besides the
+//! entry points that parse it). Defaults live in the clap definitions
+//! alone.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use iris_process::auth::AuthToken;
+use iris_transport::{ArenaConfig, LanePolicy};
+use iris_vision::OutputDtype;
+
+use crate::args::{ConnArgs, DiscoveryArgs, InputDtype, MediaArgs, ServeArgs, TransportArgs};
+use crate::discovery::pod::{PodRules, Selector};
+use crate::discovery::Discovery;
+use crate::transport::TransportConfig;
+use crate::workers::affinity::EncodePolicyKind;
+use crate::workers::health::HealthSettings;
+use crate::workers::policy::PolicyKind;
+use crate::workers::worker::Connect;
+use crate::workers::{Role, WorkerUrl};
+
+const MIB: u64 = 1 << 20;
+/// Longest duration a seconds flag may ask for (a day).
+const MAX_SECS: f64 = 86_400.0;
+
+/// A flag (or a combination of flags) that cannot be served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(String);
+
+impl ConfigError {
+    fn new(message: impl Into<String>) -> ConfigError {
+        ConfigError(message.into())
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// `Err(message)` unless `ok`.
+fn ensure(ok: bool, message: impl FnOnce() -> String) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError(message()))
+    }
+}
+
+/// Everything `iris serve` runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: ListenConfig,
+    pub model: ModelConfig,
+    pub topology: Topology,
+    /// How workers are reached (connect timeout, auth token).
+    pub connect: Connect,
+    pub health: HealthSettings,
+    pub router: RouterConfig,
+    /// Whole-request deadline.
+    pub request_timeout: Duration,
+    /// Largest request body in bytes.
+    pub max_payload_bytes: usize,
+    /// Time requests in flight may finish after shutdown begins.
+    pub shutdown_grace: Duration,
+    pub media: MediaSettings,
+    /// Kubernetes service discovery; `None` without `--service-discovery`.
+    pub discovery: Option<Discovery>,
+    pub transport: TransportConfig,
+}
+
+/// Where and how client connections are served.
+#[derive(Debug, Clone)]
+pub struct ListenConfig {
+    pub host: String,
+    pub port: u16,
+    /// `/metrics` on a port of its own.
+    pub metrics_port: Option<u16>,
+    /// Connections open at once, before the open-file limit lowers it.
+    pub max_connections: usize,
+    /// Time for a request head to arrive.
+    pub header_read_timeout: Duration,
+    /// Time for a whole request body to arrive.
+    pub body_read_timeout: Duration,
+    /// Idle time kept after a response; `None`: one request per connection.
+    pub keep_alive: Option<Duration>,
+    /// Requests per connection (0: unlimited).
+    pub max_requests_per_connection: u64,
+}
+
+/// The served model.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub path: PathBuf,
+    pub chat_template: Option<PathBuf>,
+    /// `None`: the model directory's name.
+    pub served_name: Option<String>,
+    /// `None`: the model's own context length.
+    pub context_length: Option<u32>,
+    pub tokenizer_cache_entries: usize,
+}
+
+/// The configured workers of each role and how one is chosen.
+#[derive(Debug, Clone)]
+pub enum Topology {
+    /// Aggregated workers.
+    Aggregated {
+        workers: Vec<WorkerUrl>,
+        policy: PolicyKind,
+    },
+    /// Prefill and decode workers, and with `encode` images go to encode
+    /// workers first.
+    Disaggregated {
+        prefill: Vec<WorkerUrl>,
+        prefill_policy: PolicyKind,
+        decode: Vec<WorkerUrl>,
+        decode_policy: PolicyKind,
+        encode: Option<EncodeConfig>,
+    },
+}
+
+/// The encode role of an EPD gateway.
+#[derive(Debug, Clone)]
+pub struct EncodeConfig {
+    pub workers: Vec<WorkerUrl>,
+    pub policy: EncodePolicyKind,
+    pub load_factor: f64,
+}
+
+/// Retries, circuit breaking and encode calls.
+#[derive(Debug, Clone, Copy)]
+pub struct RouterConfig {
+    pub max_retries: u32,
+    pub circuit_breaker_failures: u32,
+    pub encode_timeout: Duration,
+    pub encode_max_in_flight: usize,
+}
+
+/// The image pipeline's settings.
+#[derive(Debug, Clone)]
+pub struct MediaSettings {
+    /// Fetch rules and limits.
+    pub fetch: iris_media::MediaConfig,
+    /// Element type of the pixel tensors sent to workers.
+    pub dtype: OutputDtype,
+    pub max_image_pixels: u64,
+    pub pixel_cache_bytes: usize,
+    pub per_request_image_limit: usize,
+    /// Memory for images being decoded and tensors not yet handed over.
+    pub inflight_bytes: u64,
+    /// Longest wait for room in that memory.
+    pub inflight_wait: Duration,
+}
+
+impl Config {
+    /// Validates `args` into the runtime configuration; reads the worker
+    /// auth token file.
+    pub fn from_args(args: ServeArgs) -> Result<Config, ConfigError> {
+        let discovery = discovery(&args.discovery)?;
+        Ok(Config {
+            listen: listen(&args, &args.connections)?,
+            topology: topology(&args, discovery.as_ref())?,
+            connect: Connect {
+                timeout: Duration::from_millis(args.connect_timeout_ms.max(1)),
+                token: AuthToken::load(args.worker_auth_token_file.as_deref())
+                    .map_err(|e| ConfigError::new(format!("--worker-auth-token-file: {e:#}")))?,
+            },
+            health: health(&args)?,
+            router: RouterConfig {
+                max_retries: args.max_retries,
+                circuit_breaker_failures: args.circuit_breaker_failures,
+                encode_timeout: Duration::from_millis(args.encode_timeout_ms.max(1)),
+                encode_max_in_flight: args.encode_max_in_flight,
+            },
+            request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
+            max_payload_bytes: args.max_payload_bytes,
+            shutdown_grace: Duration::from_secs_f64(non_negative_secs(
+                "--shutdown-grace-secs",
+                args.shutdown_grace_secs,
+            )?),
+            media: media(&args.media),
+            discovery,
+            transport: transport(&args.transport)?,
+            model: ModelConfig {
+                path: args.model_path,
+                chat_template: args.chat_template,
+                served_name: args.served_model_name,
+                context_length: args.context_length,
+                tokenizer_cache_entries: args.tokenizer_cache_entries,
+            },
+        })
+    }
+
+    /// The configuration of `iris serve --model-path /m FLAGS…` (tests).
+    #[cfg(test)]
+    pub fn from_flags(flags: &[&str]) -> Result<Config, ConfigError> {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let argv = ["iris", "--model-path", "/m"].iter().chain(flags);
+        let cli = Cli::try_parse_from(argv).map_err(|e| ConfigError::new(e.to_string()))?;
+        Config::from_args(cli.serve)
+    }
+}
+
+/// A positive, finite number of seconds (at most a day) from `flag`.
+fn positive_secs(flag: &str, secs: f64) -> Result<Duration, ConfigError> {
+    ensure(secs.is_finite() && secs > 0.0 && secs <= MAX_SECS, || {
+        format!("{flag} must be a positive number of seconds (at most a day), not {secs}")
+    })?;
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// A finite number of seconds, 0 included (at most a day), from `flag`.
+fn non_negative_secs(flag: &str, secs: f64) -> Result<f64, ConfigError> {
+    ensure(secs.is_finite() && (0.0..=MAX_SECS).contains(&secs), || {
+        format!("{flag} must be a number of seconds from 0 to a day, not {secs}")
+    })?;
+    Ok(secs)
+}
+
+fn listen(args: &ServeArgs, conn: &ConnArgs) -> Result<ListenConfig, ConfigError> {
+    let keep_alive = match conn.keep_alive_timeout_secs {
+        0.0 => None,
+        s => Some(positive_secs("--keep-alive-timeout-secs", s)?),
+    };
+    Ok(ListenConfig {
+        host: args.host.clone(),
+        port: args.port,
+        metrics_port: args.metrics_port,
+        max_connections: conn.max_connections,
+        header_read_timeout: positive_secs(
+            "--header-read-timeout-secs",
+            conn.header_read_timeout_secs,
+        )?,
+        body_read_timeout: positive_secs("--body-read-timeout-secs", conn.body_read_timeout_secs)?,
+        keep_alive,
+        max_requests_per_connection: conn.max_requests_per_connection,
+    })
+}
+
+fn health(args: &ServeArgs) -> Result<HealthSettings, ConfigError> {
+    Ok(HealthSettings {
+        interval: positive_secs(
+            "--health-check-interval-secs",
+            args.health_check_interval_secs,
+        )?,
+        timeout: positive_secs(
+            "--health-check-timeout-secs",
+            args.health_check_timeout_secs,
+        )?,
+        failure_threshold: args.health_failure_threshold,
+        success_threshold: args.health_success_threshold,
+        rdma_receiver_hold: Duration::from_millis(args.transport.rdma_receiver_hold_ms),
+    })
+}
+
+/// The worker topology the flags ask for; a role whose pods are
+/// discovered may have no configured worker.
+fn topology(args: &ServeArgs, discovery: Option<&Discovery>) -> Result<Topology, ConfigError> {
+    let discovered = |role: Role| discovery.is_some_and(|d| d.watches(role));
+    let needed = |urls: Vec<WorkerUrl>, role: Role, missing: &str| {
+        ensure(!urls.is_empty() || discovered(role), || missing.to_owned())?;
+        Ok::<_, ConfigError>(urls)
+    };
+    if !args.epd_disaggregation && !args.pd_disaggregation {
+        ensure(
+            args.prefill.is_empty() && args.decode.is_empty() && args.encode.is_empty(),
+            || {
+                "--prefill/--decode need --pd-disaggregation (and --encode --epd-disaggregation)"
+                    .into()
+            },
+        )?;
+        let workers = needed(
+            parse_urls("--worker-urls", &args.worker_urls)?,
+            Role::Aggregated,
+            "no workers: give --worker-urls (or --service-discovery with --selector), or --pd-disaggregation with --prefill and --decode",
+        )?;
+        return Ok(Topology::Aggregated {
+            workers,
+            policy: args.policy,
+        });
+    }
+    ensure(!(args.epd_disaggregation && args.pd_disaggregation), || {
+        "--epd-disaggregation and --pd-disaggregation exclude each other".into()
+    })?;
+    let flag = if args.epd_disaggregation {
+        "--epd-disaggregation"
+    } else {
+        "--pd-disaggregation"
+    };
+    ensure(args.worker_urls.is_empty(), || {
+        format!("--worker-urls is for aggregated mode; with {flag} use --prefill and --decode")
+    })?;
+    let prefill = needed(
+        group_with_ports("--prefill", &args.prefill)?,
+        Role::Prefill,
+        &format!("{flag} needs at least one --prefill URL (or a --prefill-selector)"),
+    )?;
+    let decode = needed(
+        parse_urls("--decode", &args.decode)?,
+        Role::Decode,
+        &format!("{flag} needs at least one --decode URL (or a --decode-selector)"),
+    )?;
+    let encode = if args.epd_disaggregation {
+        Some(encode(args, needed)?)
+    } else {
+        ensure(args.encode.is_empty(), || {
+            "--encode needs --epd-disaggregation".into()
+        })?;
+        None
+    };
+    Ok(Topology::Disaggregated {
+        prefill,
+        prefill_policy: args.prefill_policy.unwrap_or(args.policy),
+        decode,
+        decode_policy: args.decode_policy.unwrap_or(args.policy),
+        encode,
+    })
+}
+
+/// The encode role of `--epd-disaggregation`.
+fn encode(
+    args: &ServeArgs,
+    needed: impl Fn(Vec<WorkerUrl>, Role, &str) -> Result<Vec<WorkerUrl>, ConfigError>,
+) -> Result<EncodeConfig, ConfigError> {
+    let factor = args.encode_load_factor;
+    ensure(factor.is_finite() && factor >= 1.0, || {
+        format!("--encode-load-factor must be a number of at least 1, not {factor}")
+    })?;
+    Ok(EncodeConfig {
+        workers: needed(
+            group_with_ports("--encode", &args.encode)?,
+            Role::Encode,
+            "--epd-disaggregation needs at least one --encode URL (or an --encode-selector)",
+        )?,
+        policy: args.encode_policy,
+        load_factor: factor,
+    })
+}
+
+fn parse_urls(flag: &str, urls: &[String]) -> Result<Vec<WorkerUrl>, ConfigError> {
+    urls.iter()
+        .map(|u| WorkerUrl::parse(u).map_err(|e| ConfigError::new(format!("{flag}: {e}"))))
+        .collect()
+}
+
+/// Groups `URL [PORT] URL [PORT] …` of `flag` into worker URLs: a value
+/// that is a bare number is the bootstrap port of the URL before it.
+fn group_with_ports(flag: &str, values: &[String]) -> Result<Vec<WorkerUrl>, ConfigError> {
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    for value in values.iter().map(|v| v.trim()).filter(|v| !v.is_empty()) {
+        let is_port = value.chars().all(|c| c.is_ascii_digit());
+        match groups.last_mut() {
+            Some(group) if is_port && group.len() == 1 => group.push(value.to_owned()),
+            _ if is_port => {
+                return Err(ConfigError::new(format!(
+                    "{flag}: bootstrap port {value} does not follow a worker URL"
+                )))
+            }
+            _ => groups.push(vec![value.to_owned()]),
+        }
+    }
+    groups
+        .iter()
+        .map(|g| {
+            WorkerUrl::parse_with_bootstrap(g).map_err(|e| ConfigError::new(format!("{flag}: {e}")))
+        })
+        .collect()
+}
+
+/// The discovery `--service-discovery` asks for (`None` without it).
+pub fn discovery(args: &DiscoveryArgs) -> Result<Option<Discovery>, ConfigError> {
+    let flags = [
+        (Role::Aggregated, "--selector", &args.selector),
+        (Role::Encode, "--encode-selector", &args.encode_selector),
+        (Role::Prefill, "--prefill-selector", &args.prefill_selector),
+        (Role::Decode, "--decode-selector", &args.decode_selector),
+    ];
+    if !args.service_discovery {
+        if let Some((_, flag, _)) = flags.iter().find(|(_, _, v)| !v.is_empty()) {
+            return Err(ConfigError::new(format!(
+                "{flag} needs --service-discovery"
+            )));
+        }
+        return Ok(None);
+    }
+    let mut roles = Vec::new();
+    for (role, flag, items) in flags {
+        let selector =
+            Selector::parse(items).map_err(|e| ConfigError::new(format!("{flag}: {e}")))?;
+        if !selector.is_empty() {
+            roles.push((role, selector));
+        }
+    }
+    ensure(!roles.is_empty(), || {
+        "--service-discovery needs a label selector: --selector, or --encode-selector, --prefill-selector and --decode-selector".into()
+    })?;
+    Ok(Some(Discovery {
+        namespace: args.service_discovery_namespace.clone(),
+        roles,
+        rules: PodRules {
+            default_port: args.service_discovery_port,
+            leaders_only: args.lws_leaders_only,
+        },
+    }))
+}
+
+fn media(args: &MediaArgs) -> MediaSettings {
+    let fetch = iris_media::MediaConfig {
+        allow_private_hosts: args.mm_allow_private_media_hosts,
+        allowed_domains: args
+            .mm_allowed_media_domains
+            .iter()
+            .map(|d| d.trim().to_owned())
+            .filter(|d| !d.is_empty())
+            .collect(),
+        allowed_local_media_path: args.allowed_local_media_path.clone(),
+        connect_timeout: Duration::from_millis(args.mm_fetch_connect_timeout_ms.max(1)),
+        read_timeout: Duration::from_millis(args.mm_fetch_timeout_ms.max(1)),
+        max_bytes: args.mm_max_image_bytes as u64,
+        max_redirects: args.mm_max_redirects,
+        ..iris_media::MediaConfig::default()
+    };
+    MediaSettings {
+        fetch,
+        dtype: match args.mm_encoder_input_dtype {
+            InputDtype::Float32 => OutputDtype::F32,
+            InputDtype::Bfloat16 => OutputDtype::Bf16,
+        },
+        max_image_pixels: args.mm_max_image_pixels,
+        pixel_cache_bytes: usize::try_from(args.mm_pixel_cache_mb.saturating_mul(MIB))
+            .unwrap_or(usize::MAX),
+        per_request_image_limit: args.mm_per_request_image_limit,
+        inflight_bytes: args.mm_max_inflight_mb.saturating_mul(MIB),
+        inflight_wait: Duration::from_millis(args.mm_inflight_wait_ms),
+    }
+}
+
+/// The tensor lanes, with the RDMA arena's geometry and TTL checked.
+fn transport(args: &TransportArgs) -> Result<TransportConfig, ConfigError> {
+    let ttl = positive_secs("--rdma-slot-ttl-secs", args.rdma_slot_ttl_secs)?;
+    let mb = |v: usize, flag: &str| {
+        v.checked_mul(1 << 20)
+            .ok_or_else(|| ConfigError::new(format!("{flag} {v} is too large")))
+    };
+    let arena = ArenaConfig {
+        slot_size: mb(args.rdma_slot_size_mb, "--rdma-slot-size-mb")?,
+        slot_count: args.rdma_slot_count,
+        max_bytes: mb(args.rdma_max_arena_mb, "--rdma-max-arena-mb")?,
+        ttl,
+        receiver_hold: Duration::from_millis(args.rdma_receiver_hold_ms),
+    };
+    arena.validate().map_err(|e| {
+        ConfigError::new(format!(
+            "RDMA arena (--rdma-slot-size-mb, --rdma-slot-count, --rdma-max-arena-mb, --rdma-slot-ttl-secs, --rdma-receiver-hold-ms): {e}"
+        ))
+    })?;
+    Ok(TransportConfig {
+        default: args.multimodal_tensor_transport,
+        policy: LanePolicy {
+            min_shm_bytes: args.multimodal_shm_min_bytes,
+            min_rdma_bytes: args.multimodal_rdma_min_bytes,
+        },
+        arena,
+        nixl_lib: args.nixl_lib.clone(),
+        nixl_agent_name: args.nixl_agent_name.clone(),
+        rdma_listen_ip: args.rdma_listen_ip.clone(),
+        rdma_listen_port: args.rdma_listen_port,
+    })
+}
+
+#[cfg(test)]
+mod tests;
