@@ -110,7 +110,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 3, env = "IRIS_CIRCUIT_BREAKER_FAILURES")]
     pub circuit_breaker_failures: u32,
 
-    /// Other workers tried when one cannot be reached (before any token).
+    /// Other workers tried after a worker fails a request before its first
+    /// token (not when the request itself is refused).
     #[arg(long, default_value_t = 2, env = "IRIS_MAX_RETRIES")]
     pub max_retries: u32,
     /// Milliseconds to wait for a worker connection.
