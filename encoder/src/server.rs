@@ -12,12 +12,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use iris_batcher::{Batcher, BatcherConfig};
 use iris_model::ModelDir;
-use iris_process::ServerTasks;
+use iris_process::{listen, ServerTasks};
 use iris_proto::data::iris_data_server::IrisDataServer;
 use iris_proto::encoder::token_speed_encoder_server::TokenSpeedEncoderServer;
 use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServer;
 use iris_rooms::{RoomLimits, RoomStore};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::TowerBackend;
@@ -77,9 +76,9 @@ pub async fn start_with(
         authentication = token.is_some(),
         "encoder limits"
     );
-    let grpc = bind(&args.host, args.port).await?;
-    let data = bind(&args.host, args.bootstrap_port).await?;
-    let metrics = bind(&args.host, args.metrics_port).await?;
+    let grpc = listen(&args.host, args.port, "--port").await?;
+    let data = listen(&args.host, args.bootstrap_port, "--bootstrap-port").await?;
+    let metrics = listen(&args.host, args.metrics_port, "--metrics-port").await?;
     let (grpc_addr, data_addr) = (grpc.local_addr()?, data.local_addr()?);
     let metrics_addr = metrics.local_addr()?;
     let service = EncoderService(encoder.clone());
@@ -137,12 +136,6 @@ fn compute_backend(
             Arc::new(TowerCompute { tower })
         }
     })
-}
-
-async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
-    TcpListener::bind((host, port))
-        .await
-        .with_context(|| format!("cannot listen on {host}:{port}"))
 }
 
 fn build(args: EncoderArgs, compute: Option<Arc<dyn Compute>>) -> anyhow::Result<Encoder> {

@@ -135,17 +135,9 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
     }
     let lanes = Lanes::start(&args.transport, rdma_wanted(&mode, discovery.as_ref()))?;
     let limits = conn_limits(&args.connections)?;
-    let listener = TcpListener::bind((args.host.as_str(), args.port))
-        .await
-        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let listener = iris_process::listen(&args.host, args.port, "--port").await?;
     let metrics_listener = match args.metrics_port {
-        Some(port) => Some(
-            TcpListener::bind((args.host.as_str(), port))
-                .await
-                .with_context(|| {
-                    format!("cannot listen on {}:{port} (--metrics-port)", args.host)
-                })?,
-        ),
+        Some(port) => Some(iris_process::listen(&args.host, port, "--metrics-port").await?),
         None => None,
     };
     health::spawn(mode.pools(), health_settings(&args), shutdown.clone());

@@ -8,11 +8,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use iris_model::ModelDir;
-use iris_process::ServerTasks;
+use iris_process::{listen, ServerTasks};
 use iris_proto::data::iris_data_server::IrisDataServer;
 use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServer;
 use iris_rooms::{RoomLimits, RoomStore};
-use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -57,10 +56,10 @@ pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
     let token = iris_process::auth::AuthToken::load(args.auth_token_file.as_deref())?;
     let engine = Arc::new(build_engine(&args, token.clone())?);
     let mut servers = ServerTasks::default();
-    let grpc = bind(&args.host, args.port).await?;
+    let grpc = listen(&args.host, args.port, "--port").await?;
     let grpc_addr = grpc.local_addr()?;
     let data_addr = if args.role == Role::Prefill {
-        let data = bind(&args.host, args.bootstrap_port).await?;
+        let data = listen(&args.host, args.bootstrap_port, "--bootstrap-port").await?;
         let addr = data.local_addr()?;
         let service = IrisDataServer::new(DataService::new(engine.clone()))
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -88,7 +87,7 @@ pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
     ));
     let metrics_addr = match args.metrics_port {
         Some(port) => {
-            let metrics = bind(&args.host, port).await?;
+            let metrics = listen(&args.host, port, "--metrics-port").await?;
             let addr = metrics.local_addr()?;
             servers.spawn(
                 axum::serve(metrics, crate::metrics::routes(engine.clone()))
@@ -105,12 +104,6 @@ pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
         metrics_addr,
         servers,
     })
-}
-
-async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
-    TcpListener::bind((host, port))
-        .await
-        .with_context(|| format!("cannot listen on {host}:{port}"))
 }
 
 fn build_engine(
