@@ -144,6 +144,8 @@ mod tests {
     use std::collections::HashMap;
     use std::time::Duration;
 
+    use iris_fingerprint::mix64;
+
     use super::*;
     use crate::workers::{Role, WorkerUrl};
 
@@ -166,7 +168,7 @@ mod tests {
         let p = EncodePolicy::new(EncodePolicyKind::ConsistentHashing, 1.25);
         let mut per_worker: HashMap<String, usize> = HashMap::new();
         for key in 0..4000u64 {
-            let key = mix(key);
+            let key = mix64(key);
             let first = p.pick(&ws, key).unwrap();
             assert_eq!(host(&first), host(&p.pick(&ws, key).unwrap()), "stable");
             *per_worker.entry(host(&first)).or_default() += 1;
@@ -182,7 +184,7 @@ mod tests {
         let ws = workers(4);
         let p = EncodePolicy::new(EncodePolicyKind::ConsistentHashing, 1.25);
         let fewer: Vec<_> = ws[..3].to_vec();
-        for key in (0..2000u64).map(mix) {
+        for key in (0..2000u64).map(mix64) {
             let before = host(&p.pick(&ws, key).unwrap());
             let after = host(&p.pick(&fewer, key).unwrap());
             if before != host(&ws[3]) {
@@ -249,7 +251,7 @@ mod tests {
         let a = 1u64;
         let home_a = host(&p.pick(&ws, a).unwrap());
         let b = (2..)
-            .map(mix)
+            .map(mix64)
             .find(|&k| host(&p.pick(&ws, k).unwrap()) != home_a)
             .unwrap();
         let home_b = host(&p.pick(&ws, b).unwrap());
