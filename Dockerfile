@@ -25,7 +25,7 @@ FROM toolchain AS build
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p iris-gateway -p iris-encoder -p iris-engine \
+    cargo build --release --locked -p iris-cli -p iris-encoder -p iris-engine \
     && mkdir -p /out \
     && cp target/release/iris target/release/iris-encoder target/release/iris-engine /out/ \
     && strip /out/*
@@ -40,7 +40,7 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target-nixl \
     CARGO_TARGET_DIR=/src/target-nixl \
-    cargo build --release --locked -p iris-gateway --features iris-gateway/nixl \
+    cargo build --release --locked -p iris-cli --features iris-cli/nixl \
     && mkdir -p /out \
     && cp /src/target-nixl/release/iris /out/iris \
     && strip /out/iris

@@ -185,7 +185,7 @@ main() {
         summarise "$SUMMARY_OF"
         return
     fi
-    build iris-gateway iris-engine iris-encoder iris-loadgen
+    build iris-cli iris-engine iris-encoder iris-loadgen
     [[ -f $IMAGE ]] || { log "no image at $IMAGE (set IMAGE=FILE)"; exit 1; }
     IMAGE=$(realpath "$IMAGE")
     mkdir -p "$WORK/results"

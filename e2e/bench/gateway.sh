@@ -116,7 +116,7 @@ PY
 }
 
 main() {
-    build iris-gateway iris-engine iris-loadgen
+    build iris-cli iris-engine iris-loadgen
     mkdir -p "$WORK/results"
     "$BIN/iris-loadgen" --write-tiny-model "$WORK/model"
     start_engine

@@ -450,7 +450,7 @@ main() {
         summarise "$SUMMARY_OF"
         return
     fi
-    build iris-gateway iris-engine iris-encoder iris-loadgen
+    build iris-cli iris-engine iris-encoder iris-loadgen
     command -v "$SMG" >/dev/null || { log "no smg launcher at '$SMG' (pip install smg; set SMG=PATH)"; exit 1; }
     if [[ $WORKLOADS == *img* ]]; then
         [[ -f $IMAGE ]] || { log "no image at $IMAGE (set IMAGE=FILE)"; exit 1; }

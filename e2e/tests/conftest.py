@@ -64,8 +64,8 @@ def nixl_binary(name: str) -> Path:
                     "--features nixl (e2e/run-tests builds them)")
     path = Path(explicit).resolve() / name
     if not path.is_file():
-        pytest.fail(f"{path} not found: build it with `cargo build -p iris-gateway -p iris-encoder "
-                    "--features iris-gateway/nixl --target-dir …` or run e2e/run-tests")
+        pytest.fail(f"{path} not found: build it with `cargo build -p iris-cli -p iris-encoder "
+                    "--features iris-cli/nixl --target-dir …` or run e2e/run-tests")
     return path
 
 

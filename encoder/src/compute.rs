@@ -3,6 +3,7 @@
 //! backend: a cheap deterministic function of the pixel bytes with the
 //! right output shape, so every path can run without weights or GPUs.
 
+use iris_fingerprint::{fingerprint, splitmix64, GOLDEN_GAMMA};
 use rayon::prelude::*;
 
 /// One image to encode.
@@ -94,18 +95,19 @@ impl Compute for DigestCompute {
 
 impl DigestCompute {
     fn embed(&self, image: &ImageInput) -> Vec<u8> {
-        // Every pixel byte counts, read once at memory speed (the reference
-        // engine's fingerprint) rather than SHA-256'd: the reference encoder
-        // stays cheap next to the gateways it is benchmarked with.
-        let seed = iris_engine::model::fingerprint(&image.pixels);
+        // Every pixel byte counts, read once at memory speed (the
+        // fingerprint the reference engine uses too) rather than SHA-256'd:
+        // the reference encoder stays cheap next to the gateways it is
+        // benchmarked with.
+        let seed = fingerprint(&image.pixels);
         let tokens = self.tokens(image.grid);
         let mut out = Vec::with_capacity(tokens * self.out_hidden * 4);
         for row in 0..tokens {
             let mut state = u64::from_le_bytes([
                 seed[0], seed[1], seed[2], seed[3], seed[4], seed[5], seed[6], seed[7],
-            ]) ^ (row as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            ]) ^ (row as u64).wrapping_mul(GOLDEN_GAMMA);
             for _ in 0..self.out_hidden {
-                state = splitmix(state);
+                state = splitmix64(state);
                 let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
                 out.extend_from_slice(&(unit * 2.0 - 1.0).to_le_bytes());
             }
@@ -143,13 +145,6 @@ impl Compute for TowerCompute {
             .ok_or_else(|| "the tower returned no embedding".to_string())?;
         Ok(rows.iter().flat_map(|v| v.to_le_bytes()).collect())
     }
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@
 //! → each room completed as soon as its item is done. [`metrics`] serves Prometheus text on
 //! `--metrics-port`.
 
+#![forbid(unsafe_code)]
+
 pub mod args;
 mod backend;
 pub mod cache;

@@ -1,20 +1,20 @@
 //! The `iris-encoder` binary. Prints `iris-encoder listening grpc=ADDR
 //! data=ADDR metrics=ADDR` on stdout once bound, then serves until
-//! SIGINT/SIGTERM.
+//! SIGINT/SIGTERM. A start-up failure is one line `error: …` on stderr
+//! and exit code 1.
+
+#![forbid(unsafe_code)]
 
 use clap::Parser;
 use iris_encoder::Cli;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     // No `iris_process::keep_large_allocations` here. It was blamed for the
     // encoder growing to 19 GB under a flood of 50 MB Encode calls; the
     // cause turned out to be cached content hashes that were slices of the
     // request bodies (see `validate::items`), so the setting may be worth
     // measuring again.
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(run())
+    iris_process::exit(iris_process::block_on(run()))
 }
 
 async fn run() -> anyhow::Result<()> {

@@ -12,12 +12,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use iris_batcher::{Batcher, BatcherConfig};
 use iris_model::ModelDir;
-use iris_process::ServerTasks;
+use iris_process::{listen, ServerTasks};
 use iris_proto::data::iris_data_server::IrisDataServer;
 use iris_proto::encoder::token_speed_encoder_server::TokenSpeedEncoderServer;
 use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServer;
 use iris_rooms::{RoomLimits, RoomStore};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::TowerBackend;
@@ -88,9 +87,9 @@ pub async fn start_configured(
         authentication = token.is_some(),
         "encoder limits"
     );
-    let grpc = bind(&cfg.host, cfg.port).await?;
-    let data = bind(&cfg.host, cfg.bootstrap_port).await?;
-    let metrics = bind(&cfg.host, cfg.metrics_port).await?;
+    let grpc = listen(&cfg.host, cfg.port, "--port").await?;
+    let data = listen(&cfg.host, cfg.bootstrap_port, "--bootstrap-port").await?;
+    let metrics = listen(&cfg.host, cfg.metrics_port, "--metrics-port").await?;
     let (grpc_addr, data_addr) = (grpc.local_addr()?, data.local_addr()?);
     let metrics_addr = metrics.local_addr()?;
     let service = EncoderService(encoder.clone());
@@ -148,12 +147,6 @@ fn compute_backend(
             Arc::new(TowerCompute { tower })
         }
     })
-}
-
-async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
-    TcpListener::bind((host, port))
-        .await
-        .with_context(|| format!("cannot listen on {host}:{port}"))
 }
 
 fn build(cfg: EncoderConfig, compute: Option<Arc<dyn Compute>>) -> anyhow::Result<Encoder> {

@@ -8,15 +8,17 @@
 //! [`workers`] pools (configured, or fed by Kubernetes [`discovery`]) and
 //! starts the request, and [`chat`] streams the detokenized answer back as
 //! SSE or one JSON body. [`transport`] picks how each image's pixels reach
-//! its encode worker (inline, shm or RDMA). [`server`] wires it to axum behind the connection limits of [`listen`];
-//! [`demo`] runs every role in one process.
+//! its encode worker (inline, shm or RDMA). [`server`] wires it to axum behind the connection limits of [`listen`].
+//!
+//! The `iris` command line (and `iris demo`, which runs every role in one
+//! process) is the `iris-cli` crate: this library links no worker code.
+//! `unsafe` is confined to [`workers::splice`]'s buffer.
+#![deny(unsafe_code)]
 
 pub mod args;
 pub mod chat;
-pub mod cli;
 pub mod config;
 pub mod context;
-pub mod demo;
 pub mod discovery;
 pub mod listen;
 pub mod metrics;

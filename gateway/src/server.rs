@@ -143,15 +143,9 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     let lanes = Lanes::start(&config.transport, rdma_wanted(&mode, discovery))?;
     let limits = conn_limits(&config.listen);
     let host = config.listen.host.as_str();
-    let listener = TcpListener::bind((host, config.listen.port))
-        .await
-        .with_context(|| format!("cannot listen on {host}:{}", config.listen.port))?;
+    let listener = iris_process::listen(host, config.listen.port, "--port").await?;
     let metrics_listener = match config.listen.metrics_port {
-        Some(port) => Some(
-            TcpListener::bind((host, port))
-                .await
-                .with_context(|| format!("cannot listen on {host}:{port} (--metrics-port)"))?,
-        ),
+        Some(port) => Some(iris_process::listen(host, port, "--metrics-port").await?),
         None => None,
     };
     health::spawn(mode.pools(), config.health, shutdown.clone());

@@ -13,6 +13,8 @@
 //! Nothing here may abort the interpreter: a Rust panic, on the calling
 //! thread or the gateway's, becomes a Python exception.
 
+#![forbid(unsafe_code)]
+
 use std::any::Any;
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -107,7 +109,7 @@ fn serve_options() -> Vec<(String, String, String)> {
 #[pyfunction]
 fn run_cli(py: Python<'_>, argv: Vec<OsString>) -> PyResult<i32> {
     py.detach(|| {
-        catch_unwind(AssertUnwindSafe(|| iris_gateway::cli::main(argv)))
+        catch_unwind(AssertUnwindSafe(|| iris_cli::main(argv)))
             .map_err(|panic| panic_message(panic.as_ref()))
     })
     .map_err(|msg| PyRuntimeError::new_err(format!("iris panicked: {msg}")))

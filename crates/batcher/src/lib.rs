@@ -29,6 +29,8 @@
 //!   an overloaded worker does not spend its time on work its callers have
 //!   given up on.
 
+#![forbid(unsafe_code)]
+
 mod completion;
 mod metrics;
 mod queue;

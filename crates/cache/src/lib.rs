@@ -26,6 +26,8 @@
 //! # }).unwrap();
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod cache;
 mod stats;
 mod weight;

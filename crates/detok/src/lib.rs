@@ -6,6 +6,8 @@
 //! - [`StopMatcher`] finds stop strings across pieces, holding back a tail
 //!   that could still become one and never emitting the stop itself.
 
+#![forbid(unsafe_code)]
+
 mod decoder;
 mod stop;
 

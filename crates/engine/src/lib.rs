@@ -8,6 +8,8 @@
 //! the seed. In PD mode the prefill role serves each request's state by KV
 //! room over `iris.data.v1`; the decode role collects it from there.
 
+#![forbid(unsafe_code)]
+
 pub mod args;
 pub mod config;
 mod data;

@@ -3,17 +3,17 @@
 //! Prints one line `iris-engine listening grpc=ADDR [data=ADDR]
 //! [metrics=ADDR]` on stdout
 //! once its ports are bound (useful with `--port 0`), then serves until
-//! SIGINT or SIGTERM.
+//! SIGINT or SIGTERM. A start-up failure is one line `error: …` on stderr
+//! and exit code 1.
+
+#![forbid(unsafe_code)]
 
 use clap::Parser;
 use iris_engine::Cli;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     iris_process::keep_large_allocations();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(run())
+    iris_process::exit(iris_process::block_on(run()))
 }
 
 async fn run() -> anyhow::Result<()> {

@@ -3,7 +3,7 @@
 //! Prefill folds the prompt's token ids and the bytes of every multimodal
 //! item (its embedding, or its pixels when no encoder is involved) into a
 //! SHA-256 digest: the request's state. An item enters the digest as its
-//! length and a 256-bit [`fingerprint`] of its bytes — every byte still
+//! length and a 256-bit [`fingerprint`] of its bytes (`iris-fingerprint`) — every byte still
 //! counts, but a 50 MB pixel tensor is read once at memory speed instead
 //! of hashed with SHA-256 (≈ 25 ms of CPU per 1080p image), so the
 //! "zero-cost" reference worker stays cheap next to the gateways it tests. Decode draws each output token from
@@ -12,6 +12,7 @@
 //! give the same tokens, on any worker, in any role split — which is what
 //! lets tests check that the embeddings and KV state really travelled.
 
+use iris_fingerprint::{fingerprint, splitmix64};
 use sha2::{Digest, Sha256};
 
 /// Version tag folded into every digest, so a change of the scheme changes
@@ -53,58 +54,6 @@ impl PromptState {
             prompt_tokens,
         })
     }
-}
-
-/// Lanes of [`fingerprint`]: 8 independent 64-bit multiply-rotate
-/// chains, wide enough that the loop runs at memory bandwidth.
-const LANES: usize = 8;
-const PRIME_A: u64 = 0x9E37_79B9_7F4A_7C15;
-const PRIME_B: u64 = 0xC2B2_AE3D_27D4_EB4F;
-
-/// A fast, non-cryptographic 256-bit fingerprint of `bytes`: each 8-byte
-/// word goes through a multiply-rotate chain (one per lane), the tail is
-/// zero-padded, and the lanes are mixed with the length at the end. Any
-/// change of a byte changes the fingerprint with overwhelming
-/// probability for the inputs a test sends; it is not collision-resistant
-/// against an adversary, which the reference worker does not need.
-pub fn fingerprint(bytes: &[u8]) -> [u8; 32] {
-    let mut lanes: [u64; LANES] =
-        std::array::from_fn(|i| PRIME_B.wrapping_mul(i as u64 + 1) ^ bytes.len() as u64);
-    let block = 8 * LANES;
-    let mut blocks = bytes.chunks_exact(block);
-    for chunk in &mut blocks {
-        for (lane, word) in lanes.iter_mut().zip(chunk.chunks_exact(8)) {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(word);
-            *lane = round(*lane, u64::from_le_bytes(w));
-        }
-    }
-    let rest = blocks.remainder();
-    if !rest.is_empty() {
-        let mut padded = [0u8; 8 * LANES];
-        padded[..rest.len()].copy_from_slice(rest);
-        for (lane, word) in lanes.iter_mut().zip(padded.chunks_exact(8)) {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(word);
-            *lane = round(*lane, u64::from_le_bytes(w) ^ rest.len() as u64);
-        }
-    }
-    let mut out = [0u8; 32];
-    for (i, part) in out.chunks_exact_mut(8).enumerate() {
-        let mut h = bytes.len() as u64 ^ PRIME_A.wrapping_mul(i as u64 + 1);
-        for (j, &lane) in lanes.iter().enumerate() {
-            h = mix(h ^ lane.rotate_left((7 * (i + j)) as u32 % 64));
-        }
-        part.copy_from_slice(&h.to_le_bytes());
-    }
-    out
-}
-
-#[inline(always)]
-fn round(acc: u64, word: u64) -> u64 {
-    (acc ^ word.wrapping_mul(PRIME_B))
-        .rotate_left(31)
-        .wrapping_mul(PRIME_A)
 }
 
 /// The vocabulary decode draws from.
@@ -159,8 +108,8 @@ impl<'a> Sequence<'a> {
         let mut head = [0u8; 8];
         head.copy_from_slice(&state.digest[..8]);
         let key = u64::from_le_bytes(head)
-            ^ mix(params.seed)
-            ^ mix(u64::from(params.index).wrapping_add(0x5851_f42d_4c95_7f2d));
+            ^ splitmix64(params.seed)
+            ^ splitmix64(u64::from(params.index).wrapping_add(0x5851_f42d_4c95_7f2d));
         Sequence {
             vocab,
             key,
@@ -184,7 +133,7 @@ impl<'a> Sequence<'a> {
         {
             return None;
         }
-        let r = mix(self.key ^ mix(u64::from(self.produced)));
+        let r = splitmix64(self.key ^ splitmix64(u64::from(self.produced)));
         self.produced += 1;
         let may_stop = self.produced > self.params.min_new_tokens;
         let eos = self.vocab.eos.first().copied();
@@ -207,14 +156,6 @@ impl<'a> Sequence<'a> {
         };
         Some(Step { token, finish })
     }
-}
-
-/// SplitMix64's finaliser: a cheap bijective mixer.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]
@@ -243,28 +184,6 @@ mod tests {
     fn run(state: &PromptState, vocab: &Vocab, params: &SequenceParams) -> Vec<Step> {
         let mut seq = Sequence::new(state, vocab, params);
         std::iter::from_fn(|| seq.step()).collect()
-    }
-
-    #[test]
-    fn fingerprints_see_every_byte_and_the_length() {
-        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 31 % 253) as u8).collect();
-        let base = fingerprint(&data);
-        assert_eq!(base, fingerprint(&data));
-        // Flip each byte position in a sample of every lane and the tail.
-        for at in [0, 7, 8, 63, 64, 65, 5000, 9_983, 9_999] {
-            let mut changed = data.clone();
-            changed[at] ^= 1;
-            assert_ne!(fingerprint(&changed), base, "byte {at}");
-        }
-        // Trailing zeros are not padding: the length counts.
-        let mut longer = data.clone();
-        longer.push(0);
-        assert_ne!(fingerprint(&longer), base);
-        assert_ne!(fingerprint(&[]), fingerprint(&[0]));
-        // Swapping two words of different lanes changes it.
-        let mut swapped = data.clone();
-        swapped.swap(0, 8);
-        assert_ne!(fingerprint(&swapped), base);
     }
 
     #[test]

@@ -8,11 +8,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use iris_model::ModelDir;
-use iris_process::ServerTasks;
+use iris_process::{listen, ServerTasks};
 use iris_proto::data::iris_data_server::IrisDataServer;
 use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServer;
 use iris_rooms::{RoomLimits, RoomStore};
-use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -65,10 +64,10 @@ pub async fn start_configured(config: EngineConfig) -> anyhow::Result<RunningEng
     let engine = Arc::new(build_engine(config)?);
     let cfg = &engine.config;
     let mut servers = ServerTasks::default();
-    let grpc = bind(&cfg.host, cfg.port).await?;
+    let grpc = listen(&cfg.host, cfg.port, "--port").await?;
     let grpc_addr = grpc.local_addr()?;
     let data_addr = if cfg.role == Role::Prefill {
-        let data = bind(&cfg.host, cfg.bootstrap_port).await?;
+        let data = listen(&cfg.host, cfg.bootstrap_port, "--bootstrap-port").await?;
         let addr = data.local_addr()?;
         let service = IrisDataServer::new(DataService::new(engine.clone()))
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -96,7 +95,7 @@ pub async fn start_configured(config: EngineConfig) -> anyhow::Result<RunningEng
     ));
     let metrics_addr = match cfg.metrics_port {
         Some(port) => {
-            let metrics = bind(&cfg.host, port).await?;
+            let metrics = listen(&cfg.host, port, "--metrics-port").await?;
             let addr = metrics.local_addr()?;
             servers.spawn(
                 axum::serve(metrics, crate::metrics::routes(engine.clone()))
@@ -113,12 +112,6 @@ pub async fn start_configured(config: EngineConfig) -> anyhow::Result<RunningEng
         metrics_addr,
         servers,
     })
-}
-
-async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
-    TcpListener::bind((host, port))
-        .await
-        .with_context(|| format!("cannot listen on {host}:{port}"))
 }
 
 fn build_engine(cfg: EngineConfig) -> anyhow::Result<Engine> {

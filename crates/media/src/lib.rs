@@ -14,6 +14,8 @@
 //! tells the gateway whether to answer 400, 502 or 504. See
 //! `docs/media.md` for the rules and the reasons behind them.
 
+#![forbid(unsafe_code)]
+
 mod address;
 mod config;
 mod data_url;

@@ -5,6 +5,8 @@
 //! Everything renders into a `String`; a service builds its `/metrics` body
 //! by calling these in turn.
 
+#![forbid(unsafe_code)]
+
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

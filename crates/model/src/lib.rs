@@ -11,6 +11,8 @@
 //! - [`tiny::write_tiny_qwen2_vl`] writes the tiny model.
 //! - [`ordinary_token_ids`] lists the ids that decode to clean text.
 
+#![forbid(unsafe_code)]
+
 mod bundle;
 pub mod chat_template;
 mod config;

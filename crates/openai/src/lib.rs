@@ -11,6 +11,8 @@
 //!   [`Model`] are the response bodies; [`sse::ChunkWriter`] writes stream
 //!   chunks straight into a buffer, once per token.
 
+#![forbid(unsafe_code)]
+
 mod error;
 mod json;
 mod parse;

@@ -2,10 +2,17 @@
 //! `iris-encoder`): logging set-up and the `--log-format` flag, waiting for a shutdown signal,
 //! TCP_NODELAY accept streams, HTTP/2 and allocator settings for servers
 //! of large messages, the set of server tasks of a process, and
-//! shared-secret authentication of gRPC calls ([`auth`]).
+//! shared-secret authentication of gRPC calls ([`auth`]), binding ports
+//! and reporting start-up failures in one line ([`startup`]).
+//!
+//! `unsafe` is confined to the three libc allocator and rlimit calls.
+#![deny(unsafe_code)]
 
 pub mod auth;
 mod logging;
+pub mod startup;
+
+pub use startup::{block_on, exit, exit_code, listen};
 
 pub use logging::{init_logging, use_colour, LogArgs, LogFormat};
 
@@ -62,6 +69,7 @@ pub fn large_message_server() -> tonic::transport::Server {
 /// 1 GiB, the blocks come from the heaps and stay there for the next
 /// request. Workers call it first thing in `main` (before any thread
 /// starts); it does nothing on other C libraries.
+#[allow(unsafe_code)]
 pub fn keep_large_allocations() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -86,6 +94,7 @@ pub fn keep_large_allocations() {
 /// recycled by the vision crate, so the extra page faults are on the
 /// first use of a size only. The gateway binary calls it first thing in
 /// `main`, before any thread starts; it does nothing on other C libraries.
+#[allow(unsafe_code)]
 pub fn return_large_allocations() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -144,6 +153,7 @@ impl ServerTasks {
 /// Raises the soft open-file limit (`RLIMIT_NOFILE`) to the hard limit, so
 /// a server can hold as many connections as the system lets it; returns
 /// the soft limit now in force (`None` where it cannot be read).
+#[allow(unsafe_code)]
 pub fn raise_fd_limit() -> Option<u64> {
     #[cfg(unix)]
     {

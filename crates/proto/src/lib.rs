@@ -11,6 +11,7 @@
 //! Every `bytes` field is a [`bytes::Bytes`], so cloning a message shares
 //! its payloads instead of copying them.
 
+#![forbid(unsafe_code)]
 #![allow(clippy::doc_lazy_continuation, clippy::large_enum_variant)]
 
 pub mod info;

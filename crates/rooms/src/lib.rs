@@ -10,6 +10,8 @@
 //! dropped after a TTL by [`RoomStore::sweep`] (run periodically by
 //! [`RoomStore::spawn_sweeper`]).
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};

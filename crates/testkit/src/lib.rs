@@ -5,6 +5,8 @@
 //! same seed gives the same inputs on every machine, so a failure is
 //! reproducible from the test alone.
 
+#![forbid(unsafe_code)]
+
 /// SplitMix64: a tiny, fast, deterministic generator (not for secrets).
 #[derive(Debug, Clone)]
 pub struct Rng(pub u64);
@@ -12,11 +14,8 @@ pub struct Rng(pub u64);
 impl Rng {
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0 = self.0.wrapping_add(iris_fingerprint::GOLDEN_GAMMA);
+        iris_fingerprint::mix64(self.0)
     }
 
     /// A number in `0..n` (`n > 0`; modulo bias is irrelevant here).

@@ -16,6 +16,9 @@
 //! ordered (t, h/M, w/M, m_h, m_w), features (C, T, p_y, p_x)) with each
 //! image's `[t, h, w]` grid; outputs are `[t·h·w / M², out_hidden]` per
 //! image. docs/tower.md has the details and the parity method.
+//!
+//! `unsafe` is confined to memory-mapping the checkpoint files.
+#![deny(unsafe_code)]
 
 mod attention;
 mod backend;

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use iris_fingerprint::SplitMix64;
 use safetensors::{Dtype, View};
 
 use crate::config::{Family, TowerConfig};
@@ -92,27 +93,14 @@ pub fn weight_shapes(config: &TowerConfig) -> Vec<(String, Vec<usize>)> {
     shapes
 }
 
-/// SplitMix64: a tiny, portable, seeded generator.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[-1, 1)`.
-    fn symmetric(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 23) as f32) - 1.0
-    }
+/// Uniform in `[-1, 1)`, from a tiny, portable, seeded generator.
+fn symmetric(rng: &mut SplitMix64) -> f32 {
+    ((rng.next_u64() >> 40) as f32 / (1u64 << 23) as f32) - 1.0
 }
 
 /// Values for one tensor: norm weights near 1, biases small, matrices
 /// uniform with a `1/√fan_in` bound (so activations keep their scale).
-fn values(name: &str, shape: &[usize], rng: &mut SplitMix) -> Vec<f32> {
+fn values(name: &str, shape: &[usize], rng: &mut SplitMix64) -> Vec<f32> {
     let count: usize = shape.iter().product();
     let is_norm = name.contains("norm") || name.contains("ln_q");
     let is_bias = name.ends_with(".bias");
@@ -120,7 +108,7 @@ fn values(name: &str, shape: &[usize], rng: &mut SplitMix) -> Vec<f32> {
     let bound = 1.0 / (fan_in as f32).sqrt();
     (0..count)
         .map(|_| {
-            let r = rng.symmetric();
+            let r = symmetric(rng);
             match (is_norm, is_bias) {
                 (true, false) => 1.0 + 0.1 * r,
                 (_, true) => 0.02 * r,
@@ -160,7 +148,7 @@ pub fn write_tiny_weights(
     seed: u64,
 ) -> Result<PathBuf, TowerError> {
     std::fs::create_dir_all(dir).map_err(|e| TowerError::io(dir, "create directory", e))?;
-    let mut rng = SplitMix(seed);
+    let mut rng = SplitMix64(seed);
     let tensors: Vec<(String, F32Tensor)> = weight_shapes(config)
         .into_iter()
         .map(|(name, shape)| {

@@ -161,6 +161,7 @@ fn shards_from_index(dir: &Path, index: &Path) -> Result<Vec<PathBuf>, TowerErro
     Ok(shards.into_iter().map(|f| dir.join(f)).collect())
 }
 
+#[allow(unsafe_code)]
 fn map_file(path: &Path) -> Result<Mmap, TowerError> {
     let file = File::open(path).map_err(|e| TowerError::io(path, "open", e))?;
     // SAFETY: the map is read-only and lives as long as the checkpoint.

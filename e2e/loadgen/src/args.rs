@@ -321,7 +321,7 @@ impl Cli {
             .enumerate()
             .map(|(i, text)| {
                 let spec: crate::synth::SizeSpec = text.parse().context("--image-size")?;
-                let seed = crate::arrivals::mix(self.seed ^ (i as u64 + 1));
+                let seed = iris_fingerprint::mix64(self.seed ^ (i as u64 + 1));
                 Ok(crate::image::ImageSource {
                     name: format!("synthetic {}x{}", spec.width, spec.height),
                     jpeg: crate::synth::noise_jpeg(spec.width, spec.height, seed)?,

@@ -4,26 +4,27 @@
 //! burstier; above 1: more even) and mean `1/R`, from a seeded generator,
 //! so a run's schedule is the same every time for the same seed.
 //!
-//! The generator is SplitMix64 (uniforms), Box–Muller (normals) and
-//! Marsaglia–Tsang (gamma); no external crate, so the schedule does not
-//! move when a dependency changes its algorithm.
+//! The generator is SplitMix64 (uniforms, `iris-fingerprint`), Box–Muller
+//! (normals) and Marsaglia–Tsang (gamma); no external crate, so the
+//! schedule does not move when a dependency changes its algorithm.
 
 use std::time::Duration;
 
 /// A small, fast, seedable generator of uniform `u64`s (SplitMix64).
 #[derive(Debug, Clone)]
 pub struct SplitMix64 {
-    state: u64,
+    state: iris_fingerprint::SplitMix64,
 }
 
 impl SplitMix64 {
     pub fn new(seed: u64) -> SplitMix64 {
-        SplitMix64 { state: seed }
+        SplitMix64 {
+            state: iris_fingerprint::SplitMix64(seed),
+        }
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix(self.state)
+        self.state.next_u64()
     }
 
     /// Uniform in (0, 1]: never 0, so its logarithm is finite.
@@ -59,14 +60,6 @@ impl SplitMix64 {
             }
         }
     }
-}
-
-/// The SplitMix64 finaliser: a good 64-bit mix (also used to derive
-/// independent values from an index).
-pub fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// The gaps between successive requests of an open-loop run.

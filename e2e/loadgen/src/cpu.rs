@@ -36,6 +36,7 @@ impl Proc {
 
 /// Clock ticks per second from `sysconf(_SC_CLK_TCK)`; 100 (the Linux
 /// default) if sysconf does not say.
+#[allow(unsafe_code)]
 pub fn clock_ticks_per_sec() -> u64 {
     // SAFETY: sysconf has no preconditions; it only reads a constant.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };

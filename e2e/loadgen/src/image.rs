@@ -204,7 +204,7 @@ impl ImageChats {
         if self.cumulative.len() == 1 {
             return 0;
         }
-        let u = (crate::arrivals::mix(self.seed ^ crate::arrivals::mix(n)) >> 11) as f64
+        let u = (iris_fingerprint::mix64(self.seed ^ iris_fingerprint::mix64(n)) >> 11) as f64
             / (1u64 << 53) as f64;
         let at = u * total;
         self.cumulative

@@ -11,6 +11,9 @@
 //! weights) send image chats with `--images-per-request` data: URLs each,
 //! distinct or repeated per `--image-repeat-fraction`. See
 //! docs/benchmarks.md.
+//!
+//! `unsafe` is confined to libjpeg-turbo's encoder and one `sysconf` call.
+#![deny(unsafe_code)]
 
 mod args;
 mod arrivals;

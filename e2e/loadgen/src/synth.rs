@@ -82,6 +82,7 @@ pub fn noise_jpeg(width: u32, height: u32, seed: u64) -> anyhow::Result<Vec<u8>>
 }
 
 /// Encodes packed RGB8 as a baseline JPEG.
+#[allow(unsafe_code)]
 fn encode_rgb(rgb: &[u8], width: u32, height: u32) -> anyhow::Result<Vec<u8>> {
     use turbojpeg_sys as tj;
     let (w, h) = (width as i32, height as i32);

@@ -136,20 +136,15 @@ fn score(key: u64, name: &str) -> u64 {
     let name_hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
-    mix(key ^ name_hash)
-}
-
-/// splitmix64's finaliser.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    iris_fingerprint::mix64(key ^ name_hash)
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
     use std::time::Duration;
+
+    use iris_fingerprint::mix64;
 
     use super::*;
     use crate::workers::{Role, WorkerUrl};
@@ -173,7 +168,7 @@ mod tests {
         let p = EncodePolicy::new(EncodePolicyKind::ConsistentHashing, 1.25);
         let mut per_worker: HashMap<String, usize> = HashMap::new();
         for key in 0..4000u64 {
-            let key = mix(key);
+            let key = mix64(key);
             let first = p.pick(&ws, key).unwrap();
             assert_eq!(host(&first), host(&p.pick(&ws, key).unwrap()), "stable");
             *per_worker.entry(host(&first)).or_default() += 1;
@@ -189,7 +184,7 @@ mod tests {
         let ws = workers(4);
         let p = EncodePolicy::new(EncodePolicyKind::ConsistentHashing, 1.25);
         let fewer: Vec<_> = ws[..3].to_vec();
-        for key in (0..2000u64).map(mix) {
+        for key in (0..2000u64).map(mix64) {
             let before = host(&p.pick(&ws, key).unwrap());
             let after = host(&p.pick(&fewer, key).unwrap());
             if before != host(&ws[3]) {
@@ -256,7 +251,7 @@ mod tests {
         let a = 1u64;
         let home_a = host(&p.pick(&ws, a).unwrap());
         let b = (2..)
-            .map(mix)
+            .map(mix64)
             .find(|&k| host(&p.pick(&ws, k).unwrap()) != home_a)
             .unwrap();
         let home_b = host(&p.pick(&ws, b).unwrap());

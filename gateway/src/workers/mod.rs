@@ -7,6 +7,8 @@ pub mod affinity;
 pub mod health;
 pub mod policy;
 pub mod pool;
+// The one `unsafe` of the gateway: `BufMut` for the splice buffer.
+#[allow(unsafe_code)]
 pub mod splice;
 pub mod url;
 pub mod worker;

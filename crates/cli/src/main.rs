@@ -1,9 +1,11 @@
 //! The `iris` command: `iris serve` (the gateway), `iris demo` (every role
 //! in one process on a generated tiny model), `iris preprocess`, `iris
-//! tiny-model`; the command line itself is [`iris_gateway::cli`].
+//! tiny-model`; the command line itself is [`iris_cli::cli`].
+
+#![forbid(unsafe_code)]
 
 fn main() -> std::process::ExitCode {
     iris_process::return_large_allocations();
-    let code = iris_gateway::cli::main(std::env::args_os());
+    let code = iris_cli::main(std::env::args_os());
     std::process::ExitCode::from(u8::try_from(code).unwrap_or(1))
 }

@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use iris_engine::{EngineArgs, Role};
-
-use crate::ServeArgs;
+use iris_gateway::ServeArgs;
 
 /// How long the demo's workers wait for an embedding or a KV state: the
 /// CPU vision tower needs seconds for a large photo.
@@ -63,7 +62,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         ],
         &decode.grpc_addr.to_string(),
     );
-    let gateway = crate::start(serve).await?;
+    let gateway = iris_gateway::start(serve).await?;
     wait_until_ready(&gateway).await?;
     print_banner(gateway.addr, &gateway.state.model_name);
     let tokens = [
@@ -82,7 +81,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 }
 
 /// Waits (bounded) until the health checker has seen every worker.
-async fn wait_until_ready(gateway: &crate::RunningGateway) -> anyhow::Result<()> {
+async fn wait_until_ready(gateway: &iris_gateway::RunningGateway) -> anyhow::Result<()> {
     let pools = gateway.state.router.mode.pools();
     for _ in 0..200 {
         if pools.iter().all(|p| p.healthy_count() > 0) {

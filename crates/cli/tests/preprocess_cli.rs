@@ -3,8 +3,6 @@
 //! token count and the written `.npy` must be what the vision crate gives
 //! for the same image, and bad input must end in a clear error, not a panic.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -12,8 +10,16 @@ use iris_vision::{decode, processor_from_model_dir, DecodeLimits, PreprocessOpti
 
 const IMAGE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/images/coffee.jpg"
+    "/../../../shared/images/coffee.jpg"
 );
+
+/// The tiny model (its preprocessor config is the one used) in a
+/// temporary directory.
+fn tiny_model() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    iris_model::tiny::write_tiny_qwen2_vl(dir.path()).expect("tiny model");
+    dir
+}
 
 fn iris(args: &[&std::ffi::OsStr]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_iris"))
@@ -59,12 +65,12 @@ fn read_npy(path: &Path) -> (String, Vec<f32>) {
 
 #[test]
 fn report_and_npy_match_the_vision_crate() {
-    let model = common::tiny_model();
+    let model = tiny_model();
     let out_dir = tempfile::tempdir().expect("temp dir");
     let npy: PathBuf = out_dir.path().join("pixels.npy");
     let run = iris(&[
         "--model-path".as_ref(),
-        model.dir.path().as_os_str(),
+        model.path().as_os_str(),
         IMAGE.as_ref(),
         "--out".as_ref(),
         npy.as_os_str(),
@@ -76,7 +82,7 @@ fn report_and_npy_match_the_vision_crate() {
         String::from_utf8_lossy(&run.stderr)
     );
 
-    let processor = processor_from_model_dir(model.dir.path()).expect("processor");
+    let processor = processor_from_model_dir(model.path()).expect("processor");
     let bytes = std::fs::read(IMAGE).expect("shared image");
     let rgb = decode(&bytes, &DecodeLimits::default()).expect("decode");
     let expected = processor
@@ -119,7 +125,7 @@ fn report_and_npy_match_the_vision_crate() {
 
 #[test]
 fn bad_input_is_a_clear_error() {
-    let model = common::tiny_model();
+    let model = tiny_model();
     let dir = tempfile::tempdir().expect("temp dir");
     let corrupt = dir.path().join("corrupt.jpg");
     std::fs::write(&corrupt, b"\xFF\xD8\xFF\xE0 not really a jpeg").expect("write");
@@ -127,8 +133,8 @@ fn bad_input_is_a_clear_error() {
     let no_model = dir.path().join("no-model");
 
     let cases: [(&Path, &Path, &str); 3] = [
-        (model.dir.path(), &corrupt, "JPEG"),
-        (model.dir.path(), &missing, "missing.png"),
+        (model.path(), &corrupt, "JPEG"),
+        (model.path(), &missing, "missing.png"),
         (&no_model, Path::new(IMAGE), "no-model"),
     ];
     for (model_dir, image, fragment) in cases {
@@ -139,7 +145,8 @@ fn bad_input_is_a_clear_error() {
         ]);
         let stderr = String::from_utf8_lossy(&run.stderr);
         assert_eq!(run.status.code(), Some(1), "{stderr}");
-        assert!(stderr.starts_with("Error: "), "{stderr}");
+        assert!(stderr.starts_with("error: "), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
         assert!(stderr.contains(fragment), "{fragment:?} in {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
     }

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 
 use clap::{Arg, ArgAction, Command, CommandFactory};
 
-const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md");
+const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/configuration.md");
 
 /// One row of a flag table.
 #[derive(Debug)]
@@ -45,7 +45,7 @@ fn commands() -> Vec<(String, Command)> {
         ("iris-engine".to_owned(), iris_engine::Cli::command()),
         ("iris-encoder".to_owned(), iris_encoder::Cli::command()),
     ];
-    let iris = iris_gateway::cli::Cli::command();
+    let iris = iris_cli::Cli::command();
     for sub in iris.get_subcommands().filter(|s| s.get_name() != "help") {
         out.push((format!("iris {}", sub.get_name()), sub.clone()));
     }
@@ -273,7 +273,7 @@ fn configuration_md_matches_every_command_line() {
 fn command_lines_are_consistent() {
     iris_engine::Cli::command().debug_assert();
     iris_encoder::Cli::command().debug_assert();
-    iris_gateway::cli::Cli::command().debug_assert();
+    iris_cli::Cli::command().debug_assert();
 }
 
 /// The checker itself: each kind of mismatch is reported, all at once.

@@ -7,8 +7,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use crate::demo::DemoArgs;
-use crate::ServeArgs;
 use clap::{Parser, Subcommand};
+use iris_gateway::ServeArgs;
 
 /// `iris …`: the whole command line.
 #[derive(Parser)]
@@ -55,9 +55,9 @@ struct PreprocessArgs {
 }
 
 /// Parses `argv` (program name first) and runs the command; prints clap's
-/// messages and a failure as `Error: …` to stderr, exactly like a
-/// `#[tokio::main] fn main() -> anyhow::Result<()>` would, and returns the
-/// exit code (0, 1 on a failure, clap's 2 on a usage error).
+/// messages, or a failure as one line `error: <what>: <cause>` (no
+/// backtrace) to stderr, and returns the exit code (0, 1 on a failure,
+/// clap's 2 on a usage error).
 pub fn main<I, T>(argv: I) -> i32
 where
     I: IntoIterator<Item = T>,
@@ -70,23 +70,7 @@ where
             return err.exit_code();
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("Error: cannot start the tokio runtime: {err}");
-            return 1;
-        }
-    };
-    match runtime.block_on(run(cli)) {
-        Ok(()) => 0,
-        Err(err) => {
-            eprintln!("Error: {err:?}");
-            1
-        }
-    }
+    iris_process::exit_code(iris_process::block_on(run(cli)))
 }
 
 /// Runs a parsed command line to its end (`iris serve`: until SIGINT or
@@ -95,8 +79,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             iris_process::init_logging(args.log.format());
-            crate::mm::cpu_pool::init_global();
-            let running = crate::start(*args).await?;
+            iris_gateway::mm::cpu_pool::init_global();
+            let running = iris_gateway::start(*args).await?;
             match running.metrics_addr {
                 Some(metrics) => {
                     tracing::info!(addr = %running.addr, %metrics, "iris gateway listening")
