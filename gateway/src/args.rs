@@ -12,6 +12,13 @@ use iris_transport::Transport;
 use crate::workers::affinity::EncodePolicyKind;
 use crate::workers::policy::PolicyKind;
 
+/// Environment variables of renamed `iris serve` flags: (old, new). The
+/// binary carries the old ones over ([`iris_process::renamed`]).
+pub const RENAMED_ENV: &[iris_process::renamed::Renamed] = &[
+    ("IRIS_MAX_PAYLOAD_SIZE", "IRIS_MAX_PAYLOAD_BYTES"),
+    ("IRIS_RDMA_SLOT_TTL_S", "IRIS_RDMA_SLOT_TTL_SECS"),
+];
+
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Address to listen on.

@@ -63,6 +63,11 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
+    let renamed = [iris_gateway::args::RENAMED_ENV, crate::demo::RENAMED_ENV].concat();
+    if let Err(err) = iris_process::renamed::carry_over(&renamed) {
+        eprintln!("error: {err}");
+        return 1;
+    }
     let cli = match Cli::try_parse_from(argv) {
         Ok(cli) => cli,
         Err(err) => {

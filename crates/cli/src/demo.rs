@@ -14,6 +14,12 @@ use iris_gateway::ServeArgs;
 /// CPU vision tower needs seconds for a large photo.
 const DEMO_TRANSFER_WAIT_MS: u64 = 60_000;
 
+/// Environment variables of renamed `iris demo` flags: (old, new).
+pub const RENAMED_ENV: &[iris_process::renamed::Renamed] = &[(
+    "IRIS_DEMO_DECODE_US_PER_STEP",
+    "IRIS_DEMO_DECODE_PER_STEP_US",
+)];
+
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
     /// HTTP port of the gateway.

@@ -82,3 +82,41 @@ fn a_missing_model_is_one_line_naming_the_path() {
     let line = one_error_line(&serve(&missing, &["--port", "0"]));
     assert!(line.contains("no-such-model"), "{line}");
 }
+
+/// `iris serve` with `env` added to the environment.
+fn serve_with_env(model: &Path, env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_iris"))
+        .arg("serve")
+        .arg("--model-path")
+        .arg(model)
+        .args(["--worker-urls", "grpc://127.0.0.1:9", "--port", "0"])
+        .env("RUST_LOG", "off")
+        .envs(env.iter().copied())
+        .output()
+        .expect("the iris binary runs")
+}
+
+#[test]
+fn a_renamed_flags_old_variable_is_still_read() {
+    let model = tiny_model();
+    // The old name's value reaches the new flag: a bad one is refused
+    // under the new flag's name.
+    let run = serve_with_env(model.path(), &[("IRIS_MAX_PAYLOAD_SIZE", "lots")]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--max-payload-bytes"), "{stderr}");
+    assert!(stderr.contains("lots"), "{stderr}");
+    // Both names set: which wins would be a guess, so it is refused.
+    let run = serve_with_env(
+        model.path(),
+        &[
+            ("IRIS_MAX_PAYLOAD_SIZE", "1000"),
+            ("IRIS_MAX_PAYLOAD_BYTES", "2000"),
+        ],
+    );
+    let line = one_error_line(&run);
+    assert!(
+        line.contains("IRIS_MAX_PAYLOAD_SIZE") && line.contains("IRIS_MAX_PAYLOAD_BYTES"),
+        "{line}"
+    );
+}

@@ -9,6 +9,19 @@ use clap::Args;
 
 pub use crate::config::Role;
 
+/// Environment variables of renamed flags: (old, new). The binary carries
+/// the old ones over ([`iris_process::renamed`]).
+pub const RENAMED_ENV: &[iris_process::renamed::Renamed] = &[
+    (
+        "IRIS_ENGINE_PREFILL_US_PER_TOKEN",
+        "IRIS_ENGINE_PREFILL_PER_TOKEN_US",
+    ),
+    (
+        "IRIS_ENGINE_DECODE_US_PER_STEP",
+        "IRIS_ENGINE_DECODE_PER_STEP_US",
+    ),
+];
+
 #[derive(Debug, Clone, Args)]
 #[command(mut_arg("shm_name_prefixes", |a| a.env("IRIS_ENGINE_SHM_NAME_PREFIX")))]
 pub struct EngineArgs {

@@ -13,6 +13,10 @@ use iris_engine::Cli;
 
 fn main() -> std::process::ExitCode {
     iris_process::keep_large_allocations();
+    // Before the runtime's threads start: this may set variables.
+    if let Err(err) = iris_process::renamed::carry_over(iris_engine::args::RENAMED_ENV) {
+        return iris_process::exit(Err(anyhow::Error::msg(err)));
+    }
     iris_process::exit(iris_process::block_on(run()))
 }
 

@@ -10,6 +10,7 @@
 
 pub mod auth;
 mod logging;
+pub mod renamed;
 pub mod startup;
 
 pub use startup::{block_on, exit, exit_code, listen};

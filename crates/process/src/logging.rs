@@ -64,6 +64,7 @@ pub fn init_logging(format: LogFormat) {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
     };
+    crate::renamed::warn_used();
 }
 
 #[cfg(test)]
