@@ -2,19 +2,7 @@
 //! and agreement with a whole-text reference on random inputs.
 
 use iris_detok::{StopMatcher, StopStep};
-
-/// SplitMix64, so the tests need no extra crates.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) % n as u64) as usize
-    }
-}
+use iris_testkit::Rng;
 
 /// What streaming should produce, computed on the whole text: the text
 /// before the earliest-ending match (longest on ties), and that stop.
