@@ -18,7 +18,6 @@ use iris_gateway::RunningGateway;
 use iris_proto::encoder::token_speed_encoder_server::{TokenSpeedEncoder, TokenSpeedEncoderServer};
 use iris_proto::encoder::{EncodeRequest, EncodeResponse};
 use iris_testkit::grpc::StubScheduler;
-use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tonic::{Code, Request, Response, Status};
 
@@ -199,21 +198,6 @@ async fn worker_metric(gw: &RunningGateway, metric: &str, worker: &str) -> u64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {prefix}"))
-}
-
-fn image_chat(model: &str, seeds: &[u8]) -> Value {
-    let mut content = vec![json!({"type": "text", "text": "What is in these pictures?"})];
-    content.extend(
-        seeds
-            .iter()
-            .map(|&s| json!({"type": "image_url", "image_url": {"url": png_data_url(s)}})),
-    );
-    json!({
-        "model": model,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": 8,
-        "ignore_eos": true,
-    })
 }
 
 /// One image chat through a fake that fails as `behaviour` says and a real

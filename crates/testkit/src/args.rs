@@ -10,9 +10,10 @@ use std::path::Path;
 
 use clap::Parser;
 
-/// A command whose only content is `A`.
+/// A command whose only content is `A`; a flag given again overrides
+/// the earlier value (so `extra` can change a builder's choice).
 #[derive(Parser)]
-#[command(name = "test")]
+#[command(name = "test", args_override_self = true)]
 struct Command<A: clap::Args> {
     #[command(flatten)]
     args: A,
@@ -33,18 +34,8 @@ where
 
 /// `iris-engine` in `role` on loopback, with free ports, over `model`.
 pub fn engine_argv(model: &Path, role: &str) -> Vec<String> {
-    let mut argv = strings(&[
-        "--role",
-        role,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--bootstrap-port",
-        "0",
-        "--model-path",
-    ]);
-    argv.push(model.display().to_string());
+    let mut argv = strings(&["--role", role]);
+    argv.extend(on_loopback(model));
     argv
 }
 
@@ -74,15 +65,9 @@ pub fn engine_args<A: clap::Args>(model: &Path, role: &str, extra: &[&str]) -> A
 /// at a time, a 64-deep queue, a 16 MB embedding cache, a 30 s room TTL;
 /// then `extra` (which may override any).
 pub fn encoder_args<A: clap::Args>(model: &Path, extra: &[&str]) -> A {
-    let mut argv = strings(&[
-        "--compute",
-        "digest",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--bootstrap-port",
-        "0",
+    let mut argv = strings(&["--compute", "digest"]);
+    argv.extend(on_loopback(model));
+    argv.extend(strings(&[
         "--metrics-port",
         "0",
         "--max-batch-patches",
@@ -97,11 +82,24 @@ pub fn encoder_args<A: clap::Args>(model: &Path, extra: &[&str]) -> A {
         "16",
         "--room-ttl-secs",
         "30",
+    ]));
+    argv.extend(strings(extra));
+    parse(argv)
+}
+
+/// A worker's listening flags on 127.0.0.1 with free ports, and its model.
+fn on_loopback(model: &Path) -> Vec<String> {
+    let mut argv = strings(&[
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--bootstrap-port",
+        "0",
         "--model-path",
     ]);
     argv.push(model.display().to_string());
-    argv.extend(strings(extra));
-    parse(argv)
+    argv
 }
 
 fn strings(words: &[&str]) -> Vec<String> {
@@ -126,6 +124,8 @@ mod tests {
         assert_eq!((toy.port, toy.name.as_deref()), (7, Some("x")));
         let toy: Toy = parse(Vec::<String>::new());
         assert_eq!((toy.port, toy.name), (7, None));
+        let toy: Toy = parse(["--port", "1", "--port", "2"]);
+        assert_eq!(toy.port, 2);
     }
 
     #[test]

@@ -109,6 +109,22 @@ pub fn chat_body(model: &str, text: &str, max_tokens: u32, stream: bool) -> Valu
     })
 }
 
+/// A chat asking about one image per seed ([`png_data_url`]), 8 tokens.
+pub fn image_chat(model: &str, seeds: &[u8]) -> Value {
+    let mut content = vec![json!({"type": "text", "text": "What is in these pictures?"})];
+    content.extend(
+        seeds
+            .iter()
+            .map(|&s| json!({"type": "image_url", "image_url": {"url": png_data_url(s)}})),
+    );
+    json!({
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 8,
+        "ignore_eos": true,
+    })
+}
+
 /// POSTs a chat body.
 async fn post(gw: &RunningGateway, body: &Value) -> reqwest::Response {
     reqwest::Client::new()
