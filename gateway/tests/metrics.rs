@@ -93,7 +93,7 @@ async fn every_family_has_one_header_ahead_of_its_samples() {
             "iris_pixel_cache_entries 1",
             "iris_mm_inflight_bytes 0",
             "iris_mm_inflight_refusals_total{reason=\"too_large\"} 0",
-            "iris_transport_tensors_total{lane=\"inline\"} 1",
+            "iris_transport_arena_slots_in_use 0",
             "iris_transport_rdma_lane{state=\"off\"} 1",
             "iris_transport_rdma_lane{state=\"up\"} 0",
             "iris_http_connections_refused_total{listener=\"api\"} 0",

@@ -1,7 +1,7 @@
 //! In-process harness for gateway tests: reference engines and a gateway
 //! on loopback ports, a tiny model, and small HTTP helpers.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
 use std::net::SocketAddr;
 use std::time::Duration;
