@@ -1,6 +1,6 @@
 //! Helpers shared by the encoder's integration tests: a tiny model, test
 //! arguments, Encode requests with image items, clients, and fetches.
-#![allow(dead_code)] // each test binary uses its own subset
+#![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
 use std::sync::Arc;
 
