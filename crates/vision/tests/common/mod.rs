@@ -1,6 +1,6 @@
 //! Helpers shared by the integration tests: paths to test images and
 //! expectations, and images with forged headers.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
 use std::path::PathBuf;
 
