@@ -117,7 +117,7 @@ def test_one_line_per_request_and_no_colour_in_a_file(gateway):
 
 def test_a_client_that_leaves_is_logged_as_499(model_dir, processes):
     # 20 ms a token: the 500 tokens take 10 s, the client leaves at once.
-    gateway = aggregated(processes, model_dir, engine_args=("--decode-us-per-step", "20000")).gateway
+    gateway = aggregated(processes, model_dir, engine_args=("--decode-per-step-us", "20000")).gateway
     body = chat(gateway.model, text="Hello!", stream=True, max_tokens=500, ignore_eos=True)
     with httpx.Client(base_url=gateway.base_url, timeout=60) as http:
         with http.stream("POST", "/v1/chat/completions", json=body) as response:

@@ -103,7 +103,7 @@ class Demo:
         port = free_port()
         self.process = processes.spawn("demo", [binary("iris"), "demo", "--port", port,
                                                 "--model-dir", tmp_path / "tiny-model",
-                                                "--decode-us-per-step", 0])
+                                                "--decode-per-step-us", 0])
         match = self.process.wait_for_line(BANNER, STARTUP_TIMEOUT * 2)
         self.base_url, self.model = match.group(1), match.group(2)
         self.printed = self._lines_until("Press Ctrl-C to stop.")

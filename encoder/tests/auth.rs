@@ -4,7 +4,7 @@
 //! presents it when it collects embeddings.
 
 use iris_encoder::EncoderArgs;
-use iris_engine::{EngineArgs, Role};
+use iris_engine::EngineArgs;
 use iris_process::auth::{AuthChannel, AuthToken};
 use iris_proto::data::iris_data_client::IrisDataClient;
 use iris_proto::data::FetchRequest;
@@ -93,26 +93,9 @@ async fn calls_without_the_token_are_unauthenticated() {
 }
 
 fn prefill_args(model: &TempDir, token: Option<std::path::PathBuf>) -> EngineArgs {
-    EngineArgs {
-        role: Role::Prefill,
-        host: "127.0.0.1".into(),
-        port: 0,
-        bootstrap_port: 0,
-        model_path: model.path().to_path_buf(),
-        served_model_name: None,
-        expose_model_path: false,
-        max_running_requests: 8,
-        default_max_new_tokens: 8,
-        prefill_us_per_token: 0,
-        decode_us_per_step: 0,
-        eos_ppm: 0,
-        transfer_wait_ms: 3_000,
-        room_ttl_secs: 30,
-        worker_id: None,
-        metrics_port: None,
-        auth_token_file: token,
-        shm: Default::default(),
-    }
+    let mut args: EngineArgs = iris_testkit::args::engine_args(model.path(), "prefill", &[]);
+    args.auth_token_file = token;
+    args
 }
 
 /// A prefill Generate whose image embedding is in `encoder_room` on the

@@ -266,25 +266,8 @@ async fn epd_through_reference_engines() {
     use iris_engine::{EngineArgs, Role};
     let model = model();
     let enc = encoder(&model, 64).await;
-    let engine = |role| EngineArgs {
-        role,
-        host: "127.0.0.1".into(),
-        port: 0,
-        bootstrap_port: 0,
-        model_path: model.path().to_path_buf(),
-        served_model_name: None,
-        expose_model_path: false,
-        max_running_requests: 8,
-        default_max_new_tokens: 8,
-        prefill_us_per_token: 0,
-        decode_us_per_step: 0,
-        eos_ppm: 0,
-        transfer_wait_ms: 3_000,
-        room_ttl_secs: 30,
-        worker_id: None,
-        metrics_port: None,
-        auth_token_file: None,
-        shm: Default::default(),
+    let engine = |role: Role| -> EngineArgs {
+        iris_testkit::args::engine_args(model.path(), role.as_str(), &[])
     };
     let prefill = iris_engine::start(engine(Role::Prefill))
         .await

@@ -74,7 +74,6 @@ pub struct ConnStats {
 /// Prometheus text for the connection counters of every listener (`api`,
 /// `metrics`), each family once with a sample per listener.
 pub fn render_stats(out: &mut String, listeners: &[(&'static str, Arc<ConnStats>)]) {
-    use std::fmt::Write;
     type Read = fn(&ConnStats) -> u64;
     let families: [(&str, &str, &str, Read); 3] = [
         (
@@ -97,10 +96,10 @@ pub fn render_stats(out: &mut String, listeners: &[(&'static str, Arc<ConnStats>
         ),
     ];
     for (name, kind, help, read) in families {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (listener, stats) in listeners {
-            let _ = writeln!(out, "{name}{{listener=\"{listener}\"}} {}", read(stats));
-        }
+        let samples = listeners
+            .iter()
+            .map(|(listener, stats)| (format!("listener=\"{listener}\""), read(stats)));
+        iris_metrics::family(out, name, kind, help, samples);
     }
 }
 

@@ -1,12 +1,11 @@
 //! Prometheus metrics of the gateway, kept in atomics (no locks on the
 //! request path) and rendered as Prometheus text on `/metrics`.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use iris_metrics::counter;
 pub use iris_metrics::Histogram;
+use iris_metrics::{counter, family, header};
 
 use crate::workers::Pool;
 
@@ -110,15 +109,24 @@ impl Metrics {
         more_stages: &[(&str, &Histogram)],
     ) -> String {
         let mut out = String::with_capacity(8192);
-        out.push_str("# HELP iris_requests_total Chat requests by outcome.\n# TYPE iris_requests_total counter\n");
-        for ((_, name), value) in OUTCOMES.iter().zip(&self.outcomes) {
-            let _ = writeln!(
-                out,
-                "iris_requests_total{{outcome=\"{name}\"}} {}",
-                value.load(Ordering::Relaxed)
-            );
-        }
-        out.push_str("# HELP iris_stage_duration_seconds Time spent per pipeline stage.\n# TYPE iris_stage_duration_seconds histogram\n");
+        family(
+            &mut out,
+            "iris_requests_total",
+            "counter",
+            "Chat requests by outcome.",
+            OUTCOMES
+                .iter()
+                .zip(&self.outcomes)
+                .map(|((_, name), value)| {
+                    (format!("outcome=\"{name}\""), value.load(Ordering::Relaxed))
+                }),
+        );
+        header(
+            &mut out,
+            "iris_stage_duration_seconds",
+            "histogram",
+            "Time spent per pipeline stage.",
+        );
         let own = STAGES.iter().map(|(_, name)| *name).zip(self.stages.iter());
         for (name, histogram) in own.chain(more_stages.iter().copied()) {
             histogram.render(
@@ -150,32 +158,44 @@ impl Metrics {
     }
 }
 
+/// The worker families, each with one sample per worker of every pool.
+const WORKER_FAMILIES: [(&str, &str, &str); 4] = [
+    (
+        "iris_worker_healthy",
+        "gauge",
+        "1 when the worker is in service.",
+    ),
+    (
+        "iris_worker_in_flight",
+        "gauge",
+        "Requests in flight per worker.",
+    ),
+    (
+        "iris_worker_requests_total",
+        "counter",
+        "Requests (for encoders: images) sent per worker.",
+    ),
+    (
+        "iris_worker_failures_total",
+        "counter",
+        "Requests (for encoders: images) a worker failed or could not take, pushback and timeouts included.",
+    ),
+];
+
 fn render_workers(out: &mut String, pools: &[std::sync::Arc<Pool>]) {
-    out.push_str("# HELP iris_worker_healthy 1 when the worker is in service.\n# TYPE iris_worker_healthy gauge\n");
-    let mut in_flight = String::from("# HELP iris_worker_in_flight Requests in flight per worker.\n# TYPE iris_worker_in_flight gauge\n");
-    let mut requests = String::from("# HELP iris_worker_requests_total Requests (for encoders: images) sent per worker.\n# TYPE iris_worker_requests_total counter\n");
-    let mut failures = String::from("# HELP iris_worker_failures_total Requests (for encoders: images) a worker failed or could not take, pushback and timeouts included.\n# TYPE iris_worker_failures_total counter\n");
+    // Per worker: its labels and its value in each of WORKER_FAMILIES.
+    let mut rows: Vec<(String, [u64; 4])> = Vec::new();
     for pool in pools {
         for w in pool.snapshot().iter() {
             let labels = format!("worker=\"{}\",role=\"{}\"", w.url, w.role.as_str());
-            let _ = writeln!(
-                out,
-                "iris_worker_healthy{{{labels}}} {}",
-                u8::from(w.is_healthy())
-            );
-            let _ = writeln!(
-                in_flight,
-                "iris_worker_in_flight{{{labels}}} {}",
-                w.in_flight()
-            );
             let (sent, failed) = w.request_counts();
-            let _ = writeln!(requests, "iris_worker_requests_total{{{labels}}} {sent}");
-            let _ = writeln!(failures, "iris_worker_failures_total{{{labels}}} {failed}");
+            let healthy = u64::from(w.is_healthy());
+            rows.push((labels, [healthy, w.in_flight() as u64, sent, failed]));
         }
     }
-    out.push_str(&in_flight);
-    out.push_str(&requests);
-    out.push_str(&failures);
+    for (i, (name, kind, help)) in WORKER_FAMILIES.into_iter().enumerate() {
+        family(out, name, kind, help, rows.iter().map(|(l, v)| (l, v[i])));
+    }
 }
 
 #[cfg(test)]

@@ -398,23 +398,51 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     state.router.lanes.render(&mut body);
     crate::listen::render_stats(&mut body, &state.connection_stats);
     let (hits, misses) = state.prompter.cache_stats();
-    body.push_str(&format!(
-        "# HELP iris_tokenizer_cache_total Prompt segments tokenized, by cache result.\n# TYPE iris_tokenizer_cache_total counter\niris_tokenizer_cache_total{{result=\"hit\"}} {hits}\niris_tokenizer_cache_total{{result=\"miss\"}} {misses}\n"
-    ));
+    iris_metrics::family(
+        &mut body,
+        "iris_tokenizer_cache_total",
+        "counter",
+        "Prompt segments tokenized, by cache result.",
+        [("result=\"hit\"", hits), ("result=\"miss\"", misses)],
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
 fn render_pixel_cache(out: &mut String, stats: &iris_cache::CacheStats) {
-    use std::fmt::Write;
-    let _ = write!(
+    iris_metrics::family(
         out,
-        "# HELP iris_pixel_cache_lookups_total Image preprocessing lookups by result (joined: waited for a concurrent miss).\n# TYPE iris_pixel_cache_lookups_total counter\n\
-         iris_pixel_cache_lookups_total{{result=\"hit\"}} {}\niris_pixel_cache_lookups_total{{result=\"miss\"}} {}\niris_pixel_cache_lookups_total{{result=\"joined\"}} {}\n\
-         # HELP iris_pixel_cache_evictions_total Entries evicted to stay within the byte bound.\n# TYPE iris_pixel_cache_evictions_total counter\niris_pixel_cache_evictions_total {}\n\
-         # HELP iris_pixel_cache_bytes Bytes held by the pixel cache.\n# TYPE iris_pixel_cache_bytes gauge\niris_pixel_cache_bytes {}\n\
-         # HELP iris_pixel_cache_entries Entries in the pixel cache.\n# TYPE iris_pixel_cache_entries gauge\niris_pixel_cache_entries {}\n",
-        stats.hits, stats.misses, stats.joined, stats.evictions, stats.bytes, stats.entries
+        "iris_pixel_cache_lookups_total",
+        "counter",
+        "Image preprocessing lookups by result (joined: waited for a concurrent miss).",
+        [
+            ("result=\"hit\"", stats.hits),
+            ("result=\"miss\"", stats.misses),
+            ("result=\"joined\"", stats.joined),
+        ],
     );
+    let plain = [
+        (
+            "iris_pixel_cache_evictions_total",
+            "counter",
+            "Entries evicted to stay within the byte bound.",
+            stats.evictions,
+        ),
+        (
+            "iris_pixel_cache_bytes",
+            "gauge",
+            "Bytes held by the pixel cache.",
+            stats.bytes as u64,
+        ),
+        (
+            "iris_pixel_cache_entries",
+            "gauge",
+            "Entries in the pixel cache.",
+            stats.entries as u64,
+        ),
+    ];
+    for (name, kind, help, value) in plain {
+        iris_metrics::family(out, name, kind, help, [("", value)]);
+    }
 }
 
 /// 404 naming the method and path asked for (the path cut to 200

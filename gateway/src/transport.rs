@@ -176,37 +176,79 @@ impl Lanes {
         Ok((item, Some(sent.ticket)))
     }
 
-    /// Appends the transport counters as Prometheus text.
+    /// Appends the transport counters as Prometheus text, each family
+    /// once with all its samples.
     pub fn render(&self, out: &mut String) {
-        use std::fmt::Write;
-        let mut family = String::new();
-        for (name, value) in self.sender.metrics().snapshot().samples() {
-            let base = name.split('{').next().unwrap_or(&name);
-            if base != family {
-                family = base.to_owned();
-                let kind = if family.ends_with("_total") {
-                    "counter"
-                } else {
-                    "gauge"
+        let samples = self.sender.metrics().snapshot().samples();
+        for (name, kind, help) in TRANSPORT_FAMILIES {
+            let of_family = samples.iter().filter_map(|(sample, value)| {
+                let labels = sample.strip_prefix(name)?;
+                let labels = match labels.strip_prefix('{') {
+                    Some(inner) => inner.strip_suffix('}')?,
+                    None if labels.is_empty() => "",
+                    None => return None,
                 };
-                let _ = writeln!(out, "# TYPE {family} {kind}");
-            }
-            let _ = writeln!(out, "{name} {value}");
+                Some((labels, value))
+            });
+            iris_metrics::family(out, name, kind, help, of_family);
         }
-        let _ = writeln!(
+        iris_metrics::family(
             out,
-            "# HELP iris_transport_rdma_lane The RDMA tensor lane: off (not wanted), up, or unavailable (wanted, NIXL missing: inline).\n# TYPE iris_transport_rdma_lane gauge"
+            "iris_transport_rdma_lane",
+            "gauge",
+            "The RDMA tensor lane: off (not wanted), up, or unavailable (wanted, NIXL missing: inline).",
+            RdmaLane::ALL.map(|state| {
+                let labels = format!("state=\"{}\"", state.as_str());
+                (labels, u8::from(state == self.rdma))
+            }),
         );
-        for state in RdmaLane::ALL {
-            let up = u8::from(state == self.rdma);
-            let _ = writeln!(
-                out,
-                "iris_transport_rdma_lane{{state=\"{}\"}} {up}",
-                state.as_str()
-            );
-        }
     }
 }
+
+/// The families of `iris_transport::Metrics::samples`, in the order
+/// `/metrics` lists them.
+const TRANSPORT_FAMILIES: [(&str, &str, &str); 8] = [
+    (
+        "iris_transport_tensors_total",
+        "counter",
+        "Tensors sent per lane (inline, shm, rdma).",
+    ),
+    (
+        "iris_transport_bytes_total",
+        "counter",
+        "Payload bytes sent per lane.",
+    ),
+    (
+        "iris_transport_fallbacks_total",
+        "counter",
+        "Inline fallbacks per reason.",
+    ),
+    (
+        "iris_transport_arena_slots_in_use",
+        "gauge",
+        "Live leases of the RDMA arena.",
+    ),
+    (
+        "iris_transport_arena_leases_total",
+        "counter",
+        "Leases granted.",
+    ),
+    (
+        "iris_transport_arena_releases_total",
+        "counter",
+        "Leases freed by notification or release.",
+    ),
+    (
+        "iris_transport_arena_stale_notifications_total",
+        "counter",
+        "Releases that freed nothing (late, wrong generation).",
+    ),
+    (
+        "iris_transport_arena_reaped_total",
+        "counter",
+        "Leases freed by the reaper after the TTL.",
+    ),
+];
 
 /// Removes tensor and identity files of dead processes.
 fn sweep_shm() {
@@ -373,6 +415,14 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# TYPE iris_transport_arena_slots_in_use gauge\n"));
+        // Every sample is rendered, under its family's one header.
+        for (sample, value) in lanes.sender.metrics().snapshot().samples() {
+            assert!(text.contains(&format!("\n{sample} {value}\n")), "{sample}");
+        }
+        for (family, _, _) in TRANSPORT_FAMILIES {
+            assert_eq!(text.matches(&format!("# TYPE {family} ")).count(), 1);
+            assert_eq!(text.matches(&format!("# HELP {family} ")).count(), 1);
+        }
     }
 
     #[cfg(not(feature = "nixl"))]

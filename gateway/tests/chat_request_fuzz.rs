@@ -64,9 +64,8 @@ fn check(prompter: &Prompter, body: &[u8]) -> (bool, bool) {
 
 #[test]
 fn mutated_requests_never_panic() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    iris_model::tiny::write_tiny_qwen2_vl(dir.path()).expect("tiny model");
-    let model = ModelDir::load(dir.path()).expect("model dir");
+    let tiny = iris_testkit::model::tiny_model();
+    let model = ModelDir::load(tiny.path()).expect("model dir");
     let options = PromptOptions {
         cache_entries: 256,
         ..PromptOptions::default()
@@ -74,28 +73,13 @@ fn mutated_requests_never_panic() {
     let prompter = Prompter::load(&model, &options).expect("prompter");
     let mut rng = Rng(0x0bad_c0de_5eed_0001);
     let (mut parsed, mut rendered) = (0, 0);
+    let splices: Vec<&[u8]> = SPLICES.iter().map(|s| s.as_bytes()).collect();
     for seed in SEEDS {
         let (p, r) = check(&prompter, seed.as_bytes());
         assert!(p && r, "seed must pass: {seed}");
         for _ in 0..300 {
             let mut bytes = seed.as_bytes().to_vec();
-            for _ in 0..1 + rng.below(4) {
-                let at = rng
-                    .below(bytes.len() + 1)
-                    .min(bytes.len().saturating_sub(1));
-                match rng.below(5) {
-                    0 => bytes[at] ^= 1 << rng.below(8),
-                    1 => bytes[at] = rng.next_u64() as u8,
-                    2 => bytes.truncate(at.max(1)),
-                    3 => bytes.insert(at, rng.next_u64() as u8),
-                    _ => {
-                        let splice = SPLICES[rng.below(SPLICES.len())].as_bytes();
-                        let tail = bytes.split_off(at);
-                        bytes.extend_from_slice(splice);
-                        bytes.extend_from_slice(&tail);
-                    }
-                }
-            }
+            rng.mutate(&mut bytes, 4, &splices);
             let (p, r) = check(&prompter, &bytes);
             parsed += usize::from(p);
             rendered += usize::from(r);

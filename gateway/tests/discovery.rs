@@ -19,7 +19,6 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use clap::Parser;
 use iris_gateway::args::DiscoveryArgs;
 use iris_gateway::transport::RdmaLane;
 use iris_gateway::workers::policy::PolicyKind;
@@ -292,13 +291,7 @@ impl Gateway {
     /// Starts discovery for the pools of `roles` with the `iris serve`
     /// flags `flags`; the client's default namespace is `default_ns`.
     async fn start(addr: SocketAddr, roles: &[Role], flags: &[&str], default_ns: &str) -> Gateway {
-        #[derive(Parser)]
-        struct Flags {
-            #[command(flatten)]
-            discovery: DiscoveryArgs,
-        }
-        let argv = std::iter::once("iris").chain(flags.iter().copied());
-        let args = Flags::try_parse_from(argv).unwrap().discovery;
+        let args: DiscoveryArgs = iris_testkit::args::parse(flags.iter().copied());
         let discovery = iris_gateway::config::discovery(&args)
             .unwrap()
             .expect("discovery is on");
@@ -551,15 +544,8 @@ async fn leaders_only_takes_worker_index_zero() {
 
 #[test]
 fn selector_flags_are_checked() {
-    #[derive(Parser)]
-    struct Flags {
-        #[command(flatten)]
-        discovery: DiscoveryArgs,
-    }
     let parse = |flags: &[&str]| {
-        let args = Flags::try_parse_from(std::iter::once("iris").chain(flags.iter().copied()))
-            .unwrap()
-            .discovery;
+        let args: DiscoveryArgs = iris_testkit::args::parse(flags.iter().copied());
         iris_gateway::config::discovery(&args).map(|d| d.is_some())
     };
     assert!(!parse(&[]).unwrap());

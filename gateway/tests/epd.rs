@@ -12,19 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use iris_encoder::{ComputeKind, EncoderArgs, RunningEncoder};
+use iris_encoder::{EncoderArgs, RunningEncoder};
 use iris_engine::{Role, RunningEngine};
 use iris_gateway::RunningGateway;
-use iris_proto::common::{GetTokenizerChunk, GetTokenizerRequest};
 use iris_proto::encoder::token_speed_encoder_server::{TokenSpeedEncoder, TokenSpeedEncoderServer};
 use iris_proto::encoder::{EncodeRequest, EncodeResponse};
-use iris_proto::scheduler::token_speed_scheduler_server::{
-    TokenSpeedScheduler, TokenSpeedSchedulerServer,
-};
-use iris_proto::scheduler::*;
-use serde_json::{json, Value};
+use iris_testkit::grpc::StubScheduler;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 
 /// How the fake encoder answers Encode.
@@ -36,8 +30,8 @@ enum Behaviour {
     Fail(Code),
 }
 
-/// A fake encode worker: healthy, answers Encode as told, counts calls.
-#[derive(Clone)]
+/// A fake encode worker's Encode: answers as told, counts calls (a
+/// healthy `StubScheduler` beside it answers the health checks).
 struct FakeEncoder {
     behaviour: Behaviour,
     calls: Arc<AtomicUsize>,
@@ -54,63 +48,6 @@ impl TokenSpeedEncoder for FakeEncoder {
     }
 }
 
-type Stream<T> = ReceiverStream<Result<T, Status>>;
-
-#[tonic::async_trait]
-impl TokenSpeedScheduler for FakeEncoder {
-    type GenerateStream = Stream<GenerateResponse>;
-    type GetTokenizerStream = Stream<GetTokenizerChunk>;
-
-    async fn generate(
-        &self,
-        _: Request<GenerateRequest>,
-    ) -> Result<Response<Self::GenerateStream>, Status> {
-        Err(Status::unimplemented("fake encoder"))
-    }
-
-    async fn health_check(
-        &self,
-        _: Request<HealthCheckRequest>,
-    ) -> Result<Response<HealthCheckResponse>, Status> {
-        Ok(Response::new(HealthCheckResponse {
-            healthy: true,
-            message: "fake encoder".into(),
-        }))
-    }
-
-    async fn abort(&self, _: Request<AbortRequest>) -> Result<Response<AbortResponse>, Status> {
-        Ok(Response::new(AbortResponse::default()))
-    }
-
-    async fn get_model_info(
-        &self,
-        _: Request<GetModelInfoRequest>,
-    ) -> Result<Response<GetModelInfoResponse>, Status> {
-        Err(Status::unimplemented("fake encoder"))
-    }
-
-    async fn get_server_info(
-        &self,
-        _: Request<GetServerInfoRequest>,
-    ) -> Result<Response<GetServerInfoResponse>, Status> {
-        Err(Status::unimplemented("fake encoder"))
-    }
-
-    async fn get_loads(
-        &self,
-        _: Request<GetLoadsRequest>,
-    ) -> Result<Response<GetLoadsResponse>, Status> {
-        Err(Status::unimplemented("fake encoder"))
-    }
-
-    async fn get_tokenizer(
-        &self,
-        _: Request<GetTokenizerRequest>,
-    ) -> Result<Response<Self::GetTokenizerStream>, Status> {
-        Err(Status::unimplemented("fake encoder"))
-    }
-}
-
 /// A running fake: its gRPC address, a data port that accepts connections
 /// and never answers (a prefill fetching from it waits until aborted), and
 /// its call count.
@@ -122,19 +59,18 @@ struct Fake {
 
 impl Fake {
     async fn start(behaviour: Behaviour) -> Fake {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
         let silent_data = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let calls = Arc::new(AtomicUsize::new(0));
         let fake = FakeEncoder {
             behaviour,
             calls: calls.clone(),
         };
-        let server = tonic::transport::Server::builder()
-            .add_service(TokenSpeedEncoderServer::new(fake.clone()))
-            .add_service(TokenSpeedSchedulerServer::new(fake))
-            .serve_with_incoming(iris_process::nodelay_incoming(listener));
-        tokio::spawn(server);
+        let addr = iris_testkit::grpc::serve(
+            tonic::transport::Server::builder()
+                .add_service(TokenSpeedEncoderServer::new(fake))
+                .add_service(StubScheduler::healthy("fake encoder").service()),
+        )
+        .await;
         Fake {
             addr,
             silent_data,
@@ -163,30 +99,9 @@ async fn digest_encoder(model: &Model) -> RunningEncoder {
         .expect("encoder starts")
 }
 
+/// The test encoder (`iris_testkit::args::encoder_args`), holding up to 64 MB.
 fn digest_encoder_args(model: &Model) -> EncoderArgs {
-    EncoderArgs {
-        compute: ComputeKind::Digest,
-        host: "127.0.0.1".into(),
-        port: 0,
-        bootstrap_port: 0,
-        model_path: model.dir.path().to_path_buf(),
-        max_batch_patches: 4096,
-        max_patches_per_item: None,
-        max_message_mb: None,
-        auth_token_file: None,
-        coalesce_window_ms: 0,
-        dispatch_width: 1,
-        queue_capacity: 64,
-        embedding_cache_mb: 16,
-        max_held_mb: 64,
-        room_ttl_secs: 30,
-        fetch_wait_ms: 5_000,
-        worker_id: None,
-        served_model_name: None,
-        expose_model_path: false,
-        metrics_port: 0,
-        receive: Default::default(),
-    }
+    iris_testkit::args::encoder_args(model.path(), &["--max-held-mb", "64"])
 }
 
 fn real_encode_args(encoder: &RunningEncoder) -> [String; 3] {
@@ -283,21 +198,6 @@ async fn worker_metric(gw: &RunningGateway, metric: &str, worker: &str) -> u64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {prefix}"))
-}
-
-fn image_chat(model: &str, seeds: &[u8]) -> Value {
-    let mut content = vec![json!({"type": "text", "text": "What is in these pictures?"})];
-    content.extend(
-        seeds
-            .iter()
-            .map(|&s| json!({"type": "image_url", "image_url": {"url": png_data_url(s)}})),
-    );
-    json!({
-        "model": model,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": 8,
-        "ignore_eos": true,
-    })
 }
 
 /// One image chat through a fake that fails as `behaviour` says and a real

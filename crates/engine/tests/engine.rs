@@ -184,24 +184,24 @@ async fn metrics_show_rooms_held_until_collected() {
         "no metrics server without the flag"
     );
     let data = prefill.data.expect("prefill data server");
-    assert_eq!(prefill.metric("iris_engine_rooms_ready"), 0.0);
-    assert_eq!(prefill.metric("iris_engine_room_bytes_held"), 0.0);
+    assert_eq!(prefill.metric("iris_engine_rooms_ready").await, 0.0);
+    assert_eq!(prefill.metric("iris_engine_room_bytes_held").await, 0.0);
 
     let mut leg = text_request("held", PROMPT.to_vec(), 4, true);
     leg.kv_bootstrap_info = Some(kv_info(data, 77));
     let pre = generate(&mut prefill.client().await, leg.clone()).await;
     assert!(pre.status.is_none(), "{:?}", pre.status);
     // Nobody collected the state yet: the room is held.
-    assert_eq!(prefill.metric("iris_engine_rooms_ready"), 1.0);
-    assert!(prefill.metric("iris_engine_room_bytes_held") > 0.0);
+    assert_eq!(prefill.metric("iris_engine_rooms_ready").await, 1.0);
+    assert!(prefill.metric("iris_engine_room_bytes_held").await > 0.0);
 
     let dec = generate(&mut decode.client().await, leg).await;
     assert!(dec.status.is_none(), "{:?}", dec.status);
-    assert_eq!(prefill.metric("iris_engine_rooms_ready"), 0.0);
-    assert_eq!(prefill.metric("iris_engine_room_bytes_held"), 0.0);
-    assert_eq!(decode.metric("iris_engine_requests_running"), 0.0);
-    assert_eq!(decode.metric("iris_engine_requests_registered"), 0.0);
-    assert!(decode.metric("iris_engine_generated_tokens_total") >= 4.0);
+    assert_eq!(prefill.metric("iris_engine_rooms_ready").await, 0.0);
+    assert_eq!(prefill.metric("iris_engine_room_bytes_held").await, 0.0);
+    assert_eq!(decode.metric("iris_engine_requests_running").await, 0.0);
+    assert_eq!(decode.metric("iris_engine_requests_registered").await, 0.0);
+    assert!(decode.metric("iris_engine_generated_tokens_total").await >= 4.0);
 }
 
 #[tokio::test]

@@ -1,13 +1,15 @@
 //! Prometheus text exposition primitives shared by the Iris services:
 //! a lock-free [`Histogram`] with configurable bucket bounds, and helpers
-//! that write `# HELP`/`# TYPE` headers and counter or gauge lines.
+//! that write `# HELP`/`# TYPE` headers and the sample lines of counter,
+//! gauge and labelled families (every family a service exports goes
+//! through these, so the headers are written in one place).
 //!
 //! Everything renders into a `String`; a service builds its `/metrics` body
 //! by calling these in turn.
 
 #![forbid(unsafe_code)]
 
-use std::fmt::Write;
+use std::fmt::{Display, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -108,16 +110,42 @@ pub fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
+/// Writes one sample line: `name{labels} value`, or `name value` when
+/// `labels` (`key="value",…`) is empty.
+pub fn sample(out: &mut String, name: &str, labels: &str, value: impl Display) {
+    if labels.is_empty() {
+        let _ = writeln!(out, "{name} {value}");
+    } else {
+        let _ = writeln!(out, "{name}{{{labels}}} {value}");
+    }
+}
+
+/// Writes a family with its header and one line per `(labels, value)`
+/// sample (see [`sample`]), in the order given.
+pub fn family<L, V>(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (L, V)>,
+) where
+    L: AsRef<str>,
+    V: Display,
+{
+    header(out, name, kind, help);
+    for (labels, value) in samples {
+        sample(out, name, labels.as_ref(), value);
+    }
+}
+
 /// Writes an unlabelled counter with its header.
 pub fn counter(out: &mut String, name: &str, help: &str, value: u64) {
-    header(out, name, "counter", help);
-    let _ = writeln!(out, "{name} {value}");
+    family(out, name, "counter", help, [("", value)]);
 }
 
 /// Writes an unlabelled gauge with its header.
 pub fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
-    header(out, name, "gauge", help);
-    let _ = writeln!(out, "{name} {value}");
+    family(out, name, "gauge", help, [("", value)]);
 }
 
 /// Writes an unlabelled histogram with its header.
@@ -170,5 +198,24 @@ mod tests {
         assert!(out.contains("batch_items_sum 2007\nbatch_items_count 4\n"));
         assert!(out.contains("# TYPE hits_total counter\nhits_total 5\n"));
         assert!(out.contains("# TYPE queued gauge\nqueued 2\n"));
+    }
+
+    #[test]
+    fn labelled_families_keep_their_samples_in_order() {
+        let mut out = String::new();
+        family(
+            &mut out,
+            "hits_total",
+            "counter",
+            "Hits by result.",
+            [("result=\"hit\"", 3), ("result=\"miss\"", 1)],
+        );
+        family(&mut out, "open", "gauge", "Open now.", [("", 2)]);
+        assert_eq!(
+            out,
+            "# HELP hits_total Hits by result.\n# TYPE hits_total counter\n\
+             hits_total{result=\"hit\"} 3\nhits_total{result=\"miss\"} 1\n\
+             # HELP open Open now.\n# TYPE open gauge\nopen 2\n"
+        );
     }
 }

@@ -11,14 +11,7 @@ use serde_json::{json, Value};
 
 /// Splits an SSE byte stream into the payloads of its `data:` events.
 fn events(bytes: &[u8]) -> Vec<&str> {
-    let text = std::str::from_utf8(bytes).expect("utf-8");
-    assert!(
-        text.ends_with("\n\n"),
-        "events end with a blank line: {text:?}"
-    );
-    text.split_terminator("\n\n")
-        .map(|e| e.strip_prefix("data: ").expect("data: prefix"))
-        .collect()
+    iris_testkit::sse::strict_data(std::str::from_utf8(bytes).expect("utf-8"))
 }
 
 fn writer() -> ChunkWriter {

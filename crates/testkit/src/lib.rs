@@ -1,42 +1,50 @@
 //! Helpers shared by the workspace's tests (a dev-dependency only).
 //!
-//! [`Rng`] drives the deterministic mutated corpora of the fuzz targets'
-//! CI twins (`docs/fuzzing.md`) and the randomized detokenizer tests: the
-//! same seed gives the same inputs on every machine, so a failure is
-//! reproducible from the test alone.
+//! Always available: [`Rng`] (deterministic randomness and byte mutations
+//! for the mutated-corpus tests), [`crc32`], [`sse`] (reading an SSE body)
+//! and [`images`] (the shared test images beside the repository). Behind
+//! features: [`args`] (test argv for the engine, encoder and gateway),
+//! [`model`] (a tiny model directory), [`http`] (plain GETs and Prometheus
+//! samples) and [`grpc`] (a stub scheduler service on a loopback port).
 
 #![forbid(unsafe_code)]
 
-/// SplitMix64: a tiny, fast, deterministic generator (not for secrets).
-#[derive(Debug, Clone)]
-pub struct Rng(pub u64);
+#[cfg(feature = "args")]
+pub mod args;
+#[cfg(feature = "grpc")]
+pub mod grpc;
+#[cfg(feature = "http")]
+pub mod http;
+pub mod images;
+#[cfg(feature = "model")]
+pub mod model;
+mod rng;
+pub mod sse;
 
-impl Rng {
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(iris_fingerprint::GOLDEN_GAMMA);
-        iris_fingerprint::mix64(self.0)
-    }
+pub use rng::Rng;
 
-    /// A number in `0..n` (`n > 0`; modulo bias is irrelevant here).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
+/// CRC-32 (IEEE), bit by bit: independent of the table-driven ones the
+/// crates under test use (zip entries, PNG chunks).
+pub fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in bytes {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
     }
+    !crc
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Rng;
-
     #[test]
-    fn same_seed_same_sequence_and_bounds_hold() {
-        let (mut a, mut b) = (Rng(7), Rng(7));
-        let xs: Vec<u64> = (0..8).map(|_| a.next_u64()).collect();
-        let ys: Vec<u64> = (0..8).map(|_| b.next_u64()).collect();
-        assert_eq!(xs, ys);
-        assert_ne!(xs[0], xs[1]);
-        assert_ne!(Rng(8).next_u64(), xs[0]);
-        let mut r = Rng(1);
-        assert!((0..1000).all(|_| r.below(3) < 3));
+    fn crc32_matches_the_standard_check_value() {
+        assert_eq!(super::crc32(b"123456789"), 0xCBF4_3926);
+        assert_eq!(super::crc32(b""), 0);
     }
 }

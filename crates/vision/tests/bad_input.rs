@@ -236,15 +236,7 @@ fn mutated_inputs_never_panic() {
         let original = read(name);
         for _ in 0..150 {
             let mut bytes = original.clone();
-            for _ in 0..1 + rng.below(8) {
-                let at = rng.below(bytes.len());
-                match rng.below(4) {
-                    0 => bytes[at] ^= 1 << rng.below(8),
-                    1 => bytes[at] = rng.next() as u8,
-                    2 => bytes.truncate(at.max(1)),
-                    _ => bytes.insert(at, rng.next() as u8),
-                }
-            }
+            rng.mutate(&mut bytes, 8, &[]);
             match p.preprocess_bytes(&bytes, &opts) {
                 Ok(out) => {
                     assert_eq!(out.pixel_values.len(), out.shape.iter().product::<usize>());

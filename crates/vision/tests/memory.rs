@@ -75,7 +75,7 @@ fn peak_of<R>(f: impl FnOnce() -> R) -> (usize, R) {
 
 fn noise(len: usize, seed: u64) -> Vec<u8> {
     let mut rng = Rng(seed);
-    (0..len).map(|_| rng.next() as u8).collect()
+    (0..len).map(|_| rng.next_u64() as u8).collect()
 }
 
 fn png16_rgba(w: u32, h: u32) -> Vec<u8> {

@@ -63,7 +63,9 @@ fn every_test_image_has_expectations() {
         .iter()
         .map(|i| i["name"].as_str().unwrap())
         .collect();
-    for entry in std::fs::read_dir(common::SHARED).expect("../shared/images exists") {
+    for entry in
+        std::fs::read_dir(iris_testkit::images::shared_dir()).expect("../shared/images exists")
+    {
         let file = entry.unwrap().file_name().into_string().unwrap();
         if file.ends_with(".md") {
             continue;

@@ -1,12 +1,12 @@
 //! Helpers shared by the encoder's integration tests: a tiny model, test
 //! arguments, Encode requests with image items, clients, and fetches.
-#![allow(dead_code)] // each test binary uses its own subset
+#![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use iris_encoder::compute::{Compute, DigestCompute};
-use iris_encoder::{ComputeKind, EncoderArgs, RunningEncoder};
+use iris_encoder::{EncoderArgs, RunningEncoder};
 use iris_proto::common::Modality;
 use iris_proto::data::iris_data_client::IrisDataClient;
 use iris_proto::data::FetchRequest;
@@ -14,44 +14,27 @@ use iris_proto::encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
 use iris_proto::encoder::{EncodeItemAssignment, EncodeRequest};
 use iris_proto::scheduler::*;
 use iris_proto::tensor::{self, DType};
+pub use iris_testkit::http::{assert_lines, get as http_get};
 use tempfile::TempDir;
 use tonic::transport::Channel;
 
 /// Tiny Qwen2-VL: patch 14, temporal 2, 3 channels → 1176 features; merge 2.
 pub const PATCH_DIM: u32 = 1176;
 
+/// A tiny model directory (`iris_testkit::model`), removed on drop.
 pub fn model() -> TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    iris_model::tiny::write_tiny_qwen2_vl(dir.path()).expect("tiny model");
-    dir
+    iris_testkit::model::tiny_model().dir
 }
 
-/// Arguments for a test encoder on free ports: digest compute, no tail
-/// window, one batch at a time, 30 s room TTL.
+/// Arguments for a test encoder (`iris_testkit::args::encoder_args`: the
+/// digest backend on free ports, no tail window, one batch at a time),
+/// holding up to `max_held_mb`, waiting 2 s for a fetched room.
 pub fn args(model: &TempDir, max_held_mb: u64) -> EncoderArgs {
-    EncoderArgs {
-        compute: ComputeKind::Digest,
-        host: "127.0.0.1".into(),
-        port: 0,
-        bootstrap_port: 0,
-        model_path: model.path().to_path_buf(),
-        max_batch_patches: 4096,
-        max_patches_per_item: None,
-        max_message_mb: None,
-        auth_token_file: None,
-        coalesce_window_ms: 0,
-        dispatch_width: 1,
-        queue_capacity: 64,
-        embedding_cache_mb: 16,
-        max_held_mb,
-        room_ttl_secs: 30,
-        fetch_wait_ms: 2_000,
-        worker_id: None,
-        served_model_name: None,
-        expose_model_path: false,
-        metrics_port: 0,
-        receive: Default::default(),
-    }
+    let mb = max_held_mb.to_string();
+    iris_testkit::args::encoder_args(
+        model.path(),
+        &["--max-held-mb", &mb, "--fetch-wait-ms", "2000"],
+    )
 }
 
 /// The digest backend with the tiny model's output shape.
@@ -147,25 +130,5 @@ pub fn inline(t: &TensorData) -> Bytes {
     match &t.payload {
         Some(tensor_data::Payload::Inline(b)) => b.clone(),
         other => panic!("expected inline, got {other:?}"),
-    }
-}
-
-/// A GET over a plain TCP connection; returns the whole response.
-pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let head = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    stream.write_all(head.as_bytes()).await.expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("read");
-    response
-}
-
-pub fn assert_lines(text: &str, lines: &[&str]) {
-    for line in lines {
-        assert!(
-            text.lines().any(|l| l == *line),
-            "{line:?} missing from\n{text}"
-        );
     }
 }

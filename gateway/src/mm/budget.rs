@@ -14,7 +14,6 @@
 //! Permits are KiB of a tokio [`Semaphore`], which is fair: a large image
 //! waiting at the head is not overtaken by a stream of small ones.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,16 +105,30 @@ impl MemoryBudget {
 
     /// Prometheus text for the budget.
     pub fn render(&self, out: &mut String) {
-        let _ = write!(
+        iris_metrics::gauge(
             out,
-            "# HELP iris_mm_inflight_bytes Bytes reserved by images being decoded and preprocessed and by the tensors of requests not yet handed to the workers.\n# TYPE iris_mm_inflight_bytes gauge\niris_mm_inflight_bytes {}\n\
-             # HELP iris_mm_inflight_budget_bytes The budget for those bytes (--mm-max-inflight-mb).\n# TYPE iris_mm_inflight_budget_bytes gauge\niris_mm_inflight_budget_bytes {}\n\
-             # HELP iris_mm_inflight_refusals_total Images refused by the budget (busy: 503 after the wait; too_large: 400).\n# TYPE iris_mm_inflight_refusals_total counter\n\
-             iris_mm_inflight_refusals_total{{reason=\"busy\"}} {}\niris_mm_inflight_refusals_total{{reason=\"too_large\"}} {}\n",
-            self.reserved_bytes(),
-            self.total_bytes(),
-            self.refused_busy.load(Ordering::Relaxed),
-            self.refused_too_large.load(Ordering::Relaxed),
+            "iris_mm_inflight_bytes",
+            "Bytes reserved by images being decoded and preprocessed and by the tensors of requests not yet handed to the workers.",
+            self.reserved_bytes() as f64,
+        );
+        iris_metrics::gauge(
+            out,
+            "iris_mm_inflight_budget_bytes",
+            "The budget for those bytes (--mm-max-inflight-mb).",
+            self.total_bytes() as f64,
+        );
+        iris_metrics::family(
+            out,
+            "iris_mm_inflight_refusals_total",
+            "counter",
+            "Images refused by the budget (busy: 503 after the wait; too_large: 400).",
+            [
+                ("reason=\"busy\"", self.refused_busy.load(Ordering::Relaxed)),
+                (
+                    "reason=\"too_large\"",
+                    self.refused_too_large.load(Ordering::Relaxed),
+                ),
+            ],
         );
     }
 }

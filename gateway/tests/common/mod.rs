@@ -1,33 +1,16 @@
 //! In-process harness for gateway tests: reference engines and a gateway
 //! on loopback ports, a tiny model, and small HTTP helpers.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::Parser;
 use iris_engine::{EngineArgs, Role, RunningEngine};
 use iris_gateway::{RunningGateway, ServeArgs};
+pub use iris_testkit::model::{tiny_model, TinyModel as Model};
+pub use iris_testkit::sse::{events as sse_events, finish_reason, streamed_text};
 use serde_json::{json, Value};
-use tempfile::TempDir;
-
-pub struct Model {
-    pub dir: TempDir,
-    pub name: String,
-}
-
-pub fn tiny_model() -> Model {
-    let dir = tempfile::tempdir().expect("temp dir");
-    iris_model::tiny::write_tiny_qwen2_vl(dir.path()).expect("tiny model");
-    let name = dir
-        .path()
-        .file_name()
-        .and_then(|n| n.to_str())
-        .expect("dir name")
-        .to_owned();
-    Model { dir, name }
-}
 
 pub async fn engine(model: &Model, role: Role, decode_us_per_step: u64) -> RunningEngine {
     iris_engine::start(engine_args(model, role, decode_us_per_step))
@@ -35,49 +18,20 @@ pub async fn engine(model: &Model, role: Role, decode_us_per_step: u64) -> Runni
         .expect("engine starts")
 }
 
+/// The test engine's arguments (`iris_testkit::args::engine_args`) with a
+/// simulated decode cost per step.
 pub fn engine_args(model: &Model, role: Role, decode_us_per_step: u64) -> EngineArgs {
-    EngineArgs {
-        role,
-        host: "127.0.0.1".into(),
-        port: 0,
-        bootstrap_port: 0,
-        model_path: model.dir.path().to_path_buf(),
-        served_model_name: None,
-        expose_model_path: false,
-        max_running_requests: 64,
-        default_max_new_tokens: 32,
-        prefill_us_per_token: 0,
-        decode_us_per_step,
-        eos_ppm: 0,
-        transfer_wait_ms: 3_000,
-        room_ttl_secs: 30,
-        worker_id: None,
-        metrics_port: None,
-        auth_token_file: None,
-        shm: Default::default(),
-    }
-}
-
-#[derive(Parser)]
-struct Wrapper {
-    #[command(flatten)]
-    serve: ServeArgs,
+    let us = decode_us_per_step.to_string();
+    iris_testkit::args::engine_args(model.path(), role.as_str(), &["--decode-per-step-us", &us])
 }
 
 /// Starts a gateway with `args` (plus model path and a free port).
 pub async fn gateway(model: &Model, args: &[String]) -> RunningGateway {
-    let mut argv = vec![
-        "iris".to_string(),
-        "--port".into(),
-        "0".into(),
-        "--model-path".into(),
-    ];
-    argv.push(model.dir.path().display().to_string());
+    let mut argv = vec!["--port".to_string(), "0".into(), "--model-path".into()];
+    argv.push(model.path().display().to_string());
     argv.extend(["--health-check-interval-secs".into(), "0.2".into()]);
     argv.extend(args.iter().cloned());
-    let serve = Wrapper::try_parse_from(argv)
-        .expect("valid gateway args")
-        .serve;
+    let serve: ServeArgs = iris_testkit::args::parse(argv);
     iris_gateway::start(serve).await.expect("gateway starts")
 }
 
@@ -155,14 +109,35 @@ pub fn chat_body(model: &str, text: &str, max_tokens: u32, stream: bool) -> Valu
     })
 }
 
-/// POSTs a chat body; returns (status, parsed JSON).
-pub async fn post_json(gw: &RunningGateway, body: &Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
+/// A chat asking about one image per seed ([`png_data_url`]), 8 tokens.
+pub fn image_chat(model: &str, seeds: &[u8]) -> Value {
+    let mut content = vec![json!({"type": "text", "text": "What is in these pictures?"})];
+    content.extend(
+        seeds
+            .iter()
+            .map(|&s| json!({"type": "image_url", "image_url": {"url": png_data_url(s)}})),
+    );
+    json!({
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 8,
+        "ignore_eos": true,
+    })
+}
+
+/// POSTs a chat body.
+async fn post(gw: &RunningGateway, body: &Value) -> reqwest::Response {
+    reqwest::Client::new()
         .post(url(gw, "/v1/chat/completions"))
         .json(body)
         .send()
         .await
-        .expect("send");
+        .expect("send")
+}
+
+/// POSTs a chat body; returns (status, parsed JSON).
+pub async fn post_json(gw: &RunningGateway, body: &Value) -> (u16, Value) {
+    let resp = post(gw, body).await;
     let status = resp.status().as_u16();
     let text = resp.text().await.expect("body");
     (
@@ -171,58 +146,16 @@ pub async fn post_json(gw: &RunningGateway, body: &Value) -> (u16, Value) {
     )
 }
 
-/// The parsed `data:` events of an SSE body (`[DONE]` as Value::Null).
-pub fn sse_events(body: &str) -> Vec<Value> {
-    body.split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
-        .map(|d| {
-            if d == "[DONE]" {
-                Value::Null
-            } else {
-                serde_json::from_str(d).expect("event JSON")
-            }
-        })
-        .collect()
-}
-
 /// Streams a chat; returns the events.
 pub async fn post_stream(gw: &RunningGateway, body: &Value) -> Vec<Value> {
-    let resp = reqwest::Client::new()
-        .post(url(gw, "/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
-        .expect("send");
+    let resp = post(gw, body).await;
     assert_eq!(resp.status(), 200);
     sse_events(&resp.text().await.expect("body"))
 }
 
-/// Content deltas joined.
-pub fn streamed_text(events: &[Value]) -> String {
-    events
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
-        .collect()
-}
-
-pub fn finish_reason(events: &[Value]) -> Option<String> {
-    events
-        .iter()
-        .find_map(|e| e["choices"][0]["finish_reason"].as_str().map(str::to_owned))
-}
-
 /// Requests running on an engine, from its GetLoads.
 pub async fn running(engine: &RunningEngine) -> i32 {
-    use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
-    let mut client = TokenSpeedSchedulerClient::connect(format!("http://{}", engine.grpc_addr))
-        .await
-        .expect("connect");
-    let loads = client
-        .get_loads(iris_proto::scheduler::GetLoadsRequest::default())
-        .await
-        .expect("loads")
-        .into_inner();
-    loads.loads[0].num_running_reqs + loads.loads[0].num_waiting_reqs
+    iris_testkit::grpc::running(engine.grpc_addr).await
 }
 
 /// A small PNG whose pixels depend on `seed`, as a data: URL.

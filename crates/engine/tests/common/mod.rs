@@ -19,7 +19,6 @@ use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClie
 use iris_proto::scheduler::*;
 use iris_proto::tensor::{self, DType};
 use tempfile::TempDir;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
@@ -28,9 +27,7 @@ pub const PROMPT: [u32; 6] = [641, 646, 100, 101, 102, 642];
 
 /// A tiny Qwen2-VL-shaped model directory, removed on drop.
 pub fn tiny_model() -> TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    iris_model::tiny::write_tiny_qwen2_vl(dir.path()).expect("tiny model");
-    dir
+    iris_testkit::model::tiny_model().dir
 }
 
 /// A running `iris-engine` child process, killed on drop.
@@ -54,16 +51,7 @@ impl EngineProcess {
     /// and waits for its "listening" line.
     pub fn start(model: &TempDir, role: &str, args: &[&str]) -> EngineProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_iris-engine"))
-            .args([
-                "--role",
-                role,
-                "--port",
-                "0",
-                "--bootstrap-port",
-                "0",
-                "--model-path",
-            ])
-            .arg(model.path())
+            .args(iris_testkit::args::engine_argv(model.path(), role))
             .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -90,34 +78,14 @@ impl EngineProcess {
     }
 
     pub async fn client(&self) -> TokenSpeedSchedulerClient<Channel> {
-        TokenSpeedSchedulerClient::connect(format!("http://{}", self.grpc))
-            .await
-            .expect("connect")
-            .max_decoding_message_size(usize::MAX)
+        iris_testkit::grpc::client(self.grpc).await
     }
 
-    /// The Prometheus text of `/metrics` (plain HTTP/1.0 over a socket).
-    pub fn metrics_text(&self) -> String {
-        use std::io::{Read, Write};
+    /// The value of the sample `name` (no labels) in `/metrics` (started
+    /// with `--metrics-port`).
+    pub async fn metric(&self, name: &str) -> f64 {
         let addr = self.metrics.expect("started with --metrics-port");
-        let mut sock = std::net::TcpStream::connect(addr).expect("connect to /metrics");
-        sock.write_all(b"GET /metrics HTTP/1.0\r\nHost: engine\r\n\r\n")
-            .expect("send");
-        let mut reply = String::new();
-        sock.read_to_string(&mut reply).expect("read /metrics");
-        assert!(
-            reply.starts_with("HTTP/1.0 200") || reply.starts_with("HTTP/1.1 200"),
-            "{reply}"
-        );
-        reply
-    }
-
-    /// The value of the sample `name` (no labels) in `/metrics`.
-    pub fn metric(&self, name: &str) -> f64 {
-        let text = self.metrics_text();
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {text}"))
+        iris_testkit::http::sample(&iris_testkit::http::metrics(addr).await, name)
     }
 
     pub fn kill(&mut self) {
@@ -287,14 +255,8 @@ impl IrisData for FakeEncoder {
 
 /// Serves `encoder` on a free loopback port for the rest of the test.
 pub async fn serve_fake(encoder: FakeEncoder) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind the fake encoder's port");
-    let addr = listener.local_addr().expect("fake encoder address");
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(IrisDataServer::new(encoder))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
-    addr
+    iris_testkit::grpc::serve(
+        tonic::transport::Server::builder().add_service(IrisDataServer::new(encoder)),
+    )
+    .await
 }

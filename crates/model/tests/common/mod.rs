@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+use iris_testkit::crc32;
+
 /// One entry of a stored zip: name and contents.
 pub struct Entry {
     pub name: String,
@@ -15,22 +17,6 @@ fn u16_at(b: &[u8], at: usize) -> usize {
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-/// Bitwise CRC-32 (independent of the crate's table-driven one).
-pub fn crc32(data: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in data {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
 }
 
 /// Reads the local entries of a stored zip, checking each CRC, and checks

@@ -1,18 +1,19 @@
 //! Helpers shared by the integration tests: paths to test images and
-//! expectations, and a deterministic pseudo-random generator.
-#![allow(dead_code)]
+//! expectations, and images with forged headers.
+#![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
 use std::path::PathBuf;
 
-/// `../shared/images` beside the repository root.
-pub const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/images");
+use iris_testkit::crc32;
+pub use iris_testkit::Rng;
+
 /// This crate's committed test data.
 pub const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 
 /// Resolves an expectation name (`shared/NAME` or `synthetic/NAME`) to a file.
 pub fn image_path(name: &str) -> PathBuf {
     match name.strip_prefix("shared/") {
-        Some(file) => PathBuf::from(SHARED).join(file),
+        Some(file) => iris_testkit::images::shared(file),
         None => PathBuf::from(DATA).join(name),
     }
 }
@@ -38,38 +39,6 @@ pub fn sample_indices(n: usize, count: usize) -> Vec<usize> {
     v.sort_unstable();
     v.dedup();
     v
-}
-
-/// xorshift64*: deterministic randomness for mutation tests.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-/// CRC-32 (IEEE) as PNG chunks need it.
-pub fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = 0xFFFF_FFFFu32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
 }
 
 /// A PNG whose header declares `width`×`height` RGB8 followed by a tiny,
