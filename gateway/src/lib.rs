@@ -2,36 +2,53 @@
 //! TokenSpeed-protocol workers (aggregated, prefill + decode, or encode +
 //! prefill + decode).
 //!
-//! Request path: [`chat`] parses and validates the body, [`mm`] fetches
-//! and preprocesses its images (pixel cache), [`prompt`] renders the chat
-//! template and tokenizes, [`router`] picks workers from the
-//! [`workers`] pools (configured, or fed by Kubernetes [`discovery`]) and
-//! starts the request, and [`chat`] streams the detokenized answer back as
-//! SSE or one JSON body. [`transport`] picks how each image's pixels reach
-//! its encode worker (inline, shm or RDMA). [`server`] wires it to axum behind the connection limits of [`listen`].
+//! A request's stages, in order, with the module of each, are [`STAGES`]
+//! (`pipeline.rs`): `chat` parses and validates the body, `mm` fetches
+//! and preprocesses its images (pixel cache), `prompt` renders the chat
+//! template and tokenizes, `router` picks workers from the `workers`
+//! pools (configured, or fed by Kubernetes `discovery`) and runs the one
+//! attempt loop, and `chat` streams the detokenized answer back as SSE or
+//! one JSON body. `transport` picks how each image's pixels reach its
+//! encode worker (inline, shm or RDMA); `server` wires it to axum behind
+//! the connection limits of `listen`; [`config`] is the command line
+//! ([`args`]) validated once at start-up.
 //!
 //! The `iris` command line (and `iris demo`, which runs every role in one
 //! process) is the `iris-cli` crate: this library links no worker code.
-//! `unsafe` is confined to [`workers::splice`]'s buffer.
+//! `unsafe` is confined to `workers::splice`'s buffer.
 #![deny(unsafe_code)]
 
+// The API is deliberate: the command line and its validated config (for
+// `iris-cli` and the Python bindings), starting a gateway, and the pieces
+// the integration tests drive directly (router, pools, prompter,
+// discovery). Every module is private; what is `pub` inside one is
+// crate-internal unless re-exported here.
 pub mod args;
-pub mod chat;
 pub mod config;
-pub mod context;
-pub mod discovery;
-pub mod listen;
-pub mod metrics;
-pub mod mm;
-pub mod pipeline;
-pub mod prompt;
-pub mod router;
-pub mod server;
-pub mod tokencache;
-pub mod transport;
-pub mod usertext;
-pub mod workers;
+
+mod chat;
+mod context;
+mod discovery;
+mod listen;
+mod metrics;
+mod mm;
+mod pipeline;
+mod prompt;
+mod router;
+mod server;
+mod tokencache;
+mod transport;
+mod usertext;
+mod workers;
 
 pub use args::ServeArgs;
 pub use config::{Config, ConfigError};
+pub use discovery::Discovery;
+pub use mm::cpu_pool::init_global as init_cpu_pool;
+pub use pipeline::{Stage, STAGES};
+pub use prompt::{PromptOptions, Prompter};
+pub use router::{Generation, Mode, RouteError, Router, RouterSettings};
 pub use server::{start, start_with, RunningGateway};
+pub use transport::RdmaLane;
+pub use workers::policy::PolicyKind;
+pub use workers::{Policy, Pool, Role, Worker, WorkerUrl};

@@ -6,7 +6,7 @@
 //! must be 400s, template refusals are fine, tokenizing must succeed, and
 //! nothing may panic.
 
-use iris_gateway::prompt::{PromptOptions, Prompter};
+use iris_gateway::{PromptOptions, Prompter};
 use iris_model::ModelDir;
 use iris_openai::parse_chat_request;
 use iris_openai::template_messages;

@@ -347,10 +347,10 @@ async fn stages_time_first_token_and_decode_when_streaming_and_generate_otherwis
 
 fn forced_healthy(
     addr: std::net::SocketAddr,
-    role: iris_gateway::workers::Role,
+    role: iris_gateway::Role,
     bootstrap_port: Option<u16>,
-) -> std::sync::Arc<iris_gateway::workers::Worker> {
-    use iris_gateway::workers::{Worker, WorkerUrl};
+) -> std::sync::Arc<iris_gateway::Worker> {
+    use iris_gateway::{Worker, WorkerUrl};
     let mut url = WorkerUrl::parse(&grpc(addr)).expect("url");
     url.bootstrap_port = bootstrap_port;
     let w = Worker::new(url, role, Duration::from_secs(1)).expect("worker");
@@ -381,8 +381,8 @@ fn short_request(i: usize) -> iris_proto::scheduler::GenerateRequest {
 
 /// The router's settings for these tests (as the command line's defaults,
 /// spelled out: the library keeps no copy of them).
-fn router_settings() -> iris_gateway::router::RouterSettings {
-    iris_gateway::router::RouterSettings {
+fn router_settings() -> iris_gateway::RouterSettings {
+    iris_gateway::RouterSettings {
         max_retries: 2,
         circuit_breaker_failures: 3,
         encode_timeout: Duration::from_secs(10),
@@ -390,7 +390,7 @@ fn router_settings() -> iris_gateway::router::RouterSettings {
     }
 }
 
-async fn drain_ok(mut generation: iris_gateway::router::Generation) {
+async fn drain_ok(mut generation: iris_gateway::Generation) {
     while let Some(message) = generation.next().await {
         message.expect("no error from the live workers");
     }
@@ -400,9 +400,9 @@ async fn drain_ok(mut generation: iris_gateway::router::Generation) {
 /// another worker, the client never notices, and the retry is counted.
 #[tokio::test]
 async fn unreachable_worker_is_retried_elsewhere() {
-    use iris_gateway::router::{Mode, Router};
-    use iris_gateway::workers::policy::{Policy, PolicyKind};
-    use iris_gateway::workers::{Pool, Role as PoolRole};
+    use iris_gateway::{Mode, Router};
+    use iris_gateway::{Policy, PolicyKind};
+    use iris_gateway::{Pool, Role as PoolRole};
 
     let model = tiny_model();
     let live = engine(&model, Role::Aggregated, 0).await;
@@ -439,9 +439,9 @@ async fn unreachable_worker_is_retried_elsewhere() {
 /// hit the retry.
 #[tokio::test]
 async fn pd_retry_past_a_dead_decode_does_not_collide_with_the_first_attempt() {
-    use iris_gateway::router::{Mode, Router};
-    use iris_gateway::workers::policy::{Policy, PolicyKind};
-    use iris_gateway::workers::{Pool, Role as PoolRole};
+    use iris_gateway::{Mode, Router};
+    use iris_gateway::{Policy, PolicyKind};
+    use iris_gateway::{Pool, Role as PoolRole};
 
     let model = tiny_model();
     let mut slow = engine_args(&model, Role::Prefill, 0);

@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 
 use common::*;
 use iris_engine::Role;
-use iris_gateway::prompt::{PromptOptions, Prompter};
+use iris_gateway::{PromptOptions, Prompter};
 use iris_model::chat_template::ChatTemplate;
 use iris_model::tiny::{
     ENDOFTEXT_ID, IMAGE_PAD_ID, IM_END_ID, IM_START_ID, VISION_END_ID, VISION_START_ID,

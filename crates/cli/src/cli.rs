@@ -84,7 +84,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             iris_process::init_logging(args.log.format());
-            iris_gateway::mm::cpu_pool::init_global();
+            iris_gateway::init_cpu_pool();
             let running = iris_gateway::start(*args).await?;
             match running.metrics_addr {
                 Some(metrics) => {

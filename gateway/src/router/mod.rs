@@ -28,7 +28,6 @@ use crate::transport::Lanes;
 use crate::workers::Role;
 
 pub use generation::Generation;
-pub use legs::strip_pixels;
 pub use strategy::Mode;
 
 /// Why a request could not be started.

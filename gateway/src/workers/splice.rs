@@ -55,11 +55,6 @@ impl SpliceBuf {
         self.len
     }
 
-    /// Whether nothing was written.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     fn flush(&mut self) {
         if !self.current.is_empty() {
             self.chunks.push(self.current.split().freeze());
