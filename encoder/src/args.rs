@@ -119,10 +119,11 @@ pub struct ReceiveArgs {
     /// This worker's NIXL agent name (default: iris-encoder-PID).
     #[arg(long, env = "IRIS_ENCODER_NIXL_AGENT_NAME")]
     pub nixl_agent_name: Option<String>,
-    /// The gateway's NIXL agent name (its --nixl-agent-name).
+    /// The gateway's NIXL agent name (its --nixl-agent-name; the default
+    /// is the name an smg gateway registers).
     #[arg(
         long,
-        default_value = "iris-gateway",
+        default_value = iris_transport::DEFAULT_SENDER_AGENT_NAME,
         env = "IRIS_ENCODER_NIXL_SENDER_NAME"
     )]
     pub nixl_sender_name: String,

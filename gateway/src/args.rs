@@ -212,8 +212,13 @@ pub struct TransportArgs {
     /// linker's search path); a missing library sends tensors inline.
     #[arg(long, env = "IRIS_NIXL_LIB")]
     pub nixl_lib: Option<PathBuf>,
-    /// The gateway's NIXL agent name (encoders' --nixl-sender-name).
-    #[arg(long, default_value = "iris-gateway", env = "IRIS_NIXL_AGENT_NAME")]
+    /// The gateway's NIXL agent name (encoders' --nixl-sender-name; the
+    /// default is the name TokenSpeed's pullers fetch).
+    #[arg(
+        long,
+        default_value = iris_transport::DEFAULT_SENDER_AGENT_NAME,
+        env = "IRIS_NIXL_AGENT_NAME"
+    )]
     pub nixl_agent_name: String,
     /// Address encoders fetch the arena's NIXL metadata from.
     #[arg(long, default_value = "127.0.0.1", env = "IRIS_RDMA_LISTEN_IP")]

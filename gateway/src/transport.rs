@@ -6,6 +6,7 @@
 //! process flag, then what the worker proved it can receive.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,6 +85,9 @@ pub struct Lanes {
     default: Transport,
     sender: TensorSender,
     rdma: RdmaLane,
+    /// Encode workers that refused an RDMA payload (puller off), each
+    /// counted once per life of the worker.
+    rdma_refusals: AtomicU64,
     // Stops (joins) the reaper before the agent it polls goes away.
     _reaper: Option<Reaper>,
 }
@@ -95,6 +99,7 @@ impl Lanes {
             default: Transport::Inline,
             sender: TensorSender::new(LanePolicy::default(), Arc::new(Metrics::default())),
             rdma: RdmaLane::Off,
+            rdma_refusals: AtomicU64::new(0),
             _reaper: None,
         }
     }
@@ -125,6 +130,7 @@ impl Lanes {
             default: cfg.default,
             sender,
             rdma,
+            rdma_refusals: AtomicU64::new(0),
             _reaper: reaper,
         })
     }
@@ -176,6 +182,22 @@ impl Lanes {
         Ok((item, Some(sent.ticket)))
     }
 
+    /// `worker` refused an RDMA payload because its puller is off
+    /// (`status`): rdma is off for it until it restarts. The first refusal
+    /// of its life is counted and warned about; its tensors then go inline
+    /// (fallback reason `nixl_unavailable`).
+    pub fn rdma_refused(&self, worker: &Worker, status: &Status) {
+        if !worker.refuse_rdma() {
+            return;
+        }
+        self.rdma_refusals.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            worker = %worker.url,
+            error = %status.message(),
+            "encode worker refused an RDMA tensor: its puller is off (a TokenSpeed worker needs SMG_MM_PIXEL_RDMA=1, an Iris encoder --rdma-landing-slots > 0 and NIXL); its tensors go inline until it restarts"
+        );
+    }
+
     /// Appends the transport counters as Prometheus text, each family
     /// once with all its samples.
     pub fn render(&self, out: &mut String) {
@@ -202,6 +224,55 @@ impl Lanes {
                 (labels, u8::from(state == self.rdma))
             }),
         );
+        iris_metrics::counter(
+            out,
+            "iris_transport_rdma_refusals_total",
+            "Encode workers that refused an RDMA tensor because their puller is off (rdma then off for them until they restart).",
+            self.rdma_refusals.load(Ordering::Relaxed),
+        );
+    }
+}
+
+#[cfg(test)]
+impl Lanes {
+    /// Lanes whose RDMA side is an arena that no NIXL agent serves:
+    /// descriptors are made and slots leased, nothing is ever READ. Tests
+    /// of the gateway's side of the rdma lane, without NIXL.
+    pub(crate) fn with_unserved_arena(default: Transport) -> Lanes {
+        let metrics = Arc::new(Metrics::default());
+        let arena = ArenaConfig {
+            slot_size: 1 << 20,
+            slot_count: 4,
+            max_bytes: 4 << 20,
+            ttl: Duration::from_secs(30),
+            receiver_hold: Duration::from_secs(9),
+        };
+        let clock = Arc::new(iris_transport::SystemClock::default());
+        let arena = iris_transport::SlotArena::new(arena, clock, metrics.clone())
+            .expect("a valid test arena");
+        let policy = LanePolicy {
+            min_shm_bytes: 0,
+            min_rdma_bytes: 0,
+        };
+        let endpoint = RdmaEndpoint {
+            arena: Arc::new(arena),
+            ip: "127.0.0.1".into(),
+            port: 1,
+        };
+        Lanes {
+            default,
+            sender: TensorSender::new(policy, metrics).with_rdma(endpoint),
+            rdma: RdmaLane::Up,
+            rdma_refusals: AtomicU64::new(0),
+            _reaper: None,
+        }
+    }
+
+    /// The transport counters as `/metrics` shows them.
+    pub(crate) fn rendered(&self) -> String {
+        let mut text = String::new();
+        self.render(&mut text);
+        text
     }
 }
 

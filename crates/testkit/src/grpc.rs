@@ -15,8 +15,9 @@ use tonic::transport::server::Router;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-/// A stand-in scheduler service: answers HealthCheck as configured and
-/// Abort with success; every other call is UNIMPLEMENTED naming `name`.
+/// A stand-in scheduler service: answers HealthCheck as configured, Abort
+/// with success and GetServerInfo with `server_info` when set; every other
+/// call is UNIMPLEMENTED naming `name`.
 /// Serve it beside a fake of another service (an encoder) so the gateway's
 /// health checks see a live worker.
 #[derive(Clone, Debug)]
@@ -25,6 +26,8 @@ pub struct StubScheduler {
     pub name: String,
     /// What HealthCheck reports.
     pub healthy: bool,
+    /// What GetServerInfo answers (UNIMPLEMENTED when unset).
+    pub server_info: Option<GetServerInfoResponse>,
 }
 
 impl StubScheduler {
@@ -33,7 +36,14 @@ impl StubScheduler {
         StubScheduler {
             name: name.to_owned(),
             healthy: true,
+            server_info: None,
         }
+    }
+
+    /// The stub answering GetServerInfo with `info`.
+    pub fn with_server_info(mut self, info: GetServerInfoResponse) -> StubScheduler {
+        self.server_info = Some(info);
+        self
     }
 
     /// The stub as a tonic service.
@@ -85,7 +95,10 @@ impl TokenSpeedScheduler for StubScheduler {
         &self,
         _: Request<GetServerInfoRequest>,
     ) -> Result<Response<GetServerInfoResponse>, Status> {
-        Err(self.unimplemented())
+        match &self.server_info {
+            Some(info) => Ok(Response::new(info.clone())),
+            None => Err(self.unimplemented()),
+        }
     }
 
     async fn get_loads(

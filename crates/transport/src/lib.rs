@@ -28,12 +28,22 @@ pub mod shm;
 /// GetServerInfo `server_args` field holding a worker's shm identity
 /// ([`ShmIdentity::identity`]).
 pub const SHM_IDENTITY_FIELD: &str = "shm_identity";
+/// GetServerInfo `scheduler_info` field in which TokenSpeed workers report
+/// their `/dev/shm`'s identity, `<boot id>:<st_dev>` ([`shm::namespace_id`]).
+pub const SHM_NAMESPACE_FIELD: &str = "shm_namespace_id";
 /// GetServerInfo `server_args` field: 1 when the worker's NIXL receiver is up.
 pub const NIXL_RECEIVER_FIELD: &str = "nixl_receiver";
 /// GetServerInfo `server_args` field: the longest a worker's NIXL receiver
 /// may hold a sender's slot, in ms (its landing wait plus four READ
 /// timeouts); a sender whose receiver hold is shorter must not use RDMA.
 pub const NIXL_RECEIVER_HOLD_FIELD: &str = "nixl_receiver_hold_ms";
+
+/// The NIXL agent name a sender (gateway) registers and receivers fetch
+/// its metadata under, by default on both sides: the name TokenSpeed's
+/// pullers fetch (`smg-grpc-servicer`'s `DEFAULT_GATEWAY_AGENT_NAME`), so
+/// an Iris gateway drives TokenSpeed encoders and an smg gateway drives
+/// Iris encoders over RDMA with default settings.
+pub const DEFAULT_SENDER_AGENT_NAME: &str = "smg-gateway-encode";
 
 pub use arena::{
     ArenaConfig, ArenaError, Clock, Lease, ManualClock, Reaper, Release, SlotArena, SystemClock,

@@ -20,7 +20,10 @@
 //! whether the file is missing, foreign or the wrong size.
 //!
 //! "Same /dev/shm" is proven with [`ShmIdentity`]: one side publishes a
-//! token file and its identity string, the other reads the file back.
+//! token file and its identity string, the other reads the file back. A
+//! TokenSpeed worker reports its tmpfs's [`namespace_id`] instead
+//! (`<boot id>:<st_dev>`), compared with this process's by
+//! [`same_namespace`].
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -506,6 +509,26 @@ pub fn verify_identity(dir: &Path, identity: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The identity of the tmpfs behind `dir` as TokenSpeed workers report
+/// it in GetServerInfo's `scheduler_info` ([`crate::SHM_NAMESPACE_FIELD`]):
+/// `<boot id>:<st_dev>`, the kernel's boot id and the device number of
+/// `dir`'s filesystem in decimal. Two processes with the same value see
+/// the same `/dev/shm` (containers sharing it by a bind mount or the IPC
+/// namespace included). `None` when either part cannot be read.
+pub fn namespace_id(dir: &Path) -> Option<String> {
+    let boot = fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let boot = boot.trim();
+    let dev = fs::metadata(dir).ok()?.dev();
+    (!boot.is_empty()).then(|| format!("{boot}:{dev}"))
+}
+
+/// True when a peer's reported namespace id (see [`namespace_id`]) equals
+/// this process's for `dir`: the peer shares that `/dev/shm`. An empty or
+/// unreadable id on either side is `false`.
+pub fn same_namespace(dir: &Path, theirs: &str) -> bool {
+    !theirs.is_empty() && namespace_id(dir).is_some_and(|ours| ours == theirs)
+}
+
 /// The permission bits of a file (tests and diagnostics).
 pub fn mode_of(path: &Path) -> io::Result<u32> {
     Ok(fs::metadata(path)?.permissions().mode() & 0o777)
@@ -542,5 +565,30 @@ mod tests {
             !dir.path().join(name).exists(),
             "its owner's reader unlinks"
         );
+    }
+
+    #[test]
+    fn the_namespace_id_is_the_boot_id_and_the_filesystems_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = namespace_id(dir.path()).expect("readable");
+        let (boot, dev) = ours.rsplit_once(':').unwrap();
+        let kernel = fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+        assert_eq!(boot, kernel.trim());
+        assert_eq!(
+            dev.parse::<u64>().unwrap(),
+            dir.path().metadata().unwrap().dev()
+        );
+        assert!(same_namespace(dir.path(), &ours));
+        // Another filesystem, another boot, nothing reported: not shared.
+        assert!(!same_namespace(
+            dir.path(),
+            &format!("{boot}:{}", dev.parse::<u64>().unwrap() + 1)
+        ));
+        assert!(!same_namespace(
+            dir.path(),
+            &format!("00000000-0000-0000-0000-000000000000:{dev}")
+        ));
+        assert!(!same_namespace(dir.path(), ""));
+        assert_eq!(namespace_id(&dir.path().join("missing")), None);
     }
 }

@@ -24,6 +24,7 @@
 
 use std::time::Duration;
 
+use iris_transport::ReceiveError;
 use tonic::{Code, Status};
 
 use crate::workers::Worker;
@@ -52,6 +53,31 @@ pub fn classify(status: &Status) -> Verdict {
         _ => Verdict::Retry,
     }
 }
+
+/// Whether `status` is an encode worker refusing an RDMA payload because
+/// its puller is off: a lane refusal, not a worker failure. The image is
+/// sent again inline at once ([`super::encode`]), the worker's circuit is
+/// untouched, and rdma stays off for that worker until it restarts.
+///
+/// Two refusals say so: a TokenSpeed servicer's (`smg-grpc-servicer`: its
+/// `RdmaPixelPuller` is not up, `SMG_MM_PIXEL_RDMA` unset, and the call
+/// fails INTERNAL with "… remote payload but landing pool unavailable")
+/// and an Iris encoder's without a NIXL receiver (UNAVAILABLE,
+/// [`ReceiveError::NoRemoteReader`]). Nothing else does: a failed READ or
+/// a payload too large for the worker's landing slot are the worker's
+/// answer about this one payload.
+pub fn rdma_refused(status: &Status) -> bool {
+    let message = status.message();
+    match status.code() {
+        Code::Internal => message.contains(TOKENSPEED_PULLER_OFF),
+        Code::Unavailable => message.contains(&ReceiveError::NoRemoteReader.to_string()),
+        _ => false,
+    }
+}
+
+/// What a TokenSpeed servicer's refusal of a remote payload says when its
+/// RDMA puller is off.
+const TOKENSPEED_PULLER_OFF: &str = "remote payload but landing pool unavailable";
 
 /// A [`Verdict::Fatal`] failure that is the client's mistake (the request
 /// was refused as malformed or too large), not the deployment's.
@@ -156,6 +182,24 @@ mod tests {
             assert_eq!(verdict, Verdict::Retry);
             assert_eq!(worker.request_counts(), (0, 1));
             assert!(!worker.is_healthy(), "{code:?} opens the circuit");
+        }
+    }
+
+    #[test]
+    fn only_a_puller_that_is_off_refuses_the_rdma_lane() {
+        let tokenspeed = Status::internal("EPD RDMA: remote payload but landing pool unavailable");
+        assert!(rdma_refused(&tokenspeed));
+        let iris = Status::unavailable(format!("encoder_input: {}", ReceiveError::NoRemoteReader));
+        assert!(rdma_refused(&iris));
+        for other in [
+            Status::internal("NIXL READ timed out room=7"),
+            Status::invalid_argument(
+                "remote pixel 40000000B (+16B gen frame) exceeds landing slot 33554432B",
+            ),
+            Status::unavailable("encoder_input: remote READ failed"),
+            Status::invalid_argument("remote payload but landing pool unavailable"),
+        ] {
+            assert!(!rdma_refused(&other), "{other:?}");
         }
     }
 

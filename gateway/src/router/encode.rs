@@ -7,14 +7,22 @@
 //! reaper, since the encoder may still be READing it). A retry prepares
 //! the image again for its new encoder and room; the encoders' embedding
 //! caches make re-encoding a repeated image cheap.
+//!
+//! An encoder that refuses an RDMA payload because its puller is off
+//! ([`classify::rdma_refused`]) has rdma turned off until it restarts
+//! ([`Lanes::rdma_refused`]) and gets the same image again, inline, at
+//! once, within the same attempt: the client never sees the refusal, and
+//! it counts against neither the worker nor the request's retries.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use iris_proto::encoder::{EncodeItemAssignment, EncodeRequest};
-use iris_proto::scheduler::{MultimodalInputs, MultimodalItem};
+use iris_proto::scheduler::{tensor_data::Payload, MultimodalInputs, MultimodalItem};
+use iris_transport::DeliveryTicket;
 use tonic::Status;
 
+use super::classify;
 use crate::transport::Lanes;
 use crate::workers::Worker;
 
@@ -54,7 +62,8 @@ fn named(worker: &Worker, status: Status) -> Status {
     )
 }
 
-/// Sends one image to its worker, its pixels on the worker's lane.
+/// Sends one image to its worker, its pixels on the worker's lane; once
+/// more, inline, if the worker refused the RDMA lane.
 async fn encode(
     lanes: &Arc<Lanes>,
     job: &EncodeJob<'_>,
@@ -62,14 +71,42 @@ async fn encode(
     timeout: Duration,
 ) -> Result<(), Status> {
     let (item, ticket) = prepare(lanes, &job.worker, job.item, job.room).await?;
-    let result = call_encode(&job.worker, request_id, item, job.room, timeout).await;
+    let remote = is_remote(&item);
+    let result = call_encode(&job.worker, request_id.clone(), item, job.room, timeout).await;
+    match result {
+        Err(status) if remote && classify::rdma_refused(&status) => {
+            // Its puller is off: it never READs the slot, free it now.
+            if let Some(ticket) = ticket {
+                ticket.never_sent();
+            }
+            lanes.rdma_refused(&job.worker, &status);
+            let (item, ticket) = prepare(lanes, &job.worker, job.item, job.room).await?;
+            let result = call_encode(&job.worker, request_id, item, job.room, timeout).await;
+            settle(ticket, &result);
+            result
+        }
+        result => {
+            settle(ticket, &result);
+            result
+        }
+    }
+}
+
+/// Whether the item's pixels travel as a remote (RDMA) payload.
+fn is_remote(item: &MultimodalItem) -> bool {
+    let payload = item.encoder_input.as_ref().and_then(|t| t.payload.as_ref());
+    matches!(payload, Some(Payload::Remote(_)))
+}
+
+/// Settles a ticket by the Encode call's outcome: delivered once accepted,
+/// else dropped (shm file unlinked, slot left to notification or reaper).
+fn settle(ticket: Option<DeliveryTicket>, result: &Result<(), Status>) {
     if let Some(ticket) = ticket {
-        match &result {
+        match result {
             Ok(()) => ticket.delivered(),
             Err(_) => drop(ticket),
         }
     }
-    result
 }
 
 /// The item with its pixels on `worker`'s lane, prepared on the blocking
@@ -79,7 +116,7 @@ async fn prepare(
     worker: &Arc<Worker>,
     item: &MultimodalItem,
     room: i64,
-) -> Result<(MultimodalItem, Option<iris_transport::DeliveryTicket>), Status> {
+) -> Result<(MultimodalItem, Option<DeliveryTicket>), Status> {
     if lanes.requested(worker) == iris_transport::Transport::Inline {
         return lanes.prepare(worker, item, room);
     }

@@ -2,7 +2,7 @@
 //! Generate answers follow a script, so each retry rule is seen end to end
 //! (pick, send, classify, account, abort, retry).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,13 +43,43 @@ struct Scripted {
     generates: Arc<AtomicUsize>,
     encodes: Arc<AtomicUsize>,
     aborts: Arc<AtomicUsize>,
+    /// Refuse remote (RDMA) payloads as a TokenSpeed encode servicer
+    /// whose puller is off does.
+    puller_off: Arc<AtomicBool>,
+    /// The payload kind of every Encode call's pixels, in order.
+    payloads: Arc<Mutex<Vec<&'static str>>>,
 }
 
-/// Encode: every image is accepted.
+/// Encode: every image is accepted, unless its pixels are remote and the
+/// puller is off.
 #[tonic::async_trait]
 impl TokenSpeedEncoder for Scripted {
-    async fn encode(&self, _: Request<EncodeRequest>) -> Result<Response<EncodeResponse>, Status> {
+    async fn encode(
+        &self,
+        request: Request<EncodeRequest>,
+    ) -> Result<Response<EncodeResponse>, Status> {
         self.encodes.fetch_add(1, Ordering::SeqCst);
+        let request = request.into_inner();
+        let items = request.mm_inputs.map(|m| m.items).unwrap_or_default();
+        let payload = items
+            .first()
+            .and_then(|item| item.encoder_input.as_ref())
+            .and_then(|t| t.payload.as_ref());
+        let kind = match payload {
+            Some(tensor_data::Payload::Inline(_)) => "inline",
+            Some(tensor_data::Payload::Shm(_)) => "shm",
+            Some(tensor_data::Payload::Remote(_)) => "remote",
+            None => "none",
+        };
+        self.payloads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(kind);
+        if kind == "remote" && self.puller_off.load(Ordering::SeqCst) {
+            return Err(Status::internal(
+                "EPD RDMA: remote payload but landing pool unavailable",
+            ));
+        }
         Ok(Response::new(EncodeResponse { accepted: true }))
     }
 }
@@ -157,6 +187,8 @@ impl Fake {
             generates: Arc::default(),
             encodes: Arc::default(),
             aborts: Arc::default(),
+            puller_off: Arc::default(),
+            payloads: Arc::default(),
         };
         let server = tonic::transport::Server::builder()
             .add_service(TokenSpeedSchedulerServer::new(service.clone()))
@@ -180,6 +212,15 @@ impl Fake {
 
     fn aborts(&self) -> usize {
         self.service.aborts.load(Ordering::SeqCst)
+    }
+
+    /// The payload kinds of the Encode calls so far.
+    fn payloads(&self) -> Vec<&'static str> {
+        self.service
+            .payloads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -378,4 +419,102 @@ async fn no_healthy_worker_names_the_role() {
         Err(RouteError::NoWorker(Role::Prefill))
     ));
     assert_eq!(decode.generates(), 0);
+}
+
+/// A request with one image whose 64 bytes of pixels go to the encoder.
+fn pixel_request() -> GenerateRequest {
+    let pixels = bytes::Bytes::from(vec![3u8; 64]);
+    let item = MultimodalItem {
+        content_hash: vec![7; 32].into(),
+        encoder_input: Some(iris_proto::tensor::inline(
+            vec![16],
+            iris_proto::tensor::DType::Float32,
+            pixels,
+        )),
+        ..MultimodalItem::default()
+    };
+    GenerateRequest {
+        mm_inputs: Some(MultimodalInputs { items: vec![item] }),
+        ..request()
+    }
+}
+
+/// Serves one request with one image, to its first response.
+async fn serve_one(router: &Router) {
+    let mut generation = router.start(pixel_request()).await.expect("served");
+    assert!(matches!(generation.next().await, Some(Ok(_))));
+    generation.finish();
+}
+
+/// A TokenSpeed encode worker asked to take rdma advertises nothing about
+/// its puller: the gateway tries it, the puller is off, and the image goes
+/// inline at once, in the same attempt; rdma then stays off for that
+/// worker until it restarts.
+#[tokio::test]
+async fn an_encoder_whose_puller_is_off_gets_the_image_inline_at_once() {
+    use crate::transport::Lanes;
+    use crate::workers::Started;
+    let encoder = Fake::start(Role::Encode, &[]).await;
+    encoder.service.puller_off.store(true, Ordering::SeqCst);
+    encoder.worker.set_nixl_silent(true);
+    let prefill = Fake::start(Role::Prefill, &[Answer::Respond]).await;
+    let decode = Fake::start(Role::Decode, &[Answer::Respond]).await;
+    let mode = Mode::EncodePrefillDecode {
+        encode: pool(Role::Encode, &[&encoder]),
+        encode_policy: EncodePolicy::new(EncodePolicyKind::RoundRobin, 1.0),
+        prefill: pool(Role::Prefill, &[&prefill]),
+        decode: pool(Role::Decode, &[&decode]),
+    };
+    let lanes = Lanes::with_unserved_arena(iris_transport::Transport::Rdma);
+    let router = router(mode, 0).with_lanes(lanes);
+    encoder.worker.note_start(Started {
+        start_secs: Some(100),
+        uptime_secs: 1.0,
+    });
+    serve_one(&router).await;
+    assert_eq!(
+        encoder.payloads(),
+        ["remote", "inline"],
+        "refused, then inline"
+    );
+    assert_eq!(router.retries(), 0, "not a retry of the request");
+    assert!(encoder.worker.is_healthy(), "not a failure of the worker");
+    assert_eq!(encoder.worker.request_counts(), (1, 0));
+    let text = router.lanes.rendered();
+    iris_testkit::http::assert_lines(
+        &text,
+        &[
+            "iris_transport_rdma_refusals_total 1",
+            "iris_transport_arena_slots_in_use 0",
+            "iris_transport_tensors_total{lane=\"rdma\"} 1",
+            "iris_transport_tensors_total{lane=\"inline\"} 1",
+            "iris_transport_fallbacks_total{reason=\"nixl_unavailable\"} 1",
+        ],
+    );
+    // Sticky: the next image goes inline without trying.
+    serve_one(&router).await;
+    assert_eq!(encoder.payloads(), ["remote", "inline", "inline"]);
+    // Restarted (a new start time): tried again, refused again, counted again.
+    assert!(encoder.worker.note_start(Started {
+        start_secs: Some(200),
+        uptime_secs: 1.0,
+    }));
+    serve_one(&router).await;
+    assert_eq!(
+        encoder.payloads(),
+        ["remote", "inline", "inline", "remote", "inline"]
+    );
+    assert!(router
+        .lanes
+        .rendered()
+        .contains("\niris_transport_rdma_refusals_total 2\n"));
+    // A worker whose puller is on keeps the lane.
+    encoder.service.puller_off.store(false, Ordering::SeqCst);
+    assert!(encoder.worker.note_start(Started {
+        start_secs: Some(300),
+        uptime_secs: 1.0,
+    }));
+    serve_one(&router).await;
+    serve_one(&router).await;
+    assert_eq!(&encoder.payloads()[5..], ["remote", "remote"]);
 }

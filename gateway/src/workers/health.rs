@@ -1,25 +1,35 @@
 //! The health checker: calls HealthCheck on every worker of every pool at
 //! a fixed interval and applies the failure/success thresholds. Encode
 //! workers that pass are also asked GetServerInfo for their tensor
-//! capabilities: a shm identity (verified here: true only if this process
-//! reads the very token back from its `/dev/shm`) and a NIXL receiver
-//! (refused when it may hold an RDMA slot longer than this gateway's
-//! `--rdma-receiver-hold-ms`: the arena could then reap a slot the worker
-//! is still reading).
+//! capabilities:
+//! - a shared `/dev/shm`: Iris's own `shm_identity` (verified here: true
+//!   only if this process reads the very token back from its `/dev/shm`),
+//!   or a TokenSpeed worker's `scheduler_info.shm_namespace_id` equal to
+//!   this host's (`<boot id>:<st_dev of /dev/shm>`);
+//! - a NIXL receiver: Iris's `nixl_receiver` (refused when it may hold an
+//!   RDMA slot longer than this gateway's `--rdma-receiver-hold-ms`: the
+//!   arena could then reap a slot the worker is still reading). A worker
+//!   that says nothing about it (TokenSpeed's puller is not advertised) is
+//!   tried when asked to take rdma, until it refuses ([`Worker::caps`]);
+//! - when it started: a worker seen to restart gets a refused RDMA lane
+//!   tried again.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::path::Path;
+
 use iris_proto::info::{number_field, text_field};
 use iris_proto::scheduler::{GetServerInfoRequest, GetServerInfoResponse, HealthCheckRequest};
-use iris_transport::shm::{verify_identity, DEFAULT_SHM_DIR};
+use iris_transport::shm::{same_namespace, verify_identity, DEFAULT_SHM_DIR};
 use iris_transport::{
     WorkerCaps, NIXL_RECEIVER_FIELD, NIXL_RECEIVER_HOLD_FIELD, SHM_IDENTITY_FIELD,
+    SHM_NAMESPACE_FIELD,
 };
 use tokio_util::sync::CancellationToken;
 
 use super::pool::Pool;
-use super::worker::{Role, Worker};
+use super::worker::{Role, Started, Worker};
 
 /// Health-check settings.
 #[derive(Debug, Clone, Copy)]
@@ -72,12 +82,16 @@ pub fn spawn(
 }
 
 /// What an encode worker's GetServerInfo says it can receive tensors by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Probed {
     /// The capabilities granted (NIXL only when its hold fits ours).
     pub caps: WorkerCaps,
+    /// The worker reports no `nixl_receiver` at all: rdma is tried.
+    pub nixl_silent: bool,
     /// The worker's receiver hold when it exceeds ours (RDMA refused).
     pub hold_too_long: Option<Duration>,
+    /// When it started, to tell a restart (`None`: not known).
+    pub started: Option<Started>,
 }
 
 /// Asks an encode worker's GetServerInfo what it can receive tensors by;
@@ -98,14 +112,18 @@ pub async fn probe_caps(
     Ok(probed(info, our_hold))
 }
 
-/// What GetServerInfo's `server_args` grant: shm when the identity token
-/// is read back from this process's `/dev/shm`, NIXL when the receiver is
-/// up and its hold fits `our_hold`.
+/// What GetServerInfo grants: shm when the worker proves it shares this
+/// process's `/dev/shm` ([`shares_shm`]), NIXL when `server_args` says the
+/// receiver is up and its hold fits `our_hold`.
 fn probed(info: GetServerInfoResponse, our_hold: Duration) -> Probed {
+    let shared_shm = shares_shm(&info, Path::new(DEFAULT_SHM_DIR));
+    let started = Some(Started {
+        start_secs: info.start_time.map(|t| t.seconds),
+        uptime_secs: info.uptime_seconds,
+    });
     let args = &info.server_args.unwrap_or_default();
-    let shared_shm = text_field(args, SHM_IDENTITY_FIELD)
-        .is_some_and(|id| verify_identity(std::path::Path::new(DEFAULT_SHM_DIR), id));
-    let nixl = number_field(args, NIXL_RECEIVER_FIELD).is_some_and(|n| n >= 1.0);
+    let reported = number_field(args, NIXL_RECEIVER_FIELD);
+    let nixl = reported.is_some_and(|n| n >= 1.0);
     let hold_too_long =
         hold_too_long(number_field(args, NIXL_RECEIVER_HOLD_FIELD), our_hold).filter(|_| nixl);
     Probed {
@@ -113,8 +131,26 @@ fn probed(info: GetServerInfoResponse, our_hold: Duration) -> Probed {
             shared_shm,
             nixl: nixl && hold_too_long.is_none(),
         },
+        nixl_silent: reported.is_none(),
         hold_too_long,
+        started,
     }
+}
+
+/// Whether the worker of `info` shares `dir` with this process: its Iris
+/// `shm_identity` token is read back from `dir`, or its TokenSpeed
+/// `scheduler_info.shm_namespace_id` equals this host's for `dir`.
+fn shares_shm(info: &GetServerInfoResponse, dir: &Path) -> bool {
+    let identity = info
+        .server_args
+        .as_ref()
+        .and_then(|args| text_field(args, SHM_IDENTITY_FIELD));
+    let namespace = info
+        .scheduler_info
+        .as_ref()
+        .and_then(|s| text_field(s, SHM_NAMESPACE_FIELD));
+    identity.is_some_and(|id| verify_identity(dir, id))
+        || namespace.is_some_and(|id| same_namespace(dir, id))
 }
 
 /// The receiver hold a worker reported (`reported_ms`) when it exceeds
@@ -132,10 +168,19 @@ async fn refresh_caps(worker: &Worker, settings: &HealthSettings) {
             tracing::debug!(worker = %worker.url, %why, "GetServerInfo failed; tensors go inline");
             Probed {
                 caps: WorkerCaps::default(),
+                nixl_silent: false,
                 hold_too_long: None,
+                started: None,
             }
         }
     };
+    if probed
+        .started
+        .is_some_and(|started| worker.note_start(started))
+    {
+        tracing::info!(worker = %worker.url, "encode worker restarted: its RDMA lane is tried again");
+    }
+    worker.set_nixl_silent(probed.nixl_silent);
     if worker.set_hold_refused(probed.hold_too_long.is_some()) {
         tracing::warn!(
             worker = %worker.url,
@@ -212,6 +257,99 @@ mod tests {
         let down = info(0.0, Some(12_000.0));
         assert_eq!((down.caps.nixl, down.hold_too_long), (false, None));
         assert!(!info(1.0, Some(9000.0)).caps.shared_shm);
+    }
+
+    /// A TokenSpeed worker's GetServerInfo: `shm_namespace_id` in
+    /// `scheduler_info`, nothing about NIXL, its start time.
+    fn tokenspeed_info(namespace: &str, start_secs: i64) -> GetServerInfoResponse {
+        use iris_proto::info::{fields, text};
+        let mut info = GetServerInfoResponse {
+            scheduler_info: Some(fields([(SHM_NAMESPACE_FIELD, text(namespace))])),
+            uptime_seconds: 3.0,
+            ..GetServerInfoResponse::default()
+        };
+        info.start_time.get_or_insert_with(Default::default).seconds = start_secs;
+        info
+    }
+
+    /// Serves a stub whose GetServerInfo answers `info`; its worker.
+    async fn stub_worker(info: GetServerInfoResponse) -> Arc<Worker> {
+        use iris_testkit::grpc::{serve, StubScheduler};
+        let stub = StubScheduler::healthy("tokenspeed encoder").with_server_info(info);
+        let addr = serve(tonic::transport::Server::builder().add_service(stub.service())).await;
+        let url = WorkerUrl::parse(&format!("grpc://{addr}")).unwrap();
+        Worker::new(url, Role::Encode, Duration::from_secs(5)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_tokenspeed_worker_on_this_hosts_dev_shm_shares_it() {
+        let ours = iris_transport::shm::namespace_id(Path::new(DEFAULT_SHM_DIR))
+            .expect("this host's /dev/shm namespace id");
+        let hold = Duration::from_secs(9);
+        let timeout = Duration::from_secs(5);
+        let same = stub_worker(tokenspeed_info(&ours, 100)).await;
+        let probed = probe_caps(&same, timeout, hold).await.unwrap();
+        assert!(probed.caps.shared_shm, "the same namespace id: shared");
+        assert!(probed.nixl_silent, "TokenSpeed advertises no receiver");
+        assert!(!probed.caps.nixl, "nothing proven");
+        assert_eq!(
+            probed.started,
+            Some(Started {
+                start_secs: Some(100),
+                uptime_secs: 3.0
+            })
+        );
+        let (boot, dev) = ours.rsplit_once(':').unwrap();
+        let other_dev = format!("{boot}:{}", dev.parse::<u64>().unwrap() ^ 1);
+        let elsewhere = stub_worker(tokenspeed_info(&other_dev, 100)).await;
+        let probed = probe_caps(&elsewhere, timeout, hold).await.unwrap();
+        assert!(!probed.caps.shared_shm, "another /dev/shm");
+        let empty = stub_worker(tokenspeed_info("", 100)).await;
+        assert!(
+            !probe_caps(&empty, timeout, hold)
+                .await
+                .unwrap()
+                .caps
+                .shared_shm
+        );
+    }
+
+    #[tokio::test]
+    async fn the_health_checker_grants_shm_and_tries_rdma_on_a_tokenspeed_worker() {
+        let ours = iris_transport::shm::namespace_id(Path::new(DEFAULT_SHM_DIR)).unwrap();
+        let worker = stub_worker(tokenspeed_info(&ours, 100)).await;
+        let settings = HealthSettings {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(5),
+            failure_threshold: 1,
+            success_threshold: 1,
+            rdma_receiver_hold: Duration::from_secs(9),
+        };
+        check_and_record(&worker, &settings).await;
+        assert!(worker.is_healthy());
+        assert_eq!(
+            worker.caps(),
+            WorkerCaps {
+                shared_shm: true,
+                nixl: true
+            }
+        );
+        // Refused once: off until the worker restarts.
+        assert!(worker.refuse_rdma());
+        check_and_record(&worker, &settings).await;
+        assert!(!worker.caps().nixl, "the same start time: still off");
+    }
+
+    #[test]
+    fn an_iris_worker_that_reports_no_receiver_is_not_tried() {
+        use iris_proto::info::{fields, number};
+        let info = GetServerInfoResponse {
+            server_args: Some(fields([(NIXL_RECEIVER_FIELD, number(0.0))])),
+            ..GetServerInfoResponse::default()
+        };
+        let probed = probed(info, Duration::from_secs(9));
+        assert!(!probed.nixl_silent);
+        assert!(!probed.caps.nixl);
     }
 
     #[tokio::test]

@@ -5,7 +5,7 @@
 //! (`--worker-auth-token-file`).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use iris_process::auth::{AuthChannel, AuthToken};
@@ -91,6 +91,35 @@ pub struct Worker {
     /// Its NIXL receiver may hold a slot longer than our
     /// `--rdma-receiver-hold-ms`: no rdma tensors for it.
     hold_refused: AtomicBool,
+    /// Says nothing about a NIXL receiver (a TokenSpeed worker, whose
+    /// puller is not advertised): rdma is tried until it refuses.
+    nixl_silent: AtomicBool,
+    /// Refused an RDMA payload because its puller is off: no rdma tensors
+    /// until it restarts (sticky).
+    rdma_refused: AtomicBool,
+    /// When it started, as its last GetServerInfo said.
+    started: Mutex<Option<Started>>,
+}
+
+/// When a worker started, as GetServerInfo reports it: `start_time`
+/// (TokenSpeed workers) and `uptime_seconds` (every worker).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Started {
+    /// `start_time` in Unix seconds, when reported.
+    pub start_secs: Option<i64>,
+    /// `uptime_seconds`.
+    pub uptime_secs: f64,
+}
+
+impl Started {
+    /// Whether `now` is a later life of the process seen as `self`: its
+    /// start time changed, or (without one) its uptime went back.
+    pub fn restarted(&self, now: &Started) -> bool {
+        match (self.start_secs, now.start_secs) {
+            (Some(before), Some(after)) => before != after,
+            _ => now.uptime_secs < self.uptime_secs,
+        }
+    }
 }
 
 /// Counts a request against a worker while alive.
@@ -137,6 +166,9 @@ impl Worker {
             shared_shm: AtomicBool::new(false),
             nixl: AtomicBool::new(false),
             hold_refused: AtomicBool::new(false),
+            nixl_silent: AtomicBool::new(false),
+            rdma_refused: AtomicBool::new(false),
+            started: Mutex::new(None),
         }))
     }
 
@@ -289,12 +321,44 @@ impl Worker {
         self.transport
     }
 
-    /// What the worker proved it can receive (last GetServerInfo).
+    /// What the worker may be sent tensors by: `/dev/shm` when its last
+    /// GetServerInfo proved it shared; NIXL when it reported a receiver
+    /// whose hold fits ours, or reported nothing about one (rdma is then
+    /// tried) — unless it refused an RDMA payload since it started.
     pub fn caps(&self) -> WorkerCaps {
+        let nixl = self.nixl.load(Ordering::Relaxed) || self.nixl_silent.load(Ordering::Relaxed);
         WorkerCaps {
             shared_shm: self.shared_shm.load(Ordering::Relaxed),
-            nixl: self.nixl.load(Ordering::Relaxed),
+            nixl: nixl && !self.rdma_refused.load(Ordering::Relaxed),
         }
+    }
+
+    /// Records whether the worker's GetServerInfo says nothing about a
+    /// NIXL receiver.
+    pub fn set_nixl_silent(&self, silent: bool) {
+        self.nixl_silent.store(silent, Ordering::Relaxed);
+    }
+
+    /// Turns rdma off for this worker until it restarts: it refused an
+    /// RDMA payload because its puller is off. Returns true the first
+    /// time (one warning, one count).
+    pub fn refuse_rdma(&self) -> bool {
+        !self.rdma_refused.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether rdma is off for this worker since it refused it.
+    pub fn rdma_refused(&self) -> bool {
+        self.rdma_refused.load(Ordering::Relaxed)
+    }
+
+    /// Records when the worker started (each GetServerInfo); a restart
+    /// clears a refused RDMA lane. Returns true when that happened.
+    pub fn note_start(&self, now: Started) -> bool {
+        let mut seen = self.started.lock().unwrap_or_else(|p| p.into_inner());
+        let restarted = seen
+            .replace(now)
+            .is_some_and(|before| before.restarted(&now));
+        restarted && self.rdma_refused.swap(false, Ordering::Relaxed)
     }
 
     /// Records the capabilities GetServerInfo proved; returns true when
@@ -371,6 +435,51 @@ mod tests {
             Some(true),
             "health checks close it"
         );
+    }
+
+    #[test]
+    fn a_restart_is_a_new_start_time_or_an_uptime_that_went_back() {
+        let at = |start_secs, uptime_secs| Started {
+            start_secs,
+            uptime_secs,
+        };
+        assert!(!at(Some(100), 5.0).restarted(&at(Some(100), 9.0)));
+        assert!(at(Some(100), 5.0).restarted(&at(Some(160), 9.0)));
+        assert!(!at(None, 5.0).restarted(&at(None, 9.0)));
+        assert!(at(None, 5.0).restarted(&at(None, 1.0)));
+    }
+
+    #[tokio::test]
+    async fn a_refused_rdma_lane_stays_off_until_the_worker_restarts() {
+        let w = worker();
+        assert!(!w.caps().nixl, "nothing reported yet");
+        w.set_nixl_silent(true);
+        assert!(w.caps().nixl, "a silent worker is tried");
+        assert!(!w.note_start(Started {
+            start_secs: Some(100),
+            uptime_secs: 1.0
+        }));
+        assert!(w.refuse_rdma(), "the first refusal turns it off");
+        assert!(!w.refuse_rdma(), "once");
+        assert!(!w.caps().nixl);
+        assert!(!w.note_start(Started {
+            start_secs: Some(100),
+            uptime_secs: 9.0
+        }));
+        assert!(!w.caps().nixl, "sticky while the same process runs");
+        assert!(w.note_start(Started {
+            start_secs: Some(200),
+            uptime_secs: 0.5
+        }));
+        assert!(w.caps().nixl, "a restarted worker is tried again");
+        // A receiver it reports is refused too, once it says its puller is off.
+        w.set_nixl_silent(false);
+        w.set_caps(WorkerCaps {
+            shared_shm: false,
+            nixl: true,
+        });
+        assert!(w.refuse_rdma());
+        assert!(!w.caps().nixl);
     }
 
     #[tokio::test]
