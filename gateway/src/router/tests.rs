@@ -453,7 +453,7 @@ async fn serve_one(router: &Router) {
 #[tokio::test]
 async fn an_encoder_whose_puller_is_off_gets_the_image_inline_at_once() {
     use crate::transport::Lanes;
-    use crate::workers::Started;
+    use crate::workers::worker::Started;
     let encoder = Fake::start(Role::Encode, &[]).await;
     encoder.service.puller_off.store(true, Ordering::SeqCst);
     encoder.worker.set_nixl_silent(true);

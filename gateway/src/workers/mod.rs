@@ -16,4 +16,4 @@ pub mod worker;
 pub use policy::Policy;
 pub use pool::Pool;
 pub use url::WorkerUrl;
-pub use worker::{Role, Started, Worker};
+pub use worker::{Role, Worker};
