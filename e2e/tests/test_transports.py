@@ -96,6 +96,25 @@ def tensor_files(gateway) -> list:
     return list(Path("/dev/shm").glob(f"iris-tensor-{gateway.process.popen.pid}-*"))
 
 
+def test_the_encoder_reports_its_dev_shm_as_tokenspeed_workers_do(processes, model_dir):
+    """``iris-encoder`` reports ``scheduler_info.shm_namespace_id`` computed
+    as the TokenSpeed servicer computes its own (boot id, then ``st_dev`` of
+    ``/dev/shm`` as Python's ``os.stat`` gives it): the gateway's Rust
+    computation of this host's id matches the servicer's formula."""
+    import os
+
+    import grpc
+    from smg_grpc_proto.generated import tokenspeed_scheduler_pb2, tokenspeed_scheduler_pb2_grpc
+
+    encoder = start_encoder(processes, model_dir)
+    with grpc.insecure_channel(f"127.0.0.1:{encoder.grpc_port}") as channel:
+        stub = tokenspeed_scheduler_pb2_grpc.TokenSpeedSchedulerStub(channel)
+        info = stub.GetServerInfo(tokenspeed_scheduler_pb2.GetServerInfoRequest(), timeout=10)
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    expected = f"{boot_id}:{os.stat('/dev/shm').st_dev}"
+    assert info.scheduler_info.fields["shm_namespace_id"].string_value == expected
+
+
 @pytest.fixture(scope="module")
 def inline_answers(model_dir, tmp_path_factory):
     procs = Processes(tmp_path_factory.mktemp("logs-inline"))

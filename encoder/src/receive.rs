@@ -2,8 +2,9 @@
 //! a `/dev/shm` file (read and unlinked) or an RDMA slot of the gateway's
 //! arena (READ over NIXL into a registered landing pool, feature `nixl`).
 //! Non-inline payloads are resolved to inline bytes on the blocking pool
-//! before validation. The worker's shm identity and NIXL state are
-//! reported in GetServerInfo so the gateway can pick lanes.
+//! before validation. The worker's shm identity (and its `/dev/shm`
+//! namespace id, as TokenSpeed workers report it) and NIXL state are
+//! reported in GetServerInfo so gateways can pick lanes.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -24,6 +25,8 @@ use crate::config::ReceiveConfig;
 pub struct Receiving {
     receiver: TensorReceiver,
     identity: Option<ShmIdentity>,
+    /// The `/dev/shm` namespace id, as TokenSpeed workers report theirs.
+    namespace: Option<String>,
     nixl_hold: Option<Duration>,
 }
 
@@ -51,6 +54,7 @@ impl Receiving {
         Ok(Receiving {
             receiver,
             identity,
+            namespace: iris_transport::shm::namespace_id(dir),
             nixl_hold,
         })
     }
@@ -58,6 +62,13 @@ impl Receiving {
     /// The identity string for GetServerInfo.
     pub fn shm_identity(&self) -> Option<&str> {
         self.identity.as_ref().map(|i| i.identity())
+    }
+
+    /// This worker's `/dev/shm` namespace id (`<boot id>:<st_dev>`), for
+    /// GetServerInfo's `scheduler_info`, where TokenSpeed workers report it
+    /// to gateways that check shm locality that way (smg's).
+    pub fn shm_namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
     }
 
     /// Whether RDMA payloads can be received.
@@ -245,6 +256,7 @@ mod tests {
         let receiving = Receiving {
             receiver: TensorReceiver::new(std::env::temp_dir()),
             identity: None,
+            namespace: None,
             nixl_hold: None,
         };
         let item = |payload| MultimodalItem {

@@ -450,8 +450,12 @@ impl TokenSpeedScheduler for EncoderService {
                 )
             })),
         );
+        let namespace = e.receiving.shm_namespace().map(text);
+        let scheduler_info =
+            namespace.map(|id| fields([(iris_transport::SHM_NAMESPACE_FIELD, id)]));
         Ok(Response::new(GetServerInfoResponse {
             server_args: Some(args),
+            scheduler_info,
             active_requests: i32::try_from(e.batcher.pending()).unwrap_or(i32::MAX),
             uptime_seconds: e.started.elapsed().as_secs_f64(),
             tokenspeed_version: format!("iris-encoder {}", env!("CARGO_PKG_VERSION")),

@@ -221,6 +221,12 @@ async fn scheduler_service_is_info_only() {
         std::path::Path::new("/dev/shm"),
         identity
     ));
+    // The namespace id, where TokenSpeed workers report theirs.
+    let namespace = server.scheduler_info.expect("scheduler_info");
+    assert_eq!(
+        iris_proto::info::text_field(&namespace, iris_transport::SHM_NAMESPACE_FIELD),
+        iris_transport::shm::namespace_id(std::path::Path::new("/dev/shm")).as_deref()
+    );
 }
 
 /// An item whose pixels arrive as a /dev/shm file: the encoder reads and

@@ -51,6 +51,11 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "The RDMA tensor lane: off (not wanted), up, or unavailable (wanted, NIXL missing: inline).",
     ),
     (
+        "iris_transport_rdma_refusals_total",
+        "counter",
+        "Encode workers that refused an RDMA tensor because their puller is off (rdma then off for them until they restart).",
+    ),
+    (
         "iris_http_header_timeouts_total",
         "counter",
         "Connections closed because a request head did not arrive within --header-read-timeout-secs.",
@@ -96,6 +101,7 @@ async fn every_family_has_one_header_ahead_of_its_samples() {
             "iris_transport_arena_slots_in_use 0",
             "iris_transport_rdma_lane{state=\"off\"} 1",
             "iris_transport_rdma_lane{state=\"up\"} 0",
+            "iris_transport_rdma_refusals_total 0",
             "iris_http_connections_refused_total{listener=\"api\"} 0",
             "iris_completion_tokens_total 8",
         ],
