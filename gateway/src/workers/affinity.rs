@@ -403,7 +403,7 @@ mod tests {
             let mut total = 0u64;
             for step in 0..3000u64 {
                 let r = mix64(step);
-                let img = if r % 4 == 0 {
+                let img = if r.is_multiple_of(4) {
                     image(mix64(1000 + r % 8), FOUR_K)
                 } else {
                     image(mix64(5000 + r % 64), THUMB)
