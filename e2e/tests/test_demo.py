@@ -1,8 +1,9 @@
 """``iris demo`` as a newcomer runs it: one process with an encode worker,
 prefill and decode reference engines and the gateway on the generated tiny
 model. It must print how to talk to it, answer a chat about a real photo
-(the image going through the encode worker), stream text, and stop cleanly
-on Ctrl-C."""
+(the image going through the encode worker, as bfloat16 pixels by
+default) with text that depends on the photo, stream text, and stop
+cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from conftest import REPO, STARTUP_TIMEOUT, binary, free_port, metric, readiness
 
 BANNER = re.compile(r"Iris demo: gateway on (http://\S+) .*model \"([^\"]+)\"")
 PHOTO = REPO.parent / "shared" / "images" / "coffee.jpg"
+OTHER_PHOTO = REPO.parent / "shared" / "images" / "astronaut.jpg"
 
 
 def test_demo_chats_about_an_image_and_stops_on_ctrl_c(processes, tmp_path):
@@ -50,6 +52,22 @@ def test_demo_chats_about_an_image_and_stops_on_ctrl_c(processes, tmp_path):
     assert metric(metrics, "iris_worker_failures_total", worker=encoder.group(1),
                   role="encode") == 0.0
     assert reply.usage.prompt_tokens > 100, "the image's placeholder tokens are in the prompt"
+
+    # The answer depends on the image (its bfloat16 pixels through the
+    # tower): the same photo twice gives the same text, another photo
+    # another text.
+    def about(path: Path) -> str:
+        image = base64.b64encode(path.read_bytes()).decode()
+        return client.chat.completions.create(
+            model=model, max_tokens=12, seed=7, extra_body={"ignore_eos": True},
+            messages=[{"role": "user", "content": [
+                {"type": "text", "text": "What is in this picture?"},
+                {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{image}"}},
+            ]}]).choices[0].message.content
+
+    coffee = about(PHOTO)
+    assert coffee and about(PHOTO) == coffee
+    assert about(OTHER_PHOTO) != coffee
 
     stream = client.chat.completions.create(
         model=model, max_tokens=8, stream=True,

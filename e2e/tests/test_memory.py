@@ -4,7 +4,7 @@ A real gateway (one aggregated reference worker, pixel cache off, a small
 ``--mm-max-inflight-mb``) gets the attack corpus, generated here:
 
 - one ~800 KB request of sixteen 3584×3584 solid PNGs (≈ 37 KB each; each
-  would decode to 38 MB and preprocess to a 308 MB float32 tensor), alone
+  would decode to 38 MB and preprocess to a 154 MB bfloat16 tensor), alone
   and two at once;
 - two concurrent requests with a 16-bit RGBA 9459×9459 PNG (≈ 700 KB; 716 MB
   of samples when decoded);
@@ -22,9 +22,9 @@ its idle RSS returns within 10 % of the value measured after the warm-up.
 (runtime, tokenizer, the tiny model's files; ≈ 95 MB here), the request
 bodies and the fetched (base64-decoded) image bytes of the requests in
 flight (≈ 4 MB), the copy of a request's tensors the gRPC encoder makes
-while sending it to the worker (≤ 2 × 26 MB for the admitted pair), the
-scratch and recycled output buffers kept between images (≈ 60 MB), and
-allocator slack. Measured: baseline 94 MB, peak 103 MB, idle 94 MB.
+while sending it to the worker (≤ 2 × 13 MB of bfloat16 for the admitted
+pair), the scratch and recycled output buffers kept between images
+(≈ 60 MB), and allocator slack. Measured: baseline 94 MB, peak 103 MB, idle 94 MB.
 Without the budget one request of the corpus peaks at ≈ 4.9 GB (and is a
 503 from the worker, its 4.9 GB message being too large for gRPC).
 """
@@ -194,14 +194,15 @@ def test_attacks_stay_within_the_budget_and_memory_comes_back(gateway, corpus):
 
 
 def test_a_full_budget_is_503_with_retry_after(model_dir, tmp_path, corpus):
-    """A budget that admits one 1024×1024 image (≈ 39 MB) at a time and does
+    """A budget that admits one 1024×1024 image (≈ 39 MB with float32
+    pixels; bfloat16, the default, would let two fit) at a time and does
     not wait: of two concurrent requests each gets 200 or 503 with
     Retry-After, and an image larger than the budget names itself in a 400."""
     procs = Processes(tmp_path)
     try:
         dep = aggregated(procs, model_dir, gateway_args=(
             "--mm-max-inflight-mb", "60", "--mm-inflight-wait-ms", "0",
-            "--mm-pixel-cache-mb", "0"))
+            "--mm-pixel-cache-mb", "0", "--mm-encoder-input-dtype", "float32"))
         statuses = [check_answer(r, "pair")
                     for _ in range(3) for r in send_all(dep.gateway, corpus["small"])]
         assert 200 in statuses, statuses

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 #[derive(Debug, Clone)]
 pub struct ImageInput {
     /// Pixel values, little-endian `[patches, patch_dim]`: float32, or
-    /// bfloat16 when `bf16` is set (see [`ImageInput::to_f32`]).
+    /// bfloat16 when `bf16` is set (see [`ImageInput::floats`]).
     pub pixels: bytes::Bytes,
     pub bf16: bool,
     /// `[t, h, w]` in patches.
@@ -22,23 +22,20 @@ impl ImageInput {
         self.grid.iter().map(|&d| u64::from(d)).product()
     }
 
-    /// The same input with float32 pixels (bfloat16 widened; blocking work
-    /// for large images).
-    pub fn to_f32(self) -> ImageInput {
-        if !self.bf16 {
-            return self;
-        }
-        let widened: Vec<u8> = self
-            .pixels
-            .chunks_exact(2)
-            .flat_map(|c| {
-                f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16).to_le_bytes()
-            })
-            .collect();
-        ImageInput {
-            pixels: bytes::Bytes::from(widened),
-            bf16: false,
-            grid: self.grid,
+    /// The pixel values as float32, read straight from the wire bytes
+    /// (bfloat16 widened exactly: its bits are the high half of the f32's).
+    /// Blocking work for large images.
+    pub fn floats(&self) -> Vec<f32> {
+        if self.bf16 {
+            self.pixels
+                .chunks_exact(2)
+                .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                .collect()
+        } else {
+            self.pixels
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
         }
     }
 }
@@ -54,19 +51,20 @@ pub trait Compute: Send + Sync + 'static {
     fn out_hidden(&self) -> usize;
     /// Output rows (LM tokens) for an image of `grid`.
     fn tokens(&self, grid: [u32; 3]) -> usize;
-    /// One image's embedding; `image` holds float32 pixels.
+    /// One image's embedding; `image` holds its pixels as they came
+    /// (float32 or bfloat16: [`ImageInput::floats`] reads either).
     fn encode(&self, image: &ImageInput) -> Encoded;
 
     /// Encodes a batch, handing each image's embedding to `done` (with its
     /// index) as soon as it is ready. The default runs the images side by
     /// side on the rayon pool, each its own forward pass, so a small image
-    /// is answered without waiting for a large one; bfloat16 pixels are
-    /// widened first. A backend that gains from fusing a batch overrides it.
+    /// is answered without waiting for a large one. A backend that gains
+    /// from fusing a batch overrides it.
     fn encode_batch(&self, images: Vec<ImageInput>, done: &(dyn Fn(usize, Encoded) + Sync)) {
         images
             .into_par_iter()
             .enumerate()
-            .for_each(|(index, image)| done(index, self.encode(&image.to_f32())));
+            .for_each(|(index, image)| done(index, self.encode(&image)));
     }
 }
 
@@ -95,10 +93,10 @@ impl Compute for DigestCompute {
 
 impl DigestCompute {
     fn embed(&self, image: &ImageInput) -> Vec<u8> {
-        // Every pixel byte counts, read once at memory speed (the
-        // fingerprint the reference engine uses too) rather than SHA-256'd:
-        // the reference encoder stays cheap next to the gateways it is
-        // benchmarked with.
+        // Every pixel byte counts, as sent (bfloat16 is not widened), read
+        // once at memory speed (the fingerprint the reference engine uses
+        // too) rather than SHA-256'd: the reference encoder stays cheap
+        // next to the gateways it is benchmarked with.
         let seed = fingerprint(&image.pixels);
         let tokens = self.tokens(image.grid);
         let mut out = Vec::with_capacity(tokens * self.out_hidden * 4);
@@ -132,11 +130,7 @@ impl Compute for TowerCompute {
     }
 
     fn encode(&self, image: &ImageInput) -> Encoded {
-        let pixels: Vec<f32> = image
-            .pixels
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let pixels = image.floats();
         let grid = image.grid.map(|d| d as usize);
         let mut outputs = iris_tower::VisionBackend::encode(&self.tower, &pixels, &[grid])
             .map_err(|e| e.to_string())?;
@@ -177,22 +171,24 @@ mod tests {
 
     #[test]
     fn bf16_widens_to_the_same_floats() {
-        let values = [1.5f32, -2.0, 0.0];
-        let bf16: Vec<u8> = values
-            .iter()
-            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
-            .collect();
-        let input = ImageInput {
-            pixels: bytes::Bytes::from(bf16),
-            bf16: true,
-            grid: [1, 1, 3],
-        }
-        .to_f32();
-        let back: Vec<f32> = input
-            .pixels
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        assert_eq!(back, values);
+        let values = [1.5f32, -2.0, 0.0, -0.0078125];
+        let as_input = |bf16: bool| ImageInput {
+            pixels: bytes::Bytes::from(
+                values
+                    .iter()
+                    .flat_map(|v| {
+                        if bf16 {
+                            ((v.to_bits() >> 16) as u16).to_le_bytes().to_vec()
+                        } else {
+                            v.to_le_bytes().to_vec()
+                        }
+                    })
+                    .collect::<Vec<u8>>(),
+            ),
+            bf16,
+            grid: [1, 1, 4],
+        };
+        assert_eq!(as_input(true).floats(), values);
+        assert_eq!(as_input(false).floats(), values);
     }
 }

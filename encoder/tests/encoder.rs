@@ -397,6 +397,32 @@ async fn tower_backend_encodes_with_real_weights() {
     );
 }
 
+/// The tower takes bfloat16 pixels (the gateway's default wire dtype):
+/// the same values as float32 give the very same embedding.
+#[tokio::test]
+async fn tower_backend_takes_bfloat16_pixels() {
+    let model = tempfile::tempdir().expect("temp dir");
+    iris_tower::write_tiny_vl_model(model.path()).expect("tiny VL model");
+    let enc = encoder_with(&model, 64, ComputeKind::Tower).await;
+    let (mut e, mut d) = clients(&enc).await;
+    e.encode(request(
+        vec![
+            item_bf16(0.5, 2, 4, b"b1"),
+            item(0.5, 2, 4, b"f1"),
+            item_bf16(-0.25, 2, 4, b"b2"),
+        ],
+        &[1, 2, 3],
+    ))
+    .await
+    .expect("accepted");
+    let bf16 = inline(&fetch(&mut d, 1).await.expect("room 1"));
+    let f32 = inline(&fetch(&mut d, 2).await.expect("room 2"));
+    let other = inline(&fetch(&mut d, 3).await.expect("room 3"));
+    assert_eq!(bf16.len(), 2 * 64 * 4);
+    assert_eq!(bf16, f32, "bfloat16 widened exactly");
+    assert_ne!(bf16, other, "the embedding depends on the pixels");
+}
+
 #[tokio::test]
 async fn tower_backend_without_weights_is_a_clear_startup_error() {
     let model = model();

@@ -76,7 +76,7 @@ pub struct ServeArgs {
     )]
     pub encode_policy: EncodePolicyKind,
     /// consistent_hashing: an encoder takes an image only while its
-    /// in-flight count stays under this factor times the mean.
+    /// patches in flight stay under this factor times the mean.
     #[arg(long, default_value_t = 1.25, env = "IRIS_ENCODE_LOAD_FACTOR")]
     pub encode_load_factor: f64,
 
@@ -88,6 +88,18 @@ pub struct ServeArgs {
     /// images wait in the gateway (0: unlimited).
     #[arg(long, default_value_t = 8, env = "IRIS_ENCODE_MAX_IN_FLIGHT")]
     pub encode_max_in_flight: usize,
+
+    /// Patches of the images in flight per encode worker (Qwen2-VL: a
+    /// 1080p image is 10 764, a 4K one 42 196): the encode policy skips an
+    /// encoder an image would take past it, and images wait in the gateway
+    /// for room (0: unlimited). Default: two of the encoder's default
+    /// batches (--max-batch-patches 65536).
+    #[arg(
+        long,
+        default_value_t = 131_072,
+        env = "IRIS_ENCODE_MAX_IN_FLIGHT_PATCHES"
+    )]
+    pub encode_max_in_flight_patches: u64,
 
     /// Worker choice for every role unless overridden.
     #[arg(long, value_enum, default_value = "power_of_two", env = "IRIS_POLICY")]
@@ -308,11 +320,12 @@ pub struct MediaArgs {
     /// Redirects followed per image URL (each re-checked).
     #[arg(long, default_value_t = 5, env = "IRIS_MM_MAX_REDIRECTS")]
     pub mm_max_redirects: u32,
-    /// Element type of the pixel tensors sent to workers.
+    /// Element type of the pixel tensors sent to workers (bfloat16: half
+    /// the bytes of float32, what TokenSpeed workers take).
     #[arg(
         long,
         value_enum,
-        default_value = "float32",
+        default_value = "bfloat16",
         env = "IRIS_MM_ENCODER_INPUT_DTYPE"
     )]
     pub mm_encoder_input_dtype: InputDtype,

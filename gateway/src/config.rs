@@ -135,6 +135,8 @@ pub struct EncodeConfig {
     pub workers: Vec<WorkerUrl>,
     pub policy: EncodePolicyKind,
     pub load_factor: f64,
+    /// Patches in flight per encoder the policy keeps under (0: no bound).
+    pub max_in_flight_patches: u64,
 }
 
 /// Retries, circuit breaking and encode calls.
@@ -144,6 +146,7 @@ pub struct RouterConfig {
     pub circuit_breaker_failures: u32,
     pub encode_timeout: Duration,
     pub encode_max_in_flight: usize,
+    pub encode_max_in_flight_patches: u64,
 }
 
 /// The image pipeline's settings.
@@ -181,6 +184,7 @@ impl Config {
                 circuit_breaker_failures: args.circuit_breaker_failures,
                 encode_timeout: Duration::from_millis(args.encode_timeout_ms.max(1)),
                 encode_max_in_flight: args.encode_max_in_flight,
+                encode_max_in_flight_patches: args.encode_max_in_flight_patches,
             },
             request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
             max_payload_bytes: args.max_payload_bytes,
@@ -349,6 +353,7 @@ fn encode(
         )?,
         policy: args.encode_policy,
         load_factor: factor,
+        max_in_flight_patches: args.encode_max_in_flight_patches,
     })
 }
 

@@ -159,7 +159,7 @@ impl Metrics {
 }
 
 /// The worker families, each with one sample per worker of every pool.
-const WORKER_FAMILIES: [(&str, &str, &str); 4] = [
+const WORKER_FAMILIES: [(&str, &str, &str); 5] = [
     (
         "iris_worker_healthy",
         "gauge",
@@ -169,6 +169,11 @@ const WORKER_FAMILIES: [(&str, &str, &str); 4] = [
         "iris_worker_in_flight",
         "gauge",
         "Requests in flight per worker.",
+    ),
+    (
+        "iris_worker_in_flight_patches",
+        "gauge",
+        "Patches of the images in flight per encode worker (the encode policy's load; 0 for other roles).",
     ),
     (
         "iris_worker_requests_total",
@@ -184,13 +189,17 @@ const WORKER_FAMILIES: [(&str, &str, &str); 4] = [
 
 fn render_workers(out: &mut String, pools: &[std::sync::Arc<Pool>]) {
     // Per worker: its labels and its value in each of WORKER_FAMILIES.
-    let mut rows: Vec<(String, [u64; 4])> = Vec::new();
+    let mut rows: Vec<(String, [u64; 5])> = Vec::new();
     for pool in pools {
         for w in pool.snapshot().iter() {
             let labels = format!("worker=\"{}\",role=\"{}\"", w.url, w.role.as_str());
             let (sent, failed) = w.request_counts();
             let healthy = u64::from(w.is_healthy());
-            rows.push((labels, [healthy, w.in_flight() as u64, sent, failed]));
+            let in_flight = w.in_flight() as u64;
+            rows.push((
+                labels,
+                [healthy, in_flight, w.patches_in_flight(), sent, failed],
+            ));
         }
     }
     for (i, (name, kind, help)) in WORKER_FAMILIES.into_iter().enumerate() {

@@ -163,6 +163,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
                 circuit_breaker_failures: config.router.circuit_breaker_failures,
                 encode_timeout: config.router.encode_timeout,
                 encode_max_in_flight: config.router.encode_max_in_flight,
+                encode_max_in_flight_patches: config.router.encode_max_in_flight_patches,
             },
         )
         .with_lanes(lanes),
@@ -345,7 +346,11 @@ fn build_mode(topology: &Topology, connect: &Connect) -> anyhow::Result<Mode> {
                 None => Mode::PrefillDecode { prefill, decode },
                 Some(encode) => Mode::EncodePrefillDecode {
                     encode: pool(Role::Encode, &encode.workers, PolicyKind::LeastLoad)?,
-                    encode_policy: EncodePolicy::new(encode.policy, encode.load_factor),
+                    encode_policy: EncodePolicy::new(
+                        encode.policy,
+                        encode.load_factor,
+                        encode.max_in_flight_patches,
+                    ),
                     prefill,
                     decode,
                 },

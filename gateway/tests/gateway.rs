@@ -387,6 +387,7 @@ fn router_settings() -> iris_gateway::RouterSettings {
         circuit_breaker_failures: 3,
         encode_timeout: Duration::from_secs(10),
         encode_max_in_flight: 8,
+        encode_max_in_flight_patches: 131_072,
     }
 }
 

@@ -26,6 +26,11 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "1 when the worker is in service.",
     ),
     (
+        "iris_worker_in_flight_patches",
+        "gauge",
+        "Patches of the images in flight per encode worker (the encode policy's load; 0 for other roles).",
+    ),
+    (
         "iris_worker_failures_total",
         "counter",
         "Requests (for encoders: images) a worker failed or could not take, pushback and timeouts included.",

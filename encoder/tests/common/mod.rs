@@ -52,18 +52,32 @@ pub async fn start_with(args: EncoderArgs, compute: Arc<dyn Compute>) -> Running
         .expect("encoder starts")
 }
 
-/// An image item of `h`×`w` patches whose pixels are all `value`.
+/// An image item of `h`×`w` patches whose pixels are all `value`, as
+/// float32.
 pub fn item(value: f32, h: u32, w: u32, hash: &'static [u8]) -> MultimodalItem {
+    image_item(&value.to_le_bytes(), DType::Float32, h, w, hash)
+}
+
+/// The same item as bfloat16 (`value`'s high 16 bits: exact for values
+/// whose low mantissa bits are zero, such as 0.5 or -0.25).
+pub fn item_bf16(value: f32, h: u32, w: u32, hash: &'static [u8]) -> MultimodalItem {
+    let bits = (value.to_bits() >> 16) as u16;
+    image_item(&bits.to_le_bytes(), DType::BFloat16, h, w, hash)
+}
+
+/// An image item of `h`×`w` patches whose every element is `element`.
+fn image_item(element: &[u8], dtype: DType, h: u32, w: u32, hash: &'static [u8]) -> MultimodalItem {
     let patches = h * w;
-    let pixels: Vec<u8> = std::iter::repeat_n(value.to_le_bytes(), (patches * PATCH_DIM) as usize)
+    let pixels: Vec<u8> = std::iter::repeat_n(element, (patches * PATCH_DIM) as usize)
         .flatten()
+        .copied()
         .collect();
     MultimodalItem {
         modality: Modality::Image as i32,
         content_hash: Bytes::from_static(hash),
         encoder_input: Some(tensor::inline(
             vec![patches, PATCH_DIM],
-            DType::Float32,
+            dtype,
             Bytes::from(pixels),
         )),
         model_specific_tensors: [(

@@ -33,6 +33,14 @@ fn the_defaults_are_a_valid_config() {
 }
 
 #[test]
+fn pixels_go_as_bfloat16_unless_float32_is_asked_for() {
+    let default = Config::from_flags(&AGG).unwrap();
+    assert_eq!(default.media.dtype, OutputDtype::Bf16);
+    let f32 = Config::from_flags(&with_agg(&["--mm-encoder-input-dtype", "float32"])).unwrap();
+    assert_eq!(f32.media.dtype, OutputDtype::F32);
+}
+
+#[test]
 fn seconds_flags_name_themselves_when_bad() {
     for (flag, bad) in [
         ("--header-read-timeout-secs", "0"),

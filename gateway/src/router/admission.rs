@@ -1,9 +1,11 @@
-//! Admission control for encode workers: at most `limit` Encode calls
-//! (image transfers) in flight per encoder. Further images wait in the
-//! gateway — bounded by the request's deadline — instead of piling onto
-//! the encoder, where they would time out downstream (the prefill's wait
-//! for the embedding, the Encode deadline) and turn overload into a storm
-//! of retries.
+//! Admission control for encode workers: at most `max_calls` Encode calls
+//! (image transfers) and `max_patches` patches in flight per encoder.
+//! Further images wait in the gateway — bounded by the request's
+//! deadline — instead of piling onto the encoder, where they would time
+//! out downstream (the prefill's wait for the embedding, the Encode
+//! deadline) and turn overload into a storm of retries. Patches weigh
+//! what an image costs the encoder (a 4K image ≈ 4 × a 1080p one); the
+//! call count bounds how many requests its queue holds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,53 +14,82 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::workers::Worker;
 
-/// Per-encoder semaphores, made on first use.
+/// Per-encoder semaphores (calls, patches), made on first use.
 pub struct Admission {
     /// Encode calls in flight per encoder (0: unlimited).
-    limit: usize,
-    slots: Mutex<HashMap<String, Arc<Semaphore>>>,
+    max_calls: u32,
+    /// Patches in flight per encoder (0: unlimited).
+    max_patches: u32,
+    slots: Mutex<HashMap<String, [Arc<Semaphore>; 2]>>,
+}
+
+/// What one request sends one encoder.
+#[derive(Default)]
+struct Demand {
+    calls: u32,
+    patches: u32,
 }
 
 impl Admission {
-    pub fn new(limit: usize) -> Self {
+    pub fn new(max_calls: usize, max_patches: u64) -> Self {
         Admission {
-            limit,
+            max_calls: u32::try_from(max_calls).unwrap_or(u32::MAX),
+            max_patches: u32::try_from(max_patches).unwrap_or(u32::MAX),
             slots: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Permits for sending one image to each of `encoders` (one entry per
-    /// image). Encoders are taken in a fixed (URL) order so requests that
-    /// need several never wait on each other in a cycle; a request never
-    /// asks one encoder for more than `limit` permits.
-    pub async fn acquire(&self, encoders: &[Arc<Worker>]) -> Vec<OwnedSemaphorePermit> {
-        if self.limit == 0 {
-            return Vec::new();
-        }
-        let mut counts: Vec<(String, u32)> = Vec::new();
-        for worker in encoders {
+    /// Permits for sending each image (`(encoder, patches)`, one entry per
+    /// image) to its encoder. Encoders are taken in a fixed (URL) order,
+    /// calls before patches, so requests that need several never wait on
+    /// each other in a cycle; a request never asks one encoder for more
+    /// than a bound (an image larger than the patch bound waits until the
+    /// encoder has nothing else in flight). Waiting images are admitted in
+    /// arrival order, so small ones never starve a large one.
+    pub async fn acquire(&self, images: &[(Arc<Worker>, u64)]) -> Vec<OwnedSemaphorePermit> {
+        let mut demands: Vec<(String, Demand)> = Vec::new();
+        for (worker, patches) in images {
             let url = worker.url.to_string();
-            match counts.iter_mut().find(|(u, _)| *u == url) {
-                Some((_, n)) => *n += 1,
-                None => counts.push((url, 1)),
-            }
+            let index = match demands.iter().position(|(u, _)| *u == url) {
+                Some(i) => i,
+                None => {
+                    demands.push((url, Demand::default()));
+                    demands.len() - 1
+                }
+            };
+            let demand = &mut demands[index].1;
+            demand.calls = demand.calls.saturating_add(1);
+            let patches = u32::try_from(*patches).unwrap_or(u32::MAX);
+            demand.patches = demand.patches.saturating_add(patches);
         }
-        counts.sort();
-        let mut permits = Vec::with_capacity(counts.len());
-        for (url, n) in counts {
-            let wanted = n.min(u32::try_from(self.limit).unwrap_or(u32::MAX));
-            if let Ok(permit) = self.semaphore(&url).acquire_many_owned(wanted).await {
-                permits.push(permit);
+        demands.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut permits = Vec::with_capacity(demands.len() * 2);
+        for (url, demand) in demands {
+            let semaphores = self.semaphores(&url);
+            let wants = [
+                (demand.calls, self.max_calls),
+                (demand.patches, self.max_patches),
+            ];
+            for (semaphore, (wanted, bound)) in semaphores.into_iter().zip(wants) {
+                if bound == 0 {
+                    continue;
+                }
+                if let Ok(permit) = semaphore.acquire_many_owned(wanted.min(bound)).await {
+                    permits.push(permit);
+                }
             }
         }
         permits
     }
 
-    fn semaphore(&self, url: &str) -> Arc<Semaphore> {
+    fn semaphores(&self, url: &str) -> [Arc<Semaphore>; 2] {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         slots
             .entry(url.to_owned())
-            .or_insert_with(|| Arc::new(Semaphore::new(self.limit)))
+            .or_insert_with(|| {
+                [self.max_calls, self.max_patches]
+                    .map(|bound| Arc::new(Semaphore::new(bound as usize)))
+            })
             .clone()
     }
 }
@@ -75,35 +106,79 @@ mod tests {
         Worker::new(url, Role::Encode, Duration::from_secs(1)).unwrap()
     }
 
+    fn images(worker: &Arc<Worker>, patches: &[u64]) -> Vec<(Arc<Worker>, u64)> {
+        patches.iter().map(|&p| (worker.clone(), p)).collect()
+    }
+
+    fn permits(held: &[OwnedSemaphorePermit]) -> usize {
+        held.iter().map(|p| p.num_permits()).sum()
+    }
+
     #[tokio::test]
-    async fn images_beyond_the_limit_wait_for_a_free_slot() {
-        let admission = Arc::new(Admission::new(2));
+    async fn images_beyond_the_call_limit_wait_for_a_free_slot() {
+        let admission = Arc::new(Admission::new(2, 0));
         let a = encoder(1);
-        let held = admission.acquire(&[a.clone(), a.clone()]).await;
+        let held = admission.acquire(&images(&a, &[1, 1])).await;
         let waiting = {
             let (admission, a) = (admission.clone(), a.clone());
-            tokio::spawn(async move { admission.acquire(&[a]).await.len() })
+            tokio::spawn(async move { admission.acquire(&images(&a, &[1])).await.len() })
         };
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "a third image must wait");
         // Another encoder is not affected.
-        assert_eq!(admission.acquire(&[encoder(2)]).await.len(), 1);
+        assert_eq!(admission.acquire(&images(&encoder(2), &[1])).await.len(), 1);
         drop(held);
         let got = tokio::time::timeout(Duration::from_secs(5), waiting).await;
         assert_eq!(got.unwrap().unwrap(), 1);
     }
 
     #[tokio::test]
-    async fn a_request_never_asks_for_more_than_the_limit() {
-        let admission = Admission::new(2);
+    async fn patches_bound_what_is_in_flight_whatever_the_image_count() {
+        let admission = Arc::new(Admission::new(8, 100_000));
         let a = encoder(1);
-        let many = vec![a.clone(); 5];
-        let permits = tokio::time::timeout(Duration::from_secs(5), admission.acquire(&many))
+        // Two 4K images (2 × 42 196) and many thumbnails fit...
+        let held = admission
+            .acquire(&images(&a, &[42_196, 42_196, 16, 16, 16]))
+            .await;
+        assert_eq!(permits(&held), 5 + 84_440);
+        let thumb = tokio::time::timeout(
+            Duration::from_secs(5),
+            admission.acquire(&images(&a, &[16])),
+        )
+        .await
+        .expect("a thumbnail fits beside two 4K images");
+        assert_eq!(permits(&thumb), 1 + 16);
+        // ...a third 4K image does not, though only 6 of 8 calls are used.
+        let waiting = {
+            let (admission, a) = (admission.clone(), a.clone());
+            tokio::spawn(async move { permits(&admission.acquire(&images(&a, &[42_196])).await) })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "a third 4K image must wait");
+        drop((held, thumb));
+        let got = tokio::time::timeout(Duration::from_secs(5), waiting).await;
+        assert_eq!(got.unwrap().unwrap(), 1 + 42_196);
+    }
+
+    #[tokio::test]
+    async fn a_request_never_asks_for_more_than_a_bound() {
+        let admission = Admission::new(2, 1_000);
+        let a = encoder(1);
+        let many = images(&a, &[400; 5]);
+        let held = tokio::time::timeout(Duration::from_secs(5), admission.acquire(&many))
             .await
             .expect("five images on one encoder with a limit of two must not deadlock");
-        assert_eq!(permits.iter().map(|p| p.num_permits()).sum::<usize>(), 2);
+        assert_eq!(permits(&held), 2 + 1_000);
+        drop(held);
+        let huge = tokio::time::timeout(
+            Duration::from_secs(5),
+            admission.acquire(&images(&a, &[5_000])),
+        )
+        .await
+        .expect("an image over the patch bound waits only for an idle encoder");
+        assert_eq!(permits(&huge), 1 + 1_000);
         assert!(
-            Admission::new(0).acquire(&many).await.is_empty(),
+            Admission::new(0, 0).acquire(&many).await.is_empty(),
             "0: unlimited"
         );
     }

@@ -28,6 +28,7 @@ use super::encode;
 use super::generation::{FailedLeg, Generation, Leg};
 use super::strategy::{Plan, Strategy};
 use super::{RouteError, Router};
+use crate::workers::affinity::item_patches;
 use crate::workers::Worker;
 
 /// Why an attempt failed: the failure that decides what happens next.
@@ -167,14 +168,19 @@ impl Router {
         let (s_worker, s_request) = plan.stream;
         let id = s_request.request_id.clone();
         let encoders: Vec<Arc<Worker>> = plan.encodes.iter().map(|j| j.worker.clone()).collect();
-        let _encoding: Vec<_> = encoders.iter().map(|e| e.start_request()).collect();
+        let costs: Vec<(Arc<Worker>, u64)> = plan
+            .encodes
+            .iter()
+            .map(|j| (j.worker.clone(), item_patches(j.item)))
+            .collect();
+        let _encoding: Vec<_> = costs.iter().map(|(e, p)| e.start_encode(*p)).collect();
         let p_leg = plan
             .prefill
             .as_ref()
             .map(|(p, _)| Leg::new(p.clone(), &id, &self.aborts));
         let s_leg = Leg::new(s_worker.clone(), &id, &self.aborts);
         let encode_started = Instant::now();
-        let permits = self.admission.acquire(&encoders).await;
+        let permits = self.admission.acquire(&costs).await;
         let prefill_call = async {
             match &plan.prefill {
                 Some((p, request)) => Some(p.generate(request).await),

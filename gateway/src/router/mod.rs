@@ -51,6 +51,8 @@ pub struct RouterSettings {
     pub encode_timeout: std::time::Duration,
     /// Encode calls in flight per encoder; more images wait (0: unlimited).
     pub encode_max_in_flight: usize,
+    /// Patches in flight per encoder; more images wait (0: unlimited).
+    pub encode_max_in_flight_patches: u64,
 }
 
 pub struct Router {
@@ -78,7 +80,10 @@ impl Router {
             encode_timeout: settings.encode_timeout,
             encode_time: Histogram::default(),
             aborts: TaskTracker::new(),
-            admission: admission::Admission::new(settings.encode_max_in_flight),
+            admission: admission::Admission::new(
+                settings.encode_max_in_flight,
+                settings.encode_max_in_flight_patches,
+            ),
             lanes: Arc::new(Lanes::inline()),
         }
     }

@@ -19,7 +19,7 @@ use iris_proto::scheduler::{GenerateRequest, MultimodalItem};
 
 use super::encode::EncodeJob;
 use super::legs::{attempt_request, new_room, strip_pixels, with_encode_info, with_kv_room};
-use crate::workers::affinity::{affinity_key, EncodePolicy};
+use crate::workers::affinity::{EncodePolicy, ImageCost};
 use crate::workers::{Pool, Role, Worker};
 
 /// How requests are spread over workers.
@@ -222,6 +222,6 @@ fn pick_encoders(
     suspects: &[Arc<Worker>],
 ) -> Result<Vec<Arc<Worker>>, Role> {
     let candidates = pool.candidates(suspects);
-    let keys = items.iter().map(|item| affinity_key(&item.content_hash));
-    policy.pick_all(&candidates, keys).ok_or(Role::Encode)
+    let images = items.iter().map(ImageCost::of);
+    policy.pick_all(&candidates, images).ok_or(Role::Encode)
 }

@@ -240,6 +240,7 @@ fn router(mode: Mode, max_retries: u32) -> Router {
         circuit_breaker_failures: 1,
         encode_timeout: Duration::from_secs(5),
         encode_max_in_flight: 0,
+        encode_max_in_flight_patches: 0,
     };
     Router::new(mode, settings)
 }
@@ -302,7 +303,7 @@ async fn epd_retries_a_failure_in_the_prefill_stream_before_the_first_response()
     let decode = Fake::start(Role::Decode, &[Answer::Pending, Answer::Respond]).await;
     let mode = Mode::EncodePrefillDecode {
         encode: pool(Role::Encode, &[&encoder]),
-        encode_policy: EncodePolicy::new(EncodePolicyKind::RoundRobin, 1.0),
+        encode_policy: EncodePolicy::new(EncodePolicyKind::RoundRobin, 1.0, 0),
         prefill: pool(Role::Prefill, &[&failing, &good]),
         decode: pool(Role::Decode, &[&decode]),
     };

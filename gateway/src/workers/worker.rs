@@ -73,6 +73,8 @@ pub struct Worker {
     channel: AuthChannel,
     healthy: AtomicBool,
     in_flight: AtomicUsize,
+    /// Patches of the images in flight to this worker (encode workers).
+    patches_in_flight: AtomicU64,
     failures: AtomicU32,
     successes: AtomicU32,
     /// No health check has completed yet.
@@ -131,6 +133,22 @@ impl Drop for InFlightGuard {
     }
 }
 
+/// Counts an image (one request, `patches` patches) against an encode
+/// worker while alive.
+pub struct EncodeGuard {
+    request: InFlightGuard,
+    patches: u64,
+}
+
+impl Drop for EncodeGuard {
+    fn drop(&mut self) {
+        let worker = &self.request.0;
+        worker
+            .patches_in_flight
+            .fetch_sub(self.patches, Ordering::Relaxed);
+    }
+}
+
 impl Worker {
     /// A worker with a lazily connecting channel that presents
     /// `connect`'s token on every call; unhealthy until its first
@@ -156,6 +174,7 @@ impl Worker {
             channel,
             healthy: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
+            patches_in_flight: AtomicU64::new(0),
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             unchecked: AtomicBool::new(true),
@@ -247,6 +266,22 @@ impl Worker {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);
         InFlightGuard(self.clone())
+    }
+
+    /// Patches of the images in flight to this (encode) worker: the load
+    /// the encode policy weighs.
+    pub fn patches_in_flight(&self) -> u64 {
+        self.patches_in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Counts an image of `patches` patches (and one request) until the
+    /// guard drops.
+    pub fn start_encode(self: &Arc<Self>, patches: u64) -> EncodeGuard {
+        self.patches_in_flight.fetch_add(patches, Ordering::Relaxed);
+        EncodeGuard {
+            request: self.start_request(),
+            patches,
+        }
     }
 
     /// Records that a request reached the worker and was accepted: closes
@@ -489,5 +524,17 @@ mod tests {
         assert_eq!(w.in_flight(), 1);
         drop(g);
         assert_eq!(w.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn encode_guard_counts_the_image_and_its_patches() {
+        let w = worker();
+        let big = w.start_encode(42_196);
+        let small = w.start_encode(16);
+        assert_eq!((w.in_flight(), w.patches_in_flight()), (2, 42_212));
+        drop(big);
+        assert_eq!((w.in_flight(), w.patches_in_flight()), (1, 16));
+        drop(small);
+        assert_eq!((w.in_flight(), w.patches_in_flight()), (0, 0));
     }
 }
