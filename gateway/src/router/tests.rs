@@ -462,7 +462,7 @@ async fn an_encoder_whose_puller_is_off_gets_the_image_inline_at_once() {
     let decode = Fake::start(Role::Decode, &[Answer::Respond]).await;
     let mode = Mode::EncodePrefillDecode {
         encode: pool(Role::Encode, &[&encoder]),
-        encode_policy: EncodePolicy::new(EncodePolicyKind::RoundRobin, 1.0),
+        encode_policy: EncodePolicy::new(EncodePolicyKind::RoundRobin, 1.0, 0),
         prefill: pool(Role::Prefill, &[&prefill]),
         decode: pool(Role::Decode, &[&decode]),
     };
