@@ -15,8 +15,8 @@
 //!
 //! The `iris` command line (and `iris demo`, which runs every role in one
 //! process) is the `iris-cli` crate: this library links no worker code.
-//! `unsafe` is confined to `workers::splice`'s buffer.
-#![deny(unsafe_code)]
+//! No `unsafe`: large tensors go out through `iris_process::splice`.
+#![forbid(unsafe_code)]
 
 // The API is deliberate: the command line and its validated config (for
 // `iris-cli` and the Python bindings), starting a gateway, and the pieces

@@ -1,16 +1,20 @@
 //! Process plumbing shared by the Iris binaries (`iris`, `iris-engine`,
 //! `iris-encoder`): logging set-up and the `--log-format` flag, waiting for a shutdown signal,
 //! TCP_NODELAY accept streams, HTTP/2 and allocator settings for servers
-//! of large messages, the set of server tasks of a process, and
+//! of large messages, gRPC calls that send large `bytes` fields without
+//! copying them ([`splice`]), the set of server tasks of a process, and
 //! shared-secret authentication of gRPC calls ([`auth`]), binding ports
 //! and reporting start-up failures in one line ([`startup`]).
 //!
-//! `unsafe` is confined to the three libc allocator and rlimit calls.
+//! `unsafe` is confined to the three libc allocator and rlimit calls and
+//! `splice`'s `BufMut`.
 #![deny(unsafe_code)]
 
 pub mod auth;
 mod logging;
 pub mod renamed;
+#[allow(unsafe_code)]
+pub mod splice;
 pub mod startup;
 
 pub use startup::{block_on, exit, exit_code, listen};

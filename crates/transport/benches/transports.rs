@@ -1,6 +1,6 @@
-//! One large pixel tensor (23 MB, bf16 `[9800, 1176]`: a ~1080p Qwen2-VL
-//! input) from a sender to a receiver in this process by each lane, send
-//! to bytes-in-hand, with a plain memcpy as the limit:
+//! A 1080p image's pixel tensor for Qwen2-VL (`[10764, 1176]`: 25.3 MB in
+//! bf16, 50.6 MB in float32) from a sender to a receiver in this process
+//! by each lane, send to bytes-in-hand, with a plain memcpy as the limit:
 //!
 //! - `memcpy`: `copy_from_slice` into a preallocated buffer;
 //! - `inline`: `TensorSender::send` inline, the `TensorData` message
@@ -15,15 +15,22 @@
 //!   freed by the notification.
 //!
 //! Then the same lanes the way the gateway uses them: one
-//! `TokenSpeedEncoder.Encode` call over loopback (a tonic client as the
-//! gateway's channel, the server with the encoder's HTTP/2 settings, and
-//! once more inline with tonic's defaults), the tensor in the
-//! request's item, resolved to bytes by the server's `TensorReceiver` on
-//! the blocking pool before it answers (see `grpc`).
+//! `TokenSpeedEncoder.Encode` call over loopback (the gateway's
+//! `iris_process::splice::call` on a tonic channel, the server with the
+//! encoder's HTTP/2 settings and allocator), the tensor in the request's
+//! item, resolved to bytes by the server's `TensorReceiver` on the
+//! blocking pool before it answers (see `grpc`). Inline runs twice more:
+//! through tonic's generated client (its codec copies the whole message
+//! into one growing buffer first: the figure before splicing) and against
+//! a server with tonic's default HTTP/2 settings.
 //!
-//! `cargo bench -p iris-transport --bench transports [--features nixl]`;
+//! `cargo bench -p iris-transport --bench transports [--features nixl] [-- WORD…]`:
+//! with words, only the rows whose name (`bf16 grpc inline`, `f32 shm`…)
+//! contains all of them (and none given as `!WORD`) run.
 //! `IRIS_BENCH_ITERS` sets the timed iterations (default 10, after one
-//! warm-up). Prints MB/s (10^6 bytes) from the median and the latencies.
+//! warm-up); `IRIS_BENCH_GLIBC_DEFAULTS=1` leaves out
+//! `keep_large_allocations`. Prints MB/s (10^6 bytes) from the median and
+//! the latencies.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,58 +43,133 @@ use iris_transport::{
 };
 use prost::Message;
 
-const ROWS: u32 = 9800;
+/// Patches of a 1920×1080 image for Qwen2-VL (resized to 1932×1092).
+const ROWS: u32 = 10764;
+/// Values per patch (3 channels × 2 frames × 14 × 14).
 const COLS: u32 = 1176;
 
+/// One tensor the lanes carry.
+struct Case {
+    /// `bf16` or `f32`: the first word of every row's name.
+    name: &'static str,
+    dtype: DType,
+    data: Bytes,
+}
+
+impl Case {
+    fn new(name: &'static str, dtype: DType, width: usize) -> Case {
+        let data = Bytes::from(pattern(ROWS as usize * COLS as usize * width));
+        Case { name, dtype, data }
+    }
+
+    fn shape(&self) -> Vec<u32> {
+        vec![ROWS, COLS]
+    }
+
+    fn len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// Which rows run: those whose full name contains every word given on
+/// the command line (cargo's own `--bench` flag aside) and none of those
+/// given as `!WORD`.
+struct Filter(Vec<String>);
+
+impl Filter {
+    fn from_args() -> Filter {
+        Filter(
+            std::env::args()
+                .skip(1)
+                .filter(|a| !a.starts_with('-'))
+                .collect(),
+        )
+    }
+
+    fn wants(&self, row: &str) -> bool {
+        self.0.iter().all(|w| match w.strip_prefix('!') {
+            Some(unwanted) => !row.contains(unwanted),
+            None => row.contains(w.as_str()),
+        })
+    }
+}
+
 fn main() {
-    let data = Bytes::from(pattern((ROWS * COLS * 2) as usize));
+    // The allocator as the receiving workers set it (`iris-encoder`,
+    // `iris-engine`); the sending side, spliced, allocates nothing large.
+    // `IRIS_BENCH_GLIBC_DEFAULTS=1` leaves glibc's defaults (as the
+    // encoder ran before).
+    if std::env::var_os("IRIS_BENCH_GLIBC_DEFAULTS").is_none() {
+        iris_process::keep_large_allocations();
+    }
     let iters: usize = std::env::var("IRIS_BENCH_ITERS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10)
         .max(1);
-    println!(
-        "tensor {} bytes, {iters} iterations after a warm-up",
-        data.len()
-    );
-    println!("| lane | MB/s (median) | median ms | best ms | worst ms |");
-    println!("|---|---|---|---|---|");
-    let mut out = vec![0u8; data.len()];
-    report(
-        "memcpy",
-        data.len(),
-        time(iters, || out.copy_from_slice(&data)),
-    );
+    let filter = Filter::from_args();
+    println!("{iters} iterations after a warm-up");
+    for case in [
+        Case::new("bf16", DType::BFloat16, 2),
+        Case::new("f32", DType::Float32, 4),
+    ] {
+        println!();
+        println!("{} `[{ROWS}, {COLS}]`: {} bytes", case.name, case.len());
+        println!("| lane | MB/s (median) | median ms | best ms | worst ms |");
+        println!("|---|---|---|---|---|");
+        lanes(iters, &filter, &case);
+        rdma::run(iters, &filter, &case);
+        grpc::run(iters, &filter, &case);
+    }
+}
+
+/// The lanes without a gRPC call.
+fn lanes(iters: usize, filter: &Filter, case: &Case) {
+    let row = |lane: &str| format!("{} {lane}", case.name);
+    if filter.wants(&row("memcpy")) {
+        let mut out = vec![0u8; case.len()];
+        let data = &case.data;
+        report(
+            &row("memcpy"),
+            case.len(),
+            time(iters, || out.copy_from_slice(data)),
+        );
+    }
     let sender = TensorSender::new(policy(), Arc::new(Metrics::default()));
     let receiver = TensorReceiver::new("/dev/shm");
-    report(
-        "inline",
-        data.len(),
-        time(iters, || inline_once(&sender, &receiver, &data, None)),
-    );
-    let mut pipe = Loopback::new();
-    report(
-        "inline+tcp",
-        data.len(),
-        time(iters, || {
-            inline_once(&sender, &receiver, &data, Some(&mut pipe));
-        }),
-    );
+    if filter.wants(&row("inline")) {
+        report(
+            &row("inline"),
+            case.len(),
+            time(iters, || inline_once(&sender, &receiver, case, None)),
+        );
+    }
+    if filter.wants(&row("inline+tcp")) {
+        let mut pipe = Loopback::new();
+        report(
+            &row("inline+tcp"),
+            case.len(),
+            time(iters, || {
+                inline_once(&sender, &receiver, case, Some(&mut pipe));
+            }),
+        );
+    }
+    if !filter.wants(&row("shm")) {
+        return;
+    }
     match ShmWriter::new("/dev/shm", "iris-tensor") {
         Ok(writer) => {
             let sender = TensorSender::new(policy(), Arc::new(Metrics::default())).with_shm(writer);
             report(
-                "shm",
-                data.len(),
+                &row("shm"),
+                case.len(),
                 time(iters, || {
-                    lane_once(&sender, &receiver, Transport::Shm, 0, &data)
+                    lane_once(&sender, &receiver, Transport::Shm, 0, case)
                 }),
             );
         }
-        Err(e) => println!("| shm | unavailable: {e} | | | |"),
+        Err(e) => println!("| {} | unavailable: {e} | | | |", row("shm")),
     }
-    rdma::run(iters, &data);
-    grpc::run(iters, &data);
 }
 
 fn policy() -> LanePolicy {
@@ -101,10 +183,6 @@ fn pattern(len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i.wrapping_mul(31) ^ (i >> 9)) as u8)
         .collect()
-}
-
-fn shape() -> Vec<u32> {
-    vec![ROWS, COLS]
 }
 
 /// A loopback TCP connection echoing length-prefixed messages back whole
@@ -141,7 +219,7 @@ impl Loopback {
 fn inline_once(
     sender: &TensorSender,
     receiver: &TensorReceiver,
-    data: &Bytes,
+    case: &Case,
     pipe: Option<&mut Loopback>,
 ) {
     let sent = sender
@@ -149,9 +227,9 @@ fn inline_once(
             Transport::Inline,
             WorkerCaps::default(),
             0,
-            shape(),
-            DType::BFloat16,
-            data.clone(),
+            case.shape(),
+            case.dtype,
+            case.data.clone(),
         )
         .expect("inline send");
     let mut wire = sent.tensor.encode_to_vec();
@@ -161,7 +239,7 @@ fn inline_once(
     let wire = Bytes::from(wire);
     let decoded = TensorData::decode(wire).expect("decode");
     let got = receiver.receive(&decoded).expect("receive");
-    assert_eq!(got.data.len(), data.len());
+    assert_eq!(got.data.len(), case.len());
     sent.ticket.delivered();
 }
 
@@ -171,14 +249,14 @@ fn lane_once(
     receiver: &TensorReceiver,
     lane: Transport,
     key: i64,
-    data: &Bytes,
+    case: &Case,
 ) {
     let caps = WorkerCaps {
         shared_shm: true,
         nixl: true,
     };
     let sent = sender
-        .send(lane, caps, key, shape(), DType::BFloat16, data.clone())
+        .send(lane, caps, key, case.shape(), case.dtype, case.data.clone())
         .expect("send");
     assert!(
         sent.fallback.is_none(),
@@ -186,7 +264,7 @@ fn lane_once(
         sent.fallback
     );
     let got = receiver.receive(&sent.tensor).expect("receive");
-    assert_eq!(got.data.len(), data.len());
+    assert_eq!(got.data.len(), case.len());
     sent.ticket.delivered();
 }
 
@@ -226,20 +304,24 @@ mod rdma {
 
     use super::*;
 
-    pub fn run(iters: usize, data: &Bytes) {
-        match setup(data.len(), 2) {
+    pub fn run(iters: usize, filter: &Filter, case: &Case) {
+        let row = format!("{} rdma", case.name);
+        if !filter.wants(&row) {
+            return;
+        }
+        match setup(case.len(), 2) {
             Ok((sender, agent, receiver)) => {
                 let mut key = 0;
                 let times = time(iters, || {
                     key += 1;
-                    lane_once(&sender, &receiver, Transport::Rdma, key, data);
+                    lane_once(&sender, &receiver, Transport::Rdma, key, case);
                     while agent.poll_notifications().map(|n| n == 0).unwrap_or(true) {
                         std::thread::yield_now();
                     }
                 });
-                report("rdma", data.len(), times);
+                report(&row, case.len(), times);
             }
-            Err(e) => println!("| rdma | unavailable: {e} | | | |"),
+            Err(e) => println!("| {row} | unavailable: {e} | | | |"),
         }
     }
 
@@ -302,6 +384,7 @@ mod rdma {
                 let _ = agent.poll_notifications();
             }),
             encoder_http2: true,
+            stock_client: false,
         })
     }
 
@@ -317,8 +400,11 @@ mod rdma {
 
     use super::*;
 
-    pub fn run(_: usize, _: &Bytes) {
-        println!("| rdma | not built (feature `nixl`) | | | |");
+    pub fn run(_: usize, filter: &Filter, case: &Case) {
+        let row = format!("{} rdma", case.name);
+        if filter.wants(&row) {
+            println!("| {row} | not built (feature `nixl`) | | | |");
+        }
     }
 
     pub fn grpc_setup(_: usize, _: usize) -> Result<super::grpc::Setup, String> {
@@ -346,6 +432,7 @@ mod grpc {
 
     /// The gateway's and the encoder's message size cap.
     const MAX_MESSAGE_BYTES: usize = 512 << 20;
+    const ENCODE_PATH: &str = "/tokenspeed.grpc.encoder.TokenSpeedEncoder/Encode";
 
     struct Server(TensorReceiver);
 
@@ -382,6 +469,10 @@ mod grpc {
         /// The server runs with the encoder's HTTP/2 settings
         /// (`iris_process::large_message_server`), else tonic's defaults.
         pub encoder_http2: bool,
+        /// The request goes through tonic's generated client (its codec
+        /// copies the message into one buffer) instead of the gateway's
+        /// `iris_process::splice::call`, which sends the tensor by reference.
+        pub stock_client: bool,
     }
 
     impl Setup {
@@ -394,46 +485,55 @@ mod grpc {
                 receiver: TensorReceiver::new("/dev/shm"),
                 after: Box::new(|| {}),
                 encoder_http2,
+                stock_client: false,
             }
         }
     }
 
-    pub fn run(iters: usize, data: &Bytes) {
-        println!();
-        println!("Through a loopback `Encode` call (tonic):");
-        println!("| lane | MB/s (median) | median ms | best ms | worst ms |");
-        println!("|---|---|---|---|---|");
+    pub fn run(iters: usize, filter: &Filter, case: &Case) {
+        let row = |lane: &str| format!("{} grpc {lane}", case.name);
+        let mut stock = Setup::plain("inline (tonic's client)", Transport::Inline, true);
+        stock.stock_client = true;
+        let mut setups = vec![
+            Setup::plain("inline", Transport::Inline, true),
+            stock,
+            Setup::plain(
+                "inline (tonic's HTTP/2 server defaults)",
+                Transport::Inline,
+                false,
+            ),
+        ];
+        if filter.wants(&row("shm")) {
+            match ShmWriter::new("/dev/shm", "iris-tensor") {
+                Ok(writer) => {
+                    let mut shm = Setup::plain("shm", Transport::Shm, true);
+                    shm.sender = shm.sender.with_shm(writer);
+                    setups.push(shm);
+                }
+                Err(e) => println!("| {} | unavailable: {e} | | | |", row("shm")),
+            }
+        }
+        if filter.wants(&row("rdma")) {
+            match rdma::grpc_setup(case.len(), iters) {
+                Ok(setup) => setups.push(setup),
+                Err(e) => println!("| {} | unavailable: {e} | | | |", row("rdma")),
+            }
+        }
+        setups.retain(|s| filter.wants(&row(s.name)));
+        if setups.is_empty() {
+            return;
+        }
         let runtime = match tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
         {
             Ok(rt) => rt,
-            Err(e) => return println!("| grpc | no runtime: {e} | | | |"),
+            Err(e) => return println!("| {} | no runtime: {e} | | | |", row("")),
         };
-        let mut setups = vec![
-            Setup::plain("inline", Transport::Inline, true),
-            Setup::plain(
-                "inline, tonic's default HTTP/2 settings",
-                Transport::Inline,
-                false,
-            ),
-        ];
-        match ShmWriter::new("/dev/shm", "iris-tensor") {
-            Ok(writer) => {
-                let mut shm = Setup::plain("shm", Transport::Shm, true);
-                shm.sender = shm.sender.with_shm(writer);
-                setups.push(shm);
-            }
-            Err(e) => println!("| shm | unavailable: {e} | | | |"),
-        }
-        match rdma::grpc_setup(data.len(), iters) {
-            Ok(setup) => setups.push(setup),
-            Err(e) => println!("| rdma | unavailable: {e} | | | |"),
-        }
         for setup in setups {
-            let name = setup.name;
-            match runtime.block_on(lane(iters, data, setup)) {
-                Ok(times) => report(name, data.len(), times),
+            let name = row(setup.name);
+            match runtime.block_on(lane(iters, case, setup)) {
+                Ok(times) => report(&name, case.len(), times),
                 Err(e) => println!("| {name} | failed: {e} | | | |"),
             }
         }
@@ -444,7 +544,7 @@ mod grpc {
             .await
             .map_err(|e| e.to_string())?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let incoming = iris_process::nodelay_incoming(listener);
         let service = TokenSpeedEncoderServer::new(Server(receiver))
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let mut builder = if encoder_http2 {
@@ -456,24 +556,16 @@ mod grpc {
         Ok(addr)
     }
 
-    async fn client(addr: SocketAddr) -> Result<TokenSpeedEncoderClient<Channel>, String> {
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
+    async fn connect(addr: SocketAddr) -> Result<Channel, String> {
+        Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| e.to_string())?
             .tcp_nodelay(true)
             .connect()
             .await
-            .map_err(|e| e.to_string())?;
-        Ok(TokenSpeedEncoderClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES))
+            .map_err(|e| e.to_string())
     }
 
-    async fn call(
-        client: &mut TokenSpeedEncoderClient<Channel>,
-        setup: &Setup,
-        key: i64,
-        data: &Bytes,
-    ) -> Result<(), String> {
+    async fn call(channel: &Channel, setup: &Setup, key: i64, case: &Case) -> Result<(), String> {
         let caps = WorkerCaps {
             shared_shm: true,
             nixl: true,
@@ -484,9 +576,9 @@ mod grpc {
                 setup.lane,
                 caps,
                 key,
-                shape(),
-                DType::BFloat16,
-                data.clone(),
+                case.shape(),
+                case.dtype,
+                case.data.clone(),
             )
             .map_err(|e| e.to_string())?;
         if let Some(reason) = sent.fallback {
@@ -504,18 +596,48 @@ mod grpc {
                 bootstrap_room: key,
             }],
         };
-        client.encode(request).await.map_err(|e| e.to_string())?;
+        if setup.stock_client {
+            TokenSpeedEncoderClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+                .encode(request)
+                .await
+                .map_err(|e| e.to_string())?;
+        } else {
+            spliced(channel, &request).await?;
+        }
         sent.ticket.delivered();
         Ok(())
     }
 
-    async fn lane(iters: usize, data: &Bytes, mut setup: Setup) -> Result<Vec<Duration>, String> {
+    /// The gateway's Encode call: the tensor sent by reference.
+    async fn spliced(channel: &Channel, request: &EncodeRequest) -> Result<(), String> {
+        let response = iris_process::splice::call::<_, _, EncodeResponse>(
+            channel,
+            ENCODE_PATH,
+            request,
+            None,
+            MAX_MESSAGE_BYTES,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let mut stream = response.into_inner();
+        stream
+            .message()
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no answer")?;
+        stream.trailers().await.map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    async fn lane(iters: usize, case: &Case, mut setup: Setup) -> Result<Vec<Duration>, String> {
         let addr = serve(setup.receiver.clone(), setup.encoder_http2).await?;
-        let mut client = client(addr).await?;
+        let channel = connect(addr).await?;
         let mut times = Vec::with_capacity(iters);
         for key in 0..=iters as i64 {
             let t0 = Instant::now();
-            call(&mut client, &setup, key + 1, data).await?;
+            call(&channel, &setup, key + 1, case).await?;
             if key > 0 {
                 times.push(t0.elapsed());
             }

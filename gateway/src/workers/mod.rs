@@ -1,5 +1,5 @@
 //! Workers the gateway routes to: their gRPC clients and live state
-//! ([`worker`]; large tensors go out without a copy, [`splice`]), the per-role pools ([`pool`]), how one is chosen
+//! ([`worker`]; large tensors go out without a copy, `iris_process::splice`), the per-role pools ([`pool`]), how one is chosen
 //! ([`policy`], and per image for encoders [`affinity`]) and the health checker that moves them in and out of
 //! service ([`health`]).
 
@@ -7,9 +7,6 @@ pub mod affinity;
 pub mod health;
 pub mod policy;
 pub mod pool;
-// The one `unsafe` of the gateway: `BufMut` for the splice buffer.
-#[allow(unsafe_code)]
-pub mod splice;
 pub mod url;
 pub mod worker;
 

@@ -198,12 +198,12 @@ impl Worker {
     }
 
     /// `TokenSpeedScheduler.Generate`, its pixel tensors sent from the
-    /// shared buffers without a copy ([`super::splice`]).
+    /// shared buffers without a copy ([`iris_process::splice`]).
     pub async fn generate(
         &self,
         request: &GenerateRequest,
     ) -> Result<tonic::Response<Streaming<GenerateResponse>>, Status> {
-        super::splice::call(
+        iris_process::splice::call(
             &self.channel,
             GENERATE_PATH,
             request,
@@ -220,7 +220,7 @@ impl Worker {
         request: &EncodeRequest,
         timeout: Duration,
     ) -> Result<EncodeResponse, Status> {
-        let response = super::splice::call(
+        let response = iris_process::splice::call(
             &self.channel,
             ENCODE_PATH,
             request,

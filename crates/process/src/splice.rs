@@ -21,10 +21,10 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{CONTENT_TYPE, TE};
 use http::HeaderValue;
 use http_body::{Body, Frame, SizeHint};
-use iris_process::auth::AuthChannel;
 use prost::Message;
 use tonic::client::GrpcService;
 use tonic::codec::Streaming;
+use tonic::codegen::StdError;
 use tonic::{Response, Status};
 
 /// `bytes` fields at least this long are sent by reference, not copied.
@@ -53,6 +53,11 @@ impl SpliceBuf {
     /// Bytes written so far.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Whether nothing was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     fn flush(&mut self) {
@@ -173,15 +178,20 @@ impl Body for ChunkBody {
 /// `message`, its large `bytes` fields sent by reference; the answer is a
 /// stream of `R` (one message for unary methods), decoded by tonic with
 /// `max_decode` as the message size limit. `timeout` becomes the
-/// `grpc-timeout` the server and the channel enforce.
-pub async fn call<M, R>(
-    channel: &AuthChannel,
+/// `grpc-timeout` the server and the channel enforce. `channel` is any
+/// tonic client transport (a `Channel`, an [`crate::auth::AuthChannel`]).
+pub async fn call<C, M, R>(
+    channel: &C,
     path: &'static str,
     message: &M,
     timeout: Option<Duration>,
     max_decode: usize,
 ) -> Result<Response<Streaming<R>>, Status>
 where
+    C: GrpcService<tonic::body::Body> + Clone,
+    C::Error: Into<StdError>,
+    C::ResponseBody: http_body::Body<Data = Bytes> + Send + 'static,
+    <C::ResponseBody as http_body::Body>::Error: Into<StdError>,
     M: Message,
     R: Message + Default + Send + 'static,
 {
@@ -204,7 +214,10 @@ where
     let mut channel = channel.clone();
     std::future::poll_fn(|cx| GrpcService::poll_ready(&mut channel, cx))
         .await
-        .map_err(|e| Status::unavailable(format!("the worker's channel is not ready: {e}")))?;
+        .map_err(|e| {
+            let e: StdError = e.into();
+            Status::unavailable(format!("the worker's channel is not ready: {e}"))
+        })?;
     let response = GrpcService::call(&mut channel, request)
         .await
         .map_err(|e| Status::from_error(e.into()))?;
