@@ -133,31 +133,40 @@ pub fn frame<M: Message>(message: &M) -> Result<Vec<Bytes>, Status> {
     Ok(buf.into_chunks())
 }
 
-/// A request body of ready chunks, with its exact length.
+/// A request body of ready chunks, with its exact length (so HTTP/1
+/// sends `Content-Length`). It never fails; `E` is the error type its
+/// user's client wants (`Status` for tonic, `Infallible` for hyper).
 #[derive(Debug)]
-pub struct ChunkBody {
+pub struct ChunkBody<E = Status> {
     chunks: VecDeque<Bytes>,
     remaining: u64,
+    _error: std::marker::PhantomData<fn() -> E>,
 }
 
-impl ChunkBody {
-    pub fn new(chunks: Vec<Bytes>) -> ChunkBody {
+impl<E> ChunkBody<E> {
+    pub fn new(chunks: Vec<Bytes>) -> Self {
         let remaining = chunks.iter().map(|c| c.len() as u64).sum();
         ChunkBody {
             chunks: chunks.into_iter().filter(|c| !c.is_empty()).collect(),
             remaining,
+            _error: std::marker::PhantomData,
         }
+    }
+
+    /// A body of one chunk.
+    pub fn single(bytes: Bytes) -> Self {
+        Self::new(vec![bytes])
     }
 }
 
-impl Body for ChunkBody {
+impl<E> Body for ChunkBody<E> {
     type Data = Bytes;
-    type Error = Status;
+    type Error = E;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, E>>> {
         let this = self.get_mut();
         Poll::Ready(this.chunks.pop_front().map(|chunk| {
             this.remaining = this.remaining.saturating_sub(chunk.len() as u64);
@@ -195,7 +204,7 @@ where
     M: Message,
     R: Message + Default + Send + 'static,
 {
-    let body = tonic::body::Body::new(ChunkBody::new(frame(message)?));
+    let body = tonic::body::Body::new(ChunkBody::<Status>::new(frame(message)?));
     let mut request = http::Request::builder()
         .method(http::Method::POST)
         .version(http::Version::HTTP_2)
@@ -308,7 +317,7 @@ mod tests {
 
     #[test]
     fn chunk_bodies_report_their_length() {
-        let body = ChunkBody::new(vec![
+        let body = ChunkBody::<Status>::new(vec![
             Bytes::from_static(b"ab"),
             Bytes::new(),
             Bytes::from_static(b"cde"),

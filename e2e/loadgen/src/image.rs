@@ -22,15 +22,12 @@
 //! spread; the others a fresh distinct image.
 
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 
 use anyhow::{bail, Context as _};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use bytes::Bytes;
-use hyper::body::{Body, Frame, SizeHint};
 use serde_json::json;
 
 /// The default text part of an image chat.
@@ -269,54 +266,12 @@ pub fn run_nonce() -> u64 {
 
 /// A request body sent as a few shared chunks, with its exact length (so
 /// hyper sends `Content-Length`).
-#[derive(Debug)]
-pub struct ChatBody {
-    /// Chunks still to send, last first.
-    chunks: Vec<Bytes>,
-    remaining: u64,
-}
-
-impl ChatBody {
-    pub fn new(chunks: Vec<Bytes>) -> ChatBody {
-        let remaining = chunks.iter().map(|c| c.len() as u64).sum();
-        let mut chunks: Vec<Bytes> = chunks.into_iter().filter(|c| !c.is_empty()).collect();
-        chunks.reverse();
-        ChatBody { chunks, remaining }
-    }
-
-    /// One chunk (the text chats).
-    pub fn single(bytes: Bytes) -> ChatBody {
-        ChatBody::new(vec![bytes])
-    }
-}
-
-impl Body for ChatBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let this = self.get_mut();
-        Poll::Ready(this.chunks.pop().map(|chunk| {
-            this.remaining = this.remaining.saturating_sub(chunk.len() as u64);
-            Ok(Frame::data(chunk))
-        }))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.chunks.is_empty()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.remaining)
-    }
-}
+pub type ChatBody = iris_process::splice::ChunkBody<Infallible>;
 
 #[cfg(test)]
 mod tests {
     use http_body_util::BodyExt;
+    use hyper::body::Body;
 
     use super::*;
 
