@@ -13,6 +13,7 @@
 
 #![forbid(unsafe_code)]
 
+mod constraint;
 mod error;
 mod json;
 mod parse;
@@ -23,6 +24,7 @@ pub mod sse;
 mod template;
 pub mod validate;
 
+pub use constraint::Constraint;
 pub use error::{ApiError, ErrorBody, ErrorKind, ErrorObject};
 pub use parse::parse_chat_request;
 pub use request::{

@@ -1,7 +1,7 @@
 //! The generation settings of a validated request, in the form the gateway
 //! hands to a worker.
 
-use crate::ChatCompletionRequest;
+use crate::{ChatCompletionRequest, Constraint};
 
 /// Sampling and length settings. `None` means "use the worker's default".
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -30,6 +30,8 @@ pub struct Sampling {
     pub stop: Vec<String>,
     /// `ignore_eos` (extension).
     pub ignore_eos: bool,
+    /// At most one decoding constraint (see [`Constraint`]).
+    pub constraint: Option<Constraint>,
 }
 
 impl ChatCompletionRequest {
@@ -56,6 +58,7 @@ impl ChatCompletionRequest {
                 .map(|s| s.as_slice().to_vec())
                 .unwrap_or_default(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            constraint: None,
         }
     }
 

@@ -78,6 +78,7 @@ fn streaming_with_usage_and_sampling() {
             seed: Some(1234),
             stop: vec!["\n\n".into(), "END".into()],
             ignore_eos: true,
+            constraint: None,
         }
     );
 }

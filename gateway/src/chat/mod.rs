@@ -14,8 +14,10 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
-use iris_openai::{ApiError, ChatCompletionRequest, ImageUrl, Sampling};
-use iris_proto::scheduler::{GenerateRequest, MultimodalInputs, SamplingParams, TokenizedInput};
+use iris_openai::{ApiError, ChatCompletionRequest, Constraint, ImageUrl, Sampling};
+use iris_proto::scheduler::{
+    sampling_params, GenerateRequest, MultimodalInputs, SamplingParams, TokenizedInput,
+};
 use tracing::Instrument;
 
 pub use errors::error_response;
@@ -299,9 +301,21 @@ fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling, stream: bool) -
             skip_special_tokens: true,
             n: 1,
             sampling_seed: s.seed,
+            constraint: s.constraint.as_ref().map(proto_constraint),
             ..SamplingParams::default()
         }),
         stream,
         ..GenerateRequest::default()
+    }
+}
+
+/// The worker protocol's form of a decoding constraint.
+fn proto_constraint(c: &Constraint) -> sampling_params::Constraint {
+    use sampling_params::Constraint as P;
+    match c {
+        Constraint::JsonSchema(s) => P::JsonSchema(s.clone()),
+        Constraint::Regex(s) => P::Regex(s.clone()),
+        Constraint::Ebnf(s) => P::EbnfGrammar(s.clone()),
+        Constraint::StructuralTag(s) => P::StructuralTag(s.clone()),
     }
 }
