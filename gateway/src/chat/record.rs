@@ -33,6 +33,8 @@ pub struct RequestLine<'a> {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub images: ImageCount,
+    /// The request's `user` field (the client's end-user id), when sent.
+    pub user: Option<&'a str>,
     /// The message sent to the client, when the request failed.
     pub error: Option<&'a str>,
 }
@@ -50,6 +52,7 @@ impl RequestLine<'_> {
             completion_tokens = self.completion_tokens,
             images = self.images.images,
             pixel_cache_hits = self.images.cache_hits,
+            user = self.user,
             outcome = ?self.outcome,
             error = self.error,
             "chat request done"

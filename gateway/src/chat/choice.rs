@@ -1,0 +1,158 @@
+//! One choice of an answer, from the worker's tokens to what the client
+//! sees: incremental detokenization (UTF-8 safe), the stop strings (cut per
+//! choice: with `n` > 1 each choice stops on its own) and, when asked, the
+//! tokens' log probabilities, released with the text they produced.
+//!
+//! Both answer shapes use it: the stream writes each [`Visible`] piece as a
+//! chunk, the unary answer appends the pieces. Post-processing of a
+//! choice's text (tool calls, reasoning) belongs here, between the stop
+//! matcher and the returned piece.
+
+use std::sync::Arc;
+
+use iris_detok::{IncrementalDecoder, StopMatcher};
+use iris_openai::{ApiError, FinishReason, TokenLogprob};
+use iris_proto::scheduler::{GenerateComplete, OutputLogProbs};
+use tokenizers::Tokenizer;
+
+use super::logprobs;
+
+/// What a step made visible.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Visible {
+    /// New text.
+    pub text: String,
+    /// The log probabilities of the tokens behind `text` (and of tokens
+    /// that made no text, when the choice ends), when asked.
+    pub logprobs: Option<Vec<TokenLogprob>>,
+}
+
+/// The state of one choice.
+pub struct ChoiceText {
+    tokenizer: Arc<Tokenizer>,
+    decoder: IncrementalDecoder,
+    stops: StopMatcher,
+    /// Log probabilities of tokens whose text is not out yet (`None`: not
+    /// asked).
+    pending: Option<Vec<TokenLogprob>>,
+    /// Tokens received for this choice.
+    pub completion_tokens: u32,
+    /// Whether tokens came in stream chunks (else only in the complete).
+    chunked: bool,
+    /// Set once the choice has ended (stop string, or the worker's end).
+    pub finish: Option<FinishReason>,
+}
+
+impl ChoiceText {
+    /// A choice cut at `stops`, reporting log probabilities when
+    /// `logprobs`.
+    pub fn new(tokenizer: Arc<Tokenizer>, stops: Vec<String>, logprobs: bool) -> Self {
+        ChoiceText {
+            decoder: IncrementalDecoder::new(tokenizer.clone(), &[], true),
+            tokenizer,
+            stops: StopMatcher::new(stops),
+            pending: logprobs.then(Vec::new),
+            completion_tokens: 0,
+            chunked: false,
+            finish: None,
+        }
+    }
+
+    /// A stream chunk's tokens. Sets [`Self::finish`] when a stop string
+    /// matched; tokens after the end are dropped.
+    pub fn push_chunk(
+        &mut self,
+        ids: &[u32],
+        lp: Option<&OutputLogProbs>,
+    ) -> Result<Visible, ApiError> {
+        self.chunked = true;
+        self.push(ids, lp)
+    }
+
+    /// The worker's end of this choice: the tokens of a worker that did not
+    /// stream them, then the text still held back. Sets [`Self::finish`].
+    pub fn complete(&mut self, complete: &GenerateComplete) -> Result<Visible, ApiError> {
+        if self.finish.is_some() {
+            return Ok(Visible::default());
+        }
+        let mut visible = if self.chunked {
+            Visible::default()
+        } else {
+            self.push(&complete.output_ids, complete.output_logprobs.as_ref())?
+        };
+        self.completion_tokens = self.completion_tokens.max(complete.completion_tokens);
+        if self.finish.is_none() {
+            let tail = self.decoder.finish();
+            let mut step = self.stops.push(&tail);
+            if step.stopped.is_none() {
+                step.emit.push_str(&self.stops.finish());
+            }
+            visible.text.push_str(&step.emit);
+            self.finish = Some(
+                if step.stopped.is_some() || complete.finish_reason != "length" {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::Length
+                },
+            );
+        }
+        if let Some(rest) = self.pending.as_mut().map(std::mem::take) {
+            visible.logprobs.get_or_insert_with(Vec::new).extend(rest);
+        }
+        Ok(visible)
+    }
+
+    /// Decodes `ids`: at once, or token by token when log probabilities
+    /// are asked (so each is released with its own text and none after a
+    /// stop string).
+    fn push(&mut self, ids: &[u32], lp: Option<&OutputLogProbs>) -> Result<Visible, ApiError> {
+        if self.pending.is_none() {
+            return self.push_text(ids);
+        }
+        let mut entries = lp
+            .map(|lp| logprobs::entries(&self.tokenizer, lp))
+            .unwrap_or_default()
+            .into_iter();
+        let mut visible = Visible::default();
+        for &id in ids {
+            if self.finish.is_some() {
+                break;
+            }
+            let step = self.push_text(&[id])?;
+            let pending = self.pending.get_or_insert_with(Vec::new);
+            pending.extend(entries.next());
+            visible.text.push_str(&step.text);
+            if !step.text.is_empty() || self.finish.is_some() {
+                visible
+                    .logprobs
+                    .get_or_insert_with(Vec::new)
+                    .append(pending);
+            }
+        }
+        Ok(visible)
+    }
+
+    /// Decodes `ids` and passes the text through the stop matcher.
+    fn push_text(&mut self, ids: &[u32]) -> Result<Visible, ApiError> {
+        if self.finish.is_some() {
+            return Ok(Visible::default());
+        }
+        self.completion_tokens += ids.len() as u32;
+        let text = self
+            .decoder
+            .push_many(ids)
+            .map_err(|e| ApiError::internal(format!("detokenization failed: {e}")))?
+            .unwrap_or_default();
+        if text.is_empty() {
+            return Ok(Visible::default());
+        }
+        let step = self.stops.push(&text);
+        if step.stopped.is_some() {
+            self.finish = Some(FinishReason::Stop);
+        }
+        Ok(Visible {
+            text: step.emit,
+            logprobs: None,
+        })
+    }
+}
