@@ -163,9 +163,9 @@ impl<'a> Sequence<'a> {
             .params
             .top_logprobs
             .map(|k| scores.logprobs(k as usize));
-        let finish = if self.vocab.eos.contains(&token) {
-            Some(Finish::Stop(token))
-        } else if may_stop && self.params.stop_token_ids.contains(&token) {
+        let stops = self.vocab.eos.contains(&token)
+            || (may_stop && self.params.stop_token_ids.contains(&token));
+        let finish = if stops {
             Some(Finish::Stop(token))
         } else if self.produced >= self.params.max_new_tokens {
             Some(Finish::Length)

@@ -40,9 +40,8 @@ mod tests {
     use iris_proto::scheduler::TopLogProbs;
 
     fn tokenizer() -> Tokenizer {
-        let dir = tempfile::tempdir().expect("tempdir");
-        iris_model::write_tiny_qwen2_vl(dir.path()).expect("tiny model");
-        Tokenizer::from_file(dir.path().join("tokenizer.json")).expect("tokenizer")
+        let model = iris_testkit::model::tiny_model();
+        Tokenizer::from_file(model.path().join("tokenizer.json")).expect("tokenizer")
     }
 
     #[test]
