@@ -154,11 +154,11 @@ CASES = [
     ("image in a system message", lambda s: {"model": "tiny-chat", "messages": [
         {"role": "system", "content": [image_part(data_url(GOOD))]},
         {"role": "user", "content": "hi"}]}, 400, "only allowed in `user` messages"),
-    ("n = 2", lambda s: text_chat("hi", n=2), 400, "n must be 1"),
+    ("n = 17", lambda s: text_chat("hi", n=17), 400, "n: must be between 1 and 16"),
     ("tools", lambda s: text_chat("hi", tools=[{"type": "function", "function": {"name": "f"}}]), 400,
      "tools"),
-    # Skipped iteratively by serde_json: harmless, accepted.
-    ("deep nesting in an ignored field", lambda s: Raw(nested(10000)), 200, ""),
+    # Skipped iteratively by serde_json, then refused: `metadata` is not honoured.
+    ("deep nesting in a refused field", lambda s: Raw(nested(10000)), 400, "metadata"),
     ("deep nesting in content", lambda s: Raw(b'{"model":"tiny-chat","messages":[{"role":"user","content":'
                                              + b"[" * 5000 + b"]" * 5000 + b"}]}"), 400, "messages[0].content"),
     # Sizes.

@@ -284,4 +284,57 @@ mod tests {
             Some(Finish::Stop(target))
         );
     }
+
+    fn tokens(steps: &[Step]) -> Vec<u32> {
+        steps.iter().map(|s| s.token).collect()
+    }
+
+    #[test]
+    fn logit_bias_forces_and_bans() {
+        let state = PromptState::prefill(&[4], []);
+        let v = vocab(0);
+        let mut forced = params(12);
+        forced.logit_bias = vec![(77, 100.0)];
+        assert_eq!(tokens(&run(&state, &v, &forced)), vec![77; 12]);
+        let free = run(&state, &v, &params(12));
+        let mut banned = params(12);
+        banned.logit_bias = vec![(free[0].token, -100.0)];
+        let steps = run(&state, &v, &banned);
+        assert_eq!(steps.len(), 12);
+        assert!(steps.iter().all(|s| s.token != free[0].token));
+        // A forced EOS ends the sequence at once, unless EOS is ignored.
+        let mut eos = params(12);
+        eos.logit_bias = vec![(3, 100.0)];
+        let steps = run(&state, &v, &eos);
+        assert_eq!(tokens(&steps), vec![3]);
+        assert_eq!(steps[0].finish, Some(Finish::Stop(3)));
+        eos.ignore_eos = true;
+        assert!(run(&state, &v, &eos)
+            .iter()
+            .all(|s| !v.eos.contains(&s.token)));
+    }
+
+    #[test]
+    fn logprobs_describe_the_draw() {
+        let state = PromptState::prefill(&[8], []);
+        let v = vocab(0);
+        let free = run(&state, &v, &params(10));
+        let mut asked = params(10);
+        asked.top_logprobs = Some(5);
+        let steps = run(&state, &v, &asked);
+        assert_eq!(
+            tokens(&steps),
+            tokens(&free),
+            "asking does not change the draw"
+        );
+        for step in &steps {
+            let Some((logprob, top)) = &step.logprobs else {
+                panic!("no logprobs in {step:?}");
+            };
+            assert_eq!(top.len(), 5);
+            assert_eq!(top[0], (step.token, *logprob));
+            assert!(*logprob < 0.0);
+        }
+        assert!(free.iter().all(|s| s.logprobs.is_none()));
+    }
 }

@@ -5,9 +5,10 @@
 //!
 //! - candidate 0 is the ordinary token `r` picks (what an unbiased step
 //!   draws), score 0;
-//! - candidates 1..[`CANDIDATES`] are further ordinary tokens hashed from
-//!   `r`, with scores strictly decreasing from −0.5 (each between −j/2 and
-//!   −(j+0.9)/2, so the order is fixed but the gaps vary);
+//! - candidates 1..[`CANDIDATES`] are further distinct ordinary tokens
+//!   hashed from `r`, with scores strictly decreasing from −0.5 (candidate
+//!   `j` between −j/2 and −(j+0.9)/2, so the order is fixed but the gaps
+//!   vary);
 //! - the end-of-sequence token, when the sequence may end, scores 1 on the
 //!   steps where the model "wants" to stop (the engine's EOS rate) and
 //!   [`FLOOR`] otherwise;
@@ -58,11 +59,18 @@ impl StepScores {
         let mut scored: Vec<(u32, f32)> = Vec::with_capacity(CANDIDATES + 1 + input.bias.len());
         let ordinary = input.ordinary;
         scored.push((ordinary[((r >> 20) % ordinary.len() as u64) as usize], 0.0));
-        for j in 1..CANDIDATES {
-            let h = splitmix64(r ^ splitmix64(j as u64));
+        let wanted = CANDIDATES.min(ordinary.len());
+        // A token hashed twice is skipped; the bound keeps a tiny
+        // vocabulary from looping long.
+        for j in 1..(8 * CANDIDATES) as u64 {
+            if scored.len() >= wanted {
+                break;
+            }
+            let h = splitmix64(r ^ splitmix64(j));
             let token = ordinary[(h % ordinary.len() as u64) as usize];
             let jitter = (h >> 40) as f32 / (1u64 << 24) as f32 * 0.9;
-            add(&mut scored, token, -(j as f32 + jitter) / 2.0);
+            let rank = scored.len() as f32;
+            add(&mut scored, token, -(rank + jitter) / 2.0);
         }
         if let Some(eos) = input.eos {
             let score = if input.eos_wanted { 1.0 } else { FLOOR };

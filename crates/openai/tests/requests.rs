@@ -191,9 +191,9 @@ fn stop_as_single_string_and_integers_as_floats() {
 }
 
 #[test]
-fn include_usage_needs_stream() {
+fn include_usage_needs_the_option() {
     let req = parse(
-        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{}}"#,
     );
     assert!(!req.include_usage());
 }

@@ -156,3 +156,95 @@ impl ChoiceText {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iris_proto::scheduler::TopLogProbs;
+
+    fn tokenizer() -> Arc<Tokenizer> {
+        let model = iris_testkit::model::tiny_model();
+        let tok = Tokenizer::from_file(model.path().join("tokenizer.json")).expect("tokenizer");
+        Arc::new(tok)
+    }
+
+    fn ids(tok: &Tokenizer, text: &str) -> Vec<u32> {
+        tok.encode(text, false).expect("encode").get_ids().to_vec()
+    }
+
+    /// Log probabilities for `ids`: -1, -2, … with the token as its own
+    /// only alternative.
+    fn lp(ids: &[u32], first: usize) -> OutputLogProbs {
+        let values: Vec<f32> = (first..first + ids.len())
+            .map(|i| -(i as f32) - 1.0)
+            .collect();
+        OutputLogProbs {
+            token_logprobs: values.clone(),
+            token_ids: ids.to_vec(),
+            top_logprobs: ids
+                .iter()
+                .zip(&values)
+                .map(|(&id, &v)| TopLogProbs {
+                    values: vec![v],
+                    token_ids: vec![id],
+                })
+                .collect(),
+        }
+    }
+
+    fn complete(output_ids: Vec<u32>, reason: &str) -> GenerateComplete {
+        GenerateComplete {
+            completion_tokens: output_ids.len() as u32,
+            output_ids,
+            finish_reason: reason.into(),
+            ..GenerateComplete::default()
+        }
+    }
+
+    #[test]
+    fn a_stop_string_ends_the_choice_and_its_logprobs() {
+        let tok = tokenizer();
+        let all = ids(&tok, "hello world and more");
+        let mut choice = ChoiceText::new(tok.clone(), vec!["world".into()], true);
+        let mut text = String::new();
+        let mut entries = Vec::new();
+        for (i, id) in all.iter().enumerate() {
+            let visible = choice
+                .push_chunk(&[*id], Some(&lp(&[*id], i)))
+                .expect("push");
+            text.push_str(&visible.text);
+            entries.extend(visible.logprobs.unwrap_or_default());
+        }
+        assert_eq!(text, "hello ");
+        assert_eq!(choice.finish, Some(FinishReason::Stop));
+        // Every token up to the one completing the stop, none after.
+        let spelled: String = entries.iter().map(|e| e.token.as_str()).collect();
+        assert!(spelled.starts_with("hello world"), "{spelled:?}");
+        assert!(!spelled.contains("more"), "{spelled:?}");
+        assert_eq!(entries[0].logprob, -1.0);
+        assert_eq!(entries[0].top_logprobs[0].token, entries[0].token);
+        let after = choice.complete(&complete(all, "length")).expect("complete");
+        assert_eq!(after, Visible::default());
+        assert_eq!(choice.finish, Some(FinishReason::Stop));
+    }
+
+    #[test]
+    fn an_unstreamed_choice_decodes_its_complete() {
+        let tok = tokenizer();
+        let all = ids(&tok, "plain text here");
+        let mut choice = ChoiceText::new(tok.clone(), vec![], true);
+        let mut done = complete(all.clone(), "length");
+        done.output_logprobs = Some(lp(&all, 0));
+        let visible = choice.complete(&done).expect("complete");
+        assert_eq!(visible.text, "plain text here");
+        assert_eq!(visible.logprobs.map(|l| l.len()), Some(all.len()));
+        assert_eq!(choice.finish, Some(FinishReason::Length));
+        assert_eq!(choice.completion_tokens, all.len() as u32);
+
+        let mut quiet = ChoiceText::new(tok, vec!["text".into()], false);
+        let visible = quiet.complete(&complete(all, "stop")).expect("complete");
+        assert_eq!(visible.text, "plain ");
+        assert_eq!(visible.logprobs, None);
+        assert_eq!(quiet.finish, Some(FinishReason::Stop));
+    }
+}
