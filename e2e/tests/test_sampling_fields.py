@@ -5,7 +5,8 @@ one EPD deployment with an image):
 - ``n=3``: three distinct choices indexed 0..2, choice 0 equal to the
   ``n=1`` answer, usage summed (the prompt counted once); streamed ``n=2``:
   the choices' chunks interleave, each choice complete with its own finish
-  chunk, one usage chunk at the end, the same texts as unstreamed;
+  chunk, one usage chunk at the end, the same texts as unstreamed; a stop
+  string cuts only the choice it occurs in;
 - ``logprobs`` / ``top_logprobs``: one entry per token, the tokens spell the
   content, bytes decode to the token, the drawn token first among its
   alternatives; the same entries streamed;
@@ -93,6 +94,22 @@ def test_streamed_choices_interleave_and_each_completes(client, model):
     assert len(usage) == 1
     assert usage[0].completion_tokens == 20
     assert usage[0].prompt_tokens == unary.usage.prompt_tokens
+
+
+def test_stop_strings_end_each_choice_on_its_own(client, model):
+    free = create(client, model, n=2, seed=9, max_tokens=24)
+    a, b = (c.message.content for c in free.choices)
+    stop = next(b[i:i + 3] for i in range(3, len(b) - 3) if b[i:i + 3] not in a)
+    expected = {0: (a, "length"), 1: (b[:b.find(stop)], "stop")}
+    cut = create(client, model, n=2, seed=9, max_tokens=24, stop=[stop])
+    assert {c.index: (c.message.content, c.finish_reason) for c in cut.choices} == expected
+    texts, finishes = {0: "", 1: ""}, {}
+    for chunk in create(client, model, n=2, seed=9, max_tokens=24, stop=[stop], stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    assert {i: (texts[i], finishes[i]) for i in (0, 1)} == expected
 
 
 def check_entries(entries, k: int):
