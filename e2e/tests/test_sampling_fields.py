@@ -13,6 +13,7 @@ one EPD deployment with an image):
 - ``logit_bias``: +100 makes every token that one, -100 bans one;
 - ``seed``: the same seed repeats, another seed differs;
 - ``stop_token_ids`` and ``min_tokens``;
+- ``user`` is written in the request's log line;
 - every refused field's 400 names it in ``param``.
 
 Token ids come from the tiny model's ``vocab.json``: a key made of ASCII
@@ -27,6 +28,7 @@ import pytest
 
 from conftest import Processes
 from test_epd import data_url, epd, image_part, png
+from test_logs_and_errors import line_for
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about sampling."}]
 
@@ -187,6 +189,11 @@ def test_stop_token_ids_and_min_tokens(client, model, model_dir):
                    extra_body={"stop_token_ids": [stop_id], "min_tokens": first + 2})
     assert later.usage.completion_tokens > first + 1
     assert later.choices[0].message.content.startswith("".join(tokens[:first + 1]))
+
+
+def test_user_is_logged(deployment, client, model):
+    answer = create(client, model, user="alice-42", max_tokens=2)
+    assert line_for(deployment.gateway, answer.id)["user"] == "alice-42"
 
 
 REFUSED = [

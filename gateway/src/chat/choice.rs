@@ -75,26 +75,23 @@ impl ChoiceText {
         if self.finish.is_some() {
             return Ok(Visible::default());
         }
-        let mut visible = if self.chunked {
-            Visible::default()
-        } else {
-            self.push(&complete.output_ids, complete.output_logprobs.as_ref())?
+        let ids = &complete.output_ids;
+        let mut visible = match (self.chunked, self.pending.is_some()) {
+            (true, _) => Visible::default(),
+            (false, true) => self.push(ids, complete.output_logprobs.as_ref())?,
+            (false, false) => self.push_whole(ids)?,
         };
         self.completion_tokens = self.completion_tokens.max(complete.completion_tokens);
         if self.finish.is_none() {
             let tail = self.decoder.finish();
-            let mut step = self.stops.push(&tail);
-            if step.stopped.is_none() {
-                step.emit.push_str(&self.stops.finish());
-            }
-            visible.text.push_str(&step.emit);
-            self.finish = Some(
-                if step.stopped.is_some() || complete.finish_reason != "length" {
-                    FinishReason::Stop
-                } else {
-                    FinishReason::Length
-                },
-            );
+            visible.text.push_str(&self.cut_at_stop(&tail).text);
+        }
+        if self.finish.is_none() {
+            visible.text.push_str(&self.stops.finish());
+            self.finish = Some(match complete.finish_reason.as_str() {
+                "length" => FinishReason::Length,
+                _ => FinishReason::Stop,
+            });
         }
         if let Some(rest) = self.pending.as_mut().map(std::mem::take) {
             visible.logprobs.get_or_insert_with(Vec::new).extend(rest);
@@ -132,6 +129,18 @@ impl ChoiceText {
         Ok(visible)
     }
 
+    /// Decodes a whole output at once (cheaper than token by token when no
+    /// log probabilities need placing) and passes it through the stop
+    /// matcher.
+    fn push_whole(&mut self, ids: &[u32]) -> Result<Visible, ApiError> {
+        self.completion_tokens += ids.len() as u32;
+        let text = self
+            .tokenizer
+            .decode(ids, true)
+            .map_err(|e| ApiError::internal(format!("detokenization failed: {e}")))?;
+        Ok(self.cut_at_stop(&text))
+    }
+
     /// Decodes `ids` and passes the text through the stop matcher.
     fn push_text(&mut self, ids: &[u32]) -> Result<Visible, ApiError> {
         if self.finish.is_some() {
@@ -146,14 +155,20 @@ impl ChoiceText {
         if text.is_empty() {
             return Ok(Visible::default());
         }
-        let step = self.stops.push(&text);
+        Ok(self.cut_at_stop(&text))
+    }
+
+    /// Passes `text` through the stop matcher: what may be shown; a
+    /// matched stop string ends the choice.
+    fn cut_at_stop(&mut self, text: &str) -> Visible {
+        let step = self.stops.push(text);
         if step.stopped.is_some() {
             self.finish = Some(FinishReason::Stop);
         }
-        Ok(Visible {
+        Visible {
             text: step.emit,
             logprobs: None,
-        })
+        }
     }
 }
 
