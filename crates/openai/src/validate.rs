@@ -5,7 +5,7 @@
 //! response formats) are refused here rather than silently ignored.
 
 use crate::request::{ContentPart, MessageContent, Role};
-use crate::{ApiError, ChatCompletionRequest, ChatMessage};
+use crate::{ApiError, ChatCompletionRequest, ChatMessage, Stop};
 
 /// Most stop strings a request may carry.
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -18,12 +18,12 @@ pub fn validate(req: &ChatCompletionRequest) -> Result<(), ApiError> {
     check_messages(&req.messages)?;
     check_lengths(req)?;
     check_sampling(req)?;
-    check_stop(req)?;
+    check_stops(req.stop.as_ref())?;
     check_unsupported(req)
 }
 
 /// `messages`: non-empty, content present (except assistant), parts allowed.
-fn check_messages(messages: &[ChatMessage]) -> Result<(), ApiError> {
+pub(crate) fn check_messages(messages: &[ChatMessage]) -> Result<(), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_field(
             "messages",
@@ -144,7 +144,7 @@ fn check_sampling(req: &ChatCompletionRequest) -> Result<(), ApiError> {
 }
 
 /// `lo <= value <= hi` when present.
-fn in_range(
+pub(crate) fn in_range(
     name: &str,
     value: Option<f32>,
     lo: f32,
@@ -158,13 +158,13 @@ fn in_range(
 }
 
 /// A 400 for a number out of range.
-fn range_error(name: &str, value: f32, wording: &str) -> ApiError {
+pub(crate) fn range_error(name: &str, value: f32, wording: &str) -> ApiError {
     ApiError::bad_field(name, format!("{name}: must be {wording}, got {value}"))
 }
 
 /// `stop`: at most 16 non-empty strings.
-fn check_stop(req: &ChatCompletionRequest) -> Result<(), ApiError> {
-    let Some(stop) = &req.stop else {
+pub(crate) fn check_stops(stop: Option<&Stop>) -> Result<(), ApiError> {
+    let Some(stop) = stop else {
         return Ok(());
     };
     let stops = stop.as_slice();

@@ -4,8 +4,8 @@
 //! request is counted and logged once ([`record`]).
 
 mod complete;
-mod errors;
-mod record;
+pub(crate) mod errors;
+pub(crate) mod record;
 mod stream;
 
 use std::sync::Arc;
@@ -30,7 +30,7 @@ use crate::server::AppState;
 use record::{ImageCount, RequestLine};
 
 /// Bodies larger than this are prompt-built on the blocking pool.
-const INLINE_PROMPT_BYTES: usize = 16 << 10;
+pub(crate) const INLINE_PROMPT_BYTES: usize = 16 << 10;
 
 /// A request ready to send: its id, prompt and options.
 pub struct Prepared {
@@ -192,7 +192,7 @@ async fn prepare(
 /// The whole request body, within the payload limit (413) and the
 /// body-read deadline (408: a client trickling its body does not hold a
 /// connection and its buffer for longer).
-async fn read_body(state: &AppState, body: Body) -> Result<bytes::Bytes, ApiError> {
+pub(crate) async fn read_body(state: &AppState, body: Body) -> Result<bytes::Bytes, ApiError> {
     let limit = state.max_payload;
     let deadline = state.body_read_timeout;
     match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
@@ -279,7 +279,7 @@ fn build_prompt(state: &AppState, request: &ChatCompletionRequest) -> Result<Vec
 
 /// The Generate request for the workers; they stream only when the client
 /// does (one answer message per request otherwise).
-fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling, stream: bool) -> GenerateRequest {
+pub(crate) fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling, stream: bool) -> GenerateRequest {
     GenerateRequest {
         request_id: id.to_owned(),
         tokenized: Some(TokenizedInput {
