@@ -341,9 +341,7 @@ fn with_errors(
         .into();
     let served: Arc<[(&'static str, &'static str)]> = served.into();
     router
-        .method_not_allowed_fallback(move |method, uri| {
-            wrong_method(method, uri, served.clone())
-        })
+        .method_not_allowed_fallback(move |method, uri| wrong_method(method, uri, served.clone()))
         .fallback(move |method, uri| not_found(method, uri, listing.clone()))
 }
 /// Whether an encode worker may ask for the RDMA lane with its own
@@ -508,7 +506,11 @@ async fn model(
         return crate::chat::error_response(&error);
     }
     let model = iris_openai::Model::new(state.model_name.as_str(), state.created, "iris");
-    ([(header::CONTENT_TYPE, "application/json")], model.to_json()).into_response()
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        model.to_json(),
+    )
+        .into_response()
 }
 
 /// The path as asked for, cut to 200 characters.
@@ -517,7 +519,11 @@ fn short_path(uri: &axum::http::Uri) -> String {
 }
 
 /// 404 naming the method and path asked for and the routes served.
-async fn not_found(method: axum::http::Method, uri: axum::http::Uri, listing: Arc<str>) -> Response {
+async fn not_found(
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    listing: Arc<str>,
+) -> Response {
     let path = short_path(&uri);
     let message = format!("no route for {method} {path}; this gateway serves {listing}");
     crate::chat::error_response(&ApiError::not_found(message).with_code("not_found"))
@@ -538,7 +544,8 @@ async fn wrong_method(
         .collect();
     let allow = allowed.join(", ");
     let message = format!("{method} is not allowed on {path}; it takes {allow}");
-    let error = ApiError::new(405, ErrorKind::InvalidRequest, message).with_code("method_not_allowed");
+    let error =
+        ApiError::new(405, ErrorKind::InvalidRequest, message).with_code("method_not_allowed");
     let mut response = crate::chat::error_response(&error);
     if let Ok(value) = header::HeaderValue::from_str(&allow) {
         response.headers_mut().insert(header::ALLOW, value);

@@ -98,7 +98,8 @@ async fn detokenize_body(state: Arc<AppState>, request: Request) -> Result<Vec<u
             .await
             .map_err(|e| ApiError::internal(format!("detokenization task failed: {e}")))??
     };
-    serde_json::to_vec(&DetokenizeResponse { prompt }).map_err(|e| ApiError::internal(e.to_string()))
+    serde_json::to_vec(&DetokenizeResponse { prompt })
+        .map_err(|e| ApiError::internal(e.to_string()))
 }
 
 /// A `model` given must be the served one.

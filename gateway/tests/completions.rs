@@ -97,7 +97,12 @@ async fn text_token_and_batch_prompts_stream_and_complete_alike() {
     ready(&gw).await;
     let name = model.name.as_str();
 
-    let (status, one) = post_to(&gw, "/v1/completions", &completion(name, json!("Once upon"), json!({}))).await;
+    let (status, one) = post_to(
+        &gw,
+        "/v1/completions",
+        &completion(name, json!("Once upon"), json!({})),
+    )
+    .await;
     assert_eq!(status, 200, "{one}");
     assert_eq!(one["object"], "text_completion");
     assert!(one["id"].as_str().is_some_and(|id| id.starts_with("cmpl-")));
@@ -117,7 +122,11 @@ async fn text_token_and_batch_prompts_stream_and_complete_alike() {
 
     // A batch with n = 2: choices p * n + i, the second prompt's answer
     // as when asked alone.
-    let batch = completion(name, json!(["Once upon", "Far away"]), json!({"n": 2, "seed": 9}));
+    let batch = completion(
+        name,
+        json!(["Once upon", "Far away"]),
+        json!({"n": 2, "seed": 9}),
+    );
     let (status, answer) = post_to(&gw, "/v1/completions", &batch).await;
     assert_eq!(status, 200, "{answer}");
     let whole = whole_texts(&answer);
@@ -134,12 +143,7 @@ async fn text_token_and_batch_prompts_stream_and_complete_alike() {
     let usage = events.last().expect("usage chunk");
     assert_eq!(usage["choices"], json!([]));
     assert_eq!(usage["usage"]["completion_tokens"], 32);
-    let finishes = events
-        .iter()
-        .flat_map(|e| e["choices"].as_array().cloned().unwrap_or_default())
-        .filter(|c| !c["finish_reason"].is_null())
-        .count();
-    assert_eq!(finishes, 4);
+    assert_eq!(finish_reasons(&events), vec!["length".to_owned(); 4]);
     let echo_stream = stream(&gw, &by_ids).await;
     assert_eq!(texts(&echo_stream)[&0], format!("Once upon{text}"));
 }
@@ -154,9 +158,18 @@ async fn stop_strings_cut_completions_and_defaults_apply() {
     let plain = json!({"model": name, "prompt": "Tell me", "ignore_eos": true});
     let (status, full) = post_to(&gw, "/v1/completions", &plain).await;
     assert_eq!(status, 200, "{full}");
-    assert_eq!(full["usage"]["completion_tokens"], 16, "OpenAI's default max_tokens");
-    let text = full["choices"][0]["text"].as_str().expect("text").to_owned();
-    let at = text.char_indices().nth(text.chars().count() / 2).map_or(0, |(i, _)| i);
+    assert_eq!(
+        full["usage"]["completion_tokens"], 16,
+        "OpenAI's default max_tokens"
+    );
+    let text = full["choices"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_owned();
+    let at = text
+        .char_indices()
+        .nth(text.chars().count() / 2)
+        .map_or(0, |(i, _)| i);
     let stop: String = text[at..].chars().take(2).collect();
     let cut = text[..text.find(&stop).expect("stop in text")].to_owned();
     let mut with_stop = plain.clone();
@@ -166,6 +179,20 @@ async fn stop_strings_cut_completions_and_defaults_apply() {
     assert_eq!(answer["choices"][0]["finish_reason"], "stop");
     let events = stream(&gw, &with_stop).await;
     assert_eq!(texts(&events)[&0], cut);
+    assert_eq!(
+        finish_reasons(&events),
+        vec!["stop".to_owned()],
+        "one end per choice"
+    );
+}
+
+/// The `finish_reason`s streamed, in order.
+fn finish_reasons(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .flat_map(|e| e["choices"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["finish_reason"].as_str().map(str::to_owned))
+        .collect()
 }
 
 #[tokio::test]
@@ -209,7 +236,10 @@ async fn refused_completion_fields_name_their_param() {
         (json!({"logit_bias": {"1": 101}}), "logit_bias.1"),
         (json!({"logit_bias": {"999999": 1}}), "logit_bias.999999"),
         (json!({"stop_token_ids": [999999]}), "stop_token_ids[0]"),
-        (json!({"stream_options": {"include_usage": true}}), "stream_options"),
+        (
+            json!({"stream_options": {"include_usage": true}}),
+            "stream_options",
+        ),
         (json!({"max_tokens": 0}), "max_tokens"),
         (json!({"max_tokens": 100000}), "prompt"),
         (json!({"min_tokens": 20}), "min_tokens"),
@@ -223,14 +253,35 @@ async fn refused_completion_fields_name_their_param() {
     }
     // The image token cannot be smuggled into a text-only prompt.
     let image_token = iris_model::tiny::IMAGE_PAD_ID;
-    let (status, answer) = post_to(&gw, "/v1/completions", &completion(name, json!([1, image_token]), json!({}))).await;
+    let (status, answer) = post_to(
+        &gw,
+        "/v1/completions",
+        &completion(name, json!([1, image_token]), json!({})),
+    )
+    .await;
     assert_eq!(status, 400, "{answer}");
-    assert!(answer["error"]["message"].as_str().unwrap_or("").contains("text only"), "{answer}");
-    let (status, answer) = post_to(&gw, "/v1/completions", &completion("gpt-4", json!("x"), json!({}))).await;
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("text only"),
+        "{answer}"
+    );
+    let (status, answer) = post_to(
+        &gw,
+        "/v1/completions",
+        &completion("gpt-4", json!("x"), json!({})),
+    )
+    .await;
     assert_eq!(status, 404);
     assert_eq!(answer["error"]["code"], "model_not_found");
     // Still serving.
-    let (status, _) = post_to(&gw, "/v1/completions", &completion(name, json!("x"), json!({}))).await;
+    let (status, _) = post_to(
+        &gw,
+        "/v1/completions",
+        &completion(name, json!("x"), json!({})),
+    )
+    .await;
     assert_eq!(status, 200);
 }
 
@@ -244,7 +295,11 @@ async fn models_by_id_tokenize_and_unknown_routes() {
     let get = |path: String| async move { reqwest::get(path).await.expect("send") };
 
     for id in [name.to_owned(), model.path().display().to_string()] {
-        let answer = get(url(&gw, &format!("/v1/models/{}", id.trim_start_matches('/')))).await;
+        let answer = get(url(
+            &gw,
+            &format!("/v1/models/{}", id.trim_start_matches('/')),
+        ))
+        .await;
         assert_eq!(answer.status(), 200, "{id}");
         let body: Value = answer.json().await.expect("json");
         assert_eq!(body["id"], name);
@@ -257,12 +312,27 @@ async fn models_by_id_tokenize_and_unknown_routes() {
 
     // tokenize then detokenize gives the text back.
     let text = "Hello, world! Ünïcödé  and spaces.";
-    let tokens = tokenize(&gw, json!({"model": name, "prompt": text, "return_token_strs": true})).await;
+    let tokens = tokenize(
+        &gw,
+        json!({"model": name, "prompt": text, "return_token_strs": true}),
+    )
+    .await;
     let count = tokens["count"].as_u64().expect("count");
-    assert_eq!(tokens["tokens"].as_array().map(Vec::len), Some(count as usize));
-    assert_eq!(tokens["token_strs"].as_array().map(Vec::len), Some(count as usize));
+    assert_eq!(
+        tokens["tokens"].as_array().map(Vec::len),
+        Some(count as usize)
+    );
+    assert_eq!(
+        tokens["token_strs"].as_array().map(Vec::len),
+        Some(count as usize)
+    );
     assert!(tokens["max_model_len"].as_u64().is_some_and(|l| l > 0));
-    let (status, back) = post_to(&gw, "/v1/detokenize", &json!({"model": name, "tokens": tokens["tokens"]})).await;
+    let (status, back) = post_to(
+        &gw,
+        "/v1/detokenize",
+        &json!({"model": name, "tokens": tokens["tokens"]}),
+    )
+    .await;
     assert_eq!(status, 200, "{back}");
     assert_eq!(back, json!({"prompt": text}));
     let plain = tokenize(&gw, json!({"prompt": text})).await;
@@ -270,15 +340,28 @@ async fn models_by_id_tokenize_and_unknown_routes() {
     let (status, bad) = post_to(&gw, "/v1/detokenize", &json!({"tokens": [999999]})).await;
     assert_eq!(status, 400);
     assert_eq!(bad["error"]["param"], "tokens[0]");
-    let (status, _) = post_to(&gw, "/v1/tokenize", &json!({"model": "gpt-4", "prompt": "x"})).await;
+    let (status, _) = post_to(
+        &gw,
+        "/v1/tokenize",
+        &json!({"model": "gpt-4", "prompt": "x"}),
+    )
+    .await;
     assert_eq!(status, 404);
 
     // Messages count as the chat prompt does.
     let messages = json!([{"role": "user", "content": "Hi there"}]);
     let counted = tokenize(&gw, json!({"messages": messages})).await;
-    let (_, chat) = post_json(&gw, &json!({"model": name, "messages": messages, "max_tokens": 1})).await;
+    let (_, chat) = post_json(
+        &gw,
+        &json!({"model": name, "messages": messages, "max_tokens": 1}),
+    )
+    .await;
     assert_eq!(counted["count"], chat["usage"]["prompt_tokens"]);
-    let without = tokenize(&gw, json!({"messages": messages, "add_generation_prompt": false})).await;
+    let without = tokenize(
+        &gw,
+        json!({"messages": messages, "add_generation_prompt": false}),
+    )
+    .await;
     assert!(without["count"].as_u64() < counted["count"].as_u64());
 
     // Other paths: 404 listing the routes; a wrong method: 405.
@@ -287,7 +370,13 @@ async fn models_by_id_tokenize_and_unknown_routes() {
     let body: Value = missing.json().await.expect("json");
     let message = body["error"]["message"].as_str().expect("message");
     assert!(message.contains("GET /v1/embeddings"), "{message}");
-    for route in ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models/{id}", "POST /v1/detokenize", "GET /metrics"] {
+    for route in [
+        "POST /v1/chat/completions",
+        "POST /v1/completions",
+        "GET /v1/models/{id}",
+        "POST /v1/detokenize",
+        "GET /metrics",
+    ] {
         assert!(message.contains(route), "{route}: {message}");
     }
     let wrong = get(url(&gw, "/v1/tokenize")).await;
@@ -299,7 +388,7 @@ async fn models_by_id_tokenize_and_unknown_routes() {
 
 /// A worker that answers every Generate with `n` scripted sequences of
 /// `max_new_tokens` tokens, each with log probabilities: sequence `i`'s
-/// token `t` is `100 + 10 * i + t` with log probability `-(t + 1) / 10`,
+/// token `t` is `400 + 10 * i + t` (merged, whole-character tokens) with log probability `-(t + 1) / 10`,
 /// and its top entries the token and its successor.
 #[derive(Clone)]
 struct Scripted(StubScheduler);
@@ -323,7 +412,7 @@ impl TokenSpeedScheduler for Scripted {
             response: Some(response),
         };
         for i in 0..params.n.max(1) {
-            let ids: Vec<u32> = (0..tokens).map(|t| 100 + 10 * i + t).collect();
+            let ids: Vec<u32> = (0..tokens).map(|t| 400 + 10 * i + t).collect();
             let logprobs = OutputLogProbs {
                 token_logprobs: (0..tokens).map(|t| -((t + 1) as f32) / 10.0).collect(),
                 token_ids: ids.clone(),
@@ -415,7 +504,11 @@ async fn logprobs_and_choices_follow_the_workers_sequences() {
     .await;
     let gw = gateway(&model, &["--worker-urls".into(), grpc(addr)]).await;
     ready(&gw).await;
-    let body = completion(&model.name, json!(["a", "b"]), json!({"n": 2, "logprobs": 2, "max_tokens": 3}));
+    let body = completion(
+        &model.name,
+        json!(["a", "b"]),
+        json!({"n": 2, "logprobs": 2, "max_tokens": 3}),
+    );
     let (status, answer) = post_to(&gw, "/v1/completions", &body).await;
     assert_eq!(status, 200, "{answer}");
     let choices = answer["choices"].as_array().expect("choices");
@@ -423,7 +516,11 @@ async fn logprobs_and_choices_follow_the_workers_sequences() {
     for (k, choice) in choices.iter().enumerate() {
         assert_eq!(choice["index"], k);
         let logprobs = &choice["logprobs"];
-        assert_eq!(logprobs["token_logprobs"], json!([-0.1, -0.2, -0.3]), "{choice}");
+        assert_eq!(
+            logprobs["token_logprobs"],
+            json!([-0.1, -0.2, -0.3]),
+            "{choice}"
+        );
         let tokens: Vec<&str> = logprobs["tokens"]
             .as_array()
             .expect("tokens")
@@ -434,7 +531,12 @@ async fn logprobs_and_choices_follow_the_workers_sequences() {
         assert_eq!(tokens.concat(), choice["text"].as_str().expect("text"));
         let offsets = logprobs["text_offset"].as_array().expect("offsets");
         assert_eq!(offsets[0], 0);
-        for (top, token) in logprobs["top_logprobs"].as_array().expect("top").iter().zip(&tokens) {
+        for (top, token) in logprobs["top_logprobs"]
+            .as_array()
+            .expect("top")
+            .iter()
+            .zip(&tokens)
+        {
             let top = top.as_object().expect("a map");
             assert!(top.len() <= 2 && top.contains_key(*token), "{top:?}");
         }
@@ -448,7 +550,10 @@ async fn logprobs_and_choices_follow_the_workers_sequences() {
     let mut streamed: BTreeMap<u64, Vec<Value>> = BTreeMap::new();
     for event in &events {
         for choice in event["choices"].as_array().into_iter().flatten() {
-            let tokens = choice["logprobs"]["tokens"].as_array().cloned().unwrap_or_default();
+            let tokens = choice["logprobs"]["tokens"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
             streamed
                 .entry(choice["index"].as_u64().expect("index"))
                 .or_default()
@@ -456,7 +561,10 @@ async fn logprobs_and_choices_follow_the_workers_sequences() {
         }
     }
     for (k, choice) in choices.iter().enumerate() {
-        assert_eq!(Some(&streamed[&(k as u64)]), choice["logprobs"]["tokens"].as_array());
+        assert_eq!(
+            Some(&streamed[&(k as u64)]),
+            choice["logprobs"]["tokens"].as_array()
+        );
     }
     assert_eq!(texts(&events), whole_texts(&answer));
 }

@@ -262,7 +262,11 @@ fn append(prompt: Option<Prompt>, element: Element) -> Result<Prompt, &'static s
             v.push(ids);
             Prompt::TokenLists(v)
         }
-        _ => return Err("the array mixes kinds: use all strings, all token ids or all token-id arrays"),
+        _ => {
+            return Err(
+                "the array mixes kinds: use all strings, all token ids or all token-id arrays",
+            )
+        }
     })
 }
 
@@ -490,7 +494,6 @@ fn check_logit_bias(bias: Option<&BTreeMap<String, f32>>) -> Result<(), ApiError
     Ok(())
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -553,17 +556,47 @@ mod tests {
         let cases = [
             (serde_json::json!({"prompt": "x"}), "model"),
             (serde_json::json!({"model": "m"}), "prompt"),
-            (serde_json::json!({"model": "m", "prompt": "x", "other": 1}), "other"),
-            (serde_json::json!({"model": "m", "prompt": [1, "a"]}), "prompt"),
-            (serde_json::json!({"model": "m", "prompt": [-1]}), "prompt[0]"),
-            (serde_json::json!({"model": "m", "prompt": [[]]}), "prompt[0]"),
+            (
+                serde_json::json!({"model": "m", "prompt": "x", "other": 1}),
+                "other",
+            ),
+            (
+                serde_json::json!({"model": "m", "prompt": [1, "a"]}),
+                "prompt",
+            ),
+            (
+                serde_json::json!({"model": "m", "prompt": [-1]}),
+                "prompt[0]",
+            ),
+            (
+                serde_json::json!({"model": "m", "prompt": [[]]}),
+                "prompt[0]",
+            ),
             (serde_json::json!({"model": "m", "prompt": ""}), "prompt"),
-            (serde_json::json!({"model": "m", "prompt": "x", "suffix": "y"}), "suffix"),
-            (serde_json::json!({"model": "m", "prompt": "x", "best_of": 3}), "best_of"),
-            (serde_json::json!({"model": "m", "prompt": "x", "logprobs": 6}), "logprobs"),
-            (serde_json::json!({"model": "m", "prompt": "x", "n": 0}), "n"),
-            (serde_json::json!({"model": "m", "prompt": "x", "top_p": 0}), "top_p"),
-            (serde_json::json!({"model": "m", "prompt": "x", "stop": [""]}), "stop"),
+            (
+                serde_json::json!({"model": "m", "prompt": "x", "suffix": "y"}),
+                "suffix",
+            ),
+            (
+                serde_json::json!({"model": "m", "prompt": "x", "best_of": 3}),
+                "best_of",
+            ),
+            (
+                serde_json::json!({"model": "m", "prompt": "x", "logprobs": 6}),
+                "logprobs",
+            ),
+            (
+                serde_json::json!({"model": "m", "prompt": "x", "n": 0}),
+                "n",
+            ),
+            (
+                serde_json::json!({"model": "m", "prompt": "x", "top_p": 0}),
+                "top_p",
+            ),
+            (
+                serde_json::json!({"model": "m", "prompt": "x", "stop": [""]}),
+                "stop",
+            ),
             (
                 serde_json::json!({"model": "m", "prompt": "x", "logit_bias": {"1": -101}}),
                 "logit_bias.1",

@@ -187,7 +187,10 @@ mod tests {
     fn refusals_name_their_field() {
         let cases = [
             (r#"{"prompt":"a","bogus":1}"#, "bogus"),
-            (r#"{"prompt":"a","add_generation_prompt":true}"#, "add_generation_prompt"),
+            (
+                r#"{"prompt":"a","add_generation_prompt":true}"#,
+                "add_generation_prompt",
+            ),
             (
                 r#"{"messages":[{"role":"user","content":"a"}],"add_special_tokens":true}"#,
                 "add_special_tokens",

@@ -279,7 +279,12 @@ fn build_prompt(state: &AppState, request: &ChatCompletionRequest) -> Result<Vec
 
 /// The Generate request for the workers; they stream only when the client
 /// does (one answer message per request otherwise).
-pub(crate) fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling, stream: bool) -> GenerateRequest {
+pub(crate) fn generate_request(
+    id: &str,
+    input_ids: Vec<u32>,
+    s: &Sampling,
+    stream: bool,
+) -> GenerateRequest {
     GenerateRequest {
         request_id: id.to_owned(),
         tokenized: Some(TokenizedInput {

@@ -201,7 +201,11 @@ fn token_logprob(
     }
     TokenLogprob {
         token: token_text(tokenizer, id),
-        logprob: lp.token_logprobs.get(i).copied().unwrap_or(f32::NEG_INFINITY),
+        logprob: lp
+            .token_logprobs
+            .get(i)
+            .copied()
+            .unwrap_or(f32::NEG_INFINITY),
         top,
         offset,
     }

@@ -217,7 +217,11 @@ async fn prepare(
 /// in the vocabulary.
 fn check_vocabulary(state: &AppState, request: &CompletionRequest) -> Result<(), ApiError> {
     let vocab = vocab_size(state.prompter.tokenizer());
-    if let Some((id, _)) = request.logit_bias().into_iter().find(|(id, _)| *id >= vocab) {
+    if let Some((id, _)) = request
+        .logit_bias()
+        .into_iter()
+        .find(|(id, _)| *id >= vocab)
+    {
         let param = format!("logit_bias.{id}");
         return Err(ApiError::bad_field(
             param.clone(),

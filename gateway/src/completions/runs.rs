@@ -34,6 +34,15 @@ pub(super) enum Event {
     },
 }
 
+impl Event {
+    /// The choice it is for.
+    pub fn choice(&self) -> usize {
+        match self {
+            Event::Tokens { choice, .. } | Event::Complete { choice, .. } => *choice,
+        }
+    }
+}
+
 /// One prompt's worker request.
 struct Run {
     generation: Generation,
@@ -157,7 +166,10 @@ impl Runs {
 
 /// Applies `event` to its choice; returns the choice's index and what it
 /// releases.
-pub(super) fn feed(choices: &mut [ChoiceText], event: Event) -> Result<(usize, Released), ApiError> {
+pub(super) fn feed(
+    choices: &mut [ChoiceText],
+    event: Event,
+) -> Result<(usize, Released), ApiError> {
     match event {
         Event::Tokens {
             choice,
@@ -207,6 +219,10 @@ impl Released {
 
     /// True when there is nothing to send.
     pub fn is_empty(&self) -> bool {
-        self.text.is_empty() && self.logprobs.as_ref().is_none_or(CompletionLogprobs::is_empty)
+        self.text.is_empty()
+            && self
+                .logprobs
+                .as_ref()
+                .is_none_or(CompletionLogprobs::is_empty)
     }
 }

@@ -38,7 +38,13 @@ pub async fn respond(state: Arc<AppState>, prepared: Prepared) -> Response {
                 "the workers did not start answering within {} s",
                 state.request_timeout.as_secs()
             ));
-            prepared.record(&state, error.status, Outcome::Timeout, 0, Some(&error.message));
+            prepared.record(
+                &state,
+                error.status,
+                Outcome::Timeout,
+                0,
+                Some(&error.message),
+            );
             return error_response(&error);
         }
     };
@@ -156,8 +162,12 @@ impl Streamer {
                 .metrics
                 .stage(Stage::FirstToken, self.prepared.started.elapsed());
         }
+        let had_ended = self
+            .choices
+            .get(event.choice())
+            .is_some_and(|c| c.finish.is_some());
         match feed(&mut self.choices, event) {
-            Ok((i, released)) => self.released(out, i, released),
+            Ok((i, released)) => self.released(out, i, released, had_ended),
             Err(error) => self.fail(out, &error, Outcome::UpstreamError),
         }
     }
@@ -165,9 +175,11 @@ impl Streamer {
     /// Writes what choice `i` released; once every choice of its prompt
     /// has ended, that prompt's workers stop, and once every choice has,
     /// the stream ends.
-    fn released(&mut self, out: &mut BytesMut, i: usize, released: Released) {
+    /// (`had_ended`: the choice's end was already sent.)
+    fn released(&mut self, out: &mut BytesMut, i: usize, released: Released, had_ended: bool) {
         let choice = &self.choices[i];
-        if !released.is_empty() || choice.finish.is_some() {
+        let ends_now = choice.finish.is_some() && !had_ended;
+        if !released.is_empty() || ends_now {
             let Released { text, logprobs } = released;
             let choice = CompletionChoice {
                 index: choice.index,

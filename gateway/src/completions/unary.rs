@@ -60,8 +60,13 @@ impl Drop for ClientGone<'_> {
     fn drop(&mut self) {
         if self.armed {
             let error = "the client went away before the answer";
-            self.prepared
-                .record(self.state, CLIENT_CLOSED, Outcome::Cancelled, 0, Some(error));
+            self.prepared.record(
+                self.state,
+                CLIENT_CLOSED,
+                Outcome::Cancelled,
+                0,
+                Some(error),
+            );
         }
     }
 }
