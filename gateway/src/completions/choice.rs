@@ -287,9 +287,11 @@ mod tests {
         let mut choice = ChoiceText::new(0, tok.clone(), &[], &["three".into()], "Hi:", true);
         let lp = logprobs(&out);
         let mut all = choice.push(&out, Some(&lp)).expect("push");
-        let mut end = choice.end("stop").expect("end");
-        let mut logprobs = all.logprobs.take().expect("asked for");
-        logprobs.append(end.logprobs.as_mut().expect("asked for"));
+        // The stop string ended the choice: the worker's end adds nothing.
+        let end = choice.end("stop").expect("end");
+        assert_eq!(end, Released::default());
+        all.append(end);
+        let logprobs = all.logprobs.clone().expect("asked for");
         assert_eq!(all.text, "one two ");
         // Only the tokens whose text starts before the stop string.
         let text: String = logprobs.tokens.concat();
