@@ -8,7 +8,8 @@
 //! template and tokenizes, `router` picks workers from the `workers`
 //! pools (configured, or fed by Kubernetes `discovery`) and runs the one
 //! attempt loop, and `chat` streams the detokenized answer back as SSE or
-//! one JSON body. `transport` picks how each image's pixels reach its
+//! one JSON body; `completions` serves the text completions API through
+//! the same router, and `tokenize` the tokenizer endpoints. `transport` picks how each image's pixels reach its
 //! encode worker (inline, shm or RDMA); `server` wires it to axum behind
 //! the connection limits of `listen`; [`config`] is the command line
 //! ([`args`]) validated once at start-up.
@@ -27,6 +28,7 @@ pub mod args;
 pub mod config;
 
 mod chat;
+mod completions;
 mod context;
 mod discovery;
 mod listen;
@@ -37,6 +39,7 @@ mod prompt;
 mod router;
 mod server;
 mod tokencache;
+mod tokenize;
 mod transport;
 mod usertext;
 mod workers;

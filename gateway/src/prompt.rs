@@ -110,17 +110,39 @@ impl Prompter {
     /// first ([`ContextLimits::check_text`]), and the exact count, image
     /// tokens included, after ([`ContextLimits::check_tokens`]).
     pub fn prompt_ids(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
-        let text = self.render(iris_openai::template_messages(messages))?;
+        self.conversation_ids(messages, true)
+    }
+
+    /// Token ids of `messages` as [`Prompter::prompt_ids`], with or
+    /// without the generation prompt (`POST /v1/tokenize`).
+    pub fn conversation_ids(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, ApiError> {
+        let text = self.render_with(
+            iris_openai::template_messages(messages),
+            add_generation_prompt,
+        )?;
         self.encode(&text)
     }
 
     /// Renders `messages` (HF message dicts) with the generation prompt.
     /// Special-token strings in message text come out escaped, so the
     /// result is for [`Prompter::encode`], not for reading.
-    pub fn render(&self, mut messages: Value) -> Result<String, ApiError> {
+    pub fn render(&self, messages: Value) -> Result<String, ApiError> {
+        self.render_with(messages, true)
+    }
+
+    /// [`Prompter::render`], the generation prompt as asked.
+    fn render_with(
+        &self,
+        mut messages: Value,
+        add_generation_prompt: bool,
+    ) -> Result<String, ApiError> {
         self.escaper.escape_messages(&mut messages);
         self.template
-            .render(&messages, true, Some(&self.extra))
+            .render(&messages, add_generation_prompt, Some(&self.extra))
             .map_err(|e| {
                 ApiError::bad_request(format!("the chat template rejected these messages: {e}"))
             })

@@ -13,6 +13,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use iris_model::ModelDir;
+use iris_openai::{ApiError, ErrorKind};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -282,29 +283,71 @@ fn fd_capped(max: usize, fd_limit: Option<u64>) -> usize {
     max.min(fits).max(1)
 }
 
+/// The API routes (method, path), in the order the 404 lists them.
+const API_ROUTES: [(&str, &str); 8] = [
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{id}"),
+    ("POST", "/v1/tokenize"),
+    ("POST", "/v1/detokenize"),
+    ("GET", "/health"),
+    ("GET", "/readiness"),
+];
+
+/// The probe and scrape routes (method, path).
+const METRICS_ROUTES: [(&str, &str); 3] = [
+    ("GET", "/metrics"),
+    ("GET", "/health"),
+    ("GET", "/readiness"),
+];
+
 /// The API routes, with `/metrics` unless it has a port of its own.
 fn routes(state: Arc<AppState>, with_metrics: bool) -> axum::Router {
+    let mut served = API_ROUTES.to_vec();
     let mut router = axum::Router::new()
         .route("/v1/chat/completions", post(crate::chat::handle))
+        .route("/v1/completions", post(crate::completions::handle))
         .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .route("/v1/tokenize", post(crate::tokenize::tokenize))
+        .route("/v1/detokenize", post(crate::tokenize::detokenize))
         .route("/health", get(health))
         .route("/readiness", get(readiness));
     if with_metrics {
         router = router.route("/metrics", get(metrics));
+        served.push(("GET", "/metrics"));
     }
-    router.fallback(not_found).with_state(state)
+    with_errors(router, &served).with_state(state)
 }
 
 /// The `--metrics-port` routes: `/metrics` and the probes.
 fn metrics_routes(state: Arc<AppState>) -> axum::Router {
-    axum::Router::new()
+    let router = axum::Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(health))
-        .route("/readiness", get(readiness))
-        .fallback(not_found)
-        .with_state(state)
+        .route("/readiness", get(readiness));
+    with_errors(router, &METRICS_ROUTES).with_state(state)
 }
 
+/// `router` answering a wrong method on one of its routes with 405 and
+/// any other path with 404, both in the OpenAI error shape and naming the
+/// routes (`served`) it does serve.
+fn with_errors(
+    router: axum::Router<Arc<AppState>>,
+    served: &[(&'static str, &'static str)],
+) -> axum::Router<Arc<AppState>> {
+    let listing: Arc<str> = served
+        .iter()
+        .map(|(method, path)| format!("{method} {path}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+        .into();
+    let served: Arc<[(&'static str, &'static str)]> = served.into();
+    router
+        .method_not_allowed_fallback(move |method, uri| wrong_method(method, uri, served.clone()))
+        .fallback(move |method, uri| not_found(method, uri, listing.clone()))
+}
 /// Whether an encode worker may ask for the RDMA lane with its own
 /// transport: a configured one through its URL option, or — since their
 /// `iris.ai/tensor-transport` annotation is only known once they appear —
@@ -454,12 +497,72 @@ fn render_pixel_cache(out: &mut String, stats: &iris_cache::CacheStats) {
     }
 }
 
-/// 404 naming the method and path asked for (the path cut to 200
-/// characters).
-async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    let path: String = uri.path().chars().take(200).collect();
-    let message = format!("no route for {method} {path}");
-    crate::chat::error_response(&iris_openai::ApiError::not_found(message))
+/// `GET /v1/models/{id}`: the served model under its name or any alias
+/// `model` accepts (its path), else 404 `model_not_found`.
+async fn model(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    // The wildcard drops the slash of an absolute path; either form names it.
+    let absolute = format!("/{id}");
+    if !state.serves(&id) && !state.serves(&absolute) {
+        let error = ApiError::model_not_found(&id);
+        return crate::chat::error_response(&error);
+    }
+    let model = iris_openai::Model::new(state.model_name.as_str(), state.created, "iris");
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        model.to_json(),
+    )
+        .into_response()
+}
+
+/// The path as asked for, cut to 200 characters.
+fn short_path(uri: &axum::http::Uri) -> String {
+    uri.path().chars().take(200).collect()
+}
+
+/// 404 naming the method and path asked for and the routes served.
+async fn not_found(
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    listing: Arc<str>,
+) -> Response {
+    let path = short_path(&uri);
+    let message = format!("no route for {method} {path}; this gateway serves {listing}");
+    crate::chat::error_response(&ApiError::not_found(message).with_code("not_found"))
+}
+
+/// 405 naming the method, the path and the methods the path takes (also
+/// in `Allow`).
+async fn wrong_method(
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    served: Arc<[(&'static str, &'static str)]>,
+) -> Response {
+    let path = short_path(&uri);
+    let allowed: Vec<&str> = served
+        .iter()
+        .filter(|(_, route)| route_matches(route, uri.path()))
+        .map(|(m, _)| *m)
+        .collect();
+    let allow = allowed.join(", ");
+    let message = format!("{method} is not allowed on {path}; it takes {allow}");
+    let error =
+        ApiError::new(405, ErrorKind::InvalidRequest, message).with_code("method_not_allowed");
+    let mut response = crate::chat::error_response(&error);
+    if let Ok(value) = header::HeaderValue::from_str(&allow) {
+        response.headers_mut().insert(header::ALLOW, value);
+    }
+    response
+}
+
+/// Whether `path` is one of `route`'s (`{id}` stands for the rest).
+fn route_matches(route: &str, path: &str) -> bool {
+    match route.strip_suffix("{id}") {
+        Some(prefix) => path.starts_with(prefix) && path.len() > prefix.len(),
+        None => route == path,
+    }
 }
 
 #[cfg(test)]

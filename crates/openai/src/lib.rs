@@ -6,6 +6,11 @@
 //! - [`ChatCompletionRequest::sampling`] gives the generation settings as a
 //!   [`Sampling`]; [`ChatCompletionRequest::include_usage`] tells whether a
 //!   stream ends with a usage chunk.
+//! - [`parse_completion_request`] does the same for `POST /v1/completions`
+//!   ([`CompletionRequest`]); [`TextCompletion`] is its answer and stream
+//!   chunk.
+//! - [`parse_tokenize_request`] and [`parse_detokenize_request`] read the
+//!   bodies of `POST /v1/tokenize` and `POST /v1/detokenize`.
 //! - [`ApiError`] builds errors and their OpenAI-shaped body.
 //! - [`ChatCompletion`], [`ChatCompletionChunk`], [`ModelList`] and
 //!   [`Model`] are the response bodies; [`sse::ChunkWriter`] writes stream
@@ -13,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+mod completion;
 mod constraint;
 mod error;
 pub mod fields;
@@ -23,8 +29,14 @@ mod response;
 mod sampling;
 pub mod sse;
 mod template;
+mod text_completion;
+mod tokenize;
 pub mod validate;
 
+pub use completion::{
+    parse_completion_request, CompletionRequest, Prompt, PromptInput, DEFAULT_MAX_TOKENS,
+    MAX_BATCH, MAX_LOGPROBS,
+};
 pub use constraint::Constraint;
 pub use error::{ApiError, ErrorBody, ErrorKind, ErrorObject};
 pub use parse::parse_chat_request;
@@ -40,3 +52,8 @@ pub use response::{
 pub use sampling::Sampling;
 pub use sse::{write_done, write_error_event, ChunkWriter, DONE};
 pub use template::template_messages;
+pub use text_completion::{CompletionChoice, CompletionLogprobs, TextCompletion};
+pub use tokenize::{
+    parse_detokenize_request, parse_tokenize_request, DetokenizeRequest, DetokenizeResponse,
+    TokenizeInput, TokenizeRequest, TokenizeResponse,
+};

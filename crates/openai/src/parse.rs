@@ -10,25 +10,25 @@
 //! (`serde_json` bounds nesting depth, so deep input cannot overflow the
 //! stack).
 
+use serde::de::DeserializeOwned;
 use serde_json::error::Category;
 
 use crate::{validate, ApiError, ChatCompletionRequest};
 
 /// Parses and validates a chat completion request body.
 pub fn parse_chat_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
-    let request = deserialize(body)?;
+    let request: ChatCompletionRequest = deserialize(body)?;
     validate::validate(&request)?;
     Ok(request)
 }
 
-/// Stages 1 and 2: JSON syntax and types.
-fn deserialize(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
+/// Stages 1 and 2: JSON syntax and types (any request body type).
+pub(crate) fn deserialize<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.trim_ascii_start().first() != Some(&b'{') {
         return Err(not_an_object(body));
     }
     let mut de = serde_json::Deserializer::from_slice(body);
-    let request: ChatCompletionRequest =
-        serde_path_to_error::deserialize(&mut de).map_err(path_error)?;
+    let request: T = serde_path_to_error::deserialize(&mut de).map_err(path_error)?;
     de.end().map_err(|e| syntax_error(&e))?;
     Ok(request)
 }
@@ -81,6 +81,10 @@ fn strip_position(err: &serde_json::Error) -> String {
 /// `missing field` errors; `None` for the request body itself.
 fn param_for(path: &str, message: &str) -> Option<String> {
     let container = if path == "." { "" } else { path };
+    if message.starts_with("unknown field `") && !container.is_empty() {
+        // The path already ends with the unknown field's name.
+        return Some(container.to_owned());
+    }
     match missing_field_name(message) {
         Some(field) if container.is_empty() => Some(field.to_owned()),
         Some(field) => Some(format!("{container}.{field}")),
@@ -112,5 +116,9 @@ mod tests {
         );
         assert_eq!(param_for(".", "invalid type: string"), None);
         assert_eq!(param_for("stop", "invalid type"), Some("stop".into()));
+        assert_eq!(
+            param_for("bogus", "unknown field `bogus`, expected one of `model`"),
+            Some("bogus".into())
+        );
     }
 }

@@ -72,26 +72,10 @@ impl ChatCompletionRequest {
                 .and_then(|n| u32::try_from(n).ok())
                 .unwrap_or(1)
                 .max(1),
-            logit_bias: self.logit_bias_ids(),
+            logit_bias: crate::validate::logit_bias_ids(self.logit_bias.as_ref()),
             stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
             logprobs: (self.logprobs == Some(true)).then(|| self.top_logprobs.unwrap_or(0)),
         }
-    }
-
-    /// `logit_bias` with its keys read as token ids (keys that are not ids
-    /// were refused by validation and are skipped), sorted by id.
-    fn logit_bias_ids(&self) -> Vec<(u32, f32)> {
-        let mut bias: Vec<(u32, f32)> = self
-            .logit_bias
-            .iter()
-            .flatten()
-            .filter_map(|(key, &value)| {
-                let id = crate::validate::token_id_key(key).ok()?;
-                Some((id, value as f32))
-            })
-            .collect();
-        bias.sort_unstable_by_key(|&(id, _)| id);
-        bias
     }
 
     /// True when the answer is to be streamed.

@@ -7,6 +7,8 @@
 //! model's vocabulary by [`check_token_ids`], which the server calls with
 //! the size it knows.
 
+use std::collections::BTreeMap;
+
 use crate::request::{ContentPart, MessageContent, Role, Stop};
 use crate::{ApiError, ChatCompletionRequest, ChatMessage};
 
@@ -31,7 +33,7 @@ pub fn validate(req: &ChatCompletionRequest) -> Result<(), ApiError> {
     check_messages(&req.messages)?;
     check_lengths(req)?;
     check_sampling(req)?;
-    check_stop(req)?;
+    check_stops(req.stop.as_ref(), req.stop_token_ids.as_deref())?;
     check_choices(req)?;
     check_logprobs(req)?;
     check_logit_bias(req)?;
@@ -41,7 +43,7 @@ pub fn validate(req: &ChatCompletionRequest) -> Result<(), ApiError> {
 }
 
 /// `messages`: non-empty, content present (except assistant), parts allowed.
-fn check_messages(messages: &[ChatMessage]) -> Result<(), ApiError> {
+pub(crate) fn check_messages(messages: &[ChatMessage]) -> Result<(), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_field(
             "messages",
@@ -162,7 +164,7 @@ fn check_sampling(req: &ChatCompletionRequest) -> Result<(), ApiError> {
 }
 
 /// `lo <= value <= hi` when present.
-fn in_range(
+pub(crate) fn in_range(
     name: &str,
     value: Option<f32>,
     lo: f32,
@@ -176,13 +178,16 @@ fn in_range(
 }
 
 /// A 400 for a number out of range.
-fn range_error(name: &str, value: f32, wording: &str) -> ApiError {
+pub(crate) fn range_error(name: &str, value: f32, wording: &str) -> ApiError {
     ApiError::bad_field(name, format!("{name}: must be {wording}, got {value}"))
 }
 
 /// `stop`: at most 16 non-empty strings; `stop_token_ids`: at most 64.
-fn check_stop(req: &ChatCompletionRequest) -> Result<(), ApiError> {
-    let stops = req.stop.as_ref().map(Stop::as_slice).unwrap_or_default();
+pub(crate) fn check_stops(
+    stop: Option<&Stop>,
+    stop_token_ids: Option<&[u32]>,
+) -> Result<(), ApiError> {
+    let stops = stop.map(Stop::as_slice).unwrap_or_default();
     if stops.len() > MAX_STOP_STRINGS {
         return Err(ApiError::bad_field(
             "stop",
@@ -198,7 +203,7 @@ fn check_stop(req: &ChatCompletionRequest) -> Result<(), ApiError> {
             "stop: stop strings must not be empty",
         ));
     }
-    let ids = req.stop_token_ids.as_deref().unwrap_or_default();
+    let ids = stop_token_ids.unwrap_or_default();
     if ids.len() > MAX_STOP_TOKEN_IDS {
         return Err(ApiError::bad_field(
             "stop_token_ids",
@@ -245,7 +250,14 @@ fn check_logprobs(req: &ChatCompletionRequest) -> Result<(), ApiError> {
 
 /// `logit_bias`: keys are token ids (decimal), values in `-100..=100`.
 fn check_logit_bias(req: &ChatCompletionRequest) -> Result<(), ApiError> {
-    let Some(bias) = &req.logit_bias else {
+    check_logit_bias_map(req.logit_bias.as_ref())
+}
+
+/// `logit_bias` of any endpoint: at most [`MAX_LOGIT_BIAS`] entries, keys
+/// token ids, values within ±100 (the vocabulary is checked by
+/// [`check_token_ids_in`], which needs the model).
+pub(crate) fn check_logit_bias_map(bias: Option<&BTreeMap<String, f64>>) -> Result<(), ApiError> {
+    let Some(bias) = bias else {
         return Ok(());
     };
     if bias.len() > MAX_LOGIT_BIAS {
@@ -269,6 +281,18 @@ fn check_logit_bias(req: &ChatCompletionRequest) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// `logit_bias` with its keys read as token ids (keys that are not ids
+/// were refused by validation and are skipped), sorted by id.
+pub(crate) fn logit_bias_ids(bias: Option<&BTreeMap<String, f64>>) -> Vec<(u32, f32)> {
+    let mut ids: Vec<(u32, f32)> = bias
+        .into_iter()
+        .flatten()
+        .filter_map(|(key, &value)| Some((token_id_key(key).ok()?, value as f32)))
+        .collect();
+    ids.sort_unstable_by_key(|&(id, _)| id);
+    ids
 }
 
 /// A `logit_bias` key as a token id: a decimal integer without leading
@@ -298,7 +322,21 @@ fn check_stream_options(req: &ChatCompletionRequest) -> Result<(), ApiError> {
 /// `stop_token_ids`) against a vocabulary of `vocab_size` tokens. Meant for
 /// a request that passed [`validate`].
 pub fn check_token_ids(req: &ChatCompletionRequest, vocab_size: u32) -> Result<(), ApiError> {
-    for key in req.logit_bias.iter().flat_map(|b| b.keys()) {
+    check_token_ids_in(
+        req.logit_bias.as_ref(),
+        req.stop_token_ids.as_deref(),
+        vocab_size,
+    )
+}
+
+/// The token ids of any endpoint's `logit_bias` keys and `stop_token_ids`
+/// against a vocabulary of `vocab_size` tokens.
+pub fn check_token_ids_in(
+    logit_bias: Option<&BTreeMap<String, f64>>,
+    stop_token_ids: Option<&[u32]>,
+    vocab_size: u32,
+) -> Result<(), ApiError> {
+    for key in logit_bias.iter().flat_map(|b| b.keys()) {
         let id = token_id_key(key)?;
         if id >= vocab_size {
             return Err(ApiError::bad_field(
@@ -309,7 +347,7 @@ pub fn check_token_ids(req: &ChatCompletionRequest, vocab_size: u32) -> Result<(
             ));
         }
     }
-    let ids = req.stop_token_ids.as_deref().unwrap_or_default();
+    let ids = stop_token_ids.unwrap_or_default();
     if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id >= vocab_size) {
         return Err(ApiError::bad_field(
             format!("stop_token_ids[{i}]"),

@@ -5,9 +5,9 @@
 
 mod choice;
 mod complete;
-mod errors;
+pub(crate) mod errors;
 mod logprobs;
-mod record;
+pub(crate) mod record;
 mod stream;
 
 use std::sync::Arc;
@@ -33,7 +33,7 @@ use choice::ChoiceText;
 use record::{ImageCount, RequestLine};
 
 /// Bodies larger than this are prompt-built on the blocking pool.
-const INLINE_PROMPT_BYTES: usize = 16 << 10;
+pub(crate) const INLINE_PROMPT_BYTES: usize = 16 << 10;
 
 /// A request ready to send: its id, prompt and options.
 pub struct Prepared {
@@ -215,7 +215,7 @@ async fn prepare(
 /// The whole request body, within the payload limit (413) and the
 /// body-read deadline (408: a client trickling its body does not hold a
 /// connection and its buffer for longer).
-async fn read_body(state: &AppState, body: Body) -> Result<bytes::Bytes, ApiError> {
+pub(crate) async fn read_body(state: &AppState, body: Body) -> Result<bytes::Bytes, ApiError> {
     let limit = state.max_payload;
     let deadline = state.body_read_timeout;
     match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
@@ -302,7 +302,12 @@ fn build_prompt(state: &AppState, request: &ChatCompletionRequest) -> Result<Vec
 
 /// The Generate request for the workers; they stream only when the client
 /// does (one answer message per request otherwise).
-fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling, stream: bool) -> GenerateRequest {
+pub(crate) fn generate_request(
+    id: &str,
+    input_ids: Vec<u32>,
+    s: &Sampling,
+    stream: bool,
+) -> GenerateRequest {
     GenerateRequest {
         request_id: id.to_owned(),
         tokenized: Some(TokenizedInput {

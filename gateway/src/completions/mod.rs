@@ -1,0 +1,318 @@
+//! `POST /v1/completions`: the legacy text completions API, text only.
+//!
+//! Read and validate the body ([`iris_openai::parse_completion_request`]),
+//! tokenize each prompt of the batch (text prompts with the tokenizer's
+//! special tokens, token-id prompts as they are), build one worker request
+//! per prompt — the chat path's [`crate::chat::generate_request`], with
+//! `n` and the log probability fields set — start them all through the
+//! [`crate::router::Router`] (retries, admission and stage metrics as for
+//! chat), then answer as SSE ([`stream`]) or as one JSON body ([`unary`]).
+//! Choices are indexed across the batch: prompt `p`, sequence `i` of its
+//! `n` is choice `p * n + i`.
+
+mod choice;
+mod runs;
+mod stream;
+mod unary;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::response::Response;
+use iris_openai::{ApiError, CompletionRequest, PromptInput};
+use iris_proto::scheduler::GenerateRequest;
+use tokenizers::Tokenizer;
+use tracing::Instrument;
+
+use crate::chat::errors::error_response;
+use crate::chat::record::{ImageCount, RequestLine};
+use crate::chat::{generate_request, read_body, INLINE_PROMPT_BYTES};
+use crate::metrics::{Outcome, Stage};
+use crate::server::AppState;
+use choice::ChoiceText;
+
+/// One prompt of the batch, tokenized.
+pub(crate) struct PromptRun {
+    /// Token ids sent to the worker.
+    pub ids: Vec<u32>,
+    /// The prompt's text, for `echo` (empty without it).
+    pub echo: String,
+}
+
+/// A request ready to send.
+pub(crate) struct Prepared {
+    pub id: String,
+    pub request: CompletionRequest,
+    pub prompts: Vec<PromptRun>,
+    pub prompt_tokens: u32,
+    pub started: Instant,
+}
+
+impl Prepared {
+    /// The worker request of prompt `p`; its id is the completion's, with
+    /// `-p` for batches.
+    fn generate(&self, p: usize) -> GenerateRequest {
+        let request_id = match self.request.prompt.is_batch() {
+            false => self.id.clone(),
+            true => format!("{}-{p}", self.id),
+        };
+        let sampling = self.request.sampling();
+        let ids = self.prompts[p].ids.clone();
+        generate_request(&request_id, ids, &sampling, self.request.is_stream())
+    }
+
+    /// The choices of every prompt, in index order.
+    fn choices(&self, tokenizer: &Arc<Tokenizer>) -> Vec<ChoiceText> {
+        let n = self.request.n();
+        let stops = self.request.sampling().stop;
+        let logprobs = self.request.logprobs.is_some();
+        let mut choices = Vec::with_capacity(self.prompts.len() * n as usize);
+        for prompt in &self.prompts {
+            for _ in 0..n {
+                let index = choices.len() as u32;
+                choices.push(ChoiceText::new(
+                    index,
+                    tokenizer.clone(),
+                    &prompt.ids,
+                    &stops,
+                    &prompt.echo,
+                    logprobs,
+                ));
+            }
+        }
+        choices
+    }
+
+    /// Each choice's echoed prompt text, in index order (empty strings
+    /// without `echo`).
+    fn echoes(&self) -> impl Iterator<Item = &str> {
+        let n = self.request.n() as usize;
+        self.prompts
+            .iter()
+            .flat_map(move |p| std::iter::repeat_n(p.echo.as_str(), n))
+    }
+
+    /// Counts and logs the request's end; once.
+    fn record(
+        &self,
+        state: &AppState,
+        status: u16,
+        outcome: Outcome,
+        completion_tokens: u32,
+        error: Option<&str>,
+    ) {
+        RequestLine {
+            id: &self.id,
+            started: self.started,
+            status,
+            outcome,
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens,
+            images: ImageCount::default(),
+            error,
+            user: self.request.user.as_deref(),
+        }
+        .record(&state.metrics);
+    }
+}
+
+pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let id = new_id();
+    let span = tracing::info_span!("completion", request_id = %id);
+    respond(state, request, id).instrument(span).await
+}
+
+/// `cmpl-` and 24 random alphanumerics.
+fn new_id() -> String {
+    let chat = iris_openai::new_completion_id();
+    format!("cmpl-{}", chat.trim_start_matches("chatcmpl-"))
+}
+
+async fn respond(state: Arc<AppState>, request: Request, id: String) -> Response {
+    let started = Instant::now();
+    match prepare(&state, request, id.clone(), started).await {
+        Ok(prepared) if prepared.request.is_stream() => stream::respond(state, prepared).await,
+        Ok(prepared) => unary::respond(state, prepared).await,
+        Err((error, outcome)) => {
+            RequestLine {
+                id: &id,
+                started,
+                status: error.status,
+                outcome,
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                images: ImageCount::default(),
+                error: Some(&error.message),
+                user: None,
+            }
+            .record(&state.metrics);
+            error_response(&error)
+        }
+    }
+}
+
+/// Reads, checks and tokenizes the request.
+async fn prepare(
+    state: &Arc<AppState>,
+    request: Request,
+    id: String,
+    started: Instant,
+) -> Result<Prepared, (ApiError, Outcome)> {
+    let client = |e: ApiError| (e, Outcome::ClientError);
+    let bytes = read_body(state, request.into_body())
+        .await
+        .map_err(client)?;
+    let request = iris_openai::parse_completion_request(&bytes).map_err(client)?;
+    if !state.serves(&request.model) {
+        return Err(client(ApiError::model_not_found(&request.model)));
+    }
+    check_vocabulary(state, &request).map_err(client)?;
+    state.metrics.stage(Stage::Parse, started.elapsed());
+    let tokenize_start = Instant::now();
+    let prompts = if request.prompt.text_bytes() <= INLINE_PROMPT_BYTES {
+        tokenize_prompts(state, &request)
+    } else {
+        let (state, request) = (state.clone(), request.clone());
+        tokio::task::spawn_blocking(move || tokenize_prompts(&state, &request))
+            .await
+            .map_err(|e| {
+                (
+                    ApiError::internal(format!("tokenization task failed: {e}")),
+                    Outcome::UpstreamError,
+                )
+            })?
+    }
+    .map_err(client)?;
+    state
+        .metrics
+        .stage(Stage::Tokenize, tokenize_start.elapsed());
+    let prompt_tokens = prompts
+        .iter()
+        .map(|p| u32::try_from(p.ids.len()).unwrap_or(u32::MAX))
+        .fold(0u32, u32::saturating_add);
+    Ok(Prepared {
+        id,
+        request,
+        prompts,
+        prompt_tokens,
+        started,
+    })
+}
+
+/// Token ids the request names (`logit_bias`, `stop_token_ids`) must be
+/// in the vocabulary.
+fn check_vocabulary(state: &AppState, request: &CompletionRequest) -> Result<(), ApiError> {
+    iris_openai::validate::check_token_ids_in(
+        request.logit_bias.as_ref(),
+        request.stop_token_ids.as_deref(),
+        state.prompter.vocab_size(),
+    )
+}
+
+/// Token ids the tokenizer knows (special tokens included).
+pub(crate) fn vocab_size(tokenizer: &Tokenizer) -> u32 {
+    u32::try_from(tokenizer.get_vocab_size(true)).unwrap_or(u32::MAX)
+}
+
+/// Each prompt's token ids (and text for `echo`), checked against the
+/// vocabulary, the image token and the context.
+fn tokenize_prompts(
+    state: &AppState,
+    request: &CompletionRequest,
+) -> Result<Vec<PromptRun>, ApiError> {
+    let tokenizer = state.prompter.tokenizer();
+    let batch = request.prompt.is_batch();
+    let max_new_tokens = request.sampling().max_new_tokens;
+    let mut runs = Vec::with_capacity(request.prompt.len());
+    for (p, input) in request.prompt.inputs().into_iter().enumerate() {
+        let param = if batch {
+            format!("prompt[{p}]")
+        } else {
+            "prompt".to_owned()
+        };
+        let run = tokenize_prompt(tokenizer, input, request.echo(), &param)?;
+        check_prompt_ids(state, &run.ids, &param)?;
+        state
+            .prompter
+            .limits()
+            .check_tokens(run.ids.len(), max_new_tokens)
+            .map_err(|e| e.with_param(param.clone()))?;
+        runs.push(run);
+    }
+    Ok(runs)
+}
+
+/// One prompt's ids; its text when `echo` asks for it (token-id prompts
+/// are detokenized, special tokens kept).
+fn tokenize_prompt(
+    tokenizer: &Tokenizer,
+    input: PromptInput,
+    echo: bool,
+    param: &str,
+) -> Result<PromptRun, ApiError> {
+    let (ids, text) = match input {
+        PromptInput::Text(text) => {
+            let encoding = tokenizer
+                .encode(text.as_str(), true)
+                .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
+            (encoding.get_ids().to_vec(), text)
+        }
+        PromptInput::Tokens(ids) => {
+            check_ids(tokenizer, &ids, param)?;
+            let text = match echo {
+                true => tokenizer.decode(&ids, false).map_err(|e| {
+                    ApiError::bad_field(param, format!("{param}: cannot be detokenized: {e}"))
+                })?,
+                false => String::new(),
+            };
+            (ids, text)
+        }
+    };
+    if ids.is_empty() {
+        return Err(ApiError::bad_field(
+            param,
+            format!("{param}: tokenizes to no tokens"),
+        ));
+    }
+    Ok(PromptRun {
+        ids,
+        echo: if echo { text } else { String::new() },
+    })
+}
+
+/// Every id of a token-id prompt is in the vocabulary.
+pub(crate) fn check_ids(tokenizer: &Tokenizer, ids: &[u32], param: &str) -> Result<(), ApiError> {
+    let vocab = vocab_size(tokenizer);
+    match ids.iter().position(|&id| id >= vocab) {
+        Some(i) => {
+            let param = format!("{param}[{i}]");
+            Err(ApiError::bad_field(
+                param.clone(),
+                format!(
+                    "{param}: token id {} is outside the vocabulary (size {vocab})",
+                    ids[i]
+                ),
+            ))
+        }
+        None => Ok(()),
+    }
+}
+
+/// Completions are text only: a vision model's image token may not appear
+/// in a prompt (no image could fill it).
+fn check_prompt_ids(state: &AppState, ids: &[u32], param: &str) -> Result<(), ApiError> {
+    let Some(mm) = state.multimodal.as_ref() else {
+        return Ok(());
+    };
+    if ids.contains(&mm.image_token_id) {
+        return Err(ApiError::bad_field(
+            param,
+            format!(
+                "{param}: holds the image token (id {}); /v1/completions takes text only, send images to /v1/chat/completions",
+                mm.image_token_id
+            ),
+        ));
+    }
+    Ok(())
+}

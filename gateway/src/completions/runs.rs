@@ -1,0 +1,228 @@
+//! The worker requests of one completion, one per prompt of the batch:
+//! started together through the router and read as one sequence of
+//! events, each already placed on its choice (`prompt * n + index`).
+//! Dropping [`Runs`] aborts every request still generating.
+
+use iris_openai::{ApiError, CompletionLogprobs};
+use iris_proto::scheduler::{generate_response::Response as Reply, OutputLogProbs};
+
+use super::choice::{ChoiceText, Released};
+use super::Prepared;
+use crate::chat::errors::{route_error, stream_ended, worker_error};
+use crate::metrics::Outcome;
+use crate::router::Generation;
+use crate::server::AppState;
+
+/// A failure and how the request ended.
+pub(super) type Failure = (ApiError, Outcome);
+
+/// What a worker sent for one choice.
+pub(super) enum Event {
+    /// New tokens (streaming workers).
+    Tokens {
+        choice: usize,
+        ids: Vec<u32>,
+        logprobs: Option<OutputLogProbs>,
+    },
+    /// The sequence's end, with all its tokens.
+    Complete {
+        choice: usize,
+        ids: Vec<u32>,
+        logprobs: Option<OutputLogProbs>,
+        finish_reason: String,
+        completion_tokens: u32,
+    },
+}
+
+impl Event {
+    /// The choice it is for.
+    pub fn choice(&self) -> usize {
+        match self {
+            Event::Tokens { choice, .. } | Event::Complete { choice, .. } => *choice,
+        }
+    }
+}
+
+/// One prompt's worker request.
+struct Run {
+    generation: Generation,
+    /// Sequences whose GenerateComplete has not arrived.
+    open: u32,
+}
+
+/// Every prompt's worker request.
+pub(super) struct Runs {
+    runs: Vec<Run>,
+    n: u32,
+}
+
+impl Runs {
+    /// Starts every prompt's request at once; if one cannot start, those
+    /// started are aborted (dropped) and its error is returned.
+    pub async fn start(state: &AppState, prepared: &Prepared) -> Result<Runs, Failure> {
+        let starts = (0..prepared.prompts.len()).map(|p| state.router.start(prepared.generate(p)));
+        let started = futures::future::join_all(starts).await;
+        let n = prepared.request.n();
+        let mut runs = Vec::with_capacity(started.len());
+        for generation in started {
+            runs.push(Run {
+                generation: generation.map_err(route_error)?,
+                open: n,
+            });
+        }
+        Ok(Runs { runs, n })
+    }
+
+    /// The next event of any prompt; `None` once every sequence of every
+    /// prompt is complete (or aborted by [`Runs::abort`]).
+    pub async fn next(&mut self) -> Option<Result<Event, Failure>> {
+        loop {
+            let active: Vec<_> = self
+                .runs
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, run)| run.open > 0)
+                .map(|(p, run)| Box::pin(async move { (p, run.generation.next().await) }))
+                .collect();
+            if active.is_empty() {
+                return None;
+            }
+            let ((p, next), _, rest) = futures::future::select_all(active).await;
+            drop(rest);
+            if let Some(event) = self.event(p, next) {
+                return Some(event);
+            }
+        }
+    }
+
+    /// Turns prompt `p`'s response into an event (`None`: nothing in it).
+    fn event(
+        &mut self,
+        p: usize,
+        next: Option<Result<iris_proto::scheduler::GenerateResponse, tonic::Status>>,
+    ) -> Option<Result<Event, Failure>> {
+        let n = self.n;
+        let run = &mut self.runs[p];
+        let worker = run.generation.worker.url.to_string();
+        let response = match next {
+            None => return Some(Err((stream_ended(&worker), Outcome::UpstreamError))),
+            Some(Err(status)) => return Some(Err(worker_error(&worker, &status))),
+            Some(Ok(response)) => response.response?,
+        };
+        let index = match &response {
+            Reply::Chunk(c) => c.index,
+            Reply::Complete(c) => c.index,
+        };
+        if index >= n {
+            let error = ApiError::bad_gateway(format!(
+                "a worker answered for sequence {index} of a request for {n}"
+            ));
+            return Some(Err((error, Outcome::UpstreamError)));
+        }
+        let choice = p * n as usize + index as usize;
+        Some(Ok(match response {
+            Reply::Chunk(c) => Event::Tokens {
+                choice,
+                ids: c.token_ids,
+                logprobs: c.output_logprobs,
+            },
+            Reply::Complete(c) => {
+                run.open = run.open.saturating_sub(1);
+                if run.open == 0 {
+                    run.generation.finish();
+                }
+                if c.finish_reason == "abort" {
+                    let error = ApiError::bad_gateway("the worker aborted the request");
+                    return Some(Err((error, Outcome::UpstreamError)));
+                }
+                Event::Complete {
+                    choice,
+                    ids: c.output_ids,
+                    logprobs: c.output_logprobs,
+                    finish_reason: c.finish_reason,
+                    completion_tokens: c.completion_tokens,
+                }
+            }
+        }))
+    }
+
+    /// Aborts prompt `p`'s request if it is still generating (its choices
+    /// all ended in the gateway, on stop strings).
+    pub fn abort(&mut self, p: usize, reason: &str) {
+        let run = &mut self.runs[p];
+        if run.open > 0 {
+            run.open = 0;
+            run.generation.abort(reason);
+        }
+    }
+
+    /// Aborts every request still generating.
+    pub fn abort_all(&mut self, reason: &str) {
+        for p in 0..self.runs.len() {
+            self.abort(p, reason);
+        }
+    }
+}
+
+/// Applies `event` to its choice; returns the choice's index and what it
+/// releases.
+pub(super) fn feed(
+    choices: &mut [ChoiceText],
+    event: Event,
+) -> Result<(usize, Released), ApiError> {
+    match event {
+        Event::Tokens {
+            choice,
+            ids,
+            logprobs,
+        } => {
+            let released = choice_mut(choices, choice)?.push(&ids, logprobs.as_ref())?;
+            Ok((choice, released))
+        }
+        Event::Complete {
+            choice,
+            ids,
+            logprobs,
+            finish_reason,
+            completion_tokens,
+        } => {
+            let text = choice_mut(choices, choice)?;
+            // A non-streaming worker's tokens arrive only here.
+            let mut released = match text.tokens == 0 && !ids.is_empty() {
+                true => text.push(&ids, logprobs.as_ref())?,
+                false => Released::default(),
+            };
+            let end = text.end(&finish_reason)?;
+            text.tokens = text.tokens.max(completion_tokens);
+            released.append(end);
+            Ok((choice, released))
+        }
+    }
+}
+
+fn choice_mut(choices: &mut [ChoiceText], i: usize) -> Result<&mut ChoiceText, ApiError> {
+    choices
+        .get_mut(i)
+        .ok_or_else(|| ApiError::bad_gateway(format!("a worker answered for unknown choice {i}")))
+}
+
+impl Released {
+    /// Adds what `later` released after this.
+    pub fn append(&mut self, later: Released) {
+        self.text.push_str(&later.text);
+        match (&mut self.logprobs, later.logprobs) {
+            (Some(mine), Some(mut theirs)) => mine.append(&mut theirs),
+            (mine @ None, theirs) => *mine = theirs,
+            (Some(_), None) => {}
+        }
+    }
+
+    /// True when there is nothing to send.
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty()
+            && self
+                .logprobs
+                .as_ref()
+                .is_none_or(CompletionLogprobs::is_empty)
+    }
+}
