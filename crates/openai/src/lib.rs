@@ -22,6 +22,7 @@ mod response;
 mod sampling;
 pub mod sse;
 mod template;
+pub mod tools;
 pub mod validate;
 
 pub use constraint::Constraint;
@@ -33,8 +34,9 @@ pub use request::{
 };
 pub use response::{
     new_completion_id, unix_now, AssistantMessage, ChatCompletion, ChatCompletionChunk, Choice,
-    ChunkChoice, Delta, FinishReason, Model, ModelList, Usage,
+    ChunkChoice, Delta, DeltaFunction, DeltaToolCall, FinishReason, Model, ModelList, Usage,
 };
 pub use sampling::Sampling;
 pub use sse::{write_done, write_error_event, ChunkWriter, DONE};
-pub use template::template_messages;
+pub use template::{template_messages, tools_fallback};
+pub use tools::{CalledFunction, MessageToolCall, Tool, ToolChoice, ToolOutput};

@@ -1,8 +1,9 @@
 //! Semantic checks on a deserialised [`ChatCompletionRequest`].
 //!
 //! Each check returns a 400 naming the field in `param` and in the message.
-//! Unsupported OpenAI features (`n > 1`, log probabilities, tools, JSON
-//! response formats) are refused here rather than silently ignored.
+//! Unsupported OpenAI features (`n > 1`, log probabilities, JSON
+//! response formats) are refused here rather than silently ignored; tools
+//! are checked by [`crate::tools::check_tools`].
 
 use crate::request::{ContentPart, MessageContent, Role};
 use crate::{ApiError, ChatCompletionRequest, ChatMessage};
@@ -208,19 +209,7 @@ fn check_unsupported(req: &ChatCompletionRequest) -> Result<(), ApiError> {
             ));
         }
     }
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(not_supported("tools"));
-    }
-    check_tool_choice(req.tool_choice.as_ref())
-}
-
-/// `tool_choice`: absent, `null`, `"none"` or `"auto"` (there are no tools).
-fn check_tool_choice(choice: Option<&serde_json::Value>) -> Result<(), ApiError> {
-    match choice {
-        None | Some(serde_json::Value::Null) => Ok(()),
-        Some(serde_json::Value::String(s)) if s == "none" || s == "auto" => Ok(()),
-        Some(_) => Err(not_supported("tool_choice")),
-    }
+    crate::tools::check_tools(req)
 }
 
 /// A 400 for a feature the gateway does not support.
