@@ -11,7 +11,10 @@ use std::time::Instant;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use iris_detok::StopMatcher;
-use iris_openai::{unix_now, ApiError, ChatCompletion, FinishReason, Usage};
+use iris_openai::{
+    unix_now, ApiError, AssistantMessage, CalledFunction, ChatCompletion, FinishReason,
+    MessageToolCall, Usage,
+};
 use iris_proto::scheduler::{
     generate_response::Response as Reply, GenerateComplete, GenerateRequest,
 };
@@ -21,6 +24,7 @@ use super::record::CLIENT_CLOSED;
 use super::Prepared;
 use crate::metrics::{Outcome, Stage};
 use crate::mm::budget::HeldImages;
+use crate::output::OutputPlan;
 use crate::router::Generation;
 use crate::server::AppState;
 
@@ -123,7 +127,7 @@ async fn run(
             )
         })?;
     let (content, stopped) = cut_at_stop(&text, &prepared.stop);
-    let finish_reason = if stopped || complete.finish_reason != "length" {
+    let mut finish_reason = if stopped || complete.finish_reason != "length" {
         FinishReason::Stop
     } else {
         FinishReason::Length
@@ -132,15 +136,17 @@ async fn run(
         .metrics
         .tokens(prepared.prompt_tokens, complete.completion_tokens);
     let usage = Usage::new(prepared.prompt_tokens, complete.completion_tokens);
-    let body = ChatCompletion::new(
+    let message = shaped_message(&prepared.output, content, &mut finish_reason);
+    let mut completion = ChatCompletion::new(
         &prepared.id,
         unix_now(),
         &state.model_name,
-        content,
+        "",
         finish_reason,
         usage,
-    )
-    .to_json();
+    );
+    completion.choices[0].message = message;
+    let body = completion.to_json();
     Ok((body, complete.completion_tokens))
 }
 
@@ -164,6 +170,47 @@ async fn await_complete(
                 ))
             }
         }
+    }
+}
+
+/// The assistant message for `text`: its reasoning and tool calls parsed
+/// out as the plan says; tool calls make the finish reason `tool_calls`.
+fn shaped_message(
+    plan: &OutputPlan,
+    text: String,
+    finish_reason: &mut FinishReason,
+) -> AssistantMessage {
+    let shaper = plan.shaper();
+    if shaper.is_passthrough() {
+        return AssistantMessage::new(text);
+    }
+    let shaped = shaper.shape(&text);
+    let tool_calls: Vec<MessageToolCall> =
+        shaped.tool_calls.into_iter().map(message_call).collect();
+    if !tool_calls.is_empty() {
+        *finish_reason = FinishReason::ToolCalls;
+    }
+    AssistantMessage {
+        content: match (shaped.content, tool_calls.is_empty()) {
+            (Some(c), _) => Some(c),
+            (None, true) => Some(String::new()),
+            (None, false) => None,
+        },
+        reasoning_content: shaped.reasoning,
+        tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
+        ..AssistantMessage::new("")
+    }
+}
+
+/// A parsed call in the response's shape.
+fn message_call(call: iris_parsers::ToolCall) -> MessageToolCall {
+    MessageToolCall {
+        id: call.id,
+        kind: "function".to_owned(),
+        function: CalledFunction {
+            name: call.name,
+            arguments: call.arguments,
+        },
     }
 }
 

@@ -14,6 +14,7 @@ use bytes::{Bytes, BytesMut};
 use iris_detok::{IncrementalDecoder, StopMatcher};
 use iris_openai::sse::{self, ChunkWriter};
 use iris_openai::{unix_now, ApiError, FinishReason, Usage};
+use iris_parsers::{OutputShaper, Piece};
 use iris_proto::scheduler::{generate_response::Response as Reply, GenerateComplete};
 
 use super::errors::{error_response, route_error, stream_ended, worker_error};
@@ -83,6 +84,10 @@ struct Streamer {
     writer: ChunkWriter,
     decoder: IncrementalDecoder,
     stops: StopMatcher,
+    /// Splits reasoning and tool calls out of the text.
+    shaper: OutputShaper,
+    /// Tool calls written so far (the next one's index).
+    calls_written: u32,
     phase: Phase,
     completion_tokens: u32,
     /// When the first token reached the client.
@@ -99,6 +104,7 @@ impl Streamer {
         let writer = ChunkWriter::new(&prepared.id, unix_now(), &state.model_name);
         let decoder = IncrementalDecoder::new(state.prompter.tokenizer().clone(), &[], true);
         let stops = StopMatcher::new(prepared.stop.clone());
+        let shaper = prepared.output.shaper();
         let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
         Ok(Streamer {
             state,
@@ -107,6 +113,8 @@ impl Streamer {
             writer,
             decoder,
             stops,
+            shaper,
+            calls_written: 0,
             phase: Phase::Start,
             completion_tokens: 0,
             first_token_at: None,
@@ -194,9 +202,7 @@ impl Streamer {
             return;
         }
         let step = self.stops.push(text);
-        if !step.emit.is_empty() {
-            self.writer.write_content(out, &step.emit);
-        }
+        self.write_text(out, &step.emit);
         if step.stopped.is_some() {
             self.generation.abort("stop string matched");
             self.finish(out, FinishReason::Stop);
@@ -223,9 +229,7 @@ impl Streamer {
             return;
         }
         let held = self.stops.finish();
-        if !held.is_empty() {
-            self.writer.write_content(out, &held);
-        }
+        self.write_text(out, &held);
         let reason = if complete.finish_reason == "length" {
             FinishReason::Length
         } else {
@@ -234,7 +238,45 @@ impl Streamer {
         self.finish(out, reason);
     }
 
+    /// Writes text that may be shown: as content, or through the shaper.
+    fn write_text(&mut self, out: &mut BytesMut, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        if self.shaper.is_passthrough() {
+            return self.writer.write_content(out, text);
+        }
+        let pieces = self.shaper.push(text);
+        self.write_pieces(out, pieces);
+    }
+
+    /// Writes shaped pieces: content, reasoning, and each tool call as a
+    /// chunk with its id and name then one with its arguments.
+    fn write_pieces(&mut self, out: &mut BytesMut, pieces: Vec<Piece>) {
+        for piece in pieces {
+            match piece {
+                Piece::Content(text) => self.writer.write_content(out, &text),
+                Piece::Reasoning(text) => self.writer.write_reasoning(out, &text),
+                Piece::ToolCall(call) => {
+                    let index = self.calls_written;
+                    self.calls_written += 1;
+                    self.writer
+                        .write_tool_call_start(out, index, &call.id, &call.name);
+                    self.writer
+                        .write_tool_call_arguments(out, index, &call.arguments);
+                }
+            }
+        }
+    }
+
     fn finish(&mut self, out: &mut BytesMut, reason: FinishReason) {
+        let rest = self.shaper.finish();
+        self.write_pieces(out, rest);
+        let reason = if self.calls_written > 0 {
+            FinishReason::ToolCalls
+        } else {
+            reason
+        };
         self.writer.write_finish(out, reason);
         if self.prepared.request.include_usage() {
             self.writer.write_usage(
