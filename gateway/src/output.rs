@@ -257,7 +257,10 @@ mod tests {
         let req = request(r#","tool_choice":"required""#);
         let mut sampling = req.sampling();
         let plan = OutputPlan::new(HERMES, &req, &mut sampling, "prompt");
-        assert!(matches!(sampling.constraint, Some(Constraint::JsonSchema(_))));
+        assert!(matches!(
+            sampling.constraint,
+            Some(Constraint::JsonSchema(_))
+        ));
         let out = shaped(&plan, r#"[{"name":"f","parameters":{"a":1}}]"#);
         assert_eq!(out.tool_calls.len(), 1);
         assert_eq!(out.tool_calls[0].arguments, r#"{"a":1}"#);
@@ -291,7 +294,8 @@ mod tests {
         );
         assert_eq!(sampling.constraint, None);
         let mut shaper = plan.shaper();
-        let mut pieces = shaper.push("hmm</think>\n\n<tool_call>\n{\"name\":\"f\",\"arguments\":{}}\n</tool_call>");
+        let mut pieces = shaper
+            .push("hmm</think>\n\n<tool_call>\n{\"name\":\"f\",\"arguments\":{}}\n</tool_call>");
         pieces.extend(shaper.finish());
         assert_eq!(pieces[0], Piece::Reasoning("hmm".into()));
         assert!(matches!(&pieces[1], Piece::ToolCall(c) if c.name == "f"));
