@@ -155,8 +155,8 @@ CASES = [
         {"role": "system", "content": [image_part(data_url(GOOD))]},
         {"role": "user", "content": "hi"}]}, 400, "only allowed in `user` messages"),
     ("n = 2", lambda s: text_chat("hi", n=2), 400, "n must be 1"),
-    ("tools", lambda s: text_chat("hi", tools=[{"type": "function", "function": {"name": "f"}}]), 400,
-     "tools"),
+    ("tool with a bad name", lambda s: text_chat("hi", tools=[{"type": "function", "function": {"name": "f g"}}]),
+     400, "tools[0].function.name"),
     # Skipped iteratively by serde_json: harmless, accepted.
     ("deep nesting in an ignored field", lambda s: Raw(nested(10000)), 200, ""),
     ("deep nesting in content", lambda s: Raw(b'{"model":"tiny-chat","messages":[{"role":"user","content":'
