@@ -130,9 +130,10 @@ impl ChatCompletionRequest {
     }
 
     /// The constraint `tool_choice` puts on decoding: for `required` an
-    /// array of calls (one unless `parallel_tool_calls`), each
-    /// `{"name": <a tool>, "parameters": <its schema>}`; for a named
-    /// function its parameters schema.
+    /// array of calls (at most one when `parallel_tool_calls` is false),
+    /// each `{"name": <a tool>, "parameters": <its schema>}` (an `anyOf`
+    /// over the tools when there are several); for a named function its
+    /// parameters schema.
     pub fn tool_constraint(&self) -> Option<Constraint> {
         let schema = match self.tool_choice_mode() {
             ToolChoice::None | ToolChoice::Auto => return None,
@@ -147,7 +148,7 @@ impl ChatCompletionRequest {
 
     /// The schema of a `required` answer.
     fn calls_schema(&self) -> Value {
-        let branches: Vec<Value> = self
+        let mut branches: Vec<Value> = self
             .tool_list()
             .iter()
             .map(|t| {
@@ -161,7 +162,11 @@ impl ChatCompletionRequest {
                 })
             })
             .collect();
-        let mut schema = json!({"type": "array", "minItems": 1, "items": {"anyOf": branches}});
+        let items = match branches.len() {
+            1 => branches.remove(0),
+            _ => json!({ "anyOf": branches }),
+        };
+        let mut schema = json!({"type": "array", "minItems": 1, "items": items});
         if self.parallel_tool_calls == Some(false) {
             schema["maxItems"] = json!(1);
         }

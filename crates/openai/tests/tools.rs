@@ -117,7 +117,13 @@ fn required_builds_an_array_of_calls() {
     let single = parse(&body(&format!(
         r#""tools":[{WEATHER}],"tool_choice":"required","parallel_tool_calls":false"#
     )));
-    assert_eq!(schema(single.tool_constraint())["maxItems"], 1);
+    let single = schema(single.tool_constraint());
+    assert_eq!(single["maxItems"], 1);
+    // One tool: no anyOf.
+    assert_eq!(
+        single["items"]["properties"]["name"]["enum"],
+        json!(["get_weather"])
+    );
 }
 
 #[test]
