@@ -155,8 +155,8 @@ CASES = [
         {"role": "system", "content": [image_part(data_url(GOOD))]},
         {"role": "user", "content": "hi"}]}, 400, "only allowed in `user` messages"),
     ("n = 17", lambda s: text_chat("hi", n=17), 400, "n: must be between 1 and 16"),
-    ("tools", lambda s: text_chat("hi", tools=[{"type": "function", "function": {"name": "f"}}]), 400,
-     "tools"),
+    ("tool with a bad name", lambda s: text_chat("hi", tools=[{"type": "function", "function": {"name": "f g"}}]),
+     400, "tools[0].function.name"),
     # A field Iris does not declare is read before it is refused: past
     # serde_json's nesting limit that is a clean 400, not a stack overflow.
     ("deep nesting in a refused field", lambda s: Raw(nested(10000)), 400, "recursion limit"),

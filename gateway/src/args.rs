@@ -9,6 +9,7 @@ use clap::Args;
 
 use iris_transport::Transport;
 
+use crate::output::{ReasoningParserFlag, ToolParserFlag};
 use crate::workers::affinity::EncodePolicyKind;
 use crate::workers::policy::PolicyKind;
 
@@ -33,6 +34,24 @@ pub struct ServeArgs {
     /// A Jinja chat template file overriding the model's own.
     #[arg(long, env = "IRIS_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
+    /// Tool-call syntax parsed out of answers into tool_calls (auto: from
+    /// the model directory and its chat template).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "IRIS_TOOL_CALL_PARSER"
+    )]
+    pub tool_call_parser: ToolParserFlag,
+    /// Reasoning parsed out of answers into reasoning_content (auto: from
+    /// the model directory and its chat template).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "IRIS_REASONING_PARSER"
+    )]
+    pub reasoning_parser: ReasoningParserFlag,
     /// Model name clients use (default: the model directory's name).
     #[arg(long, env = "IRIS_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,

@@ -19,6 +19,7 @@ use iris_vision::OutputDtype;
 use crate::args::{ConnArgs, DiscoveryArgs, InputDtype, MediaArgs, ServeArgs, TransportArgs};
 use crate::discovery::pod::{PodRules, Selector};
 use crate::discovery::Discovery;
+use crate::output::{ReasoningParserFlag, ToolParserFlag};
 use crate::transport::TransportConfig;
 use crate::workers::affinity::EncodePolicyKind;
 use crate::workers::health::HealthSettings;
@@ -103,6 +104,10 @@ pub struct ListenConfig {
 pub struct ModelConfig {
     pub path: PathBuf,
     pub chat_template: Option<PathBuf>,
+    /// `--tool-call-parser`.
+    pub tool_call_parser: ToolParserFlag,
+    /// `--reasoning-parser`.
+    pub reasoning_parser: ReasoningParserFlag,
     /// `None`: the model directory's name.
     pub served_name: Option<String>,
     /// `None`: the model's own context length.
@@ -198,6 +203,8 @@ impl Config {
             model: ModelConfig {
                 path: args.model_path,
                 chat_template: args.chat_template,
+                tool_call_parser: args.tool_call_parser,
+                reasoning_parser: args.reasoning_parser,
                 served_name: args.served_model_name,
                 context_length: args.context_length,
                 tokenizer_cache_entries: args.tokenizer_cache_entries,

@@ -34,6 +34,7 @@ mod discovery;
 mod listen;
 mod metrics;
 mod mm;
+pub mod output;
 mod pipeline;
 mod prompt;
 mod router;

@@ -7,7 +7,7 @@
 //! 2. **Images** — `gateway/src/mm/mod.rs` `load_images`: fetch
 //!    (`fetch_one`, `crates/media`), the pixel cache and preprocessing
 //!    (`load_one`, `preprocess`).
-//! 3. **Prompt** — `gateway/src/prompt.rs` `prompt_ids`: chat template and
+//! 3. **Prompt** — `gateway/src/prompt.rs` `prompt_for`: chat template and
 //!    tokenizing; `gateway/src/mm/items.rs` `expand_placeholders` places
 //!    the image tokens.
 //! 4. **Encode** (EPD only) — `gateway/src/router/dispatch.rs` `start`
@@ -20,7 +20,9 @@
 //! 6. **Decode** — the engine's `decode` (`crates/engine/src/run.rs`); the
 //!    gateway reads it through `gateway/src/router/generation.rs` `next`.
 //! 7. **Stream** — `gateway/src/chat/stream.rs` `respond` (SSE) or
-//!    `gateway/src/chat/complete.rs` `respond` (one JSON body).
+//!    `gateway/src/chat/complete.rs` `respond` (one JSON body); each
+//!    choice's text goes through `gateway/src/output.rs` `shaper`
+//!    (reasoning and tool calls parsed out).
 
 /// A stage of a chat request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +57,7 @@ pub const STAGES: [(Stage, &[(&str, &str)]); 7] = [
     (
         Stage::Prompt,
         &[
-            ("gateway/src/prompt.rs", "prompt_ids"),
+            ("gateway/src/prompt.rs", "prompt_for"),
             ("gateway/src/mm/items.rs", "expand_placeholders"),
         ],
     ),
@@ -87,6 +89,7 @@ pub const STAGES: [(Stage, &[(&str, &str)]); 7] = [
         &[
             ("gateway/src/chat/stream.rs", "respond"),
             ("gateway/src/chat/complete.rs", "respond"),
+            ("gateway/src/output.rs", "shaper"),
         ],
     ),
 ];

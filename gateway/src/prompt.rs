@@ -13,8 +13,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use iris_model::chat_template::ChatTemplate;
 use iris_model::ModelDir;
-use iris_openai::{ApiError, ChatMessage};
-use serde_json::Value;
+use iris_openai::{ApiError, ChatCompletionRequest, ChatMessage};
+use serde_json::{Map, Value};
 use tokenizers::Tokenizer;
 
 use crate::context::{self, ContextLimits};
@@ -23,6 +23,11 @@ use crate::usertext::Escaper;
 
 pub struct Prompter {
     template: ChatTemplate,
+    /// The template's source (parsers are chosen from its tags).
+    source: String,
+    /// The template reads `tools`; otherwise tools go in a fallback
+    /// system block ([`iris_openai::tools_fallback`]).
+    takes_tools: bool,
     segments: SegmentTokenizer,
     escaper: Escaper,
     limits: ContextLimits,
@@ -84,6 +89,8 @@ impl Prompter {
             SegmentTokenizer::new(tokenizer, options.cache_entries).map_err(anyhow::Error::msg)?;
         Ok(Prompter {
             template,
+            takes_tools: source.contains("tools"),
+            source,
             segments,
             escaper,
             limits,
@@ -95,6 +102,45 @@ impl Prompter {
     /// The model's vocabulary size: request token ids must be below it.
     pub fn vocab_size(&self) -> u32 {
         self.vocab_size
+    }
+
+    /// The chat template's source.
+    pub fn template_source(&self) -> &str {
+        &self.source
+    }
+
+    /// The prompt of a chat request: its messages, its tools (through the
+    /// template, or the fallback block when the template does not take
+    /// them) and its `chat_template_kwargs`. Returns the token ids and the
+    /// rendered text (whose end tells whether the template opened
+    /// reasoning). The text is escaped ([`Prompter::render`]).
+    pub fn prompt_for(
+        &self,
+        request: &ChatCompletionRequest,
+    ) -> Result<(Vec<u32>, String), ApiError> {
+        let mut messages = iris_openai::template_messages(&request.messages);
+        let tools = request.template_tools();
+        let mut vars = Map::new();
+        for (key, value) in request.chat_template_kwargs.iter().flatten() {
+            vars.insert(key.clone(), value.clone());
+        }
+        if self.takes_tools {
+            if let Some(tools) = tools {
+                vars.insert("tools".into(), tools);
+            }
+        } else {
+            iris_openai::tools_fallback(&mut messages, tools.as_ref());
+        }
+        let mut vars = Value::Object(vars);
+        self.escaper.escape_messages(&mut vars);
+        if let (Value::Object(vars), Value::Object(base)) = (&mut vars, &self.extra) {
+            for (key, value) in base {
+                vars.entry(key.clone()).or_insert_with(|| value.clone());
+            }
+        }
+        let text = self.render_with(messages, &vars, true)?;
+        let ids = self.encode(&text)?;
+        Ok((ids, text))
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
@@ -122,6 +168,7 @@ impl Prompter {
     ) -> Result<Vec<u32>, ApiError> {
         let text = self.render_with(
             iris_openai::template_messages(messages),
+            &self.extra,
             add_generation_prompt,
         )?;
         self.encode(&text)
@@ -131,18 +178,21 @@ impl Prompter {
     /// Special-token strings in message text come out escaped, so the
     /// result is for [`Prompter::encode`], not for reading.
     pub fn render(&self, messages: Value) -> Result<String, ApiError> {
-        self.render_with(messages, true)
+        self.render_with(messages, &self.extra, true)
     }
 
-    /// [`Prompter::render`], the generation prompt as asked.
+    /// [`Prompter::render`] with the template variables `vars` (already
+    /// escaped where they come from the client) and the generation prompt
+    /// as asked.
     fn render_with(
         &self,
         mut messages: Value,
+        vars: &Value,
         add_generation_prompt: bool,
     ) -> Result<String, ApiError> {
         self.escaper.escape_messages(&mut messages);
         self.template
-            .render(&messages, add_generation_prompt, Some(&self.extra))
+            .render(&messages, add_generation_prompt, Some(vars))
             .map_err(|e| {
                 ApiError::bad_request(format!("the chat template rejected these messages: {e}"))
             })

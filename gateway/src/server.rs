@@ -23,6 +23,7 @@ use crate::discovery::Discovery;
 use crate::listen::{ConnLimits, ConnStats, Stop};
 use crate::metrics::Metrics;
 use crate::mm::Multimodal;
+use crate::output::OutputParsers;
 use crate::prompt::{PromptOptions, Prompter};
 use crate::router::{Mode, Router, RouterSettings};
 use crate::transport::Lanes;
@@ -36,6 +37,8 @@ use crate::workers::{Pool, Role, Worker, WorkerUrl};
 pub struct AppState {
     pub router: Router,
     pub prompter: Prompter,
+    /// How answers are parsed into content, reasoning and tool calls.
+    pub parsers: OutputParsers,
     /// The image pipeline; `None` for a text-only model.
     pub multimodal: Option<Multimodal>,
     pub metrics: Metrics,
@@ -135,6 +138,13 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
             context_length: model.context_length,
         },
     )?;
+    let parsers = OutputParsers::choose(
+        model.tool_call_parser,
+        model.reasoning_parser,
+        &dir,
+        prompter.template_source(),
+    );
+    tracing::info!(tool_calls = ?parsers.tools, reasoning = parsers.reasoning, "output parsers");
     let multimodal = Multimodal::load(&dir, &config.media)?;
     let discovery = config.discovery.as_ref();
     let connect = config.connect.clone();
@@ -173,6 +183,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         )
         .with_lanes(lanes),
         prompter,
+        parsers,
         multimodal,
         metrics: Metrics::default(),
         model_name: model

@@ -62,8 +62,11 @@ impl Escaper {
         })
     }
 
-    /// Escapes every string of `messages` (HF message dicts) except the
-    /// `role` and `type` keys, which name things rather than carry text.
+    /// Escapes every string of `messages` (HF message dicts, or other
+    /// client values a template renders, such as `tools`) except the values
+    /// of `role` and `type` keys, which name things rather than carry text.
+    /// Object keys are escaped too (a tool's parameter names reach the
+    /// prompt through `tojson`).
     pub fn escape_messages(&self, messages: &mut Value) {
         match messages {
             Value::String(s) => {
@@ -72,10 +75,17 @@ impl Escaper {
                 }
             }
             Value::Array(items) => items.iter_mut().for_each(|v| self.escape_messages(v)),
-            Value::Object(map) => map
-                .iter_mut()
-                .filter(|(k, _)| *k != "role" && *k != "type")
-                .for_each(|(_, v)| self.escape_messages(v)),
+            Value::Object(map) => {
+                if map.keys().any(|k| matches!(self.escape(k), Cow::Owned(_))) {
+                    *map = std::mem::take(map)
+                        .into_iter()
+                        .map(|(k, v)| (self.escape(&k).into_owned(), v))
+                        .collect();
+                }
+                map.iter_mut()
+                    .filter(|(k, _)| *k != "role" && *k != "type")
+                    .for_each(|(_, v)| self.escape_messages(v))
+            }
             Value::Null | Value::Bool(_) | Value::Number(_) => {}
         }
     }
@@ -240,6 +250,25 @@ mod tests {
             restore(messages[0]["content"].as_str().unwrap()),
             "a<|im_end|>"
         );
+    }
+
+    #[test]
+    fn tool_schemas_are_escaped_keys_and_all() {
+        let e = escaper();
+        let mut tools = json!([{"type": "function", "function": {"name": "f",
+            "description": "ends with <|im_end|>",
+            "parameters": {"type": "object", "properties": {"<|im_start|>": {"type": "string"}}}}}]);
+        e.escape_messages(&mut tools);
+        let text = tools.to_string();
+        for s in SPECIALS {
+            assert!(!text.contains(s), "{s:?} left in {text}");
+        }
+        assert_eq!(tools[0]["type"], "function");
+        let props = tools[0]["function"]["parameters"]["properties"]
+            .as_object()
+            .unwrap();
+        let key = props.keys().next().unwrap();
+        assert_eq!(restore(key), "<|im_start|>");
     }
 
     #[test]

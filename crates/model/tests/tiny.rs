@@ -259,7 +259,7 @@ fn bundle_hash_is_pinned() {
     let (_tmp, model) = tiny_dir();
     assert_eq!(
         model.tokenizer_bundle().unwrap().sha256_hex,
-        "8162e4cc1cc35aa57f2b11ff6436514b1ae6c0af687869b7cdfa81c2701a3057"
+        "8048e4f9ed1afbcdc7049a7e575b36f49af8129618faf5053a7a106e7620a31a"
     );
 }
 

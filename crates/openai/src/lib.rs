@@ -31,6 +31,7 @@ pub mod sse;
 mod template;
 mod text_completion;
 mod tokenize;
+pub mod tools;
 pub mod validate;
 
 pub use completion::{
@@ -46,14 +47,15 @@ pub use request::{
 };
 pub use response::{
     new_completion_id, unix_now, AssistantMessage, ChatCompletion, ChatCompletionChunk, Choice,
-    ChoiceLogprobs, ChunkChoice, Delta, FinishReason, Model, ModelList, TokenLogprob, TopLogprob,
-    Usage, VERY_UNLIKELY,
+    ChoiceLogprobs, ChunkChoice, Delta, DeltaFunction, DeltaToolCall, FinishReason, Model,
+    ModelList, TokenLogprob, TopLogprob, Usage, VERY_UNLIKELY,
 };
 pub use sampling::Sampling;
 pub use sse::{write_done, write_error_event, ChunkWriter, DONE};
-pub use template::template_messages;
+pub use template::{template_messages, tools_fallback};
 pub use text_completion::{CompletionChoice, CompletionLogprobs, TextCompletion};
 pub use tokenize::{
     parse_detokenize_request, parse_tokenize_request, DetokenizeRequest, DetokenizeResponse,
     TokenizeInput, TokenizeRequest, TokenizeResponse,
 };
+pub use tools::{CalledFunction, MessageToolCall, Tool, ToolChoice, ToolOutput};

@@ -18,6 +18,8 @@ use std::fmt;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
+use crate::tools::{MessageToolCall, Tool};
+
 /// A chat completion request as sent by the client.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ChatCompletionRequest {
@@ -101,12 +103,18 @@ pub struct ChatCompletionRequest {
     /// Output format; only `{"type":"text"}` is supported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
-    /// Tool definitions; only an empty list is supported.
+    /// Functions the model may call ([`crate::tools`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<Vec<serde_json::Value>>,
-    /// Tool choice; only `"none"` and `"auto"` are accepted (no tools run).
+    pub tools: Option<Vec<Tool>>,
+    /// `none`, `auto`, `required` or a named function ([`crate::ToolChoice`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<serde_json::Value>,
+    /// Whether `tool_choice: required` may produce several calls (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// Extension: extra variables for the chat template (`enable_thinking`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Every top-level field not declared above, refused by
     /// [`crate::fields::check_extra`].
     #[serde(flatten, default, skip_serializing_if = "serde_json::Map::is_empty")]
@@ -140,6 +148,15 @@ pub struct ChatMessage {
     /// Optional participant name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The tool calls an assistant message made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<MessageToolCall>>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// An assistant message's reasoning, passed to the chat template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -149,6 +166,9 @@ impl ChatMessage {
             role,
             content: Some(MessageContent::Text(text.into())),
             name: None,
+            tool_calls: None,
+            tool_call_id: None,
+            reasoning_content: None,
         }
     }
 
@@ -161,7 +181,7 @@ impl ChatMessage {
     }
 }
 
-/// A message role. `tool` and `function` are rejected while parsing.
+/// A message role. `function` (the pre-tools form) is rejected while parsing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
@@ -173,6 +193,8 @@ pub enum Role {
     User,
     /// The model.
     Assistant,
+    /// A tool's result (with `tool_call_id`).
+    Tool,
 }
 
 impl Role {
@@ -183,6 +205,7 @@ impl Role {
             Self::Developer => "developer",
             Self::User => "user",
             Self::Assistant => "assistant",
+            Self::Tool => "tool",
         }
     }
 
@@ -206,9 +229,12 @@ impl Role {
             "developer" => Ok(Self::Developer),
             "user" => Ok(Self::User),
             "assistant" => Ok(Self::Assistant),
-            "tool" | "function" => Err(format!("messages with role `{s}` are not supported")),
+            "tool" => Ok(Self::Tool),
+            "function" => Err(
+                "messages with role `function` are not supported; use `tool` messages".to_owned(),
+            ),
             _ => Err(format!(
-                "unknown role `{s}`, expected one of `system`, `developer`, `user`, `assistant`"
+                "unknown role `{s}`, expected one of `system`, `developer`, `user`, `assistant`, `tool`"
             )),
         }
     }

@@ -10,6 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::tools::MessageToolCall;
+
 /// Why generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -20,7 +22,7 @@ pub enum FinishReason {
     Length,
     /// The output was filtered.
     ContentFilter,
-    /// The model called a tool (not produced by this gateway).
+    /// The model called a tool.
     ToolCalls,
 }
 
@@ -229,8 +231,14 @@ fn finite_logprob(logprob: f32) -> f32 {
 pub struct AssistantMessage {
     /// Always `assistant`.
     pub role: String,
-    /// The generated text.
+    /// The generated text; `null` when the answer is only tool calls.
     pub content: Option<String>,
+    /// The reasoning, when a reasoning parser is active.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The tool calls the model made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<MessageToolCall>>,
 }
 
 impl AssistantMessage {
@@ -239,6 +247,8 @@ impl AssistantMessage {
         Self {
             role: "assistant".to_owned(),
             content: Some(content.into()),
+            reasoning_content: None,
+            tool_calls: None,
         }
     }
 }
@@ -285,6 +295,38 @@ pub struct Delta {
     /// New text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New reasoning text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Tool-call fragments: id, type and name in a call's first one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<DeltaToolCall>>,
+}
+
+/// A fragment of a streamed tool call.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DeltaToolCall {
+    /// Which call of the message (0, 1, ...).
+    pub index: u32,
+    /// The call's id (first fragment only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function` (first fragment only).
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Name (first fragment) and a piece of the arguments.
+    pub function: DeltaFunction,
+}
+
+/// The function part of a [`DeltaToolCall`].
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DeltaFunction {
+    /// The function's name (first fragment only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The next piece of the arguments' JSON text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// `GET /v1/models`.

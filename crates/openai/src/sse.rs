@@ -110,6 +110,48 @@ impl ChunkWriter {
         out.put_slice(END);
     }
 
+    /// A reasoning chunk: `delta: {"reasoning_content": text}`.
+    pub fn write_reasoning<B: BufMut>(&self, out: &mut B, text: &str) {
+        self.write_delta(out, |out| {
+            out.put_slice(b"\"reasoning_content\":");
+            json::write_str(out, text);
+        });
+    }
+
+    /// The first chunk of tool call `index`: its id, type and name, and
+    /// empty arguments.
+    pub fn write_tool_call_start<B: BufMut>(&self, out: &mut B, index: u32, id: &str, name: &str) {
+        self.write_delta(out, |out| {
+            out.put_slice(b"\"tool_calls\":[{\"index\":");
+            json::write_u64(out, u64::from(index));
+            out.put_slice(b",\"id\":");
+            json::write_str(out, id);
+            out.put_slice(b",\"type\":\"function\",\"function\":{\"name\":");
+            json::write_str(out, name);
+            out.put_slice(b",\"arguments\":\"\"}}]");
+        });
+    }
+
+    /// A piece of the arguments of tool call `index`.
+    pub fn write_tool_call_arguments<B: BufMut>(&self, out: &mut B, index: u32, arguments: &str) {
+        self.write_delta(out, |out| {
+            out.put_slice(b"\"tool_calls\":[{\"index\":");
+            json::write_u64(out, u64::from(index));
+            out.put_slice(b",\"function\":{\"arguments\":");
+            json::write_str(out, arguments);
+            out.put_slice(b"}}]");
+        });
+    }
+
+    /// A chunk whose delta members `members` writes.
+    fn write_delta<B: BufMut>(&self, out: &mut B, members: impl FnOnce(&mut B)) {
+        out.put_slice(&self.head);
+        out.put_slice(&self.choice_open);
+        members(out);
+        out.put_slice(CHOICE_CLOSE_OPEN);
+        out.put_slice(END);
+    }
+
     /// The last choice chunk: empty delta and `finish_reason`.
     pub fn write_finish<B: BufMut>(&self, out: &mut B, reason: FinishReason) {
         out.put_slice(&self.head);

@@ -1,26 +1,139 @@
 //! Chat messages as Hugging Face chat templates expect them, shared by the
-//! gateway's prompt building and the fuzz targets that exercise it.
+//! gateway's prompt building and the fuzz targets that exercise it; and
+//! the fallback for templates that do not take `tools`.
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
+use crate::tools::{call_arguments, MessageToolCall};
 use crate::{ChatMessage, ContentPart, MessageContent};
 
 /// Messages as Hugging Face chat templates expect them: `developer`
-/// becomes `system`, image parts become `{"type": "image"}`.
+/// becomes `system`, image parts become `{"type": "image"}`, assistant
+/// `tool_calls` carry their arguments as objects, and `tool_call_id` and
+/// `reasoning_content` are passed on.
 pub fn template_messages(messages: &[ChatMessage]) -> Value {
+    Value::Array(messages.iter().map(template_message).collect())
+}
+
+fn template_message(m: &ChatMessage) -> Value {
     let part = |p: &ContentPart| match p {
         ContentPart::Text { text } => json!({"type": "text", "text": text}),
         ContentPart::ImageUrl { .. } => json!({"type": "image"}),
     };
-    let content = |c: &Option<MessageContent>| match c {
+    let content = match &m.content {
         None => Value::String(String::new()),
         Some(MessageContent::Text(text)) => Value::String(text.clone()),
         Some(MessageContent::Parts(parts)) => Value::Array(parts.iter().map(part).collect()),
     };
-    Value::Array(
-        messages
-            .iter()
-            .map(|m| json!({"role": m.role.template_role(), "content": content(&m.content)}))
-            .collect(),
-    )
+    let mut out = Map::new();
+    out.insert("role".into(), m.role.template_role().into());
+    out.insert("content".into(), content);
+    if let Some(calls) = &m.tool_calls {
+        let calls = calls.iter().map(template_call).collect();
+        out.insert("tool_calls".into(), Value::Array(calls));
+    }
+    if let Some(id) = &m.tool_call_id {
+        out.insert("tool_call_id".into(), id.clone().into());
+    }
+    if let Some(reasoning) = &m.reasoning_content {
+        out.insert("reasoning_content".into(), reasoning.clone().into());
+    }
+    Value::Object(out)
+}
+
+/// A call as HF templates read it: `arguments` is an object.
+fn template_call(call: &MessageToolCall) -> Value {
+    json!({
+        "id": call.id,
+        "type": "function",
+        "function": {
+            "name": call.function.name,
+            "arguments": call_arguments(call).unwrap_or_else(|| json!({})),
+        },
+    })
+}
+
+/// For a chat template that does not take `tools`: puts the tools in a
+/// Hermes-style block at the end of the system message (a new system
+/// message when there is none), rewrites assistant `tool_calls` as
+/// `<tool_call>` blocks after their content, and `tool` messages as user
+/// messages holding a `<tool_response>` block. `tools` is the list
+/// [`crate::ChatCompletionRequest::template_tools`] gives (`None`: no block).
+pub fn tools_fallback(messages: &mut Value, tools: Option<&Value>) {
+    let Value::Array(list) = messages else {
+        return;
+    };
+    for message in list.iter_mut() {
+        fallback_message(message);
+    }
+    let Some(Value::Array(tools)) = tools else {
+        return;
+    };
+    let block = tools_block(tools);
+    match list.first_mut() {
+        Some(first) if first["role"] == "system" => append_text(first, &format!("\n\n{block}")),
+        _ => list.insert(0, json!({"role": "system", "content": block})),
+    }
+}
+
+/// The system text listing `tools` and how to call them.
+fn tools_block(tools: &[Value]) -> String {
+    let mut block = String::from(
+        "# Tools\n\nYou can call the functions described below, as JSON schemas, \
+         between <tools> and </tools>:\n<tools>",
+    );
+    for tool in tools {
+        block.push('\n');
+        block.push_str(&tool.to_string());
+    }
+    block.push_str(
+        "\n</tools>\n\nTo call a function, answer with one JSON object per call, \
+         each inside <tool_call></tool_call> tags:\n<tool_call>\n\
+         {\"name\": <function name>, \"arguments\": <arguments as a JSON object>}\n</tool_call>",
+    );
+    block
+}
+
+/// One message of the fallback: tool calls and tool results as text.
+fn fallback_message(message: &mut Value) {
+    let Value::Object(map) = message else {
+        return;
+    };
+    if map.get("role").and_then(Value::as_str) == Some("tool") {
+        map.remove("tool_call_id");
+        let text = joined_text(map.get("content"));
+        map.insert("role".into(), "user".into());
+        let body = format!("<tool_response>\n{text}\n</tool_response>");
+        map.insert("content".into(), body.into());
+        return;
+    }
+    let Some(Value::Array(calls)) = map.remove("tool_calls") else {
+        return;
+    };
+    let mut text = String::new();
+    for call in &calls {
+        let function = &call["function"];
+        let call = json!({"name": function["name"], "arguments": function["arguments"]});
+        text.push_str(&format!("\n<tool_call>\n{call}\n</tool_call>"));
+    }
+    append_text(message, &text);
+}
+
+/// Appends `text` to a message's content (a string or a list of parts).
+fn append_text(message: &mut Value, text: &str) {
+    match &mut message["content"] {
+        Value::Array(parts) => parts.push(json!({"type": "text", "text": text.trim_start()})),
+        Value::String(s) if s.is_empty() => s.push_str(text.trim_start()),
+        Value::String(s) => s.push_str(text),
+        other => *other = Value::String(text.trim_start().to_owned()),
+    }
+}
+
+/// The text of a content value (a string or a list of parts).
+fn joined_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
+        _ => String::new(),
+    }
 }

@@ -372,22 +372,5 @@ fn check_unsupported(req: &ChatCompletionRequest) -> Result<(), ApiError> {
             ));
         }
     }
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(not_supported("tools"));
-    }
-    check_tool_choice(req.tool_choice.as_ref())
-}
-
-/// `tool_choice`: absent, `null`, `"none"` or `"auto"` (there are no tools).
-fn check_tool_choice(choice: Option<&serde_json::Value>) -> Result<(), ApiError> {
-    match choice {
-        None | Some(serde_json::Value::Null) => Ok(()),
-        Some(serde_json::Value::String(s)) if s == "none" || s == "auto" => Ok(()),
-        Some(_) => Err(not_supported("tool_choice")),
-    }
-}
-
-/// A 400 for a feature the gateway does not support.
-fn not_supported(name: &str) -> ApiError {
-    ApiError::bad_field(name, format!("{name}: not supported"))
+    crate::tools::check_tools(req)
 }

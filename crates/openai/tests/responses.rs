@@ -104,8 +104,8 @@ fn fast_chunks_match_serde() {
         finish_reason: finish,
     };
     let content = |s: &str| Delta {
-        role: None,
         content: Some(s.into()),
+        ..Delta::default()
     };
     let cases: Vec<(Vec<u8>, ChatCompletionChunk)> = vec![
         {
@@ -114,6 +114,7 @@ fn fast_chunks_match_serde() {
             let d = Delta {
                 role: Some("assistant".into()),
                 content: Some(String::new()),
+                ..Delta::default()
             };
             (b, base(vec![choice(d, None)], None))
         },

@@ -154,11 +154,6 @@ fn message_checks() {
         "must not be empty",
     );
     assert_field(
-        r#"{"model":"m","messages":[{"role":"tool","content":"x","tool_call_id":"1"}]}"#,
-        Some("messages[0].role"),
-        "role `tool` are not supported",
-    );
-    assert_field(
         r#"{"model":"m","messages":[{"role":"function","content":"x","name":"f"}]}"#,
         Some("messages[0].role"),
         "role `function` are not supported",
@@ -433,21 +428,6 @@ fn unsupported_features() {
         &body_with(r#""response_format":{"type":"json_object"}"#),
         Some("response_format"),
         "`json_object` is not supported",
-    );
-    assert_field(
-        &body_with(r#""tools":[{"type":"function","function":{"name":"f"}}]"#),
-        Some("tools"),
-        "not supported",
-    );
-    assert_field(
-        &body_with(r#""tool_choice":"required""#),
-        Some("tool_choice"),
-        "not supported",
-    );
-    assert_field(
-        &body_with(r#""tool_choice":{"type":"function","function":{"name":"f"}}"#),
-        Some("tool_choice"),
-        "not supported",
     );
     assert!(
         parse_chat_request(body_with(r#""n":1,"logprobs":false,"top_logprobs":0"#).as_bytes())

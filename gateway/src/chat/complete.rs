@@ -14,7 +14,8 @@ use std::time::Instant;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use iris_openai::{
-    unix_now, ApiError, ChatCompletion, Choice, ChoiceLogprobs, FinishReason, Usage,
+    unix_now, ApiError, AssistantMessage, CalledFunction, ChatCompletion, Choice, ChoiceLogprobs,
+    FinishReason, MessageToolCall, Usage,
 };
 use iris_proto::scheduler::{
     generate_response::Response as Reply, GenerateComplete, GenerateRequest,
@@ -25,6 +26,7 @@ use super::record::CLIENT_CLOSED;
 use super::Prepared;
 use crate::metrics::{Outcome, Stage};
 use crate::mm::budget::HeldImages;
+use crate::output::OutputPlan;
 use crate::router::Generation;
 use crate::server::AppState;
 
@@ -137,12 +139,17 @@ async fn run(
         .enumerate()
         .map(|(index, (choice, visible))| {
             let visible = visible.unwrap_or_default();
-            Choice::new(
-                index as u32,
-                visible.text,
-                choice.finish.unwrap_or(FinishReason::Stop),
-                visible.logprobs.map(ChoiceLogprobs::new),
-            )
+            let mut finish_reason = choice.finish.unwrap_or(FinishReason::Stop);
+            let message = shaped_message(&prepared.output, visible.text, &mut finish_reason);
+            Choice {
+                message,
+                ..Choice::new(
+                    index as u32,
+                    "",
+                    finish_reason,
+                    visible.logprobs.map(ChoiceLogprobs::new),
+                )
+            }
         })
         .collect();
     let body =
@@ -186,5 +193,46 @@ async fn await_complete(
                 ))
             }
         }
+    }
+}
+
+/// The assistant message for `text`: its reasoning and tool calls parsed
+/// out as the plan says; tool calls make the finish reason `tool_calls`.
+fn shaped_message(
+    plan: &OutputPlan,
+    text: String,
+    finish_reason: &mut FinishReason,
+) -> AssistantMessage {
+    let shaper = plan.shaper();
+    if shaper.is_passthrough() {
+        return AssistantMessage::new(text);
+    }
+    let shaped = shaper.shape(&text);
+    let tool_calls: Vec<MessageToolCall> =
+        shaped.tool_calls.into_iter().map(message_call).collect();
+    if !tool_calls.is_empty() {
+        *finish_reason = FinishReason::ToolCalls;
+    }
+    AssistantMessage {
+        content: match (shaped.content, tool_calls.is_empty()) {
+            (Some(c), _) => Some(c),
+            (None, true) => Some(String::new()),
+            (None, false) => None,
+        },
+        reasoning_content: shaped.reasoning,
+        tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
+        ..AssistantMessage::new("")
+    }
+}
+
+/// A parsed call in the response's shape.
+fn message_call(call: iris_parsers::ToolCall) -> MessageToolCall {
+    MessageToolCall {
+        id: call.id,
+        kind: "function".to_owned(),
+        function: CalledFunction {
+            name: call.name,
+            arguments: call.arguments,
+        },
     }
 }

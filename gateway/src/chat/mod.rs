@@ -28,6 +28,7 @@ use crate::metrics::{Outcome, Stage};
 use crate::mm::budget::HeldImages;
 use crate::mm::items::{expand_placeholders, multimodal_inputs};
 use crate::mm::pixels::PixelEntry;
+use crate::output::OutputPlan;
 use crate::server::AppState;
 use choice::ChoiceText;
 use record::{ImageCount, RequestLine};
@@ -46,6 +47,8 @@ pub struct Prepared {
     pub n: u32,
     /// Whether the choices carry log probabilities.
     pub logprobs: bool,
+    /// How the text becomes content, reasoning and tool calls.
+    pub output: OutputPlan,
     pub prompt_tokens: u32,
     pub started: Instant,
     /// The in-flight memory of the tensors preprocessed for this request,
@@ -167,7 +170,7 @@ async fn prepare(
         cache_hits,
     };
     let tokenize_start = Instant::now();
-    let input_ids = if bytes.len() <= INLINE_PROMPT_BYTES {
+    let (input_ids, prompt_text) = if bytes.len() <= INLINE_PROMPT_BYTES {
         build_prompt(state, &request)
     } else {
         let (state, request) = (state.clone(), request.clone());
@@ -190,7 +193,8 @@ async fn prepare(
         .limits()
         .check_tokens(input_ids.len(), max_new_tokens)
         .map_err(client)?;
-    let sampling = request.sampling();
+    let mut sampling = request.sampling();
+    let output = OutputPlan::new(state.parsers, &request, &mut sampling, &prompt_text);
     let mut generate = generate_request(&id, input_ids, &sampling, request.is_stream());
     generate.mm_inputs = mm_inputs;
     let prompt_tokens = generate
@@ -205,6 +209,7 @@ async fn prepare(
         stop: sampling.stop,
         n: sampling.n,
         logprobs: sampling.logprobs.is_some(),
+        output,
         prompt_tokens,
         started,
         images_memory,
@@ -289,15 +294,19 @@ fn place_images(
     ))
 }
 
-fn build_prompt(state: &AppState, request: &ChatCompletionRequest) -> Result<Vec<u32>, ApiError> {
-    let ids = state.prompter.prompt_ids(&request.messages)?;
+/// The prompt's token ids and rendered text.
+fn build_prompt(
+    state: &AppState,
+    request: &ChatCompletionRequest,
+) -> Result<(Vec<u32>, String), ApiError> {
+    let (ids, text) = state.prompter.prompt_for(request)?;
     if ids.is_empty() {
         return Err(ApiError::bad_field(
             "messages",
             "the rendered prompt is empty",
         ));
     }
-    Ok(ids)
+    Ok((ids, text))
 }
 
 /// The Generate request for the workers; they stream only when the client

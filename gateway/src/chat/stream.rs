@@ -17,7 +17,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use iris_openai::sse::{self, ChunkWriter};
-use iris_openai::{unix_now, ApiError, ChoiceLogprobs, Usage};
+use iris_openai::{unix_now, ApiError, ChoiceLogprobs, FinishReason, Usage};
+use iris_parsers::{OutputShaper, Piece};
 use iris_proto::scheduler::{
     generate_response::Response as Reply, GenerateComplete, GenerateStreamChunk,
 };
@@ -87,10 +88,87 @@ enum Phase {
 struct StreamChoice {
     writer: ChunkWriter,
     text: ChoiceText,
+    /// Splits reasoning and tool calls out of the text.
+    shaper: OutputShaper,
+    /// Tool calls written so far (the next one's index).
+    calls_written: u32,
     /// The worker sent this sequence's GenerateComplete.
     completed: bool,
     /// Its finish chunk was written.
     reported: bool,
+}
+
+impl StreamChoice {
+    /// Writes what became visible: as content (with its tokens' log
+    /// probabilities), or through the shaper when reasoning or tool calls
+    /// are parsed out.
+    fn write_visible(&mut self, out: &mut BytesMut, visible: Visible) {
+        let logprobs = visible
+            .logprobs
+            .filter(|lp| !lp.is_empty())
+            .map(ChoiceLogprobs::new);
+        if self.shaper.is_passthrough() {
+            return self.write_content(out, &visible.text, logprobs.as_ref());
+        }
+        let pieces = if visible.text.is_empty() {
+            Vec::new()
+        } else {
+            self.shaper.push(&visible.text)
+        };
+        let mut logprobs = logprobs;
+        for piece in pieces {
+            if let Piece::Content(text) = &piece {
+                self.write_content(out, text, logprobs.take().as_ref());
+            } else {
+                self.write_piece(out, piece);
+            }
+        }
+        // Tokens that went to reasoning or a tool call keep their log
+        // probabilities, on an empty content delta.
+        if let Some(lp) = logprobs {
+            self.writer.write_content_with_logprobs(out, "", &lp);
+        }
+    }
+
+    fn write_content(&self, out: &mut BytesMut, text: &str, logprobs: Option<&ChoiceLogprobs>) {
+        match logprobs {
+            Some(lp) => self.writer.write_content_with_logprobs(out, text, lp),
+            None if !text.is_empty() => self.writer.write_content(out, text),
+            None => {}
+        }
+    }
+
+    /// One shaped piece: content, reasoning, or a tool call as a chunk with
+    /// its id and name then one with its arguments.
+    fn write_piece(&mut self, out: &mut BytesMut, piece: Piece) {
+        match piece {
+            Piece::Content(text) => self.writer.write_content(out, &text),
+            Piece::Reasoning(text) => self.writer.write_reasoning(out, &text),
+            Piece::ToolCall(call) => {
+                let index = self.calls_written;
+                self.calls_written += 1;
+                self.writer
+                    .write_tool_call_start(out, index, &call.id, &call.name);
+                self.writer
+                    .write_tool_call_arguments(out, index, &call.arguments);
+            }
+        }
+    }
+
+    /// The shaper's held text, then the finish chunk (`tool_calls` once a
+    /// call was written).
+    fn write_end(&mut self, out: &mut BytesMut, reason: FinishReason) {
+        for piece in self.shaper.finish() {
+            self.write_piece(out, piece);
+        }
+        let reason = if self.calls_written > 0 {
+            FinishReason::ToolCalls
+        } else {
+            reason
+        };
+        self.writer.write_finish(out, reason);
+        self.reported = true;
+    }
 }
 
 /// The state of one SSE answer.
@@ -119,6 +197,8 @@ impl Streamer {
             .map(|(index, text)| StreamChoice {
                 writer: writer.for_choice(index as u32),
                 text,
+                shaper: prepared.output.shaper(),
+                calls_written: 0,
                 completed: false,
                 reported: false,
             })
@@ -252,24 +332,14 @@ impl Streamer {
             Err(error) => return self.fail(out, &error, Outcome::UpstreamError),
         };
         let choice = &mut self.choices[i];
-        match &visible.logprobs {
-            Some(lp) if !lp.is_empty() => {
-                let lp = ChoiceLogprobs::new(visible.logprobs.unwrap_or_default());
-                choice
-                    .writer
-                    .write_content_with_logprobs(out, &visible.text, &lp);
-            }
-            _ if !visible.text.is_empty() => choice.writer.write_content(out, &visible.text),
-            _ => {}
-        }
+        choice.write_visible(out, visible);
         let Some(reason) = choice.text.finish else {
             return;
         };
         if choice.reported {
             return;
         }
-        choice.writer.write_finish(out, reason);
-        choice.reported = true;
+        choice.write_end(out, reason);
         if self.choices.iter().all(|c| c.reported) {
             self.finish(out);
         }
