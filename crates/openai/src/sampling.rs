@@ -58,7 +58,7 @@ impl ChatCompletionRequest {
                 .map(|s| s.as_slice().to_vec())
                 .unwrap_or_default(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
-            constraint: None,
+            constraint: self.constraint.clone(),
         }
     }
 

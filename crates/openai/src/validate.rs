@@ -1,8 +1,9 @@
 //! Semantic checks on a deserialised [`ChatCompletionRequest`].
 //!
 //! Each check returns a 400 naming the field in `param` and in the message.
-//! Unsupported OpenAI features (`n > 1`, log probabilities, tools, JSON
-//! response formats) are refused here rather than silently ignored.
+//! Unsupported OpenAI features (`n > 1`, log probabilities, tools) are
+//! refused here rather than silently ignored; `response_format` and the
+//! constraint extensions are read by [`crate::structured`].
 
 use crate::request::{ContentPart, MessageContent, Role};
 use crate::{ApiError, ChatCompletionRequest, ChatMessage};
@@ -196,17 +197,6 @@ fn check_unsupported(req: &ChatCompletionRequest) -> Result<(), ApiError> {
     }
     if req.top_logprobs.is_some_and(|k| k > 0) {
         return Err(not_supported("top_logprobs"));
-    }
-    if let Some(format) = &req.response_format {
-        if format.kind != "text" {
-            return Err(ApiError::bad_field(
-                "response_format",
-                format!(
-                    "response_format: type `{}` is not supported, only `text`",
-                    format.kind
-                ),
-            ));
-        }
     }
     if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(not_supported("tools"));

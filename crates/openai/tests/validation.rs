@@ -306,11 +306,6 @@ fn unsupported_features() {
         "not supported",
     );
     assert_field(
-        &body_with(r#""response_format":{"type":"json_object"}"#),
-        Some("response_format"),
-        "`json_object` is not supported",
-    );
-    assert_field(
         &body_with(r#""tools":[{"type":"function","function":{"name":"f"}}]"#),
         Some("tools"),
         "not supported",
