@@ -18,7 +18,7 @@ use crate::inflight::Registration;
 use crate::model::{Finish, PromptState, Sequence};
 use crate::request::{ItemSource, Plan};
 use crate::service::{Engine, StoredState};
-use crate::{payload, Role};
+use crate::{constrained, payload, Role};
 
 type Tx = mpsc::Sender<Result<GenerateResponse, Status>>;
 
@@ -136,10 +136,22 @@ async fn hand_over(engine: &Engine, plan: &Plan, state: PromptState, tx: &Tx) ->
 
 /// Generates every sequence of the request, one step at a time.
 async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> Result<(), Stop> {
+    let scripts = constrained::scripts(
+        plan.constraint.as_ref(),
+        &engine.text,
+        state,
+        &plan.sequences,
+    )
+    .await
+    .map_err(Stop::Failed)?;
     let mut sequences: Vec<(Sequence<'_>, Vec<u32>, bool)> = plan
         .sequences
         .iter()
-        .map(|p| (Sequence::new(state, &engine.vocab, p), Vec::new(), false))
+        .zip(scripts)
+        .map(|(p, script)| {
+            let sequence = Sequence::new(state, &engine.vocab, p).follow(script);
+            (sequence, Vec::new(), false)
+        })
         .collect();
     let prompt_tokens = state.prompt_tokens;
     loop {
