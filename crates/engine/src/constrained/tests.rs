@@ -100,12 +100,8 @@ fn validate(value: &Value, schema: &Value, root: &Value) -> Result<(), String> {
         }
         let prefix = map.get("prefixItems").and_then(Value::as_array);
         for (i, item) in items.iter().enumerate() {
-            match prefix.and_then(|p| p.get(i)) {
-                Some(s) => validate(item, s, root)?,
-                None => match map.get("items") {
-                    Some(s) => validate(item, s, root)?,
-                    None => {}
-                },
+            if let Some(s) = prefix.and_then(|p| p.get(i)).or(map.get("items")) {
+                validate(item, s, root)?;
             }
         }
         if map.get("uniqueItems") == Some(&Value::Bool(true)) {
