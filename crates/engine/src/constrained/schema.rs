@@ -61,6 +61,8 @@ const REFUSED: [&str; 9] = [
     "$recursiveRef",
     "propertyNames",
 ];
+/// Names of the properties written beyond the listed ones.
+const EXTRA_KEYS: [&str; 6] = ["name", "value", "count", "label", "note", "kind"];
 /// Letters free strings are drawn from.
 const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
 
@@ -1076,8 +1078,21 @@ impl Writer<'_, '_> {
             written += 1;
         }
         if let Some(extra) = extra {
-            for i in 0..min.saturating_sub(count) {
-                let name = format!("extra_{i}");
+            // An open object with no listed properties (`json_object`)
+            // gets a few of its own; any other gets what `min` asks for.
+            let wanted = if props.is_empty() && !small {
+                (min.max(1) + self.rng.below(3) as usize).min(max)
+            } else {
+                min
+            };
+            let start = self.rng.below(EXTRA_KEYS.len() as u64) as usize;
+            let names = (0..)
+                .map(|i| match EXTRA_KEYS.get(i) {
+                    Some(_) => EXTRA_KEYS[(start + i) % EXTRA_KEYS.len()].to_owned(),
+                    None => format!("extra_{i}"),
+                })
+                .filter(|name| props.iter().all(|p| &p.name != name));
+            for name in names.take(wanted.saturating_sub(count)) {
                 self.property(&name, extra, written, depth)?;
                 written += 1;
             }

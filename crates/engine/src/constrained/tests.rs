@@ -235,6 +235,23 @@ fn keyword_coverage() {
 }
 
 #[test]
+fn open_objects_get_properties() {
+    let docs = documents(&json!({"type": "object"}), 10);
+    assert!(
+        docs.iter()
+            .all(|d| d.as_object().is_some_and(|o| !o.is_empty())),
+        "{docs:?}"
+    );
+    let capped = documents(&json!({"type": "object", "maxProperties": 1}), 10);
+    assert!(
+        capped
+            .iter()
+            .all(|d| d.as_object().is_some_and(|o| o.len() == 1)),
+        "{capped:?}"
+    );
+}
+
+#[test]
 fn recursive_schemas_end() {
     let tree = json!({
         "$defs": {"Node": {"type": "object", "properties": {
