@@ -127,9 +127,9 @@ def test_unknown_model_is_not_found(client):
     assert "no-such-model" in caught.value.message
 
 
-def test_n_above_one_is_bad_request(client, model):
+def test_n_above_the_bound_is_bad_request(client, model):
     with pytest.raises(openai.BadRequestError) as caught:
-        ask(client, model, n=2)
+        ask(client, model, n=17)
     error = caught.value.body
     assert isinstance(error, dict), error
     assert re.search(r"\bn\b", error["message"]), error

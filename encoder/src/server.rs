@@ -150,8 +150,12 @@ fn compute_backend(
 }
 
 fn build(cfg: EncoderConfig, compute: Option<Arc<dyn Compute>>) -> anyhow::Result<Encoder> {
-    let dir = ModelDir::load(&cfg.model_path)
-        .with_context(|| format!("cannot load model directory {}", cfg.model_path.display()))?;
+    let dir = ModelDir::load(&cfg.model_path).with_context(|| {
+        format!(
+            "cannot load model directory {} (--model-path)",
+            cfg.model_path.display()
+        )
+    })?;
     let vision = dir
         .config
         .vision

@@ -307,7 +307,7 @@ pub struct MediaArgs {
     #[arg(long, env = "IRIS_ALLOWED_LOCAL_MEDIA_PATH")]
     pub allowed_local_media_path: Option<PathBuf>,
     /// Largest image file in bytes (fetched, inline or local).
-    #[arg(long, default_value_t = 32 << 20, env = "IRIS_MM_MAX_IMAGE_BYTES")]
+    #[arg(long, default_value_t = iris_media::DEFAULT_MAX_BYTES as usize, env = "IRIS_MM_MAX_IMAGE_BYTES")]
     pub mm_max_image_bytes: usize,
     /// Largest decoded image in pixels (checked from the header); for
     /// CLIP-style processors also the size the image is resized to before
@@ -315,15 +315,27 @@ pub struct MediaArgs {
     #[arg(long, default_value_t = 89_478_485, env = "IRIS_MM_MAX_IMAGE_PIXELS")]
     pub mm_max_image_pixels: u64,
     /// Milliseconds to connect to an image host.
-    #[arg(long, default_value_t = 5000, env = "IRIS_MM_FETCH_CONNECT_TIMEOUT_MS")]
+    #[arg(
+        long,
+        default_value_t = iris_media::DEFAULT_CONNECT_TIMEOUT_MS,
+        env = "IRIS_MM_FETCH_CONNECT_TIMEOUT_MS"
+    )]
     pub mm_fetch_connect_timeout_ms: u64,
     /// Longest gap between two reads of an image host's response, in
     /// milliseconds; the whole fetch (redirects and body included) must end
     /// within the connect timeout plus this.
-    #[arg(long, default_value_t = 30000, env = "IRIS_MM_FETCH_TIMEOUT_MS")]
+    #[arg(
+        long,
+        default_value_t = iris_media::DEFAULT_READ_TIMEOUT_MS,
+        env = "IRIS_MM_FETCH_TIMEOUT_MS"
+    )]
     pub mm_fetch_timeout_ms: u64,
     /// Redirects followed per image URL (each re-checked).
-    #[arg(long, default_value_t = 5, env = "IRIS_MM_MAX_REDIRECTS")]
+    #[arg(
+        long,
+        default_value_t = iris_media::DEFAULT_MAX_REDIRECTS,
+        env = "IRIS_MM_MAX_REDIRECTS"
+    )]
     pub mm_max_redirects: u32,
     /// Element type of the pixel tensors sent to workers (bfloat16: half
     /// the bytes of float32, what TokenSpeed workers take).

@@ -28,6 +28,9 @@ pub struct Prompter {
     limits: ContextLimits,
     /// Variables HF templates expect besides the messages.
     extra: Value,
+    /// Token ids below this are the model's (the config's `vocab_size`,
+    /// or the tokenizer's size when larger).
+    vocab_size: u32,
 }
 
 /// How to build prompts: the template, the segment cache, the context.
@@ -72,6 +75,11 @@ impl Prompter {
                 .map(|t| t.content.as_str()),
         )
         .map_err(anyhow::Error::msg)?;
+        let vocab_size = dir
+            .config
+            .vocab_size
+            .unwrap_or(0)
+            .max(tokenizer.get_vocab_size(true) as u32);
         let segments =
             SegmentTokenizer::new(tokenizer, options.cache_entries).map_err(anyhow::Error::msg)?;
         Ok(Prompter {
@@ -80,7 +88,13 @@ impl Prompter {
             escaper,
             limits,
             extra,
+            vocab_size,
         })
+    }
+
+    /// The model's vocabulary size: request token ids must be below it.
+    pub fn vocab_size(&self) -> u32 {
+        self.vocab_size
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {

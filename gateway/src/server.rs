@@ -122,8 +122,12 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
 /// Builds the gateway from `config` and starts serving.
 pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     let model = &config.model;
-    let dir = ModelDir::load(&model.path)
-        .with_context(|| format!("cannot load model directory {}", model.path.display()))?;
+    let dir = ModelDir::load(&model.path).with_context(|| {
+        format!(
+            "cannot load model directory {} (--model-path)",
+            model.path.display()
+        )
+    })?;
     let prompter = Prompter::load(
         &dir,
         &PromptOptions {

@@ -140,7 +140,9 @@ async fn bad_requests_get_openai_errors() {
         (json!({"model": model.name}).to_string(), 400, "messages"),
         (json!({"model": model.name, "messages": [{"role": "user", "content": 5}]}).to_string(), 400, "messages[0].content"),
         (json!({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}).to_string(), 404, "gpt-4"),
-        (json!({"model": model.name, "n": 2, "messages": [{"role": "user", "content": "hi"}]}).to_string(), 400, "n must be 1"),
+        (json!({"model": model.name, "n": 17, "messages": [{"role": "user", "content": "hi"}]}).to_string(), 400, "n: must be between 1 and 16"),
+        (json!({"model": model.name, "logit_bias": {"99999": 1}, "messages": [{"role": "user", "content": "hi"}]}).to_string(), 400, "key `99999` is outside the model's vocabulary of 648 tokens"),
+        (json!({"model": model.name, "stop_token_ids": [648], "messages": [{"role": "user", "content": "hi"}]}).to_string(), 400, "stop_token_ids[0]: 648 is outside"),
         (json!({"model": model.name, "messages": [{"role": "user", "content": "x".repeat(5000)}]}).to_string(), 413, "4096"),
     ];
     for (body, want, needle) in cases {

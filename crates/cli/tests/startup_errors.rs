@@ -81,6 +81,7 @@ fn a_missing_model_is_one_line_naming_the_path() {
     let missing = dir.path().join("no-such-model");
     let line = one_error_line(&serve(&missing, &["--port", "0"]));
     assert!(line.contains("no-such-model"), "{line}");
+    assert!(line.contains("--model-path"), "{line}");
 }
 
 /// `iris serve` with `env` added to the environment.

@@ -21,6 +21,7 @@ mod payload;
 mod peers;
 pub mod request;
 mod run;
+pub mod scores;
 mod server;
 mod service;
 

@@ -8,7 +8,9 @@
 //! of hashed with SHA-256 (≈ 25 ms of CPU per 1080p image), so the
 //! "zero-cost" reference worker stays cheap next to the gateways it tests. Decode draws each output token from
 //! the tokenizer's ordinary tokens with a keyed pseudo-random function of
-//! (state, seed, sequence index, step). The same inputs therefore always
+//! (state, seed, sequence index, step), as the best of a few scored
+//! candidates ([`crate::scores`]: where `logit_bias` and the reported log
+//! probabilities come in). The same inputs therefore always
 //! give the same tokens, on any worker, in any role split — which is what
 //! lets tests check that the embeddings and KV state really travelled.
 
@@ -16,6 +18,7 @@ use iris_fingerprint::{fingerprint, splitmix64};
 use sha2::{Digest, Sha256};
 
 use crate::constrained::Script;
+use crate::scores::{StepInput, StepScores};
 
 /// Version tag folded into every digest, so a change of the scheme changes
 /// every output.
@@ -78,6 +81,10 @@ pub struct SequenceParams {
     pub ignore_eos: bool,
     pub seed: u64,
     pub index: u32,
+    /// (token, bias) pairs, each token once.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// `Some(k)`: report each token's log probability and `k` alternatives.
+    pub top_logprobs: Option<u32>,
 }
 
 /// Why a sequence ended.
@@ -89,11 +96,14 @@ pub enum Finish {
 }
 
 /// One decode step's result.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Step {
     pub token: u32,
     /// Set when this token ends the sequence.
     pub finish: Option<Finish>,
+    /// The token's log probability and the most likely tokens with theirs,
+    /// when the sequence reports them.
+    pub logprobs: Option<(f32, Vec<(u32, f32)>)>,
 }
 
 /// Draws the tokens of one sequence, step by step.
@@ -150,25 +160,36 @@ impl<'a> Sequence<'a> {
         let r = splitmix64(self.key ^ splitmix64(u64::from(self.produced)));
         self.produced += 1;
         let may_stop = self.produced > self.params.min_new_tokens;
-        let eos = self.vocab.eos.first().copied();
-        if let (true, false, Some(eos)) = (may_stop, self.params.ignore_eos, eos) {
-            if (r % 1_000_000) < u64::from(self.vocab.eos_ppm) {
-                return Some(Step {
-                    token: eos,
-                    finish: Some(Finish::Stop(eos)),
-                });
-            }
-        }
-        let pick = (r >> 20) % self.vocab.ordinary.len() as u64;
-        let token = self.vocab.ordinary[pick as usize];
-        let finish = if may_stop && self.params.stop_token_ids.contains(&token) {
+        let may_end = may_stop && !self.params.ignore_eos;
+        let scores = StepScores::new(
+            r,
+            &StepInput {
+                ordinary: &self.vocab.ordinary,
+                eos: self.vocab.eos.first().copied().filter(|_| may_end),
+                eos_wanted: (r % 1_000_000) < u64::from(self.vocab.eos_ppm),
+                bias: &self.params.logit_bias,
+                barred: if may_end { &[] } else { &self.vocab.eos },
+            },
+        );
+        let token = scores.drawn()?;
+        let logprobs = self
+            .params
+            .top_logprobs
+            .map(|k| scores.logprobs(k as usize));
+        let stops = self.vocab.eos.contains(&token)
+            || (may_stop && self.params.stop_token_ids.contains(&token));
+        let finish = if stops {
             Some(Finish::Stop(token))
         } else if self.produced >= self.params.max_new_tokens {
             Some(Finish::Length)
         } else {
             None
         };
-        Some(Step { token, finish })
+        Some(Step {
+            token,
+            finish,
+            logprobs,
+        })
     }
 }
 
@@ -192,6 +213,8 @@ mod tests {
             ignore_eos: false,
             seed: 0,
             index: 0,
+            logit_bias: vec![],
+            top_logprobs: None,
         }
     }
 
@@ -242,7 +265,8 @@ mod tests {
             steps,
             vec![Step {
                 token: 2,
-                finish: Some(Finish::Stop(2))
+                finish: Some(Finish::Stop(2)),
+                logprobs: None,
             }]
         );
         let mut p = params(10);
@@ -272,5 +296,58 @@ mod tests {
             stopped.last().and_then(|s| s.finish.clone()),
             Some(Finish::Stop(target))
         );
+    }
+
+    fn tokens(steps: &[Step]) -> Vec<u32> {
+        steps.iter().map(|s| s.token).collect()
+    }
+
+    #[test]
+    fn logit_bias_forces_and_bans() {
+        let state = PromptState::prefill(&[4], []);
+        let v = vocab(0);
+        let mut forced = params(12);
+        forced.logit_bias = vec![(77, 100.0)];
+        assert_eq!(tokens(&run(&state, &v, &forced)), vec![77; 12]);
+        let free = run(&state, &v, &params(12));
+        let mut banned = params(12);
+        banned.logit_bias = vec![(free[0].token, -100.0)];
+        let steps = run(&state, &v, &banned);
+        assert_eq!(steps.len(), 12);
+        assert!(steps.iter().all(|s| s.token != free[0].token));
+        // A forced EOS ends the sequence at once, unless EOS is ignored.
+        let mut eos = params(12);
+        eos.logit_bias = vec![(3, 100.0)];
+        let steps = run(&state, &v, &eos);
+        assert_eq!(tokens(&steps), vec![3]);
+        assert_eq!(steps[0].finish, Some(Finish::Stop(3)));
+        eos.ignore_eos = true;
+        assert!(run(&state, &v, &eos)
+            .iter()
+            .all(|s| !v.eos.contains(&s.token)));
+    }
+
+    #[test]
+    fn logprobs_describe_the_draw() {
+        let state = PromptState::prefill(&[8], []);
+        let v = vocab(0);
+        let free = run(&state, &v, &params(10));
+        let mut asked = params(10);
+        asked.top_logprobs = Some(5);
+        let steps = run(&state, &v, &asked);
+        assert_eq!(
+            tokens(&steps),
+            tokens(&free),
+            "asking does not change the draw"
+        );
+        for step in &steps {
+            let Some((logprob, top)) = &step.logprobs else {
+                panic!("no logprobs in {step:?}");
+            };
+            assert_eq!(top.len(), 5);
+            assert_eq!(top[0], (step.token, *logprob));
+            assert!(*logprob < 0.0);
+        }
+        assert!(free.iter().all(|s| s.logprobs.is_none()));
     }
 }

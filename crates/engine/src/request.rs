@@ -13,6 +13,10 @@ use crate::Role;
 
 /// Most sequences one request may ask for.
 pub const MAX_N: u32 = 16;
+/// Most alternatives per token (`top_logprobs_num`).
+pub const MAX_TOP_LOGPROBS: i32 = 20;
+/// Most `logit_bias` entries.
+pub const MAX_LOGIT_BIAS: usize = 1024;
 
 /// Facts of the served model that requests are checked against.
 #[derive(Debug, Clone)]
@@ -64,7 +68,11 @@ pub fn plan(mut req: GenerateRequest, role: Role, limits: &Limits) -> Result<Pla
     let params = req.sampling_params.take().unwrap_or_default();
     check_sampling(&params)?;
     let prompt_len = input_ids.len() as u32;
-    let sequences = sequences(&params, prompt_len, limits)?;
+    let mut sequences = sequences(&params, prompt_len, limits)?;
+    let top_logprobs = logprobs(&req)?;
+    sequences
+        .iter_mut()
+        .for_each(|s| s.top_logprobs = top_logprobs);
     let items = match role {
         Role::Decode => Vec::new(),
         Role::Aggregated | Role::Prefill => item_sources(&req, input_ids.len())?,
@@ -152,6 +160,13 @@ fn sequences(
         )));
     }
     let seed = p.sampling_seed.unwrap_or(0);
+    let logit_bias = logit_bias(p, limits.vocab_size)?;
+    if let Some(id) = p.stop_token_ids.iter().find(|&&id| id >= limits.vocab_size) {
+        return Err(Status::invalid_argument(format!(
+            "stop_token_ids: {id} is outside the vocabulary (size {})",
+            limits.vocab_size
+        )));
+    }
     Ok((0..n)
         .map(|index| SequenceParams {
             max_new_tokens,
@@ -160,8 +175,61 @@ fn sequences(
             ignore_eos: p.ignore_eos,
             seed,
             index,
+            logit_bias: logit_bias.clone(),
+            top_logprobs: None,
         })
         .collect())
+}
+
+/// `logit_bias` as (token id, bias): keys are decimal token ids inside the
+/// vocabulary, biases finite.
+fn logit_bias(p: &SamplingParams, vocab_size: u32) -> Result<Vec<(u32, f32)>, Status> {
+    if p.logit_bias.len() > MAX_LOGIT_BIAS {
+        return Err(Status::invalid_argument(format!(
+            "logit_bias has {} entries, at most {MAX_LOGIT_BIAS}",
+            p.logit_bias.len()
+        )));
+    }
+    let mut bias = Vec::with_capacity(p.logit_bias.len());
+    for (key, &value) in &p.logit_bias {
+        let id = key
+            .parse::<u32>()
+            .ok()
+            .filter(|&id| id < vocab_size)
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "logit_bias key {key:?} is not a token id of the vocabulary (size {vocab_size})"
+                ))
+            })?;
+        if !value.is_finite() {
+            return Err(Status::invalid_argument(format!(
+                "logit_bias[{key}] = {value} is not a finite number"
+            )));
+        }
+        bias.push((id, value));
+    }
+    bias.sort_unstable_by_key(|&(id, _)| id);
+    if bias.windows(2).any(|w| w[0].0 == w[1].0) {
+        return Err(Status::invalid_argument(
+            "logit_bias names a token twice (keys must be plain decimal ids)",
+        ));
+    }
+    Ok(bias)
+}
+
+/// The number of alternatives to report per token, when logprobs are
+/// asked (`return_logprob`); input logprobs are not produced.
+fn logprobs(req: &GenerateRequest) -> Result<Option<u32>, Status> {
+    if !req.return_logprob {
+        return Ok(None);
+    }
+    match u32::try_from(req.top_logprobs_num) {
+        Ok(k) if req.top_logprobs_num <= MAX_TOP_LOGPROBS => Ok(Some(k)),
+        _ => Err(Status::invalid_argument(format!(
+            "top_logprobs_num must be in 0..={MAX_TOP_LOGPROBS}, got {}",
+            req.top_logprobs_num
+        ))),
+    }
 }
 
 fn kv_address(info: Option<KvBootstrapInfo>, role: Role) -> Result<Option<KvAddress>, Status> {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use iris_proto::scheduler::{
     generate_complete::MatchedStop, generate_response::Response as Reply, GenerateComplete,
-    GenerateResponse, GenerateStreamChunk,
+    GenerateResponse, GenerateStreamChunk, OutputLogProbs, TopLogProbs,
 };
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -134,6 +134,15 @@ async fn hand_over(engine: &Engine, plan: &Plan, state: PromptState, tx: &Tx) ->
     send(tx, &plan.request_id, Reply::Complete(complete)).await
 }
 
+/// One sequence being decoded: its output so far and, when asked, the
+/// log probabilities of that output.
+struct Decoding<'a> {
+    sequence: Sequence<'a>,
+    output: Vec<u32>,
+    logprobs: Option<OutputLogProbs>,
+    done: bool,
+}
+
 /// Generates every sequence of the request, one step at a time.
 async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> Result<(), Stop> {
     let scripts = constrained::scripts(
@@ -144,45 +153,54 @@ async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> R
     )
     .await
     .map_err(Stop::Failed)?;
-    let mut sequences: Vec<(Sequence<'_>, Vec<u32>, bool)> = plan
+    let mut sequences: Vec<Decoding<'_>> = plan
         .sequences
         .iter()
         .zip(scripts)
-        .map(|(p, script)| {
-            let sequence = Sequence::new(state, &engine.vocab, p).follow(script);
-            (sequence, Vec::new(), false)
+        .map(|(p, script)| Decoding {
+            sequence: Sequence::new(state, &engine.vocab, p).follow(script),
+            output: Vec::new(),
+            // Streamed logprobs travel with their chunk instead.
+            logprobs: p
+                .top_logprobs
+                .filter(|_| !plan.stream)
+                .map(|_| OutputLogProbs::default()),
+            done: false,
         })
         .collect();
     let prompt_tokens = state.prompt_tokens;
     loop {
         simulate(engine.config.decode_per_step).await;
         let mut active = false;
-        for (index, (seq, output, done)) in sequences.iter_mut().enumerate() {
-            if *done {
+        for (index, seq) in sequences.iter_mut().enumerate() {
+            if seq.done {
                 continue;
             }
-            let Some(step) = seq.step() else {
-                *done = true;
-                let complete =
-                    completion(index as u32, prompt_tokens, output, Some(Finish::Length));
+            let Some(step) = seq.sequence.step() else {
+                seq.done = true;
+                let complete = completion(index as u32, prompt_tokens, seq, Some(Finish::Length));
                 send(tx, &plan.request_id, Reply::Complete(complete)).await?;
                 continue;
             };
-            output.push(step.token);
+            seq.output.push(step.token);
             engine.inflight.count_generated(1);
+            let step_logprobs = step.logprobs.map(|lp| step_logprobs(step.token, lp));
             if plan.stream {
                 let chunk = GenerateStreamChunk {
                     token_ids: vec![step.token],
                     prompt_tokens,
-                    completion_tokens: output.len() as u32,
+                    completion_tokens: seq.output.len() as u32,
+                    output_logprobs: step_logprobs.clone(),
                     index: index as u32,
                     ..GenerateStreamChunk::default()
                 };
                 send(tx, &plan.request_id, Reply::Chunk(chunk)).await?;
+            } else if let (Some(all), Some(step)) = (seq.logprobs.as_mut(), step_logprobs) {
+                append_logprobs(all, step);
             }
             if step.finish.is_some() {
-                *done = true;
-                let complete = completion(index as u32, prompt_tokens, output, step.finish);
+                seq.done = true;
+                let complete = completion(index as u32, prompt_tokens, seq, step.finish);
                 send(tx, &plan.request_id, Reply::Complete(complete)).await?;
             } else {
                 active = true;
@@ -194,10 +212,30 @@ async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> R
     }
 }
 
+/// One token's log probability and alternatives in the protocol's form.
+fn step_logprobs(token: u32, (logprob, top): (f32, Vec<(u32, f32)>)) -> OutputLogProbs {
+    OutputLogProbs {
+        token_logprobs: vec![logprob],
+        token_ids: vec![token],
+        top_logprobs: vec![TopLogProbs {
+            values: top.iter().map(|&(_, l)| l).collect(),
+            token_ids: top.iter().map(|&(t, _)| t).collect(),
+        }],
+    }
+}
+
+fn append_logprobs(all: &mut OutputLogProbs, step: OutputLogProbs) {
+    all.token_logprobs.extend(step.token_logprobs);
+    all.token_ids.extend(step.token_ids);
+    all.top_logprobs.extend(step.top_logprobs);
+}
+
+/// The sequence's GenerateComplete; it carries the output's log
+/// probabilities when they were not streamed.
 fn completion(
     index: u32,
     prompt_tokens: u32,
-    output: &[u32],
+    seq: &mut Decoding<'_>,
     finish: Option<Finish>,
 ) -> GenerateComplete {
     let (finish_reason, matched_stop) = match finish {
@@ -205,10 +243,11 @@ fn completion(
         Some(Finish::Length) | None => ("length", None),
     };
     GenerateComplete {
-        output_ids: output.to_vec(),
+        output_ids: seq.output.clone(),
         finish_reason: finish_reason.into(),
         prompt_tokens,
-        completion_tokens: output.len() as u32,
+        completion_tokens: seq.output.len() as u32,
+        output_logprobs: seq.logprobs.take(),
         matched_stop,
         index,
         ..GenerateComplete::default()

@@ -116,8 +116,12 @@ pub async fn start_configured(config: EngineConfig) -> anyhow::Result<RunningEng
 }
 
 fn build_engine(cfg: EngineConfig) -> anyhow::Result<Engine> {
-    let dir = ModelDir::load(&cfg.model_path)
-        .with_context(|| format!("cannot load model directory {}", cfg.model_path.display()))?;
+    let dir = ModelDir::load(&cfg.model_path).with_context(|| {
+        format!(
+            "cannot load model directory {} (--model-path)",
+            cfg.model_path.display()
+        )
+    })?;
     let tokenizer = dir
         .load_tokenizer()
         .context("cannot load the model's tokenizer")?;

@@ -512,6 +512,29 @@ async fn bad_input_gets_clear_status() {
         Code::InvalidArgument,
         "n = 1000 is too large",
     );
+    for (i, key) in ["99999", "abc", "07"].into_iter().enumerate() {
+        let mut bias = text_request(&format!("t9-{i}"), PROMPT.to_vec(), 4, false);
+        let params = bias.sampling_params.as_mut().unwrap();
+        params.logit_bias = [(key.to_owned(), 1.0), ("7".to_owned(), 1.0)].into();
+        let needle = if key == "07" {
+            "twice"
+        } else {
+            "not a token id"
+        };
+        check(
+            generate(&mut client, bias).await,
+            Code::InvalidArgument,
+            needle,
+        );
+    }
+    let mut top = text_request("t10", PROMPT.to_vec(), 4, false);
+    top.return_logprob = true;
+    top.top_logprobs_num = 21;
+    check(
+        generate(&mut client, top).await,
+        Code::InvalidArgument,
+        "top_logprobs_num must be in 0..=20",
+    );
     let mut pd_to_agg = text_request("t8", PROMPT.to_vec(), 4, false);
     pd_to_agg.kv_bootstrap_info = Some(kv_info("127.0.0.1:1".parse().unwrap(), 1));
     check(

@@ -4,9 +4,22 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// How image URLs may be fetched. `Default` is the safe setting: no private
-/// hosts, any public domain, no local files, 5 s to connect, 30 s to read,
-/// 20 MiB, 3 redirects.
+/// Default [`MediaConfig::max_bytes`]: 32 MiB (the gateway's
+/// `--mm-max-image-bytes` default is this constant).
+pub const DEFAULT_MAX_BYTES: u64 = 32 << 20;
+/// Default [`MediaConfig::max_redirects`] (and `--mm-max-redirects`).
+pub const DEFAULT_MAX_REDIRECTS: u32 = 5;
+/// Default [`MediaConfig::connect_timeout`] in milliseconds (and
+/// `--mm-fetch-connect-timeout-ms`).
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 5_000;
+/// Default [`MediaConfig::read_timeout`] in milliseconds (and
+/// `--mm-fetch-timeout-ms`).
+pub const DEFAULT_READ_TIMEOUT_MS: u64 = 30_000;
+
+/// How image URLs may be fetched. `Default` is the safe setting, with the
+/// same values as the gateway's flag defaults: no private hosts, any public
+/// domain, no local files, 5 s to connect, 30 s to read, 32 MiB,
+/// 5 redirects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MediaConfig {
     /// Allow hosts that resolve to loopback, private, link-local, CGNAT,
@@ -36,10 +49,10 @@ pub struct MediaConfig {
     /// The largest image accepted, in bytes: checked against
     /// `Content-Length` before reading, while streaming the body, against
     /// the size of a local file, and against the decoded size of a `data:`
-    /// URL (after an up-front check of its encoded length). Default 20 MiB.
+    /// URL (after an up-front check of its encoded length). Default 32 MiB.
     pub max_bytes: u64,
     /// How many redirects an http(s) fetch follows; every hop is checked
-    /// against all the rules again. `0` refuses any redirect. Default 3.
+    /// against all the rules again. `0` refuses any redirect. Default 5.
     pub max_redirects: u32,
     /// The `User-Agent` header sent with http(s) requests.
     pub user_agent: String,
@@ -51,10 +64,10 @@ impl Default for MediaConfig {
             allow_private_hosts: false,
             allowed_domains: Vec::new(),
             allowed_local_media_path: None,
-            connect_timeout: Duration::from_secs(5),
-            read_timeout: Duration::from_secs(30),
-            max_bytes: 20 * 1024 * 1024,
-            max_redirects: 3,
+            connect_timeout: Duration::from_millis(DEFAULT_CONNECT_TIMEOUT_MS),
+            read_timeout: Duration::from_millis(DEFAULT_READ_TIMEOUT_MS),
+            max_bytes: DEFAULT_MAX_BYTES,
+            max_redirects: DEFAULT_MAX_REDIRECTS,
             user_agent: concat!("iris-media/", env!("CARGO_PKG_VERSION")).to_owned(),
         }
     }

@@ -32,7 +32,10 @@ use bytes::Bytes;
 use url::Url;
 
 pub use address::{classify, AddressClass};
-pub use config::MediaConfig;
+pub use config::{
+    MediaConfig, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_MAX_BYTES, DEFAULT_MAX_REDIRECTS,
+    DEFAULT_READ_TIMEOUT_MS,
+};
 pub use error::{ConfigError, Fault, MediaError};
 pub use sniff::ImageFormat;
 

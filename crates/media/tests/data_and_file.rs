@@ -256,7 +256,8 @@ fn default_config_is_the_safe_one() {
     assert!(!c.allow_private_hosts);
     assert!(c.allowed_domains.is_empty());
     assert!(c.allowed_local_media_path.is_none());
-    assert!(c.max_bytes > 0 && c.max_redirects > 0);
+    assert_eq!(c.max_bytes, iris_media::DEFAULT_MAX_BYTES);
+    assert_eq!(c.max_redirects, iris_media::DEFAULT_MAX_REDIRECTS);
     assert!(MediaFetcher::new(c).is_ok());
 }
 

@@ -17,6 +17,7 @@
 
 mod constraint;
 mod error;
+pub mod fields;
 mod json;
 mod parse;
 mod request;
@@ -36,7 +37,8 @@ pub use request::{
 };
 pub use response::{
     new_completion_id, unix_now, AssistantMessage, ChatCompletion, ChatCompletionChunk, Choice,
-    ChunkChoice, Delta, FinishReason, Model, ModelList, Usage,
+    ChoiceLogprobs, ChunkChoice, Delta, FinishReason, Model, ModelList, TokenLogprob, TopLogprob,
+    Usage, VERY_UNLIKELY,
 };
 pub use sampling::Sampling;
 pub use sse::{write_done, write_error_event, ChunkWriter, DONE};

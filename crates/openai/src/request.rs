@@ -2,11 +2,17 @@
 //!
 //! These types accept what OpenAI clients send: content as a string or an
 //! array of parts, `image_url` as an object or a bare string, `stop` as a
-//! string or a list, `null` wherever a field is optional. Unknown top-level
-//! fields are ignored. Deserialisation only checks shapes and types; the
-//! value checks (ranges, unsupported features) live in [`crate::validate`]
-//! and run from [`crate::parse_chat_request`].
+//! string or a list, `null` wherever a field is optional. Deserialisation
+//! only checks shapes and types; the value checks (ranges, unsupported
+//! features) live in [`crate::validate`] and run from
+//! [`crate::parse_chat_request`].
+//!
+//! Every top-level field a client may send is declared here; whatever else
+//! a body holds lands in [`ChatCompletionRequest::extra`] and is refused by
+//! [`crate::fields`] with a 400 naming it, so nothing is silently ignored.
+//! Accepting a new field is declaring it (and validating its values).
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -60,24 +66,40 @@ pub struct ChatCompletionRequest {
     /// Stop strings: one string or a list of at most 16.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<Stop>,
-    /// Number of choices; only 1 is supported.
+    /// Number of choices, `1..=`[`crate::validate::MAX_N`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<i64>,
+    /// Token id (a decimal string) → bias added to its logit, `-100..=100`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    /// Extension: token ids that end a choice (after `min_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_token_ids: Option<Vec<u32>>,
     /// Extension: keep generating past end-of-sequence tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ignore_eos: Option<bool>,
     /// Extension: fewest tokens to generate before a stop may end the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_tokens: Option<u32>,
-    /// End-user id (logged, not used).
+    /// End-user id: written in the request's log line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
-    /// Log probabilities; only `false` is supported.
+    /// Return the log probability of each generated token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<bool>,
-    /// Top log probabilities per token; only 0 is supported.
+    /// Alternatives per token, `0..=`[`crate::validate::MAX_TOP_LOGPROBS`];
+    /// needs `logprobs: true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<u32>,
+    /// Store the completion: only `false` (nothing is stored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<bool>,
+    /// Processing tier: only `auto` and `default` (there is one tier).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<String>,
+    /// Output modalities: only `["text"]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modalities: Option<Vec<String>>,
     /// Output format: `text`, `json_object` or `json_schema`
     /// (see [`crate::structured`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,6 +128,10 @@ pub struct ChatCompletionRequest {
     /// Tool choice; only `"none"` and `"auto"` are accepted (no tools run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<serde_json::Value>,
+    /// Every top-level field not declared above, refused by
+    /// [`crate::fields::check_extra`].
+    #[serde(flatten, default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 /// `stream_options`.

@@ -69,7 +69,7 @@ pub struct ChatCompletion {
     pub created: u64,
     /// The model that answered.
     pub model: String,
-    /// Exactly one choice.
+    /// One choice per `n`, indexed from 0.
     pub choices: Vec<Choice>,
     /// Token counts.
     pub usage: Usage,
@@ -85,17 +85,24 @@ impl ChatCompletion {
         finish_reason: FinishReason,
         usage: Usage,
     ) -> Self {
+        let choice = Choice::new(0, content, finish_reason, None);
+        Self::with_choices(id, created, model, vec![choice], usage)
+    }
+
+    /// An answer with `choices` (in index order).
+    pub fn with_choices(
+        id: impl Into<String>,
+        created: u64,
+        model: impl Into<String>,
+        choices: Vec<Choice>,
+        usage: Usage,
+    ) -> Self {
         Self {
             id: id.into(),
             object: "chat.completion".to_owned(),
             created,
             model: model.into(),
-            choices: vec![Choice {
-                index: 0,
-                message: AssistantMessage::new(content),
-                finish_reason: Some(finish_reason),
-                logprobs: None,
-            }],
+            choices,
             usage,
         }
     }
@@ -110,14 +117,111 @@ impl ChatCompletion {
 /// One choice of a [`ChatCompletion`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Choice {
-    /// 0.
+    /// Which of the `n` choices, from 0.
     pub index: u32,
     /// The answer.
     pub message: AssistantMessage,
     /// Why generation ended.
     pub finish_reason: Option<FinishReason>,
-    /// Always `null`.
-    pub logprobs: Option<serde_json::Value>,
+    /// The tokens' log probabilities when `logprobs` was asked, else `null`.
+    pub logprobs: Option<ChoiceLogprobs>,
+}
+
+impl Choice {
+    /// Choice `index` with its text, end and log probabilities.
+    pub fn new(
+        index: u32,
+        content: impl Into<String>,
+        finish_reason: FinishReason,
+        logprobs: Option<ChoiceLogprobs>,
+    ) -> Self {
+        Self {
+            index,
+            message: AssistantMessage::new(content),
+            finish_reason: Some(finish_reason),
+            logprobs,
+        }
+    }
+}
+
+/// `choices[i].logprobs`: one entry per generated token.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ChoiceLogprobs {
+    /// The content tokens, in order.
+    pub content: Option<Vec<TokenLogprob>>,
+    /// Refusal tokens: always `null` (no refusal is told apart from content).
+    #[serde(default)]
+    pub refusal: Option<Vec<TokenLogprob>>,
+}
+
+impl ChoiceLogprobs {
+    /// Log probabilities of `tokens`.
+    pub fn new(tokens: Vec<TokenLogprob>) -> Self {
+        Self {
+            content: Some(tokens),
+            refusal: None,
+        }
+    }
+}
+
+/// One generated token and its most likely alternatives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// The UTF-8 bytes of `token`.
+    pub bytes: Option<Vec<u8>>,
+    /// Its log probability (`-9999.0` stands for "very unlikely").
+    pub logprob: f32,
+    /// The most likely tokens at this position, most likely first.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// An alternative in [`TokenLogprob::top_logprobs`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    /// The token's text.
+    pub token: String,
+    /// The UTF-8 bytes of `token`.
+    pub bytes: Option<Vec<u8>>,
+    /// Its log probability.
+    pub logprob: f32,
+}
+
+impl TopLogprob {
+    /// An entry for a token whose text is `token`; a log probability that
+    /// is not a finite number (JSON has none) becomes `-9999.0`.
+    pub fn new(token: String, logprob: f32) -> Self {
+        Self {
+            bytes: Some(token.as_bytes().to_vec()),
+            token,
+            logprob: finite_logprob(logprob),
+        }
+    }
+}
+
+impl TokenLogprob {
+    /// The entry for a generated token and its alternatives.
+    pub fn new(top: TopLogprob, top_logprobs: Vec<TopLogprob>) -> Self {
+        Self {
+            token: top.token,
+            bytes: top.bytes,
+            logprob: top.logprob,
+            top_logprobs,
+        }
+    }
+}
+
+/// OpenAI's stand-in for a log probability too small to report.
+pub const VERY_UNLIKELY: f32 = -9999.0;
+
+/// `logprob`, or [`VERY_UNLIKELY`] when it is not finite or below it.
+fn finite_logprob(logprob: f32) -> f32 {
+    if logprob.is_finite() {
+        logprob.max(VERY_UNLIKELY)
+    } else {
+        VERY_UNLIKELY
+    }
 }
 
 /// The assistant's message in a [`Choice`].
@@ -151,7 +255,7 @@ pub struct ChatCompletionChunk {
     pub created: u64,
     /// The model.
     pub model: String,
-    /// One choice, or none in the usage chunk.
+    /// One choice (its `index` says which), or none in the usage chunk.
     pub choices: Vec<ChunkChoice>,
     /// Present only in the usage chunk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -161,13 +265,13 @@ pub struct ChatCompletionChunk {
 /// The choice of a [`ChatCompletionChunk`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChunkChoice {
-    /// 0.
+    /// Which of the `n` choices, from 0.
     pub index: u32,
     /// What is new.
     pub delta: Delta,
-    /// Always `null`.
+    /// The log probabilities of the tokens behind `delta` when asked.
     #[serde(default)]
-    pub logprobs: Option<serde_json::Value>,
+    pub logprobs: Option<ChoiceLogprobs>,
     /// Set on the last chunk only.
     pub finish_reason: Option<FinishReason>,
 }

@@ -32,6 +32,14 @@ pub struct Sampling {
     pub ignore_eos: bool,
     /// At most one decoding constraint (see [`Constraint`]).
     pub constraint: Option<Constraint>,
+    /// `n`: choices to generate, at least 1.
+    pub n: u32,
+    /// `logit_bias` as (token id, bias), in token id order.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// `stop_token_ids` (extension), in request order.
+    pub stop_token_ids: Vec<u32>,
+    /// `Some(top_logprobs)` when `logprobs` is true, else `None`.
+    pub logprobs: Option<u32>,
 }
 
 impl ChatCompletionRequest {
@@ -59,7 +67,31 @@ impl ChatCompletionRequest {
                 .unwrap_or_default(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             constraint: self.constraint.clone(),
+            n: self
+                .n
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(1)
+                .max(1),
+            logit_bias: self.logit_bias_ids(),
+            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+            logprobs: (self.logprobs == Some(true)).then(|| self.top_logprobs.unwrap_or(0)),
         }
+    }
+
+    /// `logit_bias` with its keys read as token ids (keys that are not ids
+    /// were refused by validation and are skipped), sorted by id.
+    fn logit_bias_ids(&self) -> Vec<(u32, f32)> {
+        let mut bias: Vec<(u32, f32)> = self
+            .logit_bias
+            .iter()
+            .flatten()
+            .filter_map(|(key, &value)| {
+                let id = crate::validate::token_id_key(key).ok()?;
+                Some((id, value as f32))
+            })
+            .collect();
+        bias.sort_unstable_by_key(|&(id, _)| id);
+        bias
     }
 
     /// True when the answer is to be streamed.

@@ -1,19 +1,22 @@
 //! Server-sent events for streamed answers.
 //!
-//! A stream is: one role chunk (`delta: {"role":"assistant","content":""}`),
-//! content chunks, a final chunk with `finish_reason` and an empty delta, an
-//! optional usage chunk (`choices: []`) and `data: [DONE]`. Each event is
+//! A stream is, per choice: one role chunk
+//! (`delta: {"role":"assistant","content":""}`), content chunks and a final
+//! chunk with `finish_reason` and an empty delta; with `n` > 1 the chunks of
+//! the choices interleave, each carrying its `index`. Then an optional usage
+//! chunk (`choices: []`) and `data: [DONE]`. Each event is
 //! `data: <json>\n\n`.
 //!
-//! [`ChunkWriter`] serialises the part shared by every chunk of a stream
-//! (id, object, created, model) once; a content chunk then costs one copy of
-//! that prefix plus the escaped delta text, appended to any
-//! [`bytes::BufMut`] (`Vec<u8>`, `BytesMut`).
+//! [`ChunkWriter`] serialises the part shared by every chunk of a choice
+//! (id, object, created, model, index) once; a content chunk then costs one
+//! copy of that prefix plus the escaped delta text, appended to any
+//! [`bytes::BufMut`] (`Vec<u8>`, `BytesMut`). [`ChunkWriter::for_choice`]
+//! gives the writer of another choice.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::json;
-use crate::{ApiError, FinishReason, Usage};
+use crate::{ApiError, ChoiceLogprobs, FinishReason, Usage};
 
 /// The event that ends every stream.
 pub const DONE: &[u8] = b"data: [DONE]\n\n";
@@ -22,22 +25,23 @@ pub const DONE: &[u8] = b"data: [DONE]\n\n";
 const DATA: &[u8] = b"data: ";
 /// End of an event.
 const END: &[u8] = b"\n\n";
-/// Opening of the single choice, up to the delta object's contents.
-const CHOICE_OPEN: &[u8] = b"{\"index\":0,\"delta\":{";
 /// After the delta contents of a chunk that does not finish.
 const CHOICE_CLOSE_OPEN: &[u8] = b"},\"logprobs\":null,\"finish_reason\":null}]}";
 
-/// Writes the chunks of one stream. Cheap to clone.
+/// Writes the chunks of one choice of a stream. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct ChunkWriter {
     /// `data: {"id":..,"object":"chat.completion.chunk","created":..,"model":..,"choices":[`
     head: Bytes,
-    /// `head` followed by `{"index":0,"delta":{"content":"`.
+    /// `{"index":N,"delta":{`: the opening of this writer's choice.
+    choice_open: Bytes,
+    /// `head` followed by `choice_open` and `"content":"`.
     content_head: Bytes,
 }
 
 impl ChunkWriter {
-    /// Pre-serialises the fields shared by every chunk of the stream.
+    /// Pre-serialises the fields shared by every chunk of the stream; the
+    /// writer is choice 0's.
     pub fn new(id: &str, created: u64, model: &str) -> Self {
         let mut head = Vec::with_capacity(96 + id.len() + model.len());
         head.put_slice(DATA);
@@ -48,11 +52,26 @@ impl ChunkWriter {
         head.put_slice(b",\"model\":");
         json::write_str(&mut head, model);
         head.put_slice(b",\"choices\":[");
-        let mut content_head = head.clone();
-        content_head.put_slice(CHOICE_OPEN);
+        Self::with_head(head.into(), 0)
+    }
+
+    /// The writer of choice `index` of the same stream.
+    pub fn for_choice(&self, index: u32) -> Self {
+        Self::with_head(self.head.clone(), index)
+    }
+
+    fn with_head(head: Bytes, index: u32) -> Self {
+        let mut choice_open = Vec::with_capacity(32);
+        choice_open.put_slice(b"{\"index\":");
+        json::write_u64(&mut choice_open, u64::from(index));
+        choice_open.put_slice(b",\"delta\":{");
+        let mut content_head = Vec::with_capacity(head.len() + choice_open.len() + 12);
+        content_head.put_slice(&head);
+        content_head.put_slice(&choice_open);
         content_head.put_slice(b"\"content\":\"");
         Self {
-            head: head.into(),
+            head,
+            choice_open: choice_open.into(),
             content_head: content_head.into(),
         }
     }
@@ -60,7 +79,7 @@ impl ChunkWriter {
     /// The first chunk: `delta: {"role":"assistant","content":""}`.
     pub fn write_role<B: BufMut>(&self, out: &mut B) {
         out.put_slice(&self.head);
-        out.put_slice(CHOICE_OPEN);
+        out.put_slice(&self.choice_open);
         out.put_slice(b"\"role\":\"assistant\",\"content\":\"\"");
         out.put_slice(CHOICE_CLOSE_OPEN);
         out.put_slice(END);
@@ -75,10 +94,26 @@ impl ChunkWriter {
         out.put_slice(END);
     }
 
+    /// A content chunk with the log probabilities of the tokens behind it.
+    pub fn write_content_with_logprobs<B: BufMut>(
+        &self,
+        out: &mut B,
+        text: &str,
+        logprobs: &ChoiceLogprobs,
+    ) {
+        out.put_slice(&self.content_head);
+        json::write_escaped(out, text);
+        out.put_slice(b"\"},\"logprobs\":");
+        // A struct of strings, byte lists and finite floats serialises.
+        let _ = serde_json::to_writer(BufMut::writer(&mut *out), logprobs);
+        out.put_slice(b",\"finish_reason\":null}]}");
+        out.put_slice(END);
+    }
+
     /// The last choice chunk: empty delta and `finish_reason`.
     pub fn write_finish<B: BufMut>(&self, out: &mut B, reason: FinishReason) {
         out.put_slice(&self.head);
-        out.put_slice(CHOICE_OPEN);
+        out.put_slice(&self.choice_open);
         out.put_slice(b"},\"logprobs\":null,\"finish_reason\":\"");
         out.put_slice(reason.as_str().as_bytes());
         out.put_slice(b"\"}]}");

@@ -54,7 +54,7 @@ pub fn constraint(
     }
 }
 
-/// The fields that ask for a constraint, in request order; `ebnf` and
+/// The fields that ask for a constraint, in a fixed order; `ebnf` and
 /// `grammar` together are a 400 of their own.
 fn requested(req: &ChatCompletionRequest) -> Result<Vec<&'static str>, ApiError> {
     if req.ebnf.is_some() && req.grammar.is_some() {

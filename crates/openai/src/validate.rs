@@ -1,15 +1,29 @@
 //! Semantic checks on a deserialised [`ChatCompletionRequest`].
 //!
 //! Each check returns a 400 naming the field in `param` and in the message.
-//! Unsupported OpenAI features (`n > 1`, log probabilities, tools) are
-//! refused here rather than silently ignored; `response_format` and the
-//! constraint extensions are read by [`crate::structured`].
+//! Unsupported OpenAI features are refused here (and by [`crate::fields`]
+//! for fields without a declared type) rather than silently ignored.
+//! Token ids (`logit_bias` keys, `stop_token_ids`) are checked against the
+//! model's vocabulary by [`check_token_ids`], which the server calls with
+//! the size it knows.
+//! `response_format` and the constraint extensions are read by
+//! [`crate::structured`].
 
-use crate::request::{ContentPart, MessageContent, Role};
+use crate::request::{ContentPart, MessageContent, Role, Stop};
 use crate::{ApiError, ChatCompletionRequest, ChatMessage};
 
 /// Most stop strings a request may carry.
 pub const MAX_STOP_STRINGS: usize = 16;
+/// Most choices (`n`) a request may ask for.
+pub const MAX_N: i64 = 16;
+/// Most alternatives (`top_logprobs`) per token.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+/// Most `logit_bias` entries.
+pub const MAX_LOGIT_BIAS: usize = 1024;
+/// Largest `logit_bias` magnitude.
+pub const MAX_BIAS: f64 = 100.0;
+/// Most `stop_token_ids`.
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
 
 /// Runs every check, in field order.
 pub fn validate(req: &ChatCompletionRequest) -> Result<(), ApiError> {
@@ -20,6 +34,11 @@ pub fn validate(req: &ChatCompletionRequest) -> Result<(), ApiError> {
     check_lengths(req)?;
     check_sampling(req)?;
     check_stop(req)?;
+    check_choices(req)?;
+    check_logprobs(req)?;
+    check_logit_bias(req)?;
+    check_stream_options(req)?;
+    crate::fields::check(req)?;
     check_unsupported(req)
 }
 
@@ -163,12 +182,9 @@ fn range_error(name: &str, value: f32, wording: &str) -> ApiError {
     ApiError::bad_field(name, format!("{name}: must be {wording}, got {value}"))
 }
 
-/// `stop`: at most 16 non-empty strings.
+/// `stop`: at most 16 non-empty strings; `stop_token_ids`: at most 64.
 fn check_stop(req: &ChatCompletionRequest) -> Result<(), ApiError> {
-    let Some(stop) = &req.stop else {
-        return Ok(());
-    };
-    let stops = stop.as_slice();
+    let stops = req.stop.as_ref().map(Stop::as_slice).unwrap_or_default();
     if stops.len() > MAX_STOP_STRINGS {
         return Err(ApiError::bad_field(
             "stop",
@@ -184,20 +200,131 @@ fn check_stop(req: &ChatCompletionRequest) -> Result<(), ApiError> {
             "stop: stop strings must not be empty",
         ));
     }
+    let ids = req.stop_token_ids.as_deref().unwrap_or_default();
+    if ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(ApiError::bad_field(
+            "stop_token_ids",
+            format!(
+                "stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids are allowed, got {}",
+                ids.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `n`: `1..=MAX_N`.
+fn check_choices(req: &ChatCompletionRequest) -> Result<(), ApiError> {
+    match req.n {
+        Some(n) if !(1..=MAX_N).contains(&n) => Err(ApiError::bad_field(
+            "n",
+            format!("n: must be between 1 and {MAX_N}, got {n}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `top_logprobs`: at most `MAX_TOP_LOGPROBS`, and above 0 only with
+/// `logprobs: true`.
+fn check_logprobs(req: &ChatCompletionRequest) -> Result<(), ApiError> {
+    let Some(k) = req.top_logprobs else {
+        return Ok(());
+    };
+    if k > MAX_TOP_LOGPROBS {
+        return Err(ApiError::bad_field(
+            "top_logprobs",
+            format!("top_logprobs: must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"),
+        ));
+    }
+    if k > 0 && req.logprobs != Some(true) {
+        return Err(ApiError::bad_field(
+            "top_logprobs",
+            "top_logprobs: needs `logprobs: true`",
+        ));
+    }
+    Ok(())
+}
+
+/// `logit_bias`: keys are token ids (decimal), values in `-100..=100`.
+fn check_logit_bias(req: &ChatCompletionRequest) -> Result<(), ApiError> {
+    let Some(bias) = &req.logit_bias else {
+        return Ok(());
+    };
+    if bias.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::bad_field(
+            "logit_bias",
+            format!(
+                "logit_bias: at most {MAX_LOGIT_BIAS} entries are allowed, got {}",
+                bias.len()
+            ),
+        ));
+    }
+    for (key, &value) in bias {
+        token_id_key(key)?;
+        if !(-MAX_BIAS..=MAX_BIAS).contains(&value) {
+            return Err(ApiError::bad_field(
+                "logit_bias",
+                format!(
+                    "logit_bias: the bias of `{key}` must be between -100 and 100, got {value}"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A `logit_bias` key as a token id: a decimal integer without leading
+/// zeros (so two keys never name the same token).
+pub(crate) fn token_id_key(key: &str) -> Result<u32, ApiError> {
+    let canonical = |id: &u32| id.to_string() == key;
+    key.parse::<u32>().ok().filter(canonical).ok_or_else(|| {
+        ApiError::bad_field(
+            "logit_bias",
+            format!("logit_bias: key `{key}` is not a token id (a non-negative integer)"),
+        )
+    })
+}
+
+/// `stream_options` only with `stream: true`.
+fn check_stream_options(req: &ChatCompletionRequest) -> Result<(), ApiError> {
+    if req.stream_options.is_some() && !req.is_stream() {
+        return Err(ApiError::bad_field(
+            "stream_options",
+            "stream_options: only allowed when `stream` is true",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks every token id of the request (`logit_bias` keys,
+/// `stop_token_ids`) against a vocabulary of `vocab_size` tokens. Meant for
+/// a request that passed [`validate`].
+pub fn check_token_ids(req: &ChatCompletionRequest, vocab_size: u32) -> Result<(), ApiError> {
+    for key in req.logit_bias.iter().flat_map(|b| b.keys()) {
+        let id = token_id_key(key)?;
+        if id >= vocab_size {
+            return Err(ApiError::bad_field(
+                "logit_bias",
+                format!(
+                    "logit_bias: key `{key}` is outside the model's vocabulary of {vocab_size} tokens"
+                ),
+            ));
+        }
+    }
+    let ids = req.stop_token_ids.as_deref().unwrap_or_default();
+    if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id >= vocab_size) {
+        return Err(ApiError::bad_field(
+            format!("stop_token_ids[{i}]"),
+            format!(
+                "stop_token_ids[{i}]: {id} is outside the model's vocabulary of {vocab_size} tokens"
+            ),
+        ));
+    }
     Ok(())
 }
 
 /// Features this gateway does not implement.
 fn check_unsupported(req: &ChatCompletionRequest) -> Result<(), ApiError> {
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad_field("n", "n must be 1"));
-    }
-    if req.logprobs == Some(true) {
-        return Err(not_supported("logprobs"));
-    }
-    if req.top_logprobs.is_some_and(|k| k > 0) {
-        return Err(not_supported("top_logprobs"));
-    }
     if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(not_supported("tools"));
     }

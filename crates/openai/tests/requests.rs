@@ -24,7 +24,11 @@ fn minimal_text_request() {
     assert_eq!(req.messages[1].text_content(), "Hello!");
     assert!(!req.is_stream());
     assert!(!req.include_usage());
-    assert_eq!(req.sampling(), Sampling::default());
+    let expected = Sampling {
+        n: 1,
+        ..Sampling::default()
+    };
+    assert_eq!(req.sampling(), expected);
 }
 
 #[test]
@@ -79,6 +83,8 @@ fn streaming_with_usage_and_sampling() {
             stop: vec!["\n\n".into(), "END".into()],
             ignore_eos: true,
             constraint: None,
+            n: 1,
+            ..Sampling::default()
         }
     );
 }
@@ -137,22 +143,39 @@ fn vision_request_with_parts() {
 }
 
 #[test]
-fn unknown_fields_and_nulls_are_ignored() {
-    let deep = format!(
-        "{}{{\"a\":[1,2,{{\"b\":null}}]}}{}",
-        "[".repeat(30),
-        "]".repeat(30)
-    );
-    let req = parse(&format!(
-        r#"{{"model":"m","messages":[{{"role":"user","content":"hi","extra":1}}],
-            "store":false,"metadata":{{"k":"v"}},"parallel_tool_calls":false,
-            "service_tier":"auto","reasoning_effort":"low","modalities":["text"],
+fn known_fields_and_nulls_are_accepted() {
+    let req = parse(
+        r#"{"model":"m","messages":[{"role":"user","content":"hi","extra":1}],
+            "store":false,"service_tier":"auto","modalities":["text"],"user":"u-1",
             "temperature":null,"stop":null,"tools":[],"tool_choice":"none",
-            "logit_bias":{{"50256":-100}},"top_logprobs":null,"seed":null,
-            "stream_options":null,"stream":false,"deep":{deep}}}"#
-    ));
-    assert_eq!(req.sampling(), Sampling::default());
+            "logit_bias":null,"top_logprobs":null,"seed":null,"metadata":null,
+            "stream_options":null,"stream":false,"functions":null}"#,
+    );
+    let expected = Sampling {
+        n: 1,
+        ..Sampling::default()
+    };
+    assert_eq!(req.sampling(), expected);
     assert!(!req.include_usage());
+    assert_eq!(req.user.as_deref(), Some("u-1"));
+}
+
+#[test]
+fn sampling_fields_reach_the_settings() {
+    let req = parse(
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"n":3,
+            "logit_bias":{"50256":-100,"7":2.5},"logprobs":true,"top_logprobs":4,
+            "stop_token_ids":[9,8],"seed":11,"min_tokens":2}"#,
+    );
+    let s = req.sampling();
+    assert_eq!(s.n, 3);
+    assert_eq!(s.logit_bias, vec![(7, 2.5), (50256, -100.0)]);
+    assert_eq!(s.logprobs, Some(4));
+    assert_eq!(s.stop_token_ids, vec![9, 8]);
+    assert_eq!((s.seed, s.min_new_tokens), (Some(11), 2));
+    let plain =
+        parse(r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"logprobs":true}"#);
+    assert_eq!(plain.sampling().logprobs, Some(0));
 }
 
 #[test]
@@ -168,9 +191,9 @@ fn stop_as_single_string_and_integers_as_floats() {
 }
 
 #[test]
-fn include_usage_needs_stream() {
+fn include_usage_needs_the_option() {
     let req = parse(
-        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{}}"#,
     );
     assert!(!req.include_usage());
 }

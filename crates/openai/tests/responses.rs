@@ -4,8 +4,8 @@
 use iris_openai::sse::{write_event, ChunkWriter};
 use iris_openai::{
     new_completion_id, write_done, write_error_event, ApiError, ChatCompletion,
-    ChatCompletionChunk, ChunkChoice, Delta, ErrorBody, FinishReason, Model, ModelList, Usage,
-    DONE,
+    ChatCompletionChunk, Choice, ChoiceLogprobs, ChunkChoice, Delta, ErrorBody, FinishReason,
+    Model, ModelList, TokenLogprob, TopLogprob, Usage, DONE,
 };
 use serde_json::{json, Value};
 
@@ -196,4 +196,67 @@ fn completion_ids_are_fresh() {
     assert!(a.starts_with("chatcmpl-") && a.len() == 33, "{a}");
     assert!(a[9..].chars().all(|c| c.is_ascii_alphanumeric()));
     assert_ne!(a, b);
+}
+
+fn entry(token: &str, logprob: f32, top: &[(&str, f32)]) -> TokenLogprob {
+    let top = top
+        .iter()
+        .map(|&(t, l)| TopLogprob::new(t.to_owned(), l))
+        .collect();
+    TokenLogprob::new(TopLogprob::new(token.to_owned(), logprob), top)
+}
+
+#[test]
+fn choices_carry_their_index_and_logprobs() {
+    let lp = ChoiceLogprobs::new(vec![entry("Hé", -0.25, &[("Hé", -0.25), ("x", f32::NAN)])]);
+    let c = ChatCompletion::with_choices(
+        "chatcmpl-1",
+        1,
+        "m",
+        vec![
+            Choice::new(0, "Hé", FinishReason::Stop, Some(lp)),
+            Choice::new(1, "b", FinishReason::Length, None),
+        ],
+        Usage::new(5, 9),
+    );
+    let v: Value = serde_json::from_slice(&c.to_json()).expect("json");
+    assert_eq!(v["choices"][1]["index"], 1);
+    assert_eq!(v["choices"][1]["logprobs"], Value::Null);
+    assert_eq!(
+        v["choices"][0]["logprobs"],
+        json!({"content": [{"token": "Hé", "bytes": [72, 195, 169], "logprob": -0.25,
+                            "top_logprobs": [{"token": "Hé", "bytes": [72, 195, 169], "logprob": -0.25},
+                                             {"token": "x", "bytes": [120], "logprob": -9999.0}]}],
+               "refusal": null})
+    );
+    let back: ChatCompletion = serde_json::from_value(v).expect("reads back");
+    assert_eq!(back.choices.len(), 2);
+}
+
+#[test]
+fn each_choice_writes_its_index_and_logprobs() {
+    let w = writer().for_choice(3);
+    let mut buf = Vec::new();
+    w.write_role(&mut buf);
+    w.write_content(&mut buf, "a");
+    let lp = ChoiceLogprobs::new(vec![entry("b\"", -1.5, &[])]);
+    w.write_content_with_logprobs(&mut buf, "b\"", &lp);
+    w.write_finish(&mut buf, FinishReason::Stop);
+    let chunks: Vec<ChatCompletionChunk> = events(&buf)
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("chunk"))
+        .collect();
+    assert_eq!(chunks.len(), 4);
+    assert!(chunks.iter().all(|c| c.choices[0].index == 3));
+    assert_eq!(chunks[2].choices[0].delta.content.as_deref(), Some("b\""));
+    assert_eq!(chunks[2].choices[0].logprobs, Some(lp));
+    assert_eq!(chunks[1].choices[0].logprobs, None);
+    assert_eq!(chunks[3].choices[0].finish_reason, Some(FinishReason::Stop));
+    // Choice 0 of the same stream is the writer `new` gives.
+    let mut zero = Vec::new();
+    writer()
+        .for_choice(3)
+        .for_choice(0)
+        .write_content(&mut zero, "x");
+    assert_eq!(zero, writer().content_bytes("x").to_vec());
 }

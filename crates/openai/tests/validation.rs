@@ -1,6 +1,7 @@
 //! Every way `parse_chat_request` refuses a body: status, `param` and the
 //! message, and the OpenAI error body built from it.
 
+use iris_openai::validate::check_token_ids;
 use iris_openai::{parse_chat_request, ApiError, ErrorBody, ErrorKind};
 
 const MSGS: &str = r#""messages":[{"role":"user","content":"hi"}]"#;
@@ -287,24 +288,147 @@ fn stop_checks() {
 }
 
 #[test]
-fn unsupported_features() {
-    let err = reject(&body_with(r#""n":2"#));
+fn sampling_fields_out_of_range() {
+    let err = reject(&body_with(r#""n":17"#));
     assert_eq!(
         (err.status, err.param.as_deref(), err.message.as_str()),
-        (400, Some("n"), "n must be 1")
+        (400, Some("n"), "n: must be between 1 and 16, got 17")
     );
-    assert_field(&body_with(r#""n":0"#), Some("n"), "n must be 1");
-    assert_field(&body_with(r#""n":-3"#), Some("n"), "n must be 1");
-    assert_field(
-        &body_with(r#""logprobs":true"#),
-        Some("logprobs"),
-        "not supported",
-    );
+    assert_field(&body_with(r#""n":0"#), Some("n"), "between 1 and 16");
+    assert_field(&body_with(r#""n":-3"#), Some("n"), "got -3");
     assert_field(
         &body_with(r#""top_logprobs":3"#),
         Some("top_logprobs"),
-        "not supported",
+        "needs `logprobs: true`",
     );
+    assert_field(
+        &body_with(r#""logprobs":false,"top_logprobs":3"#),
+        Some("top_logprobs"),
+        "needs `logprobs: true`",
+    );
+    assert_field(
+        &body_with(r#""logprobs":true,"top_logprobs":21"#),
+        Some("top_logprobs"),
+        "between 0 and 20, got 21",
+    );
+    assert_field(
+        &body_with(r#""logit_bias":{"abc":1}"#),
+        Some("logit_bias"),
+        "key `abc` is not a token id",
+    );
+    assert_field(
+        &body_with(r#""logit_bias":{"007":1}"#),
+        Some("logit_bias"),
+        "key `007`",
+    );
+    assert_field(
+        &body_with(r#""logit_bias":{"-1":1}"#),
+        Some("logit_bias"),
+        "key `-1`",
+    );
+    assert_field(
+        &body_with(r#""logit_bias":{"5":100.5}"#),
+        Some("logit_bias"),
+        "bias of `5` must be between -100 and 100",
+    );
+    assert_field(
+        &body_with(r#""logit_bias":{"5":"x"}"#),
+        Some("logit_bias.5"),
+        "invalid type",
+    );
+    assert_field(
+        &body_with(r#""stream_options":{"include_usage":true}"#),
+        Some("stream_options"),
+        "only allowed when `stream` is true",
+    );
+    assert_field(
+        &body_with(r#""stream":false,"stream_options":{}"#),
+        Some("stream_options"),
+        "`stream` is true",
+    );
+    let ids: Vec<String> = (0..65).map(|i| i.to_string()).collect();
+    assert_field(
+        &body_with(&format!(r#""stop_token_ids":[{}]"#, ids.join(","))),
+        Some("stop_token_ids"),
+        "at most 64",
+    );
+    assert!(parse_chat_request(
+        body_with(
+            r#""n":16,"logprobs":true,"top_logprobs":20,"logit_bias":{"0":-100,"42":100},"stop_token_ids":[1,2]"#
+        )
+        .as_bytes()
+    )
+    .is_ok());
+}
+
+#[test]
+fn token_ids_are_checked_against_the_vocabulary() {
+    let check = |extra: &str| {
+        let req = parse_chat_request(body_with(extra).as_bytes()).expect("valid");
+        check_token_ids(&req, 100)
+    };
+    assert!(check(r#""logit_bias":{"99":5},"stop_token_ids":[0,99]"#).is_ok());
+    let err = check(r#""logit_bias":{"3":1,"100":5}"#).err();
+    assert_eq!(
+        err.map(|e| (e.param, e.message)),
+        Some((
+            Some("logit_bias".into()),
+            "logit_bias: key `100` is outside the model's vocabulary of 100 tokens".into()
+        ))
+    );
+    let err = check(r#""stop_token_ids":[5,100]"#).err();
+    assert_eq!(err.and_then(|e| e.param), Some("stop_token_ids[1]".into()));
+}
+
+#[test]
+fn unknown_and_refused_fields_are_named() {
+    assert_field(
+        &body_with(r#""temprature":0.5"#),
+        Some("temprature"),
+        "temprature: unknown field",
+    );
+    assert_field(
+        &body_with(r#""extra":null"#),
+        Some("extra"),
+        "unknown field",
+    );
+    for (field, value, needle) in [
+        (
+            "audio",
+            r#"{"voice":"alloy","format":"mp3"}"#,
+            "audio output",
+        ),
+        (
+            "prediction",
+            r#"{"type":"content","content":"x"}"#,
+            "predicted outputs",
+        ),
+        ("web_search_options", "{}", "web search"),
+        ("functions", r#"[{"name":"f"}]"#, "send `tools`"),
+        ("function_call", r#""auto""#, "send `tool_choice`"),
+        ("reasoning_effort", r#""low""#, "chat_template_kwargs"),
+        ("metadata", r#"{"k":"v"}"#, "stores none"),
+        ("store", "true", "only `false`"),
+        ("service_tier", r#""flex""#, "`flex` is not available"),
+        ("modalities", r#"["text","audio"]"#, "only `[\"text\"]`"),
+    ] {
+        assert_field(
+            &body_with(&format!(r#""{field}":{value}"#)),
+            Some(field),
+            needle,
+        );
+    }
+    assert!(parse_chat_request(
+        body_with(
+            r#""store":false,"service_tier":"default","modalities":["text"],"user":"u-1","functions":null,"metadata":null"#
+        )
+        .as_bytes()
+    )
+    .is_ok());
+}
+
+#[test]
+fn unsupported_features() {
     assert_field(
         &body_with(r#""tools":[{"type":"function","function":{"name":"f"}}]"#),
         Some("tools"),
@@ -328,16 +452,16 @@ fn unsupported_features() {
 
 #[test]
 fn error_body_has_the_openai_shape() {
-    let err = reject(&body_with(r#""n":2"#));
+    let err = reject(&body_with(r#""n":0"#));
     let body: ErrorBody = serde_json::from_slice(&err.body()).expect("error body parses");
-    assert_eq!(body.error.message, "n must be 1");
+    assert_eq!(body.error.message, "n: must be between 1 and 16, got 0");
     assert_eq!(body.error.kind, ErrorKind::InvalidRequest);
     assert_eq!(body.error.param.as_deref(), Some("n"));
     assert_eq!(body.error.code, None);
     let raw: serde_json::Value = serde_json::from_slice(&err.body()).expect("json");
     assert_eq!(
         raw,
-        serde_json::json!({"error": {"message": "n must be 1", "type": "invalid_request_error", "param": "n", "code": null}})
+        serde_json::json!({"error": {"message": "n: must be between 1 and 16, got 0", "type": "invalid_request_error", "param": "n", "code": null}})
     );
 }
 

@@ -1,8 +1,11 @@
-//! Non-streaming answers: wait for the worker's GenerateComplete, decode
-//! all tokens at once, cut at the first stop string, answer one JSON body.
+//! Non-streaming answers: wait for the worker's GenerateComplete of every
+//! choice (one per sequence index when `n` > 1), turn each into its text
+//! ([`ChoiceText`]: decoded, cut at the first stop string, logprobs when
+//! asked), answer one JSON body with the choices in index order and the
+//! usage summed (the prompt counted once).
 //!
-//! Workers answer a non-streaming Generate in one message, so the time
-//! from dispatch to that answer is one stage (`generate`); the
+//! Workers answer a non-streaming Generate in one message per sequence, so
+//! the time from dispatch to the last one is one stage (`generate`); the
 //! `first_token` and `decode` stages are the streaming path's.
 
 use std::sync::Arc;
@@ -10,8 +13,9 @@ use std::time::Instant;
 
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use iris_detok::StopMatcher;
-use iris_openai::{unix_now, ApiError, ChatCompletion, FinishReason, Usage};
+use iris_openai::{
+    unix_now, ApiError, ChatCompletion, Choice, ChoiceLogprobs, FinishReason, Usage,
+};
 use iris_proto::scheduler::{
     generate_response::Response as Reply, GenerateComplete, GenerateRequest,
 };
@@ -103,47 +107,65 @@ async fn run(
     let mut generation = started.map_err(route_error)?;
     state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
     let generating = Instant::now();
-    let complete = await_complete(&mut generation).await?;
+    let mut choices = prepared.choices(state);
+    let mut answered = vec![None; choices.len()];
+    while answered.iter().any(Option::is_none) {
+        let complete = await_complete(&mut generation).await?;
+        let index = complete.index as usize;
+        if complete.finish_reason == "abort" {
+            return Err((
+                ApiError::bad_gateway("the worker aborted the request"),
+                Outcome::UpstreamError,
+            ));
+        }
+        let (Some(choice), Some(slot)) = (choices.get_mut(index), answered.get_mut(index)) else {
+            return Err(bad_index(&generation, index, choices.len()));
+        };
+        let visible = choice.complete(&complete).map_err(upstream)?;
+        *slot = Some(visible);
+    }
     generation.finish();
     state.metrics.stage(Stage::Generate, generating.elapsed());
-    if complete.finish_reason == "abort" {
-        return Err((
-            ApiError::bad_gateway("the worker aborted the request"),
-            Outcome::UpstreamError,
-        ));
-    }
-    let text = state
-        .prompter
-        .tokenizer()
-        .decode(&complete.output_ids, true)
-        .map_err(|e| {
-            (
-                ApiError::internal(format!("detokenization failed: {e}")),
-                Outcome::UpstreamError,
-            )
-        })?;
-    let (content, stopped) = cut_at_stop(&text, &prepared.stop);
-    let finish_reason = if stopped || complete.finish_reason != "length" {
-        FinishReason::Stop
-    } else {
-        FinishReason::Length
-    };
+    let completion_tokens: u32 = choices.iter().map(|c| c.completion_tokens).sum();
     state
         .metrics
-        .tokens(prepared.prompt_tokens, complete.completion_tokens);
-    let usage = Usage::new(prepared.prompt_tokens, complete.completion_tokens);
-    let body = ChatCompletion::new(
-        &prepared.id,
-        unix_now(),
-        &state.model_name,
-        content,
-        finish_reason,
-        usage,
-    )
-    .to_json();
-    Ok((body, complete.completion_tokens))
+        .tokens(prepared.prompt_tokens, completion_tokens);
+    let usage = Usage::new(prepared.prompt_tokens, completion_tokens);
+    let choices = choices
+        .iter()
+        .zip(answered)
+        .enumerate()
+        .map(|(index, (choice, visible))| {
+            let visible = visible.unwrap_or_default();
+            Choice::new(
+                index as u32,
+                visible.text,
+                choice.finish.unwrap_or(FinishReason::Stop),
+                visible.logprobs.map(ChoiceLogprobs::new),
+            )
+        })
+        .collect();
+    let body =
+        ChatCompletion::with_choices(&prepared.id, unix_now(), &state.model_name, choices, usage)
+            .to_json();
+    Ok((body, completion_tokens))
 }
 
+/// A failure to turn the worker's tokens into text.
+fn upstream(error: ApiError) -> (ApiError, Outcome) {
+    (error, Outcome::UpstreamError)
+}
+
+/// A worker answered for a sequence the request did not ask for.
+pub(super) fn bad_index(generation: &Generation, index: usize, n: usize) -> (ApiError, Outcome) {
+    let error = ApiError::bad_gateway(format!(
+        "worker {} answered for sequence {index} of a request for {n}",
+        generation.worker.url
+    ));
+    (error, Outcome::UpstreamError)
+}
+
+/// The next GenerateComplete of the generation (stream chunks are skipped).
 async fn await_complete(
     generation: &mut Generation,
 ) -> Result<GenerateComplete, (ApiError, Outcome)> {
@@ -164,18 +186,5 @@ async fn await_complete(
                 ))
             }
         }
-    }
-}
-
-/// The text before the first stop string, and whether one matched.
-fn cut_at_stop(text: &str, stops: &[String]) -> (String, bool) {
-    if stops.is_empty() {
-        return (text.to_owned(), false);
-    }
-    let mut matcher = StopMatcher::new(stops.to_vec());
-    let step = matcher.push(text);
-    match step.stopped {
-        Some(_) => (step.emit, true),
-        None => (step.emit + &matcher.finish(), false),
     }
 }

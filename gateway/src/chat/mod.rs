@@ -3,8 +3,10 @@
 //! ([`stream`]) or as one JSON body ([`complete`]). However it ends, the
 //! request is counted and logged once ([`record`]).
 
+mod choice;
 mod complete;
 mod errors;
+mod logprobs;
 mod record;
 mod stream;
 
@@ -27,6 +29,7 @@ use crate::mm::budget::HeldImages;
 use crate::mm::items::{expand_placeholders, multimodal_inputs};
 use crate::mm::pixels::PixelEntry;
 use crate::server::AppState;
+use choice::ChoiceText;
 use record::{ImageCount, RequestLine};
 
 /// Bodies larger than this are prompt-built on the blocking pool.
@@ -39,6 +42,10 @@ pub struct Prepared {
     pub generate: GenerateRequest,
     /// Stop strings, matched by the gateway on the decoded text.
     pub stop: Vec<String>,
+    /// Choices asked (`n`).
+    pub n: u32,
+    /// Whether the choices carry log probabilities.
+    pub logprobs: bool,
     pub prompt_tokens: u32,
     pub started: Instant,
     /// The in-flight memory of the tensors preprocessed for this request,
@@ -48,6 +55,16 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The text state of each choice, in index order.
+    fn choices(&self, state: &AppState) -> Vec<ChoiceText> {
+        (0..self.n)
+            .map(|_| {
+                let tokenizer = state.prompter.tokenizer().clone();
+                ChoiceText::new(tokenizer, self.stop.clone(), self.logprobs)
+            })
+            .collect()
+    }
+
     /// Counts and logs the request's end ([`RequestLine::record`]); once.
     fn record(
         &self,
@@ -65,6 +82,7 @@ impl Prepared {
             prompt_tokens: self.prompt_tokens,
             completion_tokens,
             images: self.images,
+            user: self.request.user.as_deref(),
             error,
         }
         .record(&state.metrics);
@@ -101,6 +119,7 @@ async fn respond(state: Arc<AppState>, request: Request, id: String) -> Response
                 prompt_tokens: 0,
                 completion_tokens: 0,
                 images,
+                user: None,
                 error: Some(&error.message),
             }
             .record(&state.metrics);
@@ -133,6 +152,8 @@ async fn prepare(
     if !state.serves(&request.model) {
         return Err(client(ApiError::model_not_found(&request.model)));
     }
+    iris_openai::validate::check_token_ids(&request, state.prompter.vocab_size())
+        .map_err(client)?;
     let max_new_tokens = request.sampling().max_new_tokens;
     // Before any image is fetched or any text rendered or tokenized.
     state
@@ -183,6 +204,8 @@ async fn prepare(
         request,
         generate,
         stop: sampling.stop,
+        n: sampling.n,
+        logprobs: sampling.logprobs.is_some(),
         prompt_tokens,
         started,
         images_memory,
@@ -300,11 +323,21 @@ fn generate_request(id: &str, input_ids: Vec<u32>, s: &Sampling, stream: bool) -
             stop: s.stop.clone(),
             ignore_eos: s.ignore_eos,
             skip_special_tokens: true,
-            n: 1,
+            n: s.n,
+            logit_bias: s
+                .logit_bias
+                .iter()
+                .map(|&(id, bias)| (id.to_string(), bias))
+                .collect(),
+            stop_token_ids: s.stop_token_ids.clone(),
             sampling_seed: s.seed,
             constraint: s.constraint.as_ref().map(proto_constraint),
             ..SamplingParams::default()
         }),
+        return_logprob: s.logprobs.is_some(),
+        top_logprobs_num: s
+            .logprobs
+            .map_or(0, |k| i32::try_from(k).unwrap_or(i32::MAX)),
         stream,
         ..GenerateRequest::default()
     }

@@ -14,6 +14,18 @@ use crate::metrics::{Metrics, Outcome};
 /// (nginx's "client closed request"; nothing more was sent).
 pub const CLIENT_CLOSED: u16 = 499;
 
+/// Most bytes of a client's `user` field written in the log line.
+pub const USER_LOG_BYTES: usize = 128;
+
+/// The longest prefix of `s` of at most `max` bytes ending on a character.
+fn clip(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// A request's images: how many, and how many the pixel cache supplied.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ImageCount {
@@ -33,6 +45,9 @@ pub struct RequestLine<'a> {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub images: ImageCount,
+    /// The request's `user` field (the client's end-user id), when sent;
+    /// logged up to [`USER_LOG_BYTES`].
+    pub user: Option<&'a str>,
     /// The message sent to the client, when the request failed.
     pub error: Option<&'a str>,
 }
@@ -50,9 +65,23 @@ impl RequestLine<'_> {
             completion_tokens = self.completion_tokens,
             images = self.images.images,
             pixel_cache_hits = self.images.cache_hits,
+            user = self.user.map(|u| clip(u, USER_LOG_BYTES)),
             outcome = ?self.outcome,
             error = self.error,
             "chat request done"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_keeps_whole_characters() {
+        assert_eq!(clip("abc", 128), "abc");
+        assert_eq!(clip("héllo", 2), "h");
+        assert_eq!(clip("héllo", 3), "hé");
+        assert_eq!(clip("", 0), "");
     }
 }

@@ -1,8 +1,13 @@
-//! Streaming answers: the worker's token chunks become OpenAI SSE chunks,
-//! decoded incrementally (UTF-8 safe) and cut at the first stop string,
-//! which may span chunks. The body is a lazy stream: when the client goes
-//! away it is dropped, and dropping the [`Generation`] aborts the workers
-//! (the request is then logged with status 499).
+//! Streaming answers: the worker's token chunks become OpenAI SSE chunks.
+//! Each choice (`n` of them, told apart by the chunks' sequence `index`)
+//! has its own [`ChoiceText`] (incremental, UTF-8 safe decoding; stop
+//! strings, which may span chunks; logprobs) and its own role, content and
+//! finish chunks, interleaved as the worker's chunks arrive. When every
+//! choice has ended the stream ends with the usage chunk (when asked,
+//! summed over the choices) and `[DONE]`; choices still generating after
+//! their stop string are aborted then. The body is a lazy stream: when the
+//! client goes away it is dropped, and dropping the [`Generation`] aborts
+//! the workers (the request is then logged with status 499).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,11 +16,14 @@ use axum::body::Body;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
-use iris_detok::{IncrementalDecoder, StopMatcher};
 use iris_openai::sse::{self, ChunkWriter};
-use iris_openai::{unix_now, ApiError, FinishReason, Usage};
-use iris_proto::scheduler::{generate_response::Response as Reply, GenerateComplete};
+use iris_openai::{unix_now, ApiError, ChoiceLogprobs, Usage};
+use iris_proto::scheduler::{
+    generate_response::Response as Reply, GenerateComplete, GenerateStreamChunk,
+};
 
+use super::choice::{ChoiceText, Visible};
+use super::complete::bad_index;
 use super::errors::{error_response, route_error, stream_ended, worker_error};
 use super::record::CLIENT_CLOSED;
 use super::Prepared;
@@ -69,10 +77,20 @@ pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
 /// Where the stream is.
 #[derive(PartialEq, Eq)]
 enum Phase {
-    /// The role chunk is next.
+    /// The role chunks are next.
     Start,
     Tokens,
     Done,
+}
+
+/// One choice of the stream: its chunk writer and its text.
+struct StreamChoice {
+    writer: ChunkWriter,
+    text: ChoiceText,
+    /// The worker sent this sequence's GenerateComplete.
+    completed: bool,
+    /// Its finish chunk was written.
+    reported: bool,
 }
 
 /// The state of one SSE answer.
@@ -80,11 +98,8 @@ struct Streamer {
     state: Arc<AppState>,
     prepared: Prepared,
     generation: Generation,
-    writer: ChunkWriter,
-    decoder: IncrementalDecoder,
-    stops: StopMatcher,
+    choices: Vec<StreamChoice>,
     phase: Phase,
-    completion_tokens: u32,
     /// When the first token reached the client.
     first_token_at: Option<Instant>,
     deadline: tokio::time::Instant,
@@ -97,18 +112,24 @@ impl Streamer {
         generation: Generation,
     ) -> Result<Streamer, ApiError> {
         let writer = ChunkWriter::new(&prepared.id, unix_now(), &state.model_name);
-        let decoder = IncrementalDecoder::new(state.prompter.tokenizer().clone(), &[], true);
-        let stops = StopMatcher::new(prepared.stop.clone());
+        let choices = prepared
+            .choices(&state)
+            .into_iter()
+            .enumerate()
+            .map(|(index, text)| StreamChoice {
+                writer: writer.for_choice(index as u32),
+                text,
+                completed: false,
+                reported: false,
+            })
+            .collect();
         let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
         Ok(Streamer {
             state,
             prepared,
             generation,
-            writer,
-            decoder,
-            stops,
+            choices,
             phase: Phase::Start,
-            completion_tokens: 0,
             first_token_at: None,
             deadline,
         })
@@ -120,7 +141,9 @@ impl Streamer {
         match self.phase {
             Phase::Done => return None,
             Phase::Start => {
-                self.writer.write_role(&mut out);
+                for choice in &self.choices {
+                    choice.writer.write_role(&mut out);
+                }
                 self.phase = Phase::Tokens;
                 return Some(out.freeze());
             }
@@ -162,94 +185,124 @@ impl Streamer {
                 self.fail(out, &error, outcome);
             }
             Ok(Some(Ok(response))) => match response.response {
-                Some(Reply::Chunk(chunk)) => self.tokens(out, &chunk.token_ids),
-                Some(Reply::Complete(complete)) => self.complete(out, complete),
+                Some(Reply::Chunk(chunk)) => self.chunk(out, &chunk),
+                Some(Reply::Complete(complete)) => self.complete(out, &complete),
                 None => {}
             },
         }
     }
 
-    fn tokens(&mut self, out: &mut BytesMut, ids: &[u32]) {
+    /// The choice a worker message is for; a failure for an index the
+    /// request did not ask for.
+    fn choice_at(&mut self, out: &mut BytesMut, index: u32) -> Option<usize> {
+        if (index as usize) < self.choices.len() {
+            return Some(index as usize);
+        }
+        let (error, outcome) = bad_index(&self.generation, index as usize, self.choices.len());
+        self.fail(out, &error, outcome);
+        None
+    }
+
+    fn chunk(&mut self, out: &mut BytesMut, chunk: &GenerateStreamChunk) {
+        let Some(i) = self.choice_at(out, chunk.index) else {
+            return;
+        };
+        if !chunk.token_ids.is_empty() {
+            self.first_token();
+        }
+        let choice = &mut self.choices[i];
+        let pushed = choice
+            .text
+            .push_chunk(&chunk.token_ids, chunk.output_logprobs.as_ref());
+        self.emit(out, i, pushed);
+    }
+
+    fn complete(&mut self, out: &mut BytesMut, complete: &GenerateComplete) {
+        if complete.finish_reason == "abort" {
+            let error = ApiError::bad_gateway("the worker aborted the request");
+            return self.fail(out, &error, Outcome::UpstreamError);
+        }
+        let Some(i) = self.choice_at(out, complete.index) else {
+            return;
+        };
+        if !complete.output_ids.is_empty() {
+            self.first_token();
+        }
+        let choice = &mut self.choices[i];
+        choice.completed = true;
+        let visible = choice.text.complete(complete);
+        self.emit(out, i, visible);
+    }
+
+    /// Notes when the first token arrived (the `first_token` stage).
+    fn first_token(&mut self) {
         if self.first_token_at.is_none() {
             self.first_token_at = Some(Instant::now());
             self.state
                 .metrics
                 .stage(Stage::FirstToken, self.prepared.started.elapsed());
         }
-        self.completion_tokens += ids.len() as u32;
-        let text = match self.decoder.push_many(ids) {
-            Ok(text) => text.unwrap_or_default(),
-            Err(e) => {
-                let error = ApiError::internal(format!("detokenization failed: {e}"));
-                return self.fail(out, &error, Outcome::UpstreamError);
+    }
+
+    /// Writes what choice `i` made visible, and its finish chunk when it
+    /// has ended; the stream ends once every choice has.
+    fn emit(&mut self, out: &mut BytesMut, i: usize, visible: Result<Visible, ApiError>) {
+        let visible = match visible {
+            Ok(visible) => visible,
+            Err(error) => return self.fail(out, &error, Outcome::UpstreamError),
+        };
+        let choice = &mut self.choices[i];
+        match &visible.logprobs {
+            Some(lp) if !lp.is_empty() => {
+                let lp = ChoiceLogprobs::new(visible.logprobs.unwrap_or_default());
+                choice
+                    .writer
+                    .write_content_with_logprobs(out, &visible.text, &lp);
             }
+            _ if !visible.text.is_empty() => choice.writer.write_content(out, &visible.text),
+            _ => {}
+        }
+        let Some(reason) = choice.text.finish else {
+            return;
         };
-        self.emit(out, &text);
-    }
-
-    /// Passes `text` through the stop matcher and writes what may be shown;
-    /// a matched stop ends the stream and aborts the workers.
-    fn emit(&mut self, out: &mut BytesMut, text: &str) {
-        if text.is_empty() {
+        if choice.reported {
             return;
         }
-        let step = self.stops.push(text);
-        if !step.emit.is_empty() {
-            self.writer.write_content(out, &step.emit);
-        }
-        if step.stopped.is_some() {
-            self.generation.abort("stop string matched");
-            self.finish(out, FinishReason::Stop);
+        choice.writer.write_finish(out, reason);
+        choice.reported = true;
+        if self.choices.iter().all(|c| c.reported) {
+            self.finish(out);
         }
     }
 
-    fn complete(&mut self, out: &mut BytesMut, complete: GenerateComplete) {
-        self.generation.finish();
-        if complete.finish_reason == "abort" {
-            let error = ApiError::bad_gateway("the worker aborted the request");
-            return self.fail(out, &error, Outcome::UpstreamError);
-        }
-        // Tokens of a non-streaming worker arrive only here.
-        if self.completion_tokens == 0 && !complete.output_ids.is_empty() {
-            self.tokens(out, &complete.output_ids);
-        }
-        self.completion_tokens = self.completion_tokens.max(complete.completion_tokens);
-        if self.phase != Phase::Tokens {
-            return;
-        }
-        let tail = self.decoder.finish();
-        self.emit(out, &tail);
-        if self.phase != Phase::Tokens {
-            return;
-        }
-        let held = self.stops.finish();
-        if !held.is_empty() {
-            self.writer.write_content(out, &held);
-        }
-        let reason = if complete.finish_reason == "length" {
-            FinishReason::Length
+    /// Every choice has ended: stop the workers if they still generate,
+    /// then the usage chunk and `[DONE]`.
+    fn finish(&mut self, out: &mut BytesMut) {
+        if self.choices.iter().all(|c| c.completed) {
+            self.generation.finish();
         } else {
-            FinishReason::Stop
-        };
-        self.finish(out, reason);
-    }
-
-    fn finish(&mut self, out: &mut BytesMut, reason: FinishReason) {
-        self.writer.write_finish(out, reason);
+            self.generation.abort("stop string matched");
+        }
+        let completion_tokens = self.completion_tokens();
         if self.prepared.request.include_usage() {
-            self.writer.write_usage(
+            self.choices[0].writer.write_usage(
                 out,
-                &Usage::new(self.prepared.prompt_tokens, self.completion_tokens),
+                &Usage::new(self.prepared.prompt_tokens, completion_tokens),
             );
         }
         sse::write_done(out);
         self.state
             .metrics
-            .tokens(self.prepared.prompt_tokens, self.completion_tokens);
+            .tokens(self.prepared.prompt_tokens, completion_tokens);
         if let Some(first) = self.first_token_at {
             self.state.metrics.stage(Stage::Decode, first.elapsed());
         }
         self.end(200, Outcome::Ok, None);
+    }
+
+    /// Tokens generated over every choice.
+    fn completion_tokens(&self) -> u32 {
+        self.choices.iter().map(|c| c.text.completion_tokens).sum()
     }
 
     fn fail(&mut self, out: &mut BytesMut, error: &ApiError, outcome: Outcome) {
@@ -262,8 +315,9 @@ impl Streamer {
 
     fn end(&mut self, status: u16, outcome: Outcome, error: Option<&str>) {
         self.phase = Phase::Done;
+        let completion_tokens = self.completion_tokens();
         self.prepared
-            .record(&self.state, status, outcome, self.completion_tokens, error);
+            .record(&self.state, status, outcome, completion_tokens, error);
         self.state
             .metrics
             .stage(Stage::Total, self.prepared.started.elapsed());

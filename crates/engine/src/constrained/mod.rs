@@ -159,6 +159,7 @@ impl Script {
             return Some(Step {
                 token: eos,
                 finish: Some(Finish::Stop(eos)),
+                logprobs: forced(eos, params),
             });
         };
         self.next += 1;
@@ -169,8 +170,18 @@ impl Script {
         } else {
             None
         };
-        Some(Step { token, finish })
+        Some(Step {
+            token,
+            finish,
+            logprobs: forced(token, params),
+        })
     }
+}
+
+/// The log probabilities of a token the constraint forces, when asked:
+/// certain (0), and the only candidate.
+fn forced(token: u32, params: &SequenceParams) -> Option<(f32, Vec<(u32, f32)>)> {
+    params.top_logprobs.map(|_| (0.0, vec![(token, 0.0)]))
 }
 
 /// One script per sequence of a request (all `None` without a

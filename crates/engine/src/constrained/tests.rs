@@ -366,6 +366,8 @@ fn params(max_new_tokens: u32, seed: u64) -> SequenceParams {
         ignore_eos: false,
         seed,
         index: 0,
+        logit_bias: vec![],
+        top_logprobs: None,
     }
 }
 
