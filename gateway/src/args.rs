@@ -176,6 +176,11 @@ pub struct ServeArgs {
         env = "IRIS_MAX_PAYLOAD_BYTES"
     )]
     pub max_payload_bytes: usize,
+    /// Largest decoding constraint in bytes: a `response_format` JSON
+    /// schema (serialised), a `regex`, an `ebnf` grammar or a
+    /// `structural_tag` (400 above it).
+    #[arg(long, default_value_t = 65536, env = "IRIS_MAX_CONSTRAINT_BYTES")]
+    pub max_constraint_bytes: usize,
     #[command(flatten)]
     pub connections: ConnArgs,
     /// Serve /metrics on this port instead of the HTTP port (/health and

@@ -72,6 +72,8 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Largest request body in bytes.
     pub max_payload_bytes: usize,
+    /// Largest decoding constraint in bytes.
+    pub max_constraint_bytes: usize,
     /// Time requests in flight may finish after shutdown begins.
     pub shutdown_grace: Duration,
     pub media: MediaSettings,
@@ -193,6 +195,7 @@ impl Config {
             },
             request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
             max_payload_bytes: args.max_payload_bytes,
+            max_constraint_bytes: args.max_constraint_bytes,
             shutdown_grace: Duration::from_secs_f64(non_negative_secs(
                 "--shutdown-grace-secs",
                 args.shutdown_grace_secs,

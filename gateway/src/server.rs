@@ -47,6 +47,8 @@ pub struct AppState {
     pub created: u64,
     pub request_timeout: Duration,
     pub max_payload: usize,
+    /// What the request parser is told (`--max-constraint-bytes`).
+    pub parse_options: iris_openai::ParseOptions,
     /// Time for a whole request body to arrive (408 past it).
     pub body_read_timeout: Duration,
     /// Connection counters per listener (`api`, and `metrics` with
@@ -197,6 +199,9 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
             .unwrap_or_default(),
         request_timeout: config.request_timeout,
         max_payload: config.max_payload_bytes,
+        parse_options: iris_openai::ParseOptions {
+            max_constraint_bytes: config.max_constraint_bytes,
+        },
         body_read_timeout: config.listen.body_read_timeout,
         connection_stats,
         shutdown_grace: config.shutdown_grace,

@@ -12,6 +12,7 @@
 
 pub mod args;
 pub mod config;
+pub mod constrained;
 mod data;
 pub mod inflight;
 pub mod metrics;

@@ -17,6 +17,7 @@
 use iris_fingerprint::{fingerprint, splitmix64};
 use sha2::{Digest, Sha256};
 
+use crate::constrained::Script;
 use crate::scores::{StepInput, StepScores};
 
 /// Version tag folded into every digest, so a change of the scheme changes
@@ -112,6 +113,8 @@ pub struct Sequence<'a> {
     params: &'a SequenceParams,
     produced: u32,
     finished: bool,
+    /// A constrained answer to emit instead of drawing.
+    script: Option<Script>,
 }
 
 impl<'a> Sequence<'a> {
@@ -127,7 +130,14 @@ impl<'a> Sequence<'a> {
             params,
             produced: 0,
             finished: false,
+            script: None,
         }
+    }
+
+    /// Emits `script`'s tokens (a constrained answer), then EOS.
+    pub fn follow(mut self, script: Option<Script>) -> Self {
+        self.script = script;
+        self
     }
 
     /// The next token, or `None` once the sequence has finished.
@@ -143,6 +153,9 @@ impl<'a> Sequence<'a> {
             || self.vocab.ordinary.is_empty()
         {
             return None;
+        }
+        if let Some(script) = self.script.as_mut() {
+            return script.draw(&mut self.produced, self.params, self.vocab);
         }
         let r = splitmix64(self.key ^ splitmix64(u64::from(self.produced)));
         self.produced += 1;

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use iris_proto::scheduler::sampling_params::Constraint;
 use iris_proto::scheduler::{GenerateRequest, KvBootstrapInfo, SamplingParams, TensorData};
 use iris_proto::tensor;
 use tonic::Status;
@@ -41,6 +42,9 @@ pub struct Plan {
     pub input_ids: Vec<u32>,
     pub stream: bool,
     pub sequences: Vec<SequenceParams>,
+    /// The decoding constraint every sequence follows (see
+    /// [`crate::constrained`]).
+    pub constraint: Option<Constraint>,
     /// Empty for decode, which receives the state instead.
     pub items: Vec<ItemSource>,
     /// The KV room: produced here (prefill) or collected here (decode).
@@ -82,6 +86,7 @@ pub fn plan(mut req: GenerateRequest, role: Role, limits: &Limits) -> Result<Pla
         input_ids,
         stream: req.stream,
         sequences,
+        constraint: params.constraint,
         items,
         kv,
     })
@@ -129,10 +134,7 @@ fn check_sampling(p: &SamplingParams) -> Result<(), Status> {
             "min_p must be in [0, 1], got {t}"
         )));
     }
-    if p.constraint.is_some() {
-        return Err(Status::unimplemented("constrained decoding (regex, json_schema, ebnf, structural_tag) is not supported by iris-engine"));
-    }
-    Ok(())
+    crate::constrained::check(p.constraint.as_ref())
 }
 
 fn sequences(

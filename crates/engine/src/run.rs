@@ -18,7 +18,7 @@ use crate::inflight::Registration;
 use crate::model::{Finish, PromptState, Sequence};
 use crate::request::{ItemSource, Plan};
 use crate::service::{Engine, StoredState};
-use crate::{payload, Role};
+use crate::{constrained, payload, Role};
 
 type Tx = mpsc::Sender<Result<GenerateResponse, Status>>;
 
@@ -145,11 +145,20 @@ struct Decoding<'a> {
 
 /// Generates every sequence of the request, one step at a time.
 async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> Result<(), Stop> {
+    let scripts = constrained::scripts(
+        plan.constraint.as_ref(),
+        &engine.text,
+        state,
+        &plan.sequences,
+    )
+    .await
+    .map_err(Stop::Failed)?;
     let mut sequences: Vec<Decoding<'_>> = plan
         .sequences
         .iter()
-        .map(|p| Decoding {
-            sequence: Sequence::new(state, &engine.vocab, p),
+        .zip(scripts)
+        .map(|(p, script)| Decoding {
+            sequence: Sequence::new(state, &engine.vocab, p).follow(script),
             output: Vec::new(),
             // Streamed logprobs travel with their chunk instead.
             logprobs: p

@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EngineConfig;
+use crate::constrained::TextEncoder;
 use crate::data::DataService;
 use crate::inflight::InFlight;
 use crate::model::Vocab;
@@ -178,6 +179,7 @@ fn build_engine(cfg: EngineConfig) -> anyhow::Result<Engine> {
         facts,
         limits,
         vocab,
+        text: TextEncoder::new(tokenizer),
         inflight: Arc::new(InFlight::default()),
         rooms: Arc::new(RoomStore::new(RoomLimits {
             max_bytes: MAX_ROOM_BYTES,

@@ -15,6 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::config::EngineConfig;
+use crate::constrained::TextEncoder;
 use crate::inflight::InFlight;
 use crate::model::{PromptState, Vocab};
 use crate::peers::Peers;
@@ -57,6 +58,8 @@ pub struct Engine {
     pub facts: ModelFacts,
     pub limits: Limits,
     pub vocab: Vocab,
+    /// The tokenizer, for constrained answers.
+    pub text: TextEncoder,
     pub inflight: Arc<InFlight>,
     /// Prefill role: request states by KV room.
     pub rooms: Arc<RoomStore<StoredState>>,

@@ -2,7 +2,9 @@
 //!
 //! - [`parse_chat_request`] turns a `POST /v1/chat/completions` body into a
 //!   validated [`ChatCompletionRequest`], or a 400 [`ApiError`] that names
-//!   the field at fault.
+//!   the field at fault; [`parse_chat_request_with`] takes the gateway's
+//!   [`ParseOptions`]. [`structured`] reads `response_format` and the
+//!   constraint extensions into one [`Constraint`].
 //! - [`ChatCompletionRequest::sampling`] gives the generation settings as a
 //!   [`Sampling`]; [`ChatCompletionRequest::include_usage`] tells whether a
 //!   stream ends with a usage chunk.
@@ -28,6 +30,7 @@ mod request;
 mod response;
 mod sampling;
 pub mod sse;
+pub mod structured;
 mod template;
 mod text_completion;
 mod tokenize;
@@ -40,10 +43,10 @@ pub use completion::{
 };
 pub use constraint::Constraint;
 pub use error::{ApiError, ErrorBody, ErrorKind, ErrorObject};
-pub use parse::parse_chat_request;
+pub use parse::{parse_chat_request, parse_chat_request_with, ParseOptions};
 pub use request::{
-    ChatCompletionRequest, ChatMessage, ContentPart, ImageDetail, ImageUrl, MessageContent,
-    ResponseFormat, Role, Stop, StreamOptions,
+    ChatCompletionRequest, ChatMessage, ContentPart, ImageDetail, ImageUrl, JsonSchemaFormat,
+    MessageContent, ResponseFormat, Role, Stop, StreamOptions,
 };
 pub use response::{
     new_completion_id, unix_now, AssistantMessage, ChatCompletion, ChatCompletionChunk, Choice,

@@ -4,7 +4,8 @@
 //! 1. malformed JSON: `Malformed JSON body: <serde message> at line L column C`;
 //! 2. a value of the wrong type: `<field path>: <serde message>`, with the
 //!    path (e.g. `messages[1].content`) also in `param`;
-//! 3. semantic checks ([`crate::validate`]), each naming its field.
+//! 3. semantic checks ([`crate::validate`], then the constraint fields in
+//!    [`crate::structured`]), each naming its field.
 //!
 //! Every stage returns a 400 [`ApiError`]; no input makes this panic
 //! (`serde_json` bounds nesting depth, so deep input cannot overflow the
@@ -13,12 +14,40 @@
 use serde::de::DeserializeOwned;
 use serde_json::error::Category;
 
-use crate::{validate, ApiError, ChatCompletionRequest};
+use crate::{structured, validate, ApiError, ChatCompletionRequest};
 
-/// Parses and validates a chat completion request body.
+/// What the gateway's flags set about parsing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParseOptions {
+    /// Largest constraint (serialised schema, regex, grammar, structural
+    /// tag) in bytes; larger is a 400 (`--max-constraint-bytes`).
+    pub max_constraint_bytes: usize,
+}
+
+impl Default for ParseOptions {
+    fn default() -> Self {
+        Self {
+            max_constraint_bytes: structured::DEFAULT_MAX_CONSTRAINT_BYTES,
+        }
+    }
+}
+
+/// Parses and validates a chat completion request body with the default
+/// [`ParseOptions`].
 pub fn parse_chat_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
-    let request: ChatCompletionRequest = deserialize(body)?;
+    parse_chat_request_with(body, &ParseOptions::default())
+}
+
+/// Parses and validates a chat completion request body, and reads its
+/// decoding constraint ([`crate::structured`]) into
+/// [`ChatCompletionRequest::constraint`].
+pub fn parse_chat_request_with(
+    body: &[u8],
+    options: &ParseOptions,
+) -> Result<ChatCompletionRequest, ApiError> {
+    let mut request = deserialize(body)?;
     validate::validate(&request)?;
+    request.constraint = structured::constraint(&request, options.max_constraint_bytes)?;
     Ok(request)
 }
 

@@ -19,6 +19,7 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::tools::{MessageToolCall, Tool};
+use crate::Constraint;
 
 /// A chat completion request as sent by the client.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -100,9 +101,28 @@ pub struct ChatCompletionRequest {
     /// Output modalities: only `["text"]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub modalities: Option<Vec<String>>,
-    /// Output format; only `{"type":"text"}` is supported.
+    /// Output format: `text`, `json_object` or `json_schema`
+    /// (see [`crate::structured`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
+    /// Extension: a regular expression the whole answer matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    /// Extension: an EBNF grammar the answer is a sentence of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ebnf: Option<String>,
+    /// Extension: another name of `ebnf` (both at once is a 400).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
+    /// Extension: a structural tag specification, as a JSON object or as
+    /// a string holding one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structural_tag: Option<serde_json::Value>,
+    /// The decoding constraint read from `response_format`, `regex`,
+    /// `ebnf`/`grammar` and `structural_tag` by [`crate::parse_chat_request`]
+    /// (never on the wire).
+    #[serde(skip)]
+    pub constraint: Option<Constraint>,
     /// Functions the model may call ([`crate::tools`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<Tool>>,
@@ -129,12 +149,32 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
-/// `response_format`: only its `type` is read.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `response_format`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResponseFormat {
     /// `text`, `json_object` or `json_schema`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// The schema and its name, for `json_schema`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct JsonSchemaFormat {
+    /// Required: at most 64 of `a-z A-Z 0-9 _ -`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// What the format is for (not used: the schema is what binds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The JSON Schema, an object; absent means any JSON object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<serde_json::Value>,
+    /// Accepted either way: the output always follows the schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
 }
 
 /// One message of the conversation.

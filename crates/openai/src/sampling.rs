@@ -66,7 +66,7 @@ impl ChatCompletionRequest {
                 .map(|s| s.as_slice().to_vec())
                 .unwrap_or_default(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
-            constraint: None,
+            constraint: self.constraint.clone(),
             n: self
                 .n
                 .and_then(|n| u32::try_from(n).ok())

@@ -6,6 +6,8 @@
 //! Token ids (`logit_bias` keys, `stop_token_ids`) are checked against the
 //! model's vocabulary by [`check_token_ids`], which the server calls with
 //! the size it knows.
+//! `response_format` and the constraint extensions are read by
+//! [`crate::structured`].
 
 use std::collections::BTreeMap;
 
@@ -39,7 +41,7 @@ pub fn validate(req: &ChatCompletionRequest) -> Result<(), ApiError> {
     check_logit_bias(req)?;
     check_stream_options(req)?;
     crate::fields::check(req)?;
-    check_unsupported(req)
+    crate::tools::check_tools(req)
 }
 
 /// `messages`: non-empty, content present (except assistant), parts allowed.
@@ -357,20 +359,4 @@ pub fn check_token_ids_in(
         ));
     }
     Ok(())
-}
-
-/// Features this gateway does not implement.
-fn check_unsupported(req: &ChatCompletionRequest) -> Result<(), ApiError> {
-    if let Some(format) = &req.response_format {
-        if format.kind != "text" {
-            return Err(ApiError::bad_field(
-                "response_format",
-                format!(
-                    "response_format: type `{}` is not supported, only `text`",
-                    format.kind
-                ),
-            ));
-        }
-    }
-    crate::tools::check_tools(req)
 }

@@ -18,6 +18,13 @@ fn seed_bodies() -> Vec<Value> {
                             {"role": "assistant", "content": null}],
                "max_tokens": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 3, "stop": ["a", "b"],
                "n": 1, "seed": 3, "min_tokens": 1, "ignore_eos": false}),
+        json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+               "response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": true,
+                 "schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}},
+                            "required": ["a"], "$defs": {"b": {"enum": [1]}}}}}}),
+        json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "regex": "[a-z]+"}),
+        json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+               "structural_tag": {"type": "t", "structures": []}}),
     ]
 }
 

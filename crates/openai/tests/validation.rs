@@ -425,9 +425,9 @@ fn unknown_and_refused_fields_are_named() {
 #[test]
 fn unsupported_features() {
     assert_field(
-        &body_with(r#""response_format":{"type":"json_object"}"#),
-        Some("response_format"),
-        "`json_object` is not supported",
+        &body_with(r#""response_format":{"type":"xml"}"#),
+        Some("response_format.type"),
+        "unknown type `xml`",
     );
     assert!(
         parse_chat_request(body_with(r#""n":1,"logprobs":false,"top_logprobs":0"#).as_bytes())

@@ -150,7 +150,8 @@ async fn prepare(
 ) -> Result<Prepared, (ApiError, Outcome)> {
     let client = |e: ApiError| (e, Outcome::ClientError);
     let bytes = read_body(state, body).await.map_err(client)?;
-    let request = iris_openai::parse_chat_request(&bytes).map_err(client)?;
+    let request =
+        iris_openai::parse_chat_request_with(&bytes, &state.parse_options).map_err(client)?;
     if !state.serves(&request.model) {
         return Err(client(ApiError::model_not_found(&request.model)));
     }

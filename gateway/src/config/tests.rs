@@ -29,6 +29,7 @@ fn the_defaults_are_a_valid_config() {
     assert_eq!(cfg.transport.default, Transport::Inline);
     assert_eq!(cfg.media.pixel_cache_bytes, 1 << 30);
     assert_eq!(cfg.max_payload_bytes, 64 << 20);
+    assert_eq!(cfg.max_constraint_bytes, 64 << 10);
     assert!(cfg.discovery.is_none());
 }
 
@@ -86,6 +87,8 @@ fn the_arena_is_checked_and_the_old_ttl_name_still_works() {
     assert_eq!(cfg.transport.arena.ttl, Duration::from_millis(12_500));
     let cfg = Config::from_flags(&with_agg(&["--max-payload-size", "4096"])).unwrap();
     assert_eq!(cfg.max_payload_bytes, 4096);
+    let cfg = Config::from_flags(&with_agg(&["--max-constraint-bytes", "100"])).unwrap();
+    assert_eq!(cfg.max_constraint_bytes, 100);
     let t = Config::from_flags(&with_agg(&["--multimodal-tensor-transport", "RDMA"]));
     assert_eq!(t.unwrap().transport.default, Transport::Rdma);
     assert!(error(&with_agg(&["--multimodal-tensor-transport", "tcp"]))
