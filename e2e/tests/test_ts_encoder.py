@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import (REPO, STARTUP_TIMEOUT, Deployment, Engine, Processes, binary, metric,
-                      nixl_env, port_of, start_engine, start_gateway)
+from conftest import (REPO, STARTUP_TIMEOUT, Deployment, Engine, Processes, binary, free_port,
+                      metric, nixl_env, port_of, start_engine, start_gateway)
 from test_epd import ask, data_url, image_part
 
 HARNESS = REPO / "e2e" / "interop" / "ts_encoder.py"
@@ -68,11 +68,7 @@ def deploy(procs: Processes, model_dir: Path, record: Path, transport: str, *,
     """EPD with the TokenSpeed encoder; ``transport`` by the process flag
     (default inline) or, with ``by_url``, by the encoder URL's option."""
     nixl = transport == "rdma"
-    env = None
-    gateway_flags: list = []
-    if nixl:
-        gateway_flags, env = nixl_env()
-        env = {**env, "SMG_MM_PIXEL_RDMA": "1"}
+    env = {**nixl_env()[1], "SMG_MM_PIXEL_RDMA": "1"} if nixl else None
     encoder = start_ts_encoder(procs, record, env)
     pre, dec = start_engine(procs, model_dir, "prefill"), start_engine(procs, model_dir, "decode")
     option = f"?transport={transport}" if by_url else ""
@@ -80,6 +76,9 @@ def deploy(procs: Processes, model_dir: Path, record: Path, transport: str, *,
             "--decode", dec.url, "--encode", encoder.url + option, str(encoder.data_port)]
     if not by_url and transport != "inline":
         args += ["--multimodal-tensor-transport", transport]
+    if nixl:
+        # Not the fixed default (5600): other gateways may run beside this one.
+        args += ["--rdma-listen-port", str(free_port())]
     gateway = start_gateway(procs, model_dir, *args, nixl=nixl)
     return Deployment("epd", gateway, [encoder, pre, dec])
 

@@ -61,8 +61,8 @@ pub struct Engine {
     /// Prefill role: request states by KV room.
     pub rooms: Arc<RoomStore<StoredState>>,
     pub peers: Peers,
-    /// Which shm names pixel payloads may have.
-    pub shm_names: iris_transport::ShmNames,
+    /// How pixel payloads are received (shm names, `/dev/shm` id, counts).
+    pub payloads: crate::payload::Payloads,
     /// One permit per running request.
     pub slots: Arc<Semaphore>,
     pub worker_id: String,
@@ -155,7 +155,12 @@ impl TokenSpeedScheduler for SchedulerService {
             .unwrap_or_default();
         Ok(Response::new(GetServerInfoResponse {
             server_args: Some(server_args(engine)),
-            scheduler_info: None,
+            // As TokenSpeed workers report it: gateways that find the same
+            // value on their side send pixels through /dev/shm.
+            scheduler_info: engine
+                .payloads
+                .namespace()
+                .map(|id| fields([(iris_transport::SHM_NAMESPACE_FIELD, text(id))])),
             active_requests: engine.inflight.len() as i32,
             is_paused: false,
             uptime_seconds: engine.started.elapsed().as_secs_f64(),
