@@ -2,15 +2,16 @@
 requests"): an aggregated deployment, no encoder, whose gateway sends each
 image's pixel values to ``iris-engine`` inline, through ``/dev/shm`` (by
 the process flag or the worker URL's ``?transport=shm``, proven by the
-engine's ``scheduler_info.shm_namespace_id``) or — asked for rdma — by
-trying RDMA first: ``iris-engine`` has no NIXL receiver, refuses the first
-remote payload as "no NIXL reader", and the gateway turns rdma off for it
-(``iris_transport_rdma_refusals_total`` 1) and sends the images inline
-before anything reached the client.
+engine's ``scheduler_info.shm_namespace_id``) or over RDMA (NIXL loopback:
+the gateway and the engine built ``--features nixl``, the engine's NIXL
+receiver READs each tensor from the gateway's arena). An engine without a
+NIXL receiver says so in GetServerInfo and gets every tensor inline.
 
 The engine's ``iris_engine_pixel_tensors_total{lane}`` proves the lane each
 tensor arrived by, and the answers (a deterministic function of the pixel
-bytes) equal the inline ones.
+bytes) equal the inline ones. (A worker that says nothing and refuses the
+RDMA payload is the router's unit tests' case, and a TokenSpeed
+servicer's.)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import httpx
 import pytest
 
 from conftest import (STARTUP_TIMEOUT, Deployment, Engine, Processes, binary, free_port,
-                      metric, port_of, start_gateway)
+                      metric, nixl_binary, nixl_env, port_of, start_gateway, wait_until)
 from test_epd import ask
 from test_ts_encoder import chats
 
@@ -43,10 +44,16 @@ class MeteredEngine(Engine):
                 for lane in ("inline", "shm", "remote")}
 
 
-def start_metered_engine(procs: Processes, model_dir: Path) -> MeteredEngine:
-    args = [binary("iris-engine"), "--role", "aggregated", "--host", "127.0.0.1", "--port", "0",
-            "--model-path", model_dir, "--metrics-port", "0"]
-    process = procs.spawn("engine-aggregated", args)
+def start_metered_engine(procs: Processes, model_dir: Path, nixl: bool = False) -> MeteredEngine:
+    """An aggregated ``iris-engine`` with its metrics port; ``nixl`` runs the
+    ``--features nixl`` build with the NIXL library (its receiver up)."""
+    exe, env, flags = binary("iris-engine"), None, []
+    if nixl:
+        exe = nixl_binary("iris-engine")
+        flags, env = nixl_env()
+    args = [exe, "--role", "aggregated", "--host", "127.0.0.1", "--port", "0",
+            "--model-path", model_dir, "--metrics-port", "0", *flags]
+    process = procs.spawn("engine-aggregated", args, env)
     match = process.wait_for_line(ENGINE_LINE, STARTUP_TIMEOUT)
     engine = MeteredEngine("aggregated", process, port_of(match.group(1)))
     engine.metrics_url = f"http://{match.group(2)}/metrics"
@@ -54,8 +61,8 @@ def start_metered_engine(procs: Processes, model_dir: Path) -> MeteredEngine:
 
 
 def deploy(procs: Processes, model_dir: Path, transport: str, *, by_url: bool = False,
-           nixl: bool = False) -> Deployment:
-    engine = start_metered_engine(procs, model_dir)
+           nixl: bool = False, nixl_engine: bool = False) -> Deployment:
+    engine = start_metered_engine(procs, model_dir, nixl=nixl_engine)
     option = f"?transport={transport}" if by_url else ""
     args = ["--worker-urls", engine.url + option]
     if not by_url and transport != "inline":
@@ -100,15 +107,29 @@ def test_shm_carries_every_tensor_with_the_same_answers(processes, model_dir, in
     assert list(Path("/dev/shm").glob(f"iris-tensor-{pid}-*")) == []
 
 
-def test_rdma_refused_by_the_worker_goes_inline_at_once(processes, model_dir, inline_answers):
-    dep = deploy(processes, model_dir, "rdma", nixl=True)
+def test_rdma_carries_every_tensor_with_the_same_answers(processes, model_dir, inline_answers):
+    dep = deploy(processes, model_dir, "rdma", nixl=True, nixl_engine=True)
+    # The health checker's first GetServerInfo has granted the lane.
+    wait_until(lambda: "nixl=true" in dep.gateway.process.log_tail(20000), 10,
+               "the gateway to see the engine's NIXL receiver")
     assert run(dep) == inline_answers
+    assert dep.engines[0].lanes() == {"inline": 0, "shm": 0, "remote": TENSORS}
     text = dep.gateway.metrics()
-    # One refusal (the first image), then rdma stays off for this worker.
-    assert metric(text, "iris_transport_rdma_refusals_total") == 1, text
-    assert metric(text, "iris_transport_tensors_total", lane="rdma") == 1, text
+    assert metric(text, "iris_transport_tensors_total", lane="rdma") == TENSORS, text
+    assert metric(text, "iris_transport_rdma_refusals_total") == 0, text
+    # Each READ's notification frees its slot.
+    wait_until(lambda: metric(dep.gateway.metrics(), "iris_transport_arena_slots_in_use") == 0,
+               5, "the notifications to free every slot")
+
+
+def test_rdma_to_an_engine_without_nixl_goes_inline(processes, model_dir, inline_answers):
+    """The engine reports ``nixl_receiver`` 0: never tried, every tensor
+    inline and counted as fallback ``nixl_unavailable``."""
+    dep = deploy(processes, model_dir, "rdma", nixl=True)
+    wait_until(lambda: "nixl=false" in dep.gateway.process.log_tail(20000), 10,
+               "the gateway to see the engine's capabilities")
+    assert run(dep) == inline_answers
     assert dep.engines[0].lanes() == {"inline": TENSORS, "shm": 0, "remote": 0}
-    assert metric(text, "iris_requests_total", outcome="ok") == len(inline_answers), text
-    assert metric(text, "iris_retries_total") in (None, 0), text
-    # The refused slot was freed at once.
-    assert metric(text, "iris_transport_arena_slots_in_use") == 0, text
+    text = dep.gateway.metrics()
+    assert metric(text, "iris_transport_fallbacks_total", reason="nixl_unavailable") == TENSORS
+    assert metric(text, "iris_transport_rdma_refusals_total") == 0, text

@@ -301,5 +301,19 @@ fn server_args(engine: &Engine) -> Struct {
             number(f64::from(engine.config.bootstrap_port)),
         ));
     }
+    // What gateways pick the lane of pixels in Generate requests by, as an
+    // encoder reports it: whether RDMA payloads can be READ here, and the
+    // longest a READ may hold the sender's slot.
+    let hold = engine.payloads.nixl_hold();
+    pairs.push((
+        iris_transport::NIXL_RECEIVER_FIELD,
+        number(if hold.is_some() { 1.0 } else { 0.0 }),
+    ));
+    if let Some(hold) = hold {
+        pairs.push((
+            iris_transport::NIXL_RECEIVER_HOLD_FIELD,
+            number(hold.as_millis() as f64),
+        ));
+    }
     fields(pairs)
 }

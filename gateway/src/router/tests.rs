@@ -135,7 +135,9 @@ impl TokenSpeedScheduler for Scripted {
         }
         if kind == "remote" && self.no_reader.load(Ordering::SeqCst) {
             let refusal = iris_transport::ReceiveError::NoRemoteReader.to_string();
-            let _ = tx.try_send(Err(Status::unavailable(format!("encoder_input: {refusal}"))));
+            let _ = tx.try_send(Err(Status::unavailable(format!(
+                "encoder_input: {refusal}"
+            ))));
             return Ok(Response::new(ReceiverStream::new(rx)));
         }
         match self.next_answer() {
@@ -578,7 +580,11 @@ async fn an_aggregated_worker_that_refuses_rdma_gets_the_pixels_inline_at_once()
         let lanes = Lanes::with_unserved_arena(iris_transport::Transport::Rdma);
         let router = router(mode, 0).with_lanes(lanes);
         serve_one(&router).await;
-        assert_eq!(worker.generate_payloads(), ["remote", "inline"], "{in_stream}");
+        assert_eq!(
+            worker.generate_payloads(),
+            ["remote", "inline"],
+            "{in_stream}"
+        );
         assert_eq!(router.retries(), 0, "not a retry of the request");
         assert!(worker.worker.is_healthy(), "not a failure of the worker");
         iris_testkit::http::assert_lines(
