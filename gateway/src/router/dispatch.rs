@@ -169,7 +169,16 @@ impl Router {
         // Non-inline pixels are settled by the first response.
         let read_ahead = read_ahead || !laned.tickets.is_empty();
         let encoders = sent.encoders.clone();
-        let (mut generation, workers) = self.accepted(sent, &laned, suspects)?;
+        let (mut generation, workers) = match self.accepted(sent, &laned, suspects) {
+            Ok(accepted) => accepted,
+            Err(failure) => {
+                if failure.lane_refused {
+                    // Its puller is off: it never READs the slots, free them now.
+                    laned.tickets.never_sent();
+                }
+                return Err(failure);
+            }
+        };
         encoders.iter().for_each(|e| e.record_success());
         if read_ahead {
             if let Err((leg, status)) = generation.read_ahead().await {
