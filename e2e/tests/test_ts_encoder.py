@@ -15,8 +15,8 @@ The answers are the same over every lane.
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -93,16 +93,10 @@ def bf16_bits(values: np.ndarray) -> np.ndarray:
     return ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype("<u2")
 
 
-def read_npy(path: Path) -> np.ndarray:
-    return np.load(path, allow_pickle=False)
-
-
 @pytest.fixture(scope="module")
 def preprocessed(model_dir, tmp_path_factory) -> dict:
     """SHA-256 of each image's pixel values as the gateway sends them by
     default (bfloat16), from ``iris preprocess`` and its float32 .npy."""
-    import hashlib
-
     out = tmp_path_factory.mktemp("preprocessed")
     expected = {}
     for name in FILES:
@@ -111,7 +105,7 @@ def preprocessed(model_dir, tmp_path_factory) -> dict:
                               str(IMAGES / name), "--out", str(npy)],
                              capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, run.stderr
-        values = read_npy(npy)
+        values = np.load(npy, allow_pickle=False)
         bits = bf16_bits(values)
         expected[hashlib.sha256(bits.tobytes()).hexdigest()] = (name, list(values.shape))
     return expected
