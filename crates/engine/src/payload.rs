@@ -220,8 +220,7 @@ mod tests {
                     port: 1,
                     ip: "127.0.0.1".into(),
                 }
-                .encode()
-                .into(),
+                .encode(),
                 nbytes: 1,
             })),
         };
