@@ -108,56 +108,23 @@ pub struct Cli {
     pub log: iris_process::LogArgs,
 }
 
-/// Receiver options of `iris-encoder`.
+/// Receiver options of `iris-encoder`: the options every tensor receiver
+/// shares (`iris_transport::args`), with this binary's environment twins.
 #[derive(Debug, Clone, Args)]
 #[command(mut_arg("shm_name_prefixes", |a| a.env("IRIS_ENCODER_SHM_NAME_PREFIX")))]
+#[command(mut_arg("nixl_lib", |a| a.env("IRIS_ENCODER_NIXL_LIB")))]
+#[command(mut_arg("nixl_agent_name", |a| a.env("IRIS_ENCODER_NIXL_AGENT_NAME")
+    .help("This worker's NIXL agent name (default: iris-encoder-PID)")))]
+#[command(mut_arg("nixl_sender_name", |a| a.env("IRIS_ENCODER_NIXL_SENDER_NAME")))]
+#[command(mut_arg("rdma_listen_port", |a| a.env("IRIS_ENCODER_RDMA_LISTEN_PORT")))]
+#[command(mut_arg("rdma_landing_slots", |a| a.env("IRIS_ENCODER_RDMA_LANDING_SLOTS")))]
+#[command(mut_arg("rdma_landing_slot_size_mb", |a| a.env("IRIS_ENCODER_RDMA_LANDING_SLOT_SIZE_MB")))]
+#[command(mut_arg("rdma_landing_wait_ms", |a| a.env("IRIS_ENCODER_RDMA_LANDING_WAIT_MS")))]
+#[command(mut_arg("rdma_read_timeout_ms", |a| a.env("IRIS_ENCODER_RDMA_READ_TIMEOUT_MS")))]
 pub struct ReceiveArgs {
-    /// libnixl_capi.so to load before NIXL is used (else the dynamic
-    /// linker's search path); a missing library disables the RDMA lane.
-    #[arg(long, env = "IRIS_ENCODER_NIXL_LIB")]
-    pub nixl_lib: Option<PathBuf>,
-    /// This worker's NIXL agent name (default: iris-encoder-PID).
-    #[arg(long, env = "IRIS_ENCODER_NIXL_AGENT_NAME")]
-    pub nixl_agent_name: Option<String>,
-    /// The gateway's NIXL agent name (its --nixl-agent-name; the default
-    /// is the name an smg gateway registers).
-    #[arg(
-        long,
-        default_value = iris_transport::DEFAULT_SENDER_AGENT_NAME,
-        env = "IRIS_ENCODER_NIXL_SENDER_NAME"
-    )]
-    pub nixl_sender_name: String,
-    /// Port of this worker's NIXL metadata listener (0: a free one).
-    #[arg(long, default_value_t = 0, env = "IRIS_ENCODER_RDMA_LISTEN_PORT")]
-    pub rdma_listen_port: u16,
-    /// Landing buffers for RDMA READs (concurrent READs; 0: no RDMA lane).
-    #[arg(long, default_value_t = 4, env = "IRIS_ENCODER_RDMA_LANDING_SLOTS")]
-    pub rdma_landing_slots: usize,
-    /// MiB per landing buffer (at least the gateway's --rdma-slot-size-mb).
-    #[arg(
-        long,
-        default_value_t = 32,
-        env = "IRIS_ENCODER_RDMA_LANDING_SLOT_SIZE_MB"
-    )]
-    pub rdma_landing_slot_size_mb: usize,
-    /// Longest wait for a free landing buffer, in ms.
-    #[arg(
-        long,
-        default_value_t = 1000,
-        env = "IRIS_ENCODER_RDMA_LANDING_WAIT_MS"
-    )]
-    pub rdma_landing_wait_ms: u64,
-    /// Longest wait for the gateway's metadata, then for a READ, in ms.
-    /// The gateway's --rdma-receiver-hold-ms must be at least the landing
-    /// wait plus four times this: the worker reports that hold in
-    /// GetServerInfo, and a gateway whose hold is shorter sends it no rdma
-    /// tensors.
-    #[arg(
-        long,
-        default_value_t = 2000,
-        env = "IRIS_ENCODER_RDMA_READ_TIMEOUT_MS"
-    )]
-    pub rdma_read_timeout_ms: u64,
+    /// `--nixl-*` and `--rdma-*`: the NIXL receiver.
+    #[command(flatten)]
+    pub nixl: iris_transport::args::NixlReceiverArgs,
     /// `--shm-name-prefix` (env `IRIS_ENCODER_SHM_NAME_PREFIX`).
     #[command(flatten)]
     pub shm: iris_transport::args::ShmNameArgs,

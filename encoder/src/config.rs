@@ -64,17 +64,8 @@ pub struct EncoderConfig {
 /// How pixel tensors are received.
 #[derive(Debug, Clone)]
 pub struct ReceiveConfig {
-    pub nixl_lib: Option<PathBuf>,
-    /// `None`: `iris-encoder-PID`.
-    pub nixl_agent_name: Option<String>,
-    pub nixl_sender_name: String,
-    /// 0: a free port.
-    pub rdma_listen_port: u16,
-    /// 0: no RDMA lane.
-    pub rdma_landing_slots: usize,
-    pub rdma_landing_slot_bytes: usize,
-    pub rdma_landing_wait: Duration,
-    pub rdma_read_timeout: Duration,
+    /// The NIXL receiver (RDMA lane).
+    pub remote: iris_transport::RemoteSettings,
     /// The shm file-name prefixes accepted.
     pub shm_names: ShmNames,
 }
@@ -125,24 +116,8 @@ fn mib(flag: &str, mb: u64) -> Result<u64, ConfigError> {
 }
 
 fn receive(args: &ReceiveArgs) -> Result<ReceiveConfig, ConfigError> {
-    let slot = mib(
-        "--rdma-landing-slot-size-mb",
-        args.rdma_landing_slot_size_mb as u64,
-    )?;
     Ok(ReceiveConfig {
-        nixl_lib: args.nixl_lib.clone(),
-        nixl_agent_name: args.nixl_agent_name.clone(),
-        nixl_sender_name: args.nixl_sender_name.clone(),
-        rdma_listen_port: args.rdma_listen_port,
-        rdma_landing_slots: args.rdma_landing_slots,
-        rdma_landing_slot_bytes: usize::try_from(slot).map_err(|_| {
-            ConfigError(format!(
-                "--rdma-landing-slot-size-mb {} is too large",
-                args.rdma_landing_slot_size_mb
-            ))
-        })?,
-        rdma_landing_wait: Duration::from_millis(args.rdma_landing_wait_ms),
-        rdma_read_timeout: Duration::from_millis(args.rdma_read_timeout_ms.max(1)),
+        remote: args.nixl.settings().map_err(ConfigError)?,
         shm_names: args.shm.names().map_err(ConfigError)?,
     })
 }
@@ -163,9 +138,9 @@ mod tests {
         assert_eq!(cfg.coalesce_window, Duration::from_millis(2));
         assert_eq!(cfg.room_ttl, Duration::from_secs(60));
         assert_eq!(cfg.max_held_bytes, 4096 * MIB);
-        assert_eq!(cfg.receive.rdma_landing_slot_bytes, 32 << 20);
-        assert_eq!(cfg.receive.rdma_landing_wait, Duration::from_millis(1000));
-        assert_eq!(cfg.receive.rdma_read_timeout, Duration::from_millis(2000));
+        assert_eq!(cfg.receive.remote.landing_slot_bytes, 32 << 20);
+        assert_eq!(cfg.receive.remote.landing_wait, Duration::from_millis(1000));
+        assert_eq!(cfg.receive.remote.read_timeout, Duration::from_millis(2000));
         assert_eq!(cfg.max_message_bytes, None);
     }
 

@@ -7,15 +7,12 @@
 //! reported in GetServerInfo so gateways can pick lanes.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use iris_proto::encoder::EncodeRequest;
 use iris_proto::scheduler::{tensor_data::Payload, MultimodalItem, TensorData};
 use iris_transport::shm::{sweep_orphans, DEFAULT_SHM_DIR, IDENTITY_PREFIX};
-use iris_transport::{
-    ReceiveError, RemoteError, RemoteReader, ShmError, ShmIdentity, TensorReceiver,
-};
+use iris_transport::{ReceiveError, ShmIdentity, TensorReceiver};
 use tonic::Status;
 
 use crate::config::ReceiveConfig;
@@ -46,10 +43,12 @@ impl Receiving {
             }
         };
         let mut receiver = TensorReceiver::new(dir).with_shm_names(args.shm_names.clone());
-        let remote = nixl::start(args)?;
-        let nixl_hold = remote.as_ref().map(|(_, hold)| *hold);
-        if let Some((remote, _)) = remote {
-            receiver = receiver.with_remote(remote);
+        let default_name = format!("iris-encoder-{}", std::process::id());
+        let remote = iris_transport::receiving::start_remote(&args.remote, &default_name)
+            .map_err(anyhow::Error::msg)?;
+        let nixl_hold = remote.as_ref().map(|r| r.hold);
+        if let Some(remote) = remote {
+            receiver = receiver.with_remote(remote.reader);
         }
         Ok(Receiving {
             receiver,
@@ -136,93 +135,10 @@ fn needs_receiving(item: &MultimodalItem) -> bool {
 /// tells a caller nothing about the file.
 pub fn receive_status(e: &ReceiveError) -> Status {
     let message = format!("encoder_input: {e}");
-    match e {
-        ReceiveError::Tensor(_)
-        | ReceiveError::Descriptor(_)
-        | ReceiveError::Remote(RemoteError::TooLarge { .. })
-        | ReceiveError::Shm(
-            ShmError::BadName(_)
-            | ShmError::BadPrefix(_)
-            | ShmError::SizeMismatch { .. }
-            | ShmError::Unlisted(_),
-        ) => Status::invalid_argument(message),
-        ReceiveError::Shm(ShmError::Io { .. } | ShmError::Refused(_))
-        | ReceiveError::NoRemoteReader
-        | ReceiveError::Remote(_) => Status::unavailable(message),
-    }
-}
-
-#[cfg(feature = "nixl")]
-mod nixl {
-    //! The NIXL receiver agent.
-
-    use iris_transport::nixl::{NixlError, ReceiverAgent, ReceiverConfig};
-
-    use super::*;
-
-    /// The receiver and its hold, or `None` when disabled or NIXL is
-    /// missing (logged).
-    pub fn start(
-        args: &ReceiveConfig,
-    ) -> anyhow::Result<Option<(Arc<dyn RemoteReader>, Duration)>> {
-        if args.rdma_landing_slots == 0 {
-            return Ok(None);
-        }
-        let cfg = ReceiverConfig {
-            name: args
-                .nixl_agent_name
-                .clone()
-                .unwrap_or_else(|| format!("iris-encoder-{}", std::process::id())),
-            listen_port: listen_port(args.rdma_listen_port)?,
-            sender_name: args.nixl_sender_name.clone(),
-            landing_slots: args.rdma_landing_slots,
-            landing_slot_size: args.rdma_landing_slot_bytes,
-            landing_wait: args.rdma_landing_wait,
-            read_timeout: args.rdma_read_timeout,
-        };
-        let hold = cfg.hold();
-        match ReceiverAgent::start(args.nixl_lib.as_deref(), cfg) {
-            Ok(agent) => {
-                tracing::info!(
-                    hold_ms = hold.as_millis() as u64,
-                    "NIXL receiver up (the gateway's --rdma-receiver-hold-ms must be at least hold_ms)"
-                );
-                Ok(Some((Arc::new(agent), hold)))
-            }
-            Err(NixlError::Unavailable(why)) => {
-                tracing::warn!(%why, "NIXL unavailable: this worker takes no rdma tensors");
-                Ok(None)
-            }
-            Err(e) => anyhow::bail!("cannot start the NIXL receiver: {e}"),
-        }
-    }
-
-    /// `port`, or a port that was free a moment ago for 0.
-    fn listen_port(port: u16) -> anyhow::Result<u16> {
-        if port != 0 {
-            return Ok(port);
-        }
-        let probe = std::net::TcpListener::bind(("0.0.0.0", 0))?;
-        Ok(probe.local_addr()?.port())
-    }
-}
-
-#[cfg(not(feature = "nixl"))]
-mod nixl {
-    //! Built without feature `nixl`: no RDMA lane.
-
-    use super::*;
-
-    /// Always `None`; logs when RDMA settings were given.
-    pub fn start(
-        args: &ReceiveConfig,
-    ) -> anyhow::Result<Option<(Arc<dyn RemoteReader>, Duration)>> {
-        if args.nixl_lib.is_some() {
-            tracing::warn!(
-                "built without the `nixl` feature: --nixl-lib is ignored, no rdma tensors"
-            );
-        }
-        Ok(None)
+    if iris_transport::receiving::is_request_fault(e) {
+        Status::invalid_argument(message)
+    } else {
+        Status::unavailable(message)
     }
 }
 
@@ -230,7 +146,7 @@ mod nixl {
 mod tests {
     use super::*;
     use iris_proto::common::ShmHandle;
-    use iris_transport::DescriptorError;
+    use iris_transport::{DescriptorError, RemoteError, ShmError};
     use tonic::Code;
 
     #[test]

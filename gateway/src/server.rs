@@ -364,14 +364,18 @@ fn with_errors(
         .method_not_allowed_fallback(move |method, uri| wrong_method(method, uri, served.clone()))
         .fallback(move |method, uri| not_found(method, uri, listing.clone()))
 }
-/// Whether an encode worker may ask for the RDMA lane with its own
-/// transport: a configured one through its URL option, or — since their
-/// `iris.ai/tensor-transport` annotation is only known once they appear —
-/// any pod discovery may bring into the encode pool. Decided before the
-/// watchers report anything, so the lane is up when such a pod joins.
+
+/// Whether a worker sent pixels in this mode ([`Mode::pixel_role`]: encode
+/// workers in EPD, else aggregated or PD prefill workers) may ask for the
+/// RDMA lane with its own transport: a configured one through its URL
+/// option, or — since their `iris.ai/tensor-transport` annotation is only
+/// known once they appear — any pod discovery may bring into that pool.
+/// Decided before the watchers report anything, so the lane is up when
+/// such a pod joins.
 pub fn rdma_wanted(mode: &Mode, discovery: Option<&Discovery>) -> bool {
+    let role = mode.pixel_role();
     let configured = mode.pools().iter().any(|pool| {
-        pool.role == Role::Encode
+        pool.role == role
             && pool.snapshot().iter().any(|w| {
                 matches!(
                     w.transport(),
@@ -379,7 +383,7 @@ pub fn rdma_wanted(mode: &Mode, discovery: Option<&Discovery>) -> bool {
                 )
             })
     });
-    configured || discovery.is_some_and(|d| d.watches(Role::Encode))
+    configured || discovery.is_some_and(|d| d.watches(role))
 }
 
 /// The pools of `topology`, holding its configured workers (a role whose
@@ -635,5 +639,24 @@ mod tests {
         assert!(wanted(
             &[&discovered_pd[..], &["--encode-selector", "r=e"]].concat()
         ));
+    }
+
+    /// Without encoders the worker that gets the pixels in its Generate
+    /// request asks: aggregated, or prefill in PD (not decode).
+    #[tokio::test]
+    async fn rdma_is_wanted_by_aggregated_and_pd_prefill_workers() {
+        let wanted_by = |flags: &[&str]| {
+            let config = Config::from_flags(flags).unwrap();
+            let connect = Connect::from(Duration::from_secs(1));
+            let mode = build_mode(&config.topology, &connect).unwrap();
+            rdma_wanted(&mode, config.discovery.as_ref())
+        };
+        assert!(!wanted_by(&["--worker-urls", "grpc://a:1"]));
+        assert!(wanted_by(&["--worker-urls", "grpc://a:1?transport=rdma"]));
+        let pd = |p: &'static str, d: &'static str| {
+            ["--pd-disaggregation", "--prefill", p, "--decode", d]
+        };
+        assert!(wanted_by(&pd("grpc://p:1?transport=auto", "grpc://d:1")));
+        assert!(!wanted_by(&pd("grpc://p:1", "grpc://d:1?transport=rdma")));
     }
 }

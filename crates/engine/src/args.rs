@@ -24,6 +24,15 @@ pub const RENAMED_ENV: &[iris_process::renamed::Renamed] = &[
 
 #[derive(Debug, Clone, Args)]
 #[command(mut_arg("shm_name_prefixes", |a| a.env("IRIS_ENGINE_SHM_NAME_PREFIX")))]
+#[command(mut_arg("nixl_lib", |a| a.env("IRIS_ENGINE_NIXL_LIB")))]
+#[command(mut_arg("nixl_agent_name", |a| a.env("IRIS_ENGINE_NIXL_AGENT_NAME")
+    .help("This worker's NIXL agent name (default: iris-engine-PID)")))]
+#[command(mut_arg("nixl_sender_name", |a| a.env("IRIS_ENGINE_NIXL_SENDER_NAME")))]
+#[command(mut_arg("rdma_listen_port", |a| a.env("IRIS_ENGINE_RDMA_LISTEN_PORT")))]
+#[command(mut_arg("rdma_landing_slots", |a| a.env("IRIS_ENGINE_RDMA_LANDING_SLOTS")))]
+#[command(mut_arg("rdma_landing_slot_size_mb", |a| a.env("IRIS_ENGINE_RDMA_LANDING_SLOT_SIZE_MB")))]
+#[command(mut_arg("rdma_landing_wait_ms", |a| a.env("IRIS_ENGINE_RDMA_LANDING_WAIT_MS")))]
+#[command(mut_arg("rdma_read_timeout_ms", |a| a.env("IRIS_ENGINE_RDMA_READ_TIMEOUT_MS")))]
 pub struct EngineArgs {
     /// Role of this worker.
     #[arg(
@@ -108,6 +117,10 @@ pub struct EngineArgs {
     /// `--shm-name-prefix` (env `IRIS_ENGINE_SHM_NAME_PREFIX`).
     #[command(flatten)]
     pub shm: iris_transport::args::ShmNameArgs,
+    /// `--nixl-*` and `--rdma-*`: the NIXL receiver that READs pixels sent
+    /// over RDMA inside Generate requests (feature `nixl`).
+    #[command(flatten)]
+    pub nixl: iris_transport::args::NixlReceiverArgs,
 }
 
 /// The `iris-engine` command line: [`EngineArgs`] and the logging switch. The binary

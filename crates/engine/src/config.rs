@@ -66,6 +66,8 @@ pub struct EngineConfig {
     pub auth_token: Option<AuthToken>,
     /// The shm file-name prefixes accepted.
     pub shm_names: ShmNames,
+    /// The NIXL receiver (RDMA lane for pixels in Generate requests).
+    pub remote: iris_transport::RemoteSettings,
 }
 
 /// A flag the engine cannot run with.
@@ -86,6 +88,7 @@ impl EngineConfig {
             auth_token: AuthToken::load(args.auth_token_file.as_deref())
                 .map_err(|e| ConfigError(format!("--auth-token-file: {e:#}")))?,
             shm_names: args.shm.names().map_err(ConfigError)?,
+            remote: args.nixl.settings().map_err(ConfigError)?,
             role: args.role,
             host: args.host,
             port: args.port,

@@ -1,6 +1,7 @@
 //! The engine's optional Prometheus endpoint (`--metrics-port`): requests
-//! running and waiting, registered requests, and the prefill role's KV
-//! rooms (pending, ready, bytes held), served as text on `GET /metrics`.
+//! running and waiting, registered requests, the prefill role's KV
+//! rooms (pending, ready, bytes held) and the pixel tensors received per
+//! lane, served as text on `GET /metrics`.
 //! Soak and failure tests read it to prove nothing is left held.
 
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use iris_metrics::{counter, gauge};
+use iris_metrics::{counter, family, gauge};
 
 use crate::service::Engine;
 
@@ -67,6 +68,16 @@ pub fn render(engine: &Engine) -> String {
     for (name, help, value) in gauges {
         gauge(&mut out, &format!("{PREFIX}_{name}"), help, value);
     }
+    family(
+        &mut out,
+        &format!("{PREFIX}_pixel_tensors_total"),
+        "counter",
+        "Pixel tensors received in Generate requests, by the payload lane they came by.",
+        crate::payload::LANES
+            .iter()
+            .zip(engine.payloads.received())
+            .map(|(lane, n)| (format!("lane=\"{lane}\""), n)),
+    );
     out
 }
 

@@ -18,7 +18,7 @@ use crate::inflight::Registration;
 use crate::model::{Finish, PromptState, Sequence};
 use crate::request::{ItemSource, Plan};
 use crate::service::{Engine, StoredState};
-use crate::{constrained, payload, Role};
+use crate::{constrained, Role};
 
 type Tx = mpsc::Sender<Result<GenerateResponse, Status>>;
 
@@ -69,7 +69,7 @@ async fn prefill(engine: &Engine, plan: &Plan) -> Result<PromptState, Status> {
     let wait = engine.config.transfer_wait;
     let fetches = plan.items.iter().map(|item| async move {
         match item {
-            ItemSource::Pixels(tensor) => payload::read(tensor, &engine.shm_names).await,
+            ItemSource::Pixels(tensor) => engine.payloads.read(tensor).await,
             ItemSource::Embedding { host, port, room } => {
                 engine.peers.fetch_embedding(host, *port, *room, wait).await
             }

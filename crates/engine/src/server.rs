@@ -186,7 +186,7 @@ fn build_engine(cfg: EngineConfig) -> anyhow::Result<Engine> {
             ttl: cfg.room_ttl,
         })),
         peers: Peers::new(worker_id.clone(), cfg.auth_token.clone()),
-        shm_names: cfg.shm_names.clone(),
+        payloads: crate::payload::Payloads::start(cfg.shm_names.clone(), &cfg.remote)?,
         slots: Arc::new(Semaphore::new(cfg.max_running_requests as usize)),
         worker_id,
         started: Instant::now(),

@@ -64,8 +64,8 @@ pub struct Engine {
     /// Prefill role: request states by KV room.
     pub rooms: Arc<RoomStore<StoredState>>,
     pub peers: Peers,
-    /// Which shm names pixel payloads may have.
-    pub shm_names: iris_transport::ShmNames,
+    /// How pixel payloads are received (shm names, `/dev/shm` id, counts).
+    pub payloads: crate::payload::Payloads,
     /// One permit per running request.
     pub slots: Arc<Semaphore>,
     pub worker_id: String,
@@ -158,7 +158,12 @@ impl TokenSpeedScheduler for SchedulerService {
             .unwrap_or_default();
         Ok(Response::new(GetServerInfoResponse {
             server_args: Some(server_args(engine)),
-            scheduler_info: None,
+            // As TokenSpeed workers report it: gateways that find the same
+            // value on their side send pixels through /dev/shm.
+            scheduler_info: engine
+                .payloads
+                .namespace()
+                .map(|id| fields([(iris_transport::SHM_NAMESPACE_FIELD, text(id))])),
             active_requests: engine.inflight.len() as i32,
             is_paused: false,
             uptime_seconds: engine.started.elapsed().as_secs_f64(),
@@ -297,6 +302,20 @@ fn server_args(engine: &Engine) -> Struct {
         pairs.push((
             "disaggregation_bootstrap_port",
             number(f64::from(engine.config.bootstrap_port)),
+        ));
+    }
+    // What gateways pick the lane of pixels in Generate requests by, as an
+    // encoder reports it: whether RDMA payloads can be READ here, and the
+    // longest a READ may hold the sender's slot.
+    let hold = engine.payloads.nixl_hold();
+    pairs.push((
+        iris_transport::NIXL_RECEIVER_FIELD,
+        number(if hold.is_some() { 1.0 } else { 0.0 }),
+    ));
+    if let Some(hold) = hold {
+        pairs.push((
+            iris_transport::NIXL_RECEIVER_HOLD_FIELD,
+            number(hold.as_millis() as f64),
         ));
     }
     fields(pairs)

@@ -22,6 +22,7 @@ pub mod metrics;
 #[cfg(feature = "nixl")]
 pub mod nixl;
 pub mod receiver;
+pub mod receiving;
 pub mod sender;
 pub mod shm;
 
@@ -52,5 +53,6 @@ pub use descriptor::{Descriptor, DescriptorError, FrameError};
 pub use lane::{decide, Decision, FallbackReason, Lane, LanePolicy, Transport, WorkerCaps};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use receiver::{ReceiveError, Received, RemoteError, RemoteReader, TensorReceiver};
+pub use receiving::{RemoteReceiving, RemoteSettings};
 pub use sender::{DeliveryTicket, RdmaEndpoint, Sent, TensorSender};
 pub use shm::{ShmError, ShmGuard, ShmIdentity, ShmNames, ShmWriter};

@@ -15,6 +15,12 @@
 //! [`Verdict::Fatal`] or `--max-retries` is used up — counts a retry,
 //! waits a backoff if the worker was [`Verdict::Busy`], and re-issues the
 //! whole request with fresh ids and rooms.
+//!
+//! Pixels inside a Generate leg go by the worker's lane ([`pixels`]). A
+//! worker that refuses their RDMA payload because its puller is off
+//! ([`classify::rdma_refused`]) has rdma turned off until it restarts and
+//! the request is planned again at once, its pixels now inline: that
+//! re-plan is neither a retry nor a failure of the worker.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -26,6 +32,7 @@ use tonic::{Status, Streaming};
 use super::classify::{self, Verdict};
 use super::encode;
 use super::generation::{FailedLeg, Generation, Leg};
+use super::pixels::{self, Laned};
 use super::strategy::{Plan, Strategy};
 use super::{RouteError, Router};
 use crate::workers::affinity::item_patches;
@@ -36,7 +43,13 @@ struct Failure {
     worker: Arc<Worker>,
     status: Status,
     verdict: Verdict,
+    /// The worker refused the RDMA lane of its pixels: plan again.
+    lane_refused: bool,
 }
+
+/// Re-plans after RDMA refusals per request at most (each turns rdma off
+/// for one worker, so more would mean the same worker refused again).
+const MAX_LANE_REPLANS: u32 = 4;
 
 /// A Generate leg the worker accepted.
 struct Accepted {
@@ -67,6 +80,8 @@ impl Accepted {
 
 /// The calls of an attempt, answered.
 struct Sent {
+    /// The Generate legs' pixels that left inline.
+    laned: Laned,
     encoders: Vec<Arc<Worker>>,
     encoded: Vec<(Arc<Worker>, Result<(), Status>)>,
     prefill: Option<LegResult>,
@@ -102,7 +117,8 @@ impl Router {
     pub async fn start(&self, request: GenerateRequest) -> Result<Generation, RouteError> {
         let strategy = Strategy::new(&self.mode, request);
         let mut suspects = Vec::new();
-        let mut attempt = 0u32;
+        // Plans made (each with its own request id), and of those retries.
+        let (mut attempt, mut retried, mut replanned) = (0u32, 0u32, 0u32);
         loop {
             let plan = strategy
                 .plan(attempt, &suspects)
@@ -111,7 +127,12 @@ impl Router {
                 Ok(generation) => return Ok(generation),
                 Err(failure) => failure,
             };
-            if failure.verdict == Verdict::Fatal || attempt >= self.max_retries {
+            attempt += 1;
+            if failure.lane_refused && replanned < MAX_LANE_REPLANS {
+                replanned += 1;
+                continue;
+            }
+            if failure.verdict == Verdict::Fatal || retried >= self.max_retries {
                 return Err(RouteError::Upstream {
                     worker: failure.worker.url.to_string(),
                     status: failure.status,
@@ -126,9 +147,9 @@ impl Router {
             );
             self.retries.fetch_add(1, Ordering::Relaxed);
             if failure.verdict == Verdict::Busy {
-                tokio::time::sleep(classify::backoff(attempt)).await;
+                tokio::time::sleep(classify::backoff(retried)).await;
             }
-            attempt += 1;
+            retried += 1;
         }
     }
 
@@ -143,9 +164,21 @@ impl Router {
         suspects: &mut Vec<Arc<Worker>>,
     ) -> Result<Generation, Failure> {
         let read_ahead = plan.read_ahead;
-        let sent = self.send(plan).await;
+        let mut sent = self.send(plan).await;
+        let laned = std::mem::take(&mut sent.laned);
+        // Non-inline pixels are settled by the first response.
+        let read_ahead = read_ahead || !laned.tickets.is_empty();
         let encoders = sent.encoders.clone();
-        let (mut generation, workers) = self.accepted(sent, suspects)?;
+        let (mut generation, workers) = match self.accepted(sent, &laned, suspects) {
+            Ok(accepted) => accepted,
+            Err(failure) => {
+                if failure.lane_refused {
+                    // Its puller is off: it never READs the slots, free them now.
+                    laned.tickets.never_sent();
+                }
+                return Err(failure);
+            }
+        };
         encoders.iter().for_each(|e| e.record_success());
         if read_ahead {
             if let Err((leg, status)) = generation.read_ahead().await {
@@ -154,12 +187,38 @@ impl Router {
                     (FailedLeg::Prefill, Some(p)) => p,
                     _ => workers.stream,
                 };
+                if let Some(refused) = self.lane_refused(&laned, &worker, &status) {
+                    laned.tickets.never_sent();
+                    return Err(refused);
+                }
                 return Err(late_failure(worker, status, encoders, suspects));
             }
         }
+        laned.tickets.delivered();
         workers.prefill.iter().for_each(|p| p.record_success());
         workers.stream.record_success();
         Ok(generation)
+    }
+
+    /// The failure of `worker` refusing the RDMA payload of its pixels
+    /// (`laned`), if `status` is that refusal: rdma is off for the worker
+    /// until it restarts (counted, warned once).
+    fn lane_refused(
+        &self,
+        laned: &Laned,
+        worker: &Arc<Worker>,
+        status: &Status,
+    ) -> Option<Failure> {
+        if !(laned.remote_to(worker) && classify::rdma_refused(status)) {
+            return None;
+        }
+        self.lanes.rdma_refused(worker, status);
+        Some(Failure {
+            worker: worker.clone(),
+            status: status.clone(),
+            verdict: Verdict::Retry,
+            lane_refused: true,
+        })
     }
 
     /// Sends the plan's calls at once: the encode step (after admission)
@@ -183,16 +242,24 @@ impl Router {
         let permits = self.admission.acquire(&costs).await;
         let prefill_call = async {
             match &plan.prefill {
-                Some((p, request)) => Some(p.generate(request).await),
+                Some((p, request)) => Some(self.generate(p, request).await),
                 None => None,
             }
         };
-        let (encoded, p_result, s_result) = tokio::join!(
+        let (encoded, p_result, (s_result, s_laned)) = tokio::join!(
             encode::send_all(&self.lanes, &plan.encodes, &id, self.encode_timeout),
             prefill_call,
-            s_worker.generate(&s_request),
+            self.generate(&s_worker, &s_request),
         );
         drop(permits);
+        let mut laned = Laned::default();
+        let p_result = p_result.map(|(result, prepared)| {
+            if let Some((p, _)) = &plan.prefill {
+                laned.add(p, prepared);
+            }
+            result
+        });
+        laned.add(&s_worker, s_laned);
         if !encoders.is_empty() {
             self.encode_time.observe(encode_started.elapsed());
         }
@@ -202,6 +269,7 @@ impl Router {
             .zip(p_result)
             .map(|(((p, _), leg), result)| Accepted::from_call(p, leg, result));
         Sent {
+            laned,
             encoded: encoders.iter().cloned().zip(encoded).collect(),
             encoders,
             prefill,
@@ -209,12 +277,33 @@ impl Router {
         }
     }
 
+    /// `request` to `worker`, its pixels on the worker's lane
+    /// ([`pixels::prepare`]), and what left inline.
+    async fn generate(
+        &self,
+        worker: &Arc<Worker>,
+        request: &GenerateRequest,
+    ) -> (
+        Result<tonic::Response<Streaming<GenerateResponse>>, Status>,
+        pixels::Prepared,
+    ) {
+        match pixels::prepare(&self.lanes, worker, request).await {
+            Ok((laned, prepared)) => {
+                let result = worker.generate(laned.as_ref().unwrap_or(request)).await;
+                (result, prepared)
+            }
+            Err(status) => (Err(status), pixels::Prepared::none()),
+        }
+    }
+
     /// The generation of an attempt whose calls were all accepted, with
     /// its legs' workers; else the accepted legs are aborted and the
-    /// failed calls counted.
+    /// failed calls counted (unless a worker refused the RDMA lane of its
+    /// pixels: that failure alone is returned, counted against nobody).
     fn accepted(
         &self,
         sent: Sent,
+        laned: &Laned,
         suspects: &mut Vec<Arc<Worker>>,
     ) -> Result<(Generation, LegWorkers), Failure> {
         // Every failed call, in order: the encodes, prefill, the stream.
@@ -235,7 +324,13 @@ impl Router {
                         Err(failure) => failed.push(failure),
                     }
                 }
-                Err(self.calls_failed(failed, suspects))
+                let refused = failed
+                    .iter()
+                    .find_map(|(worker, status)| self.lane_refused(laned, worker, status));
+                match refused {
+                    Some(refused) => Err(refused),
+                    None => Err(self.calls_failed(failed, suspects)),
+                }
             }
         }
     }
@@ -258,6 +353,7 @@ impl Router {
                     worker,
                     status,
                     verdict,
+                    lane_refused: false,
                 }
             })
             .collect();
@@ -287,5 +383,6 @@ fn late_failure(
         verdict: classify::classify(&status),
         worker,
         status,
+        lane_refused: false,
     }
 }

@@ -13,6 +13,7 @@ mod dispatch;
 mod encode;
 mod generation;
 mod legs;
+mod pixels;
 mod strategy;
 #[cfg(test)]
 mod tests;
@@ -94,7 +95,8 @@ impl Router {
         let _ = tokio::time::timeout(limit, self.aborts.wait()).await;
     }
 
-    /// Sends pixel tensors to encode workers by `lanes`.
+    /// Sends pixel tensors to encode workers, and inside Generate requests
+    /// to aggregated and PD prefill workers, by `lanes`.
     pub fn with_lanes(mut self, lanes: Lanes) -> Self {
         self.lanes = Arc::new(lanes);
         self

@@ -39,6 +39,17 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The role whose workers are sent pixel tensors: encode workers in
+    /// EPD; otherwise the worker that runs the vision tower itself
+    /// (aggregated, or prefill in PD), inside its Generate request.
+    pub fn pixel_role(&self) -> Role {
+        match self {
+            Mode::Aggregated(_) => Role::Aggregated,
+            Mode::PrefillDecode { .. } => Role::Prefill,
+            Mode::EncodePrefillDecode { .. } => Role::Encode,
+        }
+    }
+
     pub fn pools(&self) -> Vec<Arc<Pool>> {
         match self {
             Mode::Aggregated(pool) => vec![pool.clone()],

@@ -46,8 +46,27 @@ struct Scripted {
     /// Refuse remote (RDMA) payloads as a TokenSpeed encode servicer
     /// whose puller is off does.
     puller_off: Arc<AtomicBool>,
+    /// Refuse remote payloads in Generate as an iris-engine does (no NIXL
+    /// reader): the stream fails before its first response.
+    no_reader: Arc<AtomicBool>,
     /// The payload kind of every Encode call's pixels, in order.
     payloads: Arc<Mutex<Vec<&'static str>>>,
+    /// The payload kind of every Generate call's first item, in order.
+    generate_payloads: Arc<Mutex<Vec<&'static str>>>,
+}
+
+/// The payload kind of the first item's pixels.
+fn payload_kind(items: &[MultimodalItem]) -> &'static str {
+    let payload = items
+        .first()
+        .and_then(|item| item.encoder_input.as_ref())
+        .and_then(|t| t.payload.as_ref());
+    match payload {
+        Some(tensor_data::Payload::Inline(_)) => "inline",
+        Some(tensor_data::Payload::Shm(_)) => "shm",
+        Some(tensor_data::Payload::Remote(_)) => "remote",
+        None => "none",
+    }
 }
 
 /// Encode: every image is accepted, unless its pixels are remote and the
@@ -61,16 +80,7 @@ impl TokenSpeedEncoder for Scripted {
         self.encodes.fetch_add(1, Ordering::SeqCst);
         let request = request.into_inner();
         let items = request.mm_inputs.map(|m| m.items).unwrap_or_default();
-        let payload = items
-            .first()
-            .and_then(|item| item.encoder_input.as_ref())
-            .and_then(|t| t.payload.as_ref());
-        let kind = match payload {
-            Some(tensor_data::Payload::Inline(_)) => "inline",
-            Some(tensor_data::Payload::Shm(_)) => "shm",
-            Some(tensor_data::Payload::Remote(_)) => "remote",
-            None => "none",
-        };
+        let kind = payload_kind(&items);
         self.payloads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -108,10 +118,28 @@ impl TokenSpeedScheduler for Scripted {
 
     async fn generate(
         &self,
-        _: Request<GenerateRequest>,
+        request: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         self.generates.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let items = request.into_inner().mm_inputs.map(|m| m.items);
+        let kind = payload_kind(&items.unwrap_or_default());
+        self.generate_payloads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(kind);
+        if kind == "remote" && self.puller_off.load(Ordering::SeqCst) {
+            return Err(Status::internal(
+                "TokenSpeed RDMA: remote payload but landing pool unavailable",
+            ));
+        }
+        if kind == "remote" && self.no_reader.load(Ordering::SeqCst) {
+            let refusal = iris_transport::ReceiveError::NoRemoteReader.to_string();
+            let _ = tx.try_send(Err(Status::unavailable(format!(
+                "encoder_input: {refusal}"
+            ))));
+            return Ok(Response::new(ReceiverStream::new(rx)));
+        }
         match self.next_answer() {
             Answer::Fail(code) => return Err(Status::new(code, "fails as scripted")),
             Answer::FailInStream(code) => {
@@ -188,7 +216,9 @@ impl Fake {
             encodes: Arc::default(),
             aborts: Arc::default(),
             puller_off: Arc::default(),
+            no_reader: Arc::default(),
             payloads: Arc::default(),
+            generate_payloads: Arc::default(),
         };
         let server = tonic::transport::Server::builder()
             .add_service(TokenSpeedSchedulerServer::new(service.clone()))
@@ -218,6 +248,14 @@ impl Fake {
     fn payloads(&self) -> Vec<&'static str> {
         self.service
             .payloads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn generate_payloads(&self) -> Vec<&'static str> {
+        self.service
+            .generate_payloads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -518,4 +556,70 @@ async fn an_encoder_whose_puller_is_off_gets_the_image_inline_at_once() {
     serve_one(&router).await;
     serve_one(&router).await;
     assert_eq!(&encoder.payloads()[5..], ["remote", "remote"]);
+}
+
+/// An aggregated worker gets the pixels inside its Generate request by
+/// its lane. Asked for rdma, a worker whose puller is off refuses them —
+/// a TokenSpeed scheduler servicer fails the call, an iris-engine without
+/// a NIXL reader fails the stream before its first response — and the
+/// request is planned again at once with the pixels inline: not a retry,
+/// not a failure of the worker, the slot freed; rdma then stays off for
+/// that worker.
+#[tokio::test]
+async fn an_aggregated_worker_that_refuses_rdma_gets_the_pixels_inline_at_once() {
+    use crate::transport::Lanes;
+    for in_stream in [false, true] {
+        let worker = Fake::start(Role::Aggregated, &[Answer::Respond]).await;
+        let refusal = match in_stream {
+            false => &worker.service.puller_off,
+            true => &worker.service.no_reader,
+        };
+        refusal.store(true, Ordering::SeqCst);
+        worker.worker.set_nixl_silent(true);
+        let mode = Mode::Aggregated(pool(Role::Aggregated, &[&worker]));
+        let lanes = Lanes::with_unserved_arena(iris_transport::Transport::Rdma);
+        let router = router(mode, 0).with_lanes(lanes);
+        serve_one(&router).await;
+        assert_eq!(
+            worker.generate_payloads(),
+            ["remote", "inline"],
+            "{in_stream}"
+        );
+        assert_eq!(router.retries(), 0, "not a retry of the request");
+        assert!(worker.worker.is_healthy(), "not a failure of the worker");
+        iris_testkit::http::assert_lines(
+            &router.lanes.rendered(),
+            &[
+                "iris_transport_rdma_refusals_total 1",
+                "iris_transport_arena_slots_in_use 0",
+                "iris_transport_tensors_total{lane=\"rdma\"} 1",
+                "iris_transport_fallbacks_total{reason=\"nixl_unavailable\"} 1",
+            ],
+        );
+        // Sticky: the next request's pixels go inline without trying.
+        serve_one(&router).await;
+        assert_eq!(worker.generate_payloads(), ["remote", "inline", "inline"]);
+    }
+}
+
+/// A worker that takes the RDMA lane keeps it, and its slot is held until
+/// the first response (then left to the READ's notification).
+#[tokio::test]
+async fn an_aggregated_worker_that_takes_rdma_keeps_the_lane() {
+    use crate::transport::Lanes;
+    let worker = Fake::start(Role::Aggregated, &[Answer::Respond]).await;
+    worker.worker.set_nixl_silent(true);
+    let mode = Mode::Aggregated(pool(Role::Aggregated, &[&worker]));
+    let lanes = Lanes::with_unserved_arena(iris_transport::Transport::Rdma);
+    let router = router(mode, 0).with_lanes(lanes);
+    serve_one(&router).await;
+    serve_one(&router).await;
+    assert_eq!(worker.generate_payloads(), ["remote", "remote"]);
+    iris_testkit::http::assert_lines(
+        &router.lanes.rendered(),
+        &[
+            "iris_transport_rdma_refusals_total 0",
+            "iris_transport_tensors_total{lane=\"rdma\"} 2",
+        ],
+    );
 }

@@ -29,7 +29,7 @@ use iris_transport::{
 use tokio_util::sync::CancellationToken;
 
 use super::pool::Pool;
-use super::worker::{Role, Started, Worker};
+use super::worker::{Started, Worker};
 
 /// Health-check settings.
 #[derive(Debug, Clone, Copy)]
@@ -160,7 +160,8 @@ pub fn hold_too_long(reported_ms: Option<f64>, ours: Duration) -> Option<Duratio
     (theirs > ours).then_some(theirs)
 }
 
-/// Refreshes an encode worker's capabilities after a passing check.
+/// Refreshes the tensor capabilities of a worker that receives pixels
+/// ([`Role::receives_pixels`]) after a passing check.
 async fn refresh_caps(worker: &Worker, settings: &HealthSettings) {
     let probed = match probe_caps(worker, settings.timeout, settings.rdma_receiver_hold).await {
         Ok(probed) => probed,
@@ -178,7 +179,7 @@ async fn refresh_caps(worker: &Worker, settings: &HealthSettings) {
         .started
         .is_some_and(|started| worker.note_start(started))
     {
-        tracing::info!(worker = %worker.url, "encode worker restarted: its RDMA lane is tried again");
+        tracing::info!(worker = %worker.url, "worker restarted: its RDMA lane is tried again");
     }
     worker.set_nixl_silent(probed.nixl_silent);
     if worker.set_hold_refused(probed.hold_too_long.is_some()) {
@@ -186,18 +187,18 @@ async fn refresh_caps(worker: &Worker, settings: &HealthSettings) {
             worker = %worker.url,
             worker_hold_ms = probed.hold_too_long.map_or(0, |d| d.as_millis()),
             gateway_hold_ms = settings.rdma_receiver_hold.as_millis(),
-            "encode worker's RDMA receiver may hold a slot longer than --rdma-receiver-hold-ms: its tensors go inline (fallback reason nixl_unavailable); raise --rdma-receiver-hold-ms (and --rdma-slot-ttl-secs) or lower its --rdma-landing-wait-ms / --rdma-read-timeout-ms"
+            "worker's RDMA receiver may hold a slot longer than --rdma-receiver-hold-ms: its tensors go inline (fallback reason nixl_unavailable); raise --rdma-receiver-hold-ms (and --rdma-slot-ttl-secs) or lower its --rdma-landing-wait-ms / --rdma-read-timeout-ms"
         );
     }
     let caps = probed.caps;
     if worker.set_caps(caps) {
-        tracing::info!(worker = %worker.url, shared_shm = caps.shared_shm, nixl = caps.nixl, "encode worker tensor capabilities");
+        tracing::info!(worker = %worker.url, shared_shm = caps.shared_shm, nixl = caps.nixl, "worker tensor capabilities");
     }
 }
 
 async fn check_and_record(worker: &Arc<Worker>, settings: &HealthSettings) {
     let result = check(worker, settings.timeout).await;
-    if result.is_ok() && worker.role == Role::Encode {
+    if result.is_ok() && worker.role.receives_pixels() {
         refresh_caps(worker, settings).await;
     }
     let changed = worker.record_check(
@@ -219,7 +220,7 @@ async fn check_and_record(worker: &Arc<Worker>, settings: &HealthSettings) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workers::WorkerUrl;
+    use crate::workers::{Role, WorkerUrl};
 
     #[test]
     fn a_receiver_hold_longer_than_ours_refuses_rdma() {

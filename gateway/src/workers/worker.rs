@@ -64,6 +64,14 @@ impl Role {
             Role::Encode => "encode",
         }
     }
+
+    /// Whether workers of this role may be sent pixel tensors: encode
+    /// workers in Encode calls; aggregated and prefill workers in Generate
+    /// requests (no encoder: they run the vision tower themselves). Their
+    /// tensor capabilities are probed and their transport is honoured.
+    pub fn receives_pixels(self) -> bool {
+        matches!(self, Role::Encode | Role::Aggregated | Role::Prefill)
+    }
 }
 
 /// A worker and its live state. Shared as `Arc<Worker>`.

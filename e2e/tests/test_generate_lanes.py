@@ -1,0 +1,135 @@
+"""Pixels inside Generate requests (docs/transports.md, "Pixels in Generate
+requests"): an aggregated deployment, no encoder, whose gateway sends each
+image's pixel values to ``iris-engine`` inline, through ``/dev/shm`` (by
+the process flag or the worker URL's ``?transport=shm``, proven by the
+engine's ``scheduler_info.shm_namespace_id``) or over RDMA (NIXL loopback:
+the gateway and the engine built ``--features nixl``, the engine's NIXL
+receiver READs each tensor from the gateway's arena). An engine without a
+NIXL receiver says so in GetServerInfo and gets every tensor inline.
+
+The engine's ``iris_engine_pixel_tensors_total{lane}`` proves the lane each
+tensor arrived by, and the answers (a deterministic function of the pixel
+bytes) equal the inline ones. (A worker that says nothing and refuses the
+RDMA payload is the router's unit tests' case, and a TokenSpeed
+servicer's.)
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import (STARTUP_TIMEOUT, Deployment, Engine, Processes, binary, free_port,
+                      metric, nixl_binary, nixl_env, port_of, start_gateway, wait_until)
+from test_epd import ask
+from test_ts_encoder import chats
+
+ENGINE_LINE = re.compile(r"iris-engine listening grpc=(\S+) metrics=(\S+)")
+# Images per run of chats(): one, one, two.
+IMAGES_PER_RUN = 4
+
+
+class MeteredEngine(Engine):
+    metrics_url: str = ""
+
+    def metrics(self) -> str:
+        return httpx.get(self.metrics_url, timeout=10).text
+
+    def lanes(self) -> dict:
+        text = self.metrics()
+        return {lane: metric(text, "iris_engine_pixel_tensors_total", lane=lane)
+                for lane in ("inline", "shm", "remote")}
+
+
+def start_metered_engine(procs: Processes, model_dir: Path, nixl: bool = False) -> MeteredEngine:
+    """An aggregated ``iris-engine`` with its metrics port; ``nixl`` runs the
+    ``--features nixl`` build with the NIXL library (its receiver up)."""
+    exe, env, flags = binary("iris-engine"), None, []
+    if nixl:
+        exe = nixl_binary("iris-engine")
+        flags, env = nixl_env()
+    args = [exe, "--role", "aggregated", "--host", "127.0.0.1", "--port", "0",
+            "--model-path", model_dir, "--metrics-port", "0", *flags]
+    process = procs.spawn("engine-aggregated", args, env)
+    match = process.wait_for_line(ENGINE_LINE, STARTUP_TIMEOUT)
+    engine = MeteredEngine("aggregated", process, port_of(match.group(1)))
+    engine.metrics_url = f"http://{match.group(2)}/metrics"
+    return engine
+
+
+def deploy(procs: Processes, model_dir: Path, transport: str, *, by_url: bool = False,
+           nixl: bool = False, nixl_engine: bool = False) -> Deployment:
+    engine = start_metered_engine(procs, model_dir, nixl=nixl_engine)
+    option = f"?transport={transport}" if by_url else ""
+    args = ["--worker-urls", engine.url + option]
+    if not by_url and transport != "inline":
+        args += ["--multimodal-tensor-transport", transport]
+    if nixl:
+        args += ["--rdma-listen-port", str(free_port())]
+    gateway = start_gateway(procs, model_dir, *args, nixl=nixl)
+    return Deployment("aggregated", gateway, [engine])
+
+
+def run(dep: Deployment) -> list:
+    client = dep.gateway.client()
+    plain = [ask(client, dep.gateway.model, *parts) for parts in chats()]
+    return plain + [ask(client, dep.gateway.model, *chats()[2], stream=True)]
+
+
+TENSORS = IMAGES_PER_RUN + 2
+
+
+@pytest.fixture(scope="module")
+def inline_answers(model_dir, tmp_path_factory):
+    procs = Processes(tmp_path_factory.mktemp("logs-generate-inline"))
+    try:
+        dep = deploy(procs, model_dir, "inline")
+        got = run(dep)
+        assert dep.engines[0].lanes() == {"inline": TENSORS, "shm": 0, "remote": 0}
+        dep.gateway.close_clients()
+        yield got
+    finally:
+        procs.stop_all()
+
+
+@pytest.mark.parametrize("by_url", [False, True], ids=["flag", "url"])
+def test_shm_carries_every_tensor_with_the_same_answers(processes, model_dir, inline_answers,
+                                                         by_url):
+    dep = deploy(processes, model_dir, "shm", by_url=by_url)
+    assert run(dep) == inline_answers
+    assert dep.engines[0].lanes() == {"inline": 0, "shm": TENSORS, "remote": 0}
+    text = dep.gateway.metrics()
+    assert metric(text, "iris_transport_tensors_total", lane="shm") == TENSORS, text
+    pid = dep.gateway.process.popen.pid
+    assert list(Path("/dev/shm").glob(f"iris-tensor-{pid}-*")) == []
+
+
+def test_rdma_carries_every_tensor_with_the_same_answers(processes, model_dir, inline_answers):
+    dep = deploy(processes, model_dir, "rdma", nixl=True, nixl_engine=True)
+    # The health checker's first GetServerInfo has granted the lane.
+    wait_until(lambda: "nixl=true" in dep.gateway.process.log_tail(20000), 10,
+               "the gateway to see the engine's NIXL receiver")
+    assert run(dep) == inline_answers
+    assert dep.engines[0].lanes() == {"inline": 0, "shm": 0, "remote": TENSORS}
+    text = dep.gateway.metrics()
+    assert metric(text, "iris_transport_tensors_total", lane="rdma") == TENSORS, text
+    assert metric(text, "iris_transport_rdma_refusals_total") == 0, text
+    # Each READ's notification frees its slot.
+    wait_until(lambda: metric(dep.gateway.metrics(), "iris_transport_arena_slots_in_use") == 0,
+               5, "the notifications to free every slot")
+
+
+def test_rdma_to_an_engine_without_nixl_goes_inline(processes, model_dir, inline_answers):
+    """The engine reports ``nixl_receiver`` 0: never tried, every tensor
+    inline and counted as fallback ``nixl_unavailable``."""
+    dep = deploy(processes, model_dir, "rdma", nixl=True)
+    wait_until(lambda: "nixl=false" in dep.gateway.process.log_tail(20000), 10,
+               "the gateway to see the engine's capabilities")
+    assert run(dep) == inline_answers
+    assert dep.engines[0].lanes() == {"inline": TENSORS, "shm": 0, "remote": 0}
+    text = dep.gateway.metrics()
+    assert metric(text, "iris_transport_fallbacks_total", reason="nixl_unavailable") == TENSORS
+    assert metric(text, "iris_transport_rdma_refusals_total") == 0, text
