@@ -102,6 +102,11 @@ machine_info() {
 keep_results() {
     if [[ -n ${RESULTS_DIR:-} ]]; then
         mkdir -p "$RESULTS_DIR"
-        cp "$WORK"/results/* "$RESULTS_DIR"/
+        local dir
+        for dir in "$WORK/results" "$WORK/agent"; do
+            if compgen -G "$dir/*" >/dev/null; then
+                cp "$dir"/* "$RESULTS_DIR"/
+            fi
+        done
     fi
 }

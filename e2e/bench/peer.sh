@@ -26,7 +26,12 @@
 #   RATE_MAX_CONCURRENCY=64  in-flight cap of the rate runs
 #   MODES="aggregated pd epd"     deployments
 #   WORKLOADS="text img0 img0.5"  text, or imgF: one image per chat with
-#                                 --image-repeat-fraction F
+#                                 --image-repeat-fraction F, or agentN:
+#                                 multi-turn agent conversations of N turns
+#                                 (turn k resends the history with k
+#                                 screenshots; loadgen --turns), one
+#                                 request in flight, per-turn TTFT and CPU
+#   CONVERSATIONS=5    measured conversations per gateway of an agentN workload
 #   GATEWAYS="iris smg"
 #   PIN=1 GATEWAY_CPUS=0 WORKER_CPUS=1   taskset pinning (PIN=0: none)
 #   IMAGE=FILE         the JPEG (default ../shared/images/motorcycle_1080p.jpg)
@@ -66,6 +71,7 @@ WORKLOADS=${WORKLOADS:-"text img0 img0.5"}
 GATEWAYS=${GATEWAYS:-"iris smg"}
 IMAGE=${IMAGE:-$ROOT/../shared/images/motorcycle_1080p.jpg}
 SMG=${SMG:-smg}
+CONVERSATIONS=${CONVERSATIONS:-5}
 SMG_ARGS=${SMG_ARGS:-}
 GATEWAY_ARGS=${GATEWAY_ARGS:-}
 LOADGEN_THREADS=${LOADGEN_THREADS:-1}
@@ -230,6 +236,58 @@ measure() {
     done
 }
 
+# measure_agent MODE agentN: the conversations on each gateway in turn,
+# each gateway's JSON report in $WORK/agent/MODE-GATEWAY.json.
+measure_agent() {
+    local mode=$1 turns=${2#agent} gw target pid
+    mkdir -p "$WORK/agent"
+    for gw in $GATEWAYS; do
+        case $gw in
+        iris) target=$IRIS_ADDR pid=$IRIS_PID ;;
+        smg) target=$SMG_ADDR pid=$SMG_PID ;;
+        esac
+        log "$mode agent, $turns turns, $gw: $CONVERSATIONS conversations (+1 warm-up)"
+        "${ON_WORKERS[@]}" "$BIN/iris-loadgen" --json --target "http://$target" \
+            --image "$IMAGE" --turns "$turns" --conversations "$CONVERSATIONS" \
+            --max-tokens "$MAX_TOKENS" --request-timeout-secs "$REQUEST_TIMEOUT" \
+            --cpu-pid "$pid" >"$WORK/agent/$mode-$gw.json" || log "$mode agent $gw failed"
+    done
+}
+
+# summarise_agent DIR: per mode, one row per turn, the gateways side by side.
+summarise_agent() {
+    [[ -d $1 ]] || return 0
+    "$PLOT_PYTHON" - "$1" "$MODES" "$GATEWAYS" <<'PY'
+import json, os, sys
+folder, modes, gateways = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+for mode in modes:
+    reports = {}
+    for gw in gateways:
+        path = os.path.join(folder, f"{mode}-{gw}.json")
+        try:
+            with open(path) as f:
+                reports[gw] = json.load(f)
+        except (OSError, ValueError):
+            continue
+    if not reports:
+        continue
+    any_report = next(iter(reports.values()))
+    print(f"\n### {mode}: agent conversations, {any_report['turns']} turns, "
+          f"{any_report['conversations']} conversations per gateway, one request in flight\n")
+    cols = " | ".join(f"TTFT p50 ms {g} | gateway CPU ms {g}" for g in reports)
+    print(f"| turn | images | {cols} |")
+    print("|---|---:|" + "---:|" * (2 * len(reports)))
+    for i in range(any_report["turns"]):
+        cells = []
+        for g, r in reports.items():
+            t = r["per_turn"][i]
+            ttft = t["ttft"]["p50_ms"] if t.get("ttft") else float("nan")
+            cpu = t["cpu_ms"][0] if t["cpu_ms"] else float("nan")
+            cells.append(f"{ttft:.1f} | {cpu:.1f}")
+        print(f"| {i + 1} | {i + 1} | " + " | ".join(cells) + " |")
+PY
+}
+
 run_mode() {
     local mode=$1 workload c r pid
     start_workers "$mode"
@@ -241,6 +299,10 @@ run_mode() {
         CPU_WORKERS+=(--cpu-pid "$pid")
     done
     for workload in $WORKLOADS; do
+        if [[ $workload == agent* ]]; then
+            measure_agent "$mode" "$workload"
+            continue
+        fi
         for c in $CONCURRENCIES; do
             measure "$mode" "$workload" "c$c"
         done
@@ -452,7 +514,7 @@ main() {
     fi
     build iris-cli iris-engine iris-encoder iris-loadgen
     command -v "$SMG" >/dev/null || { log "no smg launcher at '$SMG' (pip install smg; set SMG=PATH)"; exit 1; }
-    if [[ $WORKLOADS == *img* ]]; then
+    if [[ $WORKLOADS == *img* || $WORKLOADS == *agent* ]]; then
         [[ -f $IMAGE ]] || { log "no image at $IMAGE (set IMAGE=FILE)"; exit 1; }
         IMAGE=$(realpath "$IMAGE")
     fi
@@ -467,7 +529,10 @@ main() {
     for mode in $MODES; do
         run_mode "$mode"
     done
-    summarise "$WORK/results"
+    if compgen -G "$WORK/results/*.json" >/dev/null; then
+        summarise "$WORK/results"
+    fi
+    summarise_agent "$WORK/agent"
     echo
     echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
     keep_results

@@ -8,6 +8,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Parser;
 
+use crate::conversation::ConversationConfig;
+
 /// The longest measured window a run may ask for (runs are bounded).
 const MAX_DURATION_SECS: f64 = 3600.0;
 /// The most concurrent requests (each owns a task, and an HTTP connection).
@@ -119,6 +121,14 @@ pub struct Cli {
     /// Goodput objective: end-to-end latency at most this many ms.
     #[arg(long)]
     pub slo_e2e_ms: Option<f64>,
+    /// Multi-turn agent conversations of this many turns instead of the
+    /// load (HTTP, needs --image; one request in flight): turn k resends
+    /// the history with k screenshots; the report is per turn.
+    #[arg(long, conflicts_with = "grpc")]
+    pub turns: Option<usize>,
+    /// Measured conversations with --turns (after one warm-up conversation).
+    #[arg(long, default_value_t = 5)]
+    pub conversations: usize,
     /// Write the tiny test model into this directory and exit.
     #[arg(long, conflicts_with_all = ["target", "grpc"])]
     pub write_tiny_model: Option<PathBuf>,
@@ -346,6 +356,37 @@ impl Cli {
     }
 
     /// Threads for the runtime, checked.
+    /// The --turns run, when asked for: its settings and where it goes.
+    pub fn conversation(&self) -> anyhow::Result<Option<(ConversationConfig, Target)>> {
+        let Some(turns) = self.turns else {
+            return Ok(None);
+        };
+        let target = match &self.target {
+            Some(url) => http_target(url)?,
+            None => bail!("--turns needs --target http://HOST:PORT"),
+        };
+        let path = self.image.as_ref().context("--turns needs --image FILE (the screenshot)")?;
+        if self.concurrency != 1 || self.request_rate.trim() != "inf" {
+            bail!("--turns runs one request at a time: drop --concurrency and --request-rate");
+        }
+        let cfg = ConversationConfig {
+            turns: in_range("--turns", turns, 1, crate::conversation::MAX_TURNS)?,
+            conversations: in_range(
+                "--conversations",
+                self.conversations,
+                1,
+                crate::conversation::MAX_CONVERSATIONS,
+            )?,
+            jpeg: self.image_file(path)?,
+            prompt: non_empty("--prompt", self.prompt())?,
+            model: self.model.clone().unwrap_or_default(),
+            max_tokens: in_range("--max-tokens", self.max_tokens, 1, 1 << 20)?,
+            cpu_pids: self.cpu_pid.clone(),
+            request_timeout: seconds("--request-timeout-secs", self.request_timeout_secs, false)?,
+        };
+        Ok(Some((cfg, target)))
+    }
+
     pub fn threads(&self) -> anyhow::Result<usize> {
         in_range("--threads", self.threads, 1, 256)
     }

@@ -75,45 +75,95 @@ impl HttpClient {
 
     async fn exchange(&mut self, start: Instant) -> anyhow::Result<Timing> {
         let request = self.request()?;
+        let stream = self.target.stream;
         let sender = self.ready_sender().await?;
-        let response = sender
-            .send_request(request)
-            .await
-            .context("request failed")?;
-        let ttfb = start.elapsed();
-        let status = response.status();
-        let mut body = response.into_body();
-        let mut scan = AnswerScan::new(self.target.stream);
-        while let Some(frame) = body.frame().await {
-            let frame = frame.context("reading the answer failed")?;
-            if let Some(data) = frame.data_ref() {
-                scan.push(data, start);
-            }
-        }
-        scan.finish(status, ttfb)
+        exchange(sender, request, stream, start).await
     }
 
     fn request(&self) -> anyhow::Result<Request<ChatBody>> {
-        Request::builder()
-            .method(Method::POST)
-            .uri(CHAT_PATH)
-            .header(HOST, self.target.authority.as_str())
-            .header(CONTENT_TYPE, "application/json")
-            .body(self.target.bodies.next())
-            .context("cannot build the request")
+        chat_request(&self.target.authority, self.target.bodies.next())
     }
 
     async fn ready_sender(&mut self) -> anyhow::Result<&mut SendRequest<ChatBody>> {
-        if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
-            self.sender = Some(connect(self.target.addr).await?);
-        }
-        let sender = self
-            .sender
-            .as_mut()
-            .context("no connection after connecting")?;
-        sender.ready().await.context("the connection closed")?;
-        Ok(sender)
+        ready(&mut self.sender, self.target.addr).await
     }
+}
+
+/// The open connection in `slot` (reconnected when closed), ready to send.
+async fn ready(
+    slot: &mut Option<SendRequest<ChatBody>>,
+    addr: SocketAddr,
+) -> anyhow::Result<&mut SendRequest<ChatBody>> {
+    if slot.as_ref().is_none_or(|s| s.is_closed()) {
+        *slot = Some(connect(addr).await?);
+    }
+    let sender = slot.as_mut().context("no connection after connecting")?;
+    sender.ready().await.context("the connection closed")?;
+    Ok(sender)
+}
+
+/// Sends one chat request and reads the whole answer.
+async fn exchange(
+    sender: &mut SendRequest<ChatBody>,
+    request: Request<ChatBody>,
+    stream: bool,
+    start: Instant,
+) -> anyhow::Result<Timing> {
+    let response = sender
+        .send_request(request)
+        .await
+        .context("request failed")?;
+    let ttfb = start.elapsed();
+    let status = response.status();
+    let mut body = response.into_body();
+    let mut scan = AnswerScan::new(stream);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.context("reading the answer failed")?;
+        if let Some(data) = frame.data_ref() {
+            scan.push(data, start);
+        }
+    }
+    scan.finish(status, ttfb)
+}
+
+/// A connection for requests whose bodies the caller builds one by one
+/// (the conversation mode's turns), streamed; reconnects after an error.
+pub struct OneByOne {
+    addr: SocketAddr,
+    authority: String,
+    sender: Option<SendRequest<ChatBody>>,
+}
+
+impl OneByOne {
+    pub fn new(addr: SocketAddr, authority: String) -> OneByOne {
+        OneByOne {
+            addr,
+            authority,
+            sender: None,
+        }
+    }
+
+    /// Sends `body` as a streamed chat and reads the whole answer.
+    pub async fn send(&mut self, body: ChatBody, start: Instant) -> anyhow::Result<Timing> {
+        let request = chat_request(&self.authority, body)?;
+        let sender = ready(&mut self.sender, self.addr).await?;
+        let result = exchange(sender, request, true, start).await;
+        if result.is_err() {
+            self.sender = None;
+        }
+        result
+    }
+}
+
+/// `POST /v1/chat/completions` with `body`.
+fn chat_request(authority: &str, body: ChatBody) -> anyhow::Result<Request<ChatBody>> {
+    Request::builder()
+        .method(Method::POST)
+        .uri(CHAT_PATH)
+        .header(HOST, authority)
+        .header(CONTENT_TYPE, "application/json")
+        .body(body)
+        .context("cannot build the request")
 }
 
 /// Opens a keep-alive HTTP/1.1 connection (TCP_NODELAY) and drives it on

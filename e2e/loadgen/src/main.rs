@@ -9,7 +9,8 @@
 //! the processes given with `--cpu-pid` and of itself. `--image FILE` or
 //! `--image-size WxH` (synthetic random-pixel JPEGs, repeatable with
 //! weights) send image chats with `--images-per-request` data: URLs each,
-//! distinct or repeated per `--image-repeat-fraction`. See
+//! distinct or repeated per `--image-repeat-fraction`. `--turns N` runs
+//! multi-turn agent conversations instead (see `conversation`). See
 //! docs/benchmarks.md.
 //!
 //! `unsafe` is confined to libjpeg-turbo's encoder and one `sysconf` call.
@@ -17,6 +18,7 @@
 
 mod args;
 mod arrivals;
+mod conversation;
 mod cpu;
 mod grpc;
 mod http;
@@ -39,10 +41,37 @@ fn main() -> anyhow::Result<()> {
         return iris_model::tiny::write_tiny_qwen2_vl(dir)
             .with_context(|| format!("cannot write the tiny model to {}", dir.display()));
     }
+    if let Some((config, target)) = cli.conversation()? {
+        return converse(&cli, config, target);
+    }
     let config = cli.config()?;
     let runtime = runtime(cli.threads()?)?;
     let measured = runtime.block_on(run::run(&config))?;
     let report = Report::new(&config, measured);
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+/// The --turns run: conversations, then the per-turn report.
+fn converse(
+    cli: &Cli,
+    mut config: conversation::ConversationConfig,
+    target: args::Target,
+) -> anyhow::Result<()> {
+    let args::Target::Http { addr, authority } = target else {
+        anyhow::bail!("--turns needs an HTTP target");
+    };
+    let runtime = runtime(1)?;
+    let report = runtime.block_on(async {
+        if config.model.is_empty() {
+            config.model = http::first_model(addr, &authority).await?;
+        }
+        conversation::run(&config, addr, &authority).await
+    })?;
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
