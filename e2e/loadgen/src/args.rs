@@ -365,7 +365,10 @@ impl Cli {
             Some(url) => http_target(url)?,
             None => bail!("--turns needs --target http://HOST:PORT"),
         };
-        let path = self.image.as_ref().context("--turns needs --image FILE (the screenshot)")?;
+        let path = self
+            .image
+            .as_ref()
+            .context("--turns needs --image FILE (the screenshot)")?;
         if self.concurrency != 1 || self.request_rate.trim() != "inf" {
             bail!("--turns runs one request at a time: drop --concurrency and --request-rate");
         }

@@ -76,12 +76,7 @@ impl Screenshots {
 }
 
 /// The chat body of turn `turn` (from 1): the whole history so far.
-fn turn_body(
-    cfg: &ConversationConfig,
-    shots: &Screenshots,
-    conv: usize,
-    turn: usize,
-) -> Bytes {
+fn turn_body(cfg: &ConversationConfig, shots: &Screenshots, conv: usize, turn: usize) -> Bytes {
     let mut messages: Vec<Value> = Vec::with_capacity(2 * turn);
     for k in 1..=turn {
         messages.push(json!({
@@ -276,7 +271,12 @@ mod tests {
             .unwrap()
             .iter()
             .filter(|m| m["role"] == "user")
-            .map(|m| m["content"][1]["image_url"]["url"].as_str().unwrap().to_owned())
+            .map(|m| {
+                m["content"][1]["image_url"]["url"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
             .collect()
     }
 
