@@ -175,7 +175,9 @@ def test_unknown_route_names_the_path(gateway):
     response = gateway.http().get("/v1/foo?x=1")
     assert response.status_code == 404
     error = response.json()["error"]
-    assert error["message"] == "no route for GET /v1/foo", error
+    # The path without its query, then the routes the gateway does serve.
+    assert error["message"].startswith("no route for GET /v1/foo; this gateway serves "), error
+    assert "POST /v1/chat/completions" in error["message"], error
     assert error["type"] == "not_found_error", error
 
 
