@@ -177,8 +177,10 @@ pub struct JsonSchemaFormat {
     pub strict: Option<bool>,
 }
 
-/// One message of the conversation.
+/// One message of the conversation. A key it does not declare is a 400
+/// naming it (`messages[i].key`), like an unknown top-level field.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ChatMessage {
     /// Who wrote it.
     pub role: Role,
@@ -197,6 +199,18 @@ pub struct ChatMessage {
     /// An assistant message's reasoning, passed to the chat template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// Fields of OpenAI's assistant message that clients echo back with the
+    /// history (`refusal`, `audio`, `annotations`, the deprecated
+    /// `function_call`): accepted when `null`, else refused by
+    /// [`crate::validate`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function_call: Option<serde_json::Value>,
 }
 
 impl ChatMessage {
@@ -209,6 +223,10 @@ impl ChatMessage {
             tool_calls: None,
             tool_call_id: None,
             reasoning_content: None,
+            refusal: None,
+            audio: None,
+            annotations: None,
+            function_call: None,
         }
     }
 

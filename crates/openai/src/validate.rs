@@ -58,8 +58,40 @@ pub(crate) fn check_messages(messages: &[ChatMessage]) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Echoed assistant-message fields Iris cannot honour, with the reason.
+const ECHOED: [(&str, &str); 4] = [
+    ("refusal", "refusals are not carried back to the model"),
+    ("audio", "audio is not supported"),
+    ("annotations", "annotations are not supported"),
+    (
+        "function_call",
+        "the deprecated `function_call` is not supported, send `tool_calls`",
+    ),
+];
+
+/// The echoed fields of message `i`: only `null`.
+fn check_echoed(i: usize, msg: &ChatMessage) -> Result<(), ApiError> {
+    let values = [
+        &msg.refusal,
+        &msg.audio,
+        &msg.annotations,
+        &msg.function_call,
+    ];
+    for ((name, reason), value) in ECHOED.iter().zip(values) {
+        if value.as_ref().is_some_and(|v| !v.is_null()) {
+            let param = format!("messages[{i}].{name}");
+            return Err(ApiError::bad_field(
+                param.clone(),
+                format!("{param}: {reason} (only null is accepted)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// One message.
 fn check_message(i: usize, msg: &ChatMessage) -> Result<(), ApiError> {
+    check_echoed(i, msg)?;
     let param = format!("messages[{i}].content");
     let Some(content) = &msg.content else {
         if msg.role == Role::Assistant {

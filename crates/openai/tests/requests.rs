@@ -145,7 +145,7 @@ fn vision_request_with_parts() {
 #[test]
 fn known_fields_and_nulls_are_accepted() {
     let req = parse(
-        r#"{"model":"m","messages":[{"role":"user","content":"hi","extra":1}],
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],
             "store":false,"service_tier":"auto","modalities":["text"],"user":"u-1",
             "temperature":null,"stop":null,"tools":[],"tool_choice":"none",
             "logit_bias":null,"top_logprobs":null,"seed":null,"metadata":null,

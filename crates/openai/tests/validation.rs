@@ -517,3 +517,21 @@ fn constructors_set_status_kind_and_code() {
     let body: ErrorBody = serde_json::from_slice(&quoted.body()).expect("escaped");
     assert_eq!(body.error.message, "a \"quoted\"\nline\t\u{1}");
 }
+
+#[test]
+fn message_fields_are_declared_or_refused() {
+    let with_message = |message: &str| format!(r#"{{"model":"m","messages":[{message}]}}"#);
+    assert_field(
+        &with_message(r#"{"role":"user","content":"hi","cache_control":{}}"#),
+        Some("messages[0].cache_control"),
+        "unknown field `cache_control`",
+    );
+    // What a client echoes of an earlier answer: null is accepted.
+    let echoed = r#"{"role":"user","content":"hi"},{"role":"assistant","content":"yo","refusal":null,"audio":null,"annotations":null,"function_call":null}"#;
+    assert!(parse_chat_request(with_message(echoed).as_bytes()).is_ok());
+    assert_field(
+        &with_message(r#"{"role":"assistant","content":"no","refusal":"I can't"}"#),
+        Some("messages[0].refusal"),
+        "only null is accepted",
+    );
+}
