@@ -3,10 +3,12 @@
 
 use std::path::PathBuf;
 
-const PROTOS: [&str; 4] = [
+const PROTOS: [&str; 6] = [
     "common.proto",
     "tokenspeed_scheduler.proto",
     "tokenspeed_encoder.proto",
+    "vllm_engine.proto",
+    "sglang_scheduler.proto",
     "iris_data.proto",
 ];
 

@@ -1,16 +1,16 @@
-"""Loads the published TokenSpeed stubs for the interop scripts.
+"""Loads the published smg-grpc-proto stubs for the interop scripts.
 
-Both interop peers (``smg_client.py`` and ``smg_server.py``) import this
-module first. It imports grpcio, protobuf and the generated modules of the
+The interop peers (``smg_client.py``, ``smg_server.py`` and
+``engine_client.py``) import this module first. It imports grpcio, protobuf and the generated modules of the
 ``smg-grpc-proto`` package, checks the minimum versions the stubs need, and
 exits with status 3 and an install hint when something is missing.
 
 Run on its own it is the interop test's preflight: it prints the versions
 found as one JSON line. With ``--descriptors`` it prints instead the
 published FileDescriptorProtos (base64 of their serialized bytes) of
-common.proto, tokenspeed_scheduler.proto and tokenspeed_encoder.proto, as
-embedded in the generated modules, for the test to compare field by field
-with ours.
+common.proto, tokenspeed_scheduler.proto, tokenspeed_encoder.proto,
+vllm_engine.proto and sglang_scheduler.proto, as embedded in the generated
+modules, for the test to compare field by field with ours.
 """
 
 import json
@@ -55,6 +55,10 @@ try:
     from smg_grpc_proto.generated import tokenspeed_encoder_pb2_grpc
     from smg_grpc_proto.generated import tokenspeed_scheduler_pb2
     from smg_grpc_proto.generated import tokenspeed_scheduler_pb2_grpc
+    from smg_grpc_proto.generated import vllm_engine_pb2
+    from smg_grpc_proto.generated import vllm_engine_pb2_grpc
+    from smg_grpc_proto.generated import sglang_scheduler_pb2
+    from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc
 except ImportError as err:  # pragma: no cover - exercised by the preflight
     _fail("import failed ({})".format(err))
 
@@ -80,6 +84,10 @@ __all__ = [
     "tokenspeed_encoder_pb2_grpc",
     "tokenspeed_scheduler_pb2",
     "tokenspeed_scheduler_pb2_grpc",
+    "vllm_engine_pb2",
+    "vllm_engine_pb2_grpc",
+    "sglang_scheduler_pb2",
+    "sglang_scheduler_pb2_grpc",
     "to_dict",
 ]
 
@@ -104,7 +112,13 @@ def published_descriptors():
 
     return {
         module.DESCRIPTOR.name: base64.b64encode(module.DESCRIPTOR.serialized_pb).decode("ascii")
-        for module in (common_pb2, tokenspeed_scheduler_pb2, tokenspeed_encoder_pb2)
+        for module in (
+            common_pb2,
+            tokenspeed_scheduler_pb2,
+            tokenspeed_encoder_pb2,
+            vllm_engine_pb2,
+            sglang_scheduler_pb2,
+        )
     }
 
 

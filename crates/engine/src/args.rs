@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-pub use crate::config::Role;
+pub use crate::config::{Protocol, Role};
 
 /// Environment variables of renamed flags: (old, new). The binary carries
 /// the old ones over ([`iris_process::renamed`]).
@@ -42,10 +42,19 @@ pub struct EngineArgs {
         env = "IRIS_ENGINE_ROLE"
     )]
     pub role: Role,
+    /// gRPC service spoken on --port: TokenSpeedScheduler, vLLM's
+    /// VllmEngine or SGLang's SglangScheduler.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "tokenspeed",
+        env = "IRIS_ENGINE_PROTOCOL"
+    )]
+    pub protocol: Protocol,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1", env = "IRIS_ENGINE_HOST")]
     pub host: String,
-    /// gRPC port of the TokenSpeedScheduler service (0 picks a free port).
+    /// gRPC port of the --protocol service (0 picks a free port).
     #[arg(long, default_value_t = 30000, env = "IRIS_ENGINE_PORT")]
     pub port: u16,
     /// Port of the iris.data.v1 data server (prefill role; 0 picks a free port).
@@ -130,7 +139,7 @@ pub struct EngineArgs {
 #[command(
     name = "iris-engine",
     version,
-    about = "Reference prefill/decode worker for Iris (TokenSpeedScheduler over gRPC)"
+    about = "Reference prefill/decode worker for Iris (TokenSpeed, vLLM or SGLang over gRPC)"
 )]
 pub struct Cli {
     #[command(flatten)]

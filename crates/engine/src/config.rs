@@ -34,10 +34,32 @@ impl Role {
     }
 }
 
+/// The gRPC service the engine speaks on `--port`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Protocol {
+    /// `tokenspeed.grpc.scheduler.TokenSpeedScheduler`.
+    Tokenspeed,
+    /// `vllm.grpc.engine.VllmEngine` (vLLM's gRPC mode).
+    Vllm,
+    /// `sglang.grpc.scheduler.SglangScheduler` (SGLang's gRPC mode).
+    Sglang,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tokenspeed => "tokenspeed",
+            Protocol::Vllm => "vllm",
+            Protocol::Sglang => "sglang",
+        }
+    }
+}
+
 /// Everything `iris-engine` runs with.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub role: Role,
+    pub protocol: Protocol,
     pub host: String,
     pub port: u16,
     pub bootstrap_port: u16,
@@ -90,6 +112,7 @@ impl EngineConfig {
             shm_names: args.shm.names().map_err(ConfigError)?,
             remote: args.nixl.settings().map_err(ConfigError)?,
             role: args.role,
+            protocol: args.protocol,
             host: args.host,
             port: args.port,
             bootstrap_port: args.bootstrap_port,
@@ -127,6 +150,9 @@ mod tests {
         assert_eq!(cfg.decode_per_step, Duration::from_micros(1500));
         assert_eq!(cfg.prefill_per_token, Duration::ZERO);
         assert_eq!(cfg.role, Role::Aggregated);
+        assert_eq!(cfg.protocol, Protocol::Tokenspeed);
+        let cfg = config(&["--protocol", "sglang"]).unwrap();
+        assert_eq!(cfg.protocol, Protocol::Sglang);
     }
 
     #[test]

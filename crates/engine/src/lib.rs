@@ -1,6 +1,11 @@
 //! `iris-engine`: a reference prefill/decode worker speaking the
-//! `TokenSpeedScheduler` gRPC service, so every path of Iris can be tested
-//! and benchmarked without GPUs.
+//! `TokenSpeedScheduler`, vLLM `VllmEngine` or SGLang `SglangScheduler`
+//! gRPC service (`--protocol`), so every path of Iris can be tested and
+//! benchmarked without GPUs.
+//!
+//! Each protocol is a thin adapter ([`protocol`]) translating its request
+//! into the protocol-neutral [`request::Intake`] and the run's
+//! [`output::Event`]s back into its stream; everything else is shared.
 //!
 //! Its model is deterministic and cheap (see [`model`] and
 //! `docs/reference-engine.md`): output tokens are a pure function of the
@@ -17,8 +22,10 @@ mod data;
 pub mod inflight;
 pub mod metrics;
 pub mod model;
+pub mod output;
 mod payload;
 mod peers;
+mod protocol;
 pub mod request;
 mod run;
 pub mod scores;
@@ -26,5 +33,5 @@ mod server;
 mod service;
 
 pub use args::{Cli, EngineArgs};
-pub use config::{ConfigError, EngineConfig, Role};
+pub use config::{ConfigError, EngineConfig, Protocol, Role};
 pub use server::{start, start_configured, RunningEngine};

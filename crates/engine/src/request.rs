@@ -1,10 +1,13 @@
-//! Validation of a GenerateRequest against the worker's role and model,
-//! producing a [`Plan`]: everything the run needs, already checked.
-
-use std::collections::HashMap;
+//! The protocol-neutral Generate request: what every protocol adapter
+//! ([`crate::protocol`]) hands over ([`Intake`]), the checks shared by all
+//! of them, and the validated [`Plan`] the run executes.
+//!
+//! An adapter refuses what its protocol can say but this engine cannot do,
+//! naming the field; [`plan`] then checks what is common to every protocol
+//! (the prompt against the model, sampling ranges, sequences, logprobs).
 
 use iris_proto::scheduler::sampling_params::Constraint;
-use iris_proto::scheduler::{GenerateRequest, KvBootstrapInfo, SamplingParams, TensorData};
+use iris_proto::scheduler::TensorData;
 use iris_proto::tensor;
 use tonic::Status;
 
@@ -13,7 +16,7 @@ use crate::Role;
 
 /// Most sequences one request may ask for.
 pub const MAX_N: u32 = 16;
-/// Most alternatives per token (`top_logprobs_num`).
+/// Most alternatives per token (`top_logprobs_num`, vLLM's `logprobs`).
 pub const MAX_TOP_LOGPROBS: i32 = 20;
 /// Most `logit_bias` entries.
 pub const MAX_LOGIT_BIAS: usize = 1024;
@@ -29,10 +32,46 @@ pub struct Limits {
 /// Where one multimodal item's bytes come from.
 #[derive(Debug, Clone)]
 pub enum ItemSource {
-    /// Preprocessed pixels carried in the request (inline or shm).
+    /// Preprocessed pixels carried in the request (inline, shm or remote),
+    /// in the engine's tensor form whatever the protocol.
     Pixels(TensorData),
     /// An embedding waiting on an encode worker's data server.
     Embedding { host: String, port: u16, room: i64 },
+}
+
+/// The sampling part of a request, as every protocol can express it.
+#[derive(Debug, Clone, Default)]
+pub struct Sampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    /// Sequences; 0 is read as 1.
+    pub n: u32,
+    pub max_new_tokens: Option<u32>,
+    pub min_new_tokens: u32,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub seed: u64,
+    /// (token id, bias), as sent (checked by [`plan`]).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// `Some(k)`: report each output token's log probability and `k`
+    /// alternatives.
+    pub top_logprobs: Option<i32>,
+    pub constraint: Option<Constraint>,
+}
+
+/// A Generate request translated from its protocol, not yet checked
+/// against the model.
+#[derive(Debug, Clone)]
+pub struct Intake {
+    pub request_id: String,
+    pub input_ids: Vec<u32>,
+    pub stream: bool,
+    pub sampling: Sampling,
+    /// Empty for decode, which receives the state instead.
+    pub items: Vec<ItemSource>,
+    /// The KV room: produced here (prefill) or collected here (decode).
+    pub kv: Option<KvAddress>,
 }
 
 /// A validated request.
@@ -45,9 +84,7 @@ pub struct Plan {
     /// The decoding constraint every sequence follows (see
     /// [`crate::constrained`]).
     pub constraint: Option<Constraint>,
-    /// Empty for decode, which receives the state instead.
     pub items: Vec<ItemSource>,
-    /// The KV room: produced here (prefill) or collected here (decode).
     pub kv: Option<KvAddress>,
 }
 
@@ -59,36 +96,28 @@ pub struct KvAddress {
     pub room: i64,
 }
 
-/// Checks `req` for a worker of `role` serving a model with `limits`.
-pub fn plan(mut req: GenerateRequest, role: Role, limits: &Limits) -> Result<Plan, Status> {
-    let input_ids = req.tokenized.take().map(|t| t.input_ids).ok_or_else(|| {
-        Status::invalid_argument("missing tokenized input: GenerateRequest.tokenized is required")
-    })?;
-    check_prompt(&input_ids, limits)?;
-    let params = req.sampling_params.take().unwrap_or_default();
-    check_sampling(&params)?;
-    let prompt_len = input_ids.len() as u32;
-    let mut sequences = sequences(&params, prompt_len, limits)?;
-    let top_logprobs = logprobs(&req)?;
+/// Checks `intake` against the model's `limits`.
+pub fn plan(intake: Intake, limits: &Limits) -> Result<Plan, Status> {
+    if intake.request_id.is_empty() {
+        return Err(Status::invalid_argument("request_id must not be empty"));
+    }
+    check_prompt(&intake.input_ids, limits)?;
+    let sampling = &intake.sampling;
+    check_sampling(sampling)?;
+    let prompt_len = intake.input_ids.len() as u32;
+    let mut sequences = sequences(sampling, prompt_len, limits)?;
+    let top_logprobs = logprobs(sampling.top_logprobs)?;
     sequences
         .iter_mut()
         .for_each(|s| s.top_logprobs = top_logprobs);
-    let items = match role {
-        Role::Decode => Vec::new(),
-        Role::Aggregated | Role::Prefill => item_sources(&req, input_ids.len())?,
-    };
-    let kv = kv_address(req.kv_bootstrap_info, role)?;
-    if req.request_id.is_empty() {
-        return Err(Status::invalid_argument("request_id must not be empty"));
-    }
     Ok(Plan {
-        request_id: req.request_id,
-        input_ids,
-        stream: req.stream,
+        request_id: intake.request_id,
+        input_ids: intake.input_ids,
+        stream: intake.stream,
         sequences,
-        constraint: params.constraint,
-        items,
-        kv,
+        constraint: intake.sampling.constraint,
+        items: intake.items,
+        kv: intake.kv,
     })
 }
 
@@ -118,7 +147,7 @@ fn check_prompt(input_ids: &[u32], limits: &Limits) -> Result<(), Status> {
     Ok(())
 }
 
-fn check_sampling(p: &SamplingParams) -> Result<(), Status> {
+fn check_sampling(p: &Sampling) -> Result<(), Status> {
     if let Some(t) = p.temperature.filter(|t| !t.is_finite() || *t < 0.0) {
         return Err(Status::invalid_argument(format!(
             "temperature must be >= 0, got {t}"
@@ -137,11 +166,7 @@ fn check_sampling(p: &SamplingParams) -> Result<(), Status> {
     crate::constrained::check(p.constraint.as_ref())
 }
 
-fn sequences(
-    p: &SamplingParams,
-    prompt_len: u32,
-    limits: &Limits,
-) -> Result<Vec<SequenceParams>, Status> {
+fn sequences(p: &Sampling, prompt_len: u32, limits: &Limits) -> Result<Vec<SequenceParams>, Status> {
     let n = p.n.max(1);
     if n > MAX_N {
         return Err(Status::invalid_argument(format!(
@@ -159,8 +184,7 @@ fn sequences(
             p.min_new_tokens
         )));
     }
-    let seed = p.sampling_seed.unwrap_or(0);
-    let logit_bias = logit_bias(p, limits.vocab_size)?;
+    let logit_bias = logit_bias(&p.logit_bias, limits.vocab_size)?;
     if let Some(id) = p.stop_token_ids.iter().find(|&&id| id >= limits.vocab_size) {
         return Err(Status::invalid_argument(format!(
             "stop_token_ids: {id} is outside the vocabulary (size {})",
@@ -173,7 +197,7 @@ fn sequences(
             min_new_tokens: p.min_new_tokens,
             stop_token_ids: p.stop_token_ids.clone(),
             ignore_eos: p.ignore_eos,
-            seed,
+            seed: p.seed,
             index,
             logit_bias: logit_bias.clone(),
             top_logprobs: None,
@@ -181,32 +205,27 @@ fn sequences(
         .collect())
 }
 
-/// `logit_bias` as (token id, bias): keys are decimal token ids inside the
-/// vocabulary, biases finite.
-fn logit_bias(p: &SamplingParams, vocab_size: u32) -> Result<Vec<(u32, f32)>, Status> {
-    if p.logit_bias.len() > MAX_LOGIT_BIAS {
+/// `logit_bias` sorted by token: ids inside the vocabulary, each once,
+/// biases finite.
+fn logit_bias(pairs: &[(u32, f32)], vocab_size: u32) -> Result<Vec<(u32, f32)>, Status> {
+    if pairs.len() > MAX_LOGIT_BIAS {
         return Err(Status::invalid_argument(format!(
             "logit_bias has {} entries, at most {MAX_LOGIT_BIAS}",
-            p.logit_bias.len()
+            pairs.len()
         )));
     }
-    let mut bias = Vec::with_capacity(p.logit_bias.len());
-    for (key, &value) in &p.logit_bias {
-        let id = key
-            .parse::<u32>()
-            .ok()
-            .filter(|&id| id < vocab_size)
-            .ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "logit_bias key {key:?} is not a token id of the vocabulary (size {vocab_size})"
-                ))
-            })?;
-        if !value.is_finite() {
+    let mut bias = pairs.to_vec();
+    for &(id, value) in &bias {
+        if id >= vocab_size {
             return Err(Status::invalid_argument(format!(
-                "logit_bias[{key}] = {value} is not a finite number"
+                "logit_bias key \"{id}\" is not a token id of the vocabulary (size {vocab_size})"
             )));
         }
-        bias.push((id, value));
+        if !value.is_finite() {
+            return Err(Status::invalid_argument(format!(
+                "logit_bias[{id}] = {value} is not a finite number"
+            )));
+        }
     }
     bias.sort_unstable_by_key(|&(id, _)| id);
     if bias.windows(2).any(|w| w[0].0 == w[1].0) {
@@ -217,134 +236,103 @@ fn logit_bias(p: &SamplingParams, vocab_size: u32) -> Result<Vec<(u32, f32)>, St
     Ok(bias)
 }
 
-/// The number of alternatives to report per token, when logprobs are
-/// asked (`return_logprob`); input logprobs are not produced.
-fn logprobs(req: &GenerateRequest) -> Result<Option<u32>, Status> {
-    if !req.return_logprob {
-        return Ok(None);
-    }
-    match u32::try_from(req.top_logprobs_num) {
-        Ok(k) if req.top_logprobs_num <= MAX_TOP_LOGPROBS => Ok(Some(k)),
-        _ => Err(Status::invalid_argument(format!(
-            "top_logprobs_num must be in 0..={MAX_TOP_LOGPROBS}, got {}",
-            req.top_logprobs_num
-        ))),
-    }
-}
-
-fn kv_address(info: Option<KvBootstrapInfo>, role: Role) -> Result<Option<KvAddress>, Status> {
-    match (role, info) {
-        (Role::Aggregated, Some(_)) => Err(Status::invalid_argument(
-            "kv_bootstrap_info was sent to an aggregated worker; it is for prefill/decode workers",
-        )),
-        (Role::Aggregated, None) => Ok(None),
-        (Role::Prefill | Role::Decode, None) => Err(Status::invalid_argument(format!(
-            "a {} worker needs kv_bootstrap_info (the prefill's data server and the KV room)",
-            role.as_str()
-        ))),
-        (Role::Prefill | Role::Decode, Some(info)) => {
-            let port = port(info.bootstrap_port, "kv_bootstrap_info.bootstrap_port")?;
-            if info.bootstrap_room < 0 {
-                return Err(Status::invalid_argument(format!(
-                    "kv_bootstrap_info.bootstrap_room = {} is negative; rooms are 63-bit non-negative",
-                    info.bootstrap_room
-                )));
-            }
-            if role == Role::Decode && info.bootstrap_host.is_empty() {
-                return Err(Status::invalid_argument(
-                    "kv_bootstrap_info.bootstrap_host is empty",
-                ));
-            }
-            Ok(Some(KvAddress {
-                host: info.bootstrap_host,
-                port,
-                room: info.bootstrap_room,
-            }))
-        }
-    }
-}
-
-fn port(value: i32, field: &str) -> Result<u16, Status> {
-    u16::try_from(value)
-        .ok()
-        .filter(|p| *p != 0)
-        .ok_or_else(|| Status::invalid_argument(format!("{field} = {value} is not a valid port")))
-}
-
-fn item_sources(req: &GenerateRequest, prompt_len: usize) -> Result<Vec<ItemSource>, Status> {
-    let items = req
-        .mm_inputs
-        .as_ref()
-        .map(|m| m.items.as_slice())
-        .unwrap_or_default();
-    let mut encoded: HashMap<u32, ItemSource> = HashMap::new();
-    for entry in req.encode_bootstrap_info.iter().flat_map(|e| &e.items) {
-        if entry.item_index as usize >= items.len() {
-            return Err(Status::invalid_argument(format!(
-                "encode_bootstrap_info names item {} but the request has {} mm items",
-                entry.item_index,
-                items.len()
-            )));
-        }
-        if entry.bootstrap_host.is_empty() || entry.bootstrap_room < 0 {
-            return Err(Status::invalid_argument(format!(
-                "encode_bootstrap_info for item {} needs a host and a non-negative room",
-                entry.item_index
-            )));
-        }
-        let port = port(entry.bootstrap_port, "encode_bootstrap_info.bootstrap_port")?;
-        let source = ItemSource::Embedding {
-            host: entry.bootstrap_host.clone(),
-            port,
-            room: entry.bootstrap_room,
-        };
-        if encoded.insert(entry.item_index, source).is_some() {
-            return Err(Status::invalid_argument(format!(
-                "encode_bootstrap_info names item {} twice",
-                entry.item_index
-            )));
-        }
-    }
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            check_item_tensors(i, item, prompt_len)?;
-            if let Some(source) = encoded.remove(&(i as u32)) {
-                return Ok(source);
-            }
-            item.encoder_input.clone().map(ItemSource::Pixels).ok_or_else(|| {
+/// `logit_bias` keyed by decimal token ids (TokenSpeed and SGLang).
+pub fn decimal_bias<'a>(
+    map: impl IntoIterator<Item = (&'a String, &'a f32)>,
+) -> Result<Vec<(u32, f32)>, Status> {
+    map.into_iter()
+        .map(|(key, &value)| {
+            key.parse::<u32>().map(|id| (id, value)).map_err(|_| {
                 Status::invalid_argument(format!(
-                    "mm item {i} has neither pixels (encoder_input) nor an encode_bootstrap_info entry"
+                    "logit_bias key {key:?} is not a token id of the vocabulary"
                 ))
             })
         })
         .collect()
 }
 
-fn check_item_tensors(
-    index: usize,
-    item: &iris_proto::scheduler::MultimodalItem,
+/// The number of alternatives to report per token, when logprobs are
+/// asked; input logprobs are not produced.
+fn logprobs(top: Option<i32>) -> Result<Option<u32>, Status> {
+    match top {
+        None => Ok(None),
+        Some(k) => match u32::try_from(k) {
+            Ok(k) if k <= MAX_TOP_LOGPROBS as u32 => Ok(Some(k)),
+            _ => Err(Status::invalid_argument(format!(
+                "top_logprobs_num must be in 0..={MAX_TOP_LOGPROBS}, got {k}"
+            ))),
+        },
+    }
+}
+
+/// The KV room a prefill or decode worker needs from bootstrap parameters
+/// (`field` names them in errors): none for an aggregated worker, required
+/// for the others.
+pub fn kv_address(
+    info: Option<(String, i32, i64)>,
+    role: Role,
+    field: &str,
+) -> Result<Option<KvAddress>, Status> {
+    match (role, info) {
+        (Role::Aggregated, Some(_)) => Err(Status::invalid_argument(format!(
+            "{field} was sent to an aggregated worker; it is for prefill/decode workers"
+        ))),
+        (Role::Aggregated, None) => Ok(None),
+        (Role::Prefill | Role::Decode, None) => Err(Status::invalid_argument(format!(
+            "a {} worker needs {field} (the prefill's data server and the KV room)",
+            role.as_str()
+        ))),
+        (Role::Prefill | Role::Decode, Some((host, port_value, room))) => {
+            let port = port(port_value.into(), &format!("{field}.bootstrap_port"))?;
+            if room < 0 {
+                return Err(Status::invalid_argument(format!(
+                    "{field}.bootstrap_room = {room} is negative; rooms are 63-bit non-negative"
+                )));
+            }
+            if role == Role::Decode && host.is_empty() {
+                return Err(Status::invalid_argument(format!(
+                    "{field}.bootstrap_host is empty"
+                )));
+            }
+            Ok(Some(KvAddress { host, port, room }))
+        }
+    }
+}
+
+/// A TCP port from a wire integer (`field` names it in errors).
+pub fn port(value: i64, field: &str) -> Result<u16, Status> {
+    u16::try_from(value)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| Status::invalid_argument(format!("{field} = {value} is not a valid port")))
+}
+
+/// Checks one tensor's shape, dtype and payload size (`what` names it).
+pub fn check_tensor(what: &str, t: &TensorData) -> Result<(), Status> {
+    tensor::validate(t)
+        .map(|_| ())
+        .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))
+}
+
+/// Checks that every (offset, length) placeholder range lies inside the
+/// prompt (`what` names the item).
+pub fn check_placeholders(
+    what: &str,
+    ranges: impl IntoIterator<Item = (u32, u32)>,
     prompt_len: usize,
 ) -> Result<(), Status> {
-    let named = item.encoder_input.iter().map(|t| ("encoder_input", t));
-    let specific = item
-        .model_specific_tensors
-        .iter()
-        .map(|(k, t)| (k.as_str(), t));
-    for (name, t) in named.chain(specific) {
-        tensor::validate(t).map_err(|e| {
-            Status::invalid_argument(format!("mm item {index}, tensor {name}: {e}"))
-        })?;
-    }
-    for r in &item.placeholders {
-        let end = u64::from(r.offset) + u64::from(r.length);
+    for (offset, length) in ranges {
+        let end = u64::from(offset) + u64::from(length);
         if end > prompt_len as u64 {
             return Err(Status::invalid_argument(format!(
-                "mm item {index}: placeholder range {}..{end} lies outside the {prompt_len}-token prompt",
-                r.offset
+                "{what}: placeholder range {offset}..{end} lies outside the {prompt_len}-token prompt"
             )));
         }
     }
     Ok(())
+}
+
+/// The refusal of a field this engine cannot honour.
+pub fn unsupported(field: &str, why: &str) -> Status {
+    Status::unimplemented(format!("{field} is not supported by iris-engine: {why}"))
 }

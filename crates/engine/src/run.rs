@@ -7,20 +7,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use iris_proto::scheduler::{
-    generate_complete::MatchedStop, generate_response::Response as Reply, GenerateComplete,
-    GenerateResponse, GenerateStreamChunk, OutputLogProbs, TopLogProbs,
-};
 use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::inflight::Registration;
 use crate::model::{Finish, PromptState, Sequence};
-use crate::request::{ItemSource, Plan};
+use crate::output::{Chunk, Completion, Event, Logprobs};
+use crate::request::{ItemSource, KvAddress, Plan};
 use crate::service::{Engine, StoredState};
 use crate::{constrained, Role};
 
-type Tx = mpsc::Sender<Result<GenerateResponse, Status>>;
+/// Where a request's events go (to its protocol adapter).
+pub type Tx = mpsc::Sender<Result<Event, Status>>;
 
 /// Runs `plan` to the end, sending its responses on `tx`.
 pub async fn run(engine: Arc<Engine>, plan: Plan, registration: Registration, tx: Tx) {
@@ -110,7 +108,8 @@ async fn collect_state(engine: &Engine, plan: &Plan) -> Result<PromptState, Stat
     Ok(state)
 }
 
-/// Prefill: publish the state under the KV room and end the prefill leg.
+/// Prefill: publish the state under the KV room and end the prefill leg,
+/// saying where the state waits.
 async fn hand_over(engine: &Engine, plan: &Plan, state: PromptState, tx: &Tx) -> Result<(), Stop> {
     let room = plan
         .kv
@@ -126,12 +125,17 @@ async fn hand_over(engine: &Engine, plan: &Plan, state: PromptState, tx: &Tx) ->
         .rooms
         .complete(room, stored, crate::service::STATE_BYTES)
         .map_err(|e| Stop::Failed(Status::from(e)))?;
-    let complete = GenerateComplete {
-        finish_reason: "stop".into(),
+    let complete = Completion {
+        finish_reason: "stop",
         prompt_tokens,
-        ..GenerateComplete::default()
+        handoff: engine.data_addr.map(|addr| KvAddress {
+            host: engine.config.host.clone(),
+            port: addr.port(),
+            room,
+        }),
+        ..Completion::default()
     };
-    send(tx, &plan.request_id, Reply::Complete(complete)).await
+    send(tx, Event::Complete(complete)).await
 }
 
 /// One sequence being decoded: its output so far and, when asked, the
@@ -139,7 +143,7 @@ async fn hand_over(engine: &Engine, plan: &Plan, state: PromptState, tx: &Tx) ->
 struct Decoding<'a> {
     sequence: Sequence<'a>,
     output: Vec<u32>,
-    logprobs: Option<OutputLogProbs>,
+    logprobs: Option<Logprobs>,
     done: bool,
 }
 
@@ -164,7 +168,7 @@ async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> R
             logprobs: p
                 .top_logprobs
                 .filter(|_| !plan.stream)
-                .map(|_| OutputLogProbs::default()),
+                .map(|_| Logprobs::default()),
             done: false,
         })
         .collect();
@@ -179,29 +183,28 @@ async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> R
             let Some(step) = seq.sequence.step() else {
                 seq.done = true;
                 let complete = completion(index as u32, prompt_tokens, seq, Some(Finish::Length));
-                send(tx, &plan.request_id, Reply::Complete(complete)).await?;
+                send(tx, Event::Complete(complete)).await?;
                 continue;
             };
             seq.output.push(step.token);
             engine.inflight.count_generated(1);
-            let step_logprobs = step.logprobs.map(|lp| step_logprobs(step.token, lp));
+            let step_logprobs = step.logprobs.map(|lp| Logprobs::step(step.token, lp));
             if plan.stream {
-                let chunk = GenerateStreamChunk {
-                    token_ids: vec![step.token],
+                let chunk = Chunk {
+                    index: index as u32,
+                    token: step.token,
                     prompt_tokens,
                     completion_tokens: seq.output.len() as u32,
-                    output_logprobs: step_logprobs.clone(),
-                    index: index as u32,
-                    ..GenerateStreamChunk::default()
+                    logprobs: step_logprobs,
                 };
-                send(tx, &plan.request_id, Reply::Chunk(chunk)).await?;
+                send(tx, Event::Chunk(chunk)).await?;
             } else if let (Some(all), Some(step)) = (seq.logprobs.as_mut(), step_logprobs) {
-                append_logprobs(all, step);
+                all.extend(step);
             }
             if step.finish.is_some() {
                 seq.done = true;
                 let complete = completion(index as u32, prompt_tokens, seq, step.finish);
-                send(tx, &plan.request_id, Reply::Complete(complete)).await?;
+                send(tx, Event::Complete(complete)).await?;
             } else {
                 active = true;
             }
@@ -212,57 +215,35 @@ async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> R
     }
 }
 
-/// One token's log probability and alternatives in the protocol's form.
-fn step_logprobs(token: u32, (logprob, top): (f32, Vec<(u32, f32)>)) -> OutputLogProbs {
-    OutputLogProbs {
-        token_logprobs: vec![logprob],
-        token_ids: vec![token],
-        top_logprobs: vec![TopLogProbs {
-            values: top.iter().map(|&(_, l)| l).collect(),
-            token_ids: top.iter().map(|&(t, _)| t).collect(),
-        }],
-    }
-}
-
-fn append_logprobs(all: &mut OutputLogProbs, step: OutputLogProbs) {
-    all.token_logprobs.extend(step.token_logprobs);
-    all.token_ids.extend(step.token_ids);
-    all.top_logprobs.extend(step.top_logprobs);
-}
-
-/// The sequence's GenerateComplete; it carries the output's log
-/// probabilities when they were not streamed.
+/// The sequence's completion; it carries the output's log probabilities
+/// when they were not streamed.
 fn completion(
     index: u32,
     prompt_tokens: u32,
     seq: &mut Decoding<'_>,
     finish: Option<Finish>,
-) -> GenerateComplete {
-    let (finish_reason, matched_stop) = match finish {
-        Some(Finish::Stop(token)) => ("stop", Some(MatchedStop::MatchedTokenId(token))),
+) -> Completion {
+    let (finish_reason, matched_token) = match finish {
+        Some(Finish::Stop(token)) => ("stop", Some(token)),
         Some(Finish::Length) | None => ("length", None),
     };
-    GenerateComplete {
+    Completion {
+        index,
         output_ids: seq.output.clone(),
-        finish_reason: finish_reason.into(),
+        finish_reason,
+        matched_token,
         prompt_tokens,
         completion_tokens: seq.output.len() as u32,
-        output_logprobs: seq.logprobs.take(),
-        matched_stop,
-        index,
-        ..GenerateComplete::default()
+        logprobs: seq.logprobs.take(),
+        handoff: None,
     }
 }
 
-async fn send(tx: &Tx, request_id: &str, reply: Reply) -> Result<(), Stop> {
-    let response = GenerateResponse {
-        request_id: request_id.to_owned(),
-        response: Some(reply),
-    };
-    tx.send(Ok(response)).await.map_err(|_| Stop::Gone)
+async fn send(tx: &Tx, event: Event) -> Result<(), Stop> {
+    tx.send(Ok(event)).await.map_err(|_| Stop::Gone)
 }
 
-/// Reports an early end: an abort gets a GenerateComplete with
+/// Reports an early end: an abort gets a completion with
 /// finish_reason "abort" per sequence, a failure gets the status; a prefill
 /// also fails its KV room so the decode worker learns at once.
 async fn finish_early(engine: &Engine, plan: &Plan, tx: &Tx, stop: Stop) {
@@ -281,16 +262,13 @@ async fn finish_early(engine: &Engine, plan: &Plan, tx: &Tx, stop: Stop) {
     match stop {
         Stop::Aborted => {
             for index in 0..plan.sequences.len() as u32 {
-                let complete = GenerateComplete {
-                    finish_reason: "abort".into(),
+                let complete = Completion {
+                    finish_reason: "abort",
                     prompt_tokens: plan.input_ids.len() as u32,
                     index,
-                    ..GenerateComplete::default()
+                    ..Completion::default()
                 };
-                if send(tx, &plan.request_id, Reply::Complete(complete))
-                    .await
-                    .is_err()
-                {
+                if send(tx, Event::Complete(complete)).await.is_err() {
                     return;
                 }
             }

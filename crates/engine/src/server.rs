@@ -1,8 +1,10 @@
 //! Start-up: load the model directory, bind the listeners, serve the
-//! scheduler service (and, for prefill, the data service) until shut down.
+//! `--protocol` service (and, for prefill, the data service) until shut
+//! down.
 
 use std::future::IntoFuture;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -10,7 +12,6 @@ use anyhow::Context;
 use iris_model::ModelDir;
 use iris_process::{listen, ServerTasks};
 use iris_proto::data::iris_data_server::IrisDataServer;
-use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServer;
 use iris_rooms::{RoomLimits, RoomStore};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -22,8 +23,9 @@ use crate::inflight::InFlight;
 use crate::model::Vocab;
 use crate::peers::Peers;
 use crate::request::Limits;
-use crate::service::{Engine, ModelFacts, SchedulerService};
-use crate::{EngineArgs, Role};
+use crate::protocol::{sglang, tokenspeed, vllm};
+use crate::service::{Engine, ModelFacts};
+use crate::{EngineArgs, Protocol, Role};
 
 /// Largest gRPC message accepted (pixels of several large images).
 const MAX_MESSAGE_BYTES: usize = 512 << 20;
@@ -32,7 +34,7 @@ const MAX_ROOM_BYTES: u64 = 256 << 20;
 
 /// A started engine.
 pub struct RunningEngine {
-    /// Where the TokenSpeedScheduler service listens.
+    /// Where the `--protocol` service listens.
     pub grpc_addr: SocketAddr,
     /// Where the data service listens (prefill role only).
     pub data_addr: Option<SocketAddr>,
@@ -62,14 +64,18 @@ pub async fn start(args: EngineArgs) -> anyhow::Result<RunningEngine> {
 /// Loads the model and starts serving with a validated `config`.
 pub async fn start_configured(config: EngineConfig) -> anyhow::Result<RunningEngine> {
     let token = config.auth_token.clone();
-    let engine = Arc::new(build_engine(config)?);
+    let data = if config.role == Role::Prefill {
+        Some(listen(&config.host, config.bootstrap_port, "--bootstrap-port").await?)
+    } else {
+        None
+    };
+    let data_addr = data.as_ref().map(|d| d.local_addr()).transpose()?;
+    let engine = Arc::new(build_engine(config, data_addr)?);
     let cfg = &engine.config;
     let mut servers = ServerTasks::default();
     let grpc = listen(&cfg.host, cfg.port, "--port").await?;
     let grpc_addr = grpc.local_addr()?;
-    let data_addr = if cfg.role == Role::Prefill {
-        let data = listen(&cfg.host, cfg.bootstrap_port, "--bootstrap-port").await?;
-        let addr = data.local_addr()?;
+    if let Some(data) = data {
         let service = IrisDataServer::new(DataService::new(engine.clone()))
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let router = tonic::transport::Server::builder()
@@ -80,16 +86,25 @@ pub async fn start_configured(config: EngineConfig) -> anyhow::Result<RunningEng
             servers.shutdown_token().cancelled_owned(),
         ));
         engine.rooms.spawn_sweeper(Duration::from_secs(1));
-        Some(addr)
-    } else {
-        None
+    }
+    let mut server = iris_process::large_message_server().layer(iris_process::auth::require(token));
+    let router = match cfg.protocol {
+        Protocol::Tokenspeed => server.add_service(
+            tokenspeed::service(engine.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        ),
+        Protocol::Vllm => server.add_service(
+            vllm::service(engine.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        ),
+        Protocol::Sglang => server.add_service(
+            sglang::service(engine.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        ),
     };
-    let scheduler = TokenSpeedSchedulerServer::new(SchedulerService::new(engine.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let router = iris_process::large_message_server()
-        .layer(iris_process::auth::require(token))
-        .add_service(scheduler);
     servers.spawn(router.serve_with_incoming_shutdown(
         iris_process::nodelay_incoming(grpc),
         servers.shutdown_token().cancelled_owned(),
@@ -115,7 +130,7 @@ pub async fn start_configured(config: EngineConfig) -> anyhow::Result<RunningEng
     })
 }
 
-fn build_engine(cfg: EngineConfig) -> anyhow::Result<Engine> {
+fn build_engine(cfg: EngineConfig, data_addr: Option<SocketAddr>) -> anyhow::Result<Engine> {
     let dir = ModelDir::load(&cfg.model_path).with_context(|| {
         format!(
             "cannot load model directory {} (--model-path)",
@@ -191,6 +206,8 @@ fn build_engine(cfg: EngineConfig) -> anyhow::Result<Engine> {
         worker_id,
         started: Instant::now(),
         started_at: SystemTime::now(),
+        data_addr,
+        next_room: AtomicI64::new(1),
         config: cfg,
     })
 }

@@ -1,25 +1,26 @@
-//! The `TokenSpeedScheduler` service: request intake and the info, load,
-//! health, abort and tokenizer RPCs.
+//! The engine every protocol adapter serves: its shared state, request
+//! submission, abort, and the facts the info, load and tokenizer RPCs of
+//! every protocol report (each adapter puts them in its own messages).
 
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use iris_proto::common::{GetTokenizerChunk, GetTokenizerRequest, Modality};
+use iris_proto::common::GetTokenizerChunk;
 use iris_proto::info::{fields, number, text};
-use iris_proto::scheduler::token_speed_scheduler_server::TokenSpeedScheduler;
-use iris_proto::scheduler::*;
 use iris_rooms::RoomStore;
 use prost_types::Struct;
 use tokio::sync::{mpsc, Semaphore};
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use crate::config::EngineConfig;
 use crate::constrained::TextEncoder;
 use crate::inflight::InFlight;
 use crate::model::{PromptState, Vocab};
+use crate::output::Event;
 use crate::peers::Peers;
-use crate::request::{self, Limits};
+use crate::request::{Limits, Plan};
 use crate::{run, Role};
 
 /// Bytes a prefill reserves per stored state.
@@ -71,125 +72,109 @@ pub struct Engine {
     pub worker_id: String,
     pub started: Instant,
     pub started_at: SystemTime,
+    /// Where the data service listens (prefill role).
+    pub data_addr: Option<SocketAddr>,
+    /// The next KV room this worker picks itself (vLLM prefill).
+    pub next_room: AtomicI64,
 }
 
-pub struct SchedulerService {
-    engine: Arc<Engine>,
+/// The events of one running request.
+pub type Events = mpsc::Receiver<Result<Event, Status>>;
+
+/// Load figures every protocol's GetLoads reports.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadFigures {
+    pub running: i32,
+    pub waiting: i32,
+    pub waiting_tokens: i32,
+    pub max_total_tokens: i32,
+    pub max_running: i32,
+    pub utilization: f64,
 }
 
-impl SchedulerService {
-    pub fn new(engine: Arc<Engine>) -> Self {
-        SchedulerService { engine }
-    }
+/// A wire integer from a count, saturated.
+pub fn as_i32(v: impl TryInto<i32>) -> i32 {
+    v.try_into().unwrap_or(i32::MAX)
 }
 
-type ResponseStream<T> = ReceiverStream<Result<T, Status>>;
-
-#[tonic::async_trait]
-impl TokenSpeedScheduler for SchedulerService {
-    type GenerateStream = ResponseStream<GenerateResponse>;
-    type GetTokenizerStream = ResponseStream<GetTokenizerChunk>;
-
-    async fn generate(
-        &self,
-        request: Request<GenerateRequest>,
-    ) -> Result<Response<Self::GenerateStream>, Status> {
-        let engine = &self.engine;
-        let plan = request::plan(request.into_inner(), engine.role, &engine.limits)?;
-        let registration = engine.inflight.register(&plan.request_id).ok_or_else(|| {
+impl Engine {
+    /// Registers a validated request and starts running it; refused when
+    /// its id is already in flight here or (prefill) its room is taken.
+    pub fn submit(self: &Arc<Self>, plan: Plan) -> Result<Events, Status> {
+        let registration = self.inflight.register(&plan.request_id).ok_or_else(|| {
             Status::already_exists(format!(
                 "request {} is already in flight on this worker",
                 plan.request_id
             ))
         })?;
-        if let (Role::Prefill, Some(kv)) = (engine.role, &plan.kv) {
-            engine
-                .rooms
+        if let (Role::Prefill, Some(kv)) = (self.role, &plan.kv) {
+            self.rooms
                 .begin(kv.room, STATE_BYTES)
                 .map_err(Status::from)?;
         }
         let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(run::run(engine.clone(), plan, registration, tx));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        tokio::spawn(run::run(self.clone(), plan, registration, tx));
+        Ok(rx)
     }
 
-    async fn health_check(
-        &self,
-        _: Request<HealthCheckRequest>,
-    ) -> Result<Response<HealthCheckResponse>, Status> {
-        Ok(Response::new(HealthCheckResponse {
-            healthy: true,
-            message: format!("iris-engine {} ready", self.engine.role.as_str()),
-        }))
+    /// A KV room no request of this worker has used (prefill workers whose
+    /// protocol lets them pick it).
+    pub fn fresh_room(&self) -> i64 {
+        self.next_room.fetch_add(1, Ordering::Relaxed)
     }
 
-    async fn abort(
-        &self,
-        request: Request<AbortRequest>,
-    ) -> Result<Response<AbortResponse>, Status> {
-        let req = request.into_inner();
-        let found = self.engine.inflight.abort(&req.request_id);
+    /// Cancels `request_id`; false when it is not in flight here.
+    pub fn abort(&self, request_id: &str) -> bool {
+        self.inflight.abort(request_id)
+    }
+
+    /// Cancels `request_id`, saying whether it was found and what happened.
+    pub fn abort_reporting(&self, request_id: &str) -> (bool, String) {
+        let found = self.abort(request_id);
         let message = if found {
-            format!("request {} aborted", req.request_id)
+            format!("request {request_id} aborted")
         } else {
-            format!("request {} is not in flight here", req.request_id)
+            format!("request {request_id} is not in flight here")
         };
-        Ok(Response::new(AbortResponse {
-            success: found,
-            message,
-        }))
+        (found, message)
     }
 
-    async fn get_model_info(
-        &self,
-        _: Request<GetModelInfoRequest>,
-    ) -> Result<Response<GetModelInfoResponse>, Status> {
-        Ok(Response::new(model_info(&self.engine)))
+    /// What HealthCheck answers.
+    pub fn health_message(&self) -> String {
+        format!("iris-engine {} ready", self.role.as_str())
     }
 
-    async fn get_server_info(
-        &self,
-        _: Request<GetServerInfoRequest>,
-    ) -> Result<Response<GetServerInfoResponse>, Status> {
-        let engine = &self.engine;
-        let since_epoch = engine
+    /// Seconds since the Unix epoch at start-up.
+    pub fn start_time(&self) -> prost_types::Timestamp {
+        let since_epoch = self
             .started_at
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
-        Ok(Response::new(GetServerInfoResponse {
-            server_args: Some(server_args(engine)),
-            // As TokenSpeed workers report it: gateways that find the same
-            // value on their side send pixels through /dev/shm.
-            scheduler_info: engine
-                .payloads
-                .namespace()
-                .map(|id| fields([(iris_transport::SHM_NAMESPACE_FIELD, text(id))])),
-            active_requests: engine.inflight.len() as i32,
-            is_paused: false,
-            uptime_seconds: engine.started.elapsed().as_secs_f64(),
-            max_total_num_tokens: i32::try_from(engine.limits.max_context_length)
-                .unwrap_or(i32::MAX),
-            tokenspeed_version: format!("iris-engine {}", env!("CARGO_PKG_VERSION")),
-            start_time: Some(prost_types::Timestamp {
-                seconds: since_epoch.as_secs() as i64,
-                nanos: since_epoch.subsec_nanos() as i32,
-            }),
-        }))
+        prost_types::Timestamp {
+            seconds: since_epoch.as_secs() as i64,
+            nanos: since_epoch.subsec_nanos() as i32,
+        }
     }
 
-    async fn get_loads(
-        &self,
-        _: Request<GetLoadsRequest>,
-    ) -> Result<Response<GetLoadsResponse>, Status> {
-        Ok(Response::new(loads(&self.engine)))
+    /// The in-flight counters in GetLoads' terms.
+    pub fn load_figures(&self) -> LoadFigures {
+        let l = self.inflight.loads();
+        let max_running = self.config.max_running_requests;
+        LoadFigures {
+            running: as_i32(l.running),
+            waiting: as_i32(l.waiting),
+            waiting_tokens: as_i32(l.waiting_tokens),
+            max_total_tokens: as_i32(self.limits.max_context_length),
+            max_running: as_i32(max_running),
+            utilization: l.running as f64 / f64::from(max_running),
+        }
     }
 
-    async fn get_tokenizer(
-        &self,
-        _: Request<GetTokenizerRequest>,
-    ) -> Result<Response<Self::GetTokenizerStream>, Status> {
-        let zip = self.engine.facts.tokenizer_zip.clone();
-        let sha = self.engine.facts.tokenizer_sha256.clone();
+    /// The tokenizer bundle as a stream of chunks (the last one carries the
+    /// archive's SHA-256).
+    pub fn tokenizer_chunks(&self) -> mpsc::Receiver<Result<GetTokenizerChunk, Status>> {
+        let zip = self.facts.tokenizer_zip.clone();
+        let sha = self.facts.tokenizer_sha256.clone();
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             let count = zip.len().div_ceil(TOKENIZER_CHUNK).max(1);
@@ -209,80 +194,13 @@ impl TokenSpeedScheduler for SchedulerService {
                 }
             }
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        rx
     }
 }
 
-fn model_info(engine: &Engine) -> GetModelInfoResponse {
-    let facts = &engine.facts;
-    let as_i32 = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
-    GetModelInfoResponse {
-        model_path: facts.model_path.clone(),
-        tokenizer_path: facts.model_path.clone(),
-        served_model_name: facts.served_model_name.clone(),
-        model_type: facts.model_type.clone(),
-        architectures: facts.architectures.clone(),
-        max_context_length: as_i32(engine.limits.max_context_length),
-        max_req_input_len: as_i32(engine.limits.max_context_length.saturating_sub(1)),
-        vocab_size: as_i32(engine.limits.vocab_size),
-        eos_token_ids: facts.eos_token_ids.iter().map(|&v| as_i32(v)).collect(),
-        pad_token_id: facts.pad_token_id.map(as_i32).unwrap_or(0),
-        bos_token_id: facts.bos_token_id.map(as_i32).unwrap_or(0),
-        weight_version: "reference".into(),
-        default_sampling_params_json: "{}".into(),
-        supports_vision: facts.supports_vision,
-        supports_multimodal: facts.supports_vision,
-        supported_modalities: if facts.supports_vision {
-            vec![Modality::Image as i32]
-        } else {
-            vec![]
-        },
-        model_dtype: facts.dtype.clone(),
-        multimodal_encoder_dtype: if facts.supports_vision {
-            "float32".into()
-        } else {
-            String::new()
-        },
-    }
-}
-
-fn loads(engine: &Engine) -> GetLoadsResponse {
-    let l = engine.inflight.loads();
-    let as_i32 = |v: i64| i32::try_from(v).unwrap_or(i32::MAX);
-    let max_running = engine.config.max_running_requests;
-    let utilization = l.running as f64 / f64::from(max_running);
-    let load = SchedulerLoad {
-        dp_rank: 0,
-        num_running_reqs: as_i32(l.running),
-        num_waiting_reqs: as_i32(l.waiting),
-        num_total_reqs: as_i32(l.running + l.waiting),
-        num_used_tokens: 0,
-        max_total_num_tokens: as_i32(i64::from(engine.limits.max_context_length)),
-        max_running_requests: i32::try_from(max_running).unwrap_or(i32::MAX),
-        token_usage: 0.0,
-        gen_throughput: 0.0,
-        cache_hit_rate: 0.0,
-        utilization,
-        num_waiting_uncached_tokens: as_i32(l.waiting_tokens),
-    };
-    let aggregate = AggregateMetrics {
-        total_running_reqs: load.num_running_reqs,
-        total_waiting_reqs: load.num_waiting_reqs,
-        total_reqs: load.num_total_reqs,
-        avg_token_usage: 0.0,
-        avg_throughput: 0.0,
-        avg_utilization: utilization,
-    };
-    GetLoadsResponse {
-        timestamp: iris_proto::info::timestamp_now(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        dp_rank_count: 1,
-        loads: vec![load],
-        aggregate: Some(aggregate),
-    }
-}
-
-fn server_args(engine: &Engine) -> Struct {
+/// The worker's role, ports and identity as a Struct (TokenSpeed and
+/// SGLang GetServerInfo `server_args`).
+pub fn server_args(engine: &Engine) -> Struct {
     let role = engine.role.as_str();
     let mut pairs = vec![
         ("engine", text("iris-engine")),

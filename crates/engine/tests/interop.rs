@@ -1206,17 +1206,20 @@ async fn iris_clients_drive_published_server() {
 
 // ------------------------------------------------- schema, field by field
 
+/// Our `.proto` files that mirror published ones (`iris_data.proto` is
+/// Iris's own).
+const CONTRACT_FILES: [&str; 5] = [
+    "common.proto",
+    "tokenspeed_scheduler.proto",
+    "tokenspeed_encoder.proto",
+    "vllm_engine.proto",
+    "sglang_scheduler.proto",
+];
+
 /// Our `.proto` files compiled as iris-proto compiles them.
 fn our_descriptors() -> Vec<FileDescriptorProto> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
-    protox::compile(
-        [
-            "common.proto",
-            "tokenspeed_scheduler.proto",
-            "tokenspeed_encoder.proto",
-        ],
-        [dir],
-    )
+    protox::compile(CONTRACT_FILES, [dir])
     .expect("compile proto/")
     .file
     .into_iter()
@@ -1362,7 +1365,11 @@ async fn declared_fields_match_published_descriptors() {
     preflight().await;
     let ours = our_descriptors();
     let published = published_descriptors().await;
-    assert_eq!(ours.len(), 3, "our three contract files");
+    let mut names: Vec<&str> = ours.iter().map(|f| f.name()).collect();
+    names.sort_unstable();
+    let mut want = CONTRACT_FILES;
+    want.sort_unstable();
+    assert_eq!(names, want, "every contract file is compared");
     let diffs = schema_differences(&ours, &published);
     assert!(
         diffs.is_empty(),
@@ -1370,19 +1377,23 @@ async fn declared_fields_match_published_descriptors() {
         diffs.join("\n")
     );
 
-    // The comparison itself can fail: renumber one field, retype another.
-    let mut broken = ours.clone();
-    let scheduler = broken
-        .iter_mut()
-        .find(|f| f.name() == "tokenspeed_scheduler.proto")
-        .expect("scheduler file");
-    let kv = scheduler
-        .message_type
-        .iter_mut()
-        .find(|m| m.name() == "KvBootstrapInfo")
-        .expect("KvBootstrapInfo");
-    kv.field[2].number = Some(4);
-    kv.field[1].set_type(prost_types::field_descriptor_proto::Type::Uint32);
-    let diffs = schema_differences(&broken, &published);
-    assert_eq!(diffs.len(), 2, "{diffs:#?}");
+    // The comparison itself can fail, in every file: renumber one field,
+    // retype another.
+    let breakages = [
+        ("tokenspeed_scheduler.proto", "KvBootstrapInfo"),
+        ("vllm_engine.proto", "MultimodalInputs"),
+        ("sglang_scheduler.proto", "DisaggregatedParams"),
+    ];
+    for (file, message) in breakages {
+        let mut broken = ours.clone();
+        let m = broken
+            .iter_mut()
+            .find(|f| f.name() == file)
+            .and_then(|f| f.message_type.iter_mut().find(|m| m.name() == message))
+            .unwrap_or_else(|| panic!("{file}: {message}"));
+        m.field[1].number = Some(99);
+        m.field[0].set_type(prost_types::field_descriptor_proto::Type::Fixed64);
+        let diffs = schema_differences(&broken, &published);
+        assert_eq!(diffs.len(), 2, "{file}: {diffs:#?}");
+    }
 }

@@ -6,6 +6,10 @@
 //! - [`scheduler`]: `tokenspeed.grpc.scheduler` (the `TokenSpeedScheduler`
 //!   service spoken by prefill, decode and aggregated workers);
 //! - [`encoder`]: `tokenspeed.grpc.encoder` (`TokenSpeedEncoder.Encode`);
+//! - [`vllm`]: `vllm.grpc.engine` (the `VllmEngine` service of vLLM's gRPC
+//!   mode);
+//! - [`sglang`]: `sglang.grpc.scheduler` (the `SglangScheduler` service of
+//!   SGLang's gRPC mode);
 //! - [`data`]: `iris.data.v1` (Iris's worker-to-worker data service).
 //!
 //! Every `bytes` field is a [`bytes::Bytes`], so cloning a message shares
@@ -37,6 +41,20 @@ pub mod generated {
             }
         }
     }
+    pub mod vllm {
+        pub mod grpc {
+            pub mod engine {
+                tonic::include_proto!("vllm.grpc.engine");
+            }
+        }
+    }
+    pub mod sglang {
+        pub mod grpc {
+            pub mod scheduler {
+                tonic::include_proto!("sglang.grpc.scheduler");
+            }
+        }
+    }
     pub mod iris {
         pub mod data {
             pub mod v1 {
@@ -54,6 +72,10 @@ pub use generated::smg::grpc::common;
 pub use generated::tokenspeed::grpc::encoder;
 /// `tokenspeed.grpc.scheduler`.
 pub use generated::tokenspeed::grpc::scheduler;
+/// `vllm.grpc.engine`.
+pub use generated::vllm::grpc::engine as vllm;
+/// `sglang.grpc.scheduler`.
+pub use generated::sglang::grpc::scheduler as sglang;
 
 /// Bootstrap (data server) port a worker URL implies when it names none.
 pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;

@@ -1,0 +1,82 @@
+//! The wire protocols the engine speaks (`--protocol`), one thin adapter
+//! each: it translates its GenerateRequest into the protocol-neutral
+//! [`Intake`](crate::request::Intake), refusing with a status naming the
+//! field whatever this engine cannot honour, and the run's
+//! [`Event`]s back into its GenerateResponse stream. Health, abort, info,
+//! loads and the tokenizer come from [`Engine`] in each protocol's own
+//! messages.
+
+/// Defines `fn logprobs(Logprobs) -> OutputLogProbs` in a protocol module
+/// whose `OutputLogProbs` and `TopLogProbs` (in scope) have the shape all
+/// three protocols share.
+macro_rules! output_logprobs {
+    () => {
+        fn logprobs(l: $crate::output::Logprobs) -> OutputLogProbs {
+            OutputLogProbs {
+                token_logprobs: l.token_logprobs,
+                token_ids: l.token_ids,
+                top_logprobs: l
+                    .top
+                    .into_iter()
+                    .map(|top| {
+                        let (token_ids, values) = top.into_iter().unzip();
+                        TopLogProbs { values, token_ids }
+                    })
+                    .collect(),
+            }
+        }
+    };
+}
+
+pub mod sglang;
+pub mod tokenspeed;
+pub mod vllm;
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::Status;
+
+use crate::output::Event;
+use crate::request::{self, Intake};
+use crate::service::Engine;
+
+/// A server stream of a protocol's messages.
+pub type Replies<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Checks `intake`, starts it and returns its events as `T`s made by
+/// `reply` (the protocol's GenerateResponse).
+pub fn generate<T: Send + 'static>(
+    engine: &Arc<Engine>,
+    intake: Intake,
+    reply: impl Fn(Event) -> T + Send + 'static,
+) -> Result<Replies<T>, Status> {
+    let plan = request::plan(intake, &engine.limits)?;
+    let events = engine.submit(plan)?;
+    Ok(Box::pin(
+        ReceiverStream::new(events).map(move |event| event.map(&reply)),
+    ))
+}
+
+/// The tokenizer bundle stream, shared by every protocol (its messages are
+/// `smg.grpc.common`'s).
+pub fn tokenizer(engine: &Engine) -> Replies<iris_proto::common::GetTokenizerChunk> {
+    Box::pin(ReceiverStream::new(engine.tokenizer_chunks()))
+}
+
+/// `Some(top)` when an adapter's request asks for output logprobs.
+pub fn top_logprobs(asked: bool, top: i32) -> Option<i32> {
+    asked.then_some(top)
+}
+
+/// Refuses a data-parallel rank other than 0 (the engine has one).
+pub fn check_rank(rank: Option<i32>) -> Result<(), Status> {
+    match rank {
+        None | Some(0) => Ok(()),
+        Some(r) => Err(Status::invalid_argument(format!(
+            "data_parallel_rank = {r}: iris-engine has one data-parallel rank (0)"
+        ))),
+    }
+}
