@@ -166,7 +166,11 @@ fn check_sampling(p: &Sampling) -> Result<(), Status> {
     crate::constrained::check(p.constraint.as_ref())
 }
 
-fn sequences(p: &Sampling, prompt_len: u32, limits: &Limits) -> Result<Vec<SequenceParams>, Status> {
+fn sequences(
+    p: &Sampling,
+    prompt_len: u32,
+    limits: &Limits,
+) -> Result<Vec<SequenceParams>, Status> {
     let n = p.n.max(1);
     if n > MAX_N {
         return Err(Status::invalid_argument(format!(

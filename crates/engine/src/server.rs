@@ -22,8 +22,8 @@ use crate::data::DataService;
 use crate::inflight::InFlight;
 use crate::model::Vocab;
 use crate::peers::Peers;
-use crate::request::Limits;
 use crate::protocol::{sglang, tokenspeed, vllm};
+use crate::request::Limits;
 use crate::service::{Engine, ModelFacts};
 use crate::{EngineArgs, Protocol, Role};
 

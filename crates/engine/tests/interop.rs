@@ -6,6 +6,10 @@
 //!   talks to real `iris-engine` processes (aggregated, prefill, decode) and
 //!   a stand-in encoder data server; its answers must match what Iris's own
 //!   client gets from the deterministic reference model.
+//! - `published_clients_drive_vllm_and_sglang_engines`:
+//!   `e2e/interop/engine_client.py` drives `iris-engine --protocol vllm`
+//!   and `--protocol sglang` (aggregated, prefill, decode) with the
+//!   published vLLM and SGLang stubs, images and PD included.
 //! - `iris_clients_drive_published_server`: iris-proto's generated clients
 //!   talk to `e2e/interop/smg_server.py`; every response field must decode to
 //!   the value the server set, and the server's log of every request must show
@@ -400,6 +404,151 @@ async fn published_client_drives_iris_engines() {
             "{rpc}: {}",
             out["unimplemented"][rpc]
         );
+    }
+}
+
+/// What each protocol's published client must see from `iris-engine
+/// --protocol P`: (protocol, `server_type`, the field named by the refusal
+/// `engine_client.py` provokes).
+const ENGINE_PROTOCOLS: [(&str, &str, &str); 2] = [
+    ("vllm", "vllm-grpc", "sampling_params.prompt_logprobs"),
+    ("sglang", "grpc", "mm_inputs.image_urls"),
+];
+
+/// `e2e/interop/engine_client.py` drives aggregated, prefill and decode
+/// engines of each published protocol (vLLM, SGLang): health, info, loads,
+/// tokenizer, an image chat, PD and a refusal, with the tokens Iris's own
+/// TokenSpeed client gets from the same deterministic model.
+#[tokio::test]
+async fn published_clients_drive_vllm_and_sglang_engines() {
+    preflight().await;
+    let model = tiny_model();
+    let image: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(11) ^ 0x5a).collect();
+    let reference = EngineProcess::start(&model, "aggregated", &[]);
+    let mut rust = reference.client().await;
+    let want = generate(
+        &mut rust,
+        with_items(
+            text_request("want", PROMPT.to_vec(), MAX_NEW, true),
+            vec![pixels(&image)],
+        ),
+    )
+    .await;
+    assert!(want.status.is_none(), "{:?}", want.status);
+    let want_tokens: Vec<u64> = want.streamed_tokens().into_iter().map(u64::from).collect();
+    let bundle = iris_model::ModelDir::load(model.path())
+        .expect("model dir")
+        .tokenizer_bundle()
+        .expect("tokenizer bundle");
+
+    for (protocol, server_type, refused_field) in ENGINE_PROTOCOLS {
+        let with = |extra: &'static [&'static str]| {
+            let mut argv = vec!["--protocol", protocol];
+            argv.extend_from_slice(extra);
+            argv
+        };
+        let agg = EngineProcess::start(&model, "aggregated", &with(&[]));
+        let prefill = EngineProcess::start(&model, "prefill", &with(&[]));
+        let decode =
+            EngineProcess::start(&model, "decode", &with(&["--transfer-wait-ms", "20000"]));
+        let prefill_data = prefill.data.expect("prefill data server address");
+        let config = json!({
+            "aggregated": agg.grpc.to_string(),
+            "prefill": prefill.grpc.to_string(),
+            "decode": decode.grpc.to_string(),
+            "prefill_data": {"host": prefill_data.ip().to_string(), "port": prefill_data.port()},
+            "prompt": PROMPT,
+            "max_new_tokens": MAX_NEW,
+            "pixels_b64": b64(&image),
+            "grid_thw": [1, 2, 2],
+            "placeholder": {"offset": 1, "length": 1},
+            "placeholder_token_id": 646,
+            "kv_room": 2_000_000_001,
+            "timeout_s": 30,
+        });
+        let printed = run_python(
+            "engine_client.py",
+            &[protocol, &config.to_string()],
+            Duration::from_secs(120),
+        )
+        .await;
+        let out: Value = serde_json::from_str(&printed).unwrap_or_else(|e| {
+            panic!("engine_client.py {protocol} printed no JSON object ({e}): {printed}")
+        });
+
+        for role in ["aggregated", "prefill", "decode"] {
+            let health = &out["health"][role];
+            assert_eq!(
+                health["healthy"],
+                json!(true),
+                "{protocol} {role}: {health}"
+            );
+            assert_eq!(
+                health["message"],
+                json!(format!("iris-engine {role} ready"))
+            );
+            let server = &out["server_info"][role];
+            assert_eq!(
+                server["server_type"],
+                json!(server_type),
+                "{protocol}: {server}"
+            );
+        }
+        if protocol == "vllm" {
+            let roles =
+                ["aggregated", "prefill", "decode"].map(|r| &out["server_info"][r]["kv_role"]);
+            assert_eq!(
+                roles,
+                [&json!(""), &json!("kv_producer"), &json!("kv_consumer")]
+            );
+        }
+        let info = &out["model_info"];
+        assert_eq!(info["vocab_size"], json!(648), "{protocol}: {info}");
+        assert_eq!(
+            info["eos_token_ids"],
+            json!([642, 640]),
+            "{protocol}: {info}"
+        );
+        assert_eq!(info["supports_vision"], json!(true), "{protocol}: {info}");
+        assert_eq!(info["model_type"], json!("qwen2_vl"), "{protocol}: {info}");
+        assert_eq!(out["loads"]["loads"].as_array().map(Vec::len), Some(1));
+        let tok = &out["tokenizer"];
+        assert_eq!(tok["sha256_last_chunk"], json!(bundle.sha256_hex), "{tok}");
+        assert_eq!(tok["sha256_of_data"], json!(bundle.sha256_hex), "{tok}");
+
+        // Aggregated with pixels: the tokens Iris's TokenSpeed client got.
+        let (tokens, completes) = read_call(&out["aggregated"], protocol);
+        assert_eq!(tokens, want_tokens, "{protocol} aggregated");
+        assert_eq!(completes.len(), 1);
+        assert_eq!(completes[0]["output_ids"], json!(want_tokens));
+        assert_eq!(completes[0]["finish_reason"], json!("length"));
+        assert_eq!(completes[0]["prompt_tokens"], json!(PROMPT.len()));
+
+        // PD: the prefill streams nothing; the decode streams the same
+        // tokens, so the pixels' state travelled.
+        let (tokens, completes) = read_call(&out["pd"]["prefill"], "prefill");
+        assert!(tokens.is_empty(), "{protocol}");
+        assert_eq!(completes.len(), 1, "{protocol}");
+        assert_eq!(completes[0]["finish_reason"], json!("stop"));
+        let (tokens, completes) = read_call(&out["pd"]["decode"], "decode");
+        assert_eq!(tokens, want_tokens, "{protocol} PD decode");
+        assert_eq!(completes[0]["output_ids"], json!(want_tokens));
+
+        let refused = &out["refused"]["error"];
+        assert_eq!(
+            refused["code"],
+            json!("UNIMPLEMENTED"),
+            "{protocol}: {refused}"
+        );
+        assert!(
+            refused["details"]
+                .as_str()
+                .is_some_and(|d| d.contains(refused_field)),
+            "{protocol}: {refused}"
+        );
+        if protocol == "sglang" {
+            assert_eq!(out["abort_unknown"]["success"], json!(false));
+        }
     }
 }
 
@@ -1220,11 +1369,11 @@ const CONTRACT_FILES: [&str; 5] = [
 fn our_descriptors() -> Vec<FileDescriptorProto> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
     protox::compile(CONTRACT_FILES, [dir])
-    .expect("compile proto/")
-    .file
-    .into_iter()
-    .filter(|f| !f.name().starts_with("google/"))
-    .collect()
+        .expect("compile proto/")
+        .file
+        .into_iter()
+        .filter(|f| !f.name().starts_with("google/"))
+        .collect()
 }
 
 /// The published descriptors embedded in the smg-grpc-proto modules.

@@ -66,6 +66,8 @@ pub mod generated {
 
 /// `iris.data.v1`.
 pub use generated::iris::data::v1 as data;
+/// `sglang.grpc.scheduler`.
+pub use generated::sglang::grpc::scheduler as sglang;
 /// `smg.grpc.common`.
 pub use generated::smg::grpc::common;
 /// `tokenspeed.grpc.encoder`.
@@ -74,8 +76,6 @@ pub use generated::tokenspeed::grpc::encoder;
 pub use generated::tokenspeed::grpc::scheduler;
 /// `vllm.grpc.engine`.
 pub use generated::vllm::grpc::engine as vllm;
-/// `sglang.grpc.scheduler`.
-pub use generated::sglang::grpc::scheduler as sglang;
 
 /// Bootstrap (data server) port a worker URL implies when it names none.
 pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;

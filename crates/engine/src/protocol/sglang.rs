@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use iris_proto::common::{GetTokenizerChunk, GetTokenizerRequest};
 use iris_proto::info::{fields, text};
+use iris_proto::scheduler::sampling_params::Constraint;
 use iris_proto::scheduler::{tensor_data::Payload, TensorData as EngineTensor};
 use iris_proto::sglang::generate_complete::MatchedStop;
 use iris_proto::sglang::generate_response::Response as Reply;
 use iris_proto::sglang::sampling_params::Constraint as SglangConstraint;
 use iris_proto::sglang::sglang_scheduler_server::{SglangScheduler, SglangSchedulerServer};
 use iris_proto::sglang::*;
-use iris_proto::scheduler::sampling_params::Constraint;
 use tonic::{Request, Response, Status};
 
 use super::Replies;
@@ -168,9 +168,13 @@ fn intake(mut req: GenerateRequest, role: Role) -> Result<Intake, Status> {
         (Role::Decode, _) | (_, None) => Vec::new(),
         (Role::Aggregated | Role::Prefill, Some(mm)) => items(mm, input_ids.len())?,
     };
-    let kv = req
-        .disaggregated_params
-        .map(|d| (d.bootstrap_host, d.bootstrap_port, i64::from(d.bootstrap_room)));
+    let kv = req.disaggregated_params.map(|d| {
+        (
+            d.bootstrap_host,
+            d.bootstrap_port,
+            i64::from(d.bootstrap_room),
+        )
+    });
     Ok(Intake {
         kv: request::kv_address(kv, role, "disaggregated_params")?,
         request_id: req.request_id,
@@ -237,7 +241,10 @@ fn sampling(p: SamplingParams, top_logprobs: Option<i32>) -> Result<Sampling, St
             &format!("it streams every token (interval 1), not every {k}"),
         ));
     }
-    if p.custom_params.as_ref().is_some_and(|s| !s.fields.is_empty()) {
+    if p.custom_params
+        .as_ref()
+        .is_some_and(|s| !s.fields.is_empty())
+    {
         return Err(unsupported(
             "sampling_params.custom_params",
             "it reads no custom parameters",

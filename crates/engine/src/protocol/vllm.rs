@@ -275,8 +275,8 @@ fn constraint(c: VllmConstraint) -> Result<Constraint, Status> {
     Ok(match c {
         VllmConstraint::JsonSchema(s) => Constraint::JsonSchema(s),
         VllmConstraint::Regex(s) => Constraint::Regex(s),
-        VllmConstraint::Grammar(s) => Constraint::EbnfGrammar(s),
-        VllmConstraint::StructuralTag(s) => Constraint::StructuralTag(s),
+        VllmConstraint::Grammar(_) => return Err(unfollowed("grammar")),
+        VllmConstraint::StructuralTag(_) => return Err(unfollowed("structural_tag")),
         VllmConstraint::JsonObject(false) => {
             return Err(Status::invalid_argument(
                 "sampling_params.json_object is false: set it to true or send no constraint",
@@ -293,6 +293,13 @@ fn constraint(c: VllmConstraint) -> Result<Constraint, Status> {
             Constraint::Regex(format!("(?:{})", alternatives.join("|")))
         }
     })
+}
+
+fn unfollowed(field: &str) -> Status {
+    unsupported(
+        &format!("sampling_params.{field}"),
+        "it follows json_schema, regex, json_object and choice constraints",
+    )
 }
 
 /// One preprocessed batch as one item (the engine folds it whole); `what`
@@ -344,7 +351,11 @@ fn engine_tensor(what: &str, t: TensorData) -> Result<EngineTensor, Status> {
         Some(Payload::Inline(b)) => EnginePayload::Inline(b),
         Some(Payload::Shm(h)) => EnginePayload::Shm(h),
         Some(Payload::Remote(h)) => EnginePayload::Remote(h),
-        None => return Err(Status::invalid_argument(format!("{what}: tensor has no payload"))),
+        None => {
+            return Err(Status::invalid_argument(format!(
+                "{what}: tensor has no payload"
+            )))
+        }
     };
     Ok(EngineTensor {
         shape: t.shape,
