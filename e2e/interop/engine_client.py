@@ -11,7 +11,7 @@ The flow is the same for every protocol; only building a request and
 reading PD parameters differ, in one small class per protocol
 (``PROTOCOLS``). The script calls HealthCheck, GetModelInfo, GetServerInfo,
 GetLoads, GetTokenizer, Abort, an aggregated streaming Generate with an
-image, a PD Generate (SGLang: both legs at once with the bootstrap room;
+image (for vLLM also with the pixels in a ``/dev/shm`` file), a PD Generate (SGLang: both legs at once with the bootstrap room;
 vLLM: prefill asked for a remote decode, then decode with what the prefill
 answered), and a Generate the engine must refuse. It prints ONE JSON object
 with everything it received; the Rust test judges it. Every call has a
@@ -22,6 +22,7 @@ import base64
 import concurrent.futures
 import hashlib
 import json
+import os
 import struct
 import sys
 
@@ -96,6 +97,23 @@ class Vllm:
         return req
 
     @classmethod
+    def lanes(cls, cfg, agg, pixels, timeout):
+        """The image again, its pixels in a /dev/shm file the engine reads
+        and unlinks."""
+        name = "iris-tensor-%d-interop" % os.getpid()
+        path = os.path.join("/dev/shm", name)
+        with open(path, "wb") as f:
+            f.write(pixels)
+        req = cls.request(cfg, "interop-shm", pixels)
+        tensor = req.mm_inputs.pixel_values
+        tensor.shm.CopyFrom(
+            common_pb2.ShmHandle(name=name, offset=0, nbytes=len(pixels), owner_id="interop")
+        )
+        call = collect(agg.Generate(req, timeout=timeout))
+        call["file_left"] = os.path.exists(path)
+        return {"shm": call}
+
+    @classmethod
     def abort(cls, request_id):
         return cls.pb.AbortRequest(request_ids=[request_id])
 
@@ -149,6 +167,11 @@ class Sglang:
         req = cls.request(cfg, "interop-refused", None)
         req.mm_inputs.image_urls.append("http://example.invalid/a.png")
         return req
+
+    @classmethod
+    def lanes(cls, cfg, agg, pixels, timeout):
+        """SGLang's TensorData carries its bytes inline only."""
+        return {}
 
     @classmethod
     def abort(cls, request_id):
@@ -221,6 +244,7 @@ def main():
     out["aggregated"] = collect(
         agg.Generate(protocol.request(cfg, "interop-agg", pixels), timeout=timeout)
     )
+    out["lanes"] = protocol.lanes(cfg, agg, pixels, timeout)
     out["pd"] = protocol.pd(cfg, stubs, pixels, timeout)
     out["refused"] = collect(agg.Generate(protocol.refused(cfg), timeout=timeout))
     out["abort_unknown"] = to_dict(agg.Abort(protocol.abort("interop-none"), timeout=timeout), True)

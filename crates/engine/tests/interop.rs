@@ -524,6 +524,17 @@ async fn published_clients_drive_vllm_and_sglang_engines() {
         assert_eq!(completes[0]["finish_reason"], json!("length"));
         assert_eq!(completes[0]["prompt_tokens"], json!(PROMPT.len()));
 
+        if protocol == "vllm" {
+            let shm = &out["lanes"]["shm"];
+            let (tokens, _) = read_call(shm, "vllm shm");
+            assert_eq!(tokens, want_tokens, "vllm pixels by /dev/shm");
+            assert_eq!(
+                shm["file_left"],
+                json!(false),
+                "the engine unlinks what it read"
+            );
+        }
+
         // PD: the prefill streams nothing; the decode streams the same
         // tokens, so the pixels' state travelled.
         let (tokens, completes) = read_call(&out["pd"]["prefill"], "prefill");
