@@ -118,6 +118,7 @@ impl Outcome {
 }
 
 /// A client of one protocol.
+#[derive(Clone)]
 enum Client {
     TokenSpeed(ts::token_speed_scheduler_client::TokenSpeedSchedulerClient<Channel>),
     Vllm(vl::vllm_engine_client::VllmEngineClient<Channel>),
@@ -160,6 +161,58 @@ impl Client {
             Client::Sglang(c) => {
                 let replies = c.generate(sglang_request(a)).await;
                 read(replies, sglang_event).await
+            }
+        }
+    }
+
+    /// Requests registered on the engine (running or waiting).
+    async fn in_flight(&mut self) -> i32 {
+        match self {
+            Client::TokenSpeed(c) => {
+                let l = c
+                    .get_loads(ts::GetLoadsRequest::default())
+                    .await
+                    .expect("loads");
+                l.into_inner().loads[0].num_total_reqs
+            }
+            Client::Vllm(c) => {
+                let l = c
+                    .get_loads(vl::GetLoadsRequest::default())
+                    .await
+                    .expect("loads");
+                l.into_inner().loads[0].num_total_reqs
+            }
+            Client::Sglang(c) => {
+                let l = c
+                    .get_loads(sg::GetLoadsRequest::default())
+                    .await
+                    .expect("loads");
+                l.into_inner().loads[0].num_total_reqs
+            }
+        }
+    }
+
+    async fn abort(&mut self, id: &str) {
+        match self {
+            Client::TokenSpeed(c) => {
+                let req = ts::AbortRequest {
+                    request_id: id.into(),
+                    reason: String::new(),
+                };
+                assert!(c.abort(req).await.expect("abort").into_inner().success);
+            }
+            Client::Vllm(c) => {
+                let req = vl::AbortRequest {
+                    request_ids: vec![id.into()],
+                };
+                c.abort(req).await.expect("abort");
+            }
+            Client::Sglang(c) => {
+                let req = sg::AbortRequest {
+                    request_id: id.into(),
+                    reason: String::new(),
+                };
+                assert!(c.abort(req).await.expect("abort").into_inner().success);
             }
         }
     }
@@ -974,6 +1027,33 @@ async fn vllm_choice_and_json_object_constraints_are_followed() {
     let answer = text(&model, &outcome.ok().tokens(0));
     let doc: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
     assert!(doc.is_object(), "{answer}");
+}
+
+#[tokio::test]
+async fn abort_ends_a_running_request_in_every_protocol() {
+    let model = tiny_model();
+    let mut engines = engines(&model, "aggregated", &["--decode-per-step-us", "20000"]).await;
+    for (protocol, (_, client)) in PROTOCOLS.iter().zip(engines.iter_mut()) {
+        let long = Ask {
+            stream: true,
+            ..ask("long", 5000)
+        };
+        let mut runner = client.clone();
+        let run = tokio::spawn(async move { runner.generate(&long).await });
+        // Bounded: the request registers within a few polls.
+        let mut polls = 0;
+        while client.in_flight().await == 0 {
+            polls += 1;
+            assert!(polls < 500, "{protocol}: the request never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        client.abort("long").await;
+        let outcome = run.await.expect("generate task");
+        let done = &outcome.ok().done;
+        assert_eq!(done.len(), 1, "{protocol}");
+        assert_eq!(done[0].finish_reason, "abort", "{protocol}");
+        assert!(outcome.streamed.len() < 5000, "{protocol}");
+    }
 }
 
 #[tokio::test]

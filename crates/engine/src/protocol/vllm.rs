@@ -515,3 +515,86 @@ fn complete(identity: &Identity, c: Completion) -> GenerateComplete {
 }
 
 output_logprobs!();
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefill_answer_reads_back_as_the_decode_address() {
+        let at = KvAddress {
+            host: "10.0.0.7".into(),
+            port: 8998,
+            room: 41,
+        };
+        let identity = Identity {
+            request_id: "r-1".into(),
+            engine_id: "prefill@10.0.0.7:30001".into(),
+        };
+        let params = parse_object(&handoff_params(&identity, &at)).unwrap();
+        assert_eq!(remote_state(&params).unwrap(), at);
+        assert_eq!(params["remote_request_id"], "r-1");
+    }
+
+    #[test]
+    fn a_bad_decode_address_names_its_key() {
+        let cases = [
+            (
+                r#"{"remote_port": 1, "remote_block_ids": [1]}"#,
+                "remote_host",
+            ),
+            (
+                r#"{"remote_host": "h", "remote_block_ids": [1]}"#,
+                "remote_port",
+            ),
+            (
+                r#"{"remote_host": "h", "remote_port": 70000, "remote_block_ids": [1]}"#,
+                "remote_port",
+            ),
+            (
+                r#"{"remote_host": "h", "remote_port": 1, "remote_block_ids": [1, 2]}"#,
+                "remote_block_ids",
+            ),
+            (
+                r#"{"remote_host": "h", "remote_port": 1, "remote_block_ids": [-1]}"#,
+                "remote_block_ids",
+            ),
+        ];
+        for (json, key) in cases {
+            let err = remote_state(&parse_object(json).unwrap()).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{json}");
+            assert!(
+                err.message()
+                    .contains(&format!("kv_transfer_params_json.{key}")),
+                "{json}: {}",
+                err.message()
+            );
+        }
+        assert!(parse_object("[]").is_err());
+        assert!(parse_object("{").is_err());
+    }
+
+    #[test]
+    fn choice_is_an_escaped_alternation_and_json_object_any_object() {
+        let choices = vec!["a|b".to_owned(), "c.".to_owned()];
+        let Ok(Constraint::Regex(pattern)) =
+            constraint(VllmConstraint::Choice(ChoiceConstraint { choices }))
+        else {
+            panic!("choice becomes a regex")
+        };
+        let re = regex::Regex::new(&format!("^{pattern}$")).unwrap();
+        assert!(re.is_match("a|b") && re.is_match("c."));
+        assert!(!re.is_match("a") && !re.is_match("cx"));
+        assert!(matches!(
+            constraint(VllmConstraint::JsonObject(true)),
+            Ok(Constraint::JsonSchema(s)) if s == r#"{"type":"object"}"#
+        ));
+        for refused in [
+            VllmConstraint::JsonObject(false),
+            VllmConstraint::Choice(ChoiceConstraint { choices: vec![] }),
+            VllmConstraint::Grammar("root ::= \"a\"".into()),
+        ] {
+            assert!(constraint(refused).is_err());
+        }
+    }
+}
