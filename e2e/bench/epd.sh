@@ -18,6 +18,12 @@
 #   RUNS=1 DURATION=10 WARMUP=2 CONCURRENCIES="1 8 32" MAX_TOKENS=16
 #   MIXES="0 0.5"      --image-repeat-fraction values (0: all distinct)
 #   IMAGE=FILE         the JPEG (default ../shared/images/motorcycle_1080p.jpg)
+#   IMAGES_PER_REQUEST=1  images per chat (CPU figures are per image)
+#   REFERENCE=1        first time the vision crate's own steady-state
+#                      decode+preprocess of IMAGE (one thread, the gateway's
+#                      dtype: examples/timing) and report the stage figures
+#                      as multiples of it (0: skip)
+#   DTYPE=bf16         the dtype of that reference (bf16 or f32)
 #   LOADGEN_THREADS=1  runtime threads of the load generator
 #   REQUEST_TIMEOUT=60 seconds a request may take before it counts as an error
 #   GATEWAY_ARGS=…     more `iris serve` flags (e.g. --mm-pixel-cache-mb 0)
@@ -40,6 +46,11 @@ MIXES=${MIXES:-"0 0.5"}
 MAX_TOKENS=${MAX_TOKENS:-16}
 IMAGE=${IMAGE:-$ROOT/../shared/images/motorcycle_1080p.jpg}
 LOADGEN_THREADS=${LOADGEN_THREADS:-1}
+IMAGES_PER_REQUEST=${IMAGES_PER_REQUEST:-1}
+REFERENCE=${REFERENCE:-1}
+DTYPE=${DTYPE:-bf16}
+# The crate's steady-state decode+preprocess median in ms (REFERENCE=1).
+CRATE_MS=
 REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-60}
 GATEWAY_ARGS=${GATEWAY_ARGS:-}
 ENCODER_ARGS=${ENCODER_ARGS:-}
@@ -90,7 +101,23 @@ loadgen() {
     "$BIN/iris-loadgen" --json --target "http://$GATEWAY_ADDR" --stream \
         --image "$IMAGE" --image-repeat-fraction "$mix" --concurrency "$c" \
         --duration-secs "$secs" --warmup-secs 0 --max-tokens "$MAX_TOKENS" \
+        --images-per-request "$IMAGES_PER_REQUEST" \
         --threads "$LOADGEN_THREADS" --request-timeout-secs "$REQUEST_TIMEOUT" "$@" >"$out"
+}
+
+# reference: the vision crate's own decode+preprocess of IMAGE, one
+# thread, steady state (examples/timing, 40 iterations after a warm-up);
+# prints it and sets CRATE_MS to its median.
+reference() {
+    [[ $REFERENCE == 1 ]] || return 0
+    if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+        (cd "$ROOT" && CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -p iris-vision --example timing)
+    fi
+    local dtype_arg=() line
+    [[ $DTYPE == bf16 ]] && dtype_arg=(bf16)
+    line=$("$TARGET_DIR/release/examples/timing" "$IMAGE" "${dtype_arg[@]}" 40 | grep '^decode+pre')
+    CRATE_MS=$(sed -E 's/.*median +([0-9.]+) ms.*/\1/' <<<"$line")
+    echo "- the vision crate's steady-state decode+preprocess of this image ($DTYPE, one thread, examples/timing): ${line#decode+pre }"
 }
 
 scrape() { curl -fsS "http://$GATEWAY_ADDR/metrics" >"$1"; }
@@ -118,9 +145,11 @@ run_mix() {
 # summarise DIR: the Markdown table of the runs in DIR; medians over runs
 # for the load generator's figures, sums over runs for the metrics deltas.
 summarise() {
-    python3 - "$1" "$MIXES" "$CONCURRENCIES" <<'PY'
+    python3 - "$1" "$MIXES" "$CONCURRENCIES" "$IMAGES_PER_REQUEST" "$CRATE_MS" <<'PY'
 import glob, json, re, statistics, sys
 results, mixes, concurrencies = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+per_request = int(sys.argv[4])
+crate_ms = float(sys.argv[5]) if sys.argv[5] else None
 SAMPLE = re.compile(r'^(\w+)(?:\{([^}]*)\})? (\S+)$')
 def prom(path):
     out = {}
@@ -140,9 +169,12 @@ def fmt(v, spec):
 def mix_name(m):
     f = float(m)
     return "distinct" if f == 0 else "all repeated" if f == 1 else f"{f:.0%} repeated"
+def times(v):
+    return "–" if v is None or crate_ms is None else f"{v / crate_ms:.2f}×"
 print("| mix | c | req/s | TTFT p50 ms | TTFT p99 ms | gateway CPU ms/image | encoder CPU ms/image | prefill+decode CPU ms/image | loadgen CPU ms/image "
-      "| pixel cache hits | joined | fetch ms | preprocess ms | encode ms | first token ms | errors |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| pixel cache hits | joined | fetch ms | preprocess ms | encode ms | first token ms | errors "
+      "| preprocess / crate | gateway CPU / crate | TTFT p50 / crate |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for mix in mixes:
     for c in concurrencies:
         reports, lookups = [], {"hit": 0.0, "miss": 0.0, "joined": 0.0}
@@ -160,7 +192,7 @@ for mix in mixes:
         # report["cpu"]: gateway, encoder, prefill, decode, then the load generator.
         def cpu_ms(procs):
             per = [p["us_per_request"] for p in procs]
-            return None if not per or None in per else sum(per) / 1e3
+            return None if not per or None in per else sum(per) / 1e3 / per_request
         gateway = lambda rep: cpu_ms(rep["cpu"][:1])
         encoder = lambda rep: cpu_ms(rep["cpu"][1:2])
         engines = lambda rep: cpu_ms(rep["cpu"][2:4])
@@ -169,6 +201,8 @@ for mix in mixes:
         hit = f"{lookups['hit'] / total:.1%}" if total else "–"
         joined = f"{lookups['joined'] / total:.1%}" if total else "–"
         mean = {s: (acc[0] / acc[1] * 1e3 if acc[1] else None) for s, acc in stages.items()}
+        ttft_p50 = med(r['ttft'] and r['ttft']['p50_ms'] for r in reports)
+        gateway_cpu = med(gateway(r) for r in reports)
         print(f"| {mix_name(mix)} | {c} | {fmt(med(r['requests_per_sec'] for r in reports), ',.1f')} "
               f"| {fmt(med(r['ttft'] and r['ttft']['p50_ms'] for r in reports), '.1f')} "
               f"| {fmt(med(r['ttft'] and r['ttft']['p99_ms'] for r in reports), '.1f')} "
@@ -176,7 +210,8 @@ for mix in mixes:
               f"| {fmt(med(engines(r) for r in reports), '.1f')} "
               f"| {fmt(med(loadgen(r) for r in reports), '.1f')} | {hit} | {joined} "
               f"| {fmt(mean['fetch'], '.2f')} | {fmt(mean['preprocess'], '.1f')} | {fmt(mean['encode'], '.1f')} "
-              f"| {fmt(mean['first_token'], '.1f')} | {sum(r['errors'] for r in reports)} |")
+              f"| {fmt(mean['first_token'], '.1f')} | {sum(r['errors'] for r in reports)} "
+              f"| {times(mean['preprocess'])} | {times(gateway_cpu)} | {times(ttft_p50)} |")
 PY
 }
 
@@ -193,7 +228,8 @@ main() {
     echo "## EPD with images: RUNS=$RUNS DURATION=${DURATION}s WARMUP=${WARMUP}s MAX_TOKENS=$MAX_TOKENS CONCURRENCIES=\"$CONCURRENCIES\" MIXES=\"$MIXES\""
     echo
     machine_info
-    echo "- image $IMAGE ($(stat -c %s "$IMAGE") bytes), encoder $ENCODER_BIN --compute digest, engine $ENGINE_BIN, gateway $GATEWAY_BIN $GATEWAY_ARGS"
+    reference
+    echo "- image $IMAGE ($(stat -c %s "$IMAGE") bytes) × $IMAGES_PER_REQUEST per request, encoder $ENCODER_BIN --compute digest, engine $ENGINE_BIN, gateway $GATEWAY_BIN $GATEWAY_ARGS"
     [[ -z $ENCODER_ARGS$ENGINE_ARGS ]] || echo "- encoder flags: ${ENCODER_ARGS:-none}; engine flags: ${ENGINE_ARGS:-none}"
     echo
     local mix
@@ -202,6 +238,7 @@ main() {
     done
     summarise "$WORK/results"
     echo
+    reference
     echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
     keep_results
 }

@@ -21,9 +21,14 @@ stop_all() {
     PIDS=()
 }
 
+# KEEP_WORK=1 keeps the work directory (processes' logs) for a post-mortem.
 cleanup() {
     stop_all
-    rm -rf "$WORK"
+    if [[ ${KEEP_WORK:-0} == 1 ]]; then
+        echo "work directory kept: $WORK" >&2
+    else
+        rm -rf "$WORK"
+    fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

@@ -104,6 +104,11 @@ else
 fi
 
 # worker NAME COMMAND…: starts a worker; sets W_PID, W_GRPC, W_DATA_PORT.
+# Workers report their model directory (`--expose-model-path`): smg reads
+# the model's config.json and preprocessor_config.json from the path a
+# worker's GetModelInfo gives as tokenizer_path (by default the workers
+# give only the served name, and smg's image chats fail with "Failed to
+# resolve model config directory").
 # shellcheck disable=SC2086 # ENGINE_ARGS/ENCODER_ARGS are lists of flags
 worker() {
     local name=$1 line extra
@@ -113,7 +118,7 @@ worker() {
     *) extra=$ENGINE_ARGS ;;
     esac
     spawn "$name" "${ON_WORKERS[@]}" "$@" --host 127.0.0.1 --port 0 --bootstrap-port 0 \
-        --model-path "$MODEL" $extra
+        --model-path "$MODEL" --expose-model-path $extra
     W_PID=$SPAWNED
     line=$(wait_for "$ADDRS" "$WORK/$name.out" "$W_PID")
     W_GRPC=$(sed -E 's/.*grpc=([^ ]+).*/\1/' <<<"$line")

@@ -105,6 +105,7 @@ mod tests {
                 bf16: false,
                 grid,
             },
+            recall: false,
         }
     }
 

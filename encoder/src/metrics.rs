@@ -25,6 +25,8 @@ pub struct EncoderMetrics {
     items: AtomicU64,
     failed_items: AtomicU64,
     joined_items: AtomicU64,
+    recalled_items: AtomicU64,
+    recall_misses: AtomicU64,
 }
 
 impl EncoderMetrics {
@@ -48,6 +50,16 @@ impl EncoderMetrics {
     /// already in flight instead of being queued.
     pub fn joined_items(&self, n: usize) {
         self.joined_items.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// `n` items sent without their pixels were served from the cache.
+    pub fn recalled_items(&self, n: usize) {
+        self.recalled_items.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// An item sent without its pixels was not in the cache (NOT_FOUND).
+    pub fn recall_miss(&self) {
+        self.recall_misses.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -81,6 +93,16 @@ pub fn render(encoder: &Encoder) -> String {
             "items_joined_total",
             "Items that joined the computation of the same content already in flight (single flight) instead of computing again.",
             load(&m.joined_items),
+        ),
+        (
+            "items_recalled_total",
+            "Items sent without their pixels and served from the embedding cache by content hash.",
+            load(&m.recalled_items),
+        ),
+        (
+            "recall_misses_total",
+            "Items sent without their pixels whose embedding was not cached (answered NOT_FOUND; the sender resends the pixels).",
+            load(&m.recall_misses),
         ),
     ];
     let cache = encoder.cache.stats();

@@ -1,6 +1,8 @@
 //! The encoder's gRPC services: `TokenSpeedEncoder.Encode` (check the
-//! declared items, read their payloads, claim rooms, serve cache hits at
-//! once, join computations in flight, queue the rest for batching), a
+//! declared items, read their payloads, serve items sent without their
+//! pixels from the embedding cache (recalls), claim rooms, serve cache
+//! hits at once, join computations in flight, queue the rest for
+//! batching), a
 //! health/info-only `TokenSpeedScheduler`, and the `iris.data.v1` server
 //! prefill workers collect embeddings from.
 
@@ -89,23 +91,54 @@ impl Encoder {
         Ok(())
     }
 
-    /// Completes rooms whose embeddings are cached; returns the rest. A
-    /// cached embedding of another size than this item's (same hash, other
-    /// grid) is no hit.
+    /// The cached embedding of `item`'s content; one of another size than
+    /// this item's (same hash, other grid) is none.
+    fn cached(&self, item: &EncodeItem) -> Option<Bytes> {
+        let key = (item.content_hash.clone(), self.model_fingerprint);
+        self.cache
+            .get(&key)
+            .filter(|data| data.len() as u64 == self.out_bytes(item))
+    }
+
+    /// Completes rooms whose embeddings are cached; returns the rest.
     fn serve_hits(&self, items: Vec<EncodeItem>) -> Vec<EncodeItem> {
         items
             .into_iter()
-            .filter(|item| {
-                let key = (item.content_hash.clone(), self.model_fingerprint);
-                match self.cache.get(&key) {
-                    Some(data) if data.len() as u64 == self.out_bytes(item) => {
-                        self.finish(item, data);
-                        false
-                    }
-                    _ => true,
+            .filter(|item| match self.cached(item) {
+                Some(data) => {
+                    self.finish(item, data);
+                    false
                 }
+                None => true,
             })
             .collect()
+    }
+
+    /// The embeddings of the items sent without their pixels (recalls),
+    /// taken from the cache before any room is claimed; NOT_FOUND
+    /// ([`iris_transport::RECALL_MISS`]) for the first one not cached, so
+    /// that the sender can send its pixels under the same room.
+    fn recall(&self, items: &[EncodeItem]) -> Result<Vec<Option<Bytes>>, Status> {
+        let mut recalled = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            if !item.recall {
+                recalled.push(None);
+                continue;
+            }
+            match self.cached(item) {
+                Some(data) => recalled.push(Some(data)),
+                None => {
+                    self.metrics.recall_miss();
+                    return Err(Status::not_found(format!(
+                        "item {index}: {}; send its pixels",
+                        iris_transport::RECALL_MISS
+                    )));
+                }
+            }
+        }
+        self.metrics
+            .recalled_items(recalled.iter().filter(|r| r.is_some()).count());
+        Ok(recalled)
     }
 
     fn finish(&self, item: &EncodeItem, data: Bytes) {
@@ -201,8 +234,16 @@ impl Encoder {
     /// in patches, if any.
     fn accept(self: &Arc<Self>, request: &EncodeRequest, cap: Option<u64>) -> Result<(), Status> {
         let items = validate::items(request, self.geometry)?;
+        let recalled = self.recall(&items)?;
         self.claim_rooms(&items)?;
-        let misses = self.serve_hits(items);
+        let mut to_compute = Vec::with_capacity(items.len());
+        for (item, data) in items.into_iter().zip(recalled) {
+            match data {
+                Some(data) => self.finish(&item, data),
+                None => to_compute.push(item),
+            }
+        }
+        let misses = self.serve_hits(to_compute);
         let (leaders, joined) = self.flights.board(misses);
         self.metrics.joined_items(joined);
         if !leaders.is_empty() {
@@ -440,6 +481,7 @@ impl TokenSpeedScheduler for EncoderService {
                     iris_transport::NIXL_RECEIVER_FIELD,
                     number(if e.receiving.nixl() { 1.0 } else { 0.0 }),
                 ),
+                (iris_transport::EMBEDDING_RECALL_FIELD, number(1.0)),
             ]
             .into_iter()
             .chain(identity.map(|id| (iris_transport::SHM_IDENTITY_FIELD, id)))

@@ -2,7 +2,9 @@
 //! dtype, shape, grid and size, and its room. [`check`] runs before any
 //! payload is read (no shm file opened, no RDMA READ issued), on the
 //! declared shapes and lengths alone; [`items`] builds the work once the
-//! payloads are inline.
+//! payloads are inline. An item whose `encoder_input` declares shape and
+//! dtype but carries no payload asks for its embedding by content hash
+//! (a recall, served from the embedding cache: [`EncodeItem::recall`]).
 
 use std::collections::HashSet;
 
@@ -32,7 +34,11 @@ pub struct Geometry {
 pub struct EncodeItem {
     pub room: i64,
     pub content_hash: Bytes,
+    /// Empty pixels for a recall.
     pub input: ImageInput,
+    /// Sent without its pixels: served from the embedding cache or
+    /// refused with NOT_FOUND, never computed.
+    pub recall: bool,
 }
 
 /// What [`check_item`] establishes about an item.
@@ -54,8 +60,14 @@ pub fn items(request: &EncodeRequest, geometry: Geometry) -> Result<Vec<EncodeIt
         .into_iter()
         .enumerate()
         .map(|(index, (room, item, checked))| {
-            let pixels = inline_pixels(item).map_err(|e| with_index(index, e))?;
+            let recall = is_recall(item);
+            let pixels = if recall {
+                Bytes::new()
+            } else {
+                inline_pixels(item).map_err(|e| with_index(index, e))?
+            };
             Ok(EncodeItem {
+                recall,
                 room,
                 // A copy, not a slice: the request's `Bytes` fields share
                 // one allocation with the inline tensor, and this hash
@@ -131,12 +143,24 @@ fn check_item(item: &MultimodalItem, geometry: Geometry) -> Result<Checked, Stat
         .encoder_input
         .as_ref()
         .ok_or_else(|| Status::invalid_argument("encoder_input is missing"))?;
-    let (dtype, _) = tensor::validate(tensor)
-        .map_err(|e| Status::invalid_argument(format!("encoder_input: {e}")))?;
+    let checked = if tensor.payload.is_none() {
+        DType::parse(&tensor.dtype).and_then(|d| tensor::byte_len(&tensor.shape, d).map(|_| d))
+    } else {
+        tensor::validate(tensor).map(|(dtype, _)| dtype)
+    };
+    let dtype = checked.map_err(|e| Status::invalid_argument(format!("encoder_input: {e}")))?;
     let patches = check_shape(tensor, dtype, geometry)?;
     let grid = grid(item)?;
     check_grid(grid, patches, geometry)?;
     Ok(Checked { dtype, grid })
+}
+
+/// Whether the item asks for its embedding by content hash: an
+/// `encoder_input` without a payload.
+pub fn is_recall(item: &MultimodalItem) -> bool {
+    item.encoder_input
+        .as_ref()
+        .is_some_and(|t| t.payload.is_none())
 }
 
 fn inline_pixels(item: &MultimodalItem) -> Result<Bytes, Status> {

@@ -63,6 +63,65 @@ async fn encode_then_fetch_by_room_with_cache_hits() {
     assert_eq!((stats.hits, stats.misses), (1, 2));
 }
 
+/// `item` as a recall: its tensor's shape and dtype, no payload.
+fn recall_of(mut item: MultimodalItem) -> MultimodalItem {
+    if let Some(t) = item.encoder_input.as_mut() {
+        t.payload = None;
+    }
+    item
+}
+
+#[tokio::test]
+async fn an_item_without_pixels_is_served_from_the_cache_or_refused_not_found() {
+    let model = model();
+    let enc = encoder(&model, 64).await;
+    let (mut e, mut d) = clients(&enc).await;
+    // Not cached yet: NOT_FOUND naming the recall miss, and the room is
+    // left unclaimed, so the pixels can follow under the same room.
+    let miss = e
+        .encode(request(vec![recall_of(item(0.5, 4, 6, b"img-r"))], &[20]))
+        .await
+        .unwrap_err();
+    assert_eq!(miss.code(), Code::NotFound, "{miss:?}");
+    assert!(
+        miss.message().contains(iris_transport::RECALL_MISS),
+        "{}",
+        miss.message()
+    );
+    e.encode(request(vec![item(0.5, 4, 6, b"img-r")], &[20]))
+        .await
+        .expect("the pixels follow under the same room");
+    let computed = fetch(&mut d, 20).await.expect("room 20");
+    // Now cached: the recall completes its room with the same embedding.
+    e.encode(request(vec![recall_of(item(0.5, 4, 6, b"img-r"))], &[21]))
+        .await
+        .expect("recalled");
+    let recalled = fetch(&mut d, 21).await.expect("room 21");
+    assert_eq!(inline(&recalled), inline(&computed));
+    // Same hash, another grid: a different embedding size, no recall.
+    let other = e
+        .encode(request(vec![recall_of(item(0.5, 2, 2, b"img-r"))], &[22]))
+        .await
+        .unwrap_err();
+    assert_eq!(other.code(), Code::NotFound);
+    // A recall still has its declared shape checked.
+    let mut bad = recall_of(item(0.5, 4, 6, b"img-r"));
+    if let Some(t) = bad.encoder_input.as_mut() {
+        t.dtype = "float64".into();
+    }
+    let refused = e.encode(request(vec![bad], &[23])).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    let metrics = iris_encoder::metrics::render(&enc.encoder);
+    assert!(
+        metrics.contains("iris_encoder_items_recalled_total 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("iris_encoder_recall_misses_total 2\n"),
+        "{metrics}"
+    );
+}
+
 #[tokio::test]
 async fn a_prefill_that_asks_first_waits_for_the_encode() {
     let model = model();
@@ -215,6 +274,11 @@ async fn scheduler_service_is_info_only() {
     let args = server.server_args.expect("args");
     let role = &args.fields["role"];
     assert!(matches!(&role.kind, Some(prost_types::value::Kind::StringValue(r)) if r == "encode"));
+    assert_eq!(
+        iris_proto::info::number_field(&args, iris_transport::EMBEDDING_RECALL_FIELD),
+        Some(1.0),
+        "serves items sent without their pixels"
+    );
     let identity = iris_proto::info::text_field(&args, iris_transport::SHM_IDENTITY_FIELD)
         .expect("shm identity");
     assert!(iris_transport::shm::verify_identity(

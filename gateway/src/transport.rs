@@ -88,6 +88,8 @@ pub struct Lanes {
     /// Encode workers that refused an RDMA payload (puller off), each
     /// counted once per life of the worker.
     rdma_refusals: AtomicU64,
+    /// Images sent to encode workers without their pixels: served, missed.
+    recalls: [AtomicU64; 2],
     // Stops (joins) the reaper before the agent it polls goes away.
     _reaper: Option<Reaper>,
 }
@@ -100,6 +102,7 @@ impl Lanes {
             sender: TensorSender::new(LanePolicy::default(), Arc::new(Metrics::default())),
             rdma: RdmaLane::Off,
             rdma_refusals: AtomicU64::new(0),
+            recalls: Default::default(),
             _reaper: None,
         }
     }
@@ -131,6 +134,7 @@ impl Lanes {
             sender,
             rdma,
             rdma_refusals: AtomicU64::new(0),
+            recalls: Default::default(),
             _reaper: reaper,
         })
     }
@@ -198,6 +202,12 @@ impl Lanes {
         );
     }
 
+    /// Counts an image sent to an encode worker without its pixels:
+    /// `served` from its cache, or missed (its pixels then sent).
+    pub fn recalled(&self, served: bool) {
+        self.recalls[usize::from(!served)].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Appends the transport counters as Prometheus text, each family
     /// once with all its samples.
     pub fn render(&self, out: &mut String) {
@@ -229,6 +239,15 @@ impl Lanes {
             "iris_transport_rdma_refusals_total",
             "Encode workers that refused an RDMA tensor because their puller is off (rdma then off for them until they restart).",
             self.rdma_refusals.load(Ordering::Relaxed),
+        );
+        iris_metrics::family(
+            out,
+            "iris_transport_recalls_total",
+            "counter",
+            "Images sent to encode workers without their pixels (the worker held their embedding): served from its cache, or missed (the pixels were then sent).",
+            ["served", "missed"].iter().zip(&self.recalls).map(|(result, n)| {
+                (format!("result=\"{result}\""), n.load(Ordering::Relaxed))
+            }),
         );
     }
 }
@@ -264,6 +283,7 @@ impl Lanes {
             sender: TensorSender::new(policy, metrics).with_rdma(endpoint),
             rdma: RdmaLane::Up,
             rdma_refusals: AtomicU64::new(0),
+            recalls: Default::default(),
             _reaper: None,
         }
     }

@@ -38,6 +38,15 @@ pub const NIXL_RECEIVER_FIELD: &str = "nixl_receiver";
 /// may hold a sender's slot, in ms (its landing wait plus four READ
 /// timeouts); a sender whose receiver hold is shorter must not use RDMA.
 pub const NIXL_RECEIVER_HOLD_FIELD: &str = "nixl_receiver_hold_ms";
+/// GetServerInfo `server_args` field: 1 when the encoder serves an Encode
+/// item sent without its pixels (an `encoder_input` with shape and dtype
+/// but no payload) from its embedding cache by `content_hash`, and refuses
+/// it with NOT_FOUND ([`RECALL_MISS`]) when the embedding is not cached.
+/// Iris-only: TokenSpeed encoders always need the pixels.
+pub const EMBEDDING_RECALL_FIELD: &str = "embedding_recall";
+/// The start of the NOT_FOUND message of an Encode item sent without its
+/// pixels whose embedding the encoder does not hold.
+pub const RECALL_MISS: &str = "no cached embedding for this content_hash";
 
 /// The NIXL agent name a sender (gateway) registers and receivers fetch
 /// its metadata under, by default on both sides: the name TokenSpeed's

@@ -75,6 +75,13 @@ pub fn rdma_refused(status: &Status) -> bool {
     }
 }
 
+/// Whether an encoder's refusal of an image sent without its pixels says
+/// it does not hold the embedding ([`iris_transport::RECALL_MISS`]): the
+/// pixels are then sent, under the same room.
+pub fn recall_missed(status: &Status) -> bool {
+    status.code() == Code::NotFound && status.message().contains(iris_transport::RECALL_MISS)
+}
+
 /// What a TokenSpeed servicer's refusal of a remote payload says when its
 /// RDMA puller is off.
 const TOKENSPEED_PULLER_OFF: &str = "remote payload but landing pool unavailable";

@@ -8,6 +8,12 @@
 //! the image again for its new encoder and room; the encoders' embedding
 //! caches make re-encoding a repeated image cheap.
 //!
+//! An image the encoder accepted before, by content hash, goes without its
+//! pixels when the encoder serves recalls
+//! ([`crate::workers::recall`]); if it no longer holds the embedding
+//! (NOT_FOUND, [`classify::recall_missed`]) the pixels follow at once,
+//! under the same room.
+//!
 //! An encoder that refuses an RDMA payload because its puller is off
 //! ([`classify::rdma_refused`]) has rdma turned off until it restarts
 //! ([`Lanes::rdma_refused`]) and gets the same image again, inline, at
@@ -18,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iris_proto::encoder::{EncodeItemAssignment, EncodeRequest};
-use iris_proto::scheduler::{tensor_data::Payload, MultimodalInputs, MultimodalItem};
+use iris_proto::scheduler::{tensor_data::Payload, MultimodalInputs, MultimodalItem, TensorData};
 use iris_transport::DeliveryTicket;
 use tonic::Status;
 
@@ -62,9 +68,53 @@ fn named(worker: &Worker, status: Status) -> Status {
     )
 }
 
+/// Sends one image to its worker: without its pixels when the worker is
+/// known to hold its embedding, else (or when it no longer does) with them.
+async fn encode(
+    lanes: &Arc<Lanes>,
+    job: &EncodeJob<'_>,
+    request_id: String,
+    timeout: Duration,
+) -> Result<(), Status> {
+    let hash = &job.item.content_hash;
+    let recall = &job.worker.recall;
+    if recall.holds(hash) {
+        let item = without_pixels(job.item);
+        match call_encode(&job.worker, request_id.clone(), item, job.room, timeout).await {
+            Ok(()) => {
+                lanes.recalled(true);
+                return Ok(());
+            }
+            Err(status) if classify::recall_missed(&status) => {
+                lanes.recalled(false);
+                recall.forget(hash);
+            }
+            Err(status) => return Err(status),
+        }
+    }
+    let result = encode_pixels(lanes, job, request_id, timeout).await;
+    if result.is_ok() {
+        recall.remember(hash);
+    }
+    result
+}
+
+/// The item with its tensor's shape and dtype but no payload: a recall.
+fn without_pixels(item: &MultimodalItem) -> MultimodalItem {
+    let encoder_input = item.encoder_input.as_ref().map(|t| TensorData {
+        shape: t.shape.clone(),
+        dtype: t.dtype.clone(),
+        payload: None,
+    });
+    MultimodalItem {
+        encoder_input,
+        ..item.clone()
+    }
+}
+
 /// Sends one image to its worker, its pixels on the worker's lane; once
 /// more, inline, if the worker refused the RDMA lane.
-async fn encode(
+async fn encode_pixels(
     lanes: &Arc<Lanes>,
     job: &EncodeJob<'_>,
     request_id: String,

@@ -23,8 +23,8 @@ use iris_proto::info::{number_field, text_field};
 use iris_proto::scheduler::{GetServerInfoRequest, GetServerInfoResponse, HealthCheckRequest};
 use iris_transport::shm::{same_namespace, verify_identity, DEFAULT_SHM_DIR};
 use iris_transport::{
-    WorkerCaps, NIXL_RECEIVER_FIELD, NIXL_RECEIVER_HOLD_FIELD, SHM_IDENTITY_FIELD,
-    SHM_NAMESPACE_FIELD,
+    WorkerCaps, EMBEDDING_RECALL_FIELD, NIXL_RECEIVER_FIELD, NIXL_RECEIVER_HOLD_FIELD,
+    SHM_IDENTITY_FIELD, SHM_NAMESPACE_FIELD,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -92,6 +92,9 @@ pub struct Probed {
     pub hold_too_long: Option<Duration>,
     /// When it started, to tell a restart (`None`: not known).
     pub started: Option<Started>,
+    /// It serves images sent without their pixels from its embedding
+    /// cache (`embedding_recall`; Iris encoders).
+    pub recall: bool,
 }
 
 /// Asks an encode worker's GetServerInfo what it can receive tensors by;
@@ -134,6 +137,7 @@ fn probed(info: GetServerInfoResponse, our_hold: Duration) -> Probed {
         nixl_silent: reported.is_none(),
         hold_too_long,
         started,
+        recall: number_field(args, EMBEDDING_RECALL_FIELD).is_some_and(|n| n >= 1.0),
     }
 }
 
@@ -172,6 +176,7 @@ async fn refresh_caps(worker: &Worker, settings: &HealthSettings) {
                 nixl_silent: false,
                 hold_too_long: None,
                 started: None,
+                recall: false,
             }
         }
     };
@@ -190,6 +195,7 @@ async fn refresh_caps(worker: &Worker, settings: &HealthSettings) {
             "worker's RDMA receiver may hold a slot longer than --rdma-receiver-hold-ms: its tensors go inline (fallback reason nixl_unavailable); raise --rdma-receiver-hold-ms (and --rdma-slot-ttl-secs) or lower its --rdma-landing-wait-ms / --rdma-read-timeout-ms"
         );
     }
+    worker.recall.set_enabled(probed.recall);
     let caps = probed.caps;
     if worker.set_caps(caps) {
         tracing::info!(worker = %worker.url, shared_shm = caps.shared_shm, nixl = caps.nixl, "worker tensor capabilities");

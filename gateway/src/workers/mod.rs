@@ -7,6 +7,7 @@ pub mod affinity;
 pub mod health;
 pub mod policy;
 pub mod pool;
+pub mod recall;
 pub mod url;
 pub mod worker;
 

@@ -14,6 +14,8 @@ use iris_proto::encoder::{EncodeRequest, EncodeResponse};
 use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use iris_proto::scheduler::{GenerateRequest, GenerateResponse};
 use iris_transport::{Transport, WorkerCaps};
+
+use super::recall::Recall;
 use tonic::codec::Streaming;
 use tonic::transport::Endpoint;
 use tonic::Status;
@@ -109,6 +111,9 @@ pub struct Worker {
     rdma_refused: AtomicBool,
     /// When it started, as its last GetServerInfo said.
     started: Mutex<Option<Started>>,
+    /// The images whose embeddings it holds (encode workers that
+    /// advertise `embedding_recall`).
+    pub recall: Recall,
 }
 
 /// When a worker started, as GetServerInfo reports it: `start_time`
@@ -196,6 +201,7 @@ impl Worker {
             nixl_silent: AtomicBool::new(false),
             rdma_refused: AtomicBool::new(false),
             started: Mutex::new(None),
+            recall: Recall::default(),
         }))
     }
 
@@ -395,12 +401,16 @@ impl Worker {
     }
 
     /// Records when the worker started (each GetServerInfo); a restart
-    /// clears a refused RDMA lane. Returns true when that happened.
+    /// clears a refused RDMA lane (returns true when that happened) and
+    /// the embeddings it was known to hold.
     pub fn note_start(&self, now: Started) -> bool {
         let mut seen = self.started.lock().unwrap_or_else(|p| p.into_inner());
         let restarted = seen
             .replace(now)
             .is_some_and(|before| before.restarted(&now));
+        if restarted {
+            self.recall.forget_all();
+        }
         restarted && self.rdma_refused.swap(false, Ordering::Relaxed)
     }
 
