@@ -6,7 +6,10 @@
 //! - Aggregated: one worker runs the whole request.
 //! - Prefill + decode: both legs at once, joined by a fresh KV room; the
 //!   prefill leg gets the pixels of any images (it runs the vision tower
-//!   itself), the decode leg only their metadata.
+//!   itself), the decode leg only their metadata. With a vLLM prefill
+//!   worker the legs are sequential instead ([`Plan::remote_prefill`]):
+//!   prefill first, asked for a remote decode, then decode with the
+//!   KV-transfer parameters prefill answered (vLLM's NIXL connector).
 //! - Encode + prefill + decode (requests with images in an EPD
 //!   deployment; without images it is prefill + decode): per image an
 //!   encode worker (the encode policy, keyed by the image's content hash)
@@ -19,6 +22,7 @@ use iris_proto::scheduler::{GenerateRequest, MultimodalItem};
 
 use super::encode::EncodeJob;
 use super::legs::{attempt_request, new_room, strip_pixels, with_encode_info, with_kv_room};
+use crate::backends::Backend;
 use crate::workers::affinity::{EncodePolicy, ImageCost};
 use crate::workers::{Pool, Role, Worker};
 
@@ -100,6 +104,12 @@ pub(super) struct Plan<'a> {
     pub stream: (Arc<Worker>, GenerateRequest),
     /// Wait for the stream's first response before handing it over.
     pub read_ahead: bool,
+    /// vLLM PD: run the prefill leg to its end first (its answer is not
+    /// streamed), then send the stream leg what it answered.
+    pub remote_prefill: bool,
+    /// The stream leg's KV-transfer parameters (vLLM PD: set once the
+    /// prefill answered them).
+    pub kv_transfer: Option<String>,
 }
 
 impl<'a> Strategy<'a> {
@@ -168,6 +178,8 @@ impl<'a> Strategy<'a> {
                     prefill: None,
                     stream: (worker, attempt_request(request, attempt)),
                     read_ahead: self.reads_ahead(),
+                    remote_prefill: false,
+                    kv_transfer: None,
                 })
             }
             Strategy::PrefillDecode {
@@ -177,6 +189,9 @@ impl<'a> Strategy<'a> {
                 stripped,
             } => {
                 let (p, d) = (pick(prefill, suspects)?, pick(decode, suspects)?);
+                if p.backend() == Some(Backend::Vllm) {
+                    return Ok(vllm_prefill_decode(p, d, request, stripped, attempt));
+                }
                 let p_request = with_kv_room(attempt_request(request, attempt), &p);
                 let d_request = GenerateRequest {
                     kv_bootstrap_info: p_request.kv_bootstrap_info.clone(),
@@ -188,6 +203,8 @@ impl<'a> Strategy<'a> {
                     prefill: Some((p, p_request)),
                     stream: (d, d_request),
                     read_ahead: self.reads_ahead(),
+                    remote_prefill: false,
+                    kv_transfer: None,
                 })
             }
             Strategy::EncodePrefillDecode {
@@ -214,9 +231,37 @@ impl<'a> Strategy<'a> {
                     prefill: Some((p, p_request)),
                     stream: (d, d_request),
                     read_ahead: self.reads_ahead(),
+                    remote_prefill: false,
+                    kv_transfer: None,
                 })
             }
         }
+    }
+}
+
+/// vLLM's PD plan: prefill is sent the whole request, decode the same id
+/// without images (the KV state it collects covers them); they run one
+/// after the other ([`Plan::remote_prefill`]).
+fn vllm_prefill_decode<'a>(
+    p: Arc<Worker>,
+    d: Arc<Worker>,
+    request: &GenerateRequest,
+    stripped: &GenerateRequest,
+    attempt: u32,
+) -> Plan<'a> {
+    let p_request = attempt_request(request, attempt);
+    let d_request = GenerateRequest {
+        request_id: p_request.request_id.clone(),
+        mm_inputs: None,
+        ..stripped.clone()
+    };
+    Plan {
+        encodes: Vec::new(),
+        prefill: Some((p, p_request)),
+        stream: (d, d_request),
+        read_ahead: false,
+        remote_prefill: true,
+        kv_transfer: None,
     }
 }
 
