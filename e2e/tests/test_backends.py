@@ -214,3 +214,21 @@ def test_only_sglang_worker_killed_is_a_clear_error(processes, model_dir):
     wait_until(lambda: metric(gateway.metrics(), "iris_worker_healthy",
                               worker=dep.engines[0].url, role="aggregated") == 0,
                30, "the dead worker leaves service")
+
+
+def test_vllm_takes_pixels_by_shm_and_sglang_inline(processes, model_dir, reference):
+    vllm = start_engine(processes, model_dir, "aggregated", "--protocol", "vllm")
+    sglang = start_engine(processes, model_dir, "aggregated", "--protocol", "sglang")
+    want = chat(reference, "tiny-chat", image_content(5))
+    for engine, backend, lane in ((vllm, "vllm", "shm"), (sglang, "sglang", "inline")):
+        gateway = start_gateway(processes, model_dir, "--multimodal-shm-min-bytes", "1024",
+                                "--worker-urls", f"{engine.url}?backend={backend}&transport=shm")
+        client = gateway.client()
+        wait_until(lambda: chat(client, gateway.model, image_content(5)) == want, 10,
+                   f"the {backend} worker's answer equals TokenSpeed's")
+        text = gateway.metrics()
+        sent = metric(text, "iris_transport_bytes_total", lane=lane)
+        assert sent and sent > 0, f"{backend}: no bytes on the {lane} lane:\n{text}"
+        if backend == "sglang":
+            assert metric(text, "iris_transport_bytes_total", lane="shm") == 0
+            assert metric(text, "iris_transport_fallbacks_total", reason="no_shared_shm") >= 1

@@ -10,7 +10,8 @@
 //!   only. One image is sent as is; several are concatenated along their
 //!   first dimension (same dtype and trailing shape), their
 //!   `model_specific_tensors` likewise key by key, their placeholders
-//!   listed in order.
+//!   listed in order. A PD decode leg's images (no pixels) keep their
+//!   metadata without `pixel_values`.
 //! - PD: TokenSpeed's `kv_bootstrap_info` becomes `disaggregated_params`
 //!   (the room must fit SGLang's int32: the router picks it so).
 //!
@@ -148,16 +149,15 @@ fn mm_inputs(items: &[ts::MultimodalItem]) -> Result<s::MultimodalInputs, Status
     }
     let pixels: Vec<&ts::TensorData> = items
         .iter()
-        .map(|i| {
-            i.encoder_input.as_ref().ok_or_else(|| {
-                cannot_carry(
-                    BACKEND,
-                    "an image without pixels",
-                    "SGLang encodes them itself",
-                )
-            })
-        })
-        .collect::<Result<_, _>>()?;
+        .filter_map(|i| i.encoder_input.as_ref())
+        .collect();
+    if !pixels.is_empty() && pixels.len() != items.len() {
+        return Err(cannot_carry(
+            BACKEND,
+            "images with and without pixels",
+            "one batch has pixels for all of its images or for none",
+        ));
+    }
     let mut extra = HashMap::new();
     for key in items[0].model_specific_tensors.keys() {
         let tensors: Vec<&ts::TensorData> = items
@@ -185,7 +185,11 @@ fn mm_inputs(items: &[ts::MultimodalItem]) -> Result<s::MultimodalInputs, Status
         ));
     }
     Ok(s::MultimodalInputs {
-        pixel_values: Some(concat(&pixels, "pixel_values")?),
+        // None on a PD decode leg: its images' KV state comes from prefill.
+        pixel_values: match pixels.is_empty() {
+            true => None,
+            false => Some(concat(&pixels, "pixel_values")?),
+        },
         modalities: items
             .iter()
             .map(|i| modality(i.modality).to_owned())
@@ -437,6 +441,18 @@ mod tests {
             ],
         });
         refused(req, "pixel_values");
+        let mut req = base();
+        let mut bare = image(inline(vec![1, 2], &[1, 2]), 9);
+        bare.encoder_input = None;
+        req.mm_inputs = Some(MultimodalInputs {
+            items: vec![image(inline(vec![1, 2], &[1, 2]), 4), bare.clone()],
+        });
+        refused(req, "images with and without pixels");
+        let mut req = base();
+        req.mm_inputs = Some(MultimodalInputs { items: vec![bare] });
+        let decode_leg = request(&req).unwrap().mm_inputs.unwrap();
+        assert_eq!(decode_leg.pixel_values, None);
+        assert_eq!(decode_leg.mm_placeholders.len(), 1);
         let mut req = base();
         req.encode_bootstrap_info = Some(Default::default());
         refused(req, "encode_bootstrap_info");
