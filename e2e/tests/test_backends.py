@@ -232,3 +232,34 @@ def test_vllm_takes_pixels_by_shm_and_sglang_inline(processes, model_dir, refere
         if backend == "sglang":
             assert metric(text, "iris_transport_bytes_total", lane="shm") == 0
             assert metric(text, "iris_transport_fallbacks_total", reason="no_shared_shm") >= 1
+
+
+def test_stop_string_ends_the_answer_and_aborts(backend_deployment, reference):
+    _, dep = backend_deployment
+    gateway = dep.gateway
+    full = chat(reference, gateway.model, QUESTION)
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    want = chat(reference, gateway.model, QUESTION, stop=[stop])
+    assert len(want) < len(full)
+    client = gateway.client()
+    assert chat(client, gateway.model, QUESTION, stop=[stop]) == want
+    assert chat(client, gateway.model, QUESTION, stop=[stop], stream=True) == want
+
+
+def test_vllm_pd_retries_a_dead_prefill_on_another(processes, model_dir, reference):
+    prefills = [start_engine(processes, model_dir, "prefill", "--protocol", "vllm")
+                for _ in range(2)]
+    decode = start_engine(processes, model_dir, "decode", "--protocol", "vllm",
+                          "--transfer-wait-ms", "5000")
+    args = ["--pd-disaggregation"]
+    for p in prefills:
+        args += ["--prefill", p.url, str(p.data_port)]
+    gateway = start_gateway(processes, model_dir, *args, "--decode", decode.url)
+    client = gateway.client()
+    want = chat(reference, gateway.model, image_content(6))
+    prefills[0].process.kill()
+    for attempt in range(4):
+        assert chat(client, gateway.model, image_content(6)) == want, f"request {attempt + 1}"
+    text = gateway.metrics()
+    assert metric(text, "iris_worker_backend", worker=decode.url, role="decode",
+                  backend="vllm") == 1

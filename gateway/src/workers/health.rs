@@ -469,6 +469,44 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_backend_is_the_service_that_answers_and_none_is_unhealthy() {
+        use iris_testkit::grpc::{serve, StubScheduler};
+        let settings = HealthSettings {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(5),
+            failure_threshold: 1,
+            success_threshold: 1,
+            rdma_receiver_hold: Duration::from_secs(9),
+        };
+        let at = |addr: std::net::SocketAddr| {
+            let url = WorkerUrl::parse(&format!("grpc://{addr}")).unwrap();
+            Worker::new(url, Role::Aggregated, Duration::from_secs(5)).unwrap()
+        };
+        let stub = StubScheduler::healthy("tokenspeed");
+        let tokenspeed =
+            at(serve(tonic::transport::Server::builder().add_service(stub.service())).await);
+        assert_eq!(tokenspeed.backend(), None);
+        check_and_record(&tokenspeed, &settings).await;
+        assert_eq!(tokenspeed.backend(), Some(Backend::TokenSpeed));
+        assert!(tokenspeed.is_healthy());
+        // A gRPC server without any of the three services.
+        let routes = tonic::service::Routes::default();
+        let nothing = at(serve(tonic::transport::Server::builder().add_routes(routes)).await);
+        let why = check(&nothing, settings.timeout).await.unwrap_err();
+        assert!(
+            why.contains("none of the TokenSpeed, vLLM or SGLang services answers"),
+            "{why}"
+        );
+        check_and_record(&nothing, &settings).await;
+        assert!(!nothing.is_healthy());
+        assert_eq!(
+            nothing.backend(),
+            None,
+            "still unknown: tried again next round"
+        );
+    }
+
+    #[tokio::test]
     async fn the_health_checker_grants_shm_and_tries_rdma_on_a_tokenspeed_worker() {
         let ours = iris_transport::shm::namespace_id(Path::new(DEFAULT_SHM_DIR)).unwrap();
         let worker = stub_worker(tokenspeed_info(&ours, 100)).await;
