@@ -11,12 +11,69 @@ use iris_gateway::RunningGateway;
 use serde_json::Value;
 
 async fn engine_of(model: &Model, role: Role, protocol: &str) -> RunningEngine {
+    slow_engine_of(model, role, protocol, 0).await
+}
+
+/// An engine speaking `protocol` that spends `us_per_step` per decode step.
+async fn slow_engine_of(
+    model: &Model,
+    role: Role,
+    protocol: &str,
+    us_per_step: u64,
+) -> RunningEngine {
+    let us = us_per_step.to_string();
     let args = iris_testkit::args::engine_args(
         model.path(),
         role.as_str(),
-        &["--protocol", protocol, "--transfer-wait-ms", "5000"],
+        &[
+            "--protocol",
+            protocol,
+            "--transfer-wait-ms",
+            "5000",
+            "--decode-per-step-us",
+            &us,
+        ],
     );
     iris_engine::start(args).await.expect("engine starts")
+}
+
+/// Requests running on a vLLM or SGLang engine, from its own GetLoads.
+async fn running_on(engine: &RunningEngine, protocol: &str) -> i32 {
+    let endpoint = format!("http://{}", engine.grpc_addr);
+    match protocol {
+        "vllm" => {
+            use iris_proto::vllm::{vllm_engine_client::VllmEngineClient, GetLoadsRequest};
+            let mut client = VllmEngineClient::connect(endpoint).await.expect("connect");
+            let loads = client
+                .get_loads(GetLoadsRequest::default())
+                .await
+                .expect("GetLoads");
+            loads
+                .into_inner()
+                .loads
+                .iter()
+                .map(|l| l.num_running_reqs)
+                .sum()
+        }
+        _ => {
+            use iris_proto::sglang::{
+                sglang_scheduler_client::SglangSchedulerClient, GetLoadsRequest,
+            };
+            let mut client = SglangSchedulerClient::connect(endpoint)
+                .await
+                .expect("connect");
+            let loads = client
+                .get_loads(GetLoadsRequest::default())
+                .await
+                .expect("GetLoads");
+            loads
+                .into_inner()
+                .loads
+                .iter()
+                .map(|l| l.num_running_reqs)
+                .sum()
+        }
+    }
 }
 
 /// The answer's text (non-streaming), asserting a 200.
@@ -151,4 +208,37 @@ async fn a_field_sglang_cannot_carry_is_a_clear_400() {
     assert_eq!(status, 400, "{json}");
     let message = json["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("sampling_seed"), "{json}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_aborts_vllm_and_sglang_workers() {
+    use futures::StreamExt;
+    use std::time::{Duration, Instant};
+    let model = tiny_model();
+    for protocol in ["vllm", "sglang"] {
+        let worker = slow_engine_of(&model, Role::Aggregated, protocol, 20_000).await;
+        let gw = aggregated(&model, &[&worker], &[]).await;
+        ready(&gw).await;
+        let resp = reqwest::Client::new()
+            .post(url(&gw, "/v1/chat/completions"))
+            .json(&chat_body(&model.name, "A long story", 1000, true))
+            .send()
+            .await
+            .expect("send");
+        let mut body = resp.bytes_stream();
+        for _ in 0..3 {
+            body.next().await.expect("chunk").expect("bytes");
+        }
+        assert_eq!(running_on(&worker, protocol).await, 1, "{protocol}");
+        drop(body);
+        let started = Instant::now();
+        // 1000 steps of 20 ms would take 20 s: only an abort ends it sooner.
+        while running_on(&worker, protocol).await > 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{protocol} worker still running after the client went away"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }

@@ -64,7 +64,10 @@ pub fn request(request: &GenerateRequest) -> Result<s::GenerateRequest, Status> 
             .map(|m| mm_inputs(&m.items))
             .transpose()?,
         sampling_params: Some(sampling(
-            &request.sampling_params.clone().unwrap_or_default(),
+            request
+                .sampling_params
+                .as_ref()
+                .unwrap_or(&ts::SamplingParams::default()),
         )?),
         return_logprob: request.return_logprob,
         logprob_start_len: -1,

@@ -73,7 +73,10 @@ pub fn request(
     }
     let logprobs = request.return_logprob.then_some(request.top_logprobs_num);
     let sampling = sampling(
-        &request.sampling_params.clone().unwrap_or_default(),
+        request
+            .sampling_params
+            .as_ref()
+            .unwrap_or(&ts::SamplingParams::default()),
         logprobs,
     )?;
     let mut items = request

@@ -331,29 +331,37 @@ impl Worker {
         reason: String,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let backend = self.backend();
-        let (tokenspeed, vllm, sglang) = (self.client(), self.vllm_client(), self.sglang_client());
+        let channel = self.channel.clone();
         async move {
-            let timeout = Duration::from_secs(5);
-            let _ = tokio::time::timeout(timeout, async {
+            let call = async {
                 match backend {
                     Some(Backend::TokenSpeed) => {
                         let request = iris_proto::scheduler::AbortRequest { request_id, reason };
-                        tokenspeed.clone().abort(request).await.map(drop)
+                        TokenSpeedSchedulerClient::new(channel)
+                            .abort(request)
+                            .await
+                            .map(drop)
                     }
                     Some(Backend::Vllm) => {
                         let request = iris_proto::vllm::AbortRequest {
                             request_ids: vec![request_id],
                         };
-                        vllm.clone().abort(request).await.map(drop)
+                        VllmEngineClient::new(channel)
+                            .abort(request)
+                            .await
+                            .map(drop)
                     }
                     Some(Backend::Sglang) => {
                         let request = iris_proto::sglang::AbortRequest { request_id, reason };
-                        sglang.clone().abort(request).await.map(drop)
+                        SglangSchedulerClient::new(channel)
+                            .abort(request)
+                            .await
+                            .map(drop)
                     }
                     None => Ok(()),
                 }
-            })
-            .await;
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(5), call).await;
         }
     }
 
