@@ -103,17 +103,12 @@ async fn health_rpc(
     backend: Backend,
     timeout: Duration,
 ) -> Result<(bool, String), tonic::Status> {
-    fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
-        let mut request = tonic::Request::new(message);
-        request.set_timeout(timeout);
-        request
-    }
     let call = async {
         match backend {
             Backend::TokenSpeed => {
                 let r = worker
                     .client()
-                    .health_check(request(HealthCheckRequest {}, timeout))
+                    .health_check(timed(HealthCheckRequest {}, timeout))
                     .await?;
                 Ok((r.get_ref().healthy, r.into_inner().message))
             }
@@ -121,7 +116,7 @@ async fn health_rpc(
                 let message = iris_proto::vllm::HealthCheckRequest {};
                 let r = worker
                     .vllm_client()
-                    .health_check(request(message, timeout))
+                    .health_check(timed(message, timeout))
                     .await?;
                 Ok((r.get_ref().healthy, r.into_inner().message))
             }
@@ -129,7 +124,7 @@ async fn health_rpc(
                 let message = iris_proto::sglang::HealthCheckRequest {};
                 let r = worker
                     .sglang_client()
-                    .health_check(request(message, timeout))
+                    .health_check(timed(message, timeout))
                     .await?;
                 Ok((r.get_ref().healthy, r.into_inner().message))
             }
@@ -211,6 +206,7 @@ pub async fn probe_caps(
     }
 }
 
+/// `message` as a request carrying `timeout` as its `grpc-timeout`.
 fn timed<T>(message: T, timeout: Duration) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(timeout);
