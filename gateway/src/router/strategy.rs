@@ -281,3 +281,76 @@ fn pick_encoders(
     let images = items.iter().map(ImageCost::of);
     policy.pick_all(&candidates, images).ok_or(Role::Encode)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use iris_proto::scheduler::{MultimodalInputs, TensorData};
+
+    use super::*;
+    use crate::workers::policy::{Policy, PolicyKind};
+    use crate::workers::WorkerUrl;
+
+    fn pool_of(role: Role, backend: &str) -> Arc<Pool> {
+        let url = WorkerUrl::parse(&format!("grpc://127.0.0.1:1?backend={backend}")).unwrap();
+        let worker = Worker::new(url, role, Duration::from_secs(1)).unwrap();
+        worker.set_healthy(true);
+        let policy = Policy::new(PolicyKind::RoundRobin);
+        Arc::new(Pool::new(role, vec![worker], policy))
+    }
+
+    fn image_request() -> GenerateRequest {
+        let item = MultimodalItem {
+            encoder_input: Some(TensorData::default()),
+            ..MultimodalItem::default()
+        };
+        GenerateRequest {
+            request_id: "r".into(),
+            mm_inputs: Some(MultimodalInputs { items: vec![item] }),
+            ..GenerateRequest::default()
+        }
+    }
+
+    fn pd(backend: &str) -> Mode {
+        Mode::PrefillDecode {
+            prefill: pool_of(Role::Prefill, backend),
+            decode: pool_of(Role::Decode, backend),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_vllm_prefill_runs_first_and_decode_gets_no_images() {
+        let mode = pd("vllm");
+        let strategy = Strategy::new(&mode, image_request());
+        let plan = strategy.plan(1, &[]).unwrap();
+        assert!(plan.remote_prefill && plan.kv_transfer.is_none());
+        let (_, prefill) = plan.prefill.as_ref().unwrap();
+        assert_eq!(prefill.request_id, "r-retry1");
+        assert_eq!(prefill.kv_bootstrap_info, None, "vLLM's PD has no room");
+        assert!(prefill.mm_inputs.as_ref().unwrap().items[0]
+            .encoder_input
+            .is_some());
+        let decode = &plan.stream.1;
+        assert_eq!(decode.request_id, "r-retry1");
+        assert_eq!(
+            (&decode.mm_inputs, &decode.kv_bootstrap_info),
+            (&None, &None)
+        );
+    }
+
+    #[tokio::test]
+    async fn sglang_pd_is_dual_dispatch_with_an_int32_room() {
+        let mode = pd("sglang");
+        let strategy = Strategy::new(&mode, image_request());
+        for attempt in 0..32 {
+            let plan = strategy.plan(attempt, &[]).unwrap();
+            assert!(!plan.remote_prefill);
+            let p_room = plan.prefill.as_ref().unwrap().1.kv_bootstrap_info.clone();
+            let d_room = plan.stream.1.kv_bootstrap_info.clone();
+            assert_eq!(p_room, d_room);
+            let room = p_room.unwrap().bootstrap_room;
+            assert!((0..=i64::from(i32::MAX)).contains(&room), "{room}");
+        }
+    }
+}
