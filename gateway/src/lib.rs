@@ -25,6 +25,7 @@
 // discovery). Every module is private; what is `pub` inside one is
 // crate-internal unless re-exported here.
 pub mod args;
+pub mod backends;
 pub mod config;
 
 mod chat;

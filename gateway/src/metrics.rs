@@ -205,6 +205,29 @@ fn render_workers(out: &mut String, pools: &[std::sync::Arc<Pool>]) {
     for (i, (name, kind, help)) in WORKER_FAMILIES.into_iter().enumerate() {
         family(out, name, kind, help, rows.iter().map(|(l, v)| (l, v[i])));
     }
+    let backends: Vec<String> = pools
+        .iter()
+        .flat_map(|pool| {
+            pool.snapshot()
+                .iter()
+                .map(|w| {
+                    let backend = w.backend().map_or("unknown", |b| b.as_str());
+                    format!(
+                        "worker=\"{}\",role=\"{}\",backend=\"{backend}\"",
+                        w.url,
+                        w.role.as_str()
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    family(
+        out,
+        "iris_worker_backend",
+        "gauge",
+        "1 per worker, labelled with its backend (tokenspeed, vllm, sglang; unknown until detected).",
+        backends.iter().map(|labels| (labels, 1)),
+    );
 }
 
 #[cfg(test)]

@@ -15,6 +15,9 @@ pub const BOOTSTRAP_PORT_ANNOTATION: &str = "iris.ai/bootstrap-port";
 /// Pod annotation: the multimodal tensor transport this worker uses
 /// instead of the gateway's (`inline`, `shm`, `rdma` or `auto`).
 pub const TENSOR_TRANSPORT_ANNOTATION: &str = "iris.ai/tensor-transport";
+/// Pod annotation: the worker's backend (`tokenspeed`, `vllm` or
+/// `sglang`); detected from the service that answers when absent.
+pub const BACKEND_ANNOTATION: &str = "iris.ai/backend";
 /// The values [`TENSOR_TRANSPORT_ANNOTATION`] accepts.
 pub const TENSOR_TRANSPORTS: [&str; 4] = ["inline", "shm", "rdma", "auto"];
 /// The LeaderWorkerSet label numbering the pods of a group (0: the leader).
@@ -100,6 +103,13 @@ pub fn worker_url(pod: &Pod, rules: &PodRules) -> Result<Option<WorkerUrl>, Stri
         port,
         bootstrap_port: port_annotation(pod, BOOTSTRAP_PORT_ANNOTATION)?,
         tensor_transport: transport_annotation(pod)?,
+        backend: annotation(pod, BACKEND_ANNOTATION)
+            .map(|value| {
+                value
+                    .parse()
+                    .map_err(|e| format!("annotation {BACKEND_ANNOTATION}: {e}"))
+            })
+            .transpose()?,
     }))
 }
 
@@ -199,7 +209,27 @@ mod tests {
         assert_eq!(url.to_string(), "grpc://10.1.2.3:31000");
         assert_eq!(url.bootstrap_port, Some(9000));
         assert_eq!(url.tensor_transport.as_deref(), Some("rdma"));
+        assert_eq!(url.backend, None);
         assert_eq!(pod_key(&p), "ns/p");
+    }
+
+    #[test]
+    fn backend_annotation() {
+        let p = ready_pod(
+            serde_json::json!({BACKEND_ANNOTATION: " vllm "}),
+            serde_json::json!({}),
+        );
+        let url = worker_url(&p, &RULES).unwrap().unwrap();
+        assert_eq!(url.backend, Some(crate::backends::Backend::Vllm));
+        let bad = ready_pod(
+            serde_json::json!({BACKEND_ANNOTATION: "trt"}),
+            serde_json::json!({}),
+        );
+        let err = worker_url(&bad, &RULES).unwrap_err();
+        assert!(
+            err.contains(BACKEND_ANNOTATION) && err.contains("trt"),
+            "{err}"
+        );
     }
 
     #[test]

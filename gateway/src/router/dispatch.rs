@@ -16,6 +16,11 @@
 //! waits a backoff if the worker was [`Verdict::Busy`], and re-issues the
 //! whole request with fresh ids and rooms.
 //!
+//! vLLM PD ([`Plan::remote_prefill`]) runs its prefill leg to its end
+//! first ([`Router::prefill_first`]): a prefill failure is an ordinary
+//! failed call of the attempt (retried on other workers), and the decode
+//! leg then goes out alone with the KV-transfer parameters prefill answered.
+//!
 //! Pixels inside a Generate leg go by the worker's lane ([`pixels`]). A
 //! worker that refuses their RDMA payload because its puller is off
 //! ([`classify::rdma_refused`]) has rdma turned off until it restarts and
@@ -26,8 +31,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use iris_proto::scheduler::{GenerateRequest, GenerateResponse};
-use tonic::{Status, Streaming};
+use iris_proto::scheduler::GenerateRequest;
+use tonic::Status;
 
 use super::classify::{self, Verdict};
 use super::encode;
@@ -35,6 +40,7 @@ use super::generation::{FailedLeg, Generation, Leg};
 use super::pixels::{self, Laned};
 use super::strategy::{Plan, Strategy};
 use super::{RouteError, Router};
+use crate::backends::{Backend, ResponseStream};
 use crate::workers::affinity::item_patches;
 use crate::workers::Worker;
 
@@ -53,7 +59,7 @@ const MAX_LANE_REPLANS: u32 = 4;
 
 /// A Generate leg the worker accepted.
 struct Accepted {
-    stream: Streaming<GenerateResponse>,
+    stream: ResponseStream,
     worker: Arc<Worker>,
     leg: Leg,
 }
@@ -65,11 +71,11 @@ impl Accepted {
     fn from_call(
         worker: Arc<Worker>,
         leg: Leg,
-        result: Result<tonic::Response<Streaming<GenerateResponse>>, Status>,
+        result: Result<ResponseStream, Status>,
     ) -> LegResult {
         match result {
-            Ok(response) => Ok(Accepted {
-                stream: response.into_inner(),
+            Ok(stream) => Ok(Accepted {
+                stream,
                 worker,
                 leg,
             }),
@@ -110,6 +116,18 @@ fn generation(prefill: Option<Accepted>, stream: Accepted) -> (Generation, LegWo
 }
 
 const ABORT_REASON: &str = "another leg of the request failed";
+
+/// A leg aborted if dropped while still set (a vLLM prefill leg whose
+/// request went away before it answered).
+struct AbortOnDrop(Option<Leg>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(leg) = self.0.take() {
+            leg.abort("client went away");
+        }
+    }
+}
 
 impl Router {
     /// Starts `request` on the mode's workers, retrying failures before
@@ -160,9 +178,12 @@ impl Router {
     /// `suspects`.
     async fn attempt(
         &self,
-        plan: Plan<'_>,
+        mut plan: Plan<'_>,
         suspects: &mut Vec<Arc<Worker>>,
     ) -> Result<Generation, Failure> {
+        if plan.remote_prefill {
+            self.prefill_first(&mut plan, suspects).await?;
+        }
         let read_ahead = plan.read_ahead;
         let mut sent = self.send(plan).await;
         let laned = std::mem::take(&mut sent.laned);
@@ -198,6 +219,57 @@ impl Router {
         workers.prefill.iter().for_each(|p| p.record_success());
         workers.stream.record_success();
         Ok(generation)
+    }
+
+    /// vLLM PD: runs `plan`'s prefill leg to its end (its answer is not
+    /// streamed) and gives the stream (decode) leg the KV-transfer
+    /// parameters it answered; the plan is left with the decode leg alone.
+    /// The leg is aborted if the request goes away meanwhile.
+    async fn prefill_first(
+        &self,
+        plan: &mut Plan<'_>,
+        suspects: &mut Vec<Arc<Worker>>,
+    ) -> Result<(), Failure> {
+        let Some((p, request)) = plan.prefill.take() else {
+            return Ok(());
+        };
+        let decode = &plan.stream.0;
+        if decode.backend() != Some(Backend::Vllm) {
+            let backend = decode.backend().map_or("unknown", |b| b.as_str());
+            return Err(Failure {
+                worker: decode.clone(),
+                status: Status::failed_precondition(format!(
+                    "the vLLM prefill worker {} needs vLLM decode workers; {} is {backend}",
+                    p.url, decode.url
+                )),
+                verdict: Verdict::Fatal,
+                lane_refused: false,
+            });
+        }
+        let mut leg = AbortOnDrop(Some(Leg::new(p.clone(), &request.request_id, &self.aborts)));
+        let answered = match pixels::prepare(&self.lanes, &p, &request).await {
+            Ok((laned_request, prepared)) => {
+                let mut laned = Laned::default();
+                laned.add(&p, prepared);
+                let answered = p
+                    .vllm_prefill(laned_request.as_ref().unwrap_or(&request))
+                    .await;
+                if answered.is_ok() {
+                    laned.tickets.delivered();
+                }
+                answered
+            }
+            Err(status) => Err(status),
+        };
+        leg.0 = None;
+        match answered {
+            Ok(params) => {
+                p.record_success();
+                plan.kv_transfer = Some(params);
+                Ok(())
+            }
+            Err(status) => Err(self.calls_failed(vec![(p, status)], suspects)),
+        }
     }
 
     /// The failure of `worker` refusing the RDMA payload of its pixels
@@ -242,14 +314,14 @@ impl Router {
         let permits = self.admission.acquire(&costs).await;
         let prefill_call = async {
             match &plan.prefill {
-                Some((p, request)) => Some(self.generate(p, request).await),
+                Some((p, request)) => Some(self.generate(p, request, None).await),
                 None => None,
             }
         };
         let (encoded, p_result, (s_result, s_laned)) = tokio::join!(
             encode::send_all(&self.lanes, &plan.encodes, &id, self.encode_timeout),
             prefill_call,
-            self.generate(&s_worker, &s_request),
+            self.generate(&s_worker, &s_request, plan.kv_transfer.clone()),
         );
         drop(permits);
         let mut laned = Laned::default();
@@ -278,18 +350,21 @@ impl Router {
     }
 
     /// `request` to `worker`, its pixels on the worker's lane
-    /// ([`pixels::prepare`]), and what left inline.
+    /// ([`pixels::prepare`]), and what left inline; `kv_transfer` is a
+    /// vLLM decode leg's KV-transfer parameters.
     async fn generate(
         &self,
         worker: &Arc<Worker>,
         request: &GenerateRequest,
-    ) -> (
-        Result<tonic::Response<Streaming<GenerateResponse>>, Status>,
-        pixels::Prepared,
-    ) {
+        kv_transfer: Option<String>,
+    ) -> (Result<ResponseStream, Status>, pixels::Prepared) {
         match pixels::prepare(&self.lanes, worker, request).await {
             Ok((laned, prepared)) => {
-                let result = worker.generate(laned.as_ref().unwrap_or(request)).await;
+                let request = laned.as_ref().unwrap_or(request);
+                let result = match kv_transfer {
+                    Some(params) => worker.generate_vllm(request, Some(params)).await,
+                    None => worker.generate(request).await,
+                };
                 (result, prepared)
             }
             Err(status) => (Err(status), pixels::Prepared::none()),

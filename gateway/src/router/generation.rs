@@ -4,10 +4,13 @@
 
 use std::sync::Arc;
 
-use iris_proto::scheduler::{AbortRequest, GenerateResponse};
+use futures::StreamExt;
+use iris_proto::scheduler::GenerateResponse;
 use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
-use tonic::{Status, Streaming};
+use tonic::Status;
+
+use crate::backends::ResponseStream;
 
 use crate::workers::worker::InFlightGuard;
 use crate::workers::Worker;
@@ -32,17 +35,12 @@ impl Leg {
         }
     }
 
+    /// Aborts the leg on its worker's backend, in the background.
     pub(super) fn abort(&self, reason: &str) {
-        let mut client = self.worker.client();
-        let request = AbortRequest {
-            request_id: self.request_id.clone(),
-            reason: reason.to_owned(),
-        };
-        self.aborts.spawn(async move {
-            let mut request = tonic::Request::new(request);
-            request.set_timeout(std::time::Duration::from_secs(5));
-            let _ = client.abort(request).await;
-        });
+        let abort = self
+            .worker
+            .abort(self.request_id.clone(), reason.to_owned());
+        self.aborts.spawn(abort);
     }
 }
 
@@ -56,7 +54,7 @@ pub(super) enum FailedLeg {
 /// A started request: the streaming leg's responses.
 pub struct Generation {
     /// `None` once handed to the background drain by [`finish`](Self::finish).
-    stream: Option<Streaming<GenerateResponse>>,
+    stream: Option<ResponseStream>,
     /// The first response, read ahead by the router (so failures before
     /// it can be retried), yielded first.
     pending: Option<GenerateResponse>,
@@ -72,9 +70,9 @@ impl Generation {
     /// prefill leg's stream and worker when the request is split. `legs`
     /// are aborted if it is dropped unfinished.
     pub(super) fn new(
-        stream: Streaming<GenerateResponse>,
+        stream: ResponseStream,
         worker: Arc<Worker>,
-        prefill: Option<(Streaming<GenerateResponse>, Arc<Worker>)>,
+        prefill: Option<(ResponseStream, Arc<Worker>)>,
         legs: Vec<Leg>,
     ) -> Self {
         Generation {
@@ -160,7 +158,7 @@ impl Generation {
             return;
         };
         tokio::spawn(async move {
-            let drain = async { while let Ok(Some(_)) = stream.message().await {} };
+            let drain = async { while let Some(Ok(_)) = stream.next().await {} };
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;
         });
     }
@@ -187,27 +185,24 @@ impl Drop for Generation {
 
 /// The next message of `stream`; `Ok(None)` once it was handed off.
 async fn next_message(
-    stream: &mut Option<Streaming<GenerateResponse>>,
+    stream: &mut Option<ResponseStream>,
 ) -> Result<Option<GenerateResponse>, Status> {
     match stream.as_mut() {
-        Some(stream) => stream.message().await,
+        Some(stream) => stream.next().await.transpose(),
         None => Ok(None),
     }
 }
 
 /// Reads the prefill leg to its end in the background; a failure is sent
 /// on the returned channel.
-fn drain_prefill(
-    mut stream: Streaming<GenerateResponse>,
-    worker: Arc<Worker>,
-) -> oneshot::Receiver<Status> {
+fn drain_prefill(mut stream: ResponseStream, worker: Arc<Worker>) -> oneshot::Receiver<Status> {
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
         loop {
-            match stream.message().await {
-                Ok(Some(_)) => {}
-                Ok(None) => return,
-                Err(status) => {
+            match stream.next().await {
+                Some(Ok(_)) => {}
+                None => return,
+                Some(Err(status)) => {
                     let message =
                         format!("prefill worker {} failed: {}", worker.url, status.message());
                     let _ = tx.send(Status::new(status.code(), message));

@@ -5,11 +5,21 @@ use iris_proto::scheduler::{
     EncodeBootstrapInfo, EncodeItemBootstrapInfo, GenerateRequest, KvBootstrapInfo,
 };
 
+use crate::backends::Backend;
 use crate::workers::Worker;
 
 /// A fresh random 63-bit room (PROTOCOL.md: 0..=i64::MAX).
 pub(super) fn new_room() -> i64 {
     fastrand::i64(0..=i64::MAX)
+}
+
+/// A fresh random KV room `prefill`'s backend can carry: SGLang's
+/// `bootstrap_room` is an int32 (0..=i32::MAX), TokenSpeed's 63 bits.
+fn new_kv_room(prefill: &Worker) -> i64 {
+    match prefill.backend() {
+        Some(Backend::Sglang) => fastrand::i64(0..=i64::from(i32::MAX)),
+        _ => new_room(),
+    }
 }
 
 /// The request as sent on attempt `attempt`: retries get their own id
@@ -29,7 +39,7 @@ pub(super) fn with_kv_room(mut leg: GenerateRequest, prefill: &Worker) -> Genera
     leg.kv_bootstrap_info = Some(KvBootstrapInfo {
         bootstrap_host,
         bootstrap_port,
-        bootstrap_room: new_room(),
+        bootstrap_room: new_kv_room(prefill),
     });
     leg
 }

@@ -6,7 +6,10 @@
 //! - Aggregated: one worker runs the whole request.
 //! - Prefill + decode: both legs at once, joined by a fresh KV room; the
 //!   prefill leg gets the pixels of any images (it runs the vision tower
-//!   itself), the decode leg only their metadata.
+//!   itself), the decode leg only their metadata. With a vLLM prefill
+//!   worker the legs are sequential instead ([`Plan::remote_prefill`]):
+//!   prefill first, asked for a remote decode, then decode with the
+//!   KV-transfer parameters prefill answered (vLLM's NIXL connector).
 //! - Encode + prefill + decode (requests with images in an EPD
 //!   deployment; without images it is prefill + decode): per image an
 //!   encode worker (the encode policy, keyed by the image's content hash)
@@ -19,6 +22,7 @@ use iris_proto::scheduler::{GenerateRequest, MultimodalItem};
 
 use super::encode::EncodeJob;
 use super::legs::{attempt_request, new_room, strip_pixels, with_encode_info, with_kv_room};
+use crate::backends::Backend;
 use crate::workers::affinity::{EncodePolicy, ImageCost};
 use crate::workers::{Pool, Role, Worker};
 
@@ -100,6 +104,12 @@ pub(super) struct Plan<'a> {
     pub stream: (Arc<Worker>, GenerateRequest),
     /// Wait for the stream's first response before handing it over.
     pub read_ahead: bool,
+    /// vLLM PD: run the prefill leg to its end first (its answer is not
+    /// streamed), then send the stream leg what it answered.
+    pub remote_prefill: bool,
+    /// The stream leg's KV-transfer parameters (vLLM PD: set once the
+    /// prefill answered them).
+    pub kv_transfer: Option<String>,
 }
 
 impl<'a> Strategy<'a> {
@@ -168,6 +178,8 @@ impl<'a> Strategy<'a> {
                     prefill: None,
                     stream: (worker, attempt_request(request, attempt)),
                     read_ahead: self.reads_ahead(),
+                    remote_prefill: false,
+                    kv_transfer: None,
                 })
             }
             Strategy::PrefillDecode {
@@ -177,6 +189,9 @@ impl<'a> Strategy<'a> {
                 stripped,
             } => {
                 let (p, d) = (pick(prefill, suspects)?, pick(decode, suspects)?);
+                if p.backend() == Some(Backend::Vllm) {
+                    return Ok(vllm_prefill_decode(p, d, request, stripped, attempt));
+                }
                 let p_request = with_kv_room(attempt_request(request, attempt), &p);
                 let d_request = GenerateRequest {
                     kv_bootstrap_info: p_request.kv_bootstrap_info.clone(),
@@ -188,6 +203,8 @@ impl<'a> Strategy<'a> {
                     prefill: Some((p, p_request)),
                     stream: (d, d_request),
                     read_ahead: self.reads_ahead(),
+                    remote_prefill: false,
+                    kv_transfer: None,
                 })
             }
             Strategy::EncodePrefillDecode {
@@ -214,9 +231,37 @@ impl<'a> Strategy<'a> {
                     prefill: Some((p, p_request)),
                     stream: (d, d_request),
                     read_ahead: self.reads_ahead(),
+                    remote_prefill: false,
+                    kv_transfer: None,
                 })
             }
         }
+    }
+}
+
+/// vLLM's PD plan: prefill is sent the whole request, decode the same id
+/// without images (the KV state it collects covers them); they run one
+/// after the other ([`Plan::remote_prefill`]).
+fn vllm_prefill_decode<'a>(
+    p: Arc<Worker>,
+    d: Arc<Worker>,
+    request: &GenerateRequest,
+    stripped: &GenerateRequest,
+    attempt: u32,
+) -> Plan<'a> {
+    let p_request = attempt_request(request, attempt);
+    let d_request = GenerateRequest {
+        request_id: p_request.request_id.clone(),
+        mm_inputs: None,
+        ..stripped.clone()
+    };
+    Plan {
+        encodes: Vec::new(),
+        prefill: Some((p, p_request)),
+        stream: (d, d_request),
+        read_ahead: false,
+        remote_prefill: true,
+        kv_transfer: None,
     }
 }
 
@@ -235,4 +280,77 @@ fn pick_encoders(
     let candidates = pool.candidates(suspects);
     let images = items.iter().map(ImageCost::of);
     policy.pick_all(&candidates, images).ok_or(Role::Encode)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use iris_proto::scheduler::{MultimodalInputs, TensorData};
+
+    use super::*;
+    use crate::workers::policy::{Policy, PolicyKind};
+    use crate::workers::WorkerUrl;
+
+    fn pool_of(role: Role, backend: &str) -> Arc<Pool> {
+        let url = WorkerUrl::parse(&format!("grpc://127.0.0.1:1?backend={backend}")).unwrap();
+        let worker = Worker::new(url, role, Duration::from_secs(1)).unwrap();
+        worker.set_healthy(true);
+        let policy = Policy::new(PolicyKind::RoundRobin);
+        Arc::new(Pool::new(role, vec![worker], policy))
+    }
+
+    fn image_request() -> GenerateRequest {
+        let item = MultimodalItem {
+            encoder_input: Some(TensorData::default()),
+            ..MultimodalItem::default()
+        };
+        GenerateRequest {
+            request_id: "r".into(),
+            mm_inputs: Some(MultimodalInputs { items: vec![item] }),
+            ..GenerateRequest::default()
+        }
+    }
+
+    fn pd(backend: &str) -> Mode {
+        Mode::PrefillDecode {
+            prefill: pool_of(Role::Prefill, backend),
+            decode: pool_of(Role::Decode, backend),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_vllm_prefill_runs_first_and_decode_gets_no_images() {
+        let mode = pd("vllm");
+        let strategy = Strategy::new(&mode, image_request());
+        let plan = strategy.plan(1, &[]).unwrap();
+        assert!(plan.remote_prefill && plan.kv_transfer.is_none());
+        let (_, prefill) = plan.prefill.as_ref().unwrap();
+        assert_eq!(prefill.request_id, "r-retry1");
+        assert_eq!(prefill.kv_bootstrap_info, None, "vLLM's PD has no room");
+        assert!(prefill.mm_inputs.as_ref().unwrap().items[0]
+            .encoder_input
+            .is_some());
+        let decode = &plan.stream.1;
+        assert_eq!(decode.request_id, "r-retry1");
+        assert_eq!(
+            (&decode.mm_inputs, &decode.kv_bootstrap_info),
+            (&None, &None)
+        );
+    }
+
+    #[tokio::test]
+    async fn sglang_pd_is_dual_dispatch_with_an_int32_room() {
+        let mode = pd("sglang");
+        let strategy = Strategy::new(&mode, image_request());
+        for attempt in 0..32 {
+            let plan = strategy.plan(attempt, &[]).unwrap();
+            assert!(!plan.remote_prefill);
+            let p_room = plan.prefill.as_ref().unwrap().1.kv_bootstrap_info.clone();
+            let d_room = plan.stream.1.kv_bootstrap_info.clone();
+            assert_eq!(p_room, d_room);
+            let room = p_room.unwrap().bootstrap_room;
+            assert!((0..=i64::from(i32::MAX)).contains(&room), "{room}");
+        }
+    }
 }

@@ -227,6 +227,7 @@ impl Fake {
         tokio::spawn(server);
         let mut url = WorkerUrl::parse(&format!("grpc://{addr}")).expect("url");
         url.bootstrap_port = Some(1);
+        url.backend = Some(crate::backends::Backend::TokenSpeed);
         let worker = Worker::new(url, role, Duration::from_secs(5)).expect("worker");
         worker.set_healthy(true);
         Fake { worker, service }

@@ -1,7 +1,12 @@
 //! The health checker: calls HealthCheck on every worker of every pool at
-//! a fixed interval and applies the failure/success thresholds. Encode
-//! workers that pass are also asked GetServerInfo for their tensor
-//! capabilities:
+//! a fixed interval, on the worker's backend's service, and applies the
+//! failure/success thresholds. A worker whose backend was not given is
+//! detected first ([`detect`]): the TokenSpeed, vLLM and SGLang services
+//! are tried in that order, UNIMPLEMENTED meaning "not this one"; a
+//! worker that answers none stays unhealthy, with a warning saying so.
+//! Workers that receive pixels and pass are also asked GetServerInfo for
+//! their tensor capabilities (a vLLM worker proves a shared `/dev/shm` by
+//! its `shm_namespace_id`; an SGLang worker takes pixels inline only):
 //! - a shared `/dev/shm`: Iris's own `shm_identity` (verified here: true
 //!   only if this process reads the very token back from its `/dev/shm`),
 //!   or a TokenSpeed worker's `scheduler_info.shm_namespace_id` equal to
@@ -30,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::pool::Pool;
 use super::worker::{Started, Worker};
+use crate::backends::Backend;
 
 /// Health-check settings.
 #[derive(Debug, Clone, Copy)]
@@ -43,18 +49,93 @@ pub struct HealthSettings {
     pub rdma_receiver_hold: Duration,
 }
 
-/// Checks one worker once: healthy when the RPC answers `healthy: true`
-/// within the timeout.
+/// Checks one worker once: healthy when its backend's HealthCheck answers
+/// `healthy: true` within the timeout. A worker without a known backend
+/// is detected first ([`detect`]).
 pub async fn check(worker: &Worker, timeout: Duration) -> Result<(), String> {
-    let mut request = tonic::Request::new(HealthCheckRequest {});
-    request.set_timeout(timeout);
-    let mut client = worker.client();
-    let call = client.health_check(request);
+    let (backend, reply) = match worker.backend() {
+        Some(backend) => (backend, health_rpc(worker, backend, timeout).await),
+        None => {
+            let (backend, reply) = detect(worker, timeout).await?;
+            worker.set_backend(backend);
+            tracing::info!(worker = %worker.url, role = worker.role.as_str(), backend = backend.as_str(), "worker backend detected");
+            (backend, Ok(reply))
+        }
+    };
+    match reply {
+        Ok((true, _)) => Ok(()),
+        Ok((false, message)) => Err(format!("reports unhealthy: {message}")),
+        Err(status) => Err(format!(
+            "{backend} HealthCheck: {:?}: {}",
+            status.code(),
+            status.message()
+        )),
+    }
+}
+
+/// The backend whose service answers the worker's HealthCheck (TokenSpeed,
+/// then vLLM, then SGLang; UNIMPLEMENTED means "not this one"), with its
+/// answer. `Err` when the worker cannot be reached or answers none.
+pub async fn detect(
+    worker: &Worker,
+    timeout: Duration,
+) -> Result<(Backend, (bool, String)), String> {
+    for backend in Backend::DETECTION_ORDER {
+        match health_rpc(worker, backend, timeout).await {
+            Ok(reply) => return Ok((backend, reply)),
+            Err(status) if status.code() == tonic::Code::Unimplemented => continue,
+            Err(status) => {
+                return Err(format!(
+                    "backend not detected: {} HealthCheck: {:?}: {}",
+                    backend.service(),
+                    status.code(),
+                    status.message()
+                ))
+            }
+        }
+    }
+    Err("backend not detected: none of the TokenSpeed, vLLM or SGLang services answers (UNIMPLEMENTED); give it with ?backend= or the iris.ai/backend annotation".to_owned())
+}
+
+/// `HealthCheck` on `backend`'s service: (healthy, message).
+async fn health_rpc(
+    worker: &Worker,
+    backend: Backend,
+    timeout: Duration,
+) -> Result<(bool, String), tonic::Status> {
+    let call = async {
+        match backend {
+            Backend::TokenSpeed => {
+                let r = worker
+                    .client()
+                    .health_check(timed(HealthCheckRequest {}, timeout))
+                    .await?;
+                Ok((r.get_ref().healthy, r.into_inner().message))
+            }
+            Backend::Vllm => {
+                let message = iris_proto::vllm::HealthCheckRequest {};
+                let r = worker
+                    .vllm_client()
+                    .health_check(timed(message, timeout))
+                    .await?;
+                Ok((r.get_ref().healthy, r.into_inner().message))
+            }
+            Backend::Sglang => {
+                let message = iris_proto::sglang::HealthCheckRequest {};
+                let r = worker
+                    .sglang_client()
+                    .health_check(timed(message, timeout))
+                    .await?;
+                Ok((r.get_ref().healthy, r.into_inner().message))
+            }
+        }
+    };
     match tokio::time::timeout(timeout, call).await {
-        Ok(Ok(resp)) if resp.get_ref().healthy => Ok(()),
-        Ok(Ok(resp)) => Err(format!("reports unhealthy: {}", resp.get_ref().message)),
-        Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
-        Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+        Ok(result) => result,
+        Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+            "no answer within {} ms",
+            timeout.as_millis()
+        ))),
     }
 }
 
@@ -97,22 +178,87 @@ pub struct Probed {
     pub recall: bool,
 }
 
-/// Asks an encode worker's GetServerInfo what it can receive tensors by;
+/// Asks a worker's GetServerInfo what it can receive tensors by;
 /// `our_hold` is this gateway's `--rdma-receiver-hold-ms`.
 pub async fn probe_caps(
     worker: &Worker,
     timeout: Duration,
     our_hold: Duration,
 ) -> Result<Probed, String> {
-    let mut request = tonic::Request::new(GetServerInfoRequest {});
+    match worker.backend() {
+        Some(Backend::Vllm) => {
+            let mut client = worker.vllm_client();
+            let request = iris_proto::vllm::GetServerInfoRequest {};
+            let info =
+                server_info(client.get_server_info(timed(request, timeout)), timeout).await?;
+            Ok(vllm_probed(&info))
+        }
+        Some(Backend::Sglang) => {
+            let mut client = worker.sglang_client();
+            let request = iris_proto::sglang::GetServerInfoRequest {};
+            let info =
+                server_info(client.get_server_info(timed(request, timeout)), timeout).await?;
+            Ok(sglang_probed(&info))
+        }
+        _ => {
+            let mut client = worker.client();
+            let request = timed(GetServerInfoRequest {}, timeout);
+            let info = server_info(client.get_server_info(request), timeout).await?;
+            Ok(probed(info, our_hold))
+        }
+    }
+}
+
+/// `message` as a request carrying `timeout` as its `grpc-timeout`.
+fn timed<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
     request.set_timeout(timeout);
-    let mut client = worker.client();
-    let info = match tokio::time::timeout(timeout, client.get_server_info(request)).await {
-        Ok(Ok(resp)) => resp.into_inner(),
-        Ok(Err(status)) => return Err(format!("{:?}: {}", status.code(), status.message())),
-        Err(_) => return Err(format!("no answer within {} ms", timeout.as_millis())),
-    };
-    Ok(probed(info, our_hold))
+    request
+}
+
+/// The answer of a GetServerInfo `call`, or why there is none.
+async fn server_info<T>(
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    timeout: Duration,
+) -> Result<T, String> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(resp)) => Ok(resp.into_inner()),
+        Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
+        Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+    }
+}
+
+/// What a vLLM worker's GetServerInfo grants: shm when its
+/// `shm_namespace_id` is this host's; never NIXL (vLLM advertises no
+/// receiver Iris can check).
+fn vllm_probed(info: &iris_proto::vllm::GetServerInfoResponse) -> Probed {
+    Probed {
+        caps: WorkerCaps {
+            shared_shm: !info.shm_namespace_id.is_empty()
+                && same_namespace(Path::new(DEFAULT_SHM_DIR), &info.shm_namespace_id),
+            nixl: false,
+        },
+        nixl_silent: false,
+        hold_too_long: None,
+        started: Some(Started {
+            start_secs: None,
+            uptime_secs: info.uptime_seconds,
+        }),
+    }
+}
+
+/// What an SGLang worker's GetServerInfo grants: nothing but inline
+/// pixels (its TensorData has no other payload).
+fn sglang_probed(info: &iris_proto::sglang::GetServerInfoResponse) -> Probed {
+    Probed {
+        caps: WorkerCaps::default(),
+        nixl_silent: false,
+        hold_too_long: None,
+        started: Some(Started {
+            start_secs: info.start_time.as_ref().map(|t| t.seconds),
+            uptime_secs: info.uptime_seconds,
+        }),
+    }
 }
 
 /// What GetServerInfo grants: shm when the worker proves it shares this
@@ -214,10 +360,13 @@ async fn check_and_record(worker: &Arc<Worker>, settings: &HealthSettings) {
     );
     match (changed, result) {
         (Some(true), _) => {
-            tracing::info!(worker = %worker.url, role = worker.role.as_str(), "worker healthy")
+            tracing::info!(worker = %worker.url, role = worker.role.as_str(), backend = worker.backend().map_or("unknown", |b| b.as_str()), "worker healthy")
         }
         (Some(false), Err(why)) => {
             tracing::warn!(worker = %worker.url, role = worker.role.as_str(), %why, "worker unhealthy: out of service")
+        }
+        (None, Err(why)) if worker.backend().is_none() => {
+            tracing::warn!(worker = %worker.url, role = worker.role.as_str(), %why, "worker unhealthy: its backend is unknown")
         }
         _ => {}
     }
@@ -318,6 +467,44 @@ mod tests {
                 .unwrap()
                 .caps
                 .shared_shm
+        );
+    }
+
+    #[tokio::test]
+    async fn the_backend_is_the_service_that_answers_and_none_is_unhealthy() {
+        use iris_testkit::grpc::{serve, StubScheduler};
+        let settings = HealthSettings {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(5),
+            failure_threshold: 1,
+            success_threshold: 1,
+            rdma_receiver_hold: Duration::from_secs(9),
+        };
+        let at = |addr: std::net::SocketAddr| {
+            let url = WorkerUrl::parse(&format!("grpc://{addr}")).unwrap();
+            Worker::new(url, Role::Aggregated, Duration::from_secs(5)).unwrap()
+        };
+        let stub = StubScheduler::healthy("tokenspeed");
+        let tokenspeed =
+            at(serve(tonic::transport::Server::builder().add_service(stub.service())).await);
+        assert_eq!(tokenspeed.backend(), None);
+        check_and_record(&tokenspeed, &settings).await;
+        assert_eq!(tokenspeed.backend(), Some(Backend::TokenSpeed));
+        assert!(tokenspeed.is_healthy());
+        // A gRPC server without any of the three services.
+        let routes = tonic::service::Routes::default();
+        let nothing = at(serve(tonic::transport::Server::builder().add_routes(routes)).await);
+        let why = check(&nothing, settings.timeout).await.unwrap_err();
+        assert!(
+            why.contains("none of the TokenSpeed, vLLM or SGLang services answers"),
+            "{why}"
+        );
+        check_and_record(&nothing, &settings).await;
+        assert!(!nothing.is_healthy());
+        assert_eq!(
+            nothing.backend(),
+            None,
+            "still unknown: tried again next round"
         );
     }
 

@@ -1,9 +1,13 @@
 //! Parsing worker URLs: `grpc://host:port`, `http://host:port` or a bare
 //! `host:port`, with an optional bootstrap (data server) port and options
 //! after `?`: `grpc://host:port?transport=shm` sets the worker's own
-//! multimodal tensor transport (`inline`, `shm`, `rdma` or `auto`).
+//! multimodal tensor transport (`inline`, `shm`, `rdma` or `auto`);
+//! `?backend=vllm` its engine's protocol (`tokenspeed`, `vllm` or `sglang`,
+//! detected when not given). Options are joined by `&`.
 
 use std::fmt;
+
+use crate::backends::Backend;
 
 /// A worker address as given on the command line.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -17,6 +21,9 @@ pub struct WorkerUrl {
     /// `?transport=` URL option or the `iris.ai/tensor-transport` pod
     /// annotation by service discovery.
     pub tensor_transport: Option<String>,
+    /// The worker's backend when given (`?backend=` URL option or the
+    /// `iris.ai/backend` pod annotation); detected otherwise.
+    pub backend: Option<Backend>,
 }
 
 impl WorkerUrl {
@@ -44,11 +51,13 @@ impl WorkerUrl {
         if host.is_empty() {
             return Err(format!("worker URL {url:?} has no host"));
         }
+        let options = Options::parse(url, options)?;
         Ok(WorkerUrl {
             host: host.to_owned(),
             port,
             bootstrap_port: None,
-            tensor_transport: transport_option(url, options)?,
+            tensor_transport: options.transport,
+            backend: options.backend,
         })
     }
 
@@ -92,26 +101,37 @@ impl fmt::Display for WorkerUrl {
     }
 }
 
-/// The `transport=` value of a URL's options (`key=value` pairs joined
-/// by `&`); any other key is an error.
-fn transport_option(url: &str, options: &str) -> Result<Option<String>, String> {
-    let mut transport = None;
-    for pair in options.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("transport", value)) => {
-                let parsed: iris_transport::Transport = value
-                    .parse()
-                    .map_err(|e| format!("worker URL {url:?}: {e}"))?;
-                transport = Some(parsed.as_str().to_owned());
-            }
-            _ => {
-                return Err(format!(
-                    "worker URL {url:?}: unknown option {pair:?} (expected transport=inline|shm|rdma|auto)"
-                ))
+/// The options after `?` (`key=value` pairs joined by `&`).
+#[derive(Default)]
+struct Options {
+    transport: Option<String>,
+    backend: Option<Backend>,
+}
+
+impl Options {
+    /// Parses `options` of `url`; an unknown key or bad value is an error.
+    fn parse(url: &str, options: &str) -> Result<Options, String> {
+        let mut parsed = Options::default();
+        for pair in options.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("transport", value)) => {
+                    let transport: iris_transport::Transport = value
+                        .parse()
+                        .map_err(|e| format!("worker URL {url:?}: {e}"))?;
+                    parsed.transport = Some(transport.as_str().to_owned());
+                }
+                Some(("backend", value)) => {
+                    parsed.backend = Some(value.parse().map_err(|e| format!("worker URL {url:?}: {e}"))?);
+                }
+                _ => {
+                    return Err(format!(
+                        "worker URL {url:?}: unknown option {pair:?} (expected transport=inline|shm|rdma|auto or backend=tokenspeed|vllm|sglang)"
+                    ))
+                }
             }
         }
+        Ok(parsed)
     }
-    Ok(transport)
 }
 
 fn split_host_port(s: &str) -> Option<(&str, &str)> {
@@ -168,6 +188,20 @@ mod tests {
         ] {
             assert!(WorkerUrl::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn backend_option() {
+        let u = WorkerUrl::parse("grpc://h:1?backend=vllm&transport=shm").unwrap();
+        assert_eq!(u.backend, Some(Backend::Vllm));
+        assert_eq!(u.tensor_transport.as_deref(), Some("shm"));
+        assert_eq!(
+            WorkerUrl::parse("h:1?backend=SGLang").unwrap().backend,
+            Some(Backend::Sglang)
+        );
+        assert_eq!(WorkerUrl::parse("h:1").unwrap().backend, None);
+        let err = WorkerUrl::parse("h:1?backend=trt").unwrap_err();
+        assert!(err.contains("unknown backend \"trt\""), "{err}");
     }
 
     #[test]

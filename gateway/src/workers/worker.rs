@@ -1,10 +1,11 @@
-//! One worker: its address, gRPC client, health, in-flight count, and
+//! One worker: its address, gRPC client, backend (TokenSpeed, vLLM or
+//! SGLang: [`crate::backends`]), health, in-flight count, and
 //! what it can receive tensors by (its transport override and the
 //! capabilities its GetServerInfo proved). Every call on its channel
 //! carries the gateway's worker token, when it has one
 //! (`--worker-auth-token-file`).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,6 +14,8 @@ use iris_proto::encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
 use iris_proto::encoder::{EncodeRequest, EncodeResponse};
 use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use iris_proto::scheduler::{GenerateRequest, GenerateResponse};
+use iris_proto::sglang::sglang_scheduler_client::SglangSchedulerClient;
+use iris_proto::vllm::vllm_engine_client::VllmEngineClient;
 use iris_transport::{Transport, WorkerCaps};
 
 use super::recall::Recall;
@@ -21,6 +24,7 @@ use tonic::transport::Endpoint;
 use tonic::Status;
 
 use super::url::WorkerUrl;
+use crate::backends::{self, Backend, ResponseStream};
 
 /// The gRPC path of `TokenSpeedScheduler.Generate`.
 const GENERATE_PATH: &str = "/tokenspeed.grpc.scheduler.TokenSpeedScheduler/Generate";
@@ -96,6 +100,8 @@ pub struct Worker {
     failed_requests: AtomicU64,
     /// The worker's own tensor transport (URL option or annotation).
     transport: Option<Transport>,
+    /// Its backend ([`backend_code`]): given, detected, or 0 (not yet known).
+    backend: AtomicU8,
     /// Proved to share this process's `/dev/shm` (GetServerInfo identity).
     shared_shm: AtomicBool,
     /// Reports a working NIXL receiver.
@@ -181,6 +187,15 @@ impl Worker {
             .connect_lazy();
         let channel = AuthChannel::new(channel, connect.token.as_ref());
         let transport = url.tensor_transport.as_deref().and_then(|t| t.parse().ok());
+        let backend = match (role, url.backend) {
+            (Role::Encode, Some(b)) if b != Backend::TokenSpeed => {
+                return Err(format!(
+                    "{url}: encode workers are TokenSpeed encoders, not {b}"
+                ))
+            }
+            (Role::Encode, _) => Some(Backend::TokenSpeed),
+            (_, given) => given,
+        };
         Ok(Arc::new(Worker {
             url,
             role,
@@ -195,6 +210,7 @@ impl Worker {
             requests: AtomicU64::new(0),
             failed_requests: AtomicU64::new(0),
             transport,
+            backend: AtomicU8::new(backend_code(backend)),
             shared_shm: AtomicBool::new(false),
             nixl: AtomicBool::new(false),
             hold_refused: AtomicBool::new(false),
@@ -211,20 +227,148 @@ impl Worker {
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
-    /// `TokenSpeedScheduler.Generate`, its pixel tensors sent from the
-    /// shared buffers without a copy ([`iris_process::splice`]).
-    pub async fn generate(
+    /// A client of the worker's `VllmEngine` service (vLLM backend).
+    pub fn vllm_client(&self) -> VllmEngineClient<AuthChannel> {
+        VllmEngineClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// A client of the worker's `SglangScheduler` service (SGLang backend).
+    pub fn sglang_client(&self) -> SglangSchedulerClient<AuthChannel> {
+        SglangSchedulerClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// The worker's backend; `None` until given or detected.
+    pub fn backend(&self) -> Option<Backend> {
+        backend_of(self.backend.load(Ordering::Relaxed))
+    }
+
+    /// Records the backend the health check detected.
+    pub fn set_backend(&self, backend: Backend) {
+        self.backend
+            .store(backend_code(Some(backend)), Ordering::Relaxed);
+    }
+
+    /// Generate on the worker's backend, `request` translated into its
+    /// protocol and the answer back into TokenSpeed's stream. TokenSpeed's
+    /// pixel tensors go from the shared buffers without a copy
+    /// ([`iris_process::splice`]).
+    pub async fn generate(&self, request: &GenerateRequest) -> Result<ResponseStream, Status> {
+        match self.known_backend().await? {
+            Backend::TokenSpeed => {
+                let response = iris_process::splice::call(
+                    &self.channel,
+                    GENERATE_PATH,
+                    request,
+                    None,
+                    MAX_MESSAGE_BYTES,
+                )
+                .await?;
+                let stream: Streaming<GenerateResponse> = response.into_inner();
+                Ok(Box::pin(stream))
+            }
+            Backend::Vllm => self.generate_vllm(request, None).await,
+            Backend::Sglang => {
+                let translated = backends::sglang::request(request)?;
+                let stream = self
+                    .sglang_client()
+                    .generate(translated)
+                    .await?
+                    .into_inner();
+                Ok(backends::map_stream(stream, backends::sglang::response))
+            }
+        }
+    }
+
+    /// vLLM PD's first leg: `request` sent with `kv_transfer_params_json`
+    /// asking for a remote decode and read to its end; the KV-transfer
+    /// parameters the worker answered (what the decode leg is sent).
+    pub async fn vllm_prefill(&self, request: &GenerateRequest) -> Result<String, Status> {
+        let asked = backends::vllm::REMOTE_DECODE.to_owned();
+        let translated = backends::vllm::request(request, Some(asked))?;
+        let mut stream = self.vllm_client().generate(translated).await?.into_inner();
+        let mut params = None;
+        while let Some(response) = stream.message().await? {
+            params = backends::vllm::kv_transfer_params(&response).or(params);
+        }
+        params.ok_or_else(|| {
+            Status::internal(format!(
+                "the vLLM prefill worker {} answered without kv_transfer_params_json",
+                self.url
+            ))
+        })
+    }
+
+    /// The worker's backend, detected now if the health checker has not
+    /// yet (a worker put in service directly).
+    async fn known_backend(&self) -> Result<Backend, Status> {
+        if let Some(backend) = self.backend() {
+            return Ok(backend);
+        }
+        let (backend, _) = super::health::detect(self, Duration::from_secs(5))
+            .await
+            .map_err(|why| Status::unavailable(format!("worker {}: {why}", self.url)))?;
+        self.set_backend(backend);
+        Ok(backend)
+    }
+
+    /// Generate on a vLLM worker with `kv_transfer_params_json` (a PD leg).
+    pub async fn generate_vllm(
         &self,
         request: &GenerateRequest,
-    ) -> Result<tonic::Response<Streaming<GenerateResponse>>, Status> {
-        iris_process::splice::call(
-            &self.channel,
-            GENERATE_PATH,
-            request,
-            None,
-            MAX_MESSAGE_BYTES,
-        )
-        .await
+        kv_transfer_params_json: Option<String>,
+    ) -> Result<ResponseStream, Status> {
+        let translated = backends::vllm::request(request, kv_transfer_params_json)?;
+        let stream = self.vllm_client().generate(translated).await?.into_inner();
+        let id = request.request_id.clone();
+        Ok(backends::map_stream(stream, move |r| {
+            backends::vllm::response(&id, r)
+        }))
+    }
+
+    /// Aborts `request_id` on the worker's backend (best effort, within
+    /// five seconds); the returned future owns what it needs.
+    pub fn abort(
+        &self,
+        request_id: String,
+        reason: String,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let backend = self.backend();
+        let channel = self.channel.clone();
+        async move {
+            let call = async {
+                match backend {
+                    Some(Backend::TokenSpeed) => {
+                        let request = iris_proto::scheduler::AbortRequest { request_id, reason };
+                        TokenSpeedSchedulerClient::new(channel)
+                            .abort(request)
+                            .await
+                            .map(drop)
+                    }
+                    Some(Backend::Vllm) => {
+                        let request = iris_proto::vllm::AbortRequest {
+                            request_ids: vec![request_id],
+                        };
+                        VllmEngineClient::new(channel)
+                            .abort(request)
+                            .await
+                            .map(drop)
+                    }
+                    Some(Backend::Sglang) => {
+                        let request = iris_proto::sglang::AbortRequest { request_id, reason };
+                        SglangSchedulerClient::new(channel)
+                            .abort(request)
+                            .await
+                            .map(drop)
+                    }
+                    None => Ok(()),
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(5), call).await;
+        }
     }
 
     /// `TokenSpeedEncoder.Encode` (encode role), its pixel tensors sent
@@ -434,9 +578,46 @@ impl Worker {
     }
 }
 
+/// A backend as stored in [`Worker`]'s atomic: 0 is "not known yet".
+fn backend_code(backend: Option<Backend>) -> u8 {
+    match backend {
+        None => 0,
+        Some(Backend::TokenSpeed) => 1,
+        Some(Backend::Vllm) => 2,
+        Some(Backend::Sglang) => 3,
+    }
+}
+
+fn backend_of(code: u8) -> Option<Backend> {
+    match code {
+        1 => Some(Backend::TokenSpeed),
+        2 => Some(Backend::Vllm),
+        3 => Some(Backend::Sglang),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_backend_is_given_detected_or_unknown() {
+        let at = |url: &str, role| {
+            Worker::new(WorkerUrl::parse(url).unwrap(), role, Duration::from_secs(1))
+        };
+        assert_eq!(at("h:1", Role::Decode).unwrap().backend(), None);
+        let given = at("h:1?backend=sglang", Role::Prefill).unwrap();
+        assert_eq!(given.backend(), Some(Backend::Sglang));
+        given.set_backend(Backend::Vllm);
+        assert_eq!(given.backend(), Some(Backend::Vllm));
+        assert_eq!(
+            at("h:1", Role::Encode).unwrap().backend(),
+            Some(Backend::TokenSpeed)
+        );
+        let err = at("h:1?backend=vllm", Role::Encode).err().unwrap();
+        assert!(err.contains("TokenSpeed encoders"), "{err}");
+    }
 
     fn worker() -> Arc<Worker> {
         Worker::new(
