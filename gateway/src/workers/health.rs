@@ -244,6 +244,7 @@ fn vllm_probed(info: &iris_proto::vllm::GetServerInfoResponse) -> Probed {
             start_secs: None,
             uptime_secs: info.uptime_seconds,
         }),
+        recall: false,
     }
 }
 
@@ -258,6 +259,7 @@ fn sglang_probed(info: &iris_proto::sglang::GetServerInfoResponse) -> Probed {
             start_secs: info.start_time.as_ref().map(|t| t.seconds),
             uptime_secs: info.uptime_seconds,
         }),
+        recall: false,
     }
 }
 
