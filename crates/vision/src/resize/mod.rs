@@ -9,6 +9,7 @@
 mod hblock;
 mod kernel;
 mod passes;
+mod streamed;
 
 use crate::error::VisionError;
 use crate::image::RgbView;
@@ -16,6 +17,8 @@ use crate::scratch::ensure_len;
 use kernel::Kernel;
 use rayon::prelude::*;
 use std::cell::Cell;
+pub use streamed::thread_streamed_images;
+pub(crate) use streamed::{resize_rows, streams, RowSource};
 
 /// Which axis Pillow 12.2 filters first for an `in_w`×`in_h` source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
