@@ -182,7 +182,7 @@ where
     for_each_band(out, out_band_len, parallel, |b, chunk| {
         let rows = rows_of(b);
         passes::with_thread_buffer(&BAND, rows * row_len, |buf| {
-            passes::vertical_rows(vsrc, row_len, &kv, b * band_rows, buf);
+            passes::vertical_rows((vsrc, 0), row_len, &kv, b * band_rows, buf);
             consume(RgbView::new(buf, out_w, rows)?, chunk);
             Ok(())
         })

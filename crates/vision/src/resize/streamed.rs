@@ -68,7 +68,8 @@ pub(crate) fn streams((in_w, in_h): (usize, usize), (_, out_h): (usize, usize)) 
 /// Resizes the rows of `source` to `out_w`×`out_h` and hands the result to
 /// `consume` in bands of `band_rows` rows, each with its chunk of `out`
 /// (`out_band_len` elements per band), like `resize_banded`. `batch` and
-/// `inter` are scratch buffers. Reads `source` to its end, so a corrupt
+/// `inter` are scratch buffers (`inter` holds a window of rows). Reads
+/// `source` to its end, so a corrupt
 /// tail is an error even when no output row depends on it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn resize_rows<T>(
@@ -94,65 +95,88 @@ pub(crate) fn resize_rows<T>(
         )));
     }
     let row_len = out_w * 3;
-    ensure_len(inter, row_len * in_h);
     let kh = (out_w != in_w).then(|| Kernel::cached(in_w, out_w));
     let kv = Kernel::cached(in_h, out_h);
-    let mut filler = Filler {
+    let band_span = |b: usize| {
+        let first = b * band_rows;
+        let last = (first + band_rows).min(out_h) - 1;
+        let (end, weights) = kv.taps(last);
+        (kv.taps(first).0, end + weights.len())
+    };
+    let widest = (0..bands)
+        .map(|b| band_span(b))
+        .map(|(start, end)| end - start)
+        .max()
+        .unwrap_or(0);
+    let mut window = Window {
         source,
         kh: kh.as_deref(),
         batch,
-        inter,
+        rows: inter,
         row_len,
+        capacity: (2 * widest + MAX_BATCH_ROWS).min(in_h),
+        base: 0,
         filled: 0,
     };
+    ensure_len(window.rows, window.capacity * row_len);
     for (b, chunk) in out.chunks_mut(out_band_len).enumerate() {
         let first = b * band_rows;
         let rows = band_rows.min(out_h - first);
-        let (start, weights) = kv.taps(first + rows - 1);
-        filler.fill_to(start + weights.len())?;
+        window.fill(band_span(b))?;
         passes::with_thread_buffer(&BAND, rows * row_len, |buf| {
-            passes::vertical_rows(filler.inter, row_len, &kv, first, buf);
+            let held = (&window.rows[..], window.base);
+            passes::vertical_rows(held, row_len, &kv, first, buf);
             consume(RgbView::new(buf, out_w, rows)?, chunk);
             Ok::<(), VisionError>(())
         })?;
     }
-    filler.fill_to(in_h)?;
-    filler.finish()?;
+    window.drain()?;
     STREAMED.with(|n| n.set(n.get() + 1));
     Ok(())
 }
 
-/// Fills the intermediate image from the source, a batch at a time.
-struct Filler<'s, 'b> {
+/// A sliding window of intermediate rows (source rows after the
+/// horizontal pass), filled from the source a batch at a time. It holds
+/// rows `base .. filled`; when the next band's rows would not fit, the rows
+/// still needed move to the front. Small enough to stay in cache.
+struct Window<'s, 'b> {
     source: &'s mut dyn RowSource,
     /// Horizontal kernel, `None` when the width does not change.
     kh: Option<&'b Kernel>,
     batch: &'b mut Vec<u8>,
-    inter: &'b mut Vec<u8>,
+    rows: &'b mut Vec<u8>,
     /// Bytes of one intermediate row.
     row_len: usize,
-    /// Intermediate rows written so far.
+    /// Rows the window holds at most.
+    capacity: usize,
+    /// First row held.
+    base: usize,
+    /// One past the last row held (rows read from the source so far).
     filled: usize,
 }
 
-impl Filler<'_, '_> {
-    /// Reads and filters rows until at least `rows` intermediate rows are
-    /// written.
-    fn fill_to(&mut self, rows: usize) -> Result<(), VisionError> {
-        let in_w = self.source.width();
-        while self.filled < rows {
-            let dst = &mut self.inter[self.filled * self.row_len..];
-            let got = match self.kh {
-                // Same width: decode straight into the intermediate image.
-                None => self.source.read(dst)?,
-                Some(kh) => {
-                    ensure_len(self.batch, MAX_BATCH_ROWS * in_w * 3);
-                    let got = self.source.read(self.batch)?;
-                    let src = &self.batch[..got * in_w * 3];
-                    passes::horizontal(src, in_w, kh, &mut dst[..got * self.row_len], false);
-                    got
-                }
-            };
+impl Window<'_, '_> {
+    /// Makes the window hold rows `start .. end` (`start` never decreases
+    /// from one call to the next).
+    fn fill(&mut self, (start, end): (usize, usize)) -> Result<(), VisionError> {
+        if end - self.base > self.capacity {
+            // Rows are never skipped: neighbouring bands' windows overlap.
+            let base = start.min(self.filled);
+            let from = (base - self.base) * self.row_len;
+            let to = (self.filled - self.base) * self.row_len;
+            self.rows.copy_within(from..to, 0);
+            self.base = base;
+        }
+        if end - self.base > self.capacity {
+            return Err(VisionError::Geometry(format!(
+                "rows {start}..{end} do not fit a window of {} rows",
+                self.capacity
+            )));
+        }
+        while self.filled < end {
+            let room = self.capacity - (self.filled - self.base);
+            let at = (self.filled - self.base) * self.row_len;
+            let got = self.read(room, at)?;
             if got == 0 {
                 return Err(VisionError::Geometry(format!(
                     "row source ended after {} of {} rows",
@@ -165,10 +189,44 @@ impl Filler<'_, '_> {
         Ok(())
     }
 
-    /// After the last row: lets the source check its end.
-    fn finish(self) -> Result<(), VisionError> {
-        let mut empty = [0u8; 0];
-        match self.source.read(&mut empty)? {
+    /// Reads up to `room` source rows and stores them, filtered, at byte
+    /// `at` of the window; returns how many.
+    fn read(&mut self, room: usize, at: usize) -> Result<usize, VisionError> {
+        let in_row = self.source.width() * 3;
+        let want = room.min(MAX_BATCH_ROWS);
+        let dst = &mut self.rows[at..at + want * self.row_len];
+        match self.kh {
+            // Same width: decode straight into the window.
+            None => self.source.read(dst),
+            Some(kh) => {
+                ensure_len(self.batch, want * in_row);
+                let got = self.source.read(self.batch)?;
+                let src = &self.batch[..got * in_row];
+                let in_w = self.source.width();
+                passes::horizontal(src, in_w, kh, &mut dst[..got * self.row_len], false);
+                Ok(got)
+            }
+        }
+    }
+
+    /// Reads the rows no band needs (unfiltered) and lets the source check
+    /// its end.
+    fn drain(self) -> Result<(), VisionError> {
+        let in_row = self.source.width() * 3;
+        ensure_len(self.batch, MAX_BATCH_ROWS * in_row);
+        let mut filled = self.filled;
+        while filled < self.source.height() {
+            match self.source.read(self.batch)? {
+                0 => {
+                    return Err(VisionError::Geometry(format!(
+                        "row source ended after {filled} of {} rows",
+                        self.source.height()
+                    )))
+                }
+                got => filled += got,
+            }
+        }
+        match self.source.read(&mut [])? {
             0 => Ok(()),
             _ => Err(VisionError::Geometry(
                 "row source has more rows than it declared".into(),
@@ -274,6 +332,7 @@ mod tests {
             ((55, 300), (55, 97), 7),     // width unchanged: no horizontal pass
             ((13, 9), (5, 31), 5),        // last band shorter than the others
             ((1, 1), (3, 2), 1),
+            ((20, 500), (24, 480), 1), // a window of 22 rows slides often
         ];
         for ((iw, ih), (ow, oh), band_rows) in cases {
             let data = noise(iw, ih);
