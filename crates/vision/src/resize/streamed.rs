@@ -104,7 +104,7 @@ pub(crate) fn resize_rows<T>(
         (kv.taps(first).0, end + weights.len())
     };
     let widest = (0..bands)
-        .map(|b| band_span(b))
+        .map(band_span)
         .map(|(start, end)| end - start)
         .max()
         .unwrap_or(0);
