@@ -10,6 +10,8 @@ mod hblock;
 mod kernel;
 mod passes;
 mod streamed;
+#[cfg(target_arch = "x86_64")]
+mod vmadd;
 
 use crate::error::VisionError;
 use crate::image::RgbView;
