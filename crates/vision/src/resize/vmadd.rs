@@ -22,7 +22,7 @@ pub(crate) const MAX_TAPS: usize = 16;
 pub(crate) fn row_avx2(src: &[u8], row_len: usize, weights: &[i32], out: &mut [u8]) {
     use std::arch::x86_64::*;
     let taps = weights.len();
-    assert!(taps >= 1 && taps <= MAX_TAPS && out.len() <= row_len);
+    assert!((1..=MAX_TAPS).contains(&taps) && out.len() <= row_len);
     assert!(src.len() >= (taps - 1) * row_len + out.len());
     let pair = |a: i32, b: i32| (a & 0xFFFF) | (b << 16);
     let (mut whi, mut wlo) = ([0i32; MAX_TAPS / 2], [0i32; MAX_TAPS / 2]);
