@@ -1,7 +1,7 @@
 //! Quick single-thread timing of decode / preprocess (min and median over
 //! many runs; the minimum is robust to a shared, noisy machine).
 //!
-//! `cargo run --release -p iris-vision --example timing -- IMAGE [bf16] [pre] [ITERS]`
+//! `cargo run --release -p iris-vision --example timing -- IMAGE [bf16] [pre | bytes] [par] [ITERS]`
 
 use std::time::{Duration, Instant};
 
@@ -16,17 +16,28 @@ fn stats(mut v: Vec<Duration>) -> String {
     )
 }
 
+/// CPU time of the calling thread (unaffected by waiting for a core on a
+/// busy machine).
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 fn time(iters: usize, mut f: impl FnMut()) -> String {
     f();
-    stats(
-        (0..iters)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed()
-            })
-            .collect(),
-    )
+    let (wall, cpu): (Vec<_>, Vec<_>) = (0..iters)
+        .map(|_| {
+            let (t, c) = (Instant::now(), thread_cpu());
+            f();
+            (t.elapsed(), thread_cpu() - c)
+        })
+        .unzip();
+    format!("wall {}  | cpu {}", stats(wall), stats(cpu))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -47,10 +58,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             OutputDtype::F32
         },
+        // `par`: intra-image parallelism, which takes the whole-image path
+        // (with RAYON_NUM_THREADS=1: that path on one thread).
+        intra_image_parallel: args.iter().any(|a| a == "par"),
         ..PreprocessOptions::default()
     };
     let rgb = decode(&bytes, &DecodeLimits::default())?;
     let only_pre = args.iter().any(|a| a == "pre");
+    if args.iter().any(|a| a == "bytes") {
+        // Only decode+preprocess (for `perf stat` of one path).
+        println!(
+            "decode+pre  {}",
+            time(iters, || drop(proc.preprocess_bytes(&bytes, &opts)))
+        );
+        return Ok(());
+    }
     if !only_pre {
         println!(
             "decode      {}",
@@ -65,6 +87,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "decode+pre  {}",
             time(iters, || drop(proc.preprocess_bytes(&bytes, &opts)))
+        );
+        // The whole-image path: decode (plus a copy out of scratch), then
+        // preprocess.
+        println!(
+            "decode,pre  {}",
+            time(iters, || {
+                let rgb = decode(&bytes, &DecodeLimits::default()).expect("decode");
+                drop(proc.preprocess(&rgb, &opts))
+            })
         );
     }
     Ok(())

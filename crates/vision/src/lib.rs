@@ -50,7 +50,7 @@ pub use output::{OutputDtype, PixelValues, PreprocessOutput};
 pub use pool::{pool_stats, PoolStats, PooledVec};
 pub use processor::{PreprocessOptions, Processor, INTRA_IMAGE_PARALLEL_PIXELS};
 pub use qwen::{QwenFamily, QwenVlProcessor, QWEN_DEFAULT_MAX_PIXELS, QWEN_DEFAULT_MIN_PIXELS};
-pub use resize::{resize_bicubic, PassOrder};
+pub use resize::{resize_bicubic, thread_streamed_images, PassOrder};
 #[doc(hidden)]
 pub use scratch::Scratch;
 pub use scratch::{

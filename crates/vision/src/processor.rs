@@ -93,14 +93,23 @@ pub trait Processor: Send + Sync {
         bytes: &[u8],
         opts: &PreprocessOptions,
     ) -> Result<PreprocessOutput, VisionError> {
-        with_scratch(|s| {
-            let mut decoded = std::mem::take(&mut s.decoded);
-            let result = decode_into(bytes, &opts.limits, &mut decoded, &mut s.raw)
-                .and_then(|(w, h)| self.preprocess_view(RgbView::new(&decoded, w, h)?, opts, s));
-            s.decoded = decoded;
-            result
-        })
+        with_scratch(|s| decode_then_preprocess(self, bytes, opts, s))
     }
+}
+
+/// Decodes the whole image into scratch, then preprocesses it: the provided
+/// [`Processor::preprocess_bytes`], for processors that override it.
+pub(crate) fn decode_then_preprocess<P: Processor + ?Sized>(
+    processor: &P,
+    bytes: &[u8],
+    opts: &PreprocessOptions,
+    s: &mut Scratch,
+) -> Result<PreprocessOutput, VisionError> {
+    let mut decoded = std::mem::take(&mut s.decoded);
+    let result = decode_into(bytes, &opts.limits, &mut decoded, &mut s.raw)
+        .and_then(|(w, h)| processor.preprocess_view(RgbView::new(&decoded, w, h)?, opts, s));
+    s.decoded = decoded;
+    result
 }
 
 /// Whether one image of `pixels` should be split across threads.

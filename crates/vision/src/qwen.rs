@@ -2,6 +2,7 @@
 
 use half::bf16;
 
+use crate::decode::{sniff, ImageFormat, RowDecoder};
 use crate::error::VisionError;
 use crate::geometry::smart_resize;
 use crate::image::RgbView;
@@ -9,9 +10,9 @@ use crate::layout::{PatchGeometry, PatchWriter};
 use crate::normalize::{Normalization, OutElem};
 use crate::output::{OutputDtype, PixelValues, PreprocessOutput};
 use crate::pool::PooledVec;
-use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
-use crate::resize::{self, resize_banded, resize_into};
-use crate::scratch::Scratch;
+use crate::processor::{decode_then_preprocess, fnv1a, split_image, PreprocessOptions, Processor};
+use crate::resize::{self, resize_banded, resize_into, resize_rows, streams, RowSource};
+use crate::scratch::{with_scratch, Scratch};
 
 /// Qwen2-VL's class default `min_pixels` (56·56).
 pub const QWEN_DEFAULT_MIN_PIXELS: u64 = 56 * 56;
@@ -89,31 +90,99 @@ impl QwenVlProcessor {
         smart_resize(height, width, self.geometry.factor(), min, max)
     }
 
-    /// Resizes `image` to `w`×`h` and writes its patch rows; the vertical
+    /// Resizes the input to `w`×`h` and writes its patch rows; the vertical
     /// resize pass is fused with the patch writer band by band.
     fn write<T: OutElem>(
         &self,
-        image: RgbView<'_>,
+        input: Input<'_, '_>,
         (w, h): (usize, usize),
         scratch: &mut Scratch,
-        parallel: bool,
     ) -> Result<PooledVec<T>, VisionError> {
         let geo = self.geometry;
         let writer = PatchWriter::<T>::new(geo, &self.norm);
         let rows = (w / geo.patch_size) * (h / geo.patch_size);
         let mut out = PooledVec::<T>::take(rows * geo.row_len());
-        resize_banded(
-            image,
-            (w, h),
-            geo.factor(),
-            (&mut scratch.inter, &mut scratch.resized),
-            &mut out,
-            writer.band_len(w),
-            parallel,
-            |band, chunk| writer.band(band, chunk),
-        )?;
+        let band_len = writer.band_len(w);
+        let consume = |band: RgbView<'_>, chunk: &mut [T]| writer.band(band, chunk);
+        match input {
+            Input::Image(image, parallel) => resize_banded(
+                image,
+                (w, h),
+                geo.factor(),
+                (&mut scratch.inter, &mut scratch.resized),
+                &mut out,
+                band_len,
+                parallel,
+                consume,
+            )?,
+            Input::Rows(source) => resize_rows(
+                source,
+                (w, h),
+                geo.factor(),
+                (&mut scratch.decoded, &mut scratch.inter),
+                &mut out,
+                band_len,
+                consume,
+            )?,
+        }
         Ok(out)
     }
+
+    /// Preprocesses `input`, resized to `size` (`(width, height)`).
+    fn run(
+        &self,
+        input: Input<'_, '_>,
+        (w, h): (usize, usize),
+        dtype: OutputDtype,
+        scratch: &mut Scratch,
+    ) -> Result<PreprocessOutput, VisionError> {
+        let pixel_values = match dtype {
+            OutputDtype::F32 => PixelValues::F32(self.write::<f32>(input, (w, h), scratch)?),
+            OutputDtype::Bf16 => PixelValues::Bf16(self.write::<bf16>(input, (w, h), scratch)?),
+        };
+        let geo = self.geometry;
+        let grid = [1, h / geo.patch_size, w / geo.patch_size];
+        Ok(PreprocessOutput {
+            pixel_values,
+            shape: vec![grid[1] * grid[2], geo.row_len()],
+            image_grid_thw: Some(grid),
+            num_placeholder_tokens: grid[0] * grid[1] * grid[2] / (geo.merge_size * geo.merge_size),
+            resized_size: (w, h),
+        })
+    }
+
+    /// Decodes and preprocesses `bytes` row by row, resizing each batch of
+    /// rows as the decoder emits it (`crate::resize::streamed`), when that
+    /// applies: a plain JPEG ([`RowDecoder::open`]), a resize whose
+    /// vertical pass runs last, one thread. `Ok(None)` otherwise.
+    fn preprocess_rows(
+        &self,
+        bytes: &[u8],
+        opts: &PreprocessOptions,
+        scratch: &mut Scratch,
+    ) -> Result<Option<PreprocessOutput>, VisionError> {
+        if sniff(bytes)? != ImageFormat::Jpeg {
+            return Ok(None);
+        }
+        let Some(mut rows) = RowDecoder::open(bytes, &opts.limits)? else {
+            return Ok(None);
+        };
+        let (in_w, in_h) = (rows.width(), rows.height());
+        let (h, w) = self.target_size(in_h, in_w, opts)?;
+        if split_image(opts, in_w * in_h) || !streams((in_w, in_h), (w, h)) {
+            return Ok(None);
+        }
+        self.run(Input::Rows(&mut rows), (w, h), opts.dtype, scratch)
+            .map(Some)
+    }
+}
+
+/// What [`QwenVlProcessor::write`] resizes.
+enum Input<'a, 'r> {
+    /// Decoded pixels; bands over the rayon pool when the flag is set.
+    Image(RgbView<'a>, bool),
+    /// Rows straight from a decoder.
+    Rows(&'r mut dyn RowSource),
 }
 
 impl Processor for QwenVlProcessor {
@@ -174,23 +243,17 @@ impl Processor for QwenVlProcessor {
     ) -> Result<PreprocessOutput, VisionError> {
         let (h, w) = self.target_size(image.height(), image.width(), opts)?;
         let parallel = split_image(opts, image.width() * image.height());
-        let size = (w, h);
-        let pixel_values = match opts.dtype {
-            OutputDtype::F32 => {
-                PixelValues::F32(self.write::<f32>(image, size, scratch, parallel)?)
-            }
-            OutputDtype::Bf16 => {
-                PixelValues::Bf16(self.write::<bf16>(image, size, scratch, parallel)?)
-            }
-        };
-        let geo = self.geometry;
-        let grid = [1, h / geo.patch_size, w / geo.patch_size];
-        Ok(PreprocessOutput {
-            pixel_values,
-            shape: vec![grid[1] * grid[2], geo.row_len()],
-            image_grid_thw: Some(grid),
-            num_placeholder_tokens: grid[0] * grid[1] * grid[2] / (geo.merge_size * geo.merge_size),
-            resized_size: (w, h),
+        self.run(Input::Image(image, parallel), (w, h), opts.dtype, scratch)
+    }
+
+    fn preprocess_bytes(
+        &self,
+        bytes: &[u8],
+        opts: &PreprocessOptions,
+    ) -> Result<PreprocessOutput, VisionError> {
+        with_scratch(|s| match self.preprocess_rows(bytes, opts, s)? {
+            Some(output) => Ok(output),
+            None => decode_then_preprocess(self, bytes, opts, s),
         })
     }
 }
@@ -228,7 +291,7 @@ mod tests {
         for parallel in [false, true] {
             let mut scratch = Scratch::default();
             let got = p
-                .write::<T>(img, (w, h), &mut scratch, parallel)
+                .write::<T>(Input::Image(img, parallel), (w, h), &mut scratch)
                 .expect("write");
             assert!(
                 bytemuck::cast_slice::<T, u8>(&got) == bytemuck::cast_slice::<T, u8>(&expected),

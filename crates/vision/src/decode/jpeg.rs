@@ -33,15 +33,15 @@ const NAME: &str = "JPEG";
 const SCAN_LIMIT: c_int = 500;
 
 /// What the frame header says.
-struct Header {
-    width: usize,
-    height: usize,
+pub(super) struct Header {
+    pub(super) width: usize,
+    pub(super) height: usize,
     /// CMYK or YCCK: decoded as CMYK, then converted as Pillow does.
-    four_components: bool,
+    pub(super) four_components: bool,
 }
 
 /// A TurboJPEG decompressor instance, destroyed on drop.
-struct Decompressor(tj::tjhandle);
+pub(super) struct Decompressor(tj::tjhandle);
 
 impl Drop for Decompressor {
     fn drop(&mut self) {
@@ -51,7 +51,7 @@ impl Drop for Decompressor {
 }
 
 impl Decompressor {
-    fn new() -> Result<Self, VisionError> {
+    pub(super) fn new() -> Result<Self, VisionError> {
         // SAFETY: plain constructor; a null return is handled below.
         let handle = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as c_int) };
         if handle.is_null() {
@@ -95,7 +95,7 @@ impl Decompressor {
     }
 
     /// Reads the headers up to the first scan; allocates no pixel memory.
-    fn header(&self, bytes: &[u8]) -> Result<Header, VisionError> {
+    pub(super) fn header(&self, bytes: &[u8]) -> Result<Header, VisionError> {
         // SAFETY: valid handle; the buffer outlives the call.
         let rc =
             unsafe { tj::tj3DecompressHeader(self.0, bytes.as_ptr(), bytes.len() as tj::size_t) };
@@ -226,7 +226,7 @@ pub(super) fn decode(
 }
 
 /// The TIFF data of the first `Exif` APP1 segment before the first scan.
-fn exif_block(bytes: &[u8]) -> Option<&[u8]> {
+pub(super) fn exif_block(bytes: &[u8]) -> Option<&[u8]> {
     let mut i = 2;
     while i + 4 <= bytes.len() {
         if bytes[i] != 0xFF {

@@ -8,11 +8,14 @@
 mod convert;
 mod gif;
 mod jpeg;
+mod jpeg_rows;
 mod orientation;
 mod other;
 mod sniff;
 
+pub(crate) use jpeg_rows::{RowDecoder, MAX_BATCH_ROWS};
 pub use orientation::Orientation;
+pub(crate) use sniff::sniff;
 pub use sniff::ImageFormat;
 
 use crate::error::VisionError;

@@ -9,6 +9,9 @@
 mod hblock;
 mod kernel;
 mod passes;
+mod streamed;
+#[cfg(target_arch = "x86_64")]
+mod vmadd;
 
 use crate::error::VisionError;
 use crate::image::RgbView;
@@ -16,6 +19,8 @@ use crate::scratch::ensure_len;
 use kernel::Kernel;
 use rayon::prelude::*;
 use std::cell::Cell;
+pub use streamed::thread_streamed_images;
+pub(crate) use streamed::{resize_rows, streams, RowSource};
 
 /// Which axis Pillow 12.2 filters first for an `in_w`×`in_h` source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,7 +184,7 @@ where
     for_each_band(out, out_band_len, parallel, |b, chunk| {
         let rows = rows_of(b);
         passes::with_thread_buffer(&BAND, rows * row_len, |buf| {
-            passes::vertical_rows(vsrc, row_len, &kv, b * band_rows, buf);
+            passes::vertical_rows((vsrc, 0), row_len, &kv, b * band_rows, buf);
             consume(RgbView::new(buf, out_w, rows)?, chunk);
             Ok(())
         })

@@ -100,9 +100,10 @@ fn has_avx2() -> bool {
 }
 
 /// Output rows `first ..` of the vertical pass, as many as fit in `dst`:
-/// `src` holds rows of `row_len` bytes.
+/// `src` holds input rows `base ..` (every row they read), `row_len` bytes
+/// each.
 pub(crate) fn vertical_rows(
-    src: &[u8],
+    (src, base): (&[u8], usize),
     row_len: usize,
     kernel: &Kernel,
     first: usize,
@@ -110,7 +111,7 @@ pub(crate) fn vertical_rows(
 ) {
     for (j, out) in dst.chunks_exact_mut(row_len).enumerate() {
         let (start, weights) = kernel.taps(first + j);
-        vertical_row(&src[start * row_len..], row_len, weights, out);
+        vertical_row(&src[(start - base) * row_len..], row_len, weights, out);
     }
 }
 
@@ -155,6 +156,12 @@ fn horizontal_strip(
 }
 
 fn vertical_row(src: &[u8], row_len: usize, weights: &[i32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if weights.len() <= super::vmadd::MAX_TAPS && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        unsafe { super::vmadd::row_avx2(src, row_len, weights, out) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).

@@ -1,0 +1,175 @@
+//! JPEG decoded a few rows at a time, so that resizing can consume each
+//! batch of rows while it is still in cache and the decoded image is never
+//! materialised whole (see `crate::resize::stream`).
+//!
+//! The rows come from libjpeg's scanline API through a small C shim
+//! (`jpeg_rows.c`, built by `build.rs` against the same libjpeg-turbo the
+//! whole-image path uses), configured as that path configures TurboJPEG:
+//! RGB output, ISLOW IDCT, fancy upsampling, warnings are errors. The
+//! pixels are therefore the whole-image decoder's exactly (tested in
+//! `tests/streamed.rs`).
+//!
+//! Only the plain case streams: a single-scan JPEG of 1 or 3 components
+//! without EXIF rotation. [`RowDecoder::open`] returns `Ok(None)` for
+//! everything else (progressive and multi-scan files, CMYK/YCCK, rotated
+//! images), and the caller decodes the whole image instead.
+
+use std::ffi::{c_char, c_int, c_uint, c_ulong, CStr};
+
+use super::jpeg::{exif_block, Decompressor};
+use super::orientation::Orientation;
+use super::{DecodeLimits, ImageFormat};
+use crate::error::VisionError;
+
+const NAME: &str = "JPEG";
+
+/// Most rows one [`RowDecoder::read`] call returns (the shim's bound).
+pub(crate) const MAX_BATCH_ROWS: usize = 16;
+
+#[repr(C)]
+struct Shim {
+    _opaque: [u8; 0],
+}
+
+extern "C" {
+    fn iris_jpeg_rows_new() -> *mut Shim;
+    fn iris_jpeg_rows_free(shim: *mut Shim);
+    fn iris_jpeg_rows_message(shim: *const Shim) -> *const c_char;
+    fn iris_jpeg_rows_start(
+        shim: *mut Shim,
+        data: *const u8,
+        len: c_ulong,
+        width: *mut c_uint,
+        height: *mut c_uint,
+    ) -> c_int;
+    fn iris_jpeg_rows_read(shim: *mut Shim, dst: *mut u8, pitch: c_ulong, max_rows: c_int)
+        -> c_int;
+    fn iris_jpeg_rows_finish(shim: *mut Shim) -> c_int;
+}
+
+/// A started row-by-row decode of one JPEG; the source bytes are borrowed
+/// for the decoder's lifetime.
+pub(crate) struct RowDecoder<'a> {
+    shim: *mut Shim,
+    width: usize,
+    height: usize,
+    /// Rows handed out so far.
+    row: usize,
+    _bytes: std::marker::PhantomData<&'a [u8]>,
+}
+
+impl Drop for RowDecoder<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the shim came from iris_jpeg_rows_new and is freed once.
+        unsafe { iris_jpeg_rows_free(self.shim) }
+    }
+}
+
+impl<'a> RowDecoder<'a> {
+    /// Starts decoding `bytes` (already sniffed as JPEG) row by row, after
+    /// the checks the whole-image path makes (header, 8-bit samples,
+    /// `limits`). `Ok(None)`: this file is not streamed (see the module
+    /// docs); decode it whole.
+    pub(crate) fn open(
+        bytes: &'a [u8],
+        limits: &DecodeLimits,
+    ) -> Result<Option<RowDecoder<'a>>, VisionError> {
+        let header = Decompressor::new()?.header(bytes)?;
+        limits.check(ImageFormat::Jpeg, header.width as u64, header.height as u64)?;
+        let rotated = exif_block(bytes)
+            .map(Orientation::from_exif_block)
+            .is_some_and(|o| o != Orientation::Normal);
+        if header.four_components || rotated {
+            return Ok(None);
+        }
+        // SAFETY: plain constructor; a null return is handled below.
+        let shim = unsafe { iris_jpeg_rows_new() };
+        if shim.is_null() {
+            return Err(VisionError::decode(NAME, "cannot create a libjpeg decoder"));
+        }
+        let mut decoder = RowDecoder {
+            shim,
+            width: 0,
+            height: 0,
+            row: 0,
+            _bytes: std::marker::PhantomData,
+        };
+        let (mut w, mut h): (c_uint, c_uint) = (0, 0);
+        // SAFETY: valid shim; `bytes` outlives the decoder (lifetime 'a),
+        // and the out-pointers are valid for the call.
+        let rc = unsafe {
+            iris_jpeg_rows_start(shim, bytes.as_ptr(), bytes.len() as c_ulong, &mut w, &mut h)
+        };
+        match rc {
+            1 => {}
+            0 => return Ok(None),
+            _ => return Err(decoder.error()),
+        }
+        (decoder.width, decoder.height) = (w as usize, h as usize);
+        if (decoder.width, decoder.height) != (header.width, header.height) {
+            return Err(VisionError::decode(
+                NAME,
+                "frame size changed while decoding",
+            ));
+        }
+        Ok(Some(decoder))
+    }
+
+    /// Image width in pixels.
+    pub(crate) fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Image height in pixels.
+    pub(crate) fn height(&self) -> usize {
+        self.height
+    }
+
+    /// Rows not yet read.
+    pub(crate) fn rows_left(&self) -> usize {
+        self.height - self.row
+    }
+
+    /// Decodes the next rows into `dst` (whole RGB rows of [`Self::width`]
+    /// pixels, at most [`MAX_BATCH_ROWS`] of them used); returns how many
+    /// were written, at least one while rows are left. After the last row,
+    /// checks the rest of the stream up to its end and returns 0.
+    pub(crate) fn read(&mut self, dst: &mut [u8]) -> Result<usize, VisionError> {
+        let pitch = self.width * 3;
+        if self.rows_left() == 0 {
+            // SAFETY: valid shim; every row has been read.
+            if unsafe { iris_jpeg_rows_finish(self.shim) } != 0 {
+                return Err(self.error());
+            }
+            return Ok(0);
+        }
+        let rows = (dst.len() / pitch)
+            .min(MAX_BATCH_ROWS)
+            .min(self.rows_left());
+        if rows == 0 {
+            return Err(VisionError::decode(NAME, "row buffer too small"));
+        }
+        // SAFETY: valid shim; `dst` holds at least `rows` rows of `pitch`
+        // bytes, and the shim writes at most `rows` rows of `width` RGB
+        // pixels (libjpeg never returns more than the image has).
+        let got = unsafe {
+            iris_jpeg_rows_read(self.shim, dst.as_mut_ptr(), pitch as c_ulong, rows as c_int)
+        };
+        if got < 0 {
+            return Err(self.error());
+        }
+        if got == 0 {
+            return Err(VisionError::decode(NAME, "decoder returned no rows"));
+        }
+        self.row += got as usize;
+        Ok(got as usize)
+    }
+
+    /// The last libjpeg error, as a typed decode error.
+    fn error(&self) -> VisionError {
+        // SAFETY: the shim's message is a NUL-terminated buffer it owns,
+        // valid until the next call on it.
+        let message = unsafe { CStr::from_ptr(iris_jpeg_rows_message(self.shim)) };
+        VisionError::decode(NAME, message.to_string_lossy().trim_end())
+    }
+}

@@ -1,0 +1,389 @@
+//! Resizing rows as a decoder emits them.
+//!
+//! The horizontal pass filters each batch of decoded rows (at most
+//! [`MAX_BATCH_ROWS`]) while it is still in cache, into the intermediate
+//! image; as soon as the intermediate rows a band of output rows reads are
+//! there, the vertical pass filters that band into a small per-thread
+//! buffer and hands it to the consumer. The decoded image is never
+//! materialised whole, and every intermediate row is read back shortly
+//! after it was written. The arithmetic is the whole-image passes' own
+//! (same functions, same kernels), so the result is identical.
+//!
+//! Applies when the vertical pass runs last and changes the height
+//! ([`streams`]); the caller resizes the whole image otherwise.
+
+use std::cell::Cell;
+
+use super::kernel::Kernel;
+use super::{passes, PassOrder, BAND};
+use crate::decode::MAX_BATCH_ROWS;
+use crate::error::VisionError;
+use crate::image::RgbView;
+use crate::scratch::ensure_len;
+
+thread_local! {
+    /// Images this thread resized from a row source.
+    static STREAMED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many images the calling thread has resized row by row as they were
+/// decoded (the rest were decoded whole first): tests and diagnostics.
+pub fn thread_streamed_images() -> u64 {
+    STREAMED.with(Cell::get)
+}
+
+/// Where rows come from, top to bottom.
+pub(crate) trait RowSource {
+    /// Row width in pixels.
+    fn width(&self) -> usize;
+    /// Number of rows.
+    fn height(&self) -> usize;
+    /// Writes the next rows (RGB8, packed, at most [`MAX_BATCH_ROWS`] and
+    /// as many as fit in `dst`) into `dst`; returns how many, at least one
+    /// while rows are left. Once all rows are read, checks that the source
+    /// ended cleanly and returns 0.
+    fn read(&mut self, dst: &mut [u8]) -> Result<usize, VisionError>;
+}
+
+impl RowSource for crate::decode::RowDecoder<'_> {
+    fn width(&self) -> usize {
+        self.width()
+    }
+
+    fn height(&self) -> usize {
+        self.height()
+    }
+
+    fn read(&mut self, dst: &mut [u8]) -> Result<usize, VisionError> {
+        self.read(dst)
+    }
+}
+
+/// Whether resizing `in_w`×`in_h` to `out_w`×`out_h` can consume rows as
+/// they come: the vertical pass changes the height and runs last.
+pub(crate) fn streams((in_w, in_h): (usize, usize), (_, out_h): (usize, usize)) -> bool {
+    out_h != in_h && PassOrder::pillow_12_2(in_w, in_h, out_h) == PassOrder::HorizontalFirst
+}
+
+/// Resizes the rows of `source` to `out_w`×`out_h` and hands the result to
+/// `consume` in bands of `band_rows` rows, each with its chunk of `out`
+/// (`out_band_len` elements per band), like `resize_banded`. `batch` and
+/// `inter` are scratch buffers (`inter` holds a window of rows). Reads
+/// `source` to its end, so a corrupt
+/// tail is an error even when no output row depends on it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resize_rows<T>(
+    source: &mut dyn RowSource,
+    (out_w, out_h): (usize, usize),
+    band_rows: usize,
+    (batch, inter): (&mut Vec<u8>, &mut Vec<u8>),
+    out: &mut [T],
+    out_band_len: usize,
+    mut consume: impl FnMut(RgbView<'_>, &mut [T]),
+) -> Result<(), VisionError> {
+    let (in_w, in_h) = (source.width(), source.height());
+    if !streams((in_w, in_h), (out_w, out_h)) || out_w == 0 || band_rows == 0 {
+        return Err(VisionError::Geometry(format!(
+            "cannot stream a resize of {in_w}x{in_h} to {out_w}x{out_h}"
+        )));
+    }
+    let bands = out_h.div_ceil(band_rows);
+    if out.len() != bands * out_band_len {
+        return Err(VisionError::Geometry(format!(
+            "{bands} bands of {out_band_len} elements do not fill {}",
+            out.len()
+        )));
+    }
+    let row_len = out_w * 3;
+    let kh = (out_w != in_w).then(|| Kernel::cached(in_w, out_w));
+    let kv = Kernel::cached(in_h, out_h);
+    let band_span = |b: usize| {
+        let first = b * band_rows;
+        let last = (first + band_rows).min(out_h) - 1;
+        let (end, weights) = kv.taps(last);
+        (kv.taps(first).0, end + weights.len())
+    };
+    let widest = (0..bands)
+        .map(band_span)
+        .map(|(start, end)| end - start)
+        .max()
+        .unwrap_or(0);
+    let mut window = Window {
+        source,
+        kh: kh.as_deref(),
+        batch,
+        rows: inter,
+        row_len,
+        capacity: (2 * widest + MAX_BATCH_ROWS).min(in_h),
+        base: 0,
+        filled: 0,
+    };
+    ensure_len(window.rows, window.capacity * row_len);
+    for (b, chunk) in out.chunks_mut(out_band_len).enumerate() {
+        let first = b * band_rows;
+        let rows = band_rows.min(out_h - first);
+        window.fill(band_span(b))?;
+        passes::with_thread_buffer(&BAND, rows * row_len, |buf| {
+            let held = (&window.rows[..], window.base);
+            passes::vertical_rows(held, row_len, &kv, first, buf);
+            consume(RgbView::new(buf, out_w, rows)?, chunk);
+            Ok::<(), VisionError>(())
+        })?;
+    }
+    window.drain()?;
+    STREAMED.with(|n| n.set(n.get() + 1));
+    Ok(())
+}
+
+/// A sliding window of intermediate rows (source rows after the
+/// horizontal pass), filled from the source a batch at a time. It holds
+/// rows `base .. filled`; when the next band's rows would not fit, the rows
+/// still needed move to the front. Small enough to stay in cache.
+struct Window<'s, 'b> {
+    source: &'s mut dyn RowSource,
+    /// Horizontal kernel, `None` when the width does not change.
+    kh: Option<&'b Kernel>,
+    batch: &'b mut Vec<u8>,
+    rows: &'b mut Vec<u8>,
+    /// Bytes of one intermediate row.
+    row_len: usize,
+    /// Rows the window holds at most.
+    capacity: usize,
+    /// First row held.
+    base: usize,
+    /// One past the last row held (rows read from the source so far).
+    filled: usize,
+}
+
+impl Window<'_, '_> {
+    /// Makes the window hold rows `start .. end` (`start` never decreases
+    /// from one call to the next).
+    fn fill(&mut self, (start, end): (usize, usize)) -> Result<(), VisionError> {
+        if end - self.base > self.capacity {
+            // Rows are never skipped: neighbouring bands' windows overlap.
+            let base = start.min(self.filled);
+            let from = (base - self.base) * self.row_len;
+            let to = (self.filled - self.base) * self.row_len;
+            self.rows.copy_within(from..to, 0);
+            self.base = base;
+        }
+        if end - self.base > self.capacity {
+            return Err(VisionError::Geometry(format!(
+                "rows {start}..{end} do not fit a window of {} rows",
+                self.capacity
+            )));
+        }
+        while self.filled < end {
+            let room = self.capacity - (self.filled - self.base);
+            let at = (self.filled - self.base) * self.row_len;
+            let got = self.read(room, at)?;
+            if got == 0 {
+                return Err(VisionError::Geometry(format!(
+                    "row source ended after {} of {} rows",
+                    self.filled,
+                    self.source.height()
+                )));
+            }
+            self.filled += got;
+        }
+        Ok(())
+    }
+
+    /// Reads up to `room` source rows and stores them, filtered, at byte
+    /// `at` of the window; returns how many.
+    fn read(&mut self, room: usize, at: usize) -> Result<usize, VisionError> {
+        let in_row = self.source.width() * 3;
+        let want = room.min(MAX_BATCH_ROWS);
+        let dst = &mut self.rows[at..at + want * self.row_len];
+        match self.kh {
+            // Same width: decode straight into the window.
+            None => self.source.read(dst),
+            Some(kh) => {
+                ensure_len(self.batch, want * in_row);
+                let got = self.source.read(self.batch)?;
+                let src = &self.batch[..got * in_row];
+                let in_w = self.source.width();
+                passes::horizontal(src, in_w, kh, &mut dst[..got * self.row_len], false);
+                Ok(got)
+            }
+        }
+    }
+
+    /// Reads the rows no band needs (unfiltered) and lets the source check
+    /// its end.
+    fn drain(self) -> Result<(), VisionError> {
+        let in_row = self.source.width() * 3;
+        ensure_len(self.batch, MAX_BATCH_ROWS * in_row);
+        let mut filled = self.filled;
+        while filled < self.source.height() {
+            match self.source.read(self.batch)? {
+                0 => {
+                    return Err(VisionError::Geometry(format!(
+                        "row source ended after {filled} of {} rows",
+                        self.source.height()
+                    )))
+                }
+                got => filled += got,
+            }
+        }
+        match self.source.read(&mut [])? {
+            0 => Ok(()),
+            _ => Err(VisionError::Geometry(
+                "row source has more rows than it declared".into(),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resize::resize_into;
+
+    /// Rows of an in-memory image, handed out in batches of cycling sizes
+    /// (1, 2, … `MAX_BATCH_ROWS`); optionally failing at its end.
+    struct Memory<'a> {
+        data: &'a [u8],
+        width: usize,
+        height: usize,
+        row: usize,
+        calls: usize,
+        bad_end: bool,
+    }
+
+    impl<'a> Memory<'a> {
+        fn new(data: &'a [u8], width: usize, height: usize) -> Self {
+            Memory {
+                data,
+                width,
+                height,
+                row: 0,
+                calls: 0,
+                bad_end: false,
+            }
+        }
+    }
+
+    impl RowSource for Memory<'_> {
+        fn width(&self) -> usize {
+            self.width
+        }
+
+        fn height(&self) -> usize {
+            self.height
+        }
+
+        fn read(&mut self, dst: &mut [u8]) -> Result<usize, VisionError> {
+            let pitch = self.width * 3;
+            if self.row == self.height {
+                return match self.bad_end {
+                    true => Err(VisionError::Geometry("corrupt end".into())),
+                    false => Ok(0),
+                };
+            }
+            self.calls += 1;
+            let rows = (self.calls % MAX_BATCH_ROWS + 1)
+                .min(dst.len() / pitch)
+                .min(self.height - self.row);
+            dst[..rows * pitch].copy_from_slice(&self.data[self.row * pitch..][..rows * pitch]);
+            self.row += rows;
+            Ok(rows)
+        }
+    }
+
+    fn noise(w: usize, h: usize) -> Vec<u8> {
+        let mut s = (w * 31 + h * 7) as u32 | 1;
+        (0..w * h * 3)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                s as u8
+            })
+            .collect()
+    }
+
+    /// The streamed resize, its bands copied out back to back.
+    fn streamed(src: &mut Memory<'_>, out: (usize, usize), band_rows: usize) -> Vec<u8> {
+        let bands = out.1.div_ceil(band_rows);
+        let band_len = band_rows * out.0 * 3;
+        let mut result = vec![0u8; bands * band_len];
+        let (mut batch, mut inter) = (Vec::new(), Vec::new());
+        resize_rows(
+            src,
+            out,
+            band_rows,
+            (&mut batch, &mut inter),
+            &mut result,
+            band_len,
+            |band, chunk| chunk[..band.data().len()].copy_from_slice(band.data()),
+        )
+        .expect("streamed resize");
+        result.truncate(out.0 * out.1 * 3);
+        result
+    }
+
+    #[test]
+    fn streamed_rows_equal_the_whole_image_resize() {
+        let cases = [
+            ((37, 23), (28, 56), 28),     // both axes, upscale rows
+            ((333, 217), (336, 224), 28), // near 1, blocked horizontal pass
+            ((1000, 41), (112, 17), 4),   // strong downscale both ways
+            ((55, 300), (55, 97), 7),     // width unchanged: no horizontal pass
+            ((13, 9), (5, 31), 5),        // last band shorter than the others
+            ((1, 1), (3, 2), 1),
+            ((20, 500), (24, 480), 1), // a window of 22 rows slides often
+        ];
+        for ((iw, ih), (ow, oh), band_rows) in cases {
+            let data = noise(iw, ih);
+            let view = RgbView::new(&data, iw, ih).expect("view");
+            let (mut inter, mut full) = (Vec::new(), Vec::new());
+            let expected = resize_into(view, ow, oh, &mut inter, &mut full, false)
+                .expect("whole resize")
+                .data()
+                .to_vec();
+            let before = thread_streamed_images();
+            let got = streamed(&mut Memory::new(&data, iw, ih), (ow, oh), band_rows);
+            assert!(got == expected, "{iw}x{ih} -> {ow}x{oh}");
+            assert_eq!(thread_streamed_images(), before + 1);
+        }
+    }
+
+    #[test]
+    fn refuses_what_does_not_stream_and_reports_a_bad_end() {
+        assert!(!streams((300, 200), (280, 200)), "height unchanged");
+        assert!(!streams((20, 2500), (28, 2296)), "vertical pass first");
+        assert!(streams((20, 2000), (28, 1960)));
+        let data = noise(30, 20);
+        let (mut batch, mut inter) = (Vec::new(), Vec::new());
+        let mut out = vec![0u8; 28 * 20 * 3];
+        let len = out.len();
+        let mut same_height = Memory::new(&data, 30, 20);
+        let refused = resize_rows(
+            &mut same_height,
+            (28, 20),
+            20,
+            (&mut batch, &mut inter),
+            &mut out,
+            len,
+            |_, _| {},
+        );
+        assert!(matches!(refused, Err(VisionError::Geometry(_))));
+        let mut bad = Memory::new(&data, 30, 20);
+        bad.bad_end = true;
+        let mut out = vec![0u8; 28 * 28 * 3];
+        let len = out.len();
+        let before = thread_streamed_images();
+        let failed = resize_rows(
+            &mut bad,
+            (28, 28),
+            28,
+            (&mut batch, &mut inter),
+            &mut out,
+            len,
+            |_, _| {},
+        );
+        assert!(matches!(failed, Err(VisionError::Geometry(m)) if m == "corrupt end"));
+        assert_eq!(thread_streamed_images(), before);
+    }
+}

@@ -1,0 +1,184 @@
+//! The row-by-row JPEG path of `preprocess_bytes` (decode rows, resize
+//! them as they come) gives exactly the bytes of decoding the whole image
+//! first, and hands every file it does not stream to the whole-image path.
+
+mod common;
+
+use common::read;
+use iris_vision::{
+    decode, processor_from_config, thread_streamed_images, DecodeLimits, OutputDtype,
+    PreprocessOptions, Processor, QwenVlProcessor,
+};
+
+fn qwen2() -> Box<dyn Processor> {
+    Box::new(QwenVlProcessor::qwen2_vl())
+}
+
+fn qwen3() -> Box<dyn Processor> {
+    Box::new(QwenVlProcessor::qwen3_vl())
+}
+
+/// `preprocess_bytes` against decode-then-`preprocess`, byte for byte, in
+/// both dtypes; returns how many of the calls streamed.
+fn same_bytes(p: &dyn Processor, bytes: &[u8], opts: PreprocessOptions, what: &str) -> u64 {
+    let mut streamed = 0;
+    for dtype in [OutputDtype::F32, OutputDtype::Bf16] {
+        let opts = PreprocessOptions { dtype, ..opts };
+        let before = thread_streamed_images();
+        let got = p.preprocess_bytes(bytes, &opts).expect(what);
+        streamed += thread_streamed_images() - before;
+        let image = decode(bytes, &opts.limits).expect(what);
+        let expected = p.preprocess(&image, &opts).expect(what);
+        assert!(
+            got.pixel_values.as_bytes() == expected.pixel_values.as_bytes(),
+            "{what} {dtype:?}: pixel values differ"
+        );
+        assert_eq!(got.shape, expected.shape, "{what}");
+        assert_eq!(got.image_grid_thw, expected.image_grid_thw, "{what}");
+        assert_eq!(got.resized_size, expected.resized_size, "{what}");
+    }
+    streamed
+}
+
+/// Pixel bounds that make smart resize change the height of small images.
+fn small_bounds() -> PreprocessOptions {
+    PreprocessOptions {
+        min_pixels: Some(56 * 56 * 4),
+        ..PreprocessOptions::default()
+    }
+}
+
+#[test]
+fn plain_jpegs_stream_with_identical_output() {
+    let files = [
+        "synthetic/baseline.jpg",
+        "synthetic/q420_35x29.jpg",
+        "synthetic/q422_41x19.jpg",
+        "synthetic/q444_37x23.jpg",
+        "synthetic/q420_restart_rows.jpg",
+        "synthetic/q444_restart_blocks.jpg",
+        "synthetic/q420_1x1.jpg",
+        "synthetic/grey.jpg",
+        "synthetic/rgb_keep_rgb.jpg",
+        "shared/coffee.jpg",
+        "shared/motorcycle_1080p.jpg",
+    ];
+    for file in files {
+        let bytes = read(file);
+        for (name, p) in [("qwen2", qwen2()), ("qwen3", qwen3())] {
+            let what = format!("{file} {name}");
+            let streamed = same_bytes(p.as_ref(), &bytes, small_bounds(), &what);
+            let info = iris_vision::probe(&bytes).expect("probe");
+            let opts = small_bounds();
+            let target = match name {
+                "qwen2" => QwenVlProcessor::qwen2_vl(),
+                _ => QwenVlProcessor::qwen3_vl(),
+            }
+            .target_size(info.height as usize, info.width as usize, &opts)
+            .expect("target size");
+            // Streams exactly when the resize changes the height.
+            let expect = if target.0 != info.height as usize {
+                2
+            } else {
+                0
+            };
+            assert_eq!(streamed, expect, "{what}: streamed {streamed} of 2 calls");
+        }
+    }
+}
+
+#[test]
+fn width_unchanged_streams_straight_into_the_vertical_pass() {
+    // 56 wide stays 56 wide under Qwen2-VL's factor 28; 50 rows become 56.
+    let img = image::RgbImage::from_fn(56, 50, |x, y| {
+        image::Rgb([(x * 4) as u8, (y * 5) as u8, (x * y) as u8])
+    });
+    let mut bytes = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut bytes, 90)
+        .encode_image(&img)
+        .expect("encode");
+    let p = qwen2();
+    let opts = PreprocessOptions::default();
+    let out = p.preprocess_bytes(&bytes, &opts).expect("preprocess");
+    assert_eq!(out.resized_size, (56, 56));
+    assert_eq!(same_bytes(p.as_ref(), &bytes, opts, "56x50"), 2);
+}
+
+#[test]
+fn other_files_fall_back_to_the_whole_image_path() {
+    let files = [
+        "synthetic/progressive.jpg",
+        "synthetic/grey_odd_progressive.jpg",
+        "synthetic/q422_progressive_101x67.jpg",
+        "synthetic/cmyk.jpg",
+        "synthetic/cmyk_no_adobe.jpg",
+        "synthetic/ycck.jpg",
+        "synthetic/exif_rot270.jpg",
+        "synthetic/rgb_333x217.png",
+        "synthetic/rgb_20x2500.png",
+    ];
+    for file in files {
+        let bytes = read(file);
+        let streamed = same_bytes(qwen2().as_ref(), &bytes, small_bounds(), file);
+        assert_eq!(streamed, 0, "{file} must not stream");
+    }
+}
+
+#[test]
+fn intra_image_parallelism_takes_the_whole_image_path() {
+    let bytes = read("shared/motorcycle_1080p.jpg");
+    let opts = PreprocessOptions {
+        intra_image_parallel: true,
+        ..PreprocessOptions::default()
+    };
+    assert_eq!(
+        same_bytes(qwen2().as_ref(), &bytes, opts, "1080p parallel"),
+        0
+    );
+}
+
+#[test]
+fn corrupt_and_truncated_jpegs_fail_as_the_whole_image_path_does() {
+    let bytes = read("shared/coffee.jpg");
+    let p = qwen2();
+    let opts = PreprocessOptions::default();
+    let mut cases = vec![("truncated", bytes[..bytes.len() * 2 / 3].to_vec())];
+    // Garbage in the entropy-coded data of the last rows only: no output
+    // row may need them, yet the file must be refused.
+    let mut tail = bytes.clone();
+    let n = tail.len();
+    for b in &mut tail[n - 200..n - 2] {
+        *b = 0xFF;
+    }
+    cases.push(("corrupt tail", tail));
+    for (what, bad) in cases {
+        let whole = decode(&bad, &DecodeLimits::default());
+        let before = thread_streamed_images();
+        let streamed = p.preprocess_bytes(&bad, &opts);
+        assert!(whole.is_err(), "{what}: the whole-image decoder refuses it");
+        assert!(streamed.is_err(), "{what}: so does the streamed path");
+        assert_eq!(thread_streamed_images(), before, "{what}");
+    }
+    // Limits are checked before any row is decoded.
+    let tight = PreprocessOptions {
+        limits: DecodeLimits {
+            max_pixels: 1000,
+            ..DecodeLimits::default()
+        },
+        ..opts
+    };
+    assert!(p.preprocess_bytes(&bytes, &tight).is_err());
+}
+
+#[test]
+fn config_built_processors_stream_too() {
+    let config = serde_json::json!({
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "min_pixels": 3136, "max_pixels": 12845056,
+        "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2
+    });
+    let p = processor_from_config(&config).expect("processor");
+    let bytes = read("shared/coffee.jpg");
+    let opts = PreprocessOptions::default();
+    assert_eq!(same_bytes(p.as_ref(), &bytes, opts, "coffee"), 2);
+}
