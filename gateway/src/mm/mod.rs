@@ -12,6 +12,7 @@ pub mod cpu_pool;
 pub mod items;
 pub mod pixels;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -52,6 +53,8 @@ pub struct Multimodal {
     pub image_token_id: u32,
     per_request_limit: usize,
     budget: MemoryBudget,
+    /// Images being decoded and preprocessed (or waiting for the pool).
+    in_flight: Arc<AtomicUsize>,
 }
 
 impl Multimodal {
@@ -72,7 +75,8 @@ impl Multimodal {
                 max_pixels: settings.max_image_pixels,
                 ..DecodeLimits::default()
             },
-            intra_image_parallel: true,
+            // Decided per image ([`split_alone`]).
+            intra_image_parallel: false,
             ..PreprocessOptions::default()
         };
         let fetcher = MediaFetcher::new(settings.fetch.clone())
@@ -86,6 +90,7 @@ impl Multimodal {
             image_token_id,
             per_request_limit: settings.per_request_image_limit,
             budget: MemoryBudget::new(settings.inflight_bytes, settings.inflight_wait),
+            in_flight: Arc::new(AtomicUsize::new(0)),
         }))
     }
 
@@ -264,7 +269,8 @@ impl Multimodal {
             .map_err(|e| budget_error(&name, &e).with_param(place))
     }
 
-    /// Decodes and preprocesses on the CPU pool (one thread per core).
+    /// Decodes and preprocesses on the CPU pool (one thread per core); an
+    /// image alone in the pool is split across its threads ([`split_alone`]).
     async fn preprocess(
         &self,
         place: String,
@@ -274,10 +280,15 @@ impl Multimodal {
     ) -> Result<PixelEntry, ApiError> {
         let started = Instant::now();
         let processor = self.processor.clone();
-        let options = self.options;
+        let in_flight = InFlight::enter(&self.in_flight);
+        let options = PreprocessOptions {
+            intra_image_parallel: split_alone(in_flight.others),
+            ..self.options
+        };
         let content = content_hash(&hash, self.fingerprint);
         let pool_place = place.clone();
         let entry = cpu_pool::run(move || {
+            let _in_flight = in_flight;
             let output = processor
                 .preprocess_bytes(&bytes, &options)
                 .map_err(|e| vision_error(&pool_place, &e))?;
@@ -300,6 +311,40 @@ impl Multimodal {
     /// The in-flight memory budget (for metrics).
     pub fn budget(&self) -> &MemoryBudget {
         &self.budget
+    }
+}
+
+/// Whether an image is split across the CPU pool's threads, given the
+/// images already being preprocessed: only when it is alone. Alone, the
+/// split halves its latency (a request with one image at low load); with
+/// others in flight every thread is busy anyway, and the single-thread
+/// path costs less CPU per image (the vision crate decodes a JPEG row by
+/// row straight into the resize, without the whole-image buffers the
+/// split needs). The output is the same either way.
+fn split_alone(others: usize) -> bool {
+    others == 0
+}
+
+/// One image counted in [`Multimodal::in_flight`] while it lives.
+struct InFlight {
+    count: Arc<AtomicUsize>,
+    /// Images in flight when this one entered.
+    others: usize,
+}
+
+impl InFlight {
+    fn enter(count: &Arc<AtomicUsize>) -> InFlight {
+        let others = count.fetch_add(1, Ordering::Relaxed);
+        InFlight {
+            count: count.clone(),
+            others,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -415,6 +460,19 @@ mod tests {
     use super::*;
     use iris_vision::ImageFormat;
     use std::time::Duration;
+
+    #[test]
+    fn only_an_image_alone_in_the_pool_is_split() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let first = InFlight::enter(&count);
+        assert!(split_alone(first.others));
+        let second = InFlight::enter(&count);
+        assert!(!split_alone(second.others));
+        drop(first);
+        drop(second);
+        assert_eq!(count.load(Ordering::Relaxed), 0, "each image leaves once");
+        assert!(split_alone(InFlight::enter(&count).others));
+    }
 
     #[test]
     fn budget_refusals_name_the_image_or_say_when_to_retry() {
