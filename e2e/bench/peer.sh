@@ -24,7 +24,11 @@
 #   RATES=""             request-rate points (req/s, Poisson arrivals)
 #   RATE_MODES="aggregated" RATE_WORKLOADS="img0"  where the rate sweep runs
 #   RATE_MAX_CONCURRENCY=64  in-flight cap of the rate runs
-#   MODES="aggregated pd epd"     deployments
+#   MODES="aggregated pd epd"     deployments; also aggregated-vllm and
+#                                 aggregated-sglang: the aggregated worker
+#                                 speaks vLLM's or SGLang's gRPC protocol
+#                                 (`iris-engine --protocol`; Iris detects
+#                                 it, smg is told with --backend)
 #   WORKLOADS="text img0 img0.5"  text, or imgF: one image per chat with
 #                                 --image-repeat-fraction F, or agentN:
 #                                 multi-turn agent conversations of N turns
@@ -139,6 +143,14 @@ start_workers() {
         WORKER_PIDS=("$W_PID")
         IRIS_WORKERS=(--worker-urls "grpc://$W_GRPC")
         SMG_WORKERS=(--worker-urls "grpc://$W_GRPC")
+        ;;
+    aggregated-vllm | aggregated-sglang)
+        local protocol=${1#aggregated-}
+        worker engine "$BIN/iris-engine" --role aggregated --protocol "$protocol"
+        WORKER_PIDS=("$W_PID")
+        IRIS_WORKERS=(--worker-urls "grpc://$W_GRPC")
+        # smg preprocesses the images itself (as Iris does), never the worker.
+        SMG_WORKERS=(--worker-urls "grpc://$W_GRPC" --backend "$protocol" --mm-processing router)
         ;;
     pd)
         worker prefill "$BIN/iris-engine" --role prefill

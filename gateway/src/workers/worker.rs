@@ -28,6 +28,10 @@ use crate::backends::{self, Backend, ResponseStream};
 
 /// The gRPC path of `TokenSpeedScheduler.Generate`.
 const GENERATE_PATH: &str = "/tokenspeed.grpc.scheduler.TokenSpeedScheduler/Generate";
+/// The gRPC path of `VllmEngine.Generate`.
+const VLLM_GENERATE_PATH: &str = "/vllm.grpc.engine.VllmEngine/Generate";
+/// The gRPC path of `SglangScheduler.Generate`.
+const SGLANG_GENERATE_PATH: &str = "/sglang.grpc.scheduler.SglangScheduler/Generate";
 /// The gRPC path of `TokenSpeedEncoder.Encode`.
 const ENCODE_PATH: &str = "/tokenspeed.grpc.encoder.TokenSpeedEncoder/Encode";
 
@@ -253,34 +257,36 @@ impl Worker {
     }
 
     /// Generate on the worker's backend, `request` translated into its
-    /// protocol and the answer back into TokenSpeed's stream. TokenSpeed's
-    /// pixel tensors go from the shared buffers without a copy
-    /// ([`iris_process::splice`]).
+    /// protocol and the answer back into TokenSpeed's stream. Pixel
+    /// tensors go from the shared buffers without a copy, whatever the
+    /// protocol ([`iris_process::splice`]; the translations share them).
     pub async fn generate(&self, request: &GenerateRequest) -> Result<ResponseStream, Status> {
         match self.known_backend().await? {
             Backend::TokenSpeed => {
-                let response = iris_process::splice::call(
-                    &self.channel,
-                    GENERATE_PATH,
-                    request,
-                    None,
-                    MAX_MESSAGE_BYTES,
-                )
-                .await?;
-                let stream: Streaming<GenerateResponse> = response.into_inner();
+                let stream: Streaming<GenerateResponse> =
+                    self.spliced(GENERATE_PATH, request).await?;
                 Ok(Box::pin(stream))
             }
             Backend::Vllm => self.generate_vllm(request, None).await,
             Backend::Sglang => {
                 let translated = backends::sglang::request(request)?;
-                let stream = self
-                    .sglang_client()
-                    .generate(translated)
-                    .await?
-                    .into_inner();
+                let stream = self.spliced(SGLANG_GENERATE_PATH, &translated).await?;
                 Ok(backends::map_stream(stream, backends::sglang::response))
             }
         }
+    }
+
+    /// A server-streaming call of `path` with `request` framed around its
+    /// large `bytes` fields rather than copied into one body.
+    async fn spliced<M, R>(&self, path: &'static str, request: &M) -> Result<Streaming<R>, Status>
+    where
+        M: prost::Message,
+        R: prost::Message + Default + Send + 'static,
+    {
+        let response =
+            iris_process::splice::call(&self.channel, path, request, None, MAX_MESSAGE_BYTES)
+                .await?;
+        Ok(response.into_inner())
     }
 
     /// vLLM PD's first leg: `request` sent with `kv_transfer_params_json`
@@ -289,7 +295,8 @@ impl Worker {
     pub async fn vllm_prefill(&self, request: &GenerateRequest) -> Result<String, Status> {
         let asked = backends::vllm::REMOTE_DECODE.to_owned();
         let translated = backends::vllm::request(request, Some(asked))?;
-        let mut stream = self.vllm_client().generate(translated).await?.into_inner();
+        let mut stream: Streaming<iris_proto::vllm::GenerateResponse> =
+            self.spliced(VLLM_GENERATE_PATH, &translated).await?;
         let mut params = None;
         while let Some(response) = stream.message().await? {
             params = backends::vllm::kv_transfer_params(&response).or(params);
@@ -322,7 +329,7 @@ impl Worker {
         kv_transfer_params_json: Option<String>,
     ) -> Result<ResponseStream, Status> {
         let translated = backends::vllm::request(request, kv_transfer_params_json)?;
-        let stream = self.vllm_client().generate(translated).await?.into_inner();
+        let stream = self.spliced(VLLM_GENERATE_PATH, &translated).await?;
         let id = request.request_id.clone();
         Ok(backends::map_stream(stream, move |r| {
             backends::vllm::response(&id, r)
