@@ -641,6 +641,21 @@ async fn every_protocol_gives_the_same_tokens() {
         })
         .await;
     assert_ne!(text.ok().tokens(0), image.ok().tokens(0));
+    // smg sends the original image beside its pixels to SGLang workers;
+    // like the published servicer, the engine computes on the pixels.
+    let mut with_media = sglang_request(&Ask {
+        image: Some(Pixels::Inline(pixel_bytes())),
+        ..ask("image-8-media", 8)
+    });
+    if let Some(mm) = with_media.mm_inputs.as_mut() {
+        mm.image_data = vec![Bytes::from_static(b"original image bytes")];
+    }
+    let sglang = PROTOCOLS
+        .iter()
+        .position(|p| *p == "sglang")
+        .expect("sglang");
+    let media = engines[sglang].1.sglang_raw(with_media).await;
+    assert_eq!(media.ok().tokens(0), image.ok().tokens(0));
 }
 
 /// Writes `bytes` to a fresh `/dev/shm` file with the default sender

@@ -272,13 +272,18 @@ fn sampling(p: SamplingParams, top_logprobs: Option<i32>) -> Result<Sampling, St
     })
 }
 
-/// The pixel batch as one item (the engine folds it whole).
+/// The pixel batch as one item (the engine folds it whole). The original
+/// images (`image_urls`, `image_data`) may come along with their pixels,
+/// as smg sends them: like the published SGLang servicer, which reads
+/// only `pixel_values` when it is present, the engine computes on the
+/// pixels and does not read them. Media without pixels are refused.
 fn items(mm: MultimodalInputs, prompt_len: usize) -> Result<Vec<ItemSource>, Status> {
+    let has_pixels = mm.pixel_values.is_some();
     let raw = [
-        ("image_urls", mm.image_urls.is_empty()),
+        ("image_urls", mm.image_urls.is_empty() || has_pixels),
         ("video_urls", mm.video_urls.is_empty()),
         ("audio_urls", mm.audio_urls.is_empty()),
-        ("image_data", mm.image_data.is_empty()),
+        ("image_data", mm.image_data.is_empty() || has_pixels),
         ("video_data", mm.video_data.is_empty()),
         ("audio_data", mm.audio_data.is_empty()),
     ];
