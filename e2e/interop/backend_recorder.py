@@ -1,0 +1,179 @@
+"""A vLLM or SGLang worker built only from the published ``smg-grpc-proto``
+stubs, which records what each Generate request carries as the published
+code reads it.
+
+Used by ``e2e/tests/test_backend_interop.py`` to prove that what Iris's
+gateway sends a vLLM or SGLang worker decodes, with the published stubs
+and the published servicer helpers that run without an engine
+(``smg_grpc_servicer.mm_shm.tensor_payload_bytes`` for the pixel
+payload, ``smg_grpc_servicer.vllm.mm_keys`` for vLLM's batches and media
+hashes), to what the gateway meant. Run as::
+
+    python backend_recorder.py {vllm|sglang} RECORD
+
+It serves the protocol's service on 127.0.0.1 at a free port, prints
+``listening PORT`` once bound, and appends one JSON line per Generate to
+RECORD. Every Generate is answered with the same canned tokens
+(``ANSWER``), one stream chunk and the completion when streaming.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import sys
+import threading
+
+from smg_env import grpc, to_dict
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sg
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sg_grpc
+from smg_grpc_proto.generated import vllm_engine_pb2 as vl
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vl_grpc
+from smg_grpc_servicer.mm_shm import tensor_payload_bytes
+from smg_grpc_servicer.vllm import mm_keys
+
+# The tokens every answer carries (ids the tiny model's tokenizer decodes).
+ANSWER = [72, 101, 108, 108, 111]
+
+
+def int64_values(data: bytes) -> list:
+    return [int.from_bytes(data[i:i + 8], "little", signed=True) for i in range(0, len(data), 8)]
+
+
+def tensor_record(raw: bytes, shape, dtype: str) -> dict:
+    return {"sha256": hashlib.sha256(raw).hexdigest(), "shape": list(shape), "dtype": dtype,
+            "bytes": len(raw)}
+
+
+def vllm_record(request) -> dict:
+    """What the published vLLM servicer's engine-free helpers read."""
+    batches = mm_keys.mm_batches(request)
+    images = []
+    for batch in batches:
+        pixels = batch.pixel_values
+        grid = batch.model_specific_tensors.get("image_grid_thw")
+        images.append({
+            "pixels": tensor_record(tensor_payload_bytes(pixels), pixels.shape, pixels.dtype),
+            "lane": pixels.WhichOneof("payload"),
+            "grid": int64_values(tensor_payload_bytes(grid)) if grid is not None else None,
+            "placeholders": [[p.offset, p.length] for p in batch.mm_placeholders],
+            "im_token_id": batch.im_token_id if batch.HasField("im_token_id") else None,
+            "modality": mm_keys.modality_name(batch),
+            "encoder_key": mm_keys.primary_encoder_key(batch),
+        })
+    return {
+        "input_ids": list(request.tokenized.input_ids),
+        "sampling": to_dict(request.sampling_params),
+        "stream": request.stream,
+        "images": images,
+        "mm_hashes": mm_keys.mm_identity_hashes(batches),
+        "missing_pixels": len(mm_keys.batches_missing_pixels(batches)),
+        "media_twice": mm_keys.describes_media_twice(request),
+    }
+
+
+def sglang_record(request) -> dict:
+    """What the published SGLang servicer reads (``_parse_mm_inputs``:
+    ``pixel_values``, ``model_specific_tensors``, ``mm_placeholders``,
+    ``im_token_id``)."""
+    images = []
+    if request.HasField("mm_inputs") and request.mm_inputs.HasField("pixel_values"):
+        mm = request.mm_inputs
+        grid = mm.model_specific_tensors.get("image_grid_thw")
+        images.append({
+            "pixels": tensor_record(bytes(mm.pixel_values.data), mm.pixel_values.shape,
+                                    mm.pixel_values.dtype),
+            "grid": int64_values(bytes(grid.data)) if grid is not None else None,
+            "placeholders": [[p.offset, p.length] for p in mm.mm_placeholders],
+            "im_token_id": mm.im_token_id if mm.HasField("im_token_id") else None,
+        })
+    return {
+        "input_ids": list(request.tokenized.input_ids),
+        "sampling": to_dict(request.sampling_params),
+        "stream": request.stream,
+        "images": images,
+    }
+
+
+class Recorder:
+    def __init__(self, path: str):
+        self.path = path
+        self.lock = threading.Lock()
+
+    def write(self, record: dict):
+        with self.lock, open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class Vllm(vl_grpc.VllmEngineServicer):
+    def __init__(self, recorder: Recorder):
+        self.recorder = recorder
+
+    def HealthCheck(self, request, context):
+        return vl.HealthCheckResponse(healthy=True, message="recorder")
+
+    def GetServerInfo(self, request, context):
+        return vl.GetServerInfoResponse(server_type="vllm-grpc", uptime_seconds=1.0)
+
+    def Abort(self, request, context):
+        return vl.AbortResponse()
+
+    def Generate(self, request, context):
+        self.recorder.write({"protocol": "vllm", **vllm_record(request)})
+        prompt = len(request.tokenized.input_ids)
+        if request.stream:
+            yield vl.GenerateResponse(chunk=vl.GenerateStreamChunk(
+                token_ids=ANSWER, prompt_tokens=prompt, completion_tokens=len(ANSWER)))
+        yield vl.GenerateResponse(complete=vl.GenerateComplete(
+            output_ids=ANSWER, finish_reason="length", prompt_tokens=prompt,
+            completion_tokens=len(ANSWER)))
+
+
+class Sglang(sg_grpc.SglangSchedulerServicer):
+    def __init__(self, recorder: Recorder):
+        self.recorder = recorder
+
+    def HealthCheck(self, request, context):
+        return sg.HealthCheckResponse(healthy=True, message="recorder")
+
+    def GetServerInfo(self, request, context):
+        return sg.GetServerInfoResponse(server_type="sglang-grpc", uptime_seconds=1.0)
+
+    def Abort(self, request, context):
+        return sg.AbortResponse(success=True)
+
+    def Generate(self, request, context):
+        self.recorder.write({"protocol": "sglang", **sglang_record(request)})
+        prompt = len(request.tokenized.input_ids)
+        rid = request.request_id
+        if request.stream:
+            yield sg.GenerateResponse(request_id=rid, chunk=sg.GenerateStreamChunk(
+                token_ids=ANSWER, prompt_tokens=prompt, completion_tokens=len(ANSWER)))
+        yield sg.GenerateResponse(request_id=rid, complete=sg.GenerateComplete(
+            output_ids=ANSWER, finish_reason="length", prompt_tokens=prompt,
+            completion_tokens=len(ANSWER)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("protocol", choices=["vllm", "sglang"])
+    parser.add_argument("record")
+    args = parser.parse_args()
+    recorder = Recorder(args.record)
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8),
+                         options=[("grpc.max_receive_message_length", 256 << 20)])
+    if args.protocol == "vllm":
+        vl_grpc.add_VllmEngineServicer_to_server(Vllm(recorder), server)
+    else:
+        sg_grpc.add_SglangSchedulerServicer_to_server(Sglang(recorder), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(f"listening {port}", flush=True)
+    server.wait_for_termination()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

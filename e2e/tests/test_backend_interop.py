@@ -1,0 +1,152 @@
+"""What ``iris serve`` sends a vLLM or SGLang worker, read by the published
+code: ``e2e/interop/backend_recorder.py`` serves the protocol from the
+published ``smg-grpc-proto`` stubs and records each Generate request as the
+published servicer helpers read it (``smg_grpc_servicer.mm_shm`` for the
+pixel payload, ``smg_grpc_servicer.vllm.mm_keys`` for vLLM's batches and
+media hashes). Field by field, images included: the token ids (the same
+under both protocols, the image's placeholder run where the placeholders
+say), the sampling parameters the client asked for, the pixels bit for
+bit against ``iris preprocess`` (bfloat16, the wire's default), the
+patch grid and the media hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, STARTUP_TIMEOUT, Processes, binary, start_gateway
+from test_epd import data_url, image_part
+from test_ts_encoder import bf16_bits
+
+HARNESS = REPO / "e2e" / "interop" / "backend_recorder.py"
+LISTENING = re.compile(r"listening (\d+)")
+IMAGE = REPO.parent / "shared" / "images" / "coffee.jpg"
+# What the recorder answers (its ANSWER), as the tiny model decodes it.
+ANSWER_TOKENS = 5
+
+
+@pytest.fixture(scope="module")
+def expected_pixels(model_dir, tmp_path_factory) -> dict:
+    """SHA-256, shape and grid of the image's pixels as the gateway sends
+    them by default, from ``iris preprocess``."""
+    if not IMAGE.is_file():
+        pytest.fail(f"{IMAGE} is missing: the image tests need ../shared beside the checkout")
+    npy = tmp_path_factory.mktemp("pixels") / "coffee.npy"
+    run = subprocess.run([str(binary("iris")), "preprocess", "--model-path", str(model_dir),
+                          str(IMAGE), "--out", str(npy)], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    values = np.load(npy, allow_pickle=False)
+    return {"sha256": hashlib.sha256(bf16_bits(values).tobytes()).hexdigest(),
+            "shape": list(values.shape)}
+
+
+def recorded_run(protocol: str, model_dir: Path, logs: Path, sampling: dict) -> tuple:
+    """``iris serve`` in front of the recorder; one image chat, streamed
+    and not, then the same text without the image. Returns the records and
+    the answers."""
+    procs = Processes(logs)
+    record = logs / "record.jsonl"
+    try:
+        worker = procs.spawn(f"recorder-{protocol}", [sys.executable, HARNESS, protocol, record])
+        port = worker.wait_for_line(LISTENING, STARTUP_TIMEOUT).group(1)
+        gateway = start_gateway(procs, model_dir, "--worker-urls",
+                                f"grpc://127.0.0.1:{port}?backend={protocol}")
+        client, model = gateway.client(), gateway.model
+        content = [{"type": "text", "text": "What is on the table?"},
+                   image_part(data_url(IMAGE.read_bytes(), "image/jpeg"))]
+        answers = []
+        for stream in (False, True):
+            reply = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": content}], stream=stream,
+                **sampling)
+            if stream:
+                answers.append("".join(c.choices[0].delta.content or "" for c in reply
+                                       if c.choices))
+            else:
+                answers.append(reply.choices[0].message.content)
+                assert reply.usage.completion_tokens == ANSWER_TOKENS
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "What is on the table?"}],
+            **sampling)
+        gateway.close_clients()
+    finally:
+        procs.stop_all()
+    lines = record.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()], answers
+
+
+@pytest.fixture(scope="module")
+def runs(model_dir, tmp_path_factory) -> dict:
+    common = {"max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
+              "extra_body": {"top_k": 20, "repetition_penalty": 1.1, "ignore_eos": True}}
+    return {
+        "vllm": recorded_run("vllm", model_dir, tmp_path_factory.mktemp("logs-vllm"),
+                             {**common, "seed": 11, "stop": ["zzz"]}),
+        "sglang": recorded_run("sglang", model_dir, tmp_path_factory.mktemp("logs-sglang"),
+                               {**common, "stop": ["zzz"]}),
+    }
+
+
+@pytest.mark.parametrize("protocol", ["vllm", "sglang"])
+def test_the_answer_and_the_request_shape(runs, protocol):
+    records, answers = runs[protocol]
+    assert len(records) == 3, records
+    plain, streamed, text_only = records
+    assert answers[0] and answers[0] == answers[1], answers
+    assert (plain["stream"], streamed["stream"]) == (False, True)
+    assert plain["input_ids"] == streamed["input_ids"]
+    assert len(text_only["images"]) == 0
+    # The image's placeholder run replaces one template token.
+    assert len(plain["input_ids"]) > len(text_only["input_ids"])
+
+
+@pytest.mark.parametrize("protocol", ["vllm", "sglang"])
+def test_the_pixels_grid_and_placeholders_decode_as_sent(runs, protocol, expected_pixels):
+    plain = runs[protocol][0][0]
+    [image] = plain["images"]
+    assert image["pixels"]["sha256"] == expected_pixels["sha256"], "bit for bit"
+    assert image["pixels"]["shape"] == expected_pixels["shape"]
+    assert image["pixels"]["dtype"] == "bfloat16"
+    t, h, w = image["grid"]
+    assert t * h * w == expected_pixels["shape"][0]
+    [[offset, length]] = image["placeholders"]
+    assert length == t * h * w // 4, "2×2 patches merge into one token"
+    ids = plain["input_ids"]
+    token = image["im_token_id"]
+    assert token is not None
+    assert ids[offset:offset + length] == [token] * length
+    assert ids.count(token) == length, "no placeholder outside the run"
+
+
+def test_vllm_batches_hashes_and_lane(runs):
+    plain, streamed, _ = runs["vllm"][0]
+    [image] = plain["images"]
+    assert image["lane"] == "inline"
+    assert (image["modality"], image["encoder_key"]) == ("image", "pixel_values")
+    assert plain["missing_pixels"] == 0 and not plain["media_twice"]
+    [digest] = plain["mm_hashes"]
+    assert re.fullmatch(r"[0-9a-f]{64}", digest), digest
+    assert streamed["mm_hashes"] == plain["mm_hashes"], "the same image, the same hash"
+
+
+@pytest.mark.parametrize("protocol", ["vllm", "sglang"])
+def test_the_sampling_parameters_arrive(runs, protocol):
+    sampling = runs[protocol][0][0]["sampling"]
+    assert sampling["temperature"] == pytest.approx(0.5)
+    assert sampling["top_p"] == pytest.approx(0.9)
+    assert sampling["top_k"] == 20
+    assert sampling["repetition_penalty"] == pytest.approx(1.1)
+    assert sampling["ignore_eos"] is True
+    max_tokens = sampling.get("max_tokens", sampling.get("max_new_tokens"))
+    assert int(max_tokens) == 7
+    if protocol == "vllm":
+        assert sampling["seed"] == 11
