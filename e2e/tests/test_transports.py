@@ -75,6 +75,21 @@ def lane_counts(text: str, lane: str) -> tuple[float, float]:
             metric(text, "iris_transport_bytes_total", lane=lane) or 0)
 
 
+def recalled(text: str) -> float:
+    """Images sent without their pixels: the encoder held their embedding
+    (every image after its first send here, since the chats repeat them)."""
+    return metric(text, "iris_transport_recalls_total", result="served") or 0
+
+
+def assert_every_image_went_by(text: str, lane: str):
+    """Each of the run's images reached the encoder: the first send of each
+    distinct image by ``lane``, every repeat by recall (no pixels)."""
+    tensors, nbytes = lane_counts(text, lane)
+    distinct = 2
+    assert tensors == distinct and nbytes > 0, text
+    assert tensors + recalled(text) == IMAGES_PER_RUN + 2, text
+
+
 def fallbacks(text: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("iris_transport_fallbacks_total{"))
@@ -122,8 +137,7 @@ def inline_answers(model_dir, tmp_path_factory):
         dep = deploy(procs, model_dir, "inline")
         got = answers(dep)
         text = dep.gateway.metrics()
-        tensors, nbytes = lane_counts(text, "inline")
-        assert tensors == IMAGES_PER_RUN + 2 and nbytes > 0, text
+        assert_every_image_went_by(text, "inline")
         dep.gateway.close_clients()
         yield got
     finally:
@@ -136,8 +150,7 @@ def test_the_same_answers_as_inline(processes, model_dir, inline_answers, transp
     dep = deploy(processes, model_dir, transport, by_url=by_url)
     assert answers(dep) == inline_answers
     text = dep.gateway.metrics()
-    tensors, nbytes = lane_counts(text, transport)
-    assert tensors == IMAGES_PER_RUN + 2 and nbytes > 0, text
+    assert_every_image_went_by(text, transport)
     assert lane_counts(text, "inline") == (0, 0), text
     assert fallbacks(text) == 0, text
     if transport == "shm":
