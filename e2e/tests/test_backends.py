@@ -172,8 +172,10 @@ def test_seed_is_refused_by_sglang_and_carried_by_vllm(backend_deployment, refer
 def test_mixed_pool_answers_alike(processes, model_dir, reference):
     tokenspeed = start_engine(processes, model_dir, "aggregated")
     vllm = start_engine(processes, model_dir, "aggregated", "--protocol", "vllm")
+    # Round robin, so both workers are sure to serve: the default policy
+    # routes by prefix, and these eight requests share two prompts.
     gateway = start_gateway(processes, model_dir, "--worker-urls", tokenspeed.url,
-                            "--worker-urls", vllm.url)
+                            "--worker-urls", vllm.url, "--policy", "round_robin")
     client = gateway.client()
     want_text = chat(reference, gateway.model, QUESTION)
     want_image = chat(reference, gateway.model, image_content(4))
