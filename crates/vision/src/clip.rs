@@ -13,7 +13,7 @@ use crate::geometry::{centre_crop_origin, shortest_edge_size};
 use crate::image::RgbView;
 use crate::layout::planar_chw;
 use crate::normalize::{Normalization, OutElem};
-use crate::output::{OutputDtype, PixelValues, PreprocessOutput};
+use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 use crate::pool::PooledVec;
 use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
 use crate::resize::{self, resize_into};
@@ -33,6 +33,16 @@ pub struct ClipProcessor {
 }
 
 impl ClipProcessor {
+    /// The output layout: the crop's, whatever the image's size.
+    fn crop_layout(&self) -> OutputLayout {
+        let (ch, cw) = self.crop_size;
+        OutputLayout {
+            shape: vec![3, ch, cw],
+            image_grid_thw: None,
+            num_placeholder_tokens: (ch / self.patch_size) * (cw / self.patch_size),
+        }
+    }
+
     /// LLaVA-1.5 (CLIP ViT-L/14 at 336 px): 576 image tokens.
     pub fn llava_1_5() -> Self {
         ClipProcessor {
@@ -156,13 +166,22 @@ impl Processor for ClipProcessor {
             OutputDtype::F32 => PixelValues::F32(self.write::<f32>(cropped)),
             OutputDtype::Bf16 => PixelValues::Bf16(self.write::<bf16>(cropped)),
         };
-        let (ch, cw) = self.crop_size;
+        let layout = self.crop_layout();
         Ok(PreprocessOutput {
             pixel_values,
-            shape: vec![3, ch, cw],
-            image_grid_thw: None,
-            num_placeholder_tokens: (ch / self.patch_size) * (cw / self.patch_size),
+            shape: layout.shape,
+            image_grid_thw: layout.image_grid_thw,
+            num_placeholder_tokens: layout.num_placeholder_tokens,
             resized_size,
         })
+    }
+
+    fn layout_for(
+        &self,
+        _width: usize,
+        _height: usize,
+        _opts: &PreprocessOptions,
+    ) -> Result<OutputLayout, VisionError> {
+        Ok(self.crop_layout())
     }
 }

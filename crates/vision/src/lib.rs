@@ -46,7 +46,7 @@ pub use image::RgbView;
 pub use layout::PatchGeometry;
 pub use normalize::{Normalization, CLIP_MEAN, CLIP_STD};
 pub use npy::write_npy_f32;
-pub use output::{OutputDtype, PixelValues, PreprocessOutput};
+pub use output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 pub use pool::{pool_stats, PoolStats, PooledVec};
 pub use processor::{PreprocessOptions, Processor, INTRA_IMAGE_PARALLEL_PIXELS};
 pub use qwen::{QwenFamily, QwenVlProcessor, QWEN_DEFAULT_MAX_PIXELS, QWEN_DEFAULT_MIN_PIXELS};

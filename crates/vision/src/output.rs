@@ -88,6 +88,30 @@ impl PixelValues {
     }
 }
 
+/// The shape of an image's encoder input, known before it is decoded
+/// ([`crate::Processor::planned_layout`]): what a caller needs to place its
+/// tokens in the prompt while the pixels are still being computed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputLayout {
+    /// `[num_patches, C·T·P·P]` for Qwen, `[3, H, W]` for CLIP-style.
+    pub shape: Vec<usize>,
+    /// `[t, h, w]` patch grid (Qwen family); `None` for fixed-size processors.
+    pub image_grid_thw: Option<[usize; 3]>,
+    /// How many placeholder tokens the prompt needs for this image.
+    pub num_placeholder_tokens: usize,
+}
+
+impl PreprocessOutput {
+    /// The output's layout (what [`crate::Processor::planned_layout`] promised).
+    pub fn layout(&self) -> OutputLayout {
+        OutputLayout {
+            shape: self.shape.clone(),
+            image_grid_thw: self.image_grid_thw,
+            num_placeholder_tokens: self.num_placeholder_tokens,
+        }
+    }
+}
+
 /// Encoder inputs for one image.
 #[derive(Debug)]
 pub struct PreprocessOutput {

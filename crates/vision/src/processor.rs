@@ -3,7 +3,7 @@
 use crate::decode::{decode_into, DecodeLimits, ImageInfo};
 use crate::error::VisionError;
 use crate::image::RgbView;
-use crate::output::{OutputDtype, PreprocessOutput};
+use crate::output::{OutputDtype, OutputLayout, PreprocessOutput};
 use crate::scratch::{with_scratch, Scratch};
 
 /// Images with at least this many pixels are also split across threads
@@ -66,6 +66,27 @@ pub trait Processor: Send + Sync {
         opts.limits.check(info.format, w, h)?;
         let work = self.working_bytes(info.width, info.height, opts)?;
         Ok(info.decode_bytes().saturating_add(work))
+    }
+
+    /// The layout of the output for a decoded (oriented) `width`×`height`
+    /// image: the same shape, grid and token count preprocessing it gives.
+    fn layout_for(
+        &self,
+        width: usize,
+        height: usize,
+        opts: &PreprocessOptions,
+    ) -> Result<OutputLayout, VisionError>;
+
+    /// The layout of the output for the image `info` describes
+    /// ([`crate::probe`]), before any pixel is decoded: callers can place
+    /// the image's tokens while its pixels are computed.
+    fn planned_layout(
+        &self,
+        info: &ImageInfo,
+        opts: &PreprocessOptions,
+    ) -> Result<OutputLayout, VisionError> {
+        let (w, h) = info.oriented_size();
+        self.layout_for(w as usize, h as usize, opts)
     }
 
     /// Preprocesses decoded RGB8 pixels using the given scratch buffers.

@@ -8,7 +8,7 @@ use crate::geometry::smart_resize;
 use crate::image::RgbView;
 use crate::layout::{PatchGeometry, PatchWriter};
 use crate::normalize::{Normalization, OutElem};
-use crate::output::{OutputDtype, PixelValues, PreprocessOutput};
+use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 use crate::pool::PooledVec;
 use crate::processor::{decode_then_preprocess, fnv1a, split_image, PreprocessOptions, Processor};
 use crate::resize::{self, resize_banded, resize_into, resize_rows, streams, RowSource};
@@ -140,15 +140,25 @@ impl QwenVlProcessor {
             OutputDtype::F32 => PixelValues::F32(self.write::<f32>(input, (w, h), scratch)?),
             OutputDtype::Bf16 => PixelValues::Bf16(self.write::<bf16>(input, (w, h), scratch)?),
         };
-        let geo = self.geometry;
-        let grid = [1, h / geo.patch_size, w / geo.patch_size];
+        let layout = self.resized_layout(w, h);
         Ok(PreprocessOutput {
             pixel_values,
+            shape: layout.shape,
+            image_grid_thw: layout.image_grid_thw,
+            num_placeholder_tokens: layout.num_placeholder_tokens,
+            resized_size: (w, h),
+        })
+    }
+
+    /// The output layout of an image resized to `w`×`h`.
+    fn resized_layout(&self, w: usize, h: usize) -> OutputLayout {
+        let geo = self.geometry;
+        let grid = [1, h / geo.patch_size, w / geo.patch_size];
+        OutputLayout {
             shape: vec![grid[1] * grid[2], geo.row_len()],
             image_grid_thw: Some(grid),
             num_placeholder_tokens: grid[0] * grid[1] * grid[2] / (geo.merge_size * geo.merge_size),
-            resized_size: (w, h),
-        })
+        }
     }
 
     /// Decodes and preprocesses `bytes` row by row, resizing each batch of
@@ -233,6 +243,16 @@ impl Processor for QwenVlProcessor {
         let (h, w) = self.target_size(view.height(), view.width(), opts)?;
         let (mut inter, mut out) = (Vec::new(), Vec::new());
         resize_into(view, w, h, &mut inter, &mut out, false)?.to_image()
+    }
+
+    fn layout_for(
+        &self,
+        width: usize,
+        height: usize,
+        opts: &PreprocessOptions,
+    ) -> Result<OutputLayout, VisionError> {
+        let (h, w) = self.target_size(height, width, opts)?;
+        Ok(self.resized_layout(w, h))
     }
 
     fn preprocess_view(

@@ -278,6 +278,7 @@ fn a_lying_header_costs_nothing() {
         width: 100_000,
         height: 100_000,
         work_bytes_per_pixel: 3,
+        swaps_axes: false,
     };
     assert!(QwenVlProcessor::qwen2_vl()
         .memory_needed(&huge, &PreprocessOptions::default())

@@ -62,6 +62,7 @@ pub(super) fn probe(bytes: &[u8]) -> Result<ImageInfo, VisionError> {
         width,
         height,
         work_bytes_per_pixel: 2,
+        swaps_axes: false,
     })
 }
 

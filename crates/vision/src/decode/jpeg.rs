@@ -179,9 +179,10 @@ impl Decompressor {
 /// before conversion, or the copy EXIF orientation makes.
 pub(super) fn probe(bytes: &[u8]) -> Result<ImageInfo, VisionError> {
     let header = Decompressor::new()?.header(bytes)?;
-    let oriented = exif_block(bytes)
+    let orientation = exif_block(bytes)
         .map(Orientation::from_exif_block)
-        .is_some_and(|o| o != Orientation::Normal);
+        .unwrap_or_default();
+    let oriented = orientation != Orientation::Normal;
     let (components, raw) = match (header.four_components, oriented) {
         (true, _) => (4, 4),
         (false, true) => (3, 3),
@@ -192,6 +193,7 @@ pub(super) fn probe(bytes: &[u8]) -> Result<ImageInfo, VisionError> {
         width: u32::try_from(header.width).unwrap_or(u32::MAX),
         height: u32::try_from(header.height).unwrap_or(u32::MAX),
         work_bytes_per_pixel: 2 * components + raw,
+        swaps_axes: orientation.swaps_axes(),
     })
 }
 

@@ -90,9 +90,21 @@ pub struct ImageInfo {
     /// coefficient buffers, a GIF's index canvas, the copy EXIF
     /// orientation makes.
     pub work_bytes_per_pixel: u32,
+    /// EXIF orientation turns the image a quarter (the decoded image is
+    /// `height`×`width`).
+    pub swaps_axes: bool,
 }
 
 impl ImageInfo {
+    /// `(width, height)` of the decoded image, after EXIF orientation.
+    pub fn oriented_size(&self) -> (u32, u32) {
+        if self.swaps_axes {
+            (self.height, self.width)
+        } else {
+            (self.width, self.height)
+        }
+    }
+
     /// Declared width × height.
     pub fn pixels(&self) -> u64 {
         u64::from(self.width) * u64::from(self.height)

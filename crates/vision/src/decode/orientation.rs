@@ -46,6 +46,17 @@ impl Orientation {
             .unwrap_or_default()
     }
 
+    /// Whether the transform turns a `w`×`h` image into an `h`×`w` one.
+    pub(crate) fn swaps_axes(self) -> bool {
+        matches!(
+            self,
+            Orientation::Transpose
+                | Orientation::Rotate90
+                | Orientation::Transverse
+                | Orientation::Rotate270
+        )
+    }
+
     /// Reorients the `w`×`h` RGB8 image in `img` (using `tmp`), returns the new size.
     pub(crate) fn apply(
         self,
@@ -57,14 +68,7 @@ impl Orientation {
         if self == Orientation::Normal {
             return (w, h);
         }
-        let swaps = matches!(
-            self,
-            Orientation::Transpose
-                | Orientation::Rotate90
-                | Orientation::Transverse
-                | Orientation::Rotate270
-        );
-        let (ow, oh) = if swaps { (h, w) } else { (w, h) };
+        let (ow, oh) = if self.swaps_axes() { (h, w) } else { (w, h) };
         ensure_len(tmp, ow * oh * 3);
         for y in 0..oh {
             for x in 0..ow {

@@ -22,8 +22,9 @@ const WEBP_OWN_BYTES_PER_PIXEL: u32 = 12;
 /// 3 bytes per pixel, the room EXIF orientation needs), plus the WebP
 /// decoder's own buffers.
 pub(super) fn probe(format: ImageFormat, bytes: &[u8]) -> Result<ImageInfo, VisionError> {
-    with_decoder(format, bytes, |d| {
+    with_decoder(format, bytes, |mut d| {
         let (width, height) = d.dimensions();
+        let swaps_axes = orientation(&mut *d).swaps_axes();
         let native = layout(format, d.color_type())?.bytes_per_pixel() as u32;
         if format == ImageFormat::Png {
             png_data_can_fill(
@@ -42,8 +43,17 @@ pub(super) fn probe(format: ImageFormat, bytes: &[u8]) -> Result<ImageInfo, Visi
             width,
             height,
             work_bytes_per_pixel: native.max(3) + own,
+            swaps_axes,
         })
     })
+}
+
+/// The EXIF orientation the decoder reports (none when it cannot say).
+fn orientation(decoder: &mut dyn ImageDecoder) -> Orientation {
+    match decoder.orientation() {
+        Ok(o) => Orientation::from_exif(o.to_exif()),
+        Err(_) => Orientation::Normal,
+    }
 }
 
 /// Decodes to RGB8 in `out` via the native layout in `raw`.
@@ -63,10 +73,7 @@ pub(super) fn decode(
         }
         let (w, h) = (w as usize, h as usize);
         let layout = layout(format, decoder.color_type())?;
-        let orientation = match decoder.orientation() {
-            Ok(o) => Orientation::from_exif(o.to_exif()),
-            Err(_) => Orientation::Normal,
-        };
+        let orientation = orientation(&mut *decoder);
         let total = usize::try_from(decoder.total_bytes())
             .map_err(|_| VisionError::decode(format.name(), "image too large"))?;
         if total != w * h * layout.bytes_per_pixel() {

@@ -1,0 +1,98 @@
+//! The layout a processor plans from an image's header
+//! ([`Processor::planned_layout`]) is the layout preprocessing the image
+//! gives: callers place an image's tokens in the prompt from the plan while
+//! its pixels are computed, so a difference would misplace them.
+
+mod common;
+
+use iris_vision::{
+    probe, ClipProcessor, OutputDtype, PreprocessOptions, Processor, QwenVlProcessor,
+};
+
+/// Every committed synthetic image and the shared photos.
+fn images() -> Vec<String> {
+    let dir = std::path::Path::new(common::DATA).join("synthetic");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| format!("synthetic/{}", entry.unwrap().file_name().to_string_lossy()))
+        .collect();
+    names.sort();
+    for photo in [
+        "coffee.jpg",
+        "chelsea.webp",
+        "camera.png",
+        "no_time_for_that_tiny.gif",
+        "motorcycle_left.png",
+    ] {
+        names.push(format!("shared/{photo}"));
+    }
+    names
+}
+
+fn options() -> Vec<PreprocessOptions> {
+    let small = PreprocessOptions {
+        min_pixels: Some(56 * 56),
+        max_pixels: Some(200 * 28 * 28),
+        ..PreprocessOptions::default()
+    };
+    let bf16 = PreprocessOptions {
+        dtype: OutputDtype::Bf16,
+        ..PreprocessOptions::default()
+    };
+    vec![PreprocessOptions::default(), small, bf16]
+}
+
+#[test]
+fn the_planned_layout_is_the_output_layout() {
+    let processors: Vec<Box<dyn Processor>> = vec![
+        Box::new(QwenVlProcessor::qwen2_vl()),
+        Box::new(QwenVlProcessor::qwen3_vl()),
+        Box::new(ClipProcessor::llava_1_5()),
+    ];
+    let (mut checked, mut turned) = (0, 0);
+    for name in images() {
+        let bytes = common::read(&name);
+        // Files the decoder refuses (the fuzz-like fixtures) plan nothing.
+        let Ok(info) = probe(&bytes) else { continue };
+        turned += usize::from(info.swaps_axes);
+        for processor in &processors {
+            for opts in options() {
+                let Ok(output) = processor.preprocess_bytes(&bytes, &opts) else {
+                    continue;
+                };
+                let planned = processor
+                    .planned_layout(&info, &opts)
+                    .unwrap_or_else(|e| panic!("{name}: planned {e}, decoded fine"));
+                assert_eq!(
+                    planned,
+                    output.layout(),
+                    "{name} {} {opts:?}",
+                    processor.name()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} images checked");
+    assert!(
+        turned >= 3,
+        "the EXIF-turned fixtures are covered ({turned})"
+    );
+}
+
+#[test]
+fn a_quarter_turn_swaps_the_planned_grid() {
+    let bytes = common::read("synthetic/exif_rot90.png");
+    let info = probe(&bytes).unwrap();
+    assert!(info.swaps_axes && info.width != info.height, "{info:?}");
+    assert_eq!(info.oriented_size(), (info.height, info.width));
+    let qwen = QwenVlProcessor::qwen2_vl();
+    let opts = PreprocessOptions::default();
+    let planned = qwen.planned_layout(&info, &opts).unwrap();
+    let unturned = qwen
+        .layout_for(info.width as usize, info.height as usize, &opts)
+        .unwrap();
+    let [_, h, w] = planned.image_grid_thw.unwrap();
+    assert_eq!(unturned.image_grid_thw.unwrap(), [1, w, h]);
+    assert_ne!(h, w, "a non-square fixture tells the axes apart");
+}
