@@ -37,7 +37,7 @@ import httpx
 import pytest
 
 from conftest import Processes, aggregated
-from test_epd import data_url, image_part, png
+from test_epd import corrupt_idat, data_url, image_part, png
 
 MAX_PAYLOAD = 1_000_000
 MAX_IMAGE_BYTES = 300_000
@@ -76,13 +76,6 @@ SVG = b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><rect wid
 HTML = b"<!doctype html><html><body><img src=x onerror=alert(1)></body></html>"
 GIF_HEADER_ONLY = b"GIF89a\x0a\x00\x0a\x00\x00\x00\x00"
 JPEG_SOI_ONLY = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00"
-
-
-def corrupt_idat(image: bytes) -> bytes:
-    """``image`` with bytes in the middle of its IDAT overwritten (CRC and
-    zlib stream both wrong)."""
-    at = image.index(b"IDAT") + 20
-    return image[:at] + b"\xde\xad\xbe\xef" * 4 + image[at + 16:]
 
 
 def chat(*parts, text: str = "hi", **extra) -> dict:

@@ -52,6 +52,13 @@ def png(width: int, height: int, seed: int = 0, poke: tuple | None = None) -> by
             + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b""))
 
 
+def corrupt_idat(image: bytes) -> bytes:
+    """``image`` with bytes in the middle of its IDAT overwritten (CRC and
+    zlib stream both wrong): its header reads fine, its pixels do not."""
+    at = image.index(b"IDAT") + 20
+    return image[:at] + b"\xde\xad\xbe\xef" * 4 + image[at + 16:]
+
+
 def data_url(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
@@ -245,10 +252,19 @@ def test_bad_image_inputs_are_client_errors(mm_deployment, images):
         "too many": post(*[image_part(data_url(images["/a.png"]))] * 17),
         "unsupported scheme": post(image_part("ftp://example.com/a.png")),
     }
+    retries = metric(mm_deployment.gateway.metrics(), "iris_retries_total") or 0
+    # A valid header over a corrupt body: EPD has dispatched the request
+    # (its first image encoding) by the time the second fails to decode.
+    cases["corrupt after its header"] = post(image_part(data_url(png(96, 64, seed=9))),
+                                             image_part(data_url(corrupt_idat(images["/b.png"]))))
     for name, response in cases.items():
         assert response.status_code == 400, (name, response.text)
         error = response.json()["error"]
         assert error["type"] == "invalid_request_error" and error["message"], name
+    corrupt = cases["corrupt after its header"].json()["error"]
+    assert corrupt["param"] == "messages[0].content[2]", corrupt
+    assert (metric(mm_deployment.gateway.metrics(), "iris_retries_total") or 0) == retries, \
+        "a bad image is retried nowhere"
     # The gateway is still serving.
     assert ask(mm_deployment.gateway.client(), model, image_part(data_url(images["/a.png"])))
 

@@ -2,10 +2,10 @@
 aggregated reference worker):
 
 - logs: ``--log-format text|json`` on every binary; no ANSI colour when
-  stderr is not a terminal (a file here); one ``chat request done`` line
-  per request with its id, status, duration, prompt and completion
-  tokens, images and pixel-cache hits — unary, streamed, refused, and a
-  stream whose client left (status 499);
+  stderr is not a terminal (a file here); one ``request done`` line per
+  request with its endpoint, id, status, duration, prompt and completion
+  tokens, images and pixel-cache hits — unary, streamed, refused, a text
+  completion, and a stream whose client left (status 499);
 - errors: an unknown route's 404 names the method and path; an image
   error names the part (``messages[1].content[2]``) in ``param``; an image
   host that does not resolve is the client's 400; a ``data:`` URL without
@@ -26,7 +26,7 @@ from conftest import REPO, Processes, aggregated, binary, wait_until
 from test_epd import data_url, image_part, png
 
 PHOTO = REPO.parent / "shared" / "images" / "coffee.jpg"
-DONE = "chat request done"
+DONE = "request done"
 FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 
 
@@ -93,6 +93,9 @@ def test_one_line_per_request_and_no_colour_in_a_file(gateway):
     refused = http.post("/v1/chat/completions", json={"model": "gpt-4", "messages": [
         {"role": "user", "content": "hi"}]})
     assert refused.status_code == 404
+    completion = http.post("/v1/completions", json={"model": gateway.model, "prompt": "Hello",
+                                                     "max_tokens": 4})
+    assert completion.status_code == 200, completion.text
 
     for reply, hits in ((first.json(), "0"), (again.json(), "1")):
         line = line_for(gateway, reply["id"])
@@ -101,6 +104,10 @@ def test_one_line_per_request_and_no_colour_in_a_file(gateway):
         assert line["completion_tokens"] == str(reply["usage"]["completion_tokens"]), line
         assert (line["images"], line["pixel_cache_hits"]) == ("1", hits), line
         assert int(line["duration_ms"]) >= 0 and line["outcome"] == "Ok", line
+        assert line["endpoint"] == "chat.completions", line
+    line = line_for(gateway, completion.json()["id"])
+    assert (line["endpoint"], line["status"], line["images"]) == ("completions", "200", "0"), line
+    assert line["completion_tokens"] == str(completion.json()["usage"]["completion_tokens"]), line
     line = line_for(gateway, stream_id)
     assert (line["status"], line["images"], line["outcome"]) == ("200", "0", "Ok"), line
     assert int(line["completion_tokens"]) > 0, line
@@ -159,6 +166,7 @@ def test_json_logs(model_dir, tmp_path):
         done = next(e for e in events if e["fields"].get("message") == DONE)
         assert done["level"] == "INFO", done
         assert done["fields"]["request_id"] == reply.id, done
+        assert done["fields"]["endpoint"] == "chat.completions", done
         assert done["fields"]["status"] == 200, done
         assert done["fields"]["prompt_tokens"] == reply.usage.prompt_tokens, done
         assert done["fields"]["completion_tokens"] == reply.usage.completion_tokens, done

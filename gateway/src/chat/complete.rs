@@ -25,21 +25,21 @@ use super::errors::{error_response, route_error, stream_ended, worker_error};
 use super::record::CLIENT_CLOSED;
 use super::Prepared;
 use crate::metrics::{Outcome, Stage};
-use crate::mm::budget::HeldImages;
+use crate::mm::pending::PendingImages;
 use crate::output::OutputPlan;
 use crate::router::Generation;
 use crate::server::AppState;
 
 pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
     let generate = std::mem::take(&mut prepared.generate);
-    let images_memory = std::mem::take(&mut prepared.images_memory);
+    let images = std::mem::take(&mut prepared.pending);
     let mut unanswered = ClientGone {
         prepared: &prepared,
         state: &state,
         armed: true,
     };
     let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
-    let run = tokio::time::timeout_at(deadline, run(&state, &prepared, generate, images_memory));
+    let run = tokio::time::timeout_at(deadline, run(&state, &prepared, generate, images));
     let result = match tokio::select! {
         biased;
         _ = state.hard_stop.cancelled() => Ok(Err((
@@ -100,12 +100,12 @@ async fn run(
     state: &AppState,
     prepared: &Prepared,
     generate: GenerateRequest,
-    images_memory: HeldImages,
+    images: PendingImages,
 ) -> Result<(Vec<u8>, u32), (ApiError, Outcome)> {
     let dispatch = Instant::now();
-    let started = state.router.start(generate).await;
+    let started = state.router.start_with(generate, &images).await;
     // The workers have the tensors now (or the request failed).
-    drop(images_memory);
+    drop(images);
     let mut generation = started.map_err(route_error)?;
     state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
     let generating = Instant::now();

@@ -43,6 +43,7 @@ pub fn route_error(error: RouteError) -> (ApiError, Outcome) {
             Outcome::NoWorker,
         ),
         RouteError::Upstream { worker, status } => worker_error(&worker, &status),
+        RouteError::Image(error) => super::image_failure(error),
     }
 }
 

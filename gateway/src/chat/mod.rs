@@ -10,12 +10,14 @@ mod logprobs;
 pub(crate) mod record;
 mod stream;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
+use futures::FutureExt;
 use iris_openai::{ApiError, ChatCompletionRequest, Constraint, ImageUrl, Sampling};
 use iris_proto::scheduler::{
     sampling_params, GenerateRequest, MultimodalInputs, SamplingParams, TokenizedInput,
@@ -25,13 +27,14 @@ use tracing::Instrument;
 pub use errors::error_response;
 
 use crate::metrics::{Outcome, Stage};
-use crate::mm::budget::HeldImages;
-use crate::mm::items::{expand_placeholders, multimodal_inputs};
-use crate::mm::pixels::PixelEntry;
+use crate::mm::items::{expand_placeholders, fill_pixels, multimodal_inputs};
+use crate::mm::pending::PendingImages;
+use crate::mm::pixels::ImageLayout;
 use crate::output::OutputPlan;
+use crate::router::Mode;
 use crate::server::AppState;
 use choice::ChoiceText;
-use record::{ImageCount, RequestLine};
+use record::{ImageCount, RequestLine, CHAT};
 
 /// Bodies larger than this are prompt-built on the blocking pool.
 pub(crate) const INLINE_PROMPT_BYTES: usize = 16 << 10;
@@ -51,9 +54,11 @@ pub struct Prepared {
     pub output: OutputPlan,
     pub prompt_tokens: u32,
     pub started: Instant,
-    /// The in-flight memory of the tensors preprocessed for this request,
-    /// given back once the request has been handed to the workers.
-    pub images_memory: HeldImages,
+    /// The request's images: their pixels as they become ready (EPD sends
+    /// each image's Encode as soon as it is), and the memory of the tensors
+    /// preprocessed for this request, given back once the request has been
+    /// handed to the workers (dropped).
+    pub pending: PendingImages,
     pub images: ImageCount,
 }
 
@@ -78,6 +83,7 @@ impl Prepared {
         error: Option<&str>,
     ) {
         RequestLine {
+            endpoint: CHAT,
             id: &self.id,
             started: self.started,
             status,
@@ -115,6 +121,7 @@ async fn respond(state: Arc<AppState>, request: Request, id: String) -> Response
         Ok(prepared) => complete::respond(state, prepared).await,
         Err((error, outcome)) => {
             RequestLine {
+                endpoint: CHAT,
                 id: &id,
                 started,
                 status: error.status,
@@ -165,7 +172,7 @@ async fn prepare(
         .check_text(&request.messages, max_new_tokens)
         .map_err(client)?;
     state.metrics.stage(Stage::Parse, started.elapsed());
-    let (images, images_memory, cache_hits) = load_images(state, &request).await?;
+    let (images, cache_hits) = start_images(state, &request).await?;
     *images_seen = ImageCount {
         images: images.len(),
         cache_hits,
@@ -188,7 +195,14 @@ async fn prepare(
     state
         .metrics
         .stage(Stage::Tokenize, tokenize_start.elapsed());
-    let (input_ids, mm_inputs) = place_images(state, input_ids, &images).map_err(client)?;
+    let (input_ids, mut mm_inputs) =
+        place_images(state, input_ids, images.layouts()).map_err(client)?;
+    if let Some(mm_inputs) = mm_inputs.as_mut().filter(|_| !pipelines(state)) {
+        let entries = images.all().await.map_err(image_failure)?;
+        for (item, entry) in mm_inputs.items.iter_mut().zip(&entries) {
+            fill_pixels(item, entry);
+        }
+    }
     state
         .prompter
         .limits()
@@ -213,7 +227,7 @@ async fn prepare(
         output,
         prompt_tokens,
         started,
-        images_memory,
+        pending: images,
         images: *images_seen,
     })
 }
@@ -241,15 +255,15 @@ pub(crate) async fn read_body(state: &AppState, body: Body) -> Result<bytes::Byt
     }
 }
 
-/// Fetches and preprocesses the request's images (none: no work); also
-/// says how many came from the pixel cache.
-async fn load_images(
-    state: &AppState,
+/// Fetches the request's images and starts preprocessing each (none: no
+/// work); also says how many the pixel cache held when the request came.
+async fn start_images(
+    state: &Arc<AppState>,
     request: &ChatCompletionRequest,
-) -> Result<(Vec<Arc<PixelEntry>>, HeldImages, usize), (ApiError, Outcome)> {
+) -> Result<(PendingImages, usize), (ApiError, Outcome)> {
     let urls: Vec<(String, &ImageUrl)> = request.image_parts().collect();
     if urls.is_empty() {
-        return Ok((Vec::new(), HeldImages::default(), 0));
+        return Ok((PendingImages::default(), 0));
     }
     let Some(mm) = state.multimodal.as_ref() else {
         return Err((
@@ -260,26 +274,61 @@ async fn load_images(
             Outcome::ClientError,
         ));
     };
-    let started = Instant::now();
-    let images = mm.load_images(&urls, &state.metrics).await.map_err(|e| {
-        let outcome = match e.status {
-            400 => Outcome::ClientError,
-            _ if e.retry_after.is_some() => Outcome::Overloaded,
-            _ => Outcome::UpstreamError,
-        };
-        (e, outcome)
-    })?;
-    state.metrics.stage(Stage::Images, started.elapsed());
-    Ok((images.entries, images.held, images.cache_hits))
+    let begun = Instant::now();
+    let started = mm
+        .start_images(&urls, &state.metrics)
+        .await
+        .map_err(image_failure)?;
+    let cache_hits = started.iter().filter(|s| s.cached).count();
+    // The `images` stage ends when the request's last image is ready.
+    let remaining = Arc::new(AtomicUsize::new(started.len()));
+    let loads = started
+        .into_iter()
+        .map(|image| {
+            let (state, remaining) = (state.clone(), remaining.clone());
+            let layout = image.layout.clone();
+            let load = async move {
+                let loaded = match state.multimodal.as_ref() {
+                    Some(mm) => mm.preprocess_image(image, &state.metrics).await,
+                    None => Err(ApiError::internal("the model's image pipeline is gone")),
+                };
+                if remaining.fetch_sub(1, Ordering::Relaxed) == 1 {
+                    state.metrics.stage(Stage::Images, begun.elapsed());
+                }
+                loaded
+            };
+            (layout, load.boxed())
+        })
+        .collect();
+    Ok((PendingImages::start(loads), cache_hits))
 }
 
-/// Expands the image placeholders and builds the request's items. With a
-/// vision model this also runs for text-only requests, so image tokens
-/// typed into the text cannot pose as images.
+/// An image that could not be fetched, admitted or preprocessed, with the
+/// request's outcome: the client's (400), no room (retry later) or ours.
+pub(crate) fn image_failure(error: ApiError) -> (ApiError, Outcome) {
+    let outcome = match error.status {
+        400 => Outcome::ClientError,
+        _ if error.retry_after.is_some() => Outcome::Overloaded,
+        _ => Outcome::UpstreamError,
+    };
+    (error, outcome)
+}
+
+/// Whether the router takes the request while its images are still being
+/// preprocessed: in EPD each image's Encode leaves once that image is
+/// ready (the Generate legs carry no pixels). Elsewhere the pixels travel
+/// inside the Generate request, so every image is awaited first.
+fn pipelines(state: &AppState) -> bool {
+    matches!(state.router.mode, Mode::EncodePrefillDecode { .. })
+}
+
+/// Expands the image placeholders and builds the request's items (their
+/// pixels not yet in). With a vision model this also runs for text-only
+/// requests, so image tokens typed into the text cannot pose as images.
 fn place_images(
     state: &AppState,
     input_ids: Vec<u32>,
-    images: &[Arc<PixelEntry>],
+    images: &[ImageLayout],
 ) -> Result<(Vec<u32>, Option<MultimodalInputs>), ApiError> {
     let Some(mm) = state.multimodal.as_ref() else {
         return Ok((input_ids, None));

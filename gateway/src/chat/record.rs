@@ -1,4 +1,4 @@
-//! How a chat request ends: its outcome counted in `iris_requests_total`
+//! How a request to `/v1/chat/completions` or `/v1/completions` ends: its outcome counted in `iris_requests_total`
 //! and one `info` log line with what an operator looks for first — request
 //! id, status, duration, prompt and completion tokens, images and
 //! pixel-cache hits (and the error's message when it failed). Every way a
@@ -13,6 +13,12 @@ use crate::metrics::{Metrics, Outcome};
 /// Status logged for a request whose client went away before its end
 /// (nginx's "client closed request"; nothing more was sent).
 pub const CLIENT_CLOSED: u16 = 499;
+
+/// [`RequestLine::endpoint`] of a chat completion.
+pub const CHAT: &str = "chat.completions";
+
+/// [`RequestLine::endpoint`] of a (text) completion.
+pub const COMPLETIONS: &str = "completions";
 
 /// Most bytes of a client's `user` field written in the log line.
 pub const USER_LOG_BYTES: usize = 128;
@@ -36,6 +42,8 @@ pub struct ImageCount {
 /// The facts of one request's log line.
 #[derive(Debug)]
 pub struct RequestLine<'a> {
+    /// The API route: [`CHAT`] or [`COMPLETIONS`].
+    pub endpoint: &'static str,
     pub id: &'a str,
     pub started: Instant,
     /// The HTTP status; for a stream that ended in an error event, that
@@ -58,6 +66,7 @@ impl RequestLine<'_> {
         metrics.outcome(self.outcome);
         let duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
+            endpoint = self.endpoint,
             request_id = %self.id,
             status = self.status,
             duration_ms,
@@ -68,7 +77,7 @@ impl RequestLine<'_> {
             user = self.user.map(|u| clip(u, USER_LOG_BYTES)),
             outcome = ?self.outcome,
             error = self.error,
-            "chat request done"
+            "request done"
         );
     }
 }

@@ -35,10 +35,13 @@ use crate::server::AppState;
 pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
     let dispatch = std::time::Instant::now();
     let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
-    let start = state.router.start(std::mem::take(&mut prepared.generate));
+    let images = std::mem::take(&mut prepared.pending);
+    let start = state
+        .router
+        .start_with(std::mem::take(&mut prepared.generate), &images);
     let started = tokio::time::timeout_at(deadline, start).await;
     // The workers have the tensors now (or the request failed).
-    drop(std::mem::take(&mut prepared.images_memory));
+    drop(images);
     let generation = match started {
         Ok(Ok(generation)) => generation,
         Ok(Err(error)) => {

@@ -26,7 +26,7 @@ use tokenizers::Tokenizer;
 use tracing::Instrument;
 
 use crate::chat::errors::error_response;
-use crate::chat::record::{ImageCount, RequestLine};
+use crate::chat::record::{ImageCount, RequestLine, COMPLETIONS};
 use crate::chat::{generate_request, read_body, INLINE_PROMPT_BYTES};
 use crate::metrics::{Outcome, Stage};
 use crate::server::AppState;
@@ -103,6 +103,7 @@ impl Prepared {
         error: Option<&str>,
     ) {
         RequestLine {
+            endpoint: COMPLETIONS,
             id: &self.id,
             started: self.started,
             status,
@@ -136,6 +137,7 @@ async fn respond(state: Arc<AppState>, request: Request, id: String) -> Response
         Ok(prepared) => unary::respond(state, prepared).await,
         Err((error, outcome)) => {
             RequestLine {
+                endpoint: COMPLETIONS,
                 id: &id,
                 started,
                 status: error.status,

@@ -171,10 +171,6 @@ fn kib_of(bytes: u64) -> u32 {
     u32::try_from(bytes.div_ceil(KIB)).unwrap_or(u32::MAX)
 }
 
-/// The reservations of one request's images, held until it is answered.
-#[derive(Debug, Default)]
-pub struct HeldImages(pub Vec<Reservation>);
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,16 +1,19 @@
 //! Prompt assembly for images: the chat template renders one image token
 //! per image; each is expanded to the image's token count, and each image
 //! becomes a `MultimodalItem` with its tensors, content hash, placeholder
-//! range and placeholder token id.
+//! range and placeholder token id. Items are built from the images'
+//! layouts, before their pixels are ready; [`fill_pixels`] puts each
+//! image's tensor in once it is.
 
 use std::collections::HashMap;
 
 use iris_openai::ApiError;
 use iris_proto::common::Modality;
+use iris_proto::scheduler::tensor_data::Payload;
 use iris_proto::scheduler::{MultimodalInputs, MultimodalItem, PlaceholderRange, TensorData};
 use iris_proto::tensor;
 
-use super::pixels::PixelEntry;
+use super::pixels::{ImageLayout, PixelEntry};
 
 /// Expands each occurrence of `image_token` in `ids` to `counts[i]` copies
 /// (in order). The number of occurrences must equal the number of images:
@@ -55,21 +58,29 @@ fn offset(value: usize) -> Result<u32, ApiError> {
         .map_err(|_| ApiError::bad_request("the prompt is too long for placeholder offsets"))
 }
 
-/// The request's `mm_inputs`: one item per image, pixels inline.
-pub fn multimodal_inputs(
-    images: &[std::sync::Arc<PixelEntry>],
+/// The request's `mm_inputs`: one item per image, its tensor's shape and
+/// dtype but not yet its pixels ([`fill_pixels`]).
+pub fn multimodal_inputs<'a>(
+    images: impl IntoIterator<Item = &'a ImageLayout>,
     ranges: Vec<PlaceholderRange>,
     image_token: u32,
 ) -> MultimodalInputs {
     let items = images
-        .iter()
+        .into_iter()
         .zip(ranges)
         .map(|(image, range)| item(image, range, image_token))
         .collect();
     MultimodalInputs { items }
 }
 
-fn item(image: &PixelEntry, range: PlaceholderRange, image_token: u32) -> MultimodalItem {
+/// `item` with `entry`'s pixels inline.
+pub fn fill_pixels(item: &mut MultimodalItem, entry: &PixelEntry) {
+    if let Some(tensor) = item.encoder_input.as_mut() {
+        tensor.payload = Some(Payload::Inline(entry.pixels.clone()));
+    }
+}
+
+fn item(image: &ImageLayout, range: PlaceholderRange, image_token: u32) -> MultimodalItem {
     let mut specific: HashMap<String, TensorData> = HashMap::new();
     if let Some(grid) = image.grid {
         let thw: Vec<i64> = grid.iter().map(|&v| i64::from(v)).collect();
@@ -78,11 +89,11 @@ fn item(image: &PixelEntry, range: PlaceholderRange, image_token: u32) -> Multim
     MultimodalItem {
         modality: Modality::Image as i32,
         content_hash: image.content_hash.clone(),
-        encoder_input: Some(tensor::inline(
-            image.shape.clone(),
-            image.dtype,
-            image.pixels.clone(),
-        )),
+        encoder_input: Some(TensorData {
+            shape: image.shape.clone(),
+            dtype: image.dtype.as_str().to_owned(),
+            payload: None,
+        }),
         model_specific_tensors: specific,
         placeholders: vec![range],
         placeholder_token_id: Some(image_token),

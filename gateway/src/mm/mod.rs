@@ -5,11 +5,15 @@
 //! ([`iris_cache`]: byte-bounded LRU, `Arc`-shared, single-flight) —
 //! hashing on the blocking pool and preprocessing on the fixed CPU pool
 //! ([`cpu_pool`]), never on the async runtime. Before a miss is decoded,
-//! the memory it will take is reserved from the in-flight [`budget`]. [`items`] then puts the images into the prompt and the request.
+//! the memory it will take is reserved from the in-flight [`budget`].
+//! Each image's layout is planned from its header, so [`items`] puts the
+//! images into the prompt and the request while [`pending`] images are
+//! still being preprocessed.
 
 pub mod budget;
 pub mod cpu_pool;
 pub mod items;
+pub mod pending;
 pub mod pixels;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,8 +30,9 @@ use iris_vision::{DecodeLimits, ImageInfo, PreprocessOptions, Processor, VisionE
 
 use crate::config::MediaSettings;
 use crate::metrics::{Metrics, Stage};
-use budget::{BudgetError, HeldImages, MemoryBudget, Reservation};
-use pixels::{content_hash, image_hash, PixelEntry};
+use budget::{BudgetError, MemoryBudget, Reservation};
+use pending::Loaded;
+use pixels::{content_hash, image_hash, ImageLayout, PixelEntry};
 
 /// Images smaller than this are hashed (and their header read) inline
 /// rather than on the blocking pool.
@@ -94,23 +99,25 @@ impl Multimodal {
         }))
     }
 
-    /// Fetches and preprocesses every image of a request, concurrently.
+    /// Fetches every image of a request (concurrently), reads each one's
+    /// header and plans its layout; each image then preprocesses on its
+    /// own ([`Multimodal::preprocess_image`], [`pending::PendingImages`]).
     ///
     /// Before anything is decoded, the memory of all the request's misses
     /// is reserved at once (a request never holds part of the budget while
     /// waiting for the rest, so requests cannot block each other). Each
     /// image's share shrinks to its tensor when preprocessed; the tensors
-    /// stay reserved until the caller drops the [`HeldImages`] (once the
+    /// stay reserved until the request's images are dropped (once the
     /// request has been handed to the workers).
     ///
     /// Each image comes with its place in the request
     /// (`messages[2].content[1]`, [`iris_openai::ChatCompletionRequest::image_parts`]),
     /// which an error about it names in `param` and its message.
-    pub async fn load_images(
+    pub async fn start_images(
         &self,
         urls: &[(String, &ImageUrl)],
         metrics: &Metrics,
-    ) -> Result<LoadedImages, ApiError> {
+    ) -> Result<Vec<StartedImage>, ApiError> {
         if urls.len() > self.per_request_limit {
             return Err(ApiError::bad_field(
                 "messages",
@@ -126,23 +133,45 @@ impl Multimodal {
             .map(|(place, url)| self.fetch_one(place, &url.url, metrics));
         let images = futures::future::try_join_all(fetches).await?;
         let shares = self.reserve(&images).await?;
-        let loads = images
+        images
             .into_iter()
             .zip(shares)
-            .map(|(image, share)| self.load_one(image, share, metrics));
-        let loaded = futures::future::try_join_all(loads).await?;
-        let cache_hits = loaded.iter().filter(|(_, _, hit)| *hit).count();
-        let mut entries = Vec::with_capacity(loaded.len());
-        let mut held = Vec::with_capacity(loaded.len());
-        for (entry, share, _) in loaded {
-            entries.push(entry);
-            held.extend(share);
+            .map(|(image, share)| {
+                let (layout, cached) = self.layout(&image)?;
+                Ok(StartedImage {
+                    image: Box::new(image),
+                    share,
+                    layout,
+                    cached,
+                })
+            })
+            .collect()
+    }
+
+    /// An image's layout: its cached entry's (and `true`), else planned
+    /// from its header.
+    fn layout(&self, image: &FetchedImage) -> Result<(ImageLayout, bool), ApiError> {
+        if let Some(entry) = self.cache.peek(&(image.hash, self.fingerprint)) {
+            return Ok((entry.layout.clone(), true));
         }
-        Ok(LoadedImages {
-            entries,
-            held: HeldImages(held),
-            cache_hits,
-        })
+        let place = image.place.as_str();
+        let info = image.info.as_ref().map_err(|e| vision_error(place, e))?;
+        let planned = self
+            .processor
+            .planned_layout(info, &self.options)
+            .map_err(|e| vision_error(place, &e))?;
+        let content = content_hash(&image.hash, self.fingerprint);
+        let layout = ImageLayout::new(planned, self.options.dtype, content)
+            .map_err(|e| ApiError::bad_field(place, format!("{place}: {e}")))?;
+        Ok((layout, false))
+    }
+
+    /// Preprocesses a started image through the pixel cache.
+    pub async fn preprocess_image(&self, started: StartedImage, metrics: &Metrics) -> Result<Loaded, ApiError> {
+        let (entry, share, _) = self
+            .load_one(*started.image, started.share, metrics)
+            .await?;
+        Ok((entry, share))
     }
 
     /// Fetches one image, hashes it and reads its header.
@@ -348,15 +377,15 @@ impl Drop for InFlight {
     }
 }
 
-/// A request's preprocessed images ([`Multimodal::load_images`]).
-pub struct LoadedImages {
-    /// The images, in the request's order.
-    pub entries: Vec<Arc<PixelEntry>>,
-    /// The in-flight memory of the tensors this request preprocessed.
-    pub held: HeldImages,
-    /// How many images the pixel cache (or another request preprocessing
-    /// the same image) supplied, rather than this request.
-    pub cache_hits: usize,
+/// An image fetched, its memory reserved and its layout planned
+/// ([`Multimodal::start_images`]), to be preprocessed ([`Multimodal::preprocess_image`]).
+pub struct StartedImage {
+    image: Box<FetchedImage>,
+    share: Option<Reservation>,
+    /// The item's layout: the shape, grid and tokens its tensor will have.
+    pub layout: ImageLayout,
+    /// The pixel cache held the image's tensor when the request arrived.
+    pub cached: bool,
 }
 
 /// A fetched image, its place in the request, its hash and what its
@@ -481,6 +510,7 @@ mod tests {
             width: 9459,
             height: 9459,
             work_bytes_per_pixel: 8,
+            swaps_axes: false,
         };
         let too_large = BudgetError::TooLarge {
             need: 1400 * MIB - 5,

@@ -1,18 +1,17 @@
 //! Preprocessed images as the gateway keeps them: the encoder input tensor
 //! in shared bytes (a cache hit, or the copy in each leg's request, copies
-//! no tensor data), its patch grid and token count, and the content hash
-//! that names the item to encoders.
+//! no tensor data) and its [`ImageLayout`] — shape, patch grid, token count
+//! and the content hash that names the item to encoders, which is also
+//! known from the image's header before its pixels are.
 
 use bytes::Bytes;
 use iris_proto::tensor::DType;
-use iris_vision::{OutputDtype, PixelValues, PreprocessOutput};
+use iris_vision::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 use sha2::{Digest, Sha256};
 
-/// One preprocessed image.
-#[derive(Debug)]
-pub struct PixelEntry {
-    /// Little-endian tensor bytes (the vision crate's recycled buffer).
-    pub pixels: Bytes,
+/// What an image's item looks like, pixels aside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageLayout {
     pub shape: Vec<u32>,
     pub dtype: DType,
     /// `[t, h, w]` patch grid (Qwen family).
@@ -23,35 +22,57 @@ pub struct PixelEntry {
     pub content_hash: Bytes,
 }
 
-impl PixelEntry {
-    /// Takes the processor's output without copying its tensor.
-    pub fn from_output(output: PreprocessOutput, content_hash: Bytes) -> Result<Self, String> {
-        let shape = output
+impl ImageLayout {
+    /// The layout the vision crate planned or produced, in wire terms.
+    pub fn new(
+        layout: OutputLayout,
+        dtype: OutputDtype,
+        content_hash: Bytes,
+    ) -> Result<Self, String> {
+        let shape = layout
             .shape
             .iter()
             .map(|&d| u32::try_from(d).map_err(|_| format!("tensor dimension {d} is too large")))
             .collect::<Result<Vec<u32>, String>>()?;
-        let grid = match output.image_grid_thw {
+        let grid = match layout.image_grid_thw {
             Some([t, h, w]) => Some([dim(t)?, dim(h)?, dim(w)?]),
             None => None,
         };
-        let dtype = match output.pixel_values.dtype() {
+        let dtype = match dtype {
             OutputDtype::F32 => DType::Float32,
             OutputDtype::Bf16 => DType::BFloat16,
         };
-        Ok(PixelEntry {
-            pixels: Bytes::from_owner(Tensor(output.pixel_values)),
+        Ok(ImageLayout {
             shape,
             dtype,
             grid,
-            tokens: output.num_placeholder_tokens,
+            tokens: layout.num_placeholder_tokens,
             content_hash,
+        })
+    }
+}
+
+/// One preprocessed image.
+#[derive(Debug)]
+pub struct PixelEntry {
+    /// Little-endian tensor bytes (the vision crate's recycled buffer).
+    pub pixels: Bytes,
+    pub layout: ImageLayout,
+}
+
+impl PixelEntry {
+    /// Takes the processor's output without copying its tensor.
+    pub fn from_output(output: PreprocessOutput, content_hash: Bytes) -> Result<Self, String> {
+        let layout = ImageLayout::new(output.layout(), output.pixel_values.dtype(), content_hash)?;
+        Ok(PixelEntry {
+            pixels: Bytes::from_owner(Tensor(output.pixel_values)),
+            layout,
         })
     }
 
     /// Bytes the entry holds, for the cache's bound.
     pub fn weight(&self) -> usize {
-        self.pixels.len() + self.content_hash.len() + std::mem::size_of::<Self>()
+        self.pixels.len() + self.layout.content_hash.len() + std::mem::size_of::<Self>()
     }
 }
 
@@ -99,10 +120,10 @@ mod tests {
         let hash = image_hash(b"file bytes");
         let entry = PixelEntry::from_output(output, content_hash(&hash, 1)).unwrap();
         assert_eq!(&entry.pixels[..], &expected[..]);
-        assert_eq!(entry.shape, vec![24, 1176]);
-        assert_eq!(entry.grid, Some([1, 6, 4]));
-        assert_eq!(entry.tokens, 6);
-        assert_eq!(entry.dtype, DType::Float32);
+        assert_eq!(entry.layout.shape, vec![24, 1176]);
+        assert_eq!(entry.layout.grid, Some([1, 6, 4]));
+        assert_eq!(entry.layout.tokens, 6);
+        assert_eq!(entry.layout.dtype, DType::Float32);
         let shared = entry.pixels.clone();
         assert_eq!(
             shared.as_ptr(),

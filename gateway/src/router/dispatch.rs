@@ -31,16 +31,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use iris_openai::ApiError;
 use iris_proto::scheduler::GenerateRequest;
 use tonic::Status;
 
 use super::classify::{self, Verdict};
-use super::encode;
+use super::encode::{self, EncodeJob};
 use super::generation::{FailedLeg, Generation, Leg};
 use super::pixels::{self, Laned};
 use super::strategy::{Plan, Strategy};
 use super::{RouteError, Router};
 use crate::backends::{Backend, ResponseStream};
+use crate::mm::pending::PendingImages;
 use crate::workers::affinity::item_patches;
 use crate::workers::Worker;
 
@@ -51,6 +53,9 @@ struct Failure {
     verdict: Verdict,
     /// The worker refused the RDMA lane of its pixels: plan again.
     lane_refused: bool,
+    /// An image of the request failed to preprocess: the request ends
+    /// with its error, and no worker is blamed.
+    image: Option<ApiError>,
 }
 
 /// Re-plans after RDMA refusals per request at most (each turns rdma off
@@ -86,6 +91,8 @@ impl Accepted {
 
 /// The calls of an attempt, answered.
 struct Sent {
+    /// An image of the request failed to preprocess.
+    image: Option<ApiError>,
     /// The Generate legs' pixels that left inline.
     laned: Laned,
     encoders: Vec<Arc<Worker>>,
@@ -117,6 +124,26 @@ fn generation(prefill: Option<Accepted>, stream: Accepted) -> (Generation, LegWo
 
 const ABORT_REASON: &str = "another leg of the request failed";
 
+/// The failure of an attempt one of whose images failed to preprocess:
+/// its accepted legs are aborted and nobody is blamed.
+fn image_failed(error: ApiError, prefill: Option<LegResult>, stream: LegResult) -> Failure {
+    let worker = match &stream {
+        Ok(accepted) => accepted.worker.clone(),
+        Err((worker, _)) => worker.clone(),
+    };
+    for leg in prefill.into_iter().chain([stream]).flatten() {
+        leg.leg
+            .abort("an image of the request could not be preprocessed");
+    }
+    Failure {
+        worker,
+        status: Status::aborted(error.message.clone()),
+        verdict: Verdict::Fatal,
+        lane_refused: false,
+        image: Some(error),
+    }
+}
+
 /// A leg aborted if dropped while still set (a vLLM prefill leg whose
 /// request went away before it answered).
 struct AbortOnDrop(Option<Leg>);
@@ -133,7 +160,19 @@ impl Router {
     /// Starts `request` on the mode's workers, retrying failures before
     /// its first response on other workers.
     pub async fn start(&self, request: GenerateRequest) -> Result<Generation, RouteError> {
-        let strategy = Strategy::new(&self.mode, request);
+        self.start_with(request, &PendingImages::default()).await
+    }
+
+    /// [`Router::start`] for a request whose items' pixels may still be
+    /// on their way (`images`): in EPD each image's Encode waits for that
+    /// image alone, and an image that fails to preprocess ends the request
+    /// with its error ([`RouteError::Image`]), no worker blamed.
+    pub async fn start_with(
+        &self,
+        request: GenerateRequest,
+        images: &PendingImages,
+    ) -> Result<Generation, RouteError> {
+        let strategy = Strategy::new(&self.mode, request, images);
         let mut suspects = Vec::new();
         // Plans made (each with its own request id), and of those retries.
         let (mut attempt, mut retried, mut replanned) = (0u32, 0u32, 0u32);
@@ -146,6 +185,9 @@ impl Router {
                 Err(failure) => failure,
             };
             attempt += 1;
+            if let Some(error) = failure.image {
+                return Err(RouteError::Image(error));
+            }
             if failure.lane_refused && replanned < MAX_LANE_REPLANS {
                 replanned += 1;
                 continue;
@@ -244,6 +286,7 @@ impl Router {
                 )),
                 verdict: Verdict::Fatal,
                 lane_refused: false,
+                image: None,
             });
         }
         let mut leg = AbortOnDrop(Some(Leg::new(p.clone(), &request.request_id, &self.aborts)));
@@ -290,6 +333,7 @@ impl Router {
             status: status.clone(),
             verdict: Verdict::Retry,
             lane_refused: true,
+            image: None,
         })
     }
 
@@ -340,7 +384,9 @@ impl Router {
             .zip(p_leg)
             .zip(p_result)
             .map(|(((p, _), leg), result)| Accepted::from_call(p, leg, result));
+        let image = plan.encodes.iter().find_map(EncodeJob::image_failure);
         Sent {
+            image,
             laned,
             encoded: encoders.iter().cloned().zip(encoded).collect(),
             encoders,
@@ -381,6 +427,9 @@ impl Router {
         laned: &Laned,
         suspects: &mut Vec<Arc<Worker>>,
     ) -> Result<(Generation, LegWorkers), Failure> {
+        if let Some(error) = sent.image {
+            return Err(image_failed(error, sent.prefill, sent.stream));
+        }
         // Every failed call, in order: the encodes, prefill, the stream.
         let mut failed: Vec<(Arc<Worker>, Status)> = sent
             .encoded
@@ -429,6 +478,7 @@ impl Router {
                     status,
                     verdict,
                     lane_refused: false,
+                    image: None,
                 }
             })
             .collect();
@@ -459,5 +509,6 @@ fn late_failure(
         worker,
         status,
         lane_refused: false,
+        image: None,
     }
 }

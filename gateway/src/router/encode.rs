@@ -14,6 +14,11 @@
 //! (NOT_FOUND, [`classify::recall_missed`]) the pixels follow at once,
 //! under the same room.
 //!
+//! An image still being preprocessed when the request was planned (EPD
+//! dispatches while its images are preprocessed,
+//! [`crate::mm::pending`]) is awaited by its own Encode: each image leaves
+//! as soon as it is ready. A recall needs no pixels and waits for nothing.
+//!
 //! An encoder that refuses an RDMA payload because its puller is off
 //! ([`classify::rdma_refused`]) has rdma turned off until it restarts
 //! ([`Lanes::rdma_refused`]) and gets the same image again, inline, at
@@ -29,6 +34,8 @@ use iris_transport::DeliveryTicket;
 use tonic::Status;
 
 use super::classify;
+use crate::mm::items::fill_pixels;
+use crate::mm::pending::PendingImages;
 use crate::transport::Lanes;
 use crate::workers::Worker;
 
@@ -38,6 +45,16 @@ pub(super) struct EncodeJob<'a> {
     pub item: &'a MultimodalItem,
     /// Where the embedding waits on the encoder's data server.
     pub room: i64,
+    /// Where the item's pixels come from when it has none yet: the
+    /// request's images and this one's index.
+    pub pending: Option<(&'a PendingImages, usize)>,
+}
+
+impl EncodeJob<'_> {
+    /// The request's image that failed to preprocess, if one did.
+    pub fn image_failure(&self) -> Option<iris_openai::ApiError> {
+        self.pending.and_then(|(images, _)| images.failure())
+    }
 }
 
 /// Sends every job's image at once (the `i`-th as `{request_id}-img{i}`);
@@ -92,11 +109,34 @@ async fn encode(
             Err(status) => return Err(status),
         }
     }
-    let result = encode_pixels(lanes, job, request_id, timeout).await;
+    let item = with_pixels(job).await?;
+    let result = encode_pixels(lanes, job, &item, request_id, timeout).await;
     if result.is_ok() {
         recall.remember(hash);
     }
     result
+}
+
+/// The job's item with its pixels, once its image is ready.
+async fn with_pixels<'a>(
+    job: &EncodeJob<'a>,
+) -> Result<std::borrow::Cow<'a, MultimodalItem>, Status> {
+    let has_pixels = job
+        .item
+        .encoder_input
+        .as_ref()
+        .is_some_and(|t| t.payload.is_some());
+    match job.pending {
+        Some((images, index)) if !has_pixels => {
+            let entry = images.pixels(index).await.map_err(|e| {
+                Status::aborted(format!("the image was not preprocessed: {}", e.message))
+            })?;
+            let mut item = job.item.clone();
+            fill_pixels(&mut item, &entry);
+            Ok(std::borrow::Cow::Owned(item))
+        }
+        _ => Ok(std::borrow::Cow::Borrowed(job.item)),
+    }
 }
 
 /// The item with its tensor's shape and dtype but no payload: a recall.
@@ -117,10 +157,11 @@ fn without_pixels(item: &MultimodalItem) -> MultimodalItem {
 async fn encode_pixels(
     lanes: &Arc<Lanes>,
     job: &EncodeJob<'_>,
+    pixels: &MultimodalItem,
     request_id: String,
     timeout: Duration,
 ) -> Result<(), Status> {
-    let (item, ticket) = prepare(lanes, &job.worker, job.item, job.room).await?;
+    let (item, ticket) = prepare(lanes, &job.worker, pixels, job.room).await?;
     let remote = is_remote(&item);
     let result = call_encode(&job.worker, request_id.clone(), item, job.room, timeout).await;
     match result {
@@ -130,7 +171,7 @@ async fn encode_pixels(
                 ticket.never_sent();
             }
             lanes.rdma_refused(&job.worker, &status);
-            let (item, ticket) = prepare(lanes, &job.worker, job.item, job.room).await?;
+            let (item, ticket) = prepare(lanes, &job.worker, pixels, job.room).await?;
             let result = call_encode(&job.worker, request_id, item, job.room, timeout).await;
             settle(ticket, &result);
             result

@@ -38,6 +38,9 @@ pub enum RouteError {
     NoWorker(Role),
     /// A worker refused or failed the request.
     Upstream { worker: String, status: Status },
+    /// An image of the request could not be preprocessed (it was still
+    /// being preprocessed when the request was dispatched: EPD).
+    Image(iris_openai::ApiError),
 }
 
 /// How the router retries and supervises, built from the parsed command

@@ -23,6 +23,7 @@ use iris_proto::scheduler::{GenerateRequest, MultimodalItem};
 use super::encode::EncodeJob;
 use super::legs::{attempt_request, new_room, strip_pixels, with_encode_info, with_kv_room};
 use crate::backends::Backend;
+use crate::mm::pending::PendingImages;
 use crate::workers::affinity::{EncodePolicy, ImageCost};
 use crate::workers::{Pool, Role, Worker};
 
@@ -87,8 +88,10 @@ pub(super) enum Strategy<'a> {
         policy: &'a EncodePolicy,
         prefill: &'a Pool,
         decode: &'a Pool,
-        /// The images, pixels included, for the encode step.
+        /// The images for the encode step: pixels included, or still being
+        /// preprocessed (`images`).
         items: Vec<MultimodalItem>,
+        images: Option<&'a PendingImages>,
         /// What prefill and decode are sent: the request without pixels.
         stripped: GenerateRequest,
     },
@@ -113,8 +116,9 @@ pub(super) struct Plan<'a> {
 }
 
 impl<'a> Strategy<'a> {
-    /// The strategy of `mode` for `request`.
-    pub fn new(mode: &'a Mode, request: GenerateRequest) -> Self {
+    /// The strategy of `mode` for `request`, whose items' pixels may still
+    /// be on their way (`images`; EPD only).
+    pub fn new(mode: &'a Mode, request: GenerateRequest, images: &'a PendingImages) -> Self {
         match mode {
             Mode::Aggregated(pool) => Strategy::Aggregated { pool, request },
             Mode::PrefillDecode { prefill, decode } => {
@@ -140,6 +144,7 @@ impl<'a> Strategy<'a> {
                     prefill,
                     decode,
                     items,
+                    images: (!images.is_empty()).then_some(images),
                     stripped: strip_pixels(&request),
                 }
             }
@@ -213,6 +218,7 @@ impl<'a> Strategy<'a> {
                 prefill,
                 decode,
                 items,
+                images,
                 stripped,
             } => {
                 let encoders = pick_encoders(encode, policy, items, suspects)?;
@@ -224,7 +230,13 @@ impl<'a> Strategy<'a> {
                     .into_iter()
                     .zip(items)
                     .zip(rooms)
-                    .map(|((worker, item), room)| EncodeJob { worker, item, room })
+                    .enumerate()
+                    .map(|(index, ((worker, item), room))| EncodeJob {
+                        worker,
+                        item,
+                        room,
+                        pending: images.map(|images| (images, index)),
+                    })
                     .collect();
                 Ok(Plan {
                     encodes,
@@ -322,7 +334,8 @@ mod tests {
     #[tokio::test]
     async fn a_vllm_prefill_runs_first_and_decode_gets_no_images() {
         let mode = pd("vllm");
-        let strategy = Strategy::new(&mode, image_request());
+        let no_pending = PendingImages::default();
+        let strategy = Strategy::new(&mode, image_request(), &no_pending);
         let plan = strategy.plan(1, &[]).unwrap();
         assert!(plan.remote_prefill && plan.kv_transfer.is_none());
         let (_, prefill) = plan.prefill.as_ref().unwrap();
@@ -342,7 +355,8 @@ mod tests {
     #[tokio::test]
     async fn sglang_pd_is_dual_dispatch_with_an_int32_room() {
         let mode = pd("sglang");
-        let strategy = Strategy::new(&mode, image_request());
+        let no_pending = PendingImages::default();
+        let strategy = Strategy::new(&mode, image_request(), &no_pending);
         for attempt in 0..32 {
             let plan = strategy.plan(attempt, &[]).unwrap();
             assert!(!plan.remote_prefill);

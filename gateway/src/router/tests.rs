@@ -624,3 +624,120 @@ async fn an_aggregated_worker_that_takes_rdma_keeps_the_lane() {
         ],
     );
 }
+
+/// An EPD router over one scripted encoder, prefill and decode.
+async fn epd(prefill: &[Answer], decode: &[Answer]) -> (Router, [Fake; 3]) {
+    let encoder = Fake::start(Role::Encode, &[]).await;
+    let prefill = Fake::start(Role::Prefill, prefill).await;
+    let decode = Fake::start(Role::Decode, decode).await;
+    let mode = Mode::EncodePrefillDecode {
+        encode: pool(Role::Encode, &[&encoder]),
+        encode_policy: EncodePolicy::new(EncodePolicyKind::RoundRobin, 1.0, 0),
+        prefill: pool(Role::Prefill, &[&prefill]),
+        decode: pool(Role::Decode, &[&decode]),
+    };
+    (router(mode, 0), [encoder, prefill, decode])
+}
+
+/// A request whose items are laid out but have no pixels yet.
+fn pending_request(layouts: &[crate::mm::pixels::ImageLayout]) -> GenerateRequest {
+    let ranges = (0..layouts.len())
+        .map(|i| PlaceholderRange {
+            offset: 10 * i as u32,
+            length: layouts[i].tokens as u32,
+        })
+        .collect();
+    GenerateRequest {
+        mm_inputs: Some(crate::mm::items::multimodal_inputs(layouts, ranges, 9)),
+        ..request()
+    }
+}
+
+async fn until(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+/// Dispatched while its images are preprocessed, a request sends its
+/// Generate legs and each image's Encode as soon as that image is ready:
+/// the first image is encoded while the second is still on its way.
+#[tokio::test]
+async fn each_images_encode_leaves_as_soon_as_that_image_is_ready() {
+    use crate::mm::pending::testing::{entry, images, layout};
+    let (router, [encoder, prefill, decode]) = epd(&[Answer::Respond], &[Answer::Respond]).await;
+    let layouts = [layout(4, 1), layout(8, 2)];
+    let (images, mut ready) = images(&layouts);
+    let second = ready.pop().unwrap();
+    let _ = ready
+        .pop()
+        .unwrap()
+        .send(Ok((entry(layouts[0].clone()), None)));
+    let start = router.start_with(pending_request(&layouts), &images);
+    tokio::pin!(start);
+    let first_out = until("the first image is encoded and both legs sent", || {
+        encoder.encodes() == 1 && prefill.generates() == 1 && decode.generates() == 1
+    });
+    tokio::select! {
+        _ = &mut start => panic!("the request started without its second image"),
+        () = first_out => {}
+    }
+    assert_eq!(encoder.payloads(), ["inline"]);
+    let _ = second.send(Ok((entry(layouts[1].clone()), None)));
+    let mut generation = start.await.expect("served");
+    assert!(matches!(generation.next().await, Some(Ok(_))));
+    generation.finish();
+    assert_eq!(encoder.payloads(), ["inline", "inline"]);
+    assert_eq!(router.retries(), 0);
+}
+
+/// An image that fails to preprocess after the request was dispatched
+/// ends it with the image's own error: the legs already sent are
+/// aborted, nothing is retried and no worker is blamed.
+#[tokio::test]
+async fn an_image_that_fails_after_dispatch_ends_the_request_with_its_error() {
+    use crate::mm::pending::testing::{entry, images, layout};
+    let (router, [encoder, prefill, decode]) = epd(&[Answer::Pending], &[Answer::Pending]).await;
+    let layouts = [layout(4, 1), layout(8, 2)];
+    let (images, mut ready) = images(&layouts);
+    let second = ready.pop().unwrap();
+    let _ = ready
+        .pop()
+        .unwrap()
+        .send(Ok((entry(layouts[0].clone()), None)));
+    let start = router.start_with(pending_request(&layouts), &images);
+    let fail = async {
+        until("both legs are sent", || {
+            prefill.generates() == 1 && decode.generates() == 1
+        })
+        .await;
+        let corrupt = iris_openai::ApiError::bad_request("messages[0].content[2]: corrupt JPEG");
+        let _ = second.send(Err(corrupt));
+    };
+    let (started, ()) = tokio::join!(start, fail);
+    match started {
+        Err(RouteError::Image(error)) => {
+            assert_eq!(error.status, 400);
+            assert!(error.message.contains("corrupt JPEG"), "{}", error.message);
+        }
+        Err(other) => panic!("not the image's error: {other:?}"),
+        Ok(_) => panic!("served without its second image"),
+    }
+    until("both legs are aborted", || {
+        prefill.aborts() == 1 && decode.aborts() == 1
+    })
+    .await;
+    assert_eq!(router.retries(), 0);
+    for fake in [&encoder, &prefill, &decode] {
+        assert!(
+            fake.worker.is_healthy(),
+            "{} is not blamed",
+            fake.worker.url
+        );
+    }
+    assert_eq!(encoder.encodes(), 1, "only the good image was encoded");
+}
