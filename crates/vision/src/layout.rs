@@ -1,9 +1,19 @@
 //! Writing normalised pixels into the encoder's tensor layouts, once each:
 //! Qwen's patch rows and CLIP's planar CHW.
+//!
+//! Every value is one load from the 256-entry table of its channel
+//! ([`Lut`], built with the reference's own arithmetic), so the output is
+//! bit-identical to normalising each pixel by construction, in either
+//! dtype (bf16 is rounded once, when the table is built). Measured on the
+//! project's machine (AMD EPYC, Zen 5), filling the rows of a resized
+//! 1080p photo (1932 × 1092) this way beats evaluating the arithmetic
+//! eight lanes at a time with AVX2 — f64 rescale, subtract, FMA-corrected
+//! division, bf16 rounding: 1.5 against 2.8 ms for bf16, 1.7 against
+//! 2.0 ms for f32 — and an AVX2 gather from the same table (2.3 ms), so
+//! the former vector writer was removed (docs/vision.md).
 
 use crate::image::RgbView;
 use crate::normalize::{Lut, Normalization, OutElem};
-use crate::patch_simd::PatchSimd;
 use crate::stream;
 
 /// Qwen-VL patch geometry.
@@ -32,22 +42,21 @@ impl PatchGeometry {
 /// Writes Qwen patch rows, one band of `P·M` image rows at a time.
 ///
 /// Rows are ordered (h/M, w/M, m_h, m_w); a row holds (C, T, p_y, p_x).
-/// Each row is assembled in a small cache-resident buffer and then streamed
-/// to the output (see [`crate::stream`]): every output element is written
-/// once. The AVX2 writer ([`PatchSimd`]) is used when it reproduces the
-/// table exactly, the table otherwise.
+/// Each row is assembled from the normalisation table in a small
+/// cache-resident buffer and then streamed to the output (see
+/// [`crate::stream`]): every output element is written once.
 pub(crate) struct PatchWriter<T> {
     geo: PatchGeometry,
     lut: Lut<T>,
-    simd: Option<PatchSimd>,
 }
 
 impl<T: OutElem> PatchWriter<T> {
     /// A writer for `geo` with normalisation `norm`.
     pub(crate) fn new(geo: PatchGeometry, norm: &Normalization) -> Self {
-        let lut = norm.lut::<T>();
-        let simd = PatchSimd::new(geo, norm, &lut);
-        PatchWriter { geo, lut, simd }
+        PatchWriter {
+            geo,
+            lut: norm.lut::<T>(),
+        }
     }
 
     /// Output elements of one band of an image `width` pixels wide.
@@ -63,10 +72,7 @@ impl<T: OutElem> PatchWriter<T> {
         for (i, row) in out.chunks_exact_mut(geo.row_len()).enumerate() {
             let (bw, mh, mw) = (i / (m * m), (i / m) % m, i % m);
             let (gy, gx) = (mh, bw * m + mw);
-            match &self.simd {
-                Some(simd) => simd.fill(band.data(), band.width(), gy, gx, &mut staging),
-                None => fill_patch_row(band, geo, gy, gx, &self.lut, &mut staging),
-            }
+            fill_patch_row(band, geo, gy, gx, &self.lut, &mut staging);
             stream::copy(row, &staging);
         }
         stream::fence();
@@ -145,7 +151,7 @@ fn fill_patch<T: OutElem, const P: usize, const TP: usize>(
 }
 
 /// Patch body for any geometry.
-pub(crate) fn fill_patch_any<T: OutElem>(
+fn fill_patch_any<T: OutElem>(
     img: RgbView<'_>,
     geo: PatchGeometry,
     gy: usize,
@@ -179,5 +185,97 @@ pub(crate) fn planar_chw<T: OutElem>(img: RgbView<'_>, lut: &Lut<T>, out: &mut [
         *r = lut.0[0][usize::from(px[0])];
         *g = lut.0[1][usize::from(px[1])];
         *b = lut.0[2][usize::from(px[2])];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+
+    use super::*;
+
+    /// `len` pseudo-random bytes from `seed` (a linear congruential generator).
+    fn noise(len: usize, seed: u32) -> Vec<u8> {
+        let mut s = seed;
+        (0..len)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 24) as u8
+            })
+            .collect()
+    }
+
+    /// The patch rows element by element, each value from the reference's
+    /// per-pixel arithmetic ([`Normalization::value`], then the dtype's
+    /// rounding): rows (h/M, w/M, m_h, m_w), each (C, T, p_y, p_x).
+    fn reference<T: OutElem>(img: RgbView<'_>, geo: PatchGeometry, norm: &Normalization) -> Vec<T> {
+        let (p, m) = (geo.patch_size, geo.merge_size);
+        let (gh, gw) = (img.height() / p, img.width() / p);
+        let mut out = Vec::with_capacity(gh * gw * geo.row_len());
+        for (by, bx, mh, mw) in (0..gh / m).flat_map(|by| {
+            (0..gw / m).flat_map(move |bx| {
+                (0..m).flat_map(move |mh| (0..m).map(move |mw| (by, bx, mh, mw)))
+            })
+        }) {
+            let (gy, gx) = (by * m + mh, bx * m + mw);
+            for c in 0..3 {
+                for _ in 0..geo.temporal_patch_size {
+                    for (py, px) in (0..p).flat_map(|py| (0..p).map(move |px| (py, px))) {
+                        let (y, x) = (gy * p + py, gx * p + px);
+                        let v = img.data()[(y * img.width() + x) * 3 + c];
+                        out.push(T::from_f32(norm.value(v, c)));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn check<T: OutElem>(geo: PatchGeometry, norm: &Normalization, seed: u32) {
+        let f = geo.factor();
+        let (w, h) = (f * (1 + seed as usize % 5), f * (1 + seed as usize / 5 % 3));
+        let data = noise(w * h * 3, seed);
+        let img = RgbView::new(&data, w, h).expect("view");
+        let mut got =
+            vec![T::default(); (w / geo.patch_size) * (h / geo.patch_size) * geo.row_len()];
+        patchify(img, geo, norm, &mut got);
+        let expected = reference::<T>(img, geo, norm);
+        assert!(
+            bytemuck::cast_slice::<T, u8>(&got) == bytemuck::cast_slice::<T, u8>(&expected),
+            "{geo:?} {norm:?} {w}x{h}"
+        );
+    }
+
+    #[test]
+    fn patch_rows_equal_per_pixel_normalisation() {
+        let norms = [
+            Normalization::CLIP,
+            Normalization {
+                rescale_factor: 1.0 / 255.0,
+                mean: [0.5; 3],
+                std: [0.5; 3],
+            },
+            Normalization {
+                rescale_factor: 0.003_9,
+                mean: [0.1, 0.7, -0.3],
+                std: [0.21, 1.7, 0.033],
+            },
+        ];
+        let geometries =
+            [(14, 2, 2), (16, 2, 2), (14, 1, 3), (5, 3, 1)].map(|(p, m, t)| PatchGeometry {
+                patch_size: p,
+                merge_size: m,
+                temporal_patch_size: t,
+            });
+        for (i, (geo, norm)) in geometries
+            .iter()
+            .flat_map(|g| norms.iter().map(move |n| (g, n)))
+            .enumerate()
+        {
+            for seed in [i as u32 * 7, i as u32 * 7 + 3] {
+                check::<f32>(*geo, norm, seed);
+                check::<bf16>(*geo, norm, seed);
+            }
+        }
     }
 }

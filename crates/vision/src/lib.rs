@@ -26,7 +26,6 @@ mod layout;
 mod normalize;
 mod npy;
 mod output;
-mod patch_simd;
 mod pool;
 mod processor;
 mod qwen;

@@ -6,27 +6,13 @@ use half::bf16;
 
 use crate::pool::PoolElem;
 
-/// Memory layout of an output element type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ElemKind {
-    /// IEEE float32.
-    F32,
-    /// bfloat16 (the high half of a float32).
-    Bf16,
-}
-
 /// Output element types: f32 and bf16.
 pub trait OutElem: PoolElem + bytemuck::Pod {
-    /// The element's layout (vector code picks its stores by it).
-    const KIND: ElemKind;
-
     /// Converts from f32 (bf16: round to nearest even).
     fn from_f32(v: f32) -> Self;
 }
 
 impl OutElem for f32 {
-    const KIND: ElemKind = ElemKind::F32;
-
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         v
@@ -34,8 +20,6 @@ impl OutElem for f32 {
 }
 
 impl OutElem for bf16 {
-    const KIND: ElemKind = ElemKind::Bf16;
-
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         bf16::from_f32(v)
