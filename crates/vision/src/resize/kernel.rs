@@ -140,6 +140,31 @@ fn to_fixed(w: f64) -> i32 {
     (if w < 0.0 { scaled - 0.5 } else { scaled + 0.5 }) as i32
 }
 
+/// Low bits of a weight split for 16-bit multiplies.
+pub(crate) const SPLIT_BITS: u32 = 11;
+
+/// Two weights as the i16 pairs `(hi₀, hi₁)` and `(lo₀, lo₁)` that a
+/// 16-bit pair multiply-add (`vpmaddwd`) takes, each pair packed in an i32
+/// (first weight in the low half).
+///
+/// Pillow's weights have 22 fractional bits, too wide for 16-bit lanes, so
+/// each is split as `w = hi·2¹¹ + lo` with `lo = w & 0x7FF` (0 … 2047) and
+/// `hi = w >> 11`. Bicubic weights stay far below 2²⁶ in magnitude
+/// (normalised, the window always holds its large central taps), so `hi`
+/// fits i16 (asserted). Summing `v·hi` and `v·lo` apart and recombining as
+/// `(Σhi << 11) + Σlo` gives Pillow's `Σ v·w` exactly: i32 arithmetic
+/// wraps, and the true sum fits in i32, so any intermediate wrap cancels.
+pub(crate) fn split_pair(w0: i32, w1: i32) -> (i32, i32) {
+    let hi = |w: i32| {
+        let h = w >> SPLIT_BITS;
+        assert!(i16::try_from(h).is_ok(), "weight {w} too large to split");
+        h
+    };
+    let lo = |w: i32| w & ((1 << SPLIT_BITS) - 1);
+    let pair = |a: i32, b: i32| (a & 0xFFFF) | (b << 16);
+    (pair(hi(w0), hi(w1)), pair(lo(w0), lo(w1)))
+}
+
 /// Shifts a fixed-point sum back to 8 bits, clamping to 0..=255.
 #[inline(always)]
 pub(crate) fn clip8(acc: i32) -> u8 {
@@ -181,6 +206,24 @@ mod tests {
             let _ = Kernel::cached(100 + n, 50);
         }
         assert!(!Arc::ptr_eq(&a, &Kernel::cached(1920, 1932)));
+    }
+
+    #[test]
+    fn split_pairs_recombine_exactly() {
+        let half =
+            |p: i32, second: bool| i32::from(if second { (p >> 16) as i16 } else { p as i16 });
+        for (w0, w1) in [
+            (0, 0),
+            (1 << 22, -1),
+            (-(1 << 22), 0x7FF),
+            (0x7FF, 1 << 25),
+            (-1, -2048),
+        ] {
+            let (hi, lo) = split_pair(w0, w1);
+            for (w, second) in [(w0, false), (w1, true)] {
+                assert_eq!((half(hi, second) << SPLIT_BITS) + half(lo, second), w);
+            }
+        }
     }
 
     #[test]

@@ -8,6 +8,8 @@
 
 mod hblock;
 mod kernel;
+#[cfg(target_arch = "x86_64")]
+mod madd;
 mod passes;
 mod streamed;
 #[cfg(target_arch = "x86_64")]

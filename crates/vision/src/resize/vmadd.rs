@@ -1,16 +1,13 @@
 //! The vertical pass with `vpmaddwd` (AVX2): two taps per instruction.
 //!
-//! Pillow's weights have 22 fractional bits, too wide for 16-bit lanes, so
-//! each weight `w` is split as `w = hi·2¹¹ + lo` with `lo = w & 0x7FF`
-//! (0 … 2047) and `hi = w >> 11` (|hi| ≤ 2048 for weights of magnitude
-//! up to 2²²): both fit in i16. The bytes of two tap rows are interleaved
-//! into 16-bit pairs and multiplied by the (hi₀, hi₁) and (lo₀, lo₁) pairs
-//! with `vpmaddwd`; the result is `(Σhi << 11) + Σlo + bias`, which equals
-//! Pillow's `Σ v·w + bias` exactly: i32 arithmetic wraps, and the true sum
-//! fits in i32, so any intermediate wrap cancels. The clip is two
-//! saturating packs, as in the horizontal pass.
+//! The bytes of two tap rows are interleaved into 16-bit pairs and
+//! multiplied by the split weight pairs ([`split_pair`], `hi·2¹¹ + lo`)
+//! with `vpmaddwd`; the two sums are recombined by [`unsplit`] into
+//! Pillow's `Σ v·w + bias` exactly. The clip is two saturating packs, as in
+//! the horizontal pass.
 
-use super::kernel::{clip8, BIAS};
+use super::kernel::{clip8, split_pair, BIAS};
+use super::madd::{lo_start, unsplit};
 
 /// Most taps handled here (more: the plain multiply-add).
 pub(crate) const MAX_TAPS: usize = 16;
@@ -24,21 +21,17 @@ pub(crate) fn row_avx2(src: &[u8], row_len: usize, weights: &[i32], out: &mut [u
     let taps = weights.len();
     assert!((1..=MAX_TAPS).contains(&taps) && out.len() <= row_len);
     assert!(src.len() >= (taps - 1) * row_len + out.len());
-    let pair = |a: i32, b: i32| (a & 0xFFFF) | (b << 16);
     let (mut whi, mut wlo) = ([0i32; MAX_TAPS / 2], [0i32; MAX_TAPS / 2]);
     for (p, ws) in weights.chunks(2).enumerate() {
-        let (w0, w1) = (ws[0], ws.get(1).copied().unwrap_or(0));
-        whi[p] = pair(w0 >> 11, w1 >> 11);
-        wlo[p] = pair(w0 & 0x7FF, w1 & 0x7FF);
+        (whi[p], wlo[p]) = split_pair(ws[0], ws.get(1).copied().unwrap_or(0));
     }
     let pairs = taps.div_ceil(2);
     let zero = _mm256_setzero_si256();
-    let bias = _mm256_set1_epi32(BIAS);
     let (chunks, _) = out.as_chunks_mut::<32>();
     for (c, chunk) in chunks.iter_mut().enumerate() {
         let x = c * 32;
         let mut hi = [zero; 4];
-        let mut lo = [zero; 4];
+        let mut lo = [lo_start(); 4];
         for p in 0..pairs {
             let row = 2 * p;
             // SAFETY: rows `row` and `row + 1` (< taps) hold `out.len()`
@@ -71,8 +64,7 @@ pub(crate) fn row_avx2(src: &[u8], row_len: usize, weights: &[i32], out: &mut [u
         }
         let mut r = [zero; 4];
         for k in 0..4 {
-            let sum = _mm256_add_epi32(_mm256_slli_epi32::<11>(hi[k]), lo[k]);
-            r[k] = _mm256_srai_epi32::<22>(_mm256_add_epi32(sum, bias));
+            r[k] = unsplit(hi[k], lo[k]);
         }
         // Per lane: packs keep byte order (0–7, then 8–15); the saturating
         // packs are Pillow's clip to 0..=255.
