@@ -157,9 +157,10 @@ fn horizontal_strip(
 
 fn vertical_row(src: &[u8], row_len: usize, weights: &[i32], out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if weights.len() <= super::vmadd::MAX_TAPS && std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        unsafe { super::vmadd::row_avx2(src, row_len, weights, out) };
+    if let Some(simd) =
+        super::madd::Simd::best().filter(|_| weights.len() <= super::vmadd::MAX_TAPS)
+    {
+        super::vmadd::row(simd, src, row_len, weights, out);
         return;
     }
     #[cfg(target_arch = "x86_64")]
