@@ -167,7 +167,11 @@ impl Multimodal {
     }
 
     /// Preprocesses a started image through the pixel cache.
-    pub async fn preprocess_image(&self, started: StartedImage, metrics: &Metrics) -> Result<Loaded, ApiError> {
+    pub async fn preprocess_image(
+        &self,
+        started: StartedImage,
+        metrics: &Metrics,
+    ) -> Result<Loaded, ApiError> {
         let (entry, share, _) = self
             .load_one(*started.image, started.share, metrics)
             .await?;

@@ -653,6 +653,22 @@ fn pending_request(layouts: &[crate::mm::pixels::ImageLayout]) -> GenerateReques
     }
 }
 
+/// Two images on their way: their layouts, the images (the first ready)
+/// and the sender that hands over the second's result.
+fn two_images_first_ready() -> (
+    [crate::mm::pixels::ImageLayout; 2],
+    crate::mm::pending::PendingImages,
+    tokio::sync::oneshot::Sender<Result<crate::mm::pending::Loaded, iris_openai::ApiError>>,
+) {
+    use crate::mm::pending::testing::{entry, images, layout};
+    let layouts = [layout(4, 1), layout(8, 2)];
+    let (images, mut ready) = images(&layouts);
+    let second = ready.pop().expect("two images");
+    let first = ready.pop().expect("two images");
+    let _ = first.send(Ok((entry(layouts[0].clone()), None)));
+    (layouts, images, second)
+}
+
 async fn until(what: &str, done: impl Fn() -> bool) {
     for _ in 0..500 {
         if done() {
@@ -668,15 +684,8 @@ async fn until(what: &str, done: impl Fn() -> bool) {
 /// the first image is encoded while the second is still on its way.
 #[tokio::test]
 async fn each_images_encode_leaves_as_soon_as_that_image_is_ready() {
-    use crate::mm::pending::testing::{entry, images, layout};
     let (router, [encoder, prefill, decode]) = epd(&[Answer::Respond], &[Answer::Respond]).await;
-    let layouts = [layout(4, 1), layout(8, 2)];
-    let (images, mut ready) = images(&layouts);
-    let second = ready.pop().unwrap();
-    let _ = ready
-        .pop()
-        .unwrap()
-        .send(Ok((entry(layouts[0].clone()), None)));
+    let (layouts, images, second) = two_images_first_ready();
     let start = router.start_with(pending_request(&layouts), &images);
     tokio::pin!(start);
     let first_out = until("the first image is encoded and both legs sent", || {
@@ -687,7 +696,10 @@ async fn each_images_encode_leaves_as_soon_as_that_image_is_ready() {
         () = first_out => {}
     }
     assert_eq!(encoder.payloads(), ["inline"]);
-    let _ = second.send(Ok((entry(layouts[1].clone()), None)));
+    let _ = second.send(Ok((
+        crate::mm::pending::testing::entry(layouts[1].clone()),
+        None,
+    )));
     let mut generation = start.await.expect("served");
     assert!(matches!(generation.next().await, Some(Ok(_))));
     generation.finish();
@@ -700,15 +712,8 @@ async fn each_images_encode_leaves_as_soon_as_that_image_is_ready() {
 /// aborted, nothing is retried and no worker is blamed.
 #[tokio::test]
 async fn an_image_that_fails_after_dispatch_ends_the_request_with_its_error() {
-    use crate::mm::pending::testing::{entry, images, layout};
     let (router, [encoder, prefill, decode]) = epd(&[Answer::Pending], &[Answer::Pending]).await;
-    let layouts = [layout(4, 1), layout(8, 2)];
-    let (images, mut ready) = images(&layouts);
-    let second = ready.pop().unwrap();
-    let _ = ready
-        .pop()
-        .unwrap()
-        .send(Ok((entry(layouts[0].clone()), None)));
+    let (layouts, images, second) = two_images_first_ready();
     let start = router.start_with(pending_request(&layouts), &images);
     let fail = async {
         until("both legs are sent", || {
