@@ -426,8 +426,10 @@ impl ContentPart {
     }
 }
 
-/// The wire form of a part before its `type` is checked.
+/// The wire form of a part before its `type` is checked. Any other key
+/// is refused (a 400 naming it), never ignored.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawPart {
     #[serde(rename = "type")]
     kind: String,
@@ -435,6 +437,14 @@ struct RawPart {
     text: Option<String>,
     #[serde(default)]
     image_url: Option<ImageUrl>,
+    // The payloads of the part types Iris refuses by name (below), so
+    // such a part gets that reason rather than "unknown field".
+    #[serde(default, rename = "input_audio")]
+    _input_audio: Option<de::IgnoredAny>,
+    #[serde(default, rename = "file")]
+    _file: Option<de::IgnoredAny>,
+    #[serde(default, rename = "refusal")]
+    _refusal: Option<de::IgnoredAny>,
 }
 
 impl TryFrom<RawPart> for ContentPart {
@@ -442,10 +452,16 @@ impl TryFrom<RawPart> for ContentPart {
 
     fn try_from(raw: RawPart) -> Result<Self, String> {
         match raw.kind.as_str() {
+            "text" if raw.image_url.is_some() => {
+                Err("a `text` part takes no `image_url`; send the image as its own part".to_owned())
+            }
             "text" => raw
                 .text
                 .map(|text| Self::Text { text })
                 .ok_or_else(|| "a `text` part needs a string field `text`".to_owned()),
+            "image_url" if raw.text.is_some() => {
+                Err("an `image_url` part takes no `text`; send the text as its own part".to_owned())
+            }
             "image_url" => raw
                 .image_url
                 .map(|image_url| Self::ImageUrl { image_url })
@@ -471,8 +487,9 @@ pub struct ImageUrl {
     pub detail: Option<ImageDetail>,
 }
 
-/// The object form of [`ImageUrl`].
+/// The object form of [`ImageUrl`]; any other key is refused.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ImageUrlObject {
     url: String,
     #[serde(default)]

@@ -535,3 +535,37 @@ fn message_fields_are_declared_or_refused() {
         "only null is accepted",
     );
 }
+
+#[test]
+fn content_part_fields_are_declared_or_refused() {
+    let with_part = |part: &str| {
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":[{{"type":"text","text":"hi"}},{part}]}}]}}"#
+        )
+    };
+    assert_field(
+        &with_part(r#"{"type":"text","text":"x","cache_control":{"type":"ephemeral"}}"#),
+        Some("messages[0].content[1].cache_control"),
+        "unknown field `cache_control`",
+    );
+    assert_field(
+        &with_part(
+            r#"{"type":"image_url","image_url":{"url":"data:,","detail":"low","size":"big"}}"#,
+        ),
+        Some("messages[0].content[1].image_url.size"),
+        "unknown field `size`",
+    );
+    assert_field(
+        &with_part(r#"{"type":"image_url","image_url":"data:,","text":"caption"}"#),
+        Some("messages[0].content[1]"),
+        "takes no `text`",
+    );
+    assert_field(
+        &with_part(r#"{"type":"text","text":"x","image_url":"data:,"}"#),
+        Some("messages[0].content[1]"),
+        "takes no `image_url`",
+    );
+    // The declared keys still parse.
+    let fine = with_part(r#"{"type":"image_url","image_url":{"url":"data:,","detail":"auto"}}"#);
+    assert!(parse_chat_request(fine.as_bytes()).is_ok());
+}
