@@ -221,16 +221,29 @@ def test_startup_failure_is_an_exception_and_the_interpreter_lives_on(tmp_path, 
 
 
 def test_ctrl_c_interrupts_wait(model_dir):
-    with iris.launch_gateway(model_path=model_dir, port=0,
-                             worker_urls=["grpc://127.0.0.1:1"]) as gateway:
-        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        started = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
-            gateway.wait()
-        assert time.monotonic() - started < 5
-        assert gateway.running
-    assert not gateway.running
+    # Python's own SIGINT handler, whatever this process inherited: a
+    # background job of a non-interactive shell starts with SIGINT ignored,
+    # and then no Ctrl-C could ever reach wait().
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with iris.launch_gateway(model_path=model_dir, port=0,
+                                 worker_urls=["grpc://127.0.0.1:1"]) as gateway:
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            # Should wait() miss the signal, the test fails instead of hanging.
+            watchdog = threading.Timer(30, gateway.stop)
+            watchdog.start()
+            started = time.monotonic()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    gateway.wait()
+            finally:
+                watchdog.cancel()
+            assert time.monotonic() - started < 5
+            assert gateway.running
+        assert not gateway.running
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 def test_dropping_the_handle_stops_the_gateway(model_dir):
