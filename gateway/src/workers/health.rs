@@ -360,6 +360,7 @@ async fn check_and_record(worker: &Arc<Worker>, settings: &HealthSettings) {
         settings.failure_threshold,
         settings.success_threshold,
     );
+    let newly_unknown = worker.set_backend_unknown(result.is_err() && worker.backend().is_none());
     match (changed, result) {
         (Some(true), _) => {
             tracing::info!(worker = %worker.url, role = worker.role.as_str(), backend = worker.backend().map_or("unknown", |b| b.as_str()), "worker healthy")
@@ -367,7 +368,7 @@ async fn check_and_record(worker: &Arc<Worker>, settings: &HealthSettings) {
         (Some(false), Err(why)) => {
             tracing::warn!(worker = %worker.url, role = worker.role.as_str(), %why, "worker unhealthy: out of service")
         }
-        (None, Err(why)) if worker.backend().is_none() => {
+        (None, Err(why)) if newly_unknown => {
             tracing::warn!(worker = %worker.url, role = worker.role.as_str(), %why, "worker unhealthy: its backend is unknown")
         }
         _ => {}
@@ -508,6 +509,11 @@ mod tests {
             None,
             "still unknown: tried again next round"
         );
+        check_and_record(&nothing, &settings).await;
+        assert!(
+            !nothing.set_backend_unknown(true),
+            "reported on the first round, not on every round"
+        );
     }
 
     #[tokio::test]
@@ -556,5 +562,9 @@ mod tests {
         assert!(!worker.set_hold_refused(true));
         assert!(!worker.set_hold_refused(false));
         assert!(worker.set_hold_refused(true));
+        assert!(worker.set_backend_unknown(true));
+        assert!(!worker.set_backend_unknown(true));
+        assert!(!worker.set_backend_unknown(false));
+        assert!(worker.set_backend_unknown(true));
     }
 }

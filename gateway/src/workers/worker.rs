@@ -113,6 +113,9 @@ pub struct Worker {
     /// Its NIXL receiver may hold a slot longer than our
     /// `--rdma-receiver-hold-ms`: no rdma tensors for it.
     hold_refused: AtomicBool,
+    /// Failing its health checks with its backend unknown, and logged so:
+    /// logged again only once that changed.
+    backend_unknown: AtomicBool,
     /// Says nothing about a NIXL receiver (a TokenSpeed worker, whose
     /// puller is not advertised): rdma is tried until it refuses.
     nixl_silent: AtomicBool,
@@ -218,6 +221,7 @@ impl Worker {
             shared_shm: AtomicBool::new(false),
             nixl: AtomicBool::new(false),
             hold_refused: AtomicBool::new(false),
+            backend_unknown: AtomicBool::new(false),
             nixl_silent: AtomicBool::new(false),
             rdma_refused: AtomicBool::new(false),
             started: Mutex::new(None),
@@ -576,13 +580,25 @@ impl Worker {
     /// Records whether the RDMA lane is refused because the worker's
     /// receiver hold exceeds ours; returns true when it just became so.
     pub fn set_hold_refused(&self, refused: bool) -> bool {
-        !self.hold_refused.swap(refused, Ordering::Relaxed) && refused
+        became_true(&self.hold_refused, refused)
+    }
+
+    /// Records whether the worker fails its health checks with its
+    /// backend unknown; returns true when it just became so (one warning
+    /// per change, not one per health round).
+    pub fn set_backend_unknown(&self, unknown: bool) -> bool {
+        became_true(&self.backend_unknown, unknown)
     }
 
     /// Marks the worker healthy or not at once (tests, discovery).
     pub fn set_healthy(&self, healthy: bool) {
         self.healthy.store(healthy, Ordering::Relaxed);
     }
+}
+
+/// Sets `flag` to `value`; true when it was false and is now true.
+fn became_true(flag: &AtomicBool, value: bool) -> bool {
+    !flag.swap(value, Ordering::Relaxed) && value
 }
 
 /// A backend as stored in [`Worker`]'s atomic: 0 is "not known yet".
