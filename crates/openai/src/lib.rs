@@ -25,6 +25,7 @@ mod constraint;
 mod error;
 pub mod fields;
 mod json;
+mod media;
 mod parse;
 mod request;
 mod response;
@@ -43,10 +44,11 @@ pub use completion::{
 };
 pub use constraint::Constraint;
 pub use error::{ApiError, ErrorBody, ErrorKind, ErrorObject};
+pub use media::MmProcessorKwargs;
 pub use parse::{parse_chat_request, parse_chat_request_with, ParseOptions};
 pub use request::{
     ChatCompletionRequest, ChatMessage, ContentPart, ImageDetail, ImageUrl, JsonSchemaFormat,
-    MessageContent, ResponseFormat, Role, Stop, StreamOptions,
+    MediaRef, MessageContent, ResponseFormat, Role, Stop, StreamOptions, VideoUrl,
 };
 pub use response::{
     new_completion_id, unix_now, AssistantMessage, ChatCompletion, ChatCompletionChunk, Choice,

@@ -135,6 +135,10 @@ pub struct ChatCompletionRequest {
     /// Extension: extra variables for the chat template (`enable_thinking`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Extension: per-request video controls, as vLLM names them
+    /// ([`crate::MmProcessorKwargs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mm_processor_kwargs: Option<crate::MmProcessorKwargs>,
     /// Every top-level field not declared above, refused by
     /// [`crate::fields::check_extra`].
     #[serde(flatten, default, skip_serializing_if = "serde_json::Map::is_empty")]
@@ -325,26 +329,44 @@ pub enum MessageContent {
 }
 
 impl ChatCompletionRequest {
-    /// Every image part, in order, with its place in the request
-    /// (`messages[2].content[1]`): errors about an image name it in
-    /// `param`.
-    pub fn image_parts(&self) -> impl Iterator<Item = (String, &ImageUrl)> {
+    /// Every image and video part, in order, with its place in the request
+    /// (`messages[2].content[1]`): errors about one name it in `param`.
+    pub fn media_parts(&self) -> impl Iterator<Item = (String, MediaRef<'_>)> {
         self.messages.iter().enumerate().flat_map(|(i, message)| {
             let parts: &[ContentPart] = match &message.content {
                 Some(MessageContent::Parts(parts)) => parts,
                 _ => &[],
             };
-            parts
-                .iter()
-                .enumerate()
-                .filter_map(move |(j, part)| match part {
-                    ContentPart::ImageUrl { image_url } => {
-                        Some((format!("messages[{i}].content[{j}]"), image_url))
-                    }
-                    ContentPart::Text { .. } => None,
-                })
+            parts.iter().enumerate().filter_map(move |(j, part)| {
+                Some((format!("messages[{i}].content[{j}]"), part.media()?))
+            })
         })
     }
+
+    /// Every image part, in order, with its place in the request.
+    pub fn image_parts(&self) -> impl Iterator<Item = (String, &ImageUrl)> {
+        self.media_parts().filter_map(|(place, media)| match media {
+            MediaRef::Image(url) => Some((place, url)),
+            MediaRef::Video(_) => None,
+        })
+    }
+
+    /// Every video part, in order, with its place in the request.
+    pub fn video_parts(&self) -> impl Iterator<Item = (String, &VideoUrl)> {
+        self.media_parts().filter_map(|(place, media)| match media {
+            MediaRef::Video(url) => Some((place, url)),
+            MediaRef::Image(_) => None,
+        })
+    }
+}
+
+/// An image or video part of a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MediaRef<'a> {
+    /// An `image_url` part.
+    Image(&'a ImageUrl),
+    /// A `video_url` part.
+    Video(&'a VideoUrl),
 }
 
 impl MessageContent {
@@ -358,19 +380,22 @@ impl MessageContent {
 
     /// The images, in order.
     pub fn images(&self) -> impl Iterator<Item = &ImageUrl> {
-        let parts: &[ContentPart] = match self {
-            Self::Text(_) => &[],
-            Self::Parts(parts) => parts,
-        };
-        parts.iter().filter_map(|p| match p {
-            ContentPart::ImageUrl { image_url } => Some(image_url),
-            ContentPart::Text { .. } => None,
+        self.parts().iter().filter_map(|p| match p.media() {
+            Some(MediaRef::Image(url)) => Some(url),
+            _ => None,
         })
     }
 
-    /// True when there is at least one image part.
-    pub fn has_images(&self) -> bool {
-        self.images().next().is_some()
+    /// True when there is at least one image or video part.
+    pub fn has_media(&self) -> bool {
+        self.parts().iter().any(|p| p.media().is_some())
+    }
+
+    fn parts(&self) -> &[ContentPart] {
+        match self {
+            Self::Text(_) => &[],
+            Self::Parts(parts) => parts,
+        }
     }
 }
 
@@ -414,6 +439,11 @@ pub enum ContentPart {
         /// The image reference.
         image_url: ImageUrl,
     },
+    /// `{"type":"video_url","video_url":{"url":"..."}}` (docs/video.md).
+    VideoUrl {
+        /// The video reference.
+        video_url: VideoUrl,
+    },
 }
 
 impl ContentPart {
@@ -421,7 +451,16 @@ impl ContentPart {
     pub fn as_text(&self) -> Option<&str> {
         match self {
             Self::Text { text } => Some(text),
-            Self::ImageUrl { .. } => None,
+            Self::ImageUrl { .. } | Self::VideoUrl { .. } => None,
+        }
+    }
+
+    /// The image or video of a media part.
+    pub fn media(&self) -> Option<MediaRef<'_>> {
+        match self {
+            Self::Text { .. } => None,
+            Self::ImageUrl { image_url } => Some(MediaRef::Image(image_url)),
+            Self::VideoUrl { video_url } => Some(MediaRef::Video(video_url)),
         }
     }
 }
@@ -437,6 +476,8 @@ struct RawPart {
     text: Option<String>,
     #[serde(default)]
     image_url: Option<ImageUrl>,
+    #[serde(default)]
+    video_url: Option<VideoUrl>,
     // The payloads of the part types Iris refuses by name (below), so
     // such a part gets that reason rather than "unknown field".
     #[serde(default, rename = "input_audio")]
@@ -451,29 +492,53 @@ impl TryFrom<RawPart> for ContentPart {
     type Error = String;
 
     fn try_from(raw: RawPart) -> Result<Self, String> {
+        if let Some(stray) = raw.stray_payload() {
+            return Err(stray);
+        }
         match raw.kind.as_str() {
-            "text" if raw.image_url.is_some() => {
-                Err("a `text` part takes no `image_url`; send the image as its own part".to_owned())
-            }
             "text" => raw
                 .text
                 .map(|text| Self::Text { text })
                 .ok_or_else(|| "a `text` part needs a string field `text`".to_owned()),
-            "image_url" if raw.text.is_some() => {
-                Err("an `image_url` part takes no `text`; send the text as its own part".to_owned())
-            }
             "image_url" => raw
                 .image_url
                 .map(|image_url| Self::ImageUrl { image_url })
                 .ok_or_else(|| "an `image_url` part needs a field `image_url`".to_owned()),
+            "video_url" => raw
+                .video_url
+                .map(|video_url| Self::VideoUrl { video_url })
+                .ok_or_else(|| "a `video_url` part needs a field `video_url`".to_owned()),
             "input_audio" | "file" | "refusal" => Err(format!(
                 "content parts of type `{}` are not supported",
                 raw.kind
             )),
             other => Err(format!(
-                "unknown content part type `{other}`, expected `text` or `image_url`"
+                "unknown content part type `{other}`, expected `text`, `image_url` or `video_url`"
             )),
         }
+    }
+}
+
+impl RawPart {
+    /// A payload of another part type carried by this one (a `text` part
+    /// with an `image_url`, ...): each kind goes in its own part.
+    fn stray_payload(&self) -> Option<String> {
+        let kind = self.kind.as_str();
+        let payloads = [
+            ("text", self.text.is_some()),
+            ("image_url", self.image_url.is_some()),
+            ("video_url", self.video_url.is_some()),
+        ];
+        // Other part types get their own message below.
+        if !payloads.iter().any(|(name, _)| *name == kind) {
+            return None;
+        }
+        let (name, _) = payloads
+            .iter()
+            .find(|(name, present)| *present && *name != kind)?;
+        Some(format!(
+            "a `{kind}` part takes no `{name}`; send that as its own part"
+        ))
     }
 }
 
@@ -516,6 +581,40 @@ impl<'de> Deserialize<'de> for ImageUrl {
                     url: obj.url,
                     detail: obj.detail,
                 })
+            }
+        }
+        d.deserialize_any(UrlVisitor)
+    }
+}
+
+/// A video reference: an `http(s)` URL or a `data:` URL, as a bare
+/// string or `{"url": ...}`; any other key is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VideoUrl {
+    /// The URL.
+    pub url: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VideoUrlObject {
+    url: String,
+}
+
+impl<'de> Deserialize<'de> for VideoUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct UrlVisitor;
+        impl<'de> Visitor<'de> for UrlVisitor {
+            type Value = VideoUrl;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a URL string or an object with `url`")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<VideoUrl, E> {
+                Ok(VideoUrl { url: s.to_owned() })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<VideoUrl, A::Error> {
+                let obj = VideoUrlObject::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(VideoUrl { url: obj.url })
             }
         }
         d.deserialize_any(UrlVisitor)

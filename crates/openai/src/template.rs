@@ -8,7 +8,8 @@ use crate::tools::{call_arguments, MessageToolCall};
 use crate::{ChatMessage, ContentPart, MessageContent};
 
 /// Messages as Hugging Face chat templates expect them: `developer`
-/// becomes `system`, image parts become `{"type": "image"}`, assistant
+/// becomes `system`, image parts become `{"type": "image"}` (videos
+/// `{"type": "video"}`), assistant
 /// `tool_calls` carry their arguments as objects, and `tool_call_id` and
 /// `reasoning_content` are passed on.
 pub fn template_messages(messages: &[ChatMessage]) -> Value {
@@ -19,6 +20,7 @@ fn template_message(m: &ChatMessage) -> Value {
     let part = |p: &ContentPart| match p {
         ContentPart::Text { text } => json!({"type": "text", "text": text}),
         ContentPart::ImageUrl { .. } => json!({"type": "image"}),
+        ContentPart::VideoUrl { .. } => json!({"type": "video"}),
     };
     let content = match &m.content {
         None => Value::String(String::new()),

@@ -132,11 +132,11 @@ fn check_messages(request: &TokenizeRequest, messages: &[ChatMessage]) -> Result
         ));
     }
     for (i, message) in messages.iter().enumerate() {
-        if message.content.as_ref().is_some_and(|c| c.has_images()) {
+        if message.content.as_ref().is_some_and(|c| c.has_media()) {
             let param = format!("messages[{i}].content");
             return Err(ApiError::bad_field(
                 param.clone(),
-                format!("{param}: tokenize counts text only; image parts are not supported here"),
+                format!("{param}: tokenize counts text only; image and video parts are not supported here"),
             ));
         }
     }

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::request::{ContentPart, MessageContent, Role, Stop};
+use crate::request::{ContentPart, MediaRef, MessageContent, Role, Stop};
 use crate::{ApiError, ChatCompletionRequest, ChatMessage};
 
 /// Most stop strings a request may carry.
@@ -41,6 +41,7 @@ pub fn validate(req: &ChatCompletionRequest) -> Result<(), ApiError> {
     check_logit_bias(req)?;
     check_stream_options(req)?;
     crate::fields::check(req)?;
+    crate::media::check(req)?;
     crate::tools::check_tools(req)
 }
 
@@ -118,20 +119,22 @@ fn check_message(i: usize, msg: &ChatMessage) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// One content part: images only from the user, and with a URL.
+/// One content part: images and videos only from the user, and with a URL.
 fn check_part(role: Role, param: &str, part: &ContentPart) -> Result<(), ApiError> {
-    let ContentPart::ImageUrl { image_url } = part else {
-        return Ok(());
+    let (kind, key, url) = match part.media() {
+        None => return Ok(()),
+        Some(MediaRef::Image(image)) => ("image", "image_url", &image.url),
+        Some(MediaRef::Video(video)) => ("video", "video_url", &video.url),
     };
     if role != Role::User {
         let role = role.as_str();
         return Err(ApiError::bad_field(
             param,
-            format!("{param}: image parts are only allowed in `user` messages, not `{role}`"),
+            format!("{param}: {kind} parts are only allowed in `user` messages, not `{role}`"),
         ));
     }
-    if image_url.url.is_empty() {
-        let param = format!("{param}.image_url.url");
+    if url.is_empty() {
+        let param = format!("{param}.{key}.url");
         return Err(ApiError::bad_field(
             param.clone(),
             format!("{param}: must not be empty"),

@@ -569,3 +569,129 @@ fn content_part_fields_are_declared_or_refused() {
     let fine = with_part(r#"{"type":"image_url","image_url":{"url":"data:,","detail":"auto"}}"#);
     assert!(parse_chat_request(fine.as_bytes()).is_ok());
 }
+
+#[test]
+fn video_parts_are_checked_like_images() {
+    let with_part = |role: &str, part: &str| {
+        format!(r#"{{"model":"m","messages":[{{"role":"{role}","content":[{part}]}}]}}"#)
+    };
+    let fine = with_part(
+        "user",
+        r#"{"type":"video_url","video_url":{"url":"data:video/mp4;base64,AAAA"}}"#,
+    );
+    let req = parse_chat_request(fine.as_bytes()).expect("a video part parses");
+    let places: Vec<(String, String)> = req
+        .video_parts()
+        .map(|(place, video)| (place, video.url.clone()))
+        .collect();
+    assert_eq!(
+        places,
+        [(
+            "messages[0].content[0]".to_owned(),
+            "data:video/mp4;base64,AAAA".to_owned()
+        )]
+    );
+    assert_eq!(req.image_parts().count(), 0);
+    let bare = with_part(
+        "user",
+        r#"{"type":"video_url","video_url":"https://example.com/a.mp4"}"#,
+    );
+    assert!(parse_chat_request(bare.as_bytes()).is_ok());
+    assert_field(
+        &with_part("user", r#"{"type":"video_url","video_url":{"url":""}}"#),
+        Some("messages[0].content[0].video_url.url"),
+        "must not be empty",
+    );
+    assert_field(
+        &with_part(
+            "user",
+            r#"{"type":"video_url","video_url":{"url":"data:,","fps":2}}"#,
+        ),
+        Some("messages[0].content[0].video_url.fps"),
+        "unknown field `fps`",
+    );
+    assert_field(
+        &with_part("user", r#"{"type":"video_url"}"#),
+        Some("messages[0].content[0]"),
+        "needs a field `video_url`",
+    );
+    assert_field(
+        &with_part(
+            "user",
+            r#"{"type":"video_url","video_url":"data:,","image_url":"data:,"}"#,
+        ),
+        Some("messages[0].content[0]"),
+        "takes no `image_url`",
+    );
+    assert_field(
+        &with_part("assistant", r#"{"type":"video_url","video_url":"data:,"}"#),
+        Some("messages[0].content[0]"),
+        "video parts are only allowed in `user` messages",
+    );
+}
+
+#[test]
+fn mm_processor_kwargs_are_checked() {
+    let video = r#"{"type":"video_url","video_url":"data:video/mp4;base64,AAAA"}"#;
+    let image = r#"{"type":"image_url","image_url":"data:image/png;base64,AAAA"}"#;
+    let body = |parts: &str, kwargs: &str| {
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":[{parts}]}}],"mm_processor_kwargs":{kwargs}}}"#
+        )
+    };
+    let req = parse_chat_request(body(video, r#"{"fps":1.5,"max_frames":8}"#).as_bytes())
+        .expect("valid kwargs");
+    let kw = req.mm_processor_kwargs.expect("kwargs kept");
+    assert_eq!(
+        (kw.fps, kw.max_frames, kw.num_frames),
+        (Some(1.5), Some(8), None)
+    );
+    let cases = [
+        (r#"{"fps":0}"#, "mm_processor_kwargs.fps", "positive"),
+        (
+            r#"{"fps":2,"num_frames":4}"#,
+            "mm_processor_kwargs.num_frames",
+            "exclusive",
+        ),
+        (
+            r#"{"num_frames":0}"#,
+            "mm_processor_kwargs.num_frames",
+            "at least 1",
+        ),
+        (
+            r#"{"min_frames":9,"max_frames":4}"#,
+            "mm_processor_kwargs.min_frames",
+            "above max_frames",
+        ),
+        (
+            r#"{"min_pixels":900,"max_pixels":100}"#,
+            "mm_processor_kwargs.min_pixels",
+            "above max_pixels",
+        ),
+        (
+            r#"{"temporal_patch_size":4}"#,
+            "mm_processor_kwargs.temporal_patch_size",
+            "unknown field",
+        ),
+        (
+            r#"{"fps":"fast"}"#,
+            "mm_processor_kwargs.fps",
+            "invalid type",
+        ),
+    ];
+    for (kwargs, param, needle) in cases {
+        assert_field(&body(video, kwargs), Some(param), needle);
+    }
+    assert_field(
+        &body(image, r#"{"fps":2}"#),
+        Some("mm_processor_kwargs"),
+        "no `video_url` part",
+    );
+    assert_field(
+        &body(&format!("{video},{image}"), r#"{"max_pixels":50000}"#),
+        Some("mm_processor_kwargs.max_pixels"),
+        "videos only",
+    );
+    let mixed = body(&format!("{video},{image}"), r#"{"fps":1}"#);
+    assert!(parse_chat_request(mixed.as_bytes()).is_ok());
+}
