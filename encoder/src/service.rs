@@ -455,7 +455,7 @@ impl TokenSpeedScheduler for EncoderService {
             architectures: e.architectures.clone(),
             supports_vision: true,
             supports_multimodal: true,
-            supported_modalities: vec![Modality::Image as i32],
+            supported_modalities: vec![Modality::Image as i32, Modality::Video as i32],
             multimodal_encoder_dtype: "float32".into(),
             ..GetModelInfoResponse::default()
         }))

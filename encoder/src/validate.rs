@@ -133,12 +133,7 @@ fn with_index(index: usize, status: Status) -> Status {
 }
 
 fn check_item(item: &MultimodalItem, geometry: Geometry) -> Result<Checked, Status> {
-    let modality = Modality::try_from(item.modality).unwrap_or(Modality::Unspecified);
-    if !matches!(modality, Modality::Image | Modality::Unspecified) {
-        return Err(Status::invalid_argument(format!(
-            "modality {modality:?} is not supported; this encoder takes images"
-        )));
-    }
+    let grid_key = grid_key(item.modality)?;
     let tensor = item
         .encoder_input
         .as_ref()
@@ -150,9 +145,22 @@ fn check_item(item: &MultimodalItem, geometry: Geometry) -> Result<Checked, Stat
     };
     let dtype = checked.map_err(|e| Status::invalid_argument(format!("encoder_input: {e}")))?;
     let patches = check_shape(tensor, dtype, geometry)?;
-    let grid = grid(item)?;
-    check_grid(grid, patches, geometry)?;
+    let grid = grid(item, grid_key)?;
+    check_grid(grid, patches, geometry, grid_key)?;
     Ok(Checked { dtype, grid })
+}
+
+/// The key of an item's `[t, h, w]` grid for its modality: images
+/// (unspecified means image) and videos, whose grid has one temporal
+/// patch per `temporal_patch_size` frames.
+fn grid_key(modality: i32) -> Result<&'static str, Status> {
+    match Modality::try_from(modality).unwrap_or(Modality::Unspecified) {
+        Modality::Image | Modality::Unspecified => Ok("image_grid_thw"),
+        Modality::Video => Ok("video_grid_thw"),
+        other => Err(Status::invalid_argument(format!(
+            "modality {other:?} is not supported; this encoder takes images and videos"
+        ))),
+    }
 }
 
 /// Whether the item asks for its embedding by content hash: an
@@ -197,15 +205,12 @@ fn check_shape(tensor: &TensorData, dtype: DType, geometry: Geometry) -> Result<
     Ok(patches)
 }
 
-fn grid(item: &MultimodalItem) -> Result<[u32; 3], Status> {
-    let tensor = item
-        .model_specific_tensors
-        .get("image_grid_thw")
-        .ok_or_else(|| {
-            Status::invalid_argument("model_specific_tensors[\"image_grid_thw\"] is missing")
-        })?;
+fn grid(item: &MultimodalItem, key: &str) -> Result<[u32; 3], Status> {
+    let tensor = item.model_specific_tensors.get(key).ok_or_else(|| {
+        Status::invalid_argument(format!("model_specific_tensors[\"{key}\"] is missing"))
+    })?;
     let values = tensor::read_int64(tensor)
-        .ok_or_else(|| Status::invalid_argument("image_grid_thw must be an inline int64 tensor"))?;
+        .ok_or_else(|| Status::invalid_argument(format!("{key} must be an inline int64 tensor")))?;
     match values.as_slice() {
         [t, h, w]
             if [t, h, w]
@@ -215,22 +220,22 @@ fn grid(item: &MultimodalItem) -> Result<[u32; 3], Status> {
             Ok([*t as u32, *h as u32, *w as u32])
         }
         other => Err(Status::invalid_argument(format!(
-            "image_grid_thw must hold three positive values [t, h, w], got {other:?}"
+            "{key} must hold three positive values [t, h, w], got {other:?}"
         ))),
     }
 }
 
-fn check_grid(grid: [u32; 3], patches: u32, geometry: Geometry) -> Result<(), Status> {
+fn check_grid(grid: [u32; 3], patches: u32, geometry: Geometry, key: &str) -> Result<(), Status> {
     let product: u64 = grid.iter().map(|&d| u64::from(d)).product();
     if product != u64::from(patches) {
         return Err(Status::invalid_argument(format!(
-            "image_grid_thw {grid:?} has {product} patches but encoder_input has {patches} rows"
+            "{key} {grid:?} has {product} patches but encoder_input has {patches} rows"
         )));
     }
     let merge = geometry.merge.max(1);
     if !grid[1].is_multiple_of(merge) || !grid[2].is_multiple_of(merge) {
         return Err(Status::invalid_argument(format!(
-            "image_grid_thw {grid:?}: h and w must be multiples of the merge size {merge}"
+            "{key} {grid:?}: h and w must be multiples of the merge size {merge}"
         )));
     }
     Ok(())
@@ -362,6 +367,46 @@ mod tests {
         let status = check(&request, GEOMETRY).unwrap_err();
         assert!(
             status.message().contains("does not fit this model"),
+            "{}",
+            status.message()
+        );
+    }
+
+    /// A video item carries its grid under `video_grid_thw` (several
+    /// temporal patches); audio is refused, and so is a video whose grid
+    /// sits under the image key.
+    #[test]
+    fn videos_are_checked_on_their_own_grid_key() {
+        let (_, mut request) = received_request();
+        fn item(r: &mut EncodeRequest) -> &mut MultimodalItem {
+            &mut r.mm_inputs.as_mut().unwrap().items[0]
+        }
+        item(&mut request).modality = Modality::Video as i32;
+        let status = check(&request, GEOMETRY).unwrap_err();
+        assert!(
+            status
+                .message()
+                .contains("model_specific_tensors[\"video_grid_thw\"] is missing"),
+            "{}",
+            status.message()
+        );
+        let grid = tensor::int64(vec![3], &[2, 2, 2]);
+        item(&mut request).encoder_input.as_mut().unwrap().shape = vec![8, 4];
+        item(&mut request).encoder_input.as_mut().unwrap().payload =
+            Some(Payload::Inline(Bytes::from(vec![0u8; 128])));
+        item(&mut request)
+            .model_specific_tensors
+            .insert("video_grid_thw".to_owned(), grid);
+        let big = Geometry {
+            max_patches: 8,
+            ..GEOMETRY
+        };
+        let items = items(&request, big).unwrap();
+        assert_eq!(items[0].input.grid, [2, 2, 2]);
+        item(&mut request).modality = Modality::Audio as i32;
+        let status = check(&request, big).unwrap_err();
+        assert!(
+            status.message().contains("takes images and videos"),
             "{}",
             status.message()
         );

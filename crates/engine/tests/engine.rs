@@ -367,7 +367,10 @@ async fn model_info_and_tokenizer_bundle() {
         .into_inner();
     assert_eq!(info.model_type, "qwen2_vl");
     assert!(info.supports_vision);
-    assert_eq!(info.supported_modalities, vec![Modality::Image as i32]);
+    assert_eq!(
+        info.supported_modalities,
+        vec![Modality::Image as i32, Modality::Video as i32]
+    );
     assert_eq!(info.eos_token_ids, vec![642, 640]);
     assert_eq!(info.vocab_size, 648);
     assert_eq!(info.max_context_length, 32768);

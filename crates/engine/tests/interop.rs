@@ -295,7 +295,7 @@ async fn published_client_drives_iris_engines() {
         assert_eq!(info["max_context_length"], json!(32768));
         assert_eq!(info["supports_vision"], json!(true));
         assert_eq!(info["supports_multimodal"], json!(true));
-        assert_eq!(info["supported_modalities"], json!(["IMAGE"]));
+        assert_eq!(info["supported_modalities"], json!(["IMAGE", "VIDEO"]));
         assert_eq!(info["multimodal_encoder_dtype"], json!("float32"));
         // The served model name, not the directory (--expose-model-path).
         let name = model

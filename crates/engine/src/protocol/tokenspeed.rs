@@ -264,7 +264,7 @@ fn model_info(engine: &Engine) -> GetModelInfoResponse {
         supports_vision: facts.supports_vision,
         supports_multimodal: facts.supports_vision,
         supported_modalities: if facts.supports_vision {
-            vec![Modality::Image as i32]
+            vec![Modality::Image as i32, Modality::Video as i32]
         } else {
             vec![]
         },
