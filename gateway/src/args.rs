@@ -288,7 +288,8 @@ pub struct TransportArgs {
     pub rdma_max_arena_mb: usize,
 }
 
-/// Image inputs: fetching, limits, preprocessing and the pixel cache.
+/// Image and video inputs: fetching, limits, preprocessing and the pixel
+/// cache.
 #[derive(Debug, Clone, Args)]
 pub struct MediaArgs {
     /// Pixel cache size in MiB (preprocessed images; 0: no cache).
@@ -356,6 +357,31 @@ pub struct MediaArgs {
         env = "IRIS_MM_MAX_REDIRECTS"
     )]
     pub mm_max_redirects: u32,
+    /// Most videos one request may carry.
+    #[arg(long, default_value_t = 4, env = "IRIS_MM_PER_REQUEST_VIDEO_LIMIT")]
+    pub mm_per_request_video_limit: usize,
+    /// Largest video file in bytes (fetched, inline or local).
+    #[arg(long, default_value_t = 134_217_728, env = "IRIS_MM_MAX_VIDEO_BYTES")]
+    pub mm_max_video_bytes: usize,
+    /// Longest video in seconds (from the container's header).
+    #[arg(long, default_value_t = 600.0, env = "IRIS_MM_MAX_VIDEO_DURATION_SECS")]
+    pub mm_max_video_duration_secs: f64,
+    /// Most frames sampled from one video: sampling by fps stops there, and
+    /// a request asking for more (`num_frames`) gets 400.
+    #[arg(
+        long,
+        default_value_t = 256,
+        value_parser = clap::value_parser!(u32).range(1..),
+        env = "IRIS_MM_MAX_VIDEO_FRAMES"
+    )]
+    pub mm_max_video_frames: u32,
+    /// Largest video frame in pixels (width × height, from the header).
+    #[arg(long, default_value_t = 8_294_400, env = "IRIS_MM_MAX_VIDEO_PIXELS")]
+    pub mm_max_video_pixels: u64,
+    /// Frames per second sampled from a video when neither the request
+    /// (`mm_processor_kwargs`) nor the model's video processor config says.
+    #[arg(long, default_value_t = 2.0, env = "IRIS_MM_VIDEO_DEFAULT_FPS")]
+    pub mm_video_default_fps: f64,
     /// Element type of the pixel tensors sent to workers (bfloat16: half
     /// the bytes of float32, what TokenSpeed workers take).
     #[arg(

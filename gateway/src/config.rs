@@ -170,6 +170,23 @@ pub struct MediaSettings {
     pub inflight_bytes: u64,
     /// Longest wait for room in that memory.
     pub inflight_wait: Duration,
+    /// Video inputs (docs/video.md).
+    pub video: VideoSettings,
+}
+
+/// Limits and defaults of video inputs.
+#[derive(Debug, Clone)]
+pub struct VideoSettings {
+    /// Byte limit of one video file (the other fetch rules are the images').
+    pub max_bytes: u64,
+    pub per_request_limit: usize,
+    pub max_duration_secs: f64,
+    /// Most frames sampled from one video.
+    pub max_frames: u32,
+    /// Largest frame, width × height.
+    pub max_pixels: u64,
+    /// Sampling rate when neither the request nor the model sets one.
+    pub default_fps: f64,
 }
 
 impl Config {
@@ -200,7 +217,7 @@ impl Config {
                 "--shutdown-grace-secs",
                 args.shutdown_grace_secs,
             )?),
-            media: media(&args.media),
+            media: media(&args.media)?,
             discovery,
             transport: transport(&args.transport)?,
             model: ModelConfig {
@@ -434,7 +451,7 @@ pub fn discovery(args: &DiscoveryArgs) -> Result<Option<Discovery>, ConfigError>
     }))
 }
 
-fn media(args: &MediaArgs) -> MediaSettings {
+fn media(args: &MediaArgs) -> Result<MediaSettings, ConfigError> {
     let fetch = iris_media::MediaConfig {
         allow_private_hosts: args.mm_allow_private_media_hosts,
         allowed_domains: args
@@ -450,7 +467,11 @@ fn media(args: &MediaArgs) -> MediaSettings {
         max_redirects: args.mm_max_redirects,
         ..iris_media::MediaConfig::default()
     };
-    MediaSettings {
+    let default_fps = args.mm_video_default_fps;
+    ensure(default_fps.is_finite() && default_fps > 0.0, || {
+        format!("--mm-video-default-fps must be a positive number, not {default_fps}")
+    })?;
+    Ok(MediaSettings {
         fetch,
         dtype: match args.mm_encoder_input_dtype {
             InputDtype::Float32 => OutputDtype::F32,
@@ -462,7 +483,19 @@ fn media(args: &MediaArgs) -> MediaSettings {
         per_request_image_limit: args.mm_per_request_image_limit,
         inflight_bytes: args.mm_max_inflight_mb.saturating_mul(MIB),
         inflight_wait: Duration::from_millis(args.mm_inflight_wait_ms),
-    }
+        video: VideoSettings {
+            max_bytes: args.mm_max_video_bytes as u64,
+            per_request_limit: args.mm_per_request_video_limit,
+            max_duration_secs: positive_secs(
+                "--mm-max-video-duration-secs",
+                args.mm_max_video_duration_secs,
+            )?
+            .as_secs_f64(),
+            max_frames: args.mm_max_video_frames,
+            max_pixels: args.mm_max_video_pixels,
+            default_fps,
+        },
+    })
 }
 
 /// The tensor lanes, with the RDMA arena's geometry and TTL checked.

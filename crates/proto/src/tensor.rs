@@ -125,6 +125,12 @@ pub fn int64(shape: Vec<u32>, values: &[i64]) -> TensorData {
     inline(shape, DType::Int64, Bytes::from(bytes))
 }
 
+/// A float32 tensor from values (e.g. Qwen2.5-VL's `second_per_grid_ts`).
+pub fn float32(shape: Vec<u32>, values: &[f32]) -> TensorData {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    inline(shape, DType::Float32, Bytes::from(bytes))
+}
+
 /// Reads an inline int64 tensor's values; `None` if it is not one.
 pub fn read_int64(tensor: &TensorData) -> Option<Vec<i64>> {
     if tensor.dtype != DType::Int64.as_str() {

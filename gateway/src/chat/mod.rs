@@ -29,7 +29,7 @@ pub use errors::error_response;
 use crate::metrics::{Outcome, Stage};
 use crate::mm::items::{expand_placeholders, fill_pixels, multimodal_inputs};
 use crate::mm::pending::PendingImages;
-use crate::mm::pixels::ImageLayout;
+use crate::mm::pixels::ItemLayout;
 use crate::output::OutputPlan;
 use crate::router::Mode;
 use crate::server::AppState;
@@ -328,19 +328,18 @@ fn pipelines(state: &AppState) -> bool {
 fn place_images(
     state: &AppState,
     input_ids: Vec<u32>,
-    images: &[ImageLayout],
+    images: &[ItemLayout],
 ) -> Result<(Vec<u32>, Option<MultimodalInputs>), ApiError> {
     let Some(mm) = state.multimodal.as_ref() else {
         return Ok((input_ids, None));
     };
-    let counts: Vec<usize> = images.iter().map(|i| i.tokens).collect();
-    let (ids, ranges) = expand_placeholders(&input_ids, mm.image_token_id, &counts)?;
+    let (ids, ranges) = expand_placeholders(&input_ids, mm.placeholders, images)?;
     if images.is_empty() {
         return Ok((ids, None));
     }
     Ok((
         ids,
-        Some(multimodal_inputs(images, ranges, mm.image_token_id)),
+        Some(multimodal_inputs(images, ranges, mm.placeholders)),
     ))
 }
 

@@ -301,18 +301,21 @@ pub(crate) fn check_ids(tokenizer: &Tokenizer, ids: &[u32], param: &str) -> Resu
     }
 }
 
-/// Completions are text only: a vision model's image token may not appear
-/// in a prompt (no image could fill it).
+/// Completions are text only: a vision model's image or video token may
+/// not appear in a prompt (no image or video could fill it).
 fn check_prompt_ids(state: &AppState, ids: &[u32], param: &str) -> Result<(), ApiError> {
     let Some(mm) = state.multimodal.as_ref() else {
         return Ok(());
     };
-    if ids.contains(&mm.image_token_id) {
+    let tokens = mm.placeholders;
+    let found = [("image", Some(tokens.image)), ("video", tokens.video)]
+        .into_iter()
+        .find_map(|(kind, token)| token.filter(|t| ids.contains(t)).map(|t| (kind, t)));
+    if let Some((kind, token)) = found {
         return Err(ApiError::bad_field(
             param,
             format!(
-                "{param}: holds the image token (id {}); /v1/completions takes text only, send images to /v1/chat/completions",
-                mm.image_token_id
+                "{param}: holds the {kind} token (id {token}); /v1/completions takes text only, send {kind}s to /v1/chat/completions"
             ),
         ));
     }

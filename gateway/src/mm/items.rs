@@ -13,44 +13,106 @@ use iris_proto::scheduler::tensor_data::Payload;
 use iris_proto::scheduler::{MultimodalInputs, MultimodalItem, PlaceholderRange, TensorData};
 use iris_proto::tensor;
 
-use super::pixels::{ImageLayout, PixelEntry};
+use super::pixels::{ItemLayout, PixelEntry};
 
-/// Expands each occurrence of `image_token` in `ids` to `counts[i]` copies
-/// (in order). The number of occurrences must equal the number of images:
-/// anything else means the template and the request disagree, a client
-/// error rather than a garbled prompt.
+/// The placeholder token the chat template renders once per item of each
+/// modality (config.json's `image_token_id` and `video_token_id`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placeholders {
+    pub image: u32,
+    /// `None`: the model takes no videos.
+    pub video: Option<u32>,
+}
+
+impl Placeholders {
+    /// The token of `modality`'s items.
+    pub fn token(&self, modality: Modality) -> Option<u32> {
+        match modality {
+            Modality::Video => self.video,
+            _ => Some(self.image),
+        }
+    }
+
+    /// Each modality with its token and its items' token counts, in order.
+    fn runs(&self, items: &[ItemLayout]) -> Vec<(Modality, u32, Vec<usize>)> {
+        let mut runs = vec![(Modality::Image, self.image, Vec::new())];
+        if let Some(video) = self.video {
+            runs.push((Modality::Video, video, Vec::new()));
+        }
+        for (index, item) in items.iter().enumerate() {
+            if let Some(run) = runs.iter_mut().find(|(m, _, _)| *m == item.modality) {
+                run.2.push(index);
+            }
+        }
+        runs
+    }
+}
+
+/// Expands the placeholder token of each item (in order, per modality) to
+/// its token count; returns the ids and each item's range, in item order.
+/// The number of occurrences of each modality's token must equal the
+/// number of its items: anything else means the template and the request
+/// disagree, a client error rather than a garbled prompt.
 pub fn expand_placeholders(
     ids: &[u32],
-    image_token: u32,
-    counts: &[usize],
+    placeholders: Placeholders,
+    items: &[ItemLayout],
 ) -> Result<(Vec<u32>, Vec<PlaceholderRange>), ApiError> {
-    let found = ids.iter().filter(|&&t| t == image_token).count();
-    if found != counts.len() {
+    let runs = placeholders.runs(items);
+    if let Some(item) = items
+        .iter()
+        .find(|i| placeholders.token(i.modality).is_none())
+    {
         return Err(ApiError::bad_field(
             "messages",
-            format!(
-                "the rendered prompt has {found} image placeholder(s) (token id {image_token}) but the request carries {} image(s); the chat template or the message text does not match the images",
-                counts.len()
-            ),
+            format!("this model takes no {} inputs", kind(item.modality)),
         ));
     }
-    let extra: usize = counts.iter().map(|c| c.saturating_sub(1)).sum();
+    for (modality, token, members) in &runs {
+        let found = ids.iter().filter(|&&t| t == *token).count();
+        if found != members.len() {
+            let kind = kind(*modality);
+            return Err(ApiError::bad_field(
+                "messages",
+                format!(
+                    "the rendered prompt has {found} {kind} placeholder(s) (token id {token}) but the request carries {} {kind}(s); the chat template or the message text does not match them",
+                    members.len()
+                ),
+            ));
+        }
+    }
+    let extra: usize = items.iter().map(|i| i.tokens.saturating_sub(1)).sum();
     let mut expanded = Vec::with_capacity(ids.len() + extra);
-    let mut ranges = Vec::with_capacity(counts.len());
-    let mut next = counts.iter();
+    let mut ranges = vec![PlaceholderRange::default(); items.len()];
+    let mut next: Vec<(u32, std::slice::Iter<'_, usize>)> = runs
+        .iter()
+        .map(|(_, token, members)| (*token, members.iter()))
+        .collect();
     for &id in ids {
-        if id != image_token {
+        let Some(index) = next
+            .iter_mut()
+            .find(|(token, _)| *token == id)
+            .and_then(|(_, members)| members.next().copied())
+        else {
             expanded.push(id);
             continue;
-        }
-        let count = next.next().copied().unwrap_or(1);
-        ranges.push(PlaceholderRange {
+        };
+        let count = items[index].tokens;
+        ranges[index] = PlaceholderRange {
             offset: offset(expanded.len())?,
             length: offset(count)?,
-        });
-        expanded.resize(expanded.len() + count, image_token);
+        };
+        expanded.resize(expanded.len() + count, id);
     }
     Ok((expanded, ranges))
+}
+
+/// How messages name a modality.
+fn kind(modality: Modality) -> &'static str {
+    match modality {
+        Modality::Video => "video",
+        _ => "image",
+    }
 }
 
 fn offset(value: usize) -> Result<u32, ApiError> {
@@ -58,17 +120,22 @@ fn offset(value: usize) -> Result<u32, ApiError> {
         .map_err(|_| ApiError::bad_request("the prompt is too long for placeholder offsets"))
 }
 
-/// The request's `mm_inputs`: one item per image, its tensor's shape and
-/// dtype but not yet its pixels ([`fill_pixels`]).
-pub fn multimodal_inputs<'a>(
-    images: impl IntoIterator<Item = &'a ImageLayout>,
+/// The request's `mm_inputs`: one item per image or video, its tensor's
+/// shape and dtype but not yet its pixels ([`fill_pixels`]).
+pub fn multimodal_inputs(
+    items: &[ItemLayout],
     ranges: Vec<PlaceholderRange>,
-    image_token: u32,
+    placeholders: Placeholders,
 ) -> MultimodalInputs {
-    let items = images
-        .into_iter()
+    let items = items
+        .iter()
         .zip(ranges)
-        .map(|(image, range)| item(image, range, image_token))
+        .map(|(layout, range)| {
+            let token = placeholders
+                .token(layout.modality)
+                .unwrap_or(placeholders.image);
+            item(layout, range, token)
+        })
         .collect();
     MultimodalInputs { items }
 }
@@ -80,14 +147,20 @@ pub fn fill_pixels(item: &mut MultimodalItem, entry: &PixelEntry) {
     }
 }
 
-fn item(image: &ImageLayout, range: PlaceholderRange, image_token: u32) -> MultimodalItem {
+fn item(image: &ItemLayout, range: PlaceholderRange, image_token: u32) -> MultimodalItem {
     let mut specific: HashMap<String, TensorData> = HashMap::new();
     if let Some(grid) = image.grid {
         let thw: Vec<i64> = grid.iter().map(|&v| i64::from(v)).collect();
-        specific.insert("image_grid_thw".to_owned(), tensor::int64(vec![1, 3], &thw));
+        specific.insert(image.grid_key().to_owned(), tensor::int64(vec![1, 3], &thw));
+    }
+    if let Some(seconds) = image.second_per_grid {
+        specific.insert(
+            "second_per_grid_ts".to_owned(),
+            tensor::float32(vec![1], &[seconds]),
+        );
     }
     MultimodalItem {
-        modality: Modality::Image as i32,
+        modality: image.modality as i32,
         content_hash: image.content_hash.clone(),
         encoder_input: Some(TensorData {
             shape: image.shape.clone(),
@@ -105,11 +178,24 @@ mod tests {
     use super::*;
 
     const IMG: u32 = 646;
+    const VID: u32 = 647;
+    const TOKENS: Placeholders = Placeholders {
+        image: IMG,
+        video: Some(VID),
+    };
+
+    fn layout(modality: Modality, tokens: usize) -> ItemLayout {
+        ItemLayout {
+            modality,
+            ..crate::mm::pending::testing::layout(tokens, 1)
+        }
+    }
 
     #[test]
     fn expands_each_placeholder_to_its_count() {
         let ids = [641, 1, 643, IMG, 644, 2, 643, IMG, 644, 642];
-        let (expanded, ranges) = expand_placeholders(&ids, IMG, &[3, 2]).unwrap();
+        let items = [layout(Modality::Image, 3), layout(Modality::Image, 2)];
+        let (expanded, ranges) = expand_placeholders(&ids, TOKENS, &items).unwrap();
         assert_eq!(
             expanded,
             vec![641, 1, 643, IMG, IMG, IMG, 644, 2, 643, IMG, IMG, 644, 642]
@@ -118,18 +204,58 @@ mod tests {
         assert_eq!(ranges, vec![(3, 3), (9, 2)]);
     }
 
+    /// Images and videos interleave: each token takes the next item of its
+    /// own modality, and ranges come back in item order.
+    #[test]
+    fn images_and_videos_expand_in_their_own_order() {
+        let ids = [1, VID, 2, IMG, 3, VID, 4];
+        let items = [
+            layout(Modality::Image, 2),
+            layout(Modality::Video, 3),
+            layout(Modality::Video, 1),
+        ];
+        let (expanded, ranges) = expand_placeholders(&ids, TOKENS, &items).unwrap();
+        assert_eq!(expanded, vec![1, VID, VID, VID, 2, IMG, IMG, 3, VID, 4]);
+        let ranges: Vec<(u32, u32)> = ranges.iter().map(|r| (r.offset, r.length)).collect();
+        assert_eq!(ranges, vec![(5, 2), (1, 3), (8, 1)]);
+        let inputs = multimodal_inputs(
+            &items,
+            expand_placeholders(&ids, TOKENS, &items).unwrap().1,
+            TOKENS,
+        );
+        let video = &inputs.items[1];
+        assert_eq!(video.modality, Modality::Video as i32);
+        assert_eq!(video.placeholder_token_id, Some(VID));
+        assert!(video.model_specific_tensors.contains_key("video_grid_thw"));
+        assert_eq!(inputs.items[0].placeholder_token_id, Some(IMG));
+    }
+
     #[test]
     fn a_count_mismatch_is_a_clear_client_error() {
         let ids = [1, IMG, 2];
-        let err = expand_placeholders(&ids, IMG, &[4, 4]).unwrap_err();
+        let two = [layout(Modality::Image, 4), layout(Modality::Image, 4)];
+        let err = expand_placeholders(&ids, TOKENS, &two).unwrap_err();
         assert_eq!(err.status, 400);
         assert!(
             err.message.contains("1 image placeholder"),
             "{}",
             err.message
         );
-        assert!(expand_placeholders(&[1, 2], IMG, &[4]).is_err());
-        let (same, ranges) = expand_placeholders(&[1, 2], IMG, &[]).unwrap();
+        assert!(expand_placeholders(&[1, 2], TOKENS, &two[..1]).is_err());
+        let err = expand_placeholders(&[1, VID], TOKENS, &[]).unwrap_err();
+        assert!(
+            err.message.contains("1 video placeholder"),
+            "{}",
+            err.message
+        );
+        let (same, ranges) = expand_placeholders(&[1, 2], TOKENS, &[]).unwrap();
         assert_eq!((same, ranges.len()), (vec![1, 2], 0));
+        let no_video = Placeholders {
+            video: None,
+            ..TOKENS
+        };
+        let err =
+            expand_placeholders(&[1, VID], no_video, &[layout(Modality::Video, 1)]).unwrap_err();
+        assert!(err.message.contains("takes no video"), "{}", err.message);
     }
 }

@@ -31,8 +31,9 @@ use iris_vision::{DecodeLimits, ImageInfo, PreprocessOptions, Processor, VisionE
 use crate::config::MediaSettings;
 use crate::metrics::{Metrics, Stage};
 use budget::{BudgetError, MemoryBudget, Reservation};
+use items::Placeholders;
 use pending::Loaded;
-use pixels::{content_hash, image_hash, ImageLayout, PixelEntry};
+use pixels::{content_hash, image_hash, ItemLayout, PixelEntry};
 
 /// Images smaller than this are hashed (and their header read) inline
 /// rather than on the blocking pool.
@@ -53,9 +54,10 @@ pub struct Multimodal {
     options: PreprocessOptions,
     fingerprint: u64,
     cache: SingleFlightCache<PixelKey, PixelEntry, ApiError>,
-    /// The token the chat template renders once per image (config.json's
-    /// `image_token_id`), expanded to each image's token count.
-    pub image_token_id: u32,
+    /// The tokens the chat template renders once per image and per video
+    /// (config.json's `image_token_id`, `video_token_id`), expanded to each
+    /// item's token count.
+    pub placeholders: Placeholders,
     per_request_limit: usize,
     budget: MemoryBudget,
     /// Images being decoded and preprocessed (or waiting for the pool).
@@ -92,7 +94,10 @@ impl Multimodal {
             processor,
             options,
             cache: SingleFlightCache::with_weigher(settings.pixel_cache_bytes, PixelEntry::weight),
-            image_token_id,
+            placeholders: Placeholders {
+                image: image_token_id,
+                video: None,
+            },
             per_request_limit: settings.per_request_image_limit,
             budget: MemoryBudget::new(settings.inflight_bytes, settings.inflight_wait),
             in_flight: Arc::new(AtomicUsize::new(0)),
@@ -150,7 +155,7 @@ impl Multimodal {
 
     /// An image's layout: its cached entry's (and `true`), else planned
     /// from its header.
-    fn layout(&self, image: &FetchedImage) -> Result<(ImageLayout, bool), ApiError> {
+    fn layout(&self, image: &FetchedImage) -> Result<(ItemLayout, bool), ApiError> {
         if let Some(entry) = self.cache.peek(&(image.hash, self.fingerprint)) {
             return Ok((entry.layout.clone(), true));
         }
@@ -161,7 +166,7 @@ impl Multimodal {
             .planned_layout(info, &self.options)
             .map_err(|e| vision_error(place, &e))?;
         let content = content_hash(&image.hash, self.fingerprint);
-        let layout = ImageLayout::new(planned, self.options.dtype, content)
+        let layout = ItemLayout::new(planned, self.options.dtype, content)
             .map_err(|e| ApiError::bad_field(place, format!("{place}: {e}")))?;
         Ok((layout, false))
     }
@@ -387,7 +392,7 @@ pub struct StartedImage {
     image: Box<FetchedImage>,
     share: Option<Reservation>,
     /// The item's layout: the shape, grid and tokens its tensor will have.
-    pub layout: ImageLayout,
+    pub layout: ItemLayout,
     /// The pixel cache held the image's tensor when the request arrived.
     pub cached: bool,
 }

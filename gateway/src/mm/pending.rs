@@ -1,6 +1,6 @@
 //! A request's images while their pixels are computed.
 //!
-//! Once an image is fetched and its header read, its [`ImageLayout`] —
+//! Once an image is fetched and its header read, its [`ItemLayout`] —
 //! tensor shape, patch grid, token count, content hash — is known
 //! ([`iris_vision::Processor::planned_layout`]), so the prompt can be built
 //! and, in EPD, the request planned and its Generate legs sent while the
@@ -20,7 +20,7 @@ use iris_openai::ApiError;
 use tokio::task::AbortHandle;
 
 use super::budget::Reservation;
-use super::pixels::{ImageLayout, PixelEntry};
+use super::pixels::{ItemLayout, PixelEntry};
 
 /// What preprocessing one image gives: its entry, and the part of the
 /// reservation its tensor keeps (when this request computed it).
@@ -36,7 +36,7 @@ pub struct PendingImages {
 
 #[derive(Default)]
 struct Inner {
-    layouts: Vec<ImageLayout>,
+    layouts: Vec<ItemLayout>,
     pixels: Vec<Pixels>,
     /// The reservations of the tensors this request computed, given back
     /// when the last handle is dropped.
@@ -54,7 +54,7 @@ impl PendingImages {
     /// Starts each image's preprocessing (`load`) in a task of its own,
     /// beside its planned layout and the part of the request's reservation
     /// it may use.
-    pub fn start(images: Vec<(ImageLayout, BoxFuture<'static, Result<Loaded, ApiError>>)>) -> Self {
+    pub fn start(images: Vec<(ItemLayout, BoxFuture<'static, Result<Loaded, ApiError>>)>) -> Self {
         let held = Arc::new(Mutex::new(Vec::new()));
         let (mut layouts, mut pixels, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
         for (layout, load) in images {
@@ -97,7 +97,7 @@ impl PendingImages {
     }
 
     /// The images' layouts, in the request's order.
-    pub fn layouts(&self) -> &[ImageLayout] {
+    pub fn layouts(&self) -> &[ItemLayout] {
         &self.inner.layouts
     }
 
@@ -149,22 +149,24 @@ pub(crate) mod testing {
     use iris_proto::tensor::DType;
     use tokio::sync::oneshot;
 
-    use super::{ImageLayout, Loaded, PendingImages, PixelEntry};
+    use super::{ItemLayout, Loaded, PendingImages, PixelEntry};
     use std::sync::Arc;
 
     /// The layout of a bfloat16 image of `tokens` tokens named `hash`.
-    pub fn layout(tokens: usize, hash: u8) -> ImageLayout {
-        ImageLayout {
+    pub fn layout(tokens: usize, hash: u8) -> ItemLayout {
+        ItemLayout {
+            modality: iris_proto::common::Modality::Image,
             shape: vec![tokens as u32 * 4, 2],
             dtype: DType::BFloat16,
             grid: Some([1, 2, tokens as u32 * 2]),
             tokens,
             content_hash: Bytes::from(vec![hash; 32]),
+            second_per_grid: None,
         }
     }
 
     /// An entry of that layout, its pixels all `hash`.
-    pub fn entry(layout: ImageLayout) -> Arc<PixelEntry> {
+    pub fn entry(layout: ItemLayout) -> Arc<PixelEntry> {
         let len = layout.shape.iter().product::<u32>() as usize * 2;
         let pixels = Bytes::from(vec![layout.content_hash[0]; len]);
         Arc::new(PixelEntry { pixels, layout })
@@ -172,7 +174,7 @@ pub(crate) mod testing {
 
     /// Images of these layouts, each ready when the test sends its result.
     pub fn images(
-        layouts: &[ImageLayout],
+        layouts: &[ItemLayout],
     ) -> (
         PendingImages,
         Vec<oneshot::Sender<Result<Loaded, ApiError>>>,

@@ -1,28 +1,33 @@
-//! Preprocessed images as the gateway keeps them: the encoder input tensor
-//! in shared bytes (a cache hit, or the copy in each leg's request, copies
-//! no tensor data) and its [`ImageLayout`] — shape, patch grid, token count
-//! and the content hash that names the item to encoders, which is also
-//! known from the image's header before its pixels are.
+//! Preprocessed images and videos as the gateway keeps them: the encoder
+//! input tensor in shared bytes (a cache hit, or the copy in each leg's
+//! request, copies no tensor data) and its [`ItemLayout`] — modality,
+//! shape, patch grid, token count and the content hash that names the item
+//! to encoders, which is also known from the header before the pixels are.
 
 use bytes::Bytes;
+use iris_proto::common::Modality;
 use iris_proto::tensor::DType;
 use iris_vision::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 use sha2::{Digest, Sha256};
 
-/// What an image's item looks like, pixels aside.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageLayout {
+/// What an image's or video's item looks like, pixels aside.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ItemLayout {
+    pub modality: Modality,
     pub shape: Vec<u32>,
     pub dtype: DType,
     /// `[t, h, w]` patch grid (Qwen family).
     pub grid: Option<[u32; 3]>,
     /// Placeholder tokens the prompt needs for this image.
     pub tokens: usize,
-    /// SHA-256 over the image bytes' hash and the preprocessor fingerprint.
+    /// SHA-256 over the file bytes' hash and the preprocessor fingerprint.
     pub content_hash: Bytes,
+    /// Seconds of video per temporal patch (Qwen2.5-VL's
+    /// `second_per_grid_ts`, for its temporal positions).
+    pub second_per_grid: Option<f32>,
 }
 
-impl ImageLayout {
+impl ItemLayout {
     /// The layout the vision crate planned or produced, in wire terms.
     pub fn new(
         layout: OutputLayout,
@@ -42,13 +47,23 @@ impl ImageLayout {
             OutputDtype::F32 => DType::Float32,
             OutputDtype::Bf16 => DType::BFloat16,
         };
-        Ok(ImageLayout {
+        Ok(ItemLayout {
+            modality: Modality::Image,
             shape,
             dtype,
             grid,
             tokens: layout.num_placeholder_tokens,
             content_hash,
+            second_per_grid: None,
         })
+    }
+
+    /// The key of the item's `[t, h, w]` grid tensor.
+    pub fn grid_key(&self) -> &'static str {
+        match self.modality {
+            Modality::Video => "video_grid_thw",
+            _ => "image_grid_thw",
+        }
     }
 }
 
@@ -57,13 +72,13 @@ impl ImageLayout {
 pub struct PixelEntry {
     /// Little-endian tensor bytes (the vision crate's recycled buffer).
     pub pixels: Bytes,
-    pub layout: ImageLayout,
+    pub layout: ItemLayout,
 }
 
 impl PixelEntry {
     /// Takes the processor's output without copying its tensor.
     pub fn from_output(output: PreprocessOutput, content_hash: Bytes) -> Result<Self, String> {
-        let layout = ImageLayout::new(output.layout(), output.pixel_values.dtype(), content_hash)?;
+        let layout = ItemLayout::new(output.layout(), output.pixel_values.dtype(), content_hash)?;
         Ok(PixelEntry {
             pixels: Bytes::from_owner(Tensor(output.pixel_values)),
             layout,

@@ -640,7 +640,7 @@ async fn epd(prefill: &[Answer], decode: &[Answer]) -> (Router, [Fake; 3]) {
 }
 
 /// A request whose items are laid out but have no pixels yet.
-fn pending_request(layouts: &[crate::mm::pixels::ImageLayout]) -> GenerateRequest {
+fn pending_request(layouts: &[crate::mm::pixels::ItemLayout]) -> GenerateRequest {
     let ranges = (0..layouts.len())
         .map(|i| PlaceholderRange {
             offset: 10 * i as u32,
@@ -648,7 +648,14 @@ fn pending_request(layouts: &[crate::mm::pixels::ImageLayout]) -> GenerateReques
         })
         .collect();
     GenerateRequest {
-        mm_inputs: Some(crate::mm::items::multimodal_inputs(layouts, ranges, 9)),
+        mm_inputs: Some(crate::mm::items::multimodal_inputs(
+            layouts,
+            ranges,
+            crate::mm::items::Placeholders {
+                image: 9,
+                video: None,
+            },
+        )),
         ..request()
     }
 }
@@ -656,7 +663,7 @@ fn pending_request(layouts: &[crate::mm::pixels::ImageLayout]) -> GenerateReques
 /// Two images on their way: their layouts, the images (the first ready)
 /// and the sender that hands over the second's result.
 fn two_images_first_ready() -> (
-    [crate::mm::pixels::ImageLayout; 2],
+    [crate::mm::pixels::ItemLayout; 2],
     crate::mm::pending::PendingImages,
     tokio::sync::oneshot::Sender<Result<crate::mm::pending::Loaded, iris_openai::ApiError>>,
 ) {
