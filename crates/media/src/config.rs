@@ -56,7 +56,34 @@ pub struct MediaConfig {
     pub max_redirects: u32,
     /// The `User-Agent` header sent with http(s) requests.
     pub user_agent: String,
+    /// What the fetched files are: the `data:` URL types accepted follow.
+    /// Default [`MediaKind::Image`].
+    pub kind: MediaKind,
 }
+
+/// What a fetcher fetches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MediaKind {
+    /// Images: `data:` URLs must declare a supported image type, and their
+    /// bytes must sniff as it.
+    #[default]
+    Image,
+    /// Videos: `data:` URLs must declare one of [`VIDEO_MIME_TYPES`]; the
+    /// bytes are checked by the video decoder, which sniffs the container.
+    Video,
+}
+
+/// The `data:` URL types a video may declare (animated GIF and WebP count
+/// as videos).
+pub const VIDEO_MIME_TYPES: &[&str] = &[
+    "video/mp4",
+    "video/quicktime",
+    "video/webm",
+    "video/x-matroska",
+    "video/matroska",
+    "image/gif",
+    "image/webp",
+];
 
 impl Default for MediaConfig {
     fn default() -> Self {
@@ -69,6 +96,7 @@ impl Default for MediaConfig {
             max_bytes: DEFAULT_MAX_BYTES,
             max_redirects: DEFAULT_MAX_REDIRECTS,
             user_agent: concat!("iris-media/", env!("CARGO_PKG_VERSION")).to_owned(),
+            kind: MediaKind::Image,
         }
     }
 }

@@ -14,6 +14,10 @@
 //! - the size cap applies to the decoded bytes, and the encoded length is
 //!   checked first so an oversized payload is refused without decoding it;
 //! - the decoded bytes must sniff as the declared format.
+//!
+//! A video fetcher ([`crate::MediaKind::Video`]) takes the types of
+//! [`crate::VIDEO_MIME_TYPES`] instead, and leaves the bytes to the video
+//! decoder (which sniffs the container).
 
 use std::borrow::Cow;
 
@@ -24,7 +28,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use percent_encoding::percent_decode;
 
-use crate::{ImageFormat, MediaError};
+use crate::{ImageFormat, MediaError, MediaKind, VIDEO_MIME_TYPES};
 
 /// Standard alphabet, padding optional, stray low bits in the last symbol
 /// tolerated (as browsers' forgiving base64 does).
@@ -44,7 +48,8 @@ pub(crate) struct DataImage {
     pub bytes: Bytes,
     /// The declared MIME type, lowercased, without parameters.
     pub mime: String,
-    pub format: ImageFormat,
+    /// The image format (images only).
+    pub format: Option<ImageFormat>,
 }
 
 /// Whether `url` is a `data:` URL (scheme compared case-insensitively,
@@ -59,27 +64,38 @@ fn strip_scheme(url: &str) -> Option<&str> {
     scheme.eq_ignore_ascii_case("data:").then_some(rest)
 }
 
-/// Decodes the `data:` URL `url`, refusing payloads over `max_bytes`.
-pub(crate) fn decode(url: &str, max_bytes: u64) -> Result<DataImage, MediaError> {
+/// Decodes the `data:` URL `url` of a file of `kind`, refusing payloads
+/// over `max_bytes`.
+pub(crate) fn decode(url: &str, max_bytes: u64, kind: MediaKind) -> Result<DataImage, MediaError> {
     let rest = strip_scheme(url)
         .ok_or_else(|| MediaError::InvalidDataUrl("not a data: URL".to_owned()))?;
     let (meta, payload) = rest.split_once(',').ok_or_else(|| {
         MediaError::InvalidDataUrl("missing `,` between the media type and the data".to_owned())
     })?;
     let (mime, is_base64) = parse_meta(meta);
-    let format = ImageFormat::from_mime(&mime).ok_or_else(|| {
-        MediaError::UnsupportedMediaType(if mime.is_empty() {
+    let shown = || {
+        if mime.is_empty() {
             "text/plain (no media type given)".to_owned()
         } else {
             quote(&mime)
-        })
-    })?;
+        }
+    };
+    let format = match kind {
+        MediaKind::Image => Some(
+            ImageFormat::from_mime(&mime)
+                .ok_or_else(|| MediaError::UnsupportedMediaType(shown()))?,
+        ),
+        MediaKind::Video if VIDEO_MIME_TYPES.contains(&mime.as_str()) => None,
+        MediaKind::Video => return Err(MediaError::UnsupportedVideoType(shown())),
+    };
     let bytes = if is_base64 {
         decode_base64(payload, max_bytes)?
     } else {
         decode_percent(payload, max_bytes)?
     };
-    check_format(&mime, format, &bytes)?;
+    if let Some(format) = format {
+        check_format(&mime, format, &bytes)?;
+    }
     Ok(DataImage {
         bytes: Bytes::from(bytes),
         mime,
@@ -258,16 +274,16 @@ mod tests {
     #[test]
     fn decodes_base64_png() {
         let url = format!("data:image/png;base64,{}", b64(PNG));
-        let image = decode(&url, 1024).expect("valid data URL");
+        let image = decode(&url, 1024, MediaKind::Image).expect("valid data URL");
         assert_eq!(&image.bytes[..], PNG);
         assert_eq!(image.mime, "image/png");
-        assert_eq!(image.format, ImageFormat::Png);
+        assert_eq!(image.format, Some(ImageFormat::Png));
     }
 
     #[test]
     fn scheme_marker_and_type_are_case_insensitive() {
         let url = format!("DATA:Image/PNG;charset=x;BASE64,{}", b64(PNG));
-        let image = decode(&url, 1024).expect("valid data URL");
+        let image = decode(&url, 1024, MediaKind::Image).expect("valid data URL");
         assert_eq!(&image.bytes[..], PNG);
         assert_eq!(image.mime, "image/png");
     }
@@ -278,29 +294,42 @@ mod tests {
         assert!(encoded.ends_with('='), "test needs a padded encoding");
         let unpadded = encoded.trim_end_matches('=');
         let url = format!("data:image/png;base64,{unpadded}");
-        assert_eq!(&decode(&url, 1024).expect("unpadded").bytes[..], PNG);
+        assert_eq!(
+            &decode(&url, 1024, MediaKind::Image)
+                .expect("unpadded")
+                .bytes[..],
+            PNG
+        );
 
         let (a, b) = encoded.split_at(6);
         let url = format!("data:image/png;base64,{a}\n {b}");
-        assert_eq!(&decode(&url, 1024).expect("whitespace").bytes[..], PNG);
+        assert_eq!(
+            &decode(&url, 1024, MediaKind::Image)
+                .expect("whitespace")
+                .bytes[..],
+            PNG
+        );
 
         let escaped = encoded.replace('=', "%3D");
         let url = format!("data:image/png;base64,{escaped}");
-        assert_eq!(&decode(&url, 1024).expect("escaped").bytes[..], PNG);
+        assert_eq!(
+            &decode(&url, 1024, MediaKind::Image).expect("escaped").bytes[..],
+            PNG
+        );
     }
 
     #[test]
     fn decodes_percent_encoded_payload() {
         let url = "data:image/gif,GIF89a%01%00%01%00";
-        let image = decode(url, 1024).expect("valid data URL");
+        let image = decode(url, 1024, MediaKind::Image).expect("valid data URL");
         assert_eq!(&image.bytes[..], b"GIF89a\x01\x00\x01\x00");
-        assert_eq!(image.format, ImageFormat::Gif);
+        assert_eq!(image.format, Some(ImageFormat::Gif));
     }
 
     #[test]
     fn refuses_type_mismatch() {
         let url = format!("data:image/png;base64,{}", b64(JPEG));
-        let err = decode(&url, 1024).expect_err("jpeg declared as png");
+        let err = decode(&url, 1024, MediaKind::Image).expect_err("jpeg declared as png");
         match &err {
             MediaError::TypeMismatch { declared, detected } => {
                 assert_eq!(declared, "image/png");
@@ -312,7 +341,7 @@ mod tests {
 
         let url = format!("data:image/png;base64,{}", b64(b"not an image at all"));
         assert!(matches!(
-            decode(&url, 1024),
+            decode(&url, 1024, MediaKind::Image),
             Err(MediaError::TypeMismatch { detected: None, .. })
         ));
     }
@@ -327,7 +356,10 @@ mod tests {
             "data:application/octet-stream;base64,iVBORw0KGgo=",
         ] {
             assert!(
-                matches!(decode(url, 1024), Err(MediaError::UnsupportedMediaType(_))),
+                matches!(
+                    decode(url, 1024, MediaKind::Image),
+                    Err(MediaError::UnsupportedMediaType(_))
+                ),
                 "{url}"
             );
         }
@@ -336,13 +368,16 @@ mod tests {
     #[test]
     fn refuses_malformed_urls_and_base64() {
         assert!(matches!(
-            decode("data:image/png;base64", 1024),
+            decode("data:image/png;base64", 1024, MediaKind::Image),
             Err(MediaError::InvalidDataUrl(_))
         ));
         for bad in ["iVBO!w0KGgo", "iVBORw0KGgo-_", "iVBORw0KGgoA=A", "i"] {
             let url = format!("data:image/png;base64,{bad}");
             assert!(
-                matches!(decode(&url, 1024), Err(MediaError::InvalidBase64(_))),
+                matches!(
+                    decode(&url, 1024, MediaKind::Image),
+                    Err(MediaError::InvalidBase64(_))
+                ),
                 "{bad}"
             );
         }
@@ -354,11 +389,14 @@ mod tests {
         exact.resize(300, 0);
         let url = format!("data:image/png;base64,{}", b64(&exact));
         assert_eq!(
-            decode(&url, 300).expect("exactly at the cap").bytes.len(),
+            decode(&url, 300, MediaKind::Image)
+                .expect("exactly at the cap")
+                .bytes
+                .len(),
             300
         );
         assert!(matches!(
-            decode(&url, 299),
+            decode(&url, 299, MediaKind::Image),
             Err(MediaError::TooLarge {
                 limit: 299,
                 size: Some(300)
@@ -367,8 +405,11 @@ mod tests {
         let mut exact = b"GIF89a".to_vec();
         exact.resize(10, b'a');
         let url = format!("data:image/gif,{}", String::from_utf8_lossy(&exact));
-        assert!(decode(&url, 10).is_ok());
-        assert!(matches!(decode(&url, 9), Err(MediaError::TooLarge { .. })));
+        assert!(decode(&url, 10, MediaKind::Image).is_ok());
+        assert!(matches!(
+            decode(&url, 9, MediaKind::Image),
+            Err(MediaError::TooLarge { .. })
+        ));
     }
 
     #[test]
@@ -377,7 +418,7 @@ mod tests {
         // InvalidBase64 rather than TooLarge.
         let url = format!("data:image/png;base64,{}", "!".repeat(100_000));
         assert!(matches!(
-            decode(&url, 1000),
+            decode(&url, 1000, MediaKind::Image),
             Err(MediaError::TooLarge { limit: 1000, .. })
         ));
     }
@@ -385,7 +426,35 @@ mod tests {
     #[test]
     fn long_types_are_quoted_short() {
         let url = format!("data:{};base64,AAAA", "x".repeat(10_000));
-        let msg = decode(&url, 1024).expect_err("refused").to_string();
+        let msg = decode(&url, 1024, MediaKind::Image)
+            .expect_err("refused")
+            .to_string();
         assert!(msg.len() < 300, "{msg}");
+    }
+
+    /// A video fetcher takes video types (and animated-image types) and
+    /// leaves the bytes to the video decoder; image types stay refused.
+    #[test]
+    fn video_data_urls_take_video_types_and_keep_the_bytes() {
+        let mp4 = b"\0\0\0\x18ftypisom";
+        let url = format!("data:video/mp4;base64,{}", b64(mp4));
+        let video = decode(&url, 1024, MediaKind::Video).expect("a video data URL");
+        assert_eq!((video.bytes.as_ref(), video.format), (&mp4[..], None));
+        assert_eq!(video.mime, "video/mp4");
+        let gif = format!("data:image/gif;base64,{}", b64(b"GIF89a"));
+        assert!(decode(&gif, 1024, MediaKind::Video).is_ok());
+        let png = format!("data:image/png;base64,{}", b64(PNG));
+        assert!(matches!(
+            decode(&png, 1024, MediaKind::Video),
+            Err(MediaError::UnsupportedVideoType(_))
+        ));
+        assert!(matches!(
+            decode(&url, 1024, MediaKind::Image),
+            Err(MediaError::UnsupportedMediaType(_))
+        ));
+        assert!(matches!(
+            decode(&url, 4, MediaKind::Video),
+            Err(MediaError::TooLarge { .. })
+        ));
     }
 }

@@ -100,6 +100,9 @@ pub enum MediaError {
     /// A `data:` URL declares a type that is not a supported image type.
     #[error("unsupported media type `{0}`: use image/jpeg, image/png, image/gif, image/webp or image/bmp")]
     UnsupportedMediaType(String),
+    /// A video's `data:` URL declares a type that is not a video type.
+    #[error("unsupported video type `{0}`: use video/mp4, video/quicktime, video/webm, video/x-matroska, image/gif or image/webp")]
+    UnsupportedVideoType(String),
     /// The bytes of a `data:` URL are not the image type it declares.
     #[error("data: URL declares {declared} but the bytes are {}", detected_name(*.detected))]
     TypeMismatch {
@@ -220,7 +223,9 @@ impl MediaError {
             MediaError::InvalidDataUrl(_) => "invalid_data_url",
             MediaError::MissingDataPrefix { .. } => "missing_data_prefix",
             MediaError::InvalidBase64(_) => "invalid_base64",
-            MediaError::UnsupportedMediaType(_) => "unsupported_media_type",
+            MediaError::UnsupportedMediaType(_) | MediaError::UnsupportedVideoType(_) => {
+                "unsupported_media_type"
+            }
             MediaError::TypeMismatch { .. } => "type_mismatch",
             MediaError::TooManyRedirects { .. } => "too_many_redirects",
             MediaError::BadRedirect { .. } => "bad_redirect",

@@ -33,8 +33,8 @@ use url::Url;
 
 pub use address::{classify, AddressClass};
 pub use config::{
-    MediaConfig, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_MAX_BYTES, DEFAULT_MAX_REDIRECTS,
-    DEFAULT_READ_TIMEOUT_MS,
+    MediaConfig, MediaKind, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_MAX_BYTES, DEFAULT_MAX_REDIRECTS,
+    DEFAULT_READ_TIMEOUT_MS, VIDEO_MIME_TYPES,
 };
 pub use error::{ConfigError, Fault, MediaError};
 pub use sniff::ImageFormat;
@@ -101,8 +101,11 @@ pub struct Fetched {
 /// fuzzing and tools. A URL that is not a `data:` URL is
 /// [`MediaError::InvalidDataUrl`].
 pub fn decode_data_url(url: &str, max_bytes: u64) -> Result<(Bytes, ImageFormat), MediaError> {
-    let image = data_url::decode(url, max_bytes)?;
-    Ok((image.bytes, image.format))
+    let image = data_url::decode(url, max_bytes, MediaKind::Image)?;
+    let format = image
+        .format
+        .ok_or_else(|| MediaError::InvalidDataUrl("not an image".to_owned()))?;
+    Ok((image.bytes, format))
 }
 
 /// Fetches image URLs under one [`MediaConfig`]. Holds one pooled HTTP
@@ -112,6 +115,7 @@ pub struct MediaFetcher {
     http: HttpFetcher,
     local_root: Option<LocalRoot>,
     max_bytes: u64,
+    kind: MediaKind,
 }
 
 impl MediaFetcher {
@@ -127,6 +131,7 @@ impl MediaFetcher {
             http: HttpFetcher::new(&config)?,
             local_root,
             max_bytes: config.max_bytes,
+            kind: config.kind,
         })
     }
 
@@ -158,12 +163,11 @@ impl MediaFetcher {
 
     async fn fetch_inner(&self, url: &str, started: Instant) -> Result<Fetched, MediaError> {
         if data_url::is_data_url(url) {
-            let image = data_url::decode(url, self.max_bytes)?;
-            let format = Some(image.format);
+            let image = data_url::decode(url, self.max_bytes, self.kind)?;
             return Ok(fetched(
                 image.bytes,
                 Some(image.mime),
-                format,
+                image.format,
                 Source::Data,
                 0,
                 started,
