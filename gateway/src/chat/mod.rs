@@ -18,7 +18,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
 use futures::FutureExt;
-use iris_openai::{ApiError, ChatCompletionRequest, Constraint, ImageUrl, Sampling};
+use iris_openai::{ApiError, ChatCompletionRequest, Constraint, ImageUrl, Sampling, VideoUrl};
 use iris_proto::scheduler::{
     sampling_params, GenerateRequest, MultimodalInputs, SamplingParams, TokenizedInput,
 };
@@ -255,51 +255,70 @@ pub(crate) async fn read_body(state: &AppState, body: Body) -> Result<bytes::Byt
     }
 }
 
-/// Fetches the request's images and starts preprocessing each (none: no
-/// work); also says how many the pixel cache held when the request came.
+/// Fetches the request's images and videos and starts preprocessing each
+/// (none: no work); also says how many the pixel cache held when the
+/// request came.
 async fn start_images(
     state: &Arc<AppState>,
     request: &ChatCompletionRequest,
 ) -> Result<(PendingImages, usize), (ApiError, Outcome)> {
-    let urls: Vec<(String, &ImageUrl)> = request.image_parts().collect();
-    if urls.is_empty() {
+    let images: Vec<(String, &ImageUrl)> = request.image_parts().collect();
+    let videos: Vec<(String, &VideoUrl)> = request.video_parts().collect();
+    let Some((first, _)) = request.media_parts().next() else {
         return Ok((PendingImages::default(), 0));
-    }
+    };
     let Some(mm) = state.multimodal.as_ref() else {
         return Err((
             ApiError::bad_field(
-                urls[0].0.as_str(),
-                "this model takes no image inputs (its directory has no preprocessor_config.json or config.json has no image_token_id)",
+                first.as_str(),
+                format!("{first}: this model takes no image or video inputs (its directory has no preprocessor_config.json or config.json has no image_token_id)"),
             ),
             Outcome::ClientError,
         ));
     };
     let begun = Instant::now();
-    let started = mm
-        .start_images(&urls, &state.metrics)
+    let kwargs = request.mm_processor_kwargs.as_ref();
+    let (images, videos) = mm
+        .start_media(&images, &videos, kwargs, &state.metrics)
         .await
         .map_err(image_failure)?;
-    let cache_hits = started.iter().filter(|s| s.cached).count();
-    // The `images` stage ends when the request's last image is ready.
-    let remaining = Arc::new(AtomicUsize::new(started.len()));
-    let loads = started
-        .into_iter()
-        .map(|image| {
-            let (state, remaining) = (state.clone(), remaining.clone());
-            let layout = image.layout.clone();
-            let load = async move {
-                let loaded = match state.multimodal.as_ref() {
-                    Some(mm) => mm.preprocess_image(image, &state.metrics).await,
-                    None => Err(ApiError::internal("the model's image pipeline is gone")),
-                };
-                if remaining.fetch_sub(1, Ordering::Relaxed) == 1 {
-                    state.metrics.stage(Stage::Images, begun.elapsed());
-                }
-                loaded
+    let cache_hits = images.iter().filter(|s| s.cached).count()
+        + videos.iter().filter(|v| v.cached).count();
+    // The `images` stage ends when the request's last item is ready.
+    let remaining = Arc::new(AtomicUsize::new(images.len() + videos.len()));
+    let done = move |state: &AppState| {
+        if remaining.fetch_sub(1, Ordering::Relaxed) == 1 {
+            state.metrics.stage(Stage::Images, begun.elapsed());
+        }
+    };
+    let done = Arc::new(done);
+    let mut loads = Vec::with_capacity(images.len() + videos.len());
+    for image in images {
+        let (state, done) = (state.clone(), done.clone());
+        let layout = image.layout.clone();
+        let load = async move {
+            let loaded = match state.multimodal.as_ref() {
+                Some(mm) => mm.preprocess_image(image, &state.metrics).await,
+                None => Err(ApiError::internal("the model's image pipeline is gone")),
             };
-            (layout, load.boxed())
-        })
-        .collect();
+            done(&state);
+            loaded
+        };
+        loads.push((layout, load.boxed()));
+    }
+    for video in videos {
+        let (state, done) = (state.clone(), done.clone());
+        let layout = video.layout.clone();
+        let load = async move {
+            let loaded = match state.multimodal.as_ref() {
+                Some(mm) => mm.preprocess_video(video, &state.metrics).await,
+                None => Err(ApiError::internal("the model's image pipeline is gone")),
+            };
+            done(&state);
+            loaded
+        };
+        loads.push((layout, load.boxed()));
+    }
     Ok((PendingImages::start(loads), cache_hits))
 }
 

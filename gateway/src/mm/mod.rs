@@ -15,6 +15,7 @@ pub mod cpu_pool;
 pub mod items;
 pub mod pending;
 pub mod pixels;
+pub mod video;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use bytes::Bytes;
 use iris_cache::{CacheStats, Lookup, SingleFlightCache};
 use iris_media::{MediaError, MediaFetcher};
 use iris_model::ModelDir;
-use iris_openai::{ApiError, ImageUrl};
+use iris_openai::{ApiError, ImageUrl, MmProcessorKwargs, VideoUrl};
 use iris_vision::{DecodeLimits, ImageInfo, PreprocessOptions, Processor, VisionError};
 
 use crate::config::MediaSettings;
@@ -34,6 +35,7 @@ use budget::{BudgetError, MemoryBudget, Reservation};
 use items::Placeholders;
 use pending::Loaded;
 use pixels::{content_hash, image_hash, ItemLayout, PixelEntry};
+use video::{StartedVideo, VideoPipeline};
 
 /// Images smaller than this are hashed (and their header read) inline
 /// rather than on the blocking pool.
@@ -62,6 +64,8 @@ pub struct Multimodal {
     budget: MemoryBudget,
     /// Images being decoded and preprocessed (or waiting for the pool).
     in_flight: Arc<AtomicUsize>,
+    /// Video inputs, when the model takes them.
+    video: Option<VideoPipeline>,
 }
 
 impl Multimodal {
@@ -88,6 +92,7 @@ impl Multimodal {
         };
         let fetcher = MediaFetcher::new(settings.fetch.clone())
             .map_err(|e| anyhow::anyhow!("image fetching settings: {e}"))?;
+        let video = VideoPipeline::load(dir, settings)?;
         Ok(Some(Multimodal {
             fetcher,
             fingerprint: processor.fingerprint(&options),
@@ -96,49 +101,61 @@ impl Multimodal {
             cache: SingleFlightCache::with_weigher(settings.pixel_cache_bytes, PixelEntry::weight),
             placeholders: Placeholders {
                 image: image_token_id,
-                video: None,
+                video: video.as_ref().map(|v| v.token_id),
             },
             per_request_limit: settings.per_request_image_limit,
             budget: MemoryBudget::new(settings.inflight_bytes, settings.inflight_wait),
             in_flight: Arc::new(AtomicUsize::new(0)),
+            video,
         }))
     }
 
-    /// Fetches every image of a request (concurrently), reads each one's
-    /// header and plans its layout; each image then preprocesses on its
-    /// own ([`Multimodal::preprocess_image`], [`pending::PendingImages`]).
+    /// Fetches every image and video of a request (concurrently), reads
+    /// each one's header and plans its layout; each then preprocesses on
+    /// its own ([`Multimodal::preprocess_image`],
+    /// [`Multimodal::preprocess_video`], [`pending::PendingImages`]).
     ///
     /// Before anything is decoded, the memory of all the request's misses
     /// is reserved at once (a request never holds part of the budget while
     /// waiting for the rest, so requests cannot block each other). Each
-    /// image's share shrinks to its tensor when preprocessed; the tensors
-    /// stay reserved until the request's images are dropped (once the
+    /// item's share shrinks to its tensor when preprocessed; the tensors
+    /// stay reserved until the request's items are dropped (once the
     /// request has been handed to the workers).
     ///
-    /// Each image comes with its place in the request
-    /// (`messages[2].content[1]`, [`iris_openai::ChatCompletionRequest::image_parts`]),
+    /// Each image and video comes with its place in the request
+    /// (`messages[2].content[1]`, [`iris_openai::ChatCompletionRequest::media_parts`]),
     /// which an error about it names in `param` and its message.
-    pub async fn start_images(
+    pub async fn start_media(
         &self,
-        urls: &[(String, &ImageUrl)],
+        images: &[(String, &ImageUrl)],
+        videos: &[(String, &VideoUrl)],
+        kwargs: Option<&MmProcessorKwargs>,
         metrics: &Metrics,
-    ) -> Result<Vec<StartedImage>, ApiError> {
-        if urls.len() > self.per_request_limit {
+    ) -> Result<(Vec<StartedImage>, Vec<StartedVideo>), ApiError> {
+        if images.len() > self.per_request_limit {
             return Err(ApiError::bad_field(
                 "messages",
                 format!(
                     "the request carries {} images; at most {} are allowed per request",
-                    urls.len(),
+                    images.len(),
                     self.per_request_limit
                 ),
             ));
         }
-        let fetches = urls
+        let fetches = images
             .iter()
             .map(|(place, url)| self.fetch_one(place, &url.url, metrics));
-        let images = futures::future::try_join_all(fetches).await?;
-        let shares = self.reserve(&images).await?;
-        images
+        let (images, (videos, video_needs, fingerprint)) = futures::future::try_join(
+            futures::future::try_join_all(fetches),
+            self.plan_videos(videos, kwargs, metrics),
+        )
+        .await?;
+        let mut needs = self.image_needs(&images)?;
+        let image_count = needs.len();
+        needs.extend(video_needs);
+        let mut shares = self.reserve_needs(needs, "image or video").await?;
+        let video_shares = shares.split_off(image_count);
+        let images = images
             .into_iter()
             .zip(shares)
             .map(|(image, share)| {
@@ -150,7 +167,13 @@ impl Multimodal {
                     cached,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        let videos = videos
+            .into_iter()
+            .zip(video_shares)
+            .map(|(video, share)| self.started_video(video, share, fingerprint))
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        Ok((images, videos))
     }
 
     /// An image's layout: its cached entry's (and `true`), else planned
@@ -208,39 +231,49 @@ impl Multimodal {
             .processor
             .memory_needed(info, &self.options)
             .map_err(|e| vision_error(place, &e))?;
+        self.check_need(place, &image_name(place, info), need)
+    }
+
+    /// `need` if it fits the whole budget, else a 400 naming the item.
+    fn check_need(&self, place: &str, name: &str, need: u64) -> Result<u64, ApiError> {
         let budget = self.budget.total_bytes();
         if need > budget {
-            return Err(budget_error(
-                &image_name(place, info),
-                &BudgetError::TooLarge { need, budget },
-            )
-            .with_param(place));
+            return Err(budget_error(name, &BudgetError::TooLarge { need, budget }).with_param(place));
         }
         Ok(need)
     }
 
-    /// Reserves, in one piece, the memory of the request's images that
-    /// are not in the pixel cache (each distinct image once), and splits
-    /// it into one share per image.
-    async fn reserve(&self, images: &[FetchedImage]) -> Result<Vec<Option<Reservation>>, ApiError> {
+    /// The memory each image needs: 0 when the pixel cache holds it or an
+    /// earlier image of the request is the same.
+    fn image_needs(&self, images: &[FetchedImage]) -> Result<Vec<u64>, ApiError> {
         let mut seen = std::collections::HashSet::new();
-        let mut needs = Vec::with_capacity(images.len());
-        for image in images {
-            let cached = self.cache.peek(&(image.hash, self.fingerprint)).is_some();
-            let repeated = !seen.insert(image.hash);
-            let need = if cached || repeated {
-                0
-            } else {
-                self.need(&image.place, &image.info)?
-            };
-            needs.push(need);
-        }
+        images
+            .iter()
+            .map(|image| {
+                let cached = self.cache.peek(&(image.hash, self.fingerprint)).is_some();
+                let repeated = !seen.insert(image.hash);
+                if cached || repeated {
+                    Ok(0)
+                } else {
+                    self.need(&image.place, &image.info)
+                }
+            })
+            .collect()
+    }
+
+    /// Reserves `needs` in one piece and splits it into one share per
+    /// entry (`None` for a need of 0); `kind` names the items in errors.
+    async fn reserve_needs(
+        &self,
+        needs: Vec<u64>,
+        kind: &str,
+    ) -> Result<Vec<Option<Reservation>>, ApiError> {
         let total: u64 = needs.iter().sum();
         if total == 0 {
             return Ok(needs.iter().map(|_| None).collect());
         }
         let new = needs.iter().filter(|&&need| need > 0).count();
-        let what = format!("the request's {new} new image(s)");
+        let what = format!("the request's {new} new {kind}(s)");
         let mut all = self
             .budget
             .reserve(total)
@@ -301,10 +334,15 @@ impl Multimodal {
             .as_ref()
             .map(|i| image_name(place, i))
             .unwrap_or_default();
+        self.reserve_for(place, &name, need).await
+    }
+
+    /// Reserves one item's `need` on its own; `name` says what it is.
+    async fn reserve_for(&self, place: &str, name: &str, need: u64) -> Result<Reservation, ApiError> {
         self.budget
             .reserve(need)
             .await
-            .map_err(|e| budget_error(&name, &e).with_param(place))
+            .map_err(|e| budget_error(name, &e).with_param(place))
     }
 
     /// Decodes and preprocesses on the CPU pool (one thread per core); an

@@ -7,7 +7,9 @@
 use bytes::Bytes;
 use iris_proto::common::Modality;
 use iris_proto::tensor::DType;
-use iris_vision::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use iris_vision::{
+    OutputDtype, OutputLayout, PixelValues, PreprocessOutput, VideoLayout, VideoOutput,
+};
 use sha2::{Digest, Sha256};
 
 /// What an image's or video's item looks like, pixels aside.
@@ -43,10 +45,7 @@ impl ItemLayout {
             Some([t, h, w]) => Some([dim(t)?, dim(h)?, dim(w)?]),
             None => None,
         };
-        let dtype = match dtype {
-            OutputDtype::F32 => DType::Float32,
-            OutputDtype::Bf16 => DType::BFloat16,
-        };
+        let dtype = wire_dtype(dtype);
         Ok(ItemLayout {
             modality: Modality::Image,
             shape,
@@ -55,6 +54,24 @@ impl ItemLayout {
             tokens: layout.num_placeholder_tokens,
             content_hash,
             second_per_grid: None,
+        })
+    }
+
+    /// The layout the video processor planned or produced, in wire terms.
+    pub fn video(
+        layout: &VideoLayout,
+        dtype: OutputDtype,
+        content_hash: Bytes,
+    ) -> Result<Self, String> {
+        let [t, h, w] = layout.grid_thw;
+        Ok(ItemLayout {
+            modality: Modality::Video,
+            shape: vec![dim(layout.shape[0])?, dim(layout.shape[1])?],
+            dtype: wire_dtype(dtype),
+            grid: Some([dim(t)?, dim(h)?, dim(w)?]),
+            tokens: layout.tokens,
+            content_hash,
+            second_per_grid: layout.second_per_grid_ts,
         })
     }
 
@@ -85,9 +102,27 @@ impl PixelEntry {
         })
     }
 
+    /// Takes the video processor's output without copying its tensor.
+    pub fn from_video(output: VideoOutput, content_hash: Bytes) -> Result<Self, String> {
+        let dtype = output.pixel_values.dtype();
+        let layout = ItemLayout::video(&output.layout, dtype, content_hash)?;
+        Ok(PixelEntry {
+            pixels: Bytes::from_owner(Tensor(output.pixel_values)),
+            layout,
+        })
+    }
+
     /// Bytes the entry holds, for the cache's bound.
     pub fn weight(&self) -> usize {
         self.pixels.len() + self.layout.content_hash.len() + std::mem::size_of::<Self>()
+    }
+}
+
+/// The wire element type of an output dtype.
+fn wire_dtype(dtype: OutputDtype) -> DType {
+    match dtype {
+        OutputDtype::F32 => DType::Float32,
+        OutputDtype::Bf16 => DType::BFloat16,
     }
 }
 
