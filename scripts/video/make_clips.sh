@@ -31,6 +31,8 @@ ff -f lavfi -i "$(src 160x120 10 2)" -c:v libaom-av1 -cpu-used 8 -crf 40 -g 10 -
 # Animated GIF (delays of 10 cs: 10 fps) and animated WebP (100 ms: 10 fps).
 ff -f lavfi -i "$(src 80x60 10 1)" -c:v gif "$out/anim.gif"
 ff -f lavfi -i "$(src 80x60 10 1)" -c:v libwebp_anim -lossless 1 -loop 0 "$out/anim.webp"
+# Audio only (no video stream).
+ff -f lavfi -i "sine=frequency=440:duration=0.3" -c:a aac -b:a 32k "$out/audio_only.m4a"
 # Corrupt: the MP4 with its middle overwritten (header intact, data broken).
 python3 - "$out/h264.mp4" "$out/corrupt.mp4" <<'PY'
 import sys

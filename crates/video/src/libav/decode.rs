@@ -226,3 +226,48 @@ fn jumping(
     }
     Ok(Some(sink.frames))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::container::{sniff, Container};
+    use crate::libav::memory_input::MemoryInput;
+    use crate::libav::packets;
+
+    fn clip(name: &str) -> Vec<u8> {
+        let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read(path).unwrap()
+    }
+
+    /// The clips with several GOPs take the jumping path for their last
+    /// frame, starting past the first packet, and need no fall back.
+    #[test]
+    fn clips_with_several_gops_skip_to_a_later_keyframe() {
+        for name in ["h264_bframes.mp4", "hevc.mkv", "vp9.webm", "av1.mp4"] {
+            let bytes = clip(name);
+            let container: Container = sniff(&bytes).unwrap();
+            let mut input = MemoryInput::open(&bytes, container).unwrap();
+            let stream = VideoStream::first(input.input(), container).unwrap();
+            let packets = packets::read(input.input(), stream.index, container).unwrap();
+            let last = packets.len() as u64 - 1;
+            let table = SeekTable::new(&packets, packets.len() as u64).unwrap();
+            let (key_pos, _) = table.keyframe_before(last).unwrap();
+            assert!(key_pos > 0, "{name}: no later keyframe");
+            let frames = jumping(&stream, &packets, &[2, last], 1, &table).unwrap();
+            assert_eq!(frames.map(|f| f.count), Some(2), "{name}: fell back");
+        }
+    }
+
+    /// One GOP: nothing to skip, and the jumping path still serves it.
+    #[test]
+    fn a_single_gop_decodes_forward_without_jumping() {
+        let bytes = clip("h264_longgop.mp4");
+        let mut input = MemoryInput::open(&bytes, Container::Mp4).unwrap();
+        let stream = VideoStream::first(input.input(), Container::Mp4).unwrap();
+        let packets = packets::read(input.input(), stream.index, Container::Mp4).unwrap();
+        let table = SeekTable::new(&packets, packets.len() as u64).unwrap();
+        assert_eq!(table.keyframe_before(29).map(|k| k.0), Some(0));
+        let frames = jumping(&stream, &packets, &[29], 1, &table).unwrap();
+        assert_eq!(frames.map(|f| f.count), Some(1));
+    }
+}

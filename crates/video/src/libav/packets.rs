@@ -7,6 +7,10 @@ use ffmpeg_next::{ffi, Error, Packet};
 use crate::container::Container;
 use crate::error::VideoError;
 
+/// Consecutive "try again" answers from the demuxer before giving up
+/// (reading from memory never blocks, so this is only a hang guard).
+const MAX_RETRIES: u32 = 64;
+
 /// Every packet of stream `index`, in decode order. An error other than
 /// the end of the data is `Corrupt`, as PyAV raises it.
 pub(crate) fn read(
@@ -15,13 +19,20 @@ pub(crate) fn read(
     container: Container,
 ) -> Result<Vec<Packet>, VideoError> {
     let mut packets = Vec::new();
+    let mut retries = 0;
     loop {
         let mut packet = Packet::empty();
         match packet.read(input) {
-            Ok(()) if packet.stream() == index => packets.push(packet),
-            Ok(()) => {}
+            Ok(()) => {
+                retries = 0;
+                if packet.stream() == index {
+                    packets.push(packet);
+                }
+            }
             Err(Error::Eof) => return Ok(packets),
-            Err(Error::Other { errno }) if errno == ffi::EAGAIN => {}
+            Err(Error::Other { errno }) if errno == ffi::EAGAIN && retries < MAX_RETRIES => {
+                retries += 1;
+            }
             Err(err) => {
                 return Err(VideoError::Corrupt {
                     container,
