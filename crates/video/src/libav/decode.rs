@@ -1,13 +1,14 @@
 //! Decoding the demuxed packets and keeping the wanted frames: from the
 //! start (the reference order, as PyAV's `container.decode(video=0)`), or
 //! jumping to the keyframe before each wanted frame when the packets allow
-//! it, with a fall back to the start whenever the jump path meets anything
+//! it (and then not decoding unwanted frames that nothing references), with
+//! a fall back to the start whenever the jump path meets anything
 //! unexpected.
 
 use ffmpeg_next::codec::threading::{Config, Type};
 use ffmpeg_next::codec::{self, decoder};
 use ffmpeg_next::util::frame::video::Video;
-use ffmpeg_next::{Error, Packet};
+use ffmpeg_next::{Discard, Error, Packet};
 
 use crate::error::VideoError;
 use crate::frames::Frames;
@@ -65,6 +66,13 @@ impl<'w> Sink<'w> {
 
     fn done(&self) -> bool {
         self.next().is_none()
+    }
+
+    /// Whether frame `index` is still to be kept.
+    fn wants(&self, index: u64) -> bool {
+        self.wanted[self.frames.count.min(self.wanted.len())..]
+            .binary_search(&index)
+            .is_ok()
     }
 
     /// Keeps `frame`, shown as frame `index`, if it is the next wanted one.
@@ -197,9 +205,20 @@ fn jumping(
         }
         let target_count = sink.frames.count + 1;
         while sink.frames.count < target_count {
-            if pos < packets.len() {
+            if let Some(packet) = packets.get(pos) {
+                // An unwanted frame that no other frame references need not
+                // be decoded (the decoder then outputs nothing for it).
+                let wanted = packet
+                    .pts()
+                    .and_then(|pts| table.index_of(pts))
+                    .is_some_and(|index| sink.wants(index));
+                decoder.skip_frame(if wanted {
+                    Discard::Default
+                } else {
+                    Discard::NonReference
+                });
                 decoder
-                    .send_packet(&packets[pos])
+                    .send_packet(packet)
                     .map_err(|e| decode_error(stream, e))?;
                 pos += 1;
             } else if pos == packets.len() {
