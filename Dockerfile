@@ -15,9 +15,12 @@ ARG RUST_VERSION=1
 # The NIXL library release the nixl-sys crate is built against.
 ARG NIXL_VERSION=1.5.1
 
+# crates/video links the system's FFmpeg libraries (libav*-dev with
+# pkg-config; ffmpeg-sys-next's bindgen needs libclang).
 FROM rust:${RUST_VERSION}-slim-bookworm AS toolchain
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends cmake nasm \
+    && apt-get install -y --no-install-recommends cmake nasm pkg-config libclang-dev \
+        libavformat-dev libavcodec-dev libavutil-dev libswscale-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 
@@ -28,14 +31,13 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked -p iris-cli -p iris-encoder -p iris-engine \
     && mkdir -p /out \
     && cp target/release/iris target/release/iris-encoder target/release/iris-engine /out/ \
-    && strip /out/*
+    && strip /out/* \
+    && scripts/runtime-libs /out/iris /out/gateway-libs
 
-# The gateway with feature `nixl` (nixl-sys runs bindgen: libclang). Its
-# own target directory, so the two builds' caches never mix features.
+# The gateway with feature `nixl` (nixl-sys runs bindgen: libclang, in the
+# toolchain stage). Its own target directory, so the two builds' caches
+# never mix features.
 FROM toolchain AS build-nixl
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends libclang-dev \
-    && rm -rf /var/lib/apt/lists/*
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target-nixl \
@@ -43,7 +45,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked -p iris-cli --features iris-cli/nixl \
     && mkdir -p /out \
     && cp /src/target-nixl/release/iris /out/iris \
-    && strip /out/iris
+    && strip /out/iris \
+    && scripts/runtime-libs /out/iris /out/gateway-libs
 
 # NIXL's shared libraries (libnixl, libnixl_capi, the UCX plugin and the
 # wheel's own UCX) without torch: only the wheel's two .libs folders,
@@ -64,7 +67,11 @@ FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
 USER 65532:65532
 WORKDIR /home/nonroot
 
+# The gateway's shared libraries beyond distroless' glibc and libstdc++
+# (FFmpeg's libavformat59, libavcodec59, libavutil57, libswscale6 and what
+# they link: dav1d, libvpx, ...), copied at their Debian paths.
 FROM runtime AS gateway
+COPY --from=build /out/gateway-libs/ /
 COPY --from=build /out/iris /usr/local/bin/iris
 EXPOSE 8000
 ENTRYPOINT ["/usr/local/bin/iris"]
@@ -75,6 +82,7 @@ CMD ["serve"]
 # (--rdma-listen-port).
 FROM runtime AS gateway-nixl
 COPY --from=nixl-libs /opt/nixl /opt/nixl
+COPY --from=build-nixl /out/gateway-libs/ /
 COPY --from=build-nixl /out/iris /usr/local/bin/iris
 ENV LD_LIBRARY_PATH=/opt/nixl/.nixl_cu12.mesonpy.libs:/opt/nixl/nixl_cu12.libs \
     IRIS_NIXL_LIB=/opt/nixl/.nixl_cu12.mesonpy.libs/libnixl_capi.so
