@@ -68,6 +68,11 @@ pub enum VisionError {
     /// The image's geometry cannot be processed (e.g. aspect ratio above 200).
     #[error("invalid image geometry: {0}")]
     Geometry(String),
+    /// A video request cannot be served as asked: frame sampling options
+    /// that contradict each other or the clip, or frames that do not match
+    /// their declared count and size.
+    #[error("invalid video request: {0}")]
+    Video(String),
     /// The preprocessor configuration (or a per-request override) is invalid.
     #[error("invalid preprocessor configuration: {0}")]
     Config(String),

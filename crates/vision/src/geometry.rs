@@ -15,6 +15,18 @@ pub fn smart_resize(
     min_pixels: u64,
     max_pixels: u64,
 ) -> Result<(usize, usize), VisionError> {
+    smart_resize_f64(height, width, factor, min_pixels as f64, max_pixels as f64)
+}
+
+/// [`smart_resize`] with bounds that need not be integers (the per-frame
+/// budget derived from a video's `total_pixels` is a quotient).
+pub fn smart_resize_f64(
+    height: usize,
+    width: usize,
+    factor: usize,
+    min_pixels: f64,
+    max_pixels: f64,
+) -> Result<(usize, usize), VisionError> {
     if height == 0 || width == 0 {
         return Err(VisionError::Geometry(format!(
             "image is {width}x{height}: a side is zero"
@@ -32,12 +44,12 @@ pub fn smart_resize(
     }
     let mut h_bar = (h / f).round_ties_even() * f;
     let mut w_bar = (w / f).round_ties_even() * f;
-    if h_bar * w_bar > max_pixels as f64 {
-        let beta = (h * w / max_pixels as f64).sqrt();
+    if h_bar * w_bar > max_pixels {
+        let beta = (h * w / max_pixels).sqrt();
         h_bar = f.max((h / beta / f).floor() * f);
         w_bar = f.max((w / beta / f).floor() * f);
-    } else if h_bar * w_bar < min_pixels as f64 {
-        let beta = (min_pixels as f64 / (h * w)).sqrt();
+    } else if h_bar * w_bar < min_pixels {
+        let beta = (min_pixels / (h * w)).sqrt();
         h_bar = (h * beta / f).ceil() * f;
         w_bar = (w * beta / f).ceil() * f;
     }

@@ -10,6 +10,8 @@
 //!   by [`processor_from_config`] / [`processor_from_model_dir`].
 //! - [`resize_bicubic`]: Pillow 12.2.0's fixed-point BICUBIC, vectorised.
 //! - [`preprocess_batch`]: many images over rayon.
+//! - [`video`]: video frames → encoder inputs for the Qwen2-VL family
+//!   ([`VideoProcessor`], bit-exact with transformers' video processors).
 //!
 //! Large buffers are recycled (per-thread scratch, pooled outputs); see
 //! [`pool_stats`]. docs/vision.md has the details.
@@ -32,6 +34,7 @@ mod qwen;
 mod resize;
 mod scratch;
 mod stream;
+pub mod video;
 
 pub use batch::preprocess_batch;
 pub use clip::ClipProcessor;
@@ -40,7 +43,7 @@ pub use config::{
 };
 pub use decode::{decode, probe, DecodeLimits, ImageFormat, ImageInfo};
 pub use error::VisionError;
-pub use geometry::{centre_crop_origin, shortest_edge_size, smart_resize};
+pub use geometry::{centre_crop_origin, shortest_edge_size, smart_resize, smart_resize_f64};
 pub use image::RgbView;
 pub use layout::PatchGeometry;
 pub use normalize::{Normalization, CLIP_MEAN, CLIP_STD};
@@ -49,11 +52,16 @@ pub use output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 pub use pool::{pool_stats, PoolStats, PooledVec};
 pub use processor::{PreprocessOptions, Processor, INTRA_IMAGE_PARALLEL_PIXELS};
 pub use qwen::{QwenFamily, QwenVlProcessor, QWEN_DEFAULT_MAX_PIXELS, QWEN_DEFAULT_MIN_PIXELS};
-pub use resize::{resize_bicubic, thread_streamed_images, PassOrder};
+pub use resize::{resize_bicubic, resize_bicubic_with, thread_streamed_images, Bicubic, PassOrder};
 #[doc(hidden)]
 pub use scratch::Scratch;
 pub use scratch::{
     parked_scratch_bytes, thread_scratch_bytes, SCRATCH_KEEP_BYTES, SCRATCH_KEEP_TOTAL_BYTES,
+};
+
+pub use video::{
+    video_processor_from_model_dir, Sampling, VideoConfig, VideoFamily, VideoLayout, VideoOptions,
+    VideoOutput, VideoProcessor,
 };
 
 /// Re-export of the `image` crate's RGB8 buffer type used in the API.

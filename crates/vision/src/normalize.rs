@@ -57,17 +57,38 @@ impl Normalization {
         (rescaled - self.mean[c]) / self.std[c]
     }
 
+    /// The float the reference's fast (torchvision) processors produce:
+    /// rescale fused into normalisation, `(v − mean′) / std′` in f32 with
+    /// `mean′ = mean · f32(1 / rescale)` and `std′` likewise (transformers
+    /// 4.57.1 `rescale_and_normalize`, used by the video processors).
+    pub fn fused_value(&self, v: u8, c: usize) -> f32 {
+        let inverse = (1.0 / self.rescale_factor) as f32;
+        (f32::from(v) - self.mean[c] * inverse) / (self.std[c] * inverse)
+    }
+
     /// Per-channel tables in the output dtype.
     pub(crate) fn lut<T: OutElem>(&self) -> Lut<T> {
-        let mut tables = [[T::default(); 256]; 3];
-        for (c, table) in tables.iter_mut().enumerate() {
-            for (v, slot) in table.iter_mut().enumerate() {
-                *slot = T::from_f32(self.value(v as u8, c));
-            }
-        }
-        Lut(tables)
+        Lut::build(|v, c| self.value(v, c))
+    }
+
+    /// Per-channel tables of [`Normalization::fused_value`].
+    pub(crate) fn fused_lut<T: OutElem>(&self) -> Lut<T> {
+        Lut::build(|v, c| self.fused_value(v, c))
     }
 }
 
 /// Three 256-entry tables: `0[c][v]` is the output for value `v` of channel `c`.
 pub(crate) struct Lut<T>(pub [[T; 256]; 3]);
+
+impl<T: OutElem> Lut<T> {
+    /// Tables of `value(v, c)`, converted to `T`.
+    fn build(value: impl Fn(u8, usize) -> f32) -> Self {
+        let mut tables = [[T::default(); 256]; 3];
+        for (c, table) in tables.iter_mut().enumerate() {
+            for (v, slot) in table.iter_mut().enumerate() {
+                *slot = T::from_f32(value(v as u8, c));
+            }
+        }
+        Lut(tables)
+    }
+}

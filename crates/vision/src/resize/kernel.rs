@@ -5,6 +5,16 @@
 //! of output pixel `i` starts at `trunc(centre − support + 0.5)` clamped to
 //! the image; weights are normalised to sum 1 in f64 and then rounded half
 //! away from zero to `PRECISION_BITS` fractional bits.
+//!
+//! PyTorch's antialiased BICUBIC on `uint8` (what torchvision's `resize`
+//! runs for the video processors, see docs/video.md) places the same
+//! windows and normalises the same f64 weights (its cubic polynomial is
+//! written differently, so it is evaluated its own way), but rounds them to
+//! 16-bit integers with a per-axis precision: the largest `p ≤ 22` with
+//! `round(max weight · 2^(p+1)) < 2^15`. Its result is
+//! `clip8((2^(p−1) + Σ v·w) >> p)`; a weight shifted left by `22 − p`
+//! gives exactly that through Pillow's `>> 22` arithmetic, so both share
+//! the passes below ([`Bicubic`]).
 
 /// Fractional bits of the fixed-point weights (32 − 8 − 2).
 pub(crate) const PRECISION_BITS: u32 = 22;
@@ -19,7 +29,18 @@ use std::sync::{Arc, OnceLock};
 
 use super::hblock::BlockKernel;
 
-/// Keys cubic convolution kernel with a = −0.5.
+/// Which reference's fixed-point BICUBIC weights to reproduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Bicubic {
+    /// Pillow 12.2.0 (`Image.resize(..., BICUBIC)`): the image processors.
+    #[default]
+    Pillow,
+    /// PyTorch 2.9's antialiased bicubic on `uint8` tensors
+    /// (`torchvision.transforms.v2.functional.resize`): the video processors.
+    Torch,
+}
+
+/// Keys cubic convolution kernel with a = −0.5, as Pillow writes it.
 fn bicubic(x: f64) -> f64 {
     const A: f64 = -0.5;
     let x = x.abs();
@@ -27,6 +48,19 @@ fn bicubic(x: f64) -> f64 {
         ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
     } else if x < 2.0 {
         (((x - 5.0) * x + 8.0) * x - 4.0) * A
+    } else {
+        0.0
+    }
+}
+
+/// The same kernel as PyTorch's antialiased bicubic evaluates it.
+fn bicubic_torch(x: f64) -> f64 {
+    const A: f64 = -0.5;
+    let x = x.abs();
+    if x < 1.0 {
+        ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+    } else if x < 2.0 {
+        ((A * x - 5.0 * A) * x + 8.0 * A) * x - 4.0 * A
     } else {
         0.0
     }
@@ -46,6 +80,8 @@ thread_local! {
 pub(crate) struct Kernel {
     /// Input samples.
     pub in_size: usize,
+    /// Whose weights these are.
+    pub filter: Bicubic,
     /// The same weights grouped for the blocked horizontal pass (built on
     /// first use).
     blocks: OnceLock<Option<BlockKernel>>,
@@ -63,14 +99,19 @@ impl Kernel {
     /// [`Kernel::bicubic`], reused from this thread's cache when the same
     /// sizes were resampled recently.
     pub(crate) fn cached(in_size: usize, out_size: usize) -> Arc<Kernel> {
+        Kernel::cached_for(Bicubic::Pillow, in_size, out_size)
+    }
+
+    /// [`Kernel::new`] through this thread's cache.
+    pub(crate) fn cached_for(filter: Bicubic, in_size: usize, out_size: usize) -> Arc<Kernel> {
         CACHE.with(|cache| {
             let mut cache = cache.borrow_mut();
-            let hit = cache
-                .iter()
-                .position(|k| k.in_size == in_size && k.out_size() == out_size);
+            let hit = cache.iter().position(|k| {
+                k.filter == filter && k.in_size == in_size && k.out_size() == out_size
+            });
             let kernel = match hit {
                 Some(i) => cache.remove(i),
-                None => Arc::new(Kernel::bicubic(in_size, out_size)),
+                None => Arc::new(Kernel::new(filter, in_size, out_size)),
             };
             cache.insert(0, Arc::clone(&kernel));
             cache.truncate(CACHED_KERNELS);
@@ -85,14 +126,29 @@ impl Kernel {
             .as_ref()
     }
 
-    /// Weights resampling `in_size` samples to `out_size` over the whole axis.
+    /// Pillow's weights resampling `in_size` samples to `out_size`.
+    #[cfg(test)]
     pub(crate) fn bicubic(in_size: usize, out_size: usize) -> Kernel {
+        Kernel::new(Bicubic::Pillow, in_size, out_size)
+    }
+
+    /// `filter`'s weights resampling `in_size` samples to `out_size` over
+    /// the whole axis, in Pillow's 22-bit fixed point.
+    pub(crate) fn new(filter: Bicubic, in_size: usize, out_size: usize) -> Kernel {
+        let (taps_of, fixed): (fn(f64) -> f64, fn(&[f64]) -> Vec<i32>) = match filter {
+            Bicubic::Pillow => (bicubic, |w| {
+                w.iter().map(|&w| to_fixed(w, PRECISION_BITS)).collect()
+            }),
+            Bicubic::Torch => (bicubic_torch, torch_fixed),
+        };
         let scale = in_size as f64 / out_size as f64;
         let filterscale = scale.max(1.0);
         let support = BICUBIC_SUPPORT * filterscale;
         let ksize = support.ceil() as usize * 2 + 1;
+        let mut normalised = vec![0f64; out_size * ksize];
         let mut kernel = Kernel {
             in_size,
+            filter,
             blocks: OnceLock::new(),
             ksize,
             starts: Vec::with_capacity(out_size),
@@ -107,17 +163,21 @@ impl Kernel {
             let len = end.saturating_sub(start).min(ksize);
             let mut sum = 0.0;
             for (x, tap) in taps.iter_mut().enumerate().take(len) {
-                *tap = bicubic(((x + start) as f64 - centre + 0.5) / filterscale);
+                let distance = (x + start) as f64 - centre + 0.5;
+                *tap = taps_of(match filter {
+                    Bicubic::Pillow => distance / filterscale,
+                    Bicubic::Torch => distance * (1.0 / filterscale),
+                });
                 sum += *tap;
             }
-            let row = &mut kernel.weights[i * ksize..i * ksize + len];
+            let row = &mut normalised[i * ksize..i * ksize + len];
             for (w, &tap) in row.iter_mut().zip(&taps[..len]) {
-                let normalised = if sum != 0.0 { tap / sum } else { tap };
-                *w = to_fixed(normalised);
+                *w = if sum != 0.0 { tap / sum } else { tap };
             }
             kernel.starts.push(start);
             kernel.lens.push(len);
         }
+        kernel.weights = fixed(&normalised);
         kernel
     }
 
@@ -134,10 +194,29 @@ impl Kernel {
     }
 }
 
-/// Rounds half away from zero to `PRECISION_BITS` fractional bits.
-fn to_fixed(w: f64) -> i32 {
-    let scaled = w * f64::from(1u32 << PRECISION_BITS);
+/// Rounds half away from zero to `bits` fractional bits.
+fn to_fixed(w: f64, bits: u32) -> i32 {
+    let scaled = w * f64::from(1u32 << bits);
     (if w < 0.0 { scaled - 0.5 } else { scaled + 0.5 }) as i32
+}
+
+/// PyTorch's 16-bit weights (precision from the axis's largest weight),
+/// shifted to Pillow's 22 fractional bits.
+fn torch_fixed(weights: &[f64]) -> Vec<i32> {
+    let bits = torch_precision(weights.iter().copied().fold(0.0, f64::max));
+    let shift = PRECISION_BITS - bits;
+    weights
+        .iter()
+        .map(|&w| to_fixed(w, bits) << shift)
+        .collect()
+}
+
+/// PyTorch's weight precision: the largest `p < 22` for which
+/// `round(max · 2^(p+1))` still fits below 2^15, else 22.
+fn torch_precision(max_weight: f64) -> u32 {
+    (0..PRECISION_BITS)
+        .find(|&p| (0.5 + max_weight * f64::from(1u32 << (p + 1))) as i32 >= 1 << 15)
+        .unwrap_or(PRECISION_BITS)
 }
 
 /// Low bits of a weight split for 16-bit multiplies.

@@ -18,6 +18,7 @@ mod vmadd;
 use crate::error::VisionError;
 use crate::image::RgbView;
 use crate::scratch::ensure_len;
+pub use kernel::Bicubic;
 use kernel::Kernel;
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -34,6 +35,14 @@ pub enum PassOrder {
 }
 
 impl PassOrder {
+    /// `filter`'s choice: Pillow's below, PyTorch always horizontal first.
+    pub fn of(filter: Bicubic, in_w: usize, in_h: usize, out_h: usize) -> PassOrder {
+        match filter {
+            Bicubic::Pillow => PassOrder::pillow_12_2(in_w, in_h, out_h),
+            Bicubic::Torch => PassOrder::HorizontalFirst,
+        }
+    }
+
     /// Pillow 12.2's choice for resizing `in_w`×`in_h` to height `out_h`.
     pub fn pillow_12_2(in_w: usize, in_h: usize, out_h: usize) -> PassOrder {
         if in_h > in_w.saturating_mul(100) && out_h < in_h {
@@ -55,6 +64,18 @@ pub(crate) fn resize_into<'a>(
     out: &'a mut Vec<u8>,
     parallel: bool,
 ) -> Result<RgbView<'a>, VisionError> {
+    resize_with(Bicubic::Pillow, src, (out_w, out_h), (inter, out), parallel)
+}
+
+/// [`resize_into`] with `filter`'s weights and pass order.
+pub(crate) fn resize_with<'a>(
+    filter: Bicubic,
+    src: RgbView<'a>,
+    (out_w, out_h): (usize, usize),
+    (inter, out): (&'a mut Vec<u8>, &'a mut Vec<u8>),
+    parallel: bool,
+) -> Result<RgbView<'a>, VisionError> {
+    let kernel = |i, o| Kernel::cached_for(filter, i, o);
     let (in_w, in_h) = (src.width(), src.height());
     if out_w == 0 || out_h == 0 {
         return Err(VisionError::Geometry(format!(
@@ -67,31 +88,19 @@ pub(crate) fn resize_into<'a>(
         (false, false) => Ok(src),
         (true, false) => {
             ensure_len(out, out_w * in_h * 3);
-            passes::horizontal(
-                src.data(),
-                in_w,
-                &Kernel::cached(in_w, out_w),
-                out,
-                parallel,
-            );
+            passes::horizontal(src.data(), in_w, &kernel(in_w, out_w), out, parallel);
             RgbView::new(out, out_w, out_h)
         }
         (false, true) => {
             ensure_len(out, in_w * out_h * 3);
-            passes::vertical(
-                src.data(),
-                in_w * 3,
-                &Kernel::cached(in_h, out_h),
-                out,
-                parallel,
-            );
+            passes::vertical(src.data(), in_w * 3, &kernel(in_h, out_h), out, parallel);
             RgbView::new(out, out_w, out_h)
         }
         (true, true) => {
-            let kh = Kernel::cached(in_w, out_w);
-            let kv = Kernel::cached(in_h, out_h);
+            let kh = kernel(in_w, out_w);
+            let kv = kernel(in_h, out_h);
             ensure_len(out, out_w * out_h * 3);
-            match PassOrder::pillow_12_2(in_w, in_h, out_h) {
+            match PassOrder::of(filter, in_w, in_h, out_h) {
                 PassOrder::HorizontalFirst => {
                     ensure_len(inter, out_w * in_h * 3);
                     passes::horizontal(src.data(), in_w, &kh, inter, parallel);
@@ -220,17 +229,21 @@ pub fn resize_bicubic(
     out_w: u32,
     out_h: u32,
 ) -> Result<image::RgbImage, VisionError> {
+    resize_bicubic_with(Bicubic::Pillow, src, out_w, out_h)
+}
+
+/// Resizes an image with `filter`'s BICUBIC, bit-exactly: Pillow 12.2.0's,
+/// or PyTorch 2.9's antialiased `uint8` resize (torchvision's `resize`).
+pub fn resize_bicubic_with(
+    filter: Bicubic,
+    src: &image::RgbImage,
+    out_w: u32,
+    out_h: u32,
+) -> Result<image::RgbImage, VisionError> {
     let view = RgbView::from_image(src)?;
     let (mut inter, mut out) = (Vec::new(), Vec::new());
-    let resized = resize_into(
-        view,
-        out_w as usize,
-        out_h as usize,
-        &mut inter,
-        &mut out,
-        false,
-    )?;
-    resized.to_image()
+    let size = (out_w as usize, out_h as usize);
+    resize_with(filter, view, size, (&mut inter, &mut out), false)?.to_image()
 }
 
 #[cfg(test)]
