@@ -282,8 +282,8 @@ async fn start_images(
         .start_media(&images, &videos, kwargs, &state.metrics)
         .await
         .map_err(image_failure)?;
-    let cache_hits = images.iter().filter(|s| s.cached).count()
-        + videos.iter().filter(|v| v.cached).count();
+    let cache_hits =
+        images.iter().filter(|s| s.cached).count() + videos.iter().filter(|v| v.cached).count();
     // The `images` stage ends when the request's last item is ready.
     let remaining = Arc::new(AtomicUsize::new(images.len() + videos.len()));
     let done = move |state: &AppState| {

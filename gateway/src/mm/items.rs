@@ -48,16 +48,17 @@ impl Placeholders {
     }
 }
 
-/// Expands the placeholder token of each item (in order, per modality) to
-/// its token count; returns the ids and each item's range, in item order.
-/// The number of occurrences of each modality's token must equal the
-/// number of its items: anything else means the template and the request
-/// disagree, a client error rather than a garbled prompt.
+/// Expands the placeholder tokens of each item (in order, per modality;
+/// an item of several groups takes that many) to its token count; returns
+/// the ids and each item's ranges, in item order. The number of
+/// occurrences of each modality's token must equal the number its items
+/// take: anything else means the template and the request disagree, a
+/// client error rather than a garbled prompt.
 pub fn expand_placeholders(
     ids: &[u32],
     placeholders: Placeholders,
     items: &[ItemLayout],
-) -> Result<(Vec<u32>, Vec<PlaceholderRange>), ApiError> {
+) -> Result<(Vec<u32>, Vec<Vec<PlaceholderRange>>), ApiError> {
     let runs = placeholders.runs(items);
     if let Some(item) = items
         .iter()
@@ -70,38 +71,49 @@ pub fn expand_placeholders(
     }
     for (modality, token, members) in &runs {
         let found = ids.iter().filter(|&&t| t == *token).count();
-        if found != members.len() {
+        let wanted: usize = members.iter().map(|&i| items[i].groups).sum();
+        if found != wanted {
             let kind = kind(*modality);
             return Err(ApiError::bad_field(
                 "messages",
                 format!(
-                    "the rendered prompt has {found} {kind} placeholder(s) (token id {token}) but the request carries {} {kind}(s); the chat template or the message text does not match them",
+                    "the rendered prompt has {found} {kind} placeholder(s) (token id {token}) but the request's {} {kind}(s) need {wanted}; the chat template or the message text does not match them",
                     members.len()
                 ),
             ));
         }
     }
-    let extra: usize = items.iter().map(|i| i.tokens.saturating_sub(1)).sum();
-    let mut expanded = Vec::with_capacity(ids.len() + extra);
-    let mut ranges = vec![PlaceholderRange::default(); items.len()];
-    let mut next: Vec<(u32, std::slice::Iter<'_, usize>)> = runs
+    let extra: usize = items
         .iter()
-        .map(|(_, token, members)| (*token, members.iter()))
+        .map(|i| i.tokens.saturating_sub(i.groups))
+        .sum();
+    let mut expanded = Vec::with_capacity(ids.len() + extra);
+    let mut ranges = vec![Vec::new(); items.len()];
+    // Per token: the item indices in order, each repeated once per group.
+    let mut next: Vec<(u32, std::vec::IntoIter<usize>)> = runs
+        .iter()
+        .map(|(_, token, members)| {
+            let slots: Vec<usize> = members
+                .iter()
+                .flat_map(|&i| std::iter::repeat_n(i, items[i].groups))
+                .collect();
+            (*token, slots.into_iter())
+        })
         .collect();
     for &id in ids {
         let Some(index) = next
             .iter_mut()
             .find(|(token, _)| *token == id)
-            .and_then(|(_, members)| members.next().copied())
+            .and_then(|(_, slots)| slots.next())
         else {
             expanded.push(id);
             continue;
         };
-        let count = items[index].tokens;
-        ranges[index] = PlaceholderRange {
+        let count = items[index].tokens / items[index].groups.max(1);
+        ranges[index].push(PlaceholderRange {
             offset: offset(expanded.len())?,
             length: offset(count)?,
-        };
+        });
         expanded.resize(expanded.len() + count, id);
     }
     Ok((expanded, ranges))
@@ -124,7 +136,7 @@ fn offset(value: usize) -> Result<u32, ApiError> {
 /// shape and dtype but not yet its pixels ([`fill_pixels`]).
 pub fn multimodal_inputs(
     items: &[ItemLayout],
-    ranges: Vec<PlaceholderRange>,
+    ranges: Vec<Vec<PlaceholderRange>>,
     placeholders: Placeholders,
 ) -> MultimodalInputs {
     let items = items
@@ -147,7 +159,7 @@ pub fn fill_pixels(item: &mut MultimodalItem, entry: &PixelEntry) {
     }
 }
 
-fn item(image: &ItemLayout, range: PlaceholderRange, image_token: u32) -> MultimodalItem {
+fn item(image: &ItemLayout, ranges: Vec<PlaceholderRange>, image_token: u32) -> MultimodalItem {
     let mut specific: HashMap<String, TensorData> = HashMap::new();
     if let Some(grid) = image.grid {
         let thw: Vec<i64> = grid.iter().map(|&v| i64::from(v)).collect();
@@ -168,7 +180,7 @@ fn item(image: &ItemLayout, range: PlaceholderRange, image_token: u32) -> Multim
             payload: None,
         }),
         model_specific_tensors: specific,
-        placeholders: vec![range],
+        placeholders: ranges,
         placeholder_token_id: Some(image_token),
     }
 }
@@ -183,6 +195,31 @@ mod tests {
         image: IMG,
         video: Some(VID),
     };
+
+    fn flat(ranges: &[Vec<PlaceholderRange>]) -> Vec<(u32, u32)> {
+        ranges
+            .iter()
+            .flatten()
+            .map(|r| (r.offset, r.length))
+            .collect()
+    }
+
+    /// A Qwen3-VL video of two temporal groups takes two placeholders,
+    /// each expanded to half its tokens, as one item with two ranges.
+    #[test]
+    fn a_grouped_video_takes_one_placeholder_per_group() {
+        let video = ItemLayout {
+            groups: 2,
+            ..layout(Modality::Video, 6)
+        };
+        let ids = [1, VID, 2, VID, 3];
+        let (expanded, ranges) = expand_placeholders(&ids, TOKENS, &[video.clone()]).unwrap();
+        assert_eq!(expanded, vec![1, VID, VID, VID, 2, VID, VID, VID, 3]);
+        assert_eq!(ranges.len(), 1);
+        assert_eq!(flat(&ranges), vec![(1, 3), (5, 3)]);
+        let err = expand_placeholders(&[1, VID], TOKENS, &[video]).unwrap_err();
+        assert!(err.message.contains("need 2"), "{}", err.message);
+    }
 
     fn layout(modality: Modality, tokens: usize) -> ItemLayout {
         ItemLayout {
@@ -200,8 +237,7 @@ mod tests {
             expanded,
             vec![641, 1, 643, IMG, IMG, IMG, 644, 2, 643, IMG, IMG, 644, 642]
         );
-        let ranges: Vec<(u32, u32)> = ranges.iter().map(|r| (r.offset, r.length)).collect();
-        assert_eq!(ranges, vec![(3, 3), (9, 2)]);
+        assert_eq!(flat(&ranges), vec![(3, 3), (9, 2)]);
     }
 
     /// Images and videos interleave: each token takes the next item of its
@@ -216,8 +252,7 @@ mod tests {
         ];
         let (expanded, ranges) = expand_placeholders(&ids, TOKENS, &items).unwrap();
         assert_eq!(expanded, vec![1, VID, VID, VID, 2, IMG, IMG, 3, VID, 4]);
-        let ranges: Vec<(u32, u32)> = ranges.iter().map(|r| (r.offset, r.length)).collect();
-        assert_eq!(ranges, vec![(5, 2), (1, 3), (8, 1)]);
+        assert_eq!(flat(&ranges), vec![(5, 2), (1, 3), (8, 1)]);
         let inputs = multimodal_inputs(
             &items,
             expand_placeholders(&ids, TOKENS, &items).unwrap().1,

@@ -238,7 +238,9 @@ impl Multimodal {
     fn check_need(&self, place: &str, name: &str, need: u64) -> Result<u64, ApiError> {
         let budget = self.budget.total_bytes();
         if need > budget {
-            return Err(budget_error(name, &BudgetError::TooLarge { need, budget }).with_param(place));
+            return Err(
+                budget_error(name, &BudgetError::TooLarge { need, budget }).with_param(place)
+            );
         }
         Ok(need)
     }
@@ -338,7 +340,12 @@ impl Multimodal {
     }
 
     /// Reserves one item's `need` on its own; `name` says what it is.
-    async fn reserve_for(&self, place: &str, name: &str, need: u64) -> Result<Reservation, ApiError> {
+    async fn reserve_for(
+        &self,
+        place: &str,
+        name: &str,
+        need: u64,
+    ) -> Result<Reservation, ApiError> {
         self.budget
             .reserve(need)
             .await

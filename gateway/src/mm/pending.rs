@@ -160,6 +160,7 @@ pub(crate) mod testing {
             dtype: DType::BFloat16,
             grid: Some([1, 2, tokens as u32 * 2]),
             tokens,
+            groups: 1,
             content_hash: Bytes::from(vec![hash; 32]),
             second_per_grid: None,
         }

@@ -20,8 +20,11 @@ pub struct ItemLayout {
     pub dtype: DType,
     /// `[t, h, w]` patch grid (Qwen family).
     pub grid: Option<[u32; 3]>,
-    /// Placeholder tokens the prompt needs for this image.
+    /// Placeholder tokens the prompt needs for this item.
     pub tokens: usize,
+    /// Runs its tokens come in: 1, or a Qwen3-VL video's temporal groups
+    /// (each behind its own timestamp), `tokens / groups` tokens each.
+    pub groups: usize,
     /// SHA-256 over the file bytes' hash and the preprocessor fingerprint.
     pub content_hash: Bytes,
     /// Seconds of video per temporal patch (Qwen2.5-VL's
@@ -52,6 +55,7 @@ impl ItemLayout {
             dtype,
             grid,
             tokens: layout.num_placeholder_tokens,
+            groups: 1,
             content_hash,
             second_per_grid: None,
         })
@@ -70,6 +74,10 @@ impl ItemLayout {
             dtype: wire_dtype(dtype),
             grid: Some([dim(t)?, dim(h)?, dim(w)?]),
             tokens: layout.tokens,
+            groups: match &layout.timestamps {
+                Some(_) => t.max(1),
+                None => 1,
+            },
             content_hash,
             second_per_grid: layout.second_per_grid_ts,
         })

@@ -268,8 +268,9 @@ impl Multimodal {
         let content = content_hash(&video.hash, fingerprint);
         let cached = self.cache.peek(&(video.hash, fingerprint)).is_some();
         let dtype = video.options.dtype;
-        let layout = ItemLayout::video(&video.layout, dtype, content)
-            .map_err(|e| ApiError::bad_field(video.place.as_str(), format!("{}: {e}", video.place)))?;
+        let layout = ItemLayout::video(&video.layout, dtype, content).map_err(|e| {
+            ApiError::bad_field(video.place.as_str(), format!("{}: {e}", video.place))
+        })?;
         let timestamps = video.layout.timestamps.as_ref().map(|t| {
             (0..t.len())
                 .filter_map(|g| video.layout.timestamp_text(g))
@@ -345,14 +346,23 @@ async fn decode_and_preprocess(
         let frames = iris_video::decode_frames(&v.bytes, &v.indices, &decode)
             .map_err(|e| video_error(&v.place, &e))?;
         let output = processor
-            .preprocess(&frames.data, &v.indices, frames.width, frames.height, v.info.fps, &v.options)
+            .preprocess(
+                &frames.data,
+                &v.indices,
+                frames.width,
+                frames.height,
+                v.info.fps,
+                &v.options,
+            )
             .map_err(|e| vision_error(&v.place, &e))?;
         let content = content_hash(&v.hash, fingerprint);
         PixelEntry::from_video(output, content)
             .map_err(|e| ApiError::bad_field(v.place.as_str(), format!("{}: {e}", v.place)))
     })
     .await
-    .map_err(|e| ApiError::internal(format!("{place}: preprocessing {e}")).with_param(place.as_str()))??;
+    .map_err(|e| {
+        ApiError::internal(format!("{place}: preprocessing {e}")).with_param(place.as_str())
+    })??;
     metrics.stage(Stage::Preprocess, started.elapsed());
     Ok(entry)
 }

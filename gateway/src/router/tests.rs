@@ -642,9 +642,11 @@ async fn epd(prefill: &[Answer], decode: &[Answer]) -> (Router, [Fake; 3]) {
 /// A request whose items are laid out but have no pixels yet.
 fn pending_request(layouts: &[crate::mm::pixels::ItemLayout]) -> GenerateRequest {
     let ranges = (0..layouts.len())
-        .map(|i| PlaceholderRange {
-            offset: 10 * i as u32,
-            length: layouts[i].tokens as u32,
+        .map(|i| {
+            vec![PlaceholderRange {
+                offset: 10 * i as u32,
+                length: layouts[i].tokens as u32,
+            }]
         })
         .collect();
     GenerateRequest {
