@@ -30,7 +30,7 @@ pub(crate) fn probe(bytes: &[u8], container: Container) -> Result<VideoInfo, Vid
     let stream = stream::VideoStream::first(input.input(), container)?;
     let total_frames = match stream.header_frames {
         Some(frames) => frames,
-        None => packets::read(input.input(), stream.index, container)?.len() as u64,
+        None => packets::count(input.input(), stream.index, container)?,
     };
     Ok(stream.info(total_frames))
 }
