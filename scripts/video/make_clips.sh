@@ -22,6 +22,12 @@ ff -f lavfi -i "$(src 160x120 15 2)" -c:v libx264 -preset veryfast -g 1000 -keyi
 # Odd size: 4:4:4 H.264 allows any width and height (testsrc2 itself
 # rounds to even sizes, so scale its output).
 ff -f lavfi -i "$(src 160x120 10 2)" -vf scale=97:61 -c:v libx264 -preset veryfast -pix_fmt yuv444p "$out/h264_odd.mp4"
+# Colour tags: BT.709 limited range (phones, screen recordings) and BT.601
+# full range, both honoured by the RGB conversion.
+ff -f lavfi -i "$(src 160x120 10 1)" -c:v libx264 -preset veryfast -pix_fmt yuv420p \
+    -colorspace bt709 -color_primaries bt709 -color_trc bt709 -color_range tv "$out/h264_bt709.mp4"
+ff -f lavfi -i "$(src 160x120 10 1)" -c:v libx264 -preset veryfast -pix_fmt yuvj420p \
+    -colorspace smpte170m -color_range pc "$out/h264_fullrange.mp4"
 # HEVC in Matroska.
 ff -f lavfi -i "$(src 160x120 12 2)" -c:v libx265 -preset veryfast -x265-params log-level=error:keyint=12 -pix_fmt yuv420p "$out/hevc.mkv"
 # VP9 in WebM (WebM carries no per-stream frame count).

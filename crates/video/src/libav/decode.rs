@@ -254,6 +254,7 @@ mod tests {
     use crate::libav::packets;
 
     fn clip(name: &str) -> Vec<u8> {
+        crate::libav::init_libav();
         let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
         std::fs::read(path).unwrap()
     }

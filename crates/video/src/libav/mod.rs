@@ -63,7 +63,7 @@ pub(crate) fn decode(
 /// Fills ffmpeg-next's error message table, and quiets libav's own
 /// logging to stderr (errors reach callers as `VideoError`s instead, so
 /// only fatal messages are printed). Once per process.
-fn init_libav() {
+pub(crate) fn init_libav() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
         // init only registers error strings on FFmpeg 5 (no devices or
