@@ -28,6 +28,19 @@ ff -f lavfi -i "$(src 160x120 10 1)" -c:v libx264 -preset veryfast -pix_fmt yuv4
     -colorspace bt709 -color_primaries bt709 -color_trc bt709 -color_range tv "$out/h264_bt709.mp4"
 ff -f lavfi -i "$(src 160x120 10 1)" -c:v libx264 -preset veryfast -pix_fmt yuvj420p \
     -colorspace smpte170m -color_range pc "$out/h264_fullrange.mp4"
+# Rotation metadata: the track header's display matrix turned by 90
+# degrees (FFmpeg 5.1's CLI cannot write one, so the identity matrix after
+# `tkhd` is patched). Ignored by PyAV and by us: frames stay 160x120.
+ff -f lavfi -i "$(src 160x120 10 1)" -c:v libx264 -preset veryfast -pix_fmt yuv420p "$out/h264_rotated.mp4"
+python3 - "$out/h264_rotated.mp4" <<'PY'
+import struct, sys
+data = bytearray(open(sys.argv[1], "rb").read())
+identity = struct.pack(">9I", 0x10000, 0, 0, 0, 0x10000, 0, 0, 0, 0x40000000)
+turned = struct.pack(">9i", 0, 0x10000, 0, -0x10000, 0, 0, 0, 0, 0x40000000)
+at = data.index(identity, data.index(b"tkhd"))
+data[at:at + 36] = turned
+open(sys.argv[1], "wb").write(bytes(data))
+PY
 # HEVC in Matroska.
 ff -f lavfi -i "$(src 160x120 12 2)" -c:v libx265 -preset veryfast -x265-params log-level=error:keyint=12 -pix_fmt yuv420p "$out/hevc.mkv"
 # VP9 in WebM (WebM carries no per-stream frame count).
