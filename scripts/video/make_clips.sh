@@ -8,6 +8,9 @@ cd "$(dirname "$0")/../.."
 out=crates/video/tests/data
 mkdir -p "$out"
 
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
 ff() { ffmpeg -hide_banner -loglevel error -y "$@"; }
 # testsrc2 moves every frame, so consecutive frames differ.
 src() { echo "testsrc2=size=$1:rate=$2:duration=$3"; }
@@ -41,6 +44,12 @@ at = data.index(identity, data.index(b"tkhd"))
 data[at:at + 36] = turned
 open(sys.argv[1], "wb").write(bytes(data))
 PY
+# Size change mid-stream: 5 frames of 160x120 then 5 of 80x60 (two raw
+# H.264 streams joined); the Matroska header says 80x60 (the last SPS).
+ff -f lavfi -i "$(src 160x120 5 1)" -c:v libx264 -preset veryfast -bf 0 -f h264 "$tmp/big.h264"
+ff -f lavfi -i "$(src 80x60 5 1)" -c:v libx264 -preset veryfast -bf 0 -f h264 "$tmp/small.h264"
+cat "$tmp/big.h264" "$tmp/small.h264" > "$tmp/joined.h264"
+ff -fflags +genpts -framerate 5 -f h264 -i "$tmp/joined.h264" -c copy "$out/size_change.mkv"
 # HEVC in Matroska.
 ff -f lavfi -i "$(src 160x120 12 2)" -c:v libx265 -preset veryfast -x265-params log-level=error:keyint=12 -pix_fmt yuv420p "$out/hevc.mkv"
 # VP9 in WebM (WebM carries no per-stream frame count).

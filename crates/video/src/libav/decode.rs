@@ -15,23 +15,23 @@ use crate::frames::Frames;
 use crate::libav::packets::SeekTable;
 use crate::libav::rgb::RgbConverter;
 use crate::libav::stream::VideoStream;
+use crate::limits::DecodeOptions;
 
 /// The frames at `wanted` (ascending, unique, all below the frame count).
 pub(crate) fn frames(
     stream: &VideoStream,
     packets: &[Packet],
     wanted: &[u64],
-    threads: usize,
-    seek: bool,
+    opts: &DecodeOptions,
 ) -> Result<Frames, VideoError> {
-    if seek {
+    if opts.seek {
         if let Some(table) = SeekTable::new(packets, packets.len() as u64) {
-            if let Ok(Some(frames)) = jumping(stream, packets, wanted, threads, &table) {
+            if let Ok(Some(frames)) = jumping(stream, packets, wanted, opts, &table) {
                 return Ok(frames);
             }
         }
     }
-    sequential(stream, packets, wanted, threads)
+    sequential(stream, packets, wanted, opts)
 }
 
 /// Collects the wanted frames as the decoder yields them.
@@ -108,8 +108,11 @@ impl<'w> Sink<'w> {
     }
 }
 
-/// A decoder for the stream with `threads` frame threads.
-fn open_decoder(stream: &VideoStream, threads: usize) -> Result<decoder::Video, VideoError> {
+/// A decoder for the stream with `opts.threads` frame threads, refusing
+/// pictures over `opts.limits.max_pixels` itself (a bitstream may declare
+/// a larger size than its container).
+fn open_decoder(stream: &VideoStream, opts: &DecodeOptions) -> Result<decoder::Video, VideoError> {
+    let threads = opts.threads.max(1);
     let unsupported = |_| VideoError::UnsupportedCodec {
         container: stream.container,
         codec: stream.codec_name.clone(),
@@ -123,6 +126,10 @@ fn open_decoder(stream: &VideoStream, threads: usize) -> Result<decoder::Video, 
             ..Config::default()
         });
     }
+    let max_pixels = i64::try_from(opts.limits.max_pixels).unwrap_or(i64::MAX);
+    // SAFETY: the context is valid and not yet opened; max_pixels is a
+    // plain field that avcodec_open2 and the frame allocator read.
+    unsafe { (*context.as_mut_ptr()).max_pixels = max_pixels };
     context.decoder().video().map_err(unsupported)
 }
 
@@ -141,9 +148,9 @@ fn sequential(
     stream: &VideoStream,
     packets: &[Packet],
     wanted: &[u64],
-    threads: usize,
+    opts: &DecodeOptions,
 ) -> Result<Frames, VideoError> {
-    let mut decoder = open_decoder(stream, threads)?;
+    let mut decoder = open_decoder(stream, opts)?;
     let mut sink = Sink::new(stream, wanted);
     let mut index = 0u64;
     let mut frame = Video::empty();
@@ -184,10 +191,10 @@ fn jumping(
     stream: &VideoStream,
     packets: &[Packet],
     wanted: &[u64],
-    threads: usize,
+    opts: &DecodeOptions,
     table: &SeekTable,
 ) -> Result<Option<Frames>, VideoError> {
-    let mut decoder = open_decoder(stream, threads)?;
+    let mut decoder = open_decoder(stream, opts)?;
     let mut sink = Sink::new(stream, wanted);
     let mut frame = Video::empty();
     let mut pos = 0usize;
@@ -273,7 +280,14 @@ mod tests {
             let table = SeekTable::new(&packets, packets.len() as u64).unwrap();
             let (key_pos, _) = table.keyframe_before(last).unwrap();
             assert!(key_pos > 0, "{name}: no later keyframe");
-            let frames = jumping(&stream, &packets, &[2, last], 1, &table).unwrap();
+            let frames = jumping(
+                &stream,
+                &packets,
+                &[2, last],
+                &DecodeOptions::default(),
+                &table,
+            )
+            .unwrap();
             assert_eq!(frames.map(|f| f.count), Some(2), "{name}: fell back");
         }
     }
@@ -287,7 +301,7 @@ mod tests {
         let packets = packets::read(input.input(), stream.index, Container::Mp4).unwrap();
         let table = SeekTable::new(&packets, packets.len() as u64).unwrap();
         assert_eq!(table.keyframe_before(29).map(|k| k.0), Some(0));
-        let frames = jumping(&stream, &packets, &[29], 1, &table).unwrap();
+        let frames = jumping(&stream, &packets, &[29], &DecodeOptions::default(), &table).unwrap();
         assert_eq!(frames.map(|f| f.count), Some(1));
     }
 }
