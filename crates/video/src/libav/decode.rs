@@ -8,7 +8,7 @@
 use ffmpeg_next::codec::threading::{Config, Type};
 use ffmpeg_next::codec::{self, decoder};
 use ffmpeg_next::util::frame::video::Video;
-use ffmpeg_next::{Discard, Error, Packet};
+use ffmpeg_next::{ffi, Discard, Error, Packet};
 
 use crate::error::VideoError;
 use crate::frames::Frames;
@@ -142,6 +142,22 @@ fn decode_error(stream: &VideoStream, err: Error) -> VideoError {
     }
 }
 
+/// The decoder's next frame into `frame`: `Ok(false)` when it needs more
+/// input or is drained, an error as PyAV raises it otherwise (with frame
+/// threads, decoding errors surface here rather than when sending).
+fn receive(
+    decoder: &mut decoder::Video,
+    frame: &mut Video,
+    stream: &VideoStream,
+) -> Result<bool, VideoError> {
+    match decoder.receive_frame(frame) {
+        Ok(()) => Ok(true),
+        Err(Error::Eof) => Ok(false),
+        Err(Error::Other { errno }) if errno == ffi::EAGAIN => Ok(false),
+        Err(err) => Err(decode_error(stream, err)),
+    }
+}
+
 /// Decodes every packet from the first until the last wanted frame is out;
 /// frame `i` is the i-th frame the decoder yields.
 fn sequential(
@@ -155,7 +171,7 @@ fn sequential(
     let mut index = 0u64;
     let mut frame = Video::empty();
     let mut drain = |decoder: &mut decoder::Video, sink: &mut Sink, index: &mut u64| {
-        while decoder.receive_frame(&mut frame).is_ok() {
+        while receive(decoder, &mut frame, stream)? {
             sink.offer(stream, *index, &frame)?;
             *index += 1;
             if sink.done() {
@@ -234,7 +250,7 @@ fn jumping(
             } else {
                 return Ok(None);
             }
-            while decoder.receive_frame(&mut frame).is_ok() {
+            while receive(&mut decoder, &mut frame, stream)? {
                 let Some(pts) = frame.pts() else {
                     return Ok(None);
                 };
