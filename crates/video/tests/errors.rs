@@ -141,9 +141,10 @@ fn corrupt_data_is_an_error_with_libavs_message() {
     // The header is intact; the damage is in the frames (PyAV decodes 9).
     let info = probe(&bytes, &limits()).unwrap();
     assert_eq!(info.total_frames, 20);
-    for seek in [true, false] {
+    for (seek, threads) in [(true, 1), (false, 1), (true, 2), (false, 2)] {
         let opts = DecodeOptions {
             seek,
+            threads,
             ..DecodeOptions::default()
         };
         let err = decode_frames(&bytes, &[0, 19], &opts).unwrap_err();
