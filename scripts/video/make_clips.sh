@@ -8,6 +8,9 @@ cd "$(dirname "$0")/../.."
 out=crates/video/tests/data
 mkdir -p "$out"
 
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
 ff() { ffmpeg -hide_banner -loglevel error -y "$@"; }
 # testsrc2 moves every frame, so consecutive frames differ.
 src() { echo "testsrc2=size=$1:rate=$2:duration=$3"; }
@@ -22,6 +25,31 @@ ff -f lavfi -i "$(src 160x120 15 2)" -c:v libx264 -preset veryfast -g 1000 -keyi
 # Odd size: 4:4:4 H.264 allows any width and height (testsrc2 itself
 # rounds to even sizes, so scale its output).
 ff -f lavfi -i "$(src 160x120 10 2)" -vf scale=97:61 -c:v libx264 -preset veryfast -pix_fmt yuv444p "$out/h264_odd.mp4"
+# Colour tags: BT.709 limited range (phones, screen recordings) and BT.601
+# full range, both honoured by the RGB conversion.
+ff -f lavfi -i "$(src 160x120 10 1)" -c:v libx264 -preset veryfast -pix_fmt yuv420p \
+    -colorspace bt709 -color_primaries bt709 -color_trc bt709 -color_range tv "$out/h264_bt709.mp4"
+ff -f lavfi -i "$(src 160x120 10 1)" -c:v libx264 -preset veryfast -pix_fmt yuvj420p \
+    -colorspace smpte170m -color_range pc "$out/h264_fullrange.mp4"
+# Rotation metadata: the track header's display matrix turned by 90
+# degrees (FFmpeg 5.1's CLI cannot write one, so the identity matrix after
+# `tkhd` is patched). Ignored by PyAV and by us: frames stay 160x120.
+ff -f lavfi -i "$(src 160x120 10 1)" -c:v libx264 -preset veryfast -pix_fmt yuv420p "$out/h264_rotated.mp4"
+python3 - "$out/h264_rotated.mp4" <<'PY'
+import struct, sys
+data = bytearray(open(sys.argv[1], "rb").read())
+identity = struct.pack(">9I", 0x10000, 0, 0, 0, 0x10000, 0, 0, 0, 0x40000000)
+turned = struct.pack(">9i", 0, 0x10000, 0, -0x10000, 0, 0, 0, 0, 0x40000000)
+at = data.index(identity, data.index(b"tkhd"))
+data[at:at + 36] = turned
+open(sys.argv[1], "wb").write(bytes(data))
+PY
+# Size change mid-stream: 5 frames of 160x120 then 5 of 80x60 (two raw
+# H.264 streams joined); the Matroska header says 80x60 (the last SPS).
+ff -f lavfi -i "$(src 160x120 5 1)" -c:v libx264 -preset veryfast -bf 0 -f h264 "$tmp/big.h264"
+ff -f lavfi -i "$(src 80x60 5 1)" -c:v libx264 -preset veryfast -bf 0 -f h264 "$tmp/small.h264"
+cat "$tmp/big.h264" "$tmp/small.h264" > "$tmp/joined.h264"
+ff -fflags +genpts -framerate 5 -f h264 -i "$tmp/joined.h264" -c copy "$out/size_change.mkv"
 # HEVC in Matroska.
 ff -f lavfi -i "$(src 160x120 12 2)" -c:v libx265 -preset veryfast -x265-params log-level=error:keyint=12 -pix_fmt yuv420p "$out/hevc.mkv"
 # VP9 in WebM (WebM carries no per-stream frame count).

@@ -150,37 +150,49 @@ pub(crate) fn decode(
     Ok((info, frames))
 }
 
-/// Keeps every wanted frame of the RGBA canvases `canvases` yields.
+/// One composited canvas: its pixels, bytes per pixel (3 or 4) and delay.
+struct Canvas {
+    pixels: Vec<u8>,
+    channels: usize,
+    delay_ms: u32,
+}
+
+/// Keeps every wanted frame of the canvases `next_canvas` yields, in order.
 fn keep_wanted(
     animation: &Animation,
     wanted: &[u64],
-    mut canvas: impl FnMut() -> Option<Result<(Vec<u8>, u32), VideoError>>,
+    mut next_canvas: impl FnMut() -> Option<Result<Canvas, VideoError>>,
 ) -> Result<Frames, VideoError> {
     let mut frames = Frames::with_capacity(animation.width, animation.height, wanted.len());
     let mut rgb = Vec::with_capacity(frames.frame_len());
     let mut time_ms = 0u64;
     let mut index = 0u64;
     while let Some(&next) = wanted.get(frames.count) {
-        let Some(result) = canvas() else {
+        let Some(canvas) = next_canvas() else {
             return Err(VideoError::IndexOutOfRange {
                 index: next,
                 total_frames: index,
             });
         };
-        let (rgba, delay_ms) = result?;
+        let canvas = canvas?;
         if index == next {
             rgb.clear();
-            rgb.extend(rgba.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]));
+            rgb.extend(
+                canvas
+                    .pixels
+                    .chunks_exact(canvas.channels)
+                    .flat_map(|p| [p[0], p[1], p[2]]),
+            );
             if rgb.len() != frames.frame_len() {
                 return Err(corrupt(
                     animation.container,
                     "compositing frames",
-                    "canvas size changed",
+                    "a frame does not match the canvas size",
                 ));
             }
             frames.push(&rgb, time_ms as f64 / 1000.0);
         }
-        time_ms += u64::from(delay_ms);
+        time_ms += u64::from(canvas.delay_ms);
         index += 1;
     }
     Ok(frames)
@@ -190,16 +202,15 @@ fn decode_gif(bytes: &[u8], animation: &Animation, wanted: &[u64]) -> Result<Fra
     let bad = |e: image::ImageError| corrupt(Container::Gif, "decoding the GIF frames", e);
     let decoder = image::codecs::gif::GifDecoder::new(Cursor::new(bytes)).map_err(bad)?;
     let mut iter = decoder.into_frames();
-    let mut index = 0usize;
+    let mut delays = animation.delays_ms.iter().copied();
     keep_wanted(animation, wanted, || {
         let frame = iter.next()?;
-        let delay = animation.delays_ms.get(index).copied().unwrap_or(0);
-        index += 1;
-        Some(
-            frame
-                .map(|f| (f.into_buffer().into_raw(), delay))
-                .map_err(bad),
-        )
+        let delay_ms = delays.next().unwrap_or(0);
+        Some(frame.map_err(bad).map(|f| Canvas {
+            pixels: f.into_buffer().into_raw(),
+            channels: 4,
+            delay_ms,
+        }))
     })
 }
 
@@ -218,26 +229,17 @@ fn decode_webp(bytes: &[u8], animation: &Animation, wanted: &[u64]) -> Result<Fr
     let animated = decoder.is_animated();
     let mut remaining = animation.delays_ms.len();
     keep_wanted(animation, wanted, || {
-        if remaining == 0 {
-            return None;
-        }
-        remaining -= 1;
-        let mut buf = vec![0u8; size];
+        remaining = remaining.checked_sub(1)?;
+        let mut pixels = vec![0u8; size];
         let delay = if animated {
-            decoder.read_frame(&mut buf)
+            decoder.read_frame(&mut pixels)
         } else {
-            decoder.read_image(&mut buf).map(|()| STILL_DELAY_MS)
+            decoder.read_image(&mut pixels).map(|()| STILL_DELAY_MS)
         };
-        Some(delay.map_err(bad).map(|d| (to_rgba(buf, channels), d)))
+        Some(delay.map_err(bad).map(|delay_ms| Canvas {
+            pixels,
+            channels,
+            delay_ms,
+        }))
     })
-}
-
-/// RGB buffers widened to RGBA so both decoders feed `keep_wanted` alike.
-fn to_rgba(buf: Vec<u8>, channels: usize) -> Vec<u8> {
-    if channels == 4 {
-        return buf;
-    }
-    buf.chunks_exact(3)
-        .flat_map(|p| [p[0], p[1], p[2], 255])
-        .collect()
 }

@@ -53,9 +53,8 @@ pub fn decode_frames(
     let mut wanted = indices.to_vec();
     wanted.sort_unstable();
     wanted.dedup();
-    let threads = opts.threads.max(1);
     let (_, frames) = if container.uses_libav() {
-        libav::decode(bytes, container, &wanted, &opts.limits, threads, opts.seek)?
+        libav::decode(bytes, container, &wanted, opts)?
     } else {
         animated::decode(bytes, container, &wanted, &opts.limits)?
     };

@@ -141,9 +141,10 @@ fn corrupt_data_is_an_error_with_libavs_message() {
     // The header is intact; the damage is in the frames (PyAV decodes 9).
     let info = probe(&bytes, &limits()).unwrap();
     assert_eq!(info.total_frames, 20);
-    for seek in [true, false] {
+    for (seek, threads) in [(true, 1), (false, 1), (true, 2), (false, 2)] {
         let opts = DecodeOptions {
             seek,
+            threads,
             ..DecodeOptions::default()
         };
         let err = decode_frames(&bytes, &[0, 19], &opts).unwrap_err();
@@ -207,4 +208,46 @@ fn damaged_clips_never_panic_or_hang() {
         .recv_timeout(Duration::from_secs(300))
         .expect("the fuzz loop hung");
     worker.join().unwrap();
+}
+
+#[test]
+fn a_size_change_mid_stream_is_refused() {
+    // Header 80x60; frames 0-4 are 160x120, frames 5-9 80x60.
+    let bytes = clip("size_change.mkv");
+    let info = probe(&bytes, &limits()).unwrap();
+    assert_eq!((info.width, info.height, info.total_frames), (80, 60, 10));
+    for seek in [true, false] {
+        let opts = DecodeOptions {
+            seek,
+            ..DecodeOptions::default()
+        };
+        let frames = decode_frames(&bytes, &[6, 9], &opts).unwrap();
+        assert_eq!((frames.width, frames.height, frames.count), (80, 60, 2));
+        let err = decode_frames(&bytes, &[0], &opts).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                VideoError::SizeChanged {
+                    index: 0,
+                    width: 160,
+                    height: 120,
+                    expected_width: 80,
+                    expected_height: 60
+                }
+            ),
+            "{err}"
+        );
+        // Under a pixel limit the header passes, the decoder itself refuses
+        // the larger pictures before allocating them.
+        let tight = DecodeOptions {
+            limits: VideoLimits {
+                max_pixels: 80 * 60,
+                ..limits()
+            },
+            seek,
+            ..DecodeOptions::default()
+        };
+        let err = decode_frames(&bytes, &[0], &tight).unwrap_err();
+        assert!(matches!(err, VideoError::Corrupt { .. }), "{err}");
+    }
 }

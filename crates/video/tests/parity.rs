@@ -191,3 +191,15 @@ fn frames_follow_the_requested_order() {
         assert_eq!(single.frame(0), frames.frame(3), "{name}");
     }
 }
+
+#[test]
+fn rotation_metadata_is_ignored_as_pyav_does() {
+    // The clip's track header turns it by 90 degrees; frames stay as coded.
+    let bytes = clip("h264_rotated.mp4");
+    let info = probe(&bytes, &VideoLimits::default()).unwrap();
+    assert_eq!((info.width, info.height), (160, 120));
+    let frames = decode(&bytes, &[0], true);
+    assert_eq!((frames.width, frames.height), (160, 120));
+    // Content parity with PyAV is in every_frame_matches_pyav.
+    assert_eq!(frames.data.len(), 160 * 120 * 3);
+}

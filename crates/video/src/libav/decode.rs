@@ -8,30 +8,30 @@
 use ffmpeg_next::codec::threading::{Config, Type};
 use ffmpeg_next::codec::{self, decoder};
 use ffmpeg_next::util::frame::video::Video;
-use ffmpeg_next::{Discard, Error, Packet};
+use ffmpeg_next::{ffi, Discard, Error, Packet};
 
 use crate::error::VideoError;
 use crate::frames::Frames;
 use crate::libav::packets::SeekTable;
 use crate::libav::rgb::RgbConverter;
 use crate::libav::stream::VideoStream;
+use crate::limits::DecodeOptions;
 
 /// The frames at `wanted` (ascending, unique, all below the frame count).
 pub(crate) fn frames(
     stream: &VideoStream,
     packets: &[Packet],
     wanted: &[u64],
-    threads: usize,
-    seek: bool,
+    opts: &DecodeOptions,
 ) -> Result<Frames, VideoError> {
-    if seek {
+    if opts.seek {
         if let Some(table) = SeekTable::new(packets, packets.len() as u64) {
-            if let Ok(Some(frames)) = jumping(stream, packets, wanted, threads, &table) {
+            if let Ok(Some(frames)) = jumping(stream, packets, wanted, opts, &table) {
                 return Ok(frames);
             }
         }
     }
-    sequential(stream, packets, wanted, threads)
+    sequential(stream, packets, wanted, opts)
 }
 
 /// Collects the wanted frames as the decoder yields them.
@@ -108,8 +108,11 @@ impl<'w> Sink<'w> {
     }
 }
 
-/// A decoder for the stream with `threads` frame threads.
-fn open_decoder(stream: &VideoStream, threads: usize) -> Result<decoder::Video, VideoError> {
+/// A decoder for the stream with `opts.threads` frame threads, refusing
+/// pictures over `opts.limits.max_pixels` itself (a bitstream may declare
+/// a larger size than its container).
+fn open_decoder(stream: &VideoStream, opts: &DecodeOptions) -> Result<decoder::Video, VideoError> {
+    let threads = opts.threads.max(1);
     let unsupported = |_| VideoError::UnsupportedCodec {
         container: stream.container,
         codec: stream.codec_name.clone(),
@@ -123,6 +126,10 @@ fn open_decoder(stream: &VideoStream, threads: usize) -> Result<decoder::Video, 
             ..Config::default()
         });
     }
+    let max_pixels = i64::try_from(opts.limits.max_pixels).unwrap_or(i64::MAX);
+    // SAFETY: the context is valid and not yet opened; max_pixels is a
+    // plain field that avcodec_open2 and the frame allocator read.
+    unsafe { (*context.as_mut_ptr()).max_pixels = max_pixels };
     context.decoder().video().map_err(unsupported)
 }
 
@@ -135,20 +142,36 @@ fn decode_error(stream: &VideoStream, err: Error) -> VideoError {
     }
 }
 
+/// The decoder's next frame into `frame`: `Ok(false)` when it needs more
+/// input or is drained, an error as PyAV raises it otherwise (with frame
+/// threads, decoding errors surface here rather than when sending).
+fn receive(
+    decoder: &mut decoder::Video,
+    frame: &mut Video,
+    stream: &VideoStream,
+) -> Result<bool, VideoError> {
+    match decoder.receive_frame(frame) {
+        Ok(()) => Ok(true),
+        Err(Error::Eof) => Ok(false),
+        Err(Error::Other { errno }) if errno == ffi::EAGAIN => Ok(false),
+        Err(err) => Err(decode_error(stream, err)),
+    }
+}
+
 /// Decodes every packet from the first until the last wanted frame is out;
 /// frame `i` is the i-th frame the decoder yields.
 fn sequential(
     stream: &VideoStream,
     packets: &[Packet],
     wanted: &[u64],
-    threads: usize,
+    opts: &DecodeOptions,
 ) -> Result<Frames, VideoError> {
-    let mut decoder = open_decoder(stream, threads)?;
+    let mut decoder = open_decoder(stream, opts)?;
     let mut sink = Sink::new(stream, wanted);
     let mut index = 0u64;
     let mut frame = Video::empty();
     let mut drain = |decoder: &mut decoder::Video, sink: &mut Sink, index: &mut u64| {
-        while decoder.receive_frame(&mut frame).is_ok() {
+        while receive(decoder, &mut frame, stream)? {
             sink.offer(stream, *index, &frame)?;
             *index += 1;
             if sink.done() {
@@ -184,10 +207,10 @@ fn jumping(
     stream: &VideoStream,
     packets: &[Packet],
     wanted: &[u64],
-    threads: usize,
+    opts: &DecodeOptions,
     table: &SeekTable,
 ) -> Result<Option<Frames>, VideoError> {
-    let mut decoder = open_decoder(stream, threads)?;
+    let mut decoder = open_decoder(stream, opts)?;
     let mut sink = Sink::new(stream, wanted);
     let mut frame = Video::empty();
     let mut pos = 0usize;
@@ -227,7 +250,7 @@ fn jumping(
             } else {
                 return Ok(None);
             }
-            while decoder.receive_frame(&mut frame).is_ok() {
+            while receive(&mut decoder, &mut frame, stream)? {
                 let Some(pts) = frame.pts() else {
                     return Ok(None);
                 };
@@ -254,6 +277,7 @@ mod tests {
     use crate::libav::packets;
 
     fn clip(name: &str) -> Vec<u8> {
+        crate::libav::init_libav();
         let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
         std::fs::read(path).unwrap()
     }
@@ -272,7 +296,14 @@ mod tests {
             let table = SeekTable::new(&packets, packets.len() as u64).unwrap();
             let (key_pos, _) = table.keyframe_before(last).unwrap();
             assert!(key_pos > 0, "{name}: no later keyframe");
-            let frames = jumping(&stream, &packets, &[2, last], 1, &table).unwrap();
+            let frames = jumping(
+                &stream,
+                &packets,
+                &[2, last],
+                &DecodeOptions::default(),
+                &table,
+            )
+            .unwrap();
             assert_eq!(frames.map(|f| f.count), Some(2), "{name}: fell back");
         }
     }
@@ -286,7 +317,7 @@ mod tests {
         let packets = packets::read(input.input(), stream.index, Container::Mp4).unwrap();
         let table = SeekTable::new(&packets, packets.len() as u64).unwrap();
         assert_eq!(table.keyframe_before(29).map(|k| k.0), Some(0));
-        let frames = jumping(&stream, &packets, &[29], 1, &table).unwrap();
+        let frames = jumping(&stream, &packets, &[29], &DecodeOptions::default(), &table).unwrap();
         assert_eq!(frames.map(|f| f.count), Some(1));
     }
 }

@@ -19,7 +19,7 @@ use crate::container::Container;
 use crate::error::VideoError;
 use crate::frames::Frames;
 use crate::info::VideoInfo;
-use crate::limits::VideoLimits;
+use crate::limits::DecodeOptions;
 
 use memory_input::MemoryInput;
 
@@ -30,21 +30,20 @@ pub(crate) fn probe(bytes: &[u8], container: Container) -> Result<VideoInfo, Vid
     let stream = stream::VideoStream::first(input.input(), container)?;
     let total_frames = match stream.header_frames {
         Some(frames) => frames,
-        None => packets::read(input.input(), stream.index, container)?.len() as u64,
+        None => packets::count(input.input(), stream.index, container)?,
     };
     Ok(stream.info(total_frames))
 }
 
 /// Decodes the frames at `wanted` (ascending, no repeats) after checking
-/// the header against `limits`.
+/// the header against `opts.limits`.
 pub(crate) fn decode(
     bytes: &[u8],
     container: Container,
     wanted: &[u64],
-    limits: &VideoLimits,
-    threads: usize,
-    seek: bool,
+    opts: &DecodeOptions,
 ) -> Result<(VideoInfo, Frames), VideoError> {
+    let limits = &opts.limits;
     init_libav();
     let mut input = MemoryInput::open(bytes, container)?;
     let stream = stream::VideoStream::first(input.input(), container)?;
@@ -56,14 +55,14 @@ pub(crate) fn decode(
     let info = stream.info(stream.header_frames.unwrap_or(packets.len() as u64));
     limits.check_info(&info)?;
     crate::check_indices(wanted, info.total_frames)?;
-    let frames = decode::frames(&stream, &packets, wanted, threads, seek)?;
+    let frames = decode::frames(&stream, &packets, wanted, opts)?;
     Ok((info, frames))
 }
 
 /// Fills ffmpeg-next's error message table, and quiets libav's own
 /// logging to stderr (errors reach callers as `VideoError`s instead, so
 /// only fatal messages are printed). Once per process.
-fn init_libav() {
+pub(crate) fn init_libav() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
         // init only registers error strings on FFmpeg 5 (no devices or

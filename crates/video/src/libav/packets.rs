@@ -19,6 +19,28 @@ pub(crate) fn read(
     container: Container,
 ) -> Result<Vec<Packet>, VideoError> {
     let mut packets = Vec::new();
+    demux(input, index, container, |packet| packets.push(packet))?;
+    Ok(packets)
+}
+
+/// The number of packets of stream `index` (demuxing only, none kept).
+pub(crate) fn count(
+    input: &mut Input,
+    index: usize,
+    container: Container,
+) -> Result<u64, VideoError> {
+    let mut count = 0;
+    demux(input, index, container, |_| count += 1)?;
+    Ok(count)
+}
+
+/// Hands every packet of stream `index` to `each`, in decode order.
+fn demux(
+    input: &mut Input,
+    index: usize,
+    container: Container,
+    mut each: impl FnMut(Packet),
+) -> Result<(), VideoError> {
     let mut retries = 0;
     loop {
         let mut packet = Packet::empty();
@@ -26,10 +48,10 @@ pub(crate) fn read(
             Ok(()) => {
                 retries = 0;
                 if packet.stream() == index {
-                    packets.push(packet);
+                    each(packet);
                 }
             }
-            Err(Error::Eof) => return Ok(packets),
+            Err(Error::Eof) => return Ok(()),
             Err(Error::Other { errno }) if errno == ffi::EAGAIN && retries < MAX_RETRIES => {
                 retries += 1;
             }

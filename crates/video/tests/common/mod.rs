@@ -9,7 +9,10 @@ use iris_video::{decode_frames, DecodeOptions, Frames};
 use serde_json::Value;
 
 /// The playable clips (every committed video but the corrupt one).
-pub const CLIPS: [&str; 10] = [
+pub const CLIPS: [&str; 13] = [
+    "h264_rotated.mp4",
+    "h264_bt709.mp4",
+    "h264_fullrange.mp4",
     "h264.mp4",
     "h264.mov",
     "h264_bframes.mp4",
