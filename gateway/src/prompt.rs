@@ -117,6 +117,7 @@ impl Prompter {
     pub fn prompt_for(
         &self,
         request: &ChatCompletionRequest,
+        videos: &[Option<Vec<String>>],
     ) -> Result<(Vec<u32>, String), ApiError> {
         let mut messages = iris_openai::template_messages(&request.messages);
         let tools = request.template_tools();
@@ -139,6 +140,7 @@ impl Prompter {
             }
         }
         let text = self.render_with(messages, &vars, true)?;
+        let text = crate::mm::video::timestamp_videos(text, videos)?;
         let ids = self.encode(&text)?;
         Ok((ids, text))
     }

@@ -172,17 +172,17 @@ async fn prepare(
         .check_text(&request.messages, max_new_tokens)
         .map_err(client)?;
     state.metrics.stage(Stage::Parse, started.elapsed());
-    let (images, cache_hits) = start_images(state, &request).await?;
+    let (images, cache_hits, timestamps) = start_images(state, &request).await?;
     *images_seen = ImageCount {
         images: images.len(),
         cache_hits,
     };
     let tokenize_start = Instant::now();
     let (input_ids, prompt_text) = if bytes.len() <= INLINE_PROMPT_BYTES {
-        build_prompt(state, &request)
+        build_prompt(state, &request, &timestamps)
     } else {
         let (state, request) = (state.clone(), request.clone());
-        tokio::task::spawn_blocking(move || build_prompt(&state, &request))
+        tokio::task::spawn_blocking(move || build_prompt(&state, &request, &timestamps))
             .await
             .map_err(|e| {
                 (
@@ -257,15 +257,15 @@ pub(crate) async fn read_body(state: &AppState, body: Body) -> Result<bytes::Byt
 
 /// Fetches the request's images and videos and starts preprocessing each
 /// (none: no work); also says how many the pixel cache held when the
-/// request came.
+/// request came, and each video's timestamps (Qwen3-VL).
 async fn start_images(
     state: &Arc<AppState>,
     request: &ChatCompletionRequest,
-) -> Result<(PendingImages, usize), (ApiError, Outcome)> {
+) -> Result<(PendingImages, usize, Vec<Option<Vec<String>>>), (ApiError, Outcome)> {
     let images: Vec<(String, &ImageUrl)> = request.image_parts().collect();
     let videos: Vec<(String, &VideoUrl)> = request.video_parts().collect();
     let Some((first, _)) = request.media_parts().next() else {
-        return Ok((PendingImages::default(), 0));
+        return Ok((PendingImages::default(), 0, Vec::new()));
     };
     let Some(mm) = state.multimodal.as_ref() else {
         return Err((
@@ -284,6 +284,7 @@ async fn start_images(
         .map_err(image_failure)?;
     let cache_hits =
         images.iter().filter(|s| s.cached).count() + videos.iter().filter(|v| v.cached).count();
+    let timestamps = videos.iter().map(|v| v.timestamps.clone()).collect();
     // The `images` stage ends when the request's last item is ready.
     let remaining = Arc::new(AtomicUsize::new(images.len() + videos.len()));
     let done = move |state: &AppState| {
@@ -319,7 +320,7 @@ async fn start_images(
         };
         loads.push((layout, load.boxed()));
     }
-    Ok((PendingImages::start(loads), cache_hits))
+    Ok((PendingImages::start(loads), cache_hits, timestamps))
 }
 
 /// An image that could not be fetched, admitted or preprocessed, with the
@@ -366,8 +367,9 @@ fn place_images(
 fn build_prompt(
     state: &AppState,
     request: &ChatCompletionRequest,
+    videos: &[Option<Vec<String>>],
 ) -> Result<(Vec<u32>, String), ApiError> {
-    let (ids, text) = state.prompter.prompt_for(request)?;
+    let (ids, text) = state.prompter.prompt_for(request, videos)?;
     if ids.is_empty() {
         return Err(ApiError::bad_field(
             "messages",

@@ -187,7 +187,8 @@ pub struct StartedVideo {
     pub layout: ItemLayout,
     /// The pixel cache held the video's tensor when the request arrived.
     pub cached: bool,
-    /// Qwen3-VL: the prompt text before each temporal group.
+    /// Qwen3-VL: the prompt text before each temporal group
+    /// ([`timestamp_videos`]).
     pub timestamps: Option<Vec<String>>,
 }
 
@@ -255,7 +256,10 @@ impl Multimodal {
             .processor
             .memory_needed(n, info.width, info.height, &video.options)
             .map_err(|e| vision_error(&video.place, &e))?;
-        let need = iris_video::decode_memory_bytes(info, n, 1).saturating_add(preprocess);
+        // The decoder also copies the compressed stream (at most the file).
+        let need = iris_video::decode_memory_bytes(info, n, 1)
+            .saturating_add(preprocess)
+            .saturating_add(video.bytes.len() as u64);
         self.check_need(&video.place, &video_name(&video.place, info, n), need)
     }
 
@@ -367,6 +371,44 @@ async fn decode_and_preprocess(
     Ok(entry)
 }
 
+/// The span a Qwen chat template renders once per video.
+const VIDEO_SPAN: &str = "<|vision_start|><|video_pad|><|vision_end|>";
+
+/// Qwen3-VL's prompt for videos, as its processor rewrites the rendered
+/// text before tokenizing: each video's `<|vision_start|><|video_pad|><|vision_end|>`
+/// (in order) becomes, per temporal group, its timestamp text followed by
+/// a span of its own. Videos without timestamps (`None`: the other
+/// families) keep their span. The text is tokenized afterwards, so the
+/// timestamps tokenize in context as they do in Hugging Face's processor.
+pub fn timestamp_videos(text: String, videos: &[Option<Vec<String>>]) -> Result<String, ApiError> {
+    if videos.iter().all(Option::is_none) {
+        return Ok(text);
+    }
+    let mut out = String::with_capacity(text.len() + 64 * videos.len());
+    let mut rest = text.as_str();
+    for stamps in videos {
+        let Some(at) = rest.find(VIDEO_SPAN) else {
+            return Err(ApiError::bad_field(
+                "messages",
+                format!(
+                    "the rendered prompt has fewer video spans ({VIDEO_SPAN}) than the request has videos"
+                ),
+            ));
+        };
+        out.push_str(&rest[..at]);
+        match stamps {
+            Some(stamps) => stamps.iter().for_each(|stamp| {
+                out.push_str(stamp);
+                out.push_str(VIDEO_SPAN);
+            }),
+            None => out.push_str(VIDEO_SPAN),
+        }
+        rest = &rest[at + VIDEO_SPAN.len()..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
 /// How messages name a video: its place, size, frame count and rate.
 fn video_name(place: &str, info: &VideoInfo, sampled: usize) -> String {
     format!(
@@ -398,4 +440,26 @@ fn kwarg_error(key: &str, reason: String) -> ApiError {
         format!("mm_processor_kwargs.{key}")
     };
     ApiError::bad_field(param.clone(), format!("{param}: {reason}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qwen3_timestamps_replace_each_video_span_in_order() {
+        let text = format!("a{VIDEO_SPAN}b{VIDEO_SPAN}c");
+        let videos = [
+            None,
+            Some(vec!["<0.5 seconds>".to_owned(), "<1.5 seconds>".to_owned()]),
+        ];
+        let out = timestamp_videos(text.clone(), &videos).unwrap();
+        assert_eq!(
+            out,
+            format!("a{VIDEO_SPAN}b<0.5 seconds>{VIDEO_SPAN}<1.5 seconds>{VIDEO_SPAN}c")
+        );
+        assert_eq!(timestamp_videos(text.clone(), &[None, None]).unwrap(), text);
+        let err = timestamp_videos("no span".to_owned(), &[Some(vec![])]).unwrap_err();
+        assert_eq!(err.status, 400);
+    }
 }
