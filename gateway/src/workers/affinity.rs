@@ -60,12 +60,14 @@ impl ImageCost {
     }
 }
 
-/// An item's patch count: the product of its `image_grid_thw`, else the
-/// first dimension of its pixels (`[patches, C·T·P·P]`), at least 1.
+/// An item's patch count: the product of its `image_grid_thw` (a video's
+/// `video_grid_thw`), else the first dimension of its pixels
+/// (`[patches, C·T·P·P]`), at least 1.
 pub fn item_patches(item: &MultimodalItem) -> u64 {
-    let from_grid = item
-        .model_specific_tensors
+    let grids = &item.model_specific_tensors;
+    let from_grid = grids
         .get("image_grid_thw")
+        .or_else(|| grids.get("video_grid_thw"))
         .and_then(read_int64)
         .filter(|thw| thw.len() == 3 && thw.iter().all(|&d| d > 0))
         .map(|thw| {
@@ -493,6 +495,11 @@ mod tests {
             .insert("image_grid_thw".into(), int64(vec![1, 3], &[1, 154, 274]));
         assert_eq!(item_patches(&item), FOUR_K);
         assert_eq!(item_patches(&MultimodalItem::default()), 1);
+        let mut video = MultimodalItem::default();
+        video
+            .model_specific_tensors
+            .insert("video_grid_thw".into(), int64(vec![1, 3], &[8, 36, 64]));
+        assert_eq!(item_patches(&video), 8 * 36 * 64);
     }
 
     #[test]
