@@ -4,12 +4,13 @@
 //!
 //! 1. **Parse** — `gateway/src/chat/mod.rs` `handle` → `prepare`: read the
 //!    body (`read_body`), parse and validate it, check the text's size.
-//! 2. **Images** — `gateway/src/mm/mod.rs` `start_images`: fetch
+//! 2. **Images** — `gateway/src/mm/mod.rs` `start_media`: fetch
 //!    (`fetch_one`, `crates/media`) and each image's layout from its
-//!    header; then, each image in a task of its own
-//!    (`gateway/src/mm/pending.rs` `start`), the pixel cache and
-//!    preprocessing (`load_one`, `preprocess`), overlapping the prompt and
-//!    (EPD) the dispatch.
+//!    header (videos: `gateway/src/mm/video.rs` `plan_videos`, the
+//!    container header and the sampled frames); then, each item in a task
+//!    of its own (`gateway/src/mm/pending.rs` `start`), the pixel cache
+//!    and preprocessing (`load_one`, `preprocess`; `preprocess_video`),
+//!    overlapping the prompt and (EPD) the dispatch.
 //! 3. **Prompt** — `gateway/src/prompt.rs` `prompt_for`: chat template and
 //!    tokenizing; `gateway/src/mm/items.rs` `expand_placeholders` places
 //!    the image tokens.
@@ -52,10 +53,12 @@ pub const STAGES: [(Stage, &[(&str, &str)]); 7] = [
     (
         Stage::Images,
         &[
-            ("gateway/src/mm/mod.rs", "start_images"),
+            ("gateway/src/mm/mod.rs", "start_media"),
             ("gateway/src/mm/pending.rs", "start"),
             ("gateway/src/mm/mod.rs", "fetch_one"),
             ("gateway/src/mm/mod.rs", "load_one"),
+            ("gateway/src/mm/video.rs", "plan_videos"),
+            ("gateway/src/mm/video.rs", "preprocess_video"),
         ],
     ),
     (

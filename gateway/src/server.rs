@@ -40,7 +40,7 @@ pub struct AppState {
     /// How answers are parsed into content, reasoning and tool calls.
     pub parsers: OutputParsers,
     /// The image pipeline; `None` for a text-only model.
-    pub multimodal: Option<Multimodal>,
+    pub multimodal: Option<Arc<Multimodal>>,
     pub metrics: Metrics,
     pub model_name: String,
     pub model_path: String,
@@ -147,7 +147,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         prompter.template_source(),
     );
     tracing::info!(tool_calls = ?parsers.tools, reasoning = parsers.reasoning, "output parsers");
-    let multimodal = Multimodal::load(&dir, &config.media)?;
+    let multimodal = Multimodal::load(&dir, &config.media)?.map(Arc::new);
     let discovery = config.discovery.as_ref();
     let connect = config.connect.clone();
     let mode = build_mode(&config.topology, &connect)?;

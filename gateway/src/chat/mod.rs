@@ -17,6 +17,7 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
+use futures::future::BoxFuture;
 use futures::FutureExt;
 use iris_openai::{ApiError, ChatCompletionRequest, Constraint, ImageUrl, Sampling, VideoUrl};
 use iris_proto::scheduler::{
@@ -28,7 +29,7 @@ pub use errors::error_response;
 
 use crate::metrics::{Outcome, Stage};
 use crate::mm::items::{expand_placeholders, fill_pixels, multimodal_inputs};
-use crate::mm::pending::PendingImages;
+use crate::mm::pending::{Loaded, PendingImages};
 use crate::mm::pixels::ItemLayout;
 use crate::output::OutputPlan;
 use crate::router::Mode;
@@ -172,7 +173,7 @@ async fn prepare(
         .check_text(&request.messages, max_new_tokens)
         .map_err(client)?;
     state.metrics.stage(Stage::Parse, started.elapsed());
-    let (images, cache_hits, timestamps) = start_images(state, &request).await?;
+    let (images, cache_hits, timestamps) = start_media(state, &request).await?;
     *images_seen = ImageCount {
         images: images.len(),
         cache_hits,
@@ -258,7 +259,7 @@ pub(crate) async fn read_body(state: &AppState, body: Body) -> Result<bytes::Byt
 /// Fetches the request's images and videos and starts preprocessing each
 /// (none: no work); also says how many the pixel cache held when the
 /// request came, and each video's timestamps (Qwen3-VL).
-async fn start_images(
+async fn start_media(
     state: &Arc<AppState>,
     request: &ChatCompletionRequest,
 ) -> Result<(PendingImages, usize, Vec<Option<Vec<String>>>), (ApiError, Outcome)> {
@@ -287,38 +288,29 @@ async fn start_images(
     let timestamps = videos.iter().map(|v| v.timestamps.clone()).collect();
     // The `images` stage ends when the request's last item is ready.
     let remaining = Arc::new(AtomicUsize::new(images.len() + videos.len()));
-    let done = move |state: &AppState| {
-        if remaining.fetch_sub(1, Ordering::Relaxed) == 1 {
-            state.metrics.stage(Stage::Images, begun.elapsed());
-        }
+    let track = |layout: ItemLayout, load: BoxFuture<'static, Result<Loaded, ApiError>>| {
+        let (state, remaining) = (state.clone(), remaining.clone());
+        let load = async move {
+            let loaded = load.await;
+            if remaining.fetch_sub(1, Ordering::Relaxed) == 1 {
+                state.metrics.stage(Stage::Images, begun.elapsed());
+            }
+            loaded
+        };
+        (layout, load.boxed())
     };
-    let done = Arc::new(done);
     let mut loads = Vec::with_capacity(images.len() + videos.len());
     for image in images {
-        let (state, done) = (state.clone(), done.clone());
+        let (mm, state) = (mm.clone(), state.clone());
         let layout = image.layout.clone();
-        let load = async move {
-            let loaded = match state.multimodal.as_ref() {
-                Some(mm) => mm.preprocess_image(image, &state.metrics).await,
-                None => Err(ApiError::internal("the model's image pipeline is gone")),
-            };
-            done(&state);
-            loaded
-        };
-        loads.push((layout, load.boxed()));
+        let load = async move { mm.preprocess_image(image, &state.metrics).await };
+        loads.push(track(layout, load.boxed()));
     }
     for video in videos {
-        let (state, done) = (state.clone(), done.clone());
+        let (mm, state) = (mm.clone(), state.clone());
         let layout = video.layout.clone();
-        let load = async move {
-            let loaded = match state.multimodal.as_ref() {
-                Some(mm) => mm.preprocess_video(video, &state.metrics).await,
-                None => Err(ApiError::internal("the model's image pipeline is gone")),
-            };
-            done(&state);
-            loaded
-        };
-        loads.push((layout, load.boxed()));
+        let load = async move { mm.preprocess_video(video, &state.metrics).await };
+        loads.push(track(layout, load.boxed()));
     }
     Ok((PendingImages::start(loads), cache_hits, timestamps))
 }

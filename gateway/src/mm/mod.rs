@@ -432,7 +432,7 @@ impl Drop for InFlight {
 }
 
 /// An image fetched, its memory reserved and its layout planned
-/// ([`Multimodal::start_images`]), to be preprocessed ([`Multimodal::preprocess_image`]).
+/// ([`Multimodal::start_media`]), to be preprocessed ([`Multimodal::preprocess_image`]).
 pub struct StartedImage {
     image: Box<FetchedImage>,
     share: Option<Reservation>,
