@@ -115,11 +115,6 @@ pub(crate) fn resized_size(
                     total as f64 / frames as f64 * cfg.geometry.temporal_patch_size as f64;
                 max = max.min(per_frame).max((min as f64 * 1.05).floor());
             }
-            if (min as f64) > max {
-                return Err(VisionError::Video(format!(
-                    "min_pixels {min} exceeds the per-frame pixel budget {max}"
-                )));
-            }
             smart_resize_f64(height, width, factor, min as f64, max)
         }
     }
