@@ -69,7 +69,15 @@ pub(crate) fn layout(
         h / geo.patch_size,
         w / geo.patch_size,
     ];
-    let cells = grid[0] * grid[1] * grid[2];
+    let cells = grid[0]
+        .checked_mul(grid[1])
+        .and_then(|c| c.checked_mul(grid[2]))
+        .filter(|c| c.checked_mul(geo.row_len()).is_some())
+        .ok_or_else(|| {
+            VisionError::Video(format!(
+                "{frames} frames resized to {w}x{h} make a tensor too large to address"
+            ))
+        })?;
     Ok(VideoLayout {
         grid_thw: grid,
         tokens: cells / (geo.merge_size * geo.merge_size),
