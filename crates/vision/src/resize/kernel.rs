@@ -135,11 +135,9 @@ impl Kernel {
     /// `filter`'s weights resampling `in_size` samples to `out_size` over
     /// the whole axis, in Pillow's 22-bit fixed point.
     pub(crate) fn new(filter: Bicubic, in_size: usize, out_size: usize) -> Kernel {
-        let (taps_of, fixed): (fn(f64) -> f64, fn(&[f64]) -> Vec<i32>) = match filter {
-            Bicubic::Pillow => (bicubic, |w| {
-                w.iter().map(|&w| to_fixed(w, PRECISION_BITS)).collect()
-            }),
-            Bicubic::Torch => (bicubic_torch, torch_fixed),
+        let taps_of = match filter {
+            Bicubic::Pillow => bicubic,
+            Bicubic::Torch => bicubic_torch,
         };
         let scale = in_size as f64 / out_size as f64;
         let filterscale = scale.max(1.0);
@@ -177,7 +175,13 @@ impl Kernel {
             kernel.starts.push(start);
             kernel.lens.push(len);
         }
-        kernel.weights = fixed(&normalised);
+        kernel.weights = match filter {
+            Bicubic::Pillow => normalised
+                .iter()
+                .map(|&w| to_fixed(w, PRECISION_BITS))
+                .collect(),
+            Bicubic::Torch => torch_fixed(&normalised),
+        };
         kernel
     }
 

@@ -69,7 +69,15 @@ pub(crate) fn layout(
         h / geo.patch_size,
         w / geo.patch_size,
     ];
-    let cells = grid[0] * grid[1] * grid[2];
+    let cells = grid[0]
+        .checked_mul(grid[1])
+        .and_then(|c| c.checked_mul(grid[2]))
+        .filter(|c| c.checked_mul(geo.row_len()).is_some())
+        .ok_or_else(|| {
+            VisionError::Video(format!(
+                "{frames} frames resized to {w}x{h} make a tensor too large to address"
+            ))
+        })?;
     Ok(VideoLayout {
         grid_thw: grid,
         tokens: cells / (geo.merge_size * geo.merge_size),
@@ -114,11 +122,6 @@ pub(crate) fn resized_size(
                 let per_frame =
                     total as f64 / frames as f64 * cfg.geometry.temporal_patch_size as f64;
                 max = max.min(per_frame).max((min as f64 * 1.05).floor());
-            }
-            if (min as f64) > max {
-                return Err(VisionError::Video(format!(
-                    "min_pixels {min} exceeds the per-frame pixel budget {max}"
-                )));
             }
             smart_resize_f64(height, width, factor, min as f64, max)
         }

@@ -37,7 +37,7 @@ use crate::scratch::with_scratch;
 pub use config::{video_config_from_json, video_config_from_model_dir, VideoConfig, VideoFamily};
 pub use layout::{VideoLayout, QWEN25_DEFAULT_FPS};
 pub use options::VideoOptions;
-pub use sampling::Sampling;
+pub use sampling::{Sampling, MAX_SAMPLED_FRAMES};
 
 /// Encoder inputs for one video.
 #[derive(Debug)]

@@ -74,12 +74,12 @@ mod tests {
                 for mh in 0..2 {
                     for mw in 0..2 {
                         for c in 0..3 {
-                            for t in 0..2 {
+                            for frame in &frames {
                                 for py in 0..2 {
                                     for px in 0..2 {
                                         let y = (bh * 2 + mh) * 2 + py;
                                         let x = (bw * 2 + mw) * 2 + px;
-                                        expected.push(f32::from(frames[t][(y * w + x) * 3 + c]));
+                                        expected.push(f32::from(frame[(y * w + x) * 3 + c]));
                                     }
                                 }
                             }

@@ -16,6 +16,10 @@ use crate::error::VisionError;
 use crate::video::config::{VideoConfig, VideoFamily};
 use crate::video::options::VideoOptions;
 
+/// Most frames one request may keep (the index list is built in memory;
+/// transformers' `max_frames` default is 768).
+pub const MAX_SAMPLED_FRAMES: u64 = 1 << 20;
+
 /// How the frames of a clip are chosen for one request.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Sampling {
@@ -79,7 +83,7 @@ pub(crate) fn sample_indices(
         max: opts.max_frames.unwrap_or(cfg.max_frames),
     };
     match (how, cfg.family) {
-        (Sampling::EveryFrame, _) => Ok((0..total).collect()),
+        (Sampling::EveryFrame, _) => Ok((0..within_limit(total)?).collect()),
         (_, VideoFamily::Qwen3Vl) => qwen3(how, total, video_fps, bounds),
         (_, _) => qwen2(
             how,
@@ -130,7 +134,7 @@ fn qwen2(
         )));
     }
     let step = total_f / n;
-    let len = (total_f / step).ceil() as u64;
+    let len = within_limit((total_f / step).ceil() as u64)?;
     Ok((0..len).map(|i| (i as f64 * step) as f32 as u64).collect())
 }
 
@@ -152,7 +156,17 @@ fn qwen3(
             "sampling leaves no frames of a video of {total}"
         )));
     }
-    Ok(linspace_rounded(total - 1, n))
+    Ok(linspace_rounded(total - 1, within_limit(n)?))
+}
+
+/// `n`, or an error past [`MAX_SAMPLED_FRAMES`].
+fn within_limit(n: u64) -> Result<u64, VisionError> {
+    if n > MAX_SAMPLED_FRAMES {
+        return Err(VisionError::Video(format!(
+            "the request would keep {n} frames, more than the limit of {MAX_SAMPLED_FRAMES}"
+        )));
+    }
+    Ok(n)
 }
 
 /// `np.linspace(0, last, n).round()`: `i · step` with the last value
@@ -260,6 +274,11 @@ mod tests {
             ));
         }
         assert!(sample_indices(&cfg, 0, 1.0, &VideoOptions::default()).is_err());
+        let huge = opts(None, Some(u32::MAX));
+        let err = sample_indices(&cfg, 10, 1.0, &huge).unwrap_err();
+        assert!(err.to_string().contains("more than the limit"), "{err}");
+        let every = VideoConfig::qwen2_vl();
+        assert!(sample_indices(&every, u64::MAX, 30.0, &VideoOptions::default()).is_err());
         assert!(sample_indices(&cfg, 10, 0.0, &VideoOptions::default()).is_err());
         let sampling_qwen2 = VideoConfig {
             do_sample_frames: true,
