@@ -25,6 +25,7 @@ from conftest import REPO, STARTUP_TIMEOUT, binary, free_port, readiness, wait_u
 
 README = REPO / "README.md"
 BIG_PHOTO = REPO.parent / "shared" / "images" / "motorcycle_1080p.jpg"
+CLIP = REPO / "crates" / "video" / "tests" / "data" / "h264.mp4"
 BANNER = re.compile(r"Iris demo: gateway on (http://\S+) .*model \"([^\"]+)\"")
 README_URL = "http://127.0.0.1:8000"
 README_MODEL = "tiny-qwen2-vl"
@@ -124,7 +125,7 @@ class Demo:
     def adapt(self, example: str) -> str:
         """``example`` pointed at this demo and the big photo."""
         return (example.replace(README_URL, self.base_url).replace(README_MODEL, self.model)
-                .replace("photo.jpg", str(BIG_PHOTO)))
+                .replace("photo.jpg", str(BIG_PHOTO)).replace("clip.mp4", str(CLIP)))
 
 
 def run_shell(script: str) -> str:
@@ -153,8 +154,9 @@ def test_the_readme_and_demo_examples_work_with_a_big_photo(processes, tmp_path)
     readme = README.read_text()
     shell = [b for b in code_blocks(readme) if "curl " in b]
     python = [b for b in code_blocks(readme) if "from openai import OpenAI" in b]
-    assert len(shell) == 2 and len(python) == 2, (len(shell), len(python))
+    assert len(shell) == 2 and len(python) == 3, (len(shell), len(python))
     assert any("photo.jpg" in b for b in shell) and any("photo.jpg" in b for b in python)
+    assert any("clip.mp4" in b for b in python)
     for block in shell:
         check_answer(run_shell(demo.adapt(block)), block)
     for block in python:
