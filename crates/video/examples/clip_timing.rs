@@ -14,7 +14,9 @@ use iris_vision::{OutputDtype, VideoOptions, VideoProcessor};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let path = args.first().ok_or("usage: clip_timing FILE [RUNS] [bf16]")?;
+    let path = args
+        .first()
+        .ok_or("usage: clip_timing FILE [RUNS] [bf16]")?;
     let runs: usize = args.get(1).map_or(Ok(5), |s| s.parse())?;
     let dtype = match args.iter().any(|a| a == "bf16") {
         true => OutputDtype::Bf16,
@@ -54,10 +56,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
-    let totals: Vec<Duration> = decode.iter().zip(&preprocess).map(|(a, b)| *a + *b).collect();
-    for (name, times) in [("decode", decode), ("preprocess", preprocess), ("total", totals)] {
+    let totals: Vec<Duration> = decode
+        .iter()
+        .zip(&preprocess)
+        .map(|(a, b)| *a + *b)
+        .collect();
+    for (name, times) in [
+        ("decode", decode),
+        ("preprocess", preprocess),
+        ("total", totals),
+    ] {
         let (min, median) = min_median(times);
-        println!("{name:>10}: min {:7.1} ms, median {:7.1} ms", ms(min), ms(median));
+        println!(
+            "{name:>10}: min {:7.1} ms, median {:7.1} ms",
+            ms(min),
+            ms(median)
+        );
     }
     Ok(())
 }

@@ -213,14 +213,8 @@ impl Multimodal {
         url: &str,
         metrics: &Metrics,
     ) -> Result<FetchedImage, ApiError> {
-        let started = Instant::now();
-        let fetched = self
-            .fetcher
-            .fetch(url)
-            .await
-            .map_err(|e| media_error(place, &e))?;
-        metrics.stage(Stage::Fetch, started.elapsed());
-        hash_and_probe_off_runtime(place.to_owned(), fetched.bytes).await
+        let bytes = fetch_bytes(&self.fetcher, place, url, metrics).await?;
+        hash_and_probe_off_runtime(place.to_owned(), bytes).await
     }
 
     /// Memory one image needs, from its header: 400 for an unreadable
@@ -465,6 +459,23 @@ async fn hash_and_probe_off_runtime(place: String, bytes: Bytes) -> Result<Fetch
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| ApiError::internal(format!("hashing task failed: {e}")))
+}
+
+/// The bytes `url` refers to, the fetch counted in the `fetch` stage;
+/// errors name the part at `place`.
+async fn fetch_bytes(
+    fetcher: &MediaFetcher,
+    place: &str,
+    url: &str,
+    metrics: &Metrics,
+) -> Result<Bytes, ApiError> {
+    let started = Instant::now();
+    let fetched = fetcher
+        .fetch(url)
+        .await
+        .map_err(|e| media_error(place, &e))?;
+    metrics.stage(Stage::Fetch, started.elapsed());
+    Ok(fetched.bytes)
 }
 
 /// A fetch failure as the client sees it: 400 for a bad or refused

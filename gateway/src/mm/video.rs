@@ -24,7 +24,7 @@ use iris_vision::{OutputDtype, Sampling, VideoLayout, VideoOptions, VideoProcess
 
 use super::budget::Reservation;
 use super::pixels::{content_hash, image_hash, ItemLayout, PixelEntry};
-use super::{cpu_pool, media_error, relabel, Multimodal};
+use super::{cpu_pool, fetch_bytes, relabel, Multimodal};
 use crate::config::{MediaSettings, VideoSettings};
 use crate::metrics::{Metrics, Stage};
 
@@ -120,15 +120,9 @@ impl VideoPipeline {
         options: VideoOptions,
         metrics: &Metrics,
     ) -> Result<PlannedVideo, ApiError> {
-        let started = Instant::now();
-        let fetched = self
-            .fetcher
-            .fetch(url)
-            .await
-            .map_err(|e| media_error(place, &e))?;
-        metrics.stage(Stage::Fetch, started.elapsed());
+        let bytes = fetch_bytes(&self.fetcher, place, url, metrics).await?;
         let (processor, limits) = (self.processor.clone(), self.limits);
-        let (place, bytes) = (place.to_owned(), fetched.bytes);
+        let place = place.to_owned();
         tokio::task::spawn_blocking(move || plan(&processor, &limits, place, bytes, options))
             .await
             .map_err(|e| ApiError::internal(format!("video probing task failed: {e}")))?
