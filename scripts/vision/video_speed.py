@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Times transformers 4.57.1's video processors (torch 2.9.1 CPU, torchvision 0.24.1)
 on 20 frames of 1280x720, the frames crates/vision/examples/video_timing.rs builds,
-with the same configs; min and median wall time over runs.
+with the same configs; min and median wall time over runs. Sizes are passed as
+fresh `size` dicts (`Qwen2VLVideoProcessor.__init__` otherwise writes
+min/max_pixels into its class-level default, changing later processors).
 
     /work/venv-ref/bin/python scripts/vision/video_speed.py [ITERS] [THREADS]
 """
@@ -38,8 +40,8 @@ def main():
     torch.set_num_threads(threads)
     video = frames()
     procs = [
-        ("qwen2_vl", "3136..12845056", Qwen2VLVideoProcessor(min_pixels=3136, max_pixels=12845056)),
-        ("qwen2_vl", "100352..602112", Qwen2VLVideoProcessor()),
+        ("qwen2_vl", "3136..12845056", Qwen2VLVideoProcessor(size={"shortest_edge": 3136, "longest_edge": 12845056})),
+        ("qwen2_vl", "100352..602112", Qwen2VLVideoProcessor(size={"shortest_edge": 100352, "longest_edge": 602112})),
         ("qwen3_vl", "4096..25165824", Qwen3VLVideoProcessor(size={"shortest_edge": 4096, "longest_edge": 25165824})),
     ]
     for name, bounds, proc in procs:

@@ -310,6 +310,38 @@ mod tests {
     }
 
     #[test]
+    fn torch_precision_is_the_widest_that_keeps_i16() {
+        // round(1.0 · 2^15) = 32768 no longer fits: 14 bits.
+        assert_eq!(torch_precision(1.0), 14);
+        assert_eq!(torch_precision(0.9), 15);
+        assert_eq!(torch_precision(0.3), 16);
+        assert_eq!(torch_precision(0.0), PRECISION_BITS);
+    }
+
+    #[test]
+    fn torch_weights_are_16_bit_values_in_22_bit_units() {
+        for (i, o) in [(1280, 1288), (1280, 644), (97, 364), (333, 217)] {
+            let k = Kernel::new(Bicubic::Torch, i, o);
+            let max = k.weights.iter().copied().max().unwrap_or(0);
+            let bits = torch_precision(f64::from(max) / f64::from(1u32 << PRECISION_BITS));
+            let unit = 1 << (PRECISION_BITS - bits);
+            assert!(bits < PRECISION_BITS, "{i}->{o}: {bits} bits");
+            for row in 0..o {
+                let (_, w) = k.taps(row);
+                assert!(w
+                    .iter()
+                    .all(|&x| x % unit == 0 && (x / unit).abs() < 1 << 15));
+                let sum: i64 = w.iter().map(|&x| i64::from(x)).sum();
+                assert!(
+                    (sum - (1 << PRECISION_BITS)).abs() <= 4 * unit as i64,
+                    "{i}->{o} row {row}: {sum}"
+                );
+            }
+            assert_ne!(k.weights, Kernel::bicubic(i, o).weights, "{i}->{o}");
+        }
+    }
+
+    #[test]
     fn clip_saturates() {
         assert_eq!(clip8(-5), 0);
         assert_eq!(clip8(300 << PRECISION_BITS), 255);
