@@ -213,7 +213,8 @@ mod tests {
             ..layout(Modality::Video, 6)
         };
         let ids = [1, VID, 2, VID, 3];
-        let (expanded, ranges) = expand_placeholders(&ids, TOKENS, &[video.clone()]).unwrap();
+        let (expanded, ranges) =
+            expand_placeholders(&ids, TOKENS, std::slice::from_ref(&video)).unwrap();
         assert_eq!(expanded, vec![1, VID, VID, VID, 2, VID, VID, VID, 3]);
         assert_eq!(ranges.len(), 1);
         assert_eq!(flat(&ranges), vec![(1, 3), (5, 3)]);
