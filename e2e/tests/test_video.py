@@ -177,3 +177,25 @@ def test_bad_videos_are_400s_naming_the_part_or_key(gateway):
         assert needle in body["message"], json.dumps(body)
     # The gateway is still serving.
     assert ask(gateway, [video(clip_url("h264.mp4"))]).choices[0].message.content
+
+
+def test_a_video_takes_the_shm_lane_like_an_image(model_dir, tmp_path):
+    """In EPD a video's tensor reaches the encoder over ``/dev/shm`` when
+    asked, and the answer is the one the inline lane gives (same pixels,
+    same embedding)."""
+    from test_transports import lane_counts
+
+    answers = {}
+    for lane in ("inline", "shm"):
+        (tmp_path / lane).mkdir()
+        procs = Processes(tmp_path / lane)
+        try:
+            dep = epd(procs, model_dir, gateway_args=(
+                "--multimodal-tensor-transport", lane, "--multimodal-shm-min-bytes", "0"))
+            answers[lane] = ask(dep.gateway, [video(clip_url("h264.mp4"))]).choices[0].message.content
+            tensors, nbytes = lane_counts(dep.gateway.metrics(), lane)
+            assert tensors == 1 and nbytes > 0, (lane, tensors, nbytes)
+            dep.gateway.close_clients()
+        finally:
+            procs.stop_all()
+    assert answers["shm"] == answers["inline"]
