@@ -55,13 +55,18 @@ def test_the_two_commands_are_make_demo_and_make_test():
     assert make_n("test") == ["bash .ci/run"]
 
 
-def fake_tools(bin_dir: Path, uid: int, present=("cmake", "cc", "make")) -> Path:
+def fake_tools(bin_dir: Path, uid: int, present=("cmake", "cc", "make", "pkg-config"),
+               missing_packages=()) -> Path:
     """A PATH directory with stand-ins for the build tools in ``present``,
-    an ``id`` that reports ``uid`` and an ``apt-get`` that records its
-    arguments in ``apt.log``."""
+    a ``dpkg`` that reports every Debian package installed except
+    ``missing_packages``, an ``id`` that reports ``uid`` and an ``apt-get``
+    that records its arguments in ``apt.log``."""
     bin_dir.mkdir()
     for tool in present:
         (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+    missing = " ".join(missing_packages)
+    (bin_dir / "dpkg").write_text(
+        f'#!/bin/sh\nfor p in {missing}; do [ "$2" = "$p" ] && exit 1; done\nexit 0\n')
     (bin_dir / "id").write_text(f"#!/bin/sh\necho {uid}\n")
     (bin_dir / "apt-get").write_text(f'#!/bin/sh\necho "$@" >> {bin_dir}/apt.log\n')
     for tool in bin_dir.iterdir():
@@ -83,7 +88,7 @@ def test_prereqs_names_a_missing_tool_and_the_command(tmp_path):
         assert "sudo apt-get install -y --no-install-recommends nasm" in result.stderr, result.stderr
         assert not (user / "apt.log").exists(), "a user is told, not installed for"
 
-    root = fake_tools(tmp_path / "root", uid=0, present=("cmake",))
+    root = fake_tools(tmp_path / "root", uid=0, present=("cmake", "pkg-config"))
     result = prereqs(root)
     assert result.returncode == 0, result
     calls = (root / "apt.log").read_text().splitlines()
@@ -92,9 +97,18 @@ def test_prereqs_names_a_missing_tool_and_the_command(tmp_path):
     assert prereqs(root, "--check").returncode == 1
     assert len((root / "apt.log").read_text().splitlines()) == len(calls)
 
-    complete = fake_tools(tmp_path / "complete", uid=1000, present=("cmake", "nasm", "cc", "make"))
+    complete = fake_tools(tmp_path / "complete", uid=1000,
+                          present=("cmake", "nasm", "cc", "make", "pkg-config"))
     result = prereqs(complete)
     assert (result.returncode, result.stderr) == (0, ""), result
+
+    # crates/video's FFmpeg development packages are checked with dpkg.
+    no_libav = fake_tools(tmp_path / "no-libav", uid=1000,
+                          present=("cmake", "nasm", "cc", "make", "pkg-config"),
+                          missing_packages=("libavcodec-dev",))
+    result = prereqs(no_libav)
+    assert result.returncode == 1, result
+    assert "sudo apt-get install -y --no-install-recommends libavcodec-dev" in result.stderr, result
 
 
 class Demo:
