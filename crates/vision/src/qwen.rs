@@ -28,6 +28,35 @@ pub enum QwenFamily {
     Qwen3Vl,
 }
 
+impl QwenFamily {
+    /// The generation's patch geometry (its image and video processors
+    /// share it).
+    pub fn geometry(self) -> PatchGeometry {
+        let patch_size = match self {
+            QwenFamily::Qwen2Vl => 14,
+            QwenFamily::Qwen3Vl => 16,
+        };
+        PatchGeometry {
+            patch_size,
+            merge_size: 2,
+            temporal_patch_size: 2,
+        }
+    }
+
+    /// The generation's normalisation (its image and video processors
+    /// share it).
+    pub fn norm(self) -> Normalization {
+        match self {
+            QwenFamily::Qwen2Vl => Normalization::CLIP,
+            QwenFamily::Qwen3Vl => Normalization {
+                rescale_factor: 1.0 / 255.0,
+                mean: [0.5; 3],
+                std: [0.5; 3],
+            },
+        }
+    }
+}
+
 /// A Qwen-VL image processor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QwenVlProcessor {
@@ -48,12 +77,8 @@ impl QwenVlProcessor {
     pub fn qwen2_vl() -> Self {
         QwenVlProcessor {
             family: QwenFamily::Qwen2Vl,
-            geometry: PatchGeometry {
-                patch_size: 14,
-                merge_size: 2,
-                temporal_patch_size: 2,
-            },
-            norm: Normalization::CLIP,
+            geometry: QwenFamily::Qwen2Vl.geometry(),
+            norm: QwenFamily::Qwen2Vl.norm(),
             min_pixels: QWEN_DEFAULT_MIN_PIXELS,
             max_pixels: QWEN_DEFAULT_MAX_PIXELS,
         }
@@ -63,16 +88,8 @@ impl QwenVlProcessor {
     pub fn qwen3_vl() -> Self {
         QwenVlProcessor {
             family: QwenFamily::Qwen3Vl,
-            geometry: PatchGeometry {
-                patch_size: 16,
-                merge_size: 2,
-                temporal_patch_size: 2,
-            },
-            norm: Normalization {
-                rescale_factor: 1.0 / 255.0,
-                mean: [0.5; 3],
-                std: [0.5; 3],
-            },
+            geometry: QwenFamily::Qwen3Vl.geometry(),
+            norm: QwenFamily::Qwen3Vl.norm(),
             min_pixels: 65_536,
             max_pixels: 16_777_216,
         }

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::error::VisionError;
 use crate::layout::PatchGeometry;
-use crate::normalize::{Normalization, CLIP_MEAN, CLIP_STD};
+use crate::normalize::Normalization;
 use crate::qwen::QwenFamily;
 
 /// The model generation, as far as video preprocessing and prompting differ.
@@ -76,16 +76,8 @@ impl VideoConfig {
     pub fn qwen2_vl() -> Self {
         VideoConfig {
             family: VideoFamily::Qwen2Vl,
-            geometry: PatchGeometry {
-                patch_size: 14,
-                merge_size: 2,
-                temporal_patch_size: 2,
-            },
-            norm: Normalization {
-                rescale_factor: 1.0 / 255.0,
-                mean: CLIP_MEAN,
-                std: CLIP_STD,
-            },
+            geometry: QwenFamily::Qwen2Vl.geometry(),
+            norm: QwenFamily::Qwen2Vl.norm(),
             min_pixels: 128 * 28 * 28,
             max_pixels: 28 * 28 * 768,
             do_sample_frames: false,
@@ -100,16 +92,8 @@ impl VideoConfig {
     pub fn qwen3_vl() -> Self {
         VideoConfig {
             family: VideoFamily::Qwen3Vl,
-            geometry: PatchGeometry {
-                patch_size: 16,
-                merge_size: 2,
-                temporal_patch_size: 2,
-            },
-            norm: Normalization {
-                rescale_factor: 1.0 / 255.0,
-                mean: [0.5; 3],
-                std: [0.5; 3],
-            },
+            geometry: QwenFamily::Qwen3Vl.geometry(),
+            norm: QwenFamily::Qwen3Vl.norm(),
             min_pixels: 128 * 32 * 32,
             max_pixels: 32 * 32 * 768,
             do_sample_frames: true,
