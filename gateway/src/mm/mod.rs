@@ -355,7 +355,6 @@ impl Multimodal {
         hash: [u8; 32],
         metrics: &Metrics,
     ) -> Result<PixelEntry, ApiError> {
-        let started = Instant::now();
         let processor = self.processor.clone();
         let in_flight = InFlight::enter(&self.in_flight);
         let options = PreprocessOptions {
@@ -363,21 +362,13 @@ impl Multimodal {
             ..self.options
         };
         let content = content_hash(&hash, self.fingerprint);
-        let pool_place = place.clone();
-        let entry = cpu_pool::run(move || {
-            let _in_flight = in_flight;
+        let work = move |place: &str| {
             let output = processor
                 .preprocess_bytes(&bytes, &options)
-                .map_err(|e| vision_error(&pool_place, &e))?;
-            PixelEntry::from_output(output, content)
-                .map_err(|e| ApiError::bad_field(pool_place.as_str(), format!("{pool_place}: {e}")))
-        })
-        .await
-        .map_err(|e| {
-            ApiError::internal(format!("{place}: preprocessing {e}")).with_param(place.as_str())
-        })??;
-        metrics.stage(Stage::Preprocess, started.elapsed());
-        Ok(entry)
+                .map_err(|e| vision_error(place, &e))?;
+            Ok(PixelEntry::from_output(output, content))
+        };
+        on_cpu_pool(place, in_flight, metrics, work).await
     }
 
     /// The pixel cache's counters.
@@ -389,6 +380,34 @@ impl Multimodal {
     pub fn budget(&self) -> &MemoryBudget {
         &self.budget
     }
+}
+
+/// Runs `work` (decode and preprocess one item, named by `place`) on the
+/// CPU pool while the item counts as in flight, and times it as the
+/// `preprocess` stage; a panic or a layout the wire cannot carry is an
+/// error naming the item.
+async fn on_cpu_pool<F>(
+    place: String,
+    in_flight: InFlight,
+    metrics: &Metrics,
+    work: F,
+) -> Result<PixelEntry, ApiError>
+where
+    F: FnOnce(&str) -> Result<Result<PixelEntry, String>, ApiError> + Send + 'static,
+{
+    let started = Instant::now();
+    let pool_place = place.clone();
+    let entry = cpu_pool::run(move || {
+        let _in_flight = in_flight;
+        work(&pool_place)?
+            .map_err(|e| ApiError::bad_field(pool_place.as_str(), format!("{pool_place}: {e}")))
+    })
+    .await
+    .map_err(|e| {
+        ApiError::internal(format!("{place}: preprocessing {e}")).with_param(place.as_str())
+    })??;
+    metrics.stage(Stage::Preprocess, started.elapsed());
+    Ok(entry)
 }
 
 /// Whether an image is split across the CPU pool's threads, given the

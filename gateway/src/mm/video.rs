@@ -12,7 +12,6 @@
 //! options' fingerprint.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::Context;
 use bytes::Bytes;
@@ -24,9 +23,9 @@ use iris_vision::{OutputDtype, Sampling, VideoLayout, VideoOptions, VideoProcess
 
 use super::budget::Reservation;
 use super::pixels::{content_hash, image_hash, ItemLayout, PixelEntry};
-use super::{cpu_pool, fetch_bytes, relabel, Multimodal};
+use super::{fetch_bytes, on_cpu_pool, relabel, InFlight, Multimodal};
 use crate::config::{MediaSettings, VideoSettings};
-use crate::metrics::{Metrics, Stage};
+use crate::metrics::Metrics;
 
 /// The gateway's video pipeline for one model.
 pub struct VideoPipeline {
@@ -315,7 +314,8 @@ impl Multimodal {
                         self.reserve_for(&video.place, &name, need).await?
                     }
                 };
-                let entry = decode_and_preprocess(pipeline, *video, fingerprint, metrics).await?;
+                let entry =
+                    decode_and_preprocess(self, pipeline, *video, fingerprint, metrics).await?;
                 *slot = Some(share.shrink_to(entry.weight() as u64));
                 Ok(entry)
             })
@@ -325,44 +325,42 @@ impl Multimodal {
     }
 }
 
-/// Decodes the sampled frames and preprocesses them on the CPU pool.
+/// Decodes the sampled frames and preprocesses them on the CPU pool (the
+/// video counts as one item in flight there, like an image).
 async fn decode_and_preprocess(
+    mm: &Multimodal,
     pipeline: &VideoPipeline,
     video: PlannedVideo,
     fingerprint: u64,
     metrics: &Metrics,
 ) -> Result<PixelEntry, ApiError> {
-    let started = Instant::now();
     let processor = pipeline.processor.clone();
     let decode = DecodeOptions {
         limits: pipeline.limits,
         ..DecodeOptions::default()
     };
     let place = video.place.clone();
-    let entry = cpu_pool::run(move || {
+    let work = move |place: &str| {
         let v = video;
         let frames = iris_video::decode_frames(&v.bytes, &v.indices, &decode)
-            .map_err(|e| video_error(&v.place, &e))?;
+            .map_err(|e| video_error(place, &e))?;
+        let (width, height) = (frames.width, frames.height);
         let output = processor
             .preprocess(
                 &frames.data,
                 &v.indices,
-                frames.width,
-                frames.height,
+                width,
+                height,
                 v.info.fps,
                 &v.options,
             )
-            .map_err(|e| vision_error(&v.place, &e))?;
-        let content = content_hash(&v.hash, fingerprint);
-        PixelEntry::from_video(output, content)
-            .map_err(|e| ApiError::bad_field(v.place.as_str(), format!("{}: {e}", v.place)))
-    })
-    .await
-    .map_err(|e| {
-        ApiError::internal(format!("{place}: preprocessing {e}")).with_param(place.as_str())
-    })??;
-    metrics.stage(Stage::Preprocess, started.elapsed());
-    Ok(entry)
+            .map_err(|e| vision_error(place, &e))?;
+        Ok(PixelEntry::from_video(
+            output,
+            content_hash(&v.hash, fingerprint),
+        ))
+    };
+    on_cpu_pool(place, InFlight::enter(&mm.in_flight), metrics, work).await
 }
 
 /// The span a Qwen chat template renders once per video.
