@@ -344,13 +344,12 @@ async fn decode_and_preprocess(
         let v = video;
         let frames = iris_video::decode_frames(&v.bytes, &v.indices, &decode)
             .map_err(|e| video_error(place, &e))?;
-        let (width, height) = (frames.width, frames.height);
         let output = processor
             .preprocess(
                 &frames.data,
                 &v.indices,
-                width,
-                height,
+                frames.width,
+                frames.height,
                 v.info.fps,
                 &v.options,
             )
