@@ -83,6 +83,71 @@ def nixl_env() -> tuple[list, dict]:
     return ["--nixl-lib", lib], env
 
 
+# What a parent `make` (`make test` runs the suite under one), `cargo` or a
+# shell can export that changes what `make`, `cargo` or the README's commands
+# do or print: MAKELEVEL > 0 makes a nested `make` print "make[1]: Entering
+# directory", MAKEFLAGS carries flags (`-w`) and command-line variables
+# (`make test CARGO=…`) into it, CARGO and ARGS are the Makefile's own `?=`
+# variables, the others change colours or compiler flags.
+INHERITED_MAKE = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "GNUMAKEFLAGS",
+                  "MAKEFILES", "MAKE_TERMOUT", "MAKE_TERMERR")
+INHERITED_OTHER = ("CARGO", "ARGS", "RUSTFLAGS", "RUSTDOCFLAGS", "NO_COLOR", "CLICOLOR",
+                   "CLICOLOR_FORCE", "FORCE_COLOR")
+# CARGO_* except where things live: the suite's binaries are found through
+# CARGO_TARGET_DIR (bin_dir), and CARGO_HOME is the toolchain's home.
+KEPT_CARGO = ("CARGO_HOME", "CARGO_TARGET_DIR")
+
+# One parent environment of each kind (the `make_environment` fixture):
+# `plain` as typed in a fresh shell, `inherited` as under
+# `make -w test CARGO=false ARGS=--bogus` started from cargo with NO_COLOR.
+# MAKELEVEL, MAKEFLAGS, CARGO and ARGS each alone change what `make -n demo`
+# prints (the others are what such a parent exports too).
+SIMULATED_ENVIRONMENTS = {
+    "plain": {},
+    "inherited": {
+        "MAKELEVEL": "1",
+        "MAKEFLAGS": "w -- ARGS=--bogus CARGO=false",
+        "MFLAGS": "-w",
+        "MAKEOVERRIDES": "${-*-command-variables-*-}",
+        "CARGO": "/nonexistent/cargo",
+        "CARGO_MAKEFLAGS": "-j --jobserver-fds=3,4 --jobserver-auth=3,4",
+        "CARGO_TERM_COLOR": "always",
+        "ARGS": "--port 1",
+        "RUSTFLAGS": "-D warnings",
+        "NO_COLOR": "1",
+    },
+}
+
+
+def inherited(name: str) -> bool:
+    """Whether ``clean_env`` drops the variable ``name``."""
+    return (name in INHERITED_MAKE or name in INHERITED_OTHER
+            or (name.startswith("CARGO_") and name not in KEPT_CARGO))
+
+
+def clean_env(**extra: str) -> dict:
+    """The environment for a test's own ``make``, ``scripts/prereqs``,
+    ``cargo`` or README command: this process's, without what a parent
+    ``make``, ``cargo`` or shell exported (``inherited``), plus ``extra``.
+    Run such commands with ``stdin=subprocess.DEVNULL`` too."""
+    env = {k: v for k, v in os.environ.items() if not inherited(k)}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(params=list(SIMULATED_ENVIRONMENTS))
+def make_environment(request, monkeypatch) -> str:
+    """Runs a test once from a plain shell's environment and once from the
+    one a parent ``make`` (``make test``) and ``cargo`` export; the test's
+    commands must behave the same in both (``clean_env``)."""
+    for name in list(os.environ):
+        if inherited(name):
+            monkeypatch.delenv(name)
+    for name, value in SIMULATED_ENVIRONMENTS[request.param].items():
+        monkeypatch.setenv(name, value)
+    return request.param
+
+
 def free_port() -> int:
     """A TCP port that was free on loopback a moment ago."""
     with socket.socket() as sock:

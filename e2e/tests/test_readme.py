@@ -6,12 +6,16 @@
 - every ``curl`` and Python example of the README, and the image example
   ``iris demo`` prints, run against a running ``iris demo`` with a 385 KB
   photo (a body far over the kernel's limit on one command-line argument).
+
+Each runs twice (the ``make_environment`` fixture): from a plain shell's
+environment and from the one ``make test`` (a parent ``make``) and ``cargo``
+export — MAKELEVEL, MAKEFLAGS, CARGO, NO_COLOR… The commands run with
+``clean_env()`` and a null stdin, so what they print cannot depend on either.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import queue
 import re
 import subprocess
@@ -21,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, STARTUP_TIMEOUT, binary, free_port, readiness, wait_until
+from conftest import REPO, STARTUP_TIMEOUT, binary, clean_env, free_port, readiness, wait_until
 
 README = REPO / "README.md"
 BIG_PHOTO = REPO.parent / "shared" / "images" / "motorcycle_1080p.jpg"
@@ -42,13 +46,13 @@ def section(text: str, heading: str) -> str:
 
 
 def make_n(target: str) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("CARGO", "ARGS", "MAKEFLAGS")}
-    out = subprocess.run(["make", "-n", target], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=30, check=True).stdout
+    out = subprocess.run(["make", "-n", target], cwd=REPO, env=clean_env(),
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
+                         check=True).stdout
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-def test_the_two_commands_are_make_demo_and_make_test():
+def test_the_two_commands_are_make_demo_and_make_test(make_environment):
     blocks = code_blocks(section(README.read_text(), "Two commands"))
     assert [b.strip() for b in blocks] == ["make demo", "make test"]
     assert make_n("demo") == ["scripts/prereqs", "cargo run --release --bin iris -- demo"]
@@ -75,11 +79,13 @@ def fake_tools(bin_dir: Path, uid: int, present=("cmake", "cc", "make", "pkg-con
 
 
 def prereqs(bin_dir: Path, *args) -> subprocess.CompletedProcess:
+    # Only the fake tools' PATH: nothing of the caller's environment.
     return subprocess.run(["/bin/bash", REPO / "scripts" / "prereqs", *args], cwd=REPO,
-                          env={"PATH": str(bin_dir)}, capture_output=True, text=True, timeout=30)
+                          env={"PATH": str(bin_dir)}, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=30)
 
 
-def test_prereqs_names_a_missing_tool_and_the_command(tmp_path):
+def test_prereqs_names_a_missing_tool_and_the_command(make_environment, tmp_path):
     user = fake_tools(tmp_path / "user", uid=1000)
     for args in ((), ("--check",)):
         result = prereqs(user, *args)
@@ -118,7 +124,7 @@ class Demo:
         port = free_port()
         self.process = processes.spawn("demo", [binary("iris"), "demo", "--port", port,
                                                 "--model-dir", tmp_path / "tiny-model",
-                                                "--decode-per-step-us", 0])
+                                                "--decode-per-step-us", 0], clean_env())
         match = self.process.wait_for_line(BANNER, STARTUP_TIMEOUT * 2)
         self.base_url, self.model = match.group(1), match.group(2)
         self.printed = self._lines_until("Press Ctrl-C to stop.")
@@ -143,8 +149,8 @@ class Demo:
 
 
 def run_shell(script: str) -> str:
-    result = subprocess.run(["/bin/bash", "-euo", "pipefail", "-c", script], capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(["/bin/bash", "-euo", "pipefail", "-c", script], env=clean_env(),
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, (script[:300], result.stderr[-2000:])
     return result.stdout
 
@@ -158,11 +164,13 @@ def check_answer(stdout: str, what: str):
     assert reply["choices"][0]["message"]["content"], (what, reply)
 
 
-def test_the_readme_and_demo_examples_work_with_a_big_photo(processes, tmp_path):
+def test_the_readme_and_demo_examples_work_with_a_big_photo(make_environment, processes,
+                                                            tmp_path):
     # The photo as one argument, as in the old `curl -d "…$IMG…"`, is over
     # the kernel's limit: only a body that does not pass through argv works.
     too_long = subprocess.run(["/bin/bash", "-c", f'/bin/true "$(base64 -w0 {BIG_PHOTO})"'],
-                              capture_output=True, text=True, timeout=30)
+                              env=clean_env(), stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=30)
     assert too_long.returncode != 0 and "Argument list too long" in too_long.stderr, too_long
     demo = Demo(processes, tmp_path)
     readme = README.read_text()
@@ -174,8 +182,9 @@ def test_the_readme_and_demo_examples_work_with_a_big_photo(processes, tmp_path)
     for block in shell:
         check_answer(run_shell(demo.adapt(block)), block)
     for block in python:
-        result = subprocess.run([sys.executable, "-c", demo.adapt(block)], capture_output=True,
-                                text=True, timeout=300)
+        result = subprocess.run([sys.executable, "-c", demo.adapt(block)], env=clean_env(),
+                                stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                timeout=300)
         assert result.returncode == 0 and result.stdout.strip(), (block, result.stderr[-2000:])
 
     # What the demo itself prints: a curl for text, then one with an image.
