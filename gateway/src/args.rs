@@ -10,7 +10,6 @@ use clap::Args;
 use iris_transport::Transport;
 
 use crate::output::{ReasoningParserFlag, ToolParserFlag};
-use crate::workers::affinity::EncodePolicyKind;
 use crate::workers::policy::PolicyKind;
 
 /// Environment variables of renamed `iris serve` flags: (old, new). The
@@ -93,7 +92,7 @@ pub struct ServeArgs {
         default_value = "consistent_hashing",
         env = "IRIS_ENCODE_POLICY"
     )]
-    pub encode_policy: EncodePolicyKind,
+    pub encode_policy: PolicyKind,
     /// consistent_hashing: an encoder takes an image only while its
     /// patches in flight stay under this factor times the mean.
     #[arg(long, default_value_t = 1.25, env = "IRIS_ENCODE_LOAD_FACTOR")]

@@ -20,8 +20,8 @@ use crate::args::{ConnArgs, DiscoveryArgs, InputDtype, MediaArgs, ServeArgs, Tra
 use crate::discovery::pod::{PodRules, Selector};
 use crate::discovery::Discovery;
 use crate::output::{ReasoningParserFlag, ToolParserFlag};
+use crate::router::RouterSettings;
 use crate::transport::TransportConfig;
-use crate::workers::affinity::EncodePolicyKind;
 use crate::workers::health::HealthSettings;
 use crate::workers::policy::PolicyKind;
 use crate::workers::worker::Connect;
@@ -67,7 +67,7 @@ pub struct Config {
     /// How workers are reached (connect timeout, auth token).
     pub connect: Connect,
     pub health: HealthSettings,
-    pub router: RouterConfig,
+    pub router: RouterSettings,
     /// Whole-request deadline.
     pub request_timeout: Duration,
     /// Largest request body in bytes.
@@ -140,20 +140,8 @@ pub enum Topology {
 #[derive(Debug, Clone)]
 pub struct EncodeConfig {
     pub workers: Vec<WorkerUrl>,
-    pub policy: EncodePolicyKind,
+    pub policy: PolicyKind,
     pub load_factor: f64,
-    /// Patches in flight per encoder the policy keeps under (0: no bound).
-    pub max_in_flight_patches: u64,
-}
-
-/// Retries, circuit breaking and encode calls.
-#[derive(Debug, Clone, Copy)]
-pub struct RouterConfig {
-    pub max_retries: u32,
-    pub circuit_breaker_failures: u32,
-    pub encode_timeout: Duration,
-    pub encode_max_in_flight: usize,
-    pub encode_max_in_flight_patches: u64,
 }
 
 /// The image pipeline's settings.
@@ -203,7 +191,7 @@ impl Config {
                     .map_err(|e| ConfigError::new(format!("--worker-auth-token-file: {e:#}")))?,
             },
             health: health(&args)?,
-            router: RouterConfig {
+            router: RouterSettings {
                 max_retries: args.max_retries,
                 circuit_breaker_failures: args.circuit_breaker_failures,
                 encode_timeout: Duration::from_millis(args.encode_timeout_ms.max(1)),
@@ -302,6 +290,7 @@ fn health(args: &ServeArgs) -> Result<HealthSettings, ConfigError> {
 /// The worker topology the flags ask for; a role whose pods are
 /// discovered may have no configured worker.
 fn topology(args: &ServeArgs, discovery: Option<&Discovery>) -> Result<Topology, ConfigError> {
+    request_policies(args)?;
     let discovered = |role: Role| discovery.is_some_and(|d| d.watches(role));
     let needed = |urls: Vec<WorkerUrl>, role: Role, missing: &str| {
         ensure(!urls.is_empty() || discovered(role), || missing.to_owned())?;
@@ -363,6 +352,25 @@ fn topology(args: &ServeArgs, discovery: Option<&Discovery>) -> Result<Topology,
     })
 }
 
+/// The policies that place requests are not the encoders' own
+/// (`consistent_hashing` keys on one image's content).
+fn request_policies(args: &ServeArgs) -> Result<(), ConfigError> {
+    let flags = [
+        ("--policy", Some(args.policy)),
+        ("--prefill-policy", args.prefill_policy),
+        ("--decode-policy", args.decode_policy),
+    ];
+    for (flag, kind) in flags {
+        if let Some(kind) = kind.filter(|k| k.encode_only()) {
+            return Err(ConfigError(format!(
+                "{flag} {}: it places an image by its content hash, for --encode-policy only",
+                kind.as_str()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The encode role of `--epd-disaggregation`.
 fn encode(
     args: &ServeArgs,
@@ -380,7 +388,6 @@ fn encode(
         )?,
         policy: args.encode_policy,
         load_factor: factor,
-        max_in_flight_patches: args.encode_max_in_flight_patches,
     })
 }
 

@@ -2,16 +2,20 @@
 //! TokenSpeed-protocol workers (aggregated, prefill + decode, or encode +
 //! prefill + decode).
 //!
-//! A request's stages, in order, with the module of each, are [`STAGES`]
-//! (`pipeline.rs`): `chat` parses and validates the body, `mm` fetches
-//! and preprocesses its images (pixel cache), `prompt` renders the chat
-//! template and tokenizes, `router` picks workers from the `workers`
-//! pools (configured, or fed by Kubernetes `discovery`) and runs the one
-//! attempt loop, and `chat` streams the detokenized answer back as SSE or
-//! one JSON body; `completions` serves the text completions API through
-//! the same router, and `tokenize` the tokenizer endpoints. `transport` picks how each image's pixels reach its
-//! encode worker (inline, shm or RDMA); `server` wires it to axum behind
-//! the connection limits of `listen`; [`config`] is the command line
+//! A request's steps, in order, with the module of each, are [`STEPS`]
+//! (`pipeline.rs`). An endpoint module (`chat`, `completions`, `tokenize`)
+//! turns its wire request into what the router takes, on the plumbing
+//! every endpoint shares in `http` (body, deadlines, errors, the request
+//! log line, unary and SSE answers); `served` finds the request's model
+//! bundle (tokenizer and template, media pipeline, parsers, router); `mm`
+//! fetches and preprocesses images and videos (pixel cache); `prompt`
+//! renders the chat template and tokenizes; `router` picks workers from
+//! the `workers` pools with each pool's policy (configured, or fed by
+//! Kubernetes `discovery`) and runs the one attempt loop. `transport`
+//! picks how each item's pixels reach the worker that takes them — an
+//! encoder, or an aggregated or PD prefill worker inside its Generate
+//! request (inline, shm or RDMA); `server` wires it to axum behind the
+//! connection limits of `listen`; [`config`] is the command line
 //! ([`args`]) validated once at start-up.
 //!
 //! The `iris` command line (and `iris demo`, which runs every role in one
@@ -32,6 +36,7 @@ mod chat;
 mod completions;
 mod context;
 mod discovery;
+mod http;
 mod listen;
 mod metrics;
 mod mm;
@@ -39,6 +44,7 @@ pub mod output;
 mod pipeline;
 mod prompt;
 mod router;
+mod served;
 mod server;
 mod tokencache;
 mod tokenize;
@@ -50,10 +56,11 @@ pub use args::ServeArgs;
 pub use config::{Config, ConfigError};
 pub use discovery::Discovery;
 pub use mm::cpu_pool::init_global as init_cpu_pool;
-pub use pipeline::{Stage, STAGES};
+pub use pipeline::{Step, STEPS};
 pub use prompt::{PromptOptions, Prompter};
 pub use router::{Generation, Mode, RouteError, Router, RouterSettings};
+pub use served::{Models, Served};
 pub use server::{start, start_with, RunningGateway};
 pub use transport::RdmaLane;
-pub use workers::policy::PolicyKind;
-pub use workers::{Policy, Pool, Role, Worker, WorkerUrl};
+pub use workers::policy::{LoadBounds, Policy, PolicyKind, RouteKey};
+pub use workers::{Pool, Role, Worker, WorkerUrl};

@@ -1,9 +1,12 @@
-//! The stages of a chat request, in order, and the code of each: the one
+//! The steps of a chat request's path, in order, and the code of each
+//! (the `stage` histograms of `/metrics` time parts of them: `metrics.rs`): the one
 //! list (docs/architecture.md mirrors it; a test keeps every named
 //! function where this list says it is).
 //!
 //! 1. **Parse** — `gateway/src/chat/mod.rs` `handle` → `prepare`: read the
-//!    body (`read_body`), parse and validate it, check the text's size.
+//!    body (`gateway/src/http/body.rs` `read_body`), parse and validate
+//!    it, look its model up (`gateway/src/served.rs`), check the text's
+//!    size.
 //! 2. **Images** — `gateway/src/mm/mod.rs` `start_media`: fetch
 //!    (`fetch_one`, `crates/media`) and each image's layout from its
 //!    header (videos: `gateway/src/mm/video.rs` `plan_videos`, the
@@ -23,14 +26,15 @@
 //!    to decode (`hand_over`).
 //! 6. **Decode** — the engine's `decode` (`crates/engine/src/run.rs`); the
 //!    gateway reads it through `gateway/src/router/generation.rs` `next`.
-//! 7. **Stream** — `gateway/src/chat/stream.rs` `respond` (SSE) or
-//!    `gateway/src/chat/complete.rs` `respond` (one JSON body); each
+//! 7. **Stream** — `gateway/src/chat/stream.rs` `respond` (SSE, run by
+//!    `gateway/src/http/sse.rs` `respond`) or `gateway/src/chat/complete.rs`
+//!    `respond` (one JSON body, `gateway/src/http/unary.rs`); each
 //!    choice's text goes through `gateway/src/output.rs` `shaper`
 //!    (reasoning and tool calls parsed out).
 
-/// A stage of a chat request.
+/// A step of a chat request's path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
+pub enum Step {
     Parse,
     Images,
     Prompt,
@@ -40,18 +44,19 @@ pub enum Stage {
     Stream,
 }
 
-/// Every stage in order, with its main functions as (file from the
+/// Every step in order, with its main functions as (file from the
 /// workspace root, function name).
-pub const STAGES: [(Stage, &[(&str, &str)]); 7] = [
+pub const STEPS: [(Step, &[(&str, &str)]); 7] = [
     (
-        Stage::Parse,
+        Step::Parse,
         &[
             ("gateway/src/chat/mod.rs", "handle"),
             ("gateway/src/chat/mod.rs", "prepare"),
+            ("gateway/src/http/body.rs", "read_body"),
         ],
     ),
     (
-        Stage::Images,
+        Step::Images,
         &[
             ("gateway/src/mm/mod.rs", "start_media"),
             ("gateway/src/mm/pending.rs", "start"),
@@ -62,14 +67,14 @@ pub const STAGES: [(Stage, &[(&str, &str)]); 7] = [
         ],
     ),
     (
-        Stage::Prompt,
+        Step::Prompt,
         &[
             ("gateway/src/prompt.rs", "prompt_for"),
             ("gateway/src/mm/items.rs", "expand_placeholders"),
         ],
     ),
     (
-        Stage::Encode,
+        Step::Encode,
         &[
             ("gateway/src/router/dispatch.rs", "start"),
             ("gateway/src/router/strategy.rs", "plan"),
@@ -78,24 +83,26 @@ pub const STAGES: [(Stage, &[(&str, &str)]); 7] = [
         ],
     ),
     (
-        Stage::Prefill,
+        Step::Prefill,
         &[
             ("crates/engine/src/run.rs", "prefill"),
             ("crates/engine/src/run.rs", "hand_over"),
         ],
     ),
     (
-        Stage::Decode,
+        Step::Decode,
         &[
             ("crates/engine/src/run.rs", "decode"),
             ("gateway/src/router/generation.rs", "next"),
         ],
     ),
     (
-        Stage::Stream,
+        Step::Stream,
         &[
             ("gateway/src/chat/stream.rs", "respond"),
+            ("gateway/src/http/sse.rs", "respond"),
             ("gateway/src/chat/complete.rs", "respond"),
+            ("gateway/src/http/unary.rs", "respond"),
             ("gateway/src/output.rs", "shaper"),
         ],
     ),
@@ -108,14 +115,14 @@ mod tests {
     #[test]
     fn every_named_function_is_where_the_list_says() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        for (stage, code) in STAGES {
+        for (step, code) in STEPS {
             for (file, function) in code {
                 let text = std::fs::read_to_string(root.join(file))
-                    .unwrap_or_else(|e| panic!("{stage:?}: {file}: {e}"));
+                    .unwrap_or_else(|e| panic!("{step:?}: {file}: {e}"));
                 assert!(
                     text.contains(&format!("fn {function}("))
                         || text.contains(&format!("fn {function}<")),
-                    "{stage:?}: no fn {function} in {file}"
+                    "{step:?}: no fn {function} in {file}"
                 );
             }
         }

@@ -11,7 +11,7 @@ use anyhow::Context;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use iris_model::ModelDir;
 use iris_openai::{ApiError, ErrorKind};
 use tokio::net::TcpListener;
@@ -20,31 +20,24 @@ use tokio_util::sync::CancellationToken;
 use crate::args::ServeArgs;
 use crate::config::{Config, ListenConfig, Topology};
 use crate::discovery::Discovery;
+use crate::http::error_response;
 use crate::listen::{ConnLimits, ConnStats, Stop};
 use crate::metrics::Metrics;
 use crate::mm::Multimodal;
 use crate::output::OutputParsers;
 use crate::prompt::{PromptOptions, Prompter};
-use crate::router::{Mode, Router, RouterSettings};
+use crate::router::{Mode, Router};
+use crate::served::{Models, Served};
 use crate::transport::Lanes;
-use crate::workers::affinity::EncodePolicy;
 use crate::workers::health;
-use crate::workers::policy::{Policy, PolicyKind};
-use crate::workers::worker::Connect;
+use crate::workers::policy::{LoadBounds, PolicyKind};
 use crate::workers::{Pool, Role, Worker, WorkerUrl};
 
 /// Everything request handlers share.
 pub struct AppState {
-    pub router: Router,
-    pub prompter: Prompter,
-    /// How answers are parsed into content, reasoning and tool calls.
-    pub parsers: OutputParsers,
-    /// The image pipeline; `None` for a text-only model.
-    pub multimodal: Option<Arc<Multimodal>>,
-    pub metrics: Metrics,
-    pub model_name: String,
-    pub model_path: String,
-    pub created: u64,
+    /// Every served model's bundle, by the names requests use.
+    pub models: Models,
+    pub metrics: Arc<Metrics>,
     pub request_timeout: Duration,
     pub max_payload: usize,
     /// What the request parser is told (`--max-constraint-bytes`).
@@ -58,13 +51,6 @@ pub struct AppState {
     pub shutdown_grace: Duration,
     /// Cancelled when the grace period is over: requests still running end.
     pub hard_stop: CancellationToken,
-}
-
-impl AppState {
-    /// Whether `name` designates the served model.
-    pub fn serves(&self, name: &str) -> bool {
-        name == self.model_name || name == self.model_path
-    }
 }
 
 /// Longest wait, at exit, for Abort RPCs still being sent.
@@ -111,7 +97,9 @@ impl RunningGateway {
                 (&mut task).await
             }
         };
-        state.router.flush_aborts(ABORT_FLUSH).await;
+        for served in state.models.all() {
+            served.router.flush_aborts(ABORT_FLUSH).await;
+        }
         served
             .context("HTTP server task panicked")?
             .context("HTTP server failed")
@@ -150,7 +138,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     let multimodal = Multimodal::load(&dir, &config.media)?.map(Arc::new);
     let discovery = config.discovery.as_ref();
     let connect = config.connect.clone();
-    let mode = build_mode(&config.topology, &connect)?;
+    let mode = build_mode(&config)?;
     let shutdown = CancellationToken::new();
     if let Some(discovery) = discovery {
         discovery
@@ -172,31 +160,25 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     if metrics_listener.is_some() {
         connection_stats.push(("metrics", metrics_stats.clone()));
     }
-    let state = Arc::new(AppState {
-        router: Router::new(
-            mode,
-            RouterSettings {
-                max_retries: config.router.max_retries,
-                circuit_breaker_failures: config.router.circuit_breaker_failures,
-                encode_timeout: config.router.encode_timeout,
-                encode_max_in_flight: config.router.encode_max_in_flight,
-                encode_max_in_flight_patches: config.router.encode_max_in_flight_patches,
-            },
-        )
-        .with_lanes(lanes),
-        prompter,
-        parsers,
-        multimodal,
-        metrics: Metrics::default(),
-        model_name: model
+    let router = Router::new(mode, config.router).with_lanes(lanes);
+    let served = Served {
+        name: model
             .served_name
             .clone()
             .unwrap_or_else(|| dir.served_model_name()),
-        model_path: model.path.display().to_string(),
+        aliases: vec![model.path.display().to_string()],
+        prompter,
+        media: multimodal,
+        parsers,
+        router,
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or_default(),
+    };
+    let state = Arc::new(AppState {
+        models: Models::new(Arc::new(served), Vec::new()),
+        metrics: Arc::new(Metrics::default()),
         request_timeout: config.request_timeout,
         max_payload: config.max_payload_bytes,
         parse_options: iris_openai::ParseOptions {
@@ -299,51 +281,61 @@ fn fd_capped(max: usize, fd_limit: Option<u64>) -> usize {
     max.min(fits).max(1)
 }
 
-/// The API routes (method, path), in the order the 404 lists them.
-const API_ROUTES: [(&str, &str); 8] = [
-    ("POST", "/v1/chat/completions"),
-    ("POST", "/v1/completions"),
-    ("GET", "/v1/models"),
-    ("GET", "/v1/models/{id}"),
-    ("POST", "/v1/tokenize"),
-    ("POST", "/v1/detokenize"),
-    ("GET", "/health"),
-    ("GET", "/readiness"),
-];
+/// A route: method, path (`{id}` stands for the rest of the path) and
+/// handler.
+type Route = (&'static str, &'static str, MethodRouter<Arc<AppState>>);
 
-/// The probe and scrape routes (method, path).
-const METRICS_ROUTES: [(&str, &str); 3] = [
-    ("GET", "/metrics"),
-    ("GET", "/health"),
-    ("GET", "/readiness"),
-];
+/// The API routes, in the order the 404 lists them; the one place a new
+/// endpoint is registered.
+fn api_routes() -> Vec<Route> {
+    vec![
+        ("POST", "/v1/chat/completions", post(crate::chat::handle)),
+        ("POST", "/v1/completions", post(crate::completions::handle)),
+        ("GET", "/v1/models", get(models)),
+        ("GET", "/v1/models/{id}", get(model)),
+        ("POST", "/v1/tokenize", post(crate::tokenize::tokenize)),
+        ("POST", "/v1/detokenize", post(crate::tokenize::detokenize)),
+        ("GET", "/health", get(health)),
+        ("GET", "/readiness", get(readiness)),
+    ]
+}
+
+/// `/metrics`.
+fn metrics_route() -> Route {
+    ("GET", "/metrics", get(metrics))
+}
 
 /// The API routes, with `/metrics` unless it has a port of its own.
 fn routes(state: Arc<AppState>, with_metrics: bool) -> axum::Router {
-    let mut served = API_ROUTES.to_vec();
-    let mut router = axum::Router::new()
-        .route("/v1/chat/completions", post(crate::chat::handle))
-        .route("/v1/completions", post(crate::completions::handle))
-        .route("/v1/models", get(models))
-        .route("/v1/models/{*id}", get(model))
-        .route("/v1/tokenize", post(crate::tokenize::tokenize))
-        .route("/v1/detokenize", post(crate::tokenize::detokenize))
-        .route("/health", get(health))
-        .route("/readiness", get(readiness));
+    let mut table = api_routes();
     if with_metrics {
-        router = router.route("/metrics", get(metrics));
-        served.push(("GET", "/metrics"));
+        table.push(metrics_route());
     }
-    with_errors(router, &served).with_state(state)
+    router_of(table).with_state(state)
 }
 
 /// The `--metrics-port` routes: `/metrics` and the probes.
 fn metrics_routes(state: Arc<AppState>) -> axum::Router {
-    let router = axum::Router::new()
-        .route("/metrics", get(metrics))
-        .route("/health", get(health))
-        .route("/readiness", get(readiness));
-    with_errors(router, &METRICS_ROUTES).with_state(state)
+    let table = vec![
+        metrics_route(),
+        ("GET", "/health", get(health)),
+        ("GET", "/readiness", get(readiness)),
+    ];
+    router_of(table).with_state(state)
+}
+
+/// The router serving `table`, with its 404 and 405 answers.
+fn router_of(table: Vec<Route>) -> axum::Router<Arc<AppState>> {
+    let served: Vec<(&'static str, &'static str)> = table
+        .iter()
+        .map(|(method, path, _)| (*method, *path))
+        .collect();
+    let mut router = axum::Router::new();
+    for (_, path, handler) in table {
+        // `{id}` takes the rest of the path (a model id may hold slashes).
+        router = router.route(&path.replace("{id}", "{*id}"), handler);
+    }
+    with_errors(router, &served)
 }
 
 /// `router` answering a wrong method on one of its routes with 405 and
@@ -388,17 +380,23 @@ pub fn rdma_wanted(mode: &Mode, discovery: Option<&Discovery>) -> bool {
 
 /// The pools of `topology`, holding its configured workers (a role whose
 /// pods are discovered may start with none).
-fn build_mode(topology: &Topology, connect: &Connect) -> anyhow::Result<Mode> {
-    let pool = |role: Role, urls: &[WorkerUrl], policy: PolicyKind| -> anyhow::Result<Arc<Pool>> {
+fn build_mode(config: &Config) -> anyhow::Result<Mode> {
+    let connect = &config.connect;
+    let pool = |role: Role,
+                urls: &[WorkerUrl],
+                policy: PolicyKind,
+                bounds: LoadBounds|
+     -> anyhow::Result<Arc<Pool>> {
         let workers = urls
             .iter()
             .map(|u| Worker::new(u.clone(), role, connect.clone()).map_err(anyhow::Error::msg))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(Arc::new(Pool::new(role, workers, Policy::new(policy))))
+        Ok(Arc::new(Pool::new(role, workers, policy.build(bounds))))
     };
-    Ok(match topology {
+    let plain = LoadBounds::default();
+    Ok(match &config.topology {
         Topology::Aggregated { workers, policy } => {
-            Mode::Aggregated(pool(Role::Aggregated, workers, *policy)?)
+            Mode::Aggregated(pool(Role::Aggregated, workers, *policy, plain)?)
         }
         Topology::Disaggregated {
             prefill,
@@ -407,17 +405,20 @@ fn build_mode(topology: &Topology, connect: &Connect) -> anyhow::Result<Mode> {
             decode_policy,
             encode,
         } => {
-            let prefill = pool(Role::Prefill, prefill, *prefill_policy)?;
-            let decode = pool(Role::Decode, decode, *decode_policy)?;
+            let prefill = pool(Role::Prefill, prefill, *prefill_policy, plain)?;
+            let decode = pool(Role::Decode, decode, *decode_policy, plain)?;
             match encode {
                 None => Mode::PrefillDecode { prefill, decode },
                 Some(encode) => Mode::EncodePrefillDecode {
-                    encode: pool(Role::Encode, &encode.workers, PolicyKind::LeastLoad)?,
-                    encode_policy: EncodePolicy::new(
+                    encode: pool(
+                        Role::Encode,
+                        &encode.workers,
                         encode.policy,
-                        encode.load_factor,
-                        encode.max_in_flight_patches,
-                    ),
+                        LoadBounds {
+                            load_factor: encode.load_factor,
+                            max_load: config.router.encode_max_in_flight_patches,
+                        },
+                    )?,
                     prefill,
                     decode,
                 },
@@ -427,8 +428,8 @@ fn build_mode(topology: &Topology, connect: &Connect) -> anyhow::Result<Mode> {
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Response {
-    let model = iris_openai::Model::new(state.model_name.as_str(), state.created, "iris");
-    let body = iris_openai::ModelList::new(vec![model]).to_json();
+    let listed = state.models.all().iter().map(|s| s.listing()).collect();
+    let body = iris_openai::ModelList::new(listed).to_json();
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
@@ -440,9 +441,14 @@ async fn health() -> Response {
         .into_response()
 }
 
-/// Ready when every role the mode needs has a healthy worker.
+/// Ready when every role each model's mode needs has a healthy worker.
 async fn readiness(State(state): State<Arc<AppState>>) -> Response {
-    let pools = state.router.mode.pools();
+    let pools: Vec<Arc<Pool>> = state
+        .models
+        .all()
+        .iter()
+        .flat_map(|s| s.router.mode.pools())
+        .collect();
     let roles: Vec<serde_json::Value> = pools
         .iter()
         .map(|p| serde_json::json!({"role": p.role.as_str(), "healthy": p.healthy_count(), "total": p.snapshot().len()}))
@@ -457,19 +463,23 @@ async fn readiness(State(state): State<Arc<AppState>>) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
+/// `/metrics`. The per-model families are the first model's: a `model`
+/// label comes with serving several.
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let served = state.models.first();
+    let router = &served.router;
     let mut body = state.metrics.render(
-        &state.router.mode.pools(),
-        state.router.retries(),
-        &[("encode", &state.router.encode_time)],
+        &router.mode.pools(),
+        router.retries(),
+        &[("encode", &router.encode_time)],
     );
-    if let Some(mm) = &state.multimodal {
+    if let Some(mm) = &served.media {
         render_pixel_cache(&mut body, &mm.cache_stats());
         mm.budget().render(&mut body);
     }
-    state.router.lanes.render(&mut body);
+    router.lanes.render(&mut body);
     crate::listen::render_stats(&mut body, &state.connection_stats);
-    let (hits, misses) = state.prompter.cache_stats();
+    let (hits, misses) = served.prompter.cache_stats();
     iris_metrics::family(
         &mut body,
         "iris_tokenizer_cache_total",
@@ -525,14 +535,16 @@ async fn model(
 ) -> Response {
     // The wildcard drops the slash of an absolute path; either form names it.
     let absolute = format!("/{id}");
-    if !state.serves(&id) && !state.serves(&absolute) {
-        let error = ApiError::model_not_found(&id);
-        return crate::chat::error_response(&error);
-    }
-    let model = iris_openai::Model::new(state.model_name.as_str(), state.created, "iris");
+    let served = match state.models.get(&id) {
+        Ok(served) => served,
+        Err(error) => match state.models.get(&absolute) {
+            Ok(served) => served,
+            Err(_) => return error_response(&error),
+        },
+    };
     (
         [(header::CONTENT_TYPE, "application/json")],
-        model.to_json(),
+        served.listing().to_json(),
     )
         .into_response()
 }
@@ -550,7 +562,7 @@ async fn not_found(
 ) -> Response {
     let path = short_path(&uri);
     let message = format!("no route for {method} {path}; this gateway serves {listing}");
-    crate::chat::error_response(&ApiError::not_found(message).with_code("not_found"))
+    error_response(&ApiError::not_found(message).with_code("not_found"))
 }
 
 /// 405 naming the method, the path and the methods the path takes (also
@@ -570,7 +582,7 @@ async fn wrong_method(
     let message = format!("{method} is not allowed on {path}; it takes {allow}");
     let error =
         ApiError::new(405, ErrorKind::InvalidRequest, message).with_code("method_not_allowed");
-    let mut response = crate::chat::error_response(&error);
+    let mut response = error_response(&error);
     if let Ok(value) = header::HeaderValue::from_str(&allow) {
         response.headers_mut().insert(header::ALLOW, value);
     }
@@ -592,8 +604,7 @@ mod tests {
     /// `rdma_wanted` for an EPD gateway with the extra flags `flags`.
     fn wanted(flags: &[&str]) -> bool {
         let config = Config::from_flags(&[&["--epd-disaggregation"][..], flags].concat()).unwrap();
-        let connect = Connect::from(Duration::from_secs(1));
-        let mode = build_mode(&config.topology, &connect).unwrap();
+        let mode = build_mode(&config).unwrap();
         rdma_wanted(&mode, config.discovery.as_ref())
     }
 
@@ -647,8 +658,7 @@ mod tests {
     async fn rdma_is_wanted_by_aggregated_and_pd_prefill_workers() {
         let wanted_by = |flags: &[&str]| {
             let config = Config::from_flags(flags).unwrap();
-            let connect = Connect::from(Duration::from_secs(1));
-            let mode = build_mode(&config.topology, &connect).unwrap();
+            let mode = build_mode(&config).unwrap();
             rdma_wanted(&mode, config.discovery.as_ref())
         };
         assert!(!wanted_by(&["--worker-urls", "grpc://a:1"]));

@@ -10,9 +10,9 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use iris_openai::{ApiError, DetokenizeResponse, TokenizeInput, TokenizeResponse};
 
-use crate::chat::errors::error_response;
-use crate::chat::{read_body, INLINE_PROMPT_BYTES};
 use crate::completions::check_ids;
+use crate::http::{error_response, read_body, INLINE_PROMPT_BYTES};
+use crate::served::Served;
 use crate::server::AppState;
 
 pub async fn tokenize(State(state): State<Arc<AppState>>, request: Request) -> Response {
@@ -34,17 +34,20 @@ fn answer(result: Result<Vec<u8>, ApiError>) -> Response {
 async fn tokenize_body(state: Arc<AppState>, request: Request) -> Result<Vec<u8>, ApiError> {
     let bytes = read_body(&state, request.into_body()).await?;
     let request = iris_openai::parse_tokenize_request(&bytes)?;
-    check_model(&state, request.model.as_deref())?;
+    let served = state
+        .models
+        .named_or_first(request.model.as_deref())?
+        .clone();
     let input = request.input();
     let ids = if bytes.len() <= INLINE_PROMPT_BYTES {
-        tokenize_input(&state, &input)?
+        tokenize_input(&served, &input)?
     } else {
-        let state = state.clone();
-        tokio::task::spawn_blocking(move || tokenize_input(&state, &input))
+        let served = served.clone();
+        tokio::task::spawn_blocking(move || tokenize_input(&served, &input))
             .await
             .map_err(|e| ApiError::internal(format!("tokenization task failed: {e}")))??
     };
-    let tokenizer = state.prompter.tokenizer();
+    let tokenizer = served.prompter.tokenizer();
     let token_strs = request.return_token_strs.unwrap_or(false).then(|| {
         ids.iter()
             .map(|&id| tokenizer.id_to_token(id).unwrap_or_default())
@@ -52,7 +55,7 @@ async fn tokenize_body(state: Arc<AppState>, request: Request) -> Result<Vec<u8>
     });
     let response = TokenizeResponse {
         count: ids.len(),
-        max_model_len: state.prompter.limits().context_length,
+        max_model_len: served.prompter.limits().context_length,
         tokens: ids,
         token_strs,
     };
@@ -60,12 +63,12 @@ async fn tokenize_body(state: Arc<AppState>, request: Request) -> Result<Vec<u8>
 }
 
 /// The token ids of `input`.
-fn tokenize_input(state: &AppState, input: &TokenizeInput) -> Result<Vec<u32>, ApiError> {
+fn tokenize_input(served: &Served, input: &TokenizeInput) -> Result<Vec<u32>, ApiError> {
     match input {
         TokenizeInput::Prompt {
             text,
             add_special_tokens,
-        } => state
+        } => served
             .prompter
             .tokenizer()
             .encode(text.as_str(), *add_special_tokens)
@@ -74,7 +77,7 @@ fn tokenize_input(state: &AppState, input: &TokenizeInput) -> Result<Vec<u32>, A
         TokenizeInput::Messages {
             messages,
             add_generation_prompt,
-        } => state
+        } => served
             .prompter
             .conversation_ids(messages, *add_generation_prompt),
     }
@@ -83,8 +86,8 @@ fn tokenize_input(state: &AppState, input: &TokenizeInput) -> Result<Vec<u32>, A
 async fn detokenize_body(state: Arc<AppState>, request: Request) -> Result<Vec<u8>, ApiError> {
     let bytes = read_body(&state, request.into_body()).await?;
     let request = iris_openai::parse_detokenize_request(&bytes)?;
-    check_model(&state, request.model.as_deref())?;
-    let tokenizer = state.prompter.tokenizer().clone();
+    let served = state.models.named_or_first(request.model.as_deref())?;
+    let tokenizer = served.prompter.tokenizer().clone();
     check_ids(&tokenizer, &request.tokens, "tokens")?;
     let decode = move || {
         tokenizer
@@ -100,12 +103,4 @@ async fn detokenize_body(state: Arc<AppState>, request: Request) -> Result<Vec<u
     };
     serde_json::to_vec(&DetokenizeResponse { prompt })
         .map_err(|e| ApiError::internal(e.to_string()))
-}
-
-/// A `model` given must be the served one.
-fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
-    match model {
-        Some(name) if !state.serves(name) => Err(ApiError::model_not_found(name)),
-        _ => Ok(()),
-    }
 }

@@ -1,9 +1,10 @@
 //! The gateway's tensor lanes (docs/transports.md): the
 //! `--multimodal-tensor-transport` options, the shm writer, the RDMA slot
 //! arena with its reaper and NIXL sender agent (feature `nixl`), and the
-//! lane of each image sent to an encode worker, chosen per receiving
-//! worker: its own transport (URL option or pod annotation) over the
-//! process flag, then what the worker proved it can receive.
+//! lane of each pixel tensor sent to a worker — an encoder's Encode, or
+//! the Generate request of an aggregated or PD prefill worker — chosen
+//! per receiving worker: its own transport (URL option or pod annotation)
+//! over the process flag, then what the worker proved it can receive.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use iris_gateway::args::DiscoveryArgs;
 use iris_gateway::PolicyKind;
 use iris_gateway::RdmaLane;
-use iris_gateway::{Policy, Pool, Role};
+use iris_gateway::{Pool, Role};
 use iris_transport::Transport;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
@@ -301,7 +301,7 @@ impl Gateway {
                 Arc::new(Pool::new(
                     *r,
                     Vec::new(),
-                    Policy::new(PolicyKind::RoundRobin),
+                    PolicyKind::RoundRobin.build(Default::default()),
                 ))
             })
             .collect();
@@ -623,7 +623,7 @@ async fn discovered_rdma_encode_pod_gets_the_rdma_lane() {
     ]
     .map(String::from);
     let gw = gateway_through_kubeconfig(&model, addr, &args).await;
-    let lanes = gw.state.router.lanes.clone();
+    let lanes = gw.state.models.first().router.lanes.clone();
     assert_eq!(
         lanes.rdma_lane(),
         RdmaLane::Unavailable,
@@ -648,6 +648,8 @@ async fn discovered_rdma_encode_pod_gets_the_rdma_lane() {
     api.put(annotated("enc-inline", "10.4.0.2", "inline"));
     let encode = gw
         .state
+        .models
+        .first()
         .router
         .mode
         .pools()

@@ -403,8 +403,8 @@ async fn drain_ok(mut generation: iris_gateway::Generation) {
 /// another worker, the client never notices, and the retry is counted.
 #[tokio::test]
 async fn unreachable_worker_is_retried_elsewhere() {
+    use iris_gateway::PolicyKind;
     use iris_gateway::{Mode, Router};
-    use iris_gateway::{Policy, PolicyKind};
     use iris_gateway::{Pool, Role as PoolRole};
 
     let model = tiny_model();
@@ -416,7 +416,7 @@ async fn unreachable_worker_is_retried_elsewhere() {
     let pool = Pool::new(
         PoolRole::Aggregated,
         workers,
-        Policy::new(PolicyKind::RoundRobin),
+        PolicyKind::RoundRobin.build(Default::default()),
     );
     let router = Router::new(
         Mode::Aggregated(std::sync::Arc::new(pool)),
@@ -442,8 +442,8 @@ async fn unreachable_worker_is_retried_elsewhere() {
 /// hit the retry.
 #[tokio::test]
 async fn pd_retry_past_a_dead_decode_does_not_collide_with_the_first_attempt() {
+    use iris_gateway::PolicyKind;
     use iris_gateway::{Mode, Router};
-    use iris_gateway::{Policy, PolicyKind};
     use iris_gateway::{Pool, Role as PoolRole};
 
     let model = tiny_model();
@@ -465,12 +465,12 @@ async fn pd_retry_past_a_dead_decode_does_not_collide_with_the_first_attempt() {
         prefill: std::sync::Arc::new(Pool::new(
             PoolRole::Prefill,
             prefills,
-            Policy::new(PolicyKind::RoundRobin),
+            PolicyKind::RoundRobin.build(Default::default()),
         )),
         decode: std::sync::Arc::new(Pool::new(
             PoolRole::Decode,
             decodes,
-            Policy::new(PolicyKind::RoundRobin),
+            PolicyKind::RoundRobin.build(Default::default()),
         )),
     };
     let router = Router::new(mode, router_settings());

@@ -52,6 +52,23 @@ impl Backend {
         }
     }
 
+    /// How its prefill + decode legs run: vLLM's prefill runs to its end
+    /// first and answers the KV-transfer parameters decode is sent (its
+    /// NIXL connector); TokenSpeed's and SGLang's legs go out at once,
+    /// joined by a KV room.
+    pub fn prefills_first(self) -> bool {
+        self == Backend::Vllm
+    }
+
+    /// The largest KV room its bootstrap field carries: SGLang's
+    /// `bootstrap_room` is an int32, TokenSpeed's 63 bits (PROTOCOL.md).
+    pub fn max_kv_room(self) -> i64 {
+        match self {
+            Backend::Sglang => i64::from(i32::MAX),
+            Backend::TokenSpeed | Backend::Vllm => i64::MAX,
+        }
+    }
+
     /// The fully qualified gRPC service name.
     pub fn service(self) -> &'static str {
         match self {

@@ -11,8 +11,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use iris_openai::{
     unix_now, ApiError, AssistantMessage, CalledFunction, ChatCompletion, Choice, ChoiceLogprobs,
     FinishReason, MessageToolCall, Usage,
@@ -21,95 +20,37 @@ use iris_proto::scheduler::{
     generate_response::Response as Reply, GenerateComplete, GenerateRequest,
 };
 
-use super::errors::{error_response, route_error, stream_ended, worker_error};
-use super::record::CLIENT_CLOSED;
 use super::Prepared;
+use crate::http::errors::{route_error, stream_ended, worker_error};
+use crate::http::{unary, Failure, Ledger};
 use crate::metrics::{Outcome, Stage};
 use crate::mm::pending::PendingImages;
 use crate::output::OutputPlan;
 use crate::router::Generation;
 use crate::server::AppState;
 
-pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
+pub async fn respond(state: Arc<AppState>, ledger: Ledger, mut prepared: Prepared) -> Response {
     let generate = std::mem::take(&mut prepared.generate);
     let images = std::mem::take(&mut prepared.pending);
-    let mut unanswered = ClientGone {
-        prepared: &prepared,
-        state: &state,
-        armed: true,
-    };
-    let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
-    let run = tokio::time::timeout_at(deadline, run(&state, &prepared, generate, images));
-    let result = match tokio::select! {
-        biased;
-        _ = state.hard_stop.cancelled() => Ok(Err((
-            ApiError::service_unavailable("the gateway is shutting down and its grace period ended"),
-            Outcome::Cancelled,
-        ))),
-        result = run => result,
-    } {
-        Ok(result) => result,
-        Err(_) => Err((
-            ApiError::gateway_timeout(format!(
-                "no answer within {} s",
-                state.request_timeout.as_secs()
-            )),
-            Outcome::Timeout,
-        )),
-    };
-    unanswered.armed = false;
-    state
-        .metrics
-        .stage(Stage::Total, prepared.started.elapsed());
-    match result {
-        Ok((body, completion_tokens)) => {
-            prepared.record(&state, 200, Outcome::Ok, completion_tokens, None);
-            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
-        }
-        Err((error, outcome)) => {
-            prepared.record(&state, error.status, outcome, 0, Some(&error.message));
-            error_response(&error)
-        }
-    }
-}
-
-/// Counts and logs a request whose client left before its answer (the
-/// server drops the handler's future): status 499, outcome cancelled.
-struct ClientGone<'a> {
-    prepared: &'a Prepared,
-    state: &'a AppState,
-    armed: bool,
-}
-
-impl Drop for ClientGone<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let error = "the client went away before the answer";
-            self.prepared.record(
-                self.state,
-                CLIENT_CLOSED,
-                Outcome::Cancelled,
-                0,
-                Some(error),
-            );
-        }
-    }
+    let run = run(&state, &ledger, &prepared, generate, images);
+    unary::respond(&state, &ledger, run).await
 }
 
 async fn run(
     state: &AppState,
+    ledger: &Ledger,
     prepared: &Prepared,
     generate: GenerateRequest,
     images: PendingImages,
-) -> Result<(Vec<u8>, u32), (ApiError, Outcome)> {
+) -> Result<(Vec<u8>, u32), Failure> {
     let dispatch = Instant::now();
-    let started = state.router.start_with(generate, &images).await;
+    let started = prepared.served.router.start_with(generate, &images).await;
     // The workers have the tensors now (or the request failed).
     drop(images);
     let mut generation = started.map_err(route_error)?;
     state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
     let generating = Instant::now();
-    let mut choices = prepared.choices(state);
+    let mut choices = prepared.choices();
     let mut answered = vec![None; choices.len()];
     while answered.iter().any(Option::is_none) {
         let complete = await_complete(&mut generation).await?;
@@ -131,8 +72,8 @@ async fn run(
     let completion_tokens: u32 = choices.iter().map(|c| c.completion_tokens).sum();
     state
         .metrics
-        .tokens(prepared.prompt_tokens, completion_tokens);
-    let usage = Usage::new(prepared.prompt_tokens, completion_tokens);
+        .tokens(ledger.prompt_tokens, completion_tokens);
+    let usage = Usage::new(ledger.prompt_tokens, completion_tokens);
     let choices = choices
         .iter()
         .zip(answered)
@@ -152,19 +93,19 @@ async fn run(
             }
         })
         .collect();
+    let model = &prepared.served.name;
     let body =
-        ChatCompletion::with_choices(&prepared.id, unix_now(), &state.model_name, choices, usage)
-            .to_json();
+        ChatCompletion::with_choices(&ledger.id, unix_now(), model, choices, usage).to_json();
     Ok((body, completion_tokens))
 }
 
 /// A failure to turn the worker's tokens into text.
-fn upstream(error: ApiError) -> (ApiError, Outcome) {
+fn upstream(error: ApiError) -> Failure {
     (error, Outcome::UpstreamError)
 }
 
 /// A worker answered for a sequence the request did not ask for.
-pub(super) fn bad_index(generation: &Generation, index: usize, n: usize) -> (ApiError, Outcome) {
+pub(super) fn bad_index(generation: &Generation, index: usize, n: usize) -> Failure {
     let error = ApiError::bad_gateway(format!(
         "worker {} answered for sequence {index} of a request for {n}",
         generation.worker.url
@@ -173,9 +114,7 @@ pub(super) fn bad_index(generation: &Generation, index: usize, n: usize) -> (Api
 }
 
 /// The next GenerateComplete of the generation (stream chunks are skipped).
-async fn await_complete(
-    generation: &mut Generation,
-) -> Result<GenerateComplete, (ApiError, Outcome)> {
+async fn await_complete(generation: &mut Generation) -> Result<GenerateComplete, Failure> {
     loop {
         match generation.next().await {
             Some(Ok(response)) => {

@@ -1,22 +1,20 @@
-//! Streaming answers: the worker's token chunks become OpenAI SSE chunks.
-//! Each choice (`n` of them, told apart by the chunks' sequence `index`)
-//! has its own [`ChoiceText`] (incremental, UTF-8 safe decoding; stop
-//! strings, which may span chunks; logprobs) and its own role, content and
-//! finish chunks, interleaved as the worker's chunks arrive. When every
-//! choice has ended the stream ends with the usage chunk (when asked,
-//! summed over the choices) and `[DONE]`; choices still generating after
-//! their stop string are aborted then. The body is a lazy stream: when the
-//! client goes away it is dropped, and dropping the [`Generation`] aborts
-//! the workers (the request is then logged with status 499).
+//! Streaming chat answers: the worker's token chunks become OpenAI SSE
+//! chunks ([`crate::http::sse`] runs the stream). Each choice (`n` of
+//! them, told apart by the chunks' sequence `index`) has its own
+//! [`ChoiceText`] (incremental, UTF-8 safe decoding; stop strings, which
+//! may span chunks; logprobs) and its own role, content and finish chunks,
+//! interleaved as the worker's chunks arrive. When every choice has ended
+//! the stream ends with the usage chunk (when asked, summed over the
+//! choices) and `[DONE]`; choices still generating after their stop string
+//! are aborted then. Dropping the [`Generation`] (the client left) aborts
+//! the workers.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 
-use axum::body::Body;
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
-use bytes::{Bytes, BytesMut};
-use iris_openai::sse::{self, ChunkWriter};
+use axum::response::Response;
+use bytes::BytesMut;
+use iris_openai::sse::ChunkWriter;
 use iris_openai::{unix_now, ApiError, ChoiceLogprobs, FinishReason, Usage};
 use iris_parsers::{OutputShaper, Piece};
 use iris_proto::scheduler::{
@@ -25,66 +23,32 @@ use iris_proto::scheduler::{
 
 use super::choice::{ChoiceText, Visible};
 use super::complete::bad_index;
-use super::errors::{error_response, route_error, stream_ended, worker_error};
-use super::record::CLIENT_CLOSED;
 use super::Prepared;
-use crate::metrics::{Outcome, Stage};
+use crate::http::errors::{route_error, stream_ended, worker_error};
+use crate::http::sse::{self, Events};
+use crate::http::{Failure, Ledger};
+use crate::metrics::Outcome;
 use crate::router::Generation;
 use crate::server::AppState;
 
-pub async fn respond(state: Arc<AppState>, mut prepared: Prepared) -> Response {
-    let dispatch = std::time::Instant::now();
-    let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
+pub async fn respond(state: Arc<AppState>, ledger: Ledger, mut prepared: Prepared) -> Response {
     let images = std::mem::take(&mut prepared.pending);
-    let start = state
-        .router
-        .start_with(std::mem::take(&mut prepared.generate), &images);
-    let started = tokio::time::timeout_at(deadline, start).await;
-    // The workers have the tensors now (or the request failed).
-    drop(images);
-    let generation = match started {
-        Ok(Ok(generation)) => generation,
-        Ok(Err(error)) => {
-            let (error, outcome) = route_error(error);
-            prepared.record(&state, error.status, outcome, 0, Some(&error.message));
-            return error_response(&error);
-        }
-        Err(_) => {
-            let error = ApiError::gateway_timeout(format!(
-                "the workers did not start answering within {} s",
-                state.request_timeout.as_secs()
-            ));
-            let outcome = Outcome::Timeout;
-            prepared.record(&state, error.status, outcome, 0, Some(&error.message));
-            return error_response(&error);
-        }
+    let generate = std::mem::take(&mut prepared.generate);
+    let writer = ChunkWriter::new(&ledger.id, unix_now(), &prepared.served.name);
+    let prompt_tokens = ledger.prompt_tokens;
+    let start = async move {
+        let started = prepared.served.router.start_with(generate, &images).await;
+        // The workers have the tensors now (or the request failed).
+        drop(images);
+        let generation = started.map_err(route_error)?;
+        Ok(ChatEvents::new(
+            &prepared,
+            writer,
+            generation,
+            prompt_tokens,
+        ))
     };
-    state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
-    let streamer = match Streamer::new(state, prepared, generation) {
-        Ok(s) => s,
-        Err(error) => return error_response(&error),
-    };
-    let body = Body::from_stream(futures::stream::unfold(streamer, |mut s| async move {
-        let bytes = s.next_event().await?;
-        Some((Ok::<Bytes, std::convert::Infallible>(bytes), s))
-    }));
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        body,
-    )
-        .into_response()
-}
-
-/// Where the stream is.
-#[derive(PartialEq, Eq)]
-enum Phase {
-    /// The role chunks are next.
-    Start,
-    Tokens,
-    Done,
+    sse::respond(state, ledger, start).await
 }
 
 /// One choice of the stream: its chunk writer and its text.
@@ -174,27 +138,23 @@ impl StreamChoice {
     }
 }
 
-/// The state of one SSE answer.
-struct Streamer {
-    state: Arc<AppState>,
-    prepared: Prepared,
+/// The chat endpoint's side of one SSE answer.
+struct ChatEvents {
     generation: Generation,
     choices: Vec<StreamChoice>,
-    phase: Phase,
-    /// When the first token reached the client.
-    first_token_at: Option<Instant>,
-    deadline: tokio::time::Instant,
+    include_usage: bool,
+    prompt_tokens: u32,
 }
 
-impl Streamer {
+impl ChatEvents {
     fn new(
-        state: Arc<AppState>,
-        prepared: Prepared,
+        prepared: &Prepared,
+        writer: ChunkWriter,
         generation: Generation,
-    ) -> Result<Streamer, ApiError> {
-        let writer = ChunkWriter::new(&prepared.id, unix_now(), &state.model_name);
+        prompt_tokens: u32,
+    ) -> ChatEvents {
         let choices = prepared
-            .choices(&state)
+            .choices()
             .into_iter()
             .enumerate()
             .map(|(index, text)| StreamChoice {
@@ -206,203 +166,133 @@ impl Streamer {
                 reported: false,
             })
             .collect();
-        let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
-        Ok(Streamer {
-            state,
-            prepared,
+        ChatEvents {
             generation,
             choices,
-            phase: Phase::Start,
-            first_token_at: None,
-            deadline,
-        })
-    }
-
-    /// The next bytes to send, or `None` when the stream is over.
-    async fn next_event(&mut self) -> Option<Bytes> {
-        let mut out = BytesMut::with_capacity(256);
-        match self.phase {
-            Phase::Done => return None,
-            Phase::Start => {
-                for choice in &self.choices {
-                    choice.writer.write_role(&mut out);
-                }
-                self.phase = Phase::Tokens;
-                return Some(out.freeze());
-            }
-            Phase::Tokens => {}
-        }
-        while out.is_empty() && self.phase == Phase::Tokens {
-            self.step(&mut out).await;
-        }
-        Some(out.freeze())
-    }
-
-    /// Reads one response from the worker and writes what it produces.
-    async fn step(&mut self, out: &mut BytesMut) {
-        let next = tokio::select! {
-            biased;
-            _ = self.state.hard_stop.cancelled() => {
-                let error = ApiError::service_unavailable(
-                    "the gateway is shutting down and its grace period ended",
-                );
-                return self.fail(out, &error, Outcome::Cancelled);
-            }
-            next = tokio::time::timeout_at(self.deadline, self.generation.next()) => next,
-        };
-        match next {
-            Err(_) => {
-                let error = ApiError::gateway_timeout(format!(
-                    "no complete answer within {} s",
-                    self.state.request_timeout.as_secs()
-                ));
-                self.fail(out, &error, Outcome::Timeout);
-            }
-            Ok(None) => {
-                let error = stream_ended(&self.generation.worker.url.to_string());
-                self.fail(out, &error, Outcome::UpstreamError);
-            }
-            Ok(Some(Err(status))) => {
-                let (error, outcome) =
-                    worker_error(&self.generation.worker.url.to_string(), &status);
-                self.fail(out, &error, outcome);
-            }
-            Ok(Some(Ok(response))) => match response.response {
-                Some(Reply::Chunk(chunk)) => self.chunk(out, &chunk),
-                Some(Reply::Complete(complete)) => self.complete(out, &complete),
-                None => {}
-            },
+            include_usage: prepared.request.include_usage(),
+            prompt_tokens,
         }
     }
 
     /// The choice a worker message is for; a failure for an index the
     /// request did not ask for.
-    fn choice_at(&mut self, out: &mut BytesMut, index: u32) -> Option<usize> {
+    fn choice_at(&self, index: u32) -> Result<usize, Failure> {
         if (index as usize) < self.choices.len() {
-            return Some(index as usize);
+            return Ok(index as usize);
         }
-        let (error, outcome) = bad_index(&self.generation, index as usize, self.choices.len());
-        self.fail(out, &error, outcome);
-        None
+        Err(bad_index(
+            &self.generation,
+            index as usize,
+            self.choices.len(),
+        ))
     }
 
-    fn chunk(&mut self, out: &mut BytesMut, chunk: &GenerateStreamChunk) {
-        let Some(i) = self.choice_at(out, chunk.index) else {
-            return;
-        };
-        if !chunk.token_ids.is_empty() {
-            self.first_token();
-        }
+    fn chunk(&mut self, out: &mut BytesMut, chunk: &GenerateStreamChunk) -> Result<bool, Failure> {
+        let i = self.choice_at(chunk.index)?;
         let choice = &mut self.choices[i];
         let pushed = choice
             .text
             .push_chunk(&chunk.token_ids, chunk.output_logprobs.as_ref());
-        self.emit(out, i, pushed);
+        self.emit(out, i, pushed)
     }
 
-    fn complete(&mut self, out: &mut BytesMut, complete: &GenerateComplete) {
+    fn complete(
+        &mut self,
+        out: &mut BytesMut,
+        complete: &GenerateComplete,
+    ) -> Result<bool, Failure> {
         if complete.finish_reason == "abort" {
             let error = ApiError::bad_gateway("the worker aborted the request");
-            return self.fail(out, &error, Outcome::UpstreamError);
+            return Err((error, Outcome::UpstreamError));
         }
-        let Some(i) = self.choice_at(out, complete.index) else {
-            return;
-        };
-        if !complete.output_ids.is_empty() {
-            self.first_token();
-        }
+        let i = self.choice_at(complete.index)?;
         let choice = &mut self.choices[i];
         choice.completed = true;
         let visible = choice.text.complete(complete);
-        self.emit(out, i, visible);
-    }
-
-    /// Notes when the first token arrived (the `first_token` stage).
-    fn first_token(&mut self) {
-        if self.first_token_at.is_none() {
-            self.first_token_at = Some(Instant::now());
-            self.state
-                .metrics
-                .stage(Stage::FirstToken, self.prepared.started.elapsed());
-        }
+        self.emit(out, i, visible)
     }
 
     /// Writes what choice `i` made visible, and its finish chunk when it
-    /// has ended; the stream ends once every choice has.
-    fn emit(&mut self, out: &mut BytesMut, i: usize, visible: Result<Visible, ApiError>) {
-        let visible = match visible {
-            Ok(visible) => visible,
-            Err(error) => return self.fail(out, &error, Outcome::UpstreamError),
-        };
+    /// has ended; `true` once every choice has.
+    fn emit(
+        &mut self,
+        out: &mut BytesMut,
+        i: usize,
+        visible: Result<Visible, ApiError>,
+    ) -> Result<bool, Failure> {
+        let visible = visible.map_err(|error| (error, Outcome::UpstreamError))?;
         let choice = &mut self.choices[i];
         choice.write_visible(out, visible);
         let Some(reason) = choice.text.finish else {
-            return;
+            return Ok(false);
         };
         if choice.reported {
-            return;
+            return Ok(false);
         }
         choice.write_end(out, reason);
-        if self.choices.iter().all(|c| c.reported) {
-            self.finish(out);
+        Ok(self.choices.iter().all(|c| c.reported))
+    }
+}
+
+impl Events for ChatEvents {
+    type Event = Option<Reply>;
+
+    fn open(&mut self, out: &mut BytesMut) {
+        for choice in &self.choices {
+            choice.writer.write_role(out);
         }
     }
 
-    /// Every choice has ended: stop the workers if they still generate,
-    /// then the usage chunk and `[DONE]`.
+    fn next(&mut self) -> impl Future<Output = Option<Result<Self::Event, Failure>>> + Send {
+        async move {
+            match self.generation.next().await? {
+                Ok(response) => Some(Ok(response.response)),
+                Err(status) => {
+                    let worker = self.generation.worker.url.to_string();
+                    Some(Err(worker_error(&worker, &status)))
+                }
+            }
+        }
+    }
+
+    fn carries_tokens(event: &Self::Event) -> bool {
+        match event {
+            Some(Reply::Chunk(chunk)) => !chunk.token_ids.is_empty(),
+            Some(Reply::Complete(complete)) => !complete.output_ids.is_empty(),
+            None => false,
+        }
+    }
+
+    fn event(&mut self, out: &mut BytesMut, event: Self::Event) -> Result<bool, Failure> {
+        match event {
+            Some(Reply::Chunk(chunk)) => self.chunk(out, &chunk),
+            Some(Reply::Complete(complete)) => self.complete(out, &complete),
+            None => Ok(false),
+        }
+    }
+
+    fn exhausted(&mut self) -> Result<(), Failure> {
+        let worker = self.generation.worker.url.to_string();
+        Err((stream_ended(&worker), Outcome::UpstreamError))
+    }
+
     fn finish(&mut self, out: &mut BytesMut) {
         if self.choices.iter().all(|c| c.completed) {
             self.generation.finish();
         } else {
             self.generation.abort("stop string matched");
         }
-        let completion_tokens = self.completion_tokens();
-        if self.prepared.request.include_usage() {
-            self.choices[0].writer.write_usage(
-                out,
-                &Usage::new(self.prepared.prompt_tokens, completion_tokens),
-            );
+        if self.include_usage {
+            let usage = Usage::new(self.prompt_tokens, self.completion_tokens());
+            self.choices[0].writer.write_usage(out, &usage);
         }
-        sse::write_done(out);
-        self.state
-            .metrics
-            .tokens(self.prepared.prompt_tokens, completion_tokens);
-        if let Some(first) = self.first_token_at {
-            self.state.metrics.stage(Stage::Decode, first.elapsed());
-        }
-        self.end(200, Outcome::Ok, None);
     }
 
-    /// Tokens generated over every choice.
+    fn abort(&mut self, reason: &str) {
+        self.generation.abort(reason);
+    }
+
     fn completion_tokens(&self) -> u32 {
         self.choices.iter().map(|c| c.text.completion_tokens).sum()
-    }
-
-    fn fail(&mut self, out: &mut BytesMut, error: &ApiError, outcome: Outcome) {
-        tracing::warn!(request_id = %self.prepared.id, error = %error.message, "stream failed");
-        self.generation.abort("gateway ended the request");
-        sse::write_error_event(out, error);
-        sse::write_done(out);
-        self.end(error.status, outcome, Some(&error.message));
-    }
-
-    fn end(&mut self, status: u16, outcome: Outcome, error: Option<&str>) {
-        self.phase = Phase::Done;
-        let completion_tokens = self.completion_tokens();
-        self.prepared
-            .record(&self.state, status, outcome, completion_tokens, error);
-        self.state
-            .metrics
-            .stage(Stage::Total, self.prepared.started.elapsed());
-    }
-}
-
-impl Drop for Streamer {
-    /// A stream dropped before its end lost its client.
-    fn drop(&mut self) {
-        if self.phase != Phase::Done {
-            let error = "the client went away before the end of the stream";
-            self.end(CLIENT_CLOSED, Outcome::Cancelled, Some(error));
-        }
     }
 }

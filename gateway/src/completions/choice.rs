@@ -32,7 +32,7 @@ struct TokenLogprob {
 }
 
 /// The state of one choice.
-pub(super) struct ChoiceText {
+pub(super) struct CompletionText {
     /// Place across the batch (`prompt * n + sequence`).
     pub index: u32,
     tokenizer: Arc<Tokenizer>,
@@ -52,7 +52,7 @@ pub(super) struct ChoiceText {
     pub completed: bool,
 }
 
-impl ChoiceText {
+impl CompletionText {
     /// A choice continuing `prompt_ids`; `echo` is the text it starts
     /// with (already released by the caller), `logprobs` whether log
     /// probabilities are kept.
@@ -65,7 +65,7 @@ impl ChoiceText {
         logprobs: bool,
     ) -> Self {
         let echoed = chars(echo);
-        ChoiceText {
+        CompletionText {
             index,
             decoder: IncrementalDecoder::new(tokenizer.clone(), prompt_ids, true),
             tokenizer,
@@ -258,7 +258,7 @@ mod tests {
     fn text_is_released_and_cut_at_a_stop_string() {
         let tok = tokenizer();
         let out = ids(&tok, "hello world. bye now");
-        let mut choice = ChoiceText::new(0, tok.clone(), &[], &["bye".into()], "", false);
+        let mut choice = CompletionText::new(0, tok.clone(), &[], &["bye".into()], "", false);
         let mut text = String::new();
         for id in &out {
             text.push_str(&choice.push(&[*id], None).expect("push").text);
@@ -273,7 +273,7 @@ mod tests {
     fn the_worker_reason_ends_a_choice_without_stop() {
         let tok = tokenizer();
         let out = ids(&tok, "abc def");
-        let mut choice = ChoiceText::new(3, tok, &[], &[], "", false);
+        let mut choice = CompletionText::new(3, tok, &[], &[], "", false);
         let mut text = choice.push(&out, None).expect("push").text;
         text.push_str(&choice.end("length").expect("end").text);
         assert_eq!(text, "abc def");
@@ -284,7 +284,7 @@ mod tests {
     fn logprobs_follow_the_released_text_with_offsets_after_the_echo() {
         let tok = tokenizer();
         let out = ids(&tok, "one two three");
-        let mut choice = ChoiceText::new(0, tok.clone(), &[], &["three".into()], "Hi:", true);
+        let mut choice = CompletionText::new(0, tok.clone(), &[], &["three".into()], "Hi:", true);
         let lp = logprobs(&out);
         let mut all = choice.push(&out, Some(&lp)).expect("push");
         // The stop string ended the choice: the worker's end adds nothing.
@@ -310,7 +310,7 @@ mod tests {
     fn missing_logprobs_are_the_workers_fault() {
         let tok = tokenizer();
         let out = ids(&tok, "one two");
-        let mut choice = ChoiceText::new(5, tok, &[], &[], "", true);
+        let mut choice = CompletionText::new(5, tok, &[], &[], "", true);
         let err = choice.push(&out, None).expect_err("no logprobs");
         assert_eq!(err.status, 502);
         assert!(err.message.contains("choice 5"), "{}", err.message);

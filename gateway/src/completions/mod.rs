@@ -3,7 +3,7 @@
 //! Read and validate the body ([`iris_openai::parse_completion_request`]),
 //! tokenize each prompt of the batch (text prompts with the tokenizer's
 //! special tokens, token-id prompts as they are), build one worker request
-//! per prompt — the chat path's [`crate::chat::generate_request`], with
+//! per prompt — [`crate::http::generate::generate_request`], as chat, with
 //! `n` and the log probability fields set — start them all through the
 //! [`crate::router::Router`] (retries, admission and stage metrics as for
 //! chat), then answer as SSE ([`stream`]) or as one JSON body ([`unary`]).
@@ -25,12 +25,13 @@ use iris_proto::scheduler::GenerateRequest;
 use tokenizers::Tokenizer;
 use tracing::Instrument;
 
-use crate::chat::errors::error_response;
-use crate::chat::record::{ImageCount, RequestLine, COMPLETIONS};
-use crate::chat::{generate_request, read_body, INLINE_PROMPT_BYTES};
+use crate::http::generate::generate_request;
+use crate::http::record::COMPLETIONS;
+use crate::http::{read_body, Failure, Ledger, INLINE_PROMPT_BYTES};
 use crate::metrics::{Outcome, Stage};
+use crate::served::Served;
 use crate::server::AppState;
-use choice::ChoiceText;
+use choice::CompletionText;
 
 /// One prompt of the batch, tokenized.
 pub(crate) struct PromptRun {
@@ -42,20 +43,18 @@ pub(crate) struct PromptRun {
 
 /// A request ready to send.
 pub(crate) struct Prepared {
-    pub id: String,
+    pub served: Arc<Served>,
     pub request: CompletionRequest,
     pub prompts: Vec<PromptRun>,
-    pub prompt_tokens: u32,
-    pub started: Instant,
 }
 
 impl Prepared {
-    /// The worker request of prompt `p`; its id is the completion's, with
-    /// `-p` for batches.
-    fn generate(&self, p: usize) -> GenerateRequest {
+    /// The worker request of prompt `p`; its id is the completion's
+    /// (`id`), with `-p` for batches.
+    fn generate(&self, id: &str, p: usize) -> GenerateRequest {
         let request_id = match self.request.prompt.is_batch() {
-            false => self.id.clone(),
-            true => format!("{}-{p}", self.id),
+            false => id.to_owned(),
+            true => format!("{id}-{p}"),
         };
         let sampling = self.request.sampling();
         let ids = self.prompts[p].ids.clone();
@@ -63,7 +62,8 @@ impl Prepared {
     }
 
     /// The choices of every prompt, in index order.
-    fn choices(&self, tokenizer: &Arc<Tokenizer>) -> Vec<ChoiceText> {
+    fn choices(&self) -> Vec<CompletionText> {
+        let tokenizer = self.served.prompter.tokenizer();
         let n = self.request.n();
         let stops = self.request.sampling().stop;
         let logprobs = self.request.logprobs.is_some();
@@ -71,7 +71,7 @@ impl Prepared {
         for prompt in &self.prompts {
             for _ in 0..n {
                 let index = choices.len() as u32;
-                choices.push(ChoiceText::new(
+                choices.push(CompletionText::new(
                     index,
                     tokenizer.clone(),
                     &prompt.ids,
@@ -92,30 +92,6 @@ impl Prepared {
             .iter()
             .flat_map(move |p| std::iter::repeat_n(p.echo.as_str(), n))
     }
-
-    /// Counts and logs the request's end; once.
-    fn record(
-        &self,
-        state: &AppState,
-        status: u16,
-        outcome: Outcome,
-        completion_tokens: u32,
-        error: Option<&str>,
-    ) {
-        RequestLine {
-            endpoint: COMPLETIONS,
-            id: &self.id,
-            started: self.started,
-            status,
-            outcome,
-            prompt_tokens: self.prompt_tokens,
-            completion_tokens,
-            images: ImageCount::default(),
-            error,
-            user: self.request.user.as_deref(),
-        }
-        .record(&state.metrics);
-    }
 }
 
 pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
@@ -131,52 +107,37 @@ fn new_id() -> String {
 }
 
 async fn respond(state: Arc<AppState>, request: Request, id: String) -> Response {
-    let started = Instant::now();
-    match prepare(&state, request, id.clone(), started).await {
-        Ok(prepared) if prepared.request.is_stream() => stream::respond(state, prepared).await,
-        Ok(prepared) => unary::respond(state, prepared).await,
-        Err((error, outcome)) => {
-            RequestLine {
-                endpoint: COMPLETIONS,
-                id: &id,
-                started,
-                status: error.status,
-                outcome,
-                prompt_tokens: 0,
-                completion_tokens: 0,
-                images: ImageCount::default(),
-                error: Some(&error.message),
-                user: None,
-            }
-            .record(&state.metrics);
-            error_response(&error)
+    let mut ledger = Ledger::new(COMPLETIONS, id, Instant::now());
+    match prepare(&state, request, &mut ledger).await {
+        Ok(prepared) if prepared.request.is_stream() => {
+            stream::respond(state, ledger, prepared).await
         }
+        Ok(prepared) => unary::respond(state, ledger, prepared).await,
+        Err(failure) => crate::http::refused(&state.metrics, &ledger, failure),
     }
 }
 
-/// Reads, checks and tokenizes the request.
+/// Reads, checks and tokenizes the request; `ledger` gets its prompt
+/// tokens and user.
 async fn prepare(
     state: &Arc<AppState>,
     request: Request,
-    id: String,
-    started: Instant,
-) -> Result<Prepared, (ApiError, Outcome)> {
+    ledger: &mut Ledger,
+) -> Result<Prepared, Failure> {
     let client = |e: ApiError| (e, Outcome::ClientError);
     let bytes = read_body(state, request.into_body())
         .await
         .map_err(client)?;
     let request = iris_openai::parse_completion_request(&bytes).map_err(client)?;
-    if !state.serves(&request.model) {
-        return Err(client(ApiError::model_not_found(&request.model)));
-    }
-    check_vocabulary(state, &request).map_err(client)?;
-    state.metrics.stage(Stage::Parse, started.elapsed());
+    let served = state.models.get(&request.model).map_err(client)?.clone();
+    check_vocabulary(&served, &request).map_err(client)?;
+    state.metrics.stage(Stage::Parse, ledger.started.elapsed());
     let tokenize_start = Instant::now();
     let prompts = if request.prompt.text_bytes() <= INLINE_PROMPT_BYTES {
-        tokenize_prompts(state, &request)
+        tokenize_prompts(&served, &request)
     } else {
-        let (state, request) = (state.clone(), request.clone());
-        tokio::task::spawn_blocking(move || tokenize_prompts(&state, &request))
+        let (served, request) = (served.clone(), request.clone());
+        tokio::task::spawn_blocking(move || tokenize_prompts(&served, &request))
             .await
             .map_err(|e| {
                 (
@@ -189,26 +150,25 @@ async fn prepare(
     state
         .metrics
         .stage(Stage::Tokenize, tokenize_start.elapsed());
-    let prompt_tokens = prompts
+    ledger.prompt_tokens = prompts
         .iter()
         .map(|p| u32::try_from(p.ids.len()).unwrap_or(u32::MAX))
         .fold(0u32, u32::saturating_add);
+    ledger.user = request.user.clone();
     Ok(Prepared {
-        id,
+        served,
         request,
         prompts,
-        prompt_tokens,
-        started,
     })
 }
 
 /// Token ids the request names (`logit_bias`, `stop_token_ids`) must be
 /// in the vocabulary.
-fn check_vocabulary(state: &AppState, request: &CompletionRequest) -> Result<(), ApiError> {
+fn check_vocabulary(served: &Served, request: &CompletionRequest) -> Result<(), ApiError> {
     iris_openai::validate::check_token_ids_in(
         request.logit_bias.as_ref(),
         request.stop_token_ids.as_deref(),
-        state.prompter.vocab_size(),
+        served.prompter.vocab_size(),
     )
 }
 
@@ -220,10 +180,10 @@ pub(crate) fn vocab_size(tokenizer: &Tokenizer) -> u32 {
 /// Each prompt's token ids (and text for `echo`), checked against the
 /// vocabulary, the image token and the context.
 fn tokenize_prompts(
-    state: &AppState,
+    served: &Served,
     request: &CompletionRequest,
 ) -> Result<Vec<PromptRun>, ApiError> {
-    let tokenizer = state.prompter.tokenizer();
+    let tokenizer = served.prompter.tokenizer();
     let batch = request.prompt.is_batch();
     let max_new_tokens = request.sampling().max_new_tokens;
     let mut runs = Vec::with_capacity(request.prompt.len());
@@ -234,8 +194,8 @@ fn tokenize_prompts(
             "prompt".to_owned()
         };
         let run = tokenize_prompt(tokenizer, input, request.echo(), &param)?;
-        check_prompt_ids(state, &run.ids, &param)?;
-        state
+        check_prompt_ids(served, &run.ids, &param)?;
+        served
             .prompter
             .limits()
             .check_tokens(run.ids.len(), max_new_tokens)
@@ -303,8 +263,8 @@ pub(crate) fn check_ids(tokenizer: &Tokenizer, ids: &[u32], param: &str) -> Resu
 
 /// Completions are text only: a vision model's image or video token may
 /// not appear in a prompt (no image or video could fill it).
-fn check_prompt_ids(state: &AppState, ids: &[u32], param: &str) -> Result<(), ApiError> {
-    let Some(mm) = state.multimodal.as_ref() else {
+fn check_prompt_ids(served: &Served, ids: &[u32], param: &str) -> Result<(), ApiError> {
+    let Some(mm) = served.media.as_ref() else {
         return Ok(());
     };
     let tokens = mm.placeholders;

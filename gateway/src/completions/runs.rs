@@ -6,15 +6,12 @@
 use iris_openai::{ApiError, CompletionLogprobs};
 use iris_proto::scheduler::{generate_response::Response as Reply, OutputLogProbs};
 
-use super::choice::{ChoiceText, Released};
+use super::choice::{CompletionText, Released};
 use super::Prepared;
-use crate::chat::errors::{route_error, stream_ended, worker_error};
+use crate::http::errors::{route_error, stream_ended, worker_error};
+use crate::http::Failure;
 use crate::metrics::Outcome;
 use crate::router::Generation;
-use crate::server::AppState;
-
-/// A failure and how the request ended.
-pub(super) type Failure = (ApiError, Outcome);
 
 /// What a worker sent for one choice.
 pub(super) enum Event {
@@ -59,8 +56,9 @@ pub(super) struct Runs {
 impl Runs {
     /// Starts every prompt's request at once; if one cannot start, those
     /// started are aborted (dropped) and its error is returned.
-    pub async fn start(state: &AppState, prepared: &Prepared) -> Result<Runs, Failure> {
-        let starts = (0..prepared.prompts.len()).map(|p| state.router.start(prepared.generate(p)));
+    pub async fn start(id: &str, prepared: &Prepared) -> Result<Runs, Failure> {
+        let router = &prepared.served.router;
+        let starts = (0..prepared.prompts.len()).map(|p| router.start(prepared.generate(id, p)));
         let started = futures::future::join_all(starts).await;
         let n = prepared.request.n();
         let mut runs = Vec::with_capacity(started.len());
@@ -167,7 +165,7 @@ impl Runs {
 /// Applies `event` to its choice; returns the choice's index and what it
 /// releases.
 pub(super) fn feed(
-    choices: &mut [ChoiceText],
+    choices: &mut [CompletionText],
     event: Event,
 ) -> Result<(usize, Released), ApiError> {
     match event {
@@ -200,7 +198,7 @@ pub(super) fn feed(
     }
 }
 
-fn choice_mut(choices: &mut [ChoiceText], i: usize) -> Result<&mut ChoiceText, ApiError> {
+fn choice_mut(choices: &mut [CompletionText], i: usize) -> Result<&mut CompletionText, ApiError> {
     choices
         .get_mut(i)
         .ok_or_else(|| ApiError::bad_gateway(format!("a worker answered for unknown choice {i}")))

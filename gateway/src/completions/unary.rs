@@ -4,80 +4,30 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use iris_openai::{unix_now, ApiError, CompletionChoice, TextCompletion, Usage};
 
-use super::runs::{feed, Failure, Runs};
+use super::runs::{feed, Runs};
 use super::Prepared;
-use crate::chat::errors::error_response;
-use crate::chat::record::CLIENT_CLOSED;
+use crate::http::{unary, Failure, Ledger};
 use crate::metrics::{Outcome, Stage};
 use crate::server::AppState;
 
-pub async fn respond(state: Arc<AppState>, prepared: Prepared) -> Response {
-    let mut unanswered = ClientGone {
-        prepared: &prepared,
-        state: &state,
-        armed: true,
-    };
-    let deadline = tokio::time::Instant::from_std(prepared.started + state.request_timeout);
-    let result = tokio::select! {
-        biased;
-        _ = state.hard_stop.cancelled() => Err((
-            ApiError::service_unavailable("the gateway is shutting down and its grace period ended"),
-            Outcome::Cancelled,
-        )),
-        result = tokio::time::timeout_at(deadline, run(&state, &prepared)) => result.unwrap_or_else(|_| Err((
-            ApiError::gateway_timeout(format!("no answer within {} s", state.request_timeout.as_secs())),
-            Outcome::Timeout,
-        ))),
-    };
-    unanswered.armed = false;
-    state
-        .metrics
-        .stage(Stage::Total, prepared.started.elapsed());
-    match result {
-        Ok((body, completion_tokens)) => {
-            prepared.record(&state, 200, Outcome::Ok, completion_tokens, None);
-            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
-        }
-        Err((error, outcome)) => {
-            prepared.record(&state, error.status, outcome, 0, Some(&error.message));
-            error_response(&error)
-        }
-    }
-}
-
-/// Counts and logs a request whose client left before its answer.
-struct ClientGone<'a> {
-    prepared: &'a Prepared,
-    state: &'a AppState,
-    armed: bool,
-}
-
-impl Drop for ClientGone<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let error = "the client went away before the answer";
-            self.prepared.record(
-                self.state,
-                CLIENT_CLOSED,
-                Outcome::Cancelled,
-                0,
-                Some(error),
-            );
-        }
-    }
+pub async fn respond(state: Arc<AppState>, ledger: Ledger, prepared: Prepared) -> Response {
+    unary::respond(&state, &ledger, run(&state, &ledger, &prepared)).await
 }
 
 /// The body and the completion tokens.
-async fn run(state: &AppState, prepared: &Prepared) -> Result<(Vec<u8>, u32), Failure> {
+async fn run(
+    state: &AppState,
+    ledger: &Ledger,
+    prepared: &Prepared,
+) -> Result<(Vec<u8>, u32), Failure> {
     let dispatch = Instant::now();
-    let mut runs = Runs::start(state, prepared).await?;
+    let mut runs = Runs::start(&ledger.id, prepared).await?;
     state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
     let generating = Instant::now();
-    let mut choices = prepared.choices(state.prompter.tokenizer());
+    let mut choices = prepared.choices();
     let mut out: Vec<CompletionChoice> = choices
         .iter()
         .zip(prepared.echoes())
@@ -113,12 +63,12 @@ async fn run(state: &AppState, prepared: &Prepared) -> Result<(Vec<u8>, u32), Fa
         .fold(0u32, u32::saturating_add);
     state
         .metrics
-        .tokens(prepared.prompt_tokens, completion_tokens);
-    let usage = Usage::new(prepared.prompt_tokens, completion_tokens);
+        .tokens(ledger.prompt_tokens, completion_tokens);
+    let usage = Usage::new(ledger.prompt_tokens, completion_tokens);
     let body = TextCompletion::new(
-        &prepared.id,
+        &ledger.id,
         unix_now(),
-        &state.model_name,
+        &prepared.served.name,
         out,
         Some(usage),
     )

@@ -122,7 +122,7 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workers::{Policy, Role};
+    use crate::workers::Role;
     use std::time::Duration;
 
     fn pod(name: &str, ip: &str, ready: bool) -> Pod {
@@ -148,7 +148,7 @@ mod tests {
         let pool = Arc::new(Pool::new(
             Role::Decode,
             workers,
-            Policy::new(crate::workers::policy::PolicyKind::RoundRobin),
+            crate::workers::policy::PolicyKind::RoundRobin.build(Default::default()),
         ));
         let rules = PodRules {
             default_port: 30000,

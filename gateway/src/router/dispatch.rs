@@ -2,21 +2,23 @@
 //!
 //! An attempt: the [`Strategy`] picks workers (avoiding this request's
 //! suspects) and builds each leg's request; the encode step (EPD), the
-//! prefill leg and the streaming leg go out at once. Once every call was
-//! accepted the [`Generation`] is handed to the caller — after its first
-//! response when the strategy reads ahead (EPD, see
-//! [`Plan::read_ahead`]), so that failures surfacing only in the
-//! streams, before anything reached the client, can still be retried.
+//! prefill leg and the streaming leg go out at once. The [`Generation`] is
+//! handed to the caller as the plan's [`Handover`] says: once every call
+//! was accepted, or after its first response (EPD, and any attempt whose
+//! pixels went by the shm or RDMA lane), so that failures surfacing only
+//! in the streams, before anything reached the client, can still be
+//! retried. The pools' policies are then told which workers took it.
 //!
-//! After a failed attempt the loop aborts the legs that started, counts
-//! every failed call against its worker ([`classify::account`]: only
-//! failures that say the worker may be broken count toward its circuit),
-//! marks the workers involved as suspects, and — unless the failure is
-//! [`Verdict::Fatal`] or `--max-retries` is used up — counts a retry,
-//! waits a backoff if the worker was [`Verdict::Busy`], and re-issues the
-//! whole request with fresh ids and rooms.
+//! After a failed attempt ([`Failure`]) the loop aborts the legs that
+//! started, counts every failed call against its worker
+//! ([`classify::account`]: only failures that say the worker may be
+//! broken count toward its circuit), marks the workers involved as
+//! suspects, and — unless the failure is [`Verdict::Fatal`] or
+//! `--max-retries` is used up — counts a retry, waits a backoff if the
+//! worker was [`Verdict::Busy`], and re-issues the whole request with
+//! fresh ids and rooms.
 //!
-//! vLLM PD ([`Plan::remote_prefill`]) runs its prefill leg to its end
+//! vLLM PD ([`Handover::PrefillFirst`]) runs its prefill leg to its end
 //! first ([`Router::prefill_first`]): a prefill failure is an ordinary
 //! failed call of the attempt (retried on other workers), and the decode
 //! leg then goes out alone with the KV-transfer parameters prefill answered.
@@ -39,7 +41,7 @@ use super::classify::{self, Verdict};
 use super::encode::{self, EncodeJob};
 use super::generation::{FailedLeg, Generation, Leg};
 use super::pixels::{self, Laned};
-use super::strategy::{Plan, Strategy};
+use super::strategy::{Handover, Plan, Strategy};
 use super::{RouteError, Router};
 use crate::backends::{Backend, ResponseStream};
 use crate::mm::pending::PendingImages;
@@ -47,15 +49,20 @@ use crate::workers::affinity::item_patches;
 use crate::workers::Worker;
 
 /// Why an attempt failed: the failure that decides what happens next.
-struct Failure {
-    worker: Arc<Worker>,
-    status: Status,
-    verdict: Verdict,
-    /// The worker refused the RDMA lane of its pixels: plan again.
-    lane_refused: bool,
+enum Failure {
+    /// A call failed on `worker`; `verdict` says whether another worker
+    /// may succeed.
+    Worker {
+        worker: Arc<Worker>,
+        status: Status,
+        verdict: Verdict,
+    },
+    /// The worker refused the RDMA lane of its pixels (its puller is off):
+    /// plan again at once, the pixels now inline; nobody is blamed.
+    LaneRefused { worker: Arc<Worker>, status: Status },
     /// An image of the request failed to preprocess: the request ends
     /// with its error, and no worker is blamed.
-    image: Option<ApiError>,
+    Image(ApiError),
 }
 
 /// Re-plans after RDMA refusals per request at most (each turns rdma off
@@ -93,7 +100,7 @@ impl Accepted {
 struct Sent {
     /// An image of the request failed to preprocess.
     image: Option<ApiError>,
-    /// The Generate legs' pixels that left inline.
+    /// The Generate legs' pixels that went by the shm or RDMA lane.
     laned: Laned,
     encoders: Vec<Arc<Worker>>,
     encoded: Vec<(Arc<Worker>, Result<(), Status>)>,
@@ -127,21 +134,11 @@ const ABORT_REASON: &str = "another leg of the request failed";
 /// The failure of an attempt one of whose images failed to preprocess:
 /// its accepted legs are aborted and nobody is blamed.
 fn image_failed(error: ApiError, prefill: Option<LegResult>, stream: LegResult) -> Failure {
-    let worker = match &stream {
-        Ok(accepted) => accepted.worker.clone(),
-        Err((worker, _)) => worker.clone(),
-    };
     for leg in prefill.into_iter().chain([stream]).flatten() {
         leg.leg
             .abort("an image of the request could not be preprocessed");
     }
-    Failure {
-        worker,
-        status: Status::aborted(error.message.clone()),
-        verdict: Verdict::Fatal,
-        lane_refused: false,
-        image: Some(error),
-    }
+    Failure::Image(error)
 }
 
 /// A leg aborted if dropped while still set (a vLLM prefill leg whose
@@ -180,62 +177,73 @@ impl Router {
             let plan = strategy
                 .plan(attempt, &suspects)
                 .map_err(RouteError::NoWorker)?;
+            let legs = plan.leg_workers();
             let failure = match self.attempt(plan, &mut suspects).await {
-                Ok(generation) => return Ok(generation),
+                Ok(generation) => {
+                    strategy.routed(&legs);
+                    return Ok(generation);
+                }
                 Err(failure) => failure,
             };
             attempt += 1;
-            if let Some(error) = failure.image {
-                return Err(RouteError::Image(error));
-            }
-            if failure.lane_refused && replanned < MAX_LANE_REPLANS {
-                replanned += 1;
-                continue;
-            }
-            if failure.verdict == Verdict::Fatal || retried >= self.max_retries {
+            let (worker, status, verdict) = match failure {
+                Failure::Image(error) => return Err(RouteError::Image(error)),
+                Failure::LaneRefused { .. } if replanned < MAX_LANE_REPLANS => {
+                    replanned += 1;
+                    continue;
+                }
+                Failure::LaneRefused { worker, status } => (worker, status, Verdict::Retry),
+                Failure::Worker {
+                    worker,
+                    status,
+                    verdict,
+                } => (worker, status, verdict),
+            };
+            if verdict == Verdict::Fatal || retried >= self.max_retries {
                 return Err(RouteError::Upstream {
-                    worker: failure.worker.url.to_string(),
-                    status: failure.status,
+                    worker: worker.url.to_string(),
+                    status,
                 });
             }
             tracing::warn!(
-                worker = %failure.worker.url,
-                role = failure.worker.role.as_str(),
-                code = ?failure.status.code(),
-                error = %failure.status.message(),
+                worker = %worker.url,
+                role = worker.role.as_str(),
+                code = ?status.code(),
+                error = %status.message(),
                 "worker failed before the first token; retrying elsewhere"
             );
             self.retries.fetch_add(1, Ordering::Relaxed);
-            if failure.verdict == Verdict::Busy {
+            if verdict == Verdict::Busy {
                 tokio::time::sleep(classify::backoff(retried)).await;
             }
             retried += 1;
         }
     }
 
-    /// Runs one attempt of `plan`: its generation once every call was
-    /// accepted (and, if the plan reads ahead, the first response
-    /// arrived), else the failure that decides the next step. Every worker
-    /// that failed, and on a late failure every encoder too, joins
-    /// `suspects`.
+    /// Runs one attempt of `plan`: its generation once its [`Handover`]
+    /// point is reached, else the failure that decides the next step.
+    /// Every worker that failed, and on a late failure every encoder too,
+    /// joins `suspects`.
     async fn attempt(
         &self,
         mut plan: Plan<'_>,
         suspects: &mut Vec<Arc<Worker>>,
     ) -> Result<Generation, Failure> {
-        if plan.remote_prefill {
-            self.prefill_first(&mut plan, suspects).await?;
-        }
-        let read_ahead = plan.read_ahead;
-        let mut sent = self.send(plan).await;
+        let kv_transfer = match plan.handover {
+            Handover::PrefillFirst => self.prefill_first(&mut plan, suspects).await?,
+            Handover::Accepted | Handover::FirstResponse => None,
+        };
+        let mut read_ahead = plan.handover == Handover::FirstResponse;
+        let mut sent = self.send(plan, kv_transfer).await;
         let laned = std::mem::take(&mut sent.laned);
-        // Non-inline pixels are settled by the first response.
-        let read_ahead = read_ahead || !laned.tickets.is_empty();
+        // Pixels that went by the shm or RDMA lane are settled by the
+        // first response.
+        read_ahead |= laned.tickets.any_off_inline();
         let encoders = sent.encoders.clone();
         let (mut generation, workers) = match self.accepted(sent, &laned, suspects) {
             Ok(accepted) => accepted,
             Err(failure) => {
-                if failure.lane_refused {
+                if matches!(failure, Failure::LaneRefused { .. }) {
                     // Its puller is off: it never READs the slots, free them now.
                     laned.tickets.never_sent();
                 }
@@ -264,29 +272,27 @@ impl Router {
     }
 
     /// vLLM PD: runs `plan`'s prefill leg to its end (its answer is not
-    /// streamed) and gives the stream (decode) leg the KV-transfer
-    /// parameters it answered; the plan is left with the decode leg alone.
+    /// streamed) and answers the KV-transfer parameters it returned, for
+    /// the stream (decode) leg; the plan is left with the decode leg alone.
     /// The leg is aborted if the request goes away meanwhile.
     async fn prefill_first(
         &self,
         plan: &mut Plan<'_>,
         suspects: &mut Vec<Arc<Worker>>,
-    ) -> Result<(), Failure> {
+    ) -> Result<Option<String>, Failure> {
         let Some((p, request)) = plan.prefill.take() else {
-            return Ok(());
+            return Ok(None);
         };
         let decode = &plan.stream.0;
-        if decode.backend() != Some(Backend::Vllm) {
+        if !decode.backend().is_some_and(Backend::prefills_first) {
             let backend = decode.backend().map_or("unknown", |b| b.as_str());
-            return Err(Failure {
+            return Err(Failure::Worker {
                 worker: decode.clone(),
                 status: Status::failed_precondition(format!(
                     "the vLLM prefill worker {} needs vLLM decode workers; {} is {backend}",
                     p.url, decode.url
                 )),
                 verdict: Verdict::Fatal,
-                lane_refused: false,
-                image: None,
             });
         }
         let mut leg = AbortOnDrop(Some(Leg::new(p.clone(), &request.request_id, &self.aborts)));
@@ -308,8 +314,7 @@ impl Router {
         match answered {
             Ok(params) => {
                 p.record_success();
-                plan.kv_transfer = Some(params);
-                Ok(())
+                Ok(Some(params))
             }
             Err(status) => Err(self.calls_failed(vec![(p, status)], suspects)),
         }
@@ -328,18 +333,16 @@ impl Router {
             return None;
         }
         self.lanes.rdma_refused(worker, status);
-        Some(Failure {
+        Some(Failure::LaneRefused {
             worker: worker.clone(),
             status: status.clone(),
-            verdict: Verdict::Retry,
-            lane_refused: true,
-            image: None,
         })
     }
 
     /// Sends the plan's calls at once: the encode step (after admission)
-    /// and both Generate legs.
-    async fn send(&self, plan: Plan<'_>) -> Sent {
+    /// and both Generate legs (the stream leg with `kv_transfer`, vLLM PD's
+    /// parameters from its prefill).
+    async fn send(&self, plan: Plan<'_>, kv_transfer: Option<String>) -> Sent {
         let (s_worker, s_request) = plan.stream;
         let id = s_request.request_id.clone();
         let encoders: Vec<Arc<Worker>> = plan.encodes.iter().map(|j| j.worker.clone()).collect();
@@ -365,7 +368,7 @@ impl Router {
         let (encoded, p_result, (s_result, s_laned)) = tokio::join!(
             encode::send_all(&self.lanes, &plan.encodes, &id, self.encode_timeout),
             prefill_call,
-            self.generate(&s_worker, &s_request, plan.kv_transfer.clone()),
+            self.generate(&s_worker, &s_request, kv_transfer),
         );
         drop(permits);
         let mut laned = Laned::default();
@@ -396,14 +399,14 @@ impl Router {
     }
 
     /// `request` to `worker`, its pixels on the worker's lane
-    /// ([`pixels::prepare`]), and what left inline; `kv_transfer` is a
+    /// ([`pixels::prepare`]), and what of them went by a lane; `kv_transfer` is a
     /// vLLM decode leg's KV-transfer parameters.
     async fn generate(
         &self,
         worker: &Arc<Worker>,
         request: &GenerateRequest,
         kv_transfer: Option<String>,
-    ) -> (Result<ResponseStream, Status>, pixels::Prepared) {
+    ) -> (Result<ResponseStream, Status>, pixels::LegPixels) {
         match pixels::prepare(&self.lanes, worker, request).await {
             Ok((laned, prepared)) => {
                 let request = laned.as_ref().unwrap_or(request);
@@ -413,7 +416,7 @@ impl Router {
                 };
                 (result, prepared)
             }
-            Err(status) => (Err(status), pixels::Prepared::none()),
+            Err(status) => (Err(status), pixels::LegPixels::none()),
         }
     }
 
@@ -468,25 +471,24 @@ impl Router {
         failed: Vec<(Arc<Worker>, Status)>,
         suspects: &mut Vec<Arc<Worker>>,
     ) -> Failure {
-        let mut failures: Vec<Failure> = failed
+        let mut failures: Vec<(Arc<Worker>, Status, Verdict)> = failed
             .into_iter()
             .map(|(worker, status)| {
                 let verdict = classify::account(&worker, &status, self.circuit_breaker_failures);
                 suspects.push(worker.clone());
-                Failure {
-                    worker,
-                    status,
-                    verdict,
-                    lane_refused: false,
-                    image: None,
-                }
+                (worker, status, verdict)
             })
             .collect();
         let decisive = failures
             .iter()
-            .position(|f| f.verdict == Verdict::Fatal)
+            .position(|(_, _, verdict)| *verdict == Verdict::Fatal)
             .unwrap_or(0);
-        failures.swap_remove(decisive)
+        let (worker, status, verdict) = failures.swap_remove(decisive);
+        Failure::Worker {
+            worker,
+            status,
+            verdict,
+        }
     }
 }
 
@@ -504,11 +506,9 @@ fn late_failure(
     worker.record_refusal();
     suspects.extend(encoders);
     suspects.push(worker.clone());
-    Failure {
+    Failure::Worker {
         verdict: classify::classify(&status),
         worker,
         status,
-        lane_refused: false,
-        image: None,
     }
 }

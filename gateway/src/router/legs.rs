@@ -13,13 +13,10 @@ pub(super) fn new_room() -> i64 {
     fastrand::i64(0..=i64::MAX)
 }
 
-/// A fresh random KV room `prefill`'s backend can carry: SGLang's
-/// `bootstrap_room` is an int32 (0..=i32::MAX), TokenSpeed's 63 bits.
+/// A fresh random KV room `prefill`'s backend can carry
+/// ([`Backend::max_kv_room`]).
 fn new_kv_room(prefill: &Worker) -> i64 {
-    match prefill.backend() {
-        Some(Backend::Sglang) => fastrand::i64(0..=i64::from(i32::MAX)),
-        _ => new_room(),
-    }
+    fastrand::i64(0..=prefill.backend().map_or(i64::MAX, Backend::max_kv_room))
 }
 
 /// The request as sent on attempt `attempt`: retries get their own id

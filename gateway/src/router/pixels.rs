@@ -11,8 +11,9 @@
 //! response arrived (the worker read its pixels before answering), dropped
 //! on any failure (shm files unlinked, slots left to the notification or
 //! the reaper), freed at once when the worker refused the RDMA lane. A
-//! leg whose pixels left inline makes the attempt read ahead, so that such
-//! a refusal surfaces before anything reaches the client.
+//! leg whose pixels went by the shm or RDMA lane makes the attempt read
+//! ahead, so that such a refusal surfaces before anything reaches the
+//! client.
 
 use std::sync::Arc;
 
@@ -29,9 +30,9 @@ use crate::workers::Worker;
 pub(super) struct Tickets(Vec<DeliveryTicket>);
 
 impl Tickets {
-    /// Whether any pixels of the attempt left inline.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+    /// Whether any pixels of the attempt went by the shm or RDMA lane.
+    pub fn any_off_inline(&self) -> bool {
+        !self.0.is_empty()
     }
 
     fn extend(&mut self, other: Tickets) {
@@ -49,7 +50,8 @@ impl Tickets {
     }
 }
 
-/// The pixels of an attempt's Generate legs that left inline.
+/// The pixels of an attempt's Generate legs that went by the shm or RDMA
+/// lane.
 #[derive(Default)]
 pub(super) struct Laned {
     pub tickets: Tickets,
@@ -63,7 +65,7 @@ impl Laned {
         self.remote.iter().any(|w| Arc::ptr_eq(w, worker))
     }
 
-    pub fn add(&mut self, worker: &Arc<Worker>, prepared: Prepared) {
+    pub fn add(&mut self, worker: &Arc<Worker>, prepared: LegPixels) {
         if prepared.remote {
             self.remote.push(worker.clone());
         }
@@ -71,16 +73,16 @@ impl Laned {
     }
 }
 
-/// What left inline of a leg's pixels.
-pub(super) struct Prepared {
+/// What of a leg's pixels went by the shm or RDMA lane.
+pub(super) struct LegPixels {
     tickets: Tickets,
     remote: bool,
 }
 
-impl Prepared {
-    /// Nothing left inline.
-    pub fn none() -> Prepared {
-        Prepared {
+impl LegPixels {
+    /// Nothing went by a lane: all inline, or no pixels.
+    pub fn none() -> LegPixels {
+        LegPixels {
             tickets: Tickets::default(),
             remote: false,
         }
@@ -95,13 +97,13 @@ pub(super) async fn prepare(
     lanes: &Arc<Lanes>,
     worker: &Arc<Worker>,
     request: &GenerateRequest,
-) -> Result<(Option<GenerateRequest>, Prepared), Status> {
+) -> Result<(Option<GenerateRequest>, LegPixels), Status> {
     if lanes.requested(worker) == Transport::Inline || !carries_pixels(request) {
-        return Ok((None, Prepared::none()));
+        return Ok((None, LegPixels::none()));
     }
     let (lanes, worker, mut request) = (lanes.clone(), worker.clone(), request.clone());
     tokio::task::spawn_blocking(move || {
-        let mut prepared = Prepared::none();
+        let mut prepared = LegPixels::none();
         let items = request
             .mm_inputs
             .iter_mut()

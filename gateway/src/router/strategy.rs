@@ -1,19 +1,20 @@
 //! The three ways of spreading a request over workers, as strategies of
 //! the one attempt loop ([`super::dispatch`]): each only picks an
-//! attempt's workers (avoiding the request's suspects) and builds what
-//! every leg is sent. Retries, accounting and aborts are the loop's.
+//! attempt's workers (avoiding the request's suspects) with each pool's
+//! policy and the request's [`RouteKey`], and builds what every leg is
+//! sent. Retries, accounting and aborts are the loop's.
 //!
 //! - Aggregated: one worker runs the whole request.
 //! - Prefill + decode: both legs at once, joined by a fresh KV room; the
 //!   prefill leg gets the pixels of any images (it runs the vision tower
 //!   itself), the decode leg only their metadata. With a vLLM prefill
-//!   worker the legs are sequential instead ([`Plan::remote_prefill`]):
+//!   worker the legs are sequential instead ([`Handover::PrefillFirst`]):
 //!   prefill first, asked for a remote decode, then decode with the
 //!   KV-transfer parameters prefill answered (vLLM's NIXL connector).
 //! - Encode + prefill + decode (requests with images in an EPD
 //!   deployment; without images it is prefill + decode): per image an
-//!   encode worker (the encode policy, keyed by the image's content hash)
-//!   and a fresh room; the encode step ([`super::encode`]) and both
+//!   encode worker (the encode pool's policy, keyed by the image's content
+//!   hash) and a fresh room; the encode step ([`super::encode`]) and both
 //!   Generate legs go out at once, and prefill fetches the embeddings.
 
 use std::sync::Arc;
@@ -24,7 +25,8 @@ use super::encode::EncodeJob;
 use super::legs::{attempt_request, new_room, strip_pixels, with_encode_info, with_kv_room};
 use crate::backends::Backend;
 use crate::mm::pending::PendingImages;
-use crate::workers::affinity::{EncodePolicy, ImageCost};
+use crate::workers::affinity::{affinity_key, ImageCost};
+use crate::workers::policy::{ItemKey, RouteKey};
 use crate::workers::{Pool, Role, Worker};
 
 /// How requests are spread over workers.
@@ -37,7 +39,6 @@ pub enum Mode {
     /// Images to encode workers; prefill fetches their embeddings.
     EncodePrefillDecode {
         encode: Arc<Pool>,
-        encode_policy: EncodePolicy,
         prefill: Arc<Pool>,
         decode: Arc<Pool>,
     },
@@ -55,6 +56,11 @@ impl Mode {
         }
     }
 
+    /// Whether requests with images go to encode workers first.
+    pub fn encodes(&self) -> bool {
+        matches!(self, Mode::EncodePrefillDecode { .. })
+    }
+
     pub fn pools(&self) -> Vec<Arc<Pool>> {
         match self {
             Mode::Aggregated(pool) => vec![pool.clone()],
@@ -63,7 +69,6 @@ impl Mode {
                 encode,
                 prefill,
                 decode,
-                ..
             } => vec![encode.clone(), prefill.clone(), decode.clone()],
         }
     }
@@ -71,7 +76,13 @@ impl Mode {
 
 /// How one request is spread over workers, with the request prepared
 /// once for every attempt.
-pub(super) enum Strategy<'a> {
+pub(super) struct Strategy<'a> {
+    shape: Shape<'a>,
+    /// The request's images and videos as the policies see them.
+    items: Vec<ItemKey>,
+}
+
+enum Shape<'a> {
     Aggregated {
         pool: &'a Pool,
         request: GenerateRequest,
@@ -85,7 +96,6 @@ pub(super) enum Strategy<'a> {
     },
     EncodePrefillDecode {
         encode: &'a Pool,
-        policy: &'a EncodePolicy,
         prefill: &'a Pool,
         decode: &'a Pool,
         /// The images for the encode step: pixels included, or still being
@@ -97,6 +107,27 @@ pub(super) enum Strategy<'a> {
     },
 }
 
+/// When the loop hands a started generation to its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Handover {
+    /// Once every call was accepted, so the client's stream starts and
+    /// the images' memory is released at once (for a non-streaming
+    /// request the first response is the whole answer). Aggregated and PD
+    /// — unless pixels went by the shm or RDMA lane, which the first
+    /// response settles ([`Handover::FirstResponse`]).
+    Accepted,
+    /// After the stream's first response, so that failures surfacing only
+    /// in the streams, before anything reached the client, can still be
+    /// retried: EPD, whose usual failures (an embedding that never
+    /// arrives, an encoder that accepted but did not deliver) surface only
+    /// in the prefill's stream.
+    FirstResponse,
+    /// vLLM PD: the prefill leg runs to its end first (its answer is not
+    /// streamed), then the stream leg is sent the KV-transfer parameters
+    /// it answered; handed over once that leg is accepted.
+    PrefillFirst,
+}
+
 /// The workers of one attempt and what each is sent.
 pub(super) struct Plan<'a> {
     /// The encode step: one job per image (empty unless EPD).
@@ -105,28 +136,29 @@ pub(super) struct Plan<'a> {
     pub prefill: Option<(Arc<Worker>, GenerateRequest)>,
     /// The leg whose responses reach the client (aggregated or decode).
     pub stream: (Arc<Worker>, GenerateRequest),
-    /// Wait for the stream's first response before handing it over.
-    pub read_ahead: bool,
-    /// vLLM PD: run the prefill leg to its end first (its answer is not
-    /// streamed), then send the stream leg what it answered.
-    pub remote_prefill: bool,
-    /// The stream leg's KV-transfer parameters (vLLM PD: set once the
-    /// prefill answered them).
-    pub kv_transfer: Option<String>,
+    pub handover: Handover,
+}
+
+impl Plan<'_> {
+    /// The Generate legs' workers: prefill (if any), then the stream's.
+    pub fn leg_workers(&self) -> Vec<Arc<Worker>> {
+        let prefill = self.prefill.iter().map(|(p, _)| p.clone());
+        prefill.chain([self.stream.0.clone()]).collect()
+    }
 }
 
 impl<'a> Strategy<'a> {
     /// The strategy of `mode` for `request`, whose items' pixels may still
     /// be on their way (`images`; EPD only).
     pub fn new(mode: &'a Mode, request: GenerateRequest, images: &'a PendingImages) -> Self {
-        match mode {
-            Mode::Aggregated(pool) => Strategy::Aggregated { pool, request },
+        let items = item_keys(&request);
+        let shape = match mode {
+            Mode::Aggregated(pool) => Shape::Aggregated { pool, request },
             Mode::PrefillDecode { prefill, decode } => {
-                Self::prefill_decode(prefill, decode, request)
+                Shape::prefill_decode(prefill, decode, request)
             }
             Mode::EncodePrefillDecode {
                 encode,
-                encode_policy,
                 prefill,
                 decode,
             } => {
@@ -136,65 +168,81 @@ impl<'a> Strategy<'a> {
                     .map(|m| m.items.clone())
                     .unwrap_or_default();
                 if items.is_empty() {
-                    return Self::prefill_decode(prefill, decode, request);
-                }
-                Strategy::EncodePrefillDecode {
-                    encode,
-                    policy: encode_policy,
-                    prefill,
-                    decode,
-                    items,
-                    images: (!images.is_empty()).then_some(images),
-                    stripped: strip_pixels(&request),
+                    Shape::prefill_decode(prefill, decode, request)
+                } else {
+                    Shape::EncodePrefillDecode {
+                        encode,
+                        prefill,
+                        decode,
+                        items,
+                        images: (!images.is_empty()).then_some(images),
+                        stripped: strip_pixels(&request),
+                    }
                 }
             }
+        };
+        Strategy { shape, items }
+    }
+
+    /// The request's routing key: its tokens and items, one request's cost.
+    fn key(&self) -> RouteKey<'_> {
+        let request = match &self.shape {
+            Shape::Aggregated { request, .. } | Shape::PrefillDecode { request, .. } => request,
+            Shape::EncodePrefillDecode { stripped, .. } => stripped,
+        };
+        RouteKey {
+            tokens: request
+                .tokenized
+                .as_ref()
+                .map_or(&[], |t| t.input_ids.as_slice()),
+            items: &self.items,
+            cost: 1,
         }
     }
 
-    /// Whether the loop waits for the first response before handing the
-    /// generation over ([`Plan::read_ahead`]). EPD does: its usual failures (an embedding that
-    /// never arrives, an encoder that accepted but did not deliver)
-    /// surface only in the prefill's stream, after every call was
-    /// accepted. Aggregated and PD hand over once their legs are accepted,
-    /// so the client's stream starts and the images' memory is released
-    /// at once (for a non-streaming request the first response is the
-    /// whole answer); a failure after that reaches the client.
-    fn reads_ahead(&self) -> bool {
-        matches!(self, Strategy::EncodePrefillDecode { .. })
+    /// The Generate pools of the strategy's legs, as [`Plan::leg_workers`]
+    /// lists their workers.
+    fn leg_pools(&self) -> Vec<&Pool> {
+        match &self.shape {
+            Shape::Aggregated { pool, .. } => vec![pool],
+            Shape::PrefillDecode {
+                prefill, decode, ..
+            }
+            | Shape::EncodePrefillDecode {
+                prefill, decode, ..
+            } => vec![prefill, decode],
+        }
     }
 
-    fn prefill_decode(prefill: &'a Pool, decode: &'a Pool, request: GenerateRequest) -> Self {
-        Strategy::PrefillDecode {
-            prefill,
-            decode,
-            stripped: Box::new(strip_pixels(&request)),
-            request,
+    /// Tells each leg's pool policy that `workers` ([`Plan::leg_workers`]
+    /// of the attempt that started) accepted the request.
+    pub fn routed(&self, workers: &[Arc<Worker>]) {
+        let key = self.key();
+        for (pool, worker) in self.leg_pools().into_iter().zip(workers) {
+            pool.routed(worker, &key);
         }
     }
 
     /// Attempt number `attempt`'s workers, none of `suspects` unless a
     /// role has no other; `Err` names a role without any healthy worker.
     pub fn plan(&self, attempt: u32, suspects: &[Arc<Worker>]) -> Result<Plan<'_>, Role> {
-        match self {
-            Strategy::Aggregated { pool, request } => {
-                let worker = pick(pool, suspects)?;
-                Ok(Plan {
-                    encodes: Vec::new(),
-                    prefill: None,
-                    stream: (worker, attempt_request(request, attempt)),
-                    read_ahead: self.reads_ahead(),
-                    remote_prefill: false,
-                    kv_transfer: None,
-                })
-            }
-            Strategy::PrefillDecode {
+        let key = self.key();
+        let pick = |pool: &Pool| pool.pick(&key, suspects).ok_or(pool.role);
+        match &self.shape {
+            Shape::Aggregated { pool, request } => Ok(Plan {
+                encodes: Vec::new(),
+                prefill: None,
+                stream: (pick(pool)?, attempt_request(request, attempt)),
+                handover: Handover::Accepted,
+            }),
+            Shape::PrefillDecode {
                 prefill,
                 decode,
                 request,
                 stripped,
             } => {
-                let (p, d) = (pick(prefill, suspects)?, pick(decode, suspects)?);
-                if p.backend() == Some(Backend::Vllm) {
+                let (p, d) = (pick(prefill)?, pick(decode)?);
+                if p.backend().is_some_and(Backend::prefills_first) {
                     return Ok(vllm_prefill_decode(p, d, request, stripped, attempt));
                 }
                 let p_request = with_kv_room(attempt_request(request, attempt), &p);
@@ -207,22 +255,19 @@ impl<'a> Strategy<'a> {
                     encodes: Vec::new(),
                     prefill: Some((p, p_request)),
                     stream: (d, d_request),
-                    read_ahead: self.reads_ahead(),
-                    remote_prefill: false,
-                    kv_transfer: None,
+                    handover: Handover::Accepted,
                 })
             }
-            Strategy::EncodePrefillDecode {
+            Shape::EncodePrefillDecode {
                 encode,
-                policy,
                 prefill,
                 decode,
                 items,
                 images,
                 stripped,
             } => {
-                let encoders = pick_encoders(encode, policy, items, suspects)?;
-                let (p, d) = (pick(prefill, suspects)?, pick(decode, suspects)?);
+                let encoders = pick_encoders(encode, items, suspects)?;
+                let (p, d) = (pick(prefill)?, pick(decode)?);
                 let rooms: Vec<i64> = items.iter().map(|_| new_room()).collect();
                 let d_request = with_kv_room(attempt_request(stripped, attempt), &p);
                 let p_request = with_encode_info(d_request.clone(), &encoders, &rooms);
@@ -242,18 +287,46 @@ impl<'a> Strategy<'a> {
                     encodes,
                     prefill: Some((p, p_request)),
                     stream: (d, d_request),
-                    read_ahead: self.reads_ahead(),
-                    remote_prefill: false,
-                    kv_transfer: None,
+                    handover: Handover::FirstResponse,
                 })
             }
         }
     }
 }
 
+impl<'a> Shape<'a> {
+    fn prefill_decode(prefill: &'a Pool, decode: &'a Pool, request: GenerateRequest) -> Self {
+        Shape::PrefillDecode {
+            prefill,
+            decode,
+            stripped: Box::new(strip_pixels(&request)),
+            request,
+        }
+    }
+}
+
+/// Each item of `request` as the policies see it: its content key and
+/// the prompt span of its placeholders.
+fn item_keys(request: &GenerateRequest) -> Vec<ItemKey> {
+    let items = request.mm_inputs.iter().flat_map(|m| &m.items);
+    items
+        .map(|item| {
+            let start = item.placeholders.first().map_or(0, |p| p.offset);
+            let end = item
+                .placeholders
+                .last()
+                .map_or(start, |p| p.offset.saturating_add(p.length));
+            ItemKey {
+                key: affinity_key(&item.content_hash),
+                span: start..end,
+            }
+        })
+        .collect()
+}
+
 /// vLLM's PD plan: prefill is sent the whole request, decode the same id
 /// without images (the KV state it collects covers them); they run one
-/// after the other ([`Plan::remote_prefill`]).
+/// after the other ([`Handover::PrefillFirst`]).
 fn vllm_prefill_decode<'a>(
     p: Arc<Worker>,
     d: Arc<Worker>,
@@ -271,27 +344,24 @@ fn vllm_prefill_decode<'a>(
         encodes: Vec::new(),
         prefill: Some((p, p_request)),
         stream: (d, d_request),
-        read_ahead: false,
-        remote_prefill: true,
-        kv_transfer: None,
+        handover: Handover::PrefillFirst,
     }
 }
 
-/// A worker of `pool`, preferring those not in `suspects`.
-fn pick(pool: &Pool, suspects: &[Arc<Worker>]) -> Result<Arc<Worker>, Role> {
-    pool.pick(suspects).ok_or(pool.role)
-}
-
-/// One encode worker per image.
+/// One encode worker per image, by the encode pool's policy.
 fn pick_encoders(
     pool: &Pool,
-    policy: &EncodePolicy,
     items: &[MultimodalItem],
     suspects: &[Arc<Worker>],
 ) -> Result<Vec<Arc<Worker>>, Role> {
-    let candidates = pool.candidates(suspects);
-    let images = items.iter().map(ImageCost::of);
-    policy.pick_all(&candidates, images).ok_or(Role::Encode)
+    let images: Vec<ImageCost> = items.iter().map(ImageCost::of).collect();
+    let item_keys: Vec<ItemKey> = images.iter().map(ImageCost::item_key).collect();
+    let keys: Vec<RouteKey<'_>> = images
+        .iter()
+        .zip(&item_keys)
+        .map(|(image, item)| image.route_key(item))
+        .collect();
+    pool.pick_each(&keys, suspects).ok_or(Role::Encode)
 }
 
 #[cfg(test)]
@@ -301,14 +371,14 @@ mod tests {
     use iris_proto::scheduler::{MultimodalInputs, TensorData};
 
     use super::*;
-    use crate::workers::policy::{Policy, PolicyKind};
+    use crate::workers::policy::PolicyKind;
     use crate::workers::WorkerUrl;
 
     fn pool_of(role: Role, backend: &str) -> Arc<Pool> {
         let url = WorkerUrl::parse(&format!("grpc://127.0.0.1:1?backend={backend}")).unwrap();
         let worker = Worker::new(url, role, Duration::from_secs(1)).unwrap();
         worker.set_healthy(true);
-        let policy = Policy::new(PolicyKind::RoundRobin);
+        let policy = PolicyKind::RoundRobin.build(Default::default());
         Arc::new(Pool::new(role, vec![worker], policy))
     }
 
@@ -337,7 +407,7 @@ mod tests {
         let no_pending = PendingImages::default();
         let strategy = Strategy::new(&mode, image_request(), &no_pending);
         let plan = strategy.plan(1, &[]).unwrap();
-        assert!(plan.remote_prefill && plan.kv_transfer.is_none());
+        assert_eq!(plan.handover, Handover::PrefillFirst);
         let (_, prefill) = plan.prefill.as_ref().unwrap();
         assert_eq!(prefill.request_id, "r-retry1");
         assert_eq!(prefill.kv_bootstrap_info, None, "vLLM's PD has no room");
@@ -359,7 +429,7 @@ mod tests {
         let strategy = Strategy::new(&mode, image_request(), &no_pending);
         for attempt in 0..32 {
             let plan = strategy.plan(attempt, &[]).unwrap();
-            assert!(!plan.remote_prefill);
+            assert_eq!(plan.handover, Handover::Accepted);
             let p_room = plan.prefill.as_ref().unwrap().1.kv_bootstrap_info.clone();
             let d_room = plan.stream.1.kv_bootstrap_info.clone();
             assert_eq!(p_room, d_room);

@@ -17,8 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 
 use super::{Mode, RouteError, Router, RouterSettings};
-use crate::workers::affinity::{EncodePolicy, EncodePolicyKind};
-use crate::workers::policy::{Policy, PolicyKind};
+use crate::workers::policy::PolicyKind;
 use crate::workers::{Pool, Role, Worker, WorkerUrl};
 
 /// How a scripted worker answers one Generate call.
@@ -268,7 +267,7 @@ fn pool(role: Role, fakes: &[&Fake]) -> Arc<Pool> {
     Arc::new(Pool::new(
         role,
         workers,
-        Policy::new(PolicyKind::RoundRobin),
+        PolicyKind::RoundRobin.build(Default::default()),
     ))
 }
 
@@ -342,7 +341,6 @@ async fn epd_retries_a_failure_in_the_prefill_stream_before_the_first_response()
     let decode = Fake::start(Role::Decode, &[Answer::Pending, Answer::Respond]).await;
     let mode = Mode::EncodePrefillDecode {
         encode: pool(Role::Encode, &[&encoder]),
-        encode_policy: EncodePolicy::new(EncodePolicyKind::RoundRobin, 1.0, 0),
         prefill: pool(Role::Prefill, &[&failing, &good]),
         decode: pool(Role::Decode, &[&decode]),
     };
@@ -501,7 +499,6 @@ async fn an_encoder_whose_puller_is_off_gets_the_image_inline_at_once() {
     let decode = Fake::start(Role::Decode, &[Answer::Respond]).await;
     let mode = Mode::EncodePrefillDecode {
         encode: pool(Role::Encode, &[&encoder]),
-        encode_policy: EncodePolicy::new(EncodePolicyKind::RoundRobin, 1.0, 0),
         prefill: pool(Role::Prefill, &[&prefill]),
         decode: pool(Role::Decode, &[&decode]),
     };
@@ -632,7 +629,6 @@ async fn epd(prefill: &[Answer], decode: &[Answer]) -> (Router, [Fake; 3]) {
     let decode = Fake::start(Role::Decode, decode).await;
     let mode = Mode::EncodePrefillDecode {
         encode: pool(Role::Encode, &[&encoder]),
-        encode_policy: EncodePolicy::new(EncodePolicyKind::RoundRobin, 1.0, 0),
         prefill: pool(Role::Prefill, &[&prefill]),
         decode: pool(Role::Decode, &[&decode]),
     };

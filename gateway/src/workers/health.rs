@@ -44,8 +44,9 @@ pub struct HealthSettings {
     pub timeout: Duration,
     pub failure_threshold: u32,
     pub success_threshold: u32,
-    /// `--rdma-receiver-hold-ms`: encode workers whose NIXL receiver may
-    /// hold a slot longer get no rdma tensors.
+    /// `--rdma-receiver-hold-ms`: workers sent pixels (encoders,
+    /// aggregated and PD prefill workers) whose NIXL receiver may hold a
+    /// slot longer get no rdma tensors.
     pub rdma_receiver_hold: Duration,
 }
 
@@ -157,6 +158,10 @@ pub fn spawn(
                 .iter()
                 .flat_map(|p| p.snapshot().iter().cloned().collect::<Vec<_>>())
                 .collect();
+            // An open circuit lets a probe through after one interval.
+            for worker in &workers {
+                worker.breaker.set_open_period(settings.interval);
+            }
             futures::future::join_all(workers.iter().map(|w| check_and_record(w, &settings))).await;
         }
     })

@@ -1,20 +1,21 @@
 //! A pool of workers of one role, with its selection policy. The worker
 //! list can change at run time (service discovery); readers take a cheap
-//! snapshot.
+//! snapshot. Load is counted in the pool's unit: requests in flight, or
+//! for encoders the patches of the images in flight.
 
 use std::sync::{Arc, RwLock};
 
-use super::policy::Policy;
+use super::policy::{pick_each, Policy, RouteKey};
 use super::worker::{Role, Worker};
 
 pub struct Pool {
     pub role: Role,
     workers: RwLock<Arc<Vec<Arc<Worker>>>>,
-    policy: Policy,
+    policy: Box<dyn Policy>,
 }
 
 impl Pool {
-    pub fn new(role: Role, workers: Vec<Arc<Worker>>, policy: Policy) -> Self {
+    pub fn new(role: Role, workers: Vec<Arc<Worker>>, policy: Box<dyn Policy>) -> Self {
         Pool {
             role,
             workers: RwLock::new(Arc::new(workers)),
@@ -34,21 +35,69 @@ impl Pool {
         self.snapshot().iter().filter(|w| w.is_healthy()).count()
     }
 
-    /// Picks a healthy worker with the pool's policy, preferring one not
-    /// in `tried` (see [`candidates`](Self::candidates)).
-    pub fn pick(&self, tried: &[Arc<Worker>]) -> Option<Arc<Worker>> {
-        self.policy.pick(&self.candidates(tried))
+    pub fn policy(&self) -> &dyn Policy {
+        &*self.policy
     }
 
-    /// The healthy workers not in `tried`; when every healthy worker has
-    /// been tried, all healthy workers: a connect failure is often
-    /// transient (a dropped connection that the channel re-establishes),
-    /// and the caller bounds the attempts.
+    /// `worker`'s load in the pool's unit.
+    pub fn load(&self, worker: &Worker) -> u64 {
+        match self.role {
+            Role::Encode => worker.patches_in_flight(),
+            _ => worker.in_flight() as u64,
+        }
+    }
+
+    /// Picks a healthy worker for `key` with the pool's policy, preferring
+    /// one not in `tried` (see [`candidates`](Self::candidates)).
+    pub fn pick(&self, key: &RouteKey<'_>, tried: &[Arc<Worker>]) -> Option<Arc<Worker>> {
+        self.pick_each(std::slice::from_ref(key), tried)?.pop()
+    }
+
+    /// A worker for each of `keys`, in order ([`pick_each`]: what is
+    /// assigned earlier in the call counts as load). A worker picked with
+    /// its circuit half-open carries the one probe; when another pick took
+    /// that probe first, the keys are placed again without it.
+    pub fn pick_each(
+        &self,
+        keys: &[RouteKey<'_>],
+        tried: &[Arc<Worker>],
+    ) -> Option<Vec<Arc<Worker>>> {
+        let mut candidates = self.candidates(tried);
+        loop {
+            let picks = pick_each(&*self.policy, &candidates, keys, |w| self.load(w))?;
+            let mut probes: Vec<&Arc<Worker>> = Vec::new();
+            for worker in picks.iter().filter(|w| !w.is_healthy()) {
+                if !probes.iter().any(|p| Arc::ptr_eq(p, worker)) {
+                    probes.push(worker);
+                }
+            }
+            let lost: Vec<Arc<Worker>> = probes
+                .into_iter()
+                .filter(|w| !w.breaker.claim_probe())
+                .cloned()
+                .collect();
+            if lost.is_empty() {
+                return Some(picks);
+            }
+            candidates.retain(|c| !lost.iter().any(|l| Arc::ptr_eq(l, c)));
+        }
+    }
+
+    /// `worker` accepted a request the policy placed with `key`.
+    pub fn routed(&self, worker: &Worker, key: &RouteKey<'_>) {
+        self.policy.on_routed(worker, key);
+    }
+
+    /// The healthy workers (with those whose circuit is half-open, for
+    /// their probe) not in `tried`; when every one has been tried, all of
+    /// them: a connect failure is often transient (a dropped connection
+    /// that the channel re-establishes), and the caller bounds the
+    /// attempts.
     pub fn candidates(&self, tried: &[Arc<Worker>]) -> Vec<Arc<Worker>> {
         let healthy: Vec<Arc<Worker>> = self
             .snapshot()
             .iter()
-            .filter(|w| w.is_healthy())
+            .filter(|w| w.is_healthy() || w.is_half_open())
             .cloned()
             .collect();
         let untried: Vec<Arc<Worker>> = healthy
@@ -76,12 +125,18 @@ impl Pool {
         true
     }
 
-    /// Removes the worker with `url`; returns whether one was removed.
+    /// Removes the worker with `url` (the policy is told); returns
+    /// whether one was removed.
     pub fn remove(&self, url: &super::WorkerUrl) -> bool {
-        let mut guard = self.workers.write().unwrap_or_else(|p| p.into_inner());
-        let next: Vec<Arc<Worker>> = guard.iter().filter(|w| &w.url != url).cloned().collect();
-        let removed = next.len() != guard.len();
-        *guard = Arc::new(next);
-        removed
+        let removed: Vec<Arc<Worker>> = {
+            let mut guard = self.workers.write().unwrap_or_else(|p| p.into_inner());
+            let (gone, kept): (Vec<_>, Vec<_>) = guard.iter().cloned().partition(|w| &w.url == url);
+            *guard = Arc::new(kept);
+            gone
+        };
+        for worker in &removed {
+            self.policy.on_removed(worker);
+        }
+        !removed.is_empty()
     }
 }

@@ -18,6 +18,7 @@ use iris_proto::sglang::sglang_scheduler_client::SglangSchedulerClient;
 use iris_proto::vllm::vllm_engine_client::VllmEngineClient;
 use iris_transport::{Transport, WorkerCaps};
 
+use super::breaker::{self, Breaker};
 use super::recall::Recall;
 use tonic::codec::Streaming;
 use tonic::transport::Endpoint;
@@ -89,6 +90,7 @@ pub struct Worker {
     pub url: WorkerUrl,
     pub role: Role,
     channel: AuthChannel,
+    /// Its health checks pass (settled by the thresholds).
     healthy: AtomicBool,
     in_flight: AtomicUsize,
     /// Patches of the images in flight to this worker (encode workers).
@@ -97,8 +99,8 @@ pub struct Worker {
     successes: AtomicU32,
     /// No health check has completed yet.
     unchecked: AtomicBool,
-    /// Request failures in a row (the passive circuit breaker).
-    request_failures: AtomicU32,
+    /// The passive circuit breaker, fed by request outcomes.
+    pub breaker: Breaker,
     /// Requests started and failed over the worker's life (metrics).
     requests: AtomicU64,
     failed_requests: AtomicU64,
@@ -213,7 +215,7 @@ impl Worker {
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             unchecked: AtomicBool::new(true),
-            request_failures: AtomicU32::new(0),
+            breaker: Breaker::default(),
             requests: AtomicU64::new(0),
             failed_requests: AtomicU64::new(0),
             transport,
@@ -423,8 +425,15 @@ impl Worker {
         (self.url.host.clone(), i32::from(port))
     }
 
+    /// In service: its health checks pass and its circuit is closed.
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
+        self.healthy.load(Ordering::Relaxed) && self.breaker.is_closed()
+    }
+
+    /// Out of service by its circuit alone, open long enough for a probe
+    /// request ([`breaker::State::HalfOpen`]).
+    pub fn is_half_open(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed) && self.breaker.state() == breaker::State::HalfOpen
     }
 
     pub fn in_flight(&self) -> usize {
@@ -453,24 +462,27 @@ impl Worker {
         }
     }
 
-    /// Records that a request reached the worker and was accepted: closes
-    /// the failure streak.
+    /// Records that a request reached the worker and was accepted: ends
+    /// the failure streak, and closes the circuit if it was open (a
+    /// half-open probe succeeded).
     pub fn record_success(&self) {
-        self.request_failures.store(0, Ordering::Relaxed);
+        if self.breaker.record_success() {
+            tracing::info!(worker = %self.url, role = self.role.as_str(), "circuit closed: a request succeeded");
+        }
     }
 
     /// Records a failed request; after `threshold` failures in a row the
     /// circuit opens: the worker leaves service until health checks bring
-    /// it back. Returns true when this failure opened it.
+    /// it back or a half-open probe succeeds ([`Breaker`]). Returns true
+    /// when this failure opened it.
     pub fn record_failure(&self, threshold: u32) -> bool {
         self.failed_requests.fetch_add(1, Ordering::Relaxed);
-        let streak = self.request_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if threshold > 0 && streak >= threshold && self.healthy.swap(false, Ordering::Relaxed) {
+        let (streak, opened) = self.breaker.record_failure(threshold);
+        if opened {
             self.successes.store(0, Ordering::Relaxed);
-            tracing::warn!(worker = %self.url, role = self.role.as_str(), failures = streak, "circuit open: worker out of service until health checks pass");
-            return true;
+            tracing::warn!(worker = %self.url, role = self.role.as_str(), failures = streak, "circuit open: worker out of service until health checks pass or a probe succeeds");
         }
-        false
+        opened
     }
 
     /// Records a request the worker could not take (queue full, too slow
@@ -499,6 +511,7 @@ impl Worker {
         success_threshold: u32,
     ) -> Option<bool> {
         let first = self.unchecked.swap(false, Ordering::Relaxed);
+        let before = self.is_healthy();
         let (streak, threshold) = if ok {
             self.failures.store(0, Ordering::Relaxed);
             (
@@ -512,12 +525,14 @@ impl Worker {
                 fail_threshold,
             )
         };
-        let flips = self.is_healthy() != ok && (first || streak >= threshold.max(1));
-        if flips {
+        if first || streak >= threshold.max(1) {
             self.healthy.store(ok, Ordering::Relaxed);
-            return Some(ok);
+            if ok {
+                self.breaker.close();
+            }
         }
-        None
+        let after = self.is_healthy();
+        (before != after).then_some(after)
     }
 
     /// The worker's own tensor transport, overriding the gateway's.
@@ -590,9 +605,13 @@ impl Worker {
         became_true(&self.backend_unknown, unknown)
     }
 
-    /// Marks the worker healthy or not at once (tests, discovery).
+    /// Marks the worker healthy or not at once (tests, discovery); healthy
+    /// closes its circuit.
     pub fn set_healthy(&self, healthy: bool) {
         self.healthy.store(healthy, Ordering::Relaxed);
+        if healthy {
+            self.breaker.close();
+        }
     }
 }
 

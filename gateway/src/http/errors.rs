@@ -43,8 +43,19 @@ pub fn route_error(error: RouteError) -> (ApiError, Outcome) {
             Outcome::NoWorker,
         ),
         RouteError::Upstream { worker, status } => worker_error(&worker, &status),
-        RouteError::Image(error) => super::image_failure(error),
+        RouteError::Image(error) => image_failure(error),
     }
+}
+
+/// An image that could not be fetched, admitted or preprocessed, with the
+/// request's outcome: the client's (400), no room (retry later) or ours.
+pub fn image_failure(error: ApiError) -> (ApiError, Outcome) {
+    let outcome = match error.status {
+        400 => Outcome::ClientError,
+        _ if error.retry_after.is_some() => Outcome::Overloaded,
+        _ => Outcome::UpstreamError,
+    };
+    (error, outcome)
 }
 
 /// The client-facing error for a worker's gRPC status, by the router's one

@@ -1,10 +1,10 @@
-//! How a request to `/v1/chat/completions` or `/v1/completions` ends: its outcome counted in `iris_requests_total`
+//! How a request to an API endpoint ends: its outcome counted in `iris_requests_total`
 //! and one `info` log line with what an operator looks for first — request
 //! id, status, duration, prompt and completion tokens, images and
 //! pixel-cache hits (and the error's message when it failed). Every way a
 //! request ends — an error before dispatch, a unary answer, a stream that
 //! finishes or fails, a client that leaves before the end — goes through
-//! [`RequestLine::record`] exactly once.
+//! [`Ledger::record`] exactly once.
 
 use std::time::Instant;
 
@@ -39,44 +39,60 @@ pub struct ImageCount {
     pub cache_hits: usize,
 }
 
-/// The facts of one request's log line.
-#[derive(Debug)]
-pub struct RequestLine<'a> {
+/// The facts of a request's log line known before it ends: set as the
+/// request is read, carried to wherever it ends.
+#[derive(Debug, Clone)]
+pub struct Ledger {
     /// The API route: [`CHAT`] or [`COMPLETIONS`].
     pub endpoint: &'static str,
-    pub id: &'a str,
+    pub id: String,
     pub started: Instant,
-    /// The HTTP status; for a stream that ended in an error event, that
-    /// event's status; [`CLIENT_CLOSED`] when the client left first.
-    pub status: u16,
-    pub outcome: Outcome,
     pub prompt_tokens: u32,
-    pub completion_tokens: u32,
     pub images: ImageCount,
     /// The request's `user` field (the client's end-user id), when sent;
     /// logged up to [`USER_LOG_BYTES`].
-    pub user: Option<&'a str>,
-    /// The message sent to the client, when the request failed.
-    pub error: Option<&'a str>,
+    pub user: Option<String>,
 }
 
-impl RequestLine<'_> {
-    /// Counts the outcome and logs the line; once per request.
-    pub fn record(&self, metrics: &Metrics) {
-        metrics.outcome(self.outcome);
+impl Ledger {
+    /// A request of `endpoint` that arrived at `started`; nothing read yet.
+    pub fn new(endpoint: &'static str, id: String, started: Instant) -> Ledger {
+        Ledger {
+            endpoint,
+            id,
+            started,
+            prompt_tokens: 0,
+            images: ImageCount::default(),
+            user: None,
+        }
+    }
+
+    /// Counts the outcome and logs the line; once per request. `status`
+    /// is the HTTP status (for a stream that ended in an error event, that
+    /// event's status; [`CLIENT_CLOSED`] when the client left first);
+    /// `error` the message sent to the client, when the request failed.
+    pub fn record(
+        &self,
+        metrics: &Metrics,
+        status: u16,
+        outcome: Outcome,
+        completion_tokens: u32,
+        error: Option<&str>,
+    ) {
+        metrics.outcome(outcome);
         let duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
             endpoint = self.endpoint,
             request_id = %self.id,
-            status = self.status,
+            status,
             duration_ms,
             prompt_tokens = self.prompt_tokens,
-            completion_tokens = self.completion_tokens,
+            completion_tokens,
             images = self.images.images,
             pixel_cache_hits = self.images.cache_hits,
-            user = self.user.map(|u| clip(u, USER_LOG_BYTES)),
-            outcome = ?self.outcome,
-            error = self.error,
+            user = self.user.as_deref().map(|u| clip(u, USER_LOG_BYTES)),
+            outcome = ?outcome,
+            error,
             "request done"
         );
     }

@@ -1,0 +1,231 @@
+//! Server-sent events: the answer of a streaming request, written as its
+//! workers produce it. An endpoint supplies its [`Events`] (how worker
+//! messages become chunks); this module runs them within the request
+//! deadline and the shutdown's hard stop, ends a failed stream with an
+//! error event and `[DONE]`, notes the `dispatch`, `first_token` and
+//! `decode` stages, and records the request once: when it ends, when it
+//! fails, or when its client goes away (the body is dropped: status 499,
+//! and dropping the events aborts the workers).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use iris_openai::sse;
+use iris_openai::ApiError;
+
+use super::record::CLIENT_CLOSED;
+use super::{refused, shutting_down, Failure, Ledger};
+use crate::metrics::{Outcome, Stage};
+use crate::server::AppState;
+
+/// How one endpoint turns its workers' messages into SSE chunks.
+pub trait Events: Send + 'static {
+    /// One message of the workers, placed on its choice.
+    type Event: Send;
+
+    /// What goes out before any token (role chunks, echoed prompts); may
+    /// write nothing.
+    fn open(&mut self, out: &mut BytesMut);
+
+    /// The workers' next message; `None` when they have no more.
+    fn next(&mut self) -> impl Future<Output = Option<Result<Self::Event, Failure>>> + Send;
+
+    /// Whether `event` is the first token of the answer when none came
+    /// before it (the `first_token` stage).
+    fn carries_tokens(event: &Self::Event) -> bool;
+
+    /// Writes what `event` produces; `true` once every choice has ended.
+    fn event(&mut self, out: &mut BytesMut, event: Self::Event) -> Result<bool, Failure>;
+
+    /// The workers have no more messages: fine if every choice has ended
+    /// by then, else the stream's error.
+    fn exhausted(&mut self) -> Result<(), Failure>;
+
+    /// Every choice has ended: stop the workers still generating (a stop
+    /// string matched) and write the usage chunk when the client asked.
+    fn finish(&mut self, out: &mut BytesMut);
+
+    /// The request ends early: abort the workers.
+    fn abort(&mut self, reason: &str);
+
+    /// Tokens generated so far over every choice.
+    fn completion_tokens(&self) -> u32;
+}
+
+/// Starts the request (`start`, within the request deadline) and answers
+/// with its event stream, or with the error that kept it from starting.
+pub async fn respond<E, F>(state: Arc<AppState>, ledger: Ledger, start: F) -> Response
+where
+    E: Events,
+    F: Future<Output = Result<E, Failure>>,
+{
+    let dispatch = Instant::now();
+    let deadline = tokio::time::Instant::from_std(ledger.started + state.request_timeout);
+    let events = match tokio::time::timeout_at(deadline, start).await {
+        Ok(Ok(events)) => events,
+        Ok(Err(failure)) => return refused(&state.metrics, &ledger, failure),
+        Err(_) => {
+            let error = ApiError::gateway_timeout(format!(
+                "the workers did not start answering within {} s",
+                state.request_timeout.as_secs()
+            ));
+            return refused(&state.metrics, &ledger, (error, Outcome::Timeout));
+        }
+    };
+    state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
+    let stream = Stream {
+        state,
+        ledger,
+        events,
+        phase: Phase::Start,
+        first_token_at: None,
+        deadline,
+    };
+    let body = Body::from_stream(futures::stream::unfold(stream, |mut s| async move {
+        let bytes = s.next_bytes().await?;
+        Some((Ok::<Bytes, std::convert::Infallible>(bytes), s))
+    }));
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// Where the stream is.
+#[derive(PartialEq, Eq)]
+enum Phase {
+    /// [`Events::open`] is next.
+    Start,
+    Tokens,
+    Done,
+}
+
+/// The state of one SSE answer.
+struct Stream<E: Events> {
+    state: Arc<AppState>,
+    ledger: Ledger,
+    events: E,
+    phase: Phase,
+    /// When the first token reached the client.
+    first_token_at: Option<Instant>,
+    deadline: tokio::time::Instant,
+}
+
+impl<E: Events> Stream<E> {
+    /// The next bytes to send, or `None` when the stream is over.
+    async fn next_bytes(&mut self) -> Option<Bytes> {
+        let mut out = BytesMut::with_capacity(256);
+        match self.phase {
+            Phase::Done => return None,
+            Phase::Start => {
+                self.phase = Phase::Tokens;
+                self.events.open(&mut out);
+            }
+            Phase::Tokens => {}
+        }
+        while out.is_empty() && self.phase == Phase::Tokens {
+            self.step(&mut out).await;
+        }
+        Some(out.freeze())
+    }
+
+    /// Reads one message from the workers and writes what it produces.
+    async fn step(&mut self, out: &mut BytesMut) {
+        let next = tokio::select! {
+            biased;
+            _ = self.state.hard_stop.cancelled() => return self.fail(out, shutting_down()),
+            next = tokio::time::timeout_at(self.deadline, self.events.next()) => next,
+        };
+        let event = match next {
+            Err(_) => {
+                let error = ApiError::gateway_timeout(format!(
+                    "no complete answer within {} s",
+                    self.state.request_timeout.as_secs()
+                ));
+                return self.fail(out, (error, Outcome::Timeout));
+            }
+            Ok(None) => {
+                return match self.events.exhausted() {
+                    Ok(()) => self.finish(out),
+                    Err(failure) => self.fail(out, failure),
+                }
+            }
+            Ok(Some(Err(failure))) => return self.fail(out, failure),
+            Ok(Some(Ok(event))) => event,
+        };
+        if E::carries_tokens(&event) {
+            self.first_token();
+        }
+        match self.events.event(out, event) {
+            Ok(true) => self.finish(out),
+            Ok(false) => {}
+            Err(failure) => self.fail(out, failure),
+        }
+    }
+
+    /// Notes when the first token arrived (the `first_token` stage).
+    fn first_token(&mut self) {
+        if self.first_token_at.is_none() {
+            self.first_token_at = Some(Instant::now());
+            self.state
+                .metrics
+                .stage(Stage::FirstToken, self.ledger.started.elapsed());
+        }
+    }
+
+    /// Every choice has ended: the usage chunk (when asked) and `[DONE]`.
+    fn finish(&mut self, out: &mut BytesMut) {
+        self.events.finish(out);
+        sse::write_done(out);
+        let completion_tokens = self.events.completion_tokens();
+        self.state
+            .metrics
+            .tokens(self.ledger.prompt_tokens, completion_tokens);
+        if let Some(first) = self.first_token_at {
+            self.state.metrics.stage(Stage::Decode, first.elapsed());
+        }
+        self.end(200, Outcome::Ok, None);
+    }
+
+    fn fail(&mut self, out: &mut BytesMut, (error, outcome): Failure) {
+        tracing::warn!(request_id = %self.ledger.id, error = %error.message, "stream failed");
+        self.events.abort("gateway ended the request");
+        sse::write_error_event(out, &error);
+        sse::write_done(out);
+        self.end(error.status, outcome, Some(&error.message));
+    }
+
+    fn end(&mut self, status: u16, outcome: Outcome, error: Option<&str>) {
+        self.phase = Phase::Done;
+        let completion_tokens = self.events.completion_tokens();
+        self.ledger.record(
+            &self.state.metrics,
+            status,
+            outcome,
+            completion_tokens,
+            error,
+        );
+        self.state
+            .metrics
+            .stage(Stage::Total, self.ledger.started.elapsed());
+    }
+}
+
+impl<E: Events> Drop for Stream<E> {
+    /// A stream dropped before its end lost its client.
+    fn drop(&mut self) {
+        if self.phase != Phase::Done {
+            let error = "the client went away before the end of the stream";
+            self.end(CLIENT_CLOSED, Outcome::Cancelled, Some(error));
+        }
+    }
+}

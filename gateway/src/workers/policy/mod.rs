@@ -1,0 +1,189 @@
+//! How a worker is chosen among the usable ones of a pool: the [`Policy`]
+//! trait, one file per policy, and [`PolicyKind`] (the values of
+//! `--policy`, `--prefill-policy`, `--decode-policy` and
+//! `--encode-policy`).
+//!
+//! A policy sees the request's [`RouteKey`] — its token ids, each image's
+//! or video's content key with the token span it covers, and its cost in
+//! the pool's load unit — and each candidate's load, and answers the index
+//! of its pick. It is told when a request it routed was accepted
+//! ([`Policy::on_routed`]) and when a worker leaves the pool
+//! ([`Policy::on_removed`]), so a policy that learns from its own
+//! routing history can keep and trim that history.
+//!
+//! Adding a policy: a file here implementing [`Policy`], a [`PolicyKind`]
+//! value, and its line in [`PolicyKind::build`].
+
+mod consistent_hashing;
+mod least_load;
+mod power_of_two;
+mod random;
+mod round_robin;
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use clap::ValueEnum;
+
+pub use consistent_hashing::ConsistentHashing;
+pub use least_load::LeastLoad;
+pub use power_of_two::PowerOfTwo;
+pub use random::Random;
+pub use round_robin::RoundRobin;
+
+use super::worker::Worker;
+
+/// One image or video of a request, as routing sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemKey {
+    /// Its content hash folded to 64 bits
+    /// ([`crate::workers::affinity::affinity_key`]).
+    pub key: u64,
+    /// The prompt positions its placeholder tokens take.
+    pub span: Range<u32>,
+}
+
+/// What a policy may know of the request it places.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RouteKey<'a> {
+    /// The prompt's token ids (empty for an encode pick).
+    pub tokens: &'a [u32],
+    /// The request's images and videos (for an encode pick: the one image).
+    pub items: &'a [ItemKey],
+    /// What placing it adds to a worker's load, in the pool's unit:
+    /// requests, or patches for encoders (at least 1).
+    pub cost: u64,
+}
+
+/// What one pick is made among: the usable workers (at least one), the
+/// request's key, and each worker's load in the pool's unit (with what
+/// was assigned to it earlier in the same call).
+pub struct Candidates<'a> {
+    pub workers: &'a [Arc<Worker>],
+    pub key: &'a RouteKey<'a>,
+    load: &'a dyn Fn(usize) -> u64,
+}
+
+impl Candidates<'_> {
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// The load of worker `i`.
+    pub fn load(&self, i: usize) -> u64 {
+        (self.load)(i)
+    }
+}
+
+/// A way of choosing a worker.
+pub trait Policy: Send + Sync {
+    /// The index of the pick among `among.workers`.
+    fn pick(&self, among: &Candidates<'_>) -> usize;
+
+    /// `worker` accepted a request this policy placed.
+    fn on_routed(&self, _worker: &Worker, _key: &RouteKey<'_>) {}
+
+    /// `worker` left the pool (removed by discovery).
+    fn on_removed(&self, _worker: &Worker) {}
+}
+
+/// `--policy`, `--prefill-policy`, `--decode-policy`, `--encode-policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PolicyKind {
+    /// Each worker in turn.
+    #[value(name = "round_robin", alias = "round-robin")]
+    RoundRobin,
+    /// Uniformly at random.
+    #[value(name = "random")]
+    Random,
+    /// Two at random, the one with less load.
+    #[value(name = "power_of_two", alias = "power-of-two")]
+    PowerOfTwo,
+    /// The one with the least load (ties in turn).
+    #[value(name = "least_load", alias = "least-load")]
+    LeastLoad,
+    /// Content-hash affinity with bounded load (encoders only; their
+    /// default).
+    #[value(name = "consistent_hashing", alias = "consistent-hashing")]
+    ConsistentHashing,
+}
+
+/// What the policies that bound load are told.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadBounds {
+    /// A worker's load may reach this multiple of the mean (≥ 1).
+    pub load_factor: f64,
+    /// Most load a pick may lead to on one worker (0: no bound).
+    pub max_load: u64,
+}
+
+impl Default for LoadBounds {
+    fn default() -> Self {
+        LoadBounds {
+            load_factor: 1.25,
+            max_load: 0,
+        }
+    }
+}
+
+impl PolicyKind {
+    /// The flag value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::Random => "random",
+            PolicyKind::PowerOfTwo => "power_of_two",
+            PolicyKind::LeastLoad => "least_load",
+            PolicyKind::ConsistentHashing => "consistent_hashing",
+        }
+    }
+
+    /// Whether it places by the key of a request's one image, so only
+    /// encode pools can use it.
+    pub fn encode_only(self) -> bool {
+        self == PolicyKind::ConsistentHashing
+    }
+
+    /// The policy, with its state.
+    pub fn build(self, bounds: LoadBounds) -> Box<dyn Policy> {
+        match self {
+            PolicyKind::RoundRobin => Box::new(RoundRobin::default()),
+            PolicyKind::Random => Box::new(Random),
+            PolicyKind::PowerOfTwo => Box::new(PowerOfTwo),
+            PolicyKind::LeastLoad => Box::new(LeastLoad::default()),
+            PolicyKind::ConsistentHashing => Box::new(ConsistentHashing::new(bounds)),
+        }
+    }
+}
+
+/// A pick for each of `keys` in order, among `candidates` with loads
+/// `load`: what is assigned to a worker earlier in the call counts as its
+/// load too, so several copies of one hot image in a request spread as
+/// they would across requests. `None` when there is no candidate.
+pub fn pick_each(
+    policy: &dyn Policy,
+    candidates: &[Arc<Worker>],
+    keys: &[RouteKey<'_>],
+    load: impl Fn(&Worker) -> u64,
+) -> Option<Vec<Arc<Worker>>> {
+    if candidates.is_empty() {
+        return None;
+    }
+    let mut assigned = vec![0u64; candidates.len()];
+    let mut picks = Vec::with_capacity(keys.len());
+    for key in keys {
+        let current = |i: usize| load(&candidates[i]).saturating_add(assigned[i]);
+        let among = Candidates {
+            workers: candidates,
+            key,
+            load: &current,
+        };
+        let index = policy.pick(&among).min(candidates.len() - 1);
+        assigned[index] = assigned[index].saturating_add(key.cost.max(1));
+        picks.push(candidates[index].clone());
+    }
+    Some(picks)
+}
+
+#[cfg(test)]
+mod tests;
