@@ -202,3 +202,45 @@ fn a_missing_token_file_names_its_flag() {
     ]));
     assert!(err.starts_with("--worker-auth-token-file: "), "{err}");
 }
+
+#[test]
+fn the_encoders_content_hash_policy_is_refused_for_requests() {
+    let err = error(&with_agg(&["--policy", "consistent_hashing"]));
+    assert!(
+        err.starts_with("--policy consistent_hashing: ") && err.contains("--encode-policy only"),
+        "{err}"
+    );
+    let pd = [
+        "--pd-disaggregation",
+        "--prefill",
+        "grpc://p:1",
+        "--decode",
+        "grpc://d:1",
+    ];
+    let err = error(&[&pd[..], &["--decode-policy", "consistent-hashing"]].concat());
+    assert!(
+        err.starts_with("--decode-policy consistent_hashing: "),
+        "{err}"
+    );
+    // Every load policy serves encoders too.
+    let epd = [
+        "--epd-disaggregation",
+        "--encode",
+        "grpc://e:1",
+        "--prefill",
+        "grpc://p:1",
+        "--decode",
+        "grpc://d:1",
+        "--encode-policy",
+        "power_of_two",
+    ];
+    let cfg = Config::from_flags(&epd).unwrap();
+    let Topology::Disaggregated {
+        encode: Some(encode),
+        ..
+    } = cfg.topology
+    else {
+        panic!("not EPD: {:?}", cfg.topology);
+    };
+    assert_eq!(encode.policy, PolicyKind::PowerOfTwo);
+}

@@ -140,3 +140,74 @@ impl Pool {
         !removed.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::workers::policy::PolicyKind;
+    use crate::workers::WorkerUrl;
+
+    fn pool(n: u16) -> Pool {
+        let workers = (1..=n)
+            .map(|p| {
+                let url = WorkerUrl::parse(&format!("grpc://127.0.0.1:{p}")).unwrap();
+                let w = Worker::new(url, Role::Decode, Duration::from_secs(1)).unwrap();
+                w.set_healthy(true);
+                w.breaker.set_open_period(Duration::from_millis(40));
+                w
+            })
+            .collect();
+        Pool::new(
+            Role::Decode,
+            workers,
+            PolicyKind::LeastLoad.build(Default::default()),
+        )
+    }
+
+    fn key() -> RouteKey<'static> {
+        RouteKey {
+            cost: 1,
+            ..RouteKey::default()
+        }
+    }
+
+    /// A worker whose circuit opened gets no request until its open period
+    /// is over; then one probe, and its success puts it back in service.
+    #[tokio::test]
+    async fn an_open_circuit_gets_one_probe_after_its_period() {
+        let pool = pool(2);
+        let workers = pool.snapshot();
+        let (broken, other) = (&workers[0], &workers[1]);
+        assert!(broken.record_failure(1), "the circuit opens");
+        for _ in 0..4 {
+            let picked = pool.pick(&key(), &[]).unwrap();
+            assert!(Arc::ptr_eq(&picked, other), "open: never picked");
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        // The other worker is busy, so least-load picks the half-open one.
+        let _busy = other.start_request();
+        let probe = pool.pick(&key(), &[]).unwrap();
+        assert!(Arc::ptr_eq(&probe, broken), "half-open: the probe");
+        let next = pool.pick(&key(), &[]).unwrap();
+        assert!(Arc::ptr_eq(&next, other), "one probe at a time");
+        probe.record_success();
+        assert!(
+            broken.is_healthy(),
+            "the probe's success closes the circuit"
+        );
+    }
+
+    /// A removed worker leaves the pool and the policy is told.
+    #[tokio::test]
+    async fn removing_a_worker_takes_it_out_of_the_picks() {
+        let pool = pool(2);
+        let gone = pool.snapshot()[0].url.clone();
+        assert!(pool.remove(&gone));
+        assert!(!pool.remove(&gone));
+        for _ in 0..4 {
+            assert_ne!(pool.pick(&key(), &[]).unwrap().url, gone);
+        }
+    }
+}
