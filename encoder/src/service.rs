@@ -408,6 +408,7 @@ type Stream<T> = ReceiverStream<Result<T, Status>>;
 impl TokenSpeedScheduler for EncoderService {
     type GenerateStream = Stream<GenerateResponse>;
     type GetTokenizerStream = Stream<GetTokenizerChunk>;
+    type SubscribeKvEventsStream = Stream<iris_proto::common::KvEventBatch>;
 
     async fn generate(
         &self,
@@ -510,6 +511,15 @@ impl TokenSpeedScheduler for EncoderService {
         _: Request<GetLoadsRequest>,
     ) -> Result<Response<GetLoadsResponse>, Status> {
         Ok(Response::new(self.0.loads()))
+    }
+
+    async fn subscribe_kv_events(
+        &self,
+        _: Request<iris_proto::common::SubscribeKvEventsRequest>,
+    ) -> Result<Response<Self::SubscribeKvEventsStream>, Status> {
+        Err(Status::failed_precondition(
+            "encode workers keep no KV cache",
+        ))
     }
 
     async fn get_tokenizer(

@@ -397,6 +397,7 @@ struct Scripted(StubScheduler);
 impl TokenSpeedScheduler for Scripted {
     type GenerateStream = ReceiverStream<Result<GenerateResponse, Status>>;
     type GetTokenizerStream = <StubScheduler as TokenSpeedScheduler>::GetTokenizerStream;
+    type SubscribeKvEventsStream = <StubScheduler as TokenSpeedScheduler>::SubscribeKvEventsStream;
 
     async fn generate(
         &self,
@@ -483,6 +484,13 @@ impl TokenSpeedScheduler for Scripted {
         r: Request<GetLoadsRequest>,
     ) -> Result<Response<GetLoadsResponse>, Status> {
         self.0.get_loads(r).await
+    }
+
+    async fn subscribe_kv_events(
+        &self,
+        r: Request<iris_proto::common::SubscribeKvEventsRequest>,
+    ) -> Result<Response<Self::SubscribeKvEventsStream>, Status> {
+        self.0.subscribe_kv_events(r).await
     }
 
     async fn get_tokenizer(

@@ -99,6 +99,14 @@ pub struct EngineArgs {
         env = "IRIS_ENGINE_DECODE_PER_STEP_US"
     )]
     pub decode_us_per_step: u64,
+    /// Tokens per KV-cache block of the prefix cache.
+    #[arg(long, default_value_t = 16, env = "IRIS_ENGINE_KV_BLOCK_SIZE")]
+    pub kv_block_size: u32,
+    /// Prompt tokens the prefix cache holds (in whole blocks; least recently
+    /// used blocks no request holds are evicted). 0: no prefix cache, every
+    /// prompt prefilled in full and `cached_tokens` always 0.
+    #[arg(long, default_value_t = 0, env = "IRIS_ENGINE_KV_CAPACITY_TOKENS")]
+    pub kv_capacity_tokens: u64,
     /// Chance per decode step of emitting EOS, in parts per million
     /// (after min_new_tokens, unless ignore_eos).
     #[arg(long, default_value_t = 20_000, env = "IRIS_ENGINE_EOS_PPM")]

@@ -74,6 +74,10 @@ pub struct EngineConfig {
     pub prefill_per_token: Duration,
     /// Simulated decode cost per step.
     pub decode_per_step: Duration,
+    /// Tokens per prefix-cache block (at least 1).
+    pub kv_block_size: u32,
+    /// Tokens the prefix cache holds (0: no cache).
+    pub kv_capacity_tokens: u64,
     /// Chance of EOS per decode step, in parts per million (at most 10⁶).
     pub eos_ppm: u32,
     /// The wait for a KV state or an embedding when a fetch asks for none.
@@ -123,6 +127,8 @@ impl EngineConfig {
             default_max_new_tokens: args.default_max_new_tokens,
             prefill_per_token: Duration::from_micros(args.prefill_us_per_token),
             decode_per_step: Duration::from_micros(args.decode_us_per_step),
+            kv_block_size: args.kv_block_size.max(1),
+            kv_capacity_tokens: args.kv_capacity_tokens,
             eos_ppm: args.eos_ppm,
             transfer_wait: Duration::from_millis(args.transfer_wait_ms),
             room_ttl: Duration::from_secs(args.room_ttl_secs.max(1)),

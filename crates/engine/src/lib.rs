@@ -25,6 +25,7 @@ pub mod model;
 pub mod output;
 mod payload;
 mod peers;
+pub mod prefix;
 mod protocol;
 pub mod request;
 mod run;

@@ -18,6 +18,8 @@ pub struct Chunk {
     pub index: u32,
     pub token: u32,
     pub prompt_tokens: u32,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u32,
     /// Tokens of this sequence so far, this one included.
     pub completion_tokens: u32,
     pub logprobs: Option<Logprobs>,
@@ -34,6 +36,8 @@ pub struct Completion {
     /// The EOS or stop token that ended the sequence.
     pub matched_token: Option<u32>,
     pub prompt_tokens: u32,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u32,
     pub completion_tokens: u32,
     /// The output's log probabilities, when asked and not streamed.
     pub logprobs: Option<Logprobs>,

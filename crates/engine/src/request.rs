@@ -12,6 +12,7 @@ use iris_proto::tensor;
 use tonic::Status;
 
 use crate::model::SequenceParams;
+use crate::prefix::ItemKey;
 use crate::Role;
 
 /// Most sequences one request may ask for.
@@ -70,6 +71,9 @@ pub struct Intake {
     pub sampling: Sampling,
     /// Empty for decode, which receives the state instead.
     pub items: Vec<ItemSource>,
+    /// How the prefix cache keys the items: content key and placeholder
+    /// span of each (empty for decode).
+    pub item_keys: Vec<ItemKey>,
     /// The KV room: produced here (prefill) or collected here (decode).
     pub kv: Option<KvAddress>,
 }
@@ -85,6 +89,7 @@ pub struct Plan {
     /// [`crate::constrained`]).
     pub constraint: Option<Constraint>,
     pub items: Vec<ItemSource>,
+    pub item_keys: Vec<ItemKey>,
     pub kv: Option<KvAddress>,
 }
 
@@ -112,6 +117,7 @@ pub fn plan(intake: Intake, limits: &Limits) -> Result<Plan, Status> {
         .for_each(|s| s.top_logprobs = top_logprobs);
     Ok(Plan {
         request_id: intake.request_id,
+        item_keys: intake.item_keys,
         input_ids: intake.input_ids,
         stream: intake.stream,
         sequences,

@@ -13,6 +13,7 @@ use tonic::Status;
 use crate::inflight::Registration;
 use crate::model::{Finish, PromptState, Sequence};
 use crate::output::{Chunk, Completion, Event, Logprobs};
+use crate::prefix::Admitted;
 use crate::request::{ItemSource, KvAddress, Plan};
 use crate::service::{Engine, StoredState};
 use crate::{constrained, Role};
@@ -52,18 +53,35 @@ async fn drive(engine: &Engine, plan: &Plan, tx: &Tx) -> Result<(), Stop> {
         .map_err(|_| Stop::Failed(Status::unavailable("engine is shutting down")))?;
     drop(waiting);
     let _running = engine.inflight.running();
-    let state = match engine.role {
+    // The request's prefix-cache blocks stay held until it ends.
+    let (state, held) = match engine.role {
         Role::Aggregated | Role::Prefill => prefill(engine, plan).await.map_err(Stop::Failed)?,
-        Role::Decode => collect_state(engine, plan).await.map_err(Stop::Failed)?,
+        Role::Decode => (
+            collect_state(engine, plan).await.map_err(Stop::Failed)?,
+            None,
+        ),
+    };
+    let prompt = PromptTokens {
+        total: state.prompt_tokens,
+        cached: held.as_ref().map_or(0, |h| h.cached_tokens),
     };
     if engine.role == Role::Prefill {
-        return hand_over(engine, plan, state, tx).await;
+        return hand_over(engine, plan, state, prompt, tx).await;
     }
-    decode(engine, plan, &state, tx).await
+    decode(engine, plan, &state, prompt, tx).await
 }
 
-/// Folds the prompt and every item's bytes into the state.
-async fn prefill(engine: &Engine, plan: &Plan) -> Result<PromptState, Status> {
+/// A request's prompt tokens, and how many of them the prefix cache held.
+#[derive(Debug, Clone, Copy)]
+struct PromptTokens {
+    total: u32,
+    cached: u32,
+}
+
+/// Folds the prompt and every item's bytes into the state; the simulated
+/// prefill cost is charged for the tokens the prefix cache did not hold,
+/// whose blocks the request holds until it ends.
+async fn prefill(engine: &Engine, plan: &Plan) -> Result<(PromptState, Option<Admitted>), Status> {
     let wait = engine.config.transfer_wait;
     let fetches = plan.items.iter().map(|item| async move {
         match item {
@@ -74,16 +92,20 @@ async fn prefill(engine: &Engine, plan: &Plan) -> Result<PromptState, Status> {
         }
     });
     let items: Vec<Bytes> = futures::future::try_join_all(fetches).await?;
-    simulate(
-        engine.config.prefill_per_token * u32::try_from(plan.input_ids.len()).unwrap_or(u32::MAX),
-    )
-    .await;
+    let admitted = engine
+        .prefix
+        .as_ref()
+        .map(|cache| cache.admit(&plan.input_ids, &plan.item_keys));
+    let cached = admitted.as_ref().map_or(0, |a| a.cached_tokens as usize);
+    let uncached = plan.input_ids.len().saturating_sub(cached);
+    simulate(engine.config.prefill_per_token * u32::try_from(uncached).unwrap_or(u32::MAX)).await;
     let input_ids = plan.input_ids.clone();
-    tokio::task::spawn_blocking(move || {
+    let state = tokio::task::spawn_blocking(move || {
         PromptState::prefill(&input_ids, items.iter().map(|b| &b[..]))
     })
     .await
-    .map_err(|e| Status::internal(format!("prefill task failed: {e}")))
+    .map_err(|e| Status::internal(format!("prefill task failed: {e}")))?;
+    Ok((state, admitted))
 }
 
 /// Decode: collect the state the prefill worker left under the KV room.
@@ -110,7 +132,13 @@ async fn collect_state(engine: &Engine, plan: &Plan) -> Result<PromptState, Stat
 
 /// Prefill: publish the state under the KV room and end the prefill leg,
 /// saying where the state waits.
-async fn hand_over(engine: &Engine, plan: &Plan, state: PromptState, tx: &Tx) -> Result<(), Stop> {
+async fn hand_over(
+    engine: &Engine,
+    plan: &Plan,
+    state: PromptState,
+    prompt: PromptTokens,
+    tx: &Tx,
+) -> Result<(), Stop> {
     let room = plan
         .kv
         .as_ref()
@@ -128,6 +156,7 @@ async fn hand_over(engine: &Engine, plan: &Plan, state: PromptState, tx: &Tx) ->
     let complete = Completion {
         finish_reason: "stop",
         prompt_tokens,
+        cached_tokens: prompt.cached,
         handoff: engine.data_addr.map(|addr| KvAddress {
             host: engine.config.host.clone(),
             port: addr.port(),
@@ -148,7 +177,13 @@ struct Decoding<'a> {
 }
 
 /// Generates every sequence of the request, one step at a time.
-async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> Result<(), Stop> {
+async fn decode(
+    engine: &Engine,
+    plan: &Plan,
+    state: &PromptState,
+    prompt: PromptTokens,
+    tx: &Tx,
+) -> Result<(), Stop> {
     let scripts = constrained::scripts(
         plan.constraint.as_ref(),
         &engine.text,
@@ -172,7 +207,6 @@ async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> R
             done: false,
         })
         .collect();
-    let prompt_tokens = state.prompt_tokens;
     loop {
         simulate(engine.config.decode_per_step).await;
         let mut active = false;
@@ -182,7 +216,7 @@ async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> R
             }
             let Some(step) = seq.sequence.step() else {
                 seq.done = true;
-                let complete = completion(index as u32, prompt_tokens, seq, Some(Finish::Length));
+                let complete = completion(index as u32, prompt, seq, Some(Finish::Length));
                 send(tx, Event::Complete(complete)).await?;
                 continue;
             };
@@ -193,7 +227,8 @@ async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> R
                 let chunk = Chunk {
                     index: index as u32,
                     token: step.token,
-                    prompt_tokens,
+                    prompt_tokens: prompt.total,
+                    cached_tokens: prompt.cached,
                     completion_tokens: seq.output.len() as u32,
                     logprobs: step_logprobs,
                 };
@@ -203,7 +238,7 @@ async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> R
             }
             if step.finish.is_some() {
                 seq.done = true;
-                let complete = completion(index as u32, prompt_tokens, seq, step.finish);
+                let complete = completion(index as u32, prompt, seq, step.finish);
                 send(tx, Event::Complete(complete)).await?;
             } else {
                 active = true;
@@ -219,7 +254,7 @@ async fn decode(engine: &Engine, plan: &Plan, state: &PromptState, tx: &Tx) -> R
 /// when they were not streamed.
 fn completion(
     index: u32,
-    prompt_tokens: u32,
+    prompt: PromptTokens,
     seq: &mut Decoding<'_>,
     finish: Option<Finish>,
 ) -> Completion {
@@ -232,7 +267,8 @@ fn completion(
         output_ids: seq.output.clone(),
         finish_reason,
         matched_token,
-        prompt_tokens,
+        prompt_tokens: prompt.total,
+        cached_tokens: prompt.cached,
         completion_tokens: seq.output.len() as u32,
         logprobs: seq.logprobs.take(),
         handoff: None,

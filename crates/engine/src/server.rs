@@ -22,6 +22,7 @@ use crate::data::DataService;
 use crate::inflight::InFlight;
 use crate::model::Vocab;
 use crate::peers::Peers;
+use crate::prefix::PrefixCache;
 use crate::protocol::{sglang, tokenspeed, vllm};
 use crate::request::Limits;
 use crate::service::{Engine, ModelFacts};
@@ -208,6 +209,20 @@ fn build_engine(cfg: EngineConfig, data_addr: Option<SocketAddr>) -> anyhow::Res
         started_at: SystemTime::now(),
         data_addr,
         next_room: AtomicI64::new(1),
+        prefix: prefix_cache(&cfg),
         config: cfg,
     })
+}
+
+/// The prefix cache of a worker that prefills (`--kv-capacity-tokens`;
+/// none at 0, or on a decode worker).
+fn prefix_cache(cfg: &EngineConfig) -> Option<Arc<PrefixCache>> {
+    let capacity = usize::try_from(cfg.kv_capacity_tokens).unwrap_or(usize::MAX);
+    match cfg.role {
+        Role::Decode => None,
+        _ if capacity == 0 => None,
+        Role::Aggregated | Role::Prefill => {
+            Some(PrefixCache::new(cfg.kv_block_size as usize, capacity))
+        }
+    }
 }

@@ -76,6 +76,9 @@ pub struct Engine {
     pub data_addr: Option<SocketAddr>,
     /// The next KV room this worker picks itself (vLLM prefill).
     pub next_room: AtomicI64,
+    /// The prefix KV cache (`--kv-capacity-tokens`; prefill and
+    /// aggregated workers).
+    pub prefix: Option<Arc<crate::prefix::PrefixCache>>,
 }
 
 /// The events of one running request.

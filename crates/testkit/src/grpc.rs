@@ -62,6 +62,7 @@ type Stream<T> = ReceiverStream<Result<T, Status>>;
 impl TokenSpeedScheduler for StubScheduler {
     type GenerateStream = Stream<GenerateResponse>;
     type GetTokenizerStream = Stream<GetTokenizerChunk>;
+    type SubscribeKvEventsStream = Stream<iris_proto::common::KvEventBatch>;
 
     async fn generate(
         &self,
@@ -105,6 +106,13 @@ impl TokenSpeedScheduler for StubScheduler {
         &self,
         _: Request<GetLoadsRequest>,
     ) -> Result<Response<GetLoadsResponse>, Status> {
+        Err(self.unimplemented())
+    }
+
+    async fn subscribe_kv_events(
+        &self,
+        _: Request<iris_proto::common::SubscribeKvEventsRequest>,
+    ) -> Result<Response<Self::SubscribeKvEventsStream>, Status> {
         Err(self.unimplemented())
     }
 

@@ -9,7 +9,6 @@
 //! are aborted then. Dropping the [`Generation`] (the client left) aborts
 //! the workers.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use axum::response::Response;
@@ -243,14 +242,12 @@ impl Events for ChatEvents {
         }
     }
 
-    fn next(&mut self) -> impl Future<Output = Option<Result<Self::Event, Failure>>> + Send {
-        async move {
-            match self.generation.next().await? {
-                Ok(response) => Some(Ok(response.response)),
-                Err(status) => {
-                    let worker = self.generation.worker.url.to_string();
-                    Some(Err(worker_error(&worker, &status)))
-                }
+    async fn next(&mut self) -> Option<Result<Self::Event, Failure>> {
+        match self.generation.next().await? {
+            Ok(response) => Some(Ok(response.response)),
+            Err(status) => {
+                let worker = self.generation.worker.url.to_string();
+                Some(Err(worker_error(&worker, &status)))
             }
         }
     }

@@ -114,6 +114,7 @@ fn unimplemented<T>() -> Result<Response<T>, Status> {
 impl TokenSpeedScheduler for Scripted {
     type GenerateStream = Stream<GenerateResponse>;
     type GetTokenizerStream = Stream<GetTokenizerChunk>;
+    type SubscribeKvEventsStream = Stream<iris_proto::common::KvEventBatch>;
 
     async fn generate(
         &self,
@@ -186,6 +187,13 @@ impl TokenSpeedScheduler for Scripted {
         &self,
         _: Request<GetLoadsRequest>,
     ) -> Result<Response<GetLoadsResponse>, Status> {
+        unimplemented()
+    }
+
+    async fn subscribe_kv_events(
+        &self,
+        _: Request<iris_proto::common::SubscribeKvEventsRequest>,
+    ) -> Result<Response<Self::SubscribeKvEventsStream>, Status> {
         unimplemented()
     }
 

@@ -28,11 +28,13 @@ macro_rules! output_logprobs {
     };
 }
 
+pub mod kv_events;
 pub mod sglang;
 pub mod tokenspeed;
 pub mod vllm;
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio_stream::wrappers::ReceiverStream;
@@ -40,6 +42,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::Status;
 
 use crate::output::Event;
+use crate::prefix::ItemKey;
 use crate::request::{self, Intake};
 use crate::service::Engine;
 
@@ -78,5 +81,31 @@ pub fn check_rank(rank: Option<i32>) -> Result<(), Status> {
         Some(r) => Err(Status::invalid_argument(format!(
             "data_parallel_rank = {r}: iris-engine has one data-parallel rank (0)"
         ))),
+    }
+}
+
+/// How the prefix cache keys one multimodal item: by its content `hash`
+/// (its first 8 bytes, little-endian, as TokenSpeed's servicer reads it),
+/// over the span of its placeholder `ranges` (offset, length). An item
+/// without a hash gets a key of its own that nothing else shares, so its
+/// blocks never match another request's.
+pub fn item_key(hash: &[u8], ranges: impl IntoIterator<Item = (u32, u32)>) -> ItemKey {
+    static UNIQUE: AtomicU64 = AtomicU64::new(1);
+    let key = if hash.is_empty() {
+        iris_fingerprint::mix64(UNIQUE.fetch_add(1, Ordering::Relaxed) ^ 0x756e_6971_7565)
+    } else {
+        let mut bytes = [0u8; 8];
+        let n = hash.len().min(8);
+        bytes[..n].copy_from_slice(&hash[..n]);
+        u64::from_le_bytes(bytes)
+    };
+    let (mut start, mut end) = (u32::MAX, 0u32);
+    for (offset, length) in ranges {
+        start = start.min(offset);
+        end = end.max(offset.saturating_add(length));
+    }
+    ItemKey {
+        key,
+        span: start.min(end)..end,
     }
 }

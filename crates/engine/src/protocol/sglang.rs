@@ -33,6 +33,7 @@ pub struct Service(Arc<Engine>);
 impl SglangScheduler for Service {
     type GenerateStream = Replies<GenerateResponse>;
     type GetTokenizerStream = Replies<GetTokenizerChunk>;
+    type SubscribeKvEventsStream = Replies<iris_proto::common::KvEventBatch>;
 
     async fn generate(
         &self,
@@ -146,6 +147,13 @@ impl SglangScheduler for Service {
         }))
     }
 
+    async fn subscribe_kv_events(
+        &self,
+        request: Request<iris_proto::common::SubscribeKvEventsRequest>,
+    ) -> Result<Response<Self::SubscribeKvEventsStream>, Status> {
+        super::kv_events::subscribe(&self.0, request.into_inner()).map(Response::new)
+    }
+
     async fn get_tokenizer(
         &self,
         _: Request<GetTokenizerRequest>,
@@ -164,9 +172,14 @@ fn intake(mut req: GenerateRequest, role: Role) -> Result<Intake, Status> {
     let top_logprobs = logprob_request(&req)?;
     let p = req.sampling_params.take().unwrap_or_default();
     let sampling = sampling(p, top_logprobs)?;
-    let items = match (role, req.mm_inputs.take()) {
-        (Role::Decode, _) | (_, None) => Vec::new(),
-        (Role::Aggregated | Role::Prefill, Some(mm)) => items(mm, input_ids.len())?,
+    let (items, item_keys) = match (role, req.mm_inputs.take()) {
+        (Role::Decode, _) | (_, None) => (Vec::new(), Vec::new()),
+        (Role::Aggregated | Role::Prefill, Some(mm)) => {
+            // SGLang's request names no item hash: each item is its own.
+            let ranges = mm.mm_placeholders.iter().map(|r| (r.offset, r.length));
+            let keys = ranges.map(|r| super::item_key(&[], [r])).collect();
+            (items(mm, input_ids.len())?, keys)
+        }
     };
     let kv = req.disaggregated_params.map(|d| {
         (
@@ -182,6 +195,7 @@ fn intake(mut req: GenerateRequest, role: Role) -> Result<Intake, Status> {
         stream: req.stream,
         sampling,
         items,
+        item_keys,
     })
 }
 
@@ -332,6 +346,7 @@ fn reply(request_id: &str, event: Event) -> GenerateResponse {
         Event::Chunk(c) => Reply::Chunk(GenerateStreamChunk {
             token_ids: vec![c.token],
             prompt_tokens: c.prompt_tokens,
+            cached_tokens: c.cached_tokens,
             completion_tokens: c.completion_tokens,
             output_logprobs: c.logprobs.map(logprobs),
             index: c.index,
@@ -341,6 +356,7 @@ fn reply(request_id: &str, event: Event) -> GenerateResponse {
             output_ids: c.output_ids,
             finish_reason: c.finish_reason.into(),
             prompt_tokens: c.prompt_tokens,
+            cached_tokens: c.cached_tokens,
             completion_tokens: c.completion_tokens,
             output_logprobs: c.logprobs.map(logprobs),
             matched_stop: c.matched_token.map(MatchedStop::MatchedTokenId),

@@ -17,6 +17,7 @@ use tonic::{Request, Response, Status};
 
 use super::Replies;
 use crate::output::Event;
+use crate::prefix::ItemKey;
 use crate::request::{self, Intake, ItemSource, Sampling};
 use crate::service::{as_i32, server_args, Engine};
 use crate::Role;
@@ -32,6 +33,7 @@ pub struct Service(Arc<Engine>);
 impl TokenSpeedScheduler for Service {
     type GenerateStream = Replies<GenerateResponse>;
     type GetTokenizerStream = Replies<GetTokenizerChunk>;
+    type SubscribeKvEventsStream = Replies<iris_proto::common::KvEventBatch>;
 
     async fn generate(
         &self,
@@ -97,6 +99,13 @@ impl TokenSpeedScheduler for Service {
         Ok(Response::new(loads(&self.0)))
     }
 
+    async fn subscribe_kv_events(
+        &self,
+        request: Request<iris_proto::common::SubscribeKvEventsRequest>,
+    ) -> Result<Response<Self::SubscribeKvEventsStream>, Status> {
+        super::kv_events::subscribe(&self.0, request.into_inner()).map(Response::new)
+    }
+
     async fn get_tokenizer(
         &self,
         _: Request<GetTokenizerRequest>,
@@ -126,9 +135,9 @@ fn intake(mut req: GenerateRequest, role: Role) -> Result<Intake, Status> {
         top_logprobs: super::top_logprobs(req.return_logprob, req.top_logprobs_num),
         constraint: p.constraint,
     };
-    let items = match role {
-        Role::Decode => Vec::new(),
-        Role::Aggregated | Role::Prefill => item_sources(&req, input_ids.len())?,
+    let (items, item_keys) = match role {
+        Role::Decode => (Vec::new(), Vec::new()),
+        Role::Aggregated | Role::Prefill => (item_sources(&req, input_ids.len())?, item_keys(&req)),
     };
     let kv = req
         .kv_bootstrap_info
@@ -140,7 +149,19 @@ fn intake(mut req: GenerateRequest, role: Role) -> Result<Intake, Status> {
         stream: req.stream,
         sampling,
         items,
+        item_keys,
     })
+}
+
+/// Each mm item's prefix-cache key: its content hash over its placeholders.
+fn item_keys(req: &GenerateRequest) -> Vec<ItemKey> {
+    let items = req.mm_inputs.iter().flat_map(|m| &m.items);
+    items
+        .map(|item| {
+            let ranges = item.placeholders.iter().map(|r| (r.offset, r.length));
+            super::item_key(&item.content_hash, ranges)
+        })
+        .collect()
 }
 
 /// One source per mm item: the encode worker's room when
@@ -222,7 +243,7 @@ fn reply(request_id: &str, event: Event) -> GenerateResponse {
             token_ids: vec![c.token],
             prompt_tokens: c.prompt_tokens,
             completion_tokens: c.completion_tokens,
-            cached_tokens: 0,
+            cached_tokens: c.cached_tokens,
             output_logprobs: c.logprobs.map(logprobs),
             index: c.index,
         }),
@@ -231,7 +252,7 @@ fn reply(request_id: &str, event: Event) -> GenerateResponse {
             finish_reason: c.finish_reason.into(),
             prompt_tokens: c.prompt_tokens,
             completion_tokens: c.completion_tokens,
-            cached_tokens: 0,
+            cached_tokens: c.cached_tokens,
             output_logprobs: c.logprobs.map(logprobs),
             matched_stop: c.matched_token.map(MatchedStop::MatchedTokenId),
             index: c.index,

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 
 use super::Replies;
 use crate::output::{Completion, Event};
+use crate::prefix::ItemKey;
 use crate::request::{self, unsupported, Intake, ItemSource, KvAddress, Sampling};
 use crate::service::{as_i32, Engine};
 use crate::Role;
@@ -45,6 +46,7 @@ pub struct Service(Arc<Engine>);
 impl VllmEngine for Service {
     type GenerateStream = Replies<GenerateResponse>;
     type GetTokenizerStream = Replies<GetTokenizerChunk>;
+    type SubscribeKvEventsStream = Replies<iris_proto::common::KvEventBatch>;
 
     async fn generate(
         &self,
@@ -160,6 +162,13 @@ impl VllmEngine for Service {
         }))
     }
 
+    async fn subscribe_kv_events(
+        &self,
+        request: Request<iris_proto::common::SubscribeKvEventsRequest>,
+    ) -> Result<Response<Self::SubscribeKvEventsStream>, Status> {
+        super::kv_events::subscribe(&self.0, request.into_inner()).map(Response::new)
+    }
+
     async fn get_tokenizer(
         &self,
         _: Request<GetTokenizerRequest>,
@@ -195,19 +204,20 @@ fn intake(mut req: GenerateRequest, engine: &Engine) -> Result<Intake, Status> {
     };
     super::check_rank(req.data_parallel_rank)?;
     let sampling = sampling(req.sampling_params.take().unwrap_or_default())?;
-    let items = match engine.role {
-        Role::Decode => Vec::new(),
+    let (items, item_keys) = match engine.role {
+        Role::Decode => (Vec::new(), Vec::new()),
         Role::Aggregated | Role::Prefill => {
             let batches = req.mm_inputs.take().into_iter().chain(req.extra_mm_inputs);
-            let mut items = Vec::new();
+            let (mut items, mut keys) = (Vec::new(), Vec::new());
             for (i, batch) in batches.enumerate() {
                 let what = match i {
                     0 => "mm_inputs".to_owned(),
                     i => format!("extra_mm_inputs[{}]", i - 1),
                 };
+                keys.extend(batch_keys(&batch));
                 items.extend(batch_item(&what, batch, input_ids.len())?);
             }
-            items
+            (items, keys)
         }
     };
     Ok(Intake {
@@ -217,6 +227,7 @@ fn intake(mut req: GenerateRequest, engine: &Engine) -> Result<Intake, Status> {
         stream: req.stream,
         sampling,
         items,
+        item_keys,
     })
 }
 
@@ -300,6 +311,33 @@ fn unfollowed(field: &str) -> Status {
         &format!("sampling_params.{field}"),
         "it follows json_schema, regex, json_object and choice constraints",
     )
+}
+
+/// The prefix-cache key of each item of a batch: its `mm_hashes` entry
+/// (folded to 8 bytes) over its placeholders; without hashes, keys of
+/// their own.
+fn batch_keys(mm: &MultimodalInputs) -> Vec<ItemKey> {
+    mm.mm_placeholders
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let hash = mm
+                .mm_hashes
+                .get(i)
+                .map(|h| fnv64(h.as_bytes()).to_le_bytes());
+            super::item_key(
+                hash.as_ref().map_or(&[][..], |h| &h[..]),
+                [(r.offset, r.length)],
+            )
+        })
+        .collect()
+}
+
+/// FNV-1a of `bytes`.
+fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// One preprocessed batch as one item (the engine folds it whole); `what`
@@ -488,6 +526,7 @@ fn reply(identity: &Identity, event: Event) -> GenerateResponse {
         Event::Chunk(c) => Reply::Chunk(GenerateStreamChunk {
             token_ids: vec![c.token],
             prompt_tokens: c.prompt_tokens,
+            cached_tokens: c.cached_tokens,
             completion_tokens: c.completion_tokens,
             output_logprobs: c.logprobs.map(logprobs),
             index: c.index,
@@ -506,6 +545,7 @@ fn complete(identity: &Identity, c: Completion) -> GenerateComplete {
         output_ids: c.output_ids,
         finish_reason: c.finish_reason.into(),
         prompt_tokens: c.prompt_tokens,
+        cached_tokens: c.cached_tokens,
         completion_tokens: c.completion_tokens,
         output_logprobs: c.logprobs.map(logprobs),
         matched_stop: c.matched_token.map(MatchedStop::MatchedTokenId),

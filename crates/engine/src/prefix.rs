@@ -1,0 +1,398 @@
+//! The reference engine's prefix KV cache: what a real engine's paged KV
+//! cache does for routing, without the tensors.
+//!
+//! A prompt is cut into blocks of `--kv-block-size` tokens (the last,
+//! partial block is never cached). A block's identity chains its parent's
+//! with its token ids *and* the content keys of the multimodal items whose
+//! placeholder tokens it covers, as vLLM and SGLang key image blocks: two
+//! different images of the same size never share a block, the same image
+//! at the same place after the same prefix does. At admission the leading
+//! blocks already held are hits (`cached_tokens`, and no prefill time is
+//! charged for them); the rest are stored, evicting the least recently
+//! used blocks that no running request holds, within
+//! `--kv-capacity-tokens`. A running request holds its blocks until it
+//! ends ([`Held`]).
+//!
+//! Every change is published as a numbered [`Batch`] of [`KvEvent`]s
+//! (stored, removed, cleared) in the order it happened; the last
+//! [`HISTORY`] batches are kept so a subscriber can resume from a
+//! sequence number ([`PrefixCache::subscribe`]). A subscriber that asks
+//! for a sequence no longer kept, or for the current state, is first sent
+//! the whole cache as one batch that opens with `Cleared`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::broadcast;
+
+/// Batches kept for subscribers that resume.
+pub const HISTORY: usize = 4096;
+
+/// A multimodal item as the cache keys it: its content key and the prompt
+/// positions its placeholder tokens take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemKey {
+    pub key: u64,
+    pub span: Range<u32>,
+}
+
+/// One cached block as events describe it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBlock {
+    pub hash: i64,
+    pub token_ids: Vec<u32>,
+    /// The items whose placeholders the block covers: content key and the
+    /// block's first position relative to the item's first placeholder.
+    pub items: Vec<(u64, i64)>,
+}
+
+/// A change to the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    /// Blocks stored after `parent` (`None`: at the start of a prompt),
+    /// each the parent of the next.
+    Stored {
+        parent: Option<i64>,
+        blocks: Vec<StoredBlock>,
+    },
+    Removed(Vec<i64>),
+    Cleared,
+}
+
+/// Events published together, numbered from 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    pub sequence: u64,
+    pub events: Vec<KvEvent>,
+}
+
+/// What an admission found and holds.
+pub struct Admitted {
+    /// Prompt tokens served from the cache.
+    pub cached_tokens: u32,
+    /// The request's blocks, held until it ends.
+    pub held: Held,
+}
+
+/// Blocks a running request holds: not evictable until dropped.
+pub struct Held {
+    cache: Arc<PrefixCache>,
+    hashes: Vec<i64>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.cache.release(&self.hashes);
+    }
+}
+
+struct Block {
+    parent: Option<i64>,
+    token_ids: Vec<u32>,
+    items: Vec<(u64, i64)>,
+    /// Running requests holding it.
+    refs: u32,
+    /// Its place in the LRU order (larger: used later).
+    stamp: u64,
+}
+
+struct State {
+    blocks: HashMap<i64, Block>,
+    /// Blocks no request holds, least recently used first.
+    evictable: BTreeMap<u64, i64>,
+    stamp: u64,
+    /// The last batch's sequence number.
+    sequence: u64,
+    history: VecDeque<Arc<Batch>>,
+}
+
+/// A worker's prefix cache.
+pub struct PrefixCache {
+    block_size: usize,
+    capacity_blocks: usize,
+    state: Mutex<State>,
+    publish: broadcast::Sender<Arc<Batch>>,
+}
+
+impl PrefixCache {
+    /// A cache of `capacity_tokens` in blocks of `block_size` tokens.
+    pub fn new(block_size: usize, capacity_tokens: usize) -> Arc<PrefixCache> {
+        let block_size = block_size.max(1);
+        let (publish, _) = broadcast::channel(HISTORY);
+        Arc::new(PrefixCache {
+            block_size,
+            capacity_blocks: capacity_tokens / block_size,
+            state: Mutex::new(State {
+                blocks: HashMap::new(),
+                evictable: BTreeMap::new(),
+                stamp: 0,
+                sequence: 0,
+                history: VecDeque::new(),
+            }),
+            publish,
+        })
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks held now.
+    pub fn len(&self) -> usize {
+        self.lock().blocks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The share of the capacity in use, in [0, 1].
+    pub fn usage(&self) -> f64 {
+        match self.capacity_blocks {
+            0 => 0.0,
+            capacity => self.len() as f64 / capacity as f64,
+        }
+    }
+
+    /// Admits a prompt: counts its leading cached blocks, stores the rest
+    /// (as far as the capacity allows without evicting a held block) and
+    /// holds all of its cached blocks until the returned [`Held`] drops.
+    pub fn admit(self: &Arc<Self>, tokens: &[u32], items: &[ItemKey]) -> Admitted {
+        let chain = self.chain(tokens, items);
+        let mut state = self.lock();
+        let hits = chain
+            .iter()
+            .take_while(|(hash, _)| state.blocks.contains_key(hash))
+            .count();
+        let mut held: Vec<i64> = chain[..hits].iter().map(|(hash, _)| *hash).collect();
+        for hash in &held {
+            state.hold(*hash);
+        }
+        let mut events = Vec::new();
+        let mut removed = Vec::new();
+        let mut stored = Vec::new();
+        for (hash, block) in chain.into_iter().skip(hits) {
+            if state.blocks.len() >= self.capacity_blocks {
+                match state.evict_one() {
+                    Some(gone) => removed.push(gone),
+                    None => break,
+                }
+            }
+            stored.push(StoredBlock {
+                hash,
+                token_ids: block.token_ids.clone(),
+                items: block.items.clone(),
+            });
+            state.blocks.insert(hash, block);
+            state.hold(hash);
+            held.push(hash);
+        }
+        if !removed.is_empty() {
+            events.push(KvEvent::Removed(removed));
+        }
+        if !stored.is_empty() {
+            let parent = hits.checked_sub(1).map(|i| held[i]);
+            events.push(KvEvent::Stored {
+                parent,
+                blocks: stored,
+            });
+        }
+        self.publish_locked(&mut state, events);
+        Admitted {
+            cached_tokens: u32::try_from(hits * self.block_size).unwrap_or(u32::MAX),
+            held: Held {
+                cache: self.clone(),
+                hashes: held,
+            },
+        }
+    }
+
+    /// Drops every block no request holds (a flush), published as
+    /// `Cleared` followed by what is still held.
+    pub fn clear(&self) {
+        let mut state = self.lock();
+        let evictable: Vec<i64> = state.evictable.values().copied().collect();
+        for hash in evictable {
+            state.blocks.remove(&hash);
+        }
+        state.evictable.clear();
+        let events = snapshot(&state);
+        self.publish_locked(&mut state, events);
+    }
+
+    /// The batches after sequence `from` (0: the current state), then
+    /// every later batch as it is published. When `from` is 0 or no
+    /// longer kept, the first batch is the whole cache, opening with
+    /// `Cleared`, numbered with the current sequence.
+    pub fn subscribe(&self, from: u64) -> (Vec<Arc<Batch>>, broadcast::Receiver<Arc<Batch>>) {
+        let state = self.lock();
+        let receiver = self.publish.subscribe();
+        let oldest = state
+            .history
+            .front()
+            .map_or(state.sequence + 1, |b| b.sequence);
+        let replay = if from > 0 && from + 1 >= oldest && from <= state.sequence {
+            state
+                .history
+                .iter()
+                .filter(|b| b.sequence > from)
+                .cloned()
+                .collect()
+        } else {
+            vec![Arc::new(Batch {
+                sequence: state.sequence,
+                events: snapshot(&state),
+            })]
+        };
+        (replay, receiver)
+    }
+
+    /// The last sequence number published.
+    pub fn sequence(&self) -> u64 {
+        self.lock().sequence
+    }
+
+    /// Lets `hashes` (a prompt's blocks, in order) be evicted again, the
+    /// last first: a prompt's tail goes before its prefix, as engines
+    /// free them, so no cached block outlives its parent for long.
+    fn release(&self, hashes: &[i64]) {
+        let mut state = self.lock();
+        for hash in hashes.iter().rev() {
+            state.unhold(*hash);
+        }
+    }
+
+    fn publish_locked(&self, state: &mut State, events: Vec<KvEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        state.sequence += 1;
+        let batch = Arc::new(Batch {
+            sequence: state.sequence,
+            events,
+        });
+        if state.history.len() == HISTORY {
+            state.history.pop_front();
+        }
+        state.history.push_back(batch.clone());
+        // No subscriber is fine: the history keeps it.
+        let _ = self.publish.send(batch);
+    }
+
+    /// The prompt's full blocks with their identities, in order.
+    fn chain(&self, tokens: &[u32], items: &[ItemKey]) -> Vec<(i64, Block)> {
+        let mut parent: Option<i64> = None;
+        tokens
+            .chunks_exact(self.block_size)
+            .enumerate()
+            .map(|(b, ids)| {
+                let start = (b * self.block_size) as u32;
+                let end = start + self.block_size as u32;
+                let covered: Vec<(u64, i64)> = items
+                    .iter()
+                    .filter(|item| item.span.start < end && start < item.span.end)
+                    .map(|item| (item.key, i64::from(start) - i64::from(item.span.start)))
+                    .collect();
+                let hash = block_hash(parent, ids, &covered);
+                let block = Block {
+                    parent,
+                    token_ids: ids.to_vec(),
+                    items: covered,
+                    refs: 0,
+                    stamp: 0,
+                };
+                parent = Some(hash);
+                (hash, block)
+            })
+            .collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl State {
+    fn hold(&mut self, hash: i64) {
+        let Some(block) = self.blocks.get_mut(&hash) else {
+            return;
+        };
+        if block.refs == 0 {
+            self.evictable.remove(&block.stamp);
+        }
+        block.refs += 1;
+    }
+
+    fn unhold(&mut self, hash: i64) {
+        self.stamp += 1;
+        let stamp = self.stamp;
+        let Some(block) = self.blocks.get_mut(&hash) else {
+            return;
+        };
+        block.refs = block.refs.saturating_sub(1);
+        if block.refs == 0 {
+            block.stamp = stamp;
+            self.evictable.insert(stamp, hash);
+        }
+    }
+
+    /// Evicts the least recently used block no request holds.
+    fn evict_one(&mut self) -> Option<i64> {
+        let (_, hash) = self.evictable.pop_first()?;
+        self.blocks.remove(&hash);
+        Some(hash)
+    }
+}
+
+/// The whole cache as events: `Cleared`, then every block after its
+/// parent.
+fn snapshot(state: &State) -> Vec<KvEvent> {
+    let mut events = vec![KvEvent::Cleared];
+    let mut children: HashMap<Option<i64>, Vec<i64>> = HashMap::new();
+    for (hash, block) in &state.blocks {
+        let parent = block.parent.filter(|p| state.blocks.contains_key(p));
+        children.entry(parent).or_default().push(*hash);
+    }
+    let mut queue: VecDeque<Option<i64>> = VecDeque::from([None]);
+    while let Some(parent) = queue.pop_front() {
+        let Some(kids) = children.get(&parent) else {
+            continue;
+        };
+        let blocks = kids
+            .iter()
+            .map(|hash| {
+                let block = &state.blocks[hash];
+                queue.push_back(Some(*hash));
+                StoredBlock {
+                    hash: *hash,
+                    token_ids: block.token_ids.clone(),
+                    items: block.items.clone(),
+                }
+            })
+            .collect::<Vec<_>>();
+        // Siblings share a parent but do not chain: one event each.
+        events.extend(blocks.into_iter().map(|block| KvEvent::Stored {
+            parent,
+            blocks: vec![block],
+        }));
+    }
+    events
+}
+
+/// A block's identity: its parent's, its token ids and the items it
+/// covers, folded with SplitMix64.
+fn block_hash(parent: Option<i64>, ids: &[u32], items: &[(u64, i64)]) -> i64 {
+    let fold = |h: u64, v: u64| iris_fingerprint::mix64(h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut h = fold(0x6b76_6361_6368_6531, parent.map_or(0, |p| p as u64));
+    for id in ids {
+        h = fold(h, u64::from(*id));
+    }
+    for (key, offset) in items {
+        h = fold(fold(h, *key), *offset as u64);
+    }
+    h as i64
+}
+
+#[cfg(test)]
+mod tests;
