@@ -1,12 +1,14 @@
-//! One worker: its address, gRPC client, backend (TokenSpeed, vLLM or
-//! SGLang: [`crate::backends`]), health, in-flight count, and
-//! what it can receive tensors by (its transport override and the
-//! capabilities its GetServerInfo proved). Every call on its channel
-//! carries the gateway's worker token, when it has one
-//! (`--worker-auth-token-file`).
+//! One worker: its address, gRPC client and backend (TokenSpeed, vLLM or
+//! SGLang: [`crate::backends`]), and its live state, one concern each:
+//! its health-check streaks ([`super::checks`]) and circuit breaker
+//! ([`super::breaker`]), which together say whether it is in service;
+//! its load and request counts ([`super::load`]); what it can receive
+//! tensors by ([`super::lane_caps`]); and the embeddings it holds
+//! ([`super::recall`]). Every call on its channel carries the gateway's
+//! worker token, when it has one (`--worker-auth-token-file`).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use iris_process::auth::{AuthChannel, AuthToken};
@@ -17,15 +19,20 @@ use iris_proto::scheduler::{GenerateRequest, GenerateResponse};
 use iris_proto::sglang::sglang_scheduler_client::SglangSchedulerClient;
 use iris_proto::vllm::vllm_engine_client::VllmEngineClient;
 use iris_transport::{Transport, WorkerCaps};
-
-use super::breaker::{self, Breaker};
-use super::recall::Recall;
 use tonic::codec::Streaming;
 use tonic::transport::Endpoint;
 use tonic::Status;
 
+use super::breaker::{self, Breaker};
+use super::checks::Checks;
+use super::lane_caps::{became_true, LaneCaps};
+use super::load::Load;
+use super::recall::Recall;
 use super::url::WorkerUrl;
 use crate::backends::{self, Backend, ResponseStream};
+
+pub use super::lane_caps::Started;
+pub use super::load::{EncodeGuard, InFlightGuard};
 
 /// The gRPC path of `TokenSpeedScheduler.Generate`.
 const GENERATE_PATH: &str = "/tokenspeed.grpc.scheduler.TokenSpeedScheduler/Generate";
@@ -90,91 +97,22 @@ pub struct Worker {
     pub url: WorkerUrl,
     pub role: Role,
     channel: AuthChannel,
-    /// Its health checks pass (settled by the thresholds).
-    healthy: AtomicBool,
-    in_flight: AtomicUsize,
-    /// Patches of the images in flight to this worker (encode workers).
-    patches_in_flight: AtomicU64,
-    failures: AtomicU32,
-    successes: AtomicU32,
-    /// No health check has completed yet.
-    unchecked: AtomicBool,
+    /// Its health-check streaks.
+    checks: Checks,
     /// The passive circuit breaker, fed by request outcomes.
     pub breaker: Breaker,
-    /// Requests started and failed over the worker's life (metrics).
-    requests: AtomicU64,
-    failed_requests: AtomicU64,
-    /// The worker's own tensor transport (URL option or annotation).
-    transport: Option<Transport>,
+    /// Requests in flight, and started and failed over its life.
+    pub(super) load: Load,
     /// Its backend ([`backend_code`]): given, detected, or 0 (not yet known).
     backend: AtomicU8,
-    /// Proved to share this process's `/dev/shm` (GetServerInfo identity).
-    shared_shm: AtomicBool,
-    /// Reports a working NIXL receiver.
-    nixl: AtomicBool,
-    /// Its NIXL receiver may hold a slot longer than our
-    /// `--rdma-receiver-hold-ms`: no rdma tensors for it.
-    hold_refused: AtomicBool,
     /// Failing its health checks with its backend unknown, and logged so:
     /// logged again only once that changed.
     backend_unknown: AtomicBool,
-    /// Says nothing about a NIXL receiver (a TokenSpeed worker, whose
-    /// puller is not advertised): rdma is tried until it refuses.
-    nixl_silent: AtomicBool,
-    /// Refused an RDMA payload because its puller is off: no rdma tensors
-    /// until it restarts (sticky).
-    rdma_refused: AtomicBool,
-    /// When it started, as its last GetServerInfo said.
-    started: Mutex<Option<Started>>,
+    /// What it can receive tensors by.
+    lane_caps: LaneCaps,
     /// The images whose embeddings it holds (encode workers that
     /// advertise `embedding_recall`).
     pub recall: Recall,
-}
-
-/// When a worker started, as GetServerInfo reports it: `start_time`
-/// (TokenSpeed workers) and `uptime_seconds` (every worker).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Started {
-    /// `start_time` in Unix seconds, when reported.
-    pub start_secs: Option<i64>,
-    /// `uptime_seconds`.
-    pub uptime_secs: f64,
-}
-
-impl Started {
-    /// Whether `now` is a later life of the process seen as `self`: its
-    /// start time changed, or (without one) its uptime went back.
-    pub fn restarted(&self, now: &Started) -> bool {
-        match (self.start_secs, now.start_secs) {
-            (Some(before), Some(after)) => before != after,
-            _ => now.uptime_secs < self.uptime_secs,
-        }
-    }
-}
-
-/// Counts a request against a worker while alive.
-pub struct InFlightGuard(Arc<Worker>);
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Counts an image (one request, `patches` patches) against an encode
-/// worker while alive.
-pub struct EncodeGuard {
-    request: InFlightGuard,
-    patches: u64,
-}
-
-impl Drop for EncodeGuard {
-    fn drop(&mut self) {
-        let worker = &self.request.0;
-        worker
-            .patches_in_flight
-            .fetch_sub(self.patches, Ordering::Relaxed);
-    }
 }
 
 impl Worker {
@@ -209,24 +147,12 @@ impl Worker {
             url,
             role,
             channel,
-            healthy: AtomicBool::new(false),
-            in_flight: AtomicUsize::new(0),
-            patches_in_flight: AtomicU64::new(0),
-            failures: AtomicU32::new(0),
-            successes: AtomicU32::new(0),
-            unchecked: AtomicBool::new(true),
+            checks: Checks::default(),
             breaker: Breaker::default(),
-            requests: AtomicU64::new(0),
-            failed_requests: AtomicU64::new(0),
-            transport,
+            load: Load::default(),
             backend: AtomicU8::new(backend_code(backend)),
-            shared_shm: AtomicBool::new(false),
-            nixl: AtomicBool::new(false),
-            hold_refused: AtomicBool::new(false),
             backend_unknown: AtomicBool::new(false),
-            nixl_silent: AtomicBool::new(false),
-            rdma_refused: AtomicBool::new(false),
-            started: Mutex::new(None),
+            lane_caps: LaneCaps::new(transport),
             recall: Recall::default(),
         }))
     }
@@ -427,39 +353,33 @@ impl Worker {
 
     /// In service: its health checks pass and its circuit is closed.
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed) && self.breaker.is_closed()
+        self.checks.pass() && self.breaker.is_closed()
     }
 
     /// Out of service by its circuit alone, open long enough for a probe
     /// request ([`breaker::State::HalfOpen`]).
     pub fn is_half_open(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed) && self.breaker.state() == breaker::State::HalfOpen
+        self.checks.pass() && self.breaker.state() == breaker::State::HalfOpen
     }
 
     pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
+        self.load.in_flight()
     }
 
     pub fn start_request(self: &Arc<Self>) -> InFlightGuard {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        InFlightGuard(self.clone())
+        InFlightGuard::start(self.clone())
     }
 
     /// Patches of the images in flight to this (encode) worker: the load
     /// the encode policy weighs.
     pub fn patches_in_flight(&self) -> u64 {
-        self.patches_in_flight.load(Ordering::Relaxed)
+        self.load.patches_in_flight()
     }
 
     /// Counts an image of `patches` patches (and one request) until the
     /// guard drops.
     pub fn start_encode(self: &Arc<Self>, patches: u64) -> EncodeGuard {
-        self.patches_in_flight.fetch_add(patches, Ordering::Relaxed);
-        EncodeGuard {
-            request: self.start_request(),
-            patches,
-        }
+        EncodeGuard::start(self.clone(), patches)
     }
 
     /// Records that a request reached the worker and was accepted: ends
@@ -476,10 +396,10 @@ impl Worker {
     /// it back or a half-open probe succeeds ([`Breaker`]). Returns true
     /// when this failure opened it.
     pub fn record_failure(&self, threshold: u32) -> bool {
-        self.failed_requests.fetch_add(1, Ordering::Relaxed);
+        self.load.record_failed();
         let (streak, opened) = self.breaker.record_failure(threshold);
         if opened {
-            self.successes.store(0, Ordering::Relaxed);
+            self.checks.end_success_streak();
             tracing::warn!(worker = %self.url, role = self.role.as_str(), failures = streak, "circuit open: worker out of service until health checks pass or a probe succeeds");
         }
         opened
@@ -489,113 +409,91 @@ impl Worker {
     /// to accept) or refused as malformed: counted as failed, but not
     /// toward the circuit, since the worker itself is not broken.
     pub fn record_refusal(&self) {
-        self.failed_requests.fetch_add(1, Ordering::Relaxed);
+        self.load.record_failed();
     }
 
     /// (requests started, requests failed) over the worker's life.
     pub fn request_counts(&self) -> (u64, u64) {
-        (
-            self.requests.load(Ordering::Relaxed),
-            self.failed_requests.load(Ordering::Relaxed),
-        )
+        self.load.request_counts()
     }
 
     /// Records a health-check result; returns the new health when it
     /// changed. The first check decides at once; after that a healthy
     /// worker leaves service after `fail_threshold` failures in a row and
-    /// an unhealthy one returns after `success_threshold` successes in a row.
+    /// an unhealthy one returns after `success_threshold` successes in a
+    /// row ([`Checks::record`]); checks that pass close the circuit.
     pub fn record_check(
         &self,
         ok: bool,
         fail_threshold: u32,
         success_threshold: u32,
     ) -> Option<bool> {
-        let first = self.unchecked.swap(false, Ordering::Relaxed);
         let before = self.is_healthy();
-        let (streak, threshold) = if ok {
-            self.failures.store(0, Ordering::Relaxed);
-            (
-                self.successes.fetch_add(1, Ordering::Relaxed) + 1,
-                success_threshold,
-            )
-        } else {
-            self.successes.store(0, Ordering::Relaxed);
-            (
-                self.failures.fetch_add(1, Ordering::Relaxed) + 1,
-                fail_threshold,
-            )
-        };
-        if first || streak >= threshold.max(1) {
-            self.healthy.store(ok, Ordering::Relaxed);
-            if ok {
-                self.breaker.close();
-            }
+        if self.checks.record(ok, fail_threshold, success_threshold) == Some(true) {
+            self.breaker.close();
         }
         let after = self.is_healthy();
         (before != after).then_some(after)
     }
 
-    /// The worker's own tensor transport, overriding the gateway's.
-    pub fn transport(&self) -> Option<Transport> {
-        self.transport
+    /// Marks the worker healthy or not at once (tests, discovery); healthy
+    /// closes its circuit.
+    pub fn set_healthy(&self, healthy: bool) {
+        self.checks.set(healthy);
+        if healthy {
+            self.breaker.close();
+        }
     }
 
-    /// What the worker may be sent tensors by: `/dev/shm` when its last
-    /// GetServerInfo proved it shared; NIXL when it reported a receiver
-    /// whose hold fits ours, or reported nothing about one (rdma is then
-    /// tried) — unless it refused an RDMA payload since it started.
+    /// The worker's own tensor transport, overriding the gateway's.
+    pub fn transport(&self) -> Option<Transport> {
+        self.lane_caps.transport()
+    }
+
+    /// What the worker may be sent tensors by ([`LaneCaps::caps`]).
     pub fn caps(&self) -> WorkerCaps {
-        let nixl = self.nixl.load(Ordering::Relaxed) || self.nixl_silent.load(Ordering::Relaxed);
-        WorkerCaps {
-            shared_shm: self.shared_shm.load(Ordering::Relaxed),
-            nixl: nixl && !self.rdma_refused.load(Ordering::Relaxed),
-        }
+        self.lane_caps.caps()
     }
 
     /// Records whether the worker's GetServerInfo says nothing about a
     /// NIXL receiver.
     pub fn set_nixl_silent(&self, silent: bool) {
-        self.nixl_silent.store(silent, Ordering::Relaxed);
+        self.lane_caps.set_nixl_silent(silent);
     }
 
     /// Turns rdma off for this worker until it restarts: it refused an
     /// RDMA payload because its puller is off. Returns true the first
     /// time (one warning, one count).
     pub fn refuse_rdma(&self) -> bool {
-        !self.rdma_refused.swap(true, Ordering::Relaxed)
+        self.lane_caps.refuse_rdma()
     }
 
     /// Whether rdma is off for this worker since it refused it.
     pub fn rdma_refused(&self) -> bool {
-        self.rdma_refused.load(Ordering::Relaxed)
+        self.lane_caps.rdma_refused()
     }
 
     /// Records when the worker started (each GetServerInfo); a restart
     /// clears a refused RDMA lane (returns true when that happened) and
     /// the embeddings it was known to hold.
     pub fn note_start(&self, now: Started) -> bool {
-        let mut seen = self.started.lock().unwrap_or_else(|p| p.into_inner());
-        let restarted = seen
-            .replace(now)
-            .is_some_and(|before| before.restarted(&now));
+        let restarted = self.lane_caps.note_start(now);
         if restarted {
             self.recall.forget_all();
         }
-        restarted && self.rdma_refused.swap(false, Ordering::Relaxed)
+        restarted && self.lane_caps.retry_rdma()
     }
 
     /// Records the capabilities GetServerInfo proved; returns true when
     /// they changed.
     pub fn set_caps(&self, caps: WorkerCaps) -> bool {
-        let shm = self.shared_shm.swap(caps.shared_shm, Ordering::Relaxed);
-        let nixl = self.nixl.swap(caps.nixl, Ordering::Relaxed);
-        (shm, nixl) != (caps.shared_shm, caps.nixl)
+        self.lane_caps.set_caps(caps)
     }
 
     /// Records whether the RDMA lane is refused because the worker's
     /// receiver hold exceeds ours; returns true when it just became so.
     pub fn set_hold_refused(&self, refused: bool) -> bool {
-        became_true(&self.hold_refused, refused)
+        self.lane_caps.set_hold_refused(refused)
     }
 
     /// Records whether the worker fails its health checks with its
@@ -604,20 +502,6 @@ impl Worker {
     pub fn set_backend_unknown(&self, unknown: bool) -> bool {
         became_true(&self.backend_unknown, unknown)
     }
-
-    /// Marks the worker healthy or not at once (tests, discovery); healthy
-    /// closes its circuit.
-    pub fn set_healthy(&self, healthy: bool) {
-        self.healthy.store(healthy, Ordering::Relaxed);
-        if healthy {
-            self.breaker.close();
-        }
-    }
-}
-
-/// Sets `flag` to `value`; true when it was false and is now true.
-fn became_true(flag: &AtomicBool, value: bool) -> bool {
-    !flag.swap(value, Ordering::Relaxed) && value
 }
 
 /// A backend as stored in [`Worker`]'s atomic: 0 is "not known yet".
@@ -713,18 +597,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_restart_is_a_new_start_time_or_an_uptime_that_went_back() {
-        let at = |start_secs, uptime_secs| Started {
-            start_secs,
-            uptime_secs,
-        };
-        assert!(!at(Some(100), 5.0).restarted(&at(Some(100), 9.0)));
-        assert!(at(Some(100), 5.0).restarted(&at(Some(160), 9.0)));
-        assert!(!at(None, 5.0).restarted(&at(None, 9.0)));
-        assert!(at(None, 5.0).restarted(&at(None, 1.0)));
-    }
-
     #[tokio::test]
     async fn a_refused_rdma_lane_stays_off_until_the_worker_restarts() {
         let w = worker();
@@ -777,5 +649,19 @@ mod tests {
         assert_eq!((w.in_flight(), w.patches_in_flight()), (1, 16));
         drop(small);
         assert_eq!((w.in_flight(), w.patches_in_flight()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn the_refusal_is_reported_once_per_change() {
+        let url = WorkerUrl::parse("grpc://127.0.0.1:1").unwrap();
+        let worker = Worker::new(url, Role::Encode, Duration::from_secs(1)).unwrap();
+        assert!(worker.set_hold_refused(true));
+        assert!(!worker.set_hold_refused(true));
+        assert!(!worker.set_hold_refused(false));
+        assert!(worker.set_hold_refused(true));
+        assert!(worker.set_backend_unknown(true));
+        assert!(!worker.set_backend_unknown(true));
+        assert!(!worker.set_backend_unknown(false));
+        assert!(worker.set_backend_unknown(true));
     }
 }
