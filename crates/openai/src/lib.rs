@@ -53,7 +53,7 @@ pub use request::{
 pub use response::{
     new_completion_id, unix_now, AssistantMessage, ChatCompletion, ChatCompletionChunk, Choice,
     ChoiceLogprobs, ChunkChoice, Delta, DeltaFunction, DeltaToolCall, FinishReason, Model,
-    ModelList, TokenLogprob, TopLogprob, Usage, VERY_UNLIKELY,
+    ModelList, PromptTokensDetails, TokenLogprob, TopLogprob, Usage, VERY_UNLIKELY,
 };
 pub use sampling::Sampling;
 pub use sse::{write_done, write_error_event, ChunkWriter, DONE};

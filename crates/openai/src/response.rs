@@ -47,6 +47,17 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// The sum.
     pub total_tokens: u32,
+    /// How the prompt was served: present when the workers reported
+    /// prompt tokens served from their prefix cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens the worker served from its prefix cache.
+    pub cached_tokens: u32,
 }
 
 impl Usage {
@@ -56,6 +67,17 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens.saturating_add(completion_tokens),
+            prompt_tokens_details: None,
+        }
+    }
+
+    /// With `prompt_tokens_details.cached_tokens` when the workers
+    /// reported any cached prompt tokens (none: left out, as before).
+    pub fn with_cached_tokens(self, cached_tokens: u32) -> Self {
+        Self {
+            prompt_tokens_details: (cached_tokens > 0)
+                .then_some(PromptTokensDetails { cached_tokens }),
+            ..self
         }
     }
 }

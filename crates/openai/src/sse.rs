@@ -171,6 +171,11 @@ impl ChunkWriter {
         json::write_u64(out, u64::from(usage.completion_tokens));
         out.put_slice(b",\"total_tokens\":");
         json::write_u64(out, u64::from(usage.total_tokens));
+        if let Some(details) = usage.prompt_tokens_details {
+            out.put_slice(b",\"prompt_tokens_details\":{\"cached_tokens\":");
+            json::write_u64(out, u64::from(details.cached_tokens));
+            out.put_slice(b"}");
+        }
         out.put_slice(b"}}");
         out.put_slice(END);
     }

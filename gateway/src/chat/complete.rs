@@ -52,8 +52,11 @@ async fn run(
     let generating = Instant::now();
     let mut choices = prepared.choices();
     let mut answered = vec![None; choices.len()];
+    // Prompt tokens the worker served from its prefix cache.
+    let mut cached_tokens = 0;
     while answered.iter().any(Option::is_none) {
         let complete = await_complete(&mut generation).await?;
+        cached_tokens = cached_tokens.max(complete.cached_tokens);
         let index = complete.index as usize;
         if complete.finish_reason == "abort" {
             return Err((
@@ -73,7 +76,8 @@ async fn run(
     state
         .metrics
         .tokens(ledger.prompt_tokens, completion_tokens);
-    let usage = Usage::new(ledger.prompt_tokens, completion_tokens);
+    let usage =
+        Usage::new(ledger.prompt_tokens, completion_tokens).with_cached_tokens(cached_tokens);
     let choices = choices
         .iter()
         .zip(answered)

@@ -143,6 +143,8 @@ struct ChatEvents {
     choices: Vec<StreamChoice>,
     include_usage: bool,
     prompt_tokens: u32,
+    /// Prompt tokens the worker reported serving from its prefix cache.
+    cached_tokens: u32,
 }
 
 impl ChatEvents {
@@ -170,6 +172,7 @@ impl ChatEvents {
             choices,
             include_usage: prepared.request.include_usage(),
             prompt_tokens,
+            cached_tokens: 0,
         }
     }
 
@@ -188,6 +191,7 @@ impl ChatEvents {
 
     fn chunk(&mut self, out: &mut BytesMut, chunk: &GenerateStreamChunk) -> Result<bool, Failure> {
         let i = self.choice_at(chunk.index)?;
+        self.cached_tokens = self.cached_tokens.max(chunk.cached_tokens);
         let choice = &mut self.choices[i];
         let pushed = choice
             .text
@@ -205,6 +209,7 @@ impl ChatEvents {
             return Err((error, Outcome::UpstreamError));
         }
         let i = self.choice_at(complete.index)?;
+        self.cached_tokens = self.cached_tokens.max(complete.cached_tokens);
         let choice = &mut self.choices[i];
         choice.completed = true;
         let visible = choice.text.complete(complete);
@@ -280,7 +285,8 @@ impl Events for ChatEvents {
             self.generation.abort("stop string matched");
         }
         if self.include_usage {
-            let usage = Usage::new(self.prompt_tokens, self.completion_tokens());
+            let usage = Usage::new(self.prompt_tokens, self.completion_tokens())
+                .with_cached_tokens(self.cached_tokens);
             self.choices[0].writer.write_usage(out, &usage);
         }
     }

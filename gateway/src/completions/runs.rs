@@ -43,6 +43,8 @@ impl Event {
 /// One prompt's worker request.
 struct Run {
     generation: Generation,
+    /// Prompt tokens its worker reported serving from its prefix cache.
+    cached_tokens: u32,
     /// Sequences whose GenerateComplete has not arrived.
     open: u32,
 }
@@ -65,6 +67,7 @@ impl Runs {
         for generation in started {
             runs.push(Run {
                 generation: generation.map_err(route_error)?,
+                cached_tokens: 0,
                 open: n,
             });
         }
@@ -118,6 +121,11 @@ impl Runs {
             return Some(Err((error, Outcome::UpstreamError)));
         }
         let choice = p * n as usize + index as usize;
+        let cached = match &response {
+            Reply::Chunk(c) => c.cached_tokens,
+            Reply::Complete(c) => c.cached_tokens,
+        };
+        run.cached_tokens = run.cached_tokens.max(cached);
         Some(Ok(match response {
             Reply::Chunk(c) => Event::Tokens {
                 choice,
@@ -142,6 +150,15 @@ impl Runs {
                 }
             }
         }))
+    }
+
+    /// Prompt tokens the workers served from their prefix caches, summed
+    /// over the prompts.
+    pub fn cached_tokens(&self) -> u32 {
+        self.runs
+            .iter()
+            .map(|r| r.cached_tokens)
+            .fold(0, u32::saturating_add)
     }
 
     /// Aborts prompt `p`'s request if it is still generating (its choices

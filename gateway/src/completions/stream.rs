@@ -152,7 +152,8 @@ impl Events for CompletionEvents {
     fn finish(&mut self, out: &mut BytesMut) {
         self.runs.abort_all("stop string matched");
         if self.prepared.request.include_usage() {
-            let usage = Usage::new(self.prompt_tokens, self.completion_tokens());
+            let usage = Usage::new(self.prompt_tokens, self.completion_tokens())
+                .with_cached_tokens(self.runs.cached_tokens());
             self.write(out, Vec::new(), Some(usage));
         }
     }

@@ -64,7 +64,8 @@ async fn run(
     state
         .metrics
         .tokens(ledger.prompt_tokens, completion_tokens);
-    let usage = Usage::new(ledger.prompt_tokens, completion_tokens);
+    let usage = Usage::new(ledger.prompt_tokens, completion_tokens)
+        .with_cached_tokens(runs.cached_tokens());
     let body = TextCompletion::new(
         &ledger.id,
         unix_now(),
