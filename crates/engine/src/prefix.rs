@@ -4,7 +4,8 @@
 //! A prompt is cut into blocks of `--kv-block-size` tokens (the last,
 //! partial block is never cached). A block's identity chains its parent's
 //! with its token ids *and* the content keys of the multimodal items whose
-//! placeholder tokens it covers, as vLLM and SGLang key image blocks: two
+//! placeholder tokens it covers ([`iris_kvindex::block_key`]), as vLLM and
+//! SGLang key image blocks: two
 //! different images of the same size never share a block, the same image
 //! at the same place after the same prefix does. At admission the leading
 //! blocks already held are hits (`cached_tokens`, and no prefill time is
@@ -24,7 +25,12 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use iris_kvindex::{prompt_blocks, CoveredItem, RequestItem};
 use tokio::sync::broadcast;
+
+/// The events' vocabulary is the index's (`crates/kvindex`): what the
+/// engine publishes is what the gateway's index reads.
+pub use iris_kvindex::{Event as KvEvent, StoredBlock};
 
 /// Batches kept for subscribers that resume.
 pub const HISTORY: usize = 4096;
@@ -35,29 +41,6 @@ pub const HISTORY: usize = 4096;
 pub struct ItemKey {
     pub key: u64,
     pub span: Range<u32>,
-}
-
-/// One cached block as events describe it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredBlock {
-    pub hash: i64,
-    pub token_ids: Vec<u32>,
-    /// The items whose placeholders the block covers: content key and the
-    /// block's first position relative to the item's first placeholder.
-    pub items: Vec<(u64, i64)>,
-}
-
-/// A change to the cache.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KvEvent {
-    /// Blocks stored after `parent` (`None`: at the start of a prompt),
-    /// each the parent of the next.
-    Stored {
-        parent: Option<i64>,
-        blocks: Vec<StoredBlock>,
-    },
-    Removed(Vec<i64>),
-    Cleared,
 }
 
 /// Events published together, numbered from 1.
@@ -90,7 +73,7 @@ impl Drop for Held {
 struct Block {
     parent: Option<i64>,
     token_ids: Vec<u32>,
-    items: Vec<(u64, i64)>,
+    items: Vec<CoveredItem>,
     /// Running requests holding it.
     refs: u32,
     /// Its place in the LRU order (larger: used later).
@@ -180,7 +163,7 @@ impl PrefixCache {
                 }
             }
             stored.push(StoredBlock {
-                hash,
+                engine_hash: hash,
                 token_ids: block.token_ids.clone(),
                 items: block.items.clone(),
             });
@@ -280,30 +263,28 @@ impl PrefixCache {
         let _ = self.publish.send(batch);
     }
 
-    /// The prompt's full blocks with their identities, in order.
+    /// The prompt's full blocks with their identities, in order: the
+    /// gateway's index keys ([`iris_kvindex::prompt_blocks`]), each item
+    /// named by its content key in hex.
     fn chain(&self, tokens: &[u32], items: &[ItemKey]) -> Vec<(i64, Block)> {
-        let mut parent: Option<i64> = None;
-        tokens
-            .chunks_exact(self.block_size)
-            .enumerate()
-            .map(|(b, ids)| {
-                let start = (b * self.block_size) as u32;
-                let end = start + self.block_size as u32;
-                let covered: Vec<(u64, i64)> = items
-                    .iter()
-                    .filter(|item| item.span.start < end && start < item.span.end)
-                    .map(|item| (item.key, i64::from(start) - i64::from(item.span.start)))
-                    .collect();
-                let hash = block_hash(parent, ids, &covered);
-                let block = Block {
-                    parent,
-                    token_ids: ids.to_vec(),
-                    items: covered,
+        let items: Vec<RequestItem> = items
+            .iter()
+            .map(|item| RequestItem {
+                identifier: format!("{:016x}", item.key),
+                span: item.span.clone(),
+            })
+            .collect();
+        prompt_blocks(self.block_size, tokens, &items)
+            .into_iter()
+            .map(|block| {
+                let stored = Block {
+                    parent: block.parent.map(|p| p as i64),
+                    token_ids: block.token_ids,
+                    items: block.items,
                     refs: 0,
                     stamp: 0,
                 };
-                parent = Some(hash);
-                (hash, block)
+                (block.key as i64, stored)
             })
             .collect()
     }
@@ -365,7 +346,7 @@ fn snapshot(state: &State) -> Vec<KvEvent> {
                 let block = &state.blocks[hash];
                 queue.push_back(Some(*hash));
                 StoredBlock {
-                    hash: *hash,
+                    engine_hash: *hash,
                     token_ids: block.token_ids.clone(),
                     items: block.items.clone(),
                 }
@@ -378,20 +359,6 @@ fn snapshot(state: &State) -> Vec<KvEvent> {
         }));
     }
     events
-}
-
-/// A block's identity: its parent's, its token ids and the items it
-/// covers, folded with SplitMix64.
-fn block_hash(parent: Option<i64>, ids: &[u32], items: &[(u64, i64)]) -> i64 {
-    let fold = |h: u64, v: u64| iris_fingerprint::mix64(h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    let mut h = fold(0x6b76_6361_6368_6531, parent.map_or(0, |p| p as u64));
-    for id in ids {
-        h = fold(h, u64::from(*id));
-    }
-    for (key, offset) in items {
-        h = fold(fold(h, *key), *offset as u64);
-    }
-    h as i64
 }
 
 #[cfg(test)]

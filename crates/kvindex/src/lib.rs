@@ -164,25 +164,9 @@ impl<W: Clone + Eq + Hash> KvIndex<W> {
 
     /// The keys of a request's full blocks, in order.
     pub fn request_keys(&self, tokens: &[u32], items: &[RequestItem]) -> Vec<BlockKey> {
-        let mut parent = None;
-        tokens
-            .chunks_exact(self.block_size)
-            .enumerate()
-            .map(|(b, ids)| {
-                let start = (b * self.block_size) as u32;
-                let end = start + self.block_size as u32;
-                let covered: Vec<CoveredItem> = items
-                    .iter()
-                    .filter(|item| item.span.start < end && start < item.span.end)
-                    .map(|item| CoveredItem {
-                        identifier: item.identifier.clone(),
-                        offset: i64::from(start) - i64::from(item.span.start),
-                    })
-                    .collect();
-                let key = block_key(parent, ids, covered);
-                parent = Some(key);
-                key
-            })
+        prompt_blocks(self.block_size, tokens, items)
+            .into_iter()
+            .map(|block| block.key)
             .collect()
     }
 
@@ -275,9 +259,52 @@ impl<W: Clone + Eq + Hash> KvIndex<W> {
     }
 }
 
+/// One full block of a prompt, as [`prompt_blocks`] cuts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptBlock {
+    pub key: BlockKey,
+    /// The previous block's key (`None` for the first).
+    pub parent: Option<BlockKey>,
+    pub token_ids: Vec<u32>,
+    pub items: Vec<CoveredItem>,
+}
+
+/// A prompt's full blocks of `block_size` tokens (the last partial one is
+/// left out), each with its key and the items it covers.
+pub fn prompt_blocks(block_size: usize, tokens: &[u32], items: &[RequestItem]) -> Vec<PromptBlock> {
+    let block_size = block_size.max(1);
+    let mut parent = None;
+    tokens
+        .chunks_exact(block_size)
+        .enumerate()
+        .map(|(b, ids)| {
+            let start = (b * block_size) as u32;
+            let end = start + block_size as u32;
+            let covered: Vec<CoveredItem> = items
+                .iter()
+                .filter(|item| item.span.start < end && start < item.span.end)
+                .map(|item| CoveredItem {
+                    identifier: item.identifier.clone(),
+                    offset: i64::from(start) - i64::from(item.span.start),
+                })
+                .collect();
+            let key = block_key(parent, ids, covered.clone());
+            let block = PromptBlock {
+                key,
+                parent,
+                token_ids: ids.to_vec(),
+                items: covered,
+            };
+            parent = Some(key);
+            block
+        })
+        .collect()
+}
+
 /// A block's key: its parent's, its token ids and the items it covers
-/// (in a fixed order), folded with SplitMix64.
-fn block_key(parent: Option<BlockKey>, ids: &[u32], mut items: Vec<CoveredItem>) -> BlockKey {
+/// (in a fixed order), folded with SplitMix64. Iris's reference engine
+/// hashes its blocks with it too, so its block hashes are these keys.
+pub fn block_key(parent: Option<BlockKey>, ids: &[u32], mut items: Vec<CoveredItem>) -> BlockKey {
     items.sort();
     let fold = |h: u64, v: u64| iris_fingerprint::mix64(h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut h = fold(0x6b76_696e_6465_7831, parent.unwrap_or(0));

@@ -118,7 +118,7 @@ fn the_snapshot_lists_each_block_after_its_parent() {
         if let Some(parent) = parent {
             assert!(seen.contains(parent), "parent before child");
         }
-        seen.extend(blocks.iter().map(|b| b.hash));
+        seen.extend(blocks.iter().map(|b| b.engine_hash));
     }
     assert_eq!(seen.len(), 4);
 }
@@ -133,4 +133,32 @@ fn clear_drops_what_no_request_holds() {
     drop(running);
     let (replay, _) = cache.subscribe(0);
     assert_eq!(replay[0].events.len(), 2, "Cleared and the held block");
+}
+
+#[test]
+fn the_gateways_index_reads_the_events_with_the_same_keys() {
+    let cache = PrefixCache::new(2, 64);
+    let prompt = [1, 7, 7, 2, 3, 4];
+    drop(cache.admit(&prompt, &[image(0xabcd, 1..3)]));
+    let (replay, _) = cache.subscribe(0);
+    let mut index: iris_kvindex::KvIndex<&str> = iris_kvindex::KvIndex::new(2);
+    index.apply(&"engine", replay[0].sequence, &replay[0].events);
+    let item = iris_kvindex::RequestItem {
+        identifier: format!("{:016x}", 0xabcd),
+        span: 1..3,
+    };
+    let keys = index.request_keys(&prompt, &[item]);
+    assert_eq!(index.matched(&keys)[&"engine"], 3, "every block matches");
+    let hashes: Vec<i64> = replay[0].events[1..]
+        .iter()
+        .flat_map(|e| match e {
+            KvEvent::Stored { blocks, .. } => blocks.iter().map(|b| b.engine_hash).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let as_hashes: Vec<i64> = keys.iter().map(|k| *k as i64).collect();
+    assert_eq!(
+        hashes, as_hashes,
+        "the engine's block hashes are the index's keys"
+    );
 }

@@ -136,7 +136,7 @@ fn proto_event(event_id: u64, event: &KvEvent, block_size: usize) -> KvCacheEven
 /// key in hex, the block's offset into the item), as vLLM publishes them.
 fn proto_block(block: &StoredBlock, block_size: usize) -> KvBlock {
     KvBlock {
-        block_hash: block.hash,
+        block_hash: block.engine_hash,
         token_ids: block.token_ids.clone(),
         block_size: i32::try_from(block_size).unwrap_or(i32::MAX),
         lora_id: None,
@@ -144,10 +144,10 @@ fn proto_block(block: &StoredBlock, block_size: usize) -> KvBlock {
         extra_keys: block
             .items
             .iter()
-            .map(|(key, offset)| KvBlockExtraKey {
+            .map(|item| KvBlockExtraKey {
                 key: Some(kv_block_extra_key::Key::Multimodal(KvMultimodalKey {
-                    identifier: format!("{key:016x}"),
-                    offset: *offset,
+                    identifier: item.identifier.clone(),
+                    offset: item.offset,
                 })),
             })
             .collect(),
