@@ -269,10 +269,10 @@ fn cached_prompt_tokens_are_reported_in_openai_shape_only_when_there_are_some() 
     w.write_usage(&mut buf, &Usage::new(30, 2).with_cached_tokens(16));
     w.write_usage(&mut buf, &Usage::new(30, 2).with_cached_tokens(0));
     let ev = events(&buf);
-    let with: Value = serde_json::from_str(&ev[0]).expect("chunk json");
+    let with: Value = serde_json::from_str(ev[0]).expect("chunk json");
     assert_eq!(with["usage"]["prompt_tokens_details"]["cached_tokens"], 16);
     assert_eq!(with["usage"]["total_tokens"], 32);
-    let without: Value = serde_json::from_str(&ev[1]).expect("chunk json");
+    let without: Value = serde_json::from_str(ev[1]).expect("chunk json");
     assert!(without["usage"].get("prompt_tokens_details").is_none());
     // The unary body says the same through serde.
     let unary = serde_json::to_value(Usage::new(30, 2).with_cached_tokens(16)).expect("json");
