@@ -143,7 +143,8 @@ pub struct ServeArgs {
     pub health_success_threshold: u32,
 
     /// Request failures in a row that take a worker out of service until
-    /// its health checks pass again (0: never).
+    /// its health checks pass again or, after one health interval, a probe
+    /// request succeeds (0: never).
     #[arg(long, default_value_t = 3, env = "IRIS_CIRCUIT_BREAKER_FAILURES")]
     pub circuit_breaker_failures: u32,
 
