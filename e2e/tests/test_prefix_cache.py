@@ -2,12 +2,14 @@
 reference worker with a prefix cache (``iris-engine --kv-capacity-tokens``)
 answers a repeated prompt with ``usage.prompt_tokens_details.cached_tokens``
 (OpenAI's shape), in chat and completions, unary and streamed; a worker
-without a cache reports none, and the field is left out.
+without a cache reports none, and the field is left out. The gateway
+follows the worker's KV events: its index holds the worker's blocks
+(``/metrics``).
 """
 
 import pytest
 
-from conftest import Processes, start_engine, start_gateway
+from conftest import Processes, metric, start_engine, start_gateway, wait_until
 
 SYSTEM = "You are a careful assistant. " * 8
 MAX_TOKENS = 4
@@ -68,3 +70,22 @@ def test_without_a_cache_the_field_is_left_out(client, model):
     again = chat(client, model, "What is two plus two?")
     assert answer.usage.prompt_tokens_details is None
     assert again.usage.prompt_tokens_details is None
+
+
+def test_the_gateway_mirrors_the_workers_cache_from_its_events(cached_gateway):
+    client, model = cached_gateway.client(), cached_gateway.model
+    chat(client, model, "What is five plus five?")
+
+    def indexed():
+        text = cached_gateway.metrics()
+        blocks = metric(text, "iris_kv_index_blocks") or 0
+        return blocks > 0 and metric(text, "iris_kv_event_subscriptions") == 1
+
+    wait_until(indexed, 10, "the index to hold the worker's blocks")
+    assert (metric(cached_gateway.metrics(), "iris_kv_event_batches_total") or 0) > 0
+
+
+def test_a_worker_without_events_is_not_followed(deployment):
+    text = deployment.gateway.metrics()
+    assert metric(text, "iris_kv_event_subscriptions") == 0
+    assert metric(text, "iris_kv_index_blocks") == 0

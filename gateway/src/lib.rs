@@ -37,6 +37,7 @@ mod completions;
 mod context;
 mod discovery;
 mod http;
+mod kv;
 mod listen;
 mod metrics;
 mod mm;

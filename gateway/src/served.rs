@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use iris_openai::ApiError;
 
+use crate::kv::KvCaches;
 use crate::mm::Multimodal;
 use crate::output::OutputParsers;
 use crate::prompt::Prompter;
@@ -27,6 +28,8 @@ pub struct Served {
     /// How answers are parsed into content, reasoning and tool calls.
     pub parsers: OutputParsers,
     pub router: Router,
+    /// Its workers' prefix caches, from their KV events.
+    pub kv: Arc<KvCaches>,
     /// When it started being served (Unix seconds, `/v1/models`).
     pub created: u64,
 }

@@ -21,6 +21,7 @@ use crate::args::ServeArgs;
 use crate::config::{Config, ListenConfig, Topology};
 use crate::discovery::Discovery;
 use crate::http::error_response;
+use crate::kv::KvCaches;
 use crate::listen::{ConnLimits, ConnStats, Stop};
 use crate::metrics::Metrics;
 use crate::mm::Multimodal;
@@ -160,6 +161,8 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     if metrics_listener.is_some() {
         connection_stats.push(("metrics", metrics_stats.clone()));
     }
+    let kv = Arc::new(KvCaches::default());
+    kv.follow(mode.prefill_pools(), shutdown.clone());
     let router = Router::new(mode, config.router).with_lanes(lanes);
     let served = Served {
         name: model
@@ -171,6 +174,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         media: multimodal,
         parsers,
         router,
+        kv,
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -478,6 +482,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         mm.budget().render(&mut body);
     }
     router.lanes.render(&mut body);
+    served.kv.render(&mut body);
     crate::listen::render_stats(&mut body, &state.connection_stats);
     let (hits, misses) = served.prompter.cache_stats();
     iris_metrics::family(

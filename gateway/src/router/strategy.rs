@@ -61,6 +61,17 @@ impl Mode {
         matches!(self, Mode::EncodePrefillDecode { .. })
     }
 
+    /// The pools whose workers prefill (aggregated, or prefill): the ones
+    /// with a prefix cache worth routing by.
+    pub fn prefill_pools(&self) -> Vec<Arc<Pool>> {
+        match self {
+            Mode::Aggregated(pool) => vec![pool.clone()],
+            Mode::PrefillDecode { prefill, .. } | Mode::EncodePrefillDecode { prefill, .. } => {
+                vec![prefill.clone()]
+            }
+        }
+    }
+
     pub fn pools(&self) -> Vec<Arc<Pool>> {
         match self {
             Mode::Aggregated(pool) => vec![pool.clone()],
