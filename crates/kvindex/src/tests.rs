@@ -2,9 +2,9 @@
 
 use super::*;
 
-/// A `stored` event for `tokens` cut into blocks of `size`, after
-/// `parent`, with engine hashes `first_hash..`; `items` as a request
-/// would name them.
+/// A `stored` event for `tokens` cut into blocks of `size` as a prompt is
+/// ([`prompt_blocks`]), after `parent`, with engine hashes `first_hash..`;
+/// `items` as a request would name them.
 fn stored(
     parent: Option<i64>,
     tokens: &[u32],
@@ -12,24 +12,13 @@ fn stored(
     first_hash: i64,
     items: &[RequestItem],
 ) -> Event {
-    let blocks = tokens
-        .chunks_exact(size)
+    let blocks = prompt_blocks(size, tokens, items)
+        .into_iter()
         .enumerate()
-        .map(|(b, ids)| {
-            let start = (b * size) as u32;
-            let end = start + size as u32;
-            StoredBlock {
-                engine_hash: first_hash + b as i64,
-                token_ids: ids.to_vec(),
-                items: items
-                    .iter()
-                    .filter(|i| i.span.start < end && start < i.span.end)
-                    .map(|i| CoveredItem {
-                        identifier: i.identifier.clone(),
-                        offset: i64::from(start) - i64::from(i.span.start),
-                    })
-                    .collect(),
-            }
+        .map(|(b, block)| StoredBlock {
+            engine_hash: first_hash + b as i64,
+            token_ids: block.token_ids,
+            items: block.items,
         })
         .collect();
     Event::Stored { parent, blocks }

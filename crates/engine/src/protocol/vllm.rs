@@ -314,7 +314,7 @@ fn unfollowed(field: &str) -> Status {
 }
 
 /// The prefix-cache key of each item of a batch: its `mm_hashes` entry
-/// (folded to 8 bytes) over its placeholders; without hashes, keys of
+/// (fingerprinted) over its placeholders; without hashes, keys of
 /// their own.
 fn batch_keys(mm: &MultimodalInputs) -> Vec<ItemKey> {
     mm.mm_placeholders
@@ -324,20 +324,13 @@ fn batch_keys(mm: &MultimodalInputs) -> Vec<ItemKey> {
             let hash = mm
                 .mm_hashes
                 .get(i)
-                .map(|h| fnv64(h.as_bytes()).to_le_bytes());
+                .map(|h| iris_fingerprint::fingerprint(h.as_bytes()));
             super::item_key(
                 hash.as_ref().map_or(&[][..], |h| &h[..]),
                 [(r.offset, r.length)],
             )
         })
         .collect()
-}
-
-/// FNV-1a of `bytes`.
-fn fnv64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// One preprocessed batch as one item (the engine folds it whole); `what`
