@@ -90,6 +90,11 @@ pub struct EngineArgs {
         env = "IRIS_ENGINE_PREFILL_PER_TOKEN_US"
     )]
     pub prefill_us_per_token: u64,
+    /// Prefills whose simulated compute runs at once (0: no bound). At 1
+    /// prefills queue one behind the other, as on one accelerator, and the
+    /// uncached tokens of those waiting count in `waiting_uncached_tokens`.
+    #[arg(long, default_value_t = 0, env = "IRIS_ENGINE_PREFILL_SLOTS")]
+    pub prefill_slots: u32,
     /// Simulated decode cost per step, in microseconds.
     /// Formerly `--decode-us-per-step` (still accepted).
     #[arg(

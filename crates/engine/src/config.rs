@@ -72,6 +72,8 @@ pub struct EngineConfig {
     pub default_max_new_tokens: u32,
     /// Simulated prefill cost per prompt token.
     pub prefill_per_token: Duration,
+    /// Prefills computed at once (0: no bound).
+    pub prefill_slots: u32,
     /// Simulated decode cost per step.
     pub decode_per_step: Duration,
     /// Tokens per prefix-cache block (at least 1).
@@ -126,6 +128,7 @@ impl EngineConfig {
             max_running_requests: args.max_running_requests.max(1),
             default_max_new_tokens: args.default_max_new_tokens,
             prefill_per_token: Duration::from_micros(args.prefill_us_per_token),
+            prefill_slots: args.prefill_slots,
             decode_per_step: Duration::from_micros(args.decode_us_per_step),
             kv_block_size: args.kv_block_size.max(1),
             kv_capacity_tokens: args.kv_capacity_tokens,

@@ -30,15 +30,19 @@ impl Drop for Registration {
     }
 }
 
-/// Counts a request as waiting (queued for a slot) while alive.
+/// Counts a request as waiting (queued for a slot, or a running one's
+/// prompt queued for prefill compute) while alive.
 pub struct Waiting {
     registry: Arc<InFlight>,
+    requests: i64,
     tokens: i64,
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.registry.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.registry
+            .waiting
+            .fetch_sub(self.requests, Ordering::Relaxed);
         self.registry
             .waiting_tokens
             .fetch_sub(self.tokens, Ordering::Relaxed);
@@ -97,12 +101,24 @@ impl InFlight {
         }
     }
 
+    /// A request queued for a running slot, with its prompt's tokens.
     pub fn waiting(self: &Arc<Self>, prompt_tokens: u32) -> Waiting {
-        let tokens = i64::from(prompt_tokens);
-        self.waiting.fetch_add(1, Ordering::Relaxed);
+        self.count_waiting(1, prompt_tokens)
+    }
+
+    /// A running request's uncached prompt tokens queued for prefill
+    /// compute (`--prefill-slots`): tokens waiting, no request.
+    pub fn prefill_queued(self: &Arc<Self>, uncached_tokens: u32) -> Waiting {
+        self.count_waiting(0, uncached_tokens)
+    }
+
+    fn count_waiting(self: &Arc<Self>, requests: i64, tokens: u32) -> Waiting {
+        let tokens = i64::from(tokens);
+        self.waiting.fetch_add(requests, Ordering::Relaxed);
         self.waiting_tokens.fetch_add(tokens, Ordering::Relaxed);
         Waiting {
             registry: self.clone(),
+            requests,
             tokens,
         }
     }

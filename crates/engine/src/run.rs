@@ -97,8 +97,8 @@ async fn prefill(engine: &Engine, plan: &Plan) -> Result<(PromptState, Option<Ad
         .as_ref()
         .map(|cache| cache.admit(&plan.input_ids, &plan.item_keys));
     let cached = admitted.as_ref().map_or(0, |a| a.cached_tokens as usize);
-    let uncached = plan.input_ids.len().saturating_sub(cached);
-    simulate(engine.config.prefill_per_token * u32::try_from(uncached).unwrap_or(u32::MAX)).await;
+    let uncached = u32::try_from(plan.input_ids.len().saturating_sub(cached)).unwrap_or(u32::MAX);
+    compute_prefill(engine, uncached).await?;
     let input_ids = plan.input_ids.clone();
     let state = tokio::task::spawn_blocking(move || {
         PromptState::prefill(&input_ids, items.iter().map(|b| &b[..]))
@@ -106,6 +106,22 @@ async fn prefill(engine: &Engine, plan: &Plan) -> Result<(PromptState, Option<Ad
     .await
     .map_err(|e| Status::internal(format!("prefill task failed: {e}")))?;
     Ok((state, admitted))
+}
+
+/// The simulated compute of `uncached` prompt tokens, queued behind the
+/// prefills computing when `--prefill-slots` bounds them.
+async fn compute_prefill(engine: &Engine, uncached: u32) -> Result<(), Status> {
+    let cost = engine.config.prefill_per_token * uncached;
+    let _permit = match &engine.prefill_slots {
+        Some(slots) if !cost.is_zero() => {
+            let _queued = engine.inflight.prefill_queued(uncached);
+            let permit = slots.clone().acquire_owned().await;
+            Some(permit.map_err(|_| Status::unavailable("engine is shutting down"))?)
+        }
+        _ => None,
+    };
+    simulate(cost).await;
+    Ok(())
 }
 
 /// Decode: collect the state the prefill worker left under the KV room.

@@ -204,6 +204,8 @@ fn build_engine(cfg: EngineConfig, data_addr: Option<SocketAddr>) -> anyhow::Res
         peers: Peers::new(worker_id.clone(), cfg.auth_token.clone()),
         payloads: crate::payload::Payloads::start(cfg.shm_names.clone(), &cfg.remote)?,
         slots: Arc::new(Semaphore::new(cfg.max_running_requests as usize)),
+        prefill_slots: (cfg.prefill_slots > 0)
+            .then(|| Arc::new(Semaphore::new(cfg.prefill_slots as usize))),
         worker_id,
         started: Instant::now(),
         started_at: SystemTime::now(),

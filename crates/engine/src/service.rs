@@ -69,6 +69,8 @@ pub struct Engine {
     pub payloads: crate::payload::Payloads,
     /// One permit per running request.
     pub slots: Arc<Semaphore>,
+    /// One permit per prefill computing (`--prefill-slots`; `None`: no bound).
+    pub prefill_slots: Option<Arc<Semaphore>>,
     pub worker_id: String,
     pub started: Instant,
     pub started_at: SystemTime,
