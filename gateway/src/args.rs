@@ -119,13 +119,17 @@ pub struct ServeArgs {
     )]
     pub encode_max_in_flight_patches: u64,
 
-    /// Worker choice for every role unless overridden.
-    #[arg(long, value_enum, default_value = "power_of_two", env = "IRIS_POLICY")]
+    /// Worker choice for every role unless overridden. auto: cache_aware
+    /// once workers publish KV events, power_of_two until then; decode
+    /// workers are placed by power_of_two when this is auto or
+    /// cache_aware.
+    #[arg(long, value_enum, default_value = "auto", env = "IRIS_POLICY")]
     pub policy: PolicyKind,
-    /// Worker choice among prefill workers.
+    /// Worker choice among prefill workers (default: --policy).
     #[arg(long, value_enum, env = "IRIS_PREFILL_POLICY")]
     pub prefill_policy: Option<PolicyKind>,
-    /// Worker choice among decode workers.
+    /// Worker choice among decode workers (default: --policy, placed by
+    /// load: auto and cache_aware are power_of_two here).
     #[arg(long, value_enum, env = "IRIS_DECODE_POLICY")]
     pub decode_policy: Option<PolicyKind>,
 

@@ -347,25 +347,32 @@ fn topology(args: &ServeArgs, discovery: Option<&Discovery>) -> Result<Topology,
         prefill,
         prefill_policy: args.prefill_policy.unwrap_or(args.policy),
         decode,
-        decode_policy: args.decode_policy.unwrap_or(args.policy),
+        decode_policy: args
+            .decode_policy
+            .unwrap_or(args.policy.for_role(Role::Decode)),
         encode,
     })
 }
 
-/// The policies that place requests are not the encoders' own
-/// (`consistent_hashing` keys on one image's content).
+/// Each policy flag names a policy its pools can use: `consistent_hashing`
+/// keys on one image's content (encoders only), `cache_aware` on the
+/// prompt (pools that prefill).
 fn request_policies(args: &ServeArgs) -> Result<(), ConfigError> {
     let flags = [
-        ("--policy", Some(args.policy)),
-        ("--prefill-policy", args.prefill_policy),
-        ("--decode-policy", args.decode_policy),
+        ("--policy", Some(args.policy), Role::Aggregated),
+        ("--prefill-policy", args.prefill_policy, Role::Prefill),
+        ("--decode-policy", args.decode_policy, Role::Decode),
+        ("--encode-policy", Some(args.encode_policy), Role::Encode),
     ];
-    for (flag, kind) in flags {
-        if let Some(kind) = kind.filter(|k| k.encode_only()) {
-            return Err(ConfigError(format!(
-                "{flag} {}: it places an image by its content hash, for --encode-policy only",
-                kind.as_str()
-            )));
+    for (flag, kind, role) in flags {
+        if let Some(kind) = kind.filter(|k| !k.serves(role)) {
+            let why = match kind {
+                PolicyKind::ConsistentHashing => {
+                    "it places an image by its content hash, for --encode-policy only"
+                }
+                _ => "it places a prompt by the prefix caches, for --policy and --prefill-policy only (decode and encode are placed by load)",
+            };
+            return Err(ConfigError(format!("{flag} {}: {why}", kind.as_str())));
         }
     }
     Ok(())

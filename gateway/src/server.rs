@@ -139,7 +139,9 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     let multimodal = Multimodal::load(&dir, &config.media)?.map(Arc::new);
     let discovery = config.discovery.as_ref();
     let connect = config.connect.clone();
-    let mode = build_mode(&config)?;
+    let kv = Arc::new(KvCaches::default());
+    let mode = build_mode(&config, &kv)?;
+    log_policies(&config);
     let shutdown = CancellationToken::new();
     if let Some(discovery) = discovery {
         discovery
@@ -161,7 +163,6 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     if metrics_listener.is_some() {
         connection_stats.push(("metrics", metrics_stats.clone()));
     }
-    let kv = Arc::new(KvCaches::default());
     kv.follow(mode.prefill_pools(), shutdown.clone());
     let router = Router::new(mode, config.router).with_lanes(lanes);
     let served = Served {
@@ -382,9 +383,26 @@ pub fn rdma_wanted(mode: &Mode, discovery: Option<&Discovery>) -> bool {
     configured || discovery.is_some_and(|d| d.watches(role))
 }
 
+/// Says at start how requests are placed, and for `auto` what changes it.
+fn log_policies(config: &Config) {
+    let policy = match &config.topology {
+        Topology::Aggregated { policy, .. } => *policy,
+        Topology::Disaggregated { prefill_policy, .. } => *prefill_policy,
+    };
+    match policy {
+        PolicyKind::Auto => tracing::info!(
+            "routing policy auto: by power_of_two until workers publish KV events, then cache_aware (prefix cache and queued prefill) for those workers' pools"
+        ),
+        PolicyKind::CacheAware => tracing::info!(
+            "routing policy cache_aware: by prefix cache and queued prefill, from KV events where workers publish them, else from this gateway's routing history"
+        ),
+        other => tracing::info!(policy = other.as_str(), "routing policy"),
+    }
+}
+
 /// The pools of `topology`, holding its configured workers (a role whose
 /// pods are discovered may start with none).
-fn build_mode(config: &Config) -> anyhow::Result<Mode> {
+fn build_mode(config: &Config, caches: &Arc<KvCaches>) -> anyhow::Result<Mode> {
     let connect = &config.connect;
     let pool = |role: Role,
                 urls: &[WorkerUrl],
@@ -395,7 +413,11 @@ fn build_mode(config: &Config) -> anyhow::Result<Mode> {
             .iter()
             .map(|u| Worker::new(u.clone(), role, connect.clone()).map_err(anyhow::Error::msg))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(Arc::new(Pool::new(role, workers, policy.build(bounds))))
+        Ok(Arc::new(Pool::new(
+            role,
+            workers,
+            policy.build(bounds, caches),
+        )))
     };
     let plain = LoadBounds::default();
     Ok(match &config.topology {
@@ -609,7 +631,7 @@ mod tests {
     /// `rdma_wanted` for an EPD gateway with the extra flags `flags`.
     fn wanted(flags: &[&str]) -> bool {
         let config = Config::from_flags(&[&["--epd-disaggregation"][..], flags].concat()).unwrap();
-        let mode = build_mode(&config).unwrap();
+        let mode = build_mode(&config, &Default::default()).unwrap();
         rdma_wanted(&mode, config.discovery.as_ref())
     }
 
@@ -663,7 +685,7 @@ mod tests {
     async fn rdma_is_wanted_by_aggregated_and_pd_prefill_workers() {
         let wanted_by = |flags: &[&str]| {
             let config = Config::from_flags(flags).unwrap();
-            let mode = build_mode(&config).unwrap();
+            let mode = build_mode(&config, &Default::default()).unwrap();
             rdma_wanted(&mode, config.discovery.as_ref())
         };
         assert!(!wanted_by(&["--worker-urls", "grpc://a:1"]));

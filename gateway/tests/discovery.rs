@@ -301,7 +301,7 @@ impl Gateway {
                 Arc::new(Pool::new(
                     *r,
                     Vec::new(),
-                    PolicyKind::RoundRobin.build(Default::default()),
+                    PolicyKind::RoundRobin.build(Default::default(), &Default::default()),
                 ))
             })
             .collect();

@@ -416,7 +416,7 @@ async fn unreachable_worker_is_retried_elsewhere() {
     let pool = Pool::new(
         PoolRole::Aggregated,
         workers,
-        PolicyKind::RoundRobin.build(Default::default()),
+        PolicyKind::RoundRobin.build(Default::default(), &Default::default()),
     );
     let router = Router::new(
         Mode::Aggregated(std::sync::Arc::new(pool)),
@@ -465,12 +465,12 @@ async fn pd_retry_past_a_dead_decode_does_not_collide_with_the_first_attempt() {
         prefill: std::sync::Arc::new(Pool::new(
             PoolRole::Prefill,
             prefills,
-            PolicyKind::RoundRobin.build(Default::default()),
+            PolicyKind::RoundRobin.build(Default::default(), &Default::default()),
         )),
         decode: std::sync::Arc::new(Pool::new(
             PoolRole::Decode,
             decodes,
-            PolicyKind::RoundRobin.build(Default::default()),
+            PolicyKind::RoundRobin.build(Default::default(), &Default::default()),
         )),
     };
     let router = Router::new(mode, router_settings());

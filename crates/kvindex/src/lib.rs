@@ -164,10 +164,7 @@ impl<W: Clone + Eq + Hash> KvIndex<W> {
 
     /// The keys of a request's full blocks, in order.
     pub fn request_keys(&self, tokens: &[u32], items: &[RequestItem]) -> Vec<BlockKey> {
-        prompt_blocks(self.block_size, tokens, items)
-            .into_iter()
-            .map(|block| block.key)
-            .collect()
+        prompt_keys(self.block_size, tokens, items)
     }
 
     /// For each worker holding the first block of `keys`, how many of them
@@ -272,22 +269,10 @@ pub struct PromptBlock {
 /// A prompt's full blocks of `block_size` tokens (the last partial one is
 /// left out), each with its key and the items it covers.
 pub fn prompt_blocks(block_size: usize, tokens: &[u32], items: &[RequestItem]) -> Vec<PromptBlock> {
-    let block_size = block_size.max(1);
     let mut parent = None;
-    tokens
-        .chunks_exact(block_size)
-        .enumerate()
-        .map(|(b, ids)| {
-            let start = (b * block_size) as u32;
-            let end = start + block_size as u32;
-            let covered: Vec<CoveredItem> = items
-                .iter()
-                .filter(|item| item.span.start < end && start < item.span.end)
-                .map(|item| CoveredItem {
-                    identifier: item.identifier.clone(),
-                    offset: i64::from(start) - i64::from(item.span.start),
-                })
-                .collect();
+    blocks_of(block_size, tokens)
+        .map(|(start, ids)| {
+            let covered = covered_items(items, start, ids.len());
             let key = block_key(parent, ids, covered.clone());
             let block = PromptBlock {
                 key,
@@ -297,6 +282,41 @@ pub fn prompt_blocks(block_size: usize, tokens: &[u32], items: &[RequestItem]) -
             };
             parent = Some(key);
             block
+        })
+        .collect()
+}
+
+/// The keys of a prompt's full blocks ([`prompt_blocks`] without the
+/// blocks' contents).
+pub fn prompt_keys(block_size: usize, tokens: &[u32], items: &[RequestItem]) -> Vec<BlockKey> {
+    let mut parent = None;
+    blocks_of(block_size, tokens)
+        .map(|(start, ids)| {
+            let key = block_key(parent, ids, covered_items(items, start, ids.len()));
+            parent = Some(key);
+            key
+        })
+        .collect()
+}
+
+/// Each full block of `tokens` with its first position.
+fn blocks_of(block_size: usize, tokens: &[u32]) -> impl Iterator<Item = (u32, &[u32])> {
+    let block_size = block_size.max(1);
+    tokens
+        .chunks_exact(block_size)
+        .enumerate()
+        .map(move |(b, ids)| ((b * block_size) as u32, ids))
+}
+
+/// The items whose spans meet the block of `len` tokens from `start`.
+fn covered_items(items: &[RequestItem], start: u32, len: usize) -> Vec<CoveredItem> {
+    let end = start + len as u32;
+    items
+        .iter()
+        .filter(|item| item.span.start < end && start < item.span.end)
+        .map(|item| CoveredItem {
+            identifier: item.identifier.clone(),
+            offset: i64::from(start) - i64::from(item.span.start),
         })
         .collect()
 }

@@ -148,7 +148,8 @@ mod tests {
         let pool = Arc::new(Pool::new(
             Role::Decode,
             workers,
-            crate::workers::policy::PolicyKind::RoundRobin.build(Default::default()),
+            crate::workers::policy::PolicyKind::RoundRobin
+                .build(Default::default(), &Default::default()),
         ));
         let rules = PodRules {
             default_port: 30000,

@@ -229,6 +229,7 @@ impl Router {
         mut plan: Plan<'_>,
         suspects: &mut Vec<Arc<Worker>>,
     ) -> Result<Generation, Failure> {
+        let prediction = plan.prediction.take();
         let kv_transfer = match plan.handover {
             Handover::PrefillFirst => self.prefill_first(&mut plan, suspects).await?,
             Handover::Accepted | Handover::FirstResponse => None,
@@ -251,6 +252,7 @@ impl Router {
             }
         };
         encoders.iter().for_each(|e| e.record_success());
+        generation.expect(prediction);
         if read_ahead {
             if let Err((leg, status)) = generation.read_ahead().await {
                 generation.abort(ABORT_REASON);

@@ -1,19 +1,29 @@
 //! A started request ([`Generation`]): the streaming leg's responses, the
 //! prefill leg watched in the background, and every leg aborted if the
 //! generation is dropped unfinished.
+//!
+//! A split request's cached tokens are the prefill leg's (the decode
+//! worker prefills nothing): the prefill leg's report is carried into the
+//! streaming leg's responses, and settles the routing policy's
+//! [`Prediction`].
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use iris_proto::scheduler::GenerateResponse;
+use iris_proto::scheduler::{generate_response, GenerateResponse};
 use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 use tonic::Status;
 
 use crate::backends::ResponseStream;
+use crate::kv::Prediction;
 
 use crate::workers::worker::InFlightGuard;
 use crate::workers::Worker;
+
+/// How long a completion waits for the prefill leg's, already sent.
+const PREFILL_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One worker leg of a request.
 pub(super) struct Leg {
@@ -61,6 +71,10 @@ pub struct Generation {
     /// The streaming leg's worker, for error messages.
     pub worker: Arc<Worker>,
     prefill_failure: Option<oneshot::Receiver<Status>>,
+    /// The highest cached-token count the prefill leg reported.
+    prefill_cached: Arc<AtomicU32>,
+    /// What the routing policy expected, settled by the responses.
+    prediction: Option<Prediction>,
     legs: Vec<Leg>,
     finished: bool,
 }
@@ -75,14 +89,48 @@ impl Generation {
         prefill: Option<(ResponseStream, Arc<Worker>)>,
         legs: Vec<Leg>,
     ) -> Self {
+        let prefill_cached = Arc::new(AtomicU32::new(0));
+        let prefill_failure =
+            prefill.map(|(stream, worker)| drain_prefill(stream, worker, prefill_cached.clone()));
         Generation {
             stream: Some(stream),
             pending: None,
             worker,
-            prefill_failure: prefill.map(|(stream, worker)| drain_prefill(stream, worker)),
+            prefill_failure,
+            prefill_cached,
+            prediction: None,
             legs,
             finished: false,
         }
+    }
+
+    /// Holds what the routing policy expected of the request until it
+    /// ends; its responses settle it.
+    pub(super) fn expect(&mut self, prediction: Option<Prediction>) {
+        self.prediction = prediction;
+    }
+
+    /// Before the streaming leg's completion is passed on: the prefill
+    /// leg's own completion (and its cached tokens), which the worker sent
+    /// before the decode worker could collect the prompt's state, so it is
+    /// in flight if not read yet. Its failure no longer matters.
+    async fn settle_prefill(&mut self) {
+        if let Some(rx) = self.prefill_failure.take() {
+            let _ = tokio::time::timeout(PREFILL_SETTLE, rx).await;
+        }
+    }
+
+    /// A streaming-leg response as the client sees it: a split request's
+    /// cached tokens are the prefill leg's. Settles the prediction.
+    fn observe(&mut self, mut response: GenerateResponse) -> GenerateResponse {
+        let prefill_cached = self.prefill_cached.load(Ordering::Relaxed);
+        if let Some(cached) = cached_tokens_mut(&mut response) {
+            *cached = (*cached).max(prefill_cached);
+            if let Some(prediction) = self.prediction.as_mut() {
+                prediction.observe(u64::from(*cached));
+            }
+        }
+        response
     }
 
     /// Waits for the streaming leg's first response (kept for
@@ -124,7 +172,12 @@ impl Generation {
                 biased;
                 message = next_message(&mut self.stream) => {
                     return match message {
-                        Ok(Some(response)) => Some(Ok(response)),
+                        Ok(Some(response)) => {
+                            if is_complete(&response) {
+                                self.settle_prefill().await;
+                            }
+                            Some(Ok(self.observe(response)))
+                        }
                         Ok(None) => {
                             self.finished = true;
                             None
@@ -193,14 +246,39 @@ async fn next_message(
     }
 }
 
-/// Reads the prefill leg to its end in the background; a failure is sent
-/// on the returned channel.
-fn drain_prefill(mut stream: ResponseStream, worker: Arc<Worker>) -> oneshot::Receiver<Status> {
+/// Whether `response` ends its sequence.
+fn is_complete(response: &GenerateResponse) -> bool {
+    matches!(
+        response.response,
+        Some(generate_response::Response::Complete(_))
+    )
+}
+
+/// The cached-token count of a chunk or a completion.
+fn cached_tokens_mut(response: &mut GenerateResponse) -> Option<&mut u32> {
+    match response.response.as_mut()? {
+        generate_response::Response::Chunk(chunk) => Some(&mut chunk.cached_tokens),
+        generate_response::Response::Complete(complete) => Some(&mut complete.cached_tokens),
+    }
+}
+
+/// Reads the prefill leg to its end in the background, keeping the highest
+/// cached-token count it reports in `cached`; a failure is sent on the
+/// returned channel.
+fn drain_prefill(
+    mut stream: ResponseStream,
+    worker: Arc<Worker>,
+    cached: Arc<AtomicU32>,
+) -> oneshot::Receiver<Status> {
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
         loop {
             match stream.next().await {
-                Some(Ok(_)) => {}
+                Some(Ok(mut response)) => {
+                    if let Some(count) = cached_tokens_mut(&mut response) {
+                        cached.fetch_max(*count, Ordering::Relaxed);
+                    }
+                }
                 None => return,
                 Some(Err(status)) => {
                     let message =

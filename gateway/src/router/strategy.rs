@@ -24,6 +24,7 @@ use iris_proto::scheduler::{GenerateRequest, MultimodalItem};
 use super::encode::EncodeJob;
 use super::legs::{attempt_request, new_room, strip_pixels, with_encode_info, with_kv_room};
 use crate::backends::Backend;
+use crate::kv::Prediction;
 use crate::mm::pending::PendingImages;
 use crate::workers::affinity::{affinity_key, ImageCost};
 use crate::workers::policy::{ItemKey, RouteKey};
@@ -148,6 +149,9 @@ pub(super) struct Plan<'a> {
     /// The leg whose responses reach the client (aggregated or decode).
     pub stream: (Arc<Worker>, GenerateRequest),
     pub handover: Handover,
+    /// What the prefilling pool's policy expects of the request on its
+    /// pick (the aggregated or prefill worker).
+    pub prediction: Option<Prediction>,
 }
 
 impl Plan<'_> {
@@ -237,6 +241,15 @@ impl<'a> Strategy<'a> {
     /// Attempt number `attempt`'s workers, none of `suspects` unless a
     /// role has no other; `Err` names a role without any healthy worker.
     pub fn plan(&self, attempt: u32, suspects: &[Arc<Worker>]) -> Result<Plan<'_>, Role> {
+        let mut plan = self.legs(attempt, suspects)?;
+        let prefilling = self.leg_pools()[0];
+        let worker = plan.leg_workers().swap_remove(0);
+        plan.prediction = prefilling.expect(&worker, &self.key());
+        Ok(plan)
+    }
+
+    /// [`Self::plan`]'s workers and what each is sent.
+    fn legs(&self, attempt: u32, suspects: &[Arc<Worker>]) -> Result<Plan<'_>, Role> {
         let key = self.key();
         let pick = |pool: &Pool| pool.pick(&key, suspects).ok_or(pool.role);
         match &self.shape {
@@ -245,6 +258,7 @@ impl<'a> Strategy<'a> {
                 prefill: None,
                 stream: (pick(pool)?, attempt_request(request, attempt)),
                 handover: Handover::Accepted,
+                prediction: None,
             }),
             Shape::PrefillDecode {
                 prefill,
@@ -267,6 +281,7 @@ impl<'a> Strategy<'a> {
                     prefill: Some((p, p_request)),
                     stream: (d, d_request),
                     handover: Handover::Accepted,
+                    prediction: None,
                 })
             }
             Shape::EncodePrefillDecode {
@@ -299,6 +314,7 @@ impl<'a> Strategy<'a> {
                     prefill: Some((p, p_request)),
                     stream: (d, d_request),
                     handover: Handover::FirstResponse,
+                    prediction: None,
                 })
             }
         }
@@ -330,6 +346,7 @@ fn item_keys(request: &GenerateRequest) -> Vec<ItemKey> {
             ItemKey {
                 key: affinity_key(&item.content_hash),
                 span: start..end,
+                hash: item.content_hash.clone(),
             }
         })
         .collect()
@@ -356,6 +373,7 @@ fn vllm_prefill_decode<'a>(
         prefill: Some((p, p_request)),
         stream: (d, d_request),
         handover: Handover::PrefillFirst,
+        prediction: None,
     }
 }
 
@@ -389,7 +407,7 @@ mod tests {
         let url = WorkerUrl::parse(&format!("grpc://127.0.0.1:1?backend={backend}")).unwrap();
         let worker = Worker::new(url, role, Duration::from_secs(1)).unwrap();
         worker.set_healthy(true);
-        let policy = PolicyKind::RoundRobin.build(Default::default());
+        let policy = PolicyKind::RoundRobin.build(Default::default(), &Default::default());
         Arc::new(Pool::new(role, vec![worker], policy))
     }
 

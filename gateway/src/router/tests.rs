@@ -275,7 +275,7 @@ fn pool(role: Role, fakes: &[&Fake]) -> Arc<Pool> {
     Arc::new(Pool::new(
         role,
         workers,
-        PolicyKind::RoundRobin.build(Default::default()),
+        PolicyKind::RoundRobin.build(Default::default(), &Default::default()),
     ))
 }
 

@@ -34,6 +34,7 @@ impl ImageCost {
         ItemKey {
             key: self.key,
             span: 0..0,
+            hash: bytes::Bytes::new(),
         }
     }
 

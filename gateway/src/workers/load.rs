@@ -1,8 +1,9 @@
-//! A worker's load and request counts: the requests in flight to it and
-//! the patches of the images among them (the loads the policies weigh,
-//! counted by the guards [`InFlightGuard`] and [`EncodeGuard`] while
-//! they live), and the requests started and failed over its life
-//! (metrics).
+//! A worker's load and request counts: the requests in flight to it, the
+//! patches of the images among them and the prompt tokens it is expected
+//! to prefill before their first tokens (the loads the policies weigh,
+//! counted by the guards [`InFlightGuard`], [`EncodeGuard`] and
+//! [`PrefillGuard`] while they live), and the requests started and failed
+//! over its life (metrics).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,6 +17,10 @@ pub struct Load {
     in_flight: AtomicUsize,
     /// Patches of the images in flight to the worker (encode workers).
     patches_in_flight: AtomicU64,
+    /// Prompt tokens routed to the worker and not yet prefilled, as the
+    /// cache-aware policy predicted them (uncached tokens of requests that
+    /// have no first response yet).
+    prefill_tokens: AtomicU64,
     /// Requests started over the worker's life.
     requests: AtomicU64,
     /// Requests failed over the worker's life.
@@ -30,6 +35,12 @@ impl Load {
     /// Patches of the images in flight to the worker.
     pub fn patches_in_flight(&self) -> u64 {
         self.patches_in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Prompt tokens the worker is expected to prefill before the first
+    /// responses of the requests routed to it.
+    pub fn prefill_tokens(&self) -> u64 {
+        self.prefill_tokens.load(Ordering::Relaxed)
     }
 
     /// Counts a failed request.
@@ -92,5 +103,38 @@ impl Drop for EncodeGuard {
         let load = &self.request.0.load;
         load.patches_in_flight
             .fetch_sub(self.patches, Ordering::Relaxed);
+    }
+}
+
+/// Counts prompt tokens a worker is expected to prefill until it is
+/// released (the request's first response) or dropped.
+pub struct PrefillGuard {
+    worker: Arc<Worker>,
+    tokens: u64,
+}
+
+impl PrefillGuard {
+    /// Counts `tokens` to prefill on `worker`.
+    pub(super) fn start(worker: Arc<Worker>, tokens: u64) -> PrefillGuard {
+        worker
+            .load
+            .prefill_tokens
+            .fetch_add(tokens, Ordering::Relaxed);
+        PrefillGuard { worker, tokens }
+    }
+
+    /// The tokens were prefilled: they count no more.
+    pub fn release(&mut self) {
+        let tokens = std::mem::take(&mut self.tokens);
+        self.worker
+            .load
+            .prefill_tokens
+            .fetch_sub(tokens, Ordering::Relaxed);
+    }
+}
+
+impl Drop for PrefillGuard {
+    fn drop(&mut self) {
+        self.release();
     }
 }

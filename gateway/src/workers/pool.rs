@@ -7,6 +7,7 @@ use std::sync::{Arc, RwLock};
 
 use super::policy::{pick_each, Policy, RouteKey};
 use super::worker::{Role, Worker};
+use crate::kv::Prediction;
 
 pub struct Pool {
     pub role: Role,
@@ -81,6 +82,11 @@ impl Pool {
             }
             candidates.retain(|c| !lost.iter().any(|l| Arc::ptr_eq(l, c)));
         }
+    }
+
+    /// What the policy expects of the request `key` on `worker`, its pick.
+    pub fn expect(&self, worker: &Arc<Worker>, key: &RouteKey<'_>) -> Option<Prediction> {
+        self.policy.on_picked(worker, key)
     }
 
     /// `worker` accepted a request the policy placed with `key`.
@@ -162,7 +168,7 @@ mod tests {
         Pool::new(
             Role::Decode,
             workers,
-            PolicyKind::LeastLoad.build(Default::default()),
+            PolicyKind::LeastLoad.build(Default::default(), &Default::default()),
         )
     }
 

@@ -32,7 +32,7 @@ use super::url::WorkerUrl;
 use crate::backends::{self, Backend, ResponseStream};
 
 pub use super::lane_caps::Started;
-pub use super::load::{EncodeGuard, InFlightGuard};
+pub use super::load::{EncodeGuard, InFlightGuard, PrefillGuard};
 
 /// The gRPC path of `TokenSpeedScheduler.Generate`.
 const GENERATE_PATH: &str = "/tokenspeed.grpc.scheduler.TokenSpeedScheduler/Generate";
@@ -368,6 +368,18 @@ impl Worker {
 
     pub fn start_request(self: &Arc<Self>) -> InFlightGuard {
         InFlightGuard::start(self.clone())
+    }
+
+    /// Prompt tokens this worker is expected to prefill before the first
+    /// responses of the requests routed to it ([`PrefillGuard`]).
+    pub fn prefill_tokens(&self) -> u64 {
+        self.load.prefill_tokens()
+    }
+
+    /// Counts `tokens` to prefill on this worker until the guard is
+    /// released or dropped.
+    pub fn start_prefill(self: &Arc<Self>, tokens: u64) -> PrefillGuard {
+        PrefillGuard::start(self.clone(), tokens)
     }
 
     /// Patches of the images in flight to this (encode) worker: the load

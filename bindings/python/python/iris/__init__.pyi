@@ -14,7 +14,7 @@ _Path = Union[str, os.PathLike[str]]
 _Worker = Union[str, tuple[str, int], tuple[str, str]]
 _Workers = Union[str, Sequence[_Worker]]
 _Strings = Union[str, Sequence[str]]
-_Policy = Literal["round_robin", "random", "power_of_two", "least_load"]
+_Policy = Literal["auto", "cache_aware", "round_robin", "random", "power_of_two", "least_load"]
 _EncodePolicy = Literal["consistent_hashing", "round_robin", "random", "least_load"]
 
 def to_argv(options: Mapping[str, Any]) -> list[str]: ...

@@ -6,7 +6,9 @@
 //! A policy sees the request's [`RouteKey`] — its token ids, each image's
 //! or video's content key with the token span it covers, and its cost in
 //! the pool's load unit — and each candidate's load, and answers the index
-//! of its pick. It is told when a request it routed was accepted
+//! of its pick. It may attach a [`Prediction`] to its pick
+//! ([`Policy::on_picked`]: the cached tokens it expects there, the prefill
+//! work it adds), and is told when a request it routed was accepted
 //! ([`Policy::on_routed`]) and when a worker leaves the pool
 //! ([`Policy::on_removed`]), so a policy that learns from its own
 //! routing history can keep and trim that history.
@@ -14,6 +16,7 @@
 //! Adding a policy: a file here implementing [`Policy`], a [`PolicyKind`]
 //! value, and its line in [`PolicyKind::build`].
 
+mod cache_aware;
 mod consistent_hashing;
 mod least_load;
 mod power_of_two;
@@ -25,13 +28,15 @@ use std::sync::Arc;
 
 use clap::ValueEnum;
 
+pub use cache_aware::CacheAware;
 pub use consistent_hashing::ConsistentHashing;
 pub use least_load::LeastLoad;
 pub use power_of_two::PowerOfTwo;
 pub use random::Random;
 pub use round_robin::RoundRobin;
 
-use super::worker::Worker;
+use super::worker::{Role, Worker};
+use crate::kv::{KvCaches, Prediction};
 
 /// One image or video of a request, as routing sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +46,9 @@ pub struct ItemKey {
     pub key: u64,
     /// The prompt positions its placeholder tokens take.
     pub span: Range<u32>,
+    /// Its content hash (empty for an encode pick, which needs only
+    /// `key`).
+    pub hash: bytes::Bytes,
 }
 
 /// What a policy may know of the request it places.
@@ -80,6 +88,12 @@ pub trait Policy: Send + Sync {
     /// The index of the pick among `among.workers`.
     fn pick(&self, among: &Candidates<'_>) -> usize;
 
+    /// What the policy expects of the request `key` on `worker`, which it
+    /// picked; held until the request ends.
+    fn on_picked(&self, _worker: &Arc<Worker>, _key: &RouteKey<'_>) -> Option<Prediction> {
+        None
+    }
+
     /// `worker` accepted a request this policy placed.
     fn on_routed(&self, _worker: &Worker, _key: &RouteKey<'_>) {}
 
@@ -106,6 +120,16 @@ pub enum PolicyKind {
     /// default).
     #[value(name = "consistent_hashing", alias = "consistent-hashing")]
     ConsistentHashing,
+    /// The least expected time to first token: uncached prompt tokens
+    /// (from the workers' KV events, else from Iris's own routing) plus
+    /// the prefill work already sent (aggregated and prefill only).
+    #[value(name = "cache_aware", alias = "cache-aware")]
+    CacheAware,
+    /// `cache_aware` once a worker publishes KV events, `power_of_two`
+    /// until then (the default; decode and encode pools: their own
+    /// default).
+    #[value(name = "auto")]
+    Auto,
 }
 
 /// What the policies that bound load are told.
@@ -135,23 +159,48 @@ impl PolicyKind {
             PolicyKind::PowerOfTwo => "power_of_two",
             PolicyKind::LeastLoad => "least_load",
             PolicyKind::ConsistentHashing => "consistent_hashing",
+            PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::Auto => "auto",
         }
     }
 
-    /// Whether it places by the key of a request's one image, so only
-    /// encode pools can use it.
-    pub fn encode_only(self) -> bool {
-        self == PolicyKind::ConsistentHashing
+    /// Whether a pool of `role` can use it: `consistent_hashing` places by
+    /// one image's key (encode pools only), `cache_aware` by the prompt's
+    /// prefix (pools that prefill: aggregated and prefill).
+    pub fn serves(self, role: Role) -> bool {
+        match self {
+            PolicyKind::ConsistentHashing => role == Role::Encode,
+            PolicyKind::CacheAware | PolicyKind::Auto => {
+                matches!(role, Role::Aggregated | Role::Prefill)
+            }
+            _ => true,
+        }
     }
 
-    /// The policy, with its state.
-    pub fn build(self, bounds: LoadBounds) -> Box<dyn Policy> {
+    /// What a pool of `role` uses when this is its flag's value and the
+    /// role has no flag of its own: `auto` and `cache_aware` are the
+    /// prefilling pools', the others place decode by `power_of_two`.
+    pub fn for_role(self, role: Role) -> PolicyKind {
+        match self {
+            PolicyKind::CacheAware | PolicyKind::Auto
+                if !matches!(role, Role::Aggregated | Role::Prefill) =>
+            {
+                PolicyKind::PowerOfTwo
+            }
+            kind => kind,
+        }
+    }
+
+    /// The policy, with its state; the cache-aware ones read `caches`.
+    pub fn build(self, bounds: LoadBounds, caches: &Arc<KvCaches>) -> Box<dyn Policy> {
         match self {
             PolicyKind::RoundRobin => Box::new(RoundRobin::default()),
             PolicyKind::Random => Box::new(Random),
             PolicyKind::PowerOfTwo => Box::new(PowerOfTwo),
             PolicyKind::LeastLoad => Box::new(LeastLoad::default()),
             PolicyKind::ConsistentHashing => Box::new(ConsistentHashing::new(bounds)),
+            PolicyKind::CacheAware => Box::new(CacheAware::new(caches.clone())),
+            PolicyKind::Auto => Box::new(CacheAware::auto(caches.clone())),
         }
     }
 }

@@ -46,10 +46,13 @@ fn request(p: &dyn Policy, ws: &[Arc<Worker>]) -> Option<Arc<Worker>> {
 }
 
 fn encoder(kind: PolicyKind, load_factor: f64, max_load: u64) -> Box<dyn Policy> {
-    kind.build(LoadBounds {
-        load_factor,
-        max_load,
-    })
+    kind.build(
+        LoadBounds {
+            load_factor,
+            max_load,
+        },
+        &Default::default(),
+    )
 }
 
 /// Encoders for each image, loads counted in patches.
@@ -80,7 +83,7 @@ fn unit(key: u64) -> ImageCost {
 #[tokio::test]
 async fn round_robin_cycles() {
     let ws = local_workers(3);
-    let p = PolicyKind::RoundRobin.build(LoadBounds::default());
+    let p = PolicyKind::RoundRobin.build(LoadBounds::default(), &Default::default());
     let ports: Vec<u16> = (0..6)
         .map(|_| request(&*p, &ws).unwrap().url.port)
         .collect();
@@ -93,7 +96,7 @@ async fn least_load_prefers_idle() {
     let ws = local_workers(3);
     let _busy: Vec<_> = (0..3).map(|_| ws[0].start_request()).collect();
     let _one = ws[1].start_request();
-    let p = PolicyKind::LeastLoad.build(LoadBounds::default());
+    let p = PolicyKind::LeastLoad.build(LoadBounds::default(), &Default::default());
     for _ in 0..5 {
         assert_eq!(request(&*p, &ws).unwrap().url.port, 3);
     }
@@ -103,7 +106,7 @@ async fn least_load_prefers_idle() {
 async fn power_of_two_never_picks_the_busiest_of_two() {
     let ws = local_workers(2);
     let _busy = ws[0].start_request();
-    let p = PolicyKind::PowerOfTwo.build(LoadBounds::default());
+    let p = PolicyKind::PowerOfTwo.build(LoadBounds::default(), &Default::default());
     for _ in 0..50 {
         assert_eq!(request(&*p, &ws).unwrap().url.port, 2);
     }
@@ -112,7 +115,7 @@ async fn power_of_two_never_picks_the_busiest_of_two() {
 #[tokio::test]
 async fn random_covers_all() {
     let ws = local_workers(3);
-    let p = PolicyKind::Random.build(LoadBounds::default());
+    let p = PolicyKind::Random.build(LoadBounds::default(), &Default::default());
     let mut seen = std::collections::HashSet::new();
     for _ in 0..300 {
         seen.insert(request(&*p, &ws).unwrap().url.port);

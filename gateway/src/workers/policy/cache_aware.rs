@@ -1,0 +1,309 @@
+//! `cache_aware` (and `auto`, the default for aggregated and prefill
+//! pools): the worker expected to return the first token soonest, from
+//! what its prefix cache holds and the prefill work already sent to it.
+//!
+//! For each candidate the estimate, in prompt tokens, is
+//!
+//! ```text
+//! cost = (prompt tokens − tokens of the prompt's leading blocks it holds)
+//!      + prompt tokens routed to it that have no first response yet
+//! ```
+//!
+//! the second term being what this gateway predicted those requests would
+//! prefill there ([`crate::workers::worker::PrefillGuard`]); a match shorter
+//! than [`MIN_MATCH_TOKENS`] (a chat template's preamble) counts as none. The lowest
+//! cost wins; on a tie, fewer requests in flight; then the highest
+//! rendezvous score of (the prompt's first 256 tokens, the worker's URL), so
+//! replicas that read the same events and see the same load agree, and
+//! prompts that nothing cached yet still land on a worker of their own.
+//!
+//! What a worker holds comes from its KV events ([`KvCaches`]) when it
+//! publishes them; `cache_aware` remembers, for the others, the blocks of
+//! the requests it sent them ([`Approximate`]: bounded, least recently
+//! used evicted, a worker's entries dropped when it leaves). `auto` places
+//! by load alone ([`PowerOfTwo`]) until a candidate publishes events, and
+//! counts a worker without events as holding nothing.
+//!
+//! An item's blocks are keyed by its content hash the way its worker names
+//! it in events ([`item_identifier`]), so two different images never
+//! match and the same image does, whatever text surrounds it.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use iris_kvindex::{prompt_keys, BlockKey, RequestItem};
+use lru::LruCache;
+
+use super::power_of_two::PowerOfTwo;
+use super::{Candidates, Policy, RouteKey};
+use crate::backends::{hash_hex, Backend};
+use crate::kv::{KvCaches, Prediction};
+use crate::workers::Worker;
+
+/// The block size assumed for workers without events before any worker
+/// reported one (the engines' usual page size).
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+/// The prompt tokens a tie-break reads ([`prompt_salt`]): longer than a
+/// chat template's preamble.
+pub const SALT_TOKENS: usize = 256;
+/// A match shorter than this counts as none when placing a prompt: every
+/// worker that served anything holds the chat template's preamble, and
+/// sending every new prompt to the first worker for it would fill one
+/// worker's cache and leave the others' empty.
+pub const MIN_MATCH_TOKENS: u64 = 64;
+/// Blocks the approximate tree remembers over all workers (≈ 4 M prompt
+/// tokens at 16 per block, ≈ 20 MiB).
+pub const APPROXIMATE_BLOCKS: usize = 1 << 18;
+
+pub struct CacheAware {
+    caches: Arc<KvCaches>,
+    /// `None` for `auto`: workers without events are placed by load.
+    approximate: Option<Mutex<Approximate>>,
+    fallback: PowerOfTwo,
+}
+
+impl CacheAware {
+    /// `cache_aware`: events where offered, routing history elsewhere.
+    pub fn new(caches: Arc<KvCaches>) -> Self {
+        CacheAware {
+            caches,
+            approximate: Some(Mutex::new(Approximate::new(APPROXIMATE_BLOCKS))),
+            fallback: PowerOfTwo,
+        }
+    }
+
+    /// `auto`: by cache where workers publish events, else by load.
+    pub fn auto(caches: Arc<KvCaches>) -> Self {
+        CacheAware {
+            caches,
+            approximate: None,
+            fallback: PowerOfTwo,
+        }
+    }
+
+    fn approximate(&self) -> Option<MutexGuard<'_, Approximate>> {
+        self.approximate
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn block_size(&self) -> usize {
+        self.caches.block_size().unwrap_or(DEFAULT_BLOCK_SIZE)
+    }
+
+    /// The prompt tokens `worker` holds of the prompt seen as `view`, as
+    /// far as placing the prompt goes: a match shorter than
+    /// [`MIN_MATCH_TOKENS`] counts as none.
+    fn placing_tokens(&self, worker: &Worker, view: &PromptView) -> u64 {
+        let cached = self.cached_tokens(worker, view);
+        if cached < MIN_MATCH_TOKENS {
+            0
+        } else {
+            cached
+        }
+    }
+
+    /// The prompt tokens `worker` holds of the prompt seen as `view`.
+    fn cached_tokens(&self, worker: &Worker, view: &PromptView) -> u64 {
+        let name = worker.url.to_string();
+        let blocks = if self.caches.follows(&name) {
+            view.held.get(&name).copied().unwrap_or(0)
+        } else {
+            self.approximate()
+                .map_or(0, |tree| tree.matched(worker_tag(&name), &view.keys))
+        };
+        (blocks * self.block_size()) as u64
+    }
+}
+
+impl Policy for CacheAware {
+    fn pick(&self, among: &Candidates<'_>) -> usize {
+        let key = among.key;
+        let follows = |w: &Arc<Worker>| self.caches.follows(&w.url.to_string());
+        if self.approximate.is_none() && !among.workers.iter().any(follows) {
+            return self.fallback.pick(among);
+        }
+        let prompt = key.tokens.len() as u64;
+        let mut views = PromptViews::default();
+        let salt = prompt_salt(key.tokens);
+        (0..among.len())
+            .min_by_key(|&i| {
+                let worker = &among.workers[i];
+                let view = views.of(self, worker, key);
+                let cached = self.placing_tokens(worker, view);
+                let cost = prompt.saturating_sub(cached) + worker.prefill_tokens();
+                let score = rendezvous(salt, &worker.url.to_string());
+                (cost, among.load(i), std::cmp::Reverse(score))
+            })
+            .unwrap_or(0)
+    }
+
+    fn on_picked(&self, worker: &Arc<Worker>, key: &RouteKey<'_>) -> Option<Prediction> {
+        if self.approximate.is_none() && !self.caches.follows(&worker.url.to_string()) {
+            return None;
+        }
+        let mut views = PromptViews::default();
+        let cached = self.cached_tokens(worker, views.of(self, worker, key));
+        let uncached = (key.tokens.len() as u64).saturating_sub(cached);
+        Some(Prediction::new(
+            self.caches.clone(),
+            worker,
+            cached,
+            uncached,
+        ))
+    }
+
+    fn on_routed(&self, worker: &Worker, key: &RouteKey<'_>) {
+        let name = worker.url.to_string();
+        if self.caches.follows(&name) {
+            return;
+        }
+        if let Some(mut tree) = self.approximate() {
+            let items = request_items(worker.backend(), key);
+            let keys = prompt_keys(self.block_size(), key.tokens, &items);
+            tree.insert(worker_tag(&name), &keys);
+        }
+    }
+
+    fn on_removed(&self, worker: &Worker) {
+        if let Some(mut tree) = self.approximate() {
+            tree.remove_worker(worker_tag(&worker.url.to_string()));
+        }
+    }
+}
+
+/// A request's prompt as a pick sees it for one backend (an item's
+/// identifier depends on how the worker's protocol names it): its block
+/// keys and, for each worker whose events are followed, how many of them
+/// it holds in a row.
+struct PromptView {
+    backend: Option<Backend>,
+    keys: Vec<BlockKey>,
+    held: HashMap<String, usize>,
+}
+
+/// The views computed in one pick, one per backend met.
+#[derive(Default)]
+struct PromptViews(Vec<PromptView>);
+
+impl PromptViews {
+    fn of(&mut self, policy: &CacheAware, worker: &Worker, key: &RouteKey<'_>) -> &PromptView {
+        let backend = worker.backend();
+        let at = match self.0.iter().position(|v| v.backend == backend) {
+            Some(at) => at,
+            None => {
+                let items = request_items(backend, key);
+                let keys = prompt_keys(policy.block_size(), key.tokens, &items);
+                let held = policy.caches.matched(&keys);
+                self.0.push(PromptView {
+                    backend,
+                    keys,
+                    held,
+                });
+                self.0.len() - 1
+            }
+        };
+        &self.0[at]
+    }
+}
+
+/// `key`'s items as a worker speaking `backend` names them.
+fn request_items(backend: Option<Backend>, key: &RouteKey<'_>) -> Vec<RequestItem> {
+    key.items
+        .iter()
+        .map(|item| RequestItem {
+            identifier: item_identifier(backend, &item.hash),
+            span: item.span.clone(),
+        })
+        .collect()
+}
+
+/// How a worker speaking `backend` names an item in its KV events: the
+/// key Iris's reference engine derives from what the request carries for
+/// it (TokenSpeed and SGLang: the content hash's first 8 bytes,
+/// little-endian; vLLM: the same of the fingerprint of its `mm_hashes`
+/// entry), as 16 hex digits.
+pub fn item_identifier(backend: Option<Backend>, content_hash: &[u8]) -> String {
+    let key = match backend {
+        Some(Backend::Vllm) => le_key(&iris_fingerprint::fingerprint(
+            hash_hex(content_hash).as_bytes(),
+        )),
+        _ => le_key(content_hash),
+    };
+    format!("{key:016x}")
+}
+
+/// The first 8 bytes of `bytes` (zero-padded), little-endian.
+fn le_key(bytes: &[u8]) -> u64 {
+    let mut le = [0u8; 8];
+    let n = bytes.len().min(8);
+    le[..n].copy_from_slice(&bytes[..n]);
+    u64::from_le_bytes(le)
+}
+
+/// What ties are broken by: the prompt's first [`SALT_TOKENS`] tokens, so
+/// prompts sharing a long start (a system prompt, an agent's tools) prefer
+/// the same worker and short prompts spread.
+fn prompt_salt(tokens: &[u32]) -> u64 {
+    let head = &tokens[..tokens.len().min(SALT_TOKENS)];
+    head.iter().fold(0x7361_6c74, |h, t| {
+        iris_fingerprint::mix64(h ^ u64::from(*t))
+    })
+}
+
+/// A worker's rendezvous score for `salt`.
+fn rendezvous(salt: u64, worker: &str) -> u64 {
+    iris_fingerprint::mix64(salt ^ worker_tag(worker))
+}
+
+/// A worker's 64-bit tag (of its URL).
+fn worker_tag(worker: &str) -> u64 {
+    le_key(&iris_fingerprint::fingerprint(worker.as_bytes()))
+}
+
+/// The blocks of the requests sent to workers without events, as far as
+/// this gateway remembers them: (worker tag, block key) pairs, least
+/// recently used evicted.
+pub struct Approximate {
+    blocks: LruCache<(u64, BlockKey), ()>,
+}
+
+impl Approximate {
+    pub fn new(capacity: usize) -> Self {
+        Approximate {
+            blocks: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
+        }
+    }
+
+    /// How many of `keys` worker `tag` holds in a row from the start.
+    pub fn matched(&self, tag: u64, keys: &[BlockKey]) -> usize {
+        keys.iter()
+            .take_while(|key| self.blocks.contains(&(tag, **key)))
+            .count()
+    }
+
+    /// Worker `tag` was sent a prompt of blocks `keys`.
+    pub fn insert(&mut self, tag: u64, keys: &[BlockKey]) {
+        // Tail first, so a prompt's start is the last evicted.
+        for key in keys.iter().rev() {
+            self.blocks.put((tag, *key), ());
+        }
+    }
+
+    /// Forgets worker `tag`.
+    pub fn remove_worker(&mut self, tag: u64) {
+        let gone: Vec<(u64, BlockKey)> = self
+            .blocks
+            .iter()
+            .filter(|((t, _), _)| *t == tag)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in gone {
+            self.blocks.pop(&key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,256 @@
+//! The cache-aware picks: the holder of the longest prefix wins unless its
+//! queued prefill outweighs what it saves; images match by content; two
+//! gateways reading the same events agree; the approximate tree learns
+//! from routing and forgets a removed worker.
+
+use std::time::Duration;
+
+use iris_kvindex::{prompt_blocks, Event, StoredBlock};
+
+use super::*;
+use crate::workers::policy::{pick_each, ItemKey, PolicyKind};
+use crate::workers::{Role, WorkerUrl};
+
+const BLOCK: usize = 16;
+
+fn workers(n: u16) -> Vec<Arc<Worker>> {
+    (1..=n)
+        .map(|p| {
+            let url = WorkerUrl::parse(&format!("grpc://127.0.0.1:{p}")).unwrap();
+            Worker::new(url, Role::Aggregated, Duration::from_secs(1)).unwrap()
+        })
+        .collect()
+}
+
+fn name(w: &Worker) -> String {
+    w.url.to_string()
+}
+
+/// `n` tokens starting at `first`.
+fn prompt(first: u32, n: usize) -> Vec<u32> {
+    (first..first + n as u32).collect()
+}
+
+/// `worker`'s event storing the blocks of `tokens` (with `items`).
+fn stored(tokens: &[u32], items: &[RequestItem]) -> Event {
+    let blocks = prompt_blocks(BLOCK, tokens, items)
+        .into_iter()
+        .map(|b| StoredBlock {
+            engine_hash: b.key as i64,
+            token_ids: b.token_ids,
+            items: b.items,
+        })
+        .collect();
+    Event::Stored {
+        parent: None,
+        blocks,
+    }
+}
+
+fn key<'a>(tokens: &'a [u32], items: &'a [ItemKey]) -> RouteKey<'a> {
+    RouteKey {
+        tokens,
+        items,
+        cost: 1,
+    }
+}
+
+fn pick(policy: &dyn Policy, ws: &[Arc<Worker>], key: &RouteKey<'_>) -> Arc<Worker> {
+    pick_each(policy, ws, std::slice::from_ref(key), |w| {
+        w.in_flight() as u64
+    })
+    .unwrap()
+    .pop()
+    .unwrap()
+}
+
+/// An image item over positions `span` with content hash `hash`.
+fn image(hash: u8, span: std::ops::Range<u32>) -> ItemKey {
+    let hash = bytes::Bytes::from(vec![hash; 32]);
+    ItemKey {
+        key: crate::workers::affinity::affinity_key(&hash),
+        span,
+        hash,
+    }
+}
+
+/// `item` as a TokenSpeed worker's events name it.
+fn event_item(item: &ItemKey) -> RequestItem {
+    RequestItem {
+        identifier: item_identifier(None, &item.hash),
+        span: item.span.clone(),
+    }
+}
+
+#[tokio::test]
+async fn the_holder_of_the_longest_prefix_wins() {
+    let ws = workers(4);
+    let caches = Arc::new(KvCaches::default());
+    let system = prompt(1000, 20 * BLOCK);
+    caches.apply_events(
+        &name(&ws[2]),
+        BLOCK,
+        1,
+        &[stored(&system[..10 * BLOCK], &[])],
+    );
+    caches.apply_events(&name(&ws[1]), BLOCK, 1, &[stored(&system, &[])]);
+    let policy = CacheAware::auto(caches.clone());
+    let mut request = system.clone();
+    request.extend(prompt(5, 40));
+    for _ in 0..8 {
+        assert_eq!(pick(&policy, &ws, &key(&request, &[])).url, ws[1].url);
+    }
+    let picked = ws[1].clone();
+    let prediction = policy.on_picked(&picked, &key(&request, &[])).unwrap();
+    assert_eq!(prediction.cached_tokens(), (20 * BLOCK) as u64);
+    assert_eq!(
+        picked.prefill_tokens(),
+        40,
+        "the uncached tail is queued there"
+    );
+    drop(prediction);
+    assert_eq!(picked.prefill_tokens(), 0);
+}
+
+#[tokio::test]
+async fn a_saturated_holder_spills_to_the_next_cheapest() {
+    let ws = workers(3);
+    let caches = Arc::new(KvCaches::default());
+    let system = prompt(1000, 8 * BLOCK);
+    caches.apply_events(&name(&ws[0]), BLOCK, 1, &[stored(&system, &[])]);
+    let policy = CacheAware::auto(caches);
+    let mut request = system.clone();
+    request.extend(prompt(5, 8));
+    assert_eq!(pick(&policy, &ws, &key(&request, &[])).url, ws[0].url);
+    // Queued prefill there now costs more than prefilling the whole
+    // prompt elsewhere.
+    let _queued = ws[0].start_prefill(request.len() as u64);
+    let spilled = pick(&policy, &ws, &key(&request, &[]));
+    assert_ne!(spilled.url, ws[0].url);
+}
+
+#[tokio::test]
+async fn images_match_by_content_not_by_placeholder_ids() {
+    let ws = workers(4);
+    let caches = Arc::new(KvCaches::default());
+    // Text, then 64 placeholder tokens of one image, then text.
+    let mut tokens = prompt(1, BLOCK);
+    tokens.extend(std::iter::repeat_n(7, 4 * BLOCK));
+    tokens.extend(prompt(200, 2 * BLOCK));
+    let span = BLOCK as u32..5 * BLOCK as u32;
+    let seen = image(0xaa, span.clone());
+    caches.apply_events(
+        &name(&ws[3]),
+        BLOCK,
+        1,
+        &[stored(&tokens, &[event_item(&seen)])],
+    );
+    let policy = CacheAware::auto(caches);
+    let same = [seen.clone()];
+    assert_eq!(pick(&policy, &ws, &key(&tokens, &same)).url, ws[3].url);
+    let prediction = policy.on_picked(&ws[3], &key(&tokens, &same)).unwrap();
+    assert_eq!(prediction.cached_tokens(), tokens.len() as u64);
+    drop(prediction);
+    // Another image of the same size: same ids, only the text before it
+    // is held.
+    let other = [image(0xbb, span)];
+    let prediction = policy.on_picked(&ws[3], &key(&tokens, &other)).unwrap();
+    assert_eq!(prediction.cached_tokens(), BLOCK as u64);
+    // The same image after other text: its blocks chain from another
+    // start, so nothing is held.
+    let mut shifted = prompt(9000, BLOCK);
+    shifted.extend_from_slice(&tokens[BLOCK..]);
+    let prediction = policy.on_picked(&ws[3], &key(&shifted, &same)).unwrap();
+    assert_eq!(prediction.cached_tokens(), 0);
+}
+
+#[tokio::test]
+async fn gateways_reading_the_same_events_agree() {
+    let ws = workers(4);
+    let events = [
+        (0, stored(&prompt(100, 4 * BLOCK), &[])),
+        (1, stored(&prompt(500, 6 * BLOCK), &[])),
+        (2, stored(&prompt(100, 2 * BLOCK), &[])),
+    ];
+    let gateway = || {
+        let caches = Arc::new(KvCaches::default());
+        for (w, event) in &events {
+            caches.apply_events(&name(&ws[*w]), BLOCK, 1, std::slice::from_ref(event));
+        }
+        CacheAware::auto(caches)
+    };
+    let (a, b) = (gateway(), gateway());
+    let mut homes = std::collections::HashSet::new();
+    for first in (0..4000).step_by(97) {
+        let request = prompt(first, 5 * BLOCK + 3);
+        let (pa, pb) = (
+            pick(&a, &ws, &key(&request, &[])),
+            pick(&b, &ws, &key(&request, &[])),
+        );
+        assert_eq!(pa.url, pb.url, "prompt from {first}");
+        homes.insert(pa.url.to_string());
+    }
+    assert_eq!(homes.len(), 4, "uncached prompts spread over every worker");
+}
+
+#[tokio::test]
+async fn without_events_cache_aware_learns_from_its_routing_and_auto_does_not() {
+    let ws = workers(4);
+    let caches = Arc::new(KvCaches::default());
+    let learned = CacheAware::new(caches.clone());
+    let auto = CacheAware::auto(caches);
+    let request = prompt(300, 12 * BLOCK);
+    let key = key(&request, &[]);
+    assert!(
+        auto.on_picked(&ws[0], &key).is_none(),
+        "auto predicts nothing without events"
+    );
+    // Sent to worker 2 (say, by an earlier pick).
+    learned.on_routed(&ws[2], &key);
+    for _ in 0..8 {
+        assert_eq!(pick(&learned, &ws, &key).url, ws[2].url);
+    }
+    let prediction = learned.on_picked(&ws[2], &key).unwrap();
+    assert_eq!(prediction.cached_tokens(), (12 * BLOCK) as u64);
+    drop(prediction);
+    learned.on_removed(&ws[2]);
+    let prediction = learned.on_picked(&ws[2], &key).unwrap();
+    assert_eq!(prediction.cached_tokens(), 0, "forgotten with the worker");
+}
+
+#[test]
+fn the_approximate_tree_is_bounded_and_evicts_a_prompt_tail_first() {
+    let mut tree = Approximate::new(4);
+    tree.insert(1, &[10, 11, 12]);
+    tree.insert(2, &[20, 21]);
+    assert_eq!(tree.matched(2, &[20, 21]), 2);
+    assert_eq!(
+        tree.matched(1, &[10, 11, 12]),
+        2,
+        "worker 1's tail went first"
+    );
+    tree.insert(3, &[30]);
+    assert_eq!(tree.matched(1, &[10, 11, 12]), 1);
+    assert_eq!(tree.matched(3, &[30]), 1);
+}
+
+#[test]
+fn vllm_workers_name_items_by_their_mm_hash() {
+    let hash = [0x11u8; 32];
+    let tokenspeed = item_identifier(Some(Backend::TokenSpeed), &hash);
+    assert_eq!(tokenspeed, "1111111111111111");
+    let vllm = item_identifier(Some(Backend::Vllm), &hash);
+    let fp = iris_fingerprint::fingerprint(hash_hex(&hash).as_bytes());
+    assert_eq!(vllm, format!("{:016x}", le_key(&fp)));
+    assert_ne!(tokenspeed, vllm);
+}
+
+#[test]
+fn cache_aware_is_for_pools_that_prefill() {
+    for kind in [PolicyKind::CacheAware, PolicyKind::Auto] {
+        assert!(kind.serves(Role::Aggregated) && kind.serves(Role::Prefill));
+        assert!(!kind.serves(Role::Decode) && !kind.serves(Role::Encode));
+        assert_eq!(kind.for_role(Role::Decode), PolicyKind::PowerOfTwo);
+        assert_eq!(kind.for_role(Role::Prefill), kind);
+    }
+}
