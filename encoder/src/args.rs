@@ -28,8 +28,10 @@ pub struct EncoderArgs {
     #[arg(long, default_value_t = iris_proto::DEFAULT_BOOTSTRAP_PORT, env = "IRIS_ENCODER_BOOTSTRAP_PORT")]
     pub bootstrap_port: u16,
     /// HTTP port serving Prometheus text on `/metrics` (0: pick one).
-    #[arg(long, default_value_t = 30101, env = "IRIS_ENCODER_METRICS_PORT")]
-    pub metrics_port: u16,
+    /// Default: --port + 1 (30101), or 0 when --port is 0, so encoders
+    /// given ports of their own never collide on it.
+    #[arg(long, env = "IRIS_ENCODER_METRICS_PORT")]
+    pub metrics_port: Option<u16>,
     /// Hugging Face model directory (config.json with a vision_config).
     #[arg(long, env = "IRIS_ENCODER_MODEL_PATH")]
     pub model_path: PathBuf,

@@ -85,7 +85,9 @@ impl EncoderConfig {
             host: args.host,
             port: args.port,
             bootstrap_port: args.bootstrap_port,
-            metrics_port: args.metrics_port,
+            metrics_port: args
+                .metrics_port
+                .unwrap_or_else(|| default_metrics_port(args.port)),
             model_path: args.model_path,
             max_batch_patches: args.max_batch_patches.max(1),
             max_patches_per_item: args.max_patches_per_item,
@@ -122,6 +124,15 @@ fn receive(args: &ReceiveArgs) -> Result<ReceiveConfig, ConfigError> {
     })
 }
 
+/// `--metrics-port` when unset: the port after `--port`, or 0 (pick one)
+/// when `--port` is 0 or the last port.
+pub fn default_metrics_port(port: u16) -> u16 {
+    match port {
+        0 | u16::MAX => 0,
+        port => port + 1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +153,15 @@ mod tests {
         assert_eq!(cfg.receive.remote.landing_wait, Duration::from_millis(1000));
         assert_eq!(cfg.receive.remote.read_timeout, Duration::from_millis(2000));
         assert_eq!(cfg.max_message_bytes, None);
+        assert_eq!(cfg.metrics_port, 30101, "--port + 1");
+    }
+
+    #[test]
+    fn the_metrics_port_follows_the_grpc_port() {
+        assert_eq!(config(&["--port", "40000"]).unwrap().metrics_port, 40001);
+        assert_eq!(config(&["--port", "0"]).unwrap().metrics_port, 0, "picked");
+        let given = config(&["--port", "0", "--metrics-port", "9100"]).unwrap();
+        assert_eq!(given.metrics_port, 9100);
     }
 
     #[test]
