@@ -4,6 +4,9 @@
 - a decode worker killed mid-stream in PD mode: the client gets a clean
   error quickly, never a hang, and the gateway keeps serving with the other
   decode worker (retrying past the dead one);
+- a decode worker killed after it accepted a request, before its first
+  token: the request starts again on the other one and the client gets
+  its whole answer;
 - the only aggregated worker killed: 503 in the OpenAI error shape;
 - one of two aggregated workers killed: requests are retried on the other.
 """
@@ -100,6 +103,34 @@ def test_decode_killed_mid_stream(processes, model_dir):
             pytest.fail(f"request {attempt + 1} after the kill failed: {error!r}")
         assert answer.choices[0].finish_reason == "length"
         assert answer.usage.completion_tokens == 8
+    assert "retrying elsewhere" in gateway.process.log_tail(20000)
+
+
+def test_decode_killed_before_its_first_token(processes, model_dir):
+    # ~1 s of prefill: the decode leg is accepted and waits for the KV state.
+    dep = prefill_decode(processes, model_dir, decodes=2,
+                         prefill_args=("--prefill-per-token-us", "50000"),
+                         gateway_args=("--decode-policy", "round_robin"))
+    gateway, decodes = dep.gateway, dep.engines[1:]
+    wait_all_healthy(gateway, dep.engines)
+    client = gateway.client(timeout=3 * ERROR_DEADLINE)
+    stream = chat(client, gateway.model, max_tokens=12, stream=True,
+                  stream_options={"include_usage": True})
+    busy = []
+
+    def one_decode_busy():
+        text = gateway.metrics()
+        busy[:] = [e for e in decodes if metric(text, "iris_worker_in_flight", worker=e.url,
+                                                 role="decode") == 1]
+        return len(busy) == 1
+
+    wait_until(one_decode_busy, 5, "a decode worker to accept the request")
+    busy[0].process.kill()
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].usage.completion_tokens == 12, chunks[-1].usage
+    assert text, "the answer came from the other decode worker"
+    assert metric(gateway.metrics(), "iris_retries_total") >= 1
     assert "retrying elsewhere" in gateway.process.log_tail(20000)
 
 

@@ -27,7 +27,7 @@ pub struct Served {
     pub media: Option<Arc<Multimodal>>,
     /// How answers are parsed into content, reasoning and tool calls.
     pub parsers: OutputParsers,
-    pub router: Router,
+    pub router: Arc<Router>,
     /// Its workers' prefix caches, from their KV events.
     pub kv: Arc<KvCaches>,
     /// When it started being served (Unix seconds, `/v1/models`).

@@ -164,7 +164,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         connection_stats.push(("metrics", metrics_stats.clone()));
     }
     kv.follow(mode.prefill_pools(), shutdown.clone());
-    let router = Router::new(mode, config.router).with_lanes(lanes);
+    let router = Arc::new(Router::new(mode, config.router).with_lanes(lanes));
     let served = Served {
         name: model
             .served_name

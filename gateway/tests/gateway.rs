@@ -418,10 +418,10 @@ async fn unreachable_worker_is_retried_elsewhere() {
         workers,
         PolicyKind::RoundRobin.build(Default::default(), &Default::default()),
     );
-    let router = Router::new(
+    let router = std::sync::Arc::new(Router::new(
         Mode::Aggregated(std::sync::Arc::new(pool)),
         router_settings(),
-    );
+    ));
     for i in 0..4 {
         let generation = router
             .start(short_request(i))
@@ -473,7 +473,7 @@ async fn pd_retry_past_a_dead_decode_does_not_collide_with_the_first_attempt() {
             PolicyKind::RoundRobin.build(Default::default(), &Default::default()),
         )),
     };
-    let router = Router::new(mode, router_settings());
+    let router = std::sync::Arc::new(Router::new(mode, router_settings()));
     for i in 0..2 {
         let generation = router
             .start(short_request(i))

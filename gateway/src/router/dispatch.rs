@@ -8,6 +8,10 @@
 //! pixels went by the shm or RDMA lane), so that failures surfacing only
 //! in the streams, before anything reached the client, can still be
 //! retried. The pools' policies are then told which workers took it.
+//! The generation keeps the request and its [`Attempts`] until its first
+//! token: a leg failing after the hand-over but before it is re-planned
+//! by [`Router::resume`], under the same rules and the same
+//! `--max-retries`.
 //!
 //! After a failed attempt ([`Failure`]) the loop aborts the legs that
 //! started, counts every failed call against its worker
@@ -39,7 +43,7 @@ use tonic::Status;
 
 use super::classify::{self, Verdict};
 use super::encode::{self, EncodeJob};
-use super::generation::{FailedLeg, Generation, Leg};
+use super::generation::{FailedLeg, Generation, Leg, Resume};
 use super::pixels::{self, Laned};
 use super::strategy::{Handover, Plan, Strategy};
 use super::{RouteError, Router};
@@ -129,7 +133,7 @@ fn generation(prefill: Option<Accepted>, stream: Accepted) -> (Generation, LegWo
     (generation, workers)
 }
 
-const ABORT_REASON: &str = "another leg of the request failed";
+pub(super) const ABORT_REASON: &str = "another leg of the request failed";
 
 /// The failure of an attempt one of whose images failed to preprocess:
 /// its accepted legs are aborted and nobody is blamed.
@@ -153,10 +157,25 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Where a request's attempts stand: plans made (each with its own
+/// request id), retries and lane re-plans used, and the workers that
+/// failed it. Kept by a started [`Generation`] so that a failure before
+/// its first token continues the same count.
+#[derive(Default)]
+pub(super) struct Attempts {
+    made: u32,
+    retried: u32,
+    replanned: u32,
+    suspects: Vec<Arc<Worker>>,
+}
+
 impl Router {
     /// Starts `request` on the mode's workers, retrying failures before
     /// its first response on other workers.
-    pub async fn start(&self, request: GenerateRequest) -> Result<Generation, RouteError> {
+    pub async fn start(
+        self: &Arc<Self>,
+        request: GenerateRequest,
+    ) -> Result<Generation, RouteError> {
         self.start_with(request, &PendingImages::default()).await
     }
 
@@ -164,32 +183,53 @@ impl Router {
     /// on their way (`images`): in EPD each image's Encode waits for that
     /// image alone, and an image that fails to preprocess ends the request
     /// with its error ([`RouteError::Image`]), no worker blamed.
+    ///
+    /// The generation keeps the request (and `images`, so their memory
+    /// stays counted) until its first token: a leg that fails before it,
+    /// after the hand-over, is re-planned on other workers by the same
+    /// rules ([`Generation::next`]).
     pub async fn start_with(
-        &self,
+        self: &Arc<Self>,
         request: GenerateRequest,
         images: &PendingImages,
     ) -> Result<Generation, RouteError> {
-        let strategy = Strategy::new(&self.mode, request, images);
-        let mut suspects = Vec::new();
-        // Plans made (each with its own request id), and of those retries.
-        let (mut attempt, mut retried, mut replanned) = (0u32, 0u32, 0u32);
+        let mut attempts = Attempts::default();
+        let mut generation = self.run(&request, images, &mut attempts).await?;
+        generation.resume_with(Resume {
+            router: self.clone(),
+            request,
+            images: images.clone(),
+            attempts,
+        });
+        Ok(generation)
+    }
+
+    /// The attempt loop: plans and attempts until one is handed over, or
+    /// a failure ends the request.
+    pub(super) async fn run(
+        &self,
+        request: &GenerateRequest,
+        images: &PendingImages,
+        attempts: &mut Attempts,
+    ) -> Result<Generation, RouteError> {
+        let strategy = Strategy::new(&self.mode, request.clone(), images);
         loop {
             let plan = strategy
-                .plan(attempt, &suspects)
+                .plan(attempts.made, &attempts.suspects)
                 .map_err(RouteError::NoWorker)?;
             let legs = plan.leg_workers();
-            let failure = match self.attempt(plan, &mut suspects).await {
+            let failure = match self.attempt(plan, &mut attempts.suspects).await {
                 Ok(generation) => {
                     strategy.routed(&legs);
                     return Ok(generation);
                 }
                 Err(failure) => failure,
             };
-            attempt += 1;
+            attempts.made += 1;
             let (worker, status, verdict) = match failure {
                 Failure::Image(error) => return Err(RouteError::Image(error)),
-                Failure::LaneRefused { .. } if replanned < MAX_LANE_REPLANS => {
-                    replanned += 1;
+                Failure::LaneRefused { .. } if attempts.replanned < MAX_LANE_REPLANS => {
+                    attempts.replanned += 1;
                     continue;
                 }
                 Failure::LaneRefused { worker, status } => (worker, status, Verdict::Retry),
@@ -199,25 +239,60 @@ impl Router {
                     verdict,
                 } => (worker, status, verdict),
             };
-            if verdict == Verdict::Fatal || retried >= self.max_retries {
-                return Err(RouteError::Upstream {
-                    worker: worker.url.to_string(),
-                    status,
-                });
-            }
-            tracing::warn!(
-                worker = %worker.url,
-                role = worker.role.as_str(),
-                code = ?status.code(),
-                error = %status.message(),
-                "worker failed before the first token; retrying elsewhere"
-            );
-            self.retries.fetch_add(1, Ordering::Relaxed);
-            if verdict == Verdict::Busy {
-                tokio::time::sleep(classify::backoff(retried)).await;
-            }
-            retried += 1;
+            self.retry_after(worker, status, verdict, attempts).await?;
         }
+    }
+
+    /// After `worker` failed an attempt with `status`: the request's end
+    /// when no other worker would do better or `--max-retries` is used up,
+    /// else a counted retry (after a backoff when the worker was busy).
+    pub(super) async fn retry_after(
+        &self,
+        worker: Arc<Worker>,
+        status: Status,
+        verdict: Verdict,
+        attempts: &mut Attempts,
+    ) -> Result<(), RouteError> {
+        if verdict == Verdict::Fatal || attempts.retried >= self.max_retries {
+            return Err(RouteError::Upstream {
+                worker: worker.url.to_string(),
+                status,
+            });
+        }
+        tracing::warn!(
+            worker = %worker.url,
+            role = worker.role.as_str(),
+            code = ?status.code(),
+            error = %status.message(),
+            "worker failed before the first token; retrying elsewhere"
+        );
+        self.retries.fetch_add(1, Ordering::Relaxed);
+        if verdict == Verdict::Busy {
+            tokio::time::sleep(classify::backoff(attempts.retried)).await;
+        }
+        attempts.retried += 1;
+        Ok(())
+    }
+
+    /// A started generation's leg on `worker` failed with `status` before
+    /// the first token: the request's next generation on other workers,
+    /// as the attempt loop would have made it.
+    pub(super) async fn resume(
+        &self,
+        resume: &mut Resume,
+        worker: Arc<Worker>,
+        status: Status,
+    ) -> Result<Generation, RouteError> {
+        let Resume {
+            request,
+            images,
+            attempts,
+            ..
+        } = resume;
+        attempts.made += 1;
+        let verdict = blame_late(&worker, &status, Vec::new(), &mut attempts.suspects);
+        self.retry_after(worker, status, verdict, attempts).await?;
+        self.run(request, images, attempts).await
     }
 
     /// Runs one attempt of `plan`: its generation once its [`Handover`]
@@ -505,12 +580,22 @@ fn late_failure(
     encoders: Vec<Arc<Worker>>,
     suspects: &mut Vec<Arc<Worker>>,
 ) -> Failure {
-    worker.record_refusal();
-    suspects.extend(encoders);
-    suspects.push(worker.clone());
     Failure::Worker {
-        verdict: classify::classify(&status),
+        verdict: blame_late(&worker, &status, encoders, suspects),
         worker,
         status,
     }
+}
+
+/// [`late_failure`]'s accounting: the verdict on `status`.
+fn blame_late(
+    worker: &Arc<Worker>,
+    status: &Status,
+    encoders: Vec<Arc<Worker>>,
+    suspects: &mut Vec<Arc<Worker>>,
+) -> Verdict {
+    worker.record_refusal();
+    suspects.extend(encoders);
+    suspects.push(worker.clone());
+    classify::classify(status)
 }

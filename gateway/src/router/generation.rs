@@ -2,6 +2,12 @@
 //! prefill leg watched in the background, and every leg aborted if the
 //! generation is dropped unfinished.
 //!
+//! Until its first token (a response carrying tokens, or the completion)
+//! a generation keeps what it needs to start again ([`Resume`]): a leg
+//! that fails before it — the decode worker dying right after the
+//! hand-over, a prefill that never delivers — is re-planned on other
+//! workers by the attempt loop's rules, and the caller only sees latency.
+//!
 //! A split request's cached tokens are the prefill leg's (the decode
 //! worker prefills nothing): the prefill leg's report is carried into the
 //! streaming leg's responses, and settles the routing policy's
@@ -11,13 +17,16 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use iris_proto::scheduler::{generate_response, GenerateResponse};
+use iris_proto::scheduler::{generate_response, GenerateRequest, GenerateResponse};
 use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 use tonic::Status;
 
+use super::dispatch::{Attempts, ABORT_REASON};
+use super::{RouteError, Router};
 use crate::backends::ResponseStream;
 use crate::kv::Prediction;
+use crate::mm::pending::PendingImages;
 
 use crate::workers::worker::InFlightGuard;
 use crate::workers::Worker;
@@ -54,6 +63,15 @@ impl Leg {
     }
 }
 
+/// What a generation needs to start again before its first token: the
+/// router, the request, its images and where its attempts stand.
+pub(super) struct Resume {
+    pub router: Arc<Router>,
+    pub request: GenerateRequest,
+    pub images: PendingImages,
+    pub attempts: Attempts,
+}
+
 /// Which leg of a generation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum FailedLeg {
@@ -75,6 +93,8 @@ pub struct Generation {
     prefill_cached: Arc<AtomicU32>,
     /// What the routing policy expected, settled by the responses.
     prediction: Option<Prediction>,
+    /// Until the first token: how to start again elsewhere.
+    resume: Option<Box<Resume>>,
     legs: Vec<Leg>,
     finished: bool,
 }
@@ -99,9 +119,16 @@ impl Generation {
             prefill_failure,
             prefill_cached,
             prediction: None,
+            resume: None,
             legs,
             finished: false,
         }
+    }
+
+    /// Lets the generation start again on other workers if a leg fails
+    /// before its first token.
+    pub(super) fn resume_with(&mut self, resume: Resume) {
+        self.resume = Some(Box::new(resume));
     }
 
     /// Holds what the routing policy expected of the request until it
@@ -148,11 +175,54 @@ impl Generation {
     }
 
     /// The next response of the streaming leg; `None` at its end. A prefill
-    /// failure ends the stream with that failure.
+    /// failure ends the stream with that failure — unless it comes before
+    /// the first token, when the request starts again on other workers
+    /// (within `--max-retries`).
     pub async fn next(&mut self) -> Option<Result<GenerateResponse, Status>> {
-        self.next_or_failed_leg()
-            .await
-            .map(|result| result.map_err(|(_, status)| status))
+        loop {
+            let (leg, status) = match self.next_or_failed_leg().await {
+                Some(Ok(response)) => {
+                    if carries_tokens(&response) {
+                        // Its images' memory is given back with it.
+                        self.resume = None;
+                    }
+                    return Some(Ok(response));
+                }
+                Some(Err(failure)) => failure,
+                None if self.resume.is_none() => return None,
+                None => (
+                    FailedLeg::Stream,
+                    Status::unavailable("the worker's stream ended before its first token"),
+                ),
+            };
+            if let Err(status) = self.start_again(leg, status).await {
+                return Some(Err(status));
+            }
+        }
+    }
+
+    /// Replaces this generation, whose `leg` failed with `status` before
+    /// the first token, with the request's next one on other workers;
+    /// the failure to report when there is none.
+    async fn start_again(&mut self, leg: FailedLeg, status: Status) -> Result<(), Status> {
+        let Some(mut resume) = self.resume.take() else {
+            return Err(status);
+        };
+        let worker = match leg {
+            FailedLeg::Prefill if self.legs.len() > 1 => self.legs[0].worker.clone(),
+            _ => self.worker.clone(),
+        };
+        self.abort(ABORT_REASON);
+        let router = resume.router.clone();
+        match router.resume(&mut resume, worker, status).await {
+            Ok(mut next) => {
+                next.resume = Some(resume);
+                // The failed generation is finished: dropping it aborts nothing more.
+                *self = next;
+                Ok(())
+            }
+            Err(error) => Err(route_status(error)),
+        }
     }
 
     async fn next_or_failed_leg(
@@ -243,6 +313,31 @@ async fn next_message(
     match stream.as_mut() {
         Some(stream) => stream.next().await.transpose(),
         None => Ok(None),
+    }
+}
+
+/// Whether `response` carries tokens or ends its sequence: what, once it
+/// reaches the caller, makes a restart elsewhere no longer invisible.
+fn carries_tokens(response: &GenerateResponse) -> bool {
+    match &response.response {
+        Some(generate_response::Response::Chunk(chunk)) => !chunk.token_ids.is_empty(),
+        Some(generate_response::Response::Complete(_)) => true,
+        None => false,
+    }
+}
+
+/// A failed restart as the status the caller reports.
+fn route_status(error: RouteError) -> Status {
+    match error {
+        RouteError::Upstream { worker, status } => Status::new(
+            status.code(),
+            format!("worker {worker}: {}", status.message()),
+        ),
+        RouteError::NoWorker(role) => Status::unavailable(format!(
+            "no healthy {} worker left to retry on",
+            role.as_str()
+        )),
+        RouteError::Image(error) => Status::internal(error.message),
     }
 }
 

@@ -32,6 +32,10 @@ enum Answer {
     Respond,
     /// Accept the call and send nothing until the stream is dropped.
     Pending,
+    /// Accept the call and end the stream at once, with no response.
+    End,
+    /// One chunk carrying a token, then fail the stream with this code.
+    TokenThenFail(Code),
 }
 
 /// A worker that answers Generate calls by its script (the last answer
@@ -147,6 +151,19 @@ impl TokenSpeedScheduler for Scripted {
             }
             Answer::Respond => {
                 let _ = tx.try_send(Ok(GenerateResponse::default()));
+            }
+            Answer::End => drop(tx),
+            Answer::TokenThenFail(code) => {
+                let chunk = GenerateStreamChunk {
+                    token_ids: vec![1],
+                    ..GenerateStreamChunk::default()
+                };
+                let response = GenerateResponse {
+                    response: Some(generate_response::Response::Chunk(chunk)),
+                    ..GenerateResponse::default()
+                };
+                let _ = tx.try_send(Ok(response));
+                let _ = tx.try_send(Err(Status::new(code, "fails as scripted")));
             }
             Answer::Pending => {
                 // The sender lives as long as the stream: no end, no message.
@@ -280,10 +297,15 @@ fn pool(role: Role, fakes: &[&Fake]) -> Arc<Pool> {
 }
 
 /// A router whose circuits open at the first failure counted toward them.
-fn router(mode: Mode, max_retries: u32) -> Router {
+fn router(mode: Mode, max_retries: u32) -> Arc<Router> {
+    Arc::new(unshared(mode, max_retries, 1))
+}
+
+/// [`router`] with `circuit_breaker_failures`, not yet shared.
+fn unshared(mode: Mode, max_retries: u32, circuit_breaker_failures: u32) -> Router {
     let settings = RouterSettings {
         max_retries,
-        circuit_breaker_failures: 1,
+        circuit_breaker_failures,
         encode_timeout: Duration::from_secs(5),
         encode_max_in_flight: 0,
         encode_max_in_flight_patches: 0,
@@ -376,24 +398,82 @@ async fn epd_retries_a_failure_in_the_prefill_stream_before_the_first_response()
     );
 }
 
-/// Aggregated and PD hand the generation over once the legs are accepted:
-/// a failure after that is the caller's to see, not retried.
+/// Aggregated and PD hand the generation over once the legs are accepted;
+/// a leg failing after that but before the first token is re-planned on
+/// other workers (a new prefill and decode pair, a new room), unseen by
+/// the caller.
 #[tokio::test]
-async fn pd_hands_over_once_accepted_and_a_later_failure_reaches_the_caller() {
+async fn pd_starts_again_when_decode_fails_after_the_hand_over() {
     let prefill = Fake::start(Role::Prefill, &[Answer::Respond]).await;
-    let decode = Fake::start(Role::Decode, &[Answer::FailInStream(Code::Internal)]).await;
+    let dying = Fake::start(Role::Decode, &[Answer::FailInStream(Code::Internal)]).await;
+    let good = Fake::start(Role::Decode, &[Answer::TokenThenFail(Code::Unavailable)]).await;
     let mode = Mode::PrefillDecode {
         prefill: pool(Role::Prefill, &[&prefill]),
-        decode: pool(Role::Decode, &[&decode]),
+        decode: pool(Role::Decode, &[&dying, &good]),
     };
     let router = router(mode, 2);
     let mut generation = router.start(request()).await.expect("accepted");
+    assert!(Arc::ptr_eq(&generation.worker, &dying.worker));
+    assert!(
+        matches!(generation.next().await, Some(Ok(_))),
+        "the restart's token"
+    );
+    assert!(Arc::ptr_eq(&generation.worker, &good.worker));
+    assert_eq!((dying.generates(), good.generates()), (1, 1));
+    assert_eq!(prefill.generates(), 2, "a new prefill for the new room");
+    assert_eq!(router.retries(), 1);
+    // After a token reached the caller a failure is the caller's to see.
+    match generation.next().await {
+        Some(Err(status)) => assert_eq!(status.code(), Code::Unavailable),
+        other => panic!("expected the failure after the token, got {other:?}"),
+    }
+    assert_eq!(router.retries(), 1);
+    router.flush_aborts(Duration::from_secs(5)).await;
+    assert!(
+        prefill.aborts() >= 1,
+        "the failed attempt's prefill leg is aborted"
+    );
+}
+
+/// A stream that ends before its first token is a failure of its worker.
+#[tokio::test]
+async fn aggregated_starts_again_when_the_stream_ends_before_its_first_token() {
+    let ending = Fake::start(Role::Aggregated, &[Answer::End]).await;
+    let good = Fake::start(
+        Role::Aggregated,
+        &[Answer::TokenThenFail(Code::Unavailable)],
+    )
+    .await;
+    let router = router(
+        Mode::Aggregated(pool(Role::Aggregated, &[&ending, &good])),
+        2,
+    );
+    let mut generation = router.start(request()).await.expect("accepted");
+    assert!(matches!(generation.next().await, Some(Ok(_))));
+    assert_eq!((ending.generates(), good.generates()), (1, 1));
+    assert_eq!(router.retries(), 1);
+    generation.finish();
+}
+
+/// Restarts count against `--max-retries` with the retries before the
+/// hand-over; once used up, the failure reaches the caller.
+#[tokio::test]
+async fn restarts_after_the_hand_over_stop_at_max_retries() {
+    let workers = [
+        Fake::start(Role::Aggregated, &[Answer::FailInStream(Code::Internal)]).await,
+        Fake::start(Role::Aggregated, &[Answer::FailInStream(Code::Internal)]).await,
+        Fake::start(Role::Aggregated, &[Answer::FailInStream(Code::Internal)]).await,
+    ];
+    let fakes: Vec<&Fake> = workers.iter().collect();
+    let router = router(Mode::Aggregated(pool(Role::Aggregated, &fakes)), 1);
+    let mut generation = router.start(request()).await.expect("accepted");
     match generation.next().await {
         Some(Err(status)) => assert_eq!(status.code(), Code::Internal),
-        other => panic!("expected the decode leg's failure, got {other:?}"),
+        other => panic!("expected the second failure, got {other:?}"),
     }
-    assert_eq!(router.retries(), 0);
-    assert_eq!(decode.generates(), 1);
+    assert_eq!(router.retries(), 1);
+    let tried: usize = workers.iter().map(Fake::generates).sum();
+    assert_eq!(tried, 2, "one attempt and one retry");
 }
 
 #[tokio::test]
@@ -434,9 +514,9 @@ async fn a_busy_worker_is_retried_and_keeps_its_circuit_closed() {
 async fn retries_are_bounded_by_max_retries() {
     let a = Fake::start(Role::Aggregated, &[Answer::Fail(Code::Unavailable)]).await;
     let b = Fake::start(Role::Aggregated, &[Answer::Fail(Code::Unavailable)]).await;
-    let mut router = router(Mode::Aggregated(pool(Role::Aggregated, &[&a, &b])), 3);
     // Keep both workers in service so every attempt finds one.
-    router.circuit_breaker_failures = 0;
+    let mode = Mode::Aggregated(pool(Role::Aggregated, &[&a, &b]));
+    let router = Arc::new(unshared(mode, 3, 0));
     match router.start(request()).await {
         Err(RouteError::Upstream { status, .. }) => assert_eq!(status.code(), Code::Unavailable),
         Err(other) => panic!("expected the last failure, got {other:?}"),
@@ -486,7 +566,7 @@ fn pixel_request() -> GenerateRequest {
 }
 
 /// Serves one request with one image, to its first response.
-async fn serve_one(router: &Router) {
+async fn serve_one(router: &Arc<Router>) {
     let mut generation = router.start(pixel_request()).await.expect("served");
     assert!(matches!(generation.next().await, Some(Ok(_))));
     generation.finish();
@@ -511,7 +591,7 @@ async fn an_encoder_whose_puller_is_off_gets_the_image_inline_at_once() {
         decode: pool(Role::Decode, &[&decode]),
     };
     let lanes = Lanes::with_unserved_arena(iris_transport::Transport::Rdma);
-    let router = router(mode, 0).with_lanes(lanes);
+    let router = Arc::new(unshared(mode, 0, 1).with_lanes(lanes));
     encoder.worker.note_start(Started {
         start_secs: Some(100),
         uptime_secs: 1.0,
@@ -584,7 +664,7 @@ async fn an_aggregated_worker_that_refuses_rdma_gets_the_pixels_inline_at_once()
         worker.worker.set_nixl_silent(true);
         let mode = Mode::Aggregated(pool(Role::Aggregated, &[&worker]));
         let lanes = Lanes::with_unserved_arena(iris_transport::Transport::Rdma);
-        let router = router(mode, 0).with_lanes(lanes);
+        let router = Arc::new(unshared(mode, 0, 1).with_lanes(lanes));
         serve_one(&router).await;
         assert_eq!(
             worker.generate_payloads(),
@@ -617,7 +697,7 @@ async fn an_aggregated_worker_that_takes_rdma_keeps_the_lane() {
     worker.worker.set_nixl_silent(true);
     let mode = Mode::Aggregated(pool(Role::Aggregated, &[&worker]));
     let lanes = Lanes::with_unserved_arena(iris_transport::Transport::Rdma);
-    let router = router(mode, 0).with_lanes(lanes);
+    let router = Arc::new(unshared(mode, 0, 1).with_lanes(lanes));
     serve_one(&router).await;
     serve_one(&router).await;
     assert_eq!(worker.generate_payloads(), ["remote", "remote"]);
@@ -631,7 +711,7 @@ async fn an_aggregated_worker_that_takes_rdma_keeps_the_lane() {
 }
 
 /// An EPD router over one scripted encoder, prefill and decode.
-async fn epd(prefill: &[Answer], decode: &[Answer]) -> (Router, [Fake; 3]) {
+async fn epd(prefill: &[Answer], decode: &[Answer]) -> (Arc<Router>, [Fake; 3]) {
     let encoder = Fake::start(Role::Encode, &[]).await;
     let prefill = Fake::start(Role::Prefill, prefill).await;
     let decode = Fake::start(Role::Decode, decode).await;
