@@ -1,9 +1,11 @@
 """Workers dying under the gateway: each test starts its own processes
 (killed at teardown by the ``processes`` fixture) and SIGKILLs a worker.
 
-- a decode worker killed mid-stream in PD mode: the client gets a clean
-  error quickly, never a hang, and the gateway keeps serving with the other
-  decode worker (retrying past the dead one);
+- a decode worker killed mid-stream in PD mode: the stream moves to the
+  other decode worker and the client gets its whole answer, one sequence
+  with no gap or repeat; the gateway keeps serving (retrying past the dead
+  one). With --max-migrations 0 the client gets a clean error quickly,
+  never a hang;
 - a decode worker killed after it accepted a request, before its first
   token: the request starts again on the other one and the client gets
   its whole answer;
@@ -25,6 +27,8 @@ SLOW_DECODE = ("--decode-per-step-us", "20000")
 SLOW_PREFILL = ("--prefill-per-token-us", "10000")
 FAST_HEALTH = ("--health-check-interval-secs", "0.2", "--health-failure-threshold", "1")
 ERROR_DEADLINE = 10.0
+# Tokens of the stream whose decode worker is killed mid-way (20 ms each).
+MIGRATED_TOKENS = 60
 
 
 def chat(client, model, max_tokens=8, **kwargs):
@@ -70,25 +74,30 @@ def test_decode_killed_mid_stream(processes, model_dir):
     wait_all_healthy(gateway, dep.engines)
     client = gateway.client(timeout=3 * ERROR_DEADLINE)
 
-    stream = chat(client, gateway.model, max_tokens=500, stream=True)
+    stream = chat(client, gateway.model, max_tokens=MIGRATED_TOKENS, stream=True,
+                  logprobs=True, stream_options={"include_usage": True})
     head = [next(stream) for _ in range(3)]
     assert head[0].choices[0].delta.role == "assistant"
     victim = serving_decode(gateway, decodes)
     victim.process.kill()
-    killed_at = time.monotonic()
-    chunks, error = read_until_error(stream)
-    elapsed = time.monotonic() - killed_at
+    try:
+        chunks = head + list(stream)
+    except openai.APIError as error:
+        pytest.fail(f"the stream failed instead of moving to the other decode worker: {error!r}")
 
-    assert error is not None, f"the stream ended normally after {chunks} more chunks"
-    assert not isinstance(error, openai.APIConnectionError), \
-        f"the connection broke instead of a clean error event: {error!r}"
-    assert elapsed <= ERROR_DEADLINE, f"the error took {elapsed:.1f} s"
-    # The client learns that a worker failed, not where the worker is; the
-    # gateway's log names it.
-    assert "worker" in error.message, error.message
-    assert victim.url.removeprefix("grpc://") not in error.message, error.message
-    assert victim.url.removeprefix("grpc://") in gateway.process.log_tail(20000)
-    assert chunks < 500
+    # One sequence, no gap and no repeat: one log probability per token.
+    tokens = sum(len(c.choices[0].logprobs.content) for c in chunks
+                 if c.choices and c.choices[0].logprobs)
+    assert tokens == MIGRATED_TOKENS
+    assert chunks[-1].usage.completion_tokens == MIGRATED_TOKENS, chunks[-1].usage
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["length"]
+    text = gateway.metrics()
+    moved = sum(metric(text, "iris_migrations_total", reason=r) or 0
+                for r in ("unavailable", "unknown", "internal", "stream_ended", "cancelled"))
+    assert moved == 1, text
+    log = gateway.process.log_tail(20000)
+    assert "continues elsewhere" in log and victim.url.removeprefix("grpc://") in log
 
     assert httpx.get(f"{gateway.base_url}/health", timeout=5).status_code == 200
     wait_until(lambda: metric(gateway.metrics(), "iris_worker_in_flight",
@@ -103,7 +112,34 @@ def test_decode_killed_mid_stream(processes, model_dir):
             pytest.fail(f"request {attempt + 1} after the kill failed: {error!r}")
         assert answer.choices[0].finish_reason == "length"
         assert answer.usage.completion_tokens == 8
-    assert "retrying elsewhere" in gateway.process.log_tail(20000)
+
+
+def test_a_stream_that_cannot_move_ends_with_a_clean_error(processes, model_dir):
+    dep = prefill_decode(processes, model_dir, decodes=2, prefill_args=SLOW_PREFILL,
+                         decode_args=SLOW_DECODE,
+                         gateway_args=("--decode-policy", "round_robin",
+                                       "--max-migrations", "0"))
+    gateway, decodes = dep.gateway, dep.engines[1:]
+    wait_all_healthy(gateway, dep.engines)
+    client = gateway.client(timeout=3 * ERROR_DEADLINE)
+    stream = chat(client, gateway.model, max_tokens=500, stream=True)
+    head = [next(stream) for _ in range(3)]
+    assert head[0].choices[0].delta.role == "assistant"
+    victim = serving_decode(gateway, decodes)
+    victim.process.kill()
+    killed_at = time.monotonic()
+    chunks, error = read_until_error(stream)
+    elapsed = time.monotonic() - killed_at
+    assert error is not None, f"the stream ended normally after {chunks} more chunks"
+    assert not isinstance(error, openai.APIConnectionError), \
+        f"the connection broke instead of a clean error event: {error!r}"
+    assert elapsed <= ERROR_DEADLINE, f"the error took {elapsed:.1f} s"
+    # The client learns that a worker failed, not where the worker is; the
+    # gateway's log names it.
+    assert "worker" in error.message, error.message
+    assert victim.url.removeprefix("grpc://") not in error.message, error.message
+    assert victim.url.removeprefix("grpc://") in gateway.process.log_tail(20000)
+    assert chunks < 500
 
 
 def test_decode_killed_before_its_first_token(processes, model_dir):

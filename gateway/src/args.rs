@@ -156,6 +156,11 @@ pub struct ServeArgs {
     /// token (not when the request itself is refused).
     #[arg(long, default_value_t = 2, env = "IRIS_MAX_RETRIES")]
     pub max_retries: u32,
+    /// Moves of a streamed request to another worker when its worker fails
+    /// after tokens were streamed: the prompt plus the tokens already sent
+    /// go to a new worker and the stream continues (0: never move).
+    #[arg(long, default_value_t = 2, env = "IRIS_MAX_MIGRATIONS")]
+    pub max_migrations: u32,
     /// Milliseconds to wait for a worker connection.
     #[arg(long, default_value_t = 2000, env = "IRIS_CONNECT_TIMEOUT_MS")]
     pub connect_timeout_ms: u64,

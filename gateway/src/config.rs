@@ -193,6 +193,7 @@ impl Config {
             health: health(&args)?,
             router: RouterSettings {
                 max_retries: args.max_retries,
+                max_migrations: args.max_migrations,
                 circuit_breaker_failures: args.circuit_breaker_failures,
                 encode_timeout: Duration::from_millis(args.encode_timeout_ms.max(1)),
                 encode_max_in_flight: args.encode_max_in_flight,

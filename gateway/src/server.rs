@@ -504,6 +504,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         mm.budget().render(&mut body);
     }
     router.lanes.render(&mut body);
+    router.render_migrations(&mut body);
     served.kv.render(&mut body);
     crate::listen::render_stats(&mut body, &state.connection_stats);
     let (hits, misses) = served.prompter.cache_stats();

@@ -386,6 +386,7 @@ fn short_request(i: usize) -> iris_proto::scheduler::GenerateRequest {
 fn router_settings() -> iris_gateway::RouterSettings {
     iris_gateway::RouterSettings {
         max_retries: 2,
+        max_migrations: 2,
         circuit_breaker_failures: 3,
         encode_timeout: Duration::from_secs(10),
         encode_max_in_flight: 8,

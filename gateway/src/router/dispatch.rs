@@ -169,6 +169,16 @@ pub(super) struct Attempts {
     suspects: Vec<Arc<Worker>>,
 }
 
+impl Attempts {
+    /// A fresh count that avoids `worker`.
+    pub fn suspecting(worker: Arc<Worker>) -> Self {
+        Attempts {
+            suspects: vec![worker],
+            ..Attempts::default()
+        }
+    }
+}
+
 impl Router {
     /// Starts `request` on the mode's workers, retrying failures before
     /// its first response on other workers.

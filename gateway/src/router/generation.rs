@@ -22,7 +22,9 @@ use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 use tonic::Status;
 
+use super::classify::{self, Verdict};
 use super::dispatch::{Attempts, ABORT_REASON};
+use super::migration::Migration;
 use super::{RouteError, Router};
 use crate::backends::ResponseStream;
 use crate::kv::Prediction;
@@ -95,6 +97,8 @@ pub struct Generation {
     prediction: Option<Prediction>,
     /// Until the first token: how to start again elsewhere.
     resume: Option<Box<Resume>>,
+    /// After it: how to continue elsewhere (streamed text requests).
+    migration: Option<Box<Migration>>,
     legs: Vec<Leg>,
     finished: bool,
 }
@@ -120,6 +124,7 @@ impl Generation {
             prefill_cached,
             prediction: None,
             resume: None,
+            migration: None,
             legs,
             finished: false,
         }
@@ -180,24 +185,72 @@ impl Generation {
     /// (within `--max-retries`).
     pub async fn next(&mut self) -> Option<Result<GenerateResponse, Status>> {
         loop {
-            let (leg, status) = match self.next_or_failed_leg().await {
-                Some(Ok(response)) => {
-                    if carries_tokens(&response) {
-                        // Its images' memory is given back with it.
-                        self.resume = None;
-                    }
-                    return Some(Ok(response));
-                }
-                Some(Err(failure)) => failure,
-                None if self.resume.is_none() => return None,
-                None => (
+            let failure = match self.next_or_failed_leg().await {
+                Some(Ok(response)) => return Some(Ok(self.pass(response))),
+                Some(Err(failure)) => Some(failure),
+                None => None,
+            };
+            let outcome = if self.resume.is_some() {
+                let (leg, status) = failure.unwrap_or((
                     FailedLeg::Stream,
                     Status::unavailable("the worker's stream ended before its first token"),
-                ),
+                ));
+                self.start_again(leg, status).await
+            } else if self.may_move(failure.as_ref()) {
+                self.move_on(failure.map(|(_, status)| status)).await
+            } else {
+                return failure.map(|(_, status)| Err(status));
             };
-            if let Err(status) = self.start_again(leg, status).await {
+            if let Err(status) = outcome {
                 return Some(Err(status));
             }
+        }
+    }
+
+    /// A response on its way to the caller: at the first token the
+    /// request's images are given back and a streamed text request becomes
+    /// movable; after a move, it is rewritten as the one sequence.
+    fn pass(&mut self, mut response: GenerateResponse) -> GenerateResponse {
+        if carries_tokens(&response) {
+            if let Some(resume) = self.resume.take() {
+                self.migration = Migration::of(&resume.router, resume.request).map(Box::new);
+            }
+        }
+        if let Some(migration) = self.migration.as_mut() {
+            migration.pass(&mut response);
+        }
+        response
+    }
+
+    /// Whether the streaming leg's `failure` (`None`: its stream ended)
+    /// after tokens were streamed moves the request to another worker: a
+    /// failure of the worker, not of the request, with moves left.
+    fn may_move(&self, failure: Option<&(FailedLeg, Status)>) -> bool {
+        let failed_worker = match failure {
+            None => true,
+            Some((leg, status)) => {
+                *leg == FailedLeg::Stream && classify::classify(status) != Verdict::Fatal
+            }
+        };
+        failed_worker && self.migration.as_ref().is_some_and(|m| m.can_move())
+    }
+
+    /// Continues the sequence on another worker after this one's stream
+    /// failed with `status` (`None`: ended without its completion).
+    async fn move_on(&mut self, status: Option<Status>) -> Result<(), Status> {
+        let Some(mut migration) = self.migration.take() else {
+            return Err(status.unwrap_or_else(|| Status::unavailable("the stream ended")));
+        };
+        let worker = self.worker.clone();
+        self.abort(ABORT_REASON);
+        let router = migration.router().clone();
+        match router.migrate(&mut migration, worker, status.clone()).await {
+            Ok(mut next) => {
+                next.migration = Some(migration);
+                *self = next;
+                Ok(())
+            }
+            Err(error) => Err(status.unwrap_or_else(|| route_status(error))),
         }
     }
 

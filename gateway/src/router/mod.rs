@@ -13,6 +13,7 @@ mod dispatch;
 mod encode;
 mod generation;
 mod legs;
+mod migration;
 mod pixels;
 mod strategy;
 #[cfg(test)]
@@ -49,6 +50,9 @@ pub enum RouteError {
 pub struct RouterSettings {
     /// Other workers tried after a failure before the first token.
     pub max_retries: u32,
+    /// Moves of a streamed request to another worker after its worker
+    /// failed mid-stream (0: none).
+    pub max_migrations: u32,
     /// Failures in a row that open a worker's circuit (0: never).
     pub circuit_breaker_failures: u32,
     /// Longest wait for an encode worker to accept an image.
@@ -63,6 +67,9 @@ pub struct Router {
     pub mode: Mode,
     max_retries: u32,
     retries: AtomicU64,
+    max_migrations: u32,
+    /// Requests moved mid-stream, by [`migration::REASONS`].
+    migrations: [AtomicU64; migration::REASONS.len()],
     circuit_breaker_failures: u32,
     encode_timeout: std::time::Duration,
     /// How long the Encode calls of a request took (all images, in parallel).
@@ -80,6 +87,8 @@ impl Router {
             mode,
             max_retries: settings.max_retries,
             retries: AtomicU64::new(0),
+            max_migrations: settings.max_migrations,
+            migrations: Default::default(),
             circuit_breaker_failures: settings.circuit_breaker_failures,
             encode_timeout: settings.encode_timeout,
             encode_time: Histogram::default(),

@@ -36,6 +36,8 @@ enum Answer {
     End,
     /// One chunk carrying a token, then fail the stream with this code.
     TokenThenFail(Code),
+    /// One chunk carrying token 2, then the completion (finish "length").
+    Finish,
 }
 
 /// A worker that answers Generate calls by its script (the last answer
@@ -56,6 +58,8 @@ struct Scripted {
     payloads: Arc<Mutex<Vec<&'static str>>>,
     /// The payload kind of every Generate call's first item, in order.
     generate_payloads: Arc<Mutex<Vec<&'static str>>>,
+    /// Every Generate request received, in order.
+    received: Arc<Mutex<Vec<GenerateRequest>>>,
 }
 
 /// The payload kind of the first item's pixels.
@@ -126,7 +130,12 @@ impl TokenSpeedScheduler for Scripted {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         self.generates.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = tokio::sync::mpsc::channel(2);
-        let items = request.into_inner().mm_inputs.map(|m| m.items);
+        let request = request.into_inner();
+        self.received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(request.clone());
+        let items = request.mm_inputs.map(|m| m.items);
         let kind = payload_kind(&items.unwrap_or_default());
         self.generate_payloads
             .lock()
@@ -153,6 +162,30 @@ impl TokenSpeedScheduler for Scripted {
                 let _ = tx.try_send(Ok(GenerateResponse::default()));
             }
             Answer::End => drop(tx),
+            Answer::Finish => {
+                let chunk = GenerateStreamChunk {
+                    token_ids: vec![2],
+                    prompt_tokens: 99,
+                    completion_tokens: 1,
+                    ..GenerateStreamChunk::default()
+                };
+                let complete = GenerateComplete {
+                    output_ids: vec![2],
+                    finish_reason: "length".into(),
+                    prompt_tokens: 99,
+                    completion_tokens: 1,
+                    ..GenerateComplete::default()
+                };
+                for response in [
+                    generate_response::Response::Chunk(chunk),
+                    generate_response::Response::Complete(complete),
+                ] {
+                    let _ = tx.try_send(Ok(GenerateResponse {
+                        response: Some(response),
+                        ..GenerateResponse::default()
+                    }));
+                }
+            }
             Answer::TokenThenFail(code) => {
                 let chunk = GenerateStreamChunk {
                     token_ids: vec![1],
@@ -243,6 +276,7 @@ impl Fake {
             no_reader: Arc::default(),
             payloads: Arc::default(),
             generate_payloads: Arc::default(),
+            received: Arc::default(),
         };
         let server = tonic::transport::Server::builder()
             .add_service(TokenSpeedSchedulerServer::new(service.clone()))
@@ -278,6 +312,15 @@ impl Fake {
             .clone()
     }
 
+    /// The Generate requests received so far.
+    fn received(&self) -> Vec<GenerateRequest> {
+        self.service
+            .received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     fn generate_payloads(&self) -> Vec<&'static str> {
         self.service
             .generate_payloads
@@ -305,6 +348,7 @@ fn router(mode: Mode, max_retries: u32) -> Arc<Router> {
 fn unshared(mode: Mode, max_retries: u32, circuit_breaker_failures: u32) -> Router {
     let settings = RouterSettings {
         max_retries,
+        max_migrations: 2,
         circuit_breaker_failures,
         encode_timeout: Duration::from_secs(5),
         encode_max_in_flight: 0,
@@ -474,6 +518,113 @@ async fn restarts_after_the_hand_over_stop_at_max_retries() {
     assert_eq!(router.retries(), 1);
     let tried: usize = workers.iter().map(Fake::generates).sum();
     assert_eq!(tried, 2, "one attempt and one retry");
+}
+
+/// A streamed text request of prompt [7, 8], at most 3 new tokens.
+fn streamed_request() -> GenerateRequest {
+    GenerateRequest {
+        tokenized: Some(TokenizedInput {
+            input_ids: vec![7, 8],
+            ..TokenizedInput::default()
+        }),
+        sampling_params: Some(SamplingParams {
+            max_new_tokens: Some(3),
+            min_new_tokens: 2,
+            ..SamplingParams::default()
+        }),
+        stream: true,
+        ..request()
+    }
+}
+
+fn reply(response: Option<Result<GenerateResponse, Status>>) -> generate_response::Response {
+    match response {
+        Some(Ok(GenerateResponse {
+            response: Some(response),
+            ..
+        })) => response,
+        other => panic!("expected a response, got {other:?}"),
+    }
+}
+
+/// A worker failing after a token was streamed: the prompt plus that token
+/// go to another worker with the budgets reduced, and its responses read
+/// as the continuation of one sequence.
+#[tokio::test]
+async fn a_stream_failing_mid_way_continues_on_another_worker() {
+    use generate_response::Response;
+    let dying = Fake::start(
+        Role::Aggregated,
+        &[Answer::TokenThenFail(Code::Unavailable)],
+    )
+    .await;
+    let next = Fake::start(Role::Aggregated, &[Answer::Finish]).await;
+    let router = router(
+        Mode::Aggregated(pool(Role::Aggregated, &[&dying, &next])),
+        2,
+    );
+    let mut generation = router.start(streamed_request()).await.expect("accepted");
+    let Response::Chunk(first) = reply(generation.next().await) else {
+        panic!("expected the first chunk");
+    };
+    assert_eq!(first.token_ids, [1]);
+    let Response::Chunk(second) = reply(generation.next().await) else {
+        panic!("expected the continuation's chunk");
+    };
+    assert_eq!(second.token_ids, [2]);
+    assert_eq!(second.completion_tokens, 2, "counts continue");
+    assert_eq!(
+        second.prompt_tokens, 0,
+        "the client's prompt, not the longer one"
+    );
+    let Response::Complete(complete) = reply(generation.next().await) else {
+        panic!("expected the completion");
+    };
+    assert_eq!(complete.output_ids, [1, 2], "the whole sequence");
+    assert_eq!(complete.completion_tokens, 2);
+    assert!(generation.next().await.is_none());
+    let sent = &next.received()[0];
+    assert_eq!(sent.tokenized.as_ref().unwrap().input_ids, [7, 8, 1]);
+    let sampling = sent.sampling_params.as_ref().unwrap();
+    assert_eq!(
+        (sampling.max_new_tokens, sampling.min_new_tokens),
+        (Some(2), 1)
+    );
+    assert!(
+        sent.request_id.ends_with("-migrated1"),
+        "{}",
+        sent.request_id
+    );
+    let moved: u64 = router.migrations().iter().map(|(_, n)| n).sum();
+    assert_eq!(moved, 1);
+    assert_eq!(router.retries(), 0, "a move is not a retry");
+}
+
+/// A request that cannot continue elsewhere (constrained decoding would
+/// start over) ends with the failure.
+#[tokio::test]
+async fn a_constrained_stream_is_not_moved() {
+    let dying = Fake::start(
+        Role::Aggregated,
+        &[Answer::TokenThenFail(Code::Unavailable)],
+    )
+    .await;
+    let next = Fake::start(Role::Aggregated, &[Answer::Finish]).await;
+    let router = router(
+        Mode::Aggregated(pool(Role::Aggregated, &[&dying, &next])),
+        2,
+    );
+    let mut request = streamed_request();
+    if let Some(sampling) = request.sampling_params.as_mut() {
+        sampling.constraint = Some(sampling_params::Constraint::Regex("[a-z]+".into()));
+    }
+    let mut generation = router.start(request).await.expect("accepted");
+    assert!(matches!(generation.next().await, Some(Ok(_))));
+    match generation.next().await {
+        Some(Err(status)) => assert_eq!(status.code(), Code::Unavailable),
+        other => panic!("expected the failure, got {other:?}"),
+    }
+    assert_eq!(next.generates(), 0);
 }
 
 #[tokio::test]

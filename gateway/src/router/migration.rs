@@ -1,0 +1,245 @@
+//! Mid-stream migration: a streamed request whose worker fails after
+//! tokens reached the client continues on another worker. The request is
+//! sent again with the tokens already streamed appended to its prompt and
+//! its budgets (`max_new_tokens`, `min_new_tokens`) reduced by them; the
+//! new worker's responses are then rewritten so the client sees one
+//! sequence: its own prompt and cached token counts, completion counts and
+//! a completion's output ids and log probabilities that include what came
+//! before. Stop strings, reasoning and tool-call parsing live above the
+//! router, so their state carries over untouched.
+//!
+//! Which requests migrate: streamed, one sequence (`n` = 1), text only (no
+//! image or video: their pixels are given back at the first token), no
+//! constrained decoding (the new worker's constraint would start over), no
+//! prompt log probabilities. Others end with the failure as before. At
+//! most `--max-migrations` moves per request; each is counted by reason
+//! (`iris_migrations_total`) and logged with the request id.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use iris_proto::scheduler::{generate_response, GenerateRequest, GenerateResponse, OutputLogProbs};
+use tonic::{Code, Status};
+
+use super::dispatch::Attempts;
+use super::{RouteError, Router};
+use crate::mm::pending::PendingImages;
+use crate::workers::Worker;
+
+/// The reasons a migration is counted under: the failed stream's gRPC
+/// code, or its ending without a completion.
+pub const REASONS: [&str; 18] = [
+    "ok",
+    "cancelled",
+    "unknown",
+    "invalid_argument",
+    "deadline_exceeded",
+    "not_found",
+    "already_exists",
+    "permission_denied",
+    "resource_exhausted",
+    "failed_precondition",
+    "aborted",
+    "out_of_range",
+    "unimplemented",
+    "internal",
+    "unavailable",
+    "data_loss",
+    "unauthenticated",
+    "stream_ended",
+];
+
+/// The reason index of a stream that ended without its completion.
+pub const STREAM_ENDED: usize = 17;
+
+/// The reason index of `code`.
+pub fn reason_of(code: Code) -> usize {
+    (code as usize).min(STREAM_ENDED - 1)
+}
+
+/// A streamed request that may continue on another worker.
+pub(super) struct Migration {
+    router: Arc<Router>,
+    /// The request as first sent (text only).
+    request: GenerateRequest,
+    /// Every token streamed to the client so far, with its log
+    /// probabilities when they were asked.
+    generated: Vec<u32>,
+    logprobs: Option<OutputLogProbs>,
+    /// Tokens the current worker did not generate (0 before a move).
+    offset: usize,
+    /// What the first worker reported, which the client keeps seeing.
+    prompt_tokens: u32,
+    cached_tokens: u32,
+    /// Moves made.
+    made: u32,
+    completed: bool,
+}
+
+impl Migration {
+    /// The migration state of `request`, or `None` when it cannot move
+    /// (see the module doc) or the router allows no move.
+    pub fn of(router: &Arc<Router>, request: GenerateRequest) -> Option<Migration> {
+        let sampling = request.sampling_params.as_ref();
+        let movable = router.max_migrations > 0
+            && request.stream
+            && sampling.is_none_or(|s| s.n <= 1 && s.constraint.is_none())
+            && request
+                .mm_inputs
+                .as_ref()
+                .is_none_or(|m| m.items.is_empty())
+            && request.logprob_start_len.is_none_or(|start| start < 0);
+        movable.then(|| Migration {
+            router: router.clone(),
+            request,
+            generated: Vec::new(),
+            logprobs: None,
+            offset: 0,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            made: 0,
+            completed: false,
+        })
+    }
+
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
+    }
+
+    /// Whether a failure now may move the request: tokens were streamed,
+    /// the sequence has not completed, and moves are left.
+    pub fn can_move(&self) -> bool {
+        !self.completed && !self.generated.is_empty() && self.made < self.router.max_migrations
+    }
+
+    /// Rewrites a response of the current worker as the client's one
+    /// sequence, and records its tokens.
+    pub fn pass(&mut self, response: &mut GenerateResponse) {
+        use generate_response::Response;
+        let offset = u32::try_from(self.offset).unwrap_or(u32::MAX);
+        match response.response.as_mut() {
+            Some(Response::Chunk(chunk)) => {
+                if self.made == 0 {
+                    self.first_report(chunk.prompt_tokens, chunk.cached_tokens);
+                } else {
+                    chunk.prompt_tokens = self.prompt_tokens;
+                    chunk.cached_tokens = self.cached_tokens;
+                    chunk.completion_tokens = chunk.completion_tokens.saturating_add(offset);
+                }
+                self.generated.extend_from_slice(&chunk.token_ids);
+                if let Some(lp) = &chunk.output_logprobs {
+                    append(self.logprobs.get_or_insert_with(Default::default), lp);
+                }
+            }
+            Some(Response::Complete(complete)) => {
+                self.completed = true;
+                if self.made == 0 {
+                    return;
+                }
+                complete.prompt_tokens = self.prompt_tokens;
+                complete.cached_tokens = self.cached_tokens;
+                complete.completion_tokens = complete.completion_tokens.saturating_add(offset);
+                let mut ids = self.generated[..self.offset].to_vec();
+                ids.extend_from_slice(&complete.output_ids);
+                complete.output_ids = ids;
+                if let (Some(before), Some(after)) = (&self.logprobs, &complete.output_logprobs) {
+                    let mut all = head(before, self.offset);
+                    append(&mut all, after);
+                    complete.output_logprobs = Some(all);
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn first_report(&mut self, prompt_tokens: u32, cached_tokens: u32) {
+        self.prompt_tokens = self.prompt_tokens.max(prompt_tokens);
+        self.cached_tokens = self.cached_tokens.max(cached_tokens);
+    }
+
+    /// The request that continues the sequence on another worker.
+    fn continuation(&self) -> GenerateRequest {
+        let mut request = self.request.clone();
+        let streamed = u32::try_from(self.generated.len()).unwrap_or(u32::MAX);
+        request.request_id = format!("{}-migrated{}", self.request.request_id, self.made);
+        if let Some(tokenized) = request.tokenized.as_mut() {
+            tokenized.input_ids.extend_from_slice(&self.generated);
+        }
+        if let Some(sampling) = request.sampling_params.as_mut() {
+            sampling.max_new_tokens = sampling.max_new_tokens.map(|m| m.saturating_sub(streamed));
+            sampling.min_new_tokens = sampling.min_new_tokens.saturating_sub(streamed);
+        }
+        request
+    }
+}
+
+/// The first `n` entries of `lp`.
+fn head(lp: &OutputLogProbs, n: usize) -> OutputLogProbs {
+    OutputLogProbs {
+        token_logprobs: lp.token_logprobs.iter().take(n).copied().collect(),
+        token_ids: lp.token_ids.iter().take(n).copied().collect(),
+        top_logprobs: lp.top_logprobs.iter().take(n).cloned().collect(),
+    }
+}
+
+/// `more` appended to `all`.
+fn append(all: &mut OutputLogProbs, more: &OutputLogProbs) {
+    all.token_logprobs.extend_from_slice(&more.token_logprobs);
+    all.token_ids.extend_from_slice(&more.token_ids);
+    all.top_logprobs.extend(more.top_logprobs.iter().cloned());
+}
+
+impl Router {
+    /// Moves `migration`'s request off `worker`, whose stream failed with
+    /// `status` (`None`: ended without its completion): its next
+    /// generation on other workers, counted and logged.
+    pub(super) async fn migrate(
+        &self,
+        migration: &mut Migration,
+        worker: Arc<Worker>,
+        status: Option<Status>,
+    ) -> Result<super::Generation, RouteError> {
+        let reason = status
+            .as_ref()
+            .map_or(STREAM_ENDED, |s| reason_of(s.code()));
+        migration.made += 1;
+        migration.offset = migration.generated.len();
+        self.migrations[reason].fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            request_id = %migration.request.request_id,
+            worker = %worker.url,
+            reason = REASONS[reason],
+            streamed_tokens = migration.offset,
+            migration = migration.made,
+            "worker failed mid-stream; the request continues elsewhere"
+        );
+        let mut attempts = Attempts::suspecting(worker);
+        let request = migration.continuation();
+        self.run(&request, &PendingImages::default(), &mut attempts)
+            .await
+    }
+
+    /// Requests moved mid-stream, by reason ([`REASONS`]).
+    pub fn migrations(&self) -> Vec<(&'static str, u64)> {
+        REASONS
+            .iter()
+            .zip(&self.migrations)
+            .map(|(reason, n)| (*reason, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Appends `iris_migrations_total` to `/metrics` (the reasons seen).
+    pub fn render_migrations(&self, out: &mut String) {
+        let seen = self.migrations().into_iter().filter(|(_, n)| *n > 0);
+        let samples: Vec<(String, u64)> = seen
+            .map(|(reason, n)| (format!("reason=\"{reason}\""), n))
+            .collect();
+        iris_metrics::family(
+            out,
+            "iris_migrations_total",
+            "counter",
+            "Streamed requests moved to another worker after their worker failed mid-stream, by the failed stream's gRPC code (stream_ended: it ended without its completion).",
+            samples,
+        );
+    }
+}
