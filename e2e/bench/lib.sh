@@ -1,4 +1,5 @@
-# Helpers shared by the benchmark scripts (gateway.sh, epd.sh); sourced,
+# Helpers shared by the benchmark scripts (gateway.sh, epd.sh, peer.sh,
+# cache.sh); sourced,
 # not run. Sets ROOT, TARGET_DIR, BIN (release binaries), WORK (a temporary
 # directory removed at exit) and PIDS (every process started with `spawn`,
 # killed at exit, whatever the outcome).
@@ -114,4 +115,47 @@ keep_results() {
             fi
         done
     fi
+}
+
+# free_port: an unused loopback TCP port.
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# pin_prefixes: with PIN=1, sets ON_GATEWAY and ON_WORKERS to command
+# prefixes that pin to GATEWAY_CPUS / WORKER_CPUS (taskset execs the
+# command, so a spawned pid stays the process's); empty otherwise.
+pin_prefixes() {
+    if [[ $PIN == 1 ]]; then
+        ON_GATEWAY=(taskset -c "$GATEWAY_CPUS")
+        ON_WORKERS=(taskset -c "$WORKER_CPUS")
+    else
+        ON_GATEWAY=()
+        ON_WORKERS=()
+    fi
+}
+
+# launch_smg NAME ARGS…: starts the peer gateway `$SMG launch` on free
+# loopback ports (it has no port 0) with its Prometheus exporter, ON_GATEWAY
+# and ARGS; sets SMG_PID, SMG_ADDR and SMG_METRICS_ADDR. Ready once
+# /v1/models lists a model; fails if it dies first or after 30 s.
+launch_smg() {
+    local name=$1 port metrics
+    shift
+    port=$(free_port)
+    metrics=$(free_port)
+    spawn "$name" "${ON_GATEWAY[@]}" env NO_COLOR=1 "$SMG" launch --host 127.0.0.1 --port "$port" \
+        --prometheus-host 127.0.0.1 --prometheus-port "$metrics" --log-level warn "$@"
+    SMG_PID=$SPAWNED
+    SMG_ADDR=127.0.0.1:$port
+    SMG_METRICS_ADDR=127.0.0.1:$metrics
+    for _ in $(seq 300); do
+        if curl -fsS "http://$SMG_ADDR/v1/models" 2>/dev/null | grep -q '"id"'; then
+            return 0
+        fi
+        kill -0 "$SMG_PID" 2>/dev/null || { cat "$WORK/$name.err" >&2; return 1; }
+        sleep 0.1
+    done
+    log "smg at $SMG_ADDR never listed a model"
+    return 1
 }

@@ -97,15 +97,7 @@ MODEL=$WORK/Qwen3-VL-tiny
 
 ADDRS='listening grpc=[0-9.:]+( data=[0-9.:]+)?'
 
-# Command prefixes that pin to the gateway's / the workers' CPUs with
-# PIN=1 (taskset execs the command, so a spawned pid stays the process's).
-if [[ $PIN == 1 ]]; then
-    ON_GATEWAY=(taskset -c "$GATEWAY_CPUS")
-    ON_WORKERS=(taskset -c "$WORKER_CPUS")
-else
-    ON_GATEWAY=()
-    ON_WORKERS=()
-fi
+pin_prefixes
 
 # worker NAME COMMAND…: starts a worker; sets W_PID, W_GRPC, W_DATA_PORT.
 # Workers report their model directory (`--expose-model-path`): smg reads
@@ -127,11 +119,6 @@ worker() {
     line=$(wait_for "$ADDRS" "$WORK/$name.out" "$W_PID")
     W_GRPC=$(sed -E 's/.*grpc=([^ ]+).*/\1/' <<<"$line")
     W_DATA_PORT=$(sed -nE 's/.*data=.*:([0-9]+)$/\1/p' <<<"$line")
-}
-
-# free_port: an unused loopback TCP port.
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 # Starts the workers of MODE; sets WORKER_PIDS and the flags both gateways
@@ -187,27 +174,10 @@ start_iris() {
     wait_ready "$IRIS_ADDR"
 }
 
-# smg has no port 0: free ports are picked first. Ready once /v1/models
-# lists the model and a chat answers.
+# start_smg: the peer on the workers (launch_smg in lib.sh).
 # shellcheck disable=SC2086
 start_smg() {
-    local port metrics
-    port=$(free_port)
-    metrics=$(free_port)
-    spawn smg "${ON_GATEWAY[@]}" env NO_COLOR=1 "$SMG" launch --host 127.0.0.1 --port "$port" \
-        --prometheus-host 127.0.0.1 --prometheus-port "$metrics" \
-        --model-path "$MODEL" "${SMG_WORKERS[@]}" --log-level warn $SMG_ARGS
-    SMG_PID=$SPAWNED
-    SMG_ADDR=127.0.0.1:$port
-    for _ in $(seq 300); do
-        if curl -fsS "http://$SMG_ADDR/v1/models" 2>/dev/null | grep -q '"id"'; then
-            return 0
-        fi
-        kill -0 "$SMG_PID" 2>/dev/null || { cat "$WORK/smg.err" >&2; return 1; }
-        sleep 0.1
-    done
-    log "smg at $SMG_ADDR never listed a model"
-    return 1
+    launch_smg smg --model-path "$MODEL" "${SMG_WORKERS[@]}" $SMG_ARGS
 }
 
 # loadgen WORKLOAD LOAD SECONDS OUT TARGET ARGS…: one run, its JSON report

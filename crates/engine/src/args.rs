@@ -112,6 +112,12 @@ pub struct EngineArgs {
     /// prompt prefilled in full and `cached_tokens` always 0.
     #[arg(long, default_value_t = 0, env = "IRIS_ENGINE_KV_CAPACITY_TOKENS")]
     pub kv_capacity_tokens: u64,
+    /// Append one JSON line per prefix-cache admission to FILE: its time,
+    /// request id, the prompt's block hashes and its cached blocks (for
+    /// benchmarks that compare routing with the best placement; needs
+    /// --kv-capacity-tokens). Unset: no trace.
+    #[arg(long, value_name = "FILE", env = "IRIS_ENGINE_KV_TRACE")]
+    pub kv_trace: Option<PathBuf>,
     /// Chance per decode step of emitting EOS, in parts per million
     /// (after min_new_tokens, unless ignore_eos).
     #[arg(long, default_value_t = 20_000, env = "IRIS_ENGINE_EOS_PPM")]

@@ -5,6 +5,7 @@
 //! [`crate::args`]; defaults live in the clap definitions alone.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ValueEnum;
@@ -12,6 +13,7 @@ use iris_process::auth::AuthToken;
 use iris_transport::ShmNames;
 
 use crate::args::EngineArgs;
+use crate::prefix::KvTrace;
 
 /// Which part of the work this worker does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -80,6 +82,8 @@ pub struct EngineConfig {
     pub kv_block_size: u32,
     /// Tokens the prefix cache holds (0: no cache).
     pub kv_capacity_tokens: u64,
+    /// `--kv-trace`: the file every admission is appended to, opened.
+    pub kv_trace: Option<Arc<KvTrace>>,
     /// Chance of EOS per decode step, in parts per million (at most 10⁶).
     pub eos_ppm: u32,
     /// The wait for a KV state or an embedding when a fetch asks for none.
@@ -104,7 +108,8 @@ pub struct EngineConfig {
 pub struct ConfigError(String);
 
 impl EngineConfig {
-    /// Validates `args`; reads the auth token file.
+    /// Validates `args`; reads the auth token file and opens the
+    /// `--kv-trace` file.
     pub fn from_args(args: EngineArgs) -> Result<EngineConfig, ConfigError> {
         if args.eos_ppm > 1_000_000 {
             return Err(ConfigError(format!(
@@ -112,6 +117,19 @@ impl EngineConfig {
                 args.eos_ppm
             )));
         }
+        let kv_trace = match &args.kv_trace {
+            None => None,
+            Some(_) if args.kv_capacity_tokens == 0 || args.role == Role::Decode => {
+                return Err(ConfigError(
+                    "--kv-trace traces the prefix cache: it needs --kv-capacity-tokens \
+                     on a prefill or aggregated worker"
+                        .to_owned(),
+                ))
+            }
+            Some(path) => Some(Arc::new(KvTrace::create(path).map_err(|e| {
+                ConfigError(format!("--kv-trace: cannot open {}: {e}", path.display()))
+            })?)),
+        };
         Ok(EngineConfig {
             auth_token: AuthToken::load(args.auth_token_file.as_deref())
                 .map_err(|e| ConfigError(format!("--auth-token-file: {e:#}")))?,
@@ -132,6 +150,7 @@ impl EngineConfig {
             decode_per_step: Duration::from_micros(args.decode_us_per_step),
             kv_block_size: args.kv_block_size.max(1),
             kv_capacity_tokens: args.kv_capacity_tokens,
+            kv_trace,
             eos_ppm: args.eos_ppm,
             transfer_wait: Duration::from_millis(args.transfer_wait_ms),
             room_ttl: Duration::from_secs(args.room_ttl_secs.max(1)),
@@ -176,5 +195,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("--auth-token-file: "), "{err}");
+        let err = config(&["--kv-trace", "/tmp/never-opened.jsonl"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("--kv-trace traces the prefix cache"),
+            "{err}"
+        );
+        let err = config(&[
+            "--kv-capacity-tokens",
+            "64",
+            "--kv-trace",
+            "/nonexistent/dir/trace.jsonl",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("--kv-trace: cannot open "), "{err}");
     }
 }

@@ -20,10 +20,21 @@
 //! sequence number ([`PrefixCache::subscribe`]). A subscriber that asks
 //! for a sequence no longer kept, or for the current state, is first sent
 //! the whole cache as one batch that opens with `Cleared`.
+//!
+//! With `--kv-trace FILE` every admission is also appended to a file as
+//! one JSON line ([`KvTrace`]): when it began, the request, its blocks'
+//! hashes and how many of them were hits. Block hashes are the same on
+//! every worker for the same block, so a benchmark can replay the workers'
+//! event streams and ask, for each request, how much of its prompt *any*
+//! worker held when it arrived (`e2e/bench/cache.sh`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs::File;
+use std::io::{BufWriter, Write as _};
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use iris_kvindex::{prompt_blocks, CoveredItem, RequestItem};
 use tokio::sync::broadcast;
@@ -54,6 +65,12 @@ pub struct Batch {
 pub struct Admitted {
     /// Prompt tokens served from the cache.
     pub cached_tokens: u32,
+    /// The engine hashes of every full block of the prompt, in order —
+    /// stored or not (a full cache stores only what it can) — the
+    /// `block_hash` values its `stored` events use.
+    pub blocks: Vec<i64>,
+    /// How many leading `blocks` were hits (`cached_tokens` in blocks).
+    pub cached_blocks: usize,
     /// The request's blocks, held until it ends.
     pub held: Held,
 }
@@ -143,6 +160,7 @@ impl PrefixCache {
     /// holds all of its cached blocks until the returned [`Held`] drops.
     pub fn admit(self: &Arc<Self>, tokens: &[u32], items: &[ItemKey]) -> Admitted {
         let chain = self.chain(tokens, items);
+        let blocks: Vec<i64> = chain.iter().map(|(hash, _)| *hash).collect();
         let mut state = self.lock();
         let hits = chain
             .iter()
@@ -184,6 +202,8 @@ impl PrefixCache {
         self.publish_locked(&mut state, events);
         Admitted {
             cached_tokens: u32::try_from(hits * self.block_size).unwrap_or(u32::MAX),
+            blocks,
+            cached_blocks: hits,
             held: Held {
                 cache: self.clone(),
                 hashes: held,
@@ -323,6 +343,68 @@ impl State {
         let (_, hash) = self.evictable.pop_first()?;
         self.blocks.remove(&hash);
         Some(hash)
+    }
+}
+
+/// `--kv-trace FILE`: one JSON line per admission into the prefix cache,
+/// appended to the file —
+///
+/// ```json
+/// {"t": 1767225600.123456, "request_id": "chatcmpl-1", "blocks": [-52…, 77…], "cached_blocks": 1}
+/// ```
+///
+/// `t` is when the admission began (Unix seconds, before the request's
+/// own blocks were stored and published), `blocks` the engine hashes of
+/// the prompt's full blocks in order ([`Admitted::blocks`], the signed
+/// `block_hash` of the KV events), `cached_blocks` how many leading ones
+/// were hits ([`Admitted::cached_blocks`]). The lines go through a buffer behind a mutex and each is
+/// flushed whole, so a worker that is killed loses none; the first write
+/// that fails is logged and ends the tracing (the worker serves on).
+pub struct KvTrace {
+    path: PathBuf,
+    /// `None` once a write failed.
+    out: Mutex<Option<BufWriter<File>>>,
+}
+
+impl KvTrace {
+    /// Opens `path` for appending, creating it if needed.
+    pub fn create(path: &Path) -> std::io::Result<KvTrace> {
+        let file = File::options().create(true).append(true).open(path)?;
+        Ok(KvTrace {
+            path: path.to_owned(),
+            out: Mutex::new(Some(BufWriter::new(file))),
+        })
+    }
+
+    /// Appends the line of one admission that began at `began`.
+    pub fn record(&self, began: SystemTime, request_id: &str, admitted: &Admitted) {
+        let t = began
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let line = serde_json::json!({
+            "t": t,
+            "request_id": request_id,
+            "blocks": admitted.blocks,
+            "cached_blocks": admitted.cached_blocks,
+        });
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(writer) = out.as_mut() else {
+            return;
+        };
+        let written = serde_json::to_writer(&mut *writer, &line)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writer.write_all(b"\n"))
+            .and_then(|()| writer.flush());
+        if let Err(error) = written {
+            tracing::error!(path = %self.path.display(), %error, "--kv-trace: write failed, tracing stops");
+            *out = None;
+        }
+    }
+}
+
+impl std::fmt::Debug for KvTrace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvTrace").field("path", &self.path).finish()
     }
 }
 

@@ -4,7 +4,7 @@
 //! when the caller goes away.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -92,10 +92,16 @@ async fn prefill(engine: &Engine, plan: &Plan) -> Result<(PromptState, Option<Ad
         }
     });
     let items: Vec<Bytes> = futures::future::try_join_all(fetches).await?;
+    let began = SystemTime::now();
     let admitted = engine
         .prefix
         .as_ref()
         .map(|cache| cache.admit(&plan.input_ids, &plan.item_keys));
+    // `--kv-trace`: the admission's line, stamped before its blocks were
+    // stored (so a reader of the KV events sees them published after it).
+    if let (Some(trace), Some(admitted)) = (&engine.config.kv_trace, &admitted) {
+        trace.record(began, &plan.request_id, admitted);
+    }
     let cached = admitted.as_ref().map_or(0, |a| a.cached_tokens as usize);
     let uncached = u32::try_from(plan.input_ids.len().saturating_sub(cached)).unwrap_or(u32::MAX);
     compute_prefill(engine, uncached).await?;

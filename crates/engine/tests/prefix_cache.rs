@@ -3,7 +3,8 @@
 //! image of the same size is no hit, the same image is), and
 //! `SubscribeKvEvents` streams numbered batches with the engine's load —
 //! read with our own client and with the published `smg-grpc-proto` stubs
-//! (`e2e/interop/kv_events.py`).
+//! (`e2e/interop/kv_events.py`); `--kv-trace` writes one line per
+//! admission with the events' block hashes.
 
 mod common;
 
@@ -13,7 +14,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{generate, pixels, text_request, tiny_model, with_items, EngineProcess, PROMPT};
 use iris_proto::common::{kv_cache_event, SubscribeKvEventsRequest};
+use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use serde_json::Value;
+use tonic::transport::Channel;
 use tonic::Code;
 
 /// An aggregated engine with a prefix cache of 2-token blocks.
@@ -69,15 +72,7 @@ async fn kv_events_are_numbered_batches_with_the_engines_load() {
     let engine = cached_engine(&model);
     let mut client = engine.client().await;
     generate(&mut client, text_request("a", PROMPT.to_vec(), 2, false)).await;
-    let request = SubscribeKvEventsRequest {
-        start_sequence_number: 0,
-        load_records_before_first_batch: false,
-    };
-    let mut events = client
-        .subscribe_kv_events(request)
-        .await
-        .expect("subscribed")
-        .into_inner();
+    let mut events = subscribe_from_start(&mut client).await;
     let state = next(&mut events).await;
     assert_eq!(state.sequence_number, 1, "one batch so far");
     let kinds: Vec<&str> = state.events.iter().map(kind).collect();
@@ -101,6 +96,75 @@ async fn kv_events_are_numbered_batches_with_the_engines_load() {
     assert_eq!(tokens, vec![vec![400, 401], vec![402, 403]]);
     assert_eq!(stored.blocks[0].block_size, 2);
     assert!(live.load.expect("load").sample > load.sample);
+}
+
+#[tokio::test]
+async fn the_kv_trace_has_one_line_per_admission_with_the_events_hashes() {
+    let model = tiny_model();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("trace.jsonl");
+    let args = [
+        "--kv-block-size",
+        "2",
+        "--kv-capacity-tokens",
+        "64",
+        "--kv-trace",
+        path.to_str().expect("a UTF-8 path"),
+    ];
+    let engine = EngineProcess::start(&model, "aggregated", &args);
+    let mut client = engine.client().await;
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    generate(&mut client, text_request("a", PROMPT.to_vec(), 2, false)).await;
+    let mut longer = PROMPT.to_vec();
+    longer.extend([300, 301, 302]);
+    generate(&mut client, text_request("b", longer, 2, false)).await;
+    let text = std::fs::read_to_string(&path).expect("the trace");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "one line per admission: {text}");
+    assert_eq!(lines[0]["request_id"], "a");
+    assert_eq!(lines[1]["request_id"], "b");
+    assert_eq!(lines[0]["cached_blocks"], 0, "cold");
+    assert_eq!(lines[1]["cached_blocks"], 3, "the shared prefix");
+    let blocks = |line: &Value| -> Vec<i64> {
+        let array = line["blocks"].as_array().expect("blocks");
+        array.iter().map(|b| b.as_i64().expect("an i64")).collect()
+    };
+    let (first, second) = (blocks(&lines[0]), blocks(&lines[1]));
+    assert_eq!(first.len(), 3, "6 tokens: three 2-token blocks");
+    assert_eq!(
+        second.len(),
+        4,
+        "9 tokens: four full blocks, one token left"
+    );
+    assert_eq!(first[..], second[..3], "the same prefix, the same hashes");
+    let t0 = lines[0]["t"].as_f64().expect("a time");
+    let t1 = lines[1]["t"].as_f64().expect("a time");
+    assert!(
+        before <= t0 && t0 <= t1,
+        "Unix seconds, in order: {before} {t0} {t1}"
+    );
+    // The hashes are the events' block hashes.
+    let mut events = subscribe_from_start(&mut client).await;
+    let state = next(&mut events).await;
+    let mut held: Vec<i64> = state
+        .events
+        .iter()
+        .filter_map(|event| match &event.data {
+            Some(kv_cache_event::Data::Stored(stored)) => Some(stored),
+            _ => None,
+        })
+        .flat_map(|stored| stored.blocks.iter().map(|b| b.block_hash))
+        .collect();
+    held.sort_unstable();
+    let mut traced = second.clone();
+    traced.sort_unstable();
+    assert_eq!(held, traced, "the cache holds exactly the traced blocks");
 }
 
 #[tokio::test]
@@ -168,6 +232,21 @@ async fn published_subscription(engine: &EngineProcess, start: &str, batches: &s
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).expect("one JSON object")
+}
+
+/// The engine's event stream from sequence 0 (its whole state first).
+async fn subscribe_from_start(
+    client: &mut TokenSpeedSchedulerClient<Channel>,
+) -> tonic::Streaming<iris_proto::common::KvEventBatch> {
+    let request = SubscribeKvEventsRequest {
+        start_sequence_number: 0,
+        load_records_before_first_batch: false,
+    };
+    client
+        .subscribe_kv_events(request)
+        .await
+        .expect("subscribed")
+        .into_inner()
 }
 
 async fn next(
