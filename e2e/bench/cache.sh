@@ -45,15 +45,10 @@
 #                                 prompt tokens each worker's cache holds
 #   ENGINE_ARGS=…                 more `iris-engine` flags
 #   GATEWAY_ARGS=…                more `iris serve` flags
-#   SMG_ARGS="--disable-worker-overload-protection"  more `smg launch` flags.
-#                 The default switches off smg's worker overload protection:
-#                 it leaves a worker out of routing at KV token_usage ≥ 0.8,
-#                 and the reference engine reports as token_usage every
-#                 cached block (a warm cache is ≈ 1.0 full of evictable
-#                 blocks), where vLLM and SGLang count only blocks running
-#                 requests use — with it on, smg's cache_aware falls back to
-#                 load balancing on almost every request. SMG_ARGS= keeps
-#                 smg's defaults.
+#   SMG_ARGS=…                    more `smg launch` flags (smg's defaults
+#                                 otherwise, overload protection included:
+#                                 the engines' token_usage counts only the
+#                                 blocks running requests hold)
 #   MAX_TOKENS=8 SEED=1 REQUEST_TIMEOUT=120
 #   CHAT_CONVERSATIONS=64 CHAT_TURNS=8 CHAT_SYSTEM_PROMPTS=4
 #   CHAT_SYSTEM_TOKENS=1000-2000 CHAT_USER_TOKENS=40-160
@@ -86,7 +81,7 @@ KV_CAPACITY_AGENT=${KV_CAPACITY_AGENT:-16384}
 KV_CAPACITY_SCREENSHOT=${KV_CAPACITY_SCREENSHOT:-32768}
 ENGINE_ARGS=${ENGINE_ARGS:-}
 GATEWAY_ARGS=${GATEWAY_ARGS:-}
-SMG_ARGS=${SMG_ARGS---disable-worker-overload-protection}
+SMG_ARGS=${SMG_ARGS:-}
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 if [[ -z ${SMG:-} ]]; then
     if [[ -x $ROOT/.venv/bin/smg ]]; then SMG=$ROOT/.venv/bin/smg; else SMG=smg; fi

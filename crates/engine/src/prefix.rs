@@ -147,11 +147,18 @@ impl PrefixCache {
         self.len() == 0
     }
 
-    /// The share of the capacity in use, in [0, 1].
+    /// The share of the capacity running requests hold, in [0, 1]: the
+    /// `token_usage` of the load records. Cached blocks no request holds
+    /// are free to evict and do not count (as in vLLM and SGLang), so a
+    /// warm, idle cache reads 0, not 1.
     pub fn usage(&self) -> f64 {
         match self.capacity_blocks {
             0 => 0.0,
-            capacity => self.len() as f64 / capacity as f64,
+            capacity => {
+                let state = self.lock();
+                let held = state.blocks.len().saturating_sub(state.evictable.len());
+                (held as f64 / capacity as f64).min(1.0)
+            }
         }
     }
 

@@ -162,3 +162,14 @@ fn the_gateways_index_reads_the_events_with_the_same_keys() {
         "the engine's block hashes are the index's keys"
     );
 }
+
+#[test]
+fn usage_counts_the_blocks_running_requests_hold() {
+    let cache = PrefixCache::new(2, 8);
+    assert_eq!(cache.usage(), 0.0);
+    let running = cache.admit(&tokens(4, 0), &[]);
+    assert_eq!(cache.usage(), 0.5, "two of four blocks held");
+    drop(running);
+    assert_eq!(cache.len(), 2, "still cached");
+    assert_eq!(cache.usage(), 0.0, "but evictable: free for new work");
+}
