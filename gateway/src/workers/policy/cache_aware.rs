@@ -12,10 +12,15 @@
 //! the second term being what this gateway predicted those requests would
 //! prefill there ([`crate::workers::worker::PrefillGuard`]); a match shorter
 //! than [`MIN_MATCH_TOKENS`] (a chat template's preamble) counts as none. The lowest
-//! cost wins; on a tie, fewer requests in flight; then the highest
-//! rendezvous score of (the prompt's first 256 tokens, the worker's URL), so
-//! replicas that read the same events and see the same load agree, and
-//! prompts that nothing cached yet still land on a worker of their own.
+//! cost wins. Costs tie when no worker holds the prompt and none has
+//! prefill queued: a new prefix is being placed, and where it lands its
+//! later turns will follow. It goes to the worker with the fewest recent
+//! requests from this gateway ([`Recent`]: a count decaying with a
+//! half-life of [`RECENT_HALF_LIFE`]), so new prefixes fill the quiet
+//! workers instead of joining a busy one; then to fewer requests in
+//! flight; then to the highest rendezvous score of (the prompt's first 256
+//! tokens, the worker's URL), so replicas that read the same events and
+//! saw the same traffic agree.
 //!
 //! What a worker holds comes from its KV events ([`KvCaches`]) when it
 //! publishes them; `cache_aware` remembers, for the others, the blocks of
@@ -31,6 +36,7 @@
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use iris_kvindex::{prompt_keys, BlockKey, RequestItem};
 use lru::LruCache;
@@ -55,11 +61,16 @@ pub const MIN_MATCH_TOKENS: u64 = 64;
 /// Blocks the approximate tree remembers over all workers (≈ 4 M prompt
 /// tokens at 16 per block, ≈ 20 MiB).
 pub const APPROXIMATE_BLOCKS: usize = 1 << 18;
+/// How fast a worker's count of recent requests forgets ([`Recent`]):
+/// longer than a conversation's turns, shorter than a shift in traffic.
+pub const RECENT_HALF_LIFE: Duration = Duration::from_secs(60);
 
 pub struct CacheAware {
     caches: Arc<KvCaches>,
     /// `None` for `auto`: workers without events are placed by load.
     approximate: Option<Mutex<Approximate>>,
+    /// Requests routed to each worker (by tag), decaying.
+    recent: Mutex<HashMap<u64, Recent>>,
     fallback: PowerOfTwo,
 }
 
@@ -69,6 +80,7 @@ impl CacheAware {
         CacheAware {
             caches,
             approximate: Some(Mutex::new(Approximate::new(APPROXIMATE_BLOCKS))),
+            recent: Mutex::default(),
             fallback: PowerOfTwo,
         }
     }
@@ -78,6 +90,7 @@ impl CacheAware {
         CacheAware {
             caches,
             approximate: None,
+            recent: Mutex::default(),
             fallback: PowerOfTwo,
         }
     }
@@ -86,6 +99,10 @@ impl CacheAware {
         self.approximate
             .as_ref()
             .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn recent(&self) -> MutexGuard<'_, HashMap<u64, Recent>> {
+        self.recent.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn block_size(&self) -> usize {
@@ -127,14 +144,18 @@ impl Policy for CacheAware {
         let prompt = key.tokens.len() as u64;
         let mut views = PromptViews::default();
         let salt = prompt_salt(key.tokens);
+        let now = Instant::now();
+        let recent = self.recent();
         (0..among.len())
             .min_by_key(|&i| {
                 let worker = &among.workers[i];
                 let view = views.of(self, worker, key);
                 let cached = self.placing_tokens(worker, view);
                 let cost = prompt.saturating_sub(cached) + worker.prefill_tokens();
-                let score = rendezvous(salt, &worker.url.to_string());
-                (cost, among.load(i), std::cmp::Reverse(score))
+                let tag = worker_tag(&worker.url.to_string());
+                let traffic = recent.get(&tag).map_or(0, |r| r.millis(now));
+                let score = rendezvous(salt, tag);
+                (cost, traffic, among.load(i), std::cmp::Reverse(score))
             })
             .unwrap_or(0)
     }
@@ -156,20 +177,58 @@ impl Policy for CacheAware {
 
     fn on_routed(&self, worker: &Worker, key: &RouteKey<'_>) {
         let name = worker.url.to_string();
+        let tag = worker_tag(&name);
+        self.recent()
+            .entry(tag)
+            .or_default()
+            .add_one(Instant::now());
         if self.caches.follows(&name) {
             return;
         }
         if let Some(mut tree) = self.approximate() {
             let items = request_items(worker.backend(), key);
             let keys = prompt_keys(self.block_size(), key.tokens, &items);
-            tree.insert(worker_tag(&name), &keys);
+            tree.insert(tag, &keys);
         }
     }
 
     fn on_removed(&self, worker: &Worker) {
+        let tag = worker_tag(&worker.url.to_string());
+        self.recent().remove(&tag);
         if let Some(mut tree) = self.approximate() {
-            tree.remove_worker(worker_tag(&worker.url.to_string()));
+            tree.remove_worker(tag);
         }
+    }
+}
+
+/// A count of events that halves every [`RECENT_HALF_LIFE`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Recent {
+    count: f64,
+    at: Option<Instant>,
+}
+
+impl Recent {
+    /// The count at `now`.
+    pub fn at(&self, now: Instant) -> f64 {
+        match self.at {
+            None => 0.0,
+            Some(at) => {
+                let age = now.saturating_duration_since(at).as_secs_f64();
+                self.count * (-age * std::f64::consts::LN_2 / RECENT_HALF_LIFE.as_secs_f64()).exp()
+            }
+        }
+    }
+
+    /// The count at `now` in thousandths, for ordering.
+    pub fn millis(&self, now: Instant) -> u64 {
+        (self.at(now) * 1000.0) as u64
+    }
+
+    /// Counts one more event at `now`.
+    pub fn add_one(&mut self, now: Instant) {
+        self.count = self.at(now) + 1.0;
+        self.at = Some(now);
     }
 }
 
@@ -252,9 +311,9 @@ fn prompt_salt(tokens: &[u32]) -> u64 {
     })
 }
 
-/// A worker's rendezvous score for `salt`.
-fn rendezvous(salt: u64, worker: &str) -> u64 {
-    iris_fingerprint::mix64(salt ^ worker_tag(worker))
+/// The rendezvous score of the worker tagged `tag` for `salt`.
+fn rendezvous(salt: u64, tag: u64) -> u64 {
+    iris_fingerprint::mix64(salt ^ tag)
 }
 
 /// A worker's 64-bit tag (of its URL).

@@ -194,6 +194,49 @@ async fn gateways_reading_the_same_events_agree() {
 }
 
 #[tokio::test]
+async fn new_prefixes_are_placed_on_the_quietest_workers() {
+    let ws = workers(4);
+    let caches = Arc::new(KvCaches::default());
+    for w in &ws {
+        caches.apply_events(&name(w), BLOCK, 1, &[]);
+    }
+    let policy = CacheAware::auto(caches.clone());
+    // Each new system prompt is followed by its conversation's turns
+    // (routed, their blocks published) before the next one appears.
+    let mut homes = Vec::new();
+    for (i, turns) in [6, 1, 3, 2].into_iter().enumerate() {
+        let system = prompt(10_000 * (i as u32 + 1), 8 * BLOCK);
+        let home = pick(&policy, &ws, &key(&system, &[]));
+        assert!(!homes.contains(&home.url.to_string()), "prefix {i}");
+        caches.apply_events(&name(&home), BLOCK, 2, &[stored(&system, &[])]);
+        for _ in 0..turns {
+            assert_eq!(pick(&policy, &ws, &key(&system, &[])).url, home.url);
+            policy.on_routed(&home, &key(&system, &[]));
+        }
+        homes.push(home.url.to_string());
+    }
+    // A fifth goes where the least traffic went (the second prefix's).
+    let fifth = prompt(90_000, 8 * BLOCK);
+    let quiet = pick(&policy, &ws, &key(&fifth, &[]));
+    let second = pick(&policy, &ws, &key(&prompt(20_000, 8 * BLOCK), &[]));
+    assert_eq!(quiet.url, second.url);
+}
+
+#[test]
+fn recent_counts_halve_every_half_life() {
+    let start = Instant::now();
+    let mut recent = Recent::default();
+    assert_eq!(recent.at(start), 0.0);
+    recent.add_one(start);
+    recent.add_one(start);
+    let later = start + RECENT_HALF_LIFE;
+    assert!((recent.at(later) - 1.0).abs() < 1e-9);
+    recent.add_one(later);
+    assert!((recent.at(later + RECENT_HALF_LIFE) - 1.0).abs() < 1e-9);
+    assert_eq!(recent.millis(later), 2000);
+}
+
+#[tokio::test]
 async fn without_events_cache_aware_learns_from_its_routing_and_auto_does_not() {
     let ws = workers(4);
     let caches = Arc::new(KvCaches::default());
