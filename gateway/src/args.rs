@@ -61,7 +61,7 @@ pub struct ServeArgs {
     pub context_length: Option<u32>,
 
     /// Prompt text segments (between special tokens) whose token ids are
-    /// cached (0: no cache).
+    /// cached (0: no cache); segments up to 256 KiB, 64 MiB in all.
     #[arg(long, default_value_t = 4096, env = "IRIS_TOKENIZER_CACHE_ENTRIES")]
     pub tokenizer_cache_entries: usize,
 

@@ -28,11 +28,50 @@ use tokenizers::Tokenizer;
 
 use crate::usertext;
 
-/// Token ids of recent segments.
-type SegmentCache = LruCache<Box<str>, Arc<[u32]>>;
+/// Segments longer than this (bytes) are tokenized but not cached: a
+/// long system prompt or an agent's tool list (tens of kilobytes) is the
+/// segment that costs the most to tokenize again every turn.
+pub const MAX_CACHED_SEGMENT: usize = 256 * 1024;
+/// What the cached segments may hold in all, text and ids (bytes): beyond
+/// it the least recently used go, whatever the entry count allows.
+pub const CACHE_BYTES: usize = 64 * 1024 * 1024;
 
-/// Segments longer than this (bytes) are tokenized but not cached.
-const MAX_CACHED_SEGMENT: usize = 4096;
+/// Token ids of recent segments, bounded by count and by [`CACHE_BYTES`].
+struct SegmentCache {
+    entries: LruCache<Box<str>, Arc<[u32]>>,
+    bytes: usize,
+}
+
+impl SegmentCache {
+    fn new(capacity: std::num::NonZeroUsize) -> Self {
+        SegmentCache {
+            entries: LruCache::new(capacity),
+            bytes: 0,
+        }
+    }
+
+    fn get(&mut self, segment: &str) -> Option<&Arc<[u32]>> {
+        self.entries.get(segment)
+    }
+
+    fn put(&mut self, segment: Box<str>, ids: Arc<[u32]>) {
+        self.bytes += entry_bytes(&segment, &ids);
+        if let Some((gone, gone_ids)) = self.entries.push(segment, ids) {
+            self.bytes -= entry_bytes(&gone, &gone_ids);
+        }
+        while self.bytes > CACHE_BYTES {
+            let Some((gone, gone_ids)) = self.entries.pop_lru() else {
+                break;
+            };
+            self.bytes -= entry_bytes(&gone, &gone_ids);
+        }
+    }
+}
+
+/// What one cached segment holds.
+fn entry_bytes(segment: &str, ids: &[u32]) -> usize {
+    segment.len() + std::mem::size_of_val(ids)
+}
 
 pub struct SegmentTokenizer {
     /// The tokenizer, set to treat special-token strings as text.
@@ -50,7 +89,7 @@ impl SegmentTokenizer {
     pub fn new(mut tokenizer: Tokenizer, capacity: usize) -> Result<Self, String> {
         tokenizer.set_encode_special_tokens(true);
         let specials = Specials::of(&tokenizer)?;
-        let cache = std::num::NonZeroUsize::new(capacity).map(|n| Mutex::new(LruCache::new(n)));
+        let cache = std::num::NonZeroUsize::new(capacity).map(|n| Mutex::new(SegmentCache::new(n)));
         Ok(SegmentTokenizer {
             tokenizer: Arc::new(tokenizer),
             specials,
@@ -268,6 +307,32 @@ mod tests {
             let cached = SegmentTokenizer::new(tok.clone(), 64).unwrap();
             assert_same_ids(&tok, &cached);
         }
+    }
+
+    #[test]
+    fn long_segments_are_cached_within_the_byte_budget() {
+        let (_dir, tok) = tokenizer();
+        let cached = SegmentTokenizer::new(tok.clone(), 64).unwrap();
+        // A 20 KB system prompt, as agents send every turn.
+        let long = "Tool spec: call search(query) to look things up. ".repeat(400);
+        let prompt = format!("<|im_start|>system\n{long}<|im_end|>\n");
+        let first = cached.encode(&prompt).unwrap();
+        let (_, misses) = cached.stats();
+        assert_eq!(cached.encode(&prompt).unwrap(), first);
+        assert_eq!(cached.stats().1, misses, "the second time, all hits");
+        let mut cache = SegmentCache::new(std::num::NonZeroUsize::new(8).unwrap());
+        let big: Arc<[u32]> = vec![0u32; CACHE_BYTES / 4 / 3].into();
+        for i in 0..4 {
+            cache.put(format!("segment {i}").into(), big.clone());
+        }
+        assert!(cache.bytes <= CACHE_BYTES, "{}", cache.bytes);
+        assert_eq!(cache.entries.len(), 2, "the oldest went for bytes");
+        assert!(cache.get("segment 3").is_some() && cache.get("segment 0").is_none());
+        cache.put("segment 3".into(), vec![1u32].into());
+        assert_eq!(
+            cache.bytes,
+            entry_bytes("segment 2", &big) + entry_bytes("segment 3", &[1])
+        );
     }
 
     #[test]

@@ -11,16 +11,19 @@
 //!
 //! the second term being what this gateway predicted those requests would
 //! prefill there ([`crate::workers::worker::PrefillGuard`]); a match shorter
-//! than [`MIN_MATCH_TOKENS`] (a chat template's preamble) counts as none. The lowest
-//! cost wins. Costs tie when no worker holds the prompt and none has
-//! prefill queued: a new prefix is being placed, and where it lands its
-//! later turns will follow. It goes to the worker with the fewest recent
-//! requests from this gateway ([`Recent`]: a count decaying with a
-//! half-life of [`RECENT_HALF_LIFE`]), so new prefixes fill the quiet
-//! workers instead of joining a busy one; then to fewer requests in
-//! flight; then to the highest rendezvous score of (the prompt's first 256
-//! tokens, the worker's URL), so replicas that read the same events and
-//! saw the same traffic agree.
+//! than [`MIN_MATCH_TOKENS`] (a chat template's preamble) counts as none.
+//!
+//! The lowest cost wins, where costs within [`tie_slack`] of the cheapest
+//! (an eighth of the prompt, at least [`MIN_MATCH_TOKENS`]) count as
+//! equal. They are equal when a new prefix is being placed: nothing holds
+//! the prompt, or only a short system prompt of it, and where it lands its
+//! later turns will follow. Among equals the worker with the fewest recent
+//! requests from this gateway wins ([`Recent`]: a count decaying with a
+//! half-life of [`RECENT_HALF_LIFE`]), so new conversations fill the quiet
+//! workers instead of joining a busy one; then the lower cost; then fewer
+//! requests in flight; then the highest rendezvous score of (the prompt's
+//! first 256 tokens, the worker's URL), so replicas that read the same
+//! events and saw the same traffic agree.
 //!
 //! What a worker holds comes from its KV events ([`KvCaches`]) when it
 //! publishes them; `cache_aware` remembers, for the others, the blocks of
@@ -143,19 +146,28 @@ impl Policy for CacheAware {
         }
         let prompt = key.tokens.len() as u64;
         let mut views = PromptViews::default();
+        let costs: Vec<u64> = among
+            .workers
+            .iter()
+            .map(|worker| {
+                let cached = self.placing_tokens(worker, views.of(self, worker, key));
+                prompt.saturating_sub(cached) + worker.prefill_tokens()
+            })
+            .collect();
+        let Some(&best) = costs.iter().min() else {
+            return 0;
+        };
+        let within = best.saturating_add(tie_slack(prompt));
         let salt = prompt_salt(key.tokens);
         let now = Instant::now();
         let recent = self.recent();
         (0..among.len())
+            .filter(|&i| costs[i] <= within)
             .min_by_key(|&i| {
-                let worker = &among.workers[i];
-                let view = views.of(self, worker, key);
-                let cached = self.placing_tokens(worker, view);
-                let cost = prompt.saturating_sub(cached) + worker.prefill_tokens();
-                let tag = worker_tag(&worker.url.to_string());
+                let tag = worker_tag(&among.workers[i].url.to_string());
                 let traffic = recent.get(&tag).map_or(0, |r| r.millis(now));
                 let score = rendezvous(salt, tag);
-                (cost, traffic, among.load(i), std::cmp::Reverse(score))
+                (traffic, costs[i], among.load(i), std::cmp::Reverse(score))
             })
             .unwrap_or(0)
     }
@@ -309,6 +321,16 @@ fn prompt_salt(tokens: &[u32]) -> u64 {
     head.iter().fold(0x7361_6c74, |h, t| {
         iris_fingerprint::mix64(h ^ u64::from(*t))
     })
+}
+
+/// How far above the cheapest a cost still counts as equal, for a prompt
+/// of `prompt` tokens: an eighth of it, and at least [`MIN_MATCH_TOKENS`].
+/// A new conversation that shares only a short system prompt with what a
+/// worker holds is being placed, not served from a cache: its later turns
+/// will follow it wherever it lands, so the few tokens saved now weigh
+/// less than the traffic already there.
+pub fn tie_slack(prompt: u64) -> u64 {
+    (prompt / 8).max(MIN_MATCH_TOKENS)
 }
 
 /// The rendezvous score of the worker tagged `tag` for `salt`.

@@ -222,6 +222,29 @@ async fn new_prefixes_are_placed_on_the_quietest_workers() {
     assert_eq!(quiet.url, second.url);
 }
 
+#[tokio::test]
+async fn a_short_shared_start_does_not_pull_new_conversations_to_a_busy_worker() {
+    let ws = workers(3);
+    let caches = Arc::new(KvCaches::default());
+    let system = prompt(1000, 6 * BLOCK);
+    caches.apply_events(&name(&ws[0]), BLOCK, 1, &[stored(&system, &[])]);
+    let policy = CacheAware::auto(caches);
+    for _ in 0..5 {
+        policy.on_routed(&ws[0], &key(&system, &[]));
+    }
+    // The system prompt, then a screenshot's worth of new tokens: the
+    // 96 tokens held are within an eighth of the prompt.
+    let mut screenshot = system.clone();
+    screenshot.extend(prompt(50_000, 60 * BLOCK));
+    assert_ne!(pick(&policy, &ws, &key(&screenshot, &[])).url, ws[0].url);
+    // The same start with a short question: most of it is held there.
+    let mut question = system.clone();
+    question.extend(prompt(50_000, 8));
+    assert_eq!(pick(&policy, &ws, &key(&question, &[])).url, ws[0].url);
+    assert_eq!(tie_slack(100), MIN_MATCH_TOKENS);
+    assert_eq!(tie_slack(8000), 1000);
+}
+
 #[test]
 fn recent_counts_halve_every_half_life() {
     let start = Instant::now();
