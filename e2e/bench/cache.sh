@@ -55,7 +55,10 @@
 #   CHAT_RATE=1.0 (conversations/s) CHAT_THINK_S=3
 #   AGENT_PROMPTS=8 AGENT_SYSTEM_TOKENS=6000 AGENT_SESSIONS=96 AGENT_TURNS=2-3
 #   AGENT_TOOL_TOKENS=100-400 AGENT_RATE=1.5 (sessions/s) AGENT_THINK_S=1
-#   SHOT_CONVERSATIONS=6 SHOT_TURNS=10 SHOT_RATE=0.5 SHOT_THINK_S=2
+#   SHOT_CONVERSATIONS=8 SHOT_TURNS=10 SHOT_RATE=0.5 SHOT_THINK_S=2
+#                      (two conversations per worker: one that stays on its
+#                      worker can then leave the load even; 6 on 4 cannot
+#                      get below 1.33)
 #   IMAGE=FILE         the 1920x1080 JPEG (default ../shared/images/motorcycle_1080p.jpg)
 #   PYTHON=…           a python with httpx and smg-grpc-proto 0.4.28 (default .venv/bin/python)
 #   SMG=PATH           the smg launcher (default .venv/bin/smg, else `smg` on PATH)

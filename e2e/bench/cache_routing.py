@@ -282,7 +282,7 @@ def agent_workload(seed):
 
 
 def screenshot_workload(seed):
-    n = env_int("SHOT_CONVERSATIONS", 6)
+    n = env_int("SHOT_CONVERSATIONS", 8)
     turns = env_int("SHOT_TURNS", 10)
     rate, think = env_float("SHOT_RATE", 0.5), env_float("SHOT_THINK_S", 2.0)
     image = os.environ.get("IMAGE") or os.path.join(
