@@ -6,6 +6,9 @@
   with no gap or repeat; the gateway keeps serving (retrying past the dead
   one). With --max-migrations 0 the client gets a clean error quickly,
   never a hang;
+- a decode worker frozen mid-stream (SIGSTOP: alive to TCP, answering
+  nothing): its health checks fail, its silent stream is declared hung
+  and moves to the other decode worker like after a crash;
 - a decode worker killed after it accepted a request, before its first
   token: the request starts again on the other one and the client gets
   its whole answer;
@@ -13,6 +16,7 @@
 - one of two aggregated workers killed: requests are retried on the other.
 """
 
+import signal
 import time
 
 import httpx
@@ -112,6 +116,43 @@ def test_decode_killed_mid_stream(processes, model_dir):
             pytest.fail(f"request {attempt + 1} after the kill failed: {error!r}")
         assert answer.choices[0].finish_reason == "length"
         assert answer.usage.completion_tokens == 8
+
+
+def test_decode_frozen_mid_stream(processes, model_dir):
+    dep = prefill_decode(processes, model_dir, decodes=2, prefill_args=SLOW_PREFILL,
+                         decode_args=SLOW_DECODE,
+                         gateway_args=("--decode-policy", "round_robin",
+                                       "--health-check-timeout-secs", "0.3", *FAST_HEALTH))
+    gateway, decodes = dep.gateway, dep.engines[1:]
+    wait_all_healthy(gateway, dep.engines)
+    client = gateway.client(timeout=3 * ERROR_DEADLINE)
+
+    stream = chat(client, gateway.model, max_tokens=MIGRATED_TOKENS, stream=True,
+                  logprobs=True, stream_options={"include_usage": True})
+    head = [next(stream) for _ in range(3)]
+    victim = serving_decode(gateway, decodes)
+    victim.process.popen.send_signal(signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        chunks = head + list(stream)
+    except openai.APIError as error:
+        pytest.fail(f"the stream failed instead of leaving the frozen worker: {error!r}")
+    finally:
+        victim.process.popen.send_signal(signal.SIGCONT)
+    # Caught by the health checks (0.2 s apart, 0.3 s each) and the 1 s
+    # silence poll, not by HTTP/2 keep-alive (30 s + 20 s).
+    assert time.monotonic() - started < ERROR_DEADLINE
+
+    tokens = sum(len(c.choices[0].logprobs.content) for c in chunks
+                 if c.choices and c.choices[0].logprobs)
+    assert tokens == MIGRATED_TOKENS
+    assert chunks[-1].usage.completion_tokens == MIGRATED_TOKENS, chunks[-1].usage
+    text = gateway.metrics()
+    assert metric(text, "iris_migrations_total", reason="unavailable") == 1, text
+    log = gateway.process.log_tail(20000)
+    assert "is hung" in log and victim.url.removeprefix("grpc://") in log
+    # Thawed, it passes its checks and serves again.
+    wait_all_healthy(gateway, dep.engines)
 
 
 def test_a_stream_that_cannot_move_ends_with_a_clean_error(processes, model_dir):

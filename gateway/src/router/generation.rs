@@ -8,6 +8,14 @@
 //! hand-over, a prefill that never delivers — is re-planned on other
 //! workers by the attempt loop's rules, and the caller only sees latency.
 //!
+//! A worker that stops answering without closing its streams (a frozen
+//! process, a partitioned host) is caught by its health checks: a stream
+//! silent for [`HUNG_POLL`] or longer whose worker (or, until the
+//! hand-over, whose prefill worker) has failed them fails that leg as
+//! UNAVAILABLE, so the request starts again or moves like after a crash
+//! (and the failure counts toward the worker's circuit). A worker that is slow but alive passes its checks and keeps its
+//! streams, however long its prefill.
+//!
 //! A split request's cached tokens are the prefill leg's (the decode
 //! worker prefills nothing): the prefill leg's report is carried into the
 //! streaming leg's responses, and settles the routing policy's
@@ -35,6 +43,9 @@ use crate::workers::Worker;
 
 /// How long a completion waits for the prefill leg's, already sent.
 const PREFILL_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How often a silent stream looks at its workers' health checks.
+const HUNG_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One worker leg of a request.
 pub(super) struct Leg {
@@ -285,6 +296,7 @@ impl Generation {
             return Some(Ok(response));
         }
         loop {
+            let hung = hung_leg(self.watched_workers());
             let failure = async {
                 match self.prefill_failure.as_mut() {
                     Some(rx) => rx.await.ok(),
@@ -313,8 +325,19 @@ impl Generation {
                     // The prefill leg ended well: keep reading the stream.
                     None => self.prefill_failure = None,
                 },
+                hung = hung => return Some(Err(hung)),
             }
         }
+    }
+
+    /// The workers whose hanging would stall the stream: its own, and the
+    /// prefill leg's until that leg has ended.
+    fn watched_workers(&self) -> Vec<(FailedLeg, Arc<Worker>)> {
+        let mut workers = vec![(FailedLeg::Stream, self.worker.clone())];
+        if self.prefill_failure.is_some() && self.legs.len() > 1 {
+            workers.push((FailedLeg::Prefill, self.legs[0].worker.clone()));
+        }
+        workers
     }
 
     /// Marks the request complete: dropping it will abort nothing.
@@ -366,6 +389,21 @@ async fn next_message(
     match stream.as_mut() {
         Some(stream) => stream.next().await.transpose(),
         None => Ok(None),
+    }
+}
+
+/// Resolves once the stream has been silent for at least [`HUNG_POLL`]
+/// and one of `workers` fails its health checks: that leg, as hung.
+async fn hung_leg(workers: Vec<(FailedLeg, Arc<Worker>)>) -> (FailedLeg, Status) {
+    loop {
+        tokio::time::sleep(HUNG_POLL).await;
+        if let Some((leg, worker)) = workers.iter().find(|(_, w)| !w.checks_pass()) {
+            let message = format!(
+                "worker {} is hung: it fails its health checks and its stream has been silent",
+                worker.url
+            );
+            return (*leg, Status::unavailable(message));
+        }
     }
 }
 

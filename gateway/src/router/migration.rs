@@ -211,6 +211,7 @@ impl Router {
             reason = REASONS[reason],
             streamed_tokens = migration.offset,
             migration = migration.made,
+            error = status.as_ref().map_or("its stream ended without a completion", |s| s.message()),
             "worker failed mid-stream; the request continues elsewhere"
         );
         let mut attempts = Attempts::suspecting(worker);

@@ -356,6 +356,12 @@ impl Worker {
         self.checks.pass() && self.breaker.is_closed()
     }
 
+    /// Whether its health checks pass, whatever its circuit says: a
+    /// worker that fails them is dead or hung, not merely failing requests.
+    pub fn checks_pass(&self) -> bool {
+        self.checks.pass()
+    }
+
     /// Out of service by its circuit alone, open long enough for a probe
     /// request ([`breaker::State::HalfOpen`]).
     pub fn is_half_open(&self) -> bool {
