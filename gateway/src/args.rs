@@ -234,7 +234,8 @@ pub struct ConnArgs {
 /// Tensor transport options of `iris serve`.
 #[derive(Debug, Clone, Args)]
 pub struct TransportArgs {
-    /// How pixel tensors reach encode workers: inline, shm, rdma or auto
+    /// How pixel tensors reach the workers that take them (encoders in EPD,
+    /// aggregated and prefill workers otherwise): inline, shm, rdma or auto
     /// (a worker's `?transport=` URL option or `iris.ai/tensor-transport`
     /// annotation overrides it). A tensor that cannot take its lane goes inline.
     #[arg(long, default_value = "inline", env = "IRIS_MM_TENSOR_TRANSPORT")]

@@ -59,7 +59,7 @@ fn wants_rdma(t: Transport) -> bool {
 /// `iris_transport_rdma_lane{state}` gauge).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RdmaLane {
-    /// Not started: neither the flag nor any encode worker may ask for rdma.
+    /// Not started: neither the flag nor any worker may ask for rdma.
     Off,
     /// The arena is registered and the NIXL agent listens.
     Up,
@@ -86,7 +86,7 @@ pub struct Lanes {
     default: Transport,
     sender: TensorSender,
     rdma: RdmaLane,
-    /// Encode workers that refused an RDMA payload (puller off), each
+    /// Workers that refused an RDMA payload (puller off), each
     /// counted once per life of the worker.
     rdma_refusals: AtomicU64,
     /// Images sent to encode workers without their pixels: served, missed.
@@ -199,7 +199,7 @@ impl Lanes {
         tracing::warn!(
             worker = %worker.url,
             error = %status.message(),
-            "encode worker refused an RDMA tensor: its puller is off (a TokenSpeed worker needs SMG_MM_PIXEL_RDMA=1, an Iris encoder --rdma-landing-slots > 0 and NIXL); its tensors go inline until it restarts"
+            "worker refused an RDMA tensor: its puller is off (a TokenSpeed worker needs SMG_MM_PIXEL_RDMA=1, an Iris encoder --rdma-landing-slots > 0 and NIXL); its tensors go inline until it restarts"
         );
     }
 
@@ -238,7 +238,7 @@ impl Lanes {
         iris_metrics::counter(
             out,
             "iris_transport_rdma_refusals_total",
-            "Encode workers that refused an RDMA tensor because their puller is off (rdma then off for them until they restart).",
+            "Workers (encode, aggregated or prefill) that refused an RDMA tensor because their puller is off (rdma then off for them until they restart).",
             self.rdma_refusals.load(Ordering::Relaxed),
         );
         iris_metrics::family(
@@ -416,7 +416,7 @@ mod rdma {
         _: Arc<Metrics>,
     ) -> anyhow::Result<Option<(RdmaEndpoint, Reaper)>> {
         tracing::warn!(
-            "built without the `nixl` feature: tensors for encode workers that ask for rdma (flag, URL option or pod annotation) go inline (fallback reason nixl_unavailable)"
+            "built without the `nixl` feature: tensors for workers that ask for rdma (flag, URL option or pod annotation) go inline (fallback reason nixl_unavailable)"
         );
         Ok(None)
     }

@@ -58,7 +58,7 @@ const FAMILIES: &[(&str, &str, &str)] = &[
     (
         "iris_transport_rdma_refusals_total",
         "counter",
-        "Encode workers that refused an RDMA tensor because their puller is off (rdma then off for them until they restart).",
+        "Workers (encode, aggregated or prefill) that refused an RDMA tensor because their puller is off (rdma then off for them until they restart).",
     ),
     (
         "iris_http_header_timeouts_total",

@@ -77,7 +77,8 @@ pub struct Router {
     /// Abort RPCs being sent.
     aborts: TaskTracker,
     admission: admission::Admission,
-    /// How pixel tensors reach encode workers.
+    /// How pixel tensors reach the workers that take them (encode,
+    /// aggregated and prefill).
     pub lanes: Arc<Lanes>,
 }
 
