@@ -6,6 +6,9 @@
   with no gap or repeat; the gateway keeps serving (retrying past the dead
   one). With --max-migrations 0 the client gets a clean error quickly,
   never a hang;
+- the same with an image in the request: it moves too, its pixels found
+  again in the pixel cache; without a pixel cache it cannot, and the
+  client gets a clean error event;
 - a decode worker frozen mid-stream (SIGSTOP: alive to TCP, answering
   nothing): its health checks fail, its silent stream is declared hung
   and moves to the other decode worker like after a crash;
@@ -24,6 +27,7 @@ import openai
 import pytest
 
 from conftest import aggregated, metric, prefill_decode, readiness, wait_until
+from test_epd import data_url, image_part, png
 
 SLOW_DECODE = ("--decode-per-step-us", "20000")
 # A prefill that takes a realistic while (~0.2 s here): a retried PD request
@@ -116,6 +120,53 @@ def test_decode_killed_mid_stream(processes, model_dir):
             pytest.fail(f"request {attempt + 1} after the kill failed: {error!r}")
         assert answer.choices[0].finish_reason == "length"
         assert answer.usage.completion_tokens == 8
+
+
+def image_chat(client, model, max_tokens):
+    """A streamed chat about one PNG, every token's log probability asked."""
+    content = [{"type": "text", "text": "What is in this picture?"},
+               image_part(data_url(png(64, 48, seed=7)))]
+    return client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": content}], max_tokens=max_tokens,
+        stream=True, logprobs=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True})
+
+
+@pytest.mark.parametrize("pixel_cache_mb", ["64", "0"])
+def test_image_stream_moves_while_its_pixels_are_cached(processes, model_dir, pixel_cache_mb):
+    dep = prefill_decode(processes, model_dir, decodes=2, prefill_args=SLOW_PREFILL,
+                         decode_args=SLOW_DECODE,
+                         gateway_args=("--decode-policy", "round_robin",
+                                       "--mm-pixel-cache-mb", pixel_cache_mb))
+    gateway, decodes = dep.gateway, dep.engines[1:]
+    wait_all_healthy(gateway, dep.engines)
+    client = gateway.client(timeout=3 * ERROR_DEADLINE)
+
+    stream = image_chat(client, gateway.model, MIGRATED_TOKENS)
+    head = [next(stream) for _ in range(3)]
+    victim = serving_decode(gateway, decodes)
+    victim.process.kill()
+    if pixel_cache_mb == "0":
+        chunks, error = read_until_error(stream)
+        assert error is not None, "the stream ended as if nothing had happened"
+        log = gateway.process.log_tail(20000)
+        assert "no longer in the pixel cache" in log
+        return
+    try:
+        chunks = head + list(stream)
+    except openai.APIError as error:
+        pytest.fail(f"the image stream failed instead of moving: {error!r}")
+    tokens = sum(len(c.choices[0].logprobs.content) for c in chunks
+                 if c.choices and c.choices[0].logprobs)
+    assert tokens == MIGRATED_TOKENS
+    usage = chunks[-1].usage
+    assert usage.completion_tokens == MIGRATED_TOKENS, usage
+    # The client's prompt count is its own, image tokens included.
+    assert usage.prompt_tokens > 20, usage
+    text = gateway.metrics()
+    moved = sum(metric(text, "iris_migrations_total", reason=r) or 0
+                for r in ("unavailable", "unknown", "internal", "stream_ended", "cancelled"))
+    assert moved == 1, text
 
 
 def test_decode_frozen_mid_stream(processes, model_dir):

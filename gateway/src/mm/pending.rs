@@ -11,9 +11,12 @@
 //!
 //! The memory reserved for the images is held until the last handle is
 //! dropped (once the request has been handed to the workers); dropping it
-//! also stops preprocessing that nobody waits for any more.
+//! also stops preprocessing that nobody waits for any more. After that a
+//! request may keep [`RememberedImages`]: weak handles that find the
+//! pixels again while the pixel cache still holds them (a stream moving to
+//! another worker), at no memory cost of their own.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use futures::future::{BoxFuture, FutureExt, Shared};
 use iris_openai::ApiError;
@@ -135,6 +138,64 @@ impl PendingImages {
     }
 }
 
+impl PendingImages {
+    /// The images as [`RememberedImages`]; `None` if one of them has not
+    /// been preprocessed successfully (yet: this does not wait).
+    pub fn remember(&self) -> Option<RememberedImages> {
+        let entries = self
+            .inner
+            .pixels
+            .iter()
+            .map(|pixels| match pixels.clone().now_or_never() {
+                Some(Ok(entry)) => Some(Arc::downgrade(&entry)),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(RememberedImages {
+            layouts: self.inner.layouts.clone(),
+            entries,
+        })
+    }
+
+    /// Images whose pixels are all at hand (nothing reserved, nothing to
+    /// compute).
+    fn ready(layouts: Vec<ItemLayout>, entries: Vec<Arc<PixelEntry>>) -> Self {
+        let pixels = entries
+            .into_iter()
+            .map(|entry| futures::future::ready(Ok(entry)).boxed().shared())
+            .collect();
+        PendingImages {
+            inner: Arc::new(Inner {
+                layouts,
+                pixels,
+                _held: Arc::default(),
+                tasks: Vec::new(),
+            }),
+        }
+    }
+}
+
+/// A request's images once their memory was given back: their layouts
+/// and weak handles on their pixels.
+#[derive(Clone, Default)]
+pub struct RememberedImages {
+    layouts: Vec<ItemLayout>,
+    entries: Vec<Weak<PixelEntry>>,
+}
+
+impl RememberedImages {
+    /// The images again, if every one's pixels are still held (by the
+    /// pixel cache or another request); `None` otherwise.
+    pub fn recall(&self) -> Option<PendingImages> {
+        let entries = self
+            .entries
+            .iter()
+            .map(Weak::upgrade)
+            .collect::<Option<Vec<_>>>()?;
+        Some(PendingImages::ready(self.layouts.clone(), entries))
+    }
+}
+
 fn lock(held: &Mutex<Vec<Reservation>>) -> std::sync::MutexGuard<'_, Vec<Reservation>> {
     held.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -238,6 +299,36 @@ mod tests {
         let err = images.pixels(0).await.unwrap_err();
         assert_eq!(err.status, 500);
         assert!(err.message.contains("promised"), "{}", err.message);
+    }
+
+    #[tokio::test]
+    async fn remembered_images_come_back_while_their_pixels_are_held() {
+        let (images, mut ready) = images(&[layout(4, 1), layout(8, 2)]);
+        let held = entry(layout(4, 1));
+        let _ = ready.remove(0).send(Ok((held.clone(), None)));
+        assert!(
+            images.remember().is_none(),
+            "an image is still being computed"
+        );
+        let _ = ready.remove(0).send(Ok((entry(layout(8, 2)), None)));
+        images.all().await.unwrap();
+        let remembered = images.remember().expect("every image is ready");
+        let again = remembered
+            .recall()
+            .expect("both pixels are held by `images`");
+        assert_eq!(again.layouts(), images.layouts());
+        assert!(Arc::ptr_eq(&again.pixels(0).await.unwrap(), &held));
+        drop((images, again));
+        assert!(
+            remembered.recall().is_none(),
+            "the second image's pixels went with the request"
+        );
+        let (only_first, mut ready) = super::testing::images(&[layout(4, 1)]);
+        let _ = ready.remove(0).send(Ok((held.clone(), None)));
+        only_first.all().await.unwrap();
+        let remembered = only_first.remember().unwrap();
+        drop(only_first);
+        assert!(remembered.recall().is_some(), "`held` stands for the cache");
     }
 
     #[tokio::test]

@@ -219,12 +219,14 @@ impl Generation {
     }
 
     /// A response on its way to the caller: at the first token the
-    /// request's images are given back and a streamed text request becomes
-    /// movable; after a move, it is rewritten as the one sequence.
+    /// request's images are given back (remembered by weak handles) and a
+    /// streamed request becomes movable; after a move, it is rewritten as the one sequence.
     fn pass(&mut self, mut response: GenerateResponse) -> GenerateResponse {
         if carries_tokens(&response) {
             if let Some(resume) = self.resume.take() {
-                self.migration = Migration::of(&resume.router, resume.request).map(Box::new);
+                let images = resume.images.remember();
+                self.migration =
+                    Migration::of(&resume.router, resume.request, images).map(Box::new);
             }
         }
         if let Some(migration) = self.migration.as_mut() {

@@ -8,12 +8,15 @@
 //! before. Stop strings, reasoning and tool-call parsing live above the
 //! router, so their state carries over untouched.
 //!
-//! Which requests migrate: streamed, one sequence (`n` = 1), text only (no
-//! image or video: their pixels are given back at the first token), no
+//! Which requests migrate: streamed, one sequence (`n` = 1), no
 //! constrained decoding (the new worker's constraint would start over), no
-//! prompt log probabilities. Others end with the failure as before. At
-//! most `--max-migrations` moves per request; each is counted by reason
-//! (`iris_migrations_total`) and logged with the request id.
+//! prompt log probabilities. Images and videos go again with the request:
+//! their memory was given back at the first token, so they are found by
+//! weak handles ([`RememberedImages`]) while the pixel cache still holds
+//! their pixels; one it no longer holds ends the request with the failure.
+//! Others end with the failure as before. At most `--max-migrations` moves
+//! per request; each is counted by reason (`iris_migrations_total`) and
+//! logged with the request id.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -23,7 +26,7 @@ use tonic::{Code, Status};
 
 use super::dispatch::Attempts;
 use super::{RouteError, Router};
-use crate::mm::pending::PendingImages;
+use crate::mm::pending::RememberedImages;
 use crate::workers::Worker;
 
 /// The reasons a migration is counted under: the failed stream's gRPC
@@ -60,8 +63,10 @@ pub fn reason_of(code: Code) -> usize {
 /// A streamed request that may continue on another worker.
 pub(super) struct Migration {
     router: Arc<Router>,
-    /// The request as first sent (text only).
+    /// The request as first sent.
     request: GenerateRequest,
+    /// Its images, while their pixels are held somewhere.
+    images: RememberedImages,
     /// Every token streamed to the client so far, with its log
     /// probabilities when they were asked.
     generated: Vec<u32>,
@@ -79,19 +84,21 @@ pub(super) struct Migration {
 impl Migration {
     /// The migration state of `request`, or `None` when it cannot move
     /// (see the module doc) or the router allows no move.
-    pub fn of(router: &Arc<Router>, request: GenerateRequest) -> Option<Migration> {
+    pub fn of(
+        router: &Arc<Router>,
+        request: GenerateRequest,
+        images: Option<RememberedImages>,
+    ) -> Option<Migration> {
         let sampling = request.sampling_params.as_ref();
         let movable = router.max_migrations > 0
             && request.stream
             && sampling.is_none_or(|s| s.n <= 1 && s.constraint.is_none())
-            && request
-                .mm_inputs
-                .as_ref()
-                .is_none_or(|m| m.items.is_empty())
             && request.logprob_start_len.is_none_or(|start| start < 0);
+        let images = images?;
         movable.then(|| Migration {
             router: router.clone(),
             request,
+            images,
             generated: Vec::new(),
             logprobs: None,
             offset: 0,
@@ -199,6 +206,14 @@ impl Router {
         worker: Arc<Worker>,
         status: Option<Status>,
     ) -> Result<super::Generation, RouteError> {
+        let Some(images) = migration.images.recall() else {
+            tracing::warn!(
+                request_id = %migration.request.request_id,
+                worker = %worker.url,
+                "worker failed mid-stream; the request cannot move: its images are no longer in the pixel cache"
+            );
+            return Err(RouteError::NoWorker(worker.role));
+        };
         let reason = status
             .as_ref()
             .map_or(STREAM_ENDED, |s| reason_of(s.code()));
@@ -216,8 +231,7 @@ impl Router {
         );
         let mut attempts = Attempts::suspecting(worker);
         let request = migration.continuation();
-        self.run(&request, &PendingImages::default(), &mut attempts)
-            .await
+        self.run(&request, &images, &mut attempts).await
     }
 
     /// Requests moved mid-stream, by reason ([`REASONS`]).
