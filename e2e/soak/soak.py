@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Soak test with failures: an EPD deployment on loopback under mixed chat
-load while encode and decode workers are SIGKILLed and restarted.
+load while workers of every role are SIGKILLed and restarted.
 
 Topology: ``iris serve --epd-disaggregation`` with two ``iris-encoder``
-workers (the tiny model's CPU vision tower), one prefill and one decode
-``iris-engine``, tensors to the encoders through ``/dev/shm``
+workers (the tiny model's CPU vision tower), ``--replicas`` (2) prefill and
+as many decode ``iris-engine``s, tensors to the encoders through ``/dev/shm``
 (``--transport shm``, the default) or by RDMA READs from the gateway's
 NIXL arena (``--transport rdma``: the gateway and encoders from
 ``--nixl-bin-dir``, built ``--features nixl``, with ``--nixl-lib``; UCX
@@ -16,9 +16,10 @@ text chats and chats with one or two real images (``--images``: JPEG, PNG,
 WebP, GIF), some repeated byte for byte (pixel and embedding cache hits),
 some made distinct (a JPEG comment or PNG text chunk with a counter: the
 same pixels, other bytes, a cache miss), streamed or not, for
-``--duration`` seconds. Every ``--kill-interval`` seconds one encoder
-(alternating) and the decode worker get SIGKILL, and are started again on
-the same ports ``--restart-delay`` seconds later.
+``--duration`` seconds. Every ``--kill-interval`` seconds one worker of
+each role (encoder, prefill, decode; taking turns) gets SIGKILL, and is
+started again on the same ports ``--restart-delay`` seconds later. With
+one replica of a role, its only worker dies each round.
 
 Every request must end in success or a clean error: an HTTP error status
 with an OpenAI error body, or a stream whose error event is followed by
@@ -30,6 +31,9 @@ Checks after the load (the script exits 1 when one fails, 2 when the
 deployment could not be set up):
 
 - lost = 0 and hung = 0, and at least ``--min-success-ratio`` succeeded;
+- with ``--max-failures N``: at most N client-visible failures (clean
+  errors included): with a second worker of every role, retries before the
+  first token and streams moving after it should leave clients none;
 - no leaked rooms: once the room TTLs have passed, the encoders' and the
   prefill engine's metrics show no room pending or ready and no bytes
   held, the engines no request registered, the gateway no request in
@@ -205,8 +209,8 @@ def wait_for_line(process: Process, pattern: re.Pattern, timeout: float) -> bool
 @dataclass
 class Deployment:
     encoders: list
-    prefill: Worker
-    decode: Worker
+    prefills: list
+    decodes: list
     gateway: Process
     port: int
     model: str
@@ -288,34 +292,41 @@ def start_deployment(args, work: Path) -> Deployment:
             "--compute", args.encoder_compute, "--room-ttl-secs", ttl, *lane.encoder_args],
             ENCODER_LINE, logs, env=lane.env))
         encoders[-1].grpc, encoders[-1].data = grpc, data
-    pre_grpc, pre_data, pre_metrics = free_port(), free_port(), free_port()
-    prefill = Worker("prefill", [
-        bins / "iris-engine", "--role", "prefill", "--host", "127.0.0.1", "--port", pre_grpc,
-        "--bootstrap-port", pre_data, "--metrics-port", pre_metrics, "--model-path", model,
-        "--room-ttl-secs", ttl], ENGINE_LINE, logs)
-    dec_grpc, dec_metrics = free_port(), free_port()
-    decode = Worker("decode", [
-        bins / "iris-engine", "--role", "decode", "--host", "127.0.0.1", "--port", dec_grpc,
-        "--bootstrap-port", "0", "--metrics-port", dec_metrics, "--model-path", model],
-        ENGINE_LINE, logs)
-    metrics_ports.update(prefill=pre_metrics, decode=dec_metrics)
-    for worker in [*encoders, prefill, decode]:
+    prefills, decodes = [], []
+    for i in range(args.replicas):
+        grpc, data, metrics = free_port(), free_port(), free_port()
+        name = f"prefill{i}"
+        metrics_ports[name] = metrics
+        prefills.append(Worker(name, [
+            bins / "iris-engine", "--role", "prefill", "--host", "127.0.0.1", "--port", grpc,
+            "--bootstrap-port", data, "--metrics-port", metrics, "--model-path", model,
+            "--room-ttl-secs", ttl], ENGINE_LINE, logs))
+        prefills[-1].grpc, prefills[-1].data = grpc, data
+        grpc, metrics = free_port(), free_port()
+        name = f"decode{i}"
+        metrics_ports[name] = metrics
+        decodes.append(Worker(name, [
+            bins / "iris-engine", "--role", "decode", "--host", "127.0.0.1", "--port", grpc,
+            "--bootstrap-port", "0", "--metrics-port", metrics, "--model-path", model],
+            ENGINE_LINE, logs))
+        decodes[-1].grpc = grpc
+    for worker in [*encoders, *prefills, *decodes]:
         worker.start(args.startup_timeout)
     port = free_port()
     gateway_args = [
         lane.bin("iris", bins), "serve", "--host", "127.0.0.1", "--port", port, "--model-path", model,
         "--epd-disaggregation",
         *[a for e in encoders for a in ("--encode", f"grpc://127.0.0.1:{e.grpc}", e.data)],
-        "--prefill", f"grpc://127.0.0.1:{pre_grpc}", pre_data,
-        "--decode", f"grpc://127.0.0.1:{dec_grpc}",
+        *[a for p in prefills for a in ("--prefill", f"grpc://127.0.0.1:{p.grpc}", p.data)],
+        *[a for d in decodes for a in ("--decode", f"grpc://127.0.0.1:{d.grpc}")],
         *lane.gateway_args,
         "--mm-pixel-cache-mb", args.pixel_cache_mb,
         "--request-timeout-secs", args.request_timeout,
         "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
     ]
     gateway = Process("gateway", gateway_args, logs / "gateway.log", lane.env)
-    dep = Deployment(encoders, prefill, decode, gateway, port, model.name, metrics_ports)
-    dep.worker_urls = [f"127.0.0.1:{p}" for p in (*(e.grpc for e in encoders), pre_grpc, dec_grpc)]
+    dep = Deployment(encoders, prefills, decodes, gateway, port, model.name, metrics_ports)
+    dep.worker_urls = [f"127.0.0.1:{w.grpc}" for w in (*encoders, *prefills, *decodes)]
     deadline = time.monotonic() + args.startup_timeout
     while True:
         if gateway.popen.poll() is not None:
@@ -554,14 +565,16 @@ async def run_load(args, dep: Deployment, images: list[Image], events: list, rss
                 if at + args.restart_delay + 1 >= stop_at:
                     return
                 await asyncio.sleep(max(0.0, at - time.monotonic()))
-                encoder = dep.encoders[(k - 1) % len(dep.encoders)]
-                for victim in (encoder, dep.decode):
+                victims = [role[(k - 1) % len(role)]
+                           for role in (dep.encoders, dep.prefills, dep.decodes)]
+                names = ", ".join(v.name for v in victims)
+                for victim in victims:
                     victim.kill()
-                events.append(Event(time.monotonic() - t0, f"SIGKILL {encoder.name} and decode"))
+                events.append(Event(time.monotonic() - t0, f"SIGKILL {names}"))
                 await asyncio.sleep(args.restart_delay)
-                for victim in (encoder, dep.decode):
+                for victim in victims:
                     await asyncio.to_thread(victim.start, args.startup_timeout)
-                events.append(Event(time.monotonic() - t0, f"restarted {encoder.name} and decode"))
+                events.append(Event(time.monotonic() - t0, f"restarted {names}"))
 
         tasks = [asyncio.create_task(user()) for _ in range(args.concurrency)]
         helpers = [asyncio.create_task(sample_rss()), asyncio.create_task(chaos()),
@@ -684,6 +697,10 @@ def summarise(args, dep, results, elapsed, events, held, rss, transport, gateway
         f"kills done ({args.expect_kills} expected)":
             sum(e.what.startswith("SIGKILL") for e in events) >= args.expect_kills,
     }
+    if args.max_failures is not None:
+        failures = total - outcomes["ok"]
+        checks[f"client-visible failures <= {args.max_failures} (were {failures})"] = (
+            failures <= args.max_failures)
     if not args.no_rss_check:
         checks[f"gateway idle RSS growth <= {args.rss_tolerance:.0%} after warm-up"] = (
             "idle_growth" in figures and figures["idle_growth"] <= args.rss_tolerance)
@@ -740,6 +757,10 @@ def parse_args(argv=None):
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--kill-interval", type=float, default=60.0)
     p.add_argument("--restart-delay", type=float, default=3.0)
+    p.add_argument("--replicas", type=int, default=2,
+                   help="prefill and decode workers each (encoders: always 2)")
+    p.add_argument("--max-failures", type=int, default=None,
+                   help="fail when more requests than this end in an error (clean or not)")
     p.add_argument("--expect-kills", type=int, default=None,
                    help="kill rounds that must happen (default: as the schedule allows)")
     p.add_argument("--warmup", type=float, default=None,
@@ -825,7 +846,7 @@ def main(argv=None) -> int:
     finally:
         if dep is not None:
             dep.gateway.stop()
-            for worker in [*dep.encoders, dep.prefill, dep.decode]:
+            for worker in [*dep.encoders, *dep.prefills, *dep.decodes]:
                 worker.stop()
         failed = summary is None or not summary["passed"]
         if args.keep or failed or args.work_dir:

@@ -153,8 +153,9 @@ pub struct ServeArgs {
     pub circuit_breaker_failures: u32,
 
     /// Other workers tried after a worker fails a request before its first
-    /// token (not when the request itself is refused).
-    #[arg(long, default_value_t = 2, env = "IRIS_MAX_RETRIES")]
+    /// token (not when the request itself is refused). Three: in EPD one
+    /// dead worker of each role (encode, prefill, decode) costs no request.
+    #[arg(long, default_value_t = 3, env = "IRIS_MAX_RETRIES")]
     pub max_retries: u32,
     /// Moves of a streamed request to another worker when its worker fails
     /// after tokens were streamed: the prompt plus the tokens already sent

@@ -92,14 +92,42 @@ pub fn client_fault(status: &Status) -> bool {
     matches!(status.code(), Code::InvalidArgument | Code::OutOfRange)
 }
 
+/// What hyper's connector says when no connection could be made.
+const CONNECT_FAILED: &str = "tcp connect error";
+
+/// Whether `status` says the worker could not be reached at all (no
+/// connection: refused, or the connect timed out): nothing was sent, and
+/// nothing listens there now. Read from the error's sources, or from the
+/// message of a status that was re-worded on the way.
+pub fn unreachable(status: &Status) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(error) = source {
+        let refused = error
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused);
+        if refused || error.to_string().contains(CONNECT_FAILED) {
+            return true;
+        }
+        source = error.source();
+    }
+    status.message().contains(CONNECT_FAILED)
+}
+
 /// Counts `status` against `worker`: every failure is counted, and only a
 /// [`Verdict::Retry`] (the worker may be broken) toward its circuit, which
-/// opens after `circuit_breaker_failures` in a row (0: never).
+/// opens after `circuit_breaker_failures` in a row (0: never), or at once
+/// when the worker could not be reached ([`unreachable`]): every request
+/// sent there until its health checks notice would fail the same way.
 pub fn account(worker: &Worker, status: &Status, circuit_breaker_failures: u32) -> Verdict {
     let verdict = classify(status);
     match verdict {
         Verdict::Retry => {
-            worker.record_failure(circuit_breaker_failures);
+            let threshold = if unreachable(status) {
+                circuit_breaker_failures.min(1)
+            } else {
+                circuit_breaker_failures
+            };
+            worker.record_failure(threshold);
         }
         Verdict::Busy | Verdict::Fatal => worker.record_refusal(),
     }
@@ -190,6 +218,28 @@ mod tests {
             assert_eq!(worker.request_counts(), (0, 1));
             assert!(!worker.is_healthy(), "{code:?} opens the circuit");
         }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_worker_leaves_service_at_its_first_failure() {
+        let refused = Status::from_error(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        let reworded = Status::unavailable("encode worker grpc://h:1 failed: tcp connect error");
+        for status in [refused, reworded] {
+            assert!(unreachable(&status), "{status:?}");
+            let down = worker();
+            assert_eq!(account(&down, &status, 3), Verdict::Retry);
+            assert!(!down.is_healthy(), "{status:?} opens the circuit at once");
+            let never = worker();
+            account(&never, &status, 0);
+            assert!(never.is_healthy(), "0 keeps the circuit closed");
+        }
+        let broken = Status::unavailable("h2 protocol error: error reading a body");
+        assert!(!unreachable(&broken));
+        let worker = worker();
+        account(&worker, &broken, 3);
+        assert!(worker.is_healthy(), "one failure of three");
     }
 
     #[test]

@@ -165,9 +165,16 @@ impl Drop for AbortOnDrop {
 pub(super) struct Attempts {
     made: u32,
     retried: u32,
+    /// Retries after a worker that could not be reached at all, which
+    /// cost none of `--max-retries` (at most [`FREE_RETRIES`]).
+    unreached: u32,
     replanned: u32,
     suspects: Vec<Arc<Worker>>,
 }
+
+/// Retries after unreachable workers a request may make beyond
+/// `--max-retries`.
+const FREE_RETRIES: u32 = 8;
 
 impl Attempts {
     /// A fresh count that avoids `worker`.
@@ -263,7 +270,11 @@ impl Router {
         verdict: Verdict,
         attempts: &mut Attempts,
     ) -> Result<(), RouteError> {
-        if verdict == Verdict::Fatal || attempts.retried >= self.max_retries {
+        // Nothing was sent to a worker that could not be reached, and its
+        // circuit opened at once (`classify::account`): trying the next one
+        // costs no retry.
+        let free = classify::unreachable(&status) && attempts.unreached < FREE_RETRIES;
+        if verdict == Verdict::Fatal || (!free && attempts.retried >= self.max_retries) {
             return Err(RouteError::Upstream {
                 worker: worker.url.to_string(),
                 status,
@@ -280,7 +291,11 @@ impl Router {
         if verdict == Verdict::Busy {
             tokio::time::sleep(classify::backoff(attempts.retried)).await;
         }
-        attempts.retried += 1;
+        if free {
+            attempts.unreached += 1;
+        } else {
+            attempts.retried += 1;
+        }
         Ok(())
     }
 
@@ -291,6 +306,7 @@ impl Router {
         &self,
         resume: &mut Resume,
         worker: Arc<Worker>,
+        others: Vec<Arc<Worker>>,
         status: Status,
     ) -> Result<Generation, RouteError> {
         let Resume {
@@ -300,15 +316,15 @@ impl Router {
             ..
         } = resume;
         attempts.made += 1;
-        let verdict = blame_late(&worker, &status, Vec::new(), &mut attempts.suspects);
+        let verdict = blame_late(&worker, &status, others, &mut attempts.suspects);
         self.retry_after(worker, status, verdict, attempts).await?;
         self.run(request, images, attempts).await
     }
 
     /// Runs one attempt of `plan`: its generation once its [`Handover`]
     /// point is reached, else the failure that decides the next step.
-    /// Every worker that failed, and on a late failure every encoder too,
-    /// joins `suspects`.
+    /// Every worker that failed, and on a late failure its encoders and
+    /// prefill worker too, joins `suspects`.
     async fn attempt(
         &self,
         mut plan: Plan<'_>,
@@ -341,15 +357,22 @@ impl Router {
         if read_ahead {
             if let Err((leg, status)) = generation.read_ahead().await {
                 generation.abort(ABORT_REASON);
-                let worker = match (leg, workers.prefill) {
-                    (FailedLeg::Prefill, Some(p)) => p,
-                    _ => workers.stream,
+                let worker = match (leg, &workers.prefill) {
+                    (FailedLeg::Prefill, Some(p)) => p.clone(),
+                    _ => workers.stream.clone(),
                 };
                 if let Some(refused) = self.lane_refused(&laned, &worker, &status) {
                     laned.tickets.never_sent();
                     return Err(refused);
                 }
-                return Err(late_failure(worker, status, encoders, suspects));
+                // The other legs' workers may be the cause (a decode leg
+                // passing on its prefill worker's death): suspects too.
+                let others = encoders
+                    .into_iter()
+                    .chain(workers.prefill)
+                    .filter(|w| !Arc::ptr_eq(w, &worker))
+                    .collect();
+                return Err(late_failure(worker, status, others, suspects));
             }
         }
         laned.tickets.delivered();
@@ -582,16 +605,16 @@ impl Router {
 /// A leg that failed after it started, before its first response. It is
 /// counted against the leg's worker but never toward its circuit: the
 /// leg may only be passing on a peer's failure (the embedding or the KV
-/// state did not arrive). That worker and the attempt's encoders become
-/// suspects.
+/// state did not arrive). That worker and the attempt's other workers
+/// (`others`: its encoders and prefill worker) become suspects.
 fn late_failure(
     worker: Arc<Worker>,
     status: Status,
-    encoders: Vec<Arc<Worker>>,
+    others: Vec<Arc<Worker>>,
     suspects: &mut Vec<Arc<Worker>>,
 ) -> Failure {
     Failure::Worker {
-        verdict: blame_late(&worker, &status, encoders, suspects),
+        verdict: blame_late(&worker, &status, others, suspects),
         worker,
         status,
     }
@@ -601,11 +624,11 @@ fn late_failure(
 fn blame_late(
     worker: &Arc<Worker>,
     status: &Status,
-    encoders: Vec<Arc<Worker>>,
+    others: Vec<Arc<Worker>>,
     suspects: &mut Vec<Arc<Worker>>,
 ) -> Verdict {
     worker.record_refusal();
-    suspects.extend(encoders);
+    suspects.extend(others);
     suspects.push(worker.clone());
     classify::classify(status)
 }

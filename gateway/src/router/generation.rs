@@ -278,9 +278,15 @@ impl Generation {
             FailedLeg::Prefill if self.legs.len() > 1 => self.legs[0].worker.clone(),
             _ => self.worker.clone(),
         };
+        let others = self
+            .legs
+            .iter()
+            .map(|leg| leg.worker.clone())
+            .filter(|w| !Arc::ptr_eq(w, &worker))
+            .collect();
         self.abort(ABORT_REASON);
         let router = resume.router.clone();
-        match router.resume(&mut resume, worker, status).await {
+        match router.resume(&mut resume, worker, others, status).await {
             Ok(mut next) => {
                 next.resume = Some(resume);
                 // The failed generation is finished: dropping it aborts nothing more.

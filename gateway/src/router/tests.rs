@@ -681,6 +681,42 @@ async fn retries_are_bounded_by_max_retries() {
     assert_eq!(router.retries(), 3);
 }
 
+/// A worker on a port where nothing listens (the listener is gone).
+async fn unreachable_worker(role: Role) -> Arc<Worker> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    let mut url = WorkerUrl::parse(&format!("grpc://{addr}")).expect("url");
+    url.backend = Some(crate::backends::Backend::TokenSpeed);
+    let worker = Worker::new(url, role, Duration::from_secs(5)).expect("worker");
+    worker.set_healthy(true);
+    worker
+}
+
+#[tokio::test]
+async fn unreachable_workers_cost_no_retry_and_leave_service_at_once() {
+    let good = Fake::start(Role::Aggregated, &[Answer::Respond; 3]).await;
+    let dead = [
+        unreachable_worker(Role::Aggregated).await,
+        unreachable_worker(Role::Aggregated).await,
+    ];
+    let workers = vec![dead[0].clone(), dead[1].clone(), good.worker.clone()];
+    let policy = PolicyKind::RoundRobin.build(Default::default(), &Default::default());
+    let mode = Mode::Aggregated(Arc::new(Pool::new(Role::Aggregated, workers, policy)));
+    // No retries allowed and circuits that would take three failures.
+    let router = Arc::new(unshared(mode, 0, 3));
+    for _ in 0..3 {
+        let mut generation = router.start(request()).await.expect("served by the live worker");
+        assert!(matches!(generation.next().await, Some(Ok(_))));
+    }
+    assert_eq!(good.generates(), 3);
+    for worker in &dead {
+        assert!(!worker.is_healthy(), "{} is out at its first refusal", worker.url);
+    }
+}
+
 #[tokio::test]
 async fn no_healthy_worker_names_the_role() {
     let decode = Fake::start(Role::Decode, &[Answer::Respond]).await;

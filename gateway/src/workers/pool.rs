@@ -95,10 +95,11 @@ impl Pool {
     }
 
     /// The healthy workers (with those whose circuit is half-open, for
-    /// their probe) not in `tried`; when every one has been tried, all of
-    /// them: a connect failure is often transient (a dropped connection
-    /// that the channel re-establishes), and the caller bounds the
-    /// attempts.
+    /// their probe) not in `tried`; when every one has been tried, those
+    /// tried longest ago (`tried` is in order): a failure is often
+    /// transient or another worker's doing (a decode leg whose prefill
+    /// worker died), the most recent one the likeliest to repeat, and the
+    /// caller bounds the attempts.
     pub fn candidates(&self, tried: &[Arc<Worker>]) -> Vec<Arc<Worker>> {
         let healthy: Vec<Arc<Worker>> = self
             .snapshot()
@@ -111,11 +112,15 @@ impl Pool {
             .filter(|w| !tried.iter().any(|t| Arc::ptr_eq(t, w)))
             .cloned()
             .collect();
-        if untried.is_empty() {
-            healthy
-        } else {
-            untried
+        if !untried.is_empty() {
+            return untried;
         }
+        let last_tried = |w: &Arc<Worker>| tried.iter().rposition(|t| Arc::ptr_eq(t, w));
+        let oldest = healthy.iter().map(last_tried).min();
+        healthy
+            .into_iter()
+            .filter(|w| last_tried(w) == oldest.flatten())
+            .collect()
     }
 
     /// Adds a worker; returns false (and adds nothing) if its URL is
@@ -203,6 +208,18 @@ mod tests {
             broken.is_healthy(),
             "the probe's success closes the circuit"
         );
+    }
+
+    /// Once every worker was tried, the one tried longest ago goes first.
+    #[tokio::test]
+    async fn after_trying_every_worker_the_earliest_tried_comes_back_first() {
+        let pool = pool(3);
+        let w = pool.snapshot();
+        let tried = [w[1].clone(), w[0].clone(), w[2].clone(), w[0].clone()];
+        let again = pool.candidates(&tried);
+        assert_eq!(again.len(), 1);
+        assert!(Arc::ptr_eq(&again[0], &w[1]), "w[1] was tried first");
+        assert_eq!(pool.candidates(&tried[..1]).len(), 2, "untried ones first");
     }
 
     /// A removed worker leaves the pool and the policy is told.
