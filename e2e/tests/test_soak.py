@@ -1,12 +1,13 @@
-"""The soak script (e2e/soak/soak.py) in short, as CI runs it: 45 s of
-mixed text and image chats at concurrency 64 through 2 encoders, 1 prefill
-and 1 decode worker, with two kill rounds (SIGKILL of an encoder — each
-encoder once — and of the decode worker, restarted on the same ports 3 s
-later). The script's own checks must all pass: no request lost or hung,
-clean errors only, no worker address in an error, nothing held after the
+"""The soak script (e2e/soak/soak.py) in short, as CI runs it: 120 s of
+mixed text and image chats at concurrency 64 through 2 encoders, 2 prefill
+and 2 decode workers, with three kill rounds (SIGKILL of one worker of
+each role — the encoders and engines taking turns — restarted on the same
+ports 3 s later). The script's own checks must all pass: no request lost,
+hung or failed at all (retries before the first token, streams moving to
+another worker after it), no worker address in an error, nothing held after the
 room TTL (encoder and engine rooms, in-flight counts, /dev/shm files), the
 shm lane used, every worker healthy again. Gateway RSS is reported but
-not checked here (``--no-rss-check``): 45 s on a loaded CI machine is too
+not checked here (``--no-rss-check``): 120 s on a loaded CI machine is too
 short for a steady state (seen: +16 %, +33 %, +124 % between windows);
 the 10-minute run checks it (10 %).
 The 10-minute run is docs/benchmarks.md, "Soak".
@@ -21,9 +22,8 @@ from pathlib import Path
 
 from conftest import REPO, bin_dir, binary
 
-# The pixel cache is 8 MiB (the script's default is 64): in a 45 s run a
-# 64 MiB cache is still filling after the 15 s warm-up, and its fill reads
-# as RSS growth (seen: +81 MB, +33 %).
+# The pixel cache is the script's 64 MiB: a stream that moves to another
+# worker finds its images' pixels there.
 # Small and mid-size images: the debug encoder's tower and the debug
 # gateway's decoder keep up with them at this concurrency.
 IMAGES = ["astronaut.jpg", "coffee.jpg", "chelsea.png", "chelsea.webp", "horse.png",
@@ -42,17 +42,19 @@ def test_soak_with_kills(tmp_path):
         (images / name).symlink_to(source)
     summary_path = tmp_path / "summary.json"
     command = [sys.executable, str(REPO / "e2e" / "soak" / "soak.py"),
-               "--duration", "45", "--kill-interval", "15", "--restart-delay", "3",
-               "--expect-kills", "2", "--warmup", "15", "--rss-interval", "1",
-               "--room-ttl", "5", "--settle", "15", "--client-timeout", "60", "--pixel-cache-mb", "8",
-               "--no-rss-check",
+               "--duration", "120", "--kill-interval", "30", "--restart-delay", "3",
+               "--expect-kills", "3", "--warmup", "20", "--rss-interval", "1",
+               "--room-ttl", "5", "--settle", "15", "--client-timeout", "60",
+               "--no-rss-check", "--max-failures", "0",
                "--request-timeout", "40", "--bin-dir", str(bin_dir()), "--images", str(images),
                "--work-dir", str(tmp_path / "work"), "--json", str(summary_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=360)
     report = f"exit {done.returncode}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
     assert done.returncode == 0, report
     summary = json.loads(summary_path.read_text())
     assert summary["passed"] and all(summary["checks"].values()), report
     assert summary["outcomes"].get("lost", 0) == 0 and summary["outcomes"].get("hung", 0) == 0
     kills = [e for e in summary["events"] if "SIGKILL" in e]
-    assert any("encoder0" in e for e in kills) and any("encoder1" in e for e in kills), report
+    for name in ("encoder0", "encoder1", "prefill0", "prefill1", "decode0", "decode1"):
+        assert any(name in e for e in kills), f"{name} was never killed\n{report}"
+    assert summary["outcomes"] == {"ok": summary["requests"]}, report
