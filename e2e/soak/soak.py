@@ -21,6 +21,15 @@ each role (encoder, prefill, decode; taking turns) gets SIGKILL, and is
 started again on the same ports ``--restart-delay`` seconds later. With
 one replica of a role, its only worker dies each round.
 
+With ``--freeze SECS``, halfway between kill rounds one decode worker
+(taking turns) is frozen with SIGSTOP for SECS seconds and then thawed: a
+hung worker, alive to TCP, answering nothing.
+
+``--gateway smg`` puts the peer gateway (``smg launch``, ``--smg``) in
+front of the same workers with the same health-check settings, for the
+chaos comparison; the checks that read the gateway's own metrics (its
+in-flight counts, the lane used, its outcomes) are then left out.
+
 Every request must end in success or a clean error: an HTTP error status
 with an OpenAI error body, or a stream whose error event is followed by
 ``[DONE]``. Anything else (connection dropped, truncated stream, malformed
@@ -191,6 +200,11 @@ class Worker:
         if self.process is not None:
             self.process.stop()
 
+    def signal(self, signum: int) -> None:
+        """Sends ``signum`` (SIGSTOP, SIGCONT) to the running worker."""
+        if self.process is not None and self.process.popen.poll() is None:
+            self.process.popen.send_signal(signum)
+
 
 def wait_for_line(process: Process, pattern: re.Pattern, timeout: float) -> bool:
     """True once ``process`` printed a line matching ``pattern``; False if
@@ -216,6 +230,7 @@ class Deployment:
     model: str
     metrics_ports: dict = field(default_factory=dict)  # worker name -> metrics port
     worker_urls: list = field(default_factory=list)
+    kind: str = "iris"  # the gateway: iris or smg
 
     @property
     def base_url(self) -> str:
@@ -274,13 +289,18 @@ def start_deployment(args, work: Path) -> Deployment:
     for name in ("iris", "iris-engine", "iris-encoder"):
         if not (bins / name).is_file():
             raise SetupError(f"{bins / name} not found (cargo build --release, or --bin-dir)")
-    model = work / "model" / "tiny-qwen2-vl"
+    # The name tells smg which image processor the model takes (it picks
+    # by name); Iris reads the model's own configuration.
+    model = work / "model" / "Qwen3-VL-tiny"
     subprocess.run([str(bins / "iris"), "tiny-model", str(model)], check=True,
                    stdout=subprocess.DEVNULL, timeout=120)
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
     ttl = str(args.room_ttl)
     lane = Lane(args)
+    # smg finds the model directory (for its image processor) through the
+    # workers' GetModelInfo.
+    expose = ["--expose-model-path"] if args.gateway == "smg" else []
     encoders, metrics_ports = [], {}
     for i in range(2):
         grpc, data, metrics = free_port(), free_port(), free_port()
@@ -289,7 +309,8 @@ def start_deployment(args, work: Path) -> Deployment:
         encoders.append(Worker(name, [
             lane.bin("iris-encoder", bins), "--host", "127.0.0.1", "--port", grpc,
             "--bootstrap-port", data, "--metrics-port", metrics, "--model-path", model,
-            "--compute", args.encoder_compute, "--room-ttl-secs", ttl, *lane.encoder_args],
+            "--compute", args.encoder_compute, "--room-ttl-secs", ttl, *lane.encoder_args,
+            *expose],
             ENCODER_LINE, logs, env=lane.env))
         encoders[-1].grpc, encoders[-1].data = grpc, data
     prefills, decodes = [], []
@@ -300,41 +321,51 @@ def start_deployment(args, work: Path) -> Deployment:
         prefills.append(Worker(name, [
             bins / "iris-engine", "--role", "prefill", "--host", "127.0.0.1", "--port", grpc,
             "--bootstrap-port", data, "--metrics-port", metrics, "--model-path", model,
-            "--room-ttl-secs", ttl], ENGINE_LINE, logs))
+            "--room-ttl-secs", ttl, *expose], ENGINE_LINE, logs))
         prefills[-1].grpc, prefills[-1].data = grpc, data
         grpc, metrics = free_port(), free_port()
         name = f"decode{i}"
         metrics_ports[name] = metrics
         decodes.append(Worker(name, [
             bins / "iris-engine", "--role", "decode", "--host", "127.0.0.1", "--port", grpc,
-            "--bootstrap-port", "0", "--metrics-port", metrics, "--model-path", model],
-            ENGINE_LINE, logs))
+            "--bootstrap-port", "0", "--metrics-port", metrics, "--model-path", model,
+            *expose], ENGINE_LINE, logs))
         decodes[-1].grpc = grpc
     for worker in [*encoders, *prefills, *decodes]:
         worker.start(args.startup_timeout)
     port = free_port()
-    gateway_args = [
-        lane.bin("iris", bins), "serve", "--host", "127.0.0.1", "--port", port, "--model-path", model,
-        "--epd-disaggregation",
+    workers = [
         *[a for e in encoders for a in ("--encode", f"grpc://127.0.0.1:{e.grpc}", e.data)],
         *[a for p in prefills for a in ("--prefill", f"grpc://127.0.0.1:{p.grpc}", p.data)],
         *[a for d in decodes for a in ("--decode", f"grpc://127.0.0.1:{d.grpc}")],
-        *lane.gateway_args,
-        "--mm-pixel-cache-mb", args.pixel_cache_mb,
-        "--request-timeout-secs", args.request_timeout,
-        "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
     ]
-    gateway = Process("gateway", gateway_args, logs / "gateway.log", lane.env)
+    health = ["--health-check-interval-secs", "1", "--health-check-timeout-secs", "1"]
+    if args.gateway == "smg":
+        gateway_args = [
+            args.smg, "launch", "--host", "127.0.0.1", "--port", port, "--model-path", model,
+            "--epd-disaggregation", *workers, *health, "--prometheus-host", "127.0.0.1",
+            "--prometheus-port", free_port(), "--log-level", "warn"]
+    else:
+        gateway_args = [
+            lane.bin("iris", bins), "serve", "--host", "127.0.0.1", "--port", port,
+            "--model-path", model, "--epd-disaggregation", *workers, *lane.gateway_args,
+            "--mm-pixel-cache-mb", args.pixel_cache_mb,
+            "--request-timeout-secs", args.request_timeout, *health]
+    env = dict(lane.env or os.environ, NO_COLOR="1")
+    gateway = Process("gateway", gateway_args, logs / "gateway.log", env)
     dep = Deployment(encoders, prefills, decodes, gateway, port, model.name, metrics_ports)
     dep.worker_urls = [f"127.0.0.1:{w.grpc}" for w in (*encoders, *prefills, *decodes)]
+    dep.kind = args.gateway
     deadline = time.monotonic() + args.startup_timeout
     while True:
         if gateway.popen.poll() is not None:
             raise SetupError(f"gateway exited with {gateway.popen.returncode}:\n{gateway.log_tail()}")
         try:
-            if httpx.get(f"{dep.base_url}/readiness", timeout=2).status_code == 200:
+            listed = httpx.get(f"{dep.base_url}/v1/models", timeout=2)
+            if listed.status_code == 200 and listed.json().get("data"):
+                dep.model = listed.json()["data"][0]["id"]
                 return dep
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError):
             pass
         if time.monotonic() > deadline:
             raise SetupError(f"gateway not ready after {args.startup_timeout} s:\n{gateway.log_tail()}")
@@ -576,9 +607,24 @@ async def run_load(args, dep: Deployment, images: list[Image], events: list, rss
                     await asyncio.to_thread(victim.start, args.startup_timeout)
                 events.append(Event(time.monotonic() - t0, f"restarted {names}"))
 
+        async def freezes():
+            k = 0
+            while args.freeze > 0:
+                k += 1
+                at = t0 + (k - 0.5) * args.kill_interval
+                if at + args.freeze + 1 >= stop_at:
+                    return
+                await asyncio.sleep(max(0.0, at - time.monotonic()))
+                victim = dep.decodes[(k - 1) % len(dep.decodes)]
+                victim.signal(signal.SIGSTOP)
+                events.append(Event(time.monotonic() - t0, f"SIGSTOP {victim.name}"))
+                await asyncio.sleep(args.freeze)
+                victim.signal(signal.SIGCONT)
+                events.append(Event(time.monotonic() - t0, f"SIGCONT {victim.name}"))
+
         tasks = [asyncio.create_task(user()) for _ in range(args.concurrency)]
         helpers = [asyncio.create_task(sample_rss()), asyncio.create_task(chaos()),
-                   asyncio.create_task(idle_after_warmup())]
+                   asyncio.create_task(freezes()), asyncio.create_task(idle_after_warmup())]
         await asyncio.gather(*tasks, *helpers)
     return load.results, time.monotonic() - t0
 
@@ -586,7 +632,7 @@ async def run_load(args, dep: Deployment, images: list[Image], events: list, rss
 def idle_rss(args, dep: Deployment) -> int | None:
     """The gateway's RSS once it has had nothing in flight for
     ``--idle-wait`` seconds (waits at most ``--settle`` seconds for that)."""
-    deadline = time.monotonic() + args.settle
+    deadline = time.monotonic() + (args.settle if dep.kind == "iris" else 0)
     while time.monotonic() < deadline:
         text = scrape(dep.port)
         busy = [line for line in text.splitlines()
@@ -613,7 +659,7 @@ def readings(dep: Deployment) -> dict:
     """Everything that must be 0 once the system is idle (unreachable
     metrics count as held: a worker that did not come back is a failure)."""
     out = {}
-    gateway = scrape(dep.port)
+    gateway = scrape(dep.port) if dep.kind == "iris" else "smg: not read"
     for line in gateway.splitlines():
         if line.startswith("iris_worker_in_flight{"):
             out[f"gateway {line.split(' ')[0]}"] = float(line.rsplit(" ", 1)[1])
@@ -692,11 +738,12 @@ def summarise(args, dep, results, elapsed, events, held, rss, transport, gateway
         "no worker address in error messages": not leaks,
         "nothing held after settling (rooms, in flight, shm files, health)":
             not any(held.values()),
-        f"{args.transport} lane used": (transport.get(args.transport) or 0) > 0,
         "gateway alive": dep.gateway.popen.poll() is None,
         f"kills done ({args.expect_kills} expected)":
             sum(e.what.startswith("SIGKILL") for e in events) >= args.expect_kills,
     }
+    if dep.kind == "iris":
+        checks[f"{args.transport} lane used"] = (transport.get(args.transport) or 0) > 0
     if args.max_failures is not None:
         failures = total - outcomes["ok"]
         checks[f"client-visible failures <= {args.max_failures} (were {failures})"] = (
@@ -759,6 +806,12 @@ def parse_args(argv=None):
     p.add_argument("--restart-delay", type=float, default=3.0)
     p.add_argument("--replicas", type=int, default=2,
                    help="prefill and decode workers each (encoders: always 2)")
+    p.add_argument("--freeze", type=float, default=0.0,
+                   help="seconds a decode worker is frozen (SIGSTOP) halfway between kill rounds")
+    p.add_argument("--gateway", choices=["iris", "smg"], default="iris",
+                   help="the gateway in front of the workers (smg: the peer, for comparison)")
+    p.add_argument("--smg", default=shutil.which("smg") or str(REPO / ".venv" / "bin" / "smg"),
+                   help="the peer's launcher (for --gateway smg)")
     p.add_argument("--max-failures", type=int, default=None,
                    help="fail when more requests than this end in an error (clean or not)")
     p.add_argument("--expect-kills", type=int, default=None,
