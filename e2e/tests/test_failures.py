@@ -74,6 +74,21 @@ def read_until_error(stream) -> tuple:
     return chunks, None
 
 
+def read_moved(stream, head, what: str) -> list:
+    """The rest of a stream whose worker failed after ``head``: one whole
+    sequence, no gap and no repeat (one log probability per token), with
+    the usage of all of it."""
+    try:
+        chunks = head + list(stream)
+    except openai.APIError as error:
+        pytest.fail(f"the stream failed instead of {what}: {error!r}")
+    tokens = sum(len(c.choices[0].logprobs.content) for c in chunks
+                 if c.choices and c.choices[0].logprobs)
+    assert tokens == MIGRATED_TOKENS
+    assert chunks[-1].usage.completion_tokens == MIGRATED_TOKENS, chunks[-1].usage
+    return chunks
+
+
 def test_decode_killed_mid_stream(processes, model_dir):
     dep = prefill_decode(processes, model_dir, decodes=2, prefill_args=SLOW_PREFILL,
                          decode_args=SLOW_DECODE,
@@ -88,16 +103,7 @@ def test_decode_killed_mid_stream(processes, model_dir):
     assert head[0].choices[0].delta.role == "assistant"
     victim = serving_decode(gateway, decodes)
     victim.process.kill()
-    try:
-        chunks = head + list(stream)
-    except openai.APIError as error:
-        pytest.fail(f"the stream failed instead of moving to the other decode worker: {error!r}")
-
-    # One sequence, no gap and no repeat: one log probability per token.
-    tokens = sum(len(c.choices[0].logprobs.content) for c in chunks
-                 if c.choices and c.choices[0].logprobs)
-    assert tokens == MIGRATED_TOKENS
-    assert chunks[-1].usage.completion_tokens == MIGRATED_TOKENS, chunks[-1].usage
+    chunks = read_moved(stream, head, "moving to the other decode worker")
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finish == ["length"]
     text = gateway.metrics()
@@ -152,15 +158,7 @@ def test_image_stream_moves_while_its_pixels_are_cached(processes, model_dir, pi
         log = gateway.process.log_tail(20000)
         assert "no longer in the pixel cache" in log
         return
-    try:
-        chunks = head + list(stream)
-    except openai.APIError as error:
-        pytest.fail(f"the image stream failed instead of moving: {error!r}")
-    tokens = sum(len(c.choices[0].logprobs.content) for c in chunks
-                 if c.choices and c.choices[0].logprobs)
-    assert tokens == MIGRATED_TOKENS
-    usage = chunks[-1].usage
-    assert usage.completion_tokens == MIGRATED_TOKENS, usage
+    usage = read_moved(stream, head, "moving with its image")[-1].usage
     # The client's prompt count is its own, image tokens included.
     assert usage.prompt_tokens > 20, usage
     text = gateway.metrics()
@@ -185,19 +183,12 @@ def test_decode_frozen_mid_stream(processes, model_dir):
     victim.process.popen.send_signal(signal.SIGSTOP)
     started = time.monotonic()
     try:
-        chunks = head + list(stream)
-    except openai.APIError as error:
-        pytest.fail(f"the stream failed instead of leaving the frozen worker: {error!r}")
+        read_moved(stream, head, "leaving the frozen worker")
     finally:
         victim.process.popen.send_signal(signal.SIGCONT)
     # Caught by the health checks (0.2 s apart, 0.3 s each) and the 1 s
     # silence poll, not by HTTP/2 keep-alive (30 s + 20 s).
     assert time.monotonic() - started < ERROR_DEADLINE
-
-    tokens = sum(len(c.choices[0].logprobs.content) for c in chunks
-                 if c.choices and c.choices[0].logprobs)
-    assert tokens == MIGRATED_TOKENS
-    assert chunks[-1].usage.completion_tokens == MIGRATED_TOKENS, chunks[-1].usage
     text = gateway.metrics()
     assert metric(text, "iris_migrations_total", reason="unavailable") == 1, text
     log = gateway.process.log_tail(20000)

@@ -9,8 +9,8 @@ room TTL (encoder and engine rooms, in-flight counts, /dev/shm files), the
 shm lane used, every worker healthy again. Gateway RSS is reported but
 not checked here (``--no-rss-check``): 120 s on a loaded CI machine is too
 short for a steady state (seen: +16 %, +33 %, +124 % between windows);
-the 10-minute run checks it (10 %).
-The 10-minute run is docs/benchmarks.md, "Soak".
+the long run checks it (10 %).
+The 30-minute run is docs/benchmarks.md, "Soak".
 """
 
 from __future__ import annotations

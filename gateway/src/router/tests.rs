@@ -708,12 +708,19 @@ async fn unreachable_workers_cost_no_retry_and_leave_service_at_once() {
     // No retries allowed and circuits that would take three failures.
     let router = Arc::new(unshared(mode, 0, 3));
     for _ in 0..3 {
-        let mut generation = router.start(request()).await.expect("served by the live worker");
+        let mut generation = router
+            .start(request())
+            .await
+            .expect("served by the live worker");
         assert!(matches!(generation.next().await, Some(Ok(_))));
     }
     assert_eq!(good.generates(), 3);
     for worker in &dead {
-        assert!(!worker.is_healthy(), "{} is out at its first refusal", worker.url);
+        assert!(
+            !worker.is_healthy(),
+            "{} is out at its first refusal",
+            worker.url
+        );
     }
 }
 
