@@ -89,19 +89,29 @@ def read_moved(stream, head, what: str) -> list:
     return chunks
 
 
-def test_decode_killed_mid_stream(processes, model_dir):
+def two_decodes(processes, model_dir, *gateway_args):
+    """PD with one slow prefill and two slow decode workers, all healthy;
+    the gateway, the decode engines and a client."""
     dep = prefill_decode(processes, model_dir, decodes=2, prefill_args=SLOW_PREFILL,
                          decode_args=SLOW_DECODE,
-                         gateway_args=("--decode-policy", "round_robin"))
-    gateway, decodes = dep.gateway, dep.engines[1:]
-    wait_all_healthy(gateway, dep.engines)
-    client = gateway.client(timeout=3 * ERROR_DEADLINE)
+                         gateway_args=("--decode-policy", "round_robin", *gateway_args))
+    wait_all_healthy(dep.gateway, dep.engines)
+    return dep.gateway, dep.engines[1:], dep.gateway.client(timeout=3 * ERROR_DEADLINE)
 
+
+def stream_three_chunks(client, gateway, decodes):
+    """A long streamed chat, its first three chunks read; the stream, those
+    chunks and the decode engine serving it."""
     stream = chat(client, gateway.model, max_tokens=MIGRATED_TOKENS, stream=True,
                   logprobs=True, stream_options={"include_usage": True})
     head = [next(stream) for _ in range(3)]
+    return stream, head, serving_decode(gateway, decodes)
+
+
+def test_decode_killed_mid_stream(processes, model_dir):
+    gateway, decodes, client = two_decodes(processes, model_dir)
+    stream, head, victim = stream_three_chunks(client, gateway, decodes)
     assert head[0].choices[0].delta.role == "assistant"
-    victim = serving_decode(gateway, decodes)
     victim.process.kill()
     chunks = read_moved(stream, head, "moving to the other decode worker")
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -140,13 +150,8 @@ def image_chat(client, model, max_tokens):
 
 @pytest.mark.parametrize("pixel_cache_mb", ["64", "0"])
 def test_image_stream_moves_while_its_pixels_are_cached(processes, model_dir, pixel_cache_mb):
-    dep = prefill_decode(processes, model_dir, decodes=2, prefill_args=SLOW_PREFILL,
-                         decode_args=SLOW_DECODE,
-                         gateway_args=("--decode-policy", "round_robin",
-                                       "--mm-pixel-cache-mb", pixel_cache_mb))
-    gateway, decodes = dep.gateway, dep.engines[1:]
-    wait_all_healthy(gateway, dep.engines)
-    client = gateway.client(timeout=3 * ERROR_DEADLINE)
+    gateway, decodes, client = two_decodes(
+        processes, model_dir, "--mm-pixel-cache-mb", pixel_cache_mb)
 
     stream = image_chat(client, gateway.model, MIGRATED_TOKENS)
     head = [next(stream) for _ in range(3)]
@@ -168,18 +173,9 @@ def test_image_stream_moves_while_its_pixels_are_cached(processes, model_dir, pi
 
 
 def test_decode_frozen_mid_stream(processes, model_dir):
-    dep = prefill_decode(processes, model_dir, decodes=2, prefill_args=SLOW_PREFILL,
-                         decode_args=SLOW_DECODE,
-                         gateway_args=("--decode-policy", "round_robin",
-                                       "--health-check-timeout-secs", "0.3", *FAST_HEALTH))
-    gateway, decodes = dep.gateway, dep.engines[1:]
-    wait_all_healthy(gateway, dep.engines)
-    client = gateway.client(timeout=3 * ERROR_DEADLINE)
-
-    stream = chat(client, gateway.model, max_tokens=MIGRATED_TOKENS, stream=True,
-                  logprobs=True, stream_options={"include_usage": True})
-    head = [next(stream) for _ in range(3)]
-    victim = serving_decode(gateway, decodes)
+    gateway, decodes, client = two_decodes(
+        processes, model_dir, "--health-check-timeout-secs", "0.3", *FAST_HEALTH)
+    stream, head, victim = stream_three_chunks(client, gateway, decodes)
     victim.process.popen.send_signal(signal.SIGSTOP)
     started = time.monotonic()
     try:
@@ -194,17 +190,11 @@ def test_decode_frozen_mid_stream(processes, model_dir):
     log = gateway.process.log_tail(20000)
     assert "is hung" in log and victim.url.removeprefix("grpc://") in log
     # Thawed, it passes its checks and serves again.
-    wait_all_healthy(gateway, dep.engines)
+    wait_all_healthy(gateway, decodes)
 
 
 def test_a_stream_that_cannot_move_ends_with_a_clean_error(processes, model_dir):
-    dep = prefill_decode(processes, model_dir, decodes=2, prefill_args=SLOW_PREFILL,
-                         decode_args=SLOW_DECODE,
-                         gateway_args=("--decode-policy", "round_robin",
-                                       "--max-migrations", "0"))
-    gateway, decodes = dep.gateway, dep.engines[1:]
-    wait_all_healthy(gateway, dep.engines)
-    client = gateway.client(timeout=3 * ERROR_DEADLINE)
+    gateway, decodes, client = two_decodes(processes, model_dir, "--max-migrations", "0")
     stream = chat(client, gateway.model, max_tokens=500, stream=True)
     head = [next(stream) for _ in range(3)]
     assert head[0].choices[0].delta.role == "assistant"
