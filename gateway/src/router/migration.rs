@@ -212,7 +212,9 @@ impl Router {
                 worker = %worker.url,
                 "worker failed mid-stream; the request cannot move: its images are no longer in the pixel cache"
             );
-            return Err(RouteError::NoWorker(worker.role));
+            return Err(RouteError::Image(iris_openai::ApiError::internal(
+                "the worker failed mid-stream and the request could not move: its images are no longer cached",
+            )));
         };
         let reason = status
             .as_ref()
