@@ -136,9 +136,7 @@ impl PendingImages {
             .iter()
             .find_map(|p| p.peek().and_then(|r| r.as_ref().err().cloned()))
     }
-}
 
-impl PendingImages {
     /// The images as [`RememberedImages`]; `None` if one of them has not
     /// been preprocessed successfully (yet: this does not wait).
     pub fn remember(&self) -> Option<RememberedImages> {

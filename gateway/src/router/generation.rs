@@ -13,8 +13,10 @@
 //! silent for [`HUNG_POLL`] or longer whose worker (or, until the
 //! hand-over, whose prefill worker) has failed them fails that leg as
 //! UNAVAILABLE, so the request starts again or moves like after a crash
-//! (and the failure counts toward the worker's circuit). A worker that is slow but alive passes its checks and keeps its
-//! streams, however long its prefill.
+//! (and the failure counts toward the worker's circuit). One timer per
+//! generation ticks for the checks; a response costs only a clock read. A
+//! worker that is slow but alive passes its checks and keeps its streams,
+//! however long its prefill.
 //!
 //! A split request's cached tokens are the prefill leg's (the decode
 //! worker prefills nothing): the prefill leg's report is carried into the
@@ -112,6 +114,11 @@ pub struct Generation {
     migration: Option<Box<Migration>>,
     legs: Vec<Leg>,
     finished: bool,
+    /// Ticks every [`HUNG_POLL`] while the stream is read: each tick
+    /// looks for a hung worker ([`hung_leg`](Self::hung_leg)).
+    hung_tick: tokio::time::Interval,
+    /// When the stream last gave a response (or was started).
+    last_heard: tokio::time::Instant,
 }
 
 impl Generation {
@@ -138,6 +145,8 @@ impl Generation {
             migration: None,
             legs,
             finished: false,
+            hung_tick: hung_ticks(),
+            last_heard: tokio::time::Instant::now(),
         }
     }
 
@@ -220,7 +229,8 @@ impl Generation {
 
     /// A response on its way to the caller: at the first token the
     /// request's images are given back (remembered by weak handles) and a
-    /// streamed request becomes movable; after a move, it is rewritten as the one sequence.
+    /// streamed request becomes movable; after a move, it is rewritten as
+    /// the one sequence.
     fn pass(&mut self, mut response: GenerateResponse) -> GenerateResponse {
         if carries_tokens(&response) {
             if let Some(resume) = self.resume.take() {
@@ -304,7 +314,6 @@ impl Generation {
             return Some(Ok(response));
         }
         loop {
-            let hung = hung_leg(self.watched_workers());
             let failure = async {
                 match self.prefill_failure.as_mut() {
                     Some(rx) => rx.await.ok(),
@@ -314,6 +323,7 @@ impl Generation {
             tokio::select! {
                 biased;
                 message = next_message(&mut self.stream) => {
+                    self.last_heard = tokio::time::Instant::now();
                     return match message {
                         Ok(Some(response)) => {
                             if is_complete(&response) {
@@ -333,19 +343,33 @@ impl Generation {
                     // The prefill leg ended well: keep reading the stream.
                     None => self.prefill_failure = None,
                 },
-                hung = hung => return Some(Err(hung)),
+                _ = self.hung_tick.tick() => if let Some(hung) = self.hung_leg() {
+                    return Some(Err(hung));
+                },
             }
         }
     }
 
-    /// The workers whose hanging would stall the stream: its own, and the
-    /// prefill leg's until that leg has ended.
-    fn watched_workers(&self) -> Vec<(FailedLeg, Arc<Worker>)> {
-        let mut workers = vec![(FailedLeg::Stream, self.worker.clone())];
-        if self.prefill_failure.is_some() && self.legs.len() > 1 {
-            workers.push((FailedLeg::Prefill, self.legs[0].worker.clone()));
+    /// The leg that hangs, if the stream has been silent for at least
+    /// [`HUNG_POLL`] and its worker (or, until the prefill leg has ended,
+    /// the prefill worker) fails its health checks.
+    fn hung_leg(&self) -> Option<(FailedLeg, Status)> {
+        if self.last_heard.elapsed() < HUNG_POLL {
+            return None;
         }
-        workers
+        let prefill = self
+            .legs
+            .first()
+            .filter(|_| self.prefill_failure.is_some() && self.legs.len() > 1)
+            .map(|leg| (FailedLeg::Prefill, &leg.worker));
+        let (leg, worker) = std::iter::once((FailedLeg::Stream, &self.worker))
+            .chain(prefill)
+            .find(|(_, w)| !w.checks_pass())?;
+        let message = format!(
+            "worker {} is hung: it fails its health checks and its stream has been silent",
+            worker.url
+        );
+        Some((leg, Status::unavailable(message)))
     }
 
     /// Marks the request complete: dropping it will abort nothing.
@@ -400,19 +424,12 @@ async fn next_message(
     }
 }
 
-/// Resolves once the stream has been silent for at least [`HUNG_POLL`]
-/// and one of `workers` fails its health checks: that leg, as hung.
-async fn hung_leg(workers: Vec<(FailedLeg, Arc<Worker>)>) -> (FailedLeg, Status) {
-    loop {
-        tokio::time::sleep(HUNG_POLL).await;
-        if let Some((leg, worker)) = workers.iter().find(|(_, w)| !w.checks_pass()) {
-            let message = format!(
-                "worker {} is hung: it fails its health checks and its stream has been silent",
-                worker.url
-            );
-            return (*leg, Status::unavailable(message));
-        }
-    }
+/// One timer per generation for the hung-worker checks: its first tick
+/// one [`HUNG_POLL`] from now, missed ticks not made up.
+fn hung_ticks() -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + HUNG_POLL, HUNG_POLL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks
 }
 
 /// Whether `response` carries tokens or ends its sequence: what, once it
