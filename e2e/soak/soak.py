@@ -25,6 +25,20 @@ With ``--freeze SECS``, halfway between kill rounds one decode worker
 (taking turns) is frozen with SIGSTOP for SECS seconds and then thawed: a
 hung worker, alive to TCP, answering nothing.
 
+With ``--partition SECS``, a fifth of an interval after each kill round
+(the restarted workers back in service) the worker of the next round's
+victims, decode, prefill or encoder in turns, is cut off the network for
+SECS seconds: an nftables rule drops every packet to and from its
+gRPC and data ports (not its metrics port, which the script reads), so
+open connections stall and new ones time out, as behind a failed switch.
+Needs root and ``nft`` (Debian ``nftables``); the table is removed at exit.
+
+Time to rejoin: every worker's own request counter
+(``iris_engine_requests_total``, ``iris_encoder_encode_requests_total``)
+is read every 0.25 s; from the moment a worker is back (restarted and
+listening, thawed, or reconnected) to the first request it takes is its
+rejoin time, reported per kind of outage for either gateway.
+
 ``--gateway smg`` puts the peer gateway (``smg launch``, ``--smg``) in
 front of the same workers with the same health-check settings, for the
 chaos comparison; the checks that read the gateway's own metrics (its
@@ -160,6 +174,50 @@ def load_images(directory: Path, exclude: list) -> list[Image]:
     return images
 
 
+# ---------------------------------------------------------------- partitions
+
+
+class Partitions:
+    """Network partitions on loopback: an nftables table whose set of ports
+    has every packet to or from it dropped (both directions: requests by
+    destination port, answers by source port)."""
+
+    def __init__(self):
+        self.table = f"iris_soak_{os.getpid()}"
+        self.active = False
+
+    def _nft(self, *command: str) -> None:
+        done = subprocess.run(["nft", *command], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SetupError(f"nft {' '.join(command)}: {done.stderr.strip()}")
+
+    def setup(self) -> None:
+        if shutil.which("nft") is None:
+            raise SetupError("--partition needs nft (apt-get install nftables) and root")
+        t = self.table
+        self._nft("add", "table", "inet", t)
+        self.active = True
+        self._nft("add", "set", "inet", t, "cut", "{ type inet_service; }")
+        self._nft("add", "chain", "inet", t, "input",
+                  "{ type filter hook input priority -10; }")
+        self._nft("add", "rule", "inet", t, "input", "tcp", "dport", "@cut", "drop")
+        self._nft("add", "rule", "inet", t, "input", "tcp", "sport", "@cut", "drop")
+
+    def cut(self, ports: list) -> None:
+        self._nft("add", "element", "inet", self.table, "cut",
+                  "{ " + ", ".join(str(p) for p in ports) + " }")
+
+    def heal(self, ports: list) -> None:
+        self._nft("delete", "element", "inet", self.table, "cut",
+                  "{ " + ", ".join(str(p) for p in ports) + " }")
+
+    def teardown(self) -> None:
+        if self.active:
+            subprocess.run(["nft", "delete", "table", "inet", self.table],
+                           capture_output=True)
+            self.active = False
+
+
 # ---------------------------------------------------------------- processes
 
 
@@ -174,6 +232,9 @@ class Worker:
     process: Process | None = None
     starts: int = 0
     env: dict | None = None
+    grpc: int = 0
+    data: int = 0  # 0: none (decode workers)
+    metrics: int = 0
 
     def start(self, timeout: float) -> None:
         """Starts the worker and waits for its listening line; retries while
@@ -204,6 +265,18 @@ class Worker:
         """Sends ``signum`` (SIGSTOP, SIGCONT) to the running worker."""
         if self.process is not None and self.process.popen.poll() is None:
             self.process.popen.send_signal(signum)
+
+    @property
+    def ports(self) -> list:
+        """The ports a partition cuts: gRPC, and data when it has one."""
+        return [p for p in (self.grpc, self.data) if p]
+
+    @property
+    def counter(self) -> str:
+        """Its own count of requests taken, on its metrics port."""
+        if self.name.startswith("encoder"):
+            return "iris_encoder_encode_requests_total"
+        return "iris_engine_requests_total"
 
 
 def wait_for_line(process: Process, pattern: re.Pattern, timeout: float) -> bool:
@@ -312,7 +385,7 @@ def start_deployment(args, work: Path) -> Deployment:
             "--compute", args.encoder_compute, "--room-ttl-secs", ttl, *lane.encoder_args,
             *expose],
             ENCODER_LINE, logs, env=lane.env))
-        encoders[-1].grpc, encoders[-1].data = grpc, data
+        encoders[-1].grpc, encoders[-1].data, encoders[-1].metrics = grpc, data, metrics
     prefills, decodes = [], []
     for i in range(args.replicas):
         grpc, data, metrics = free_port(), free_port(), free_port()
@@ -322,7 +395,7 @@ def start_deployment(args, work: Path) -> Deployment:
             bins / "iris-engine", "--role", "prefill", "--host", "127.0.0.1", "--port", grpc,
             "--bootstrap-port", data, "--metrics-port", metrics, "--model-path", model,
             "--room-ttl-secs", ttl, *expose], ENGINE_LINE, logs))
-        prefills[-1].grpc, prefills[-1].data = grpc, data
+        prefills[-1].grpc, prefills[-1].data, prefills[-1].metrics = grpc, data, metrics
         grpc, metrics = free_port(), free_port()
         name = f"decode{i}"
         metrics_ports[name] = metrics
@@ -330,7 +403,7 @@ def start_deployment(args, work: Path) -> Deployment:
             bins / "iris-engine", "--role", "decode", "--host", "127.0.0.1", "--port", grpc,
             "--bootstrap-port", "0", "--metrics-port", metrics, "--model-path", model,
             *expose], ENGINE_LINE, logs))
-        decodes[-1].grpc = grpc
+        decodes[-1].grpc, decodes[-1].metrics = grpc, metrics
     for worker in [*encoders, *prefills, *decodes]:
         worker.start(args.startup_timeout)
     port = free_port()
@@ -542,8 +615,26 @@ class Event:
     what: str
 
 
+@dataclass
+class Outage:
+    """One worker out of service (killed, frozen or partitioned) and when
+    it took a request again."""
+
+    worker: Worker
+    kind: str  # restart, thaw or heal
+    baseline: float = 0.0  # its request counter before it went out
+    back: float | None = None  # seconds into the run it was back
+    rejoined: float | None = None  # seconds from back to its first request
+
+
+def served(worker: Worker) -> float | None:
+    """The worker's own count of requests taken (None: unreadable)."""
+    text = scrape(worker.metrics, timeout=1.0)
+    return metric(text, worker.counter) if text else None
+
+
 async def run_load(args, dep: Deployment, images: list[Image], events: list, rss: list,
-                   idle: list):
+                   idle: list, outages: list, partitions: Partitions | None):
     load = Load(args, dep, images)
     t0 = time.monotonic()
     stop_at = t0 + args.duration
@@ -601,10 +692,14 @@ async def run_load(args, dep: Deployment, images: list[Image], events: list, rss
                 names = ", ".join(v.name for v in victims)
                 for victim in victims:
                     victim.kill()
+                    for pending in outages:
+                        if pending.worker is victim and pending.rejoined is None:
+                            pending.kind += " (then killed)"
                 events.append(Event(time.monotonic() - t0, f"SIGKILL {names}"))
                 await asyncio.sleep(args.restart_delay)
                 for victim in victims:
                     await asyncio.to_thread(victim.start, args.startup_timeout)
+                    outages.append(Outage(victim, "restart", back=time.monotonic() - t0))
                 events.append(Event(time.monotonic() - t0, f"restarted {names}"))
 
         async def freezes():
@@ -616,15 +711,50 @@ async def run_load(args, dep: Deployment, images: list[Image], events: list, rss
                     return
                 await asyncio.sleep(max(0.0, at - time.monotonic()))
                 victim = dep.decodes[(k - 1) % len(dep.decodes)]
+                outage = Outage(victim, "thaw", await asyncio.to_thread(served, victim) or 0.0)
                 victim.signal(signal.SIGSTOP)
                 events.append(Event(time.monotonic() - t0, f"SIGSTOP {victim.name}"))
                 await asyncio.sleep(args.freeze)
                 victim.signal(signal.SIGCONT)
+                outage.back = time.monotonic() - t0
+                outages.append(outage)
                 events.append(Event(time.monotonic() - t0, f"SIGCONT {victim.name}"))
+
+        async def partition():
+            """After each kill round, once the restarted workers are back, the
+            worker of the next round's victims (decode, prefill, encoder in
+            turns) is cut off: the other one of its role is serving again."""
+            k = 0
+            while partitions is not None:
+                k += 1
+                at = t0 + (k + 0.2) * args.kill_interval
+                if at + args.partition + 1 >= stop_at:
+                    return
+                await asyncio.sleep(max(0.0, at - time.monotonic()))
+                role = (dep.decodes, dep.prefills, dep.encoders)[(k - 1) % 3]
+                victim = role[k % len(role)]
+                outage = Outage(victim, "heal", await asyncio.to_thread(served, victim) or 0.0)
+                await asyncio.to_thread(partitions.cut, victim.ports)
+                events.append(Event(time.monotonic() - t0, f"partitioned {victim.name}"))
+                await asyncio.sleep(args.partition)
+                await asyncio.to_thread(partitions.heal, victim.ports)
+                outage.back = time.monotonic() - t0
+                outages.append(outage)
+                events.append(Event(time.monotonic() - t0, f"reconnected {victim.name}"))
+
+        async def rejoins():
+            """Times each outage from the worker being back to its first request."""
+            while time.monotonic() < stop_at + 2:
+                for outage in [o for o in outages if o.rejoined is None]:
+                    value = await asyncio.to_thread(served, outage.worker)
+                    if value is not None and value > outage.baseline:
+                        outage.rejoined = time.monotonic() - t0 - outage.back
+                await asyncio.sleep(0.25)
 
         tasks = [asyncio.create_task(user()) for _ in range(args.concurrency)]
         helpers = [asyncio.create_task(sample_rss()), asyncio.create_task(chaos()),
-                   asyncio.create_task(freezes()), asyncio.create_task(idle_after_warmup())]
+                   asyncio.create_task(freezes()), asyncio.create_task(partition()),
+                   asyncio.create_task(rejoins()), asyncio.create_task(idle_after_warmup())]
         await asyncio.gather(*tasks, *helpers)
     return load.results, time.monotonic() - t0
 
@@ -714,7 +844,29 @@ def rss_figures(args, samples: list, idle_warm: int | None, idle_end: int | None
     return out
 
 
-def summarise(args, dep, results, elapsed, events, held, rss, transport, gateway_outcomes):
+def rejoin_figures(outages: list) -> dict:
+    """Per kind of outage: how many, how many never took a request again
+    before the end (and how many were killed first: not counted), and the
+    rejoin times' min / p50 / max in seconds."""
+    out = {}
+    for kind in ("restart", "thaw", "heal"):
+        mine = [o for o in outages if o.kind == kind]
+        killed = sum(o.kind == f"{kind} (then killed)" for o in outages)
+        if not mine and not killed:
+            continue
+        times = sorted(o.rejoined for o in mine if o.rejoined is not None)
+        figures = {"outages": len(mine), "not_rejoined": len(mine) - len(times),
+                   "killed_before_rejoining": killed}
+        if times:
+            figures.update({"min": round(times[0], 2),
+                            "p50": round(times[len(times) // 2], 2),
+                            "max": round(times[-1], 2)})
+        out[kind] = figures
+    return out
+
+
+def summarise(args, dep, results, elapsed, events, held, rss, transport, gateway_outcomes,
+              outages):
     """The figures and checks; ``rss`` is (samples, idle after warm-up, idle at the end)."""
     outcomes = Counter(r.outcome for r in results)
     by_kind = Counter((r.kind, "stream" if r.stream else "plain", r.outcome) for r in results)
@@ -766,6 +918,7 @@ def summarise(args, dep, results, elapsed, events, held, rss, transport, gateway
         "transport_tensors": transport,
         "gateway_outcomes": gateway_outcomes,
         "rss": figures,
+        "rejoin_s": rejoin_figures(outages),
         "checks": checks,
         "passed": all(checks.values()),
     }
@@ -786,7 +939,7 @@ def print_summary(summary: dict):
               f"({summary['requests_per_s']}/s) at concurrency {summary['concurrency']}\n")
     for key in ("outcomes", "by_kind", "clean_error_statuses", "clean_error_messages",
                 "lost_or_hung", "address_leaks", "latency_s", "transport_tensors",
-                "gateway_outcomes", "held_after_settling", "rss"):
+                "gateway_outcomes", "held_after_settling", "rss", "rejoin_s"):
         out.write(f"{key}: {json.dumps(summary[key], indent=None)}\n")
     out.write("events:\n" + "".join(f"  {e}\n" for e in summary["events"]))
     out.write("checks:\n")
@@ -808,6 +961,9 @@ def parse_args(argv=None):
                    help="prefill and decode workers each (encoders: always 2)")
     p.add_argument("--freeze", type=float, default=0.0,
                    help="seconds a decode worker is frozen (SIGSTOP) halfway between kill rounds")
+    p.add_argument("--partition", type=float, default=0.0,
+                   help="seconds a worker is cut off the network (nftables) from a fifth of an "
+                        "interval after each kill round")
     p.add_argument("--gateway", choices=["iris", "smg"], default="iris",
                    help="the gateway in front of the workers (smg: the peer, for comparison)")
     p.add_argument("--smg", default=shutil.which("smg") or str(REPO / ".venv" / "bin" / "smg"),
@@ -857,6 +1013,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.warmup is None:
         args.warmup = args.duration * 0.2
+    if args.partition and args.partition + 1 > args.kill_interval * 0.3:
+        p.error("--partition must end a second before the freeze halfway between kill "
+                "rounds: at most 0.3 of --kill-interval, less a second")
     schedule = int((args.duration - args.restart_delay - 1) // args.kill_interval)
     if args.expect_kills is None:
         args.expect_kills = max(0, schedule)
@@ -869,14 +1028,18 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     dep = None
     summary = None
+    partitions = Partitions() if args.partition > 0 else None
     try:
         images = load_images(args.images, args.exclude)
+        if partitions is not None:
+            partitions.setup()
         dep = start_deployment(args, work)
         print(f"soak: gateway {dep.base_url} (pid {dep.gateway.popen.pid}), "
               f"{len(images)} images, {args.duration:.0f} s at concurrency {args.concurrency}, "
               f"kills every {args.kill_interval:.0f} s; logs in {work}", flush=True)
-        events, rss, idle = [], [], [None]
-        results, elapsed = asyncio.run(run_load(args, dep, images, events, rss, idle))
+        events, rss, idle, outages = [], [], [None], []
+        results, elapsed = asyncio.run(run_load(args, dep, images, events, rss, idle, outages,
+                                                partitions))
         held = settle(args, dep)
         idle_end = idle_rss(args, dep)
         text = scrape(dep.port)
@@ -886,7 +1049,7 @@ def main(argv=None) -> int:
                             for o in ("ok", "client_error", "no_worker", "upstream_error",
                                       "timeout", "cancelled")}
         summary = summarise(args, dep, results, elapsed, events, held, (rss, idle[0], idle_end),
-                            transport, gateway_outcomes)
+                            transport, gateway_outcomes, outages)
         summary["work_dir"] = str(work)
         summary["rss_samples"] = [[round(t, 1), v] for t, v in rss]
         print_summary(summary)
@@ -897,6 +1060,8 @@ def main(argv=None) -> int:
         print(f"soak: setup failed: {e}", file=sys.stderr)
         return 2
     finally:
+        if partitions is not None:
+            partitions.teardown()
         if dep is not None:
             dep.gateway.stop()
             for worker in [*dep.encoders, *dep.prefills, *dep.decodes]:

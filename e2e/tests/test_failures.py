@@ -6,6 +6,8 @@
   with no gap or repeat; the gateway keeps serving (retrying past the dead
   one). With --max-migrations 0 the client gets a clean error quickly,
   never a hang;
+- the same with two sequences (``n`` = 2): each continues from its own
+  tokens, both complete whole;
 - the same with an image in the request: it moves too, its pixels found
   again in the pixel cache; without a pixel cache it cannot, and the
   client gets a clean error event;
@@ -136,6 +138,35 @@ def test_decode_killed_mid_stream(processes, model_dir):
             pytest.fail(f"request {attempt + 1} after the kill failed: {error!r}")
         assert answer.choices[0].finish_reason == "length"
         assert answer.usage.completion_tokens == 8
+
+
+def test_two_sequences_move_each_from_their_own_tokens(processes, model_dir):
+    gateway, decodes, client = two_decodes(processes, model_dir)
+    stream = chat(client, gateway.model, max_tokens=MIGRATED_TOKENS, stream=True, n=2,
+                  logprobs=True, stream_options={"include_usage": True})
+    head = [next(stream) for _ in range(6)]
+    victim = serving_decode(gateway, decodes)
+    victim.process.kill()
+    try:
+        chunks = head + list(stream)
+    except openai.APIError as error:
+        pytest.fail(f"the stream failed instead of moving both sequences: {error!r}")
+    tokens, finishes = {0: 0, 1: 0}, {0: [], 1: []}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            if choice.logprobs and choice.logprobs.content:
+                tokens[choice.index] += len(choice.logprobs.content)
+            if choice.finish_reason:
+                finishes[choice.index].append(choice.finish_reason)
+    assert tokens == {0: MIGRATED_TOKENS, 1: MIGRATED_TOKENS}, "a gap or a repeat"
+    assert finishes == {0: ["length"], 1: ["length"]}
+    assert chunks[-1].usage.completion_tokens == 2 * MIGRATED_TOKENS, chunks[-1].usage
+    text = gateway.metrics()
+    moved = sum(metric(text, "iris_migrations_total", reason=r) or 0
+                for r in ("unavailable", "unknown", "internal", "stream_ended", "cancelled"))
+    assert moved == 1, text
+    log = gateway.process.log_tail(20000)
+    assert "-seq0" in log or "continues elsewhere" in log
 
 
 def image_chat(client, model, max_tokens):

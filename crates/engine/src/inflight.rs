@@ -15,6 +15,7 @@ pub struct InFlight {
     waiting: AtomicI64,
     waiting_tokens: AtomicI64,
     generated_tokens: AtomicI64,
+    registered_total: AtomicI64,
 }
 
 /// Keeps a request registered; unregisters it when dropped.
@@ -67,6 +68,8 @@ pub struct Loads {
     pub waiting: i64,
     pub waiting_tokens: i64,
     pub generated_tokens: i64,
+    /// Requests registered since start.
+    pub registered_total: i64,
 }
 
 impl InFlight {
@@ -83,6 +86,7 @@ impl InFlight {
         }
         let cancel = CancellationToken::new();
         map.insert(request_id.to_owned(), cancel.clone());
+        self.registered_total.fetch_add(1, Ordering::Relaxed);
         Some(Registration {
             registry: self.clone(),
             request_id: request_id.to_owned(),
@@ -141,6 +145,7 @@ impl InFlight {
             waiting: self.waiting.load(Ordering::Relaxed),
             waiting_tokens: self.waiting_tokens.load(Ordering::Relaxed),
             generated_tokens: self.generated_tokens.load(Ordering::Relaxed),
+            registered_total: self.registered_total.load(Ordering::Relaxed),
         }
     }
 
@@ -168,6 +173,11 @@ mod tests {
         drop(r);
         assert!(!reg.abort("a"));
         assert!(reg.is_empty());
+        assert_eq!(
+            reg.loads().registered_total,
+            1,
+            "the refused duplicate is not counted"
+        );
     }
 
     #[test]
@@ -185,7 +195,8 @@ mod tests {
                 running: 0,
                 waiting: 0,
                 waiting_tokens: 0,
-                generated_tokens: 0
+                generated_tokens: 0,
+                registered_total: 0
             }
         );
     }

@@ -28,6 +28,12 @@ pub fn render(engine: &Engine) -> String {
         "Tokens generated.",
         u64::try_from(loads.generated_tokens).unwrap_or(0),
     );
+    counter(
+        &mut out,
+        &format!("{PREFIX}_requests_total"),
+        "Generate requests taken (registered) since start.",
+        u64::try_from(loads.registered_total).unwrap_or(0),
+    );
     let gauges = [
         (
             "requests_running",

@@ -113,6 +113,9 @@ pub struct Generation {
     /// After it: how to continue elsewhere (streamed text requests).
     migration: Option<Box<Migration>>,
     legs: Vec<Leg>,
+    /// Reads the generations of a move's sequences ([`Self::merged`]):
+    /// they watch their own workers and abort their own legs.
+    merged: bool,
     finished: bool,
     /// Ticks every [`HUNG_POLL`] while the stream is read: each tick
     /// looks for a hung worker ([`hung_leg`](Self::hung_leg)).
@@ -144,10 +147,24 @@ impl Generation {
             resume: None,
             migration: None,
             legs,
+            merged: false,
             finished: false,
             hung_tick: hung_ticks(),
             last_heard: tokio::time::Instant::now(),
         }
+    }
+
+    /// The generations continuing a request's sequences after a move,
+    /// read as one (`parts`: each sequence's index and its generation;
+    /// `worker`: one of theirs, named in errors): their responses under
+    /// the sequences' own indexes, as they come. Dropped unfinished, it
+    /// drops the parts, which abort their legs.
+    pub(super) fn merged(worker: Arc<Worker>, parts: Vec<(u32, Generation)>) -> Generation {
+        let streams = parts.into_iter().map(|(index, part)| indexed(part, index));
+        let stream: ResponseStream = Box::pin(futures::stream::select_all(streams));
+        let mut generation = Generation::new(stream, worker, None, Vec::new());
+        generation.merged = true;
+        generation
     }
 
     /// Lets the generation start again on other workers if a leg fails
@@ -354,7 +371,7 @@ impl Generation {
     /// [`HUNG_POLL`] and its worker (or, until the prefill leg has ended,
     /// the prefill worker) fails its health checks.
     fn hung_leg(&self) -> Option<(FailedLeg, Status)> {
-        if self.last_heard.elapsed() < HUNG_POLL {
+        if self.merged || self.last_heard.elapsed() < HUNG_POLL {
             return None;
         }
         let prefill = self
@@ -398,9 +415,14 @@ impl Generation {
     /// The worker's stream is then drained like after [`finish`](Self::finish):
     /// the aborted request ends with a complete of its own.
     pub fn abort(&mut self, reason: &str) {
-        if !self.finished {
+        let unfinished = !self.finished;
+        if unfinished {
             self.legs.iter().for_each(|leg| leg.abort(reason));
             self.finished = true;
+        }
+        if self.merged && unfinished {
+            // Dropping the parts unfinished aborts their legs.
+            self.stream = None;
         }
         self.drain_in_background();
     }
@@ -422,6 +444,27 @@ async fn next_message(
         Some(stream) => stream.next().await.transpose(),
         None => Ok(None),
     }
+}
+
+/// `generation`'s responses as sequence `index`'s.
+fn indexed(generation: Generation, index: u32) -> ResponseStream {
+    Box::pin(futures::stream::unfold(
+        generation,
+        move |mut part| async move {
+            let item = part.next().await?;
+            Some((item.map(|response| with_index(response, index)), part))
+        },
+    ))
+}
+
+/// `response` of sequence `index`.
+fn with_index(mut response: GenerateResponse, index: u32) -> GenerateResponse {
+    match response.response.as_mut() {
+        Some(generate_response::Response::Chunk(chunk)) => chunk.index = index,
+        Some(generate_response::Response::Complete(complete)) => complete.index = index,
+        None => {}
+    }
+    response
 }
 
 /// One timer per generation for the hung-worker checks: its first tick

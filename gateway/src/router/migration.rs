@@ -8,9 +8,14 @@
 //! before. Stop strings, reasoning and tool-call parsing live above the
 //! router, so their state carries over untouched.
 //!
-//! Which requests migrate: streamed, one sequence (`n` = 1), no
-//! constrained decoding (the new worker's constraint would start over), no
-//! prompt log probabilities. Images and videos go again with the request:
+//! A request of several sequences (`n` > 1) continues as one request per
+//! unfinished sequence (each has its own prefix; `n` = 1), started
+//! together; their responses are merged back under the sequences' own
+//! indexes ([`super::Generation::merged`]). A later failure of any of them
+//! moves every unfinished sequence again, within the same budget.
+//!
+//! Which requests migrate: streamed, no constrained decoding (the new
+//! worker's constraint would start over), no prompt log probabilities. Images and videos go again with the request:
 //! their memory was given back at the first token, so they are found by
 //! weak handles ([`RememberedImages`]) while the pixel cache still holds
 //! their pixels; one it no longer holds ends the request with the failure.
@@ -21,7 +26,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use iris_proto::scheduler::{generate_response, GenerateRequest, GenerateResponse, OutputLogProbs};
+use iris_proto::scheduler::{
+    generate_response, GenerateComplete, GenerateRequest, GenerateResponse, GenerateStreamChunk,
+    OutputLogProbs,
+};
 use tonic::{Code, Status};
 
 use super::dispatch::Attempts;
@@ -60,6 +68,51 @@ pub fn reason_of(code: Code) -> usize {
     (code as usize).min(STREAM_ENDED - 1)
 }
 
+/// One sequence of a request as the client has seen it.
+#[derive(Debug, Default)]
+struct Sequence {
+    /// Every token streamed to the client so far, with its log
+    /// probabilities when they were asked.
+    generated: Vec<u32>,
+    logprobs: Option<OutputLogProbs>,
+    /// Tokens the current worker did not generate (0 before a move).
+    offset: usize,
+    completed: bool,
+}
+
+impl Sequence {
+    /// Rewrites a chunk of the current worker as this sequence's, and
+    /// records its tokens.
+    fn chunk(&mut self, chunk: &mut GenerateStreamChunk) {
+        chunk.completion_tokens = chunk.completion_tokens.saturating_add(self.offset_u32());
+        self.generated.extend_from_slice(&chunk.token_ids);
+        if let Some(lp) = &chunk.output_logprobs {
+            append(self.logprobs.get_or_insert_with(Default::default), lp);
+        }
+    }
+
+    /// Rewrites the current worker's completion as this sequence's whole.
+    fn complete(&mut self, complete: &mut GenerateComplete) {
+        self.completed = true;
+        complete.completion_tokens = complete.completion_tokens.saturating_add(self.offset_u32());
+        if self.offset == 0 {
+            return;
+        }
+        let mut ids = self.generated[..self.offset].to_vec();
+        ids.extend_from_slice(&complete.output_ids);
+        complete.output_ids = ids;
+        if let (Some(before), Some(after)) = (&self.logprobs, &complete.output_logprobs) {
+            let mut all = head(before, self.offset);
+            append(&mut all, after);
+            complete.output_logprobs = Some(all);
+        }
+    }
+
+    fn offset_u32(&self) -> u32 {
+        u32::try_from(self.offset).unwrap_or(u32::MAX)
+    }
+}
+
 /// A streamed request that may continue on another worker.
 pub(super) struct Migration {
     router: Arc<Router>,
@@ -67,18 +120,13 @@ pub(super) struct Migration {
     request: GenerateRequest,
     /// Its images, while their pixels are held somewhere.
     images: RememberedImages,
-    /// Every token streamed to the client so far, with its log
-    /// probabilities when they were asked.
-    generated: Vec<u32>,
-    logprobs: Option<OutputLogProbs>,
-    /// Tokens the current worker did not generate (0 before a move).
-    offset: usize,
+    /// Its sequences, by index (`n` of them).
+    sequences: Vec<Sequence>,
     /// What the first worker reported, which the client keeps seeing.
     prompt_tokens: u32,
     cached_tokens: u32,
     /// Moves made.
     made: u32,
-    completed: bool,
 }
 
 impl Migration {
@@ -92,20 +140,18 @@ impl Migration {
         let sampling = request.sampling_params.as_ref();
         let movable = router.max_migrations > 0
             && request.stream
-            && sampling.is_none_or(|s| s.n <= 1 && s.constraint.is_none())
+            && sampling.is_none_or(|s| s.constraint.is_none())
             && request.logprob_start_len.is_none_or(|start| start < 0);
         let images = images?;
+        let n = sampling.map_or(1, |s| s.n.max(1)) as usize;
         movable.then(|| Migration {
             router: router.clone(),
             request,
             images,
-            generated: Vec::new(),
-            logprobs: None,
-            offset: 0,
+            sequences: std::iter::repeat_with(Sequence::default).take(n).collect(),
             prompt_tokens: 0,
             cached_tokens: 0,
             made: 0,
-            completed: false,
         })
     }
 
@@ -113,70 +159,78 @@ impl Migration {
         &self.router
     }
 
-    /// Whether a failure now may move the request: tokens were streamed,
-    /// the sequence has not completed, and moves are left.
+    /// Whether a failure now may move the request: a sequence has not
+    /// completed, and moves are left.
     pub fn can_move(&self) -> bool {
-        !self.completed && !self.generated.is_empty() && self.made < self.router.max_migrations
+        self.sequences.iter().any(|s| !s.completed) && self.made < self.router.max_migrations
     }
 
-    /// Rewrites a response of the current worker as the client's one
-    /// sequence, and records its tokens.
+    /// Rewrites a response of the current worker as the client's
+    /// sequence of its index, and records its tokens.
     pub fn pass(&mut self, response: &mut GenerateResponse) {
         use generate_response::Response;
-        let offset = u32::try_from(self.offset).unwrap_or(u32::MAX);
+        let moved = self.made > 0;
+        let (index, prompt, cached) = match response.response.as_mut() {
+            Some(Response::Chunk(c)) => (c.index, &mut c.prompt_tokens, &mut c.cached_tokens),
+            Some(Response::Complete(c)) => (c.index, &mut c.prompt_tokens, &mut c.cached_tokens),
+            None => return,
+        };
+        if moved {
+            *prompt = self.prompt_tokens;
+            *cached = self.cached_tokens;
+        } else {
+            self.prompt_tokens = self.prompt_tokens.max(*prompt);
+            self.cached_tokens = self.cached_tokens.max(*cached);
+        }
+        let Some(sequence) = self.sequences.get_mut(index as usize) else {
+            return; // an index out of range is the caller's to refuse
+        };
         match response.response.as_mut() {
-            Some(Response::Chunk(chunk)) => {
-                if self.made == 0 {
-                    self.first_report(chunk.prompt_tokens, chunk.cached_tokens);
-                } else {
-                    chunk.prompt_tokens = self.prompt_tokens;
-                    chunk.cached_tokens = self.cached_tokens;
-                    chunk.completion_tokens = chunk.completion_tokens.saturating_add(offset);
-                }
-                self.generated.extend_from_slice(&chunk.token_ids);
-                if let Some(lp) = &chunk.output_logprobs {
-                    append(self.logprobs.get_or_insert_with(Default::default), lp);
-                }
-            }
-            Some(Response::Complete(complete)) => {
-                self.completed = true;
-                if self.made == 0 {
-                    return;
-                }
-                complete.prompt_tokens = self.prompt_tokens;
-                complete.cached_tokens = self.cached_tokens;
-                complete.completion_tokens = complete.completion_tokens.saturating_add(offset);
-                let mut ids = self.generated[..self.offset].to_vec();
-                ids.extend_from_slice(&complete.output_ids);
-                complete.output_ids = ids;
-                if let (Some(before), Some(after)) = (&self.logprobs, &complete.output_logprobs) {
-                    let mut all = head(before, self.offset);
-                    append(&mut all, after);
-                    complete.output_logprobs = Some(all);
-                }
-            }
+            Some(Response::Chunk(chunk)) => sequence.chunk(chunk),
+            Some(Response::Complete(complete)) => sequence.complete(complete),
             None => {}
         }
     }
 
-    fn first_report(&mut self, prompt_tokens: u32, cached_tokens: u32) {
-        self.prompt_tokens = self.prompt_tokens.max(prompt_tokens);
-        self.cached_tokens = self.cached_tokens.max(cached_tokens);
+    /// The requests that continue the unfinished sequences on other
+    /// workers, with their indexes: one request of `n` = 1 per sequence
+    /// (each has its own prefix), or the request itself for one sequence.
+    fn continuations(&mut self) -> Vec<(u32, GenerateRequest)> {
+        let split = self.sequences.len() > 1;
+        let base = &self.request;
+        let made = self.made;
+        let mut out = Vec::new();
+        for (index, sequence) in self.sequences.iter_mut().enumerate() {
+            if sequence.completed {
+                continue;
+            }
+            sequence.offset = sequence.generated.len();
+            let index = u32::try_from(index).unwrap_or(u32::MAX);
+            let mut request = base.clone();
+            request.request_id = match split {
+                true => format!("{}-migrated{made}-seq{index}", base.request_id),
+                false => format!("{}-migrated{made}", base.request_id),
+            };
+            continue_after(&mut request, &sequence.generated, split);
+            out.push((index, request));
+        }
+        out
     }
+}
 
-    /// The request that continues the sequence on another worker.
-    fn continuation(&self) -> GenerateRequest {
-        let mut request = self.request.clone();
-        let streamed = u32::try_from(self.generated.len()).unwrap_or(u32::MAX);
-        request.request_id = format!("{}-migrated{}", self.request.request_id, self.made);
-        if let Some(tokenized) = request.tokenized.as_mut() {
-            tokenized.input_ids.extend_from_slice(&self.generated);
+/// `request` continued after `generated`: the tokens appended to its
+/// prompt, its budgets reduced by them, one sequence when `single`.
+fn continue_after(request: &mut GenerateRequest, generated: &[u32], single: bool) {
+    let streamed = u32::try_from(generated.len()).unwrap_or(u32::MAX);
+    if let Some(tokenized) = request.tokenized.as_mut() {
+        tokenized.input_ids.extend_from_slice(generated);
+    }
+    if let Some(sampling) = request.sampling_params.as_mut() {
+        sampling.max_new_tokens = sampling.max_new_tokens.map(|m| m.saturating_sub(streamed));
+        sampling.min_new_tokens = sampling.min_new_tokens.saturating_sub(streamed);
+        if single {
+            sampling.n = 1;
         }
-        if let Some(sampling) = request.sampling_params.as_mut() {
-            sampling.max_new_tokens = sampling.max_new_tokens.map(|m| m.saturating_sub(streamed));
-            sampling.min_new_tokens = sampling.min_new_tokens.saturating_sub(streamed);
-        }
-        request
     }
 }
 
@@ -220,20 +274,39 @@ impl Router {
             .as_ref()
             .map_or(STREAM_ENDED, |s| reason_of(s.code()));
         migration.made += 1;
-        migration.offset = migration.generated.len();
         self.migrations[reason].fetch_add(1, Ordering::Relaxed);
+        let streamed: usize = migration.sequences.iter().map(|s| s.generated.len()).sum();
         tracing::warn!(
             request_id = %migration.request.request_id,
             worker = %worker.url,
             reason = REASONS[reason],
-            streamed_tokens = migration.offset,
+            streamed_tokens = streamed,
             migration = migration.made,
             error = status.as_ref().map_or("its stream ended without a completion", |s| s.message()),
             "worker failed mid-stream; the request continues elsewhere"
         );
-        let mut attempts = Attempts::suspecting(worker);
-        let request = migration.continuation();
-        self.run(&request, &images, &mut attempts).await
+        let mut continuations = migration.continuations();
+        if migration.sequences.len() == 1 {
+            let Some((_, request)) = continuations.pop() else {
+                return Err(RouteError::NoWorker(worker.role));
+            };
+            let mut attempts = Attempts::suspecting(worker);
+            return self.run(&request, &images, &mut attempts).await;
+        }
+        let started = continuations.iter().map(|(index, request)| {
+            let mut attempts = Attempts::suspecting(worker.clone());
+            let images = &images;
+            async move {
+                let generation = self.run(request, images, &mut attempts).await?;
+                Ok::<_, RouteError>((*index, generation))
+            }
+        });
+        let parts = futures::future::join_all(started).await;
+        let parts = parts.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let Some(first) = parts.first().map(|(_, part)| part.worker.clone()) else {
+            return Err(RouteError::NoWorker(worker.role));
+        };
+        Ok(super::Generation::merged(first, parts))
     }
 
     /// Requests moved mid-stream, by reason ([`REASONS`]).

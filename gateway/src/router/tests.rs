@@ -38,6 +38,9 @@ enum Answer {
     TokenThenFail(Code),
     /// One chunk carrying token 2, then the completion (finish "length").
     Finish,
+    /// Three sequences: tokens 1, 3 and 5 for indexes 0, 1 and 2, index 2
+    /// completed, then fail the stream with this code.
+    ThreeSequencesThenFail(Code),
 }
 
 /// A worker that answers Generate calls by its script (the last answer
@@ -114,6 +117,20 @@ impl Scripted {
 
 type Stream<T> = ReceiverStream<Result<T, Status>>;
 
+/// A chunk of sequence `index` carrying `token`.
+fn chunk_of(index: u32, token: u32) -> GenerateResponse {
+    let chunk = GenerateStreamChunk {
+        token_ids: vec![token],
+        completion_tokens: 1,
+        index,
+        ..GenerateStreamChunk::default()
+    };
+    GenerateResponse {
+        response: Some(generate_response::Response::Chunk(chunk)),
+        ..GenerateResponse::default()
+    }
+}
+
 fn unimplemented<T>() -> Result<Response<T>, Status> {
     Err(Status::unimplemented("scripted worker"))
 }
@@ -129,7 +146,7 @@ impl TokenSpeedScheduler for Scripted {
         request: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         self.generates.fetch_add(1, Ordering::SeqCst);
-        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
         let request = request.into_inner();
         self.received
             .lock()
@@ -196,6 +213,23 @@ impl TokenSpeedScheduler for Scripted {
                     ..GenerateResponse::default()
                 };
                 let _ = tx.try_send(Ok(response));
+                let _ = tx.try_send(Err(Status::new(code, "fails as scripted")));
+            }
+            Answer::ThreeSequencesThenFail(code) => {
+                for (index, token) in [(0, 1), (1, 3), (2, 5)] {
+                    let _ = tx.try_send(Ok(chunk_of(index, token)));
+                }
+                let complete = GenerateComplete {
+                    output_ids: vec![5],
+                    finish_reason: "stop".into(),
+                    completion_tokens: 1,
+                    index: 2,
+                    ..GenerateComplete::default()
+                };
+                let _ = tx.try_send(Ok(GenerateResponse {
+                    response: Some(generate_response::Response::Complete(complete)),
+                    ..GenerateResponse::default()
+                }));
                 let _ = tx.try_send(Err(Status::new(code, "fails as scripted")));
             }
             Answer::Pending => {
@@ -598,6 +632,67 @@ async fn a_stream_failing_mid_way_continues_on_another_worker() {
     let moved: u64 = router.migrations().iter().map(|(_, n)| n).sum();
     assert_eq!(moved, 1);
     assert_eq!(router.retries(), 0, "a move is not a retry");
+}
+
+/// A request of three sequences whose worker fails after each streamed a
+/// token and one completed: the two unfinished ones continue as one
+/// request each (their own prefix, `n` = 1), read back under their own
+/// indexes; the completed one is not sent again.
+#[tokio::test]
+async fn the_unfinished_sequences_of_n_continue_each_on_their_own() {
+    use generate_response::Response;
+    let dying = Fake::start(
+        Role::Aggregated,
+        &[Answer::ThreeSequencesThenFail(Code::Unavailable)],
+    )
+    .await;
+    let next = Fake::start(Role::Aggregated, &[Answer::Finish]).await;
+    let router = router(
+        Mode::Aggregated(pool(Role::Aggregated, &[&dying, &next])),
+        2,
+    );
+    let mut request = streamed_request();
+    if let Some(sampling) = request.sampling_params.as_mut() {
+        sampling.n = 3;
+    }
+    let mut generation = router.start(request).await.expect("accepted");
+    let mut tokens: [Vec<u32>; 3] = Default::default();
+    let mut completes = std::collections::BTreeMap::new();
+    while let Some(response) = generation.next().await {
+        match response.expect("no failure reaches the caller").response {
+            Some(Response::Chunk(chunk)) => {
+                tokens[chunk.index as usize].extend(&chunk.token_ids);
+                if chunk.index < 2 && chunk.token_ids == [2] {
+                    assert_eq!(chunk.completion_tokens, 2, "counts continue");
+                }
+            }
+            Some(Response::Complete(complete)) => {
+                completes.insert(complete.index, complete);
+            }
+            None => {}
+        }
+    }
+    assert_eq!(tokens, [vec![1, 2], vec![3, 2], vec![5]]);
+    assert_eq!(completes[&0].output_ids, [1, 2]);
+    assert_eq!(completes[&1].output_ids, [3, 2]);
+    assert_eq!(completes[&2].output_ids, [5]);
+    assert_eq!(completes[&0].prompt_tokens, 0, "the client's prompt");
+    let mut sent: Vec<(Vec<u32>, u32, String)> = next
+        .received()
+        .into_iter()
+        .map(|r| {
+            let n = r.sampling_params.as_ref().map_or(0, |s| s.n);
+            (r.tokenized.unwrap_or_default().input_ids, n, r.request_id)
+        })
+        .collect();
+    sent.sort();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!((sent[0].0.as_slice(), sent[0].1), ([7, 8, 1].as_slice(), 1));
+    assert_eq!((sent[1].0.as_slice(), sent[1].1), ([7, 8, 3].as_slice(), 1));
+    assert!(sent[0].2.ends_with("-migrated1-seq0"), "{}", sent[0].2);
+    assert!(sent[1].2.ends_with("-migrated1-seq1"), "{}", sent[1].2);
+    let moved: u64 = router.migrations().iter().map(|(_, n)| n).sum();
+    assert_eq!(moved, 1, "one move for the request");
 }
 
 /// A request that cannot continue elsewhere (constrained decoding would

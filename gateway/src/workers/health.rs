@@ -5,7 +5,10 @@
 //! are tried in that order, UNIMPLEMENTED meaning "not this one"; a
 //! worker that answers none stays unhealthy, with a warning saying so.
 //! Workers that receive pixels and pass are also asked GetServerInfo for
-//! their tensor capabilities ([`super::probe`]).
+//! their tensor capabilities ([`super::probe`]). A check that gets no
+//! answer at all within its timeout gives the worker a fresh connection
+//! ([`Worker::reconnect`]): a partitioned or frozen worker's old one stays
+//! stalled long after the worker is back.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,7 +162,11 @@ pub fn spawn(
 /// when it passes and receives pixels, and records the result, logging
 /// when it enters or leaves service.
 async fn check_and_record(worker: &Arc<Worker>, settings: &HealthSettings) {
+    let started = tokio::time::Instant::now();
     let result = check(worker, settings.timeout).await;
+    if result.is_err() && started.elapsed() >= settings.timeout {
+        worker.reconnect();
+    }
     if result.is_ok() && worker.role.receives_pixels() {
         refresh_caps(worker, settings).await;
     }
@@ -235,6 +242,39 @@ mod tests {
             !nothing.set_backend_unknown(true),
             "reported on the first round, not on every round"
         );
+    }
+
+    /// A worker that accepts connections and never answers (a frozen
+    /// process; a partition looks the same once the connection is open):
+    /// each check that times out leaves its connection for a fresh one.
+    #[tokio::test]
+    async fn a_check_with_no_answer_connects_anew() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for conn in listener.incoming().flatten() {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(conn); // open, silent
+            }
+        });
+        let url = WorkerUrl::parse(&format!("grpc://{addr}?backend=tokenspeed")).unwrap();
+        let worker = Worker::new(url, Role::Decode, Duration::from_secs(5)).unwrap();
+        let settings = HealthSettings {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_millis(200),
+            failure_threshold: 1,
+            success_threshold: 1,
+            rdma_receiver_hold: Duration::from_secs(9),
+        };
+        for _ in 0..3 {
+            check_and_record(&worker, &settings).await;
+        }
+        assert!(!worker.is_healthy());
+        let seen = accepted.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(seen, 3, "one fresh connection per silent check");
     }
 
     #[tokio::test]

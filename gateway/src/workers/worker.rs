@@ -8,7 +8,7 @@
 //! worker token, when it has one (`--worker-auth-token-file`).
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use iris_process::auth::{AuthChannel, AuthToken};
@@ -96,7 +96,11 @@ impl Role {
 pub struct Worker {
     pub url: WorkerUrl,
     pub role: Role,
-    channel: AuthChannel,
+    /// The channel calls go on; replaced by [`Worker::reconnect`].
+    channel: RwLock<AuthChannel>,
+    /// How a fresh channel is made.
+    endpoint: Endpoint,
+    token: Option<AuthToken>,
     /// Its health-check streaks.
     checks: Checks,
     /// The passive circuit breaker, fed by request outcomes.
@@ -125,14 +129,13 @@ impl Worker {
         connect: impl Into<Connect>,
     ) -> Result<Arc<Worker>, String> {
         let connect = connect.into();
-        let channel = Endpoint::from_shared(url.endpoint())
+        let endpoint = Endpoint::from_shared(url.endpoint())
             .map_err(|e| format!("{url}: {e}"))?
             .connect_timeout(connect.timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_while_idle(true)
-            .connect_lazy();
-        let channel = AuthChannel::new(channel, connect.token.as_ref());
+            .keep_alive_while_idle(true);
+        let channel = AuthChannel::new(endpoint.connect_lazy(), connect.token.as_ref());
         let transport = url.tensor_transport.as_deref().and_then(|t| t.parse().ok());
         let backend = match (role, url.backend) {
             (Role::Encode, Some(b)) if b != Backend::TokenSpeed => {
@@ -146,7 +149,9 @@ impl Worker {
         Ok(Arc::new(Worker {
             url,
             role,
-            channel,
+            channel: RwLock::new(channel),
+            endpoint,
+            token: connect.token,
             checks: Checks::default(),
             breaker: Breaker::default(),
             load: Load::default(),
@@ -157,22 +162,41 @@ impl Worker {
         }))
     }
 
+    /// The channel calls go on now.
+    fn channel(&self) -> AuthChannel {
+        self.channel
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces the channel with a fresh one that connects anew. For a
+    /// worker whose connection went silent (a partition, a frozen host):
+    /// HTTP/2 keep-alive would take up to 50 s to give it up, and once the
+    /// network heals the old connection's packets come back only at TCP's
+    /// backed-off retransmissions. Calls already on the old channel keep
+    /// it until they end.
+    pub fn reconnect(&self) {
+        let fresh = AuthChannel::new(self.endpoint.connect_lazy(), self.token.as_ref());
+        *self.channel.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+    }
+
     pub fn client(&self) -> TokenSpeedSchedulerClient<AuthChannel> {
-        TokenSpeedSchedulerClient::new(self.channel.clone())
+        TokenSpeedSchedulerClient::new(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     /// A client of the worker's `VllmEngine` service (vLLM backend).
     pub fn vllm_client(&self) -> VllmEngineClient<AuthChannel> {
-        VllmEngineClient::new(self.channel.clone())
+        VllmEngineClient::new(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     /// A client of the worker's `SglangScheduler` service (SGLang backend).
     pub fn sglang_client(&self) -> SglangSchedulerClient<AuthChannel> {
-        SglangSchedulerClient::new(self.channel.clone())
+        SglangSchedulerClient::new(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
@@ -216,7 +240,7 @@ impl Worker {
         R: prost::Message + Default + Send + 'static,
     {
         let response =
-            iris_process::splice::call(&self.channel, path, request, None, MAX_MESSAGE_BYTES)
+            iris_process::splice::call(&self.channel(), path, request, None, MAX_MESSAGE_BYTES)
                 .await?;
         Ok(response.into_inner())
     }
@@ -276,7 +300,7 @@ impl Worker {
         reason: String,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let backend = self.backend();
-        let channel = self.channel.clone();
+        let channel = self.channel();
         async move {
             let call = async {
                 match backend {
@@ -318,7 +342,7 @@ impl Worker {
         timeout: Duration,
     ) -> Result<EncodeResponse, Status> {
         let response = iris_process::splice::call(
-            &self.channel,
+            &self.channel(),
             ENCODE_PATH,
             request,
             Some(timeout),
@@ -337,7 +361,7 @@ impl Worker {
 
     /// A client of the worker's `TokenSpeedEncoder` service (encode role).
     pub fn encoder_client(&self) -> TokenSpeedEncoderClient<AuthChannel> {
-        TokenSpeedEncoderClient::new(self.channel.clone())
+        TokenSpeedEncoderClient::new(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
