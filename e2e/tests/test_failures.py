@@ -8,6 +8,9 @@
   never a hang;
 - the same with two sequences (``n`` = 2): each continues from its own
   tokens, both complete whole;
+- the same with a JSON schema (constrained decoding): the reference
+  engines resume the constraint after the tokens already streamed, and
+  the client gets the very document an uninterrupted run gives;
 - the same with an image in the request: it moves too, its pixels found
   again in the pixel cache; without a pixel cache it cannot, and the
   client gets a clean error event;
@@ -21,6 +24,7 @@
 - one of two aggregated workers killed: requests are retried on the other.
 """
 
+import json
 import signal
 import time
 
@@ -167,6 +171,41 @@ def test_two_sequences_move_each_from_their_own_tokens(processes, model_dir):
     assert moved == 1, text
     log = gateway.process.log_tail(20000)
     assert "-seq0" in log or "continues elsewhere" in log
+
+
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "notes", "schema": {
+    "type": "object", "required": ["title", "notes"],
+    "properties": {"title": {"type": "string", "minLength": 40, "maxLength": 60},
+                   "notes": {"type": "array", "minItems": 4, "maxItems": 6,
+                             "items": {"type": "string", "minLength": 10, "maxLength": 20}}}}}}
+
+
+def schema_chat(client, model):
+    """A streamed chat answered under SCHEMA: its stream."""
+    return client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Take notes."}], max_tokens=2000,
+        stream=True, seed=11, response_format=SCHEMA)
+
+
+def test_a_constrained_stream_moves_and_resumes_its_constraint(processes, model_dir):
+    gateway, decodes, client = two_decodes(processes, model_dir)
+    whole = "".join(c.choices[0].delta.content or "" for c in schema_chat(client, gateway.model)
+                    if c.choices)
+    document = json.loads(whole)
+    assert len(document["notes"]) >= 4, document
+    stream = schema_chat(client, gateway.model)
+    head = [next(stream) for _ in range(6)]
+    victim = serving_decode(gateway, decodes)
+    victim.process.kill()
+    try:
+        chunks = head + list(stream)
+    except openai.APIError as error:
+        pytest.fail(f"the constrained stream failed instead of moving: {error!r}")
+    moved = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert moved == whole, "the constraint started over instead of resuming"
+    text = gateway.metrics()
+    assert sum(metric(text, "iris_migrations_total", reason=r) or 0
+               for r in ("unavailable", "unknown", "internal", "stream_ended", "cancelled")) == 1
 
 
 def image_chat(client, model, max_tokens):

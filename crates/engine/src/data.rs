@@ -56,11 +56,14 @@ impl IrisData for DataService {
         let state = stored.state;
         tracing::debug!(room = req.room, requester = %req.requester, "KV state collected");
         Ok(Response::new(FetchKvStateResponse {
-            state: Some(tensor::inline(
-                vec![32],
-                DType::UInt8,
-                Bytes::copy_from_slice(&state.digest),
-            )),
+            state: {
+                let bytes = state.to_bytes();
+                Some(tensor::inline(
+                    vec![bytes.len() as u32],
+                    DType::UInt8,
+                    Bytes::from(bytes),
+                ))
+            },
             prompt_tokens: state.prompt_tokens,
             request_id: stored.request_id,
         }))

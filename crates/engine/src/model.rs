@@ -29,36 +29,80 @@ const DIGEST_TAG: &[u8] = b"iris-engine/state/v2";
 pub struct PromptState {
     pub digest: [u8; 32],
     pub prompt_tokens: u32,
+    /// For a request resuming a constraint (its last input tokens are
+    /// constrained output already written): the digest of the prompt
+    /// before them, which its constrained answers are drawn from.
+    pub constraint_digest: Option<[u8; 32]>,
 }
 
 impl PromptState {
     /// Folds a prompt and its multimodal payloads into a state.
     /// Hashes every byte: callers run it on a blocking thread.
     pub fn prefill<'a>(input_ids: &[u32], items: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        let mut hasher = Sha256::new();
-        hasher.update(DIGEST_TAG);
-        hasher.update((input_ids.len() as u64).to_le_bytes());
-        for id in input_ids {
-            hasher.update(id.to_le_bytes());
-        }
-        for item in items {
-            hasher.update((item.len() as u64).to_le_bytes());
-            hasher.update(fingerprint(item));
-        }
+        Self::prefill_resuming(input_ids, items, 0)
+    }
+
+    /// [`Self::prefill`] of a request whose last `resumed` input tokens
+    /// are constrained output already written (0: none).
+    pub fn prefill_resuming<'a>(
+        input_ids: &[u32],
+        items: impl IntoIterator<Item = &'a [u8]>,
+        resumed: usize,
+    ) -> Self {
+        let prints: Vec<(u64, [u8; 32])> = items
+            .into_iter()
+            .map(|item| (item.len() as u64, fingerprint(item)))
+            .collect();
+        let before = input_ids.len().saturating_sub(resumed);
         PromptState {
-            digest: hasher.finalize().into(),
+            digest: digest_of(input_ids, &prints),
             prompt_tokens: u32::try_from(input_ids.len()).unwrap_or(u32::MAX),
+            constraint_digest: (resumed > 0).then(|| digest_of(&input_ids[..before], &prints)),
         }
     }
 
-    /// Rebuilds a state received from another worker.
+    /// What constrained answers are drawn from.
+    pub fn constraint_key(&self) -> &[u8; 32] {
+        self.constraint_digest.as_ref().unwrap_or(&self.digest)
+    }
+
+    /// The state as sent to a decode worker: the digest, then the
+    /// constraint's when it has one.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = self.digest.to_vec();
+        out.extend(self.constraint_digest.iter().flatten());
+        out
+    }
+
+    /// Rebuilds a state received from another worker ([`Self::to_bytes`]).
     pub fn from_bytes(bytes: &[u8], prompt_tokens: u32) -> Option<Self> {
-        let digest: [u8; 32] = bytes.try_into().ok()?;
+        let (digest, constraint) = match bytes.len() {
+            32 => (bytes, None),
+            64 => (&bytes[..32], Some(&bytes[32..])),
+            _ => return None,
+        };
         Some(PromptState {
-            digest,
+            digest: digest.try_into().ok()?,
             prompt_tokens,
+            constraint_digest: constraint.and_then(|c| c.try_into().ok()),
         })
     }
+}
+
+/// The SHA-256 of the digest tag, `input_ids` and the items' lengths and
+/// fingerprints.
+fn digest_of(input_ids: &[u32], prints: &[(u64, [u8; 32])]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update(DIGEST_TAG);
+    hasher.update((input_ids.len() as u64).to_le_bytes());
+    for id in input_ids {
+        hasher.update(id.to_le_bytes());
+    }
+    for (len, print) in prints {
+        hasher.update(len.to_le_bytes());
+        hasher.update(print);
+    }
+    hasher.finalize().into()
 }
 
 /// The vocabulary decode draws from.

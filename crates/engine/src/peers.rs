@@ -127,7 +127,7 @@ impl Peers {
         };
         PromptState::from_bytes(&bytes, resp.prompt_tokens).ok_or_else(|| {
             Status::internal(format!(
-                "{}: state has {} bytes, expected 32",
+                "{}: state has {} bytes, expected 32 (or 64 resuming a constraint)",
                 what(),
                 bytes.len()
             ))

@@ -59,6 +59,9 @@ pub struct Sampling {
     /// alternatives.
     pub top_logprobs: Option<i32>,
     pub constraint: Option<Constraint>,
+    /// The last this-many input tokens are output already written under
+    /// `constraint` (a request moved mid-stream): it resumes after them.
+    pub constrained_prefix_tokens: u32,
 }
 
 /// A Generate request translated from its protocol, not yet checked
@@ -88,6 +91,9 @@ pub struct Plan {
     /// The decoding constraint every sequence follows (see
     /// [`crate::constrained`]).
     pub constraint: Option<Constraint>,
+    /// See [`Sampling::constrained_prefix_tokens`]: checked to leave a
+    /// prompt before them, and only with a constraint.
+    pub constrained_prefix_tokens: u32,
     pub items: Vec<ItemSource>,
     pub item_keys: Vec<ItemKey>,
     pub kv: Option<KvAddress>,
@@ -109,6 +115,7 @@ pub fn plan(intake: Intake, limits: &Limits) -> Result<Plan, Status> {
     check_prompt(&intake.input_ids, limits)?;
     let sampling = &intake.sampling;
     check_sampling(sampling)?;
+    check_constrained_prefix(sampling, intake.input_ids.len())?;
     let prompt_len = intake.input_ids.len() as u32;
     let mut sequences = sequences(sampling, prompt_len, limits)?;
     let top_logprobs = logprobs(sampling.top_logprobs)?;
@@ -122,6 +129,7 @@ pub fn plan(intake: Intake, limits: &Limits) -> Result<Plan, Status> {
         stream: intake.stream,
         sequences,
         constraint: intake.sampling.constraint,
+        constrained_prefix_tokens: intake.sampling.constrained_prefix_tokens,
         items: intake.items,
         kv: intake.kv,
     })
@@ -148,6 +156,25 @@ fn check_prompt(input_ids: &[u32], limits: &Limits) -> Result<(), Status> {
         return Err(Status::invalid_argument(format!(
             "input_ids[{pos}] = {id} is outside the vocabulary (size {})",
             limits.vocab_size
+        )));
+    }
+    Ok(())
+}
+
+/// A constrained prefix needs a constraint and a prompt before it.
+fn check_constrained_prefix(p: &Sampling, input_len: usize) -> Result<(), Status> {
+    let k = p.constrained_prefix_tokens as usize;
+    if k == 0 {
+        return Ok(());
+    }
+    if p.constraint.is_none() {
+        return Err(Status::invalid_argument(
+            "constrained_prefix_tokens is set but the request has no constraint",
+        ));
+    }
+    if k >= input_len {
+        return Err(Status::invalid_argument(format!(
+            "constrained_prefix_tokens ({k}) leaves no prompt before it ({input_len} input tokens)"
         )));
     }
     Ok(())

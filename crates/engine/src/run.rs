@@ -106,8 +106,9 @@ async fn prefill(engine: &Engine, plan: &Plan) -> Result<(PromptState, Option<Ad
     let uncached = u32::try_from(plan.input_ids.len().saturating_sub(cached)).unwrap_or(u32::MAX);
     compute_prefill(engine, uncached).await?;
     let input_ids = plan.input_ids.clone();
+    let resumed = plan.constrained_prefix_tokens as usize;
     let state = tokio::task::spawn_blocking(move || {
-        PromptState::prefill(&input_ids, items.iter().map(|b| &b[..]))
+        PromptState::prefill_resuming(&input_ids, items.iter().map(|b| &b[..]), resumed)
     })
     .await
     .map_err(|e| Status::internal(format!("prefill task failed: {e}")))?;
@@ -206,11 +207,16 @@ async fn decode(
     prompt: PromptTokens,
     tx: &Tx,
 ) -> Result<(), Stop> {
+    let written = plan
+        .input_ids
+        .len()
+        .saturating_sub(plan.constrained_prefix_tokens as usize);
     let scripts = constrained::scripts(
         plan.constraint.as_ref(),
         &engine.text,
         state,
         &plan.sequences,
+        &plan.input_ids[written..],
     )
     .await
     .map_err(Stop::Failed)?;

@@ -227,6 +227,9 @@ pub fn server_args(engine: &Engine) -> Struct {
             number(f64::from(engine.config.bootstrap_port)),
         ));
     }
+    // Resumes a constraint after output already written
+    // (`constrained_prefix_tokens`): gateways move such requests here.
+    pairs.push((iris_transport::CONSTRAINT_RESUME_FIELD, number(1.0)));
     // What gateways pick the lane of pixels in Generate requests by, as an
     // encoder reports it: whether RDMA payloads can be READ here, and the
     // longest a READ may hold the sender's slot.

@@ -44,6 +44,11 @@ pub const NIXL_RECEIVER_HOLD_FIELD: &str = "nixl_receiver_hold_ms";
 /// it with NOT_FOUND ([`RECALL_MISS`]) when the embedding is not cached.
 /// Iris-only: TokenSpeed encoders always need the pixels.
 pub const EMBEDDING_RECALL_FIELD: &str = "embedding_recall";
+
+/// The `server_args` field of a worker that resumes a constraint after
+/// output already written (`constrained_prefix_tokens`, an Iris
+/// extension of the TokenSpeed protocol): 1 when it does.
+pub const CONSTRAINT_RESUME_FIELD: &str = "constraint_resume";
 /// The start of the NOT_FOUND message of an Encode item sent without its
 /// pixels whose embedding the encoder does not hold.
 pub const RECALL_MISS: &str = "no cached embedding for this content_hash";

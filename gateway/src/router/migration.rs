@@ -14,8 +14,14 @@
 //! indexes ([`super::Generation::merged`]). A later failure of any of them
 //! moves every unfinished sequence again, within the same budget.
 //!
-//! Which requests migrate: streamed, no constrained decoding (the new
-//! worker's constraint would start over), no prompt log probabilities. Images and videos go again with the request:
+//! A constrained request (JSON schema, regex, grammar) moves only when
+//! every worker it could move to resumes a constraint after output
+//! already written (`constraint_resume` in GetServerInfo, an Iris
+//! extension): the continuation says how many of its input tokens are
+//! constrained output (`constrained_prefix_tokens`), and the worker's
+//! constraint picks up after them instead of starting over.
+//!
+//! Which requests migrate: streamed, without prompt log probabilities. Images and videos go again with the request:
 //! their memory was given back at the first token, so they are found by
 //! weak handles ([`RememberedImages`]) while the pixel cache still holds
 //! their pixels; one it no longer holds ends the request with the failure.
@@ -140,7 +146,6 @@ impl Migration {
         let sampling = request.sampling_params.as_ref();
         let movable = router.max_migrations > 0
             && request.stream
-            && sampling.is_none_or(|s| s.constraint.is_none())
             && request.logprob_start_len.is_none_or(|start| start < 0);
         let images = images?;
         let n = sampling.map_or(1, |s| s.n.max(1)) as usize;
@@ -219,7 +224,8 @@ impl Migration {
 }
 
 /// `request` continued after `generated`: the tokens appended to its
-/// prompt, its budgets reduced by them, one sequence when `single`.
+/// prompt, its budgets reduced by them, a constraint resumed after them,
+/// one sequence when `single`.
 fn continue_after(request: &mut GenerateRequest, generated: &[u32], single: bool) {
     let streamed = u32::try_from(generated.len()).unwrap_or(u32::MAX);
     if let Some(tokenized) = request.tokenized.as_mut() {
@@ -228,6 +234,9 @@ fn continue_after(request: &mut GenerateRequest, generated: &[u32], single: bool
     if let Some(sampling) = request.sampling_params.as_mut() {
         sampling.max_new_tokens = sampling.max_new_tokens.map(|m| m.saturating_sub(streamed));
         sampling.min_new_tokens = sampling.min_new_tokens.saturating_sub(streamed);
+        if sampling.constraint.is_some() {
+            sampling.constrained_prefix_tokens = streamed;
+        }
         if single {
             sampling.n = 1;
         }
@@ -260,6 +269,14 @@ impl Router {
         worker: Arc<Worker>,
         status: Option<Status>,
     ) -> Result<super::Generation, RouteError> {
+        if !self.may_resume(&migration.request) {
+            tracing::warn!(
+                request_id = %migration.request.request_id,
+                worker = %worker.url,
+                "worker failed mid-stream; the request cannot move: it is constrained and not every worker can resume a constraint (constraint_resume)"
+            );
+            return Err(RouteError::NoWorker(worker.role));
+        }
         let Some(images) = migration.images.recall() else {
             tracing::warn!(
                 request_id = %migration.request.request_id,
@@ -307,6 +324,24 @@ impl Router {
             return Err(RouteError::NoWorker(worker.role));
         };
         Ok(super::Generation::merged(first, parts))
+    }
+
+    /// Whether `request` may continue on any worker that could be picked:
+    /// unconstrained, or every prefill, decode and aggregated worker
+    /// resumes a constraint after output already written (none of the
+    /// engines' own protocols can say that; Iris's engines advertise it).
+    fn may_resume(&self, request: &GenerateRequest) -> bool {
+        let constrained = request
+            .sampling_params
+            .as_ref()
+            .is_some_and(|s| s.constraint.is_some());
+        !constrained
+            || self
+                .mode
+                .pools()
+                .iter()
+                .filter(|pool| pool.role != crate::workers::Role::Encode)
+                .all(|pool| pool.snapshot().iter().all(|w| w.resumes_constraints()))
     }
 
     /// Requests moved mid-stream, by reason ([`REASONS`]).

@@ -722,6 +722,37 @@ async fn a_constrained_stream_is_not_moved() {
     assert_eq!(next.generates(), 0);
 }
 
+/// When every worker resumes a constraint, a constrained stream moves:
+/// the continuation says how much of its input is constrained output.
+#[tokio::test]
+async fn a_constrained_stream_moves_among_workers_that_resume_constraints() {
+    let dying = Fake::start(
+        Role::Aggregated,
+        &[Answer::TokenThenFail(Code::Unavailable)],
+    )
+    .await;
+    let next = Fake::start(Role::Aggregated, &[Answer::Finish]).await;
+    for fake in [&dying, &next] {
+        fake.worker.set_resumes_constraints(true);
+    }
+    let router = router(
+        Mode::Aggregated(pool(Role::Aggregated, &[&dying, &next])),
+        2,
+    );
+    let mut request = streamed_request();
+    if let Some(sampling) = request.sampling_params.as_mut() {
+        sampling.constraint = Some(sampling_params::Constraint::Regex("[a-z]+".into()));
+    }
+    let mut generation = router.start(request).await.expect("accepted");
+    while let Some(response) = generation.next().await {
+        response.expect("moved, not failed");
+    }
+    let sent = &next.received()[0];
+    let sampling = sent.sampling_params.as_ref().unwrap();
+    assert_eq!(sampling.constrained_prefix_tokens, 1);
+    assert_eq!(sent.tokenized.as_ref().unwrap().input_ids, [7, 8, 1]);
+}
+
 #[tokio::test]
 async fn a_fatal_failure_stops_at_once() {
     let refusing = Fake::start(Role::Aggregated, &[Answer::Fail(Code::InvalidArgument)]).await;

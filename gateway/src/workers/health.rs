@@ -4,8 +4,8 @@
 //! detected first ([`detect`]): the TokenSpeed, vLLM and SGLang services
 //! are tried in that order, UNIMPLEMENTED meaning "not this one"; a
 //! worker that answers none stays unhealthy, with a warning saying so.
-//! Workers that receive pixels and pass are also asked GetServerInfo for
-//! their tensor capabilities ([`super::probe`]). A check that gets no
+//! Workers that pass are also asked GetServerInfo for their capabilities
+//! ([`super::probe`]: tensor lanes, constraint resumption). A check that gets no
 //! answer at all within its timeout gives the worker a fresh connection
 //! ([`Worker::reconnect`]): a partitioned or frozen worker's old one stays
 //! stalled long after the worker is back.
@@ -158,8 +158,8 @@ pub fn spawn(
     })
 }
 
-/// Checks `worker` once ([`check`]), refreshes its tensor capabilities
-/// when it passes and receives pixels, and records the result, logging
+/// Checks `worker` once ([`check`]), refreshes its capabilities when it
+/// passes, and records the result, logging
 /// when it enters or leaves service.
 async fn check_and_record(worker: &Arc<Worker>, settings: &HealthSettings) {
     let started = tokio::time::Instant::now();
@@ -167,7 +167,7 @@ async fn check_and_record(worker: &Arc<Worker>, settings: &HealthSettings) {
     if result.is_err() && started.elapsed() >= settings.timeout {
         worker.reconnect();
     }
-    if result.is_ok() && worker.role.receives_pixels() {
+    if result.is_ok() {
         refresh_caps(worker, settings).await;
     }
     let changed = worker.record_check(

@@ -1,6 +1,7 @@
-//! Capability probing: after a passing health check, a worker that
-//! receives pixels ([`super::Role::receives_pixels`]) is asked
-//! GetServerInfo what it can receive tensors by, and its lanes
+//! Capability probing: after a passing health check, a worker is asked
+//! GetServerInfo what it can do. One that receives pixels
+//! ([`super::Role::receives_pixels`]) learns what it can receive tensors
+//! by, and its lanes
 //! ([`super::lane_caps`]) are updated (a vLLM worker proves a shared
 //! `/dev/shm` by its `shm_namespace_id`; an SGLang worker takes pixels
 //! inline only):
@@ -16,7 +17,12 @@
 //! - when it started: a worker seen to restart gets a refused RDMA lane
 //!   tried again;
 //! - whether it serves images sent without their pixels from its
-//!   embedding cache (`embedding_recall`: [`super::recall`]).
+//!   embedding cache (`embedding_recall`: [`super::recall`]);
+//! - whether it resumes a constraint after output already written
+//!   (`constraint_resume`): constrained streams move only among such
+//!   workers.
+//!
+//! Decode workers receive no pixels but are asked too, for that last.
 
 use std::path::Path;
 use std::time::Duration;
@@ -25,8 +31,8 @@ use iris_proto::info::{number_field, text_field};
 use iris_proto::scheduler::{GetServerInfoRequest, GetServerInfoResponse};
 use iris_transport::shm::{same_namespace, verify_identity, DEFAULT_SHM_DIR};
 use iris_transport::{
-    WorkerCaps, EMBEDDING_RECALL_FIELD, NIXL_RECEIVER_FIELD, NIXL_RECEIVER_HOLD_FIELD,
-    SHM_IDENTITY_FIELD, SHM_NAMESPACE_FIELD,
+    WorkerCaps, CONSTRAINT_RESUME_FIELD, EMBEDDING_RECALL_FIELD, NIXL_RECEIVER_FIELD,
+    NIXL_RECEIVER_HOLD_FIELD, SHM_IDENTITY_FIELD, SHM_NAMESPACE_FIELD,
 };
 
 use super::health::{timed, HealthSettings};
@@ -47,6 +53,9 @@ pub struct Probed {
     /// It serves images sent without their pixels from its embedding
     /// cache (`embedding_recall`; Iris encoders).
     pub recall: bool,
+    /// It resumes a constraint after output already written
+    /// (`constraint_resume`; iris-engine under the TokenSpeed protocol).
+    pub constraint_resume: bool,
 }
 
 /// Asks a worker's GetServerInfo what it can receive tensors by;
@@ -109,6 +118,7 @@ fn vllm_probed(info: &iris_proto::vllm::GetServerInfoResponse) -> Probed {
             uptime_secs: info.uptime_seconds,
         }),
         recall: false,
+        constraint_resume: false,
     }
 }
 
@@ -124,6 +134,7 @@ fn sglang_probed(info: &iris_proto::sglang::GetServerInfoResponse) -> Probed {
             uptime_secs: info.uptime_seconds,
         }),
         recall: false,
+        constraint_resume: false,
     }
 }
 
@@ -150,6 +161,7 @@ fn probed(info: GetServerInfoResponse, our_hold: Duration) -> Probed {
         hold_too_long,
         started,
         recall: number_field(args, EMBEDDING_RECALL_FIELD).is_some_and(|n| n >= 1.0),
+        constraint_resume: number_field(args, CONSTRAINT_RESUME_FIELD).is_some_and(|n| n >= 1.0),
     }
 }
 
@@ -176,9 +188,9 @@ pub fn hold_too_long(reported_ms: Option<f64>, ours: Duration) -> Option<Duratio
     (theirs > ours).then_some(theirs)
 }
 
-/// Refreshes the tensor capabilities of a worker that receives pixels
-/// ([`super::Role::receives_pixels`]) after a passing check; a worker
-/// whose GetServerInfo fails is granted nothing (tensors go inline).
+/// Refreshes the capabilities of a worker after a passing check; a worker
+/// whose GetServerInfo fails is granted nothing (tensors go inline, no
+/// constrained stream moves to it).
 pub(super) async fn refresh_caps(worker: &Worker, settings: &HealthSettings) {
     let probed = match probe_caps(worker, settings.timeout, settings.rdma_receiver_hold).await {
         Ok(probed) => probed,
@@ -193,6 +205,10 @@ pub(super) async fn refresh_caps(worker: &Worker, settings: &HealthSettings) {
 /// Records on `worker` what its GetServerInfo granted (`our_hold`: this
 /// gateway's `--rdma-receiver-hold-ms`), logging what changed.
 fn record_probed(worker: &Worker, probed: &Probed, our_hold: Duration) {
+    worker.set_resumes_constraints(probed.constraint_resume);
+    if !worker.role.receives_pixels() {
+        return;
+    }
     if probed
         .started
         .is_some_and(|started| worker.note_start(started))

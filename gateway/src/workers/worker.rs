@@ -117,6 +117,9 @@ pub struct Worker {
     /// The images whose embeddings it holds (encode workers that
     /// advertise `embedding_recall`).
     pub recall: Recall,
+    /// It resumes a constraint after output already written
+    /// (`constraint_resume`): constrained streams may move to it.
+    resumes_constraints: AtomicBool,
 }
 
 impl Worker {
@@ -157,6 +160,7 @@ impl Worker {
             load: Load::default(),
             backend: AtomicU8::new(backend_code(backend)),
             backend_unknown: AtomicBool::new(false),
+            resumes_constraints: AtomicBool::new(false),
             lane_caps: LaneCaps::new(transport),
             recall: Recall::default(),
         }))
@@ -378,6 +382,16 @@ impl Worker {
     /// In service: its health checks pass and its circuit is closed.
     pub fn is_healthy(&self) -> bool {
         self.checks.pass() && self.breaker.is_closed()
+    }
+
+    /// Whether it resumes a constraint after output already written, as
+    /// its GetServerInfo last said.
+    pub fn resumes_constraints(&self) -> bool {
+        self.resumes_constraints.load(Ordering::Relaxed)
+    }
+
+    pub fn set_resumes_constraints(&self, yes: bool) {
+        self.resumes_constraints.store(yes, Ordering::Relaxed);
     }
 
     /// Whether its health checks pass, whatever its circuit says: a

@@ -86,7 +86,7 @@ impl Rng {
     /// The generator of sequence `params.index` of a request in `state`.
     fn for_sequence(state: &PromptState, params: &SequenceParams) -> Self {
         let mut head = [0u8; 8];
-        head.copy_from_slice(&state.digest[8..16]);
+        head.copy_from_slice(&state.constraint_key()[8..16]);
         Rng(SplitMix64(
             u64::from_le_bytes(head)
                 ^ splitmix64(params.seed ^ 0x636f_6e73_7472_6169)
@@ -178,6 +178,18 @@ impl Script {
     }
 }
 
+/// `script` past the constrained output already `written`.
+fn resumed(mut script: Script, written: &[u32]) -> Result<Script, Status> {
+    if !script.tokens.starts_with(written) {
+        return Err(Status::failed_precondition(format!(
+            "constrained_prefix_tokens: the {} tokens already written are not the start of this engine's answer; the constraint cannot resume from them",
+            written.len()
+        )));
+    }
+    script.next = written.len();
+    Ok(script)
+}
+
 /// The log probabilities of a token the constraint forces, when asked:
 /// certain (0), and the only candidate.
 fn forced(token: u32, params: &SequenceParams) -> Option<(f32, Vec<(u32, f32)>)> {
@@ -187,11 +199,19 @@ fn forced(token: u32, params: &SequenceParams) -> Option<(f32, Vec<(u32, f32)>)>
 /// One script per sequence of a request (all `None` without a
 /// constraint), written on the blocking pool: compiling a large schema
 /// and tokenizing the answer take CPU.
+///
+/// A request resuming a constraint (`written`: the constrained output
+/// already written, the end of its input) gets the scripts of the prompt
+/// before it ([`PromptState::constraint_key`]), each checked to begin with
+/// `written` and resumed after it: the same answer an uninterrupted run
+/// gives. One that does not begin so (another engine's answer) is
+/// FAILED_PRECONDITION.
 pub async fn scripts(
     constraint: Option<&Constraint>,
     encoder: &TextEncoder,
     state: &PromptState,
     sequences: &[SequenceParams],
+    written: &[u32],
 ) -> Result<Vec<Option<Script>>, Status> {
     let Some(constraint) = constraint.cloned() else {
         return Ok(vec![None; sequences.len()]);
@@ -201,13 +221,14 @@ pub async fn scripts(
         .map(|p| Rng::for_sequence(state, p))
         .collect();
     let encoder = encoder.clone();
+    let written = written.to_vec();
     tokio::task::spawn_blocking(move || {
         let guide = Guide::compile(&constraint)?;
         rngs.into_iter()
             .map(|mut rng| {
                 let text = guide.answer(&mut rng)?;
                 let tokens = encoder.encode(&text)?;
-                Ok(Some(Script { tokens, next: 0 }))
+                resumed(Script { tokens, next: 0 }, &written).map(Some)
             })
             .collect()
     })

@@ -387,7 +387,7 @@ fn run(constraint: &Constraint, sequences: &[SequenceParams]) -> Vec<Vec<Step>> 
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
     let scripts = runtime
-        .block_on(scripts(Some(constraint), &encoder, &state, sequences))
+        .block_on(scripts(Some(constraint), &encoder, &state, sequences, &[]))
         .unwrap_or_else(|e| panic!("{e}"));
     let vocab = vocab();
     sequences
@@ -461,7 +461,7 @@ fn an_unsatisfiable_schema_fails_when_decoding_starts() {
     let bad =
         Constraint::JsonSchema(json!({"type": "array", "minItems": 2, "maxItems": 1}).to_string());
     let status = runtime
-        .block_on(scripts(Some(&bad), &encoder, &state, &[params(10, 0)]))
+        .block_on(scripts(Some(&bad), &encoder, &state, &[params(10, 0)], &[]))
         .err();
     assert_eq!(
         status.as_ref().map(|s| s.code()),
@@ -473,8 +473,64 @@ fn an_unsatisfiable_schema_fails_when_decoding_starts() {
             &encoder,
             &state,
             &[params(10, 0), params(10, 1)],
+            &[],
         ))
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(none.len(), 2);
     assert!(none.iter().all(Option::is_none));
+}
+
+/// A request moved mid-stream with its constrained output so far at the
+/// end of its input resumes the very answer an uninterrupted run writes;
+/// output another engine wrote is refused.
+#[test]
+fn a_constraint_resumes_after_the_output_already_written() {
+    let constraint = Constraint::JsonSchema(pydantic_schema().to_string());
+    let whole: Vec<u32> = run(&constraint, &[params(400, 5)])[0]
+        .iter()
+        .map(|step| step.token)
+        .collect();
+    assert!(whole.len() > 6, "{whole:?}");
+    let (encoder, _) = tiny_encoder();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut input = vec![1, 2, 3];
+    input.extend_from_slice(&whole[..4]);
+    let state = PromptState::prefill_resuming(&input, [], 4);
+    assert_eq!(
+        state.constraint_key(),
+        &PromptState::prefill(&[1, 2, 3], []).digest
+    );
+    let written = &input[3..];
+    let resumed = runtime
+        .block_on(scripts(
+            Some(&constraint),
+            &encoder,
+            &state,
+            &[params(400, 5)],
+            written,
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let vocab = vocab();
+    let p = params(400, 5);
+    let mut seq = crate::model::Sequence::new(&state, &vocab, &p)
+        .follow(resumed.into_iter().next().flatten());
+    let rest: Vec<u32> = std::iter::from_fn(|| seq.step()).map(|s| s.token).collect();
+    assert_eq!(rest, whole[4..], "the rest of the same answer");
+
+    let foreign = [whole[0] + 1];
+    let refused = runtime
+        .block_on(scripts(
+            Some(&constraint),
+            &encoder,
+            &state,
+            &[params(400, 5)],
+            &foreign,
+        ))
+        .err();
+    assert_eq!(
+        refused.map(|s| s.code()),
+        Some(tonic::Code::FailedPrecondition)
+    );
 }

@@ -283,6 +283,7 @@ fn sampling(p: SamplingParams, top_logprobs: Option<i32>) -> Result<Sampling, St
             SglangConstraint::EbnfGrammar(s) => Constraint::EbnfGrammar(s),
             SglangConstraint::StructuralTag(s) => Constraint::StructuralTag(s),
         }),
+        constrained_prefix_tokens: 0,
     })
 }
 

@@ -134,6 +134,7 @@ fn intake(mut req: GenerateRequest, role: Role) -> Result<Intake, Status> {
         logit_bias: request::decimal_bias(&p.logit_bias)?,
         top_logprobs: super::top_logprobs(req.return_logprob, req.top_logprobs_num),
         constraint: p.constraint,
+        constrained_prefix_tokens: p.constrained_prefix_tokens,
     };
     let (items, item_keys) = match role {
         Role::Decode => (Vec::new(), Vec::new()),

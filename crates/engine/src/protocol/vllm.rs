@@ -277,6 +277,7 @@ fn sampling(p: SamplingParams) -> Result<Sampling, Status> {
         logit_bias,
         top_logprobs: p.logprobs,
         constraint: p.constraint.map(constraint).transpose()?,
+        constrained_prefix_tokens: 0,
     })
 }
 
