@@ -1048,6 +1048,10 @@ def main(argv=None) -> int:
         gateway_outcomes = {o: metric(text, "iris_requests_total", outcome=o)
                             for o in ("ok", "client_error", "no_worker", "upstream_error",
                                       "timeout", "cancelled")}
+        gateway_outcomes["retries"] = metric(text, "iris_retries_total")
+        gateway_outcomes["migrations"] = sum(
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("iris_migrations_total{")) if dep.kind == "iris" else None
         summary = summarise(args, dep, results, elapsed, events, held, (rss, idle[0], idle_end),
                             transport, gateway_outcomes, outages)
         summary["work_dir"] = str(work)

@@ -2,9 +2,12 @@
 mixed text and image chats at concurrency 32 through 2 encoders, 2 prefill
 and 2 decode workers, with three kill rounds (SIGKILL of one worker of
 each role — the encoders and engines taking turns — restarted on the same
-ports 3 s later). The script's own checks must all pass: no request lost,
+ports 3 s later), and after each round a worker of the next round's
+victims cut off the network for 5 s (nftables dropping its ports). The
+script's own checks must all pass: no request lost,
 hung or failed at all (retries before the first token, streams moving to
-another worker after it), no worker address in an error, nothing held after the
+another worker after it), every partitioned worker serving again after
+the network heals, no worker address in an error, nothing held after the
 room TTL (encoder and engine rooms, in-flight counts, /dev/shm files), the
 shm lane used, every worker healthy again. Gateway RSS is reported but
 not checked here (``--no-rss-check``): 120 s on a loaded CI machine is too
@@ -49,7 +52,8 @@ def test_soak_with_kills(tmp_path):
                "--expect-kills", "3", "--warmup", "20", "--rss-interval", "1",
                "--room-ttl", "5", "--settle", "15", "--client-timeout", "60",
                "--no-rss-check", "--max-failures", "0", "--concurrency", "32",
-               "--request-timeout", "40", "--bin-dir", str(bin_dir()), "--images", str(images),
+               "--request-timeout", "40", "--partition", "5",
+               "--bin-dir", str(bin_dir()), "--images", str(images),
                "--work-dir", str(tmp_path / "work"), "--json", str(summary_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=360)
     report = f"exit {done.returncode}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
@@ -61,3 +65,7 @@ def test_soak_with_kills(tmp_path):
     for name in ("encoder0", "encoder1", "prefill0", "prefill1", "decode0", "decode1"):
         assert any(name in e for e in kills), f"{name} was never killed\n{report}"
     assert summary["outcomes"] == {"ok": summary["requests"]}, report
+    cut = [e for e in summary["events"] if "partitioned" in e]
+    assert len(cut) >= 2, f"the partitions did not happen\n{report}"
+    heal = summary["rejoin_s"]["heal"]
+    assert heal["not_rejoined"] == 0, f"a worker never served again after its partition\n{report}"

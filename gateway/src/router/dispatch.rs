@@ -165,11 +165,14 @@ impl Drop for AbortOnDrop {
 pub(super) struct Attempts {
     made: u32,
     retried: u32,
-    /// Retries after a worker that could not be reached at all, which
-    /// cost none of `--max-retries` (at most [`FREE_RETRIES`]).
-    unreached: u32,
+    /// Retries that cost none of `--max-retries` (at most
+    /// [`FREE_RETRIES`]): after a worker that could not be reached at all,
+    /// or one whose failure was already paid for ([`Attempts::paid_for`]).
+    free: u32,
     replanned: u32,
     suspects: Vec<Arc<Worker>>,
+    /// The workers whose failures were charged to `--max-retries`.
+    charged: Vec<Arc<Worker>>,
 }
 
 /// Retries after unreachable workers a request may make beyond
@@ -177,6 +180,20 @@ pub(super) struct Attempts {
 const FREE_RETRIES: u32 = 8;
 
 impl Attempts {
+    /// Whether the failure of `worker`, just added to the suspects, was
+    /// already paid for: it had been suspected by an earlier failure of
+    /// another worker (a prefill that could not fetch its embedding, a
+    /// decode whose prefill died) that was charged, and has not been
+    /// charged itself. One death seen through two legs costs one retry.
+    fn paid_for(&self, worker: &Arc<Worker>) -> bool {
+        let suspected = self
+            .suspects
+            .iter()
+            .filter(|w| Arc::ptr_eq(w, worker))
+            .count();
+        suspected > 1 && !self.charged.iter().any(|w| Arc::ptr_eq(w, worker))
+    }
+
     /// A fresh count that avoids `worker`.
     pub fn suspecting(worker: Arc<Worker>) -> Self {
         Attempts {
@@ -272,8 +289,9 @@ impl Router {
     ) -> Result<(), RouteError> {
         // Nothing was sent to a worker that could not be reached, and its
         // circuit opened at once (`classify::account`): trying the next one
-        // costs no retry.
-        let free = classify::unreachable(&status) && attempts.unreached < FREE_RETRIES;
+        // costs no retry. Nor does a failure already paid for.
+        let free = (classify::unreachable(&status) || attempts.paid_for(&worker))
+            && attempts.free < FREE_RETRIES;
         if verdict == Verdict::Fatal || (!free && attempts.retried >= self.max_retries) {
             return Err(RouteError::Upstream {
                 worker: worker.url.to_string(),
@@ -292,10 +310,11 @@ impl Router {
             tokio::time::sleep(classify::backoff(attempts.retried)).await;
         }
         if free {
-            attempts.unreached += 1;
+            attempts.free += 1;
         } else {
             attempts.retried += 1;
         }
+        attempts.charged.push(worker);
         Ok(())
     }
 
@@ -354,6 +373,7 @@ impl Router {
         };
         encoders.iter().for_each(|e| e.record_success());
         generation.expect(prediction);
+        generation.encoded_by(encoders.clone());
         if read_ahead {
             if let Err((leg, status)) = generation.read_ahead().await {
                 generation.abort(ABORT_REASON);
@@ -631,4 +651,47 @@ fn blame_late(
     suspects.extend(others);
     suspects.push(worker.clone());
     classify::classify(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::workers::{Role, WorkerUrl};
+
+    fn worker(port: u16, role: Role) -> Arc<Worker> {
+        let url = WorkerUrl::parse(&format!("grpc://127.0.0.1:{port}")).unwrap();
+        Worker::new(url, role, Duration::from_secs(1)).unwrap()
+    }
+
+    /// A prefill failing because its encoder died is charged; the
+    /// encoder then failing the retry itself is the same death: free,
+    /// once. A worker failing again after being charged is charged again.
+    #[tokio::test]
+    async fn a_death_seen_through_two_legs_costs_one_retry() {
+        let (encoder, prefill) = (worker(1, Role::Encode), worker(2, Role::Prefill));
+        let mut attempts = Attempts::default();
+        blame_late(
+            &prefill,
+            &Status::unknown("embedding"),
+            vec![encoder.clone()],
+            &mut attempts.suspects,
+        );
+        assert!(!attempts.paid_for(&prefill), "the first failure is charged");
+        attempts.charged.push(prefill.clone());
+        attempts.suspects.push(encoder.clone());
+        assert!(
+            attempts.paid_for(&encoder),
+            "already paid for by the prefill's failure"
+        );
+        attempts.charged.push(encoder.clone());
+        attempts.suspects.push(encoder.clone());
+        assert!(!attempts.paid_for(&encoder), "free once only");
+        attempts.suspects.push(prefill.clone());
+        assert!(
+            !attempts.paid_for(&prefill),
+            "charged before: charged again"
+        );
+    }
 }

@@ -113,6 +113,10 @@ pub struct Generation {
     /// After it: how to continue elsewhere (streamed text requests).
     migration: Option<Box<Migration>>,
     legs: Vec<Leg>,
+    /// The encode workers of its attempt: suspects too when a leg fails
+    /// before the first token (a prefill that could not fetch an
+    /// embedding fails because of its encoder).
+    encoders: Vec<Arc<Worker>>,
     /// Reads the generations of a move's sequences ([`Self::merged`]):
     /// they watch their own workers and abort their own legs.
     merged: bool,
@@ -147,6 +151,7 @@ impl Generation {
             resume: None,
             migration: None,
             legs,
+            encoders: Vec::new(),
             merged: false,
             finished: false,
             hung_tick: hung_ticks(),
@@ -171,6 +176,11 @@ impl Generation {
     /// before its first token.
     pub(super) fn resume_with(&mut self, resume: Resume) {
         self.resume = Some(Box::new(resume));
+    }
+
+    /// The encode workers the attempt used ([`Self::encoders`]).
+    pub(super) fn encoded_by(&mut self, encoders: Vec<Arc<Worker>>) {
+        self.encoders = encoders;
     }
 
     /// Holds what the routing policy expected of the request until it
@@ -309,6 +319,7 @@ impl Generation {
             .legs
             .iter()
             .map(|leg| leg.worker.clone())
+            .chain(self.encoders.iter().cloned())
             .filter(|w| !Arc::ptr_eq(w, &worker))
             .collect();
         self.abort(ABORT_REASON);

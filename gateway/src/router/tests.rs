@@ -476,6 +476,38 @@ async fn epd_retries_a_failure_in_the_prefill_stream_before_the_first_response()
     );
 }
 
+/// A prefill leg failing before the first response (an embedding it
+/// could not fetch) suspects the attempt's encoders too: the retry's image
+/// goes to the other encoder, though content-hash affinity would pick the
+/// same one.
+#[tokio::test]
+async fn a_late_failure_suspects_the_attempts_encoders() {
+    let encoders = [
+        Fake::start(Role::Encode, &[]).await,
+        Fake::start(Role::Encode, &[]).await,
+    ];
+    let failing = Fake::start(Role::Prefill, &[Answer::FailInStream(Code::Unknown)]).await;
+    let good = Fake::start(Role::Prefill, &[Answer::Respond]).await;
+    let decode = Fake::start(Role::Decode, &[Answer::Pending, Answer::Respond]).await;
+    let workers = encoders.iter().map(|f| f.worker.clone()).collect();
+    let affinity = PolicyKind::ConsistentHashing.build(Default::default(), &Default::default());
+    let mode = Mode::EncodePrefillDecode {
+        encode: Arc::new(Pool::new(Role::Encode, workers, affinity)),
+        prefill: pool(Role::Prefill, &[&failing, &good]),
+        decode: pool(Role::Decode, &[&decode]),
+    };
+    let router = router(mode, 2);
+    let mut generation = router.start(image_request()).await.expect("retried");
+    assert!(matches!(generation.next().await, Some(Ok(_))));
+    generation.finish();
+    let encodes = [encoders[0].encodes(), encoders[1].encodes()];
+    assert_eq!(
+        encodes,
+        [1, 1],
+        "the retry's image went to the other encoder"
+    );
+}
+
 /// Aggregated and PD hand the generation over once the legs are accepted;
 /// a leg failing after that but before the first token is re-planned on
 /// other workers (a new prefill and decode pair, a new room), unseen by
