@@ -142,7 +142,8 @@ pub struct ServeArgs {
     /// Failed checks in a row that take a worker out of service.
     #[arg(long, default_value_t = 3, env = "IRIS_HEALTH_FAILURE_THRESHOLD")]
     pub health_failure_threshold: u32,
-    /// Successful checks in a row that bring it back.
+    /// Successful checks in a row that bring it back (the first already
+    /// lets one probe request through, whose success brings it back).
     #[arg(long, default_value_t = 2, env = "IRIS_HEALTH_SUCCESS_THRESHOLD")]
     pub health_success_threshold: u32,
 

@@ -29,8 +29,7 @@ pub enum State {
     HalfOpen,
 }
 
-/// One worker's breaker. Times are milliseconds since the process's first
-/// breaker was made, plus one (0: unset).
+/// One worker's breaker. Times are [`now_ms`] (0: unset).
 pub struct Breaker {
     /// Failures in a row.
     streak: AtomicU32,
@@ -119,6 +118,17 @@ impl Breaker {
         (streak, opens)
     }
 
+    /// Opens the circuit as if a whole period ago: one probe request may go
+    /// through at once (a worker out of service whose health check passed
+    /// again need not wait for the rest of its success streak).
+    pub fn open_for_probe(&self) {
+        let period = self.open_period_ms.load(Ordering::Relaxed);
+        self.probing.store(0, Ordering::Relaxed);
+        self.opened
+            .store(now_ms().saturating_sub(period).max(1), Ordering::Relaxed);
+        // (max(1): a period longer than a day still leaves it set.)
+    }
+
     /// Closes the circuit (health checks passed); true when it was open.
     pub fn close(&self) -> bool {
         self.probing.store(0, Ordering::Relaxed);
@@ -130,11 +140,15 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Milliseconds since the first call, plus one (never 0).
+/// Milliseconds since the first call, plus a day: never 0, and a period
+/// back from any moment is still a time ([`Breaker::open_for_probe`]).
 fn now_ms() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
-    millis(EPOCH.get_or_init(Instant::now).elapsed()) + 1
+    millis(EPOCH.get_or_init(Instant::now).elapsed()) + EPOCH_OFFSET_MS
 }
+
+/// What [`now_ms`] adds: longer than any open period.
+const EPOCH_OFFSET_MS: u64 = 24 * 3600 * 1000;
 
 #[cfg(test)]
 mod tests {

@@ -2,7 +2,10 @@
 //! failures and successes in a row, and whether any check has completed
 //! yet. The first check decides at once; after that a passing worker
 //! fails after `fail_threshold` failures in a row and a failing one
-//! passes again after `success_threshold` successes in a row. Whether
+//! passes again after `success_threshold` successes in a row — or, on its
+//! first success, passes *tentatively* ([`Checks::pass_tentatively`]: the
+//! worker's circuit then lets one probe request decide), until a failure
+//! takes that back at once. Whether
 //! the worker is in service also depends on its circuit breaker
 //! ([`super::breaker`]); [`super::Worker`] composes the two.
 
@@ -18,6 +21,8 @@ pub struct Checks {
     successes: AtomicU32,
     /// No check has completed yet.
     unchecked: AtomicBool,
+    /// Passing on one success only ([`Checks::pass_tentatively`]).
+    tentative: AtomicBool,
 }
 
 impl Default for Checks {
@@ -28,6 +33,7 @@ impl Default for Checks {
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             unchecked: AtomicBool::new(true),
+            tentative: AtomicBool::new(false),
         }
     }
 }
@@ -55,11 +61,26 @@ impl Checks {
         };
         broken.store(0, Ordering::Relaxed);
         let length = streak.fetch_add(1, Ordering::Relaxed) + 1;
-        let settled = first || length >= threshold.max(1);
+        let retracted = !ok && self.tentative.load(Ordering::Relaxed);
+        let settled = first || retracted || length >= threshold.max(1);
         if settled {
+            self.tentative.store(false, Ordering::Relaxed);
             self.set(ok);
         }
         settled.then_some(ok)
+    }
+
+    /// Whether the checks failed and the latest one passed: the worker is
+    /// coming back, its success streak still short.
+    pub fn recovering(&self) -> bool {
+        !self.pass() && self.successes.load(Ordering::Relaxed) > 0
+    }
+
+    /// Passes before the success streak is long enough: the next failed
+    /// check takes it back at once; reaching the streak confirms it.
+    pub fn pass_tentatively(&self) {
+        self.tentative.store(true, Ordering::Relaxed);
+        self.set(true);
     }
 
     /// Ends the success streak: passing again takes `success_threshold`
@@ -85,6 +106,35 @@ mod tests {
             checks.record(true, 0, 0),
             Some(true),
             "a threshold of 0 is 1"
+        );
+        assert!(checks.pass());
+    }
+
+    #[test]
+    fn a_tentative_pass_is_taken_back_by_one_failure() {
+        let checks = Checks::default();
+        checks.record(false, 3, 2);
+        assert_eq!(checks.record(true, 3, 2), None);
+        assert!(checks.recovering());
+        checks.pass_tentatively();
+        assert!(checks.pass() && !checks.recovering());
+        assert_eq!(
+            checks.record(false, 3, 2),
+            Some(false),
+            "taken back at once"
+        );
+        assert!(!checks.pass());
+        checks.record(true, 3, 2);
+        checks.pass_tentatively();
+        assert_eq!(
+            checks.record(true, 3, 2),
+            Some(true),
+            "confirmed by the streak"
+        );
+        assert_eq!(
+            checks.record(false, 3, 2),
+            None,
+            "confirmed: failures count again"
         );
         assert!(checks.pass());
     }

@@ -477,7 +477,9 @@ impl Worker {
     /// changed. The first check decides at once; after that a healthy
     /// worker leaves service after `fail_threshold` failures in a row and
     /// an unhealthy one returns after `success_threshold` successes in a
-    /// row ([`Checks::record`]); checks that pass close the circuit.
+    /// row ([`Checks::record`]); checks that pass close the circuit. An
+    /// unhealthy worker whose check passes before that gets a half-open
+    /// circuit: one probe request whose success brings it back at once.
     pub fn record_check(
         &self,
         ok: bool,
@@ -485,8 +487,17 @@ impl Worker {
         success_threshold: u32,
     ) -> Option<bool> {
         let before = self.is_healthy();
-        if self.checks.record(ok, fail_threshold, success_threshold) == Some(true) {
-            self.breaker.close();
+        match self.checks.record(ok, fail_threshold, success_threshold) {
+            Some(true) => {
+                self.breaker.close();
+            }
+            // Out of service and passing again: one probe request may
+            // bring it back now, before the rest of the streak.
+            None if ok && self.checks.recovering() => {
+                self.checks.pass_tentatively();
+                self.breaker.open_for_probe();
+            }
+            _ => {}
         }
         let after = self.is_healthy();
         (before != after).then_some(after)
@@ -630,6 +641,33 @@ mod tests {
         assert_eq!(w.record_check(false, 3, 2), None, "streak broken");
         assert_eq!(w.record_check(true, 3, 2), None);
         assert_eq!(w.record_check(true, 3, 2), Some(true));
+    }
+
+    /// Out of service by its checks, a worker whose check passes again
+    /// takes one probe request at once; its success brings it back before
+    /// the success streak is complete, a failed check takes it back.
+    #[tokio::test]
+    async fn a_worker_coming_back_takes_one_probe() {
+        let w = worker();
+        w.record_check(true, 3, 2);
+        for _ in 0..3 {
+            w.record_check(false, 3, 2);
+        }
+        assert!(!w.is_healthy() && !w.is_half_open());
+        assert_eq!(w.record_check(true, 3, 2), None, "not in service yet");
+        assert!(w.is_half_open(), "one probe may go");
+        assert!(w.breaker.claim_probe());
+        assert!(!w.is_half_open(), "only one");
+        w.record_success();
+        assert!(w.is_healthy(), "the probe's success brings it back");
+
+        for _ in 0..3 {
+            w.record_check(false, 3, 2);
+        }
+        w.record_check(true, 3, 2);
+        assert!(w.is_half_open());
+        w.record_check(false, 3, 2);
+        assert!(!w.is_half_open() && !w.checks_pass(), "taken back at once");
     }
 
     #[tokio::test]
