@@ -105,6 +105,24 @@ def two_decodes(processes, model_dir, *gateway_args):
     return dep.gateway, dep.engines[1:], dep.gateway.client(timeout=3 * ERROR_DEADLINE)
 
 
+def moved_whole(stream, gateway, decodes, what: str) -> list:
+    """Six chunks of ``stream``, then the decode engine serving it killed,
+    then the rest: every chunk, or the test fails naming ``what``."""
+    head = [next(stream) for _ in range(6)]
+    serving_decode(gateway, decodes).process.kill()
+    try:
+        return head + list(stream)
+    except openai.APIError as error:
+        pytest.fail(f"the stream failed instead of {what}: {error!r}")
+
+
+def migrations(gateway) -> float:
+    """Moves the gateway made, whatever the reason."""
+    text = gateway.metrics()
+    return sum(metric(text, "iris_migrations_total", reason=r) or 0
+               for r in ("unavailable", "unknown", "internal", "stream_ended", "cancelled"))
+
+
 def stream_three_chunks(client, gateway, decodes):
     """A long streamed chat, its first three chunks read; the stream, those
     chunks and the decode engine serving it."""
@@ -122,10 +140,7 @@ def test_decode_killed_mid_stream(processes, model_dir):
     chunks = read_moved(stream, head, "moving to the other decode worker")
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finish == ["length"]
-    text = gateway.metrics()
-    moved = sum(metric(text, "iris_migrations_total", reason=r) or 0
-                for r in ("unavailable", "unknown", "internal", "stream_ended", "cancelled"))
-    assert moved == 1, text
+    assert migrations(gateway) == 1
     log = gateway.process.log_tail(20000)
     assert "continues elsewhere" in log and victim.url.removeprefix("grpc://") in log
 
@@ -148,13 +163,7 @@ def test_two_sequences_move_each_from_their_own_tokens(processes, model_dir):
     gateway, decodes, client = two_decodes(processes, model_dir)
     stream = chat(client, gateway.model, max_tokens=MIGRATED_TOKENS, stream=True, n=2,
                   logprobs=True, stream_options={"include_usage": True})
-    head = [next(stream) for _ in range(6)]
-    victim = serving_decode(gateway, decodes)
-    victim.process.kill()
-    try:
-        chunks = head + list(stream)
-    except openai.APIError as error:
-        pytest.fail(f"the stream failed instead of moving both sequences: {error!r}")
+    chunks = moved_whole(stream, gateway, decodes, "moving both sequences")
     tokens, finishes = {0: 0, 1: 0}, {0: [], 1: []}
     for chunk in chunks:
         for choice in chunk.choices:
@@ -165,10 +174,7 @@ def test_two_sequences_move_each_from_their_own_tokens(processes, model_dir):
     assert tokens == {0: MIGRATED_TOKENS, 1: MIGRATED_TOKENS}, "a gap or a repeat"
     assert finishes == {0: ["length"], 1: ["length"]}
     assert chunks[-1].usage.completion_tokens == 2 * MIGRATED_TOKENS, chunks[-1].usage
-    text = gateway.metrics()
-    moved = sum(metric(text, "iris_migrations_total", reason=r) or 0
-                for r in ("unavailable", "unknown", "internal", "stream_ended", "cancelled"))
-    assert moved == 1, text
+    assert migrations(gateway) == 1
     log = gateway.process.log_tail(20000)
     assert "-seq0" in log or "continues elsewhere" in log
 
@@ -193,19 +199,11 @@ def test_a_constrained_stream_moves_and_resumes_its_constraint(processes, model_
                     if c.choices)
     document = json.loads(whole)
     assert len(document["notes"]) >= 4, document
-    stream = schema_chat(client, gateway.model)
-    head = [next(stream) for _ in range(6)]
-    victim = serving_decode(gateway, decodes)
-    victim.process.kill()
-    try:
-        chunks = head + list(stream)
-    except openai.APIError as error:
-        pytest.fail(f"the constrained stream failed instead of moving: {error!r}")
+    chunks = moved_whole(schema_chat(client, gateway.model), gateway, decodes,
+                         "moving the constrained stream")
     moved = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert moved == whole, "the constraint started over instead of resuming"
-    text = gateway.metrics()
-    assert sum(metric(text, "iris_migrations_total", reason=r) or 0
-               for r in ("unavailable", "unknown", "internal", "stream_ended", "cancelled")) == 1
+    assert migrations(gateway) == 1
 
 
 def image_chat(client, model, max_tokens):
@@ -236,10 +234,7 @@ def test_image_stream_moves_while_its_pixels_are_cached(processes, model_dir, pi
     usage = read_moved(stream, head, "moving with its image")[-1].usage
     # The client's prompt count is its own, image tokens included.
     assert usage.prompt_tokens > 20, usage
-    text = gateway.metrics()
-    moved = sum(metric(text, "iris_migrations_total", reason=r) or 0
-                for r in ("unavailable", "unknown", "internal", "stream_ended", "cancelled"))
-    assert moved == 1, text
+    assert migrations(gateway) == 1
 
 
 def test_decode_frozen_mid_stream(processes, model_dir):

@@ -55,11 +55,13 @@ use crate::workers::Worker;
 /// Why an attempt failed: the failure that decides what happens next.
 enum Failure {
     /// A call failed on `worker`; `verdict` says whether another worker
-    /// may succeed.
+    /// may succeed. `through`: the workers it may only have passed the
+    /// failure on from (a late failure's encoders and prefill worker).
     Worker {
         worker: Arc<Worker>,
         status: Status,
         verdict: Verdict,
+        through: Vec<Arc<Worker>>,
     },
     /// The worker refused the RDMA lane of its pixels (its puller is off):
     /// plan again at once, the pixels now inline; nobody is blamed.
@@ -173,6 +175,9 @@ pub(super) struct Attempts {
     suspects: Vec<Arc<Worker>>,
     /// The workers whose failures were charged to `--max-retries`.
     charged: Vec<Arc<Worker>>,
+    /// The workers suspected because another's late failure may have
+    /// been theirs (its encoders, its prefill worker).
+    through: Vec<Arc<Worker>>,
 }
 
 /// Retries after unreachable workers a request may make beyond
@@ -180,18 +185,14 @@ pub(super) struct Attempts {
 const FREE_RETRIES: u32 = 8;
 
 impl Attempts {
-    /// Whether the failure of `worker`, just added to the suspects, was
-    /// already paid for: it had been suspected by an earlier failure of
-    /// another worker (a prefill that could not fetch its embedding, a
-    /// decode whose prefill died) that was charged, and has not been
-    /// charged itself. One death seen through two legs costs one retry.
+    /// Whether the failure of `worker` was already paid for: an earlier
+    /// late failure of another worker (a prefill that could not fetch its
+    /// embedding, a decode whose prefill died) may have been its own, and
+    /// it has not been charged itself. One death seen through two legs
+    /// costs one retry.
     fn paid_for(&self, worker: &Arc<Worker>) -> bool {
-        let suspected = self
-            .suspects
-            .iter()
-            .filter(|w| Arc::ptr_eq(w, worker))
-            .count();
-        suspected > 1 && !self.charged.iter().any(|w| Arc::ptr_eq(w, worker))
+        let has = |list: &[Arc<Worker>]| list.iter().any(|w| Arc::ptr_eq(w, worker));
+        has(&self.through) && !has(&self.charged)
     }
 
     /// A fresh count that avoids `worker`.
@@ -271,7 +272,11 @@ impl Router {
                     worker,
                     status,
                     verdict,
-                } => (worker, status, verdict),
+                    through,
+                } => {
+                    attempts.through.extend(through);
+                    (worker, status, verdict)
+                }
             };
             self.retry_after(worker, status, verdict, attempts).await?;
         }
@@ -335,6 +340,7 @@ impl Router {
             ..
         } = resume;
         attempts.made += 1;
+        attempts.through.extend(others.iter().cloned());
         let verdict = blame_late(&worker, &status, others, &mut attempts.suspects);
         self.retry_after(worker, status, verdict, attempts).await?;
         self.run(request, images, attempts).await
@@ -423,6 +429,7 @@ impl Router {
                     p.url, decode.url
                 )),
                 verdict: Verdict::Fatal,
+                through: Vec::new(),
             });
         }
         let mut leg = AbortOnDrop(Some(Leg::new(p.clone(), &request.request_id, &self.aborts)));
@@ -618,6 +625,7 @@ impl Router {
             worker,
             status,
             verdict,
+            through: Vec::new(),
         }
     }
 }
@@ -634,9 +642,10 @@ fn late_failure(
     suspects: &mut Vec<Arc<Worker>>,
 ) -> Failure {
     Failure::Worker {
-        verdict: blame_late(&worker, &status, others, suspects),
+        verdict: blame_late(&worker, &status, others.clone(), suspects),
         worker,
         status,
+        through: others,
     }
 }
 
@@ -672,26 +681,22 @@ mod tests {
     async fn a_death_seen_through_two_legs_costs_one_retry() {
         let (encoder, prefill) = (worker(1, Role::Encode), worker(2, Role::Prefill));
         let mut attempts = Attempts::default();
-        blame_late(
-            &prefill,
-            &Status::unknown("embedding"),
-            vec![encoder.clone()],
-            &mut attempts.suspects,
-        );
-        assert!(!attempts.paid_for(&prefill), "the first failure is charged");
+        // Two calls failing on their own (both images' encoders) are not
+        // failures seen through another.
+        attempts.suspects.extend([encoder.clone(), prefill.clone()]);
+        assert!(!attempts.paid_for(&encoder) && !attempts.paid_for(&prefill));
+        // The prefill failing late, its encoder perhaps the cause: charged.
+        attempts.through.push(encoder.clone());
         attempts.charged.push(prefill.clone());
-        attempts.suspects.push(encoder.clone());
+        assert!(
+            !attempts.paid_for(&prefill),
+            "the prefill's failure is charged"
+        );
         assert!(
             attempts.paid_for(&encoder),
             "already paid for by the prefill's failure"
         );
         attempts.charged.push(encoder.clone());
-        attempts.suspects.push(encoder.clone());
         assert!(!attempts.paid_for(&encoder), "free once only");
-        attempts.suspects.push(prefill.clone());
-        assert!(
-            !attempts.paid_for(&prefill),
-            "charged before: charged again"
-        );
     }
 }

@@ -603,6 +603,28 @@ fn streamed_request() -> GenerateRequest {
     }
 }
 
+/// [`streamed_request`] with its sampling parameters edited by `edit`.
+fn streamed_with(edit: impl FnOnce(&mut SamplingParams)) -> GenerateRequest {
+    let mut request = streamed_request();
+    if let Some(sampling) = request.sampling_params.as_mut() {
+        edit(sampling);
+    }
+    request
+}
+
+/// An aggregated worker answering `first`, another that finishes, and a
+/// router over both (2 retries): a stream failing mid-way and where it
+/// may move.
+async fn dying_then_next(first: Answer) -> (Fake, Fake, Arc<Router>) {
+    let dying = Fake::start(Role::Aggregated, &[first]).await;
+    let next = Fake::start(Role::Aggregated, &[Answer::Finish]).await;
+    let router = router(
+        Mode::Aggregated(pool(Role::Aggregated, &[&dying, &next])),
+        2,
+    );
+    (dying, next, router)
+}
+
 fn reply(response: Option<Result<GenerateResponse, Status>>) -> generate_response::Response {
     match response {
         Some(Ok(GenerateResponse {
@@ -619,16 +641,7 @@ fn reply(response: Option<Result<GenerateResponse, Status>>) -> generate_respons
 #[tokio::test]
 async fn a_stream_failing_mid_way_continues_on_another_worker() {
     use generate_response::Response;
-    let dying = Fake::start(
-        Role::Aggregated,
-        &[Answer::TokenThenFail(Code::Unavailable)],
-    )
-    .await;
-    let next = Fake::start(Role::Aggregated, &[Answer::Finish]).await;
-    let router = router(
-        Mode::Aggregated(pool(Role::Aggregated, &[&dying, &next])),
-        2,
-    );
+    let (_dying, next, router) = dying_then_next(Answer::TokenThenFail(Code::Unavailable)).await;
     let mut generation = router.start(streamed_request()).await.expect("accepted");
     let Response::Chunk(first) = reply(generation.next().await) else {
         panic!("expected the first chunk");
@@ -673,20 +686,9 @@ async fn a_stream_failing_mid_way_continues_on_another_worker() {
 #[tokio::test]
 async fn the_unfinished_sequences_of_n_continue_each_on_their_own() {
     use generate_response::Response;
-    let dying = Fake::start(
-        Role::Aggregated,
-        &[Answer::ThreeSequencesThenFail(Code::Unavailable)],
-    )
-    .await;
-    let next = Fake::start(Role::Aggregated, &[Answer::Finish]).await;
-    let router = router(
-        Mode::Aggregated(pool(Role::Aggregated, &[&dying, &next])),
-        2,
-    );
-    let mut request = streamed_request();
-    if let Some(sampling) = request.sampling_params.as_mut() {
-        sampling.n = 3;
-    }
+    let (_dying, next, router) =
+        dying_then_next(Answer::ThreeSequencesThenFail(Code::Unavailable)).await;
+    let request = streamed_with(|sampling| sampling.n = 3);
     let mut generation = router.start(request).await.expect("accepted");
     let mut tokens: [Vec<u32>; 3] = Default::default();
     let mut completes = std::collections::BTreeMap::new();
@@ -731,20 +733,10 @@ async fn the_unfinished_sequences_of_n_continue_each_on_their_own() {
 /// start over) ends with the failure.
 #[tokio::test]
 async fn a_constrained_stream_is_not_moved() {
-    let dying = Fake::start(
-        Role::Aggregated,
-        &[Answer::TokenThenFail(Code::Unavailable)],
-    )
-    .await;
-    let next = Fake::start(Role::Aggregated, &[Answer::Finish]).await;
-    let router = router(
-        Mode::Aggregated(pool(Role::Aggregated, &[&dying, &next])),
-        2,
-    );
-    let mut request = streamed_request();
-    if let Some(sampling) = request.sampling_params.as_mut() {
-        sampling.constraint = Some(sampling_params::Constraint::Regex("[a-z]+".into()));
-    }
+    let (_dying, next, router) = dying_then_next(Answer::TokenThenFail(Code::Unavailable)).await;
+    let request = streamed_with(|sampling| {
+        sampling.constraint = Some(sampling_params::Constraint::Regex("[a-z]+".into()))
+    });
     let mut generation = router.start(request).await.expect("accepted");
     assert!(matches!(generation.next().await, Some(Ok(_))));
     match generation.next().await {
@@ -758,23 +750,13 @@ async fn a_constrained_stream_is_not_moved() {
 /// the continuation says how much of its input is constrained output.
 #[tokio::test]
 async fn a_constrained_stream_moves_among_workers_that_resume_constraints() {
-    let dying = Fake::start(
-        Role::Aggregated,
-        &[Answer::TokenThenFail(Code::Unavailable)],
-    )
-    .await;
-    let next = Fake::start(Role::Aggregated, &[Answer::Finish]).await;
+    let (dying, next, router) = dying_then_next(Answer::TokenThenFail(Code::Unavailable)).await;
     for fake in [&dying, &next] {
         fake.worker.set_resumes_constraints(true);
     }
-    let router = router(
-        Mode::Aggregated(pool(Role::Aggregated, &[&dying, &next])),
-        2,
-    );
-    let mut request = streamed_request();
-    if let Some(sampling) = request.sampling_params.as_mut() {
-        sampling.constraint = Some(sampling_params::Constraint::Regex("[a-z]+".into()));
-    }
+    let request = streamed_with(|sampling| {
+        sampling.constraint = Some(sampling_params::Constraint::Regex("[a-z]+".into()))
+    });
     let mut generation = router.start(request).await.expect("accepted");
     while let Some(response) = generation.next().await {
         response.expect("moved, not failed");
