@@ -174,6 +174,12 @@ impl<T: PoolElem> PooledVec<T> {
         PooledVec { buf, len }
     }
 
+    /// Bytes of memory the vector holds: its room, which for prepared
+    /// memory is whole 2 MiB chunks (a cache bounded in bytes counts these).
+    pub fn allocated_bytes(&self) -> usize {
+        self.buf.capacity().saturating_mul(std::mem::size_of::<T>())
+    }
+
     /// Detaches the vector from the pool (a copy when its memory is
     /// prepared memory, which must go back to the reserve).
     pub fn into_vec(mut self) -> Vec<T> {
