@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use half::bf16;
 
-use crate::reserve::Chunks;
+use crate::reserve::{self, Chunks};
 
 /// Free buffers kept per element type.
 const MAX_FREE: usize = 8;
@@ -221,7 +221,10 @@ fn fresh<T: PoolElem>(len: usize) -> Buffer<T> {
     let bytes = len.saturating_mul(std::mem::size_of::<T>());
     match Chunks::take(bytes) {
         Some(chunks) => Buffer::Reserved(chunks),
-        None => Buffer::Heap(fresh_heap(len)),
+        None => {
+            reserve::note_heap_tensor(bytes);
+            Buffer::Heap(fresh_heap(len))
+        }
     }
 }
 

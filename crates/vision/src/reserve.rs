@@ -41,6 +41,10 @@ struct Reserve {
     target: AtomicUsize,
     /// Bytes prepared so far.
     prepared: AtomicUsize,
+    /// Bytes of large tensors that came from the heap while the
+    /// preparation was short of the target: memory the process holds
+    /// instead, so the preparation stops that much earlier.
+    skipped: AtomicUsize,
     /// A background thread is preparing.
     preparing: AtomicBool,
     /// Tensors served from prepared memory.
@@ -51,6 +55,7 @@ static RESERVE: Reserve = Reserve {
     free: Mutex::new(Vec::new()),
     target: AtomicUsize::new(0),
     prepared: AtomicUsize::new(0),
+    skipped: AtomicUsize::new(0),
     preparing: AtomicBool::new(false),
     served: AtomicU64::new(0),
 };
@@ -58,7 +63,9 @@ static RESERVE: Reserve = Reserve {
 /// The state of the prepared tensor memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TensorMemoryStats {
-    /// Bytes asked for (rounded up to whole 2 MiB chunks when prepared).
+    /// Bytes the preparation aims at: those asked for, less what large
+    /// tensors took from the heap before enough was prepared (rounded up
+    /// to whole 2 MiB chunks when prepared).
     pub target_bytes: usize,
     /// Bytes prepared so far (resident for the process's life).
     pub prepared_bytes: usize,
@@ -72,7 +79,7 @@ pub struct TensorMemoryStats {
 pub fn tensor_memory_stats() -> TensorMemoryStats {
     let free = RESERVE.free.lock().map(|f| f.len()).unwrap_or(0);
     TensorMemoryStats {
-        target_bytes: RESERVE.target.load(Ordering::Relaxed),
+        target_bytes: goal(),
         prepared_bytes: RESERVE.prepared.load(Ordering::Relaxed),
         free_bytes: free * CHUNK,
         served: RESERVE.served.load(Ordering::Relaxed),
@@ -101,23 +108,50 @@ pub fn prepare_tensor_memory(bytes: usize) {
 /// target is reached (or the kernel refuses memory).
 fn prepare_in_background() {
     sys::lower_priority();
-    while let Some(step) = next_step() {
-        match sys::map_prefaulted(step) {
-            Some(start) => add_chunks(start, step),
-            None => break,
+    loop {
+        while let Some(step) = next_step() {
+            let Some(start) = sys::map_prefaulted(step) else {
+                RESERVE.preparing.store(false, Ordering::Release);
+                return;
+            };
+            add_chunks(start, step);
+        }
+        RESERVE.preparing.store(false, Ordering::Release);
+        // A caller that raised the target since the last step saw this
+        // thread running and left the work to it.
+        if next_step().is_none() || RESERVE.preparing.swap(true, Ordering::AcqRel) {
+            return;
         }
     }
-    RESERVE.preparing.store(false, Ordering::Release);
 }
 
 /// Bytes prepared per step (one mapping).
 const STEP: usize = 64 << 20;
 
-/// The next step's size, in whole chunks; `None` once the target is met.
-fn next_step() -> Option<usize> {
+/// The bytes to prepare: the target less what tensors took from the heap.
+fn goal() -> usize {
     let target = RESERVE.target.load(Ordering::Relaxed);
-    let prepared = RESERVE.prepared.load(Ordering::Relaxed);
-    (prepared < target).then(|| (target - prepared).min(STEP).next_multiple_of(CHUNK))
+    target.saturating_sub(RESERVE.skipped.load(Ordering::Relaxed))
+}
+
+/// The next step's size, in whole chunks; `None` once the goal is met.
+fn next_step() -> Option<usize> {
+    let (goal, prepared) = (goal(), RESERVE.prepared.load(Ordering::Relaxed));
+    (prepared < goal).then(|| (goal - prepared).min(STEP).next_multiple_of(CHUNK))
+}
+
+/// A tensor of `bytes` (at least [`MIN_BYTES`]) took fresh heap memory
+/// because too little was prepared: while the preparation is short of its
+/// goal, it prepares that much less, so that the process does not end up
+/// holding both (a cache full of heap tensors next to idle chunks).
+pub(crate) fn note_heap_tensor(bytes: usize) {
+    if bytes < MIN_BYTES {
+        return;
+    }
+    let short = goal().saturating_sub(RESERVE.prepared.load(Ordering::Relaxed));
+    RESERVE
+        .skipped
+        .fetch_add(bytes.min(short), Ordering::Relaxed);
 }
 
 fn add_chunks(start: usize, bytes: usize) {
@@ -204,10 +238,14 @@ mod sys {
     }
 
     /// A fresh `CHUNK`-aligned mapping of `bytes` (a multiple of `CHUNK`)
-    /// with protection `prot`.
+    /// with protection `prot` (`PROT_NONE`: an address range to fill,
+    /// which commits no memory).
     fn map_aligned(bytes: usize, prot: libc::c_int) -> Option<usize> {
         let len = bytes.checked_add(CHUNK)?;
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        if prot == libc::PROT_NONE {
+            flags |= libc::MAP_NORESERVE;
+        }
         // SAFETY: a new anonymous mapping, touching no existing memory.
         let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
         if p == libc::MAP_FAILED {
@@ -293,6 +331,10 @@ mod sys {
 mod tests {
     use super::*;
 
+    /// Asks for more than the tests use (other tests' large heap tensors
+    /// may lower the goal while it is prepared).
+    const ASKED: usize = 64 << 20;
+
     /// Waits (up to 20 s) until at least `bytes` are prepared.
     fn wait_prepared(bytes: usize) {
         for _ in 0..2000 {
@@ -312,8 +354,8 @@ mod tests {
 
     #[test]
     fn chunks_keep_their_contents_and_order_when_placed_side_by_side() {
-        prepare_tensor_memory(16 << 20);
-        wait_prepared(16 << 20);
+        prepare_tensor_memory(ASKED);
+        wait_prepared(6 << 20);
         let Some(chunks) = pop(3) else {
             panic!("no free chunks: {:?}", tensor_memory_stats());
         };
@@ -338,8 +380,8 @@ mod tests {
 
     #[test]
     fn a_tensor_takes_whole_chunks_and_gives_them_back() {
-        prepare_tensor_memory(16 << 20);
-        wait_prepared(16 << 20);
+        prepare_tensor_memory(ASKED);
+        wait_prepared(6 << 20);
         assert!(
             Chunks::take(MIN_BYTES - 1).is_none(),
             "small tensors use the heap"
@@ -366,8 +408,8 @@ mod tests {
 
     #[test]
     fn a_request_larger_than_the_free_chunks_is_refused_and_takes_none() {
-        prepare_tensor_memory(16 << 20);
-        wait_prepared(16 << 20);
+        prepare_tensor_memory(ASKED);
+        wait_prepared(6 << 20);
         assert!(Chunks::take(1 << 40).is_none());
         assert!(tensor_memory_stats().free_bytes <= tensor_memory_stats().prepared_bytes);
     }
