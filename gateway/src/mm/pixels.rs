@@ -192,7 +192,10 @@ mod tests {
         assert_eq!(entry.layout.tokens, 6);
         assert_eq!(entry.layout.dtype, DType::Float32);
         assert!(entry.held >= entry.pixels.len());
-        assert!(entry.weight() > entry.held, "the cache weighs the memory held");
+        assert!(
+            entry.weight() > entry.held,
+            "the cache weighs the memory held"
+        );
         let shared = entry.pixels.clone();
         assert_eq!(
             shared.as_ptr(),
