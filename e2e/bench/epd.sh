@@ -12,11 +12,25 @@
 # mix, so every mix starts with cold caches (the concurrencies of one mix
 # follow each other on the same processes). Prints a Markdown table of
 # medians over runs (cache and stage figures: over all runs' requests).
-# See docs/benchmarks.md.
+#
+# Before the mixes, a cold start (COLD images): a fresh deployment gets
+# COLD distinct images one at a time (cold), then distinct images in
+# batches of COLD until the pixel cache has evicted and one batch more
+# (unmeasured: the cache full, evicted tensors recycled), then COLD more
+# (warm); its table gives each phase's preprocess stage, TTFT p50 and
+# gateway CPU per image, cold/warm, and the gateway's memory and huge
+# pages after each phase. See docs/benchmarks.md.
 #
 # Environment (all optional):
 #   RUNS=1 DURATION=10 WARMUP=2 CONCURRENCIES="1 8 32" MAX_TOKENS=16
-#   MIXES="0 0.5"      --image-repeat-fraction values (0: all distinct)
+#   MIXES="0 0.5"      --image-repeat-fraction values (0: all distinct;
+#                      empty: only the cold start)
+#   COLD=20            images of the cold start's cold and warm phases
+#                      (0: no cold start)
+#   FILL_MAX=2000      the most images sent to fill the pixel cache
+#   WAIT_PREPARED=1    the cold start waits (up to 120 s) until the gateway
+#                      has prepared the pixel cache's memory (the
+#                      iris_mm_prepared_memory_* gauges; 0: starts at once)
 #   IMAGE=FILE         the JPEG (default ../shared/images/motorcycle_1080p.jpg)
 #   IMAGES_PER_REQUEST=1  images per chat (CPU figures are per image)
 #   REFERENCE=1        first time the vision crate's own steady-state
@@ -42,7 +56,10 @@ RUNS=${RUNS:-1}
 DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-2}
 CONCURRENCIES=${CONCURRENCIES:-"1 8 32"}
-MIXES=${MIXES:-"0 0.5"}
+MIXES=${MIXES-"0 0.5"}
+COLD=${COLD:-20}
+FILL_MAX=${FILL_MAX:-2000}
+WAIT_PREPARED=${WAIT_PREPARED:-1}
 MAX_TOKENS=${MAX_TOKENS:-16}
 IMAGE=${IMAGE:-$ROOT/../shared/images/motorcycle_1080p.jpg}
 LOADGEN_THREADS=${LOADGEN_THREADS:-1}
@@ -142,6 +159,133 @@ run_mix() {
     stop_all
 }
 
+# metric NAME: the value of an unlabelled sample of the gateway's /metrics.
+metric() {
+    curl -fsS "http://$GATEWAY_ADDR/metrics" | awk -v n="$1" '$1 == n { print $2 }'
+}
+
+# cold_phase NAME: COLD distinct images one at a time, measured (report,
+# metrics around it, the gateway's RSS and huge pages after it).
+cold_phase() {
+    local name="$WORK/results/cold-$1"
+    log "cold start: $1, $COLD images"
+    scrape "$name.before.prom"
+    loadgen 0 1 3600 "$name.json" --requests "$COLD" --cpu-pid "$GATEWAY_PID" \
+        --cpu-pid "$ENCODER_PID" --cpu-pid "$PREFILL_PID" --cpu-pid "$DECODE_PID"
+    scrape "$name.after.prom"
+    grep -E '^(Rss|AnonHugePages):' "/proc/$GATEWAY_PID/smaps_rollup" >"$name.mem"
+}
+
+# fill_pixel_cache: distinct images in batches of COLD until the pixel
+# cache has evicted (or keeps nothing), then one batch more, unmeasured;
+# the count goes to results/cold-fill.count.
+fill_pixel_cache() {
+    local sent=0
+    while ((sent < FILL_MAX)); do
+        loadgen 0 1 3600 "$WORK/fill.json" --requests "$COLD"
+        sent=$((sent + COLD))
+        [[ $(metric iris_pixel_cache_evictions_total) == 0 && $(metric iris_pixel_cache_bytes) != 0 ]] || break
+    done
+    loadgen 0 1 3600 "$WORK/fill.json" --requests "$COLD"
+    echo $((sent + COLD)) >"$WORK/results/cold-fill.count"
+    log "cold start: $((sent + COLD)) images to fill the pixel cache"
+}
+
+# cpu_secs PID: the user + system CPU seconds PID has used.
+cpu_secs() {
+    awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"
+}
+
+# wait_prepared: with WAIT_PREPARED=1, waits until the gateway has
+# prepared its pixel memory; writes the seconds since the deployment was
+# up and the gateway's CPU seconds to results/cold-prepare.txt.
+wait_prepared() {
+    local started=$SECONDS target prepared
+    target=$(metric iris_mm_prepared_memory_target_bytes)
+    if [[ $WAIT_PREPARED == 1 ]]; then
+        for _ in $(seq 1200); do
+            prepared=$(metric iris_mm_prepared_memory_bytes)
+            ((${prepared:-0} >= ${target:-0})) && break
+            sleep 0.1
+        done
+    fi
+    prepared=$(metric iris_mm_prepared_memory_bytes)
+    echo "$((SECONDS - started)) $(cpu_secs "$GATEWAY_PID") ${prepared:-0}" \
+        >"$WORK/results/cold-prepare.txt"
+}
+
+# cold_start: a fresh deployment's first COLD images against the same
+# deployment's once its pixel cache is full.
+cold_start() {
+    [[ $COLD != 0 ]] || return 0
+    start_deployment
+    wait_prepared
+    cold_phase cold
+    fill_pixel_cache
+    cold_phase warm
+    stop_all
+}
+
+# summarise_cold DIR: the cold start's table.
+summarise_cold() {
+    [[ -f $1/cold-cold.json ]] || return 0
+    python3 - "$1" "$CRATE_MS" "$IMAGES_PER_REQUEST" <<'PY'
+import json, re, sys
+results, per_request = sys.argv[1], int(sys.argv[3])
+crate_ms = float(sys.argv[2]) if sys.argv[2] else None
+SAMPLE = re.compile(r'^(\w+)(?:\{([^}]*)\})? (\S+)$')
+def prom(path):
+    out = {}
+    with open(path) as f:
+        for line in f:
+            m = SAMPLE.match(line.strip())
+            if m:
+                out[(m.group(1), m.group(2) or "")] = float(m.group(3))
+    return out
+def mem_mb(path):
+    with open(path) as f:
+        return {k: int(v.split()[0]) / 1024 for k, v in (l.split(":", 1) for l in f)}
+def phase(name):
+    base = f"{results}/cold-{name}"
+    with open(base + ".json") as f:
+        rep = json.load(f)
+    before, after = prom(base + ".before.prom"), prom(base + ".after.prom")
+    d = lambda n, l: after.get((n, l), 0.0) - before.get((n, l), 0.0)
+    count = d("iris_stage_duration_seconds_count", 'stage="preprocess"')
+    gateway_us = rep["cpu"][0]["us_per_request"] if rep.get("cpu") else None
+    return {
+        "preprocess": d("iris_stage_duration_seconds_sum", 'stage="preprocess"') / count * 1e3 if count else None,
+        "ttft": rep["ttft"]["p50_ms"] if rep.get("ttft") else None,
+        "cpu": None if gateway_us is None else gateway_us / 1e3 / per_request,
+        "images": rep.get("requests", 0) * per_request,
+        "errors": rep.get("errors", 0),
+        "mem": mem_mb(base + ".mem"),
+    }
+def fmt(v, spec=".1f"):
+    return "–" if v is None else format(v, spec)
+def ratio(a, b):
+    return "–" if a is None or not b else f"{a / b:.2f}×"
+cold, warm = phase("cold"), phase("warm")
+with open(f"{results}/cold-fill.count") as f:
+    fill = f.read().strip()
+with open(f"{results}/cold-prepare.txt") as f:
+    waited, prep_cpu, prepared = f.read().split()
+print(f"Cold start: a fresh gateway's first images, then after {fill} more distinct images filled its pixel cache. "
+      f"Before the first image: {int(prepared or 0) / 2**20:.0f} MiB prepared, waited {waited} s, "
+      f"gateway CPU since start {float(prep_cpu):.2f} s.")
+print()
+print("| phase | images | preprocess ms | TTFT p50 ms | gateway CPU ms/image | errors | gateway RSS MB | of it on huge pages MB "
+      "| preprocess / crate | TTFT p50 / crate | gateway CPU / crate |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for name, p in (("cold", cold), ("warm", warm)):
+    print(f"| {name} | {p['images']} | {fmt(p['preprocess'])} | {fmt(p['ttft'])} | {fmt(p['cpu'])} | {p['errors']} "
+          f"| {fmt(p['mem'].get('Rss'), '.0f')} | {fmt(p['mem'].get('AnonHugePages'), '.0f')} "
+          f"| {ratio(p['preprocess'], crate_ms)} | {ratio(p['ttft'], crate_ms)} | {ratio(p['cpu'], crate_ms)} |")
+print(f"| cold / warm | | {ratio(cold['preprocess'], warm['preprocess'])} | {ratio(cold['ttft'], warm['ttft'])} "
+      f"| {ratio(cold['cpu'], warm['cpu'])} | | | | | | |")
+PY
+}
+
 # summarise DIR: the Markdown table of the runs in DIR; medians over runs
 # for the load generator's figures, sums over runs for the metrics deltas.
 summarise() {
@@ -217,7 +361,8 @@ PY
 
 main() {
     if [[ -n ${SUMMARY_OF:-} ]]; then
-        summarise "$SUMMARY_OF"
+        summarise_cold "$SUMMARY_OF"
+        [[ -z $MIXES ]] || summarise "$SUMMARY_OF"
         return
     fi
     build iris-cli iris-engine iris-encoder iris-loadgen
@@ -232,11 +377,14 @@ main() {
     echo "- image $IMAGE ($(stat -c %s "$IMAGE") bytes) × $IMAGES_PER_REQUEST per request, encoder $ENCODER_BIN --compute digest, engine $ENGINE_BIN, gateway $GATEWAY_BIN $GATEWAY_ARGS"
     [[ -z $ENCODER_ARGS$ENGINE_ARGS ]] || echo "- encoder flags: ${ENCODER_ARGS:-none}; engine flags: ${ENGINE_ARGS:-none}"
     echo
+    cold_start
     local mix
     for mix in $MIXES; do
         run_mix "$mix"
     done
-    summarise "$WORK/results"
+    summarise_cold "$WORK/results"
+    echo
+    [[ -z $MIXES ]] || summarise "$WORK/results"
     echo
     reference
     echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -153,6 +153,8 @@ pub struct MediaSettings {
     pub dtype: OutputDtype,
     pub max_image_pixels: u64,
     pub pixel_cache_bytes: usize,
+    /// Prepare the pixel cache's memory at startup ([`iris_vision::prepare_tensor_memory`]).
+    pub prepare_pixel_memory: bool,
     pub per_request_image_limit: usize,
     /// Memory for images being decoded and tensors not yet handed over.
     pub inflight_bytes: u64,
@@ -495,6 +497,7 @@ fn media(args: &MediaArgs) -> Result<MediaSettings, ConfigError> {
         max_image_pixels: args.mm_max_image_pixels,
         pixel_cache_bytes: usize::try_from(args.mm_pixel_cache_mb.saturating_mul(MIB))
             .unwrap_or(usize::MAX),
+        prepare_pixel_memory: args.mm_prepare_pixel_memory,
         per_request_image_limit: args.mm_per_request_image_limit,
         inflight_bytes: args.mm_max_inflight_mb.saturating_mul(MIB),
         inflight_wait: Duration::from_millis(args.mm_inflight_wait_ms),

@@ -501,6 +501,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     );
     if let Some(mm) = &served.media {
         render_pixel_cache(&mut body, &mm.cache_stats());
+        render_tensor_memory(&mut body, &iris_vision::tensor_memory_stats());
         mm.budget().render(&mut body);
     }
     router.lanes.render(&mut body);
@@ -553,6 +554,37 @@ fn render_pixel_cache(out: &mut String, stats: &iris_cache::CacheStats) {
     for (name, kind, help, value) in plain {
         iris_metrics::family(out, name, kind, help, [("", value)]);
     }
+}
+
+/// The memory prepared for tensors ahead of the images (the pixel cache's).
+fn render_tensor_memory(out: &mut String, stats: &iris_vision::TensorMemoryStats) {
+    let gauges = [
+        (
+            "iris_mm_prepared_memory_target_bytes",
+            "Bytes of tensor memory to prepare in the background (--mm-prepare-pixel-memory).",
+            stats.target_bytes,
+        ),
+        (
+            "iris_mm_prepared_memory_bytes",
+            "Bytes of tensor memory prepared so far (faulted in, resident).",
+            stats.prepared_bytes,
+        ),
+        (
+            "iris_mm_prepared_memory_free_bytes",
+            "Prepared bytes no tensor holds now.",
+            stats.free_bytes,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        iris_metrics::family(out, name, "gauge", help, [("", value as u64)]);
+    }
+    iris_metrics::family(
+        out,
+        "iris_mm_prepared_memory_tensors_total",
+        "counter",
+        "Tensors whose memory was prepared memory.",
+        [("", stats.served)],
+    );
 }
 
 /// `GET /v1/models/{id}`: the served model under its name or any alias

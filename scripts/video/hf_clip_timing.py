@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Times transformers' own video path on one clip, the reference for
-`crates/video/examples/clip_timing.rs` (docs/benchmarks.md, "Video"):
+`crates/video/examples/clip_timing.rs` (docs/benchmarks-history.md, "Video (issue 22)"):
 `transformers.video_utils.load_video` with its PyAV backend sampling at
 2 fps, then `Qwen2VLVideoProcessor` (the torchvision processor) on the
 sampled frames; min and median over runs.

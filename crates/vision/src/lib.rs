@@ -14,7 +14,9 @@
 //!   ([`VideoProcessor`], bit-exact with transformers' video processors).
 //!
 //! Large buffers are recycled (per-thread scratch, pooled outputs); see
-//! [`pool_stats`]. docs/vision.md has the details.
+//! [`pool_stats`]. Memory for tensors that outlive their request (a
+//! cache's) can be prepared ahead, off the request's path:
+//! [`prepare_tensor_memory`]. docs/vision.md has the details.
 
 mod batch;
 mod clip;
@@ -31,6 +33,7 @@ mod output;
 mod pool;
 mod processor;
 mod qwen;
+mod reserve;
 mod resize;
 mod scratch;
 mod stream;
@@ -52,6 +55,7 @@ pub use output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 pub use pool::{pool_stats, PoolStats, PooledVec};
 pub use processor::{PreprocessOptions, Processor, INTRA_IMAGE_PARALLEL_PIXELS};
 pub use qwen::{QwenFamily, QwenVlProcessor, QWEN_DEFAULT_MAX_PIXELS, QWEN_DEFAULT_MIN_PIXELS};
+pub use reserve::{prepare_tensor_memory, tensor_memory_stats, TensorMemoryStats};
 pub use resize::{resize_bicubic, resize_bicubic_with, thread_streamed_images, Bicubic, PassOrder};
 #[doc(hidden)]
 pub use scratch::Scratch;

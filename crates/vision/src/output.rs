@@ -63,6 +63,15 @@ impl PixelValues {
         self.len() == 0
     }
 
+    /// Bytes of memory the tensor holds (at least [`Self::as_bytes`]'s
+    /// length; see [`PooledVec::allocated_bytes`]).
+    pub fn allocated_bytes(&self) -> usize {
+        match self {
+            PixelValues::F32(v) => v.allocated_bytes(),
+            PixelValues::Bf16(v) => v.allocated_bytes(),
+        }
+    }
+
     /// The raw little-endian bytes, as sent on the wire.
     pub fn as_bytes(&self) -> &[u8] {
         match self {

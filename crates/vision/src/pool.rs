@@ -11,12 +11,18 @@
 //! float32 tensor) must neither pin its allocation for ever nor end up
 //! behind a thumbnail's tensor, where caches that weigh tensors by length
 //! would not see it.
+//!
+//! When the free list has nothing that fits, a large tensor takes memory
+//! prepared ahead ([`crate::reserve`]: faulted in off the request's path,
+//! on huge pages) before it falls back to a fresh allocation.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use half::bf16;
+
+use crate::reserve::{self, Chunks};
 
 /// Free buffers kept per element type.
 const MAX_FREE: usize = 8;
@@ -26,9 +32,28 @@ const MAX_FREE_BYTES: usize = 256 << 20;
 /// many times the requested length.
 const MAX_SLACK: usize = 2;
 
+/// Where a buffer's memory comes from.
+#[derive(Debug)]
+enum Buffer<T> {
+    /// The global allocator's.
+    Heap(Vec<T>),
+    /// Prepared chunks; they go back to the reserve when dropped.
+    Reserved(Chunks),
+}
+
+impl<T> Buffer<T> {
+    /// Room in elements.
+    fn capacity(&self) -> usize {
+        match self {
+            Buffer::Heap(v) => v.capacity(),
+            Buffer::Reserved(c) => c.bytes() / std::mem::size_of::<T>().max(1),
+        }
+    }
+}
+
 /// Free buffers of one element type, newest last.
 struct FreeList<T> {
-    bufs: Vec<Vec<T>>,
+    bufs: Vec<Buffer<T>>,
 }
 
 impl<T> FreeList<T> {
@@ -36,7 +61,7 @@ impl<T> FreeList<T> {
         FreeList { bufs: Vec::new() }
     }
 
-    fn bytes_of(v: &Vec<T>) -> usize {
+    fn bytes_of(v: &Buffer<T>) -> usize {
         v.capacity().saturating_mul(std::mem::size_of::<T>())
     }
 
@@ -46,7 +71,7 @@ impl<T> FreeList<T> {
 
     /// The smallest free buffer that holds `len` elements without more
     /// than [`MAX_SLACK`] times the room.
-    fn take_fitting(&mut self, len: usize) -> Option<Vec<T>> {
+    fn take_fitting(&mut self, len: usize) -> Option<Buffer<T>> {
         let best = self
             .bufs
             .iter()
@@ -60,7 +85,7 @@ impl<T> FreeList<T> {
     /// Keeps `vec` for reuse, dropping the oldest buffers to stay within
     /// [`MAX_FREE`] and [`MAX_FREE_BYTES`]; a buffer bigger than the whole
     /// byte budget is dropped itself.
-    fn put(&mut self, vec: Vec<T>) {
+    fn put(&mut self, vec: Buffer<T>) {
         let bytes = Self::bytes_of(&vec);
         if vec.capacity() == 0 || bytes > MAX_FREE_BYTES {
             return;
@@ -92,8 +117,9 @@ impl<T> Pool<T> {
     }
 }
 
-/// Element types that have an output pool.
-pub trait PoolElem: bytemuck::Zeroable + Copy + Default + Send + Sync + 'static {
+/// Element types that have an output pool (any bit pattern is a value:
+/// prepared memory holds earlier tensors' bytes).
+pub trait PoolElem: bytemuck::Pod + Default + Send + Sync + 'static {
     #[doc(hidden)]
     fn pool() -> &'static Pool<Self>;
 }
@@ -116,14 +142,15 @@ impl PoolElem for bf16 {
 /// A vector whose allocation returns to its pool on drop.
 #[derive(Debug)]
 pub struct PooledVec<T: PoolElem> {
-    vec: Vec<T>,
+    buf: Buffer<T>,
+    len: usize,
 }
 
 impl<T: PoolElem> PooledVec<T> {
     /// A vector of exactly `len` elements, recycled when one fits. The
     /// contents are unspecified (old values or zeros): callers overwrite all.
-    /// A recycled buffer is not cleared; a fresh one is a zeroed allocation
-    /// (no fill pass; `resize` below then has nothing to do).
+    /// A recycled or prepared buffer is not cleared; a fresh one is a
+    /// zeroed allocation (no fill pass; `resize` below then has nothing to do).
     pub fn take(len: usize) -> Self {
         let pool = T::pool();
         let recycled = pool
@@ -131,7 +158,7 @@ impl<T: PoolElem> PooledVec<T> {
             .lock()
             .ok()
             .and_then(|mut free| free.take_fitting(len));
-        let mut vec = match recycled {
+        let mut buf = match recycled {
             Some(v) => {
                 pool.hits.fetch_add(1, Ordering::Relaxed);
                 v
@@ -141,17 +168,63 @@ impl<T: PoolElem> PooledVec<T> {
                 fresh(len)
             }
         };
-        if vec.len() < len {
+        if let Buffer::Heap(vec) = &mut buf {
             vec.resize(len, T::default());
-        } else {
-            vec.truncate(len);
         }
-        PooledVec { vec }
+        PooledVec { buf, len }
     }
 
-    /// Detaches the vector from the pool.
+    /// Bytes of memory the vector holds: its room, which for prepared
+    /// memory is whole 2 MiB chunks (a cache bounded in bytes counts these).
+    pub fn allocated_bytes(&self) -> usize {
+        self.buf.capacity().saturating_mul(std::mem::size_of::<T>())
+    }
+
+    /// Detaches the vector from the pool (a copy when its memory is
+    /// prepared memory, which must go back to the reserve).
     pub fn into_vec(mut self) -> Vec<T> {
-        std::mem::take(&mut self.vec)
+        match std::mem::replace(&mut self.buf, Buffer::Heap(Vec::new())) {
+            Buffer::Heap(vec) => vec,
+            reserved => {
+                let copy = slice_of(&reserved, self.len).to_vec();
+                self.buf = reserved;
+                copy
+            }
+        }
+    }
+}
+
+/// The first `len` elements of `buf` (`len` ≤ its capacity; a heap
+/// buffer holds exactly `len`).
+fn slice_of<T: PoolElem>(buf: &Buffer<T>, len: usize) -> &[T] {
+    match buf {
+        Buffer::Heap(v) => &v[..len],
+        // SAFETY: the chunks are mapped read-write, owned by `buf`,
+        // aligned to 2 MiB and hold at least `len` elements, and any bit
+        // pattern is a `T` (`Pod`).
+        Buffer::Reserved(c) => unsafe { std::slice::from_raw_parts(c.as_ptr() as *const T, len) },
+    }
+}
+
+/// As [`slice_of`], mutable.
+fn slice_of_mut<T: PoolElem>(buf: &mut Buffer<T>, len: usize) -> &mut [T] {
+    match buf {
+        Buffer::Heap(v) => &mut v[..len],
+        // SAFETY: as in `slice_of`, and `&mut buf` makes the access unique.
+        Buffer::Reserved(c) => unsafe { std::slice::from_raw_parts_mut(c.as_ptr() as *mut T, len) },
+    }
+}
+
+/// Memory for a tensor the free list could not serve: prepared chunks
+/// when the tensor is large and enough are free, else a fresh allocation.
+fn fresh<T: PoolElem>(len: usize) -> Buffer<T> {
+    let bytes = len.saturating_mul(std::mem::size_of::<T>());
+    match Chunks::take(bytes) {
+        Some(chunks) => Buffer::Reserved(chunks),
+        None => {
+            reserve::note_heap_tensor(bytes);
+            Buffer::Heap(fresh_heap(len))
+        }
     }
 }
 
@@ -163,7 +236,7 @@ const HUGE_PAGE_MIN_BYTES: usize = 4 << 20;
 /// the kernel as zero pages, with no user-space fill pass, and are advised
 /// to use huge pages, so that writing a 50–200 MB tensor takes a hundred
 /// page faults instead of tens of thousands.
-fn fresh<T: PoolElem>(len: usize) -> Vec<T> {
+fn fresh_heap<T: PoolElem>(len: usize) -> Vec<T> {
     let vec = bytemuck::allocation::try_zeroed_vec(len).unwrap_or_default();
     advise_huge_pages(&vec);
     vec
@@ -209,9 +282,9 @@ fn advise_huge_pages<T>(_vec: &Vec<T>) {}
 
 impl<T: PoolElem> Drop for PooledVec<T> {
     fn drop(&mut self) {
-        let vec = std::mem::take(&mut self.vec);
+        let buf = std::mem::replace(&mut self.buf, Buffer::Heap(Vec::new()));
         if let Ok(mut free) = T::pool().free.lock() {
-            free.put(vec);
+            free.put(buf);
         }
     }
 }
@@ -219,13 +292,13 @@ impl<T: PoolElem> Drop for PooledVec<T> {
 impl<T: PoolElem> Deref for PooledVec<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        &self.vec
+        slice_of(&self.buf, self.len)
     }
 }
 
 impl<T: PoolElem> DerefMut for PooledVec<T> {
     fn deref_mut(&mut self) -> &mut [T] {
-        &mut self.vec
+        slice_of_mut(&mut self.buf, self.len)
     }
 }
 
@@ -234,7 +307,8 @@ impl<T: PoolElem> DerefMut for PooledVec<T> {
 pub struct PoolStats {
     /// Output buffers served from the free list.
     pub output_hits: u64,
-    /// Output buffers freshly allocated.
+    /// Output buffers not served from the free list (prepared memory or
+    /// a fresh allocation; [`crate::tensor_memory_stats`] counts the first).
     pub output_misses: u64,
     /// Times a per-thread scratch buffer had to grow.
     pub scratch_grows: u64,
@@ -257,13 +331,13 @@ mod tests {
     fn list(capacities: &[usize]) -> FreeList<u8> {
         let mut free = FreeList::new();
         for &c in capacities {
-            free.put(Vec::with_capacity(c));
+            free.put(Buffer::Heap(Vec::with_capacity(c)));
         }
         free
     }
 
     fn capacities(free: &FreeList<u8>) -> Vec<usize> {
-        free.bufs.iter().map(Vec::capacity).collect()
+        free.bufs.iter().map(Buffer::capacity).collect()
     }
 
     #[test]
@@ -295,7 +369,7 @@ mod tests {
         assert!(free.held_bytes() <= MAX_FREE_BYTES);
         // A buffer larger than the whole budget is not kept, and evicts nothing.
         let mut free = list(&[third]);
-        free.put(Vec::with_capacity(MAX_FREE_BYTES + 1));
+        free.put(Buffer::Heap(Vec::with_capacity(MAX_FREE_BYTES + 1)));
         assert_eq!(capacities(&free), [third]);
     }
 }

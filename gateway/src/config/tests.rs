@@ -34,6 +34,13 @@ fn the_defaults_are_a_valid_config() {
 }
 
 #[test]
+fn the_pixel_cache_memory_is_prepared_unless_turned_off() {
+    assert!(Config::from_flags(&AGG).unwrap().media.prepare_pixel_memory);
+    let off = Config::from_flags(&with_agg(&["--mm-prepare-pixel-memory", "false"])).unwrap();
+    assert!(!off.media.prepare_pixel_memory);
+}
+
+#[test]
 fn pixels_go_as_bfloat16_unless_float32_is_asked_for() {
     let default = Config::from_flags(&AGG).unwrap();
     assert_eq!(default.media.dtype, OutputDtype::Bf16);

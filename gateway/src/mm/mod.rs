@@ -93,6 +93,11 @@ impl Multimodal {
         let fetcher = MediaFetcher::new(settings.fetch.clone())
             .map_err(|e| anyhow::anyhow!("image fetching settings: {e}"))?;
         let video = VideoPipeline::load(dir, settings)?;
+        if settings.prepare_pixel_memory {
+            // In the background: the first images then find their
+            // tensors' memory already faulted in.
+            iris_vision::prepare_tensor_memory(settings.pixel_cache_bytes);
+        }
         Ok(Some(Multimodal {
             fetcher,
             fingerprint: processor.fingerprint(&options),

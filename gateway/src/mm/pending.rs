@@ -229,7 +229,12 @@ pub(crate) mod testing {
     pub fn entry(layout: ItemLayout) -> Arc<PixelEntry> {
         let len = layout.shape.iter().product::<u32>() as usize * 2;
         let pixels = Bytes::from(vec![layout.content_hash[0]; len]);
-        Arc::new(PixelEntry { pixels, layout })
+        let held = pixels.len();
+        Arc::new(PixelEntry {
+            pixels,
+            layout,
+            held,
+        })
     }
 
     /// Images of these layouts, each ready when the test sends its result.

@@ -98,31 +98,40 @@ pub struct PixelEntry {
     /// Little-endian tensor bytes (the vision crate's recycled buffer).
     pub pixels: Bytes,
     pub layout: ItemLayout,
+    /// Bytes of memory behind `pixels` (whole 2 MiB chunks when the
+    /// tensor took prepared memory); at least `pixels.len()`.
+    pub held: usize,
 }
 
 impl PixelEntry {
     /// Takes the processor's output without copying its tensor.
     pub fn from_output(output: PreprocessOutput, content_hash: Bytes) -> Result<Self, String> {
         let layout = ItemLayout::new(output.layout(), output.pixel_values.dtype(), content_hash)?;
-        Ok(PixelEntry {
-            pixels: Bytes::from_owner(Tensor(output.pixel_values)),
-            layout,
-        })
+        Ok(PixelEntry::new(output.pixel_values, layout))
     }
 
     /// Takes the video processor's output without copying its tensor.
     pub fn from_video(output: VideoOutput, content_hash: Bytes) -> Result<Self, String> {
         let dtype = output.pixel_values.dtype();
         let layout = ItemLayout::video(&output.layout, dtype, content_hash)?;
-        Ok(PixelEntry {
-            pixels: Bytes::from_owner(Tensor(output.pixel_values)),
-            layout,
-        })
+        Ok(PixelEntry::new(output.pixel_values, layout))
     }
 
-    /// Bytes the entry holds, for the cache's bound.
+    fn new(tensor: PixelValues, layout: ItemLayout) -> Self {
+        PixelEntry {
+            held: tensor.allocated_bytes(),
+            pixels: Bytes::from_owner(Tensor(tensor)),
+            layout,
+        }
+    }
+
+    /// Bytes the entry holds, for the cache's bound: the tensor's memory,
+    /// not only its length, so that the cache's bound is what it keeps
+    /// resident.
     pub fn weight(&self) -> usize {
-        self.pixels.len() + self.layout.content_hash.len() + std::mem::size_of::<Self>()
+        self.held.max(self.pixels.len())
+            + self.layout.content_hash.len()
+            + std::mem::size_of::<Self>()
     }
 }
 
@@ -182,6 +191,11 @@ mod tests {
         assert_eq!(entry.layout.grid, Some([1, 6, 4]));
         assert_eq!(entry.layout.tokens, 6);
         assert_eq!(entry.layout.dtype, DType::Float32);
+        assert!(entry.held >= entry.pixels.len());
+        assert!(
+            entry.weight() > entry.held,
+            "the cache weighs the memory held"
+        );
         let shared = entry.pixels.clone();
         assert_eq!(
             shared.as_ptr(),
