@@ -143,6 +143,7 @@ def test_decode_killed_mid_stream(processes, model_dir):
     assert migrations(gateway) == 1
     log = gateway.process.log_tail(20000)
     assert "continues elsewhere" in log and victim.url.removeprefix("grpc://") in log
+    assert "migrations=1" in log, "the request's log line counts its move"
 
     assert httpx.get(f"{gateway.base_url}/health", timeout=5).status_code == 200
     wait_until(lambda: metric(gateway.metrics(), "iris_worker_in_flight",

@@ -298,4 +298,8 @@ impl Events for ChatEvents {
     fn completion_tokens(&self) -> u32 {
         self.choices.iter().map(|c| c.text.completion_tokens).sum()
     }
+
+    fn migrations(&self) -> u32 {
+        self.generation.migrations()
+    }
 }

@@ -154,6 +154,14 @@ impl Runs {
 
     /// Prompt tokens the workers served from their prefix caches, summed
     /// over the prompts.
+    /// Moves to other workers mid-stream, over every prompt's request.
+    pub fn migrations(&self) -> u32 {
+        self.runs
+            .iter()
+            .map(|r| r.generation.migrations())
+            .fold(0, u32::saturating_add)
+    }
+
     pub fn cached_tokens(&self) -> u32 {
         self.runs
             .iter()

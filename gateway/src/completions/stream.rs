@@ -162,6 +162,10 @@ impl Events for CompletionEvents {
         self.runs.abort_all(reason);
     }
 
+    fn migrations(&self) -> u32 {
+        self.runs.migrations()
+    }
+
     fn completion_tokens(&self) -> u32 {
         self.choices
             .iter()

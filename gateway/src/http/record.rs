@@ -1,7 +1,8 @@
 //! How a request to an API endpoint ends: its outcome counted in `iris_requests_total`
 //! and one `info` log line with what an operator looks for first — request
-//! id, status, duration, prompt and completion tokens, images and
-//! pixel-cache hits (and the error's message when it failed). Every way a
+//! id, status, duration, prompt and completion tokens, images,
+//! pixel-cache hits and moves to other workers (and the error's message
+//! when it failed). Every way a
 //! request ends — an error before dispatch, a unary answer, a stream that
 //! finishes or fails, a client that leaves before the end — goes through
 //! [`Ledger::record`] exactly once.
@@ -52,6 +53,9 @@ pub struct Ledger {
     /// The request's `user` field (the client's end-user id), when sent;
     /// logged up to [`USER_LOG_BYTES`].
     pub user: Option<String>,
+    /// Times a stream moved to another worker mid-way
+    /// (`--max-migrations`), known at its end.
+    pub migrations: u32,
 }
 
 impl Ledger {
@@ -64,6 +68,7 @@ impl Ledger {
             prompt_tokens: 0,
             images: ImageCount::default(),
             user: None,
+            migrations: 0,
         }
     }
 
@@ -90,6 +95,7 @@ impl Ledger {
             completion_tokens,
             images = self.images.images,
             pixel_cache_hits = self.images.cache_hits,
+            migrations = self.migrations,
             user = self.user.as_deref().map(|u| clip(u, USER_LOG_BYTES)),
             outcome = ?outcome,
             error,

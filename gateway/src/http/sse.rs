@@ -55,6 +55,9 @@ pub trait Events: Send + 'static {
 
     /// Tokens generated so far over every choice.
     fn completion_tokens(&self) -> u32;
+
+    /// Times the request moved to another worker mid-stream.
+    fn migrations(&self) -> u32;
 }
 
 /// Starts the request (`start`, within the request deadline) and answers
@@ -207,6 +210,7 @@ impl<E: Events> Stream<E> {
     fn end(&mut self, status: u16, outcome: Outcome, error: Option<&str>) {
         self.phase = Phase::Done;
         let completion_tokens = self.events.completion_tokens();
+        self.ledger.migrations = self.events.migrations();
         self.ledger.record(
             &self.state.metrics,
             status,

@@ -400,6 +400,11 @@ impl Generation {
         Some((leg, Status::unavailable(message)))
     }
 
+    /// Times the request moved to another worker mid-stream.
+    pub fn migrations(&self) -> u32 {
+        self.migration.as_ref().map_or(0, |m| m.made())
+    }
+
     /// Marks the request complete: dropping it will abort nothing.
     ///
     /// The worker's stream is read to its end (the trailers) in the

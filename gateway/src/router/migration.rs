@@ -160,6 +160,11 @@ impl Migration {
         })
     }
 
+    /// Moves made so far.
+    pub fn made(&self) -> u32 {
+        self.made
+    }
+
     pub fn router(&self) -> &Arc<Router> {
         &self.router
     }
