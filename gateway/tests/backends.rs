@@ -178,7 +178,8 @@ async fn a_mixed_pool_answers_alike_on_either_worker() {
     let want = tokenspeed_answers(&model, &bodies).await;
     let tokenspeed = engine_of(&model, Role::Aggregated, "tokenspeed").await;
     let vllm = engine_of(&model, Role::Aggregated, "vllm").await;
-    let gw = aggregated(&model, &[&tokenspeed, &vllm], &[]).await;
+    // Round robin: both workers serve (power of two may send all six to one).
+    let gw = aggregated(&model, &[&tokenspeed, &vllm], &["--policy", "round_robin"]).await;
     for _ in 0..3 {
         assert_same_answers(&gw, &bodies, &want).await;
     }
