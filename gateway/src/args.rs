@@ -307,11 +307,12 @@ pub struct MediaArgs {
     /// Pixel cache size in MiB (preprocessed images; 0: no cache).
     #[arg(long, default_value_t = 1024, env = "IRIS_MM_PIXEL_CACHE_MB")]
     pub mm_pixel_cache_mb: u64,
-    /// Prepare the pixel cache's memory at startup, in the background (true:
-    /// the process holds that much from the start, and the first images do
-    /// not pay for fresh memory; false: the memory grows with the cache).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "IRIS_MM_PREPARE_PIXEL_MEMORY")]
-    pub mm_prepare_pixel_memory: bool,
+    /// Let the pixel cache's memory grow as the cache fills, instead of
+    /// preparing it at startup in the background (the default: the process
+    /// holds that much from the start, and the first images do not pay for
+    /// fresh memory).
+    #[arg(long, env = "IRIS_MM_PIXEL_MEMORY_ON_DEMAND")]
+    pub mm_pixel_memory_on_demand: bool,
     /// MiB of memory for images being decoded and preprocessed and for the
     /// tensors of requests not yet handed to the workers, reserved from each
     /// image's header before decoding (an image needing more is refused with

@@ -497,7 +497,7 @@ fn media(args: &MediaArgs) -> Result<MediaSettings, ConfigError> {
         max_image_pixels: args.mm_max_image_pixels,
         pixel_cache_bytes: usize::try_from(args.mm_pixel_cache_mb.saturating_mul(MIB))
             .unwrap_or(usize::MAX),
-        prepare_pixel_memory: args.mm_prepare_pixel_memory,
+        prepare_pixel_memory: !args.mm_pixel_memory_on_demand,
         per_request_image_limit: args.mm_per_request_image_limit,
         inflight_bytes: args.mm_max_inflight_mb.saturating_mul(MIB),
         inflight_wait: Duration::from_millis(args.mm_inflight_wait_ms),

@@ -561,7 +561,7 @@ fn render_tensor_memory(out: &mut String, stats: &iris_vision::TensorMemoryStats
     let gauges = [
         (
             "iris_mm_prepared_memory_target_bytes",
-            "Bytes of tensor memory to prepare in the background (--mm-prepare-pixel-memory).",
+            "Bytes of tensor memory to prepare in the background (unless --mm-pixel-memory-on-demand).",
             stats.target_bytes,
         ),
         (

@@ -36,7 +36,7 @@ fn the_defaults_are_a_valid_config() {
 #[test]
 fn the_pixel_cache_memory_is_prepared_unless_turned_off() {
     assert!(Config::from_flags(&AGG).unwrap().media.prepare_pixel_memory);
-    let off = Config::from_flags(&with_agg(&["--mm-prepare-pixel-memory", "false"])).unwrap();
+    let off = Config::from_flags(&with_agg(&["--mm-pixel-memory-on-demand"])).unwrap();
     assert!(!off.media.prepare_pixel_memory);
 }
 
