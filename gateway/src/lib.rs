@@ -44,6 +44,7 @@ mod mm;
 pub mod output;
 mod pipeline;
 mod prompt;
+mod request;
 mod router;
 mod served;
 mod server;

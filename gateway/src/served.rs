@@ -1,7 +1,8 @@
 //! What the gateway serves for each model, found by the request's `model`:
 //! a [`Served`] bundle holds one model's tokenizer and chat template
 //! ([`Prompter`]), its image and video pipeline, its output parsers and
-//! its [`Router`] (worker pools and policies). [`Models`] maps every name
+//! its [`Router`] (worker pools and policies) and its metrics (the
+//! `model` label). [`Models`] maps every name
 //! a request may use — the served name and its aliases — to its bundle;
 //! a handler looks its model up once and uses only that bundle.
 
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use iris_openai::ApiError;
 
 use crate::kv::KvCaches;
+use crate::metrics::Metrics;
 use crate::mm::Multimodal;
 use crate::output::OutputParsers;
 use crate::prompt::Prompter;
@@ -28,6 +30,8 @@ pub struct Served {
     /// How answers are parsed into content, reasoning and tool calls.
     pub parsers: OutputParsers,
     pub router: Arc<Router>,
+    /// Its requests' outcomes, stages and tokens (`model` label).
+    pub metrics: Arc<Metrics>,
     /// Its workers' prefix caches, from their KV events.
     pub kv: Arc<KvCaches>,
     /// When it started being served (Unix seconds, `/v1/models`).

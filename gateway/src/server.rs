@@ -18,12 +18,15 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::ServeArgs;
+use crate::chat::Chat;
+use crate::completions::Completions;
 use crate::config::{Config, ListenConfig, Topology};
 use crate::discovery::Discovery;
 use crate::http::error_response;
+use crate::http::serve::serve;
 use crate::kv::KvCaches;
 use crate::listen::{ConnLimits, ConnStats, Stop};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ModelSources};
 use crate::mm::Multimodal;
 use crate::output::OutputParsers;
 use crate::prompt::{PromptOptions, Prompter};
@@ -165,11 +168,13 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     }
     kv.follow(mode.prefill_pools(), shutdown.clone());
     let router = Arc::new(Router::new(mode, config.router).with_lanes(lanes));
+    let name = model
+        .served_name
+        .clone()
+        .unwrap_or_else(|| dir.served_model_name());
     let served = Served {
-        name: model
-            .served_name
-            .clone()
-            .unwrap_or_else(|| dir.served_model_name()),
+        metrics: Arc::new(Metrics::new(&name)),
+        name,
         aliases: vec![model.path.display().to_string()],
         prompter,
         media: multimodal,
@@ -183,7 +188,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     };
     let state = Arc::new(AppState {
         models: Models::new(Arc::new(served), Vec::new()),
-        metrics: Arc::new(Metrics::default()),
+        metrics: Arc::new(Metrics::new("")),
         request_timeout: config.request_timeout,
         max_payload: config.max_payload_bytes,
         parse_options: iris_openai::ParseOptions {
@@ -294,8 +299,8 @@ type Route = (&'static str, &'static str, MethodRouter<Arc<AppState>>);
 /// endpoint is registered.
 fn api_routes() -> Vec<Route> {
     vec![
-        ("POST", "/v1/chat/completions", post(crate::chat::handle)),
-        ("POST", "/v1/completions", post(crate::completions::handle)),
+        ("POST", "/v1/chat/completions", post(serve::<Chat>)),
+        ("POST", "/v1/completions", post(serve::<Completions>)),
         ("GET", "/v1/models", get(models)),
         ("GET", "/v1/models/{id}", get(model)),
         ("POST", "/v1/tokenize", post(crate::tokenize::tokenize)),
@@ -489,16 +494,24 @@ async fn readiness(State(state): State<Arc<AppState>>) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// `/metrics`. The per-model families are the first model's: a `model`
-/// label comes with serving several.
+/// `/metrics`: the request and worker families with a `model` label, one
+/// sample set per served model; the media, lane, KV-index and tokenizer
+/// families are the first model's.
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let sources: Vec<ModelSources> = state
+        .models
+        .all()
+        .iter()
+        .map(|served| ModelSources {
+            metrics: &served.metrics,
+            pools: served.router.mode.pools(),
+            retries: served.router.retries(),
+            more_stages: vec![("encode", &served.router.encode_time)],
+        })
+        .collect();
+    let mut body = crate::metrics::render(&state.metrics, &sources);
     let served = state.models.first();
     let router = &served.router;
-    let mut body = state.metrics.render(
-        &router.mode.pools(),
-        router.retries(),
-        &[("encode", &router.encode_time)],
-    );
     if let Some(mm) = &served.media {
         render_pixel_cache(&mut body, &mm.cache_stats());
         render_tensor_memory(&mut body, &iris_vision::tensor_memory_stats());

@@ -10,8 +10,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use iris_openai::{ApiError, DetokenizeResponse, TokenizeInput, TokenizeResponse};
 
-use crate::completions::check_ids;
 use crate::http::{error_response, read_body, INLINE_PROMPT_BYTES};
+use crate::request::prompts::check_ids;
 use crate::served::Served;
 use crate::server::AppState;
 

@@ -10,10 +10,16 @@
 //! backend's protocol cannot carry is refused with a status naming it
 //! (UNIMPLEMENTED), never dropped.
 //!
+//! The calls themselves, per backend, are [`calls`]'s: the rest of the
+//! gateway asks a [`Backend`] to generate, run a prefill-first leg or
+//! abort, and asks it how its PD legs run ([`Backend::prefills_first`],
+//! [`Backend::max_kv_room`]); no module above names an engine.
+//!
 //! A worker's backend comes from its URL option `?backend=` or its pod
 //! annotation `iris.ai/backend`; otherwise it is detected on the first
 //! health check ([`crate::workers::health`]) from which service answers.
 
+pub mod calls;
 pub mod sglang;
 pub mod vllm;
 

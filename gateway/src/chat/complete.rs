@@ -16,41 +16,31 @@ use iris_openai::{
     unix_now, ApiError, AssistantMessage, CalledFunction, ChatCompletion, Choice, ChoiceLogprobs,
     FinishReason, MessageToolCall, Usage,
 };
-use iris_proto::scheduler::{
-    generate_response::Response as Reply, GenerateComplete, GenerateRequest,
-};
+use iris_proto::scheduler::{generate_response::Response as Reply, GenerateComplete};
 
-use super::Prepared;
-use crate::http::errors::{route_error, stream_ended, worker_error};
+use crate::http::errors::{stream_ended, worker_error};
 use crate::http::{unary, Failure, Ledger};
 use crate::metrics::{Outcome, Stage};
-use crate::mm::pending::PendingImages;
 use crate::output::OutputPlan;
+use crate::request::ReadyConversation;
 use crate::router::Generation;
 use crate::server::AppState;
 
-pub async fn respond(state: Arc<AppState>, ledger: Ledger, mut prepared: Prepared) -> Response {
-    let generate = std::mem::take(&mut prepared.generate);
-    let images = std::mem::take(&mut prepared.pending);
-    let run = run(&state, &ledger, &prepared, generate, images);
+pub async fn respond(
+    state: Arc<AppState>,
+    ledger: Ledger,
+    prepared: ReadyConversation,
+) -> Response {
+    let run = run(&ledger, prepared);
     unary::respond(&state, &ledger, run).await
 }
 
-async fn run(
-    state: &AppState,
-    ledger: &Ledger,
-    prepared: &Prepared,
-    generate: GenerateRequest,
-    images: PendingImages,
-) -> Result<(Vec<u8>, u32), Failure> {
+async fn run(ledger: &Ledger, mut prepared: ReadyConversation) -> Result<(Vec<u8>, u32), Failure> {
     let dispatch = Instant::now();
-    let started = prepared.served.router.start_with(generate, &images).await;
-    // The workers have the tensors now (or the request failed).
-    drop(images);
-    let mut generation = started.map_err(route_error)?;
-    state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
+    let mut generation = prepared.start().await?;
+    ledger.metrics.stage(Stage::Dispatch, dispatch.elapsed());
     let generating = Instant::now();
-    let mut choices = prepared.choices();
+    let mut choices = super::choices(&prepared);
     let mut answered = vec![None; choices.len()];
     // Prompt tokens the worker served from its prefix cache.
     let mut cached_tokens = 0;
@@ -71,9 +61,9 @@ async fn run(
         *slot = Some(visible);
     }
     generation.finish();
-    state.metrics.stage(Stage::Generate, generating.elapsed());
+    ledger.metrics.stage(Stage::Generate, generating.elapsed());
     let completion_tokens: u32 = choices.iter().map(|c| c.completion_tokens).sum();
-    state
+    ledger
         .metrics
         .tokens(ledger.prompt_tokens, completion_tokens);
     let usage =

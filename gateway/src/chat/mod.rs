@@ -1,268 +1,70 @@
-//! `POST /v1/chat/completions`: read and validate the body, build the
-//! prompt, start the request on workers, then answer as SSE
-//! ([`stream`]) or as one JSON body ([`complete`]). The plumbing every
-//! endpoint shares (body, deadlines, errors, the log line) is
-//! [`crate::http`]'s.
+//! `POST /v1/chat/completions`: the body parsed into a conversation
+//! ([`iris_openai::parse_chat_request_with`]; [`crate::request::conversation`]
+//! makes it ready), then the answer as SSE ([`stream`]) or as one JSON body
+//! ([`complete`]). The path every endpoint shares (body, model, deadlines,
+//! errors, the log line) is [`crate::http::serve`]'s.
 
 mod choice;
 mod complete;
 mod logprobs;
 mod stream;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
-use axum::body::Body;
-use axum::extract::{Request, State};
 use axum::response::Response;
-use futures::future::BoxFuture;
-use futures::FutureExt;
-use iris_openai::{ApiError, ChatCompletionRequest, ImageUrl, VideoUrl};
-use iris_proto::scheduler::{GenerateRequest, MultimodalInputs};
-use tracing::Instrument;
+use iris_openai::{ApiError, ChatCompletionRequest};
 
-use crate::http::errors::image_failure;
-use crate::http::generate::generate_request;
-use crate::http::record::{ImageCount, CHAT};
-use crate::http::{read_body, Failure, Ledger, INLINE_PROMPT_BYTES};
-use crate::metrics::{Metrics, Outcome, Stage};
-use crate::mm::items::{expand_placeholders, fill_pixels, multimodal_inputs};
-use crate::mm::pending::{Loaded, PendingImages};
-use crate::mm::pixels::ItemLayout;
-use crate::output::OutputPlan;
-use crate::served::Served;
+use crate::http::record::CHAT;
+use crate::http::serve::Endpoint;
+use crate::http::Ledger;
+use crate::request::{ApiRequest, ReadyConversation};
 use crate::server::AppState;
 use choice::ChoiceText;
 
-/// A request ready to send: its model, prompt and options.
-pub struct Prepared {
-    pub served: Arc<Served>,
-    pub request: ChatCompletionRequest,
-    pub generate: GenerateRequest,
-    /// Stop strings, matched by the gateway on the decoded text.
-    pub stop: Vec<String>,
-    /// Choices asked (`n`).
-    pub n: u32,
-    /// Whether the choices carry log probabilities.
-    pub logprobs: bool,
-    /// How the text becomes content, reasoning and tool calls.
-    pub output: OutputPlan,
-    /// The request's images: their pixels as they become ready (EPD sends
-    /// each image's Encode as soon as it is), and the memory of the tensors
-    /// preprocessed for this request, given back once the request has been
-    /// handed to the workers (dropped).
-    pub pending: PendingImages,
-}
+/// The chat completions endpoint.
+pub struct Chat;
 
-impl Prepared {
-    /// The text state of each choice, in index order.
-    fn choices(&self) -> Vec<ChoiceText> {
-        (0..self.n)
-            .map(|_| {
-                let tokenizer = self.served.prompter.tokenizer().clone();
-                ChoiceText::new(tokenizer, self.stop.clone(), self.logprobs)
-            })
-            .collect()
+impl Endpoint for Chat {
+    const NAME: &'static str = CHAT;
+    type Input = ChatCompletionRequest;
+
+    fn new_id() -> String {
+        iris_openai::new_completion_id()
     }
-}
 
-pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let id = iris_openai::new_completion_id();
-    // Every log line of the request (routing, retries, failures) carries its id.
-    let span = tracing::info_span!("chat", request_id = %id);
-    respond(state, request, id).instrument(span).await
-}
+    fn span(id: &str) -> tracing::Span {
+        tracing::info_span!("chat", request_id = %id)
+    }
 
-async fn respond(state: Arc<AppState>, request: Request, id: String) -> Response {
-    let mut ledger = Ledger::new(CHAT, id, Instant::now());
-    match prepare(&state, request.into_body(), &mut ledger).await {
-        Ok(prepared) if prepared.request.is_stream() => {
-            stream::respond(state, ledger, prepared).await
-        }
-        Ok(prepared) => complete::respond(state, ledger, prepared).await,
-        Err(failure) => crate::http::refused(&state.metrics, &ledger, failure),
+    fn convert(
+        state: &AppState,
+        body: &[u8],
+    ) -> Result<ApiRequest<ChatCompletionRequest>, ApiError> {
+        let request = iris_openai::parse_chat_request_with(body, &state.parse_options)?;
+        Ok(ApiRequest {
+            model: request.model.clone(),
+            stream: request.is_stream(),
+            user: request.user.clone(),
+            tenant: None,
+            input: request,
+        })
+    }
+
+    async fn unary(state: Arc<AppState>, ledger: Ledger, ready: ReadyConversation) -> Response {
+        complete::respond(state, ledger, ready).await
+    }
+
+    async fn stream(state: Arc<AppState>, ledger: Ledger, ready: ReadyConversation) -> Response {
+        stream::respond(state, ledger, ready).await
     }
 }
 
-/// Reads, checks and tokenizes the request; `ledger` gets its images as
-/// soon as they are loaded (for the log line, even when a later step
-/// fails), then its prompt tokens and user.
-async fn prepare(
-    state: &Arc<AppState>,
-    body: Body,
-    ledger: &mut Ledger,
-) -> Result<Prepared, Failure> {
-    let client = |e: ApiError| (e, Outcome::ClientError);
-    let bytes = read_body(state, body).await.map_err(client)?;
-    let request =
-        iris_openai::parse_chat_request_with(&bytes, &state.parse_options).map_err(client)?;
-    let served = state.models.get(&request.model).map_err(client)?.clone();
-    iris_openai::validate::check_token_ids(&request, served.prompter.vocab_size())
-        .map_err(client)?;
-    let max_new_tokens = request.sampling().max_new_tokens;
-    // Before any image is fetched or any text rendered or tokenized.
-    served
-        .prompter
-        .limits()
-        .check_text(&request.messages, max_new_tokens)
-        .map_err(client)?;
-    state.metrics.stage(Stage::Parse, ledger.started.elapsed());
-    let (images, cache_hits, timestamps) = load_media(&served, &state.metrics, &request).await?;
-    ledger.images = ImageCount {
-        images: images.len(),
-        cache_hits,
-    };
-    let tokenize_start = Instant::now();
-    let (input_ids, prompt_text) = if bytes.len() <= INLINE_PROMPT_BYTES {
-        build_prompt(&served, &request, &timestamps)
-    } else {
-        let (served, request) = (served.clone(), request.clone());
-        tokio::task::spawn_blocking(move || build_prompt(&served, &request, &timestamps))
-            .await
-            .map_err(|e| {
-                (
-                    ApiError::internal(format!("prompt task failed: {e}")),
-                    Outcome::UpstreamError,
-                )
-            })?
-    }
-    .map_err(client)?;
-    state
-        .metrics
-        .stage(Stage::Tokenize, tokenize_start.elapsed());
-    let (input_ids, mut mm_inputs) =
-        place_images(&served, input_ids, images.layouts()).map_err(client)?;
-    // In EPD the router takes the request while its images are still
-    // being preprocessed: each image's Encode leaves once that image is
-    // ready (the Generate legs carry no pixels). Elsewhere the pixels
-    // travel inside the Generate request, so every image is awaited first.
-    if let Some(mm_inputs) = mm_inputs.as_mut().filter(|_| !served.router.mode.encodes()) {
-        let entries = images.all().await.map_err(image_failure)?;
-        for (item, entry) in mm_inputs.items.iter_mut().zip(&entries) {
-            fill_pixels(item, entry);
-        }
-    }
-    served
-        .prompter
-        .limits()
-        .check_tokens(input_ids.len(), max_new_tokens)
-        .map_err(client)?;
-    let mut sampling = request.sampling();
-    let output = OutputPlan::new(served.parsers, &request, &mut sampling, &prompt_text);
-    let mut generate = generate_request(&ledger.id, input_ids, &sampling, request.is_stream());
-    generate.mm_inputs = mm_inputs;
-    ledger.prompt_tokens = generate
-        .tokenized
-        .as_ref()
-        .map(|t| t.input_ids.len() as u32)
-        .unwrap_or(0);
-    ledger.user = request.user.clone();
-    Ok(Prepared {
-        served,
-        request,
-        generate,
-        stop: sampling.stop,
-        n: sampling.n,
-        logprobs: sampling.logprobs.is_some(),
-        output,
-        pending: images,
-    })
-}
-
-/// Fetches the request's images and videos and starts preprocessing each
-/// (none: no work); also says how many the pixel cache held when the
-/// request came, and each video's timestamps (Qwen3-VL).
-async fn load_media(
-    served: &Served,
-    metrics: &Arc<Metrics>,
-    request: &ChatCompletionRequest,
-) -> Result<(PendingImages, usize, Vec<Option<Vec<String>>>), Failure> {
-    let images: Vec<(String, &ImageUrl)> = request.image_parts().collect();
-    let videos: Vec<(String, &VideoUrl)> = request.video_parts().collect();
-    let Some((first, _)) = request.media_parts().next() else {
-        return Ok((PendingImages::default(), 0, Vec::new()));
-    };
-    let Some(mm) = served.media.as_ref() else {
-        return Err((
-            ApiError::bad_field(
-                first.as_str(),
-                format!("{first}: this model takes no image or video inputs (its directory has no preprocessor_config.json or config.json has no image_token_id)"),
-            ),
-            Outcome::ClientError,
-        ));
-    };
-    let begun = Instant::now();
-    let kwargs = request.mm_processor_kwargs.as_ref();
-    let (images, videos) = mm
-        .start_media(&images, &videos, kwargs, metrics)
-        .await
-        .map_err(image_failure)?;
-    let cache_hits =
-        images.iter().filter(|s| s.cached).count() + videos.iter().filter(|v| v.cached).count();
-    let timestamps = videos.iter().map(|v| v.timestamps.clone()).collect();
-    // The `images` stage ends when the request's last item is ready.
-    let remaining = Arc::new(AtomicUsize::new(images.len() + videos.len()));
-    let track = |layout: ItemLayout, load: BoxFuture<'static, Result<Loaded, ApiError>>| {
-        let (metrics, remaining) = (metrics.clone(), remaining.clone());
-        let load = async move {
-            let loaded = load.await;
-            if remaining.fetch_sub(1, Ordering::Relaxed) == 1 {
-                metrics.stage(Stage::Images, begun.elapsed());
-            }
-            loaded
-        };
-        (layout, load.boxed())
-    };
-    let mut loads = Vec::with_capacity(images.len() + videos.len());
-    for image in images {
-        let (mm, metrics) = (mm.clone(), metrics.clone());
-        let layout = image.layout.clone();
-        let load = async move { mm.preprocess_image(image, &metrics).await };
-        loads.push(track(layout, load.boxed()));
-    }
-    for video in videos {
-        let (mm, metrics) = (mm.clone(), metrics.clone());
-        let layout = video.layout.clone();
-        let load = async move { mm.preprocess_video(video, &metrics).await };
-        loads.push(track(layout, load.boxed()));
-    }
-    Ok((PendingImages::start(loads), cache_hits, timestamps))
-}
-
-/// Expands the image placeholders and builds the request's items (their
-/// pixels not yet in). With a vision model this also runs for text-only
-/// requests, so image tokens typed into the text cannot pose as images.
-fn place_images(
-    served: &Served,
-    input_ids: Vec<u32>,
-    images: &[ItemLayout],
-) -> Result<(Vec<u32>, Option<MultimodalInputs>), ApiError> {
-    let Some(mm) = served.media.as_ref() else {
-        return Ok((input_ids, None));
-    };
-    let (ids, ranges) = expand_placeholders(&input_ids, mm.placeholders, images)?;
-    if images.is_empty() {
-        return Ok((ids, None));
-    }
-    Ok((
-        ids,
-        Some(multimodal_inputs(images, ranges, mm.placeholders)),
-    ))
-}
-
-/// The prompt's token ids and rendered text.
-fn build_prompt(
-    served: &Served,
-    request: &ChatCompletionRequest,
-    videos: &[Option<Vec<String>>],
-) -> Result<(Vec<u32>, String), ApiError> {
-    let (ids, text) = served.prompter.prompt_for(request, videos)?;
-    if ids.is_empty() {
-        return Err(ApiError::bad_field(
-            "messages",
-            "the rendered prompt is empty",
-        ));
-    }
-    Ok((ids, text))
+/// The text state of each choice of `ready`, in index order.
+fn choices(ready: &ReadyConversation) -> Vec<ChoiceText> {
+    (0..ready.n)
+        .map(|_| {
+            let tokenizer = ready.served.prompter.tokenizer().clone();
+            ChoiceText::new(tokenizer, ready.stop.clone(), ready.logprobs)
+        })
+        .collect()
 }

@@ -22,24 +22,23 @@ use iris_proto::scheduler::{
 
 use super::choice::{ChoiceText, Visible};
 use super::complete::bad_index;
-use super::Prepared;
-use crate::http::errors::{route_error, stream_ended, worker_error};
+use crate::http::errors::{stream_ended, worker_error};
 use crate::http::sse::{self, Events};
 use crate::http::{Failure, Ledger};
 use crate::metrics::Outcome;
+use crate::request::ReadyConversation;
 use crate::router::Generation;
 use crate::server::AppState;
 
-pub async fn respond(state: Arc<AppState>, ledger: Ledger, mut prepared: Prepared) -> Response {
-    let images = std::mem::take(&mut prepared.pending);
-    let generate = std::mem::take(&mut prepared.generate);
+pub async fn respond(
+    state: Arc<AppState>,
+    ledger: Ledger,
+    mut prepared: ReadyConversation,
+) -> Response {
     let writer = ChunkWriter::new(&ledger.id, unix_now(), &prepared.served.name);
     let prompt_tokens = ledger.prompt_tokens;
     let start = async move {
-        let started = prepared.served.router.start_with(generate, &images).await;
-        // The workers have the tensors now (or the request failed).
-        drop(images);
-        let generation = started.map_err(route_error)?;
+        let generation = prepared.start().await?;
         Ok(ChatEvents::new(
             &prepared,
             writer,
@@ -149,13 +148,12 @@ struct ChatEvents {
 
 impl ChatEvents {
     fn new(
-        prepared: &Prepared,
+        prepared: &ReadyConversation,
         writer: ChunkWriter,
         generation: Generation,
         prompt_tokens: u32,
     ) -> ChatEvents {
-        let choices = prepared
-            .choices()
+        let choices = super::choices(prepared)
             .into_iter()
             .enumerate()
             .map(|(index, text)| StreamChoice {

@@ -1,12 +1,10 @@
 //! `POST /v1/completions`: the legacy text completions API, text only.
 //!
-//! Read and validate the body ([`iris_openai::parse_completion_request`]),
-//! tokenize each prompt of the batch (text prompts with the tokenizer's
-//! special tokens, token-id prompts as they are), build one worker request
-//! per prompt — [`crate::http::generate::generate_request`], as chat, with
-//! `n` and the log probability fields set — start them all through the
-//! [`crate::router::Router`] (retries, admission and stage metrics as for
-//! chat), then answer as SSE ([`stream`]) or as one JSON body ([`unary`]).
+//! The body parsed into prompts ([`iris_openai::parse_completion_request`];
+//! [`crate::request::prompts`] tokenizes them and builds one worker request
+//! per prompt), all started through the [`crate::router::Router`]
+//! (retries, admission and stage metrics as for chat), then the answer as
+//! SSE ([`stream`]) or as one JSON body ([`unary`]).
 //! Choices are indexed across the batch: prompt `p`, sequence `i` of its
 //! `n` is choice `p * n + i`.
 
@@ -16,51 +14,55 @@ mod stream;
 mod unary;
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use axum::extract::{Request, State};
 use axum::response::Response;
-use iris_openai::{ApiError, CompletionRequest, PromptInput};
-use iris_proto::scheduler::GenerateRequest;
-use tokenizers::Tokenizer;
-use tracing::Instrument;
+use iris_openai::{ApiError, CompletionRequest};
 
-use crate::http::generate::generate_request;
 use crate::http::record::COMPLETIONS;
-use crate::http::{read_body, Failure, Ledger, INLINE_PROMPT_BYTES};
-use crate::metrics::{Outcome, Stage};
-use crate::served::Served;
+use crate::http::serve::Endpoint;
+use crate::http::Ledger;
+use crate::request::{ApiRequest, ReadyPrompts};
 use crate::server::AppState;
 use choice::CompletionText;
 
-/// One prompt of the batch, tokenized.
-pub(crate) struct PromptRun {
-    /// Token ids sent to the worker.
-    pub ids: Vec<u32>,
-    /// The prompt's text, for `echo` (empty without it).
-    pub echo: String,
-}
+/// The completions endpoint.
+pub struct Completions;
 
-/// A request ready to send.
-pub(crate) struct Prepared {
-    pub served: Arc<Served>,
-    pub request: CompletionRequest,
-    pub prompts: Vec<PromptRun>,
-}
+impl Endpoint for Completions {
+    const NAME: &'static str = COMPLETIONS;
+    type Input = CompletionRequest;
 
-impl Prepared {
-    /// The worker request of prompt `p`; its id is the completion's
-    /// (`id`), with `-p` for batches.
-    fn generate(&self, id: &str, p: usize) -> GenerateRequest {
-        let request_id = match self.request.prompt.is_batch() {
-            false => id.to_owned(),
-            true => format!("{id}-{p}"),
-        };
-        let sampling = self.request.sampling();
-        let ids = self.prompts[p].ids.clone();
-        generate_request(&request_id, ids, &sampling, self.request.is_stream())
+    /// `cmpl-` and 24 random alphanumerics.
+    fn new_id() -> String {
+        let chat = iris_openai::new_completion_id();
+        format!("cmpl-{}", chat.trim_start_matches("chatcmpl-"))
     }
 
+    fn span(id: &str) -> tracing::Span {
+        tracing::info_span!("completion", request_id = %id)
+    }
+
+    fn convert(_: &AppState, body: &[u8]) -> Result<ApiRequest<CompletionRequest>, ApiError> {
+        let request = iris_openai::parse_completion_request(body)?;
+        Ok(ApiRequest {
+            model: request.model.clone(),
+            stream: request.is_stream(),
+            user: request.user.clone(),
+            tenant: None,
+            input: request,
+        })
+    }
+
+    async fn unary(state: Arc<AppState>, ledger: Ledger, ready: ReadyPrompts) -> Response {
+        unary::respond(state, ledger, ready).await
+    }
+
+    async fn stream(state: Arc<AppState>, ledger: Ledger, ready: ReadyPrompts) -> Response {
+        stream::respond(state, ledger, ready).await
+    }
+}
+
+impl ReadyPrompts {
     /// The choices of every prompt, in index order.
     fn choices(&self) -> Vec<CompletionText> {
         let tokenizer = self.served.prompter.tokenizer();
@@ -92,192 +94,4 @@ impl Prepared {
             .iter()
             .flat_map(move |p| std::iter::repeat_n(p.echo.as_str(), n))
     }
-}
-
-pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let id = new_id();
-    let span = tracing::info_span!("completion", request_id = %id);
-    respond(state, request, id).instrument(span).await
-}
-
-/// `cmpl-` and 24 random alphanumerics.
-fn new_id() -> String {
-    let chat = iris_openai::new_completion_id();
-    format!("cmpl-{}", chat.trim_start_matches("chatcmpl-"))
-}
-
-async fn respond(state: Arc<AppState>, request: Request, id: String) -> Response {
-    let mut ledger = Ledger::new(COMPLETIONS, id, Instant::now());
-    match prepare(&state, request, &mut ledger).await {
-        Ok(prepared) if prepared.request.is_stream() => {
-            stream::respond(state, ledger, prepared).await
-        }
-        Ok(prepared) => unary::respond(state, ledger, prepared).await,
-        Err(failure) => crate::http::refused(&state.metrics, &ledger, failure),
-    }
-}
-
-/// Reads, checks and tokenizes the request; `ledger` gets its prompt
-/// tokens and user.
-async fn prepare(
-    state: &Arc<AppState>,
-    request: Request,
-    ledger: &mut Ledger,
-) -> Result<Prepared, Failure> {
-    let client = |e: ApiError| (e, Outcome::ClientError);
-    let bytes = read_body(state, request.into_body())
-        .await
-        .map_err(client)?;
-    let request = iris_openai::parse_completion_request(&bytes).map_err(client)?;
-    let served = state.models.get(&request.model).map_err(client)?.clone();
-    check_vocabulary(&served, &request).map_err(client)?;
-    state.metrics.stage(Stage::Parse, ledger.started.elapsed());
-    let tokenize_start = Instant::now();
-    let prompts = if request.prompt.text_bytes() <= INLINE_PROMPT_BYTES {
-        tokenize_prompts(&served, &request)
-    } else {
-        let (served, request) = (served.clone(), request.clone());
-        tokio::task::spawn_blocking(move || tokenize_prompts(&served, &request))
-            .await
-            .map_err(|e| {
-                (
-                    ApiError::internal(format!("tokenization task failed: {e}")),
-                    Outcome::UpstreamError,
-                )
-            })?
-    }
-    .map_err(client)?;
-    state
-        .metrics
-        .stage(Stage::Tokenize, tokenize_start.elapsed());
-    ledger.prompt_tokens = prompts
-        .iter()
-        .map(|p| u32::try_from(p.ids.len()).unwrap_or(u32::MAX))
-        .fold(0u32, u32::saturating_add);
-    ledger.user = request.user.clone();
-    Ok(Prepared {
-        served,
-        request,
-        prompts,
-    })
-}
-
-/// Token ids the request names (`logit_bias`, `stop_token_ids`) must be
-/// in the vocabulary.
-fn check_vocabulary(served: &Served, request: &CompletionRequest) -> Result<(), ApiError> {
-    iris_openai::validate::check_token_ids_in(
-        request.logit_bias.as_ref(),
-        request.stop_token_ids.as_deref(),
-        served.prompter.vocab_size(),
-    )
-}
-
-/// Token ids the tokenizer knows (special tokens included).
-pub(crate) fn vocab_size(tokenizer: &Tokenizer) -> u32 {
-    u32::try_from(tokenizer.get_vocab_size(true)).unwrap_or(u32::MAX)
-}
-
-/// Each prompt's token ids (and text for `echo`), checked against the
-/// vocabulary, the image token and the context.
-fn tokenize_prompts(
-    served: &Served,
-    request: &CompletionRequest,
-) -> Result<Vec<PromptRun>, ApiError> {
-    let tokenizer = served.prompter.tokenizer();
-    let batch = request.prompt.is_batch();
-    let max_new_tokens = request.sampling().max_new_tokens;
-    let mut runs = Vec::with_capacity(request.prompt.len());
-    for (p, input) in request.prompt.inputs().into_iter().enumerate() {
-        let param = if batch {
-            format!("prompt[{p}]")
-        } else {
-            "prompt".to_owned()
-        };
-        let run = tokenize_prompt(tokenizer, input, request.echo(), &param)?;
-        check_prompt_ids(served, &run.ids, &param)?;
-        served
-            .prompter
-            .limits()
-            .check_tokens(run.ids.len(), max_new_tokens)
-            .map_err(|e| e.with_param(param.clone()))?;
-        runs.push(run);
-    }
-    Ok(runs)
-}
-
-/// One prompt's ids; its text when `echo` asks for it (token-id prompts
-/// are detokenized, special tokens kept).
-fn tokenize_prompt(
-    tokenizer: &Tokenizer,
-    input: PromptInput,
-    echo: bool,
-    param: &str,
-) -> Result<PromptRun, ApiError> {
-    let (ids, text) = match input {
-        PromptInput::Text(text) => {
-            let encoding = tokenizer
-                .encode(text.as_str(), true)
-                .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
-            (encoding.get_ids().to_vec(), text)
-        }
-        PromptInput::Tokens(ids) => {
-            check_ids(tokenizer, &ids, param)?;
-            let text = match echo {
-                true => tokenizer.decode(&ids, false).map_err(|e| {
-                    ApiError::bad_field(param, format!("{param}: cannot be detokenized: {e}"))
-                })?,
-                false => String::new(),
-            };
-            (ids, text)
-        }
-    };
-    if ids.is_empty() {
-        return Err(ApiError::bad_field(
-            param,
-            format!("{param}: tokenizes to no tokens"),
-        ));
-    }
-    Ok(PromptRun {
-        ids,
-        echo: if echo { text } else { String::new() },
-    })
-}
-
-/// Every id of a token-id prompt is in the vocabulary.
-pub(crate) fn check_ids(tokenizer: &Tokenizer, ids: &[u32], param: &str) -> Result<(), ApiError> {
-    let vocab = vocab_size(tokenizer);
-    match ids.iter().position(|&id| id >= vocab) {
-        Some(i) => {
-            let param = format!("{param}[{i}]");
-            Err(ApiError::bad_field(
-                param.clone(),
-                format!(
-                    "{param}: token id {} is outside the vocabulary (size {vocab})",
-                    ids[i]
-                ),
-            ))
-        }
-        None => Ok(()),
-    }
-}
-
-/// Completions are text only: a vision model's image or video token may
-/// not appear in a prompt (no image or video could fill it).
-fn check_prompt_ids(served: &Served, ids: &[u32], param: &str) -> Result<(), ApiError> {
-    let Some(mm) = served.media.as_ref() else {
-        return Ok(());
-    };
-    let tokens = mm.placeholders;
-    let found = [("image", Some(tokens.image)), ("video", tokens.video)]
-        .into_iter()
-        .find_map(|(kind, token)| token.filter(|t| ids.contains(t)).map(|t| (kind, t)));
-    if let Some((kind, token)) = found {
-        return Err(ApiError::bad_field(
-            param,
-            format!(
-                "{param}: holds the {kind} token (id {token}); /v1/completions takes text only, send {kind}s to /v1/chat/completions"
-            ),
-        ));
-    }
-    Ok(())
 }

@@ -7,10 +7,10 @@ use iris_openai::{ApiError, CompletionLogprobs};
 use iris_proto::scheduler::{generate_response::Response as Reply, OutputLogProbs};
 
 use super::choice::{CompletionText, Released};
-use super::Prepared;
 use crate::http::errors::{route_error, stream_ended, worker_error};
 use crate::http::Failure;
 use crate::metrics::Outcome;
+use crate::request::ReadyPrompts;
 use crate::router::Generation;
 
 /// What a worker sent for one choice.
@@ -58,7 +58,7 @@ pub(super) struct Runs {
 impl Runs {
     /// Starts every prompt's request at once; if one cannot start, those
     /// started are aborted (dropped) and its error is returned.
-    pub async fn start(id: &str, prepared: &Prepared) -> Result<Runs, Failure> {
+    pub async fn start(id: &str, prepared: &ReadyPrompts) -> Result<Runs, Failure> {
         let router = &prepared.served.router;
         let starts = (0..prepared.prompts.len()).map(|p| router.start(prepared.generate(id, p)));
         let started = futures::future::join_all(starts).await;

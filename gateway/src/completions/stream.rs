@@ -17,13 +17,13 @@ use iris_openai::{unix_now, ApiError, CompletionChoice, TextCompletion, Usage};
 use super::choice::{CompletionText, Released};
 use super::runs::{feed, Event, Runs};
 use super::unary::upstream;
-use super::Prepared;
 use crate::http::sse::{self, Events};
 use crate::http::{Failure, Ledger};
 use crate::metrics::Outcome;
+use crate::request::ReadyPrompts;
 use crate::server::AppState;
 
-pub async fn respond(state: Arc<AppState>, ledger: Ledger, prepared: Prepared) -> Response {
+pub async fn respond(state: Arc<AppState>, ledger: Ledger, prepared: ReadyPrompts) -> Response {
     let id = ledger.id.clone();
     let prompt_tokens = ledger.prompt_tokens;
     let start = async move {
@@ -36,7 +36,7 @@ pub async fn respond(state: Arc<AppState>, ledger: Ledger, prepared: Prepared) -
 /// The completions endpoint's side of one SSE answer.
 struct CompletionEvents {
     id: String,
-    prepared: Prepared,
+    prepared: ReadyPrompts,
     runs: Runs,
     choices: Vec<CompletionText>,
     created: u64,
@@ -44,7 +44,7 @@ struct CompletionEvents {
 }
 
 impl CompletionEvents {
-    fn new(id: String, prepared: Prepared, runs: Runs, prompt_tokens: u32) -> CompletionEvents {
+    fn new(id: String, prepared: ReadyPrompts, runs: Runs, prompt_tokens: u32) -> CompletionEvents {
         let choices = prepared.choices();
         CompletionEvents {
             id,

@@ -8,24 +8,20 @@ use axum::response::Response;
 use iris_openai::{unix_now, ApiError, CompletionChoice, TextCompletion, Usage};
 
 use super::runs::{feed, Runs};
-use super::Prepared;
 use crate::http::{unary, Failure, Ledger};
 use crate::metrics::{Outcome, Stage};
+use crate::request::ReadyPrompts;
 use crate::server::AppState;
 
-pub async fn respond(state: Arc<AppState>, ledger: Ledger, prepared: Prepared) -> Response {
-    unary::respond(&state, &ledger, run(&state, &ledger, &prepared)).await
+pub async fn respond(state: Arc<AppState>, ledger: Ledger, prepared: ReadyPrompts) -> Response {
+    unary::respond(&state, &ledger, run(&ledger, &prepared)).await
 }
 
 /// The body and the completion tokens.
-async fn run(
-    state: &AppState,
-    ledger: &Ledger,
-    prepared: &Prepared,
-) -> Result<(Vec<u8>, u32), Failure> {
+async fn run(ledger: &Ledger, prepared: &ReadyPrompts) -> Result<(Vec<u8>, u32), Failure> {
     let dispatch = Instant::now();
     let mut runs = Runs::start(&ledger.id, prepared).await?;
-    state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
+    ledger.metrics.stage(Stage::Dispatch, dispatch.elapsed());
     let generating = Instant::now();
     let mut choices = prepared.choices();
     let mut out: Vec<CompletionChoice> = choices
@@ -46,7 +42,7 @@ async fn run(
             mine.append(&mut new);
         }
     }
-    state.metrics.stage(Stage::Generate, generating.elapsed());
+    ledger.metrics.stage(Stage::Generate, generating.elapsed());
     for (choice, text) in out.iter_mut().zip(&choices) {
         choice.finish_reason = text.finish;
         if text.finish.is_none() {
@@ -61,7 +57,7 @@ async fn run(
         .iter()
         .map(|c| c.tokens)
         .fold(0u32, u32::saturating_add);
-    state
+    ledger
         .metrics
         .tokens(ledger.prompt_tokens, completion_tokens);
     let usage = Usage::new(ledger.prompt_tokens, completion_tokens)

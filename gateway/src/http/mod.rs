@@ -6,14 +6,17 @@
 //! hard stop, counted and logged once however it ends (a client that
 //! leaves first included).
 //!
-//! An endpoint module (`chat`, `completions`, `tokenize`) holds only the
-//! conversion of its wire request into what the router takes and the
-//! shape of its answer; see docs/architecture.md, "Adding an endpoint".
+//! Every generating endpoint's request takes one path ([`serve`]): read,
+//! converted to the gateway's own request ([`crate::request`]), its model
+//! found, made ready, answered. An endpoint module (`chat`, `completions`)
+//! holds only the conversion of its wire request and the shape of its
+//! answer; see docs/architecture.md, "Adding an endpoint".
 
 pub mod body;
 pub mod errors;
 pub mod generate;
 pub mod record;
+pub mod serve;
 pub mod sse;
 pub mod unary;
 
@@ -25,7 +28,7 @@ pub use body::{read_body, INLINE_PROMPT_BYTES};
 pub use errors::error_response;
 pub use record::Ledger;
 
-use crate::metrics::{Metrics, Outcome};
+use crate::metrics::Outcome;
 
 /// A failed request: the client's error and how the request ended.
 pub type Failure = (ApiError, Outcome);
@@ -33,8 +36,8 @@ pub type Failure = (ApiError, Outcome);
 /// The answer to a request that failed before it reached any worker,
 /// counted and logged ([`Ledger::record`]). A body that did not arrive in
 /// time (408) also closes the connection: the rest of it is not read.
-pub fn refused(metrics: &Metrics, ledger: &Ledger, (error, outcome): Failure) -> Response {
-    ledger.record(metrics, error.status, outcome, 0, Some(&error.message));
+pub fn refused(ledger: &Ledger, (error, outcome): Failure) -> Response {
+    ledger.record(error.status, outcome, 0, Some(&error.message));
     let mut response = error_response(&error);
     if error.status == 408 {
         response

@@ -1,12 +1,13 @@
-//! How a request to an API endpoint ends: its outcome counted in `iris_requests_total`
-//! and one `info` log line with what an operator looks for first — request
-//! id, status, duration, prompt and completion tokens, images,
+//! How a request to an API endpoint ends: its outcome counted in
+//! `iris_requests_total{model}` and one `info` log line with what an
+//! operator looks for first — request id, model, status, duration, prompt and completion tokens, images,
 //! pixel-cache hits and moves to other workers (and the error's message
 //! when it failed). Every way a
 //! request ends — an error before dispatch, a unary answer, a stream that
 //! finishes or fails, a client that leaves before the end — goes through
 //! [`Ledger::record`] exactly once.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::metrics::{Metrics, Outcome};
@@ -56,11 +57,25 @@ pub struct Ledger {
     /// Times a stream moved to another worker mid-way
     /// (`--max-migrations`), known at its end.
     pub migrations: u32,
+    /// The tenant the request is charged to, when the front door knows
+    /// one (logged).
+    pub tenant: Option<Arc<str>>,
+    /// Where its outcome and stages are counted: its model's metrics once
+    /// the model is known, the gateway's (`model=""`) before.
+    pub metrics: Arc<Metrics>,
+    /// Size of the request body: a large one's prompt is built off the
+    /// async runtime. Not logged.
+    pub body_bytes: usize,
 }
 
 impl Ledger {
     /// A request of `endpoint` that arrived at `started`; nothing read yet.
-    pub fn new(endpoint: &'static str, id: String, started: Instant) -> Ledger {
+    pub fn new(
+        endpoint: &'static str,
+        id: String,
+        started: Instant,
+        metrics: Arc<Metrics>,
+    ) -> Ledger {
         Ledger {
             endpoint,
             id,
@@ -69,6 +84,9 @@ impl Ledger {
             images: ImageCount::default(),
             user: None,
             migrations: 0,
+            tenant: None,
+            metrics,
+            body_bytes: 0,
         }
     }
 
@@ -78,17 +96,17 @@ impl Ledger {
     /// `error` the message sent to the client, when the request failed.
     pub fn record(
         &self,
-        metrics: &Metrics,
         status: u16,
         outcome: Outcome,
         completion_tokens: u32,
         error: Option<&str>,
     ) {
-        metrics.outcome(outcome);
+        self.metrics.outcome(outcome);
         let duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
             endpoint = self.endpoint,
             request_id = %self.id,
+            model = self.metrics.model(),
             status,
             duration_ms,
             prompt_tokens = self.prompt_tokens,
@@ -97,6 +115,7 @@ impl Ledger {
             pixel_cache_hits = self.images.cache_hits,
             migrations = self.migrations,
             user = self.user.as_deref().map(|u| clip(u, USER_LOG_BYTES)),
+            tenant = self.tenant.as_deref(),
             outcome = ?outcome,
             error,
             "request done"

@@ -71,16 +71,16 @@ where
     let deadline = tokio::time::Instant::from_std(ledger.started + state.request_timeout);
     let events = match tokio::time::timeout_at(deadline, start).await {
         Ok(Ok(events)) => events,
-        Ok(Err(failure)) => return refused(&state.metrics, &ledger, failure),
+        Ok(Err(failure)) => return refused(&ledger, failure),
         Err(_) => {
             let error = ApiError::gateway_timeout(format!(
                 "the workers did not start answering within {} s",
                 state.request_timeout.as_secs()
             ));
-            return refused(&state.metrics, &ledger, (error, Outcome::Timeout));
+            return refused(&ledger, (error, Outcome::Timeout));
         }
     };
-    state.metrics.stage(Stage::Dispatch, dispatch.elapsed());
+    ledger.metrics.stage(Stage::Dispatch, dispatch.elapsed());
     let stream = Stream {
         state,
         ledger,
@@ -179,7 +179,7 @@ impl<E: Events> Stream<E> {
     fn first_token(&mut self) {
         if self.first_token_at.is_none() {
             self.first_token_at = Some(Instant::now());
-            self.state
+            self.ledger
                 .metrics
                 .stage(Stage::FirstToken, self.ledger.started.elapsed());
         }
@@ -190,11 +190,11 @@ impl<E: Events> Stream<E> {
         self.events.finish(out);
         sse::write_done(out);
         let completion_tokens = self.events.completion_tokens();
-        self.state
+        self.ledger
             .metrics
             .tokens(self.ledger.prompt_tokens, completion_tokens);
         if let Some(first) = self.first_token_at {
-            self.state.metrics.stage(Stage::Decode, first.elapsed());
+            self.ledger.metrics.stage(Stage::Decode, first.elapsed());
         }
         self.end(200, Outcome::Ok, None);
     }
@@ -211,14 +211,9 @@ impl<E: Events> Stream<E> {
         self.phase = Phase::Done;
         let completion_tokens = self.events.completion_tokens();
         self.ledger.migrations = self.events.migrations();
-        self.ledger.record(
-            &self.state.metrics,
-            status,
-            outcome,
-            completion_tokens,
-            error,
-        );
-        self.state
+        self.ledger
+            .record(status, outcome, completion_tokens, error);
+        self.ledger
             .metrics
             .stage(Stage::Total, self.ledger.started.elapsed());
     }

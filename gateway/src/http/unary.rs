@@ -22,7 +22,6 @@ where
 {
     let mut unanswered = ClientGone {
         ledger,
-        state,
         armed: true,
     };
     let deadline = tokio::time::Instant::from_std(ledger.started + state.request_timeout);
@@ -35,15 +34,15 @@ where
         ))),
     };
     unanswered.armed = false;
-    state.metrics.stage(Stage::Total, ledger.started.elapsed());
+    ledger.metrics.stage(Stage::Total, ledger.started.elapsed());
     match result {
         Ok((body, completion_tokens)) => {
-            ledger.record(&state.metrics, 200, Outcome::Ok, completion_tokens, None);
+            ledger.record(200, Outcome::Ok, completion_tokens, None);
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
         Err((error, outcome)) => {
             let message = Some(error.message.as_str());
-            ledger.record(&state.metrics, error.status, outcome, 0, message);
+            ledger.record(error.status, outcome, 0, message);
             error_response(&error)
         }
     }
@@ -52,7 +51,6 @@ where
 /// Counts and logs a request whose client left before its answer.
 struct ClientGone<'a> {
     ledger: &'a Ledger,
-    state: &'a AppState,
     armed: bool,
 }
 
@@ -60,9 +58,8 @@ impl Drop for ClientGone<'_> {
     fn drop(&mut self) {
         if self.armed {
             let error = "the client went away before the answer";
-            let metrics = &self.state.metrics;
             self.ledger
-                .record(metrics, CLIENT_CLOSED, Outcome::Cancelled, 0, Some(error));
+                .record(CLIENT_CLOSED, Outcome::Cancelled, 0, Some(error));
         }
     }
 }

@@ -407,9 +407,9 @@ impl Router {
         Ok(generation)
     }
 
-    /// vLLM PD: runs `plan`'s prefill leg to its end (its answer is not
-    /// streamed) and answers the KV-transfer parameters it returned, for
-    /// the stream (decode) leg; the plan is left with the decode leg alone.
+    /// PD on a backend whose prefill runs first (vLLM): runs `plan`'s
+    /// prefill leg to its end (its answer is not streamed) and answers the
+    /// hand-off parameters it returned, for the stream (decode) leg; the plan is left with the decode leg alone.
     /// The leg is aborted if the request goes away meanwhile.
     async fn prefill_first(
         &self,
@@ -425,8 +425,9 @@ impl Router {
             return Err(Failure::Worker {
                 worker: decode.clone(),
                 status: Status::failed_precondition(format!(
-                    "the vLLM prefill worker {} needs vLLM decode workers; {} is {backend}",
-                    p.url, decode.url
+                    "the {prefill} prefill worker {} needs {prefill} decode workers; {} is {backend}",
+                    p.url, decode.url,
+                    prefill = p.backend().map_or("unknown", |b| b.as_str()),
                 )),
                 verdict: Verdict::Fatal,
                 through: Vec::new(),
@@ -438,7 +439,7 @@ impl Router {
                 let mut laned = Laned::default();
                 laned.add(&p, prepared);
                 let answered = p
-                    .vllm_prefill(laned_request.as_ref().unwrap_or(&request))
+                    .prefill_first(laned_request.as_ref().unwrap_or(&request))
                     .await;
                 if answered.is_ok() {
                     laned.tickets.delivered();
@@ -536,19 +537,19 @@ impl Router {
     }
 
     /// `request` to `worker`, its pixels on the worker's lane
-    /// ([`pixels::prepare`]), and what of them went by a lane; `kv_transfer` is a
-    /// vLLM decode leg's KV-transfer parameters.
+    /// ([`pixels::prepare`]), and what of them went by a lane; `handoff`:
+    /// the parameters a prefill-first backend's decode leg is sent.
     async fn generate(
         &self,
         worker: &Arc<Worker>,
         request: &GenerateRequest,
-        kv_transfer: Option<String>,
+        handoff: Option<String>,
     ) -> (Result<ResponseStream, Status>, pixels::LegPixels) {
         match pixels::prepare(&self.lanes, worker, request).await {
             Ok((laned, prepared)) => {
                 let request = laned.as_ref().unwrap_or(request);
-                let result = match kv_transfer {
-                    Some(params) => worker.generate_vllm(request, Some(params)).await,
+                let result = match handoff {
+                    Some(params) => worker.generate_handed_off(request, params).await,
                     None => worker.generate(request).await,
                 };
                 (result, prepared)

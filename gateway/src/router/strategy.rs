@@ -134,7 +134,7 @@ pub(super) enum Handover {
     /// arrives, an encoder that accepted but did not deliver) surface only
     /// in the prefill's stream.
     FirstResponse,
-    /// vLLM PD: the prefill leg runs to its end first (its answer is not
+    /// PD on a backend whose prefill runs first (vLLM): the prefill leg runs to its end first (its answer is not
     /// streamed), then the stream leg is sent the KV-transfer parameters
     /// it answered; handed over once that leg is accepted.
     PrefillFirst,
@@ -268,7 +268,7 @@ impl<'a> Strategy<'a> {
             } => {
                 let (p, d) = (pick(prefill)?, pick(decode)?);
                 if p.backend().is_some_and(Backend::prefills_first) {
-                    return Ok(vllm_prefill_decode(p, d, request, stripped, attempt));
+                    return Ok(prefill_first_plan(p, d, request, stripped, attempt));
                 }
                 let p_request = with_kv_room(attempt_request(request, attempt), &p);
                 let d_request = GenerateRequest {
@@ -352,10 +352,11 @@ fn item_keys(request: &GenerateRequest) -> Vec<ItemKey> {
         .collect()
 }
 
-/// vLLM's PD plan: prefill is sent the whole request, decode the same id
-/// without images (the KV state it collects covers them); they run one
-/// after the other ([`Handover::PrefillFirst`]).
-fn vllm_prefill_decode<'a>(
+/// The PD plan of a backend whose prefill runs first (vLLM): prefill is
+/// sent the whole request, decode the same id without images (the KV
+/// state it collects covers them); they run one after the other
+/// ([`Handover::PrefillFirst`]).
+fn prefill_first_plan<'a>(
     p: Arc<Worker>,
     d: Arc<Worker>,
     request: &GenerateRequest,

@@ -15,11 +15,10 @@ use iris_process::auth::{AuthChannel, AuthToken};
 use iris_proto::encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
 use iris_proto::encoder::{EncodeRequest, EncodeResponse};
 use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
-use iris_proto::scheduler::{GenerateRequest, GenerateResponse};
+use iris_proto::scheduler::GenerateRequest;
 use iris_proto::sglang::sglang_scheduler_client::SglangSchedulerClient;
 use iris_proto::vllm::vllm_engine_client::VllmEngineClient;
 use iris_transport::{Transport, WorkerCaps};
-use tonic::codec::Streaming;
 use tonic::transport::Endpoint;
 use tonic::Status;
 
@@ -29,22 +28,15 @@ use super::lane_caps::{became_true, LaneCaps};
 use super::load::Load;
 use super::recall::Recall;
 use super::url::WorkerUrl;
-use crate::backends::{self, Backend, ResponseStream};
+use crate::backends::{Backend, ResponseStream};
 
 pub use super::lane_caps::Started;
 pub use super::load::{EncodeGuard, InFlightGuard, PrefillGuard};
 
-/// The gRPC path of `TokenSpeedScheduler.Generate`.
-const GENERATE_PATH: &str = "/tokenspeed.grpc.scheduler.TokenSpeedScheduler/Generate";
-/// The gRPC path of `VllmEngine.Generate`.
-const VLLM_GENERATE_PATH: &str = "/vllm.grpc.engine.VllmEngine/Generate";
-/// The gRPC path of `SglangScheduler.Generate`.
-const SGLANG_GENERATE_PATH: &str = "/sglang.grpc.scheduler.SglangScheduler/Generate";
 /// The gRPC path of `TokenSpeedEncoder.Encode`.
 const ENCODE_PATH: &str = "/tokenspeed.grpc.encoder.TokenSpeedEncoder/Encode";
 
-/// Largest message the gateway sends or accepts from a worker.
-pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
+pub use crate::backends::calls::MAX_MESSAGE_BYTES;
 
 /// How the gateway reaches its workers: the connect timeout, and the
 /// shared secret presented on every call (`--worker-auth-token-file`).
@@ -217,56 +209,38 @@ impl Worker {
     }
 
     /// Generate on the worker's backend, `request` translated into its
-    /// protocol and the answer back into TokenSpeed's stream. Pixel
-    /// tensors go from the shared buffers without a copy, whatever the
-    /// protocol ([`iris_process::splice`]; the translations share them).
+    /// protocol and the answer back into TokenSpeed's stream
+    /// ([`Backend::generate`]).
     pub async fn generate(&self, request: &GenerateRequest) -> Result<ResponseStream, Status> {
-        match self.known_backend().await? {
-            Backend::TokenSpeed => {
-                let stream: Streaming<GenerateResponse> =
-                    self.spliced(GENERATE_PATH, request).await?;
-                Ok(Box::pin(stream))
-            }
-            Backend::Vllm => self.generate_vllm(request, None).await,
-            Backend::Sglang => {
-                let translated = backends::sglang::request(request)?;
-                let stream = self.spliced(SGLANG_GENERATE_PATH, &translated).await?;
-                Ok(backends::map_stream(stream, backends::sglang::response))
-            }
-        }
+        let backend = self.known_backend().await?;
+        backend.generate(&self.channel(), request, None).await
     }
 
-    /// A server-streaming call of `path` with `request` framed around its
-    /// large `bytes` fields rather than copied into one body.
-    async fn spliced<M, R>(&self, path: &'static str, request: &M) -> Result<Streaming<R>, Status>
-    where
-        M: prost::Message,
-        R: prost::Message + Default + Send + 'static,
-    {
-        let response =
-            iris_process::splice::call(&self.channel(), path, request, None, MAX_MESSAGE_BYTES)
-                .await?;
-        Ok(response.into_inner())
-    }
-
-    /// vLLM PD's first leg: `request` sent with `kv_transfer_params_json`
-    /// asking for a remote decode and read to its end; the KV-transfer
-    /// parameters the worker answered (what the decode leg is sent).
-    pub async fn vllm_prefill(&self, request: &GenerateRequest) -> Result<String, Status> {
-        let asked = backends::vllm::REMOTE_DECODE.to_owned();
-        let translated = backends::vllm::request(request, Some(asked))?;
-        let mut stream: Streaming<iris_proto::vllm::GenerateResponse> =
-            self.spliced(VLLM_GENERATE_PATH, &translated).await?;
-        let mut params = None;
-        while let Some(response) = stream.message().await? {
-            params = backends::vllm::kv_transfer_params(&response).or(params);
-        }
+    /// The first leg of a prefill-first PD request
+    /// ([`Backend::prefill_first`]): the hand-off parameters the decode
+    /// leg is sent.
+    pub async fn prefill_first(&self, request: &GenerateRequest) -> Result<String, Status> {
+        let backend = self.known_backend().await?;
+        let params = backend.prefill_first(&self.channel(), request).await?;
         params.ok_or_else(|| {
             Status::internal(format!(
-                "the vLLM prefill worker {} answered without kv_transfer_params_json",
+                "the {backend} prefill worker {} answered without hand-off parameters (kv_transfer_params_json)",
                 self.url
             ))
         })
+    }
+
+    /// The decode leg of a prefill-first PD request, sent the hand-off
+    /// parameters its prefill answered.
+    pub async fn generate_handed_off(
+        &self,
+        request: &GenerateRequest,
+        handoff: String,
+    ) -> Result<ResponseStream, Status> {
+        let backend = self.known_backend().await?;
+        backend
+            .generate(&self.channel(), request, Some(handoff))
+            .await
     }
 
     /// The worker's backend, detected now if the health checker has not
@@ -282,22 +256,9 @@ impl Worker {
         Ok(backend)
     }
 
-    /// Generate on a vLLM worker with `kv_transfer_params_json` (a PD leg).
-    pub async fn generate_vllm(
-        &self,
-        request: &GenerateRequest,
-        kv_transfer_params_json: Option<String>,
-    ) -> Result<ResponseStream, Status> {
-        let translated = backends::vllm::request(request, kv_transfer_params_json)?;
-        let stream = self.spliced(VLLM_GENERATE_PATH, &translated).await?;
-        let id = request.request_id.clone();
-        Ok(backends::map_stream(stream, move |r| {
-            backends::vllm::response(&id, r)
-        }))
-    }
-
     /// Aborts `request_id` on the worker's backend (best effort, within
-    /// five seconds); the returned future owns what it needs.
+    /// five seconds; nothing while the backend is unknown); the returned
+    /// future owns what it needs.
     pub fn abort(
         &self,
         request_id: String,
@@ -306,35 +267,9 @@ impl Worker {
         let backend = self.backend();
         let channel = self.channel();
         async move {
-            let call = async {
-                match backend {
-                    Some(Backend::TokenSpeed) => {
-                        let request = iris_proto::scheduler::AbortRequest { request_id, reason };
-                        TokenSpeedSchedulerClient::new(channel)
-                            .abort(request)
-                            .await
-                            .map(drop)
-                    }
-                    Some(Backend::Vllm) => {
-                        let request = iris_proto::vllm::AbortRequest {
-                            request_ids: vec![request_id],
-                        };
-                        VllmEngineClient::new(channel)
-                            .abort(request)
-                            .await
-                            .map(drop)
-                    }
-                    Some(Backend::Sglang) => {
-                        let request = iris_proto::sglang::AbortRequest { request_id, reason };
-                        SglangSchedulerClient::new(channel)
-                            .abort(request)
-                            .await
-                            .map(drop)
-                    }
-                    None => Ok(()),
-                }
-            };
-            let _ = tokio::time::timeout(Duration::from_secs(5), call).await;
+            if let Some(backend) = backend {
+                backend.abort(channel, request_id, reason).await;
+            }
         }
     }
 

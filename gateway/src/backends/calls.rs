@@ -1,0 +1,138 @@
+//! The calls on a worker's channel, per backend: Generate (the request
+//! translated into the backend's protocol, its answers back into
+//! TokenSpeed's stream), the prefill-first leg of a backend whose PD
+//! prefill runs to its end before decode starts (vLLM), and Abort. Pixel
+//! tensors go from the shared buffers without a copy whatever the
+//! protocol ([`iris_process::splice`]; the translations share them).
+
+use std::time::Duration;
+
+use iris_process::auth::AuthChannel;
+use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
+use iris_proto::scheduler::{GenerateRequest, GenerateResponse};
+use iris_proto::sglang::sglang_scheduler_client::SglangSchedulerClient;
+use iris_proto::vllm::vllm_engine_client::VllmEngineClient;
+use tonic::codec::Streaming;
+use tonic::Status;
+
+use super::{map_stream, sglang, vllm, Backend, ResponseStream};
+
+/// Largest message the gateway sends or accepts from a worker.
+pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
+
+/// The gRPC path of `TokenSpeedScheduler.Generate`.
+const TOKENSPEED_GENERATE: &str = "/tokenspeed.grpc.scheduler.TokenSpeedScheduler/Generate";
+/// The gRPC path of `VllmEngine.Generate`.
+const VLLM_GENERATE: &str = "/vllm.grpc.engine.VllmEngine/Generate";
+/// The gRPC path of `SglangScheduler.Generate`.
+const SGLANG_GENERATE: &str = "/sglang.grpc.scheduler.SglangScheduler/Generate";
+
+/// How long an abort may take; it is best effort.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Backend {
+    /// Generate `request` on `channel`. `handoff`: for a backend whose
+    /// prefill runs first ([`Backend::prefills_first`]), the KV-transfer
+    /// parameters its prefill answered (the decode leg); refused by the
+    /// others.
+    pub async fn generate(
+        self,
+        channel: &AuthChannel,
+        request: &GenerateRequest,
+        handoff: Option<String>,
+    ) -> Result<ResponseStream, Status> {
+        match (self, handoff) {
+            (Backend::TokenSpeed, None) => {
+                let stream: Streaming<GenerateResponse> =
+                    spliced(channel, TOKENSPEED_GENERATE, request).await?;
+                Ok(Box::pin(stream))
+            }
+            (Backend::Vllm, handoff) => {
+                let translated = vllm::request(request, handoff)?;
+                let stream = spliced(channel, VLLM_GENERATE, &translated).await?;
+                let id = request.request_id.clone();
+                Ok(map_stream(stream, move |r| vllm::response(&id, r)))
+            }
+            (Backend::Sglang, None) => {
+                let translated = sglang::request(request)?;
+                let stream = spliced(channel, SGLANG_GENERATE, &translated).await?;
+                Ok(map_stream(stream, sglang::response))
+            }
+            (backend, Some(_)) => Err(Status::internal(format!(
+                "the {backend} backend takes no prefill hand-off parameters"
+            ))),
+        }
+    }
+
+    /// The first leg of a prefill-first PD request: `request` sent asking
+    /// for a remote decode and read to its end; the hand-off parameters
+    /// the worker answered (what the decode leg is sent). `None` when the
+    /// answer carried none.
+    pub async fn prefill_first(
+        self,
+        channel: &AuthChannel,
+        request: &GenerateRequest,
+    ) -> Result<Option<String>, Status> {
+        if !self.prefills_first() {
+            return Err(Status::internal(format!(
+                "the {self} backend's prefill does not run first"
+            )));
+        }
+        let translated = vllm::request(request, Some(vllm::REMOTE_DECODE.to_owned()))?;
+        let mut stream: Streaming<iris_proto::vllm::GenerateResponse> =
+            spliced(channel, VLLM_GENERATE, &translated).await?;
+        let mut params = None;
+        while let Some(response) = stream.message().await? {
+            params = vllm::kv_transfer_params(&response).or(params);
+        }
+        Ok(params)
+    }
+
+    /// Aborts `request_id` (best effort, within five seconds).
+    pub async fn abort(self, channel: AuthChannel, request_id: String, reason: String) {
+        let call = async {
+            match self {
+                Backend::TokenSpeed => {
+                    let request = iris_proto::scheduler::AbortRequest { request_id, reason };
+                    TokenSpeedSchedulerClient::new(channel)
+                        .abort(request)
+                        .await
+                        .map(drop)
+                }
+                Backend::Vllm => {
+                    let request = iris_proto::vllm::AbortRequest {
+                        request_ids: vec![request_id],
+                    };
+                    VllmEngineClient::new(channel)
+                        .abort(request)
+                        .await
+                        .map(drop)
+                }
+                Backend::Sglang => {
+                    let request = iris_proto::sglang::AbortRequest { request_id, reason };
+                    SglangSchedulerClient::new(channel)
+                        .abort(request)
+                        .await
+                        .map(drop)
+                }
+            }
+        };
+        let _ = tokio::time::timeout(ABORT_TIMEOUT, call).await;
+    }
+}
+
+/// A server-streaming call of `path` with `request` framed around its
+/// large `bytes` fields rather than copied into one body.
+pub async fn spliced<M, R>(
+    channel: &AuthChannel,
+    path: &'static str,
+    request: &M,
+) -> Result<Streaming<R>, Status>
+where
+    M: prost::Message,
+    R: prost::Message + Default + Send + 'static,
+{
+    let response =
+        iris_process::splice::call(channel, path, request, None, MAX_MESSAGE_BYTES).await?;
+    Ok(response.into_inner())
+}

@@ -1,0 +1,104 @@
+//! The one path every generating endpoint's request takes: a new id and
+//! the span its log lines are written in, the body read within its limits
+//! and deadline, the wire request converted to the gateway's own
+//! ([`ApiRequest`], by the endpoint), its model looked up once, the input
+//! made ready ([`Input::prepare`]), then the answer as one JSON body or as
+//! server-sent events (the endpoint's shaping, on [`super::unary`] and
+//! [`super::sse`]). A request refused on the way is counted and logged
+//! once, in the endpoint's error shape.
+//!
+//! An endpoint is an [`Endpoint`] impl registered with [`serve`] in
+//! `server.rs`'s route table; see docs/architecture.md, "Adding an
+//! endpoint".
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use iris_openai::ApiError;
+use tracing::Instrument;
+
+use super::{read_body, refused, Failure, Ledger};
+use crate::metrics::{Outcome, Stage};
+use crate::request::{ApiRequest, Input};
+use crate::server::AppState;
+
+/// What an endpoint supplies to the shared path: its names, the
+/// conversion of its wire request, and the shape of its answers.
+pub trait Endpoint: Send + Sync + 'static {
+    /// Its name in the request's log line (`chat.completions`).
+    const NAME: &'static str;
+
+    /// The kind of input its requests convert to.
+    type Input: Input;
+
+    /// A new request id (`chatcmpl-…`, `cmpl-…`).
+    fn new_id() -> String;
+
+    /// The span every log line of request `id` is written in.
+    fn span(id: &str) -> tracing::Span;
+
+    /// The body parsed, checked and converted to the gateway's request.
+    fn convert(state: &AppState, body: &[u8]) -> Result<ApiRequest<Self::Input>, ApiError>;
+
+    /// Starts the request and answers with one JSON body.
+    fn unary(
+        state: Arc<AppState>,
+        ledger: Ledger,
+        ready: Ready<Self>,
+    ) -> impl Future<Output = Response> + Send;
+
+    /// Starts the request and answers with server-sent events.
+    fn stream(
+        state: Arc<AppState>,
+        ledger: Ledger,
+        ready: Ready<Self>,
+    ) -> impl Future<Output = Response> + Send;
+}
+
+/// What an endpoint's input becomes once made ready.
+pub type Ready<E> = <<E as Endpoint>::Input as Input>::Ready;
+
+/// The axum handler of endpoint `E`.
+pub async fn serve<E: Endpoint>(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let id = E::new_id();
+    // Every log line of the request (routing, retries, failures) carries its id.
+    let span = E::span(&id);
+    respond::<E>(state, request.into_body(), id)
+        .instrument(span)
+        .await
+}
+
+async fn respond<E: Endpoint>(state: Arc<AppState>, body: Body, id: String) -> Response {
+    let mut ledger = Ledger::new(E::NAME, id, Instant::now(), state.metrics.clone());
+    match prepare::<E>(&state, body, &mut ledger).await {
+        Ok((ready, true)) => E::stream(state, ledger, ready).await,
+        Ok((ready, false)) => E::unary(state, ledger, ready).await,
+        Err(failure) => refused(&ledger, failure),
+    }
+}
+
+/// Reads and converts the request, finds its model and makes its input
+/// ready; also says whether it streams. `ledger` gets the request's facts
+/// as they are known (its user, then what the input's preparation adds).
+async fn prepare<E: Endpoint>(
+    state: &Arc<AppState>,
+    body: Body,
+    ledger: &mut Ledger,
+) -> Result<(Ready<E>, bool), Failure> {
+    let client = |e: ApiError| (e, Outcome::ClientError);
+    let bytes = read_body(state, body).await.map_err(client)?;
+    ledger.body_bytes = bytes.len();
+    let request = E::convert(state, &bytes).map_err(client)?;
+    drop(bytes);
+    let served = state.models.get(&request.model).map_err(client)?.clone();
+    ledger.metrics = served.metrics.clone();
+    ledger.user = request.user;
+    ledger.tenant = request.tenant;
+    ledger.metrics.stage(Stage::Parse, ledger.started.elapsed());
+    let ready = request.input.prepare(served, ledger).await?;
+    Ok((ready, request.stream))
+}

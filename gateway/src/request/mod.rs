@@ -1,0 +1,59 @@
+//! The gateway's own form of an API request: what every generating
+//! endpoint's wire request becomes ([`ApiRequest`]) before the shared path
+//! ([`crate::http::serve`]) finds its model, prepares it and starts it.
+//!
+//! The input is one of two kinds, each prepared once for every endpoint
+//! that produces it ([`Input`]):
+//! - a conversation ([`conversation`]): messages with their images and
+//!   videos (each named by where the client put it, for errors), tools,
+//!   the response format and sampling — the chat API's request; other
+//!   conversational APIs convert to it;
+//! - prompts ([`prompts`]): text or token-id prompts, a batch of them,
+//!   with sampling — the legacy completions API's request.
+//!
+//! Preparing renders and tokenizes the prompt, starts the media's
+//! fetching and preprocessing and builds the worker request; what an
+//! endpoint keeps for itself is the shape of its answer.
+
+pub mod conversation;
+pub mod prompts;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::http::{Failure, Ledger};
+use crate::served::Served;
+
+pub use conversation::ReadyConversation;
+pub use prompts::ReadyPrompts;
+
+/// One API request in the gateway's terms.
+pub struct ApiRequest<I> {
+    /// The model the client named (a served name or an alias).
+    pub model: String,
+    /// Whether the answer goes back as server-sent events.
+    pub stream: bool,
+    /// The client's end-user id, when sent (logged).
+    pub user: Option<String>,
+    /// The tenant the request is charged to; the API-key layer fills it,
+    /// `None` while the gateway is open to everyone.
+    pub tenant: Option<Arc<str>>,
+    /// What to generate from.
+    pub input: I,
+}
+
+/// A kind of input, and how it is made ready for the workers.
+pub trait Input: Send + Sized + 'static {
+    /// The request ready to start: prompt tokenized, worker request built.
+    type Ready: Send + 'static;
+
+    /// Checks the input against `served` (vocabulary, context, media),
+    /// renders and tokenizes it and builds the worker request; `ledger`
+    /// gets what the request's log line says of it (images, prompt
+    /// tokens) as soon as each is known.
+    fn prepare(
+        self,
+        served: Arc<Served>,
+        ledger: &mut Ledger,
+    ) -> impl Future<Output = Result<Self::Ready, Failure>> + Send;
+}
