@@ -240,7 +240,10 @@ def prom(path):
         for line in f:
             m = SAMPLE.match(line.strip())
             if m:
-                out[(m.group(1), m.group(2) or "")] = float(m.group(3))
+                # Summed over the gateway's model label.
+                labels = re.sub(r'(^|,)model="[^"]*"', "", m.group(2) or "").lstrip(",")
+                key = (m.group(1), labels)
+                out[key] = out.get(key, 0.0) + float(m.group(3))
     return out
 def mem_mb(path):
     with open(path) as f:
@@ -301,7 +304,10 @@ def prom(path):
         for line in f:
             m = SAMPLE.match(line.strip())
             if m:
-                out[(m.group(1), m.group(2) or "")] = float(m.group(3))
+                # Summed over the gateway's model label.
+                labels = re.sub(r'(^|,)model="[^"]*"', "", m.group(2) or "").lstrip(",")
+                key = (m.group(1), labels)
+                out[key] = out.get(key, 0.0) + float(m.group(3))
     return out
 def delta(before, after, name, labels):
     return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)

@@ -172,15 +172,23 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
         time.sleep(interval)
 
 
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
 def metric(text: str, name: str, **labels) -> float | None:
-    """The value of the Prometheus sample ``name{labels}`` in ``text`` (label
-    order as written by the gateway), or None when absent."""
-    inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    prefix = f"{name}{{{inner}}} " if labels else f"{name} "
+    """The Prometheus samples named ``name`` in ``text`` whose labels include
+    ``labels``, summed (over the labels not given, e.g. the gateway's
+    ``model``), or None when there is none."""
+    found = None
     for line in text.splitlines():
-        if line.startswith(prefix):
-            return float(line[len(prefix):])
-    return None
+        sample = _SAMPLE.match(line)
+        if not sample or sample.group(1) != name:
+            continue
+        have = dict(_LABEL.findall(sample.group(2) or ""))
+        if all(have.get(k) == str(v) for k, v in labels.items()):
+            found = (found or 0.0) + float(sample.group(3))
+    return found
 
 
 class Process:

@@ -166,11 +166,11 @@ def test_health(deployment):
     assert response.json() == {"status": "ok"}
 
 
-def test_metrics_count_requests(deployment, reference):
+def test_metrics_count_requests(deployment, model, reference):
     text = deployment.gateway.http().get("/metrics").text
     assert "iris_requests_total" in text
     ok = [line for line in text.splitlines()
-          if line.startswith('iris_requests_total{outcome="ok"}')]
+          if line.startswith(f'iris_requests_total{{model="{model}",outcome="ok"}}')]
     assert ok and int(float(ok[0].split()[-1])) >= 1, text[:500]
     role = "aggregated" if deployment.mode == "aggregated" else "decode"
     assert f'role="{role}"' in text

@@ -3,11 +3,13 @@
 //! prefill + decode).
 //!
 //! A request's steps, in order, with the module of each, are [`STEPS`]
-//! (`pipeline.rs`). An endpoint module (`chat`, `completions`, `tokenize`)
-//! turns its wire request into what the router takes, on the plumbing
-//! every endpoint shares in `http` (body, deadlines, errors, the request
-//! log line, unary and SSE answers); `served` finds the request's model
-//! bundle (tokenizer and template, media pipeline, parsers, router); `mm`
+//! (`pipeline.rs`). Every generating endpoint's request takes one path,
+//! `http::serve` (body, model lookup, deadlines, errors, the request log
+//! line, unary and SSE answers): an endpoint module (`chat`,
+//! `completions`) converts its wire request into the gateway's own
+//! (`request`: a conversation or prompts, each made ready once for every
+//! endpoint) and shapes its answer; `served` holds each model's bundle
+//! (tokenizer and template, media pipeline, parsers, router, metrics); `mm`
 //! fetches and preprocesses images and videos (pixel cache); `prompt`
 //! renders the chat template and tokenizes; `router` picks workers from
 //! the `workers` pools with each pool's policy (configured, or fed by

@@ -3,10 +3,11 @@
 //! list (docs/architecture.md mirrors it; a test keeps every named
 //! function where this list says it is).
 //!
-//! 1. **Parse** — `gateway/src/chat/mod.rs` `handle` → `prepare`: read the
-//!    body (`gateway/src/http/body.rs` `read_body`), parse and validate
-//!    it, look its model up (`gateway/src/served.rs`), check the text's
-//!    size.
+//! 1. **Parse** — `gateway/src/http/serve.rs` `serve` → `prepare`: read
+//!    the body (`gateway/src/http/body.rs` `read_body`), parse, validate
+//!    and convert it (`gateway/src/chat/mod.rs` `convert`), look its model
+//!    up (`gateway/src/served.rs`); `gateway/src/request/conversation.rs`
+//!    `prepare` checks the text's size and runs steps 2 and 3.
 //! 2. **Images** — `gateway/src/mm/mod.rs` `start_media`: fetch
 //!    (`fetch_one`, `crates/media`) and each image's layout from its
 //!    header (videos: `gateway/src/mm/video.rs` `plan_videos`, the
@@ -50,9 +51,11 @@ pub const STEPS: [(Step, &[(&str, &str)]); 7] = [
     (
         Step::Parse,
         &[
-            ("gateway/src/chat/mod.rs", "handle"),
-            ("gateway/src/chat/mod.rs", "prepare"),
+            ("gateway/src/http/serve.rs", "serve"),
+            ("gateway/src/http/serve.rs", "prepare"),
             ("gateway/src/http/body.rs", "read_body"),
+            ("gateway/src/chat/mod.rs", "convert"),
+            ("gateway/src/request/conversation.rs", "prepare"),
         ],
     ),
     (

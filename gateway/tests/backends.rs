@@ -113,9 +113,10 @@ async fn assert_same_answers(gw: &RunningGateway, bodies: &[Value], want: &[Stri
     }
 }
 
-fn backend_sample(worker: &RunningEngine, role: &str, backend: &str) -> String {
+fn backend_sample(model: &Model, worker: &RunningEngine, role: &str, backend: &str) -> String {
     format!(
-        "iris_worker_backend{{worker=\"{}\",role=\"{role}\",backend=\"{backend}\"}} 1",
+        "iris_worker_backend{{model=\"{}\",worker=\"{}\",role=\"{role}\",backend=\"{backend}\"}} 1",
+        model.name,
         grpc(worker.grpc_addr)
     )
 }
@@ -132,7 +133,7 @@ async fn aggregated_vllm_and_sglang_answer_as_tokenspeed() {
         assert_same_answers(&gw, &bodies, &want).await;
         let text = metrics_text(&gw).await;
         assert!(
-            text.contains(&backend_sample(&worker, "aggregated", protocol)),
+            text.contains(&backend_sample(&model, &worker, "aggregated", protocol)),
             "{text}"
         );
     }
@@ -165,7 +166,7 @@ async fn pd_over_vllm_and_sglang_answers_as_tokenspeed() {
         assert_eq!(streamed_text(&events), want[0], "{protocol}");
         let text = metrics_text(&gw).await;
         assert!(
-            text.contains(&backend_sample(&decode, "decode", protocol)),
+            text.contains(&backend_sample(&model, &decode, "decode", protocol)),
             "{text}"
         );
     }
@@ -186,11 +187,12 @@ async fn a_mixed_pool_answers_alike_on_either_worker() {
     let text = metrics_text(&gw).await;
     for (worker, backend) in [(&tokenspeed, "tokenspeed"), (&vllm, "vllm")] {
         assert!(
-            text.contains(&backend_sample(worker, "aggregated", backend)),
+            text.contains(&backend_sample(&model, worker, "aggregated", backend)),
             "{text}"
         );
         let served = format!(
-            "iris_worker_requests_total{{worker=\"{}\",role=\"aggregated\"}} 0",
+            "iris_worker_requests_total{{model=\"{}\",worker=\"{}\",role=\"aggregated\"}} 0",
+            model.name,
             grpc(worker.grpc_addr)
         );
         assert!(!text.contains(&served), "{backend} served nothing: {text}");

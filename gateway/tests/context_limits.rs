@@ -15,7 +15,8 @@ use serde_json::{json, Value};
 async fn tokenize_runs(gw: &iris_gateway::RunningGateway) -> u64 {
     let text = metrics_text(gw).await;
     text.lines()
-        .find_map(|l| l.strip_prefix("iris_stage_duration_seconds_count{stage=\"tokenize\"} "))
+        .filter(|l| l.starts_with("iris_stage_duration_seconds_count{model="))
+        .find_map(|l| l.split_once(",stage=\"tokenize\"} ").map(|(_, v)| v))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no tokenize stage count in:\n{text}"))
 }

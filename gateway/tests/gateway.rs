@@ -255,15 +255,19 @@ async fn models_health_and_metrics() {
     let (status, _) = post_json(&gw, &chat_body(&model.name, "hi", 4, false)).await;
     assert_eq!(status, 200);
     let metrics = metrics_text(&gw).await;
-    assert!(
-        metrics.contains("iris_requests_total{outcome=\"ok\"} 1"),
-        "{metrics}"
-    );
-    assert!(metrics.contains("iris_completion_tokens_total 4"));
-    assert!(metrics.contains(&format!(
-        "iris_worker_healthy{{worker=\"grpc://{}\",role=\"aggregated\"}} 1",
-        worker.grpc_addr
-    )));
+    let name = &model.name;
+    for sample in [
+        format!("iris_requests_total{{model=\"{name}\",outcome=\"ok\"}} 1"),
+        format!("iris_completion_tokens_total{{model=\"{name}\"}} 4"),
+        format!(
+            "iris_worker_healthy{{model=\"{name}\",worker=\"grpc://{}\",role=\"aggregated\"}} 1",
+            worker.grpc_addr
+        ),
+        // Requests refused before a model was known count under "".
+        "iris_requests_total{model=\"\",outcome=\"ok\"} 0".to_owned(),
+    ] {
+        assert!(metrics.contains(&sample), "{sample} missing from {metrics}");
+    }
 }
 
 #[tokio::test]
@@ -296,14 +300,17 @@ async fn metrics_port_takes_metrics_off_the_api_port() {
     assert!(metrics_text(&plain).await.contains("listener=\"api\""));
 }
 
-/// `iris_stage_duration_seconds_{suffix}{stage="STAGE"}` from metrics text.
+/// `iris_stage_duration_seconds_{suffix}{model="…",stage="STAGE"}` from
+/// metrics text (the one model's).
 fn stage_value(metrics: &str, suffix: &str, stage: &str) -> f64 {
-    let prefix = format!("iris_stage_duration_seconds_{suffix}{{stage=\"{stage}\"}} ");
+    let prefix = format!("iris_stage_duration_seconds_{suffix}{{model=\"");
+    let stage = format!("\",stage=\"{stage}\"}} ");
     metrics
         .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .find_map(|l| l.split_once(&stage).map(|(_, value)| value))
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {prefix} in {metrics}"))
+        .unwrap_or_else(|| panic!("no {prefix}…{stage} in {metrics}"))
 }
 
 #[tokio::test]

@@ -14,11 +14,15 @@ use iris_engine::Role;
 /// pixel cache, image budget, transport, listeners, tokenizer) with their
 /// kind and help, as rendered.
 const FAMILIES: &[(&str, &str, &str)] = &[
-    ("iris_requests_total", "counter", "Chat requests by outcome."),
+    (
+        "iris_requests_total",
+        "counter",
+        "API requests by model and outcome (model \"\": refused before a model was found).",
+    ),
     (
         "iris_stage_duration_seconds",
         "histogram",
-        "Time spent per pipeline stage.",
+        "Time spent per pipeline stage, by model.",
     ),
     (
         "iris_worker_healthy",
@@ -88,16 +92,23 @@ async fn every_family_has_one_header_ahead_of_its_samples() {
         assert!(text.contains(&header), "{header:?} missing from\n{text}");
     }
     assert!(kinds.len() >= 25, "only {} families", kinds.len());
+    let name = &model.name;
     let worker_healthy = format!(
-        "iris_worker_healthy{{worker=\"grpc://{}\",role=\"aggregated\"}} 1",
+        "iris_worker_healthy{{model=\"{name}\",worker=\"grpc://{}\",role=\"aggregated\"}} 1",
         worker.grpc_addr
     );
+    let requests = |outcome: &str, n: u32| {
+        format!("iris_requests_total{{model=\"{name}\",outcome=\"{outcome}\"}} {n}")
+    };
+    let total_stage =
+        format!("iris_stage_duration_seconds_count{{model=\"{name}\",stage=\"total\"}} 1");
+    let completion_tokens = format!("iris_completion_tokens_total{{model=\"{name}\"}} 8");
     iris_testkit::http::assert_lines(
         &text,
         &[
-            "iris_requests_total{outcome=\"ok\"} 1",
-            "iris_requests_total{outcome=\"timeout\"} 0",
-            "iris_stage_duration_seconds_count{stage=\"total\"} 1",
+            &requests("ok", 1),
+            &requests("timeout", 0),
+            &total_stage,
             &worker_healthy,
             "iris_pixel_cache_lookups_total{result=\"miss\"} 1",
             "iris_pixel_cache_entries 1",
@@ -108,7 +119,7 @@ async fn every_family_has_one_header_ahead_of_its_samples() {
             "iris_transport_rdma_lane{state=\"up\"} 0",
             "iris_transport_rdma_refusals_total 0",
             "iris_http_connections_refused_total{listener=\"api\"} 0",
-            "iris_completion_tokens_total 8",
+            &completion_tokens,
         ],
     );
 }

@@ -40,14 +40,10 @@ impl Endpoint for Chat {
         state: &AppState,
         body: &[u8],
     ) -> Result<ApiRequest<ChatCompletionRequest>, ApiError> {
-        let request = iris_openai::parse_chat_request_with(body, &state.parse_options)?;
-        Ok(ApiRequest {
-            model: request.model.clone(),
-            stream: request.is_stream(),
-            user: request.user.clone(),
-            tenant: None,
-            input: request,
-        })
+        Ok(ApiRequest::new(iris_openai::parse_chat_request_with(
+            body,
+            &state.parse_options,
+        )?))
     }
 
     async fn unary(state: Arc<AppState>, ledger: Ledger, ready: ReadyConversation) -> Response {

@@ -43,14 +43,9 @@ impl Endpoint for Completions {
     }
 
     fn convert(_: &AppState, body: &[u8]) -> Result<ApiRequest<CompletionRequest>, ApiError> {
-        let request = iris_openai::parse_completion_request(body)?;
-        Ok(ApiRequest {
-            model: request.model.clone(),
-            stream: request.is_stream(),
-            user: request.user.clone(),
-            tenant: None,
-            input: request,
-        })
+        Ok(ApiRequest::new(iris_openai::parse_completion_request(
+            body,
+        )?))
     }
 
     async fn unary(state: Arc<AppState>, ledger: Ledger, ready: ReadyPrompts) -> Response {

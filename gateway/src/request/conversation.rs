@@ -61,92 +61,98 @@ impl ReadyConversation {
 impl Input for ChatCompletionRequest {
     type Ready = ReadyConversation;
 
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn streams(&self) -> bool {
+        self.is_stream()
+    }
+
+    fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    /// Checks and tokenizes the conversation; `ledger` gets its images as
+    /// soon as they are loaded (for the log line, even when a later step
+    /// fails), then its prompt tokens.
     async fn prepare(
         self,
         served: Arc<Served>,
         ledger: &mut Ledger,
     ) -> Result<ReadyConversation, Failure> {
-        prepare(served, self, ledger).await
-    }
-}
-
-/// Checks and tokenizes the conversation; `ledger` gets its images as
-/// soon as they are loaded (for the log line, even when a later step
-/// fails), then its prompt tokens.
-async fn prepare(
-    served: Arc<Served>,
-    request: ChatCompletionRequest,
-    ledger: &mut Ledger,
-) -> Result<ReadyConversation, Failure> {
-    let client = |e: ApiError| (e, Outcome::ClientError);
-    iris_openai::validate::check_token_ids(&request, served.prompter.vocab_size())
-        .map_err(client)?;
-    let max_new_tokens = request.sampling().max_new_tokens;
-    // Before any image is fetched or any text rendered or tokenized.
-    served
-        .prompter
-        .limits()
-        .check_text(&request.messages, max_new_tokens)
-        .map_err(client)?;
-    let (images, cache_hits, timestamps) = load_media(&served, &ledger.metrics, &request).await?;
-    ledger.images = ImageCount {
-        images: images.len(),
-        cache_hits,
-    };
-    let tokenize_start = Instant::now();
-    let (input_ids, prompt_text) = if ledger.body_bytes <= INLINE_PROMPT_BYTES {
-        build_prompt(&served, &request, &timestamps)
-    } else {
-        let (served, request) = (served.clone(), request.clone());
-        tokio::task::spawn_blocking(move || build_prompt(&served, &request, &timestamps))
-            .await
-            .map_err(|e| {
-                (
-                    ApiError::internal(format!("prompt task failed: {e}")),
-                    Outcome::UpstreamError,
-                )
-            })?
-    }
-    .map_err(client)?;
-    ledger
-        .metrics
-        .stage(Stage::Tokenize, tokenize_start.elapsed());
-    let (input_ids, mut mm_inputs) =
-        place_images(&served, input_ids, images.layouts()).map_err(client)?;
-    // In EPD the router takes the request while its images are still
-    // being preprocessed: each image's Encode leaves once that image is
-    // ready (the Generate legs carry no pixels). Elsewhere the pixels
-    // travel inside the Generate request, so every image is awaited first.
-    if let Some(mm_inputs) = mm_inputs.as_mut().filter(|_| !served.router.mode.encodes()) {
-        let entries = images.all().await.map_err(image_failure)?;
-        for (item, entry) in mm_inputs.items.iter_mut().zip(&entries) {
-            fill_pixels(item, entry);
+        let request = self;
+        let client = |e: ApiError| (e, Outcome::ClientError);
+        iris_openai::validate::check_token_ids(&request, served.prompter.vocab_size())
+            .map_err(client)?;
+        let max_new_tokens = request.sampling().max_new_tokens;
+        // Before any image is fetched or any text rendered or tokenized.
+        served
+            .prompter
+            .limits()
+            .check_text(&request.messages, max_new_tokens)
+            .map_err(client)?;
+        let (images, cache_hits, timestamps) =
+            load_media(&served, &ledger.metrics, &request).await?;
+        ledger.images = ImageCount {
+            images: images.len(),
+            cache_hits,
+        };
+        let tokenize_start = Instant::now();
+        let (input_ids, prompt_text) = if ledger.body_bytes <= INLINE_PROMPT_BYTES {
+            build_prompt(&served, &request, &timestamps)
+        } else {
+            let (served, request) = (served.clone(), request.clone());
+            tokio::task::spawn_blocking(move || build_prompt(&served, &request, &timestamps))
+                .await
+                .map_err(|e| {
+                    (
+                        ApiError::internal(format!("prompt task failed: {e}")),
+                        Outcome::UpstreamError,
+                    )
+                })?
         }
-    }
-    served
-        .prompter
-        .limits()
-        .check_tokens(input_ids.len(), max_new_tokens)
         .map_err(client)?;
-    let mut sampling = request.sampling();
-    let output = OutputPlan::new(served.parsers, &request, &mut sampling, &prompt_text);
-    let mut generate = generate_request(&ledger.id, input_ids, &sampling, request.is_stream());
-    generate.mm_inputs = mm_inputs;
-    ledger.prompt_tokens = generate
-        .tokenized
-        .as_ref()
-        .map(|t| t.input_ids.len() as u32)
-        .unwrap_or(0);
-    Ok(ReadyConversation {
-        served,
-        request,
-        generate,
-        stop: sampling.stop,
-        n: sampling.n,
-        logprobs: sampling.logprobs.is_some(),
-        output,
-        pending: images,
-    })
+        ledger
+            .metrics
+            .stage(Stage::Tokenize, tokenize_start.elapsed());
+        let (input_ids, mut mm_inputs) =
+            place_images(&served, input_ids, images.layouts()).map_err(client)?;
+        // In EPD the router takes the request while its images are still
+        // being preprocessed: each image's Encode leaves once that image is
+        // ready (the Generate legs carry no pixels). Elsewhere the pixels
+        // travel inside the Generate request, so every image is awaited first.
+        if let Some(mm_inputs) = mm_inputs.as_mut().filter(|_| !served.router.mode.encodes()) {
+            let entries = images.all().await.map_err(image_failure)?;
+            for (item, entry) in mm_inputs.items.iter_mut().zip(&entries) {
+                fill_pixels(item, entry);
+            }
+        }
+        served
+            .prompter
+            .limits()
+            .check_tokens(input_ids.len(), max_new_tokens)
+            .map_err(client)?;
+        let mut sampling = request.sampling();
+        let output = OutputPlan::new(served.parsers, &request, &mut sampling, &prompt_text);
+        let mut generate = generate_request(&ledger.id, input_ids, &sampling, request.is_stream());
+        generate.mm_inputs = mm_inputs;
+        ledger.prompt_tokens = generate
+            .tokenized
+            .as_ref()
+            .map(|t| t.input_ids.len() as u32)
+            .unwrap_or(0);
+        Ok(ReadyConversation {
+            served,
+            request,
+            generate,
+            stop: sampling.stop,
+            n: sampling.n,
+            logprobs: sampling.logprobs.is_some(),
+            output,
+            pending: images,
+        })
+    }
 }
 
 /// Fetches the request's images and videos and starts preprocessing each

@@ -42,10 +42,33 @@ pub struct ApiRequest<I> {
     pub input: I,
 }
 
+impl<I: Input> ApiRequest<I> {
+    /// The request carrying `input`, its model, stream flag and user taken
+    /// from it (the tenant is the front door's to fill).
+    pub fn new(input: I) -> ApiRequest<I> {
+        ApiRequest {
+            model: input.model().to_owned(),
+            stream: input.streams(),
+            user: input.user().map(str::to_owned),
+            tenant: None,
+            input,
+        }
+    }
+}
+
 /// A kind of input, and how it is made ready for the workers.
 pub trait Input: Send + Sized + 'static {
     /// The request ready to start: prompt tokenized, worker request built.
     type Ready: Send + 'static;
+
+    /// The model it names.
+    fn model(&self) -> &str;
+
+    /// Whether its answer streams.
+    fn streams(&self) -> bool;
+
+    /// The client's end-user id, when sent.
+    fn user(&self) -> Option<&str>;
 
     /// Checks the input against `served` (vocabulary, context, media),
     /// renders and tokenizes it and builds the worker request; `ledger`

@@ -50,50 +50,55 @@ impl ReadyPrompts {
 impl Input for CompletionRequest {
     type Ready = ReadyPrompts;
 
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn streams(&self) -> bool {
+        self.is_stream()
+    }
+
+    fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    /// Checks and tokenizes the prompts; `ledger` gets their token count.
     async fn prepare(
         self,
         served: Arc<Served>,
         ledger: &mut Ledger,
     ) -> Result<ReadyPrompts, Failure> {
-        prepare(served, self, ledger).await
+        let request = self;
+        let client = |e: ApiError| (e, Outcome::ClientError);
+        check_vocabulary(&served, &request).map_err(client)?;
+        let tokenize_start = Instant::now();
+        let prompts = if request.prompt.text_bytes() <= INLINE_PROMPT_BYTES {
+            tokenize_prompts(&served, &request)
+        } else {
+            let (served, request) = (served.clone(), request.clone());
+            tokio::task::spawn_blocking(move || tokenize_prompts(&served, &request))
+                .await
+                .map_err(|e| {
+                    (
+                        ApiError::internal(format!("tokenization task failed: {e}")),
+                        Outcome::UpstreamError,
+                    )
+                })?
+        }
+        .map_err(client)?;
+        ledger
+            .metrics
+            .stage(Stage::Tokenize, tokenize_start.elapsed());
+        ledger.prompt_tokens = prompts
+            .iter()
+            .map(|p| u32::try_from(p.ids.len()).unwrap_or(u32::MAX))
+            .fold(0u32, u32::saturating_add);
+        Ok(ReadyPrompts {
+            served,
+            request,
+            prompts,
+        })
     }
-}
-
-/// Checks and tokenizes the prompts; `ledger` gets their token count.
-async fn prepare(
-    served: Arc<Served>,
-    request: CompletionRequest,
-    ledger: &mut Ledger,
-) -> Result<ReadyPrompts, Failure> {
-    let client = |e: ApiError| (e, Outcome::ClientError);
-    check_vocabulary(&served, &request).map_err(client)?;
-    let tokenize_start = Instant::now();
-    let prompts = if request.prompt.text_bytes() <= INLINE_PROMPT_BYTES {
-        tokenize_prompts(&served, &request)
-    } else {
-        let (served, request) = (served.clone(), request.clone());
-        tokio::task::spawn_blocking(move || tokenize_prompts(&served, &request))
-            .await
-            .map_err(|e| {
-                (
-                    ApiError::internal(format!("tokenization task failed: {e}")),
-                    Outcome::UpstreamError,
-                )
-            })?
-    }
-    .map_err(client)?;
-    ledger
-        .metrics
-        .stage(Stage::Tokenize, tokenize_start.elapsed());
-    ledger.prompt_tokens = prompts
-        .iter()
-        .map(|p| u32::try_from(p.ids.len()).unwrap_or(u32::MAX))
-        .fold(0u32, u32::saturating_add);
-    Ok(ReadyPrompts {
-        served,
-        request,
-        prompts,
-    })
 }
 
 /// Token ids the request names (`logit_bias`, `stop_token_ids`) must be

@@ -254,8 +254,8 @@ impl Router {
                 .map_err(RouteError::NoWorker)?;
             let legs = plan.leg_workers();
             let failure = match self.attempt(plan, &mut attempts.suspects).await {
-                Ok(generation) => {
-                    strategy.routed(&legs);
+                Ok(mut generation) => {
+                    generation.routed(strategy.routed(&legs));
                     return Ok(generation);
                 }
                 Err(failure) => failure,

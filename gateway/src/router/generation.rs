@@ -40,6 +40,7 @@ use crate::backends::ResponseStream;
 use crate::kv::Prediction;
 use crate::mm::pending::PendingImages;
 
+use crate::workers::pool::Routed;
 use crate::workers::worker::InFlightGuard;
 use crate::workers::Worker;
 
@@ -108,6 +109,9 @@ pub struct Generation {
     prefill_cached: Arc<AtomicU32>,
     /// What the routing policy expected, settled by the responses.
     prediction: Option<Prediction>,
+    /// Its legs' placements, each pool's policy told of the end when
+    /// dropped: completed once [`finish`](Self::finish)ed.
+    routed: Vec<Routed>,
     /// Until the first token: how to start again elsewhere.
     resume: Option<Box<Resume>>,
     /// After it: how to continue elsewhere (streamed text requests).
@@ -148,6 +152,7 @@ impl Generation {
             prefill_failure,
             prefill_cached,
             prediction: None,
+            routed: Vec::new(),
             resume: None,
             migration: None,
             legs,
@@ -187,6 +192,11 @@ impl Generation {
     /// ends; its responses settle it.
     pub(super) fn expect(&mut self, prediction: Option<Prediction>) {
         self.prediction = prediction;
+    }
+
+    /// The placements of its legs ([`crate::workers::Pool::routed`]).
+    pub(super) fn routed(&mut self, routed: Vec<Routed>) {
+        self.routed = routed;
     }
 
     /// Before the streaming leg's completion is passed on: the prefill
@@ -414,6 +424,7 @@ impl Generation {
     /// request on it.
     pub fn finish(&mut self) {
         self.finished = true;
+        self.routed.iter_mut().for_each(Routed::complete);
         self.drain_in_background();
     }
 

@@ -28,6 +28,7 @@ use crate::kv::Prediction;
 use crate::mm::pending::PendingImages;
 use crate::workers::affinity::{affinity_key, ImageCost};
 use crate::workers::policy::{ItemKey, RouteKey};
+use crate::workers::pool::Routed;
 use crate::workers::{Pool, Role, Worker};
 
 /// How requests are spread over workers.
@@ -134,9 +135,10 @@ pub(super) enum Handover {
     /// arrives, an encoder that accepted but did not deliver) surface only
     /// in the prefill's stream.
     FirstResponse,
-    /// PD on a backend whose prefill runs first (vLLM): the prefill leg runs to its end first (its answer is not
-    /// streamed), then the stream leg is sent the KV-transfer parameters
-    /// it answered; handed over once that leg is accepted.
+    /// PD on a backend whose prefill runs first (vLLM): the prefill leg
+    /// runs to its end first (its answer is not streamed), then the stream
+    /// leg is sent the hand-off parameters it answered; handed over once
+    /// that leg is accepted.
     PrefillFirst,
 }
 
@@ -200,7 +202,8 @@ impl<'a> Strategy<'a> {
     }
 
     /// The request's routing key: its tokens and items, one request's cost.
-    fn key(&self) -> RouteKey<'_> {
+    /// The request's key; `suspects`: the workers it already failed on.
+    fn key<'k>(&'k self, suspects: &'k [Arc<Worker>]) -> RouteKey<'k> {
         let request = match &self.shape {
             Shape::Aggregated { request, .. } | Shape::PrefillDecode { request, .. } => request,
             Shape::EncodePrefillDecode { stripped, .. } => stripped,
@@ -212,6 +215,7 @@ impl<'a> Strategy<'a> {
                 .map_or(&[], |t| t.input_ids.as_slice()),
             items: &self.items,
             cost: 1,
+            suspects,
         }
     }
 
@@ -230,12 +234,15 @@ impl<'a> Strategy<'a> {
     }
 
     /// Tells each leg's pool policy that `workers` ([`Plan::leg_workers`]
-    /// of the attempt that started) accepted the request.
-    pub fn routed(&self, workers: &[Arc<Worker>]) {
-        let key = self.key();
-        for (pool, worker) in self.leg_pools().into_iter().zip(workers) {
-            pool.routed(worker, &key);
-        }
+    /// of the attempt that started) accepted the request; each hears of
+    /// its end when the generation holding the returned [`Routed`]s ends.
+    pub fn routed(&self, workers: &[Arc<Worker>]) -> Vec<Routed> {
+        let key = self.key(&[]);
+        self.leg_pools()
+            .into_iter()
+            .zip(workers)
+            .map(|(pool, worker)| pool.routed(worker, &key))
+            .collect()
     }
 
     /// Attempt number `attempt`'s workers, none of `suspects` unless a
@@ -244,14 +251,14 @@ impl<'a> Strategy<'a> {
         let mut plan = self.legs(attempt, suspects)?;
         let prefilling = self.leg_pools()[0];
         let worker = plan.leg_workers().swap_remove(0);
-        plan.prediction = prefilling.expect(&worker, &self.key());
+        plan.prediction = prefilling.expect(&worker, &self.key(suspects));
         Ok(plan)
     }
 
     /// [`Self::plan`]'s workers and what each is sent.
     fn legs(&self, attempt: u32, suspects: &[Arc<Worker>]) -> Result<Plan<'_>, Role> {
-        let key = self.key();
-        let pick = |pool: &Pool| pool.pick(&key, suspects).ok_or(pool.role);
+        let key = self.key(suspects);
+        let pick = |pool: &Pool| pool.pick(&key).ok_or(pool.role);
         match &self.shape {
             Shape::Aggregated { pool, request } => Ok(Plan {
                 encodes: Vec::new(),
@@ -389,7 +396,10 @@ fn pick_encoders(
     let keys: Vec<RouteKey<'_>> = images
         .iter()
         .zip(&item_keys)
-        .map(|(image, item)| image.route_key(item))
+        .map(|(image, item)| RouteKey {
+            suspects,
+            ..image.route_key(item)
+        })
         .collect();
     pool.pick_each(&keys, suspects).ok_or(Role::Encode)
 }

@@ -44,6 +44,7 @@ impl ImageCost {
             tokens: &[],
             items: std::slice::from_ref(item),
             cost: self.patches,
+            suspects: &[],
         }
     }
 }

@@ -12,7 +12,28 @@ use crate::kv::Prediction;
 pub struct Pool {
     pub role: Role,
     workers: RwLock<Arc<Vec<Arc<Worker>>>>,
-    policy: Box<dyn Policy>,
+    policy: Arc<dyn Policy>,
+}
+
+/// A request a pool's policy placed, accepted by `worker`: the policy is
+/// told when it ends ([`Policy::on_completed`]), on drop.
+pub struct Routed {
+    policy: Arc<dyn Policy>,
+    worker: Arc<Worker>,
+    completed: bool,
+}
+
+impl Routed {
+    /// Its answer was whole.
+    pub fn complete(&mut self) {
+        self.completed = true;
+    }
+}
+
+impl Drop for Routed {
+    fn drop(&mut self) {
+        self.policy.on_completed(&self.worker, self.completed);
+    }
 }
 
 impl Pool {
@@ -20,7 +41,7 @@ impl Pool {
         Pool {
             role,
             workers: RwLock::new(Arc::new(workers)),
-            policy,
+            policy: Arc::from(policy),
         }
     }
 
@@ -49,9 +70,10 @@ impl Pool {
     }
 
     /// Picks a healthy worker for `key` with the pool's policy, preferring
-    /// one not in `tried` (see [`candidates`](Self::candidates)).
-    pub fn pick(&self, key: &RouteKey<'_>, tried: &[Arc<Worker>]) -> Option<Arc<Worker>> {
-        self.pick_each(std::slice::from_ref(key), tried)?.pop()
+    /// one not among its suspects (see [`candidates`](Self::candidates)).
+    pub fn pick(&self, key: &RouteKey<'_>) -> Option<Arc<Worker>> {
+        self.pick_each(std::slice::from_ref(key), key.suspects)?
+            .pop()
     }
 
     /// A worker for each of `keys`, in order ([`pick_each`]: what is
@@ -89,9 +111,15 @@ impl Pool {
         self.policy.on_picked(worker, key)
     }
 
-    /// `worker` accepted a request the policy placed with `key`.
-    pub fn routed(&self, worker: &Worker, key: &RouteKey<'_>) {
+    /// `worker` accepted a request the policy placed with `key`; the
+    /// policy hears of its end when the returned [`Routed`] is dropped.
+    pub fn routed(&self, worker: &Arc<Worker>, key: &RouteKey<'_>) -> Routed {
         self.policy.on_routed(worker, key);
+        Routed {
+            policy: self.policy.clone(),
+            worker: worker.clone(),
+            completed: false,
+        }
     }
 
     /// The healthy workers (with those whose circuit is half-open, for
@@ -184,6 +212,80 @@ mod tests {
         }
     }
 
+    /// Records what a policy is told of the requests it placed.
+    #[derive(Default)]
+    struct Recorder {
+        ends: std::sync::Mutex<Vec<(String, bool)>>,
+    }
+
+    impl Policy for Recorder {
+        fn pick(&self, _: &crate::workers::policy::Candidates<'_>) -> usize {
+            0
+        }
+
+        fn on_completed(&self, worker: &Worker, completed: bool) {
+            let mut ends = self.ends.lock().unwrap();
+            ends.push((worker.url.to_string(), completed));
+        }
+    }
+
+    /// The policy hears of each placed request's end once, when its
+    /// placement is dropped: completed only when it was marked so.
+    #[tokio::test]
+    async fn a_policy_hears_how_each_request_it_placed_ended() {
+        let recorder = Arc::new(Recorder::default());
+        struct Shared(Arc<Recorder>);
+        impl Policy for Shared {
+            fn pick(&self, among: &crate::workers::policy::Candidates<'_>) -> usize {
+                self.0.pick(among)
+            }
+            fn on_completed(&self, worker: &Worker, completed: bool) {
+                self.0.on_completed(worker, completed)
+            }
+        }
+        let workers = pool(2).snapshot().to_vec();
+        let pool = Pool::new(Role::Decode, workers, Box::new(Shared(recorder.clone())));
+        let worker = pool.pick(&key()).unwrap();
+        let mut done = pool.routed(&worker, &key());
+        let failed = pool.routed(&worker, &key());
+        assert!(
+            recorder.ends.lock().unwrap().is_empty(),
+            "nothing ended yet"
+        );
+        drop(failed);
+        done.complete();
+        drop(done);
+        let url = worker.url.to_string();
+        assert_eq!(
+            *recorder.ends.lock().unwrap(),
+            [(url.clone(), false), (url, true)]
+        );
+    }
+
+    /// A worker's suspects are offered only when no other is usable.
+    #[tokio::test]
+    async fn a_key_s_suspects_are_picked_last() {
+        let pool = pool(2);
+        let workers = pool.snapshot();
+        let suspects = [workers[0].clone()];
+        let key = RouteKey {
+            suspects: &suspects,
+            ..key()
+        };
+        for _ in 0..4 {
+            assert!(Arc::ptr_eq(&pool.pick(&key).unwrap(), &workers[1]));
+        }
+        let all = [workers[0].clone(), workers[1].clone()];
+        let key = RouteKey {
+            suspects: &all,
+            ..key
+        };
+        assert!(
+            Arc::ptr_eq(&pool.pick(&key).unwrap(), &workers[0]),
+            "tried longest ago"
+        );
+    }
+
     /// A worker whose circuit opened gets no request until its open period
     /// is over; then one probe, and its success puts it back in service.
     #[tokio::test]
@@ -193,15 +295,15 @@ mod tests {
         let (broken, other) = (&workers[0], &workers[1]);
         assert!(broken.record_failure(1), "the circuit opens");
         for _ in 0..4 {
-            let picked = pool.pick(&key(), &[]).unwrap();
+            let picked = pool.pick(&key()).unwrap();
             assert!(Arc::ptr_eq(&picked, other), "open: never picked");
         }
         tokio::time::sleep(Duration::from_millis(60)).await;
         // The other worker is busy, so least-load picks the half-open one.
         let _busy = other.start_request();
-        let probe = pool.pick(&key(), &[]).unwrap();
+        let probe = pool.pick(&key()).unwrap();
         assert!(Arc::ptr_eq(&probe, broken), "half-open: the probe");
-        let next = pool.pick(&key(), &[]).unwrap();
+        let next = pool.pick(&key()).unwrap();
         assert!(Arc::ptr_eq(&next, other), "one probe at a time");
         probe.record_success();
         assert!(
@@ -230,7 +332,7 @@ mod tests {
         assert!(pool.remove(&gone));
         assert!(!pool.remove(&gone));
         for _ in 0..4 {
-            assert_ne!(pool.pick(&key(), &[]).unwrap().url, gone);
+            assert_ne!(pool.pick(&key()).unwrap().url, gone);
         }
     }
 }

@@ -4,12 +4,13 @@
 //! `--encode-policy`).
 //!
 //! A policy sees the request's [`RouteKey`] — its token ids, each image's
-//! or video's content key with the token span it covers, and its cost in
-//! the pool's load unit — and each candidate's load, and answers the index
+//! or video's content key with the token span it covers, its cost in the
+//! pool's load unit and the workers it already failed on — and each candidate's load, and answers the index
 //! of its pick. It may attach a [`Prediction`] to its pick
 //! ([`Policy::on_picked`]: the cached tokens it expects there, the prefill
 //! work it adds), and is told when a request it routed was accepted
-//! ([`Policy::on_routed`]) and when a worker leaves the pool
+//! ([`Policy::on_routed`]), when that request ended
+//! ([`Policy::on_completed`]) and when a worker leaves the pool
 //! ([`Policy::on_removed`]), so a policy that learns from its own
 //! routing history can keep and trim that history.
 //!
@@ -52,7 +53,7 @@ pub struct ItemKey {
 }
 
 /// What a policy may know of the request it places.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Clone, Copy, Default)]
 pub struct RouteKey<'a> {
     /// The prompt's token ids (empty for an encode pick).
     pub tokens: &'a [u32],
@@ -61,6 +62,10 @@ pub struct RouteKey<'a> {
     /// What placing it adds to a worker's load, in the pool's unit:
     /// requests, or patches for encoders (at least 1).
     pub cost: u64,
+    /// Workers this request already failed on, oldest first: the pool
+    /// offers them only when no other worker is usable
+    /// ([`super::Pool::candidates`]); a policy may weigh them too.
+    pub suspects: &'a [Arc<Worker>],
 }
 
 /// What one pick is made among: the usable workers (at least one), the
@@ -96,6 +101,11 @@ pub trait Policy: Send + Sync {
 
     /// `worker` accepted a request this policy placed.
     fn on_routed(&self, _worker: &Worker, _key: &RouteKey<'_>) {}
+
+    /// A request `worker` accepted from this policy has ended:
+    /// `completed` when its answer was whole, `false` when it failed, was
+    /// aborted or moved elsewhere.
+    fn on_completed(&self, _worker: &Worker, _completed: bool) {}
 
     /// `worker` left the pool (removed by discovery).
     fn on_removed(&self, _worker: &Worker) {}

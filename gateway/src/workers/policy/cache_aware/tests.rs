@@ -52,6 +52,7 @@ fn key<'a>(tokens: &'a [u32], items: &'a [ItemKey]) -> RouteKey<'a> {
         tokens,
         items,
         cost: 1,
+        suspects: &[],
     }
 }
 
