@@ -145,6 +145,10 @@ fn check_cases(all: &Value, image: &Value, pixels: &RgbImage) -> usize {
             as_usize(&case["tokens"]),
             "{label}"
         );
+        let sizes = case
+            .get("image_sizes")
+            .map(|v| [as_usize(&v[0]), as_usize(&v[1])]);
+        assert_eq!(out.image_sizes, sizes, "{label}: image_sizes");
         if let Some(grid) = case.get("grid_thw") {
             let want: Vec<usize> = grid.as_array().unwrap().iter().map(as_usize).collect();
             assert_eq!(
@@ -203,7 +207,7 @@ fn processors_match_reference_exactly_from_our_decode() {
         let pixels = decode_file(image["name"].as_str().unwrap());
         count += check_cases(&all, image, &pixels);
     }
-    assert!(count >= 120, "only {count} cases");
+    assert!(count >= 280, "only {count} cases");
 }
 
 #[test]
