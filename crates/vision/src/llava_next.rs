@@ -169,16 +169,16 @@ impl AnyresProcessor {
         (unpadded + newlines + side * side).max(0) as usize
     }
 
-    /// Produces the 8-bit tiles in output order and hands each to `each`
-    /// (index, tile). Returns the plan.
+    /// Produces the 8-bit tiles of `image` (planned as `plan`) in output
+    /// order and hands each to `each` (index, tile).
     fn tiles(
         &self,
         image: RgbView<'_>,
+        plan: &Plan,
         parallel: bool,
         scratch: &mut Scratch,
         mut each: impl FnMut(usize, RgbView<'_>),
-    ) -> Result<Plan, VisionError> {
-        let plan = self.plan(image.width(), image.height())?;
+    ) -> Result<(), VisionError> {
         let t = self.tile;
         let base = resize_into(
             image,
@@ -205,25 +205,26 @@ impl AnyresProcessor {
             padded_tile(scaled, offset, origin, t, &mut scratch.cropped);
             each(1 + i, RgbView::new(&scratch.cropped, t, t)?);
         }
-        Ok(plan)
+        Ok(())
     }
 
+    /// The normalised tensor `[1 + tiles, 3, T, T]`.
     fn write<T: OutElem>(
         &self,
         image: RgbView<'_>,
+        plan: &Plan,
         parallel: bool,
         scratch: &mut Scratch,
-        tiles: usize,
-    ) -> Result<(PooledVec<T>, Plan), VisionError> {
+    ) -> Result<PooledVec<T>, VisionError> {
         let per_tile = 3 * self.tile * self.tile;
-        let mut out = PooledVec::<T>::take((1 + tiles) * per_tile);
+        let mut out = PooledVec::<T>::take((1 + plan.tiles) * per_tile);
         let lut = self.norm.lut::<T>();
-        let plan = self.tiles(image, parallel, scratch, |i, tile| {
+        self.tiles(image, plan, parallel, scratch, |i, tile| {
             if let Some(chunk) = out.get_mut(i * per_tile..(i + 1) * per_tile) {
                 planar_chw(tile, &lut, chunk);
             }
         })?;
-        Ok((out, plan))
+        Ok(out)
     }
 
     fn layout(&self, width: usize, height: usize, plan: &Plan) -> OutputLayout {
@@ -395,8 +396,9 @@ impl Processor for AnyresProcessor {
     ) -> Result<image::RgbImage, VisionError> {
         let mut scratch = Scratch::default();
         let view = RgbView::from_image(image)?;
+        let plan = self.plan(view.width(), view.height())?;
         let mut stacked = Vec::new();
-        let plan = self.tiles(view, false, &mut scratch, |_, tile| {
+        self.tiles(view, &plan, false, &mut scratch, |_, tile| {
             stacked.extend_from_slice(tile.data());
         })?;
         RgbView::new(&stacked, self.tile, self.tile * (1 + plan.tiles))?.to_image()
@@ -410,15 +412,13 @@ impl Processor for AnyresProcessor {
     ) -> Result<PreprocessOutput, VisionError> {
         let (width, height) = (image.width(), image.height());
         let parallel = split_image(opts, width * height);
-        let tiles = self.plan(width, height)?.tiles;
-        let (pixel_values, plan) = match opts.dtype {
+        let plan = self.plan(width, height)?;
+        let pixel_values = match opts.dtype {
             OutputDtype::F32 => {
-                let (v, plan) = self.write::<f32>(image, parallel, scratch, tiles)?;
-                (PixelValues::F32(v), plan)
+                PixelValues::F32(self.write::<f32>(image, &plan, parallel, scratch)?)
             }
             OutputDtype::Bf16 => {
-                let (v, plan) = self.write::<bf16>(image, parallel, scratch, tiles)?;
-                (PixelValues::Bf16(v), plan)
+                PixelValues::Bf16(self.write::<bf16>(image, &plan, parallel, scratch)?)
             }
         };
         let layout = self.layout(width, height, &plan);
