@@ -359,7 +359,7 @@ impl Processor for AnyresProcessor {
     fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
         let n = &self.norm;
         fnv1a(&format!(
-            "anyres|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|pillow-12.2-bicubic",
+            "anyres|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|pillow-12.2-bicubic",
             self.family,
             self.grid_pinpoints,
             self.tile,
@@ -369,6 +369,7 @@ impl Processor for AnyresProcessor {
             n.mean.map(f32::to_bits),
             n.std.map(f32::to_bits),
             opts.dtype,
+            opts.limits,
         ))
     }
 
