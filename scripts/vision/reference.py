@@ -15,7 +15,9 @@ Writes
 - crates/vision/tests/data/expected.json: per image the decoded image's
   size/sha256/sampled pixels, and per (image, processor, overrides) the
   resized 8-bit image's sha256, shapes, grid, token count, sum and sum of
-  squares of pixel_values, and sampled float values.
+  squares of pixel_values, and sampled float values; and for the
+  any-resolution processors (LLaVA-NeXT, OneVision) a table of image sizes
+  with their tile and placeholder counts.
 
 Images from ../shared/images (beside the repository root) are referenced by
 name only; nothing large is written.
@@ -34,9 +36,17 @@ import numpy as np
 import PIL
 import transformers
 from PIL import Image
-from transformers import CLIPImageProcessor, Qwen2VLImageProcessor
+from transformers import (
+    CLIPImageProcessor,
+    LlavaNextImageProcessor,
+    LlavaNextProcessor,
+    LlavaOnevisionImageProcessor,
+    LlavaOnevisionProcessor,
+    Qwen2VLImageProcessor,
+)
+from transformers.image_processing_utils import get_patch_output_size, select_best_resolution
 from transformers.image_transforms import center_crop, resize
-from transformers.image_utils import PILImageResampling, load_image
+from transformers.image_utils import ChannelDimension, PILImageResampling, load_image
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +86,47 @@ PROCESSORS = {
         "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711],
     },
+    # llava-hf/llava-v1.6-mistral-7b-hf
+    "llava_next": {
+        "image_processor_type": "LlavaNextImageProcessor",
+        "aspect_ratio_setting": "anyres",
+        "crop_size": {"height": 336, "width": 336},
+        "do_center_crop": True,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_pad": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "resample": 3,
+        "rescale_factor": 0.00392156862745098,
+        "size": {"shortest_edge": 336},
+    },
+    # llava-hf/llava-onevision-qwen2-7b-ov-hf
+    "llava_onevision": {
+        "image_processor_type": "LlavaOnevisionImageProcessor",
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_pad": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_grid_pinpoints": [[i * 384, j * 384] for i in range(1, 7) for j in range(1, 7)],
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "resample": 3,
+        "rescale_factor": 0.00392156862745098,
+        "size": {"height": 384, "width": 384},
+    },
+}
+
+# The model processors' settings that decide the prompt's placeholder count
+# (their processor_config.json): LLaVA-NeXT counts a CLS token and drops it
+# ("default" strategy); OneVision has 729 SigLIP features and keeps them all.
+MODEL_PROCESSORS = {
+    "llava_next": (LlavaNextProcessor, {"patch_size": 14, "num_additional_image_tokens": 1, "vision_feature_select_strategy": "default"}),
+    "llava_onevision": (LlavaOnevisionProcessor, {"num_image_tokens": 729, "vision_aspect_ratio": "anyres_max_9", "vision_feature_select_strategy": "full"}),
 }
 
 
@@ -204,7 +255,40 @@ def decoded_entry(path):
     }
 
 
+def anyres_tiles_8bit(name, arr):
+    """The 8-bit tiles LLaVA-NeXT / OneVision normalise, stacked vertically: the base
+    image squashed to the tile, then the grid's tiles row by row (built from
+    transformers' own helpers, independently of the processor call)."""
+    cfg = PROCESSORS[name]
+    tile = cfg["size"].get("shortest_edge", cfg["size"].get("height"))
+    last = ChannelDimension.LAST
+    grid = select_best_resolution(arr.shape[:2], cfg["image_grid_pinpoints"])
+    new_h, new_w = get_patch_output_size(arr, grid, last)
+    scaled = resize(arr, (new_h, new_w), resample=PILImageResampling.BICUBIC, input_data_format=last)
+    top, left = (grid[0] - new_h) // 2, (grid[1] - new_w) // 2
+    canvas = np.zeros((grid[0], grid[1], 3), dtype=np.uint8)
+    canvas[top : top + new_h, left : left + new_w] = scaled
+    tiles = [canvas[y : y + tile, x : x + tile] for y in range(0, grid[0], tile) for x in range(0, grid[1], tile)]
+    base = resize(arr, (tile, tile), resample=PILImageResampling.BICUBIC, input_data_format=last)
+    return np.concatenate([base] + tiles, axis=0)
+
+
+def anyres_tokens(name, image_processor, height, width):
+    """The model processor's placeholder count for one image of height×width."""
+    cls, settings = MODEL_PROCESSORS[name]
+    proc = cls.__new__(cls)  # no tokenizer needed for the count
+    proc.image_processor = image_processor
+    for k, v in settings.items():
+        setattr(proc, k, v)
+    size = PROCESSORS[name]["size"]
+    tile = size.get("shortest_edge", size.get("height"))
+    tokens = proc._get_number_of_features(height, width, tile, tile)
+    return tokens - 1 if settings["vision_feature_select_strategy"] == "default" else tokens
+
+
 def resized_8bit(name, cfg, arr, overrides):
+    if name in MODEL_PROCESSORS:
+        return anyres_tiles_8bit(name, arr)
     if cfg["image_processor_type"].startswith("CLIP"):
         h, w = arr.shape[:2]
         short, long = (w, h) if w <= h else (h, w)
@@ -220,10 +304,36 @@ def resized_8bit(name, cfg, arr, overrides):
     return resize(arr, (h, w), resample=PILImageResampling.BICUBIC, input_data_format="channels_last")
 
 
+def pad_for_patching_with_axes(self, image, target_resolution, input_data_format):
+    """transformers 4.57.1's `_pad_for_patching` with the channel axis passed on to `pad`.
+
+    The shipped method lets `pad` guess the axes, and for a scaled image 1 or 3
+    pixels high (an `(h, w, 3)` array whose first axis looks like channels) it
+    guesses channels-first and pads height and width as if they were width and
+    channels: misplaced content and a wrong tile count (a 4000x1 image gets 3
+    grid tiles for a 2-tile grid), which the model's unpadding then contradicts.
+    Iris computes what the method means; for those images only, the
+    expectations come from the reference with this fix (marked in the case)."""
+    new_resolution = get_patch_output_size(image, target_resolution, input_data_format)
+    padding = self._get_padding_size(new_resolution, target_resolution)
+    return self.pad(image, padding=padding, input_data_format=input_data_format)
+
+
+def pad_axes_guessed_wrong(name, arr):
+    """Whether the reference's `_pad_for_patching` guesses channels-first for this image."""
+    grid = select_best_resolution(arr.shape[:2], PROCESSORS[name]["image_grid_pinpoints"])
+    new_h, _ = get_patch_output_size(arr, grid, ChannelDimension.LAST)
+    return new_h in (1, 3)
+
+
 def processor_for(name):
     cfg = {k: v for k, v in PROCESSORS[name].items() if k != "image_processor_type"}
     if name == "llava":
         return CLIPImageProcessor(**cfg)
+    if name == "llava_next":
+        return LlavaNextImageProcessor(**cfg)
+    if name == "llava_onevision":
+        return LlavaOnevisionImageProcessor(**cfg)
     if "size" in cfg:
         # transformers 4.57.1's PIL Qwen2VLImageProcessor.__init__ discards a valid `size`
         # (its `else` branch resets it to the class defaults); the config means
@@ -238,13 +348,17 @@ def case(name, img, overrides):
     entry = {"processor": name, "overrides": overrides}
     try:
         # Explicit layout: the reference guesses channels-first for 1-pixel-wide images and fails.
-        out = processor_for(name)(images=img, return_tensors="np", input_data_format="channels_last", **overrides)
+        image_processor = processor_for(name)
+        if name in MODEL_PROCESSORS and pad_axes_guessed_wrong(name, arr):
+            image_processor._pad_for_patching = pad_for_patching_with_axes.__get__(image_processor)
+            entry["note"] = "reference _pad_for_patching given the channel axis (it guesses wrong on this image)"
+        out = image_processor(images=img, return_tensors="np", input_data_format="channels_last", **overrides)
     except ValueError as e:
         entry["error"] = str(e)
         return entry
     pv = np.asarray(out["pixel_values"], dtype=np.float32)
-    if name == "llava":
-        pv = pv[0]
+    if name in ("llava", "llava_next", "llava_onevision"):
+        pv = pv[0]  # the batch of one
     r8 = resized_8bit(name, PROCESSORS[name], arr, overrides)
     flat = pv.reshape(-1).astype(np.float64)
     entry.update(
@@ -260,9 +374,34 @@ def case(name, img, overrides):
         grid = [int(v) for v in np.asarray(out["image_grid_thw"])[0]]
         entry["grid_thw"] = grid
         entry["tokens"] = grid[0] * grid[1] * grid[2] // 4
+    elif name in MODEL_PROCESSORS:
+        height, width = (int(v) for v in np.asarray(out["image_sizes"])[0])
+        entry["image_sizes"] = [height, width]
+        entry["tokens"] = anyres_tokens(name, image_processor, height, width)
     else:
         entry["tokens"] = (336 // 14) ** 2
     return entry
+
+
+def anyres_layouts():
+    """Per any-resolution processor, rows [height, width, tiles + 1, tokens] for sizes
+    around every tile and grid boundary, tiny and extreme: the plan from the size alone."""
+    sides = [1, 2, 3, 4, 7, 13, 100, 223, 224, 335, 336, 337, 383, 384, 385, 500, 671, 672, 673, 767, 768, 1000,
+             1007, 1008, 1009, 1080, 1151, 1152, 1920, 2303, 2304, 2305, 3000, 4000, 9999]
+    sizes = [(h, w) for h in sides for w in sides]
+    rng = np.random.default_rng(33)
+    sizes += [(int(h), int(w)) for h, w in rng.integers(1, 5000, size=(300, 2))]
+    out = {}
+    for name in MODEL_PROCESSORS:
+        cfg = PROCESSORS[name]
+        ip = processor_for(name)
+        tile = cfg["size"].get("shortest_edge", cfg["size"].get("height"))
+        rows = []
+        for h, w in sizes:
+            gh, gw = select_best_resolution((h, w), cfg["image_grid_pinpoints"])
+            rows.append([h, w, 1 + (gh // tile) * (gw // tile), anyres_tokens(name, ip, h, w)])
+        out[name] = rows
+    return out
 
 
 def main():
@@ -283,6 +422,7 @@ def main():
             cases.append(case("qwen2_vl", img, {"min_pixels": 200000, "max_pixels": 300000}))
         result["images"].append({"name": key, "format": path.suffix[1:], "decoded": decoded, "cases": cases})
         print(key, decoded["width"], decoded["height"], [c.get("shape", c.get("error", "")[:30]) for c in cases], file=sys.stderr)
+    result["anyres_layouts"] = anyres_layouts()
     (DATA / "expected.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")
 
 

@@ -40,6 +40,7 @@ impl ClipProcessor {
             shape: vec![3, ch, cw],
             image_grid_thw: None,
             num_placeholder_tokens: (ch / self.patch_size) * (cw / self.patch_size),
+            image_sizes: None,
         }
     }
 
@@ -172,6 +173,7 @@ impl Processor for ClipProcessor {
             shape: layout.shape,
             image_grid_thw: layout.image_grid_thw,
             num_placeholder_tokens: layout.num_placeholder_tokens,
+            image_sizes: layout.image_sizes,
             resized_size,
         })
     }

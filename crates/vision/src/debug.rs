@@ -64,6 +64,9 @@ pub fn preprocess_report(
     if let Some(grid) = output.image_grid_thw {
         let _ = writeln!(report, "image_grid_thw: {grid:?}");
     }
+    if let Some(sizes) = output.image_sizes {
+        let _ = writeln!(report, "image_sizes:    {sizes:?}");
+    }
     let _ = writeln!(report, "tokens:         {}", output.num_placeholder_tokens);
     let _ = writeln!(
         report,

@@ -5,8 +5,9 @@
 //!   orientation and Pillow's `convert("RGB")` rules, size limits checked
 //!   from the header before any pixel allocation.
 //! - [`Processor`]: one implementation per model family —
-//!   [`QwenVlProcessor`] (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) and
-//!   [`ClipProcessor`] (LLaVA-1.5) — built from `preprocessor_config.json`
+//!   [`QwenVlProcessor`] (Qwen2-VL, Qwen2.5-VL, Qwen3-VL),
+//!   [`ClipProcessor`] (LLaVA-1.5) and [`AnyresProcessor`] (LLaVA-NeXT,
+//!   LLaVA-OneVision) — built from `preprocessor_config.json`
 //!   by [`processor_from_config`] / [`processor_from_model_dir`].
 //! - [`resize_bicubic`]: Pillow 12.2.0's fixed-point BICUBIC, vectorised.
 //! - [`preprocess_batch`]: many images over rayon.
@@ -27,6 +28,7 @@ mod error;
 mod geometry;
 mod image;
 mod layout;
+mod llava_next;
 mod normalize;
 mod npy;
 mod output;
@@ -42,13 +44,15 @@ pub mod video;
 pub use batch::preprocess_batch;
 pub use clip::ClipProcessor;
 pub use config::{
-    clip_from_config, processor_from_config, processor_from_model_dir, qwen_from_config,
+    anyres_from_config, clip_from_config, processor_from_config, processor_from_model_dir,
+    qwen_from_config,
 };
 pub use decode::{decode, probe, DecodeLimits, ImageFormat, ImageInfo};
 pub use error::VisionError;
 pub use geometry::{centre_crop_origin, shortest_edge_size, smart_resize, smart_resize_f64};
 pub use image::RgbView;
 pub use layout::PatchGeometry;
+pub use llava_next::{AnyresFamily, AnyresProcessor};
 pub use normalize::{Normalization, CLIP_MEAN, CLIP_STD};
 pub use npy::write_npy_f32;
 pub use output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};

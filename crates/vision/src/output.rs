@@ -102,12 +102,17 @@ impl PixelValues {
 /// tokens in the prompt while the pixels are still being computed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputLayout {
-    /// `[num_patches, C·T·P·P]` for Qwen, `[3, H, W]` for CLIP-style.
+    /// `[num_patches, C·T·P·P]` for Qwen, `[3, H, W]` for CLIP-style,
+    /// `[1 + tiles, 3, T, T]` for the any-resolution (LLaVA-NeXT) family.
     pub shape: Vec<usize>,
     /// `[t, h, w]` patch grid (Qwen family); `None` for fixed-size processors.
     pub image_grid_thw: Option<[usize; 3]>,
     /// How many placeholder tokens the prompt needs for this image.
     pub num_placeholder_tokens: usize,
+    /// The decoded image's `[height, width]` (LLaVA-NeXT / OneVision's
+    /// `image_sizes` row, which the model needs to unpad its features);
+    /// `None` for processors whose model does not take it.
+    pub image_sizes: Option<[usize; 2]>,
 }
 
 impl PreprocessOutput {
@@ -117,6 +122,7 @@ impl PreprocessOutput {
             shape: self.shape.clone(),
             image_grid_thw: self.image_grid_thw,
             num_placeholder_tokens: self.num_placeholder_tokens,
+            image_sizes: self.image_sizes,
         }
     }
 }
@@ -126,12 +132,16 @@ impl PreprocessOutput {
 pub struct PreprocessOutput {
     /// The tensor, row-major with shape [`Self::shape`].
     pub pixel_values: PixelValues,
-    /// `[num_patches, C·T·P·P]` for Qwen, `[3, H, W]` for CLIP-style.
+    /// `[num_patches, C·T·P·P]` for Qwen, `[3, H, W]` for CLIP-style,
+    /// `[1 + tiles, 3, T, T]` for the any-resolution (LLaVA-NeXT) family.
     pub shape: Vec<usize>,
     /// `[t, h, w]` patch grid (Qwen family); `None` for fixed-size processors.
     pub image_grid_thw: Option<[usize; 3]>,
     /// How many placeholder tokens the prompt needs for this image.
     pub num_placeholder_tokens: usize,
+    /// The decoded image's `[height, width]` for the families whose model
+    /// takes it (LLaVA-NeXT, OneVision); see [`OutputLayout::image_sizes`].
+    pub image_sizes: Option<[usize; 2]>,
     /// Size the image was resized to, `(width, height)`, before patching/cropping.
     pub resized_size: (usize, usize),
 }

@@ -163,6 +163,7 @@ impl QwenVlProcessor {
             shape: layout.shape,
             image_grid_thw: layout.image_grid_thw,
             num_placeholder_tokens: layout.num_placeholder_tokens,
+            image_sizes: layout.image_sizes,
             resized_size: (w, h),
         })
     }
@@ -175,6 +176,7 @@ impl QwenVlProcessor {
             shape: vec![grid[1] * grid[2], geo.row_len()],
             image_grid_thw: Some(grid),
             num_placeholder_tokens: grid[0] * grid[1] * grid[2] / (geo.merge_size * geo.merge_size),
+            image_sizes: None,
         }
     }
 

@@ -5,8 +5,8 @@ mod common;
 
 use common::{gif_with_header, jpeg_with_dims, png_with_header, read, Rng};
 use iris_vision::{
-    decode, probe, ClipProcessor, DecodeLimits, PreprocessOptions, Processor, QwenVlProcessor,
-    VisionError,
+    decode, probe, AnyresProcessor, ClipProcessor, DecodeLimits, PreprocessOptions, Processor,
+    QwenVlProcessor, VisionError,
 };
 
 const FORMATS: [&str; 6] = [
@@ -195,6 +195,29 @@ fn clip_resize_target_is_held_to_the_limits() {
         "{message}"
     );
     assert!(message.contains("89478485 pixels"), "{message}");
+}
+
+/// The any-resolution processors never scale beyond their largest grid:
+/// thin images that CLIP's shortest-edge resize refuses go through under
+/// the default limits, with a working set bounded by the grid.
+#[test]
+fn anyres_thin_images_stay_within_the_grid() {
+    for p in [
+        AnyresProcessor::llava_next(),
+        AnyresProcessor::llava_onevision(),
+    ] {
+        for name in [
+            "synthetic/rgb_1x4000.png",
+            "synthetic/rgb_4000x1.png",
+            "synthetic/rgb_1x1.png",
+        ] {
+            let opts = PreprocessOptions::default();
+            let out = p.preprocess_bytes(&read(name), &opts).unwrap();
+            assert_eq!(out.pixel_values.len(), out.shape.iter().product::<usize>());
+            let info = probe(&read(name)).unwrap();
+            assert!(p.memory_needed(&info, &opts).unwrap() < 64 << 20, "{name}");
+        }
+    }
 }
 
 /// The fuzzer's slowest input (82 s under ASan): a 4 kB WebP of 2897×8

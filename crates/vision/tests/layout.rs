@@ -6,7 +6,8 @@
 mod common;
 
 use iris_vision::{
-    probe, ClipProcessor, OutputDtype, PreprocessOptions, Processor, QwenVlProcessor,
+    probe, AnyresProcessor, ClipProcessor, OutputDtype, PreprocessOptions, Processor,
+    QwenVlProcessor,
 };
 
 /// Every committed synthetic image and the shared photos.
@@ -48,6 +49,8 @@ fn the_planned_layout_is_the_output_layout() {
         Box::new(QwenVlProcessor::qwen2_vl()),
         Box::new(QwenVlProcessor::qwen3_vl()),
         Box::new(ClipProcessor::llava_1_5()),
+        Box::new(AnyresProcessor::llava_next()),
+        Box::new(AnyresProcessor::llava_onevision()),
     ];
     let (mut checked, mut turned) = (0, 0);
     for name in images() {
@@ -73,7 +76,7 @@ fn the_planned_layout_is_the_output_layout() {
             }
         }
     }
-    assert!(checked > 100, "only {checked} images checked");
+    assert!(checked > 200, "only {checked} images checked");
     assert!(
         turned >= 3,
         "the EXIF-turned fixtures are covered ({turned})"
@@ -95,4 +98,41 @@ fn a_quarter_turn_swaps_the_planned_grid() {
     let [_, h, w] = planned.image_grid_thw.unwrap();
     assert_eq!(unturned.image_grid_thw.unwrap(), [1, w, h]);
     assert_ne!(h, w, "a non-square fixture tells the axes apart");
+}
+
+/// LLaVA-NeXT / OneVision plan tiles and tokens from the image's size
+/// alone: the same as transformers' model processors count on a table of
+/// sizes (tiny, extreme, at and around every grid boundary) that
+/// reference.py writes.
+#[test]
+fn anyres_layouts_match_the_reference_table() {
+    let all = common::expected();
+    let table = all["anyres_layouts"].as_object().expect("anyres_layouts");
+    let mut checked = 0;
+    for (name, rows) in table {
+        let processor = iris_vision::processor_from_config(&all["processors"][name.as_str()])
+            .expect("processor config");
+        for row in rows.as_array().unwrap() {
+            let v: Vec<usize> = row
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as usize)
+                .collect();
+            let [h, w, patches, tokens] = v[..] else {
+                panic!("bad row {row}")
+            };
+            let layout = processor
+                .layout_for(w, h, &PreprocessOptions::default())
+                .unwrap();
+            assert_eq!(
+                (layout.shape[0], layout.num_placeholder_tokens),
+                (patches, tokens),
+                "{name} {w}x{h}"
+            );
+            assert_eq!(layout.image_sizes, Some([h, w]));
+            checked += 1;
+        }
+    }
+    assert!(checked > 1000, "only {checked} sizes");
 }

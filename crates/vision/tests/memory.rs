@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{png_with_header, read, Rng, DATA};
 use iris_vision::{
-    decode, parked_scratch_bytes, probe, thread_scratch_bytes, ClipProcessor, DecodeLimits,
-    ImageFormat, ImageInfo, OutputDtype, PreprocessOptions, Processor, QwenVlProcessor,
-    SCRATCH_KEEP_TOTAL_BYTES,
+    decode, parked_scratch_bytes, probe, thread_scratch_bytes, AnyresProcessor, ClipProcessor,
+    DecodeLimits, ImageFormat, ImageInfo, OutputDtype, PreprocessOptions, Processor,
+    QwenVlProcessor, SCRATCH_KEEP_TOTAL_BYTES,
 };
 
 struct Tracking;
@@ -176,8 +176,12 @@ fn estimates_bound_the_real_peak() {
         gif_frame_outside(10, 10, (300, 200, 40, 30)),
     ));
     corpus.push(("1080p jpeg".into(), jpeg(1920, 1080)));
-    let processors: [&dyn Processor; 2] =
-        [&QwenVlProcessor::qwen2_vl(), &ClipProcessor::llava_1_5()];
+    let processors: [&dyn Processor; 4] = [
+        &QwenVlProcessor::qwen2_vl(),
+        &ClipProcessor::llava_1_5(),
+        &AnyresProcessor::llava_next(),
+        &AnyresProcessor::llava_onevision(),
+    ];
     for (name, bytes) in &corpus {
         let Ok(info) = probe(bytes) else {
             continue; // not an image the corpus expects to decode

@@ -145,6 +145,10 @@ fn check_cases(all: &Value, image: &Value, pixels: &RgbImage) -> usize {
             as_usize(&case["tokens"]),
             "{label}"
         );
+        let sizes = case
+            .get("image_sizes")
+            .map(|v| [as_usize(&v[0]), as_usize(&v[1])]);
+        assert_eq!(out.image_sizes, sizes, "{label}: image_sizes");
         if let Some(grid) = case.get("grid_thw") {
             let want: Vec<usize> = grid.as_array().unwrap().iter().map(as_usize).collect();
             assert_eq!(
@@ -203,7 +207,7 @@ fn processors_match_reference_exactly_from_our_decode() {
         let pixels = decode_file(image["name"].as_str().unwrap());
         count += check_cases(&all, image, &pixels);
     }
-    assert!(count >= 120, "only {count} cases");
+    assert!(count >= 280, "only {count} cases");
 }
 
 #[test]
@@ -261,4 +265,61 @@ fn bytes_path_equals_image_path_and_bf16_rounds_f32() {
         })
     );
     let _ = image_path("shared/chelsea.png");
+}
+
+/// The any-resolution processors give the same tensor from bytes as from
+/// decoded pixels, with a large image split across threads or not, and
+/// their bf16 output is the f32 output rounded.
+#[test]
+fn anyres_bytes_parallel_and_bf16_agree() {
+    let all = expected();
+    let bytes = read("shared/motorcycle_4k.jpg");
+    let pixels = decode_file("shared/motorcycle_4k.jpg");
+    for name in ["llava_next", "llava_onevision"] {
+        let p = processor(&all, name);
+        let opts = PreprocessOptions::default();
+        let from_image = p.preprocess(&pixels, &opts).unwrap();
+        let from_bytes = p.preprocess_bytes(&bytes, &opts).unwrap();
+        assert_eq!(
+            from_bytes.pixel_values.as_bytes(),
+            from_image.pixel_values.as_bytes(),
+            "{name}"
+        );
+        assert_eq!(from_bytes.layout(), from_image.layout(), "{name}");
+        let parallel = p
+            .preprocess_bytes(
+                &bytes,
+                &PreprocessOptions {
+                    intra_image_parallel: true,
+                    ..opts
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            parallel.pixel_values.as_bytes(),
+            from_bytes.pixel_values.as_bytes(),
+            "{name}"
+        );
+        let bf16_opts = PreprocessOptions {
+            dtype: OutputDtype::Bf16,
+            ..opts
+        };
+        let bf16 = p.preprocess_bytes(&bytes, &bf16_opts).unwrap();
+        assert_eq!(bf16.layout(), from_bytes.layout(), "{name}");
+        let f = from_bytes.pixel_values.to_f32_vec();
+        for (i, v) in bf16
+            .pixel_values
+            .to_f32_vec()
+            .iter()
+            .enumerate()
+            .step_by(89)
+        {
+            assert_eq!(*v, half::bf16::from_f32(f[i]).to_f32(), "{name} [{i}]");
+        }
+        assert_ne!(p.fingerprint(&opts), p.fingerprint(&bf16_opts), "{name}");
+    }
+    assert_ne!(
+        processor(&all, "llava_next").fingerprint(&PreprocessOptions::default()),
+        processor(&all, "llava_onevision").fingerprint(&PreprocessOptions::default())
+    );
 }

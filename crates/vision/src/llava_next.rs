@@ -1,0 +1,515 @@
+//! "Any resolution" processors: LLaVA-NeXT (LLaVA-1.6) and LLaVA-OneVision,
+//! bit-exact with transformers 4.57.1's slow `LlavaNextImageProcessor` and
+//! `LlavaOnevisionImageProcessor` (one image per call).
+//!
+//! An image becomes a stack of square tiles of side `tile`:
+//!
+//! 1. the *base* tile: the whole image squashed (aspect ratio not kept) to
+//!    `tile`×`tile` with Pillow's bicubic filter;
+//! 2. a grid resolution is picked among the configured `(height, width)`
+//!    pinpoints: the one keeping the most of the image's pixels once scaled
+//!    to fit, ties going to the one that wastes the least canvas, then to
+//!    the earlier entry;
+//! 3. the image is scaled to fit that resolution (aspect ratio kept, the
+//!    free side rounded up), pasted in the middle of a black canvas of the
+//!    resolution (8-bit zeros, before normalisation: the padding normalises
+//!    to `-mean/std`, not to 0) and cut into `tile`×`tile` tiles, row by row.
+//!
+//! Every tile is then rescaled and normalised into planar `[3, tile, tile]`;
+//! the output is `[1 + tiles, 3, tile, tile]` and `image_sizes` is the
+//! decoded image's `[height, width]`.
+//!
+//! The reference also runs each tile through its shortest-edge resize and
+//! centre crop; with the square tile equal to both sizes (what the shipped
+//! configs say, and what [`crate::processor_from_config`] requires) those
+//! steps leave the tiles untouched, so they are not repeated here.
+//!
+//! The prompt's placeholder count follows the model processors
+//! (`LlavaNextProcessor` / `LlavaOnevisionProcessor`): the base tile's
+//! `(tile / patch)²` features, plus the grid's features with the padded
+//! rows or columns removed and one newline per remaining row; OneVision
+//! further pools the grid features when they exceed `anyres_max_N` tiles'
+//! worth. LLaVA-NeXT counts its CLS token and drops it again
+//! (`vision_feature_select_strategy = "default"`), OneVision has none
+//! (SigLIP, `"full"`), so both bases are `(tile / patch)²`.
+
+use half::bf16;
+
+use crate::error::VisionError;
+use crate::image::RgbView;
+use crate::layout::planar_chw;
+use crate::normalize::{Normalization, OutElem};
+use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use crate::pool::PooledVec;
+use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
+use crate::resize::{self, resize_into};
+use crate::scratch::Scratch;
+
+/// Which model family's rules an [`AnyresProcessor`] follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AnyresFamily {
+    /// LLaVA-NeXT / LLaVA-1.6 (`LlavaNextImageProcessor`).
+    LlavaNext,
+    /// LLaVA-OneVision (`LlavaOnevisionImageProcessor`), single image.
+    LlavaOnevision,
+}
+
+/// The OneVision pinpoints: every `(i·384, j·384)` for `i, j` in 1..=6.
+fn onevision_pinpoints() -> Vec<(usize, usize)> {
+    (1..=6)
+        .flat_map(|i| (1..=6).map(move |j| (i * 384, j * 384)))
+        .collect()
+}
+
+/// An any-resolution tiling processor (LLaVA-NeXT, LLaVA-OneVision).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnyresProcessor {
+    /// The family (token rule, name).
+    pub family: AnyresFamily,
+    /// Candidate grid resolutions `(height, width)`, each a multiple of
+    /// `tile` on both sides, in the config's order (it breaks ties).
+    pub grid_pinpoints: Vec<(usize, usize)>,
+    /// Side of the square tiles and of the squashed base image.
+    pub tile: usize,
+    /// Normalisation.
+    pub norm: Normalization,
+    /// Vision transformer patch size (for the placeholder count).
+    pub patch_size: usize,
+    /// OneVision's `anyres_max_N`: grids with more than `N` tiles' worth of
+    /// features are pooled down in the token count. `None` for LLaVA-NeXT.
+    pub max_num_patches: Option<usize>,
+}
+
+/// What an image of a given size becomes, before any pixel is touched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Plan {
+    /// The chosen pinpoint `(height, width)`.
+    grid: (usize, usize),
+    /// The image's size scaled into the grid, `(height, width)`.
+    scaled: (usize, usize),
+    /// Grid tiles (the base tile excluded).
+    tiles: usize,
+    /// Placeholder tokens.
+    tokens: usize,
+}
+
+impl AnyresProcessor {
+    /// llava-hf/llava-v1.6-mistral-7b-hf (and the other 1.6 checkpoints):
+    /// 336-pixel tiles on five grids, CLIP normalisation, patch 14.
+    pub fn llava_next() -> Self {
+        AnyresProcessor {
+            family: AnyresFamily::LlavaNext,
+            grid_pinpoints: vec![(336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008)],
+            tile: 336,
+            norm: Normalization::CLIP,
+            patch_size: 14,
+            max_num_patches: None,
+        }
+    }
+
+    /// llava-hf/llava-onevision-qwen2-*-ov-hf: 384-pixel tiles on the 36
+    /// grids up to 6×6, mean and std 0.5, SigLIP patch 14, `anyres_max_9`.
+    pub fn llava_onevision() -> Self {
+        AnyresProcessor {
+            family: AnyresFamily::LlavaOnevision,
+            grid_pinpoints: onevision_pinpoints(),
+            tile: 384,
+            norm: Normalization {
+                rescale_factor: 1.0 / 255.0,
+                mean: [0.5; 3],
+                std: [0.5; 3],
+            },
+            patch_size: 14,
+            max_num_patches: Some(9),
+        }
+    }
+
+    /// The grid, scaled size, tile count and token count for a decoded
+    /// `width`×`height` image.
+    fn plan(&self, width: usize, height: usize) -> Result<Plan, VisionError> {
+        let grid = select_best_resolution(height, width, &self.grid_pinpoints)
+            .ok_or_else(|| VisionError::Config("image_grid_pinpoints is empty".into()))?;
+        let scaled = scaled_size(height, width, grid);
+        let tiles = (grid.0 / self.tile) * (grid.1 / self.tile);
+        let tokens = self.token_count(height, width, grid);
+        Ok(Plan {
+            grid,
+            scaled,
+            tiles,
+            tokens,
+        })
+    }
+
+    /// The model processor's placeholder count for an `height`×`width`
+    /// image whose grid is `grid`.
+    fn token_count(&self, height: usize, width: usize, grid: (usize, usize)) -> usize {
+        let side = (self.tile / self.patch_size) as i64;
+        let mut cur_h = side * (grid.0 / self.tile) as i64;
+        let mut cur_w = side * (grid.1 / self.tile) as i64;
+        let (h, w) = (height as f64, width as f64);
+        // Remove the rows (or columns) of features that only saw padding.
+        if w / h > cur_w as f64 / cur_h as f64 {
+            let new_h = int_round7(h * (cur_w as f64 / w));
+            cur_h -= 2 * (cur_h - new_h).div_euclid(2);
+        } else {
+            let new_w = int_round7(w * (cur_h as f64 / h));
+            cur_w -= 2 * (cur_w - new_w).div_euclid(2);
+        }
+        let mut unpadded = cur_h * cur_w;
+        let mut newlines = cur_h;
+        if let Some(max) = self.max_num_patches {
+            let ratio = ((cur_h * cur_w) as f64 / (max as i64 * side * side) as f64).sqrt();
+            if ratio > 1.1 {
+                let pooled_h = py_floor_div(cur_h as f64, ratio) as i64;
+                let pooled_w = py_floor_div(cur_w as f64, ratio) as i64;
+                unpadded = pooled_h * pooled_w;
+                newlines = pooled_h;
+            }
+        }
+        (unpadded + newlines + side * side).max(0) as usize
+    }
+
+    /// Produces the 8-bit tiles of `image` (planned as `plan`) in output
+    /// order and hands each to `each` (index, tile).
+    fn tiles(
+        &self,
+        image: RgbView<'_>,
+        plan: &Plan,
+        parallel: bool,
+        scratch: &mut Scratch,
+        mut each: impl FnMut(usize, RgbView<'_>),
+    ) -> Result<(), VisionError> {
+        let t = self.tile;
+        let base = resize_into(
+            image,
+            t,
+            t,
+            &mut scratch.inter,
+            &mut scratch.resized,
+            parallel,
+        )?;
+        each(0, base);
+        let (sh, sw) = plan.scaled;
+        let scaled = resize_into(
+            image,
+            sw,
+            sh,
+            &mut scratch.inter,
+            &mut scratch.resized,
+            parallel,
+        )?;
+        let offset = ((plan.grid.0 - sh) / 2, (plan.grid.1 - sw) / 2);
+        let columns = plan.grid.1 / t;
+        for i in 0..plan.tiles {
+            let origin = ((i / columns) * t, (i % columns) * t);
+            padded_tile(scaled, offset, origin, t, &mut scratch.cropped);
+            each(1 + i, RgbView::new(&scratch.cropped, t, t)?);
+        }
+        Ok(())
+    }
+
+    /// The normalised tensor `[1 + tiles, 3, T, T]`.
+    fn write<T: OutElem>(
+        &self,
+        image: RgbView<'_>,
+        plan: &Plan,
+        parallel: bool,
+        scratch: &mut Scratch,
+    ) -> Result<PooledVec<T>, VisionError> {
+        let per_tile = 3 * self.tile * self.tile;
+        let mut out = PooledVec::<T>::take((1 + plan.tiles) * per_tile);
+        let lut = self.norm.lut::<T>();
+        self.tiles(image, plan, parallel, scratch, |i, tile| {
+            if let Some(chunk) = out.get_mut(i * per_tile..(i + 1) * per_tile) {
+                planar_chw(tile, &lut, chunk);
+            }
+        })?;
+        Ok(out)
+    }
+
+    fn layout(&self, width: usize, height: usize, plan: &Plan) -> OutputLayout {
+        OutputLayout {
+            shape: vec![1 + plan.tiles, 3, self.tile, self.tile],
+            image_grid_thw: None,
+            num_placeholder_tokens: plan.tokens,
+            image_sizes: Some([height, width]),
+        }
+    }
+}
+
+/// transformers' `select_best_resolution`: the pinpoint `(height, width)`
+/// that keeps the most of the image's pixels once it is scaled to fit
+/// (never counting more than it has), then the one wasting the least of
+/// its area; the first such in `pinpoints`. `None` only for an empty list.
+fn select_best_resolution(
+    height: usize,
+    width: usize,
+    pinpoints: &[(usize, usize)],
+) -> Option<(usize, usize)> {
+    let (oh, ow) = (height as f64, width as f64);
+    let original = (height as u128) * (width as u128);
+    let mut best = None;
+    let mut max_effective = 0u128;
+    let mut min_wasted = u128::MAX;
+    for &(ph, pw) in pinpoints {
+        let (sw, sh) = (pw as f64 / ow, ph as f64 / oh);
+        let scale = if sh < sw { sh } else { sw };
+        // Float to int truncates, as Python's int() does.
+        let down_w = (ow * scale) as u128;
+        let down_h = (oh * scale) as u128;
+        let effective = (down_w * down_h).min(original);
+        let wasted = ((ph as u128) * (pw as u128)).saturating_sub(effective);
+        if effective > max_effective || (effective == max_effective && wasted < min_wasted) {
+            max_effective = effective;
+            min_wasted = wasted;
+            best = Some((ph, pw));
+        }
+    }
+    best
+}
+
+/// transformers' `get_patch_output_size`: the image scaled to fit `grid`
+/// with its aspect ratio kept, the fitted side exact and the other rounded
+/// up (but not beyond the grid). `(height, width)`.
+fn scaled_size(height: usize, width: usize, grid: (usize, usize)) -> (usize, usize) {
+    let (gh, gw) = grid;
+    let scale_w = gw as f64 / width as f64;
+    let scale_h = gh as f64 / height as f64;
+    if scale_w < scale_h {
+        let h = (height as f64 * scale_w).ceil() as usize;
+        (h.min(gh), gw)
+    } else {
+        let w = (width as f64 * scale_h).ceil() as usize;
+        (gh, w.min(gw))
+    }
+}
+
+/// Python's `int(round(x, 7))` for `x >= 0`: the integer part, plus one
+/// when the fraction rounds to 1 at seven decimals, i.e. exceeds
+/// 0.99999995. That decimal is not a binary fraction, so there are no ties
+/// and the nearest double (just below it) is the exact threshold.
+fn int_round7(x: f64) -> i64 {
+    let whole = x.floor();
+    let fraction = x - whole;
+    #[allow(clippy::excessive_precision)]
+    let carry = fraction > 0.999_999_95;
+    whole as i64 + i64::from(carry)
+}
+
+/// Python's float floor division `a // b` (CPython's `float_floor_div`:
+/// from `fmod`, so it can differ from `floor(a / b)` by one).
+fn py_floor_div(a: f64, b: f64) -> f64 {
+    let m = a % b;
+    let mut div = (a - m) / b;
+    if m != 0.0 && ((b < 0.0) != (m < 0.0)) {
+        div -= 1.0;
+    }
+    if div != 0.0 {
+        let mut floored = div.floor();
+        if div - floored > 0.5 {
+            floored += 1.0;
+        }
+        floored
+    } else {
+        0.0f64.copysign(a / b)
+    }
+}
+
+/// Writes the `tile`×`tile` window at canvas position `origin` (row,
+/// column) of a canvas that is black except for `src` pasted at `offset`
+/// (row, column) into `out`.
+fn padded_tile(
+    src: RgbView<'_>,
+    offset: (usize, usize),
+    origin: (usize, usize),
+    tile: usize,
+    out: &mut Vec<u8>,
+) {
+    out.clear();
+    out.resize(tile * tile * 3, 0);
+    let (oy, ox) = offset;
+    let (top, left) = origin;
+    // Canvas columns the window shares with the pasted image.
+    let x0 = left.max(ox);
+    let x1 = (left + tile).min(ox + src.width());
+    if x0 >= x1 {
+        return;
+    }
+    let len = (x1 - x0) * 3;
+    let data = src.data();
+    for row in 0..tile {
+        let y = top + row;
+        if y < oy || y >= oy + src.height() {
+            continue;
+        }
+        let from = ((y - oy) * src.width() + (x0 - ox)) * 3;
+        let to = (row * tile + (x0 - left)) * 3;
+        out[to..to + len].copy_from_slice(&data[from..from + len]);
+    }
+}
+
+impl Processor for AnyresProcessor {
+    fn name(&self) -> &'static str {
+        match self.family {
+            AnyresFamily::LlavaNext => "llava_next",
+            AnyresFamily::LlavaOnevision => "llava_onevision",
+        }
+    }
+
+    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
+        let n = &self.norm;
+        fnv1a(&format!(
+            "anyres|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|pillow-12.2-bicubic",
+            self.family,
+            self.grid_pinpoints,
+            self.tile,
+            self.patch_size,
+            self.max_num_patches,
+            n.rescale_factor.to_bits(),
+            n.mean.map(f32::to_bits),
+            n.std.map(f32::to_bits),
+            opts.dtype,
+            opts.limits,
+        ))
+    }
+
+    fn working_bytes(
+        &self,
+        width: u32,
+        height: u32,
+        opts: &PreprocessOptions,
+    ) -> Result<u64, VisionError> {
+        let (w, h) = (u64::from(width), u64::from(height));
+        let plan = self.plan(width as usize, height as usize)?;
+        let t = self.tile as u64;
+        let (sh, sw) = (plan.scaled.0 as u64, plan.scaled.1 as u64);
+        let resizes =
+            resize::working_bytes((w, h), (t, t)) + resize::working_bytes((w, h), (sw, sh));
+        let tile = 3 * t * t;
+        let output = (1 + plan.tiles as u64) * tile * opts.dtype.size() as u64;
+        Ok(resizes + tile + output)
+    }
+
+    fn resized_image(
+        &self,
+        image: &image::RgbImage,
+        _opts: &PreprocessOptions,
+    ) -> Result<image::RgbImage, VisionError> {
+        let mut scratch = Scratch::default();
+        let view = RgbView::from_image(image)?;
+        let plan = self.plan(view.width(), view.height())?;
+        let mut stacked = Vec::new();
+        self.tiles(view, &plan, false, &mut scratch, |_, tile| {
+            stacked.extend_from_slice(tile.data());
+        })?;
+        RgbView::new(&stacked, self.tile, self.tile * (1 + plan.tiles))?.to_image()
+    }
+
+    fn preprocess_view(
+        &self,
+        image: RgbView<'_>,
+        opts: &PreprocessOptions,
+        scratch: &mut Scratch,
+    ) -> Result<PreprocessOutput, VisionError> {
+        let (width, height) = (image.width(), image.height());
+        let parallel = split_image(opts, width * height);
+        let plan = self.plan(width, height)?;
+        let pixel_values = match opts.dtype {
+            OutputDtype::F32 => {
+                PixelValues::F32(self.write::<f32>(image, &plan, parallel, scratch)?)
+            }
+            OutputDtype::Bf16 => {
+                PixelValues::Bf16(self.write::<bf16>(image, &plan, parallel, scratch)?)
+            }
+        };
+        let layout = self.layout(width, height, &plan);
+        Ok(PreprocessOutput {
+            pixel_values,
+            shape: layout.shape,
+            image_grid_thw: layout.image_grid_thw,
+            num_placeholder_tokens: layout.num_placeholder_tokens,
+            image_sizes: layout.image_sizes,
+            resized_size: (plan.scaled.1, plan.scaled.0),
+        })
+    }
+
+    fn layout_for(
+        &self,
+        width: usize,
+        height: usize,
+        _opts: &PreprocessOptions,
+    ) -> Result<OutputLayout, VisionError> {
+        let plan = self.plan(width, height)?;
+        Ok(self.layout(width, height, &plan))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_resolution_prefers_kept_pixels_then_less_waste() {
+        let p = AnyresProcessor::llava_next();
+        // A wide 4:3 photo: 672×504 fits 672×672 keeping the most pixels.
+        assert_eq!(
+            select_best_resolution(480, 640, &p.grid_pinpoints),
+            Some((672, 672))
+        );
+        // Small images keep all their pixels everywhere: least waste wins,
+        // the first of the equally small grids.
+        assert_eq!(
+            select_best_resolution(10, 10, &p.grid_pinpoints),
+            Some((336, 672))
+        );
+        // A 1-pixel-wide column scales to zero pixels on every grid: it
+        // keeps nothing anywhere, so the smallest grid wins.
+        assert_eq!(
+            select_best_resolution(4000, 1, &p.grid_pinpoints),
+            Some((336, 672))
+        );
+        assert_eq!(select_best_resolution(4000, 1, &[]), None);
+    }
+
+    #[test]
+    fn scaled_size_fits_one_side_and_rounds_the_other_up() {
+        assert_eq!(scaled_size(480, 640, (672, 672)), (504, 672));
+        assert_eq!(scaled_size(1, 1, (336, 672)), (336, 336));
+        assert_eq!(scaled_size(1000, 3, (1008, 336)), (1008, 4));
+    }
+
+    #[test]
+    fn python_rounding_helpers() {
+        assert_eq!(int_round7(2.999_999_95), 2);
+        assert_eq!(int_round7(2.999_999_96), 3);
+        assert_eq!(int_round7(7.25), 7);
+        assert_eq!(py_floor_div(7.0, 2.0), 3.0);
+        assert_eq!(py_floor_div(1.0, 0.1), 9.0); // floor(1.0 / 0.1) would be 10
+    }
+
+    #[test]
+    fn token_counts_of_known_sizes() {
+        let next = AnyresProcessor::llava_next();
+        // 640×480 on 672×672: 48×48 features, 6 padded rows at each end.
+        let plan = next.plan(640, 480).unwrap();
+        assert_eq!(plan.tiles, 4);
+        assert_eq!(plan.tokens, 36 * 48 + 36 + 576);
+        let ov = AnyresProcessor::llava_onevision();
+        let plan = ov.plan(640, 480).unwrap();
+        // Every grid from 768×768 up keeps all pixels; 768×768 wastes least.
+        assert_eq!(plan.grid, (768, 768));
+        assert_eq!(plan.tiles, 4);
+    }
+
+    #[test]
+    fn padding_is_black_around_the_pasted_image() {
+        let src = [200u8; 6];
+        let view = RgbView::new(&src, 2, 1).unwrap();
+        let mut out = Vec::new();
+        padded_tile(view, (1, 1), (0, 0), 3, &mut out);
+        let expect = [0, 0, 0, 0, 1, 1, 0, 0, 0];
+        for (px, e) in out.chunks(3).zip(expect) {
+            assert_eq!(px, [200 * e; 3]);
+        }
+    }
+}
