@@ -46,8 +46,9 @@ def test_demo_chats_about_an_image_and_stops_on_ctrl_c(processes, tmp_path):
     assert reply.choices[0].message.content
     # The image took the EPD path: sent to the encode worker, no failure.
     metrics = httpx.get(f"{base_url}/metrics", timeout=5).text
-    encoder = re.search(r'iris_worker_requests_total\{worker="([^"]+)",role="encode"\} (\S+)',
-                        metrics)
+    encoder = re.search(
+        r'iris_worker_requests_total\{model="[^"]*",worker="([^"]+)",role="encode"\} (\S+)',
+        metrics)
     assert encoder and float(encoder.group(2)) == 1.0, metrics
     assert metric(metrics, "iris_worker_failures_total", worker=encoder.group(1),
                   role="encode") == 0.0

@@ -165,6 +165,10 @@ fn item(image: &ItemLayout, ranges: Vec<PlaceholderRange>, image_token: u32) -> 
         let thw: Vec<i64> = grid.iter().map(|&v| i64::from(v)).collect();
         specific.insert(image.grid_key().to_owned(), tensor::int64(vec![1, 3], &thw));
     }
+    if let Some(sizes) = image.image_sizes {
+        let hw: Vec<i64> = sizes.iter().map(|&v| i64::from(v)).collect();
+        specific.insert("image_sizes".to_owned(), tensor::int64(vec![1, 2], &hw));
+    }
     if let Some(seconds) = image.second_per_grid {
         specific.insert(
             "second_per_grid_ts".to_owned(),
@@ -220,6 +224,31 @@ mod tests {
         assert_eq!(flat(&ranges), vec![(1, 3), (5, 3)]);
         let err = expand_placeholders(&[1, VID], TOKENS, &[video]).unwrap_err();
         assert!(err.message.contains("need 2"), "{}", err.message);
+    }
+
+    /// A LLaVA-NeXT image's item carries its `image_sizes` row (the
+    /// model unpads its tiles' features with it), and no grid.
+    #[test]
+    fn an_any_resolution_image_carries_its_size() {
+        let image = ItemLayout {
+            grid: None,
+            image_sizes: Some([480, 640]),
+            ..layout(Modality::Image, 2)
+        };
+        let inputs = multimodal_inputs(&[image], vec![Vec::new()], TOKENS);
+        let specific = &inputs.items[0].model_specific_tensors;
+        assert!(!specific.contains_key("image_grid_thw"));
+        let sizes = &specific["image_sizes"];
+        assert_eq!(sizes.shape, [1, 2]);
+        assert_eq!(sizes.dtype, "int64");
+        let Some(Payload::Inline(bytes)) = &sizes.payload else {
+            panic!("inline sizes");
+        };
+        let hw: Vec<i64> = bytes
+            .chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(hw, [480, 640]);
     }
 
     fn layout(modality: Modality, tokens: usize) -> ItemLayout {

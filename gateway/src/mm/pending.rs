@@ -218,6 +218,7 @@ pub(crate) mod testing {
             shape: vec![tokens as u32 * 4, 2],
             dtype: DType::BFloat16,
             grid: Some([1, 2, tokens as u32 * 2]),
+            image_sizes: None,
             tokens,
             groups: 1,
             content_hash: Bytes::from(vec![hash; 32]),

@@ -20,6 +20,9 @@ pub struct ItemLayout {
     pub dtype: DType,
     /// `[t, h, w]` patch grid (Qwen family).
     pub grid: Option<[u32; 3]>,
+    /// The decoded image's `[height, width]`, for models that unpad their
+    /// tiles' features with it (LLaVA-NeXT, LLaVA-OneVision).
+    pub image_sizes: Option<[u32; 2]>,
     /// Placeholder tokens the prompt needs for this item.
     pub tokens: usize,
     /// Runs its tokens come in: 1, or a Qwen3-VL video's temporal groups
@@ -48,12 +51,17 @@ impl ItemLayout {
             Some([t, h, w]) => Some([dim(t)?, dim(h)?, dim(w)?]),
             None => None,
         };
+        let image_sizes = match layout.image_sizes {
+            Some([h, w]) => Some([dim(h)?, dim(w)?]),
+            None => None,
+        };
         let dtype = wire_dtype(dtype);
         Ok(ItemLayout {
             modality: Modality::Image,
             shape,
             dtype,
             grid,
+            image_sizes,
             tokens: layout.num_placeholder_tokens,
             groups: 1,
             content_hash,
@@ -73,6 +81,7 @@ impl ItemLayout {
             shape: vec![dim(layout.shape[0])?, dim(layout.shape[1])?],
             dtype: wire_dtype(dtype),
             grid: Some([dim(t)?, dim(h)?, dim(w)?]),
+            image_sizes: None,
             tokens: layout.tokens,
             groups: match &layout.timestamps {
                 Some(_) => t.max(1),
