@@ -145,16 +145,18 @@ pub struct ChatCompletionRequest {
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
-/// `stream_options`.
+/// `stream_options`. A key it does not declare is a 400 naming it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     /// Send a final chunk with token usage (and `choices: []`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_usage: Option<bool>,
 }
 
-/// `response_format`.
+/// `response_format`. A key it does not declare is a 400 naming it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ResponseFormat {
     /// `text`, `json_object` or `json_schema`.
     #[serde(rename = "type")]
@@ -162,10 +164,16 @@ pub struct ResponseFormat {
     /// The schema and its name, for `json_schema`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub json_schema: Option<JsonSchemaFormat>,
+    /// A JSON Schema the object must follow, for `json_object` (the form
+    /// instructor's `JSON_SCHEMA` mode and several hosted servers send).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<serde_json::Value>,
 }
 
-/// `response_format.json_schema`.
+/// `response_format.json_schema`. A key it does not declare is a 400
+/// naming it.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct JsonSchemaFormat {
     /// Required: at most 64 of `a-z A-Z 0-9 _ -`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

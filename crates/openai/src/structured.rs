@@ -2,9 +2,12 @@
 //! into at most one [`Constraint`].
 //!
 //! - `response_format`: `{"type":"text"}` asks for nothing;
-//!   `{"type":"json_object"}` becomes a JSON schema accepting any object;
+//!   `{"type":"json_object"}` becomes a JSON schema accepting any object,
+//!   `{"type":"json_object","schema":{...}}` that schema;
 //!   `{"type":"json_schema","json_schema":{name, schema, strict,
-//!   description}}` becomes its schema, serialised.
+//!   description}}` becomes its schema, serialised. A field that does not
+//!   belong to the type (`schema` beside `json_schema`, either beside
+//!   `text`) is a 400 naming it.
 //! - Extensions: `regex`, `ebnf` (or its other name `grammar`, not both)
 //!   and `structural_tag` (a JSON object, or a string holding one) pass
 //!   through as their constraint.
@@ -63,6 +66,9 @@ fn requested(req: &ChatCompletionRequest) -> Result<Vec<&'static str>, ApiError>
             "grammar: `ebnf` and `grammar` are two names of one field; send only one",
         ));
     }
+    if let Some(format) = &req.response_format {
+        check_format_fields(format)?;
+    }
     let format = match req.response_format.as_ref().map(|f| f.kind.as_str()) {
         None | Some("text") => false,
         Some("json_object" | "json_schema") => true,
@@ -118,12 +124,35 @@ fn build(
     }
 }
 
+/// Each of `response_format`'s optional fields belongs to one type:
+/// `json_schema` to `json_schema`, `schema` to `json_object`.
+fn check_format_fields(format: &ResponseFormat) -> Result<(), ApiError> {
+    let misplaced = [
+        ("json_schema", format.json_schema.is_some(), "json_schema"),
+        ("schema", format.schema.is_some(), "json_object"),
+    ];
+    for (field, set, belongs_to) in misplaced {
+        if set && format.kind != belongs_to {
+            let param = format!("response_format.{field}");
+            return Err(ApiError::bad_field(
+                param.clone(),
+                format!(
+                    "{param}: only with response_format.type `{belongs_to}`, not `{}`",
+                    format.kind
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `response_format` of type `json_object` or `json_schema` (the type was
 /// checked by [`requested`]).
 fn response_format(format: &ResponseFormat, max_bytes: usize) -> Result<Constraint, ApiError> {
-    match format.kind.as_str() {
-        "json_schema" => json_schema(format, max_bytes),
-        _ => Ok(Constraint::JsonSchema(ANY_OBJECT_SCHEMA.to_owned())),
+    match (format.kind.as_str(), &format.schema) {
+        ("json_schema", _) => json_schema(format, max_bytes),
+        (_, Some(schema)) => schema_constraint(schema, "response_format.schema", max_bytes),
+        (_, None) => Ok(Constraint::JsonSchema(ANY_OBJECT_SCHEMA.to_owned())),
     }
 }
 
@@ -140,7 +169,16 @@ fn json_schema(format: &ResponseFormat, max_bytes: usize) -> Result<Constraint, 
     let Some(schema) = &spec.schema else {
         return Ok(Constraint::JsonSchema(ANY_OBJECT_SCHEMA.to_owned()));
     };
-    let param = "response_format.json_schema.schema";
+    schema_constraint(schema, "response_format.json_schema.schema", max_bytes)
+}
+
+/// The constraint of a schema given at `param`: an object of the right
+/// shape, serialised within `max_bytes`.
+fn schema_constraint(
+    schema: &Value,
+    param: &str,
+    max_bytes: usize,
+) -> Result<Constraint, ApiError> {
     let Value::Object(root) = schema else {
         return Err(ApiError::bad_field(
             param,

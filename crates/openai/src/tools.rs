@@ -21,8 +21,10 @@ use crate::{ApiError, ChatCompletionRequest, ChatMessage, Constraint};
 /// Longest tool name (OpenAI's limit).
 pub const MAX_TOOL_NAME: usize = 64;
 
-/// One entry of `tools`.
+/// One entry of `tools`. A key it (or its function) does not declare is a
+/// 400 naming it (`tools[i].function.key`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Tool {
     /// Only `function`.
     #[serde(rename = "type")]
@@ -33,6 +35,7 @@ pub struct Tool {
 
 /// A function the model may call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FunctionDef {
     /// `[A-Za-z0-9_-]{1,64}`.
     pub name: String,
@@ -48,8 +51,10 @@ pub struct FunctionDef {
     pub strict: Option<bool>,
 }
 
-/// A call in an assistant message's `tool_calls`.
+/// A call in an assistant message's `tool_calls`. A key it does not
+/// declare is a 400 naming it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MessageToolCall {
     /// The call's id, which the `tool` message answering it repeats.
     #[serde(default)]
@@ -59,6 +64,11 @@ pub struct MessageToolCall {
     pub kind: String,
     /// The function and its arguments.
     pub function: CalledFunction,
+    /// The call's position among a streamed answer's calls, which some
+    /// clients copy back into the history; accepted, not used (the
+    /// order of `tool_calls` is the order).
+    #[serde(default, skip_serializing)]
+    pub index: Option<u32>,
 }
 
 fn function_kind() -> String {
@@ -67,6 +77,7 @@ fn function_kind() -> String {
 
 /// The function of a [`MessageToolCall`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CalledFunction {
     /// The function's name.
     pub name: String,

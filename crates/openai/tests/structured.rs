@@ -49,6 +49,99 @@ fn text_and_nothing_ask_for_no_constraint() {
     assert_eq!(constraint(json!({"regex": null, "ebnf": null})), None);
 }
 
+/// instructor's `JSON_SCHEMA` mode: `json_object` with a `schema`
+/// constrains to that schema, checked like `json_schema`'s.
+#[test]
+fn json_object_with_a_schema_is_that_schema() {
+    let schema = json!({"type": "object", "properties": {"kind": {"type": "string"}},
+                        "required": ["kind"]});
+    assert_eq!(
+        constraint(json!({"response_format": {"type": "json_object", "schema": schema}})),
+        Some(Constraint::JsonSchema(schema.to_string()))
+    );
+    assert_refused(
+        json!({"response_format": {"type": "json_object", "schema": [1]}}),
+        "response_format.schema",
+        "must be a JSON object",
+    );
+    assert_refused(
+        json!({"response_format": {"type": "json_object", "schema": {"type": 7}}}),
+        "response_format.schema",
+        "type",
+    );
+}
+
+/// A field that belongs to another type is refused, never ignored.
+#[test]
+fn a_field_of_another_format_type_is_refused() {
+    let schema = json!({"type": "object"});
+    assert_refused(
+        json!({"response_format": {"type": "json_schema", "schema": schema,
+                                   "json_schema": {"name": "x"}}}),
+        "response_format.schema",
+        "only with response_format.type `json_object`",
+    );
+    assert_refused(
+        json!({"response_format": {"type": "text", "schema": schema}}),
+        "response_format.schema",
+        "not `text`",
+    );
+    assert_refused(
+        json!({"response_format": {"type": "json_object", "json_schema": {"name": "x"}}}),
+        "response_format.json_schema",
+        "only with response_format.type `json_schema`",
+    );
+}
+
+/// Unknown keys inside nested request objects are 400s naming their path,
+/// as unknown top-level fields are.
+#[test]
+fn unknown_nested_keys_are_refused_by_path() {
+    let function = json!({"name": "f", "parameters": {"type": "object"}});
+    let cases = [
+        (
+            json!({"response_format": {"type": "json_object", "bogus": 1}}),
+            "response_format.bogus",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema",
+                                       "json_schema": {"name": "x", "bogus": 1}}}),
+            "response_format.json_schema.bogus",
+        ),
+        (
+            json!({"stream": true, "stream_options": {"include_usage": true, "bogus": 1}}),
+            "stream_options.bogus",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": function, "bogus": 1}]}),
+            "tools[0].bogus",
+        ),
+        (
+            json!({"tools": [{"type": "function",
+                              "function": {"name": "f", "bogus": 1}}]}),
+            "tools[0].function.bogus",
+        ),
+        (
+            json!({"messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                    "function": {"name": "f", "arguments": "{}", "bogus": 1}}]},
+                {"role": "tool", "tool_call_id": "c", "content": "ok"}]}),
+            "messages[1].tool_calls[0].function.bogus",
+        ),
+    ];
+    for (extra, param) in cases {
+        assert_refused(extra, param, "unknown field");
+    }
+    // A streamed call's `index`, copied back by some clients, is accepted.
+    let history = json!({"messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [{"index": 0, "id": "c", "type": "function",
+            "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "ok"}]});
+    assert!(parse_chat_request(&body(history)).is_ok());
+}
+
 #[test]
 fn json_object_is_any_object() {
     assert_eq!(

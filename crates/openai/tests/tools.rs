@@ -373,6 +373,7 @@ fn a_message_with_tool_calls_serialises_like_openai() {
                 name: "now".into(),
                 arguments: "{}".into(),
             },
+            index: None,
         }]),
         ..AssistantMessage::new("")
     };

@@ -167,5 +167,6 @@ fn message_call(call: iris_parsers::ToolCall) -> MessageToolCall {
             name: call.name,
             arguments: call.arguments,
         },
+        index: None,
     }
 }
