@@ -21,6 +21,7 @@ import enum
 import json
 import re
 
+import openai
 import pytest
 from pydantic import BaseModel
 
@@ -101,6 +102,32 @@ def test_json_object_is_a_json_object(shape):
     assert answer.choices[0].finish_reason == "stop"
     document = json.loads(answer.choices[0].message.content)
     assert isinstance(document, dict) and document, document
+
+
+def test_json_object_with_a_schema_follows_it(shape):
+    """The form instructor's ``JSON_SCHEMA`` mode sends (``json_object`` with a
+    ``schema`` beside the type): every document follows the schema, where a
+    bare ``json_object`` would be any object."""
+    client, model = shape.gateway.client(), shape.gateway.model
+    schema = Receipt.model_json_schema()
+    for seed in (1, 2):
+        answer = client.chat.completions.create(
+            model=model, messages=messages(), max_tokens=MAX_TOKENS, seed=seed,
+            response_format={"type": "json_object", "schema": schema})
+        assert answer.choices[0].finish_reason == "stop"
+        receipt = Receipt.model_validate_json(answer.choices[0].message.content)
+        assert isinstance(receipt.address, Address)
+
+
+def test_unknown_keys_inside_response_format_are_refused(shape):
+    client, model = shape.gateway.client(), shape.gateway.model
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=model, messages=messages(), max_tokens=4,
+            response_format={"type": "json_object", "bogus": 1})
+    error = refused.value.body
+    assert error["param"] == "response_format.bogus", error
+    assert "unknown field" in error["message"], error
 
 
 def test_regex_answer_matches(shape):
