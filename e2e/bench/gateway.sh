@@ -3,10 +3,14 @@
 # (aggregated) and `iris serve` in front of it on loopback; for each
 # concurrency, RUNS runs of DURATION seconds (a) through the gateway over
 # HTTP and (b) straight to the engine over gRPC with the same prompt
-# pre-tokenized; prints a Markdown table of medians. See docs/benchmarks.md.
+# pre-tokenized; prints a Markdown table of medians. Before the runs, a
+# cold start: the freshly started gateway's first COLD requests one at a
+# time (cold), then, after the runs, COLD more the same way (warm); their
+# table compares the two. See docs/benchmarks.md.
 #
 # Environment (all optional):
 #   RUNS=3 DURATION=15 WARMUP=2 CONCURRENCIES="1 16 64" MAX_TOKENS=16
+#   COLD=100           requests of the cold and warm phases (0: none)
 #   STREAM=0|1         stream the answers (SSE / gRPC chunks)
 #   LOADGEN_THREADS=1  runtime threads of the load generator
 #   SKIP_BUILD=1       use already-built release binaries
@@ -22,6 +26,7 @@ DURATION=${DURATION:-15}
 WARMUP=${WARMUP:-2}
 CONCURRENCIES=${CONCURRENCIES:-"1 16 64"}
 MAX_TOKENS=${MAX_TOKENS:-16}
+COLD=${COLD:-100}
 STREAM=${STREAM:-0}
 LOADGEN_THREADS=${LOADGEN_THREADS:-1}
 ENGINE_BIN=${ENGINE_BIN:-$BIN/iris-engine}
@@ -51,6 +56,48 @@ loadgen() {
     "$BIN/iris-loadgen" --json --duration-secs "$DURATION" --warmup-secs "$WARMUP" \
         --max-tokens "$MAX_TOKENS" --threads "$LOADGEN_THREADS" "${extra[@]}" "$@" \
         >"$WORK/results/$name.json"
+}
+
+# single_file NAME: COLD requests one at a time through the gateway, all
+# measured (no warm-up), as results/NAME.json.
+single_file() {
+    [[ $COLD -gt 0 ]] || return 0
+    log "$1: $COLD requests one at a time"
+    DURATION=3600 WARMUP=0 loadgen "$1" --requests "$COLD" --target "http://$GATEWAY_ADDR" \
+        --concurrency 1 --cpu-pid "$GATEWAY_PID" --cpu-pid "$ENGINE_PID"
+}
+
+# summarise_cold: the cold start's table (its first COLD requests against
+# COLD after the runs), when both phases ran.
+summarise_cold() {
+    [[ -f $WORK/results/cold.json && -f $WORK/results/warm.json ]] || return 0
+    python3 - "$WORK/results" <<'PY'
+import json, os, sys
+results = sys.argv[1]
+def load(name):
+    with open(os.path.join(results, f"{name}.json")) as f:
+        return json.load(f)
+def cpu(r, name):
+    for p in r["cpu"]:
+        if p["name"] and p["name"].startswith(name) and not p["name"].startswith(name + "-"):
+            return p["us_per_request"]
+    return None
+cold, warm = load("cold"), load("warm")
+rows = [
+    ("p50 ms", lambda r: r["latency"]["p50_ms"]),
+    ("p99 ms", lambda r: r["latency"]["p99_ms"]),
+    ("mean ms", lambda r: r["latency"]["mean_ms"]),
+    ("gateway CPU µs/req", lambda r: cpu(r, "iris")),
+]
+print(f"| text, c = 1, {cold['requests']} requests | cold (fresh gateway) | warm (after the runs) | cold / warm |")
+print("|---|---:|---:|---:|")
+for name, get in rows:
+    c, w = get(cold), get(warm)
+    ratio = f"{c / w:.2f}×" if c is not None and w else "–"
+    fmt = lambda v: "–" if v is None else f"{v:,.3f}" if v < 100 else f"{v:,.0f}"
+    print(f"| {name} | {fmt(c)} | {fmt(w)} | {ratio} |")
+print(f"\nerrors: cold {cold['errors']}, warm {warm['errors']}")
+PY
 }
 
 run_all() {
@@ -127,8 +174,12 @@ main() {
     machine_info
     echo "- engine $ENGINE_BIN, gateway $GATEWAY_BIN"
     echo
+    single_file cold
     run_all
+    single_file warm
     summarise
+    echo
+    summarise_cold
     echo
     echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
     keep_results
