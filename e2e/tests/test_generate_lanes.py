@@ -9,7 +9,11 @@ NIXL receiver says so in GetServerInfo and gets every tensor inline.
 
 The engine's ``iris_engine_pixel_tensors_total{lane}`` proves the lane each
 tensor arrived by, and the answers (a deterministic function of the pixel
-bytes) equal the inline ones. (A worker that says nothing and refuses the
+bytes) equal the inline ones. The lane tests run engines that keep no
+images (``--mm-item-cache-mb 0``), so that every image takes its lane; an
+engine that keeps them is sent each image it holds by content hash alone
+(a recall), and one that no longer holds it answers NOT_FOUND and gets the
+pixels. (A worker that says nothing and refuses the
 RDMA payload is the router's unit tests' case, and a TokenSpeed
 servicer's.)
 """
@@ -44,15 +48,18 @@ class MeteredEngine(Engine):
                 for lane in ("inline", "shm", "remote")}
 
 
-def start_metered_engine(procs: Processes, model_dir: Path, nixl: bool = False) -> MeteredEngine:
-    """An aggregated ``iris-engine`` with its metrics port; ``nixl`` runs the
-    ``--features nixl`` build with the NIXL library (its receiver up)."""
+def start_metered_engine(procs: Processes, model_dir: Path, nixl: bool = False,
+                         keep_mb: int = 0) -> MeteredEngine:
+    """An aggregated ``iris-engine`` with its metrics port, keeping ``keep_mb``
+    MB of received images for recalls; ``nixl`` runs the ``--features nixl``
+    build with the NIXL library (its receiver up)."""
     exe, env, flags = binary("iris-engine"), None, []
     if nixl:
         exe = nixl_binary("iris-engine")
         flags, env = nixl_env()
     args = [exe, "--role", "aggregated", "--host", "127.0.0.1", "--port", "0",
-            "--model-path", model_dir, "--metrics-port", "0", *flags]
+            "--model-path", model_dir, "--metrics-port", "0",
+            "--mm-item-cache-mb", str(keep_mb), *flags]
     process = procs.spawn("engine-aggregated", args, env)
     match = process.wait_for_line(ENGINE_LINE, STARTUP_TIMEOUT)
     engine = MeteredEngine("aggregated", process, port_of(match.group(1)))
@@ -61,8 +68,8 @@ def start_metered_engine(procs: Processes, model_dir: Path, nixl: bool = False) 
 
 
 def deploy(procs: Processes, model_dir: Path, transport: str, *, by_url: bool = False,
-           nixl: bool = False, nixl_engine: bool = False) -> Deployment:
-    engine = start_metered_engine(procs, model_dir, nixl=nixl_engine)
+           nixl: bool = False, nixl_engine: bool = False, keep_mb: int = 0) -> Deployment:
+    engine = start_metered_engine(procs, model_dir, nixl=nixl_engine, keep_mb=keep_mb)
     option = f"?transport={transport}" if by_url else ""
     args = ["--worker-urls", engine.url + option]
     if not by_url and transport != "inline":
@@ -133,3 +140,48 @@ def test_rdma_to_an_engine_without_nixl_goes_inline(processes, model_dir, inline
     text = dep.gateway.metrics()
     assert metric(text, "iris_transport_fallbacks_total", reason="nixl_unavailable") == TENSORS
     assert metric(text, "iris_transport_rdma_refusals_total") == 0, text
+
+
+def recalls(dep: Deployment) -> tuple:
+    """(served, missed) recalls the gateway counted."""
+    text = dep.gateway.metrics()
+    return (metric(text, "iris_transport_recalls_total", result="served") or 0,
+            metric(text, "iris_transport_recalls_total", result="missed") or 0)
+
+
+# chats() sends coffee, chelsea, then astronaut and coffee again; run()
+# repeats the last chat streamed: 3 distinct images, 3 resent.
+DISTINCT, RESENT = 3, 3
+
+
+@pytest.mark.parametrize("transport", ["inline", "shm"])
+def test_images_an_engine_holds_go_by_hash(processes, model_dir, inline_answers, transport):
+    """Once the engine has an image, the gateway sends it by content hash
+    alone (the engine advertises ``embedding_recall``): the same answers,
+    each distinct image's pixels sent once."""
+    dep = deploy(processes, model_dir, transport, keep_mb=1024)
+    wait_until(lambda: "recall=true" in dep.gateway.process.log_tail(20000), 10,
+               "the gateway to see the engine keep images")
+    assert run(dep) == inline_answers
+    lanes = dep.engines[0].lanes()
+    assert lanes[transport] == DISTINCT and sum(lanes.values()) == DISTINCT, lanes
+    assert recalls(dep) == (RESENT, 0)
+
+
+def test_an_image_the_engine_no_longer_holds_is_sent_again(processes, model_dir,
+                                                            inline_answers):
+    """An engine whose cache is too small for these images keeps none: every
+    recall misses (NOT_FOUND), and each request is planned again at once
+    with the pixels; the client sees the same answers."""
+    dep = deploy(processes, model_dir, "inline", keep_mb=1)
+    wait_until(lambda: "recall=true" in dep.gateway.process.log_tail(20000), 10,
+               "the gateway to see the engine keep images")
+    assert run(dep) == inline_answers
+    served, missed = recalls(dep)
+    assert served + missed == RESENT and missed >= 1, (served, missed)
+    # Each miss's pixels came after it (an attempt's other images may have
+    # been read before the miss ended it).
+    assert dep.engines[0].lanes()["inline"] >= DISTINCT + missed
+    text = dep.gateway.metrics()
+    assert metric(text, "iris_requests_total", outcome="ok") == len(inline_answers), text
+    assert (metric(text, "iris_retries_total") or 0) == 0, "a recall miss is not a retry"

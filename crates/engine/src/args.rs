@@ -112,6 +112,13 @@ pub struct EngineArgs {
     /// prompt prefilled in full and `cached_tokens` always 0.
     #[arg(long, default_value_t = 0, env = "IRIS_ENGINE_KV_CAPACITY_TOKENS")]
     pub kv_capacity_tokens: u64,
+    /// Megabytes of received multimodal items (pixel tensors) kept by
+    /// content hash on aggregated and prefill workers, least recently used
+    /// evicted: a gateway may then send an item this worker holds by its
+    /// hash alone (`embedding_recall` in GetServerInfo). 0: none kept, no
+    /// recalls.
+    #[arg(long, default_value_t = 1024, env = "IRIS_ENGINE_MM_ITEM_CACHE_MB")]
+    pub mm_item_cache_mb: u64,
     /// Append one JSON line per prefix-cache admission to FILE: its time,
     /// request id, the prompt's block hashes and its cached blocks (for
     /// benchmarks that compare routing with the best placement; needs

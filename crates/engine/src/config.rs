@@ -82,6 +82,8 @@ pub struct EngineConfig {
     pub kv_block_size: u32,
     /// Tokens the prefix cache holds (0: no cache).
     pub kv_capacity_tokens: u64,
+    /// Megabytes of received items kept for recalls (0: none).
+    pub mm_item_cache_mb: u64,
     /// `--kv-trace`: the file every admission is appended to, opened.
     pub kv_trace: Option<Arc<KvTrace>>,
     /// Chance of EOS per decode step, in parts per million (at most 10⁶).
@@ -150,6 +152,7 @@ impl EngineConfig {
             decode_per_step: Duration::from_micros(args.decode_us_per_step),
             kv_block_size: args.kv_block_size.max(1),
             kv_capacity_tokens: args.kv_capacity_tokens,
+            mm_item_cache_mb: args.mm_item_cache_mb,
             kv_trace,
             eos_ppm: args.eos_ppm,
             transfer_wait: Duration::from_millis(args.transfer_wait_ms),

@@ -27,6 +27,7 @@ mod payload;
 mod peers;
 pub mod prefix;
 mod protocol;
+mod recall;
 pub mod request;
 mod run;
 pub mod scores;

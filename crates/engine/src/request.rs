@@ -6,6 +6,7 @@
 //! naming the field; [`plan`] then checks what is common to every protocol
 //! (the prompt against the model, sampling ranges, sequences, logprobs).
 
+use bytes::Bytes;
 use iris_proto::scheduler::sampling_params::Constraint;
 use iris_proto::scheduler::TensorData;
 use iris_proto::tensor;
@@ -34,8 +35,12 @@ pub struct Limits {
 #[derive(Debug, Clone)]
 pub enum ItemSource {
     /// Preprocessed pixels carried in the request (inline, shm or remote),
-    /// in the engine's tensor form whatever the protocol.
-    Pixels(TensorData),
+    /// in the engine's tensor form whatever the protocol; kept under
+    /// `hash` for recalls ([`crate::recall`]) unless it is empty.
+    Pixels { tensor: TensorData, hash: Bytes },
+    /// An item sent by content hash alone (`tensor` has its shape and
+    /// dtype, no payload): served from [`crate::recall`]'s cache.
+    Recall { tensor: TensorData, hash: Bytes },
     /// An embedding waiting on an encode worker's data server.
     Embedding { host: String, port: u16, room: i64 },
 }

@@ -17,6 +17,7 @@ use crate::prefix::Admitted;
 use crate::request::{ItemSource, KvAddress, Plan};
 use crate::service::{Engine, StoredState};
 use crate::{constrained, Role};
+use iris_proto::scheduler::TensorData;
 
 /// Where a request's events go (to its protocol adapter).
 pub type Tx = mpsc::Sender<Result<Event, Status>>;
@@ -83,9 +84,16 @@ struct PromptTokens {
 /// whose blocks the request holds until it ends.
 async fn prefill(engine: &Engine, plan: &Plan) -> Result<(PromptState, Option<Admitted>), Status> {
     let wait = engine.config.transfer_wait;
-    let fetches = plan.items.iter().map(|item| async move {
+    let fetches = plan.items.iter().enumerate().map(|(i, item)| async move {
         match item {
-            ItemSource::Pixels(tensor) => engine.payloads.read(tensor).await,
+            ItemSource::Pixels { tensor, hash } => {
+                let bytes = engine.payloads.read(tensor).await?;
+                if let Some(cache) = &engine.items {
+                    cache.put(hash, &bytes);
+                }
+                Ok(bytes)
+            }
+            ItemSource::Recall { tensor, hash } => recall(engine, tensor, hash, i),
             ItemSource::Embedding { host, port, room } => {
                 engine.peers.fetch_embedding(host, *port, *room, wait).await
             }
@@ -113,6 +121,33 @@ async fn prefill(engine: &Engine, plan: &Plan) -> Result<(PromptState, Option<Ad
     .await
     .map_err(|e| Status::internal(format!("prefill task failed: {e}")))?;
     Ok((state, admitted))
+}
+
+/// The bytes of item `index`, sent by content hash alone: from the item
+/// cache, the size its tensor declares; NOT_FOUND ([`crate::recall`]) when
+/// the cache no longer holds it.
+fn recall(
+    engine: &Engine,
+    tensor: &TensorData,
+    hash: &[u8],
+    index: usize,
+) -> Result<Bytes, Status> {
+    let Some(cache) = &engine.items else {
+        return Err(Status::invalid_argument(format!(
+            "mm item {index}: encoder_input has no payload, and this worker keeps no items to recall (--mm-item-cache-mb 0)"
+        )));
+    };
+    let bytes = cache.recall(hash, index)?;
+    let expected = iris_proto::tensor::DType::parse(&tensor.dtype)
+        .and_then(|dtype| iris_proto::tensor::byte_len(&tensor.shape, dtype))
+        .map_err(|e| Status::invalid_argument(format!("mm item {index}, encoder_input: {e}")))?;
+    if bytes.len() as u64 != expected {
+        return Err(Status::invalid_argument(format!(
+            "mm item {index}: its content hash names a kept item of {} bytes, but encoder_input declares {expected}",
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
 }
 
 /// The simulated compute of `uncached` prompt tokens, queued behind the

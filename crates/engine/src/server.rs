@@ -212,6 +212,10 @@ fn build_engine(cfg: EngineConfig, data_addr: Option<SocketAddr>) -> anyhow::Res
         data_addr,
         next_room: AtomicI64::new(1),
         prefix: prefix_cache(&cfg),
+        items: match cfg.role {
+            Role::Decode => None,
+            Role::Aggregated | Role::Prefill => crate::recall::item_cache(cfg.mm_item_cache_mb),
+        },
         config: cfg,
     })
 }

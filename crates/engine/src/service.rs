@@ -81,6 +81,9 @@ pub struct Engine {
     /// The prefix KV cache (`--kv-capacity-tokens`; prefill and
     /// aggregated workers).
     pub prefix: Option<Arc<crate::prefix::PrefixCache>>,
+    /// Received items by content hash, for recalls (`--mm-item-cache-mb`;
+    /// prefill and aggregated workers).
+    pub items: Option<crate::recall::ItemCache>,
 }
 
 /// The events of one running request.
@@ -230,6 +233,10 @@ pub fn server_args(engine: &Engine) -> Struct {
     // Resumes a constraint after output already written
     // (`constrained_prefix_tokens`): gateways move such requests here.
     pairs.push((iris_transport::CONSTRAINT_RESUME_FIELD, number(1.0)));
+    // Serves items sent by content hash alone from the items it kept.
+    if engine.items.is_some() {
+        pairs.push((iris_transport::EMBEDDING_RECALL_FIELD, number(1.0)));
+    }
     // What gateways pick the lane of pixels in Generate requests by, as an
     // encoder reports it: whether RDMA payloads can be READ here, and the
     // longest a READ may hold the sender's slot.

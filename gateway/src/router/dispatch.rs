@@ -66,13 +66,18 @@ enum Failure {
     /// The worker refused the RDMA lane of its pixels (its puller is off):
     /// plan again at once, the pixels now inline; nobody is blamed.
     LaneRefused { worker: Arc<Worker>, status: Status },
+    /// The worker no longer held an image it was sent by content hash
+    /// alone (`router/pixels.rs`): plan again at once, that image's pixels
+    /// now sent; nobody is blamed.
+    RecallMissed { worker: Arc<Worker>, status: Status },
     /// An image of the request failed to preprocess: the request ends
     /// with its error, and no worker is blamed.
     Image(ApiError),
 }
 
-/// Re-plans after RDMA refusals per request at most (each turns rdma off
-/// for one worker, so more would mean the same worker refused again).
+/// Re-plans after RDMA refusals and recall misses per request at most
+/// (each turns rdma off for one worker, or makes the missed images go with
+/// their pixels, so more would mean the same worker refused again).
 const MAX_LANE_REPLANS: u32 = 4;
 
 /// A Generate leg the worker accepted.
@@ -263,11 +268,14 @@ impl Router {
             attempts.made += 1;
             let (worker, status, verdict) = match failure {
                 Failure::Image(error) => return Err(RouteError::Image(error)),
-                Failure::LaneRefused { .. } if attempts.replanned < MAX_LANE_REPLANS => {
+                Failure::LaneRefused { .. } | Failure::RecallMissed { .. }
+                    if attempts.replanned < MAX_LANE_REPLANS =>
+                {
                     attempts.replanned += 1;
                     continue;
                 }
-                Failure::LaneRefused { worker, status } => (worker, status, Verdict::Retry),
+                Failure::LaneRefused { worker, status }
+                | Failure::RecallMissed { worker, status } => (worker, status, Verdict::Retry),
                 Failure::Worker {
                     worker,
                     status,
@@ -363,9 +371,9 @@ impl Router {
         let mut read_ahead = plan.handover == Handover::FirstResponse;
         let mut sent = self.send(plan, kv_transfer).await;
         let laned = std::mem::take(&mut sent.laned);
-        // Pixels that went by the shm or RDMA lane are settled by the
-        // first response.
-        read_ahead |= laned.tickets.any_off_inline();
+        // Pixels that went by the shm or RDMA lane, and images sent by
+        // hash alone, are settled by the first response.
+        read_ahead |= laned.tickets.any_off_inline() || laned.any_recalled();
         let encoders = sent.encoders.clone();
         let (mut generation, workers) = match self.accepted(sent, &laned, suspects) {
             Ok(accepted) => accepted,
@@ -391,6 +399,9 @@ impl Router {
                     laned.tickets.never_sent();
                     return Err(refused);
                 }
+                if let Some(missed) = self.recall_missed(&laned, &worker, &status) {
+                    return Err(missed);
+                }
                 // The other legs' workers may be the cause (a decode leg
                 // passing on its prefill worker's death): suspects too.
                 let others = encoders
@@ -400,6 +411,9 @@ impl Router {
                     .collect();
                 return Err(late_failure(worker, status, others, suspects));
             }
+        }
+        for _ in 0..laned.kept() {
+            self.lanes.recalled(true);
         }
         laned.tickets.delivered();
         workers.prefill.iter().for_each(|p| p.record_success());
@@ -472,6 +486,28 @@ impl Router {
         }
         self.lanes.rdma_refused(worker, status);
         Some(Failure::LaneRefused {
+            worker: worker.clone(),
+            status: status.clone(),
+        })
+    }
+
+    /// The failure of `worker` no longer holding an image this attempt sent
+    /// it by hash alone (`laned`), if `status` says so: the worker forgets
+    /// those images (counted as missed recalls).
+    fn recall_missed(
+        &self,
+        laned: &Laned,
+        worker: &Arc<Worker>,
+        status: &Status,
+    ) -> Option<Failure> {
+        if !(laned.recalled_from(worker) && classify::recall_missed(status)) {
+            return None;
+        }
+        for _ in 0..laned.forget_recalled(worker) {
+            self.lanes.recalled(false);
+        }
+        tracing::debug!(worker = %worker.url, "a worker no longer held an image sent by hash; its pixels follow");
+        Some(Failure::RecallMissed {
             worker: worker.clone(),
             status: status.clone(),
         })
@@ -589,9 +625,10 @@ impl Router {
                         Err(failure) => failed.push(failure),
                     }
                 }
-                let refused = failed
-                    .iter()
-                    .find_map(|(worker, status)| self.lane_refused(laned, worker, status));
+                let refused = failed.iter().find_map(|(worker, status)| {
+                    self.lane_refused(laned, worker, status)
+                        .or_else(|| self.recall_missed(laned, worker, status))
+                });
                 match refused {
                     Some(refused) => Err(refused),
                     None => Err(self.calls_failed(failed, suspects)),

@@ -7,6 +7,15 @@
 //! random room per tensor, which the descriptor carries (a TokenSpeed
 //! scheduler servicer's puller checks no Encode room against it).
 //!
+//! An image the worker already holds (it advertises recalls and accepted
+//! the image's pixels before: [`crate::workers::recall`]) goes by content
+//! hash alone, its tensor's shape and dtype without a payload; a leg with
+//! such an item makes the attempt read ahead too, so that the worker's
+//! NOT_FOUND (it evicted the image, or restarted) surfaces before the
+//! hand-over, and the attempt is planned again at once with the pixels.
+//! A conversation that resends its earlier screenshots every turn thus
+//! sends one tensor per turn, not one per image in its history.
+//!
 //! The attempt settles the [`Tickets`]: delivered once the leg's first
 //! response arrived (the worker read its pixels before answering), dropped
 //! on any failure (shm files unlinked, slots left to the notification or
@@ -17,6 +26,7 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use iris_proto::scheduler::{tensor_data::Payload, GenerateRequest, MultimodalItem};
 use iris_transport::{DeliveryTicket, Transport};
 use tonic::Status;
@@ -51,12 +61,22 @@ impl Tickets {
 }
 
 /// The pixels of an attempt's Generate legs that went by the shm or RDMA
-/// lane.
+/// lane, and the images sent to workers that keep them.
 #[derive(Default)]
 pub(super) struct Laned {
     pub tickets: Tickets,
     /// Workers sent at least one remote (RDMA) payload.
     remote: Vec<Arc<Worker>>,
+    /// Per worker that keeps images: the ones it was sent by hash alone,
+    /// and every image of its leg.
+    kept: Vec<(Arc<Worker>, Kept)>,
+}
+
+/// The images of a leg to a worker that keeps them.
+#[derive(Default)]
+struct Kept {
+    recalled: Vec<Bytes>,
+    all: Vec<Bytes>,
 }
 
 impl Laned {
@@ -70,13 +90,53 @@ impl Laned {
             self.remote.push(worker.clone());
         }
         self.tickets.extend(prepared.tickets);
+        if !prepared.kept.all.is_empty() {
+            self.kept.push((worker.clone(), prepared.kept));
+        }
+    }
+
+    /// Whether any image went by hash alone (the first response settles
+    /// whether the worker still had it).
+    pub fn any_recalled(&self) -> bool {
+        self.kept.iter().any(|(_, k)| !k.recalled.is_empty())
+    }
+
+    /// Whether `worker` was sent an image by hash alone.
+    pub fn recalled_from(&self, worker: &Arc<Worker>) -> bool {
+        self.kept
+            .iter()
+            .any(|(w, k)| Arc::ptr_eq(w, worker) && !k.recalled.is_empty())
+    }
+
+    /// `worker` no longer had an image it was sent by hash: it forgets
+    /// every image this attempt recalled from it (the next plan sends
+    /// their pixels); returns how many.
+    pub fn forget_recalled(&self, worker: &Arc<Worker>) -> usize {
+        let of_worker = self.kept.iter().filter(|(w, _)| Arc::ptr_eq(w, worker));
+        let mut forgotten = 0;
+        for (_, kept) in of_worker {
+            kept.recalled.iter().for_each(|h| worker.recall.forget(h));
+            forgotten += kept.recalled.len();
+        }
+        forgotten
+    }
+
+    /// The legs were served: each worker keeps every image of its leg;
+    /// returns how many were served by hash alone.
+    pub fn kept(&self) -> usize {
+        for (worker, kept) in &self.kept {
+            kept.all.iter().for_each(|h| worker.recall.remember(h));
+        }
+        self.kept.iter().map(|(_, k)| k.recalled.len()).sum()
     }
 }
 
-/// What of a leg's pixels went by the shm or RDMA lane.
+/// What of a leg's pixels went by the shm or RDMA lane, and (to a worker
+/// that keeps images) which images it was sent.
 pub(super) struct LegPixels {
     tickets: Tickets,
     remote: bool,
+    kept: Kept,
 }
 
 impl LegPixels {
@@ -85,29 +145,55 @@ impl LegPixels {
         LegPixels {
             tickets: Tickets::default(),
             remote: false,
+            kept: Kept::default(),
         }
     }
 }
 
-/// `request` with every inline pixel tensor moved to `worker`'s lane;
-/// unchanged (not even copied) when the worker's transport is inline or
-/// the request carries no pixels. Preparation (file write, arena copy)
-/// runs on the blocking pool.
+/// `request` with the images `worker` holds sent by hash alone and every
+/// other inline pixel tensor moved to the worker's lane; unchanged (not
+/// even copied) when the worker's transport is inline and it holds none of
+/// them, or the request carries no pixels. Preparation (file write, arena
+/// copy) runs on the blocking pool.
 pub(super) async fn prepare(
     lanes: &Arc<Lanes>,
     worker: &Arc<Worker>,
     request: &GenerateRequest,
 ) -> Result<(Option<GenerateRequest>, LegPixels), Status> {
-    if lanes.requested(worker) == Transport::Inline || !carries_pixels(request) {
+    if !carries_pixels(request) {
         return Ok((None, LegPixels::none()));
     }
-    let (lanes, worker, mut request) = (lanes.clone(), worker.clone(), request.clone());
+    let mut prepared = LegPixels::none();
+    let mut recalled = Vec::new();
+    if worker.recalls_items() {
+        for (i, item) in inline_items(request) {
+            if worker.recall.holds(&item.content_hash) {
+                recalled.push(i);
+                prepared.kept.recalled.push(item.content_hash.clone());
+            }
+            prepared.kept.all.push(item.content_hash.clone());
+        }
+    }
+    let inline = lanes.requested(worker) == Transport::Inline;
+    if inline && recalled.is_empty() {
+        return Ok((None, prepared));
+    }
+    let mut request = request.clone();
+    for item in items_mut(&mut request)
+        .enumerate()
+        .filter(|(i, _)| recalled.contains(i))
+    {
+        if let Some(tensor) = item.1.encoder_input.as_mut() {
+            tensor.payload = None;
+        }
+    }
+    if inline {
+        return Ok((Some(request), prepared));
+    }
+    let (lanes, worker) = (lanes.clone(), worker.clone());
     tokio::task::spawn_blocking(move || {
-        let mut prepared = LegPixels::none();
-        let items = request
-            .mm_inputs
-            .iter_mut()
-            .flat_map(|m| m.items.iter_mut());
+        let items = items_mut(&mut request)
+            .filter(|item| matches!(payload(item), Some(Payload::Inline(_))));
         for item in items {
             let (laned, ticket) = lanes.prepare(&worker, item, new_room())?;
             if payload(&laned).is_some_and(|p| !matches!(p, Payload::Inline(_))) {
@@ -120,6 +206,23 @@ pub(super) async fn prepare(
     })
     .await
     .map_err(|e| Status::internal(format!("preparing the images' tensors failed: {e}")))?
+}
+
+/// The request's items that carry inline pixels, with their indices.
+fn inline_items(request: &GenerateRequest) -> impl Iterator<Item = (usize, &MultimodalItem)> {
+    request
+        .mm_inputs
+        .iter()
+        .flat_map(|m| &m.items)
+        .enumerate()
+        .filter(|(_, item)| matches!(payload(item), Some(Payload::Inline(_))))
+}
+
+fn items_mut(request: &mut GenerateRequest) -> impl Iterator<Item = &mut MultimodalItem> {
+    request
+        .mm_inputs
+        .iter_mut()
+        .flat_map(|m| m.items.iter_mut())
 }
 
 fn payload(item: &MultimodalItem) -> Option<&Payload> {

@@ -214,6 +214,8 @@ fn record_probed(worker: &Worker, probed: &Probed, our_hold: Duration) {
         .is_some_and(|started| worker.note_start(started))
     {
         tracing::info!(worker = %worker.url, "worker restarted: its RDMA lane is tried again");
+        // Its kept images went with it.
+        worker.recall.forget_all();
     }
     worker.set_nixl_silent(probed.nixl_silent);
     if worker.set_hold_refused(probed.hold_too_long.is_some()) {
@@ -224,10 +226,10 @@ fn record_probed(worker: &Worker, probed: &Probed, our_hold: Duration) {
             "worker's RDMA receiver may hold a slot longer than --rdma-receiver-hold-ms: its tensors go inline (fallback reason nixl_unavailable); raise --rdma-receiver-hold-ms (and --rdma-slot-ttl-secs) or lower its --rdma-landing-wait-ms / --rdma-read-timeout-ms"
         );
     }
-    worker.recall.set_enabled(probed.recall);
+    let recall_changed = worker.recall.set_enabled(probed.recall);
     let caps = probed.caps;
-    if worker.set_caps(caps) {
-        tracing::info!(worker = %worker.url, shared_shm = caps.shared_shm, nixl = caps.nixl, "worker tensor capabilities");
+    if worker.set_caps(caps) | recall_changed {
+        tracing::info!(worker = %worker.url, shared_shm = caps.shared_shm, nixl = caps.nixl, recall = probed.recall, "worker tensor capabilities");
     }
 }
 

@@ -1,10 +1,11 @@
-//! Which images an encode worker holds the embedding of, as far as this
-//! gateway knows: the content hashes of the images it accepted with their
-//! pixels, most recent first, bounded. An Iris encoder that advertises
-//! `embedding_recall` in GetServerInfo is then sent such an image without
-//! its pixels ([`crate::router`]'s encode step): it serves the embedding
-//! from its cache, or answers NOT_FOUND when it no longer has it, and the
-//! pixels follow at once. A multi-turn conversation that resends its
+//! Which images a worker holds, as far as this gateway knows: the content
+//! hashes of the images it accepted with their pixels, most recent first,
+//! bounded. A worker that advertises `embedding_recall` in GetServerInfo
+//! (an Iris encoder; an Iris engine prefilling, aggregated or PD prefill,
+//! over TokenSpeed's protocol) is then sent such an image without its
+//! pixels ([`crate::router`]'s encode step, and its Generate legs:
+//! `router/pixels.rs`): it serves the image from its cache, or answers
+//! NOT_FOUND when it no longer has it, and the pixels follow at once. A multi-turn conversation that resends its
 //! earlier screenshots thus costs one tensor per new image, not one per
 //! image in the history. The set is a hint, never a promise: a miss costs
 //! one extra round trip, and a restart of the worker empties it.
@@ -45,12 +46,18 @@ impl Recall {
     }
 
     /// Records whether the worker serves recalls; turning it off forgets
-    /// every hash.
-    pub fn set_enabled(&self, enabled: bool) {
-        if !self.enabled.swap(enabled, Ordering::Relaxed) || enabled {
-            return;
+    /// every hash. Whether that changed.
+    pub fn set_enabled(&self, enabled: bool) -> bool {
+        let was = self.enabled.swap(enabled, Ordering::Relaxed);
+        if was && !enabled {
+            self.forget_all();
         }
-        self.forget_all();
+        was != enabled
+    }
+
+    /// Whether the worker serves recalls (its last GetServerInfo said so).
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
     }
 
     /// Whether the image of `hash` may be sent without its pixels.

@@ -197,6 +197,13 @@ impl Worker {
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
+    /// Whether images it holds may go to its Generate legs by content hash
+    /// alone ([`super::recall`]): it advertises recalls and speaks
+    /// TokenSpeed's protocol (the ones that carry a payload-less item).
+    pub fn recalls_items(&self) -> bool {
+        self.recall.enabled() && self.backend() == Some(Backend::TokenSpeed)
+    }
+
     /// The worker's backend; `None` until given or detected.
     pub fn backend(&self) -> Option<Backend> {
         backend_of(self.backend.load(Ordering::Relaxed))

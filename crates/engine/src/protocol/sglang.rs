@@ -323,7 +323,10 @@ fn items(mm: MultimodalInputs, prompt_len: usize) -> Result<Vec<ItemSource>, Sta
         Some(pixels) => {
             let pixels = engine_tensor(pixels);
             request::check_tensor("mm_inputs.pixel_values", &pixels)?;
-            Ok(vec![ItemSource::Pixels(pixels)])
+            Ok(vec![ItemSource::Pixels {
+                tensor: pixels,
+                hash: bytes::Bytes::new(),
+            }])
         }
         None if mm.mm_placeholders.is_empty() => Ok(Vec::new()),
         None => Err(Status::invalid_argument(

@@ -212,17 +212,31 @@ fn item_sources(req: &GenerateRequest, prompt_len: usize) -> Result<Vec<ItemSour
             if let Some(source) = encoded.remove(&(i as u32)) {
                 return Ok(source);
             }
-            item.encoder_input.clone().map(ItemSource::Pixels).ok_or_else(|| {
-                Status::invalid_argument(format!(
+            let Some(tensor) = item.encoder_input.clone() else {
+                return Err(Status::invalid_argument(format!(
                     "mm item {i} has neither pixels (encoder_input) nor an encode_bootstrap_info entry"
-                ))
-            })
+                )));
+            };
+            let hash = item.content_hash.clone();
+            match tensor.payload {
+                Some(_) => Ok(ItemSource::Pixels { tensor, hash }),
+                None if hash.is_empty() => Err(Status::invalid_argument(format!(
+                    "mm item {i}: encoder_input has no payload and the item no content_hash to recall it by"
+                ))),
+                None => Ok(ItemSource::Recall { tensor, hash }),
+            }
         })
         .collect()
 }
 
 fn check_item(index: usize, item: &MultimodalItem, prompt_len: usize) -> Result<(), Status> {
-    let named = item.encoder_input.iter().map(|t| ("encoder_input", t));
+    // Without a payload the item is a recall: its shape and dtype are
+    // checked when it is served.
+    let named = item
+        .encoder_input
+        .iter()
+        .filter(|t| t.payload.is_some())
+        .map(|t| ("encoder_input", t));
     let specific = item
         .model_specific_tensors
         .iter()

@@ -367,7 +367,10 @@ fn batch_item(
         Some(pixels) => {
             let pixels = engine_tensor(&format!("{what}.pixel_values"), pixels)?;
             request::check_tensor(&format!("{what}.pixel_values"), &pixels)?;
-            Ok(Some(ItemSource::Pixels(pixels)))
+            Ok(Some(ItemSource::Pixels {
+                tensor: pixels,
+                hash: bytes::Bytes::new(),
+            }))
         }
         None if mm.mm_placeholders.is_empty() => Ok(None),
         None => Err(Status::invalid_argument(format!(
