@@ -226,18 +226,19 @@ measure() {
 # measure_agent MODE agentN: the conversations on each gateway in turn,
 # each gateway's JSON report in $WORK/agent/MODE-GATEWAY.json.
 measure_agent() {
-    local mode=$1 turns=${2#agent} gw target pid
+    local mode=$1 turns=${2#agent} gw target pid bytes
     mkdir -p "$WORK/agent"
     for gw in $GATEWAYS; do
+        # Iris's tensor bytes per turn (smg has no such counter).
         case $gw in
-        iris) target=$IRIS_ADDR pid=$IRIS_PID ;;
-        smg) target=$SMG_ADDR pid=$SMG_PID ;;
+        iris) target=$IRIS_ADDR pid=$IRIS_PID bytes=(--tensor-bytes-metrics "http://$IRIS_ADDR/metrics") ;;
+        smg) target=$SMG_ADDR pid=$SMG_PID bytes=() ;;
         esac
         log "$mode agent, $turns turns, $gw: $CONVERSATIONS conversations (+1 warm-up)"
         "${ON_WORKERS[@]}" "$BIN/iris-loadgen" --json --target "http://$target" \
             --image "$IMAGE" --turns "$turns" --conversations "$CONVERSATIONS" \
             --max-tokens "$MAX_TOKENS" --request-timeout-secs "$REQUEST_TIMEOUT" \
-            --cpu-pid "$pid" >"$WORK/agent/$mode-$gw.json" || log "$mode agent $gw failed"
+            --cpu-pid "$pid" "${bytes[@]}" >"$WORK/agent/$mode-$gw.json" || log "$mode agent $gw failed"
     done
 }
 
@@ -261,9 +262,14 @@ for mode in modes:
     any_report = next(iter(reports.values()))
     print(f"\n### {mode}: agent conversations, {any_report['turns']} turns, "
           f"{any_report['conversations']} conversations per gateway, one request in flight\n")
+    def mb(r, i):
+        v = r["per_turn"][i].get("tensor_mb")
+        return None if v is None else f"{v:.1f}"
+    with_mb = [g for g, r in reports.items() if mb(r, 0) is not None]
     cols = " | ".join(f"TTFT p50 ms {g} | gateway CPU ms {g}" for g in reports)
+    cols += "".join(f" | tensor MB sent {g}" for g in with_mb)
     print(f"| turn | images | {cols} |")
-    print("|---|---:|" + "---:|" * (2 * len(reports)))
+    print("|---|---:|" + "---:|" * (2 * len(reports) + len(with_mb)))
     for i in range(any_report["turns"]):
         cells = []
         for g, r in reports.items():
@@ -271,6 +277,7 @@ for mode in modes:
             ttft = t["ttft"]["p50_ms"] if t.get("ttft") else float("nan")
             cpu = t["cpu_ms"][0] if t["cpu_ms"] else float("nan")
             cells.append(f"{ttft:.1f} | {cpu:.1f}")
+        cells += [mb(reports[g], i) for g in with_mb]
         print(f"| {i + 1} | {i + 1} | " + " | ".join(cells) + " |")
 PY
 }

@@ -129,6 +129,11 @@ pub struct Cli {
     /// Measured conversations with --turns (after one warm-up conversation).
     #[arg(long, default_value_t = 5)]
     pub conversations: usize,
+    /// With --turns: the gateway's Prometheus page (http://HOST:PORT/metrics),
+    /// read after every turn for the bytes of pixel tensors it sent
+    /// (iris_transport_bytes_total, every lane): the report's MB per turn.
+    #[arg(long, value_name = "URL", requires = "turns")]
+    pub tensor_bytes_metrics: Option<String>,
     /// Write the tiny test model into this directory and exit.
     #[arg(long, conflicts_with_all = ["target", "grpc"])]
     pub write_tiny_model: Option<PathBuf>,
@@ -386,6 +391,11 @@ impl Cli {
             max_tokens: in_range("--max-tokens", self.max_tokens, 1, 1 << 20)?,
             cpu_pids: self.cpu_pid.clone(),
             request_timeout: seconds("--request-timeout-secs", self.request_timeout_secs, false)?,
+            tensor_bytes: self
+                .tensor_bytes_metrics
+                .as_deref()
+                .map(crate::scrape::MetricsUrl::parse)
+                .transpose()?,
         };
         Ok(Some((cfg, target)))
     }

@@ -28,6 +28,7 @@ use serde_json::{json, Value};
 use crate::cpu::{self, Proc};
 use crate::http;
 use crate::image::{self, ChatBody};
+use crate::scrape::{MetricsUrl, TENSOR_BYTES};
 use crate::stats::{ms, Distribution};
 
 /// Most turns a conversation may have.
@@ -46,6 +47,8 @@ pub struct ConversationConfig {
     pub max_tokens: u32,
     pub cpu_pids: Vec<u32>,
     pub request_timeout: Duration,
+    /// Where the gateway's tensor bytes are read after each turn.
+    pub tensor_bytes: Option<MetricsUrl>,
 }
 
 /// The bodies of one conversation's turns.
@@ -115,6 +118,9 @@ pub struct TurnReport {
     /// Mean CPU milliseconds of each watched process for this turn, in
     /// `--cpu-pid` order.
     pub cpu_ms: Vec<f64>,
+    /// Mean MB of pixel tensors the gateway sent for this turn (with
+    /// `--tensor-bytes-metrics`).
+    pub tensor_mb: Option<f64>,
 }
 
 /// The conversation run's report.
@@ -138,11 +144,16 @@ impl ConversationReport {
             self.conversations, self.turns, self.target
         );
         out.push_str("| turn | images | TTFT p50 ms | TTFT max ms | e2e p50 ms |");
+        let with_bytes = self.per_turn.iter().any(|t| t.tensor_mb.is_some());
+        if with_bytes {
+            out.push_str(" tensor MB sent |");
+        }
         for p in &self.processes {
             out.push_str(&format!(" CPU ms {p} |"));
         }
         out.push('\n');
-        out.push_str(&"|---".repeat(5 + self.processes.len()));
+        let columns = 5 + usize::from(with_bytes) + self.processes.len();
+        out.push_str(&"|---".repeat(columns));
         out.push_str("|\n");
         for t in &self.per_turn {
             let (p50, max) = t.ttft.as_ref().map_or((0.0, 0.0), |d| (d.p50_ms, d.max_ms));
@@ -151,6 +162,9 @@ impl ConversationReport {
                 "| {} | {} | {p50:.1} | {max:.1} | {e2e:.1} |",
                 t.turn, t.images
             ));
+            if let Some(mb) = t.tensor_mb {
+                out.push_str(&format!(" {mb:.1} |"));
+            }
             for ms in &t.cpu_ms {
                 out.push_str(&format!(" {ms:.1} |"));
             }
@@ -165,6 +179,8 @@ struct TurnAcc {
     ttft: Vec<Duration>,
     e2e: Vec<Duration>,
     cpu: Vec<Duration>,
+    /// Tensor bytes the gateway sent, summed over the conversations.
+    bytes: f64,
 }
 
 /// Runs the warm-up conversation and the measured ones.
@@ -182,11 +198,13 @@ pub async fn run(
             ttft: Vec::new(),
             e2e: Vec::new(),
             cpu: vec![Duration::ZERO; procs.len()],
+            bytes: 0.0,
         })
         .collect();
     for conv in 0..=cfg.conversations {
         for turn in 1..=cfg.turns {
             let body = ChatBody::single(turn_body(cfg, &shots, conv, turn));
+            let bytes_before = tensor_bytes(cfg).await?;
             let before = cpu_now(&procs, ticks)?;
             let start = Instant::now();
             let timing = tokio::time::timeout(cfg.request_timeout, client.send(body, start))
@@ -195,6 +213,7 @@ pub async fn run(
                 .with_context(|| format!("conversation {conv}, turn {turn}"))?;
             let e2e = start.elapsed();
             let after = cpu_now(&procs, ticks)?;
+            let bytes_after = tensor_bytes(cfg).await?;
             if conv == 0 {
                 continue; // the warm-up conversation
             }
@@ -202,6 +221,7 @@ pub async fn run(
             let first = timing.tokens.first.context("the stream carried no token")?;
             slot.ttft.push(first);
             slot.e2e.push(e2e);
+            slot.bytes += bytes_after - bytes_before;
             for (sum, (a, b)) in slot.cpu.iter_mut().zip(after.iter().zip(&before)) {
                 *sum += a.saturating_sub(*b);
             }
@@ -226,6 +246,7 @@ fn report(
             ttft: Distribution::of(a.ttft),
             e2e: Distribution::of(a.e2e),
             cpu_ms: a.cpu.iter().map(|d| ms(*d) / n).collect(),
+            tensor_mb: cfg.tensor_bytes.as_ref().map(|_| a.bytes / n / 1e6),
         })
         .collect();
     ConversationReport {
@@ -240,6 +261,14 @@ fn report(
             .map(|(p, pid)| format!("{} ({pid})", p.name()))
             .collect(),
         per_turn,
+    }
+}
+
+/// The gateway's tensor bytes sent so far (0 without `--tensor-bytes-metrics`).
+async fn tensor_bytes(cfg: &ConversationConfig) -> anyhow::Result<f64> {
+    match &cfg.tensor_bytes {
+        Some(url) => url.counter(TENSOR_BYTES).await,
+        None => Ok(0.0),
     }
 }
 
@@ -261,6 +290,7 @@ mod tests {
             max_tokens: 4,
             cpu_pids: vec![],
             request_timeout: Duration::from_secs(1),
+            tensor_bytes: None,
         }
     }
 
@@ -324,14 +354,43 @@ mod tests {
                 ttft: vec![Duration::from_millis(10 + i), Duration::from_millis(12)],
                 e2e: vec![Duration::from_millis(20), Duration::from_millis(22)],
                 cpu: vec![Duration::from_millis(30)],
+                bytes: 3e6,
             })
             .collect();
         let mut r = report(&c, &[], acc, "127.0.0.1:1");
         r.processes = vec!["iris (1)".into()];
         assert_eq!(r.per_turn[2].images, 3);
         assert_eq!(r.per_turn[0].cpu_ms, vec![15.0]);
+        assert_eq!(r.per_turn[0].tensor_mb, None, "not asked for");
         let table = r.table();
         assert_eq!(table.lines().filter(|l| l.starts_with("| ")).count(), 4);
         assert!(table.contains("CPU ms iris (1)"), "{table}");
+        assert!(!table.contains("tensor MB"), "{table}");
+    }
+
+    /// With the gateway's page to read, each turn's mean tensor MB.
+    #[test]
+    fn tensor_bytes_are_a_column_when_read() {
+        let c = ConversationConfig {
+            tensor_bytes: Some(MetricsUrl::parse("http://127.0.0.1:1/metrics").unwrap()),
+            ..cfg()
+        };
+        let acc = (0..2)
+            .map(|i| TurnAcc {
+                ttft: vec![Duration::from_millis(10)],
+                e2e: vec![Duration::from_millis(20)],
+                cpu: vec![],
+                bytes: 2e6 * (i + 1) as f64,
+            })
+            .collect();
+        let r = report(&c, &[], acc, "127.0.0.1:1");
+        assert_eq!(
+            r.per_turn[1].tensor_mb,
+            Some(2.0),
+            "4 MB over 2 conversations"
+        );
+        let table = r.table();
+        assert!(table.contains("| tensor MB sent |"), "{table}");
+        assert!(table.contains("| 1.0 |"), "{table}");
     }
 }

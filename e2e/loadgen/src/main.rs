@@ -26,6 +26,7 @@ mod image;
 mod prompt;
 mod report;
 mod run;
+mod scrape;
 mod stats;
 mod synth;
 
