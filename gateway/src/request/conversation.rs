@@ -61,18 +61,6 @@ impl ReadyConversation {
 impl Input for ChatCompletionRequest {
     type Ready = ReadyConversation;
 
-    fn model(&self) -> &str {
-        &self.model
-    }
-
-    fn streams(&self) -> bool {
-        self.is_stream()
-    }
-
-    fn user(&self) -> Option<&str> {
-        self.user.as_deref()
-    }
-
     /// Checks and tokenizes the conversation; `ledger` gets its images as
     /// soon as they are loaded (for the log line, even when a later step
     /// fails), then its prompt tokens.

@@ -56,11 +56,9 @@ impl<I: Input> ApiRequest<I> {
     }
 }
 
-/// A kind of input, and how it is made ready for the workers.
-pub trait Input: Send + Sized + 'static {
-    /// The request ready to start: prompt tokenized, worker request built.
-    type Ready: Send + 'static;
-
+/// What the shared path reads of a wire request before its model is
+/// known.
+pub trait Envelope {
     /// The model it names.
     fn model(&self) -> &str;
 
@@ -69,6 +67,36 @@ pub trait Input: Send + Sized + 'static {
 
     /// The client's end-user id, when sent.
     fn user(&self) -> Option<&str>;
+}
+
+/// [`Envelope`] for a wire request with `model`, `user` and `is_stream()`.
+macro_rules! envelope {
+    ($($wire:ty),*) => {$(
+        impl Envelope for $wire {
+            fn model(&self) -> &str {
+                &self.model
+            }
+
+            fn streams(&self) -> bool {
+                self.is_stream()
+            }
+
+            fn user(&self) -> Option<&str> {
+                self.user.as_deref()
+            }
+        }
+    )*};
+}
+
+envelope!(
+    iris_openai::ChatCompletionRequest,
+    iris_openai::CompletionRequest
+);
+
+/// A kind of input, and how it is made ready for the workers.
+pub trait Input: Envelope + Send + Sized + 'static {
+    /// The request ready to start: prompt tokenized, worker request built.
+    type Ready: Send + 'static;
 
     /// Checks the input against `served` (vocabulary, context, media),
     /// renders and tokenizes it and builds the worker request; `ledger`

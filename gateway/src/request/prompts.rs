@@ -50,18 +50,6 @@ impl ReadyPrompts {
 impl Input for CompletionRequest {
     type Ready = ReadyPrompts;
 
-    fn model(&self) -> &str {
-        &self.model
-    }
-
-    fn streams(&self) -> bool {
-        self.is_stream()
-    }
-
-    fn user(&self) -> Option<&str> {
-        self.user.as_deref()
-    }
-
     /// Checks and tokenizes the prompts; `ledger` gets their token count.
     async fn prepare(
         self,
