@@ -91,14 +91,10 @@ impl Input for ChatCompletionRequest {
             build_prompt(&served, &request, &timestamps)
         } else {
             let (served, request) = (served.clone(), request.clone());
-            tokio::task::spawn_blocking(move || build_prompt(&served, &request, &timestamps))
-                .await
-                .map_err(|e| {
-                    (
-                        ApiError::internal(format!("prompt task failed: {e}")),
-                        Outcome::UpstreamError,
-                    )
-                })?
+            super::off_runtime("prompt", move || {
+                build_prompt(&served, &request, &timestamps)
+            })
+            .await?
         }
         .map_err(client)?;
         ledger

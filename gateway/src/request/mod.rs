@@ -108,3 +108,15 @@ pub trait Input: Envelope + Send + Sized + 'static {
         ledger: &mut Ledger,
     ) -> impl Future<Output = Result<Self::Ready, Failure>> + Send;
 }
+
+/// Runs `work` (a large prompt's rendering or tokenizing) on the blocking
+/// pool; `what` names it if the task fails.
+async fn off_runtime<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        let error = iris_openai::ApiError::internal(format!("{what} task failed: {e}"));
+        (error, crate::metrics::Outcome::UpstreamError)
+    })
+}

@@ -64,14 +64,7 @@ impl Input for CompletionRequest {
             tokenize_prompts(&served, &request)
         } else {
             let (served, request) = (served.clone(), request.clone());
-            tokio::task::spawn_blocking(move || tokenize_prompts(&served, &request))
-                .await
-                .map_err(|e| {
-                    (
-                        ApiError::internal(format!("tokenization task failed: {e}")),
-                        Outcome::UpstreamError,
-                    )
-                })?
+            super::off_runtime("tokenization", move || tokenize_prompts(&served, &request)).await?
         }
         .map_err(client)?;
         ledger
