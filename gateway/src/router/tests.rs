@@ -378,6 +378,29 @@ fn router(mode: Mode, max_retries: u32) -> Arc<Router> {
     Arc::new(unshared(mode, max_retries, 1))
 }
 
+/// An EPD router over `encode`, a prefill worker whose stream fails with
+/// `code`, a good one and a decode worker, after one image request went
+/// through it (retried past the failing prefill) and finished; the router
+/// and the three fakes.
+async fn epd_past_a_failing_prefill(
+    encode: Arc<Pool>,
+    code: Code,
+) -> (Arc<Router>, Fake, Fake, Fake) {
+    let failing = Fake::start(Role::Prefill, &[Answer::FailInStream(code)]).await;
+    let good = Fake::start(Role::Prefill, &[Answer::Respond]).await;
+    let decode = Fake::start(Role::Decode, &[Answer::Pending, Answer::Respond]).await;
+    let mode = Mode::EncodePrefillDecode {
+        encode,
+        prefill: pool(Role::Prefill, &[&failing, &good]),
+        decode: pool(Role::Decode, &[&decode]),
+    };
+    let router = router(mode, 2);
+    let mut generation = router.start(image_request()).await.expect("retried");
+    assert!(matches!(generation.next().await, Some(Ok(_))));
+    generation.finish();
+    (router, failing, good, decode)
+}
+
 /// [`router`] with `circuit_breaker_failures`, not yet shared.
 fn unshared(mode: Mode, max_retries: u32, circuit_breaker_failures: u32) -> Router {
     let settings = RouterSettings {
@@ -444,18 +467,8 @@ async fn pd_retries_an_internal_error_of_prefill_on_another_prefill() {
 #[tokio::test]
 async fn epd_retries_a_failure_in_the_prefill_stream_before_the_first_response() {
     let encoder = Fake::start(Role::Encode, &[]).await;
-    let failing = Fake::start(Role::Prefill, &[Answer::FailInStream(Code::Internal)]).await;
-    let good = Fake::start(Role::Prefill, &[Answer::Respond]).await;
-    let decode = Fake::start(Role::Decode, &[Answer::Pending, Answer::Respond]).await;
-    let mode = Mode::EncodePrefillDecode {
-        encode: pool(Role::Encode, &[&encoder]),
-        prefill: pool(Role::Prefill, &[&failing, &good]),
-        decode: pool(Role::Decode, &[&decode]),
-    };
-    let router = router(mode, 2);
-    let mut generation = router.start(image_request()).await.expect("retried");
-    assert!(matches!(generation.next().await, Some(Ok(_))));
-    generation.finish();
+    let encode = pool(Role::Encode, &[&encoder]);
+    let (router, failing, good, decode) = epd_past_a_failing_prefill(encode, Code::Internal).await;
     assert_eq!(
         encoder.encodes(),
         2,
@@ -486,20 +499,10 @@ async fn a_late_failure_suspects_the_attempts_encoders() {
         Fake::start(Role::Encode, &[]).await,
         Fake::start(Role::Encode, &[]).await,
     ];
-    let failing = Fake::start(Role::Prefill, &[Answer::FailInStream(Code::Unknown)]).await;
-    let good = Fake::start(Role::Prefill, &[Answer::Respond]).await;
-    let decode = Fake::start(Role::Decode, &[Answer::Pending, Answer::Respond]).await;
     let workers = encoders.iter().map(|f| f.worker.clone()).collect();
     let affinity = PolicyKind::ConsistentHashing.build(Default::default(), &Default::default());
-    let mode = Mode::EncodePrefillDecode {
-        encode: Arc::new(Pool::new(Role::Encode, workers, affinity)),
-        prefill: pool(Role::Prefill, &[&failing, &good]),
-        decode: pool(Role::Decode, &[&decode]),
-    };
-    let router = router(mode, 2);
-    let mut generation = router.start(image_request()).await.expect("retried");
-    assert!(matches!(generation.next().await, Some(Ok(_))));
-    generation.finish();
+    let encode = Arc::new(Pool::new(Role::Encode, workers, affinity));
+    let _ = epd_past_a_failing_prefill(encode, Code::Unknown).await;
     let encodes = [encoders[0].encodes(), encoders[1].encodes()];
     assert_eq!(
         encodes,
