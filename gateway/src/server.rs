@@ -55,6 +55,8 @@ pub struct AppState {
     pub shutdown_grace: Duration,
     /// Cancelled when the grace period is over: requests still running end.
     pub hard_stop: CancellationToken,
+    /// Stored `/v1/responses` answers (`--responses-store`).
+    pub responses: Arc<dyn crate::responses::store::ResponseStore>,
 }
 
 /// Longest wait, at exit, for Abort RPCs still being sent.
@@ -198,6 +200,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         connection_stats,
         shutdown_grace: config.shutdown_grace,
         hard_stop: CancellationToken::new(),
+        responses: crate::responses::store::open(&config.responses_store)?,
     });
     let addr = listener.local_addr()?;
     let metrics_addr = metrics_listener
@@ -301,6 +304,26 @@ fn api_routes() -> Vec<Route> {
     vec![
         ("POST", "/v1/chat/completions", post(serve::<Chat>)),
         ("POST", "/v1/completions", post(serve::<Completions>)),
+        (
+            "POST",
+            "/v1/responses",
+            post(serve::<crate::responses::Responses>),
+        ),
+        (
+            "GET",
+            "/v1/responses/{response_id}",
+            get(crate::responses::retrieve),
+        ),
+        (
+            "DELETE",
+            "/v1/responses/{response_id}",
+            axum::routing::delete(crate::responses::delete),
+        ),
+        (
+            "GET",
+            "/v1/responses/{response_id}/input_items",
+            get(crate::responses::input_items),
+        ),
         ("GET", "/v1/models", get(models)),
         ("GET", "/v1/models/{id}", get(model)),
         ("POST", "/v1/tokenize", post(crate::tokenize::tokenize)),
