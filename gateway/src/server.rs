@@ -685,12 +685,18 @@ async fn wrong_method(
     response
 }
 
-/// Whether `path` is one of `route`'s (`{id}` stands for the rest).
+/// Whether `path` is one of `route`'s (`{id}` stands for the rest, any
+/// other `{name}` for one segment).
 fn route_matches(route: &str, path: &str) -> bool {
-    match route.strip_suffix("{id}") {
-        Some(prefix) => path.starts_with(prefix) && path.len() > prefix.len(),
-        None => route == path,
+    if let Some(prefix) = route.strip_suffix("{id}") {
+        return path.starts_with(prefix) && path.len() > prefix.len();
     }
+    let mut segments = path.split('/');
+    route.split('/').all(|want| {
+        segments
+            .next()
+            .is_some_and(|got| got == want || (want.starts_with('{') && !got.is_empty()))
+    }) && segments.next().is_none()
 }
 
 #[cfg(test)]
