@@ -317,3 +317,95 @@ def test_sqlite_store_survives_a_restart(model_dir, tmp_path):
         dep.gateway.close_clients()
     finally:
         procs.stop_all()
+
+
+def test_a_failed_stream_ends_with_response_failed(model_dir, tmp_path):
+    """The only worker killed mid-stream (no other to move to): the stream
+    ends with ``response.failed`` and an ``error`` event, numbered in order,
+    and the failed response is not stored."""
+    procs = Processes(tmp_path)
+    try:
+        dep = aggregated(procs, model_dir, engine_args=("--decode-per-step-us", "20000"),
+                         gateway_args=("--max-migrations", "0"))
+        http = dep.gateway.http(timeout=30)
+        body = {"model": dep.gateway.model, "input": PROMPT, "max_output_tokens": 500,
+                "stream": True, "ignore_eos": True}
+        events = []
+        with http.stream("POST", "/v1/responses", json=body) as answer:
+            assert answer.status_code == 200
+            lines = answer.iter_lines()
+            for line in lines:
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                events.append(json.loads(line.removeprefix("data: ")))
+                deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+                if len(deltas) == 3:
+                    dep.engines[0].process.kill()
+                    break
+            for line in lines:
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append(json.loads(line.removeprefix("data: ")))
+        kinds = [e["type"] for e in events]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert kinds[-2:] == ["response.failed", "error"], kinds
+        failed = events[-2]["response"]
+        assert failed["status"] == "failed"
+        assert "worker" in failed["error"]["message"]
+        assert "worker" in events[-1]["message"]
+        assert http.get(f"/v1/responses/{failed['id']}").status_code == 404
+    finally:
+        procs.stop_all()
+
+
+# A chat template that says the reasoning effort it is given and, given
+# one, opens the answer inside `<think>` (so the qwen3 reasoning parser
+# takes what the model writes as reasoning).
+EFFORT_TEMPLATE = """\
+{%- for m in messages %}{{ m.role }}: {{ m.content }}
+{% endfor -%}
+{%- if reasoning_effort is defined %}Think with {{ reasoning_effort }} effort, carefully and at length.
+assistant: <think>
+{% else %}assistant:{% endif %}"""
+
+
+def test_reasoning_effort_and_reasoning_items(model_dir, tmp_path):
+    template = tmp_path / "effort.jinja"
+    template.write_text(EFFORT_TEMPLATE)
+    procs = Processes(tmp_path)
+    try:
+        dep = aggregated(procs, model_dir, gateway_args=(
+            "--chat-template", str(template), "--reasoning-parser", "qwen3"))
+        client, model = dep.gateway.client(), dep.gateway.model
+        plain = ask(client, model)
+        assert [i.type for i in plain.output] == ["message"]
+        assert plain.usage.output_tokens_details.reasoning_tokens == 0
+        thought = ask(client, model, reasoning={"effort": "high", "summary": "auto"})
+        assert thought.reasoning.effort == "high"
+        # The effort reached the template: the prompt says it.
+        assert thought.usage.input_tokens > plain.usage.input_tokens + 5
+        reasoning = thought.output[0]
+        assert reasoning.type == "reasoning" and reasoning.id.startswith("rs_")
+        [summary] = reasoning.summary
+        assert summary.type == "summary_text" and summary.text
+        assert thought.usage.output_tokens_details.reasoning_tokens > 0
+        # Streamed, the reasoning comes as summary text events.
+        kinds, deltas = [], ""
+        with client.responses.stream(model=model, input=PROMPT, max_output_tokens=MAX_TOKENS,
+                                     temperature=0, reasoning={"effort": "high"}) as stream:
+            for event in stream:
+                kinds.append(event.type)
+                if event.type == "response.reasoning_summary_text.delta":
+                    deltas += event.delta
+                if event.type == "response.reasoning_summary_text.done":
+                    assert event.text == deltas
+        assert deltas == summary.text
+        assert kinds[2:4] == ["response.output_item.added",
+                              "response.reasoning_summary_part.added"]
+        assert "response.reasoning_summary_part.done" in kinds
+        # The reasoning item sent back is the next turn's reasoning.
+        again = ask(client, model, input=[{"role": "user", "content": PROMPT}, *[
+            item.model_dump(exclude_none=True) for item in thought.output],
+            {"role": "user", "content": "Go on."}])
+        assert again.status in {"completed", "incomplete"}
+    finally:
+        procs.stop_all()

@@ -148,18 +148,15 @@ fn json_response(value: &Value) -> Response {
         .into_response()
 }
 
-fn not_found(id: &str) -> Response {
-    error_response(
-        &ApiError::not_found(format!("Response with id '{id}' not found."))
-            .with_param("response_id"),
-    )
+fn not_found(id: &str) -> ApiError {
+    ApiError::not_found(format!("Response with id '{id}' not found.")).with_param("response_id")
 }
 
-fn stored(state: &AppState, id: &str) -> Result<Stored, Response> {
+fn stored(state: &AppState, id: &str) -> Result<Stored, ApiError> {
     match state.responses.get(id) {
         Ok(Some(stored)) => Ok(stored),
         Ok(None) => Err(not_found(id)),
-        Err(error) => Err(error_response(&ApiError::internal(error.to_string()))),
+        Err(error) => Err(ApiError::internal(error.to_string())),
     }
 }
 
@@ -191,7 +188,7 @@ pub async fn retrieve(
     }
     match stored(&state, &id) {
         Ok(stored) => json_response(&stored.response),
-        Err(response) => response,
+        Err(error) => error_response(&error),
     }
 }
 
@@ -199,7 +196,7 @@ pub async fn retrieve(
 pub async fn delete(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
     match state.responses.delete(&id) {
         Ok(true) => json_response(&json!({"id": id, "object": "response", "deleted": true})),
-        Ok(false) => not_found(&id),
+        Ok(false) => error_response(&not_found(&id)),
         Err(error) => error_response(&ApiError::internal(error.to_string())),
     }
 }
@@ -268,7 +265,7 @@ pub async fn input_items(
     }
     let mut items = match stored(&state, &id) {
         Ok(stored) => stored.input,
-        Err(response) => return response,
+        Err(error) => return error_response(&error),
     };
     match query.order.as_deref() {
         None | Some("desc") => items.reverse(),

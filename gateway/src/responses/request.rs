@@ -107,6 +107,8 @@ struct Wire {
     #[serde(default)]
     seed: Option<u64>,
     #[serde(default)]
+    ignore_eos: Option<bool>,
+    #[serde(default)]
     chat_template_kwargs: Option<Map<String, Value>>,
     #[serde(flatten)]
     extra: Map<String, Value>,
@@ -471,6 +473,7 @@ pub fn convert(
         temperature: wire.temperature,
         top_p: wire.top_p,
         seed: wire.seed,
+        ignore_eos: wire.ignore_eos,
         user: wire.user.clone(),
         response_format: text_format.as_ref().map(response_format),
         tools,
@@ -1118,7 +1121,10 @@ fn echo(wire: &Wire, format: Option<&TextFormat>) -> Map<String, Value> {
     );
     put("service_tier", json!("default"));
     put("store", json!(wire.store.unwrap_or(true)));
-    put("temperature", json!(wire.temperature.unwrap_or(1.0)));
+    put(
+        "temperature",
+        json!(decimal(wire.temperature.unwrap_or(1.0))),
+    );
     put("text", json!({"format": format, "verbosity": "medium"}));
     put(
         "tool_choice",
@@ -1126,10 +1132,15 @@ fn echo(wire: &Wire, format: Option<&TextFormat>) -> Map<String, Value> {
     );
     put("tools", Value::Array(tools));
     put("top_logprobs", json!(0));
-    put("top_p", json!(wire.top_p.unwrap_or(1.0)));
+    put("top_p", json!(decimal(wire.top_p.unwrap_or(1.0))));
     put("truncation", json!("disabled"));
     put("user", json!(wire.user));
     echo
+}
+
+/// `value` as the decimal the client wrote (`0.7`, not `0.699999988`).
+fn decimal(value: f32) -> f64 {
+    value.to_string().parse().unwrap_or(f64::from(value))
 }
 
 /// `error` with the chat request's field names turned back into the
