@@ -1160,11 +1160,10 @@ pub fn rename(mut error: ApiError, sources: &[String]) -> ApiError {
 }
 
 fn rename_param(param: &str, sources: &[String]) -> String {
-    const FIELDS: [(&str, &str); 5] = [
+    const FIELDS: [(&str, &str); 4] = [
         ("response_format.json_schema", "text.format"),
         ("response_format", "text.format"),
         ("max_completion_tokens", "max_output_tokens"),
-        ("chat_template_kwargs", "chat_template_kwargs"),
         ("messages", "input"),
     ];
     if let Some(rest) = param.strip_prefix("messages[") {
