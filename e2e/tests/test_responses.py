@@ -14,7 +14,14 @@ the official ``openai`` client's ``client.responses``:
   (the stored turns are in the prompt), ``retrieve``, ``input_items``,
   ``delete``; ``store: false`` keeps nothing; the SQLite store keeps
   responses across a gateway restart;
-- refused and unknown fields: a 400 naming the field.
+- refused and unknown fields: a 400 naming the field;
+- a stream whose only worker dies ends with ``response.failed`` and an
+  ``error`` event;
+- ``reasoning.effort`` reaches the chat template, and a reasoning parser's
+  output becomes ``reasoning`` items (summary text events when streamed).
+
+The shared deployment is aggregated, then prefill/decode; the tests that
+need their own gateway flags start an aggregated one.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from conftest import Processes, aggregated, start_gateway
+from conftest import Processes, aggregated, prefill_decode, start_gateway
 from test_epd import data_url, png
 
 MAX_TOKENS = 16
@@ -49,12 +56,13 @@ class Weather(BaseModel):
     sunny: bool
 
 
-@pytest.fixture(scope="module")
-def dep(model_dir, tmp_path_factory):
-    procs = Processes(tmp_path_factory.mktemp("logs-responses"))
+@pytest.fixture(scope="module", params=["aggregated", "pd"])
+def dep(request, model_dir, tmp_path_factory):
+    procs = Processes(tmp_path_factory.mktemp(f"logs-responses-{request.param}"))
+    start = aggregated if request.param == "aggregated" else prefill_decode
     deployment = None
     try:
-        deployment = aggregated(procs, model_dir)
+        deployment = start(procs, model_dir)
         yield deployment
     finally:
         if deployment is not None:
