@@ -137,6 +137,14 @@ def test_create_with_an_image(client, model):
     assert [i.type for i in items] == ["message"]
     assert items[0].content[1].type == "input_image"
     assert items[0].content[1].image_url == image
+    # Continued, the stored image is in the prompt again (kept once by the
+    # store however many responses send it).
+    again = ask(client, model, input=[{"role": "user", "content": content}])
+    follow = ask(client, model, input="And the colours?", previous_response_id=again.id)
+    assert follow.usage.input_tokens > with_image.usage.input_tokens
+    plain = ask(client, model, input="And the colours?",
+                previous_response_id=text_only.id)
+    assert follow.usage.input_tokens > plain.usage.input_tokens + 4
 
 
 def test_stream_matches_the_unary_answer(client, model):

@@ -12,6 +12,11 @@
 //! refuse a response whose stored form is over
 //! `--responses-store-max-bytes`.
 //!
+//! Images sent as `data:` URLs are kept apart, once per store by their
+//! SHA-256, however many stored responses send them (a client that sends
+//! its whole conversation again each turn stores its images once); an
+//! image goes when the last response sending it does.
+//!
 //! Calls are synchronous and short (a map under a lock, or one SQLite
 //! statement on a local file).
 
@@ -123,20 +128,85 @@ pub fn open(settings: &StoreSettings) -> anyhow::Result<Arc<dyn ResponseStore>> 
     })
 }
 
-/// The stored form of `stored`, checked against `max` bytes.
-fn encode(stored: &Stored, max: usize) -> Result<Vec<u8>, StoreError> {
-    let bytes = serde_json::to_vec(stored).map_err(|e| StoreError::Backend(e.to_string()))?;
-    if bytes.len() > max {
+/// The stored form of `stored`, checked against `max` bytes (images
+/// included), with its `data:` images moved out: the entry, and the
+/// images by hash.
+fn encode(stored: &Stored, max: usize) -> Result<(Vec<u8>, Vec<Image>), StoreError> {
+    let whole = serde_json::to_vec(stored).map_err(|e| StoreError::Backend(e.to_string()))?;
+    if whole.len() > max {
         return Err(StoreError::TooLarge {
-            size: bytes.len(),
+            size: whole.len(),
             max,
         });
     }
-    Ok(bytes)
+    let mut entry = stored.clone();
+    let mut images: Vec<Image> = Vec::new();
+    for url in image_urls(&mut entry) {
+        if let Some(data) = url.as_str().filter(|u| u.starts_with("data:")) {
+            let image = Image::of(data);
+            *url = Value::String(format!("{IMAGE_REF}{}", image.hash));
+            if !images.iter().any(|i| i.hash == image.hash) {
+                images.push(image);
+            }
+        }
+    }
+    if images.is_empty() {
+        return Ok((whole, images));
+    }
+    let bytes = serde_json::to_vec(&entry).map_err(|e| StoreError::Backend(e.to_string()))?;
+    Ok((bytes, images))
 }
 
-fn decode(bytes: &[u8]) -> Result<Stored, StoreError> {
-    serde_json::from_slice(bytes).map_err(|e| StoreError::Backend(format!("unreadable entry: {e}")))
+/// The entry `bytes` with its images put back (`lookup` finds each by its
+/// hash).
+fn decode(bytes: &[u8], lookup: impl Fn(&str) -> Option<String>) -> Result<Stored, StoreError> {
+    let mut stored: Stored = serde_json::from_slice(bytes)
+        .map_err(|e| StoreError::Backend(format!("unreadable entry: {e}")))?;
+    for url in image_urls(&mut stored) {
+        let Some(hash) = url.as_str().and_then(|u| u.strip_prefix(IMAGE_REF)) else {
+            continue;
+        };
+        let data = lookup(hash)
+            .ok_or_else(|| StoreError::Backend(format!("stored image {hash} is missing")))?;
+        *url = Value::String(data);
+    }
+    Ok(stored)
+}
+
+/// How a stored item names an image kept apart (`data:` URLs are kept
+/// once per store however many responses send them).
+const IMAGE_REF: &str = "iris-image:sha256:";
+
+/// A `data:` image kept apart from the items that send it.
+#[derive(Debug, Clone)]
+struct Image {
+    /// SHA-256 of the data URL, in hex.
+    hash: String,
+    url: Arc<str>,
+}
+
+impl Image {
+    fn of(url: &str) -> Image {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(url.as_bytes());
+        let hash = digest.iter().map(|b| format!("{b:02x}")).collect();
+        Image {
+            hash,
+            url: url.into(),
+        }
+    }
+}
+
+/// The `image_url` of every `input_image` part of the input items.
+fn image_urls(stored: &mut Stored) -> Vec<&mut Value> {
+    stored
+        .input
+        .iter_mut()
+        .filter_map(|item| item.get_mut("content").and_then(Value::as_array_mut))
+        .flatten()
+        .filter(|part| part.get("type").and_then(Value::as_str) == Some("input_image"))
+        .filter_map(|part| part.get_mut("image_url"))
+        .collect()
 }
 
 /// Responses in this process's memory.
@@ -148,9 +218,29 @@ pub struct MemoryStore {
 
 #[derive(Default)]
 struct Memory {
-    entries: HashMap<String, Arc<[u8]>>,
+    /// Each entry and the hashes of its images.
+    entries: HashMap<String, (Arc<[u8]>, Vec<String>)>,
     /// Ids, oldest first (deleted ones are skipped when evicting).
     order: VecDeque<String>,
+    /// Images by hash, with the number of entries sending each.
+    images: HashMap<String, (usize, Arc<str>)>,
+}
+
+impl Memory {
+    fn remove(&mut self, id: &str) -> bool {
+        let Some((_, hashes)) = self.entries.remove(id) else {
+            return false;
+        };
+        for hash in hashes {
+            if let Some((refs, _)) = self.images.get_mut(&hash) {
+                *refs -= 1;
+                if *refs == 0 {
+                    self.images.remove(&hash);
+                }
+            }
+        }
+        true
+    }
 }
 
 impl MemoryStore {
@@ -165,37 +255,53 @@ impl MemoryStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, Memory> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Images kept (for tests).
+    #[cfg(test)]
+    fn images(&self) -> usize {
+        self.lock().images.len()
+    }
 }
 
 impl ResponseStore for MemoryStore {
     fn put(&self, id: &str, stored: &Stored) -> Result<(), StoreError> {
-        let bytes: Arc<[u8]> = encode(stored, self.max_bytes)?.into();
+        let (bytes, images) = encode(stored, self.max_bytes)?;
         let mut memory = self.lock();
-        if memory.entries.insert(id.to_owned(), bytes).is_none() {
+        let replaced = memory.remove(id);
+        let hashes = images.iter().map(|i| i.hash.clone()).collect();
+        for image in images {
+            memory.images.entry(image.hash).or_insert((0, image.url)).0 += 1;
+        }
+        memory.entries.insert(id.to_owned(), (bytes.into(), hashes));
+        if !replaced {
             memory.order.push_back(id.to_owned());
         }
         while memory.entries.len() > self.limit {
             let Some(oldest) = memory.order.pop_front() else {
                 break;
             };
-            memory.entries.remove(&oldest);
+            memory.remove(&oldest);
         }
         // Ids of deleted entries pile up in `order` only until they reach
         // its front; bound them anyway.
         if memory.order.len() > 2 * self.limit.max(1) {
-            let Memory { entries, order } = &mut *memory;
+            let Memory { entries, order, .. } = &mut *memory;
             order.retain(|id| entries.contains_key(id));
         }
         Ok(())
     }
 
     fn get(&self, id: &str) -> Result<Option<Stored>, StoreError> {
-        let bytes = self.lock().entries.get(id).cloned();
-        bytes.map(|b| decode(&b)).transpose()
+        let memory = self.lock();
+        let Some((bytes, _)) = memory.entries.get(id) else {
+            return Ok(None);
+        };
+        let lookup = |hash: &str| memory.images.get(hash).map(|(_, url)| url.to_string());
+        decode(bytes, lookup).map(Some)
     }
 
     fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        Ok(self.lock().entries.remove(id).is_some())
+        Ok(self.lock().remove(id))
     }
 }
 
@@ -226,7 +332,13 @@ impl SqliteStore {
              CREATE TABLE IF NOT EXISTS responses (
                  seq INTEGER PRIMARY KEY AUTOINCREMENT,
                  id TEXT NOT NULL UNIQUE,
-                 body BLOB NOT NULL
+                 body BLOB NOT NULL,
+                 images TEXT NOT NULL DEFAULT '[]'
+             );
+             CREATE TABLE IF NOT EXISTS images (
+                 hash TEXT PRIMARY KEY,
+                 url TEXT NOT NULL,
+                 refs INTEGER NOT NULL
              );",
         )
         .with_context(|| format!("cannot set up {} (--responses-store)", path.display()))?;
@@ -240,47 +352,112 @@ impl SqliteStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, rusqlite::Connection> {
         self.db.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Images kept (for tests).
+    #[cfg(test)]
+    fn images(&self) -> usize {
+        self.lock()
+            .query_row("SELECT COUNT(*) FROM images", [], |row| {
+                row.get::<_, i64>(0)
+            })
+            .unwrap_or(-1) as usize
+    }
+}
+
+/// Removes the responses `condition` selects (an SQL `WHERE` clause with
+/// at most one parameter) and the images no other response sends; how
+/// many were removed.
+fn remove_where(
+    db: &rusqlite::Transaction<'_>,
+    condition: &str,
+    param: &dyn rusqlite::ToSql,
+) -> Result<usize, StoreError> {
+    let select = format!("SELECT images FROM responses WHERE {condition}");
+    let lists: Vec<String> = db
+        .prepare(&select)
+        .and_then(|mut query| {
+            query
+                .query_map([param], |row| row.get(0))?
+                .collect::<Result<_, _>>()
+        })
+        .map_err(backend)?;
+    for list in &lists {
+        let hashes: Vec<String> = serde_json::from_str(list).unwrap_or_default();
+        for hash in hashes {
+            db.execute("UPDATE images SET refs = refs - 1 WHERE hash = ?1", [&hash])
+                .map_err(backend)?;
+        }
+    }
+    if lists.is_empty() {
+        return Ok(0);
+    }
+    db.execute("DELETE FROM images WHERE refs <= 0", [])
+        .map_err(backend)?;
+    db.execute(&format!("DELETE FROM responses WHERE {condition}"), [param])
+        .map_err(backend)
 }
 
 impl ResponseStore for SqliteStore {
     fn put(&self, id: &str, stored: &Stored) -> Result<(), StoreError> {
-        let bytes = encode(stored, self.max_bytes)?;
-        let db = self.lock();
-        db.execute(
-            "INSERT OR REPLACE INTO responses (id, body) VALUES (?1, ?2)",
-            rusqlite::params![id, bytes],
+        let (bytes, images) = encode(stored, self.max_bytes)?;
+        let hashes: Vec<&str> = images.iter().map(|i| i.hash.as_str()).collect();
+        let hashes =
+            serde_json::to_string(&hashes).map_err(|e| StoreError::Backend(e.to_string()))?;
+        let mut db = self.lock();
+        let tx = db.transaction().map_err(backend)?;
+        remove_where(&tx, "id = ?1", &id)?;
+        for image in &images {
+            tx.execute(
+                "INSERT INTO images (hash, url, refs) VALUES (?1, ?2, 1)
+                 ON CONFLICT(hash) DO UPDATE SET refs = refs + 1",
+                rusqlite::params![image.hash, &*image.url],
+            )
+            .map_err(backend)?;
+        }
+        tx.execute(
+            "INSERT INTO responses (id, body, images) VALUES (?1, ?2, ?3)",
+            rusqlite::params![id, bytes, hashes],
         )
         .map_err(backend)?;
         let limit = i64::try_from(self.limit).unwrap_or(i64::MAX);
-        db.execute(
-            "DELETE FROM responses WHERE seq <= (SELECT seq FROM responses ORDER BY seq DESC LIMIT 1 OFFSET ?1)",
-            rusqlite::params![limit],
-        )
-        .map_err(backend)?;
-        Ok(())
+        remove_where(
+            &tx,
+            "seq <= (SELECT seq FROM responses ORDER BY seq DESC LIMIT 1 OFFSET ?1)",
+            &limit,
+        )?;
+        tx.commit().map_err(backend)
     }
 
     fn get(&self, id: &str) -> Result<Option<Stored>, StoreError> {
         let db = self.lock();
-        let mut query = db
-            .prepare_cached("SELECT body FROM responses WHERE id = ?1")
+        let bytes: Option<Vec<u8>> = db
+            .query_row("SELECT body FROM responses WHERE id = ?1", [id], |row| {
+                row.get(0)
+            })
+            .map(Some)
+            .or_else(|e| match e {
+                rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                e => Err(e),
+            })
             .map_err(backend)?;
-        let mut rows = query.query(rusqlite::params![id]).map_err(backend)?;
-        match rows.next().map_err(backend)? {
-            Some(row) => {
-                let bytes: Vec<u8> = row.get(0).map_err(backend)?;
-                decode(&bytes).map(Some)
-            }
-            None => Ok(None),
-        }
+        let Some(bytes) = bytes else {
+            return Ok(None);
+        };
+        let lookup = |hash: &str| {
+            db.query_row("SELECT url FROM images WHERE hash = ?1", [hash], |row| {
+                row.get::<_, String>(0)
+            })
+            .ok()
+        };
+        decode(&bytes, lookup).map(Some)
     }
 
     fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        let db = self.lock();
-        let deleted = db
-            .execute("DELETE FROM responses WHERE id = ?1", rusqlite::params![id])
-            .map_err(backend)?;
-        Ok(deleted > 0)
+        let mut db = self.lock();
+        let tx = db.transaction().map_err(backend)?;
+        let removed = remove_where(&tx, "id = ?1", &id)?;
+        tx.commit().map_err(backend)?;
+        Ok(removed > 0)
     }
 }
 
@@ -319,9 +496,46 @@ mod tests {
         ));
     }
 
+    /// A response sending the image `n` (a `data:` URL).
+    fn with_image(n: u32) -> Stored {
+        let url = format!("data:image/png;base64,{}", "A".repeat(40 + n as usize));
+        Stored {
+            response: json!({"id": "r"}),
+            input: vec![json!({"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "look"},
+                {"type": "input_image", "image_url": url, "detail": "auto"},
+            ]})],
+        }
+    }
+
+    /// `images` tells how many images the store keeps.
+    fn exercise_images(store: &dyn ResponseStore, images: &dyn Fn() -> usize) {
+        store.put("a", &with_image(1)).unwrap();
+        store.put("b", &with_image(1)).unwrap();
+        assert_eq!(images(), 1, "one image however many responses send it");
+        assert_eq!(store.get("b").unwrap(), Some(with_image(1)));
+        assert!(store.delete("a").unwrap());
+        assert_eq!(images(), 1, "`b` still sends it");
+        store.put("c", &with_image(2)).unwrap();
+        assert_eq!(images(), 2);
+        // The limit (2) pushes out `b`, the last to send image 1.
+        store.put("d", &with_image(2)).unwrap();
+        assert_eq!(store.get("b").unwrap(), None);
+        assert_eq!(images(), 1);
+        // Replacing `d` keeps `c`'s image and adds its new one.
+        store.put("d", &with_image(3)).unwrap();
+        assert_eq!(images(), 2);
+        assert_eq!(store.get("c").unwrap(), Some(with_image(2)));
+        assert_eq!(store.get("d").unwrap(), Some(with_image(3)));
+        assert!(store.delete("c").unwrap() && store.delete("d").unwrap());
+        assert_eq!(images(), 0);
+    }
+
     #[test]
     fn memory_store_keeps_evicts_and_caps() {
         exercise(&MemoryStore::new(2, 512));
+        let store = MemoryStore::new(2, 4096);
+        exercise_images(&store, &|| store.images());
     }
 
     #[test]
@@ -331,6 +545,8 @@ mod tests {
         exercise(&SqliteStore::open(&path, 2, 512).unwrap());
         let again = SqliteStore::open(&path, 2, 512).unwrap();
         assert_eq!(again.get("d").unwrap(), Some(stored(4)));
+        let store = SqliteStore::open(&dir.path().join("images.db"), 2, 4096).unwrap();
+        exercise_images(&store, &|| store.images());
     }
 
     #[test]
