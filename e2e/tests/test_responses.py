@@ -13,7 +13,7 @@ the official ``openai`` client's ``client.responses``:
 - stored responses: ``previous_response_id`` continues a conversation
   (the stored turns are in the prompt), ``retrieve``, ``input_items``,
   ``delete``; ``store: false`` keeps nothing; the SQLite store keeps
-  responses across a gateway restart;
+  responses across a gateway restart; the store's limit and size cap;
 - refused and unknown fields: a 400 naming the field;
 - a stream whose only worker dies ends with ``response.failed`` and an
   ``error`` event;
@@ -423,5 +423,31 @@ def test_reasoning_effort_and_reasoning_items(model_dir, tmp_path):
             item.model_dump(exclude_none=True) for item in thought.output],
             {"role": "user", "content": "Go on."}])
         assert again.status in {"completed", "incomplete"}
+    finally:
+        procs.stop_all()
+
+
+def test_store_limits(model_dir, tmp_path):
+    """``--responses-store-limit`` keeps the newest responses;
+    ``--responses-store-max-bytes`` answers a larger one without storing it."""
+    procs = Processes(tmp_path)
+    try:
+        dep = aggregated(procs, model_dir, gateway_args=(
+            "--responses-store-limit", "2", "--responses-store-max-bytes", "8000"))
+        client, model = dep.gateway.client(), dep.gateway.model
+        first, second, third = (ask(client, model, input=f"Turn {n}.") for n in range(3))
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(first.id)
+        assert client.responses.retrieve(second.id).output_text == second.output_text
+        assert client.responses.retrieve(third.id).output_text == third.output_text
+        image = data_url(png(56, 56, seed=5))
+        assert len(image) > 8000
+        big = ask(client, model, input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "Describe it."},
+            {"type": "input_image", "image_url": image}]}])
+        assert big.output_text
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(big.id)
+        assert "response not stored" in dep.gateway.process.log_tail(20000)
     finally:
         procs.stop_all()
