@@ -192,6 +192,19 @@ pub struct ServeArgs {
     /// `structural_tag` (400 above it).
     #[arg(long, default_value_t = 65536, env = "IRIS_MAX_CONSTRAINT_BYTES")]
     pub max_constraint_bytes: usize,
+    /// Where stored `/v1/responses` answers are kept (`store`, the
+    /// default, and `previous_response_id`): `memory` (lost when the
+    /// gateway stops) or `sqlite:PATH` (an SQLite file, kept across
+    /// restarts; one gateway per file).
+    #[arg(long, default_value = "memory", env = "IRIS_RESPONSES_STORE")]
+    pub responses_store: String,
+    /// Most stored responses kept; the oldest go first.
+    #[arg(long, default_value_t = 10000, env = "IRIS_RESPONSES_STORE_LIMIT")]
+    pub responses_store_limit: usize,
+    /// Largest stored response in bytes (its JSON, with its input items
+    /// and their images as sent); a larger one is answered, not stored.
+    #[arg(long, default_value_t = 16 << 20, env = "IRIS_RESPONSES_STORE_MAX_BYTES")]
+    pub responses_store_max_bytes: usize,
     #[command(flatten)]
     pub connections: ConnArgs,
     /// Serve /metrics on this port instead of the HTTP port (/health and

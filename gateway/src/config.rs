@@ -74,6 +74,8 @@ pub struct Config {
     pub max_payload_bytes: usize,
     /// Largest decoding constraint in bytes.
     pub max_constraint_bytes: usize,
+    /// Where stored `/v1/responses` answers are kept.
+    pub responses_store: crate::responses::store::StoreSettings,
     /// Time requests in flight may finish after shutdown begins.
     pub shutdown_grace: Duration,
     pub media: MediaSettings,
@@ -204,6 +206,8 @@ impl Config {
             request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
             max_payload_bytes: args.max_payload_bytes,
             max_constraint_bytes: args.max_constraint_bytes,
+            responses_store: crate::responses::store::StoreSettings::from_args(&args)
+                .map_err(ConfigError::new)?,
             shutdown_grace: Duration::from_secs_f64(non_negative_secs(
                 "--shutdown-grace-secs",
                 args.shutdown_grace_secs,

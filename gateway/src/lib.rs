@@ -47,6 +47,7 @@ pub mod output;
 mod pipeline;
 mod prompt;
 mod request;
+mod responses;
 mod router;
 mod served;
 mod server;

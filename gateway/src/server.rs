@@ -55,6 +55,8 @@ pub struct AppState {
     pub shutdown_grace: Duration,
     /// Cancelled when the grace period is over: requests still running end.
     pub hard_stop: CancellationToken,
+    /// Stored `/v1/responses` answers (`--responses-store`).
+    pub responses: Arc<dyn crate::responses::store::ResponseStore>,
 }
 
 /// Longest wait, at exit, for Abort RPCs still being sent.
@@ -198,6 +200,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         connection_stats,
         shutdown_grace: config.shutdown_grace,
         hard_stop: CancellationToken::new(),
+        responses: crate::responses::store::open(&config.responses_store)?,
     });
     let addr = listener.local_addr()?;
     let metrics_addr = metrics_listener
@@ -301,6 +304,26 @@ fn api_routes() -> Vec<Route> {
     vec![
         ("POST", "/v1/chat/completions", post(serve::<Chat>)),
         ("POST", "/v1/completions", post(serve::<Completions>)),
+        (
+            "POST",
+            "/v1/responses",
+            post(serve::<crate::responses::Responses>),
+        ),
+        (
+            "GET",
+            "/v1/responses/{response_id}",
+            get(crate::responses::retrieve),
+        ),
+        (
+            "DELETE",
+            "/v1/responses/{response_id}",
+            axum::routing::delete(crate::responses::delete),
+        ),
+        (
+            "GET",
+            "/v1/responses/{response_id}/input_items",
+            get(crate::responses::input_items),
+        ),
         ("GET", "/v1/models", get(models)),
         ("GET", "/v1/models/{id}", get(model)),
         ("POST", "/v1/tokenize", post(crate::tokenize::tokenize)),
@@ -662,12 +685,18 @@ async fn wrong_method(
     response
 }
 
-/// Whether `path` is one of `route`'s (`{id}` stands for the rest).
+/// Whether `path` is one of `route`'s (`{id}` stands for the rest, any
+/// other `{name}` for one segment).
 fn route_matches(route: &str, path: &str) -> bool {
-    match route.strip_suffix("{id}") {
-        Some(prefix) => path.starts_with(prefix) && path.len() > prefix.len(),
-        None => route == path,
+    if let Some(prefix) = route.strip_suffix("{id}") {
+        return path.starts_with(prefix) && path.len() > prefix.len();
     }
+    let mut segments = path.split('/');
+    route.split('/').all(|want| {
+        segments
+            .next()
+            .is_some_and(|got| got == want || (want.starts_with('{') && !got.is_empty()))
+    }) && segments.next().is_none()
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! ([`complete`]). The path every endpoint shares (body, model, deadlines,
 //! errors, the log line) is [`crate::http::serve`]'s.
 
-mod choice;
+pub(crate) mod choice;
 mod complete;
 mod logprobs;
 mod stream;

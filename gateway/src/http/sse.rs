@@ -53,6 +53,12 @@ pub trait Events: Send + 'static {
     /// The request ends early: abort the workers.
     fn abort(&mut self, reason: &str);
 
+    /// Writes what tells the client the stream failed after it started:
+    /// by default the OpenAI error object (`data: {"error": …}`).
+    fn write_failure(&mut self, out: &mut BytesMut, error: &ApiError) {
+        sse::write_error_event(out, error);
+    }
+
     /// Tokens generated so far over every choice.
     fn completion_tokens(&self) -> u32;
 
@@ -202,7 +208,7 @@ impl<E: Events> Stream<E> {
     fn fail(&mut self, out: &mut BytesMut, (error, outcome): Failure) {
         tracing::warn!(request_id = %self.ledger.id, error = %error.message, "stream failed");
         self.events.abort("gateway ended the request");
-        sse::write_error_event(out, &error);
+        self.events.write_failure(out, &error);
         sse::write_done(out);
         self.end(error.status, outcome, Some(&error.message));
     }
