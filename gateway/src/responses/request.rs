@@ -939,6 +939,7 @@ fn to_messages(items: &[Item], messages: &mut Vec<ChatMessage>) -> Vec<usize> {
                         name: name.clone(),
                         arguments: arguments.clone(),
                     },
+                    index: None,
                 };
                 match messages
                     .last_mut()
@@ -1046,6 +1047,7 @@ fn response_format(format: &TextFormat) -> ResponseFormat {
             schema: format.schema.clone(),
             strict: format.strict,
         }),
+        schema: None,
     }
 }
 
