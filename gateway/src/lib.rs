@@ -41,6 +41,7 @@ mod discovery;
 mod http;
 mod kv;
 mod listen;
+mod messages;
 mod metrics;
 mod mm;
 pub mod output;

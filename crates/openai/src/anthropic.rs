@@ -765,27 +765,28 @@ fn function_tool(tool: &ToolDef, path: &str) -> Result<Tool, ApiError> {
 /// `tool_choice` as the chat API's `tool_choice` and `parallel_tool_calls`.
 fn tool_choice(choice: &ToolChoiceDef) -> Result<(Option<Value>, Option<bool>), ApiError> {
     let parallel = choice.disable_parallel_tool_use.map(|disable| !disable);
-    let mode =
-        match choice.kind.as_str() {
-            "auto" => Value::from("auto"),
-            "any" => Value::from("required"),
-            "none" => Value::from("none"),
-            "tool" => {
-                let name = choice.name.as_deref().ok_or_else(|| {
-                    bad(
-                        "tool_choice.name",
-                        "a `tool` tool_choice needs the tool's `name`",
-                    )
-                })?;
-                serde_json::json!({"type": "function", "function": {"name": name}})
-            }
-            other => return Err(bad(
+    let mode = match choice.kind.as_str() {
+        "auto" => Value::from("auto"),
+        "any" => Value::from("required"),
+        "none" => Value::from("none"),
+        "tool" => {
+            let name = choice.name.as_deref().ok_or_else(|| {
+                bad(
+                    "tool_choice.name",
+                    "a `tool` tool_choice needs the tool's `name`",
+                )
+            })?;
+            serde_json::json!({"type": "function", "function": {"name": name}})
+        }
+        other => {
+            return Err(bad(
                 "tool_choice.type",
                 format!(
                     "unknown tool_choice type `{other}`, expected `auto`, `any`, `tool` or `none`"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     if choice.name.is_some() && choice.kind != "tool" {
         return Err(bad(
             "tool_choice.name",

@@ -34,11 +34,12 @@ use crate::metrics::Outcome;
 pub type Failure = (ApiError, Outcome);
 
 /// The answer to a request that failed before it reached any worker,
-/// counted and logged ([`Ledger::record`]). A body that did not arrive in
+/// counted and logged ([`Ledger::record`]), in the endpoint's error shape
+/// ([`Ledger::error_shape`]). A body that did not arrive in
 /// time (408) also closes the connection: the rest of it is not read.
 pub fn refused(ledger: &Ledger, (error, outcome): Failure) -> Response {
     ledger.record(error.status, outcome, 0, Some(&error.message));
-    let mut response = error_response(&error);
+    let mut response = (ledger.error_shape)(&error);
     if error.status == 408 {
         response
             .headers_mut()
