@@ -23,7 +23,7 @@ from conftest import Processes, aggregated, prefill_decode
 from test_epd import ALLOW_LOCAL, ImageServer, png
 
 MAX_TOKENS = 16
-PROMPT = "Tell me about the tiny model."
+PROMPT = "What is up?"  # an answer that runs to max_tokens (no ignore_eos here)
 WEATHER = {
     "name": "get_weather",
     "description": "The current weather in a city.",
@@ -82,8 +82,7 @@ def user(content) -> list:
 
 
 def ask(claude, model, content=PROMPT, **kwargs):
-    return claude.messages.create(model=model, max_tokens=MAX_TOKENS, messages=user(content),
-                                  temperature=0, **kwargs)
+    return claude.messages.create(model=model, max_tokens=MAX_TOKENS, messages=user(content), **kwargs)
 
 
 def text_of(message) -> str:
@@ -135,16 +134,16 @@ def test_usage_matches_count_tokens(claude, model, reference):
     counted = count(claude, model)
     assert counted > 0
     assert prompt_tokens(reference.usage) == counted
-    # The system prompt is part of the prompt.
-    with_system = count(claude, model, system="You are terse.")
-    assert with_system > counted
-    answer = ask(claude, model, system="You are terse.")
+    # The system prompt is part of the prompt (it replaces the template's
+    # default one, so the count differs either way).
+    with_system = count(claude, model, system="You are terse and precise, always.")
+    assert with_system != counted
+    answer = ask(claude, model, system="You are terse and precise, always.")
     assert prompt_tokens(answer.usage) == with_system
 
 
 def test_streaming_gives_the_unary_answer(claude, model, reference):
-    with claude.messages.stream(model=model, max_tokens=MAX_TOKENS, messages=user(PROMPT),
-                                temperature=0) as stream:
+    with claude.messages.stream(model=model, max_tokens=MAX_TOKENS, messages=user(PROMPT)) as stream:
         deltas = list(stream.text_stream)
         final = stream.get_final_message()
     assert len(deltas) > 1, deltas
@@ -158,7 +157,7 @@ def test_streaming_gives_the_unary_answer(claude, model, reference):
 
 def test_the_raw_event_sequence(claude, model, reference):
     events = list(claude.messages.create(model=model, max_tokens=MAX_TOKENS,
-                                         messages=user(PROMPT), temperature=0, stream=True))
+                                         messages=user(PROMPT), stream=True))
     kinds = [e.type for e in events]
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
     assert kinds[1:3] == ["ping", "content_block_start"]
@@ -186,7 +185,7 @@ def test_stop_sequences(claude, model, reference):
     assert text_of(answer) == expected
     assert answer.stop_reason == "stop_sequence" and answer.stop_sequence == stop
     with claude.messages.stream(model=model, max_tokens=MAX_TOKENS, messages=user(PROMPT),
-                                temperature=0, stop_sequences=[stop]) as stream:
+                                stop_sequences=[stop]) as stream:
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert streamed == expected
@@ -208,7 +207,7 @@ def test_images_base64_and_url(claude, model, images, image_server):
     assert counted > count(claude, model, [question]) + 1
     assert count(claude, model, [question, url_image(image_server.url("/a.png"))]) == counted
     # Streamed, the same answer.
-    with claude.messages.stream(model=model, max_tokens=MAX_TOKENS, temperature=0,
+    with claude.messages.stream(model=model, max_tokens=MAX_TOKENS,
                                 messages=user([question, b64_image(images["/a.png"])])) as stream:
         assert "".join(stream.text_stream) == text_of(by_data)
 
@@ -240,8 +239,7 @@ def test_a_tool_round_trip(claude, model, stream):
         {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": call.id, "content": "18 C and sunny"}]},
     ]
-    follow_up = dict(model=model, max_tokens=8, tools=[WEATHER], messages=messages,
-                     temperature=0)
+    follow_up = dict(model=model, max_tokens=8, tools=[WEATHER], messages=messages)
     if stream:
         with claude.messages.stream(**follow_up) as s:
             text = "".join(s.text_stream)
@@ -261,6 +259,20 @@ def test_tool_choice_none_gives_text(claude, model):
     answer = ask(claude, model, "What is the weather in Paris?", tools=[WEATHER],
                  tool_choice={"type": "none"})
     assert text_of(answer) and answer.stop_reason in {"end_turn", "max_tokens"}
+
+
+def test_output_config_format_gives_json(claude, model):
+    """``output_config.format`` constrains decoding to the schema (the
+    reference engine's JSON-schema generator), streamed or not."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}},
+              "required": ["city"], "additionalProperties": False}
+    kwargs = dict(model=model, max_tokens=200, messages=user("A city, as JSON."),
+                  output_config={"format": {"type": "json_schema", "schema": schema}})
+    answer = claude.messages.create(**kwargs)
+    value = json.loads(text_of(answer))
+    assert set(value) == {"city"} and isinstance(value["city"], str), value
+    with claude.messages.stream(**kwargs) as stream:
+        assert "".join(stream.text_stream) == text_of(answer)
 
 
 def assert_error(caught, kind: str, *words: str):
@@ -284,7 +296,7 @@ def test_errors_take_anthropics_shape(claude, model):
     assert_error(caught, "invalid_request_error", "messages[0].content[1].source.file_id")
 
     with pytest.raises(anthropic.BadRequestError) as caught:
-        ask(claude, model, temperature=1.5)
+        ask(claude, model, extra_body={"temperature": 1.5})
     assert_error(caught, "invalid_request_error", "temperature")
 
     with pytest.raises(anthropic.BadRequestError) as caught:
@@ -299,7 +311,7 @@ def test_errors_take_anthropics_shape(claude, model):
     # A refusal of a stream is an HTTP error too (before any event).
     with pytest.raises(anthropic.BadRequestError):
         with claude.messages.stream(model=model, max_tokens=MAX_TOKENS, messages=user(PROMPT),
-                                    top_k=0) as stream:
+                                    extra_body={"top_k": 0}) as stream:
             list(stream)
 
 

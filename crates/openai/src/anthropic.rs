@@ -22,7 +22,10 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::request::{ChatMessage, ContentPart, ImageUrl, MessageContent, Role, Stop};
+use crate::request::{
+    ChatMessage, ContentPart, ImageUrl, JsonSchemaFormat, MessageContent, ResponseFormat, Role,
+    Stop,
+};
 use crate::tools::{CalledFunction, FunctionDef, MessageToolCall, Tool};
 use crate::{structured, validate, ApiError, ChatCompletionRequest, ParseOptions};
 
@@ -71,9 +74,42 @@ pub struct MessagesRequest {
     /// `auto`, `any`, `tool` (named) or `none`.
     #[serde(default)]
     pub tool_choice: Option<ToolChoiceDef>,
-    /// Extended thinking: `enabled` (with a budget) or `disabled`.
+    /// Extended thinking: `enabled` (with a budget), `adaptive` or
+    /// `disabled`.
     #[serde(default)]
     pub thinking: Option<ThinkingConfig>,
+    /// A prompt-caching hint for the whole request (no effect of its own).
+    #[serde(default)]
+    pub cache_control: Option<CacheControl>,
+    /// `format` (a JSON schema the answer follows); `effort` only `null`.
+    #[serde(default)]
+    pub output_config: Option<OutputConfig>,
+    /// `auto` or `standard_only` (there is one tier).
+    #[serde(default)]
+    pub service_tier: Option<String>,
+}
+
+/// `output_config`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputConfig {
+    /// Refused unless `null`: the gateway's models take no effort level.
+    #[serde(default)]
+    pub effort: Option<Value>,
+    /// The answer's format.
+    #[serde(default)]
+    pub format: Option<OutputFormat>,
+}
+
+/// `output_config.format`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputFormat {
+    /// Only `json_schema`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The JSON schema (an object).
+    pub schema: Value,
 }
 
 /// One message of `messages`.
@@ -166,6 +202,13 @@ pub struct Block {
     /// Citations: only `null` (an echoed answer block), else refused.
     #[serde(default)]
     pub citations: Option<Value>,
+    /// An echoed `tool_use` block's `caller`: only `null`, else refused.
+    #[serde(default)]
+    pub caller: Option<Value>,
+    /// An echoed `tool_use` block's `toolset_name`: only `null`, else
+    /// refused.
+    #[serde(default)]
+    pub toolset_name: Option<Value>,
 }
 
 /// An `image` block's `source`.
@@ -225,6 +268,10 @@ pub struct ToolDef {
     /// A prompt-caching hint (no effect of its own).
     #[serde(default)]
     pub cache_control: Option<CacheControl>,
+    /// Accepted either way: decoding constrained to the tool's schema
+    /// (`tool_choice` `any` or `tool`) always follows it.
+    #[serde(default)]
+    pub strict: Option<bool>,
 }
 
 /// `tool_choice`.
@@ -246,13 +293,16 @@ pub struct ToolChoiceDef {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ThinkingConfig {
-    /// `enabled` or `disabled`.
+    /// `enabled`, `adaptive` or `disabled`.
     #[serde(rename = "type")]
     pub kind: String,
     /// Required with `enabled`: at least [`MIN_THINKING_BUDGET`], less
     /// than `max_tokens`.
     #[serde(default)]
     pub budget_tokens: Option<u32>,
+    /// `summarized` (thinking returned as generated); `omitted` is refused.
+    #[serde(default)]
+    pub display: Option<String>,
 }
 
 /// Which of the two endpoints a body is for.
@@ -341,6 +391,22 @@ pub fn to_chat(
         Some(thinking) => Some(thinking_kwargs(thinking, request.max_tokens)?),
         None => None,
     };
+    if let Some(cache) = &request.cache_control {
+        check_cache_control(cache, "cache_control")?;
+    }
+    let response_format = match &request.output_config {
+        Some(config) => output_format(config)?,
+        None => None,
+    };
+    match request.service_tier.as_deref() {
+        None | Some("auto") | Some("standard_only") => {}
+        Some(other) => {
+            return Err(bad(
+                "service_tier",
+                format!("unknown service tier `{other}`, expected `auto` or `standard_only`"),
+            ))
+        }
+    }
     let user = request.metadata.as_ref().and_then(|m| m.user_id.clone());
     let chat = ChatCompletionRequest {
         model: request.model.clone(),
@@ -356,6 +422,7 @@ pub fn to_chat(
         tool_choice,
         parallel_tool_calls,
         chat_template_kwargs,
+        response_format,
         ..ChatCompletionRequest::default()
     };
     Ok((chat, places))
@@ -373,6 +440,7 @@ fn check_sampling(request: &MessagesRequest, call: MessagesCall) -> Result<(), A
             ("top_p", request.top_p.is_some()),
             ("top_k", request.top_k.is_some()),
             ("metadata", request.metadata.is_some()),
+            ("service_tier", request.service_tier.is_some()),
         ];
         if let Some((field, _)) = generation.iter().find(|(_, present)| *present) {
             return Err(bad(
@@ -438,10 +506,15 @@ fn only(block: &Block, path: &str, allowed: &[&str]) -> Result<(), ApiError> {
             ));
         }
     }
-    if block.citations.is_some() {
+    let unsupported = [
+        ("citations", block.citations.is_some()),
+        ("caller", block.caller.is_some()),
+        ("toolset_name", block.toolset_name.is_some()),
+    ];
+    if let Some((key, _)) = unsupported.iter().find(|(_, here)| *here) {
         return Err(bad(
-            format!("{path}.citations"),
-            "citations are not supported",
+            format!("{path}.{key}"),
+            format!("`{key}` is not supported (only `null`)"),
         ));
     }
     if let Some(cache) = &block.cache_control {
@@ -757,7 +830,7 @@ fn function_tool(tool: &ToolDef, path: &str) -> Result<Tool, ApiError> {
             name: tool.name.clone(),
             description: tool.description.clone(),
             parameters: Some(schema),
-            strict: None,
+            strict: tool.strict,
         },
     })
 }
@@ -802,12 +875,79 @@ fn tool_choice(choice: &ToolChoiceDef) -> Result<(Option<Value>, Option<bool>), 
     Ok((Some(mode), parallel))
 }
 
+/// `output_config.format` as the chat API's `response_format`.
+fn output_format(config: &OutputConfig) -> Result<Option<ResponseFormat>, ApiError> {
+    if config.effort.as_ref().is_some_and(|e| !e.is_null()) {
+        return Err(bad(
+            "output_config.effort",
+            "not supported: these models take no effort level (a thinking model's template takes `thinking`)",
+        ));
+    }
+    let Some(format) = &config.format else {
+        return Ok(None);
+    };
+    if format.kind != "json_schema" {
+        return Err(bad(
+            "output_config.format.type",
+            format!(
+                "unknown format type `{}`, expected `json_schema`",
+                format.kind
+            ),
+        ));
+    }
+    if !format.schema.is_object() {
+        return Err(bad(
+            "output_config.format.schema",
+            "must be a JSON schema object",
+        ));
+    }
+    Ok(Some(ResponseFormat {
+        kind: "json_schema".to_owned(),
+        json_schema: Some(JsonSchemaFormat {
+            name: Some("output".to_owned()),
+            description: None,
+            schema: Some(format.schema.clone()),
+            strict: Some(true),
+        }),
+    }))
+}
+
 /// `thinking` as the chat template's `enable_thinking` variable.
 fn thinking_kwargs(
     thinking: &ThinkingConfig,
     max_tokens: Option<u32>,
 ) -> Result<Map<String, Value>, ApiError> {
+    match thinking.display.as_deref() {
+        None | Some("summarized") => {}
+        Some("omitted") if thinking.kind != "disabled" => {
+            return Err(bad(
+                "thinking.display",
+                "`omitted` is not supported: the thinking is returned as generated",
+            ))
+        }
+        Some(other) if thinking.kind != "disabled" => {
+            return Err(bad(
+                "thinking.display",
+                format!("unknown display `{other}`, expected `summarized` or `omitted`"),
+            ))
+        }
+        Some(_) => {
+            return Err(bad(
+                "thinking.display",
+                "does not apply when thinking is disabled",
+            ))
+        }
+    }
     let enabled = match thinking.kind.as_str() {
+        "adaptive" => {
+            if thinking.budget_tokens.is_some() {
+                return Err(bad(
+                    "thinking.budget_tokens",
+                    "does not apply to adaptive thinking",
+                ));
+            }
+            true
+        }
         "enabled" => {
             let budget = thinking.budget_tokens.ok_or_else(|| {
                 bad(
@@ -841,7 +981,9 @@ fn thinking_kwargs(
         other => {
             return Err(bad(
                 "thinking.type",
-                format!("unknown thinking type `{other}`, expected `enabled` or `disabled`"),
+                format!(
+                "unsupported thinking type `{other}`, expected `enabled`, `adaptive` or `disabled`"
+            ),
             ))
         }
     };
@@ -880,6 +1022,11 @@ fn renamed_param(param: &str, places: &[String]) -> String {
             "tool_choice.disable_parallel_tool_use",
         ),
         ("chat_template_kwargs", "thinking"),
+        (
+            "response_format.json_schema.schema",
+            "output_config.format.schema",
+        ),
+        ("response_format", "output_config.format"),
     ];
     for (from, to) in fixed {
         if let Some(rest) = param.strip_prefix(from) {

@@ -78,7 +78,8 @@ fn every_block_kind_converts() {
         {"role": "assistant", "content": [
             {"type": "thinking", "thinking": "hmm", "signature": "sig"},
             {"type": "text", "text": "calling"},
-            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"},
+             "caller": null, "toolset_name": null, "cache_control": null}]},
         {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"},
             {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": true,
@@ -182,6 +183,15 @@ fn thinking_sets_the_template_variable() {
     .expect("parsed");
     let kwargs = chat.chat_template_kwargs.expect("kwargs");
     assert_eq!(kwargs["enable_thinking"], json!(true));
+    let chat = parse(with(
+        user(json!("x")),
+        json!({"thinking": {"type": "adaptive", "display": "summarized"}}),
+    ))
+    .expect("parsed");
+    assert_eq!(
+        chat.chat_template_kwargs.expect("kwargs")["enable_thinking"],
+        json!(true)
+    );
     let chat = parse(with(
         user(json!("x")),
         json!({"thinking": {"type": "disabled"}}),
@@ -443,9 +453,9 @@ fn every_refusal_names_its_path() {
         (
             with(
                 user(json!("x")),
-                json!({"tools": [{"name": "f", "input_schema": {"type": "object"}, "strict": true}]}),
+                json!({"tools": [{"name": "f", "input_schema": {"type": "object"}, "defer_loading": true}]}),
             ),
-            "tools[0].strict",
+            "tools[0].defer_loading",
         ),
         (
             with(
@@ -502,6 +512,71 @@ fn every_refusal_names_its_path() {
             with(user(json!("x")), json!({"thinking": {"type": "maybe"}})),
             "thinking.type",
         ),
+        (
+            with(
+                user(json!("x")),
+                json!({"thinking": {"type": "between_tools"}}),
+            ),
+            "thinking.type",
+        ),
+        (
+            with(
+                user(json!("x")),
+                json!({"thinking": {"type": "adaptive", "display": "omitted"}}),
+            ),
+            "thinking.display",
+        ),
+        (
+            with(
+                user(json!("x")),
+                json!({"thinking": {"type": "adaptive", "budget_tokens": 2000}}),
+            ),
+            "thinking.budget_tokens",
+        ),
+        // The rest of the top level.
+        (
+            with(
+                user(json!("x")),
+                json!({"cache_control": {"type": "persistent"}}),
+            ),
+            "cache_control.type",
+        ),
+        (
+            with(
+                user(json!("x")),
+                json!({"output_config": {"effort": "high"}}),
+            ),
+            "output_config.effort",
+        ),
+        (
+            with(
+                user(json!("x")),
+                json!({"output_config": {"format": {"type": "regex", "schema": {}}}}),
+            ),
+            "output_config.format.type",
+        ),
+        (
+            with(
+                user(json!("x")),
+                json!({"output_config": {"format": {"type": "json_schema", "schema": 1}}}),
+            ),
+            "output_config.format.schema",
+        ),
+        (
+            with(
+                user(json!("x")),
+                json!({"output_config": {"format": {"type": "json_schema"}}}),
+            ),
+            "output_config.format.schema",
+        ),
+        (
+            with(user(json!("x")), json!({"service_tier": "priority"})),
+            "service_tier",
+        ),
+        (
+            with(user(json!("x")), json!({"container": "c"})),
+            "container",
+        ),
     ];
     for (body, path) in cases {
         let text = body.to_string();
@@ -538,4 +613,43 @@ fn chat_validation_names_the_messages_field() {
     assert_eq!(renamed_param("max_completion_tokens", &[]), "max_tokens");
     assert_eq!(renamed_param("stop", &[]), "stop_sequences");
     assert_eq!(renamed_param("stream", &[]), "stream");
+}
+
+#[test]
+fn output_config_format_constrains_the_answer() {
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let chat = parse(with(
+        user(json!("x")),
+        json!({"output_config": {"effort": null, "format": {"type": "json_schema", "schema": schema}},
+               "cache_control": {"type": "ephemeral", "ttl": "1h"}, "service_tier": "auto",
+               "tools": [{"name": "f", "input_schema": {"type": "object"}, "strict": true}]}),
+    ))
+    .expect("parsed");
+    assert!(chat.constraint.is_some());
+    let format = chat.response_format.clone().expect("format");
+    assert_eq!(format.kind, "json_schema");
+    assert_eq!(format.json_schema.and_then(|s| s.schema), Some(schema));
+    assert_eq!(chat.tool_list()[0].function.strict, Some(true));
+}
+
+#[test]
+fn echoed_answer_keys_are_only_accepted_null() {
+    let turn = |block: Value| {
+        json!([{"role": "user", "content": "x"},
+               {"role": "assistant", "content": [block]},
+               {"role": "user", "content": "y"}])
+    };
+    let call = json!({"type": "tool_use", "id": "t", "name": "f", "input": {}, "caller": {"type": "direct"}});
+    assert_eq!(
+        refused(parse(with(turn(call), json!({})))),
+        "messages[1].content[0].caller"
+    );
+    let call =
+        json!({"type": "tool_use", "id": "t", "name": "f", "input": {}, "toolset_name": "s"});
+    assert_eq!(
+        refused(parse(with(turn(call), json!({})))),
+        "messages[1].content[0].toolset_name"
+    );
+    let text = json!({"type": "text", "text": "a", "citations": null});
+    assert!(parse(with(turn(text), json!({}))).is_ok());
 }
