@@ -158,15 +158,15 @@ def test_streaming_gives_the_unary_answer(claude, model, reference):
 def test_the_raw_event_sequence(claude, model, reference):
     events = list(claude.messages.create(model=model, max_tokens=MAX_TOKENS,
                                          messages=user(PROMPT), stream=True))
-    kinds = [e.type for e in events]
+    kinds = [e.type for e in events]  # the SDK drops `ping` (see test_raw_http_stream)
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
-    assert kinds[1:3] == ["ping", "content_block_start"]
-    assert kinds[-3] == "content_block_stop"
-    assert set(kinds[3:-3]) == {"content_block_delta"}
+    assert kinds[1] == "content_block_start" and kinds[-3] == "content_block_stop"
+    assert set(kinds[2:-3]) == {"content_block_delta"}
     start = events[0].message
     assert start.content == [] and start.stop_reason is None
-    assert events[2].index == 0 and events[2].content_block.type == "text"
-    assert all(e.index == 0 and e.delta.type == "text_delta" for e in events[3:-3])
+    assert events[1].index == 0 and events[1].content_block.type == "text"
+    assert all(e.index == 0 and e.delta.type == "text_delta" for e in events[2:-3])
+    assert "".join(e.delta.text for e in events[2:-3]) == text_of(reference)
     assert events[-2].delta.stop_reason == reference.stop_reason
     assert events[-2].usage.output_tokens == reference.usage.output_tokens
 
@@ -330,3 +330,27 @@ def test_raw_http_needs_no_key(messages_deployment, model):
         "type": "invalid_request_error", "message": bad.json()["error"]["message"]}}
     assert bad.json()["error"]["message"].startswith("messages[0].content[0].extra: ")
     assert isinstance(http, httpx.Client)
+
+
+def test_raw_http_stream(messages_deployment, model):
+    """The event stream on the wire: ``event:`` names matching each data's
+    ``type``, a ``ping`` after ``message_start``, no ``[DONE]`` line."""
+    http = messages_deployment.gateway.http()
+    body = {"model": model, "max_tokens": 4, "stream": True, "messages": user(PROMPT)}
+    with http.stream("POST", "/v1/messages", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = "".join(response.iter_text())
+    assert "[DONE]" not in raw
+    events = []
+    for chunk in raw.strip().split("\n\n"):
+        name, data = chunk.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: "), chunk
+        data = json.loads(data[len("data: "):])
+        assert data["type"] == name[len("event: "):]
+        events.append(data)
+    kinds = [e["type"] for e in events]
+    assert kinds[:3] == ["message_start", "ping", "content_block_start"], kinds
+    assert kinds[-2:] == ["message_delta", "message_stop"]
+    assert events[-2]["usage"]["output_tokens"] == 4
+    assert events[-2]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
