@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from conftest import Processes, aggregated, prefill_decode
+from test_failures import ERROR_DEADLINE, FAST_HEALTH
 from test_epd import ALLOW_LOCAL, ImageServer, png
 
 MAX_TOKENS = 16
@@ -354,3 +355,29 @@ def test_raw_http_stream(messages_deployment, model):
     assert kinds[-2:] == ["message_delta", "message_stop"]
     assert events[-2]["usage"]["output_tokens"] == 4
     assert events[-2]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+
+
+def test_a_failed_request_is_an_anthropic_error(processes, model_dir):
+    """No worker left: the unary and the streamed request both fail with a
+    503 ``overloaded_error`` in Anthropic's shape (the error of a started
+    request, not a refusal of its body)."""
+    dep = aggregated(processes, model_dir, workers=1, gateway_args=FAST_HEALTH)
+    gateway = dep.gateway
+    claude = anthropic.Anthropic(base_url=gateway.base_url, api_key="unused", max_retries=0,
+                                 timeout=ERROR_DEADLINE)
+    gateway.clients.append(claude)
+    model = gateway.model
+    assert text_of(ask(claude, model))
+    dep.engines[0].process.kill()
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        ask(claude, model)
+    assert caught.value.status_code == 503
+    assert_error(caught, "overloaded_error")
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        with claude.messages.stream(model=model, max_tokens=MAX_TOKENS,
+                                    messages=user(PROMPT)) as stream:
+            list(stream)
+    assert caught.value.status_code == 503
+    assert_error(caught, "overloaded_error")
+    # count_tokens needs no worker.
+    assert count(claude, model) > 0
