@@ -8,9 +8,10 @@
 //!
 //! Every generating endpoint's request takes one path ([`serve`]): read,
 //! converted to the gateway's own request ([`crate::request`]), its model
-//! found, made ready, answered. An endpoint module (`chat`, `completions`)
-//! holds only the conversion of its wire request and the shape of its
-//! answer; see docs/architecture.md, "Adding an endpoint".
+//! found, made ready, answered. An endpoint module (`chat`, `completions`,
+//! `messages`) holds only the conversion of its wire request and the shape
+//! of its answer (and, for an API of its own, its error shape); see
+//! docs/architecture.md, "Adding an endpoint".
 
 pub mod body;
 pub mod errors;

@@ -55,7 +55,7 @@ pub struct ImageCount {
 /// request is read, carried to wherever it ends.
 #[derive(Debug, Clone)]
 pub struct Ledger {
-    /// The API route: [`CHAT`] or [`COMPLETIONS`].
+    /// The API route: [`CHAT`], [`COMPLETIONS`] or [`MESSAGES`].
     pub endpoint: &'static str,
     pub id: String,
     pub started: Instant,
