@@ -84,6 +84,38 @@ mod tests {
         assert_eq!(response.headers()[header::RETRY_AFTER], "3");
     }
 
+    /// The body of `response`, as JSON.
+    async fn json_of(response: Response) -> Value {
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .expect("body");
+        serde_json::from_slice(&body).expect("json")
+    }
+
+    #[tokio::test]
+    async fn a_refusal_takes_the_ledgers_error_shape() {
+        use crate::http::{refused, Ledger};
+        use crate::metrics::{Metrics, Outcome};
+        use std::sync::Arc;
+        use std::time::Instant;
+
+        let metrics = Arc::new(Metrics::new(""));
+        let mut ledger = Ledger::new("messages", "msg_1".into(), Instant::now(), metrics);
+        let error = ApiError::bad_field("max_tokens", "max_tokens: field required");
+        // OpenAI's shape unless the endpoint says otherwise.
+        let openai = json_of(refused(&ledger, (error.clone(), Outcome::ClientError))).await;
+        assert_eq!(openai["error"]["param"], "max_tokens");
+        ledger.error_shape = error_response;
+        let ours = json_of(refused(&ledger, (error, Outcome::ClientError))).await;
+        assert_eq!(ours["type"], "error");
+        assert_eq!(ours["error"]["type"], "invalid_request_error");
+        // A body that came too slowly still closes the connection.
+        let slow = ApiError::new(408, iris_openai::ErrorKind::InvalidRequest, "too slow");
+        let response = refused(&ledger, (slow, Outcome::ClientError));
+        assert_eq!(response.headers()[header::CONNECTION], "close");
+        assert_eq!(json_of(response).await["error"]["type"], "timeout_error");
+    }
+
     #[test]
     fn statuses_map_to_error_types() {
         let cases = [
