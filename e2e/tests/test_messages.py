@@ -207,6 +207,12 @@ def test_images_base64_and_url(claude, model, images, image_server):
     assert counted == prompt_tokens(by_data.usage)
     assert counted > count(claude, model, [question]) + 1
     assert count(claude, model, [question, url_image(image_server.url("/a.png"))]) == counted
+    # An image that cannot be fetched is named by its place in the Messages
+    # body (after a tool_result split the user message in two, too).
+    missing = url_image(image_server.url("/missing.png"))
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        ask(claude, model, [question, missing])
+    assert_error(caught, "invalid_request_error", "messages[0].content[1]")
     # Streamed, the same answer.
     with claude.messages.stream(model=model, max_tokens=MAX_TOKENS,
                                 messages=user([question, b64_image(images["/a.png"])])) as stream:

@@ -321,12 +321,42 @@ pub fn parse_messages_request(
     call: MessagesCall,
     options: &ParseOptions,
 ) -> Result<ChatCompletionRequest, ApiError> {
+    parse_messages(body, call, options).map(|(chat, _)| chat)
+}
+
+/// [`parse_messages_request`], with where each part of the chat request
+/// came from: [`Places::rename`] turns a later refusal of the chat request
+/// (an image that cannot be fetched, a prompt too long) into one naming
+/// the Messages field.
+pub fn parse_messages(
+    body: &[u8],
+    call: MessagesCall,
+    options: &ParseOptions,
+) -> Result<(ChatCompletionRequest, Places), ApiError> {
     let request: MessagesRequest = crate::parse::deserialize(body)?;
     let (mut chat, places) = to_chat(&request, call)?;
-    validate::validate(&chat).map_err(|e| rename(e, &places))?;
+    validate::validate(&chat).map_err(|e| places.rename(e))?;
     chat.constraint = structured::constraint(&chat, options.max_constraint_bytes)
-        .map_err(|e| rename(e, &places))?;
-    Ok(chat)
+        .map_err(|e| places.rename(e))?;
+    Ok((chat, places))
+}
+
+/// Where each message of a converted chat request came from in the
+/// Messages body: the message's path, and the path of each of its content
+/// parts when they came from blocks of their own (a user message's text
+/// and images).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Places(Vec<(String, Vec<String>)>);
+
+impl Places {
+    fn push(&mut self, message: impl Into<String>, parts: Vec<String>) {
+        self.0.push((message.into(), parts));
+    }
+
+    /// `error`, naming the Messages field its chat field came from.
+    pub fn rename(&self, error: ApiError) -> ApiError {
+        rename(error, self)
+    }
 }
 
 fn bad(path: impl Into<String>, message: impl fmt::Display) -> ApiError {
@@ -339,14 +369,14 @@ fn bad(path: impl Into<String>, message: impl fmt::Display) -> ApiError {
 pub fn to_chat(
     request: &MessagesRequest,
     call: MessagesCall,
-) -> Result<(ChatCompletionRequest, Vec<String>), ApiError> {
+) -> Result<(ChatCompletionRequest, Places), ApiError> {
     check_sampling(request, call)?;
     let mut messages = Vec::new();
-    let mut places = Vec::new();
+    let mut places = Places::default();
     if let Some(system) = &request.system {
         let parts = text_parts(system, "system")?;
         messages.push(with_content(Role::System, MessageContent::Parts(parts)));
-        places.push("system".to_owned());
+        places.push("system", Vec::new());
     }
     if request.messages.is_empty() {
         return Err(bad("messages", "at least one message is required"));
@@ -363,7 +393,7 @@ pub fn to_chat(
                     ));
                 }
                 messages.push(assistant_message(&message.content, &path)?);
-                places.push(path);
+                places.push(path, Vec::new());
             }
             other => {
                 return Err(bad(
@@ -662,12 +692,12 @@ fn user_message(
     message: &InputMessage,
     path: &str,
     messages: &mut Vec<ChatMessage>,
-    places: &mut Vec<String>,
+    places: &mut Places,
 ) -> Result<(), ApiError> {
     let blocks = match &message.content {
         Content::Text(text) => {
             messages.push(ChatMessage::text(Role::User, text.clone()));
-            places.push(path.to_owned());
+            places.push(path, Vec::new());
             return Ok(());
         }
         Content::Blocks(blocks) => blocks,
@@ -676,6 +706,7 @@ fn user_message(
         return Err(bad(format!("{path}.content"), "must not be empty"));
     }
     let mut parts = Vec::new();
+    let mut part_paths = Vec::new();
     let mut first_part = 0;
     for (j, block) in blocks.iter().enumerate() {
         let block_path = format!("{path}.content[{j}]");
@@ -686,22 +717,26 @@ fn user_message(
                 if !parts.is_empty() {
                     let taken = std::mem::take(&mut parts);
                     messages.push(with_content(Role::User, MessageContent::Parts(taken)));
-                    places.push(format!("{path}.content[{first_part}]"));
+                    let paths = std::mem::take(&mut part_paths);
+                    places.push(format!("{path}.content[{first_part}]"), paths);
                 }
                 first_part = j + 1;
                 messages.push(tool_result(block, &block_path)?);
-                places.push(block_path);
+                places.push(block_path, Vec::new());
+                continue;
             }
             kind => return Err(misplaced(kind, "user", &block_path)),
         }
+        part_paths.push(block_path);
     }
     if !parts.is_empty() {
         messages.push(with_content(Role::User, MessageContent::Parts(parts)));
-        places.push(if first_part == 0 {
+        let message = if first_part == 0 {
             path.to_owned()
         } else {
             format!("{path}.content[{first_part}]")
-        });
+        };
+        places.push(message, part_paths);
     }
     Ok(())
 }
@@ -993,8 +1028,8 @@ fn thinking_kwargs(
 }
 
 /// A refusal of the chat API's validation, naming the Messages field it
-/// came from: `places[k]` is where chat message `k` came from.
-fn rename(error: ApiError, places: &[String]) -> ApiError {
+/// came from.
+fn rename(error: ApiError, places: &Places) -> ApiError {
     let Some(param) = error.param.clone() else {
         return error;
     };
@@ -1013,7 +1048,7 @@ fn rename(error: ApiError, places: &[String]) -> ApiError {
     }
 }
 
-fn renamed_param(param: &str, places: &[String]) -> String {
+fn renamed_param(param: &str, places: &Places) -> String {
     let fixed = [
         ("max_completion_tokens", "max_tokens"),
         ("stop", "stop_sequences"),
@@ -1048,9 +1083,16 @@ fn renamed_param(param: &str, places: &[String]) -> String {
         }
     }
     if let Some(rest) = param.strip_prefix("messages[") {
-        if let Some((index, _)) = rest.split_once(']') {
-            if let Some(place) = index.parse::<usize>().ok().and_then(|k| places.get(k)) {
-                return place.clone();
+        if let Some((index, tail)) = rest.split_once(']') {
+            let place = index.parse::<usize>().ok().and_then(|k| places.0.get(k));
+            if let Some((message, parts)) = place {
+                // A part of its own (`.content[j]…`) is named by its block.
+                let part = tail.strip_prefix(".content[").and_then(|rest| {
+                    let (j, after) = rest.split_once(']')?;
+                    let path = parts.get(j.parse::<usize>().ok()?)?;
+                    Some(format!("{path}{after}"))
+                });
+                return part.unwrap_or_else(|| message.clone());
             }
         }
     }

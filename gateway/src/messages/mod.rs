@@ -23,23 +23,66 @@ use std::time::Instant;
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use iris_openai::anthropic::{parse_messages_request, MessagesCall};
+use iris_openai::anthropic::{parse_messages, MessagesCall, Places};
 use iris_openai::{ApiError, ChatCompletionRequest};
 use serde_json::{json, Value};
 
 use crate::http::record::MESSAGES;
 use crate::http::serve::Endpoint;
-use crate::http::{read_body, Ledger};
+use crate::http::{read_body, Failure, Ledger};
 use crate::request::{ApiRequest, Input, ReadyConversation};
+use crate::served::Served;
 use crate::server::AppState;
 use text::{MessageText, StopReason};
 
 /// The Messages endpoint.
 pub struct Messages;
 
+/// A Messages request as the conversation it converts to, with where
+/// each of its parts came from: a refusal while it is made ready (an image
+/// that cannot be fetched, a prompt too long for the context) names the
+/// Messages field, not the chat request's.
+pub struct MessagesInput {
+    chat: ChatCompletionRequest,
+    places: Places,
+}
+
+impl MessagesInput {
+    fn parse(state: &AppState, body: &[u8], call: MessagesCall) -> Result<Self, ApiError> {
+        let (chat, places) = parse_messages(body, call, &state.parse_options)?;
+        Ok(MessagesInput { chat, places })
+    }
+}
+
+impl Input for MessagesInput {
+    type Ready = ReadyConversation;
+
+    fn model(&self) -> &str {
+        &self.chat.model
+    }
+
+    fn streams(&self) -> bool {
+        self.chat.is_stream()
+    }
+
+    fn user(&self) -> Option<&str> {
+        self.chat.user.as_deref()
+    }
+
+    async fn prepare(
+        self,
+        served: Arc<Served>,
+        ledger: &mut Ledger,
+    ) -> Result<ReadyConversation, Failure> {
+        let places = self.places;
+        let prepared = self.chat.prepare(served, ledger).await;
+        prepared.map_err(|(error, outcome)| (places.rename(error), outcome))
+    }
+}
+
 impl Endpoint for Messages {
     const NAME: &'static str = MESSAGES;
-    type Input = ChatCompletionRequest;
+    type Input = MessagesInput;
 
     fn new_id() -> String {
         let mut id = String::with_capacity(28);
@@ -52,12 +95,9 @@ impl Endpoint for Messages {
         tracing::info_span!("messages", request_id = %id)
     }
 
-    fn convert(
-        state: &AppState,
-        body: &[u8],
-    ) -> Result<ApiRequest<ChatCompletionRequest>, ApiError> {
-        let chat = parse_messages_request(body, MessagesCall::Create, &state.parse_options)?;
-        Ok(ApiRequest::new(chat))
+    fn convert(state: &AppState, body: &[u8]) -> Result<ApiRequest<MessagesInput>, ApiError> {
+        let input = MessagesInput::parse(state, body, MessagesCall::Create)?;
+        Ok(ApiRequest::new(input))
     }
 
     async fn unary(state: Arc<AppState>, ledger: Ledger, ready: ReadyConversation) -> Response {
@@ -118,14 +158,14 @@ pub async fn count_tokens(State(state): State<Arc<AppState>>, request: Request) 
 
 async fn count(state: &Arc<AppState>, request: Request) -> Result<u32, ApiError> {
     let bytes = read_body(state, request.into_body()).await?;
-    let chat = parse_messages_request(&bytes, MessagesCall::CountTokens, &state.parse_options)?;
-    let served = state.models.get(&chat.model)?.clone();
+    let input = MessagesInput::parse(state, &bytes, MessagesCall::CountTokens)?;
+    let served = state.models.get(input.model())?.clone();
     // Not a generating request: its stages are the gateway's, not the model's.
     let id = Messages::new_id();
     let mut ledger = Ledger::new(MESSAGES, id, Instant::now(), state.metrics.clone());
     ledger.body_bytes = bytes.len();
     drop(bytes);
-    let ready = chat
+    let ready = input
         .prepare(served, &mut ledger)
         .await
         .map_err(|(error, _)| error)?;

@@ -594,25 +594,69 @@ fn chat_validation_names_the_messages_field() {
         json!({"tools": tools, "tool_choice": {"type": "tool", "name": "g"}}),
     )));
     assert!(param.starts_with("tool_choice"), "{param}");
-    assert_eq!(
-        renamed_param(
-            "messages[3].content",
-            &[
-                "system".into(),
-                "messages[0]".into(),
-                "messages[1]".into(),
-                "messages[2].content[0]".into()
-            ]
+    let places = Places(vec![
+        ("system".into(), vec![]),
+        ("messages[0]".into(), vec![]),
+        ("messages[1]".into(), vec![]),
+        ("messages[2].content[0]".into(), vec![]),
+        (
+            "messages[2].content[1]".into(),
+            vec![
+                "messages[2].content[1]".into(),
+                "messages[2].content[3]".into(),
+            ],
         ),
-        "messages[2].content[0]"
+    ]);
+    let cases = [
+        ("messages[3].content", "messages[2].content[0]"),
+        ("messages[4].content[1]", "messages[2].content[3]"),
+        ("messages[4].content[1].url", "messages[2].content[3].url"),
+        ("messages[4].content[7]", "messages[2].content[1]"),
+        ("messages[9]", "messages[9]"),
+        ("tools[2].function.parameters", "tools[2].input_schema"),
+        ("max_completion_tokens", "max_tokens"),
+        ("stop", "stop_sequences"),
+        ("stream", "stream"),
+    ];
+    for (param, renamed) in cases {
+        assert_eq!(renamed_param(param, &places), renamed, "{param}");
+    }
+}
+
+#[test]
+fn places_name_the_blocks_of_a_split_user_message() {
+    let messages = json!([
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+        {"role": "user", "content": [
+            {"type": "text", "text": "before"},
+            {"type": "tool_result", "tool_use_id": "t", "content": "r"},
+            {"type": "text", "text": "look"},
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]},
+    ]);
+    let body = with(
+        messages,
+        json!({"system": "s", "tools": [{"name": "f", "input_schema": {"type": "object"}}]}),
     );
+    let (chat, places) = parse_messages(
+        body.to_string().as_bytes(),
+        MessagesCall::Create,
+        &ParseOptions::default(),
+    )
+    .expect("parsed");
+    // system, user, assistant, user (before), tool, user (look + image).
+    assert_eq!(chat.messages.len(), 6);
+    let (image_place, _) = chat.image_parts().next().expect("an image");
+    assert_eq!(image_place, "messages[5].content[1]");
+    let error = ApiError::bad_field(image_place.clone(), format!("{image_place}: cannot fetch"));
+    let renamed = places.rename(error);
+    assert_eq!(renamed.param.as_deref(), Some("messages[2].content[3]"));
+    assert_eq!(renamed.message, "messages[2].content[3]: cannot fetch");
+    let error = ApiError::bad_field("messages[4]", "messages[4]: too long");
     assert_eq!(
-        renamed_param("tools[2].function.parameters", &[]),
-        "tools[2].input_schema"
+        places.rename(error).param.as_deref(),
+        Some("messages[2].content[1]")
     );
-    assert_eq!(renamed_param("max_completion_tokens", &[]), "max_tokens");
-    assert_eq!(renamed_param("stop", &[]), "stop_sequences");
-    assert_eq!(renamed_param("stream", &[]), "stream");
 }
 
 #[test]
