@@ -6,7 +6,7 @@
 //! (`pipeline.rs`). Every generating endpoint's request takes one path,
 //! `http::serve` (body, model lookup, deadlines, errors, the request log
 //! line, unary and SSE answers): an endpoint module (`chat`,
-//! `completions`) converts its wire request into the gateway's own
+//! `completions`, `messages` for Anthropic's API) converts its wire request into the gateway's own
 //! (`request`: a conversation or prompts, each made ready once for every
 //! endpoint) and shapes its answer; `served` holds each model's bundle
 //! (tokenizer and template, media pipeline, parsers, router, metrics); `mm`
@@ -41,6 +41,7 @@ mod discovery;
 mod http;
 mod kv;
 mod listen;
+mod messages;
 mod metrics;
 mod mm;
 pub mod output;

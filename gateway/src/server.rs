@@ -26,6 +26,7 @@ use crate::http::error_response;
 use crate::http::serve::serve;
 use crate::kv::KvCaches;
 use crate::listen::{ConnLimits, ConnStats, Stop};
+use crate::messages::Messages;
 use crate::metrics::{Metrics, ModelSources};
 use crate::mm::Multimodal;
 use crate::output::OutputParsers;
@@ -304,6 +305,12 @@ fn api_routes() -> Vec<Route> {
     vec![
         ("POST", "/v1/chat/completions", post(serve::<Chat>)),
         ("POST", "/v1/completions", post(serve::<Completions>)),
+        ("POST", "/v1/messages", post(serve::<Messages>)),
+        (
+            "POST",
+            "/v1/messages/count_tokens",
+            post(crate::messages::count_tokens),
+        ),
         (
             "POST",
             "/v1/responses",

@@ -13,6 +13,9 @@
 //!   chunk.
 //! - [`parse_tokenize_request`] and [`parse_detokenize_request`] read the
 //!   bodies of `POST /v1/tokenize` and `POST /v1/detokenize`.
+//! - [`anthropic::parse_messages_request`] reads an Anthropic Messages API
+//!   body (`POST /v1/messages`, `count_tokens`) into the same validated
+//!   [`ChatCompletionRequest`].
 //! - [`ApiError`] builds errors and their OpenAI-shaped body.
 //! - [`ChatCompletion`], [`ChatCompletionChunk`], [`ModelList`] and
 //!   [`Model`] are the response bodies; [`sse::ChunkWriter`] writes stream
@@ -20,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod anthropic;
 mod completion;
 mod constraint;
 mod error;

@@ -8,9 +8,10 @@
 //!
 //! Every generating endpoint's request takes one path ([`serve`]): read,
 //! converted to the gateway's own request ([`crate::request`]), its model
-//! found, made ready, answered. An endpoint module (`chat`, `completions`)
-//! holds only the conversion of its wire request and the shape of its
-//! answer; see docs/architecture.md, "Adding an endpoint".
+//! found, made ready, answered. An endpoint module (`chat`, `completions`,
+//! `messages`) holds only the conversion of its wire request and the shape
+//! of its answer (and, for an API of its own, its error shape); see
+//! docs/architecture.md, "Adding an endpoint".
 
 pub mod body;
 pub mod errors;
@@ -34,11 +35,12 @@ use crate::metrics::Outcome;
 pub type Failure = (ApiError, Outcome);
 
 /// The answer to a request that failed before it reached any worker,
-/// counted and logged ([`Ledger::record`]). A body that did not arrive in
+/// counted and logged ([`Ledger::record`]), in the endpoint's error shape
+/// ([`Ledger::error_shape`]). A body that did not arrive in
 /// time (408) also closes the connection: the rest of it is not read.
 pub fn refused(ledger: &Ledger, (error, outcome): Failure) -> Response {
     ledger.record(error.status, outcome, 0, Some(&error.message));
-    let mut response = error_response(&error);
+    let mut response = (ledger.error_shape)(&error);
     if error.status == 408 {
         response
             .headers_mut()

@@ -10,6 +10,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::response::Response;
+use iris_openai::ApiError;
+
 use crate::metrics::{Metrics, Outcome};
 
 /// Status logged for a request whose client went away before its end
@@ -21,6 +24,13 @@ pub const CHAT: &str = "chat.completions";
 
 /// [`RequestLine::endpoint`] of a (text) completion.
 pub const COMPLETIONS: &str = "completions";
+
+/// [`RequestLine::endpoint`] of an Anthropic Messages API request.
+pub const MESSAGES: &str = "messages";
+
+/// How an endpoint renders an error as an HTTP response (its API's error
+/// shape; OpenAI's by default).
+pub type ErrorShape = fn(&ApiError) -> Response;
 
 /// Most bytes of a client's `user` field written in the log line.
 pub const USER_LOG_BYTES: usize = 128;
@@ -45,7 +55,7 @@ pub struct ImageCount {
 /// request is read, carried to wherever it ends.
 #[derive(Debug, Clone)]
 pub struct Ledger {
-    /// The API route: [`CHAT`] or [`COMPLETIONS`].
+    /// The API route: [`CHAT`], [`COMPLETIONS`] or [`MESSAGES`].
     pub endpoint: &'static str,
     pub id: String,
     pub started: Instant,
@@ -66,6 +76,8 @@ pub struct Ledger {
     /// Size of the request body: a large one's prompt is built off the
     /// async runtime. Not logged.
     pub body_bytes: usize,
+    /// The endpoint's error shape, for every error the request ends with.
+    pub error_shape: ErrorShape,
 }
 
 impl Ledger {
@@ -87,6 +99,7 @@ impl Ledger {
             tenant: None,
             metrics,
             body_bytes: 0,
+            error_shape: super::error_response,
         }
     }
 

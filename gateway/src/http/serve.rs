@@ -57,6 +57,13 @@ pub trait Endpoint: Send + Sync + 'static {
         ledger: Ledger,
         ready: Ready<Self>,
     ) -> impl Future<Output = Response> + Send;
+
+    /// The HTTP response for `error` in the endpoint's API's shape
+    /// (OpenAI's unless the endpoint says otherwise); every error of its
+    /// requests, refusals and failures alike, takes it.
+    fn error_response(error: &ApiError) -> Response {
+        super::error_response(error)
+    }
 }
 
 /// What an endpoint's input becomes once made ready.
@@ -74,6 +81,7 @@ pub async fn serve<E: Endpoint>(State(state): State<Arc<AppState>>, request: Req
 
 async fn respond<E: Endpoint>(state: Arc<AppState>, body: Body, id: String) -> Response {
     let mut ledger = Ledger::new(E::NAME, id, Instant::now(), state.metrics.clone());
+    ledger.error_shape = E::error_response;
     match prepare::<E>(&state, body, &mut ledger).await {
         Ok((ready, true)) => E::stream(state, ledger, ready).await,
         Ok((ready, false)) => E::unary(state, ledger, ready).await,

@@ -53,17 +53,23 @@ pub trait Events: Send + 'static {
     /// The request ends early: abort the workers.
     fn abort(&mut self, reason: &str);
 
-    /// Writes what tells the client the stream failed after it started:
-    /// by default the OpenAI error object (`data: {"error": …}`).
-    fn write_failure(&mut self, out: &mut BytesMut, error: &ApiError) {
-        sse::write_error_event(out, error);
-    }
-
     /// Tokens generated so far over every choice.
     fn completion_tokens(&self) -> u32;
 
     /// Times the request moved to another worker mid-stream.
     fn migrations(&self) -> u32;
+
+    /// Writes the event of a stream that failed after it began (OpenAI's
+    /// `data: {"error": …}` unless the endpoint says otherwise).
+    fn write_error(&mut self, out: &mut BytesMut, error: &ApiError) {
+        sse::write_error_event(out, error);
+    }
+
+    /// Writes the stream's last line, after its end or its error event
+    /// (OpenAI's `data: [DONE]` unless the endpoint says otherwise).
+    fn write_done(&self, out: &mut BytesMut) {
+        sse::write_done(out);
+    }
 }
 
 /// Starts the request (`start`, within the request deadline) and answers
@@ -194,7 +200,7 @@ impl<E: Events> Stream<E> {
     /// Every choice has ended: the usage chunk (when asked) and `[DONE]`.
     fn finish(&mut self, out: &mut BytesMut) {
         self.events.finish(out);
-        sse::write_done(out);
+        self.events.write_done(out);
         let completion_tokens = self.events.completion_tokens();
         self.ledger
             .metrics
@@ -208,8 +214,8 @@ impl<E: Events> Stream<E> {
     fn fail(&mut self, out: &mut BytesMut, (error, outcome): Failure) {
         tracing::warn!(request_id = %self.ledger.id, error = %error.message, "stream failed");
         self.events.abort("gateway ended the request");
-        self.events.write_failure(out, &error);
-        sse::write_done(out);
+        self.events.write_error(out, &error);
+        self.events.write_done(out);
         self.end(error.status, outcome, Some(&error.message));
     }
 

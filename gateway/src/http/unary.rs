@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use iris_openai::ApiError;
 
 use super::record::CLIENT_CLOSED;
-use super::{error_response, shutting_down, Failure, Ledger};
+use super::{shutting_down, Failure, Ledger};
 use crate::metrics::{Outcome, Stage};
 use crate::server::AppState;
 
@@ -43,7 +43,7 @@ where
         Err((error, outcome)) => {
             let message = Some(error.message.as_str());
             ledger.record(error.status, outcome, 0, message);
-            error_response(&error)
+            (ledger.error_shape)(&error)
         }
     }
 }

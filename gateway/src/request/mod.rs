@@ -93,6 +93,28 @@ envelope!(
     iris_openai::CompletionRequest
 );
 
+/// [`Envelope`] of a request that carries its conversation in a field
+/// (`$wire.$field`, a `ChatCompletionRequest`): the conversation's.
+macro_rules! envelope_of {
+    ($wire:ty, $field:ident) => {
+        impl $crate::request::Envelope for $wire {
+            fn model(&self) -> &str {
+                $crate::request::Envelope::model(&self.$field)
+            }
+
+            fn streams(&self) -> bool {
+                $crate::request::Envelope::streams(&self.$field)
+            }
+
+            fn user(&self) -> Option<&str> {
+                $crate::request::Envelope::user(&self.$field)
+            }
+        }
+    };
+}
+
+pub(crate) use envelope_of;
+
 /// A kind of input, and how it is made ready for the workers.
 pub trait Input: Envelope + Send + Sized + 'static {
     /// The request ready to start: prompt tokenized, worker request built.

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 
 use crate::http::serve::Endpoint;
 use crate::http::{error_response, Failure, Ledger};
-use crate::request::{ApiRequest, Envelope, Input, ReadyConversation};
+use crate::request::{ApiRequest, Input, ReadyConversation};
 use crate::served::Served;
 use crate::server::AppState;
 use request::Context;
@@ -53,20 +53,7 @@ pub struct ReadyResponse {
     context: Context,
 }
 
-/// The chat request's.
-impl Envelope for ResponsesInput {
-    fn model(&self) -> &str {
-        self.chat.model()
-    }
-
-    fn streams(&self) -> bool {
-        self.chat.streams()
-    }
-
-    fn user(&self) -> Option<&str> {
-        Envelope::user(&self.chat)
-    }
-}
+crate::request::envelope_of!(ResponsesInput, chat);
 
 impl Input for ResponsesInput {
     type Ready = ReadyResponse;

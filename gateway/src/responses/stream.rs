@@ -192,7 +192,7 @@ impl Events for ResponseEvents {
         }
     }
 
-    fn write_failure(&mut self, out: &mut BytesMut, error: &ApiError) {
+    fn write_error(&mut self, out: &mut BytesMut, error: &ApiError) {
         self.lifecycle(
             out,
             "response.failed",
