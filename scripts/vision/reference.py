@@ -41,6 +41,7 @@ from transformers import (
     CLIPImageProcessor,
     Gemma3ImageProcessor,
     Idefics3ImageProcessor,
+    PixtralImageProcessor,
     LlavaNextImageProcessor,
     LlavaNextProcessor,
     LlavaOnevisionImageProcessor,
@@ -51,6 +52,7 @@ from transformers.image_processing_utils import get_patch_output_size, select_be
 from transformers.image_transforms import center_crop, resize
 from transformers.models.gemma3.processing_gemma3 import Gemma3ProcessorKwargs
 from transformers.models.idefics3.image_processing_idefics3 import get_resize_output_image_size as idefics3_size
+from transformers.models.pixtral.image_processing_pixtral import get_resize_output_image_size as pixtral_size
 from transformers.image_utils import ChannelDimension, PILImageResampling, load_image
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
@@ -160,6 +162,20 @@ PROCESSORS = {
         "size": {"longest_edge": 1536},
         "image_seq_len": 81,
     },
+    # mistral-community/pixtral-12b (spatial_merge_size 1: the processor's default)
+    "pixtral": {
+        "image_processor_type": "PixtralImageProcessor",
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "patch_size": {"height": 16, "width": 16},
+        "resample": 3,
+        "rescale_factor": 0.00392156862745098,
+        "size": {"longest_edge": 1024},
+    },
 }
 
 # Gemma3Processor's image defaults: the pan-and-scan parameters the shipped
@@ -222,6 +238,7 @@ def make_synthetic():
     save("rgb_97x1013.png", Image.fromarray(pattern(97, 1013, 7)))
     save("rgb_560x280.png", Image.fromarray(pattern(560, 280, 8)))
     save("rgb_13x9.png", Image.fromarray(pattern(13, 9, 9)))
+    save("rgb_300x1000.png", Image.fromarray(pattern(300, 1000, 27)))  # Gemma 3 pan and scan: 3 crops, the last shorter
     save("grey_L.png", Image.fromarray(pattern(150, 101, 10)[..., 0], mode="L"))
     la = Image.fromarray(pattern(120, 90, 11)[..., :2].copy(), mode="LA")
     save("grey_alpha_LA.png", la)
@@ -360,6 +377,9 @@ def resized_8bit(name, cfg, arr, overrides):
         return gemma3_frames_8bit(arr, overrides)
     if name == "smolvlm":
         return idefics3_frames_8bit(name, arr)
+    if name == "pixtral":
+        h, w = pixtral_size(arr, size=(1024, 1024), patch_size=(16, 16), input_data_format=ChannelDimension.LAST)
+        return resize(arr, (h, w), resample=PILImageResampling.BICUBIC, input_data_format=ChannelDimension.LAST)
     if name in MODEL_PROCESSORS:
         return anyres_tiles_8bit(name, arr)
     if cfg["image_processor_type"].startswith("CLIP"):
@@ -411,6 +431,8 @@ def processor_for(name):
         return Gemma3ImageProcessor(**cfg)
     if name == "smolvlm":
         return Idefics3ImageProcessor(**cfg)
+    if name == "pixtral":
+        return PixtralImageProcessor(**cfg)
     if "size" in cfg:
         # transformers 4.57.1's PIL Qwen2VLImageProcessor.__init__ discards a valid `size`
         # (its `else` branch resets it to the class defaults); the config means
@@ -439,7 +461,7 @@ def case(name, img, overrides):
         entry["error"] = str(e)
         return entry
     pv = np.asarray(out["pixel_values"], dtype=np.float32)
-    if name in ("llava", "llava_next", "llava_onevision", "smolvlm"):
+    if name in ("llava", "llava_next", "llava_onevision", "smolvlm", "pixtral"):
         pv = pv[0]  # the batch of one
     r8 = resized_8bit(name, PROCESSORS[name], arr, overrides)
     flat = pv.reshape(-1).astype(np.float64)
@@ -462,6 +484,12 @@ def case(name, img, overrides):
         rows, cols = int(out["rows"][0][0]), int(out["cols"][0][0])
         entry["tile_grid"] = [rows, cols]
         entry["tokens"] = PROCESSORS[name]["image_seq_len"] * (rows * cols + 1)
+    elif name == "pixtral":
+        # PixtralProcessor: H/16 rows of W/16 [IMG], each row closed by [IMG_BREAK] (the last by [IMG_END]).
+        height, width = (int(v) for v in np.asarray(out["image_sizes"])[0])
+        entry["image_sizes"] = [height, width]
+        entry["tile_grid"] = [height // 16, width // 16]
+        entry["tokens"] = (height // 16) * (width // 16 + 1)
     elif name in MODEL_PROCESSORS:
         height, width = (int(v) for v in np.asarray(out["image_sizes"])[0])
         entry["image_sizes"] = [height, width]
@@ -499,7 +527,7 @@ def shape_only(h, w):
 
 def tiled_layouts(sizes):
     """Gemma 3 with pan and scan: rows [height, width, frames]; SmolVLM: rows
-    [height, width, frames, rows, cols]. From the processors' own size code, with
+    [height, width, frames, rows, cols]; Pixtral: rows [height, width, rows, cols]. From the processors' own size code, with
     pixels replaced by shape-only arrays (their resize returns the size it would make)."""
     last = ChannelDimension.LAST
     g = processor_for("gemma3")
@@ -521,7 +549,12 @@ def tiled_layouts(sizes):
         second = ip.resize_for_vision_encoder(first, cfg["max_image_size"]["longest_edge"], input_data_format=last)
         frames, rows, cols = ip.split_image(second, max_image_size=cfg["max_image_size"], input_data_format=last)
         smol.append([h, w, len(frames), rows, cols])
-    return {"gemma3": gemma, "smolvlm": smol}
+    pixtral = []
+    for h, w in sizes:
+        ph, pw = pixtral_size(shape_only(h, w), size=(1024, 1024), patch_size=(16, 16), input_data_format=last)
+        # A side of zero: the reference's resize fails (rows 0, cols 0 mark it).
+        pixtral.append([h, w, ph // 16, pw // 16] if ph and pw else [h, w, 0, 0])
+    return {"gemma3": gemma, "smolvlm": smol, "pixtral": pixtral}
 
 
 def layout_sizes():

@@ -11,6 +11,7 @@ use crate::idefics3::Idefics3Processor;
 use crate::layout::PatchGeometry;
 use crate::llava_next::{AnyresFamily, AnyresProcessor};
 use crate::normalize::Normalization;
+use crate::pixtral::PixtralProcessor;
 use crate::processor::Processor;
 use crate::qwen::{QwenFamily, QwenVlProcessor, QWEN_DEFAULT_MAX_PIXELS, QWEN_DEFAULT_MIN_PIXELS};
 use crate::resize::Bicubic;
@@ -21,7 +22,7 @@ use crate::resize::Bicubic;
 /// `Qwen2_5_VLImageProcessor`, `Qwen3VLImageProcessor` (patch 16 ⇒ Qwen3-VL
 /// defaults), `CLIPImageProcessor` / `CLIPFeatureExtractor`, and the slow
 /// `LlavaNextImageProcessor` / `LlavaOnevisionImageProcessor`,
-/// `Gemma3ImageProcessor` and `Idefics3ImageProcessor`.
+/// `Gemma3ImageProcessor`, `Idefics3ImageProcessor` and `PixtralImageProcessor`.
 pub fn processor_from_config(json: &Value) -> Result<Box<dyn Processor>, VisionError> {
     let kind = json
         .get("image_processor_type")
@@ -42,6 +43,8 @@ pub fn processor_from_config(json: &Value) -> Result<Box<dyn Processor>, VisionE
         Ok(Box::new(gemma3_from_config(json)?))
     } else if lower == "idefics3imageprocessor" {
         Ok(Box::new(idefics3_from_config(json)?))
+    } else if lower == "pixtralimageprocessor" {
+        Ok(Box::new(pixtral_from_config(json)?))
     } else {
         Err(VisionError::Config(format!(
             "unsupported image_processor_type {kind:?}"
@@ -52,8 +55,8 @@ pub fn processor_from_config(json: &Value) -> Result<Box<dyn Processor>, VisionE
 /// Keys of the model processor's `processor_config.json` that decide the
 /// prompt's placeholder count, taken into the image processor's config
 /// when it lacks them (Idefics3 / SmolVLM's `image_seq_len`, Gemma 3's
-/// `image_seq_length`).
-const PROCESSOR_KEYS: [&str; 2] = ["image_seq_len", "image_seq_length"];
+/// `image_seq_length`, Pixtral's `spatial_merge_size`).
+const PROCESSOR_KEYS: [&str; 3] = ["image_seq_len", "image_seq_length", "spatial_merge_size"];
 
 /// Reads `<dir>/preprocessor_config.json` and builds its processor. The
 /// placeholder counts of `<dir>/processor_config.json`, when that file
@@ -434,6 +437,51 @@ pub fn idefics3_from_config(json: &Value) -> Result<Idefics3Processor, VisionErr
     })
 }
 
+/// Pixtral processor (`PixtralImageProcessor`, the slow class; absent keys
+/// take the class defaults of transformers 4.57.1: longest edge 1024, patch
+/// 16, BICUBIC, CLIP normalisation). `spatial_merge_size` is the model
+/// processor's (`processor_config.json`, merged in by
+/// [`processor_from_model_dir`]; absent, 1 as for pixtral-12b).
+///
+/// Accepted: `do_resize` / `do_rescale` / `do_normalize` / `do_convert_rgb`
+/// true, `resample` 1, 2 or 3, `size` as `{longest_edge}`, `patch_size` an
+/// integer or `{height, width}`. Anything else is refused, naming the key.
+pub fn pixtral_from_config(json: &Value) -> Result<PixtralProcessor, VisionError> {
+    let kind = "PixtralImageProcessor";
+    require_true(
+        json,
+        kind,
+        &["do_resize", "do_rescale", "do_normalize", "do_convert_rgb"],
+    )?;
+    let base = PixtralProcessor::pixtral_12b();
+    let patch = match json.get("patch_size") {
+        None | Some(Value::Null) => base.patch,
+        Some(Value::Object(m)) => m
+            .get("height")
+            .and_then(Value::as_u64)
+            .zip(m.get("width").and_then(Value::as_u64))
+            .map(|(h, w)| (h as usize, w as usize))
+            .ok_or_else(|| VisionError::Config("patch_size needs height and width".into()))?,
+        Some(v) => v
+            .as_u64()
+            .map(|p| (p as usize, p as usize))
+            .ok_or_else(|| VisionError::Config(format!("patch_size = {v} is not supported")))?,
+    };
+    if patch.0 == 0 || patch.1 == 0 {
+        return Err(VisionError::Config("patch_size must be positive".into()));
+    }
+    Ok(PixtralProcessor {
+        longest_edge: longest_edge(json, "size")?.unwrap_or(base.longest_edge),
+        patch,
+        spatial_merge_size: nonzero(
+            uint(json, "spatial_merge_size")?.unwrap_or(1),
+            "spatial_merge_size",
+        )?,
+        filter: pillow_filter(json, kind, Bicubic::Pillow)?,
+        norm: normalization(json, base.norm)?,
+    })
+}
+
 /// The side of a square size: an integer, `{shortest_edge}`, or
 /// `{height, width}` with both equal.
 fn square_side(json: &Value, key: &str) -> Result<Option<usize>, VisionError> {
@@ -744,6 +792,49 @@ mod tests {
             &json!({"image_processor_type": "Idefics3ImageProcessorFast"})
         )
         .is_err());
+    }
+
+    /// mistral-community/pixtral-12b's preprocessor_config.json.
+    fn pixtral_config() -> Value {
+        json!({
+            "do_convert_rgb": true, "do_normalize": true, "do_rescale": true, "do_resize": true,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_processor_type": "PixtralImageProcessor",
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "patch_size": {"height": 16, "width": 16}, "processor_class": "PixtralProcessor",
+            "resample": 3, "rescale_factor": 0.00392156862745098,
+            "size": {"longest_edge": 1024}
+        })
+    }
+
+    #[test]
+    fn pixtral_config_is_the_shipped_one_and_refuses_by_name() {
+        assert_eq!(
+            pixtral_from_config(&pixtral_config()).unwrap(),
+            PixtralProcessor::pixtral_12b()
+        );
+        assert_eq!(
+            processor_from_config(&pixtral_config()).unwrap().name(),
+            "pixtral"
+        );
+        for (key, value) in [
+            ("resample", json!(0)),
+            ("do_resize", json!(false)),
+            ("do_normalize", json!(false)),
+            ("size", json!({"height": 1024, "width": 1024})),
+            ("patch_size", json!(0)),
+            ("patch_size", json!("16")),
+            ("spatial_merge_size", json!(0)),
+            ("image_mean", json!([1, 2])),
+        ] {
+            let mut cfg = pixtral_config();
+            cfg[key] = value;
+            let err = processor_from_config(&cfg).err().map(|e| e.to_string());
+            assert!(
+                err.as_deref().is_some_and(|e| e.contains(key)),
+                "{key}: {err:?}"
+            );
+        }
     }
 
     #[test]

@@ -7,9 +7,9 @@
 //! - [`Processor`]: one implementation per model family —
 //!   [`QwenVlProcessor`] (Qwen2-VL, Qwen2.5-VL, Qwen3-VL),
 //!   [`ClipProcessor`] (LLaVA-1.5), [`AnyresProcessor`] (LLaVA-NeXT,
-//!   LLaVA-OneVision), [`Gemma3Processor`] (Gemma 3, with pan and scan)
-//!   and [`Idefics3Processor`] (Idefics3, SmolVLM) — built from
-//!   `preprocessor_config.json`
+//!   LLaVA-OneVision), [`Gemma3Processor`] (Gemma 3, with pan and scan),
+//!   [`Idefics3Processor`] (Idefics3, SmolVLM) and [`PixtralProcessor`]
+//!   (Pixtral) — built from `preprocessor_config.json`
 //!   by [`processor_from_config`] / [`processor_from_model_dir`].
 //! - [`resize_bicubic`]: Pillow 12.2.0's fixed-point BICUBIC, vectorised
 //!   (the same passes run Pillow's BILINEAR and LANCZOS for Gemma 3 and
@@ -38,6 +38,7 @@ mod llava_next;
 mod normalize;
 mod npy;
 mod output;
+mod pixtral;
 mod pool;
 mod processor;
 mod qwen;
@@ -51,7 +52,7 @@ pub use batch::preprocess_batch;
 pub use clip::ClipProcessor;
 pub use config::{
     anyres_from_config, clip_from_config, gemma3_from_config, idefics3_from_config,
-    processor_from_config, processor_from_model_dir, qwen_from_config,
+    pixtral_from_config, processor_from_config, processor_from_model_dir, qwen_from_config,
 };
 pub use decode::{decode, probe, DecodeLimits, ImageFormat, ImageInfo};
 pub use error::VisionError;
@@ -64,6 +65,7 @@ pub use llava_next::{AnyresFamily, AnyresProcessor};
 pub use normalize::{Normalization, CLIP_MEAN, CLIP_STD};
 pub use npy::write_npy_f32;
 pub use output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+pub use pixtral::PixtralProcessor;
 pub use pool::{pool_stats, PoolStats, PooledVec};
 pub use processor::{PreprocessOptions, Processor, INTRA_IMAGE_PARALLEL_PIXELS};
 pub use qwen::{QwenFamily, QwenVlProcessor, QWEN_DEFAULT_MAX_PIXELS, QWEN_DEFAULT_MIN_PIXELS};

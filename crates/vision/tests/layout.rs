@@ -7,7 +7,7 @@ mod common;
 
 use iris_vision::{
     probe, AnyresProcessor, ClipProcessor, Gemma3Processor, Idefics3Processor, OutputDtype,
-    PreprocessOptions, Processor, QwenVlProcessor,
+    PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
 };
 
 /// Every committed synthetic image and the shared photos.
@@ -57,6 +57,7 @@ fn the_planned_layout_is_the_output_layout() {
         Box::new(AnyresProcessor::llava_onevision()),
         Box::new(Gemma3Processor::gemma3()),
         Box::new(Idefics3Processor::smolvlm()),
+        Box::new(PixtralProcessor::pixtral_12b()),
     ];
     let (mut checked, mut turned) = (0, 0);
     for name in images() {
@@ -143,7 +144,7 @@ fn anyres_layouts_match_the_reference_table() {
     assert!(checked > 1000, "only {checked} sizes");
 }
 
-/// Gemma 3 (pan and scan on) and SmolVLM plan their frames from the
+/// Gemma 3 (pan and scan on), SmolVLM and Pixtral plan their frames from the
 /// image's size alone: the same as transformers' own size code gives on a
 /// table of sizes (tiny, extreme, around every crop and tile boundary)
 /// that reference.py writes.
@@ -166,6 +167,23 @@ fn tiled_layouts_match_the_reference_table() {
                 .iter()
                 .map(|x| x.as_u64().unwrap() as usize)
                 .collect();
+            if name == "pixtral" {
+                let [h, w, rows, cols] = v[..] else {
+                    panic!("bad row {row}")
+                };
+                let layout = processor.layout_for(w, h, &pan_and_scan);
+                if rows == 0 {
+                    assert!(layout.is_err(), "pixtral {w}x{h}: the reference fails");
+                } else {
+                    let layout = layout.unwrap();
+                    assert_eq!(layout.shape, vec![3, rows * 16, cols * 16], "{w}x{h}");
+                    assert_eq!(layout.tile_grid, Some([rows, cols]), "{w}x{h}");
+                    assert_eq!(layout.num_placeholder_tokens, rows * (cols + 1), "{w}x{h}");
+                    assert_eq!(layout.image_sizes, Some([rows * 16, cols * 16]));
+                }
+                checked += 1;
+                continue;
+            }
             let (h, w, frames) = (v[0], v[1], v[2]);
             let layout = processor.layout_for(w, h, &pan_and_scan).unwrap();
             assert_eq!(layout.shape[0], frames, "{name} {w}x{h}");

@@ -280,7 +280,13 @@ fn anyres_bytes_parallel_and_bf16_agree() {
     let all = expected();
     let bytes = read("shared/motorcycle_4k.jpg");
     let pixels = decode_file("shared/motorcycle_4k.jpg");
-    for name in ["llava_next", "llava_onevision", "gemma3", "smolvlm"] {
+    for name in [
+        "llava_next",
+        "llava_onevision",
+        "gemma3",
+        "smolvlm",
+        "pixtral",
+    ] {
         let p = processor(&all, name);
         let opts = PreprocessOptions {
             pan_and_scan: Some(true),
