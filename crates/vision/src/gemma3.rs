@@ -264,10 +264,12 @@ impl Processor for Gemma3Processor {
         let (w, h) = (u64::from(width), u64::from(height));
         let crops = self.crops(width as usize, height as usize, opts);
         let (oh, ow) = (self.size.0 as u64, self.size.1 as u64);
+        // The crops' buffers come on top of what the whole image's resize
+        // left in the scratch.
         let mut resizes = resize::working_bytes((w, h), (ow, oh));
         if crops.count() > 0 {
             let (cw, ch) = (crops.crop_w as u64, crops.crop_h as u64);
-            resizes = resizes.max(resize::working_bytes((cw, ch), (ow, oh)) + 3 * cw * ch);
+            resizes += resize::working_bytes((cw, ch), (ow, oh)) + 3 * cw * ch;
         }
         let frame = 3 * oh * ow;
         let output = (1 + crops.count() as u64) * frame * opts.dtype.size() as u64;
