@@ -272,11 +272,12 @@ fn bytes_path_equals_image_path_and_bf16_rounds_f32() {
     let _ = image_path("shared/chelsea.png");
 }
 
-/// The any-resolution processors give the same tensor from bytes as from
+/// The multi-frame processors (LLaVA-NeXT, OneVision, Gemma 3 with pan and
+/// scan, SmolVLM) and Pixtral give the same tensor from bytes as from
 /// decoded pixels, with a large image split across threads or not, and
 /// their bf16 output is the f32 output rounded.
 #[test]
-fn anyres_bytes_parallel_and_bf16_agree() {
+fn tiled_bytes_parallel_and_bf16_agree() {
     let all = expected();
     let bytes = read("shared/motorcycle_4k.jpg");
     let pixels = decode_file("shared/motorcycle_4k.jpg");
