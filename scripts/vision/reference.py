@@ -162,6 +162,24 @@ PROCESSORS = {
         "size": {"longest_edge": 1536},
         "image_seq_len": 81,
     },
+    # HuggingFaceM4/Idefics3-8B-Llama3 (the class defaults: 4·364, 364-pixel
+    # tiles); image_seq_len from its processor_config.json
+    "idefics3": {
+        "image_processor_type": "Idefics3ImageProcessor",
+        "do_convert_rgb": True,
+        "do_image_splitting": True,
+        "do_normalize": True,
+        "do_pad": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "max_image_size": {"longest_edge": 364},
+        "resample": 1,
+        "rescale_factor": 0.00392156862745098,
+        "size": {"longest_edge": 1456},
+        "image_seq_len": 169,
+    },
     # mistral-community/pixtral-12b (spatial_merge_size 1: the processor's default)
     "pixtral": {
         "image_processor_type": "PixtralImageProcessor",
@@ -177,6 +195,8 @@ PROCESSORS = {
         "size": {"longest_edge": 1024},
     },
 }
+
+IDEFICS3 = ("smolvlm", "idefics3")
 
 # Gemma3Processor's image defaults: the pan-and-scan parameters the shipped
 # image processor config leaves null.
@@ -375,7 +395,7 @@ def idefics3_frames_8bit(name, arr):
 def resized_8bit(name, cfg, arr, overrides):
     if name == "gemma3":
         return gemma3_frames_8bit(arr, overrides)
-    if name == "smolvlm":
+    if name in IDEFICS3:
         return idefics3_frames_8bit(name, arr)
     if name == "pixtral":
         h, w = pixtral_size(arr, size=(1024, 1024), patch_size=(16, 16), input_data_format=ChannelDimension.LAST)
@@ -429,7 +449,7 @@ def processor_for(name):
         return LlavaOnevisionImageProcessor(**cfg)
     if name == "gemma3":
         return Gemma3ImageProcessor(**cfg)
-    if name == "smolvlm":
+    if name in IDEFICS3:
         return Idefics3ImageProcessor(**cfg)
     if name == "pixtral":
         return PixtralImageProcessor(**cfg)
@@ -454,14 +474,14 @@ def case(name, img, overrides):
         call = dict(overrides)
         if name == "gemma3":
             call.update(GEMMA3_CALL)
-        if name == "smolvlm":
+        if name in IDEFICS3:
             call["return_row_col_info"] = True
         out = image_processor(images=img, return_tensors="np", input_data_format="channels_last", **call)
     except ValueError as e:
         entry["error"] = str(e)
         return entry
     pv = np.asarray(out["pixel_values"], dtype=np.float32)
-    if name in ("llava", "llava_next", "llava_onevision", "smolvlm", "pixtral"):
+    if name in ("llava", "llava_next", "llava_onevision", "pixtral") or name in IDEFICS3:
         pv = pv[0]  # the batch of one
     r8 = resized_8bit(name, PROCESSORS[name], arr, overrides)
     flat = pv.reshape(-1).astype(np.float64)
@@ -480,7 +500,7 @@ def case(name, img, overrides):
         entry["tokens"] = grid[0] * grid[1] * grid[2] // 4
     elif name == "gemma3":
         entry["tokens"] = PROCESSORS[name]["image_seq_length"] * (1 + int(np.asarray(out["num_crops"])[0]))
-    elif name == "smolvlm":
+    elif name in IDEFICS3:
         rows, cols = int(out["rows"][0][0]), int(out["cols"][0][0])
         entry["tile_grid"] = [rows, cols]
         entry["tokens"] = PROCESSORS[name]["image_seq_len"] * (rows * cols + 1)

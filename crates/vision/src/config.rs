@@ -838,6 +838,58 @@ mod tests {
     }
 
     #[test]
+    fn model_dir_takes_the_token_counts_of_processor_config() {
+        let dir = std::env::temp_dir().join(format!("iris-vision-h33b-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, v: &Value| {
+            std::fs::write(dir.join(name), serde_json::to_string(v).unwrap()).unwrap()
+        };
+        write("preprocessor_config.json", &smolvlm_config());
+        let tokens = |dir: &Path| {
+            processor_from_model_dir(dir)
+                .unwrap()
+                .layout_for(640, 480, &Default::default())
+                .unwrap()
+                .num_placeholder_tokens
+        };
+        assert_eq!(tokens(&dir), 169 * 13);
+        write(
+            "processor_config.json",
+            &json!({"image_seq_len": 81, "processor_class": "Idefics3Processor"}),
+        );
+        assert_eq!(tokens(&dir), 81 * 13);
+        // The image config's own value wins.
+        let mut own = smolvlm_config();
+        own["image_seq_len"] = json!(64);
+        write("preprocessor_config.json", &own);
+        assert_eq!(tokens(&dir), 64 * 13);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn idefics3_class_defaults_and_no_splitting() {
+        let p = idefics3_from_config(&json!({"image_processor_type": "Idefics3ImageProcessor"}))
+            .unwrap();
+        assert_eq!((p.longest_edge, p.tile, p.image_seq_len), (1456, 364, 169));
+        assert_eq!(p.filter, Bicubic::PillowLanczos);
+        let mut cfg = smolvlm_config();
+        cfg["do_image_splitting"] = json!(false);
+        let p = idefics3_from_config(&cfg).unwrap();
+        let layout = p.layout_for(640, 480, &Default::default()).unwrap();
+        assert_eq!(layout.shape, vec![1, 3, 384, 384]);
+        assert_eq!(layout.tile_grid, Some([0, 0]));
+        let image = image::RgbImage::from_fn(64, 40, |x, y| image::Rgb([x as u8, y as u8, 7]));
+        let out = p.preprocess(&image, &Default::default()).unwrap();
+        assert_eq!(out.layout(), layout);
+        assert_eq!(
+            p.resized_image(&image, &Default::default())
+                .unwrap()
+                .dimensions(),
+            (384, 384)
+        );
+    }
+
+    #[test]
     fn clip_accepts_both_size_spellings() {
         let a = clip_from_config(&json!({"size": 336, "crop_size": 336})).unwrap();
         let b = clip_from_config(
