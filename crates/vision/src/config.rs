@@ -60,7 +60,8 @@ const PROCESSOR_KEYS: [&str; 3] = ["image_seq_len", "image_seq_length", "spatial
 
 /// Reads `<dir>/preprocessor_config.json` and builds its processor. The
 /// placeholder counts of `<dir>/processor_config.json`, when that file
-/// exists, fill in the keys of [`PROCESSOR_KEYS`] the former lacks.
+/// exists, fill in the keys the former lacks (`image_seq_len`,
+/// `image_seq_length`, `spatial_merge_size`).
 pub fn processor_from_model_dir(dir: &Path) -> Result<Box<dyn Processor>, VisionError> {
     let path = dir.join("preprocessor_config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| VisionError::io(&path, e))?;
