@@ -16,8 +16,9 @@ Writes
   size/sha256/sampled pixels, and per (image, processor, overrides) the
   resized 8-bit image's sha256, shapes, grid, token count, sum and sum of
   squares of pixel_values, and sampled float values; and for the
-  any-resolution processors (LLaVA-NeXT, OneVision) a table of image sizes
-  with their tile and placeholder counts.
+  any-resolution processors (LLaVA-NeXT, OneVision), Gemma 3 (with pan and
+  scan) and Idefics3 / SmolVLM tables of image sizes with their tile and
+  placeholder counts.
 
 Images from ../shared/images (beside the repository root) are referenced by
 name only; nothing large is written.
@@ -38,6 +39,9 @@ import transformers
 from PIL import Image
 from transformers import (
     CLIPImageProcessor,
+    Gemma3ImageProcessor,
+    Idefics3ImageProcessor,
+    PixtralImageProcessor,
     LlavaNextImageProcessor,
     LlavaNextProcessor,
     LlavaOnevisionImageProcessor,
@@ -46,6 +50,9 @@ from transformers import (
 )
 from transformers.image_processing_utils import get_patch_output_size, select_best_resolution
 from transformers.image_transforms import center_crop, resize
+from transformers.models.gemma3.processing_gemma3 import Gemma3ProcessorKwargs
+from transformers.models.idefics3.image_processing_idefics3 import get_resize_output_image_size as idefics3_size
+from transformers.models.pixtral.image_processing_pixtral import get_resize_output_image_size as pixtral_size
 from transformers.image_utils import ChannelDimension, PILImageResampling, load_image
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
@@ -119,7 +126,81 @@ PROCESSORS = {
         "rescale_factor": 0.00392156862745098,
         "size": {"height": 384, "width": 384},
     },
+    # google/gemma-3-4b-it (nulls as shipped: pan and scan off, its
+    # parameters from Gemma3Processor's defaults when asked for)
+    "gemma3": {
+        "image_processor_type": "Gemma3ImageProcessor",
+        "do_convert_rgb": None,
+        "do_normalize": True,
+        "do_pan_and_scan": None,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_seq_length": 256,
+        "image_std": [0.5, 0.5, 0.5],
+        "pan_and_scan_max_num_crops": None,
+        "pan_and_scan_min_crop_size": None,
+        "pan_and_scan_min_ratio_to_activate": None,
+        "resample": 2,
+        "rescale_factor": 0.00392156862745098,
+        "size": {"height": 896, "width": 896},
+    },
+    # HuggingFaceTB/SmolVLM-Instruct; image_seq_len from its processor_config.json
+    "smolvlm": {
+        "image_processor_type": "Idefics3ImageProcessor",
+        "do_convert_rgb": True,
+        "do_image_splitting": True,
+        "do_normalize": True,
+        "do_pad": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "max_image_size": {"longest_edge": 384},
+        "resample": 1,
+        "rescale_factor": 0.00392156862745098,
+        "size": {"longest_edge": 1536},
+        "image_seq_len": 81,
+    },
+    # HuggingFaceM4/Idefics3-8B-Llama3 (the class defaults: 4·364, 364-pixel
+    # tiles); image_seq_len from its processor_config.json
+    "idefics3": {
+        "image_processor_type": "Idefics3ImageProcessor",
+        "do_convert_rgb": True,
+        "do_image_splitting": True,
+        "do_normalize": True,
+        "do_pad": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "max_image_size": {"longest_edge": 364},
+        "resample": 1,
+        "rescale_factor": 0.00392156862745098,
+        "size": {"longest_edge": 1456},
+        "image_seq_len": 169,
+    },
+    # mistral-community/pixtral-12b (spatial_merge_size 1: the processor's default)
+    "pixtral": {
+        "image_processor_type": "PixtralImageProcessor",
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "patch_size": {"height": 16, "width": 16},
+        "resample": 3,
+        "rescale_factor": 0.00392156862745098,
+        "size": {"longest_edge": 1024},
+    },
 }
+
+IDEFICS3 = ("smolvlm", "idefics3")
+
+# Gemma3Processor's image defaults: the pan-and-scan parameters the shipped
+# image processor config leaves null.
+GEMMA3_CALL = {k: v for k, v in Gemma3ProcessorKwargs._defaults["images_kwargs"].items() if k.startswith("pan_and_scan")}
 
 # The model processors' settings that decide the prompt's placeholder count
 # (their processor_config.json): LLaVA-NeXT counts a CLS token and drops it
@@ -177,6 +258,7 @@ def make_synthetic():
     save("rgb_97x1013.png", Image.fromarray(pattern(97, 1013, 7)))
     save("rgb_560x280.png", Image.fromarray(pattern(560, 280, 8)))
     save("rgb_13x9.png", Image.fromarray(pattern(13, 9, 9)))
+    save("rgb_300x1000.png", Image.fromarray(pattern(300, 1000, 27)))  # Gemma 3 pan and scan: 3 crops, the last shorter
     save("grey_L.png", Image.fromarray(pattern(150, 101, 10)[..., 0], mode="L"))
     la = Image.fromarray(pattern(120, 90, 11)[..., :2].copy(), mode="LA")
     save("grey_alpha_LA.png", la)
@@ -286,7 +368,38 @@ def anyres_tokens(name, image_processor, height, width):
     return tokens - 1 if settings["vision_feature_select_strategy"] == "default" else tokens
 
 
+def gemma3_frames_8bit(arr, overrides):
+    """The 8-bit frames Gemma 3 normalises, stacked vertically: the image, then its
+    pan-and-scan crops (transformers' own pan_and_scan), each squashed to the size."""
+    ip = processor_for("gemma3")
+    frames = [arr]
+    if overrides.get("do_pan_and_scan"):
+        frames += ip.pan_and_scan(arr, input_data_format=ChannelDimension.LAST, **GEMMA3_CALL)
+    size = PROCESSORS["gemma3"]["size"]
+    out = [resize(f, (size["height"], size["width"]), resample=PILImageResampling.BILINEAR, input_data_format=ChannelDimension.LAST) for f in frames]
+    return np.concatenate(out, axis=0)
+
+
+def idefics3_frames_8bit(name, arr):
+    """The 8-bit frames Idefics3 / SmolVLM normalise, stacked vertically: the tiles
+    row by row and the global image (the processor's own resize steps and split)."""
+    ip = processor_for(name)
+    last = ChannelDimension.LAST
+    cfg = PROCESSORS[name]
+    first = ip.resize(arr, size=cfg["size"], resample=cfg["resample"], input_data_format=last)
+    second = ip.resize_for_vision_encoder(first, cfg["max_image_size"]["longest_edge"], resample=cfg["resample"], input_data_format=last)
+    frames, _, _ = ip.split_image(second, max_image_size=cfg["max_image_size"], resample=cfg["resample"], input_data_format=last)
+    return np.concatenate(frames, axis=0)
+
+
 def resized_8bit(name, cfg, arr, overrides):
+    if name == "gemma3":
+        return gemma3_frames_8bit(arr, overrides)
+    if name in IDEFICS3:
+        return idefics3_frames_8bit(name, arr)
+    if name == "pixtral":
+        h, w = pixtral_size(arr, size=(1024, 1024), patch_size=(16, 16), input_data_format=ChannelDimension.LAST)
+        return resize(arr, (h, w), resample=PILImageResampling.BICUBIC, input_data_format=ChannelDimension.LAST)
     if name in MODEL_PROCESSORS:
         return anyres_tiles_8bit(name, arr)
     if cfg["image_processor_type"].startswith("CLIP"):
@@ -334,6 +447,12 @@ def processor_for(name):
         return LlavaNextImageProcessor(**cfg)
     if name == "llava_onevision":
         return LlavaOnevisionImageProcessor(**cfg)
+    if name == "gemma3":
+        return Gemma3ImageProcessor(**cfg)
+    if name in IDEFICS3:
+        return Idefics3ImageProcessor(**cfg)
+    if name == "pixtral":
+        return PixtralImageProcessor(**cfg)
     if "size" in cfg:
         # transformers 4.57.1's PIL Qwen2VLImageProcessor.__init__ discards a valid `size`
         # (its `else` branch resets it to the class defaults); the config means
@@ -352,12 +471,17 @@ def case(name, img, overrides):
         if name in MODEL_PROCESSORS and pad_axes_guessed_wrong(name, arr):
             image_processor._pad_for_patching = pad_for_patching_with_axes.__get__(image_processor)
             entry["note"] = "reference _pad_for_patching given the channel axis (it guesses wrong on this image)"
-        out = image_processor(images=img, return_tensors="np", input_data_format="channels_last", **overrides)
+        call = dict(overrides)
+        if name == "gemma3":
+            call.update(GEMMA3_CALL)
+        if name in IDEFICS3:
+            call["return_row_col_info"] = True
+        out = image_processor(images=img, return_tensors="np", input_data_format="channels_last", **call)
     except ValueError as e:
         entry["error"] = str(e)
         return entry
     pv = np.asarray(out["pixel_values"], dtype=np.float32)
-    if name in ("llava", "llava_next", "llava_onevision"):
+    if name in ("llava", "llava_next", "llava_onevision", "pixtral") or name in IDEFICS3:
         pv = pv[0]  # the batch of one
     r8 = resized_8bit(name, PROCESSORS[name], arr, overrides)
     flat = pv.reshape(-1).astype(np.float64)
@@ -374,6 +498,18 @@ def case(name, img, overrides):
         grid = [int(v) for v in np.asarray(out["image_grid_thw"])[0]]
         entry["grid_thw"] = grid
         entry["tokens"] = grid[0] * grid[1] * grid[2] // 4
+    elif name == "gemma3":
+        entry["tokens"] = PROCESSORS[name]["image_seq_length"] * (1 + int(np.asarray(out["num_crops"])[0]))
+    elif name in IDEFICS3:
+        rows, cols = int(out["rows"][0][0]), int(out["cols"][0][0])
+        entry["tile_grid"] = [rows, cols]
+        entry["tokens"] = PROCESSORS[name]["image_seq_len"] * (rows * cols + 1)
+    elif name == "pixtral":
+        # PixtralProcessor: H/16 rows of W/16 [IMG], each row closed by [IMG_BREAK] (the last by [IMG_END]).
+        height, width = (int(v) for v in np.asarray(out["image_sizes"])[0])
+        entry["image_sizes"] = [height, width]
+        entry["tile_grid"] = [height // 16, width // 16]
+        entry["tokens"] = (height // 16) * (width // 16 + 1)
     elif name in MODEL_PROCESSORS:
         height, width = (int(v) for v in np.asarray(out["image_sizes"])[0])
         entry["image_sizes"] = [height, width]
@@ -404,6 +540,53 @@ def anyres_layouts():
     return out
 
 
+def shape_only(h, w):
+    """An h×w RGB array that takes no memory: for the size arithmetic alone."""
+    return np.broadcast_to(np.zeros((1, 1, 1), dtype=np.uint8), (h, w, 3))
+
+
+def tiled_layouts(sizes):
+    """Gemma 3 with pan and scan: rows [height, width, frames]; SmolVLM: rows
+    [height, width, frames, rows, cols]; Pixtral: rows [height, width, rows, cols]. From the processors' own size code, with
+    pixels replaced by shape-only arrays (their resize returns the size it would make)."""
+    last = ChannelDimension.LAST
+    g = processor_for("gemma3")
+    gemma = [[h, w, 1 + len(g.pan_and_scan(shape_only(h, w), input_data_format=last, **GEMMA3_CALL))] for h, w in sizes]
+    ip = processor_for("smolvlm")
+
+    def fake_resize(image, size, resample=None, data_format=None, input_data_format=None):
+        if "longest_edge" in size:
+            h, w = idefics3_size(image, resolution_max_side=size["longest_edge"], input_data_format=last)
+        else:
+            h, w = size["height"], size["width"]
+        return shape_only(h, w)
+
+    ip.resize = fake_resize
+    cfg = PROCESSORS["smolvlm"]
+    smol = []
+    for h, w in sizes:
+        first = ip.resize(shape_only(h, w), size=cfg["size"])
+        second = ip.resize_for_vision_encoder(first, cfg["max_image_size"]["longest_edge"], input_data_format=last)
+        frames, rows, cols = ip.split_image(second, max_image_size=cfg["max_image_size"], input_data_format=last)
+        smol.append([h, w, len(frames), rows, cols])
+    pixtral = []
+    for h, w in sizes:
+        ph, pw = pixtral_size(shape_only(h, w), size=(1024, 1024), patch_size=(16, 16), input_data_format=last)
+        # A side of zero: the reference's resize fails (rows 0, cols 0 mark it).
+        pixtral.append([h, w, ph // 16, pw // 16] if ph and pw else [h, w, 0, 0])
+    return {"gemma3": gemma, "smolvlm": smol, "pixtral": pixtral}
+
+
+def layout_sizes():
+    sides = [1, 2, 3, 4, 7, 13, 100, 223, 224, 255, 256, 257, 300, 307, 308, 335, 336, 337, 383, 384, 385, 500, 511, 512,
+             513, 671, 672, 673, 767, 768, 769, 1000, 1007, 1008, 1009, 1080, 1151, 1152, 1153, 1535, 1536, 1537, 1920,
+             2303, 2304, 2305, 3000, 4000, 4097, 9999]
+    sizes = [(h, w) for h in sides for w in sides]
+    rng = np.random.default_rng(33)
+    sizes += [(int(h), int(w)) for h, w in rng.integers(1, 5000, size=(300, 2))]
+    return sizes
+
+
 def main():
     if PIL.__version__ != "12.2.0" or transformers.__version__ != "4.57.1":
         sys.exit(f"need pillow 12.2.0 and transformers 4.57.1, have {PIL.__version__} / {transformers.__version__}")
@@ -414,6 +597,7 @@ def main():
     for key, path in images.items():
         img, decoded = decoded_entry(path)
         cases = [case(n, img, {}) for n in PROCESSORS]
+        cases.append(case("gemma3", img, {"do_pan_and_scan": True}))
         if key == "synthetic/rgb_560x280.png":
             exact = 560 * 280
             for ov in ({"max_pixels": exact}, {"max_pixels": exact - 1}, {"min_pixels": exact}, {"min_pixels": exact + 1}):
@@ -423,6 +607,7 @@ def main():
         result["images"].append({"name": key, "format": path.suffix[1:], "decoded": decoded, "cases": cases})
         print(key, decoded["width"], decoded["height"], [c.get("shape", c.get("error", "")[:30]) for c in cases], file=sys.stderr)
     result["anyres_layouts"] = anyres_layouts()
+    result["tiled_layouts"] = tiled_layouts(layout_sizes())
     (DATA / "expected.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")
 
 

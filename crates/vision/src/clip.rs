@@ -41,6 +41,7 @@ impl ClipProcessor {
             image_grid_thw: None,
             num_placeholder_tokens: (ch / self.patch_size) * (cw / self.patch_size),
             image_sizes: None,
+            tile_grid: None,
         }
     }
 
@@ -174,6 +175,7 @@ impl Processor for ClipProcessor {
             image_grid_thw: layout.image_grid_thw,
             num_placeholder_tokens: layout.num_placeholder_tokens,
             image_sizes: layout.image_sizes,
+            tile_grid: layout.tile_grid,
             resized_size,
         })
     }

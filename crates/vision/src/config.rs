@@ -6,18 +6,23 @@ use serde_json::Value;
 
 use crate::clip::ClipProcessor;
 use crate::error::VisionError;
+use crate::gemma3::{Gemma3Processor, PanAndScan};
+use crate::idefics3::Idefics3Processor;
 use crate::layout::PatchGeometry;
 use crate::llava_next::{AnyresFamily, AnyresProcessor};
 use crate::normalize::Normalization;
+use crate::pixtral::PixtralProcessor;
 use crate::processor::Processor;
 use crate::qwen::{QwenFamily, QwenVlProcessor, QWEN_DEFAULT_MAX_PIXELS, QWEN_DEFAULT_MIN_PIXELS};
+use crate::resize::Bicubic;
 
 /// Builds the processor a `preprocessor_config.json` describes.
 ///
 /// Recognised `image_processor_type`s: `Qwen2VLImageProcessor[Fast]`,
 /// `Qwen2_5_VLImageProcessor`, `Qwen3VLImageProcessor` (patch 16 ⇒ Qwen3-VL
 /// defaults), `CLIPImageProcessor` / `CLIPFeatureExtractor`, and the slow
-/// `LlavaNextImageProcessor` / `LlavaOnevisionImageProcessor`.
+/// `LlavaNextImageProcessor` / `LlavaOnevisionImageProcessor`,
+/// `Gemma3ImageProcessor`, `Idefics3ImageProcessor` and `PixtralImageProcessor`.
 pub fn processor_from_config(json: &Value) -> Result<Box<dyn Processor>, VisionError> {
     let kind = json
         .get("image_processor_type")
@@ -34,6 +39,12 @@ pub fn processor_from_config(json: &Value) -> Result<Box<dyn Processor>, VisionE
         Ok(Box::new(clip_from_config(json)?))
     } else if lower == "llavanextimageprocessor" || lower == "llavaonevisionimageprocessor" {
         Ok(Box::new(anyres_from_config(json)?))
+    } else if lower == "gemma3imageprocessor" {
+        Ok(Box::new(gemma3_from_config(json)?))
+    } else if lower == "idefics3imageprocessor" {
+        Ok(Box::new(idefics3_from_config(json)?))
+    } else if lower == "pixtralimageprocessor" {
+        Ok(Box::new(pixtral_from_config(json)?))
     } else {
         Err(VisionError::Config(format!(
             "unsupported image_processor_type {kind:?}"
@@ -41,12 +52,33 @@ pub fn processor_from_config(json: &Value) -> Result<Box<dyn Processor>, VisionE
     }
 }
 
-/// Reads `<dir>/preprocessor_config.json` and builds its processor.
+/// Keys of the model processor's `processor_config.json` that decide the
+/// prompt's placeholder count, taken into the image processor's config
+/// when it lacks them (Idefics3 / SmolVLM's `image_seq_len`, Gemma 3's
+/// `image_seq_length`, Pixtral's `spatial_merge_size`).
+const PROCESSOR_KEYS: [&str; 3] = ["image_seq_len", "image_seq_length", "spatial_merge_size"];
+
+/// Reads `<dir>/preprocessor_config.json` and builds its processor. The
+/// placeholder counts of `<dir>/processor_config.json`, when that file
+/// exists, fill in the keys the former lacks (`image_seq_len`,
+/// `image_seq_length`, `spatial_merge_size`).
 pub fn processor_from_model_dir(dir: &Path) -> Result<Box<dyn Processor>, VisionError> {
     let path = dir.join("preprocessor_config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| VisionError::io(&path, e))?;
-    let json: Value = serde_json::from_str(&text)
+    let mut json: Value = serde_json::from_str(&text)
         .map_err(|e| VisionError::Config(format!("{}: {e}", path.display())))?;
+    let extra = dir.join("processor_config.json");
+    if let Ok(text) = std::fs::read_to_string(&extra) {
+        let model: Value = serde_json::from_str(&text)
+            .map_err(|e| VisionError::Config(format!("{}: {e}", extra.display())))?;
+        if let Value::Object(config) = &mut json {
+            for key in PROCESSOR_KEYS {
+                if let Some(v) = model.get(key) {
+                    config.entry(key).or_insert_with(|| v.clone());
+                }
+            }
+        }
+    }
     processor_from_config(&json)
 }
 
@@ -243,6 +275,211 @@ pub fn anyres_from_config(json: &Value) -> Result<AnyresProcessor, VisionError> 
         norm: normalization(json, base.norm)?,
         patch_size,
         max_num_patches,
+    })
+}
+
+/// Refuses a `do_*` switch that is not absent, null or true.
+fn require_true(json: &Value, kind: &str, keys: &[&str]) -> Result<(), VisionError> {
+    for key in keys {
+        match json.get(*key) {
+            None | Some(Value::Null) | Some(Value::Bool(true)) => {}
+            Some(v) => {
+                return Err(VisionError::Config(format!(
+                    "{key} = {v} is not supported for {kind} (only true)"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An optional boolean.
+fn boolean(json: &Value, key: &str) -> Result<Option<bool>, VisionError> {
+    match json.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(VisionError::Config(format!("{key} = {v} is not a boolean"))),
+    }
+}
+
+/// The Pillow filter of `resample` (1 LANCZOS, 2 BILINEAR, 3 BICUBIC);
+/// `default` when absent. NEAREST, BOX and HAMMING are refused.
+fn pillow_filter(json: &Value, kind: &str, default: Bicubic) -> Result<Bicubic, VisionError> {
+    match json.get("resample") {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => match v.as_u64() {
+            Some(1) => Ok(Bicubic::PillowLanczos),
+            Some(2) => Ok(Bicubic::PillowBilinear),
+            Some(3) => Ok(Bicubic::Pillow),
+            _ => Err(VisionError::Config(format!(
+                "resample = {v} is not supported for {kind} (only 1, 2, 3: Pillow's LANCZOS, BILINEAR, BICUBIC)"
+            ))),
+        },
+    }
+}
+
+/// Gemma 3 processor (`Gemma3ImageProcessor`, the slow class; absent keys
+/// take the class defaults of transformers 4.57.1, except the pan-and-scan
+/// parameters, which take `Gemma3Processor`'s: the image processor alone
+/// has none and fails when asked to pan and scan without them).
+///
+/// Accepted: `do_resize` / `do_rescale` / `do_normalize` / `do_convert_rgb`
+/// true, `resample` 1, 2 or 3, `size` `{height, width}` or an integer,
+/// `do_pan_and_scan` a boolean, positive crop size and crop count. Anything
+/// else is refused, naming the key.
+pub fn gemma3_from_config(json: &Value) -> Result<Gemma3Processor, VisionError> {
+    let kind = "Gemma3ImageProcessor";
+    require_true(
+        json,
+        kind,
+        &["do_resize", "do_rescale", "do_normalize", "do_convert_rgb"],
+    )?;
+    let base = Gemma3Processor::gemma3();
+    let size = match json.get("size") {
+        // The class default; every shipped config says 896.
+        None | Some(Value::Null) => (224, 224),
+        Some(Value::Object(m)) => {
+            let h = m.get("height").and_then(Value::as_u64);
+            let w = m.get("width").and_then(Value::as_u64);
+            h.zip(w)
+                .map(|(h, w)| (h as usize, w as usize))
+                .ok_or_else(|| {
+                    VisionError::Config(format!(
+                        "size {} needs height and width",
+                        Value::Object(m.clone())
+                    ))
+                })?
+        }
+        Some(v) => v
+            .as_u64()
+            .map(|s| (s as usize, s as usize))
+            .ok_or_else(|| VisionError::Config(format!("size = {v} is not supported")))?,
+    };
+    if size.0 == 0 || size.1 == 0 {
+        return Err(VisionError::Config("size must be positive".into()));
+    }
+    let defaults = PanAndScan::default();
+    let min_ratio_to_activate = match json.get("pan_and_scan_min_ratio_to_activate") {
+        None | Some(Value::Null) => defaults.min_ratio_to_activate,
+        Some(v) => v.as_f64().filter(|r| r.is_finite()).ok_or_else(|| {
+            VisionError::Config(format!(
+                "pan_and_scan_min_ratio_to_activate = {v} is not a number"
+            ))
+        })?,
+    };
+    let pan_and_scan = PanAndScan {
+        min_crop_size: nonzero(
+            uint(json, "pan_and_scan_min_crop_size")?.unwrap_or(defaults.min_crop_size),
+            "pan_and_scan_min_crop_size",
+        )?,
+        max_num_crops: nonzero(
+            uint(json, "pan_and_scan_max_num_crops")?.unwrap_or(defaults.max_num_crops),
+            "pan_and_scan_max_num_crops",
+        )?,
+        min_ratio_to_activate,
+    };
+    Ok(Gemma3Processor {
+        size,
+        filter: pillow_filter(json, kind, Bicubic::PillowBilinear)?,
+        norm: normalization(json, base.norm)?,
+        tokens_per_image: nonzero(
+            uint(json, "image_seq_length")?.unwrap_or(base.tokens_per_image),
+            "image_seq_length",
+        )?,
+        do_pan_and_scan: boolean(json, "do_pan_and_scan")?.unwrap_or(false),
+        pan_and_scan,
+    })
+}
+
+/// `{longest_edge}` of `key`, or `None` when absent.
+fn longest_edge(json: &Value, key: &str) -> Result<Option<usize>, VisionError> {
+    match json.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .get("longest_edge")
+            .and_then(Value::as_u64)
+            .filter(|&e| e > 0)
+            .map(|e| Some(e as usize))
+            .ok_or_else(|| {
+                VisionError::Config(format!(
+                    "{key} = {v} is not supported (only {{\"longest_edge\": positive integer}})"
+                ))
+            }),
+    }
+}
+
+/// Idefics3 / SmolVLM (v1) processor (`Idefics3ImageProcessor`, the slow
+/// class; absent keys take the class defaults of transformers 4.57.1).
+/// `image_seq_len` (`<image>` tokens per frame) is the model processor's
+/// (`processor_config.json`, merged in by [`processor_from_model_dir`]);
+/// absent, `Idefics3Processor`'s default 169.
+///
+/// Accepted: `do_resize` / `do_rescale` / `do_normalize` / `do_convert_rgb`
+/// true, `resample` 1, 2 or 3, `size` and `max_image_size` as
+/// `{longest_edge}`, `do_image_splitting` and `do_pad` booleans (padding
+/// never applies to one image). Anything else is refused, naming the key.
+pub fn idefics3_from_config(json: &Value) -> Result<Idefics3Processor, VisionError> {
+    let kind = "Idefics3ImageProcessor";
+    require_true(
+        json,
+        kind,
+        &["do_resize", "do_rescale", "do_normalize", "do_convert_rgb"],
+    )?;
+    boolean(json, "do_pad")?;
+    let base = Idefics3Processor::smolvlm();
+    Ok(Idefics3Processor {
+        longest_edge: longest_edge(json, "size")?.unwrap_or(4 * 364),
+        tile: longest_edge(json, "max_image_size")?.unwrap_or(364),
+        do_image_splitting: boolean(json, "do_image_splitting")?.unwrap_or(true),
+        filter: pillow_filter(json, kind, Bicubic::PillowLanczos)?,
+        // The class defaults are ImageNet's "standard" 0.5 / 0.5.
+        norm: normalization(json, base.norm)?,
+        image_seq_len: nonzero(uint(json, "image_seq_len")?.unwrap_or(169), "image_seq_len")?,
+    })
+}
+
+/// Pixtral processor (`PixtralImageProcessor`, the slow class; absent keys
+/// take the class defaults of transformers 4.57.1: longest edge 1024, patch
+/// 16, BICUBIC, CLIP normalisation). `spatial_merge_size` is the model
+/// processor's (`processor_config.json`, merged in by
+/// [`processor_from_model_dir`]; absent, 1 as for pixtral-12b).
+///
+/// Accepted: `do_resize` / `do_rescale` / `do_normalize` / `do_convert_rgb`
+/// true, `resample` 1, 2 or 3, `size` as `{longest_edge}`, `patch_size` an
+/// integer or `{height, width}`. Anything else is refused, naming the key.
+pub fn pixtral_from_config(json: &Value) -> Result<PixtralProcessor, VisionError> {
+    let kind = "PixtralImageProcessor";
+    require_true(
+        json,
+        kind,
+        &["do_resize", "do_rescale", "do_normalize", "do_convert_rgb"],
+    )?;
+    let base = PixtralProcessor::pixtral_12b();
+    let patch = match json.get("patch_size") {
+        None | Some(Value::Null) => base.patch,
+        Some(Value::Object(m)) => m
+            .get("height")
+            .and_then(Value::as_u64)
+            .zip(m.get("width").and_then(Value::as_u64))
+            .map(|(h, w)| (h as usize, w as usize))
+            .ok_or_else(|| VisionError::Config("patch_size needs height and width".into()))?,
+        Some(v) => v
+            .as_u64()
+            .map(|p| (p as usize, p as usize))
+            .ok_or_else(|| VisionError::Config(format!("patch_size = {v} is not supported")))?,
+    };
+    if patch.0 == 0 || patch.1 == 0 {
+        return Err(VisionError::Config("patch_size must be positive".into()));
+    }
+    Ok(PixtralProcessor {
+        longest_edge: longest_edge(json, "size")?.unwrap_or(base.longest_edge),
+        patch,
+        spatial_merge_size: nonzero(
+            uint(json, "spatial_merge_size")?.unwrap_or(1),
+            "spatial_merge_size",
+        )?,
+        filter: pillow_filter(json, kind, Bicubic::Pillow)?,
+        norm: normalization(json, base.norm)?,
     })
 }
 
@@ -464,6 +701,193 @@ mod tests {
             &json!({"image_processor_type": "LlavaNextImageProcessorFast"})
         )
         .is_err());
+    }
+
+    /// google/gemma-3-4b-it's preprocessor_config.json.
+    fn gemma3_config() -> Value {
+        json!({
+            "do_convert_rgb": null, "do_normalize": true, "do_pan_and_scan": null,
+            "do_rescale": true, "do_resize": true,
+            "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Gemma3ImageProcessor",
+            "image_seq_length": 256, "image_std": [0.5, 0.5, 0.5],
+            "pan_and_scan_max_num_crops": null, "pan_and_scan_min_crop_size": null,
+            "pan_and_scan_min_ratio_to_activate": null, "processor_class": "Gemma3Processor",
+            "resample": 2, "rescale_factor": 0.00392156862745098,
+            "size": {"height": 896, "width": 896}
+        })
+    }
+
+    /// HuggingFaceTB/SmolVLM-Instruct's preprocessor_config.json.
+    fn smolvlm_config() -> Value {
+        json!({
+            "do_convert_rgb": true, "do_image_splitting": true, "do_normalize": true,
+            "do_pad": true, "do_rescale": true, "do_resize": true,
+            "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Idefics3ImageProcessor",
+            "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 384},
+            "processor_class": "Idefics3Processor", "resample": 1,
+            "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1536}
+        })
+    }
+
+    #[test]
+    fn gemma3_and_smolvlm_configs_are_the_shipped_ones() {
+        assert_eq!(
+            gemma3_from_config(&gemma3_config()).unwrap(),
+            Gemma3Processor::gemma3()
+        );
+        assert_eq!(
+            processor_from_config(&gemma3_config()).unwrap().name(),
+            "gemma3"
+        );
+        let mut smol = smolvlm_config();
+        // Without processor_config.json's image_seq_len: Idefics3's 169.
+        assert_eq!(idefics3_from_config(&smol).unwrap().image_seq_len, 169);
+        smol["image_seq_len"] = json!(81);
+        assert_eq!(
+            idefics3_from_config(&smol).unwrap(),
+            Idefics3Processor::smolvlm()
+        );
+        assert_eq!(processor_from_config(&smol).unwrap().name(), "idefics3");
+    }
+
+    #[test]
+    fn unsupported_gemma3_and_idefics3_values_are_refused_by_name() {
+        let refused = |base: fn() -> Value, key: &str, value: Value| {
+            let mut cfg = base();
+            cfg[key] = value;
+            let err = processor_from_config(&cfg).err().map(|e| e.to_string());
+            assert!(
+                err.as_deref().is_some_and(|e| e.contains(key)),
+                "{key}: {err:?}"
+            );
+        };
+        for base in [gemma3_config as fn() -> Value, smolvlm_config] {
+            refused(base, "resample", json!(0));
+            refused(base, "resample", json!(4));
+            refused(base, "do_resize", json!(false));
+            refused(base, "do_rescale", json!(false));
+            refused(base, "do_normalize", json!(false));
+            refused(base, "do_convert_rgb", json!(false));
+            refused(base, "image_std", json!("x"));
+        }
+        refused(gemma3_config, "size", json!({"shortest_edge": 896}));
+        refused(gemma3_config, "do_pan_and_scan", json!("yes"));
+        refused(gemma3_config, "pan_and_scan_min_crop_size", json!(0));
+        refused(gemma3_config, "pan_and_scan_max_num_crops", json!(0));
+        refused(
+            gemma3_config,
+            "pan_and_scan_min_ratio_to_activate",
+            json!("1.2"),
+        );
+        refused(gemma3_config, "image_seq_length", json!(0));
+        refused(smolvlm_config, "size", json!({"height": 384, "width": 384}));
+        refused(smolvlm_config, "max_image_size", json!(384));
+        refused(smolvlm_config, "do_image_splitting", json!(1));
+        refused(smolvlm_config, "do_pad", json!("no"));
+        refused(smolvlm_config, "image_seq_len", json!(-1));
+        assert!(processor_from_config(
+            &json!({"image_processor_type": "Gemma3ImageProcessorFast"})
+        )
+        .is_err());
+        assert!(processor_from_config(
+            &json!({"image_processor_type": "Idefics3ImageProcessorFast"})
+        )
+        .is_err());
+    }
+
+    /// mistral-community/pixtral-12b's preprocessor_config.json.
+    fn pixtral_config() -> Value {
+        json!({
+            "do_convert_rgb": true, "do_normalize": true, "do_rescale": true, "do_resize": true,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_processor_type": "PixtralImageProcessor",
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "patch_size": {"height": 16, "width": 16}, "processor_class": "PixtralProcessor",
+            "resample": 3, "rescale_factor": 0.00392156862745098,
+            "size": {"longest_edge": 1024}
+        })
+    }
+
+    #[test]
+    fn pixtral_config_is_the_shipped_one_and_refuses_by_name() {
+        assert_eq!(
+            pixtral_from_config(&pixtral_config()).unwrap(),
+            PixtralProcessor::pixtral_12b()
+        );
+        assert_eq!(
+            processor_from_config(&pixtral_config()).unwrap().name(),
+            "pixtral"
+        );
+        for (key, value) in [
+            ("resample", json!(0)),
+            ("do_resize", json!(false)),
+            ("do_normalize", json!(false)),
+            ("size", json!({"height": 1024, "width": 1024})),
+            ("patch_size", json!(0)),
+            ("patch_size", json!("16")),
+            ("spatial_merge_size", json!(0)),
+            ("image_mean", json!([1, 2])),
+        ] {
+            let mut cfg = pixtral_config();
+            cfg[key] = value;
+            let err = processor_from_config(&cfg).err().map(|e| e.to_string());
+            assert!(
+                err.as_deref().is_some_and(|e| e.contains(key)),
+                "{key}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn model_dir_takes_the_token_counts_of_processor_config() {
+        let dir = std::env::temp_dir().join(format!("iris-vision-h33b-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, v: &Value| {
+            std::fs::write(dir.join(name), serde_json::to_string(v).unwrap()).unwrap()
+        };
+        write("preprocessor_config.json", &smolvlm_config());
+        let tokens = |dir: &Path| {
+            processor_from_model_dir(dir)
+                .unwrap()
+                .layout_for(640, 480, &Default::default())
+                .unwrap()
+                .num_placeholder_tokens
+        };
+        assert_eq!(tokens(&dir), 169 * 13);
+        write(
+            "processor_config.json",
+            &json!({"image_seq_len": 81, "processor_class": "Idefics3Processor"}),
+        );
+        assert_eq!(tokens(&dir), 81 * 13);
+        // The image config's own value wins.
+        let mut own = smolvlm_config();
+        own["image_seq_len"] = json!(64);
+        write("preprocessor_config.json", &own);
+        assert_eq!(tokens(&dir), 64 * 13);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn idefics3_class_defaults_and_no_splitting() {
+        let p = idefics3_from_config(&json!({"image_processor_type": "Idefics3ImageProcessor"}))
+            .unwrap();
+        assert_eq!((p.longest_edge, p.tile, p.image_seq_len), (1456, 364, 169));
+        assert_eq!(p.filter, Bicubic::PillowLanczos);
+        let mut cfg = smolvlm_config();
+        cfg["do_image_splitting"] = json!(false);
+        let p = idefics3_from_config(&cfg).unwrap();
+        let layout = p.layout_for(640, 480, &Default::default()).unwrap();
+        assert_eq!(layout.shape, vec![1, 3, 384, 384]);
+        assert_eq!(layout.tile_grid, Some([0, 0]));
+        let image = image::RgbImage::from_fn(64, 40, |x, y| image::Rgb([x as u8, y as u8, 7]));
+        let out = p.preprocess(&image, &Default::default()).unwrap();
+        assert_eq!(out.layout(), layout);
+        assert_eq!(
+            p.resized_image(&image, &Default::default())
+                .unwrap()
+                .dimensions(),
+            (384, 384)
+        );
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub fn preprocess_report(
     if let Some(sizes) = output.image_sizes {
         let _ = writeln!(report, "image_sizes:    {sizes:?}");
     }
+    if let Some(tiles) = output.tile_grid {
+        let _ = writeln!(report, "tile_grid:      {tiles:?}");
+    }
     let _ = writeln!(report, "tokens:         {}", output.num_placeholder_tokens);
     let _ = writeln!(
         report,

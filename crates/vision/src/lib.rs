@@ -6,10 +6,14 @@
 //!   from the header before any pixel allocation.
 //! - [`Processor`]: one implementation per model family —
 //!   [`QwenVlProcessor`] (Qwen2-VL, Qwen2.5-VL, Qwen3-VL),
-//!   [`ClipProcessor`] (LLaVA-1.5) and [`AnyresProcessor`] (LLaVA-NeXT,
-//!   LLaVA-OneVision) — built from `preprocessor_config.json`
+//!   [`ClipProcessor`] (LLaVA-1.5), [`AnyresProcessor`] (LLaVA-NeXT,
+//!   LLaVA-OneVision), [`Gemma3Processor`] (Gemma 3, with pan and scan),
+//!   [`Idefics3Processor`] (Idefics3, SmolVLM) and [`PixtralProcessor`]
+//!   (Pixtral) — built from `preprocessor_config.json`
 //!   by [`processor_from_config`] / [`processor_from_model_dir`].
-//! - [`resize_bicubic`]: Pillow 12.2.0's fixed-point BICUBIC, vectorised.
+//! - [`resize_bicubic`]: Pillow 12.2.0's fixed-point BICUBIC, vectorised
+//!   (the same passes run Pillow's BILINEAR and LANCZOS for Gemma 3 and
+//!   Idefics3).
 //! - [`preprocess_batch`]: many images over rayon.
 //! - [`video`]: video frames → encoder inputs for the Qwen2-VL family
 //!   ([`VideoProcessor`], bit-exact with transformers' video processors).
@@ -25,13 +29,16 @@ mod config;
 pub mod debug;
 pub mod decode;
 mod error;
+mod gemma3;
 mod geometry;
+mod idefics3;
 mod image;
 mod layout;
 mod llava_next;
 mod normalize;
 mod npy;
 mod output;
+mod pixtral;
 mod pool;
 mod processor;
 mod qwen;
@@ -44,18 +51,21 @@ pub mod video;
 pub use batch::preprocess_batch;
 pub use clip::ClipProcessor;
 pub use config::{
-    anyres_from_config, clip_from_config, processor_from_config, processor_from_model_dir,
-    qwen_from_config,
+    anyres_from_config, clip_from_config, gemma3_from_config, idefics3_from_config,
+    pixtral_from_config, processor_from_config, processor_from_model_dir, qwen_from_config,
 };
 pub use decode::{decode, probe, DecodeLimits, ImageFormat, ImageInfo};
 pub use error::VisionError;
+pub use gemma3::{Gemma3Processor, PanAndScan};
 pub use geometry::{centre_crop_origin, shortest_edge_size, smart_resize, smart_resize_f64};
+pub use idefics3::Idefics3Processor;
 pub use image::RgbView;
 pub use layout::PatchGeometry;
 pub use llava_next::{AnyresFamily, AnyresProcessor};
 pub use normalize::{Normalization, CLIP_MEAN, CLIP_STD};
 pub use npy::write_npy_f32;
 pub use output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+pub use pixtral::PixtralProcessor;
 pub use pool::{pool_stats, PoolStats, PooledVec};
 pub use processor::{PreprocessOptions, Processor, INTRA_IMAGE_PARALLEL_PIXELS};
 pub use qwen::{QwenFamily, QwenVlProcessor, QWEN_DEFAULT_MAX_PIXELS, QWEN_DEFAULT_MIN_PIXELS};

@@ -233,6 +233,7 @@ impl AnyresProcessor {
             image_grid_thw: None,
             num_placeholder_tokens: plan.tokens,
             image_sizes: Some([height, width]),
+            tile_grid: None,
         }
     }
 }
@@ -429,6 +430,7 @@ impl Processor for AnyresProcessor {
             image_grid_thw: layout.image_grid_thw,
             num_placeholder_tokens: layout.num_placeholder_tokens,
             image_sizes: layout.image_sizes,
+            tile_grid: layout.tile_grid,
             resized_size: (plan.scaled.1, plan.scaled.0),
         })
     }

@@ -103,16 +103,25 @@ impl PixelValues {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputLayout {
     /// `[num_patches, C·T·P·P]` for Qwen, `[3, H, W]` for CLIP-style,
-    /// `[1 + tiles, 3, T, T]` for the any-resolution (LLaVA-NeXT) family.
+    /// `[1 + tiles, 3, T, T]` for the any-resolution (LLaVA-NeXT) family,
+    /// `[1 + crops, 3, H, W]` for Gemma 3, `[tiles + 1, 3, T, T]` (global
+    /// image last) for Idefics3 / SmolVLM, `[3, H, W]` for Pixtral.
     pub shape: Vec<usize>,
     /// `[t, h, w]` patch grid (Qwen family); `None` for fixed-size processors.
     pub image_grid_thw: Option<[usize; 3]>,
     /// How many placeholder tokens the prompt needs for this image.
     pub num_placeholder_tokens: usize,
-    /// The decoded image's `[height, width]` (LLaVA-NeXT / OneVision's
-    /// `image_sizes` row, which the model needs to unpad its features);
-    /// `None` for processors whose model does not take it.
+    /// The model's `image_sizes` row, `[height, width]`: the decoded
+    /// image's for LLaVA-NeXT / OneVision (which unpad their features with
+    /// it), the resized image's for Pixtral (whose encoder takes images of
+    /// varying size); `None` for processors whose model does not take it.
     pub image_sizes: Option<[usize; 2]>,
+    /// `[rows, cols]` of the tiles the image was split into, for prompts
+    /// that tag each tile with its position (Idefics3 / SmolVLM write
+    /// `<row_r_col_c>` before tile `(r, c)`; `[0, 0]` when the image was
+    /// not split), or of the token grid whose rows the prompt breaks
+    /// (Pixtral: `[IMG_BREAK]` after each row). `None` for the other families.
+    pub tile_grid: Option<[usize; 2]>,
 }
 
 impl PreprocessOutput {
@@ -123,6 +132,7 @@ impl PreprocessOutput {
             image_grid_thw: self.image_grid_thw,
             num_placeholder_tokens: self.num_placeholder_tokens,
             image_sizes: self.image_sizes,
+            tile_grid: self.tile_grid,
         }
     }
 }
@@ -133,7 +143,9 @@ pub struct PreprocessOutput {
     /// The tensor, row-major with shape [`Self::shape`].
     pub pixel_values: PixelValues,
     /// `[num_patches, C·T·P·P]` for Qwen, `[3, H, W]` for CLIP-style,
-    /// `[1 + tiles, 3, T, T]` for the any-resolution (LLaVA-NeXT) family.
+    /// `[1 + tiles, 3, T, T]` for the any-resolution (LLaVA-NeXT) family,
+    /// `[1 + crops, 3, H, W]` for Gemma 3, `[tiles + 1, 3, T, T]` (global
+    /// image last) for Idefics3 / SmolVLM, `[3, H, W]` for Pixtral.
     pub shape: Vec<usize>,
     /// `[t, h, w]` patch grid (Qwen family); `None` for fixed-size processors.
     pub image_grid_thw: Option<[usize; 3]>,
@@ -142,6 +154,9 @@ pub struct PreprocessOutput {
     /// The decoded image's `[height, width]` for the families whose model
     /// takes it (LLaVA-NeXT, OneVision); see [`OutputLayout::image_sizes`].
     pub image_sizes: Option<[usize; 2]>,
+    /// The tile rows and columns (Idefics3 / SmolVLM); see
+    /// [`OutputLayout::tile_grid`].
+    pub tile_grid: Option<[usize; 2]>,
     /// Size the image was resized to, `(width, height)`, before patching/cropping.
     pub resized_size: (usize, usize),
 }

@@ -23,6 +23,10 @@ pub struct PreprocessOptions {
     pub limits: DecodeLimits,
     /// Allow splitting one large image across the rayon pool.
     pub intra_image_parallel: bool,
+    /// Gemma 3: override of the config's `do_pan_and_scan` (the per-call
+    /// `do_pan_and_scan` of transformers' processor); `None` keeps the
+    /// config's. Other families ignore it.
+    pub pan_and_scan: Option<bool>,
 }
 
 /// Turns images into encoder inputs for one model family.

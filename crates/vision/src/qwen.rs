@@ -164,6 +164,7 @@ impl QwenVlProcessor {
             image_grid_thw: layout.image_grid_thw,
             num_placeholder_tokens: layout.num_placeholder_tokens,
             image_sizes: layout.image_sizes,
+            tile_grid: layout.tile_grid,
             resized_size: (w, h),
         })
     }
@@ -177,6 +178,7 @@ impl QwenVlProcessor {
             image_grid_thw: Some(grid),
             num_placeholder_tokens: grid[0] * grid[1] * grid[2] / (geo.merge_size * geo.merge_size),
             image_sizes: None,
+            tile_grid: None,
         }
     }
 

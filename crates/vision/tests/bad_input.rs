@@ -5,8 +5,9 @@ mod common;
 
 use common::{gif_with_header, jpeg_with_dims, png_with_header, read, Rng};
 use iris_vision::{
-    decode, probe, AnyresProcessor, ClipProcessor, DecodeLimits, PreprocessOptions, Processor,
-    QwenVlProcessor, VisionError,
+    decode, probe, AnyresProcessor, ClipProcessor, DecodeLimits, Gemma3Processor,
+    Idefics3Processor, PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
+    VisionError,
 };
 
 const FORMATS: [&str; 6] = [
@@ -216,6 +217,43 @@ fn anyres_thin_images_stay_within_the_grid() {
             assert_eq!(out.pixel_values.len(), out.shape.iter().product::<usize>());
             let info = probe(&read(name)).unwrap();
             assert!(p.memory_needed(&info, &opts).unwrap() < 64 << 20, "{name}");
+        }
+    }
+}
+
+/// Gemma 3 (pan and scan on), SmolVLM and Pixtral on the thinnest images:
+/// bounded outputs and working sets, and Pixtral's refusal of an image
+/// whose scaled side floors to zero is an error, not a panic.
+#[test]
+fn tiled_families_on_thin_images() {
+    let processors: [&dyn Processor; 3] = [
+        &Gemma3Processor::gemma3(),
+        &Idefics3Processor::smolvlm(),
+        &PixtralProcessor::pixtral_12b(),
+    ];
+    let opts = PreprocessOptions {
+        pan_and_scan: Some(true),
+        ..PreprocessOptions::default()
+    };
+    for p in processors {
+        for name in [
+            "synthetic/rgb_1x4000.png",
+            "synthetic/rgb_4000x1.png",
+            "synthetic/rgb_1x1.png",
+        ] {
+            let bytes = read(name);
+            let info = probe(&bytes).unwrap();
+            match p.preprocess_bytes(&bytes, &opts) {
+                Ok(out) => {
+                    assert_eq!(out.pixel_values.len(), out.shape.iter().product::<usize>());
+                    assert!(p.memory_needed(&info, &opts).unwrap() < 64 << 20, "{name}");
+                }
+                Err(e) => {
+                    assert_eq!(p.name(), "pixtral", "{name}: {e}");
+                    assert!(name != "synthetic/rgb_1x1.png", "{e}");
+                    assert!(p.planned_layout(&info, &opts).is_err(), "{name}");
+                }
+            }
         }
     }
 }

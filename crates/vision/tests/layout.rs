@@ -6,8 +6,8 @@
 mod common;
 
 use iris_vision::{
-    probe, AnyresProcessor, ClipProcessor, OutputDtype, PreprocessOptions, Processor,
-    QwenVlProcessor,
+    probe, AnyresProcessor, ClipProcessor, Gemma3Processor, Idefics3Processor, OutputDtype,
+    PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
 };
 
 /// Every committed synthetic image and the shared photos.
@@ -40,7 +40,11 @@ fn options() -> Vec<PreprocessOptions> {
         dtype: OutputDtype::Bf16,
         ..PreprocessOptions::default()
     };
-    vec![PreprocessOptions::default(), small, bf16]
+    let pan_and_scan = PreprocessOptions {
+        pan_and_scan: Some(true),
+        ..PreprocessOptions::default()
+    };
+    vec![PreprocessOptions::default(), small, bf16, pan_and_scan]
 }
 
 #[test]
@@ -51,6 +55,9 @@ fn the_planned_layout_is_the_output_layout() {
         Box::new(ClipProcessor::llava_1_5()),
         Box::new(AnyresProcessor::llava_next()),
         Box::new(AnyresProcessor::llava_onevision()),
+        Box::new(Gemma3Processor::gemma3()),
+        Box::new(Idefics3Processor::smolvlm()),
+        Box::new(PixtralProcessor::pixtral_12b()),
     ];
     let (mut checked, mut turned) = (0, 0);
     for name in images() {
@@ -135,4 +142,62 @@ fn anyres_layouts_match_the_reference_table() {
         }
     }
     assert!(checked > 1000, "only {checked} sizes");
+}
+
+/// Gemma 3 (pan and scan on), SmolVLM and Pixtral plan their frames from the
+/// image's size alone: the same as transformers' own size code gives on a
+/// table of sizes (tiny, extreme, around every crop and tile boundary)
+/// that reference.py writes.
+#[test]
+fn tiled_layouts_match_the_reference_table() {
+    let all = common::expected();
+    let table = all["tiled_layouts"].as_object().expect("tiled_layouts");
+    let pan_and_scan = PreprocessOptions {
+        pan_and_scan: Some(true),
+        ..PreprocessOptions::default()
+    };
+    let mut checked = 0;
+    for (name, rows) in table {
+        let processor = iris_vision::processor_from_config(&all["processors"][name.as_str()])
+            .expect("processor config");
+        for row in rows.as_array().unwrap() {
+            let v: Vec<usize> = row
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as usize)
+                .collect();
+            if name == "pixtral" {
+                let [h, w, rows, cols] = v[..] else {
+                    panic!("bad row {row}")
+                };
+                let layout = processor.layout_for(w, h, &pan_and_scan);
+                if rows == 0 {
+                    assert!(layout.is_err(), "pixtral {w}x{h}: the reference fails");
+                } else {
+                    let layout = layout.unwrap();
+                    assert_eq!(layout.shape, vec![3, rows * 16, cols * 16], "{w}x{h}");
+                    assert_eq!(layout.tile_grid, Some([rows, cols]), "{w}x{h}");
+                    assert_eq!(layout.num_placeholder_tokens, rows * (cols + 1), "{w}x{h}");
+                    assert_eq!(layout.image_sizes, Some([rows * 16, cols * 16]));
+                }
+                checked += 1;
+                continue;
+            }
+            let (h, w, frames) = (v[0], v[1], v[2]);
+            let layout = processor.layout_for(w, h, &pan_and_scan).unwrap();
+            assert_eq!(layout.shape[0], frames, "{name} {w}x{h}");
+            let per_frame = if name == "gemma3" { 256 } else { 81 };
+            assert_eq!(
+                layout.num_placeholder_tokens,
+                per_frame * frames,
+                "{name} {w}x{h}"
+            );
+            if let [_, _, _, rows, cols] = v[..] {
+                assert_eq!(layout.tile_grid, Some([rows, cols]), "{name} {w}x{h}");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 5000, "only {checked} sizes");
 }

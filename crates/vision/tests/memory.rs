@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::{png_with_header, read, Rng, DATA};
 use iris_vision::{
     decode, parked_scratch_bytes, probe, thread_scratch_bytes, AnyresProcessor, ClipProcessor,
-    DecodeLimits, ImageFormat, ImageInfo, OutputDtype, PreprocessOptions, Processor,
-    QwenVlProcessor, SCRATCH_KEEP_TOTAL_BYTES,
+    DecodeLimits, Gemma3Processor, Idefics3Processor, ImageFormat, ImageInfo, OutputDtype,
+    PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor, SCRATCH_KEEP_TOTAL_BYTES,
 };
 
 struct Tracking;
@@ -164,8 +164,8 @@ fn synthetic_files() -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-/// Every image of the corpus, through both processor kinds and both
-/// dtypes, allocates at most what `memory_needed` said from its header.
+/// Every image of the corpus, through every processor kind (Gemma 3 with
+/// pan and scan) and both dtypes, allocates at most what `memory_needed` said from its header.
 fn estimates_bound_the_real_peak() {
     let mut corpus = synthetic_files();
     corpus.push(("png16 rgba".into(), png16_rgba(700, 500)));
@@ -176,11 +176,14 @@ fn estimates_bound_the_real_peak() {
         gif_frame_outside(10, 10, (300, 200, 40, 30)),
     ));
     corpus.push(("1080p jpeg".into(), jpeg(1920, 1080)));
-    let processors: [&dyn Processor; 4] = [
+    let processors: [&dyn Processor; 7] = [
         &QwenVlProcessor::qwen2_vl(),
         &ClipProcessor::llava_1_5(),
         &AnyresProcessor::llava_next(),
         &AnyresProcessor::llava_onevision(),
+        &Gemma3Processor::gemma3(),
+        &Idefics3Processor::smolvlm(),
+        &PixtralProcessor::pixtral_12b(),
     ];
     for (name, bytes) in &corpus {
         let Ok(info) = probe(bytes) else {
@@ -190,6 +193,7 @@ fn estimates_bound_the_real_peak() {
             for dtype in [OutputDtype::F32, OutputDtype::Bf16] {
                 let opts = PreprocessOptions {
                     dtype,
+                    pan_and_scan: Some(true),
                     ..PreprocessOptions::default()
                 };
                 let Ok(need) = processor.memory_needed(&info, &opts) else {

@@ -38,6 +38,7 @@ fn opts_from(overrides: &Value) -> PreprocessOptions {
     PreprocessOptions {
         min_pixels: overrides.get("min_pixels").and_then(Value::as_u64),
         max_pixels: overrides.get("max_pixels").and_then(Value::as_u64),
+        pan_and_scan: overrides.get("do_pan_and_scan").and_then(Value::as_bool),
         limits: DecodeLimits {
             max_side: u32::MAX,
             max_pixels: u64::MAX,
@@ -149,6 +150,10 @@ fn check_cases(all: &Value, image: &Value, pixels: &RgbImage) -> usize {
             .get("image_sizes")
             .map(|v| [as_usize(&v[0]), as_usize(&v[1])]);
         assert_eq!(out.image_sizes, sizes, "{label}: image_sizes");
+        let tile_grid = case
+            .get("tile_grid")
+            .map(|v| [as_usize(&v[0]), as_usize(&v[1])]);
+        assert_eq!(out.tile_grid, tile_grid, "{label}: tile_grid");
         if let Some(grid) = case.get("grid_thw") {
             let want: Vec<usize> = grid.as_array().unwrap().iter().map(as_usize).collect();
             assert_eq!(
@@ -267,17 +272,27 @@ fn bytes_path_equals_image_path_and_bf16_rounds_f32() {
     let _ = image_path("shared/chelsea.png");
 }
 
-/// The any-resolution processors give the same tensor from bytes as from
+/// The multi-frame processors (LLaVA-NeXT, OneVision, Gemma 3 with pan and
+/// scan, SmolVLM) and Pixtral give the same tensor from bytes as from
 /// decoded pixels, with a large image split across threads or not, and
 /// their bf16 output is the f32 output rounded.
 #[test]
-fn anyres_bytes_parallel_and_bf16_agree() {
+fn tiled_bytes_parallel_and_bf16_agree() {
     let all = expected();
     let bytes = read("shared/motorcycle_4k.jpg");
     let pixels = decode_file("shared/motorcycle_4k.jpg");
-    for name in ["llava_next", "llava_onevision"] {
+    for name in [
+        "llava_next",
+        "llava_onevision",
+        "gemma3",
+        "smolvlm",
+        "pixtral",
+    ] {
         let p = processor(&all, name);
-        let opts = PreprocessOptions::default();
+        let opts = PreprocessOptions {
+            pan_and_scan: Some(true),
+            ..PreprocessOptions::default()
+        };
         let from_image = p.preprocess(&pixels, &opts).unwrap();
         let from_bytes = p.preprocess_bytes(&bytes, &opts).unwrap();
         assert_eq!(

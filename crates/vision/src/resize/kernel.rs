@@ -29,7 +29,10 @@ use std::sync::{Arc, OnceLock};
 
 use super::hblock::BlockKernel;
 
-/// Which reference's fixed-point BICUBIC weights to reproduce.
+/// Which reference's fixed-point resampling weights to reproduce. Named
+/// for the bicubic filter most processors use; Pillow's BILINEAR (Gemma 3)
+/// and LANCZOS (Idefics3 / SmolVLM) share Pillow's windows, normalisation
+/// and 22-bit rounding and differ only in the filter and its support.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Bicubic {
     /// Pillow 12.2.0 (`Image.resize(..., BICUBIC)`): the image processors.
@@ -38,6 +41,50 @@ pub enum Bicubic {
     /// PyTorch 2.9's antialiased bicubic on `uint8` tensors
     /// (`torchvision.transforms.v2.functional.resize`): the video processors.
     Torch,
+    /// Pillow 12.2.0's BILINEAR (triangle filter, support 1).
+    PillowBilinear,
+    /// Pillow 12.2.0's LANCZOS (`sinc(x)·sinc(x/3)`, support 3).
+    PillowLanczos,
+}
+
+impl Bicubic {
+    /// Half-width of the filter at scale 1.
+    fn support(self) -> f64 {
+        match self {
+            Bicubic::Pillow | Bicubic::Torch => BICUBIC_SUPPORT,
+            Bicubic::PillowBilinear => 1.0,
+            Bicubic::PillowLanczos => 3.0,
+        }
+    }
+}
+
+/// Pillow's triangle filter.
+fn bilinear(x: f64) -> f64 {
+    let x = x.abs();
+    if x < 1.0 {
+        1.0 - x
+    } else {
+        0.0
+    }
+}
+
+/// Pillow's `sinc_filter`.
+fn sinc(x: f64) -> f64 {
+    if x == 0.0 {
+        1.0
+    } else {
+        let x = x * std::f64::consts::PI;
+        x.sin() / x
+    }
+}
+
+/// Pillow's three-lobed Lanczos filter.
+fn lanczos(x: f64) -> f64 {
+    if (-3.0..3.0).contains(&x) {
+        sinc(x) * sinc(x / 3.0)
+    } else {
+        0.0
+    }
 }
 
 /// Keys cubic convolution kernel with a = −0.5, as Pillow writes it.
@@ -138,10 +185,12 @@ impl Kernel {
         let taps_of = match filter {
             Bicubic::Pillow => bicubic,
             Bicubic::Torch => bicubic_torch,
+            Bicubic::PillowBilinear => bilinear,
+            Bicubic::PillowLanczos => lanczos,
         };
         let scale = in_size as f64 / out_size as f64;
         let filterscale = scale.max(1.0);
-        let support = BICUBIC_SUPPORT * filterscale;
+        let support = filter.support() * filterscale;
         let ksize = support.ceil() as usize * 2 + 1;
         let mut normalised = vec![0f64; out_size * ksize];
         let mut kernel = Kernel {
@@ -164,7 +213,8 @@ impl Kernel {
                 let distance = (x + start) as f64 - centre + 0.5;
                 *tap = taps_of(match filter {
                     Bicubic::Pillow => distance / filterscale,
-                    Bicubic::Torch => distance * (1.0 / filterscale),
+                    // Pillow's `(x + xmin − centre + 0.5) · ss`, `ss = 1 / filterscale`.
+                    _ => distance * (1.0 / filterscale),
                 });
                 sum += *tap;
             }
@@ -176,7 +226,7 @@ impl Kernel {
             kernel.lens.push(len);
         }
         kernel.weights = match filter {
-            Bicubic::Pillow => normalised
+            Bicubic::Pillow | Bicubic::PillowBilinear | Bicubic::PillowLanczos => normalised
                 .iter()
                 .map(|&w| to_fixed(w, PRECISION_BITS))
                 .collect(),

@@ -38,7 +38,9 @@ impl PassOrder {
     /// `filter`'s choice: Pillow's below, PyTorch always horizontal first.
     pub fn of(filter: Bicubic, in_w: usize, in_h: usize, out_h: usize) -> PassOrder {
         match filter {
-            Bicubic::Pillow => PassOrder::pillow_12_2(in_w, in_h, out_h),
+            Bicubic::Pillow | Bicubic::PillowBilinear | Bicubic::PillowLanczos => {
+                PassOrder::pillow_12_2(in_w, in_h, out_h)
+            }
             Bicubic::Torch => PassOrder::HorizontalFirst,
         }
     }
@@ -115,6 +117,26 @@ pub(crate) fn resize_with<'a>(
             RgbView::new(out, out_w, out_h)
         }
     }
+}
+
+/// Resizes `src` with `filter` into `out` (a copy when the size does not
+/// change), using `inter` for the intermediate image.
+pub(crate) fn resize_copy(
+    filter: Bicubic,
+    src: RgbView<'_>,
+    (out_w, out_h): (usize, usize),
+    inter: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+    parallel: bool,
+) -> Result<(), VisionError> {
+    if (out_w, out_h) == (src.width(), src.height()) {
+        out.clear();
+        out.extend_from_slice(src.data());
+        return Ok(());
+    }
+    resize_with(filter, src, (out_w, out_h), (inter, out), parallel)?;
+    out.truncate(out_w * out_h * 3);
+    Ok(())
 }
 
 /// Bytes of the buffers resizing `in_w`×`in_h` to `out_w`×`out_h` takes

@@ -1,0 +1,353 @@
+//! Idefics3 and SmolVLM (v1): bit-exact with transformers 4.57.1's slow
+//! `Idefics3ImageProcessor` (one image per call).
+//!
+//! Three Pillow resizes with the config's `resample` (1, LANCZOS, in the
+//! shipped configs), each from the previous one's 8-bit result:
+//!
+//! 1. the longest side becomes `size.longest_edge` (up or down); the other
+//!    side is scaled and truncated, then rounded up to an even number (at
+//!    least 1), and both are held to 4096 pixels;
+//! 2. with `do_image_splitting` (the default) the long side is rounded up to
+//!    a multiple of the tile (`max_image_size.longest_edge`), the short side
+//!    scaled from it, truncated and also rounded up to a multiple;
+//! 3. that image is cut into `rows × cols` tiles of the tile's side, row by
+//!    row, and followed by a *global* image: the step-2 image squashed to one
+//!    tile. An image that is a single tile after step 2 is not split (`rows =
+//!    cols = 0`) and is its own global image. Without splitting, the step-1
+//!    image is squashed to one tile (`rows = cols = 0`).
+//!
+//! Every frame is rescaled, normalised (mean and std 0.5) and written planar:
+//! `[rows·cols + 1, 3, tile, tile]`. The reference pads a batch to its
+//! largest frame count; one image per call never pads.
+//!
+//! The prompt (`Idefics3Processor`): each tile gets `<fake_token_around_image>`,
+//! `<row_r_col_c>` and `image_seq_len` `<image>` tokens, each row of tiles
+//! ends with a newline, and the global image gets `<fake_token_around_image>`,
+//! `<global-img>` and `image_seq_len` `<image>` tokens, closed by a last
+//! `<fake_token_around_image>`. `image_seq_len` is the model processor's
+//! (`processor_config.json`: 81 for SmolVLM, 169 for Idefics3-8B; see
+//! [`crate::processor_from_model_dir`]). [`OutputLayout::num_placeholder_tokens`]
+//! counts the `<image>` tokens, `image_seq_len × (rows·cols + 1)`, and
+//! [`OutputLayout::tile_grid`] gives `[rows, cols]` for the tags.
+
+use half::bf16;
+
+use crate::error::VisionError;
+use crate::image::RgbView;
+use crate::layout::planar_chw;
+use crate::normalize::{Normalization, OutElem};
+use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use crate::pool::PooledVec;
+use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
+use crate::resize::{self, resize_copy, Bicubic};
+use crate::scratch::Scratch;
+
+/// The reference's absolute limit on either side after step 1.
+const MAX_IMAGE_SIZE: usize = 4096;
+
+/// The Idefics3 / SmolVLM image processor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Idefics3Processor {
+    /// `size.longest_edge`: the long side after step 1.
+    pub longest_edge: usize,
+    /// `max_image_size.longest_edge`: the side of the square tiles.
+    pub tile: usize,
+    /// `do_image_splitting`.
+    pub do_image_splitting: bool,
+    /// Pillow filter of the config's `resample`.
+    pub filter: Bicubic,
+    /// Normalisation.
+    pub norm: Normalization,
+    /// `<image>` tokens per frame (the model processor's `image_seq_len`).
+    pub image_seq_len: usize,
+}
+
+/// What an image of a given size becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Plan {
+    /// Step 1's `(width, height)`.
+    first: (usize, usize),
+    /// Step 2's `(width, height)` (splitting only).
+    second: Option<(usize, usize)>,
+    /// Tile rows and columns (0, 0 when not split).
+    rows: usize,
+    cols: usize,
+}
+
+impl Plan {
+    fn frames(&self) -> usize {
+        self.rows * self.cols + 1
+    }
+}
+
+/// Step 1 (`_resize_output_size_rescale_to_max_len` then
+/// `_resize_output_size_scale_below_upper_bound`): `(height, width)`.
+fn longest_edge_size(height: usize, width: usize, max_len: usize) -> (usize, usize) {
+    let aspect = width as f64 / height as f64;
+    let (mut h, mut w) = if width >= height {
+        let h = (max_len as f64 / aspect) as usize;
+        (h + h % 2, max_len)
+    } else {
+        let w = (max_len as f64 * aspect) as usize;
+        (max_len, w + w % 2)
+    };
+    h = h.max(1);
+    w = w.max(1);
+    let aspect = w as f64 / h as f64;
+    if w >= h && w > MAX_IMAGE_SIZE {
+        w = MAX_IMAGE_SIZE;
+        h = (w as f64 / aspect) as usize;
+    } else if h > w && h > MAX_IMAGE_SIZE {
+        h = MAX_IMAGE_SIZE;
+        w = (h as f64 * aspect) as usize;
+    }
+    (h.max(1), w.max(1))
+}
+
+/// Step 2 (`resize_for_vision_encoder`): `(height, width)`, multiples of `tile`.
+fn tile_multiple_size(height: usize, width: usize, tile: usize) -> (usize, usize) {
+    let aspect = width as f64 / height as f64;
+    let up = |v: usize| v.div_ceil(tile) * tile;
+    if width >= height {
+        let w = up(width);
+        (up((w as f64 / aspect) as usize), w)
+    } else {
+        let h = up(height);
+        (h, up((h as f64 * aspect) as usize))
+    }
+}
+
+impl Idefics3Processor {
+    /// HuggingFaceTB/SmolVLM-Instruct: long side 1536, 384-pixel tiles,
+    /// LANCZOS, mean and std 0.5, 81 tokens per frame.
+    pub fn smolvlm() -> Self {
+        Idefics3Processor {
+            longest_edge: 1536,
+            tile: 384,
+            do_image_splitting: true,
+            filter: Bicubic::PillowLanczos,
+            norm: Normalization {
+                rescale_factor: 1.0 / 255.0,
+                mean: [0.5; 3],
+                std: [0.5; 3],
+            },
+            image_seq_len: 81,
+        }
+    }
+
+    fn plan(&self, width: usize, height: usize) -> Result<Plan, VisionError> {
+        if width == 0 || height == 0 {
+            return Err(VisionError::Geometry(format!(
+                "image is {width}x{height}: a side is zero"
+            )));
+        }
+        let (h1, w1) = longest_edge_size(height, width, self.longest_edge);
+        if !self.do_image_splitting {
+            return Ok(Plan {
+                first: (w1, h1),
+                second: None,
+                rows: 0,
+                cols: 0,
+            });
+        }
+        let (h2, w2) = tile_multiple_size(h1, w1, self.tile);
+        let (rows, cols) = if h2 > self.tile || w2 > self.tile {
+            (h2.div_ceil(self.tile), w2.div_ceil(self.tile))
+        } else {
+            (0, 0)
+        };
+        Ok(Plan {
+            first: (w1, h1),
+            second: Some((w2, h2)),
+            rows,
+            cols,
+        })
+    }
+
+    /// Produces the 8-bit frames (tiles row by row, then the global image)
+    /// and hands each to `each` (index, frame).
+    fn frames(
+        &self,
+        image: RgbView<'_>,
+        plan: &Plan,
+        parallel: bool,
+        scratch: &mut Scratch,
+        mut each: impl FnMut(usize, RgbView<'_>),
+    ) -> Result<(), VisionError> {
+        let t = self.tile;
+        let Scratch {
+            inter,
+            resized,
+            cropped,
+            raw,
+            ..
+        } = scratch;
+        resize_copy(self.filter, image, plan.first, inter, cropped, parallel)?;
+        let first = RgbView::new(cropped, plan.first.0, plan.first.1)?;
+        let Some(second_size) = plan.second else {
+            resize_copy(self.filter, first, (t, t), inter, raw, parallel)?;
+            each(0, RgbView::new(raw, t, t)?);
+            return Ok(());
+        };
+        resize_copy(self.filter, first, second_size, inter, resized, parallel)?;
+        let second = RgbView::new(resized, second_size.0, second_size.1)?;
+        let tiles = plan.rows * plan.cols;
+        for i in 0..tiles {
+            let (top, left) = ((i / plan.cols) * t, (i % plan.cols) * t);
+            second.crop_into(left, top, t, t, raw)?;
+            each(i, RgbView::new(raw, t, t)?);
+        }
+        // The global image: a single tile is its own (the reference skips
+        // the resize when the size already matches).
+        resize_copy(self.filter, second, (t, t), inter, raw, parallel)?;
+        each(tiles, RgbView::new(raw, t, t)?);
+        Ok(())
+    }
+
+    fn write<T: OutElem>(
+        &self,
+        image: RgbView<'_>,
+        plan: &Plan,
+        parallel: bool,
+        scratch: &mut Scratch,
+    ) -> Result<PooledVec<T>, VisionError> {
+        let per = 3 * self.tile * self.tile;
+        let mut out = PooledVec::<T>::take(plan.frames() * per);
+        let lut = self.norm.lut::<T>();
+        self.frames(image, plan, parallel, scratch, |i, frame| {
+            if let Some(chunk) = out.get_mut(i * per..(i + 1) * per) {
+                planar_chw(frame, &lut, chunk);
+            }
+        })?;
+        Ok(out)
+    }
+
+    fn layout(&self, plan: &Plan) -> OutputLayout {
+        OutputLayout {
+            shape: vec![plan.frames(), 3, self.tile, self.tile],
+            image_grid_thw: None,
+            num_placeholder_tokens: self.image_seq_len * plan.frames(),
+            image_sizes: None,
+            tile_grid: Some([plan.rows, plan.cols]),
+        }
+    }
+}
+
+impl Processor for Idefics3Processor {
+    fn name(&self) -> &'static str {
+        "idefics3"
+    }
+
+    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
+        let n = &self.norm;
+        fnv1a(&format!(
+            "idefics3|{}|{}|{}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|pillow-12.2",
+            self.longest_edge,
+            self.tile,
+            self.do_image_splitting,
+            self.filter,
+            self.image_seq_len,
+            n.rescale_factor.to_bits(),
+            n.mean.map(f32::to_bits),
+            n.std.map(f32::to_bits),
+            opts.dtype,
+            opts.limits,
+        ))
+    }
+
+    fn working_bytes(
+        &self,
+        width: u32,
+        height: u32,
+        opts: &PreprocessOptions,
+    ) -> Result<u64, VisionError> {
+        let plan = self.plan(width as usize, height as usize)?;
+        let size = |(w, h): (usize, usize)| (w as u64, h as u64);
+        let (w1, h1) = size(plan.first);
+        let t = self.tile as u64;
+        let mut bytes =
+            resize::working_bytes((u64::from(width), u64::from(height)), (w1, h1)) + 3 * w1 * h1;
+        match plan.second.map(size) {
+            Some((w2, h2)) => {
+                bytes += resize::working_bytes((w1, h1), (w2, h2))
+                    .max(resize::working_bytes((w2, h2), (t, t)))
+                    + 3 * w2 * h2;
+            }
+            None => bytes += resize::working_bytes((w1, h1), (t, t)),
+        }
+        let frame = 3 * t * t;
+        Ok(bytes + frame + plan.frames() as u64 * frame * opts.dtype.size() as u64)
+    }
+
+    fn resized_image(
+        &self,
+        image: &image::RgbImage,
+        _opts: &PreprocessOptions,
+    ) -> Result<image::RgbImage, VisionError> {
+        let mut scratch = Scratch::default();
+        let view = RgbView::from_image(image)?;
+        let plan = self.plan(view.width(), view.height())?;
+        let mut stacked = Vec::new();
+        self.frames(view, &plan, false, &mut scratch, |_, frame| {
+            stacked.extend_from_slice(frame.data());
+        })?;
+        RgbView::new(&stacked, self.tile, self.tile * plan.frames())?.to_image()
+    }
+
+    fn preprocess_view(
+        &self,
+        image: RgbView<'_>,
+        opts: &PreprocessOptions,
+        scratch: &mut Scratch,
+    ) -> Result<PreprocessOutput, VisionError> {
+        let parallel = split_image(opts, image.width() * image.height());
+        let plan = self.plan(image.width(), image.height())?;
+        let pixel_values = match opts.dtype {
+            OutputDtype::F32 => {
+                PixelValues::F32(self.write::<f32>(image, &plan, parallel, scratch)?)
+            }
+            OutputDtype::Bf16 => {
+                PixelValues::Bf16(self.write::<bf16>(image, &plan, parallel, scratch)?)
+            }
+        };
+        let layout = self.layout(&plan);
+        Ok(PreprocessOutput {
+            pixel_values,
+            shape: layout.shape,
+            image_grid_thw: layout.image_grid_thw,
+            num_placeholder_tokens: layout.num_placeholder_tokens,
+            image_sizes: layout.image_sizes,
+            tile_grid: layout.tile_grid,
+            resized_size: plan.second.unwrap_or(plan.first),
+        })
+    }
+
+    fn layout_for(
+        &self,
+        width: usize,
+        height: usize,
+        _opts: &PreprocessOptions,
+    ) -> Result<OutputLayout, VisionError> {
+        Ok(self.layout(&self.plan(width, height)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_of_known_images() {
+        // 640×480 → 1536×1152 → 1536×1152 (already multiples): 3×4 tiles.
+        assert_eq!(longest_edge_size(480, 640, 1536), (1152, 1536));
+        assert_eq!(tile_multiple_size(1152, 1536, 384), (1152, 1536));
+        let p = Idefics3Processor::smolvlm().plan(640, 480).unwrap();
+        assert_eq!((p.rows, p.cols, p.frames()), (3, 4, 13));
+        // Odd truncations round up to even; thin images keep one pixel.
+        assert_eq!(longest_edge_size(217, 333, 1536), (1000, 1536));
+        assert_eq!(longest_edge_size(4000, 1, 1536), (1536, 1));
+        assert_eq!(tile_multiple_size(1536, 1, 384), (1536, 384));
+        // Beyond 4096 the long side is held.
+        assert_eq!(longest_edge_size(10, 20, 5000), (2048, 4096));
+    }
+}
