@@ -68,6 +68,33 @@ pub struct Multimodal {
     video: Option<VideoPipeline>,
 }
 
+/// The families whose prompts the gateway builds: each image's token
+/// repeated once per placeholder the processor counts (Qwen-VL, LLaVA-1.5,
+/// LLaVA-NeXT, LLaVA-OneVision, as their Hugging Face processors expand
+/// it).
+const PROMPTS_BUILT: [&str; 5] = [
+    "qwen2_vl",
+    "qwen3_vl",
+    "clip",
+    "llava_next",
+    "llava_onevision",
+];
+
+/// Refuses a family whose images the vision crate preprocesses but whose
+/// prompt needs more than the image token repeated (Gemma 3's
+/// `<start_of_image>` blocks, Idefics3's row and column tokens, Pixtral's
+/// `[IMG_BREAK]`/`[IMG_END]`): serving it would send the model wrong
+/// placeholder tokens.
+fn check_prompts_built(family: &str) -> anyhow::Result<()> {
+    if PROMPTS_BUILT.contains(&family) {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "the model's image processor ({family}) is supported for preprocessing, but Iris does not build its prompts yet (its image placeholders need more than the image token repeated); models served: {}",
+        PROMPTS_BUILT.join(", ")
+    )
+}
+
 impl Multimodal {
     /// The pipeline for `dir`'s model, or `None` when the model takes no
     /// images (no `preprocessor_config.json` or no `image_token_id`).
@@ -80,6 +107,7 @@ impl Multimodal {
         let processor: Arc<dyn Processor> = iris_vision::processor_from_model_dir(&dir.root)
             .context("cannot build the image processor from preprocessor_config.json")?
             .into();
+        check_prompts_built(processor.name())?;
         let options = PreprocessOptions {
             dtype: settings.dtype,
             limits: DecodeLimits {
@@ -575,6 +603,22 @@ fn vision_error(place: &str, error: &iris_vision::VisionError) -> ApiError {
 
 #[cfg(test)]
 mod tests {
+    /// A family whose prompts need more than the repeated image token is
+    /// refused at start, naming it.
+    #[test]
+    fn families_without_built_prompts_are_refused() {
+        for family in super::PROMPTS_BUILT {
+            assert!(super::check_prompts_built(family).is_ok(), "{family}");
+        }
+        for family in ["gemma3", "idefics3", "pixtral"] {
+            let err = super::check_prompts_built(family).unwrap_err().to_string();
+            assert!(
+                err.contains(family) && err.contains("does not build its prompts"),
+                "{err}"
+            );
+        }
+    }
+
     use super::*;
     use iris_vision::ImageFormat;
     use std::time::Duration;
