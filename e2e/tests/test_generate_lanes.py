@@ -166,6 +166,9 @@ def test_images_an_engine_holds_go_by_hash(processes, model_dir, inline_answers,
     lanes = dep.engines[0].lanes()
     assert lanes[transport] == DISTINCT and sum(lanes.values()) == DISTINCT, lanes
     assert recalls(dep) == (RESENT, 0)
+    # The gateway counts what it sent the same way.
+    text = dep.gateway.metrics()
+    assert metric(text, "iris_transport_tensors_total", lane=transport) == DISTINCT, text
 
 
 def test_an_image_the_engine_no_longer_holds_is_sent_again(processes, model_dir,

@@ -187,6 +187,16 @@ impl Lanes {
         Ok((item, Some(sent.ticket)))
     }
 
+    /// Counts pixel tensors sent inline without going through
+    /// [`Self::prepare`] (a Generate leg to a worker whose transport is
+    /// inline keeps its request as built): `bytes` of each.
+    pub fn sent_inline(&self, bytes: impl IntoIterator<Item = usize>) {
+        let metrics = self.sender.metrics();
+        for nbytes in bytes {
+            metrics.record_lane(iris_transport::Lane::Inline, nbytes);
+        }
+    }
+
     /// `worker` refused an RDMA payload because its puller is off
     /// (`status`): rdma is off for it until it restarts. The first refusal
     /// of its life is counted and warned about; its tensors then go inline

@@ -175,6 +175,13 @@ pub(super) async fn prepare(
         }
     }
     let inline = lanes.requested(worker) == Transport::Inline;
+    if inline {
+        let sent = inline_items(request).filter(|(i, _)| !recalled.contains(i));
+        lanes.sent_inline(sent.filter_map(|(_, item)| match payload(item) {
+            Some(Payload::Inline(data)) => Some(data.len()),
+            _ => None,
+        }));
+    }
     if inline && recalled.is_empty() {
         return Ok((None, prepared));
     }
