@@ -35,6 +35,15 @@ pub struct PromptState {
     pub constraint_digest: Option<[u8; 32]>,
 }
 
+/// What a prompt's state keeps of one multimodal item: its length and a
+/// 256-bit fingerprint of its bytes.
+pub type ItemPrint = (u64, [u8; 32]);
+
+/// The print of an item's bytes (hashes every byte).
+pub fn print_of(item: &[u8]) -> ItemPrint {
+    (item.len() as u64, fingerprint(item))
+}
+
 impl PromptState {
     /// Folds a prompt and its multimodal payloads into a state.
     /// Hashes every byte: callers run it on a blocking thread.
@@ -49,15 +58,18 @@ impl PromptState {
         items: impl IntoIterator<Item = &'a [u8]>,
         resumed: usize,
     ) -> Self {
-        let prints: Vec<(u64, [u8; 32])> = items
-            .into_iter()
-            .map(|item| (item.len() as u64, fingerprint(item)))
-            .collect();
+        let prints: Vec<ItemPrint> = items.into_iter().map(print_of).collect();
+        Self::from_prints(input_ids, &prints, resumed)
+    }
+
+    /// [`Self::prefill_resuming`] from the items' prints ([`print_of`]),
+    /// some of them kept from an earlier request.
+    pub fn from_prints(input_ids: &[u32], prints: &[ItemPrint], resumed: usize) -> Self {
         let before = input_ids.len().saturating_sub(resumed);
         PromptState {
-            digest: digest_of(input_ids, &prints),
+            digest: digest_of(input_ids, prints),
             prompt_tokens: u32::try_from(input_ids.len()).unwrap_or(u32::MAX),
-            constraint_digest: (resumed > 0).then(|| digest_of(&input_ids[..before], &prints)),
+            constraint_digest: (resumed > 0).then(|| digest_of(&input_ids[..before], prints)),
         }
     }
 

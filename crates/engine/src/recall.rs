@@ -1,7 +1,9 @@
 //! The multimodal items a prefilling worker (aggregated or prefill) has
 //! received, by content hash: what it folds into a prompt's state for
-//! each image or video (its pixel tensor's bytes), kept in a byte-bounded
-//! LRU (`--mm-item-cache-mb`). A worker with the cache advertises
+//! each image or video (the print of its pixel tensor's bytes,
+//! [`crate::model::print_of`]), in an LRU bounded by the items' sizes
+//! (`--mm-item-cache-mb`: a real engine would hold each item's embedding,
+//! about the size of its tensor; this model needs only the print). A worker with the cache advertises
 //! `embedding_recall` in GetServerInfo; a gateway then sends an item it
 //! knows the worker holds with its shape and dtype but no payload (a
 //! recall). The worker serves it from here, or answers NOT_FOUND with
@@ -17,6 +19,8 @@ use bytes::Bytes;
 use lru::LruCache;
 use tonic::Status;
 
+use crate::model::ItemPrint;
+
 /// Items by content hash, at most `budget` bytes of them.
 pub struct ItemCache {
     budget: usize,
@@ -24,7 +28,8 @@ pub struct ItemCache {
 }
 
 struct State {
-    items: LruCache<Bytes, Bytes>,
+    items: LruCache<Bytes, ItemPrint>,
+    /// The kept items' sizes, summed.
     bytes: usize,
 }
 
@@ -41,20 +46,21 @@ impl ItemCache {
         }
     }
 
-    /// Keeps `data` under `hash` (an empty hash is never kept), evicting
+    /// Keeps the item of `hash` (an empty hash is never kept), evicting
     /// the least recently used items beyond the budget.
-    pub fn put(&self, hash: &Bytes, data: &Bytes) {
-        if hash.is_empty() || data.len() > self.budget {
+    pub fn put(&self, hash: &Bytes, print: ItemPrint) {
+        let size = usize::try_from(print.0).unwrap_or(usize::MAX);
+        if hash.is_empty() || size > self.budget {
             return;
         }
         let mut state = self.lock();
-        if let Some(old) = state.items.put(hash.clone(), data.clone()) {
-            state.bytes -= old.len();
+        if let Some(old) = state.items.put(hash.clone(), print) {
+            state.bytes -= old.0 as usize;
         }
-        state.bytes += data.len();
+        state.bytes += size;
         while state.bytes > self.budget {
             match state.items.pop_lru() {
-                Some((_, evicted)) => state.bytes -= evicted.len(),
+                Some((_, evicted)) => state.bytes -= evicted.0 as usize,
                 None => break,
             }
         }
@@ -62,9 +68,9 @@ impl ItemCache {
 
     /// The item of `hash`, or NOT_FOUND saying it was not kept (item
     /// `index` of the request).
-    pub fn recall(&self, hash: &[u8], index: usize) -> Result<Bytes, Status> {
+    pub fn recall(&self, hash: &[u8], index: usize) -> Result<ItemPrint, Status> {
         match self.lock().items.get(hash) {
-            Some(data) => Ok(data.clone()),
+            Some(print) => Ok(*print),
             None => Err(Status::not_found(format!(
                 "mm item {index}: {} (content hash {}…): send its pixels",
                 iris_transport::RECALL_MISS,
@@ -103,18 +109,22 @@ mod tests {
         Bytes::from(vec![fill; n])
     }
 
+    fn print(n: usize, fill: u8) -> ItemPrint {
+        crate::model::print_of(&bytes(n, fill))
+    }
+
     #[test]
     fn kept_items_are_recalled_and_the_least_recent_go_first() {
         let cache = ItemCache::new(10);
         let (a, b, c) = (bytes(1, 1), bytes(1, 2), bytes(1, 3));
-        cache.put(&a, &bytes(4, 0xa));
-        cache.put(&b, &bytes(4, 0xb));
+        cache.put(&a, print(4, 0xa));
+        cache.put(&b, print(4, 0xb));
         assert_eq!(
             cache.recall(&a, 0).unwrap(),
-            bytes(4, 0xa),
+            print(4, 0xa),
             "a is now the most recent"
         );
-        cache.put(&c, &bytes(4, 0xc));
+        cache.put(&c, print(4, 0xc));
         assert_eq!(cache.held(), (2, 8));
         let miss = cache.recall(&b, 3).unwrap_err();
         assert_eq!(miss.code(), tonic::Code::NotFound);
@@ -134,11 +144,11 @@ mod tests {
     #[test]
     fn oversized_items_and_empty_hashes_are_not_kept() {
         let cache = ItemCache::new(4);
-        cache.put(&bytes(1, 1), &bytes(5, 0));
-        cache.put(&Bytes::new(), &bytes(1, 0));
+        cache.put(&bytes(1, 1), print(5, 0));
+        cache.put(&Bytes::new(), print(1, 0));
         assert_eq!(cache.held(), (0, 0));
-        cache.put(&bytes(1, 1), &bytes(3, 0));
-        cache.put(&bytes(1, 1), &bytes(4, 1));
+        cache.put(&bytes(1, 1), print(3, 0));
+        cache.put(&bytes(1, 1), print(4, 1));
         assert_eq!(cache.held(), (1, 4), "a second put replaces the first");
         assert!(item_cache(0).is_none());
     }

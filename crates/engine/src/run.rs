@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::inflight::Registration;
-use crate::model::{Finish, PromptState, Sequence};
+use crate::model::{print_of, Finish, ItemPrint, PromptState, Sequence};
 use crate::output::{Chunk, Completion, Event, Logprobs};
 use crate::prefix::Admitted;
 use crate::request::{ItemSource, KvAddress, Plan};
@@ -86,20 +86,29 @@ async fn prefill(engine: &Engine, plan: &Plan) -> Result<(PromptState, Option<Ad
     let wait = engine.config.transfer_wait;
     let fetches = plan.items.iter().enumerate().map(|(i, item)| async move {
         match item {
-            ItemSource::Pixels { tensor, hash } => {
-                let bytes = engine.payloads.read(tensor).await?;
-                if let Some(cache) = &engine.items {
-                    cache.put(hash, &bytes);
-                }
-                Ok(bytes)
+            ItemSource::Pixels { tensor, .. } => {
+                engine.payloads.read(tensor).await.map(Fetched::Bytes)
             }
-            ItemSource::Recall { tensor, hash } => recall(engine, tensor, hash, i),
-            ItemSource::Embedding { host, port, room } => {
-                engine.peers.fetch_embedding(host, *port, *room, wait).await
+            ItemSource::Recall { tensor, hash } => {
+                recall(engine, tensor, hash, i).map(Fetched::Print)
             }
+            ItemSource::Embedding { host, port, room } => engine
+                .peers
+                .fetch_embedding(host, *port, *room, wait)
+                .await
+                .map(Fetched::Bytes),
         }
     });
-    let items: Vec<Bytes> = futures::future::try_join_all(fetches).await?;
+    let fetched: Vec<Fetched> = futures::future::try_join_all(fetches).await?;
+    let prints = tokio::task::spawn_blocking(move || {
+        fetched
+            .iter()
+            .map(Fetched::print)
+            .collect::<Vec<ItemPrint>>()
+    })
+    .await
+    .map_err(|e| Status::internal(format!("prefill task failed: {e}")))?;
+    keep_items(engine, plan, &prints);
     let began = SystemTime::now();
     let admitted = engine
         .prefix
@@ -113,14 +122,38 @@ async fn prefill(engine: &Engine, plan: &Plan) -> Result<(PromptState, Option<Ad
     let cached = admitted.as_ref().map_or(0, |a| a.cached_tokens as usize);
     let uncached = u32::try_from(plan.input_ids.len().saturating_sub(cached)).unwrap_or(u32::MAX);
     compute_prefill(engine, uncached).await?;
-    let input_ids = plan.input_ids.clone();
     let resumed = plan.constrained_prefix_tokens as usize;
-    let state = tokio::task::spawn_blocking(move || {
-        PromptState::prefill_resuming(&input_ids, items.iter().map(|b| &b[..]), resumed)
-    })
-    .await
-    .map_err(|e| Status::internal(format!("prefill task failed: {e}")))?;
+    let state = PromptState::from_prints(&plan.input_ids, &prints, resumed);
     Ok((state, admitted))
+}
+
+/// An item as fetched: its bytes, or (a recall) the print kept of them.
+enum Fetched {
+    Bytes(Bytes),
+    Print(ItemPrint),
+}
+
+impl Fetched {
+    /// Its print (hashes every byte of fetched bytes: a blocking thread's
+    /// work).
+    fn print(&self) -> ItemPrint {
+        match self {
+            Fetched::Bytes(bytes) => print_of(bytes),
+            Fetched::Print(print) => *print,
+        }
+    }
+}
+
+/// Keeps the prints of the items that came with their pixels, for recalls.
+fn keep_items(engine: &Engine, plan: &Plan, prints: &[ItemPrint]) {
+    let Some(cache) = &engine.items else {
+        return;
+    };
+    for (item, print) in plan.items.iter().zip(prints) {
+        if let ItemSource::Pixels { hash, .. } = item {
+            cache.put(hash, *print);
+        }
+    }
 }
 
 /// The bytes of item `index`, sent by content hash alone: from the item
@@ -131,23 +164,23 @@ fn recall(
     tensor: &TensorData,
     hash: &[u8],
     index: usize,
-) -> Result<Bytes, Status> {
+) -> Result<ItemPrint, Status> {
     let Some(cache) = &engine.items else {
         return Err(Status::invalid_argument(format!(
             "mm item {index}: encoder_input has no payload, and this worker keeps no items to recall (--mm-item-cache-mb 0)"
         )));
     };
-    let bytes = cache.recall(hash, index)?;
+    let print = cache.recall(hash, index)?;
     let expected = iris_proto::tensor::DType::parse(&tensor.dtype)
         .and_then(|dtype| iris_proto::tensor::byte_len(&tensor.shape, dtype))
         .map_err(|e| Status::invalid_argument(format!("mm item {index}, encoder_input: {e}")))?;
-    if bytes.len() as u64 != expected {
+    if print.0 != expected {
         return Err(Status::invalid_argument(format!(
             "mm item {index}: its content hash names a kept item of {} bytes, but encoder_input declares {expected}",
-            bytes.len()
+            print.0
         )));
     }
-    Ok(bytes)
+    Ok(print)
 }
 
 /// The simulated compute of `uncached` prompt tokens, queued behind the
