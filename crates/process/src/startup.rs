@@ -22,11 +22,44 @@ pub fn block_on(work: impl std::future::Future<Output = anyhow::Result<()>>) -> 
 /// when it is taken or not allowed, `--host` when the address is not one
 /// of this machine's or does not resolve, e.g. `cannot listen on
 /// 127.0.0.1:8000 (--port): Address already in use (os error 98)`.
+///
+/// The accept backlog is [`LISTEN_BACKLOG`] (the kernel caps it at
+/// `net.core.somaxconn`): a burst of new connections waits there for the
+/// accept loop instead of having its SYNs dropped (a client then waits a
+/// second to retransmit).
 pub async fn listen(host: &str, port: u16, port_flag: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind((host, port)).await.map_err(|err| {
+    bind(host, port).await.map_err(|err| {
         let flag = blamed_flag(err.kind(), port_flag);
         anyhow::Error::new(err).context(format!("cannot listen on {host}:{port} ({flag})"))
     })
+}
+
+/// Connections the kernel queues for `accept` per listener.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds the first address `host:port` resolves to that binds.
+async fn bind(host: &str, port: u16) -> std::io::Result<TcpListener> {
+    let mut last = None;
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        let socket = match addr {
+            std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        match socket
+            .bind(addr)
+            .and_then(|()| socket.listen(LISTEN_BACKLOG))
+        {
+            Ok(listener) => return Ok(listener),
+            Err(err) => last = Some(err),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            ErrorKind::AddrNotAvailable,
+            "the host resolves to no address",
+        )
+    }))
 }
 
 /// The flag a failed bind of kind `kind` is the fault of.

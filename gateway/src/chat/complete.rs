@@ -16,9 +16,8 @@ use iris_openai::{
     unix_now, ApiError, AssistantMessage, CalledFunction, ChatCompletion, Choice, ChoiceLogprobs,
     FinishReason, MessageToolCall, Usage,
 };
-use iris_proto::scheduler::{generate_response::Response as Reply, GenerateComplete};
 
-use crate::http::errors::{stream_ended, worker_error};
+use crate::http::replies;
 use crate::http::{unary, Failure, Ledger};
 use crate::metrics::{Outcome, Stage};
 use crate::output::OutputPlan;
@@ -45,7 +44,7 @@ async fn run(ledger: &Ledger, mut prepared: ReadyConversation) -> Result<(Vec<u8
     // Prompt tokens the worker served from its prefix cache.
     let mut cached_tokens = 0;
     while answered.iter().any(Option::is_none) {
-        let complete = await_complete(&mut generation).await?;
+        let complete = replies::await_complete(&mut generation).await?;
         cached_tokens = cached_tokens.max(complete.cached_tokens);
         let index = complete.index as usize;
         if complete.finish_reason == "abort" {
@@ -105,28 +104,6 @@ pub(super) fn bad_index(generation: &Generation, index: usize, n: usize) -> Fail
         generation.worker.url
     ));
     (error, Outcome::UpstreamError)
-}
-
-/// The next GenerateComplete of the generation (stream chunks are skipped).
-async fn await_complete(generation: &mut Generation) -> Result<GenerateComplete, Failure> {
-    loop {
-        match generation.next().await {
-            Some(Ok(response)) => {
-                if let Some(Reply::Complete(complete)) = response.response {
-                    return Ok(complete);
-                }
-            }
-            Some(Err(status)) => {
-                return Err(worker_error(&generation.worker.url.to_string(), &status))
-            }
-            None => {
-                return Err((
-                    stream_ended(&generation.worker.url.to_string()),
-                    Outcome::UpstreamError,
-                ))
-            }
-        }
-    }
 }
 
 /// The assistant message for `text`: its reasoning and tool calls parsed

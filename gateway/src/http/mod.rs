@@ -17,6 +17,7 @@ pub mod body;
 pub mod errors;
 pub mod generate;
 pub mod record;
+pub mod replies;
 pub mod serve;
 pub mod sse;
 pub mod unary;

@@ -22,7 +22,8 @@ use super::request::Context;
 use super::unary::reasoning_tokens;
 use super::{save, ReadyResponse};
 use crate::chat::choice::{ChoiceText, Visible};
-use crate::http::errors::{stream_ended, worker_error};
+use crate::http::errors::stream_ended;
+use crate::http::replies;
 use crate::http::sse::{self, Events};
 use crate::http::{Failure, Ledger};
 use crate::metrics::Outcome;
@@ -131,21 +132,11 @@ impl Events for ResponseEvents {
     }
 
     async fn next(&mut self) -> Option<Result<Self::Event, Failure>> {
-        match self.generation.next().await? {
-            Ok(response) => Some(Ok(response.response)),
-            Err(status) => {
-                let worker = self.generation.worker.url.to_string();
-                Some(Err(worker_error(&worker, &status)))
-            }
-        }
+        replies::next_reply(&mut self.generation).await
     }
 
     fn carries_tokens(event: &Self::Event) -> bool {
-        match event {
-            Some(Reply::Chunk(chunk)) => !chunk.token_ids.is_empty(),
-            Some(Reply::Complete(complete)) => !complete.output_ids.is_empty(),
-            None => false,
-        }
+        replies::carries_tokens(event)
     }
 
     fn event(&mut self, out: &mut BytesMut, event: Self::Event) -> Result<bool, Failure> {

@@ -10,15 +10,13 @@ use axum::response::Response;
 use bytes::BytesMut;
 use iris_openai::{ApiError, FinishReason};
 use iris_parsers::Piece;
-use iris_proto::scheduler::{generate_response::Response as Reply, GenerateComplete};
 
 use super::object::{response, Counts, Output, Status};
 use super::{save, ReadyResponse};
 use crate::chat::choice::ChoiceText;
-use crate::http::errors::{stream_ended, worker_error};
+use crate::http::replies;
 use crate::http::{unary, Failure, Ledger};
 use crate::metrics::{Outcome, Stage};
-use crate::router::Generation;
 use crate::server::AppState;
 
 pub async fn respond(state: Arc<AppState>, ledger: Ledger, ready: ReadyResponse) -> Response {
@@ -41,7 +39,7 @@ async fn run(
     let generating = Instant::now();
     let tokenizer = conversation.served.prompter.tokenizer().clone();
     let mut text = ChoiceText::new(tokenizer.clone(), conversation.stop.clone(), false);
-    let complete = await_complete(&mut generation).await?;
+    let complete = replies::await_complete(&mut generation).await?;
     if complete.finish_reason == "abort" {
         return Err((
             ApiError::bad_gateway("the worker aborted the request"),
@@ -109,26 +107,4 @@ pub(super) fn reasoning_tokens(tokenizer: &tokenizers::Tokenizer, reasoning: &st
         .encode(reasoning, false)
         .map(|e| e.len() as u32)
         .unwrap_or(0)
-}
-
-/// The generation's GenerateComplete (stream chunks are skipped).
-async fn await_complete(generation: &mut Generation) -> Result<GenerateComplete, Failure> {
-    loop {
-        match generation.next().await {
-            Some(Ok(response)) => {
-                if let Some(Reply::Complete(complete)) = response.response {
-                    return Ok(complete);
-                }
-            }
-            Some(Err(status)) => {
-                return Err(worker_error(&generation.worker.url.to_string(), &status))
-            }
-            None => {
-                return Err((
-                    stream_ended(&generation.worker.url.to_string()),
-                    Outcome::UpstreamError,
-                ))
-            }
-        }
-    }
 }
