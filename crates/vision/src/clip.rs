@@ -15,7 +15,7 @@ use crate::layout::planar_chw;
 use crate::normalize::{Normalization, OutElem};
 use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 use crate::pool::PooledVec;
-use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
+use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
 use crate::resize::{self, resize_into};
 use crate::scratch::Scratch;
 
@@ -115,18 +115,14 @@ impl Processor for ClipProcessor {
     }
 
     fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
-        let n = &self.norm;
-        fnv1a(&format!(
-            "clip|{}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|pillow-12.2-bicubic",
-            self.shortest_edge,
-            self.crop_size,
-            self.patch_size,
-            n.rescale_factor.to_bits(),
-            n.mean.map(f32::to_bits),
-            n.std.map(f32::to_bits),
-            opts.dtype,
-            opts.limits,
-        ))
+        fingerprint_of(
+            format_args!(
+                "clip|{}|{:?}|{}|pillow-12.2-bicubic",
+                self.shortest_edge, self.crop_size, self.patch_size,
+            ),
+            &self.norm,
+            opts,
+        )
     }
 
     fn working_bytes(

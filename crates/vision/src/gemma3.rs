@@ -34,7 +34,7 @@ use crate::layout::planar_chw;
 use crate::normalize::{Normalization, OutElem};
 use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 use crate::pool::PooledVec;
-use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
+use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
 use crate::resize::{self, resize_copy, Bicubic};
 use crate::scratch::Scratch;
 
@@ -236,23 +236,21 @@ impl Processor for Gemma3Processor {
     }
 
     fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
-        let n = &self.norm;
         let p = &self.pan_and_scan;
-        fnv1a(&format!(
-            "gemma3|{:?}|{:?}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|pillow-12.2",
-            self.size,
-            self.filter,
-            self.tokens_per_image,
-            self.pans(opts),
-            p.min_crop_size,
-            p.max_num_crops,
-            p.min_ratio_to_activate.to_bits(),
-            n.rescale_factor.to_bits(),
-            n.mean.map(f32::to_bits),
-            n.std.map(f32::to_bits),
-            opts.dtype,
-            opts.limits,
-        ))
+        fingerprint_of(
+            format_args!(
+                "gemma3|{:?}|{:?}|{}|{}|{}|{}|{}|pillow-12.2",
+                self.size,
+                self.filter,
+                self.tokens_per_image,
+                self.pans(opts),
+                p.min_crop_size,
+                p.max_num_crops,
+                p.min_ratio_to_activate.to_bits(),
+            ),
+            &self.norm,
+            opts,
+        )
     }
 
     fn working_bytes(

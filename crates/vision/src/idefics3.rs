@@ -38,7 +38,7 @@ use crate::layout::planar_chw;
 use crate::normalize::{Normalization, OutElem};
 use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 use crate::pool::PooledVec;
-use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
+use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
 use crate::resize::{self, resize_copy, Bicubic};
 use crate::scratch::Scratch;
 
@@ -239,20 +239,18 @@ impl Processor for Idefics3Processor {
     }
 
     fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
-        let n = &self.norm;
-        fnv1a(&format!(
-            "idefics3|{}|{}|{}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|pillow-12.2",
-            self.longest_edge,
-            self.tile,
-            self.do_image_splitting,
-            self.filter,
-            self.image_seq_len,
-            n.rescale_factor.to_bits(),
-            n.mean.map(f32::to_bits),
-            n.std.map(f32::to_bits),
-            opts.dtype,
-            opts.limits,
-        ))
+        fingerprint_of(
+            format_args!(
+                "idefics3|{}|{}|{}|{:?}|{}|pillow-12.2",
+                self.longest_edge,
+                self.tile,
+                self.do_image_splitting,
+                self.filter,
+                self.image_seq_len,
+            ),
+            &self.norm,
+            opts,
+        )
     }
 
     fn working_bytes(

@@ -41,7 +41,7 @@ use crate::layout::planar_chw;
 use crate::normalize::{Normalization, OutElem};
 use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 use crate::pool::PooledVec;
-use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
+use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
 use crate::resize::{self, resize_into};
 use crate::scratch::Scratch;
 
@@ -358,20 +358,14 @@ impl Processor for AnyresProcessor {
     }
 
     fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
-        let n = &self.norm;
-        fnv1a(&format!(
-            "anyres|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|pillow-12.2-bicubic",
-            self.family,
-            self.grid_pinpoints,
-            self.tile,
-            self.patch_size,
-            self.max_num_patches,
-            n.rescale_factor.to_bits(),
-            n.mean.map(f32::to_bits),
-            n.std.map(f32::to_bits),
-            opts.dtype,
-            opts.limits,
-        ))
+        fingerprint_of(
+            format_args!(
+                "anyres|{:?}|{:?}|{}|{}|{:?}|pillow-12.2-bicubic",
+                self.family, self.grid_pinpoints, self.tile, self.patch_size, self.max_num_patches,
+            ),
+            &self.norm,
+            opts,
+        )
     }
 
     fn working_bytes(

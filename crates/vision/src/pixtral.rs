@@ -24,7 +24,7 @@ use crate::layout::planar_chw;
 use crate::normalize::{Normalization, OutElem};
 use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 use crate::pool::PooledVec;
-use crate::processor::{fnv1a, split_image, PreprocessOptions, Processor};
+use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
 use crate::resize::{self, resize_copy, Bicubic};
 use crate::scratch::Scratch;
 
@@ -109,19 +109,14 @@ impl Processor for PixtralProcessor {
     }
 
     fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
-        let n = &self.norm;
-        fnv1a(&format!(
-            "pixtral|{}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|pillow-12.2",
-            self.longest_edge,
-            self.patch,
-            self.spatial_merge_size,
-            self.filter,
-            n.rescale_factor.to_bits(),
-            n.mean.map(f32::to_bits),
-            n.std.map(f32::to_bits),
-            opts.dtype,
-            opts.limits,
-        ))
+        fingerprint_of(
+            format_args!(
+                "pixtral|{}|{:?}|{}|{:?}|pillow-12.2",
+                self.longest_edge, self.patch, self.spatial_merge_size, self.filter,
+            ),
+            &self.norm,
+            opts,
+        )
     }
 
     fn working_bytes(

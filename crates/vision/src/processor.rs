@@ -143,6 +143,24 @@ pub(crate) fn split_image(opts: &PreprocessOptions, pixels: usize) -> bool {
 }
 
 /// FNV-1a over a canonical description: fingerprints that survive restarts.
+/// A processor's fingerprint ([`Processor::fingerprint`]): `own` (its
+/// name and settings, formatted) with its normalisation and the options
+/// that change every family's output (dtype, decode limits).
+pub(crate) fn fingerprint_of(
+    own: std::fmt::Arguments<'_>,
+    norm: &crate::normalize::Normalization,
+    opts: &PreprocessOptions,
+) -> u64 {
+    fnv1a(&format!(
+        "{own}|{}|{:?}|{:?}|{:?}|{:?}",
+        norm.rescale_factor.to_bits(),
+        norm.mean.map(f32::to_bits),
+        norm.std.map(f32::to_bits),
+        opts.dtype,
+        opts.limits,
+    ))
+}
+
 pub(crate) fn fnv1a(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
