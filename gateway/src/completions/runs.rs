@@ -3,8 +3,14 @@
 //! events, each already placed on its choice (`prompt * n + index`).
 //! Dropping [`Runs`] aborts every request still generating.
 
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
 use iris_openai::{ApiError, CompletionLogprobs};
-use iris_proto::scheduler::{generate_response::Response as Reply, OutputLogProbs};
+use iris_proto::scheduler::{
+    generate_response::Response as Reply, GenerateResponse, OutputLogProbs,
+};
+use tonic::Status;
 
 use super::choice::{CompletionText, Released};
 use crate::http::errors::{route_error, stream_ended, worker_error};
@@ -40,19 +46,48 @@ impl Event {
     }
 }
 
+/// A generation's next response, read by a future that owns the
+/// generation meanwhile and gives it back.
+type Read = BoxFuture<'static, (Generation, Option<Result<GenerateResponse, Status>>)>;
+
 /// One prompt's worker request.
+///
+/// Its generation is lent to one read at a time, and a read is never
+/// dropped half-way while the request goes on: reading a response may
+/// involve more than one await (settling a prefill leg, starting again
+/// or moving to another worker), and a read dropped there would lose what
+/// it had taken.
 struct Run {
-    generation: Generation,
+    /// `None` while [`Run::read`] holds it.
+    generation: Option<Generation>,
+    read: Option<Read>,
     /// Prompt tokens its worker reported serving from its prefix cache.
     cached_tokens: u32,
     /// Sequences whose GenerateComplete has not arrived.
     open: u32,
+    /// Moves to other workers mid-stream, as of its last response.
+    migrations: u32,
+}
+
+impl Run {
+    /// Starts reading the next response unless a read is under way.
+    fn read(&mut self) {
+        if let Some(mut generation) = self.generation.take() {
+            self.read = Some(Box::pin(async move {
+                let next = generation.next().await;
+                (generation, next)
+            }));
+        }
+    }
 }
 
 /// Every prompt's worker request.
 pub(super) struct Runs {
     runs: Vec<Run>,
     n: u32,
+    /// The run polled first by the next [`Runs::next`], turning so that
+    /// one busy prompt does not starve the others.
+    first: usize,
 }
 
 impl Runs {
@@ -66,45 +101,69 @@ impl Runs {
         let mut runs = Vec::with_capacity(started.len());
         for generation in started {
             runs.push(Run {
-                generation: generation.map_err(route_error)?,
+                generation: Some(generation.map_err(route_error)?),
+                read: None,
                 cached_tokens: 0,
                 open: n,
+                migrations: 0,
             });
         }
-        Ok(Runs { runs, n })
+        Ok(Runs { runs, n, first: 0 })
     }
 
     /// The next event of any prompt; `None` once every sequence of every
-    /// prompt is complete (or aborted by [`Runs::abort`]).
+    /// prompt is complete (or aborted by [`Runs::abort`]). Cancel-safe:
+    /// the reads under way are kept for the next call.
     pub async fn next(&mut self) -> Option<Result<Event, Failure>> {
         loop {
-            let active: Vec<_> = self
-                .runs
-                .iter_mut()
-                .enumerate()
-                .filter(|(_, run)| run.open > 0)
-                .map(|(p, run)| Box::pin(async move { (p, run.generation.next().await) }))
-                .collect();
-            if active.is_empty() {
+            let open = self.runs.iter_mut().filter(|run| run.open > 0);
+            let reading = open.map(Run::read).count();
+            if reading == 0 {
                 return None;
             }
-            let ((p, next), _, rest) = futures::future::select_all(active).await;
-            drop(rest);
+            let (p, (generation, next)) = std::future::poll_fn(|cx| self.poll_reads(cx)).await;
+            let run = &mut self.runs[p];
+            run.migrations = generation.migrations();
+            run.generation = Some(generation);
             if let Some(event) = self.event(p, next) {
                 return Some(event);
             }
         }
     }
 
+    /// The first read that is ready, with its run's index.
+    fn poll_reads(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<(
+        usize,
+        (Generation, Option<Result<GenerateResponse, Status>>),
+    )> {
+        let count = self.runs.len();
+        for p in (0..count).map(|k| (self.first + k) % count) {
+            let run = &mut self.runs[p];
+            let Some(read) = run.read.as_mut() else {
+                continue;
+            };
+            if let Poll::Ready(done) = read.as_mut().poll(cx) {
+                run.read = None;
+                self.first = (p + 1) % count;
+                return Poll::Ready((p, done));
+            }
+        }
+        Poll::Pending
+    }
+
     /// Turns prompt `p`'s response into an event (`None`: nothing in it).
     fn event(
         &mut self,
         p: usize,
-        next: Option<Result<iris_proto::scheduler::GenerateResponse, tonic::Status>>,
+        next: Option<Result<GenerateResponse, Status>>,
     ) -> Option<Result<Event, Failure>> {
         let n = self.n;
         let run = &mut self.runs[p];
-        let worker = run.generation.worker.url.to_string();
+        let generation = run.generation.as_mut()?;
+        let worker = generation.worker.url.to_string();
         let response = match next {
             None => return Some(Err((stream_ended(&worker), Outcome::UpstreamError))),
             Some(Err(status)) => return Some(Err(worker_error(&worker, &status))),
@@ -135,7 +194,7 @@ impl Runs {
             Reply::Complete(c) => {
                 run.open = run.open.saturating_sub(1);
                 if run.open == 0 {
-                    run.generation.finish();
+                    generation.finish();
                 }
                 if c.finish_reason == "abort" {
                     let error = ApiError::bad_gateway("the worker aborted the request");
@@ -152,16 +211,16 @@ impl Runs {
         }))
     }
 
-    /// Prompt tokens the workers served from their prefix caches, summed
-    /// over the prompts.
     /// Moves to other workers mid-stream, over every prompt's request.
     pub fn migrations(&self) -> u32 {
         self.runs
             .iter()
-            .map(|r| r.generation.migrations())
+            .map(|r| r.migrations)
             .fold(0, u32::saturating_add)
     }
 
+    /// Prompt tokens the workers served from their prefix caches, summed
+    /// over the prompts.
     pub fn cached_tokens(&self) -> u32 {
         self.runs
             .iter()
@@ -170,12 +229,16 @@ impl Runs {
     }
 
     /// Aborts prompt `p`'s request if it is still generating (its choices
-    /// all ended in the gateway, on stop strings).
+    /// all ended in the gateway, on stop strings). A read under way is
+    /// dropped with the generation it holds, which aborts its legs.
     pub fn abort(&mut self, p: usize, reason: &str) {
         let run = &mut self.runs[p];
         if run.open > 0 {
             run.open = 0;
-            run.generation.abort(reason);
+            run.read = None;
+            if let Some(generation) = run.generation.as_mut() {
+                generation.abort(reason);
+            }
         }
     }
 

@@ -240,6 +240,12 @@ impl Generation {
     /// failure ends the stream with that failure — unless it comes before
     /// the first token, when the request starts again on other workers
     /// (within `--max-retries`).
+    ///
+    /// Not cancel-safe: one response may take several awaits (settling the
+    /// prefill leg, starting again, moving), and a call dropped between
+    /// them loses what it had taken. Read several generations at once
+    /// with futures that own them (as `completions::runs` does), never by
+    /// dropping the slower calls.
     pub async fn next(&mut self) -> Option<Result<GenerateResponse, Status>> {
         loop {
             let failure = match self.next_or_failed_leg().await {
