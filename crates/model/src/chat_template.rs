@@ -53,27 +53,51 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: Option<&serde_json::Value>,
     ) -> Result<String, ModelError> {
-        let mut ctx = match extra {
-            None => Map::new(),
-            Some(serde_json::Value::Object(m)) => m.clone(),
+        let extra = match extra {
+            None => None,
+            Some(serde_json::Value::Object(m)) => Some(m),
             Some(_) => {
                 return Err(ModelError::Template {
                     message: "extra variables must be a JSON object".into(),
                 })
             }
         };
-        ctx.insert("messages".into(), messages.clone());
-        ctx.insert(
-            "add_generation_prompt".into(),
-            serde_json::Value::Bool(add_generation_prompt),
-        );
+        let variables = Variables {
+            extra,
+            messages,
+            add_generation_prompt,
+        };
         let template = self
             .env
             .get_template(NAME)
             .map_err(|e| ModelError::template(&e))?;
         template
-            .render(Value::from(minijinja::value::Serde(&ctx)))
+            .render(Value::from(minijinja::value::Serde(&variables)))
             .map_err(|e| ModelError::template(&e))
+    }
+}
+
+/// A render's variables, borrowed from the caller: `extra`'s, then
+/// `messages` and `add_generation_prompt`, which win over an `extra`
+/// variable of the same name.
+struct Variables<'a> {
+    extra: Option<&'a Map<String, serde_json::Value>>,
+    messages: &'a serde_json::Value,
+    add_generation_prompt: bool,
+}
+
+impl Serialize for Variables<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        const OWN: [&str; 2] = ["messages", "add_generation_prompt"];
+        let mut map = serializer.serialize_map(None)?;
+        let extra = self.extra.into_iter().flatten();
+        for (key, value) in extra.filter(|(key, _)| !OWN.contains(&key.as_str())) {
+            map.serialize_entry(key, value)?;
+        }
+        map.serialize_entry("messages", self.messages)?;
+        map.serialize_entry("add_generation_prompt", &self.add_generation_prompt)?;
+        map.end()
     }
 }
 
