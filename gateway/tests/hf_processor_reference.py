@@ -9,7 +9,8 @@ Reads one JSON object on stdin:
                                   # preprocessor_config.json
      "processor_class": "Gemma3Processor",
      "processor_kwargs": {...},   # the model processor's (processor_config.json)
-     "tokenizer": {...},          # PreTrainedTokenizerFast keyword arguments
+     "tokenizer_class": "PreTrainedTokenizerFast",  # or the class the processor requires
+     "tokenizer": {...},          # its keyword arguments
      "call_kwargs": {...},        # per-call processor arguments
      "conversations": [{"messages": [...], "images": [PNG path, ...]}]}
 
@@ -49,17 +50,35 @@ def image_processor(model_dir):
     return cls(**config)
 
 
+def images_only(cls):
+    """`cls` accepting no video processor: building one needs torchvision,
+    and a call with images only never uses it."""
+
+    class ImagesOnly(cls):
+        def check_argument_for_proper_class(self, name, argument):
+            if name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(name, argument)
+
+    return ImagesOnly
+
+
 def processor(request):
     model_dir = Path(request["model_dir"])
-    tokenizer = transformers.PreTrainedTokenizerFast(
+    tokenizer_class = getattr(transformers, request["tokenizer_class"])
+    tokenizer = tokenizer_class(
         tokenizer_file=str(model_dir / "tokenizer.json"), **request["tokenizer"]
     )
     cls = getattr(transformers, request["processor_class"])
+    kwargs = dict(request["processor_kwargs"])
+    if "video_processor" in cls.attributes:
+        cls = images_only(cls)
+        kwargs["video_processor"] = None
     return cls(
         image_processor=image_processor(model_dir),
         tokenizer=tokenizer,
         chat_template=(model_dir / "chat_template.jinja").read_text(),
-        **request["processor_kwargs"],
+        **kwargs,
     )
 
 

@@ -38,7 +38,8 @@ const NEWLINES_ID: u32 = iris_model::tiny::ORDINARY_VOCAB_SIZE;
 
 /// One family's model directory and conversations.
 struct Family {
-    /// The chat template's file in tests/data/templates.
+    /// The chat template's file, from the gateway crate (a `.json` one
+    /// holds it in its `chat_template` field).
     template: &'static str,
     /// Special tokens, in id order after [`NEWLINES_ID`].
     specials: Vec<String>,
@@ -53,7 +54,9 @@ struct Family {
     /// The transformers processor class and its keyword arguments.
     processor_class: &'static str,
     processor_kwargs: Value,
-    /// Extra `PreTrainedTokenizerFast` arguments (Gemma 3's named tokens).
+    /// The tokenizer class the processor takes, and extra arguments
+    /// (Gemma 3's named tokens).
+    tokenizer_class: &'static str,
     tokenizer_kwargs: Value,
     /// Per-call processor arguments.
     call_kwargs: Value,
@@ -135,7 +138,8 @@ fn gemma3(pan_and_scan: bool) -> Family {
         "<image_soft_token>",
     ];
     Family {
-        template: "gemma3.jinja",
+        template: "tests/data/templates/gemma3.jinja",
+        tokenizer_class: "PreTrainedTokenizerFast",
         specials: specials.iter().map(|s| s.to_string()).collect(),
         bos: "<bos>",
         eos: "<eos>",
@@ -173,7 +177,8 @@ fn smolvlm() -> Family {
         specials.extend((1..=6).map(|col| format!("<row_{row}_col_{col}>")));
     }
     Family {
-        template: "smolvlm.jinja",
+        template: "tests/data/templates/smolvlm.jinja",
+        tokenizer_class: "PreTrainedTokenizerFast",
         specials,
         bos: "<|im_start|>",
         eos: "<end_of_utterance>",
@@ -208,7 +213,8 @@ fn pixtral() -> Family {
         "[IMG_END]",
     ];
     Family {
-        template: "pixtral.jinja",
+        template: "tests/data/templates/pixtral.jinja",
+        tokenizer_class: "PreTrainedTokenizerFast",
         specials: specials.iter().map(|s| s.to_string()).collect(),
         bos: "<s>",
         eos: "</s>",
@@ -265,7 +271,8 @@ fn llava(anyres: bool) -> Family {
         "num_additional_image_tokens": 1,
     });
     Family {
-        template: "llava.jinja",
+        template: "tests/data/templates/llava.jinja",
+        tokenizer_class: "PreTrainedTokenizerFast",
         specials: ["<s>", "</s>", "<image>"]
             .iter()
             .map(|s| s.to_string())
@@ -282,6 +289,76 @@ fn llava(anyres: bool) -> Family {
         conversations: answer_as_parts(
             &[(640, 480), (100, 50), (900, 200)],
             &[(1300, 700), (336, 336)],
+        ),
+    }
+}
+
+/// Qwen2-VL-7B-Instruct's own chat template and image processor config
+/// (crates/model/tests/fixtures): `<|image_pad|>` repeated once per merged
+/// patch.
+fn qwen2_vl() -> Family {
+    let fixture = "../crates/model/tests/fixtures/Qwen2-VL-7B-Instruct";
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let preprocessor = read_json(&manifest.join(fixture).join("preprocessor_config.json"));
+    let specials = iris_model::tiny::SPECIAL_TOKENS.map(|(t, _)| t.to_owned());
+    Family {
+        template: "../crates/model/tests/fixtures/Qwen2-VL-7B-Instruct/chat_template.json",
+        tokenizer_class: "Qwen2TokenizerFast",
+        specials: specials.to_vec(),
+        bos: "<|endoftext|>",
+        eos: "<|im_end|>",
+        image_token: "<|image_pad|>",
+        preprocessor,
+        processor_config: json!({"processor_class": "Qwen2VLProcessor"}),
+        processor_class: "Qwen2VLProcessor",
+        processor_kwargs: json!({}),
+        tokenizer_kwargs: json!({}),
+        call_kwargs: json!({}),
+        conversations: conversations(
+            as_array,
+            &[(640, 480), (100, 50), (300, 900)],
+            &[(1300, 700), (56, 56)],
+        ),
+    }
+}
+
+/// LLaVA-OneVision: `<image>` repeated once per feature of the image's
+/// tiles (anyres_max_9), each image on its own (the flat call).
+fn llava_onevision() -> Family {
+    let kwargs = json!({
+        "num_image_tokens": 729, "vision_aspect_ratio": "anyres_max_9",
+        "vision_feature_select_strategy": "full",
+    });
+    let pinpoints: Vec<[u32; 2]> = (1..=6)
+        .flat_map(|i| (1..=6).map(move |j| [i * 384, j * 384]))
+        .collect();
+    Family {
+        template: "tests/data/templates/llava_onevision.jinja",
+        tokenizer_class: "PreTrainedTokenizerFast",
+        specials: ["<|im_start|>", "<|im_end|>", "<image>", "<video>"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        bos: "<|im_start|>",
+        eos: "<|im_end|>",
+        image_token: "<image>",
+        preprocessor: json!({
+            "image_processor_type": "LlavaOnevisionImageProcessor",
+            "do_convert_rgb": true, "do_normalize": true, "do_pad": true,
+            "do_rescale": true, "do_resize": true,
+            "image_grid_pinpoints": pinpoints,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+            "resample": 3, "rescale_factor": 0.00392156862745098,
+            "size": {"height": 384, "width": 384},
+        }),
+        processor_config: kwargs.clone(),
+        processor_class: "LlavaOnevisionProcessor",
+        processor_kwargs: kwargs,
+        tokenizer_kwargs: json!({}),
+        call_kwargs: json!({}),
+        conversations: answer_as_parts(
+            &[(640, 480), (100, 50), (900, 200)],
+            &[(1300, 700), (384, 384)],
         ),
     }
 }
@@ -342,10 +419,15 @@ fn write_model(family: &Family, dir: &Path) {
     write_json(&dir.join("config.json"), &config);
     write_json(&dir.join("preprocessor_config.json"), &family.preprocessor);
     write_json(&dir.join("processor_config.json"), &family.processor_config);
-    let template = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/templates")
-        .join(family.template);
-    std::fs::copy(&template, dir.join("chat_template.jinja")).expect("copy the template");
+    let template = Path::new(env!("CARGO_MANIFEST_DIR")).join(family.template);
+    let source = match template.extension().and_then(|e| e.to_str()) {
+        Some("json") => read_json(&template)["chat_template"]
+            .as_str()
+            .expect("a chat_template string")
+            .to_owned(),
+        _ => std::fs::read_to_string(&template).expect("read the template"),
+    };
+    std::fs::write(dir.join("chat_template.jinja"), source).expect("write the template");
 }
 
 fn special_id(index: usize) -> u32 {
@@ -427,6 +509,7 @@ fn reference(family: &Family, dir: &Path, prepared: &[Prepared]) -> Vec<Vec<u32>
         "model_dir": dir,
         "processor_class": family.processor_class,
         "processor_kwargs": family.processor_kwargs,
+        "tokenizer_class": family.tokenizer_class,
         "tokenizer": tokenizer,
         "call_kwargs": family.call_kwargs,
         "conversations": prepared.iter().map(|p| json!({
@@ -603,4 +686,14 @@ async fn llava_prompts_equal_llava_processor() {
 #[tokio::test]
 async fn llava_next_prompts_equal_llava_next_processor() {
     check_family("llava_next", llava(true)).await;
+}
+
+#[tokio::test]
+async fn qwen2_vl_prompts_equal_qwen2_vl_processor() {
+    check_family("qwen2_vl", qwen2_vl()).await;
+}
+
+#[tokio::test]
+async fn llava_onevision_prompts_equal_llava_onevision_processor() {
+    check_family("llava_onevision", llava_onevision()).await;
 }
