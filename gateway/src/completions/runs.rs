@@ -135,10 +135,7 @@ impl Runs {
     }
 
     /// The first read that is ready, with its run's index.
-    fn poll_reads(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<(usize, ReadDone)> {
+    fn poll_reads(&mut self, cx: &mut Context<'_>) -> Poll<(usize, ReadDone)> {
         let count = self.runs.len();
         for p in (0..count).map(|k| (self.first + k) % count) {
             let run = &mut self.runs[p];
