@@ -7,7 +7,10 @@
 //! `tojson` filter that formats like Python's `json.dumps(ensure_ascii=False)`
 //! (`", "` and `": "` separators, optional `indent`, no HTML escaping).
 //! Values are immutable in minijinja, so in-place `list.append` is not
-//! available; templates that build lists with `+` work.
+//! available; templates that build lists with `+` work. `transformers`'
+//! `{% generation %}…{% endgeneration %}` blocks (which mark the
+//! assistant's tokens for training masks, as in LLaVA's templates) render
+//! their body, as they do in `apply_chat_template`.
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Kwargs, Value};
@@ -39,7 +42,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, source.to_string())
+        env.add_template_owned(NAME, generation_blocks(source))
             .map_err(|e| ModelError::template(&e))?;
         Ok(ChatTemplate { env })
     }
@@ -98,6 +101,49 @@ impl Serialize for Variables<'_> {
         map.serialize_entry("messages", self.messages)?;
         map.serialize_entry("add_generation_prompt", &self.add_generation_prompt)?;
         map.end()
+    }
+}
+
+/// `source` with each `{% generation %}` tag written `{% if true %}` and
+/// each `{% endgeneration %}` `{% endif %}`, whitespace control kept:
+/// minijinja has no such tag, and outside training masks it only renders
+/// its body.
+fn generation_blocks(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at + 2..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str("{%");
+            rest = tag;
+            break;
+        };
+        out.push_str(&block_tag(&tag[..end]));
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// One block tag, `inner` the text between `{%` and `%}`: a generation
+/// tag rewritten, any other as it is.
+fn block_tag(inner: &str) -> String {
+    let open = if inner.starts_with(['-', '+']) {
+        &inner[..1]
+    } else {
+        ""
+    };
+    let body = &inner[open.len()..];
+    let close = if body.ends_with(['-', '+']) {
+        &body[body.len() - 1..]
+    } else {
+        ""
+    };
+    match body[..body.len() - close.len()].trim() {
+        "generation" => format!("{{%{open} if true {close}%}}"),
+        "endgeneration" => format!("{{%{open} endif {close}%}}"),
+        _ => format!("{{%{inner}%}}"),
     }
 }
 
@@ -176,5 +222,25 @@ impl serde_json::ser::Formatter for PyFormatter {
         writer: &mut W,
     ) -> std::io::Result<()> {
         writer.write_all(b": ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// LLaVA's templates wrap the assistant's text in `{% generation %}`:
+    /// it renders as its body, whitespace control kept.
+    #[test]
+    fn generation_blocks_render_their_body() {
+        let source = "{% for m in messages %}{%- generation -%} {{ m.content }} {% endgeneration %}|{% endfor %}";
+        assert_eq!(
+            generation_blocks(source),
+            "{% for m in messages %}{%- if true -%} {{ m.content }} {% endif %}|{% endfor %}"
+        );
+        let template = ChatTemplate::new(source).unwrap();
+        let messages = serde_json::json!([{"content": "a"}, {"content": "b"}]);
+        assert_eq!(template.render(&messages, false, None).unwrap(), "a |b |");
+        assert_eq!(generation_blocks("50%} {% x"), "50%} {% x");
     }
 }

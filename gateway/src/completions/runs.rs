@@ -48,7 +48,10 @@ impl Event {
 
 /// A generation's next response, read by a future that owns the
 /// generation meanwhile and gives it back.
-type Read = BoxFuture<'static, (Generation, Option<Result<GenerateResponse, Status>>)>;
+type Read = BoxFuture<'static, ReadDone>;
+
+/// What a finished read gives back: the generation and its next response.
+type ReadDone = (Generation, Option<Result<GenerateResponse, Status>>);
 
 /// One prompt's worker request.
 ///
@@ -132,13 +135,7 @@ impl Runs {
     }
 
     /// The first read that is ready, with its run's index.
-    fn poll_reads(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<(
-        usize,
-        (Generation, Option<Result<GenerateResponse, Status>>),
-    )> {
+    fn poll_reads(&mut self, cx: &mut Context<'_>) -> Poll<(usize, ReadDone)> {
         let count = self.runs.len();
         for p in (0..count).map(|k| (self.first + k) % count) {
             let run = &mut self.runs[p];
