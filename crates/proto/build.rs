@@ -13,7 +13,9 @@ const PROTOS: [&str; 6] = [
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // Read when the script runs, not when it was compiled: one build script
+    // binary serves every checkout sharing a target directory.
+    let proto_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
     for file in PROTOS {
         println!("cargo:rerun-if-changed={}", proto_dir.join(file).display());
     }
