@@ -12,6 +12,11 @@ quoted when a process fails to start.
 ``deployment`` (module scope) is parametrized over the two ways of serving:
 ``aggregated`` (one aggregated worker) and ``pd`` (one prefill and one
 decode worker with ``--pd-disaggregation``).
+
+``postgres_server`` (session scope) is a throwaway PostgreSQL server
+(Debian's ``initdb`` and ``pg_ctl``, owned by the ``postgres`` user when
+the tests run as root) for the shared response store; its tests fail,
+never skip, when PostgreSQL is not installed.
 """
 
 from __future__ import annotations
