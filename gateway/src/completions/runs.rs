@@ -48,7 +48,9 @@ impl Event {
 
 /// A generation's next response, read by a future that owns the
 /// generation meanwhile and gives it back.
-type Read = BoxFuture<'static, (Generation, Option<Result<GenerateResponse, Status>>)>;
+type Read = BoxFuture<'static, ReadDone>;
+/// What a read gives back: its generation and the generation's next reply.
+type ReadDone = (Generation, Option<Result<GenerateResponse, Status>>);
 
 /// One prompt's worker request.
 ///
@@ -132,13 +134,7 @@ impl Runs {
     }
 
     /// The first read that is ready, with its run's index.
-    fn poll_reads(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<(
-        usize,
-        (Generation, Option<Result<GenerateResponse, Status>>),
-    )> {
+    fn poll_reads(&mut self, cx: &mut Context<'_>) -> Poll<(usize, ReadDone)> {
         let count = self.runs.len();
         for p in (0..count).map(|k| (self.first + k) % count) {
             let run = &mut self.runs[p];
