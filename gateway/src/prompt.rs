@@ -113,10 +113,14 @@ impl Prompter {
     /// template, or the fallback block when the template does not take
     /// them) and its `chat_template_kwargs`. Returns the token ids and the
     /// rendered text (whose end tells whether the template opened
-    /// reasoning). The text is escaped ([`Prompter::render`]).
-    pub fn prompt_for(
+    /// reasoning). The text is escaped ([`Prompter::render`]). Before
+    /// tokenizing, each image's mark becomes its family's structure
+    /// (`items`' expansions) and each Qwen3-VL video's its timestamps
+    /// (`videos`).
+    pub(crate) fn prompt_for(
         &self,
         request: &ChatCompletionRequest,
+        items: &[crate::mm::pixels::ItemLayout],
         videos: &[Option<Vec<String>>],
     ) -> Result<(Vec<u32>, String), ApiError> {
         let mut messages = iris_openai::template_messages(&request.messages);
@@ -145,6 +149,7 @@ impl Prompter {
             Ending::GenerationPrompt
         };
         let text = self.render_with(messages, &vars, ending)?;
+        let text = crate::mm::items::expand_image_marks(text, items)?;
         let text = crate::mm::video::timestamp_videos(text, videos)?;
         let ids = self.encode(&text)?;
         Ok((ids, text))

@@ -4,6 +4,9 @@
 
 #![forbid(unsafe_code)]
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     iris_process::return_large_allocations();
     let code = iris_cli::main(std::env::args_os());

@@ -56,10 +56,27 @@ pub(crate) fn deserialize<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiErro
     if body.trim_ascii_start().first() != Some(&b'{') {
         return Err(not_an_object(body));
     }
+    // Tracking the path costs on every value; a body that parses needs no
+    // path, so only a failed one is read again to name where it failed.
     let mut de = serde_json::Deserializer::from_slice(body);
-    let request: T = serde_path_to_error::deserialize(&mut de).map_err(path_error)?;
-    de.end().map_err(|e| syntax_error(&e))?;
-    Ok(request)
+    match T::deserialize(&mut de) {
+        Ok(request) => {
+            de.end().map_err(|e| syntax_error(&e))?;
+            Ok(request)
+        }
+        Err(_) => Err(located_error::<T>(body)),
+    }
+}
+
+/// The error of a body that failed to deserialize, with the path of the
+/// value that failed.
+fn located_error<T: DeserializeOwned>(body: &[u8]) -> ApiError {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Err(e) => path_error(e),
+        // Not reached: the same bytes failed a moment ago.
+        Ok(_) => ApiError::bad_request("Invalid request body"),
+    }
 }
 
 /// Maps a `serde_path_to_error` failure to a 400 naming the path.

@@ -1,8 +1,10 @@
 //! gRPC helpers: a stub `TokenSpeedScheduler` whose health answer each
-//! test chooses (everything else UNIMPLEMENTED), serving any tonic router
-//! on a free loopback port, and a scheduler client.
+//! test chooses (everything else UNIMPLEMENTED, Generate requests kept
+//! when asked), serving any tonic router on a free loopback port, and a
+//! scheduler client.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 
 use iris_proto::common::{GetTokenizerChunk, GetTokenizerRequest};
 use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
@@ -28,7 +30,12 @@ pub struct StubScheduler {
     pub healthy: bool,
     /// What GetServerInfo answers (UNIMPLEMENTED when unset).
     pub server_info: Option<GetServerInfoResponse>,
+    /// Where Generate requests are kept, when set ([`Self::recording`]).
+    pub received: Option<Received>,
 }
+
+/// The Generate requests a recording stub received, in order.
+pub type Received = Arc<Mutex<Vec<GenerateRequest>>>;
 
 impl StubScheduler {
     /// A stub that reports healthy.
@@ -37,7 +44,16 @@ impl StubScheduler {
             name: name.to_owned(),
             healthy: true,
             server_info: None,
+            received: None,
         }
+    }
+
+    /// The stub keeping every Generate request it receives (each still
+    /// answered UNIMPLEMENTED): what a gateway sends a worker.
+    pub fn recording(mut self) -> (StubScheduler, Received) {
+        let received = Received::default();
+        self.received = Some(received.clone());
+        (self, received)
     }
 
     /// The stub answering GetServerInfo with `info`.
@@ -66,8 +82,13 @@ impl TokenSpeedScheduler for StubScheduler {
 
     async fn generate(
         &self,
-        _: Request<GenerateRequest>,
+        request: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
+        if let Some(received) = &self.received {
+            if let Ok(mut kept) = received.lock() {
+                kept.push(request.into_inner());
+            }
+        }
         Err(self.unimplemented())
     }
 

@@ -33,6 +33,7 @@ use crate::image::RgbView;
 use crate::layout::planar_chw;
 use crate::normalize::{Normalization, OutElem};
 use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use crate::placeholders::{self, PlaceholderLayout};
 use crate::pool::PooledVec;
 use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
 use crate::resize::{self, resize_copy, Bicubic};
@@ -231,6 +232,12 @@ impl Gemma3Processor {
 }
 
 impl Processor for Gemma3Processor {
+    /// The image and each crop in a `<start_of_image>` block.
+    fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
+        let frames = layout.shape.first().copied().unwrap_or(1);
+        placeholders::gemma3(frames, self.tokens_per_image)
+    }
+
     fn name(&self) -> &'static str {
         "gemma3"
     }

@@ -37,6 +37,7 @@ use crate::image::RgbView;
 use crate::layout::planar_chw;
 use crate::normalize::{Normalization, OutElem};
 use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use crate::placeholders::{self, PlaceholderLayout};
 use crate::pool::PooledVec;
 use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
 use crate::resize::{self, resize_copy, Bicubic};
@@ -234,6 +235,11 @@ impl Idefics3Processor {
 }
 
 impl Processor for Idefics3Processor {
+    /// Each tile tagged with its row and column, then the global image.
+    fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
+        placeholders::idefics3(placeholders::grid(layout), self.image_seq_len)
+    }
+
     fn name(&self) -> &'static str {
         "idefics3"
     }

@@ -14,6 +14,9 @@
 //! - [`resize_bicubic`]: Pillow 12.2.0's fixed-point BICUBIC, vectorised
 //!   (the same passes run Pillow's BILINEAR and LANCZOS for Gemma 3 and
 //!   Idefics3).
+//! - [`PlaceholderLayout`]: where each image's tokens go in the prompt,
+//!   with the structure tokens and text its family's processor writes
+//!   around them ([`placeholders`]).
 //! - [`preprocess_batch`]: many images over rayon.
 //! - [`video`]: video frames → encoder inputs for the Qwen2-VL family
 //!   ([`VideoProcessor`], bit-exact with transformers' video processors).
@@ -39,6 +42,7 @@ mod normalize;
 mod npy;
 mod output;
 mod pixtral;
+pub mod placeholders;
 mod pool;
 mod processor;
 mod qwen;
@@ -66,6 +70,7 @@ pub use normalize::{Normalization, CLIP_MEAN, CLIP_STD};
 pub use npy::write_npy_f32;
 pub use output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 pub use pixtral::PixtralProcessor;
+pub use placeholders::{Expansion, PlaceholderLayout};
 pub use pool::{pool_stats, PoolStats, PooledVec};
 pub use processor::{PreprocessOptions, Processor, INTRA_IMAGE_PARALLEL_PIXELS};
 pub use qwen::{QwenFamily, QwenVlProcessor, QWEN_DEFAULT_MAX_PIXELS, QWEN_DEFAULT_MIN_PIXELS};

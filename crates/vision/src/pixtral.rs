@@ -23,6 +23,7 @@ use crate::image::RgbView;
 use crate::layout::planar_chw;
 use crate::normalize::{Normalization, OutElem};
 use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use crate::placeholders::{self, PlaceholderLayout};
 use crate::pool::PooledVec;
 use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
 use crate::resize::{self, resize_copy, Bicubic};
@@ -104,6 +105,11 @@ impl PixtralProcessor {
 }
 
 impl Processor for PixtralProcessor {
+    /// Rows of `[IMG]` broken by `[IMG_BREAK]`, ended by `[IMG_END]`.
+    fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
+        placeholders::pixtral(placeholders::grid(layout))
+    }
+
     fn name(&self) -> &'static str {
         "pixtral"
     }

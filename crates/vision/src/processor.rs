@@ -4,6 +4,7 @@ use crate::decode::{decode_into, DecodeLimits, ImageInfo};
 use crate::error::VisionError;
 use crate::image::RgbView;
 use crate::output::{OutputDtype, OutputLayout, PreprocessOutput};
+use crate::placeholders::PlaceholderLayout;
 use crate::scratch::{with_scratch, Scratch};
 
 /// Images with at least this many pixels are also split across threads
@@ -91,6 +92,14 @@ pub trait Processor: Send + Sync {
     ) -> Result<OutputLayout, VisionError> {
         let (w, h) = info.oriented_size();
         self.layout_for(w as usize, h as usize, opts)
+    }
+
+    /// Where the image whose output has `layout` goes in the prompt: its
+    /// runs of image tokens and the text its mark in the chat template
+    /// becomes ([`crate::placeholders`]). By default the mark is the image
+    /// token, repeated once per placeholder token.
+    fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
+        PlaceholderLayout::repeated(layout.num_placeholder_tokens)
     }
 
     /// Preprocesses decoded RGB8 pixels using the given scratch buffers.

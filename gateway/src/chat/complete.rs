@@ -30,7 +30,8 @@ pub async fn respond(
     ledger: Ledger,
     prepared: ReadyConversation,
 ) -> Response {
-    let run = run(&ledger, prepared);
+    // Boxed: its future is large and would be copied on every move.
+    let run = Box::pin(run(&ledger, prepared));
     unary::respond(&state, &ledger, run).await
 }
 

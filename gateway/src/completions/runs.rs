@@ -49,7 +49,8 @@ impl Event {
 /// A generation's next response, read by a future that owns the
 /// generation meanwhile and gives it back.
 type Read = BoxFuture<'static, ReadDone>;
-/// What a read gives back: its generation and the generation's next reply.
+
+/// What a finished read gives back: the generation and its next response.
 type ReadDone = (Generation, Option<Result<GenerateResponse, Status>>);
 
 /// One prompt's worker request.

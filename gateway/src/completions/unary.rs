@@ -14,7 +14,8 @@ use crate::request::ReadyPrompts;
 use crate::server::AppState;
 
 pub async fn respond(state: Arc<AppState>, ledger: Ledger, prepared: ReadyPrompts) -> Response {
-    unary::respond(&state, &ledger, run(&ledger, &prepared)).await
+    // Boxed: its future is large and would be copied on every move.
+    unary::respond(&state, &ledger, Box::pin(run(&ledger, &prepared))).await
 }
 
 /// The body and the completion tokens.

@@ -87,9 +87,12 @@ pub async fn serve<E: Endpoint>(State(state): State<Arc<AppState>>, request: Req
 async fn respond<E: Endpoint>(state: Arc<AppState>, body: Body, id: String) -> Response {
     let mut ledger = Ledger::new(E::NAME, id, Instant::now(), state.metrics.clone());
     ledger.error_shape = E::error_response;
-    match prepare::<E>(&state, body, &mut ledger).await {
-        Ok((ready, true)) => E::stream(state, ledger, ready).await,
-        Ok((ready, false)) => E::unary(state, ledger, ready).await,
+    // Each stage's future is boxed: held inline, the largest would make
+    // every enclosing future as large, and each is moved (copied) a few
+    // times on its way to the runtime.
+    match Box::pin(prepare::<E>(&state, body, &mut ledger)).await {
+        Ok((ready, true)) => Box::pin(E::stream(state, ledger, ready)).await,
+        Ok((ready, false)) => Box::pin(E::unary(state, ledger, ready)).await,
         Err(failure) => refused(&ledger, failure),
     }
 }

@@ -1,9 +1,13 @@
-//! Prompt assembly for images: the chat template renders one image token
-//! per image; each is expanded to the image's token count, and each image
-//! becomes a `MultimodalItem` with its tensors, content hash, placeholder
-//! range and placeholder token id. Items are built from the images'
-//! layouts, before their pixels are ready; [`fill_pixels`] puts each
-//! image's tensor in once it is.
+//! Prompt assembly for images: the chat template renders one mark per
+//! image; for the families whose prompts need more than the image token
+//! repeated, each mark is first rewritten in the rendered text with the
+//! image's structure ([`expand_image_marks`], the vision crate's
+//! [`iris_vision::placeholders`]). After tokenizing, each of the image's
+//! runs of image tokens (one token in the text) is expanded to its length,
+//! and each image becomes a `MultimodalItem` with its tensors, content
+//! hash, placeholder ranges and placeholder token id. Items are built from
+//! the images' layouts, before their pixels are ready; [`fill_pixels`]
+//! puts each image's tensor in once it is.
 
 use std::collections::HashMap;
 
@@ -14,6 +18,63 @@ use iris_proto::scheduler::{MultimodalInputs, MultimodalItem, PlaceholderRange, 
 use iris_proto::tensor;
 
 use super::pixels::{ItemLayout, PixelEntry};
+
+/// The rendered prompt's media marks, rewritten before tokenizing: the
+/// `n`-th occurrence of `mark` becomes `replacements[n]` (`None`: it
+/// stays). `None` when the text has fewer marks than replacements;
+/// otherwise the text and whether marks remain after the last one.
+pub fn rewrite_marks(
+    text: &str,
+    mark: &str,
+    replacements: &[Option<&str>],
+) -> Option<(String, bool)> {
+    let extra: usize = replacements.iter().flatten().map(|r| r.len()).sum();
+    let mut out = String::with_capacity(text.len() + extra);
+    let mut rest = text;
+    for replacement in replacements {
+        let at = rest.find(mark)?;
+        out.push_str(&rest[..at]);
+        out.push_str(replacement.unwrap_or(mark));
+        rest = &rest[at + mark.len()..];
+    }
+    out.push_str(rest);
+    Some((out, rest.contains(mark)))
+}
+
+/// Each image's mark in the rendered prompt (in order) becomes its
+/// expansion ([`ItemLayout::expansion`]), as the family's Hugging Face
+/// processor rewrites the text before tokenizing it. Images without one
+/// (the image token repeated) leave the text as it is. A prompt with
+/// fewer or more marks than images is the client's error, as it is the
+/// reference processor's.
+pub fn expand_image_marks(text: String, items: &[ItemLayout]) -> Result<String, ApiError> {
+    let images: Vec<&ItemLayout> = items
+        .iter()
+        .filter(|i| i.modality == Modality::Image)
+        .collect();
+    let Some(mark) = images
+        .iter()
+        .find_map(|i| i.expansion.as_ref())
+        .map(|e| e.mark)
+    else {
+        return Ok(text);
+    };
+    let replacements: Vec<Option<&str>> = images
+        .iter()
+        .map(|i| i.expansion.as_ref().map(|e| e.text.as_str()))
+        .collect();
+    match rewrite_marks(&text, mark, &replacements) {
+        Some((out, false)) => Ok(out),
+        found => Err(ApiError::bad_field(
+            "messages",
+            format!(
+                "the rendered prompt has {} image marks ({mark}) than the request has images ({}); the chat template or the message text does not match them",
+                if found.is_some() { "more" } else { "fewer" },
+                images.len()
+            ),
+        )),
+    }
+}
 
 /// The placeholder token the chat template renders once per item of each
 /// modality (config.json's `image_token_id` and `video_token_id`).
@@ -249,6 +310,44 @@ mod tests {
             .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
             .collect();
         assert_eq!(hw, [480, 640]);
+    }
+
+    /// An image of two runs of 3 tokens whose mark `<m>` becomes `[`,
+    /// a run, `|`, a run, `]`.
+    fn expanded_image() -> ItemLayout {
+        ItemLayout {
+            groups: 2,
+            expansion: Some(iris_vision::Expansion {
+                mark: "<m>",
+                text: format!("[{IMG_TEXT}|{IMG_TEXT}]"),
+            }),
+            ..layout(Modality::Image, 6)
+        }
+    }
+
+    const IMG_TEXT: &str = "<img>";
+
+    /// Each image's mark is rewritten in order; a mark too many or too
+    /// few is a client error; images without an expansion leave the text.
+    #[test]
+    fn image_marks_become_their_expansions() {
+        let two = [expanded_image(), expanded_image()];
+        let out = expand_image_marks("a<m>b<m>c".to_owned(), &two).unwrap();
+        assert_eq!(out, "a[<img>|<img>]b[<img>|<img>]c");
+        let err = expand_image_marks("a<m>b".to_owned(), &two).unwrap_err();
+        assert!(err.message.contains("fewer image marks"), "{}", err.message);
+        let err = expand_image_marks("<m><m><m>".to_owned(), &two).unwrap_err();
+        assert!(err.message.contains("more image marks"), "{}", err.message);
+        let plain = [layout(Modality::Image, 3)];
+        assert_eq!(
+            expand_image_marks("a<m>".to_owned(), &plain).unwrap(),
+            "a<m>"
+        );
+        // After tokenizing, each run's one token takes the run's length.
+        let ids = [1, IMG, 2, IMG, 3];
+        let (expanded, ranges) = expand_placeholders(&ids, TOKENS, &two[..1]).unwrap();
+        assert_eq!(expanded, vec![1, IMG, IMG, IMG, 2, IMG, IMG, IMG, 3]);
+        assert_eq!(flat(&ranges), vec![(1, 3), (5, 3)]);
     }
 
     fn layout(modality: Modality, tokens: usize) -> ItemLayout {

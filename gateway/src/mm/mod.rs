@@ -68,29 +68,35 @@ pub struct Multimodal {
     video: Option<VideoPipeline>,
 }
 
-/// The families whose prompts the gateway builds: each image's token
-/// repeated once per placeholder the processor counts (Qwen-VL, LLaVA-1.5,
-/// LLaVA-NeXT, LLaVA-OneVision, as their Hugging Face processors expand
-/// it).
-const PROMPTS_BUILT: [&str; 5] = [
+/// The families whose prompts the gateway builds as their Hugging Face
+/// processors do: each image's mark in the rendered template replaced by
+/// its [`iris_vision::PlaceholderLayout`] — the image token repeated
+/// (Qwen-VL, LLaVA-1.5, LLaVA-NeXT, LLaVA-OneVision), Gemma 3's
+/// `<start_of_image>` blocks (pan-and-scan crops included), Idefics3 /
+/// SmolVLM's tagged tiles and global image, Pixtral's rows of `[IMG]`
+/// broken by `[IMG_BREAK]` and ended by `[IMG_END]`
+/// (gateway/tests/mm_prompts.rs compares them with the processors').
+const PROMPTS_BUILT: [&str; 8] = [
     "qwen2_vl",
     "qwen3_vl",
     "clip",
     "llava_next",
     "llava_onevision",
+    "gemma3",
+    "idefics3",
+    "pixtral",
 ];
 
 /// Refuses a family whose images the vision crate preprocesses but whose
-/// prompt needs more than the image token repeated (Gemma 3's
-/// `<start_of_image>` blocks, Idefics3's row and column tokens, Pixtral's
-/// `[IMG_BREAK]`/`[IMG_END]`): serving it would send the model wrong
-/// placeholder tokens.
+/// prompt the gateway has not been checked to build as the family's
+/// processor does: serving it could send the model wrong placeholder
+/// tokens.
 fn check_prompts_built(family: &str) -> anyhow::Result<()> {
     if PROMPTS_BUILT.contains(&family) {
         return Ok(());
     }
     anyhow::bail!(
-        "the model's image processor ({family}) is supported for preprocessing, but Iris does not build its prompts yet (its image placeholders need more than the image token repeated); models served: {}",
+        "the model's image processor ({family}) is supported for preprocessing, but Iris does not build its prompts yet (its image placeholders are not known to match its Hugging Face processor's); models served: {}",
         PROMPTS_BUILT.join(", ")
     )
 }
@@ -222,7 +228,8 @@ impl Multimodal {
             .planned_layout(info, &self.options)
             .map_err(|e| vision_error(place, &e))?;
         let content = content_hash(&image.hash, self.fingerprint);
-        let layout = ItemLayout::new(planned, self.options.dtype, content)
+        let placeholders = self.processor.placeholder_layout(&planned);
+        let layout = ItemLayout::new(planned, placeholders, self.options.dtype, content)
             .map_err(|e| ApiError::bad_field(place, format!("{place}: {e}")))?;
         Ok((layout, false))
     }
@@ -399,7 +406,8 @@ impl Multimodal {
             let output = processor
                 .preprocess_bytes(&bytes, &options)
                 .map_err(|e| vision_error(place, &e))?;
-            Ok(PixelEntry::from_output(output, content))
+            let placeholders = processor.placeholder_layout(&output.layout());
+            Ok(PixelEntry::from_output(output, placeholders, content))
         };
         on_cpu_pool(place, in_flight, metrics, work).await
     }
@@ -603,14 +611,14 @@ fn vision_error(place: &str, error: &iris_vision::VisionError) -> ApiError {
 
 #[cfg(test)]
 mod tests {
-    /// A family whose prompts need more than the repeated image token is
-    /// refused at start, naming it.
+    /// Every family the vision crate preprocesses has its prompts built;
+    /// any other is refused at start, naming it.
     #[test]
     fn families_without_built_prompts_are_refused() {
         for family in super::PROMPTS_BUILT {
             assert!(super::check_prompts_built(family).is_ok(), "{family}");
         }
-        for family in ["gemma3", "idefics3", "pixtral"] {
+        for family in ["mllama", "phi3_v"] {
             let err = super::check_prompts_built(family).unwrap_err().to_string();
             assert!(
                 err.contains(family) && err.contains("does not build its prompts"),

@@ -221,6 +221,7 @@ pub(crate) mod testing {
             image_sizes: None,
             tokens,
             groups: 1,
+            expansion: None,
             content_hash: Bytes::from(vec![hash; 32]),
             second_per_grid: None,
         }

@@ -8,7 +8,8 @@ use bytes::Bytes;
 use iris_proto::common::Modality;
 use iris_proto::tensor::DType;
 use iris_vision::{
-    OutputDtype, OutputLayout, PixelValues, PreprocessOutput, VideoLayout, VideoOutput,
+    Expansion, OutputDtype, OutputLayout, PixelValues, PlaceholderLayout, PreprocessOutput,
+    VideoLayout, VideoOutput,
 };
 use sha2::{Digest, Sha256};
 
@@ -25,9 +26,14 @@ pub struct ItemLayout {
     pub image_sizes: Option<[u32; 2]>,
     /// Placeholder tokens the prompt needs for this item.
     pub tokens: usize,
-    /// Runs its tokens come in: 1, or a Qwen3-VL video's temporal groups
-    /// (each behind its own timestamp), `tokens / groups` tokens each.
+    /// Runs its tokens come in, `tokens / groups` tokens each: 1, an
+    /// image's tiles, crops or rows ([`PlaceholderLayout::runs`]), or a
+    /// Qwen3-VL video's temporal groups (each behind its own timestamp).
     pub groups: usize,
+    /// The text the image's mark in the rendered template becomes, for
+    /// families whose prompts need more than the image token repeated
+    /// ([`iris_vision::placeholders`]).
+    pub expansion: Option<Expansion>,
     /// SHA-256 over the file bytes' hash and the preprocessor fingerprint.
     pub content_hash: Bytes,
     /// Seconds of video per temporal patch (Qwen2.5-VL's
@@ -36,9 +42,12 @@ pub struct ItemLayout {
 }
 
 impl ItemLayout {
-    /// The layout the vision crate planned or produced, in wire terms.
+    /// The layout the vision crate planned or produced, in wire terms,
+    /// with the image's place in the prompt (`placeholders`, the
+    /// processor's [`iris_vision::Processor::placeholder_layout`] of it).
     pub fn new(
         layout: OutputLayout,
+        placeholders: PlaceholderLayout,
         dtype: OutputDtype,
         content_hash: Bytes,
     ) -> Result<Self, String> {
@@ -62,8 +71,9 @@ impl ItemLayout {
             dtype,
             grid,
             image_sizes,
-            tokens: layout.num_placeholder_tokens,
-            groups: 1,
+            tokens: placeholders.tokens(),
+            groups: placeholders.runs,
+            expansion: placeholders.expansion,
             content_hash,
             second_per_grid: None,
         })
@@ -87,6 +97,7 @@ impl ItemLayout {
                 Some(_) => t.max(1),
                 None => 1,
             },
+            expansion: None,
             content_hash,
             second_per_grid: layout.second_per_grid_ts,
         })
@@ -113,9 +124,15 @@ pub struct PixelEntry {
 }
 
 impl PixelEntry {
-    /// Takes the processor's output without copying its tensor.
-    pub fn from_output(output: PreprocessOutput, content_hash: Bytes) -> Result<Self, String> {
-        let layout = ItemLayout::new(output.layout(), output.pixel_values.dtype(), content_hash)?;
+    /// Takes the processor's output without copying its tensor;
+    /// `placeholders` places it in the prompt.
+    pub fn from_output(
+        output: PreprocessOutput,
+        placeholders: PlaceholderLayout,
+        content_hash: Bytes,
+    ) -> Result<Self, String> {
+        let dtype = output.pixel_values.dtype();
+        let layout = ItemLayout::new(output.layout(), placeholders, dtype, content_hash)?;
         Ok(PixelEntry::new(output.pixel_values, layout))
     }
 
@@ -194,7 +211,8 @@ mod tests {
         let output = processor.preprocess(&image, &opts).unwrap();
         let expected = output.pixel_values.as_bytes().to_vec();
         let hash = image_hash(b"file bytes");
-        let entry = PixelEntry::from_output(output, content_hash(&hash, 1)).unwrap();
+        let placeholders = processor.placeholder_layout(&output.layout());
+        let entry = PixelEntry::from_output(output, placeholders, content_hash(&hash, 1)).unwrap();
         assert_eq!(&entry.pixels[..], &expected[..]);
         assert_eq!(entry.layout.shape, vec![24, 1176]);
         assert_eq!(entry.layout.grid, Some([1, 6, 4]));

@@ -375,29 +375,23 @@ pub fn timestamp_videos(text: String, videos: &[Option<Vec<String>>]) -> Result<
     if videos.iter().all(Option::is_none) {
         return Ok(text);
     }
-    let mut out = String::with_capacity(text.len() + 64 * videos.len());
-    let mut rest = text.as_str();
-    for stamps in videos {
-        let Some(at) = rest.find(VIDEO_SPAN) else {
-            return Err(ApiError::bad_field(
-                "messages",
-                format!(
-                    "the rendered prompt has fewer video spans ({VIDEO_SPAN}) than the request has videos"
-                ),
-            ));
-        };
-        out.push_str(&rest[..at]);
-        match stamps {
-            Some(stamps) => stamps.iter().for_each(|stamp| {
-                out.push_str(stamp);
-                out.push_str(VIDEO_SPAN);
-            }),
-            None => out.push_str(VIDEO_SPAN),
-        }
-        rest = &rest[at + VIDEO_SPAN.len()..];
+    let stamped: Vec<Option<String>> = videos
+        .iter()
+        .map(|stamps| {
+            let stamps = stamps.as_ref()?;
+            Some(stamps.iter().map(|s| format!("{s}{VIDEO_SPAN}")).collect())
+        })
+        .collect();
+    let replacements: Vec<Option<&str>> = stamped.iter().map(Option::as_deref).collect();
+    match super::items::rewrite_marks(&text, VIDEO_SPAN, &replacements) {
+        Some((out, _)) => Ok(out),
+        None => Err(ApiError::bad_field(
+            "messages",
+            format!(
+                "the rendered prompt has fewer video spans ({VIDEO_SPAN}) than the request has videos"
+            ),
+        )),
     }
-    out.push_str(rest);
-    Ok(out)
 }
 
 /// How messages name a video: its place, size, frame count and rate.

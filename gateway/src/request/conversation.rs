@@ -88,11 +88,12 @@ impl Input for ChatCompletionRequest {
         };
         let tokenize_start = Instant::now();
         let (input_ids, prompt_text) = if ledger.body_bytes <= INLINE_PROMPT_BYTES {
-            build_prompt(&served, &request, &timestamps)
+            build_prompt(&served, &request, images.layouts(), &timestamps)
         } else {
             let (served, request) = (served.clone(), request.clone());
+            let layouts = images.layouts().to_vec();
             super::off_runtime("prompt", move || {
-                build_prompt(&served, &request, &timestamps)
+                build_prompt(&served, &request, &layouts, &timestamps)
             })
             .await?
         }
@@ -220,13 +221,15 @@ fn place_images(
     ))
 }
 
-/// The prompt's token ids and rendered text.
+/// The prompt's token ids and rendered text, the media marks rewritten
+/// for `items` (images, then videos) and `videos`' timestamps.
 fn build_prompt(
     served: &Served,
     request: &ChatCompletionRequest,
+    items: &[ItemLayout],
     videos: &[Option<Vec<String>>],
 ) -> Result<(Vec<u32>, String), ApiError> {
-    let (ids, text) = served.prompter.prompt_for(request, videos)?;
+    let (ids, text) = served.prompter.prompt_for(request, items, videos)?;
     if ids.is_empty() {
         return Err(ApiError::bad_field(
             "messages",

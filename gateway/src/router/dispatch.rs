@@ -234,7 +234,7 @@ impl Router {
         images: &PendingImages,
     ) -> Result<Generation, RouteError> {
         let mut attempts = Attempts::default();
-        let mut generation = self.run(&request, images, &mut attempts).await?;
+        let mut generation = Box::pin(self.run(&request, images, &mut attempts)).await?;
         generation.resume_with(Resume {
             router: self.clone(),
             request,
@@ -535,14 +535,21 @@ impl Router {
         let permits = self.admission.acquire(&costs).await;
         let prefill_call = async {
             match &plan.prefill {
-                Some((p, request)) => Some(self.generate(p, request, None).await),
+                Some((p, request)) => Some(Box::pin(self.generate(p, request, None)).await),
                 None => None,
             }
         };
+        // The calls' futures are boxed: inline, tonic's large call
+        // futures would be copied with every enclosing future.
         let (encoded, p_result, (s_result, s_laned)) = tokio::join!(
-            encode::send_all(&self.lanes, &plan.encodes, &id, self.encode_timeout),
+            Box::pin(encode::send_all(
+                &self.lanes,
+                &plan.encodes,
+                &id,
+                self.encode_timeout
+            )),
             prefill_call,
-            self.generate(&s_worker, &s_request, kv_transfer),
+            Box::pin(self.generate(&s_worker, &s_request, kv_transfer)),
         );
         drop(permits);
         let mut laned = Laned::default();

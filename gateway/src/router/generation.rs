@@ -26,7 +26,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use iris_proto::scheduler::{generate_response, GenerateRequest, GenerateResponse};
 use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
@@ -438,6 +438,15 @@ impl Generation {
         let Some(mut stream) = self.stream.take() else {
             return;
         };
+        // Usually the trailers came with the last message: read what is
+        // already here, and spawn a reader only for what is not.
+        loop {
+            match stream.next().now_or_never() {
+                Some(Some(Ok(_))) => continue,
+                Some(None | Some(Err(_))) => return,
+                None => break,
+            }
+        }
         tokio::spawn(async move {
             let drain = async { while let Some(Ok(_)) = stream.next().await {} };
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;

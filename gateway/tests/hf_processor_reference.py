@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Reference prompts for gateway/tests/mm_prompts.rs: the token ids Hugging
+Face's own processor classes (transformers 4.57.1) give for a chat with
+images, `processor(text=processor.apply_chat_template(...), images=...)`.
+
+Reads one JSON object on stdin:
+
+    {"model_dir": DIR,            # tokenizer.json, chat_template.jinja,
+                                  # preprocessor_config.json
+     "processor_class": "Gemma3Processor",
+     "processor_kwargs": {...},   # the model processor's (processor_config.json)
+     "tokenizer_class": "PreTrainedTokenizerFast",  # or the class the processor requires
+     "tokenizer": {...},          # its keyword arguments
+     "call_kwargs": {...},        # per-call processor arguments
+     "conversations": [{"messages": [...], "images": [PNG path, ...]}]}
+
+and writes, per conversation, {"text": rendered prompt, "input_ids": [...]}
+as a JSON list on stdout. Exits 3 with an install hint when transformers
+(or Pillow) is missing or not the pinned version.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+PINNED = "4.57.1"
+HINT = (
+    "mm_prompts.rs needs transformers=={0} with Pillow in the interpreter "
+    "$IRIS_HF_PYTHON: run `$IRIS_HF_PYTHON -m pip install -r .ci/hf-reference/requirements.txt` "
+    "(.ci/run makes .venv-hf with it)".format(PINNED)
+)
+
+try:
+    import numpy as np
+    import transformers
+    from PIL import Image
+except ImportError as error:  # the test fails, never skips
+    print(f"{HINT} ({error})", file=sys.stderr)
+    sys.exit(3)
+if transformers.__version__ != PINNED:
+    print(f"{HINT} (found transformers {transformers.__version__})", file=sys.stderr)
+    sys.exit(3)
+
+
+def image_processor(model_dir):
+    """The image processor class preprocessor_config.json names, with its values."""
+    config = json.loads((model_dir / "preprocessor_config.json").read_text())
+    cls = getattr(transformers, config.pop("image_processor_type"))
+    config.pop("processor_class", None)
+    return cls(**config)
+
+
+def images_only(cls):
+    """`cls` accepting no video processor: building one needs torchvision,
+    and a call with images only never uses it."""
+
+    class ImagesOnly(cls):
+        def check_argument_for_proper_class(self, name, argument):
+            if name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(name, argument)
+
+    return ImagesOnly
+
+
+def processor(request):
+    model_dir = Path(request["model_dir"])
+    tokenizer_class = getattr(transformers, request["tokenizer_class"])
+    tokenizer = tokenizer_class(
+        tokenizer_file=str(model_dir / "tokenizer.json"), **request["tokenizer"]
+    )
+    cls = getattr(transformers, request["processor_class"])
+    kwargs = dict(request["processor_kwargs"])
+    if "video_processor" in cls.attributes:
+        cls = images_only(cls)
+        kwargs["video_processor"] = None
+    return cls(
+        image_processor=image_processor(model_dir),
+        tokenizer=tokenizer,
+        chat_template=(model_dir / "chat_template.jinja").read_text(),
+        **kwargs,
+    )
+
+
+def main():
+    request = json.load(sys.stdin)
+    proc = processor(request)
+    out = []
+    for conversation in request["conversations"]:
+        text = proc.apply_chat_template(
+            conversation["messages"], tokenize=False, add_generation_prompt=True
+        )
+        images = [Image.open(path) for path in conversation["images"]]
+        encoded = proc(text=text, images=images or None, **request["call_kwargs"])
+        ids = [int(i) for i in np.asarray(encoded["input_ids"]).reshape(-1)]
+        out.append({"text": text, "input_ids": ids})
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
