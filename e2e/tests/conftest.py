@@ -12,6 +12,11 @@ quoted when a process fails to start.
 ``deployment`` (module scope) is parametrized over the two ways of serving:
 ``aggregated`` (one aggregated worker) and ``pd`` (one prefill and one
 decode worker with ``--pd-disaggregation``).
+
+``postgres_server`` (session scope) is a throwaway PostgreSQL server
+(Debian's ``initdb`` and ``pg_ctl``, owned by the ``postgres`` user when
+the tests run as root) for the shared response store; its tests fail,
+never skip, when PostgreSQL is not installed.
 """
 
 from __future__ import annotations
@@ -442,3 +447,81 @@ def client(deployment) -> openai.OpenAI:
 def model(deployment) -> str:
     """The served model name."""
     return deployment.gateway.model
+
+
+@dataclass
+class Postgres:
+    """A throwaway PostgreSQL server (``postgres_server``): user ``iris``
+    with a password, on loopback TCP."""
+
+    port: int
+    password: str
+    run: object  # runs a PostgreSQL client program as the server's owner
+
+    def url(self, database: str = "postgres", password: str | None = None) -> str:
+        secret = self.password if password is None else password
+        return f"postgres://iris:{secret}@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> str:
+        """A new, empty database; its URL."""
+        self.run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "iris", name)
+        return self.url(name)
+
+
+def postgres_bin() -> Path:
+    """The directory of Debian's PostgreSQL server programs (the newest
+    installed); fails — never skips — when there is none."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+                   key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0)
+    if not found:
+        pytest.fail("PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb): "
+                    "`apt-get install -y postgresql` (.ci/run installs it)")
+    return found[-1].parent
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server of its own for the session: ``initdb`` in a
+    temporary directory, ``pg_ctl start`` on a free loopback port, stopped
+    and removed at the end. PostgreSQL refuses to run as root, so as root
+    (CI) the cluster belongs to the ``postgres`` user Debian's package
+    creates; otherwise to the current user."""
+    import pwd
+    import shutil
+    import tempfile
+
+    bindir = postgres_bin()
+    owner = None
+    if os.geteuid() == 0:
+        try:
+            owner = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.fail("running as root but there is no `postgres` user to own the test cluster")
+    top = Path(tempfile.mkdtemp(prefix="iris-pg-"))
+    data, password = top / "data", "e2e-" + os.urandom(6).hex()
+    (top / "pw").write_text(password + "\n")
+    if owner is not None:
+        os.chown(top, owner.pw_uid, owner.pw_gid)
+        os.chown(top / "pw", owner.pw_uid, owner.pw_gid)
+    env = dict(os.environ, PGPASSWORD=password, LC_ALL="C")
+
+    def run(program: str, *args: str):
+        command = [str(bindir / program), *args]
+        if owner is not None:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        done = subprocess.run(command, env=env, cwd=top, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+        if done.returncode != 0:
+            pytest.fail(f"{program} failed ({done.returncode}):\n{done.stdout.decode(errors='replace')}")
+
+    port = free_port()
+    try:
+        run("initdb", "-D", str(data), "-U", "iris", "--auth=scram-sha-256",
+            f"--pwfile={top / 'pw'}", "-E", "UTF8", "--no-sync")
+        run("pg_ctl", "-D", str(data), "-l", str(top / "server.log"), "-w", "-t", "60",
+            "-o", f"-h 127.0.0.1 -p {port} -k {top} -c fsync=off", "start")
+        yield Postgres(port, password, run)
+    finally:
+        if (data / "postmaster.pid").exists():
+            run("pg_ctl", "-D", str(data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(top, ignore_errors=True)

@@ -291,6 +291,56 @@ def assert_error(caught, kind: str, *words: str):
         assert word in body["error"]["message"], body
 
 
+PREFILL = "My favourite colour is"
+GREEDY = {"temperature": 0}  # (recent SDKs take no sampling arguments)
+
+
+def test_a_prefill_is_continued(claude, model, messages_deployment):
+    """A final assistant message is a prefill: the prompt ends inside it
+    (the chat template's generation prompt followed by its text) and the
+    answer is what comes after it, not repeating it; the same prompt as
+    token ids through /v1/completions gives the same text."""
+    http = messages_deployment.gateway.http()
+    question = "Name a colour."
+    conversation = [{"role": "user", "content": question},
+                    {"role": "assistant", "content": PREFILL}]
+    answer = claude.messages.create(model=model, max_tokens=MAX_TOKENS, extra_body=GREEDY,
+                                    messages=conversation)
+    text = text_of(answer)
+    assert text and not text.startswith(PREFILL), text
+    assert answer.stop_reason in {"end_turn", "max_tokens"}
+
+    def tokens(**body) -> list:
+        reply = http.post("/v1/tokenize", json={"model": model, **body})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["tokens"]
+
+    prompt = (tokens(messages=[{"role": "user", "content": question}])
+              + tokens(prompt=PREFILL, add_special_tokens=False))
+    assert prompt_tokens(answer.usage) == len(prompt)
+    counted = claude.messages.count_tokens(model=model, messages=conversation).input_tokens
+    assert counted == len(prompt)
+    completed = http.post("/v1/completions", json={
+        "model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0})
+    assert completed.status_code == 200, completed.text
+    # (The chat answer may stop at the template's end-of-turn token.)
+    assert completed.json()["choices"][0]["text"].startswith(text)
+
+    # As text blocks, and streamed: the same continuation.
+    blocks = [{"role": "user", "content": question},
+              {"role": "assistant", "content": [{"type": "text", "text": PREFILL}]}]
+    with claude.messages.stream(model=model, max_tokens=MAX_TOKENS, extra_body=GREEDY,
+                                messages=blocks) as stream:
+        assert "".join(stream.text_stream) == text
+
+    # Anthropic's rules: no trailing whitespace, text only.
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(model=model, max_tokens=MAX_TOKENS, messages=[
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": PREFILL + " "}])
+    assert_error(caught, "invalid_request_error", "messages[1].content")
+
+
 def test_errors_take_anthropics_shape(claude, model):
     with pytest.raises(anthropic.BadRequestError) as caught:
         ask(claude, model, extra_body={"bogus": 1})

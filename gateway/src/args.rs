@@ -194,8 +194,9 @@ pub struct ServeArgs {
     pub max_constraint_bytes: usize,
     /// Where stored `/v1/responses` answers are kept (`store`, the
     /// default, and `previous_response_id`): `memory` (lost when the
-    /// gateway stops) or `sqlite:PATH` (an SQLite file, kept across
-    /// restarts; one gateway per file).
+    /// gateway stops), `sqlite:PATH` (an SQLite file, kept across
+    /// restarts; one gateway per file) or `postgres://USER:PASS@HOST/DB`
+    /// (a PostgreSQL database several gateway replicas share).
     #[arg(long, default_value = "memory", env = "IRIS_RESPONSES_STORE")]
     pub responses_store: String,
     /// Most stored responses kept; the oldest go first.

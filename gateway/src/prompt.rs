@@ -143,7 +143,12 @@ impl Prompter {
                 vars.entry(key.clone()).or_insert_with(|| value.clone());
             }
         }
-        let text = self.render_with(messages, &vars, true)?;
+        let ending = if request.continue_final_message {
+            Ending::Continue
+        } else {
+            Ending::GenerationPrompt
+        };
+        let text = self.render_with(messages, &vars, ending)?;
         let text = crate::mm::items::expand_image_marks(text, items)?;
         let text = crate::mm::video::timestamp_videos(text, videos)?;
         let ids = self.encode(&text)?;
@@ -173,10 +178,15 @@ impl Prompter {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, ApiError> {
+        let ending = if add_generation_prompt {
+            Ending::GenerationPrompt
+        } else {
+            Ending::Closed
+        };
         let text = self.render_with(
             iris_openai::template_messages(messages),
             &self.extra,
-            add_generation_prompt,
+            ending,
         )?;
         self.encode(&text)
     }
@@ -185,24 +195,28 @@ impl Prompter {
     /// Special-token strings in message text come out escaped, so the
     /// result is for [`Prompter::encode`], not for reading.
     pub fn render(&self, messages: Value) -> Result<String, ApiError> {
-        self.render_with(messages, &self.extra, true)
+        self.render_with(messages, &self.extra, Ending::GenerationPrompt)
     }
 
     /// [`Prompter::render`] with the template variables `vars` (already
-    /// escaped where they come from the client) and the generation prompt
-    /// as asked.
+    /// escaped where they come from the client), ending as asked.
     fn render_with(
         &self,
         mut messages: Value,
         vars: &Value,
-        add_generation_prompt: bool,
+        ending: Ending,
     ) -> Result<String, ApiError> {
         self.escaper.escape_messages(&mut messages);
-        self.template
-            .render(&messages, add_generation_prompt, Some(vars))
+        let text = self
+            .template
+            .render(&messages, ending == Ending::GenerationPrompt, Some(vars))
             .map_err(|e| {
                 ApiError::bad_request(format!("the chat template rejected these messages: {e}"))
-            })
+            })?;
+        match ending {
+            Ending::Continue => continue_final_message(text, &messages),
+            Ending::GenerationPrompt | Ending::Closed => Ok(text),
+        }
     }
 
     /// Token ids of a prompt from [`Prompter::render`] (the template already
@@ -216,5 +230,79 @@ impl Prompter {
     /// (hits, misses) of the segment cache.
     pub fn cache_stats(&self) -> (u64, u64) {
         self.segments.stats()
+    }
+}
+
+/// How a rendered conversation ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// With the opening of a new assistant turn (the template's generation
+    /// prompt): the answer is that turn.
+    GenerationPrompt,
+    /// With the last message closed, nothing after it (`/v1/tokenize`
+    /// with `add_generation_prompt: false`).
+    Closed,
+    /// Inside the last message, right after its text: the answer continues
+    /// it (an assistant prefill; `continue_final_message` in `transformers`).
+    Continue,
+}
+
+/// `text` (the conversation rendered without the generation prompt) cut
+/// right after the final message's text, so the model continues that
+/// message; the text is its string content or its last text part
+/// (`messages` as rendered, special tokens escaped). A 400 when the
+/// template does not write that text as it is.
+fn continue_final_message(text: String, messages: &Value) -> Result<String, ApiError> {
+    let last = messages.as_array().and_then(|m| m.last());
+    let content = last.and_then(|m| m.get("content"));
+    let final_text = match content {
+        Some(Value::String(text)) => Some(text.as_str()),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .rev()
+            .find(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+            .and_then(|p| p.get("text").and_then(Value::as_str)),
+        _ => None,
+    };
+    let wanted = final_text.map(str::trim).unwrap_or_default();
+    let cut = (!wanted.is_empty())
+        .then(|| text.rfind(wanted))
+        .flatten()
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "the chat template does not write the final assistant message's text as it is, so it cannot be continued",
+            )
+        })?;
+    let mut text = text;
+    text.truncate(cut + wanted.len());
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_continued_message_ends_right_after_its_text() {
+        let rendered =
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nMy answer is<|im_end|>\n";
+        let messages = json!([{"role": "user", "content": "hi"},
+                              {"role": "assistant", "content": "My answer is"}]);
+        assert_eq!(
+            continue_final_message(rendered.to_owned(), &messages).unwrap(),
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nMy answer is"
+        );
+        // Parts: the last text part is where the prompt ends.
+        let parts = json!([{"role": "assistant", "content": [
+            {"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}]);
+        assert_eq!(
+            continue_final_message("A: one two</s>".to_owned(), &parts).unwrap(),
+            "A: one two"
+        );
+        // A template that rewrites the text cannot be continued.
+        let missing = continue_final_message("A: ONE</s>".to_owned(), &parts).unwrap_err();
+        assert_eq!(missing.status, 400);
     }
 }

@@ -201,7 +201,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         connection_stats,
         shutdown_grace: config.shutdown_grace,
         hard_stop: CancellationToken::new(),
-        responses: crate::responses::store::open(&config.responses_store)?,
+        responses: crate::responses::store::open(&config.responses_store).await?,
     });
     let addr = listener.local_addr()?;
     let metrics_addr = metrics_listener

@@ -387,10 +387,7 @@ pub fn to_chat(
             "user" => user_message(message, &path, &mut messages, &mut places)?,
             "assistant" => {
                 if i + 1 == request.messages.len() {
-                    return Err(bad(
-                        format!("{path}.role"),
-                        "a final assistant message (a prefill to continue) is not supported; end with a user message",
-                    ));
+                    check_prefill(&message.content, &path)?;
                 }
                 messages.push(assistant_message(&message.content, &path)?);
                 places.push(path, Vec::new());
@@ -437,6 +434,13 @@ pub fn to_chat(
             ))
         }
     }
+    let prefill = request
+        .messages
+        .last()
+        .is_some_and(|m| m.role == "assistant");
+    if prefill {
+        check_prefill_shape(tool_choice.as_ref(), response_format.is_some())?;
+    }
     let user = request.metadata.as_ref().and_then(|m| m.user_id.clone());
     let chat = ChatCompletionRequest {
         model: request.model.clone(),
@@ -453,9 +457,64 @@ pub fn to_chat(
         parallel_tool_calls,
         chat_template_kwargs,
         response_format,
+        continue_final_message: prefill,
         ..ChatCompletionRequest::default()
     };
     Ok((chat, places))
+}
+
+/// A final assistant message (a prefill, which the answer continues):
+/// text only, not empty, and not ending in whitespace (as Anthropic's API
+/// requires).
+fn check_prefill(content: &Content, path: &str) -> Result<(), ApiError> {
+    let text = match content {
+        Content::Text(text) => text.clone(),
+        Content::Blocks(blocks) => {
+            if let Some((j, block)) = blocks.iter().enumerate().find(|(_, b)| b.kind != "text") {
+                return Err(bad(
+                    format!("{path}.content[{j}].type"),
+                    format!(
+                        "a final assistant message (a prefill) holds text only, not `{}`",
+                        block.kind
+                    ),
+                ));
+            }
+            blocks.iter().filter_map(|b| b.text.as_deref()).collect()
+        }
+    };
+    if text.trim().is_empty() {
+        return Err(bad(
+            format!("{path}.content"),
+            "a final assistant message (a prefill) cannot be empty",
+        ));
+    }
+    if text.ends_with(char::is_whitespace) {
+        return Err(bad(
+            format!("{path}.content"),
+            "final assistant content cannot end with trailing whitespace",
+        ));
+    }
+    Ok(())
+}
+
+/// A prefill cannot be continued under a constraint that shapes the whole
+/// answer from its start: a forced tool (`tool_choice` `any` or `tool`)
+/// or `output_config.format`.
+fn check_prefill_shape(tool_choice: Option<&Value>, format: bool) -> Result<(), ApiError> {
+    let forced = tool_choice.is_some_and(|c| c != "auto" && c != "none");
+    if forced {
+        return Err(bad(
+            "tool_choice",
+            "a final assistant message (a prefill) cannot be continued when a tool use is forced",
+        ));
+    }
+    if format {
+        return Err(bad(
+            "output_config.format",
+            "a final assistant message (a prefill) cannot be continued under a structured output format",
+        ));
+    }
+    Ok(())
 }
 
 /// `max_tokens` and the sampling fields, by the Messages API's ranges;

@@ -123,6 +123,12 @@ pub struct ChatCompletionRequest {
     /// (never on the wire).
     #[serde(skip)]
     pub constraint: Option<Constraint>,
+    /// The last message is an assistant turn to continue (an Anthropic
+    /// prefill): the prompt ends inside its text instead of opening a new
+    /// assistant turn, and the answer is what follows it (never on the
+    /// wire).
+    #[serde(skip)]
+    pub continue_final_message: bool,
     /// Functions the model may call ([`crate::tools`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<Tool>>,

@@ -36,7 +36,7 @@ impl Endpoint for Chat {
         tracing::info_span!("chat", request_id = %id)
     }
 
-    fn convert(
+    async fn convert(
         state: &AppState,
         body: &[u8],
     ) -> Result<ApiRequest<ChatCompletionRequest>, ApiError> {

@@ -42,7 +42,7 @@ impl Endpoint for Completions {
         tracing::info_span!("completion", request_id = %id)
     }
 
-    fn convert(_: &AppState, body: &[u8]) -> Result<ApiRequest<CompletionRequest>, ApiError> {
+    async fn convert(_: &AppState, body: &[u8]) -> Result<ApiRequest<CompletionRequest>, ApiError> {
         Ok(ApiRequest::new(iris_openai::parse_completion_request(
             body,
         )?))

@@ -41,8 +41,13 @@ pub trait Endpoint: Send + Sync + 'static {
     /// The span every log line of request `id` is written in.
     fn span(id: &str) -> tracing::Span;
 
-    /// The body parsed, checked and converted to the gateway's request.
-    fn convert(state: &AppState, body: &[u8]) -> Result<ApiRequest<Self::Input>, ApiError>;
+    /// The body parsed, checked and converted to the gateway's request
+    /// (asynchronous: a conversion may read stored state, e.g. the
+    /// Responses API's `previous_response_id`).
+    fn convert(
+        state: &AppState,
+        body: &[u8],
+    ) -> impl Future<Output = Result<ApiRequest<Self::Input>, ApiError>> + Send;
 
     /// Starts the request and answers with one JSON body.
     fn unary(
@@ -103,7 +108,7 @@ async fn prepare<E: Endpoint>(
     let client = |e: ApiError| (e, Outcome::ClientError);
     let bytes = read_body(state, body).await.map_err(client)?;
     ledger.body_bytes = bytes.len();
-    let request = E::convert(state, &bytes).map_err(client)?;
+    let request = E::convert(state, &bytes).await.map_err(client)?;
     drop(bytes);
     let served = state.models.get(&request.model).map_err(client)?.clone();
     ledger.metrics = served.metrics.clone();

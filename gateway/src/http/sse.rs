@@ -50,6 +50,13 @@ pub trait Events: Send + 'static {
     /// string matched) and write the usage chunk when the client asked.
     fn finish(&mut self, out: &mut BytesMut);
 
+    /// Work to finish after [`Events::finish`] wrote the last events and
+    /// before they are sent (the Responses API stores its answer here);
+    /// nothing unless the endpoint says otherwise.
+    fn settle(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
+
     /// The request ends early: abort the workers.
     fn abort(&mut self, reason: &str);
 
@@ -170,7 +177,7 @@ impl<E: Events> Stream<E> {
             }
             Ok(None) => {
                 return match self.events.exhausted() {
-                    Ok(()) => self.finish(out),
+                    Ok(()) => self.finish(out).await,
                     Err(failure) => self.fail(out, failure),
                 }
             }
@@ -181,7 +188,7 @@ impl<E: Events> Stream<E> {
             self.first_token();
         }
         match self.events.event(out, event) {
-            Ok(true) => self.finish(out),
+            Ok(true) => self.finish(out).await,
             Ok(false) => {}
             Err(failure) => self.fail(out, failure),
         }
@@ -198,8 +205,9 @@ impl<E: Events> Stream<E> {
     }
 
     /// Every choice has ended: the usage chunk (when asked) and `[DONE]`.
-    fn finish(&mut self, out: &mut BytesMut) {
+    async fn finish(&mut self, out: &mut BytesMut) {
         self.events.finish(out);
+        self.events.settle().await;
         self.events.write_done(out);
         let completion_tokens = self.events.completion_tokens();
         self.ledger

@@ -85,7 +85,7 @@ impl Endpoint for Messages {
         tracing::info_span!("messages", request_id = %id)
     }
 
-    fn convert(state: &AppState, body: &[u8]) -> Result<ApiRequest<MessagesInput>, ApiError> {
+    async fn convert(state: &AppState, body: &[u8]) -> Result<ApiRequest<MessagesInput>, ApiError> {
         let input = MessagesInput::parse(state, body, MessagesCall::Create)?;
         Ok(ApiRequest::new(input))
     }

@@ -83,9 +83,12 @@ impl Endpoint for Responses {
         tracing::info_span!("responses", request_id = %id)
     }
 
-    fn convert(state: &AppState, body: &[u8]) -> Result<ApiRequest<ResponsesInput>, ApiError> {
+    async fn convert(
+        state: &AppState,
+        body: &[u8],
+    ) -> Result<ApiRequest<ResponsesInput>, ApiError> {
         let (chat, context) =
-            request::convert(body, &state.parse_options, state.responses.as_ref())?;
+            request::convert(body, &state.parse_options, state.responses.as_ref()).await?;
         Ok(ApiRequest::new(ResponsesInput { chat, context }))
     }
 
@@ -117,7 +120,7 @@ fn now() -> u64 {
 /// Keeps `response` (with the request's input items) when it is to be
 /// stored. A response the store refuses (too large, a failing store) is
 /// still answered; the failure is logged.
-fn save(state: &AppState, id: &str, context: &Context, response: &Value) {
+async fn save(state: &AppState, id: &str, context: &Context, response: &Value) {
     if !context.store {
         return;
     }
@@ -125,7 +128,7 @@ fn save(state: &AppState, id: &str, context: &Context, response: &Value) {
         response: response.clone(),
         input: context.input.clone(),
     };
-    if let Err(error) = state.responses.put(id, &stored) {
+    if let Err(error) = state.responses.put(id, &stored).await {
         tracing::warn!(response_id = id, %error, "response not stored");
     }
 }
@@ -142,8 +145,8 @@ fn not_found(id: &str) -> ApiError {
     ApiError::not_found(format!("Response with id '{id}' not found.")).with_param("response_id")
 }
 
-fn stored(state: &AppState, id: &str) -> Result<Stored, ApiError> {
-    match state.responses.get(id) {
+async fn stored(state: &AppState, id: &str) -> Result<Stored, ApiError> {
+    match state.responses.get(id).await {
         Ok(Some(stored)) => Ok(stored),
         Ok(None) => Err(not_found(id)),
         Err(error) => Err(ApiError::internal(error.to_string())),
@@ -176,7 +179,7 @@ pub async fn retrieve(
             }
         }
     }
-    match stored(&state, &id) {
+    match stored(&state, &id).await {
         Ok(stored) => json_response(&stored.response),
         Err(error) => error_response(&error),
     }
@@ -184,7 +187,7 @@ pub async fn retrieve(
 
 /// `DELETE /v1/responses/{id}`.
 pub async fn delete(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    match state.responses.delete(&id) {
+    match state.responses.delete(&id).await {
         Ok(true) => json_response(&json!({"id": id, "object": "response", "deleted": true})),
         Ok(false) => error_response(&not_found(&id)),
         Err(error) => error_response(&ApiError::internal(error.to_string())),
@@ -253,7 +256,7 @@ pub async fn input_items(
             "limit: must be between 1 and 100",
         ));
     }
-    let mut items = match stored(&state, &id) {
+    let mut items = match stored(&state, &id).await {
         Ok(stored) => stored.input,
         Err(error) => return error_response(&error),
     };

@@ -364,7 +364,7 @@ pub struct Context {
 }
 
 /// Parses `body` and converts it; `store` resolves `previous_response_id`.
-pub fn convert(
+pub async fn convert(
     body: &[u8],
     options: &ParseOptions,
     store: &dyn ResponseStore,
@@ -384,7 +384,7 @@ pub fn convert(
         sources.push("instructions".to_owned());
     }
     if let Some(previous) = &wire.previous_response_id {
-        let history = history(store, previous)?;
+        let history = history(store, previous).await?;
         let start = messages.len();
         to_messages(&history, &mut messages);
         sources.resize(
@@ -824,7 +824,7 @@ fn read_parts(content: Value, role: Role, path: &str) -> Result<Vec<Part>, ApiEr
 
 /// The conversation stored before `previous`: every earlier response's
 /// input and output items, oldest first.
-fn history(store: &dyn ResponseStore, previous: &str) -> Result<Vec<Item>, ApiError> {
+async fn history(store: &dyn ResponseStore, previous: &str) -> Result<Vec<Item>, ApiError> {
     let mut chain = Vec::new();
     let mut next = Some(previous.to_owned());
     while let Some(id) = next {
@@ -836,6 +836,7 @@ fn history(store: &dyn ResponseStore, previous: &str) -> Result<Vec<Item>, ApiEr
         }
         let stored = store
             .get(&id)
+            .await
             .map_err(|e| ApiError::internal(e.to_string()))?
             .ok_or_else(|| {
                 ApiError::new(
@@ -1202,12 +1203,13 @@ mod tests {
     use super::*;
     use crate::responses::store::MemoryStore;
 
+    /// `convert` on a memory store (whose futures are ready at once).
     fn convert_str(body: &str) -> Result<(ChatCompletionRequest, Context), ApiError> {
-        convert(
+        futures::executor::block_on(convert(
             body.as_bytes(),
             &ParseOptions::default(),
             &MemoryStore::new(10, 1 << 20),
-        )
+        ))
     }
 
     fn param(body: &str) -> Option<String> {
@@ -1344,9 +1346,12 @@ mod tests {
             }
             .to_json()],
         };
-        store.put("resp_a", &first).unwrap();
-        let body = r#"{"model":"m","input":"again","previous_response_id":"resp_a"}"#;
-        let (chat, _) = convert(body.as_bytes(), &ParseOptions::default(), &store).unwrap();
+        let convert = |body: &str| {
+            futures::executor::block_on(convert(body.as_bytes(), &ParseOptions::default(), &store))
+        };
+        futures::executor::block_on(store.put("resp_a", &first)).unwrap();
+        let (chat, _) =
+            convert(r#"{"model":"m","input":"again","previous_response_id":"resp_a"}"#).unwrap();
         let texts: Vec<String> = chat
             .messages
             .iter()
@@ -1354,9 +1359,7 @@ mod tests {
             .collect();
         assert_eq!(texts, ["hi", "hello", "again"]);
         let missing = r#"{"model":"m","input":"x","previous_response_id":"resp_zz"}"#;
-        let err = convert(missing.as_bytes(), &ParseOptions::default(), &store)
-            .err()
-            .unwrap();
+        let err = convert(missing).err().unwrap();
         assert_eq!(
             (err.status, err.param.as_deref()),
             (404, Some("previous_response_id"))

@@ -14,7 +14,7 @@ use bytes::BytesMut;
 use iris_openai::{ApiError, FinishReason};
 use iris_parsers::OutputShaper;
 use iris_proto::scheduler::generate_response::Response as Reply;
-use serde_json::json;
+use serde_json::{json, Value};
 use tokenizers::Tokenizer;
 
 use super::object::{response, Counts, Output, Status};
@@ -54,6 +54,7 @@ pub async fn respond(state: Arc<AppState>, ledger: Ledger, ready: ReadyResponse)
             prompt_tokens,
             cached_tokens: 0,
             completed: false,
+            unsaved: None,
         })
     };
     sse::respond(state, ledger, start).await
@@ -74,6 +75,8 @@ struct ResponseEvents {
     cached_tokens: u32,
     /// The worker sent its GenerateComplete.
     completed: bool,
+    /// The final Response, to store before its event is sent.
+    unsaved: Option<Value>,
 }
 
 impl ResponseEvents {
@@ -88,7 +91,7 @@ impl ResponseEvents {
             usage,
         );
         if matches!(status, Status::Completed | Status::Incomplete) {
-            save(&self.state, &self.id, &self.context, &object);
+            self.unsaved = Some(object.clone());
         }
         self.output.event(out, kind, json!({"response": object}));
     }
@@ -195,6 +198,12 @@ impl Events for ResponseEvents {
             "error",
             json!({"code": error.code, "message": error.message, "param": error.param}),
         );
+    }
+
+    async fn settle(&mut self) {
+        if let Some(object) = self.unsaved.take() {
+            save(&self.state, &self.id, &self.context, &object).await;
+        }
     }
 
     fn abort(&mut self, reason: &str) {

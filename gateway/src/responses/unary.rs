@@ -88,7 +88,7 @@ async fn run(
         &output.items,
         Some(counts.usage()),
     );
-    save(state, &ledger.id, &context, &object);
+    save(state, &ledger.id, &context, &object).await;
     let body = serde_json::to_vec(&object).map_err(|e| {
         (
             ApiError::internal(format!("cannot write the response: {e}")),

@@ -383,12 +383,38 @@ fn every_refusal_names_its_path() {
             ),
             "messages[1].content[0].data",
         ),
+        // A prefill: text only, not blank, no trailing whitespace, and no
+        // forced shape.
+        (
+            with(
+                json!([{"role": "user", "content": "x"}, {"role": "assistant", "content": "pre "}]),
+                json!({}),
+            ),
+            "messages[1].content",
+        ),
+        (
+            with(
+                json!([{"role": "user", "content": "x"}, {"role": "assistant", "content": [
+                    {"type": "text", "text": "a"},
+                    {"type": "tool_use", "id": "i", "name": "f", "input": {}}]}]),
+                json!({}),
+            ),
+            "messages[1].content[1].type",
+        ),
+        (
+            with(
+                json!([{"role": "user", "content": "x"}, {"role": "assistant", "content": " "}]),
+                json!({}),
+            ),
+            "messages[1].content",
+        ),
         (
             with(
                 json!([{"role": "user", "content": "x"}, {"role": "assistant", "content": "pre"}]),
-                json!({}),
+                json!({"tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                       "tool_choice": {"type": "any"}}),
             ),
-            "messages[1].role",
+            "tool_choice",
         ),
         (
             with(json!([{"role": "system", "content": "x"}]), json!({})),
@@ -696,4 +722,23 @@ fn echoed_answer_keys_are_only_accepted_null() {
     );
     let text = json!({"type": "text", "text": "a", "citations": null});
     assert!(parse(with(turn(text), json!({}))).is_ok());
+}
+
+#[test]
+fn a_final_assistant_message_is_a_prefill_to_continue() {
+    let chat = parse(with(
+        json!([{"role": "user", "content": "Name a colour."},
+               {"role": "assistant", "content": [{"type": "text", "text": "My answer is"}]}]),
+        json!({}),
+    ))
+    .unwrap();
+    assert!(chat.continue_final_message);
+    assert_eq!(chat.messages.last().unwrap().text_content(), "My answer is");
+    let plain = parse(with(user(json!("Name a colour.")), json!({}))).unwrap();
+    assert!(!plain.continue_final_message);
+    // count_tokens counts the same prompt.
+    let counted = count(json!({"model": "m", "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}))
+    .unwrap();
+    assert!(counted.continue_final_message);
 }
