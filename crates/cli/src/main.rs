@@ -4,6 +4,11 @@
 
 #![forbid(unsafe_code)]
 
+/// The gateway's allocator: mimalloc's per-thread pages cost a text
+/// request about half the CPU glibc's arenas did (docs/benchmarks.md,
+/// "Gateway CPU per text request"), and it returns freed memory to the
+/// kernel on its own (after a second) like the setting below does for
+/// glibc, which the C libraries linked in (libjpeg-turbo) still use.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
