@@ -427,6 +427,28 @@ def test_reasoning_effort_and_reasoning_items(model_dir, tmp_path):
         procs.stop_all()
 
 
+def check_limit_and_cap(clients: list, model: str, logger) -> None:
+    """With a store limit of 2 and a size cap of 8000 bytes: three
+    responses (made by the clients in turn) keep the newest two, and a
+    larger one is answered but not stored (`logger` logs why). Several
+    clients are several gateways sharing one store."""
+    turn = [clients[n % len(clients)] for n in range(4)]
+    first, second, third = (ask(turn[n], model, input=f"Turn {n}.") for n in range(3))
+    with pytest.raises(openai.NotFoundError):
+        turn[1].responses.retrieve(first.id)
+    assert turn[1].responses.retrieve(second.id).output_text == second.output_text
+    assert turn[1].responses.retrieve(third.id).output_text == third.output_text
+    image = data_url(png(56, 56, seed=5))
+    assert len(image) > 8000
+    big = ask(turn[3], model, input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "Describe it."},
+        {"type": "input_image", "image_url": image}]}])
+    assert big.output_text
+    with pytest.raises(openai.NotFoundError):
+        turn[0].responses.retrieve(big.id)
+    assert "response not stored" in logger.log_tail(20000)
+
+
 def test_store_limits(model_dir, tmp_path):
     """``--responses-store-limit`` keeps the newest responses;
     ``--responses-store-max-bytes`` answers a larger one without storing it."""
@@ -434,20 +456,7 @@ def test_store_limits(model_dir, tmp_path):
     try:
         dep = aggregated(procs, model_dir, gateway_args=(
             "--responses-store-limit", "2", "--responses-store-max-bytes", "8000"))
-        client, model = dep.gateway.client(), dep.gateway.model
-        first, second, third = (ask(client, model, input=f"Turn {n}.") for n in range(3))
-        with pytest.raises(openai.NotFoundError):
-            client.responses.retrieve(first.id)
-        assert client.responses.retrieve(second.id).output_text == second.output_text
-        assert client.responses.retrieve(third.id).output_text == third.output_text
-        image = data_url(png(56, 56, seed=5))
-        assert len(image) > 8000
-        big = ask(client, model, input=[{"role": "user", "content": [
-            {"type": "input_text", "text": "Describe it."},
-            {"type": "input_image", "image_url": image}]}])
-        assert big.output_text
-        with pytest.raises(openai.NotFoundError):
-            client.responses.retrieve(big.id)
-        assert "response not stored" in dep.gateway.process.log_tail(20000)
+        client = dep.gateway.client()
+        check_limit_and_cap([client], dep.gateway.model, dep.gateway.process)
     finally:
         procs.stop_all()

@@ -21,15 +21,7 @@ import pytest
 
 from conftest import Processes, aggregated, binary, free_port, start_gateway, wait_until
 from test_epd import data_url, png
-
-MAX_TOKENS = 16
-
-
-def ask(client, model, **kwargs):
-    kwargs.setdefault("max_output_tokens", MAX_TOKENS)
-    kwargs.setdefault("temperature", 0)
-    return client.responses.create(model=model, **kwargs)
-
+from test_responses import MAX_TOKENS, ask, check_limit_and_cap
 
 def worker_args(dep) -> list:
     return [a for e in dep.engines for a in ("--worker-urls", e.url)]
@@ -103,23 +95,8 @@ def test_limit_and_size_cap_hold_across_replicas(model_dir, tmp_path, postgres_s
         b = start_gateway(procs, model_dir, *worker_args(dep), *limits)
         model = dep.gateway.model
         on_a, on_b = dep.gateway.client(), b.client()
-        first = ask(on_a, model, input="Turn 0.")
-        second = ask(on_b, model, input="Turn 1.")
-        third = ask(on_a, model, input="Turn 2.")
-        # The limit counts both replicas' responses: the oldest went.
-        with pytest.raises(openai.NotFoundError):
-            on_b.responses.retrieve(first.id)
-        assert on_b.responses.retrieve(second.id).output_text == second.output_text
-        assert on_b.responses.retrieve(third.id).output_text == third.output_text
-        image = data_url(png(56, 56, seed=5))
-        assert len(image) > 8000
-        big = ask(on_b, model, input=[{"role": "user", "content": [
-            {"type": "input_text", "text": "Describe it."},
-            {"type": "input_image", "image_url": image}]}])
-        assert big.output_text
-        with pytest.raises(openai.NotFoundError):
-            on_a.responses.retrieve(big.id)
-        assert "response not stored" in b.process.log_tail(20000)
+        # Gateway A stores turns 0 and 2, B turn 1 and the large one.
+        check_limit_and_cap([on_a, on_b], model, b.process)
         # A small image is kept (apart from the items) and comes back whole.
         small = data_url(png(8, 8, seed=6))
         with_image = ask(on_a, model, input=[{"role": "user", "content": [
