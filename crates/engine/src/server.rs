@@ -195,6 +195,7 @@ fn build_engine(cfg: EngineConfig, data_addr: Option<SocketAddr>) -> anyhow::Res
         facts,
         limits,
         vocab,
+        item_rules: crate::families::ItemRules::of(&dir),
         text: TextEncoder::new(tokenizer),
         inflight: Arc::new(InFlight::default()),
         rooms: Arc::new(RoomStore::new(RoomLimits {

@@ -1,0 +1,274 @@
+//! What a vision-language family's multimodal items must look like, so
+//! that the reference engine refuses (with `INVALID_ARGUMENT`) a request
+//! a real worker of the family would misread.
+//!
+//! The family is the model directory's `image_processor_type`; each
+//! item's `encoder_input` shape and the model-specific tensors it needs
+//! follow that family's Hugging Face processor (`pixel_values` per image):
+//!
+//! | family | `encoder_input` | also |
+//! |---|---|---|
+//! | Qwen2/2.5/3-VL | `[t·h·w, C·T·P·P]` | `image_grid_thw` `[1, 3]` whose product is the rows; `rows / merge²` tokens |
+//! | LLaVA-1.5 (CLIP) | `[3, S, S]` (`crop_size`) | |
+//! | LLaVA-NeXT, OneVision | `[tiles, 3, S, S]` | `image_sizes` `[1, 2]` |
+//! | Gemma 3, Idefics3 | `[crops, 3, S, S]` | one placeholder run per crop or tile |
+//! | Pixtral | `[3, H, W]`, multiples of the patch | `image_sizes` `= [H, W]`; one run per patch row, `H·W / P²` tokens |
+//!
+//! Whatever the family, every placeholder range holds only the item's
+//! placeholder token, and the image items' ranges cover every image
+//! token of the prompt.
+
+use iris_model::ModelDir;
+use iris_proto::common::Modality;
+use iris_proto::scheduler::{MultimodalItem, TensorData};
+use iris_proto::tensor;
+use serde_json::Value;
+use tonic::Status;
+
+/// The item layout a family's processor gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Qwen-VL: flattened patches; `merge` patches per side make a token.
+    Qwen { merge: u64 },
+    /// CLIP (LLaVA-1.5): one `[3, side, side]` image.
+    Clip { side: u64 },
+    /// LLaVA-NeXT / OneVision: `[tiles, 3, side, side]` with `image_sizes`.
+    Anyres { side: u64 },
+    /// Gemma 3 / Idefics3: `[crops, 3, side, side]`, a run per crop.
+    Crops { side: u64 },
+    /// Pixtral: `[3, H, W]`, a run of `W / patch` tokens per patch row.
+    Pixtral { patch: u64 },
+    /// No (known) image processor: only the placeholders are checked.
+    Unknown,
+}
+
+/// The checks of one model's multimodal items.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemRules {
+    pub layout: Layout,
+    /// `image_token_id` / `video_token_id` of `config.json`.
+    pub image_token: Option<u32>,
+    pub video_token: Option<u32>,
+}
+
+impl ItemRules {
+    /// The rules of the model in `dir`.
+    pub fn of(dir: &ModelDir) -> Self {
+        ItemRules {
+            layout: dir
+                .preprocessor_config
+                .as_ref()
+                .map_or(Layout::Unknown, layout),
+            image_token: dir.config.image_token_id,
+            video_token: dir.config.video_token_id,
+        }
+    }
+
+    /// Checks `items` against the prompt `ids`.
+    pub fn check(&self, items: &[MultimodalItem], ids: &[u32]) -> Result<(), Status> {
+        for (index, item) in items.iter().enumerate() {
+            self.check_runs(index, item, ids)?;
+            // An item without `encoder_input` is encoded elsewhere (EPD).
+            if item.modality == Modality::Image as i32 && item.encoder_input.is_some() {
+                check_layout(self.layout, index, item)?;
+            }
+        }
+        self.check_coverage(items, ids)
+    }
+
+    /// Every position of the item's ranges holds its placeholder token.
+    fn check_runs(&self, index: usize, item: &MultimodalItem, ids: &[u32]) -> Result<(), Status> {
+        let token = item.placeholder_token_id.or(match item.modality {
+            m if m == Modality::Video as i32 => self.video_token,
+            _ => self.image_token,
+        });
+        let Some(token) = token else {
+            return Ok(());
+        };
+        for range in &item.placeholders {
+            let (start, end) = (
+                range.offset as usize,
+                (range.offset + range.length) as usize,
+            );
+            let span = ids.get(start..end).unwrap_or_default();
+            if let Some(at) = span.iter().position(|&t| t != token) {
+                return Err(invalid(format!(
+                    "mm item {index}: placeholder range {start}..{end} holds token {} at {}, not the placeholder token {token}",
+                    span[at],
+                    start + at
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The image items' ranges cover every image token of the prompt.
+    fn check_coverage(&self, items: &[MultimodalItem], ids: &[u32]) -> Result<(), Status> {
+        let Some(image) = self.image_token else {
+            return Ok(());
+        };
+        let in_prompt = ids.iter().filter(|&&t| t == image).count();
+        let covered: usize = items
+            .iter()
+            .filter(|i| i.modality == Modality::Image as i32)
+            .flat_map(|i| &i.placeholders)
+            .map(|r| r.length as usize)
+            .sum();
+        if in_prompt != covered {
+            return Err(invalid(format!(
+                "the prompt has {in_prompt} image tokens ({image}) but the image items' placeholder ranges cover {covered}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn invalid(message: String) -> Status {
+    Status::invalid_argument(message)
+}
+
+/// The layout `preprocessor_config.json` names.
+fn layout(config: &Value) -> Layout {
+    let kind = config["image_processor_type"].as_str().unwrap_or_default();
+    let kind = kind.trim_end_matches("Fast");
+    let side = |v: &Value| v.as_u64().unwrap_or(0);
+    match kind {
+        "Qwen2VLImageProcessor" | "Qwen2_5_VLImageProcessor" => Layout::Qwen {
+            merge: config["merge_size"].as_u64().unwrap_or(2),
+        },
+        "CLIPImageProcessor" => Layout::Clip {
+            side: side(&config["crop_size"]["height"]),
+        },
+        "LlavaNextImageProcessor" => Layout::Anyres {
+            side: side(&config["crop_size"]["height"]),
+        },
+        "LlavaOnevisionImageProcessor" => Layout::Anyres {
+            side: side(&config["size"]["height"]),
+        },
+        "Gemma3ImageProcessor" => Layout::Crops {
+            side: side(&config["size"]["height"]),
+        },
+        "Idefics3ImageProcessor" => Layout::Crops {
+            side: side(&config["max_image_size"]["longest_edge"]),
+        },
+        "PixtralImageProcessor" => Layout::Pixtral {
+            patch: match &config["patch_size"] {
+                Value::Object(o) => o.get("height").and_then(Value::as_u64).unwrap_or(16),
+                other => other.as_u64().unwrap_or(16),
+            },
+        },
+        _ => Layout::Unknown,
+    }
+}
+
+/// The item's shape and tensors against `layout`.
+fn check_layout(layout: Layout, index: usize, item: &MultimodalItem) -> Result<(), Status> {
+    let shape: Vec<u64> = item
+        .encoder_input
+        .as_ref()
+        .map(|t| t.shape.iter().map(|&d| u64::from(d)).collect())
+        .unwrap_or_default();
+    let fail = |what: String| invalid(format!("mm item {index} ({layout:?}): {what}"));
+    let runs = item.placeholders.len() as u64;
+    let tokens: u64 = item.placeholders.iter().map(|r| u64::from(r.length)).sum();
+    match layout {
+        Layout::Unknown => Ok(()),
+        Layout::Qwen { merge } => {
+            let [t, h, w] = ints(item, "image_grid_thw", 3).map_err(fail)?[..] else {
+                return Err(fail("image_grid_thw is not 3 values".into()));
+            };
+            let rows = (t * h * w) as u64;
+            expect(shape.len() == 2 && shape[0] == rows, || {
+                fail(format!(
+                    "pixel_values shape {shape:?} is not [{rows}, _] (t·h·w)"
+                ))
+            })?;
+            expect(tokens * merge * merge == rows, || {
+                fail(format!(
+                    "{tokens} placeholder tokens for {rows} patches merged {merge}×{merge}"
+                ))
+            })
+        }
+        Layout::Clip { side } => expect(shape == [3, side, side], || {
+            fail(format!(
+                "pixel_values shape {shape:?} is not [3, {side}, {side}]"
+            ))
+        }),
+        Layout::Anyres { side } => {
+            square_tiles(&shape, side).map_err(fail)?;
+            ints(item, "image_sizes", 2).map_err(fail).map(|_| ())
+        }
+        Layout::Crops { side } => {
+            square_tiles(&shape, side).map_err(fail)?;
+            expect(runs == shape[0], || {
+                fail(format!("{runs} placeholder runs for {} crops", shape[0]))
+            })
+        }
+        Layout::Pixtral { patch } => check_pixtral(&shape, patch, item, runs, tokens).map_err(fail),
+    }
+}
+
+fn expect(ok: bool, error: impl FnOnce() -> Status) -> Result<(), Status> {
+    if ok {
+        Ok(())
+    } else {
+        Err(error())
+    }
+}
+
+/// `[n ≥ 1, 3, side, side]`.
+fn square_tiles(shape: &[u64], side: u64) -> Result<(), String> {
+    match shape {
+        [n, 3, h, w] if *n >= 1 && *h == side && *w == side => Ok(()),
+        _ => Err(format!(
+            "pixel_values shape {shape:?} is not [tiles, 3, {side}, {side}]"
+        )),
+    }
+}
+
+fn check_pixtral(
+    shape: &[u64],
+    patch: u64,
+    item: &MultimodalItem,
+    runs: u64,
+    tokens: u64,
+) -> Result<(), String> {
+    let &[3, h, w] = shape else {
+        return Err(format!("pixel_values shape {shape:?} is not [3, H, W]"));
+    };
+    if patch == 0 || h % patch != 0 || w % patch != 0 {
+        return Err(format!(
+            "{h}×{w} is not a multiple of the {patch}-pixel patch"
+        ));
+    }
+    let sizes = ints(item, "image_sizes", 2)?;
+    if sizes != [h as i64, w as i64] {
+        return Err(format!(
+            "image_sizes {sizes:?} is not the pixels' [{h}, {w}]"
+        ));
+    }
+    let (rows, cols) = (h / patch, w / patch);
+    if runs != rows || tokens != rows * cols {
+        return Err(format!(
+            "{runs} placeholder runs of {tokens} tokens for {rows} rows of {cols} patches"
+        ));
+    }
+    Ok(())
+}
+
+/// The `n` int64 values of the item's model-specific tensor `name`.
+fn ints(item: &MultimodalItem, name: &str, n: usize) -> Result<Vec<i64>, String> {
+    let values = item
+        .model_specific_tensors
+        .get(name)
+        .map(read)
+        .ok_or_else(|| format!("{name} is missing"))?;
+    match values {
+        Some(v) if v.len() == n => Ok(v),
+        _ => Err(format!("{name} is not {n} inline int64 values")),
+    }
+}
+
+fn read(t: &TensorData) -> Option<Vec<i64>> {
+    tensor::read_int64(t)
+}
