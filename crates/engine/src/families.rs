@@ -18,6 +18,8 @@
 //! placeholder token, and the image items' ranges cover every image
 //! token of the prompt.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use iris_model::ModelDir;
 use iris_proto::common::Modality;
 use iris_proto::scheduler::{MultimodalItem, TensorData};
@@ -43,12 +45,14 @@ pub enum Layout {
 }
 
 /// The checks of one model's multimodal items.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct ItemRules {
     pub layout: Layout,
     /// `image_token_id` / `video_token_id` of `config.json`.
     pub image_token: Option<u32>,
     pub video_token: Option<u32>,
+    /// Image tokens of the prompts whose items passed (a metric).
+    image_tokens: AtomicU64,
 }
 
 impl ItemRules {
@@ -61,10 +65,17 @@ impl ItemRules {
                 .map_or(Layout::Unknown, layout),
             image_token: dir.config.image_token_id,
             video_token: dir.config.video_token_id,
+            image_tokens: AtomicU64::new(0),
         }
     }
 
-    /// Checks `items` against the prompt `ids`.
+    /// Image tokens of the prompts whose items passed, since start.
+    pub fn image_tokens(&self) -> u64 {
+        self.image_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Checks `items` against the prompt `ids`, counting its image tokens
+    /// when they pass.
     pub fn check(&self, items: &[MultimodalItem], ids: &[u32]) -> Result<(), Status> {
         for (index, item) in items.iter().enumerate() {
             self.check_runs(index, item, ids)?;
@@ -73,7 +84,10 @@ impl ItemRules {
                 check_layout(self.layout, index, item)?;
             }
         }
-        self.check_coverage(items, ids)
+        let tokens = self.check_coverage(items, ids)?;
+        self.image_tokens
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Every position of the item's ranges holds its placeholder token.
@@ -102,10 +116,11 @@ impl ItemRules {
         Ok(())
     }
 
-    /// The image items' ranges cover every image token of the prompt.
-    fn check_coverage(&self, items: &[MultimodalItem], ids: &[u32]) -> Result<(), Status> {
+    /// The image items' ranges cover every image token of the prompt;
+    /// returns how many there are.
+    fn check_coverage(&self, items: &[MultimodalItem], ids: &[u32]) -> Result<usize, Status> {
         let Some(image) = self.image_token else {
-            return Ok(());
+            return Ok(0);
         };
         let in_prompt = ids.iter().filter(|&&t| t == image).count();
         let covered: usize = items
@@ -119,7 +134,7 @@ impl ItemRules {
                 "the prompt has {in_prompt} image tokens ({image}) but the image items' placeholder ranges cover {covered}"
             )));
         }
-        Ok(())
+        Ok(in_prompt)
     }
 }
 
