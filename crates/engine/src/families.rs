@@ -287,3 +287,136 @@ fn ints(item: &MultimodalItem, name: &str, n: usize) -> Result<Vec<i64>, String>
 fn read(t: &TensorData) -> Option<Vec<i64>> {
     tensor::read_int64(t)
 }
+
+#[cfg(test)]
+mod tests {
+    use iris_proto::scheduler::PlaceholderRange;
+
+    use super::*;
+
+    const IMAGE: u32 = 9;
+
+    fn rules(layout: Layout) -> ItemRules {
+        ItemRules {
+            layout,
+            image_token: Some(IMAGE),
+            video_token: None,
+            image_tokens: AtomicU64::new(0),
+        }
+    }
+
+    /// An image item of `shape` over `ranges`, with `extra` tensors.
+    fn image(shape: &[u32], ranges: &[(u32, u32)], extra: &[(&str, &[i64])]) -> MultimodalItem {
+        MultimodalItem {
+            modality: Modality::Image as i32,
+            encoder_input: Some(TensorData {
+                shape: shape.to_vec(),
+                dtype: "float32".into(),
+                payload: None,
+            }),
+            model_specific_tensors: extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), tensor::int64(vec![1, v.len() as u32], v)))
+                .collect(),
+            placeholders: ranges
+                .iter()
+                .map(|&(offset, length)| PlaceholderRange { offset, length })
+                .collect(),
+            placeholder_token_id: Some(IMAGE),
+            ..Default::default()
+        }
+    }
+
+    /// `text` ids with runs of `IMAGE` at `runs` (offset, length).
+    fn prompt(len: usize, runs: &[(u32, u32)]) -> Vec<u32> {
+        let mut ids = vec![1; len];
+        for &(o, l) in runs {
+            ids[o as usize..(o + l) as usize].fill(IMAGE);
+        }
+        ids
+    }
+
+    fn error(rules: &ItemRules, item: MultimodalItem, ids: &[u32]) -> String {
+        match rules.check(&[item], ids) {
+            Ok(()) => String::new(),
+            Err(status) => status.message().to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_matching_item_passes_and_counts_its_tokens() {
+        let rules = rules(Layout::Crops { side: 896 });
+        let runs = [(2, 4), (8, 4)];
+        let item = image(&[2, 3, 896, 896], &runs, &[]);
+        assert_eq!(error(&rules, item, &prompt(16, &runs)), "");
+        assert_eq!(rules.image_tokens(), 8);
+    }
+
+    #[test]
+    fn ranges_must_hold_the_image_token_and_cover_all_of_them() {
+        let rules = rules(Layout::Unknown);
+        let item = image(&[1], &[(2, 4)], &[]);
+        let shifted = error(&rules, item.clone(), &prompt(10, &[(3, 4)]));
+        assert!(shifted.contains("holds token 1 at 2"), "{shifted}");
+        let uncovered = error(&rules, item, &prompt(10, &[(2, 4), (7, 2)]));
+        assert!(uncovered.contains("6 image tokens"), "{uncovered}");
+        assert_eq!(rules.image_tokens(), 0);
+    }
+
+    #[test]
+    fn each_family_refuses_a_wrong_tensor() {
+        let runs = [(0, 4)];
+        let ids = prompt(6, &runs);
+        let cases = [
+            (
+                Layout::Clip { side: 336 },
+                image(&[3, 224, 224], &runs, &[]),
+                "not [3, 336, 336]",
+            ),
+            (
+                Layout::Anyres { side: 336 },
+                image(&[2, 3, 336, 336], &runs, &[]),
+                "image_sizes is missing",
+            ),
+            (
+                Layout::Crops { side: 384 },
+                image(&[2, 3, 384, 384], &runs, &[]),
+                "1 placeholder runs for 2 crops",
+            ),
+            (
+                Layout::Qwen { merge: 2 },
+                image(&[8, 1176], &runs, &[("image_grid_thw", &[1, 4, 4])]),
+                "is not [16, _]",
+            ),
+            (
+                Layout::Pixtral { patch: 16 },
+                image(&[3, 32, 32], &runs, &[("image_sizes", &[32, 16])]),
+                "is not the pixels' [32, 32]",
+            ),
+        ];
+        for (layout, item, want) in cases {
+            let got = error(&rules(layout), item, &ids);
+            assert!(got.contains(want), "{layout:?}: {got}");
+        }
+    }
+
+    #[test]
+    fn qwen_and_pixtral_items_of_the_right_shape_pass() {
+        let qwen = image(&[16, 1176], &[(0, 4)], &[("image_grid_thw", &[1, 4, 4])]);
+        assert_eq!(
+            error(
+                &rules(Layout::Qwen { merge: 2 }),
+                qwen,
+                &prompt(6, &[(0, 4)])
+            ),
+            ""
+        );
+        let runs = [(0, 2), (3, 2)];
+        let pixtral = image(&[3, 32, 32], &runs, &[("image_sizes", &[32, 32])]);
+        let ids = prompt(6, &runs);
+        assert_eq!(
+            error(&rules(Layout::Pixtral { patch: 16 }), pixtral, &ids),
+            ""
+        );
+    }
+}
