@@ -69,6 +69,16 @@ impl ItemRules {
         }
     }
 
+    /// Rules that check nothing (`--no-mm-item-checks`).
+    pub fn unchecked() -> Self {
+        ItemRules {
+            layout: Layout::Unknown,
+            image_token: None,
+            video_token: None,
+            image_tokens: AtomicU64::new(0),
+        }
+    }
+
     /// Image tokens of the prompts whose items passed, since start.
     pub fn image_tokens(&self) -> u64 {
         self.image_tokens.load(Ordering::Relaxed)
