@@ -152,8 +152,20 @@ fn invalid(message: String) -> Status {
     Status::invalid_argument(message)
 }
 
-/// The layout `preprocessor_config.json` names.
+/// The layout `preprocessor_config.json` names; [`Layout::Unknown`] when
+/// it lacks the size the checks need.
 fn layout(config: &Value) -> Layout {
+    let named = named_layout(config);
+    match named {
+        Layout::Clip { side: 0 }
+        | Layout::Anyres { side: 0 }
+        | Layout::Crops { side: 0 }
+        | Layout::Pixtral { patch: 0 } => Layout::Unknown,
+        known => known,
+    }
+}
+
+fn named_layout(config: &Value) -> Layout {
     let kind = config["image_processor_type"].as_str().unwrap_or_default();
     let kind = kind.trim_end_matches("Fast");
     let side = |v: &Value| v.as_u64().unwrap_or(0);
@@ -261,7 +273,7 @@ fn check_pixtral(
     let &[3, h, w] = shape else {
         return Err(format!("pixel_values shape {shape:?} is not [3, H, W]"));
     };
-    if patch == 0 || h % patch != 0 || w % patch != 0 {
+    if h % patch != 0 || w % patch != 0 {
         return Err(format!(
             "{h}×{w} is not a multiple of the {patch}-pixel patch"
         ));
@@ -408,6 +420,17 @@ mod tests {
             let got = error(&rules(layout), item, &ids);
             assert!(got.contains(want), "{layout:?}: {got}");
         }
+    }
+
+    #[test]
+    fn a_config_without_the_sizes_checks_placeholders_only() {
+        let config = serde_json::json!({"image_processor_type": "CLIPImageProcessor"});
+        assert_eq!(layout(&config), Layout::Unknown);
+        let config = serde_json::json!({
+            "image_processor_type": "Idefics3ImageProcessorFast",
+            "max_image_size": {"longest_edge": 364},
+        });
+        assert_eq!(layout(&config), Layout::Crops { side: 364 });
     }
 
     #[test]
