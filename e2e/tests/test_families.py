@@ -16,7 +16,8 @@ images (200, with tokens), and
 
 EPD: ``iris-encoder``'s vision tower is Qwen-VL-shaped, so Qwen2-VL runs
 EPD here too, and the gateway refuses ``--epd-disaggregation`` at start
-for every other family, naming the reason.
+for every other family, naming the reason. And the engine's checks bite:
+an engine of another family refuses a gateway's items, saying why.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import (REPO, Processes, aggregated, binary, metric, prefill_decode)
+from conftest import (REPO, Processes, aggregated, binary, metric, prefill_decode,
+                      start_engine, start_gateway)
 from test_epd import data_url, epd, image_part, png
 
 FAMILIES = ["qwen2_vl", "llava", "llava_next", "llava_onevision", "gemma3", "idefics3",
@@ -225,3 +227,22 @@ def test_epd(case, processes, tmp_path):
     done = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0, f"{case.family}: EPD started:\n{done.stderr}"
     assert "--epd-disaggregation is not available for this model" in done.stderr, done.stderr
+
+
+def test_an_engine_of_another_family_refuses_the_items(processes, tmp_path):
+    """The engine's checks bite: a LLaVA-1.5 gateway's items (one
+    ``[3, 336, 336]`` image each) sent to an engine serving LLaVA-NeXT's
+    tiny model (same tokenizer, ``[tiles, 3, 336, 336]`` with
+    ``image_sizes`` expected) are refused, and the client is told why."""
+    llava = write_model("llava", tmp_path / "tiny-llava")
+    next_ = write_model("llava_next", tmp_path / "tiny-llava_next")
+    engine = start_engine(processes, next_, "aggregated")
+    gateway = start_gateway(processes, llava, "--worker-urls", engine.url)
+    try:
+        answer = gateway.http(timeout=60).post("/v1/chat/completions", json={
+            "model": gateway.model, "max_tokens": 4,
+            "messages": request_messages([png(64, 48, seed=5)])})
+        assert answer.status_code != 200, answer.text
+        assert "not [tiles, 3, 336, 336]" in answer.text, answer.text
+    finally:
+        gateway.close_clients()
