@@ -9,7 +9,7 @@
 //! There are no weights. The output is identical byte for byte on every run.
 //!
 //! [`write_tiny_model`] writes the tiny model of any [`Family`]: the other
-//! vision-language families' directories are [`families`]'.
+//! vision-language families' directories are described at [`FamilySpec`].
 
 mod bpe;
 mod families;
