@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT = 30.0
 ENGINE_LINE = re.compile(r"iris-engine listening grpc=(\S+)(?: data=(\S+))?")
 ENCODER_LINE = re.compile(r"iris-encoder listening grpc=(\S+) data=(\S+)")
+METRICS_ADDR = re.compile(r" metrics=(\S+)")
 
 
 def bin_dir() -> Path:
@@ -280,6 +281,8 @@ class Engine:
     process: Process
     grpc_port: int
     data_port: int | None = None
+    # ``/metrics`` when started with ``--metrics-port``.
+    metrics_url: str | None = None
 
     @property
     def url(self) -> str:
@@ -336,7 +339,9 @@ def start_engine(procs: Processes, model_dir: Path, role: str, *extra) -> Engine
     process = procs.spawn(f"engine-{role}", args)
     match = process.wait_for_line(ENGINE_LINE, STARTUP_TIMEOUT)
     data = port_of(match.group(2)) if match.group(2) else None
-    return Engine(role, process, port_of(match.group(1)), data)
+    metrics = METRICS_ADDR.search(match.string)
+    metrics_url = f"http://{metrics.group(1)}/metrics" if metrics else None
+    return Engine(role, process, port_of(match.group(1)), data, metrics_url)
 
 
 def start_encoder(procs: Processes, model_dir: Path, *extra, nixl: bool = False) -> Engine:

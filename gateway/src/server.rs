@@ -143,6 +143,12 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     );
     tracing::info!(tool_calls = ?parsers.tools, reasoning = parsers.reasoning, "output parsers");
     let multimodal = Multimodal::load(&dir, &config.media)?.map(Arc::new);
+    if let Topology::Disaggregated {
+        encode: Some(_), ..
+    } = &config.topology
+    {
+        crate::mm::check_epd_family(multimodal.as_deref())?;
+    }
     let discovery = config.discovery.as_ref();
     let connect = config.connect.clone();
     let kv = Arc::new(KvCaches::default());

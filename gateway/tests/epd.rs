@@ -359,3 +359,38 @@ async fn a_gateway_with_the_worker_token_serves_through_protected_workers() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 8);
 }
+
+/// `iris-encoder`'s tower is Qwen-VL-shaped: EPD for another family's
+/// model is refused at start, naming why, before any worker is called.
+#[tokio::test]
+async fn epd_is_refused_for_a_family_the_encoder_cannot_encode() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let family = iris_model::tiny::Family::LlavaNext;
+    iris_model::tiny::write_tiny_model(dir.path(), family).expect("tiny model");
+    let argv = [
+        "--port",
+        "0",
+        "--model-path",
+        &dir.path().display().to_string(),
+        "--epd-disaggregation",
+        "--encode",
+        "grpc://127.0.0.1:9",
+        "9",
+        "--prefill",
+        "grpc://127.0.0.1:9",
+        "9",
+        "--decode",
+        "grpc://127.0.0.1:9",
+    ]
+    .map(String::from);
+    let serve: iris_gateway::ServeArgs = iris_testkit::args::parse(argv);
+    let Err(error) = iris_gateway::start(serve).await else {
+        panic!("an EPD gateway started for {family}");
+    };
+    let message = format!("{error:#}");
+    assert!(
+        message.contains("--epd-disaggregation is not available for this model")
+            && message.contains("llava_next"),
+        "{message}"
+    );
+}

@@ -5,14 +5,12 @@
 //! — `processor(text=processor.apply_chat_template(messages), images=…)
 //! ["input_ids"]` — run by `hf_processor_reference.py` beside this file.
 //!
-//! Each family gets a model directory of its own: the tiny model's
-//! byte-level BPE with one merge added (`\n\n`, so that blank lines
-//! written next to message text tokenize differently from blank lines
-//! tokenized apart, as in the real vocabularies) and the family's special
-//! tokens; its real chat template (tests/data/templates, sources in
-//! tests/data/README.md); its preprocessor and processor configs as the
-//! public checkpoints ship them. A gateway serves the directory in front
-//! of a stub worker that keeps the Generate requests it receives.
+//! Each family gets its tiny model directory
+//! ([`iris_model::tiny::Family::spec`]: the tiny byte-level BPE with a
+//! `\n\n` merge and the family's special tokens, its real chat template,
+//! its preprocessor and processor configs as the public checkpoints ship
+//! them). A gateway serves the directory in front of a stub worker that
+//! keeps the Generate requests it receives.
 //!
 //! The interpreter is `$IRIS_HF_PYTHON` (CI: `.venv-hf/bin/python`, made
 //! by .ci/run from .ci/hf-reference/requirements.txt; default `python3`).
@@ -32,25 +30,12 @@ use iris_testkit::grpc::{Received, StubScheduler};
 use serde_json::{json, Value};
 
 use common::{post_json, ready};
+use iris_model::tiny::{Family as TinyFamily, FamilySpec};
 
-/// The ordinary tokens of the tiny BPE, then `ĊĊ` (the added merge).
-const NEWLINES_ID: u32 = iris_model::tiny::ORDINARY_VOCAB_SIZE;
-
-/// One family's model directory and conversations.
+/// One family's model directory and the Hugging Face processor's call.
 struct Family {
-    /// The chat template's file, from the gateway crate (a `.json` one
-    /// holds it in its `chat_template` field).
-    template: &'static str,
-    /// Special tokens, in id order after [`NEWLINES_ID`].
-    specials: Vec<String>,
-    /// The special token the template writes as `bos_token` / `eos_token`.
-    bos: &'static str,
-    eos: &'static str,
-    /// The image token (`image_token_id` / `image_token_index`).
-    image_token: &'static str,
-    preprocessor: Value,
-    /// `processor_config.json`: the model processor's placeholder counts.
-    processor_config: Value,
+    /// What the model directory holds.
+    spec: FamilySpec,
     /// The transformers processor class and its keyword arguments.
     processor_class: &'static str,
     processor_kwargs: Value,
@@ -63,6 +48,11 @@ struct Family {
     /// Conversations in the OpenAI format; each `"IMAGE"` URL takes the
     /// next of `image_sizes` (width, height).
     conversations: Vec<(Value, Vec<(u32, u32)>)>,
+}
+
+/// `family`'s directory contents.
+fn spec(family: TinyFamily) -> FamilySpec {
+    family.spec().expect("a family with its own directory")
 }
 
 /// A user turn of text and images, a model answer and a last user turn
@@ -109,43 +99,17 @@ fn smolvlm_conversations() -> Vec<(Value, Vec<(u32, u32)>)> {
 }
 
 fn gemma3(pan_and_scan: bool) -> Family {
-    let mut preprocessor = json!({
-        "image_processor_type": "Gemma3ImageProcessor",
-        "processor_class": "Gemma3Processor",
-        "do_convert_rgb": null, "do_normalize": true, "do_pan_and_scan": null,
-        "do_rescale": true, "do_resize": true,
-        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-        "image_seq_length": 256,
-        "pan_and_scan_max_num_crops": null, "pan_and_scan_min_crop_size": null,
-        "pan_and_scan_min_ratio_to_activate": null,
-        "resample": 2, "rescale_factor": 0.00392156862745098,
-        "size": {"height": 896, "width": 896},
-    });
+    let mut spec = spec(TinyFamily::Gemma3);
     let mut call_kwargs = json!({});
     if pan_and_scan {
         // On in the config, as Iris reads it; Gemma3Processor's call turns
         // it off unless asked, so the reference asks.
-        preprocessor["do_pan_and_scan"] = json!(true);
+        spec.preprocessor["do_pan_and_scan"] = json!(true);
         call_kwargs = json!({"do_pan_and_scan": true});
     }
-    let specials = [
-        "<bos>",
-        "<eos>",
-        "<start_of_turn>",
-        "<end_of_turn>",
-        "<start_of_image>",
-        "<end_of_image>",
-        "<image_soft_token>",
-    ];
     Family {
-        template: "tests/data/templates/gemma3.jinja",
+        spec,
         tokenizer_class: "PreTrainedTokenizerFast",
-        specials: specials.iter().map(|s| s.to_string()).collect(),
-        bos: "<bos>",
-        eos: "<eos>",
-        image_token: "<image_soft_token>",
-        preprocessor,
-        processor_config: json!({"image_seq_length": 256, "processor_class": "Gemma3Processor"}),
         processor_class: "Gemma3Processor",
         processor_kwargs: json!({"image_seq_length": 256}),
         tokenizer_kwargs: json!({"extra_special_tokens": {
@@ -162,286 +126,123 @@ fn gemma3(pan_and_scan: bool) -> Family {
     }
 }
 
-fn smolvlm() -> Family {
-    let mut specials: Vec<String> = [
-        "<|im_start|>",
-        "<end_of_utterance>",
-        "<fake_token_around_image>",
-        "<image>",
-        "<global-img>",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    for row in 1..=6 {
-        specials.extend((1..=6).map(|col| format!("<row_{row}_col_{col}>")));
-    }
+/// A family whose processor takes no tokenizer or call arguments.
+fn plain(
+    spec: FamilySpec,
+    processor_class: &'static str,
+    processor_kwargs: Value,
+    conversations: Vec<(Value, Vec<(u32, u32)>)>,
+) -> Family {
     Family {
-        template: "tests/data/templates/smolvlm.jinja",
+        spec,
         tokenizer_class: "PreTrainedTokenizerFast",
-        specials,
-        bos: "<|im_start|>",
-        eos: "<end_of_utterance>",
-        image_token: "<image>",
-        preprocessor: json!({
-            "image_processor_type": "Idefics3ImageProcessor",
-            "processor_class": "Idefics3Processor",
-            "do_convert_rgb": true, "do_image_splitting": true, "do_normalize": true,
-            "do_pad": true, "do_rescale": true, "do_resize": true,
-            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-            "max_image_size": {"longest_edge": 384},
-            "resample": 1, "rescale_factor": 0.00392156862745098,
-            "size": {"longest_edge": 1536},
-        }),
-        processor_config: json!({"image_seq_len": 81, "processor_class": "Idefics3Processor"}),
-        processor_class: "Idefics3Processor",
-        processor_kwargs: json!({"image_seq_len": 81}),
+        processor_class,
+        processor_kwargs,
         tokenizer_kwargs: json!({}),
         call_kwargs: json!({}),
-        conversations: smolvlm_conversations(),
+        conversations,
     }
 }
 
+fn smolvlm() -> Family {
+    plain(
+        spec(TinyFamily::Idefics3),
+        "Idefics3Processor",
+        json!({"image_seq_len": 81}),
+        smolvlm_conversations(),
+    )
+}
+
 fn pixtral() -> Family {
-    let specials = [
-        "<s>",
-        "</s>",
-        "[INST]",
-        "[/INST]",
-        "[IMG]",
-        "[IMG_BREAK]",
-        "[IMG_END]",
-    ];
-    Family {
-        template: "tests/data/templates/pixtral.jinja",
-        tokenizer_class: "PreTrainedTokenizerFast",
-        specials: specials.iter().map(|s| s.to_string()).collect(),
-        bos: "<s>",
-        eos: "</s>",
-        image_token: "[IMG]",
-        preprocessor: json!({
-            "image_processor_type": "PixtralImageProcessor",
-            "processor_class": "PixtralProcessor",
-            "do_convert_rgb": true, "do_normalize": true, "do_rescale": true, "do_resize": true,
-            "image_mean": [0.48145466, 0.4578275, 0.40821073],
-            "image_std": [0.26862954, 0.26130258, 0.27577711],
-            "patch_size": {"height": 16, "width": 16},
-            "resample": 3, "rescale_factor": 0.00392156862745098,
-            "size": {"longest_edge": 1024},
-        }),
-        processor_config: json!({
-            "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]",
-            "image_token": "[IMG]", "patch_size": 16, "processor_class": "PixtralProcessor",
-        }),
-        processor_class: "PixtralProcessor",
-        processor_kwargs: json!({"patch_size": 16, "spatial_merge_size": 1}),
-        tokenizer_kwargs: json!({}),
-        call_kwargs: json!({"return_tensors": "np"}),
-        conversations: conversations(
+    let mut family = plain(
+        spec(TinyFamily::Pixtral),
+        "PixtralProcessor",
+        json!({"patch_size": 16, "spatial_merge_size": 1}),
+        conversations(
             as_array,
             &[(640, 480), (100, 50), (700, 300)],
             &[(1300, 700), (33, 47)],
         ),
-    }
+    );
+    family.call_kwargs = json!({"return_tensors": "np"});
+    family
 }
 
 /// LLaVA-1.5 (`clip`) or, with `anyres`, LLaVA-NeXT: the image token
 /// repeated, 576 times or once per feature of the image's tiles.
 fn llava(anyres: bool) -> Family {
-    let clip = json!({
-        "image_processor_type": "CLIPImageProcessor",
-        "crop_size": {"height": 336, "width": 336}, "do_center_crop": true,
-        "do_convert_rgb": true, "do_normalize": true, "do_rescale": true, "do_resize": true,
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-        "resample": 3, "rescale_factor": 0.00392156862745098,
-        "size": {"shortest_edge": 336},
-    });
-    let mut preprocessor = clip;
-    let mut processor_class = "LlavaProcessor";
-    if anyres {
-        processor_class = "LlavaNextProcessor";
-        preprocessor["image_processor_type"] = json!("LlavaNextImageProcessor");
-        preprocessor["do_pad"] = json!(true);
-        preprocessor["image_grid_pinpoints"] =
-            json!([[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]);
-    }
-    let kwargs = json!({
-        "patch_size": 14, "vision_feature_select_strategy": "default",
-        "num_additional_image_tokens": 1,
-    });
-    Family {
-        template: "tests/data/templates/llava.jinja",
-        tokenizer_class: "PreTrainedTokenizerFast",
-        specials: ["<s>", "</s>", "<image>"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        bos: "<s>",
-        eos: "</s>",
-        image_token: "<image>",
-        preprocessor,
-        processor_config: kwargs.clone(),
+    let (family, processor_class) = match anyres {
+        true => (TinyFamily::LlavaNext, "LlavaNextProcessor"),
+        false => (TinyFamily::Llava, "LlavaProcessor"),
+    };
+    let spec = spec(family);
+    let kwargs = spec.processor_config.clone();
+    plain(
+        spec,
         processor_class,
-        processor_kwargs: kwargs,
-        tokenizer_kwargs: json!({}),
-        call_kwargs: json!({}),
-        conversations: answer_as_parts(
+        kwargs,
+        answer_as_parts(
             &[(640, 480), (100, 50), (900, 200)],
             &[(1300, 700), (336, 336)],
         ),
-    }
+    )
 }
 
 /// Qwen2-VL-7B-Instruct's own chat template and image processor config
-/// (crates/model/tests/fixtures): `<|image_pad|>` repeated once per merged
-/// patch.
+/// (crates/model/tests/fixtures) on the tiny vocabulary: `<|image_pad|>`
+/// repeated once per merged patch.
 fn qwen2_vl() -> Family {
-    let fixture = "../crates/model/tests/fixtures/Qwen2-VL-7B-Instruct";
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let preprocessor = read_json(&manifest.join(fixture).join("preprocessor_config.json"));
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../crates/model/tests/fixtures/Qwen2-VL-7B-Instruct");
+    let template = read_json(&fixture.join("chat_template.json"))["chat_template"]
+        .as_str()
+        .expect("a chat_template string")
+        .to_owned();
     let specials = iris_model::tiny::SPECIAL_TOKENS.map(|(t, _)| t.to_owned());
-    Family {
-        template: "../crates/model/tests/fixtures/Qwen2-VL-7B-Instruct/chat_template.json",
-        tokenizer_class: "Qwen2TokenizerFast",
+    let spec = FamilySpec {
+        model_type: "qwen2_vl",
+        architecture: "Qwen2VLForConditionalGeneration",
         specials: specials.to_vec(),
         bos: "<|endoftext|>",
         eos: "<|im_end|>",
         image_token: "<|image_pad|>",
-        preprocessor,
+        template,
+        preprocessor: read_json(&fixture.join("preprocessor_config.json")),
         processor_config: json!({"processor_class": "Qwen2VLProcessor"}),
-        processor_class: "Qwen2VLProcessor",
-        processor_kwargs: json!({}),
-        tokenizer_kwargs: json!({}),
-        call_kwargs: json!({}),
-        conversations: conversations(
+    };
+    let mut family = plain(
+        spec,
+        "Qwen2VLProcessor",
+        json!({}),
+        conversations(
             as_array,
             &[(640, 480), (100, 50), (300, 900)],
             &[(1300, 700), (56, 56)],
         ),
-    }
+    );
+    family.tokenizer_class = "Qwen2TokenizerFast";
+    family
 }
 
 /// LLaVA-OneVision: `<image>` repeated once per feature of the image's
 /// tiles (anyres_max_9), each image on its own (the flat call).
 fn llava_onevision() -> Family {
-    let kwargs = json!({
-        "num_image_tokens": 729, "vision_aspect_ratio": "anyres_max_9",
-        "vision_feature_select_strategy": "full",
-    });
-    let pinpoints: Vec<[u32; 2]> = (1..=6)
-        .flat_map(|i| (1..=6).map(move |j| [i * 384, j * 384]))
-        .collect();
-    Family {
-        template: "tests/data/templates/llava_onevision.jinja",
-        tokenizer_class: "PreTrainedTokenizerFast",
-        specials: ["<|im_start|>", "<|im_end|>", "<image>", "<video>"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        bos: "<|im_start|>",
-        eos: "<|im_end|>",
-        image_token: "<image>",
-        preprocessor: json!({
-            "image_processor_type": "LlavaOnevisionImageProcessor",
-            "do_convert_rgb": true, "do_normalize": true, "do_pad": true,
-            "do_rescale": true, "do_resize": true,
-            "image_grid_pinpoints": pinpoints,
-            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-            "resample": 3, "rescale_factor": 0.00392156862745098,
-            "size": {"height": 384, "width": 384},
-        }),
-        processor_config: kwargs.clone(),
-        processor_class: "LlavaOnevisionProcessor",
-        processor_kwargs: kwargs,
-        tokenizer_kwargs: json!({}),
-        call_kwargs: json!({}),
-        conversations: answer_as_parts(
+    let spec = spec(TinyFamily::LlavaOnevision);
+    let kwargs = spec.processor_config.clone();
+    plain(
+        spec,
+        "LlavaOnevisionProcessor",
+        kwargs,
+        answer_as_parts(
             &[(640, 480), (100, 50), (900, 200)],
             &[(1300, 700), (384, 384)],
         ),
-    }
-}
-
-/// Writes the family's model directory into `dir`.
-fn write_model(family: &Family, dir: &Path) {
-    iris_model::tiny::write_tiny_qwen2_vl(dir).expect("tiny model");
-    for stale in [
-        "vocab.json",
-        "merges.txt",
-        "special_tokens_map.json",
-        "generation_config.json",
-    ] {
-        std::fs::remove_file(dir.join(stale)).expect("remove a tiny model file");
-    }
-    let mut tokenizer = read_json(&dir.join("tokenizer.json"));
-    tokenizer["model"]["vocab"]["ĊĊ"] = json!(NEWLINES_ID);
-    if let Some(merges) = tokenizer["model"]["merges"].as_array_mut() {
-        merges.insert(0, json!("Ċ Ċ"));
-    }
-    let added: Vec<Value> = family
-        .specials
-        .iter()
-        .enumerate()
-        .map(|(i, content)| {
-            json!({"id": special_id(i), "content": content, "single_word": false,
-                   "lstrip": false, "rstrip": false, "normalized": false, "special": true})
-        })
-        .collect();
-    tokenizer["added_tokens"] = Value::Array(added);
-    write_json(&dir.join("tokenizer.json"), &tokenizer);
-    write_json(
-        &dir.join("tokenizer_config.json"),
-        &json!({"bos_token": family.bos, "eos_token": family.eos,
-                "model_max_length": 32768, "tokenizer_class": "PreTrainedTokenizerFast"}),
-    );
-    let mut config = read_json(&dir.join("config.json"));
-    let object = config.as_object_mut().expect("config object");
-    for qwen in [
-        "video_token_id",
-        "vision_start_token_id",
-        "vision_end_token_id",
-        "vision_token_id",
-    ] {
-        object.remove(qwen);
-    }
-    let id = |token: &str| {
-        family
-            .specials
-            .iter()
-            .position(|s| s == token)
-            .map(special_id)
-    };
-    config["image_token_id"] = json!(id(family.image_token).expect("image token"));
-    config["bos_token_id"] = json!(id(family.bos));
-    config["eos_token_id"] = json!(id(family.eos));
-    config["vocab_size"] = json!(special_id(family.specials.len()));
-    write_json(&dir.join("config.json"), &config);
-    write_json(&dir.join("preprocessor_config.json"), &family.preprocessor);
-    write_json(&dir.join("processor_config.json"), &family.processor_config);
-    let template = Path::new(env!("CARGO_MANIFEST_DIR")).join(family.template);
-    let source = match template.extension().and_then(|e| e.to_str()) {
-        Some("json") => read_json(&template)["chat_template"]
-            .as_str()
-            .expect("a chat_template string")
-            .to_owned(),
-        _ => std::fs::read_to_string(&template).expect("read the template"),
-    };
-    std::fs::write(dir.join("chat_template.jinja"), source).expect("write the template");
-}
-
-fn special_id(index: usize) -> u32 {
-    NEWLINES_ID + 1 + index as u32
+    )
 }
 
 fn read_json(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn write_json(path: &Path, value: &Value) {
-    let text = serde_json::to_string_pretty(value).expect("JSON");
-    std::fs::write(path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
 
 /// A PNG of `width`×`height` whose pixels depend on `seed`, written to
@@ -503,8 +304,8 @@ fn hf_python() -> String {
 /// The reference processor's token ids for each conversation.
 fn reference(family: &Family, dir: &Path, prepared: &[Prepared]) -> Vec<Vec<u32>> {
     let mut tokenizer = family.tokenizer_kwargs.clone();
-    tokenizer["bos_token"] = json!(family.bos);
-    tokenizer["eos_token"] = json!(family.eos);
+    tokenizer["bos_token"] = json!(family.spec.bos);
+    tokenizer["eos_token"] = json!(family.spec.eos);
     let request = json!({
         "model_dir": dir,
         "processor_class": family.processor_class,
@@ -613,7 +414,7 @@ fn checked_ids(request: &GenerateRequest, image: u32, label: &str) -> Vec<u32> {
 
 async fn check_family(name: &str, family: Family) {
     let dir = tempfile::tempdir().expect("temp dir");
-    write_model(&family, dir.path());
+    iris_model::tiny::write_family(dir.path(), &family.spec).expect("model directory");
     let prepared: Vec<Prepared> = family
         .conversations
         .iter()
@@ -630,10 +431,8 @@ async fn check_family(name: &str, family: Family) {
     for (i, (p, want)) in prepared.iter().zip(&expected).enumerate() {
         let body = json!({"model": model, "messages": p.request, "max_tokens": 4});
         let image_id = family
-            .specials
-            .iter()
-            .position(|s| s == family.image_token)
-            .map(special_id)
+            .spec
+            .image_token_id()
             .expect("the image token is special");
         let label = format!("{name} conversation {i}");
         let got = checked_ids(&sent(&gw, &received, body).await, image_id, &label);

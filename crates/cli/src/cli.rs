@@ -38,8 +38,14 @@ enum Command {
 
 #[derive(clap::Args)]
 struct TinyModelArgs {
-    /// Where the model is written (kept if already complete).
+    /// Where the model is written (Qwen2-VL's is kept if already complete).
     dir: PathBuf,
+    /// The vision-language family: qwen2_vl (the default, with its vision
+    /// tower's weights), llava, llava_next, llava_onevision, gemma3,
+    /// idefics3 (SmolVLM) or pixtral (their configs, tokenizer and chat
+    /// template; no weights).
+    #[arg(long, default_value = "qwen2_vl")]
+    family: iris_model::tiny::Family,
 }
 
 #[derive(clap::Args)]
@@ -104,8 +110,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::demo::run(args).await
         }
         Command::TinyModel(args) => {
-            crate::demo::ensure_tiny_model(&args.dir)?;
-            println!("tiny model in {}", args.dir.display());
+            crate::demo::ensure_family_model(&args.dir, args.family)?;
+            println!("tiny {} model in {}", args.family, args.dir.display());
             Ok(())
         }
         Command::Preprocess(args) => {

@@ -116,6 +116,20 @@ pub fn ensure_tiny_model(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes `family`'s tiny model: for Qwen2-VL [`ensure_tiny_model`]'s
+/// (kept if complete), else the family's directory, always written (it
+/// takes milliseconds; [`iris_model::tiny::write_tiny_model`]).
+pub fn ensure_family_model(
+    dir: &std::path::Path,
+    family: iris_model::tiny::Family,
+) -> anyhow::Result<()> {
+    if family == iris_model::tiny::Family::Qwen2Vl {
+        return ensure_tiny_model(dir);
+    }
+    iris_model::tiny::write_tiny_model(dir, family)
+        .with_context(|| format!("cannot write the tiny {family} model"))
+}
+
 /// A reference engine of `role` on free loopback ports; every other
 /// setting is the command line's default.
 fn engine_args(model: &std::path::Path, role: Role, decode_us_per_step: u64) -> EngineArgs {

@@ -119,6 +119,11 @@ pub struct EngineArgs {
     /// recalls.
     #[arg(long, default_value_t = 1024, env = "IRIS_ENGINE_MM_ITEM_CACHE_MB")]
     pub mm_item_cache_mb: u64,
+    /// Take multimodal items without checking them against the model's
+    /// family (shapes, model-specific tensors, placeholder runs of the
+    /// image token): for tests that send synthetic items.
+    #[arg(long, env = "IRIS_ENGINE_NO_MM_ITEM_CHECKS")]
+    pub no_mm_item_checks: bool,
     /// Append one JSON line per prefix-cache admission to FILE: its time,
     /// request id, the prompt's block hashes and its cached blocks (for
     /// benchmarks that compare routing with the best placement; needs

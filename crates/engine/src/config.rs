@@ -84,6 +84,8 @@ pub struct EngineConfig {
     pub kv_capacity_tokens: u64,
     /// Megabytes of received items kept for recalls (0: none).
     pub mm_item_cache_mb: u64,
+    /// Whether mm items are checked against the model's family.
+    pub mm_item_checks: bool,
     /// `--kv-trace`: the file every admission is appended to, opened.
     pub kv_trace: Option<Arc<KvTrace>>,
     /// Chance of EOS per decode step, in parts per million (at most 10⁶).
@@ -153,6 +155,7 @@ impl EngineConfig {
             kv_block_size: args.kv_block_size.max(1),
             kv_capacity_tokens: args.kv_capacity_tokens,
             mm_item_cache_mb: args.mm_item_cache_mb,
+            mm_item_checks: !args.no_mm_item_checks,
             kv_trace,
             eos_ppm: args.eos_ppm,
             transfer_wait: Duration::from_millis(args.transfer_wait_ms),

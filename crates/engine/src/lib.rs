@@ -19,6 +19,7 @@ pub mod args;
 pub mod config;
 pub mod constrained;
 mod data;
+pub mod families;
 pub mod inflight;
 pub mod metrics;
 pub mod model;

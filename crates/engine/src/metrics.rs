@@ -34,6 +34,12 @@ pub fn render(engine: &Engine) -> String {
         "Generate requests taken (registered) since start.",
         u64::try_from(loads.registered_total).unwrap_or(0),
     );
+    counter(
+        &mut out,
+        &format!("{PREFIX}_image_tokens_total"),
+        "Image tokens of the prompts taken, their mm items checked against the model's family.",
+        engine.item_rules.image_tokens(),
+    );
     let gauges = [
         (
             "requests_running",

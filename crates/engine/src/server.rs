@@ -195,6 +195,10 @@ fn build_engine(cfg: EngineConfig, data_addr: Option<SocketAddr>) -> anyhow::Res
         facts,
         limits,
         vocab,
+        item_rules: match cfg.mm_item_checks {
+            true => crate::families::ItemRules::of(&dir),
+            false => crate::families::ItemRules::unchecked(),
+        },
         text: TextEncoder::new(tokenizer),
         inflight: Arc::new(InFlight::default()),
         rooms: Arc::new(RoomStore::new(RoomLimits {

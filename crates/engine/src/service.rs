@@ -59,6 +59,8 @@ pub struct Engine {
     pub facts: ModelFacts,
     pub limits: Limits,
     pub vocab: Vocab,
+    /// What the model's multimodal items must look like.
+    pub item_rules: crate::families::ItemRules,
     /// The tokenizer, for constrained answers.
     pub text: TextEncoder,
     pub inflight: Arc<InFlight>,

@@ -1,6 +1,6 @@
 //! iris-model: reads Hugging Face model directories (Qwen2-VL, Qwen2.5-VL,
-//! Qwen3-VL and similar) and writes a tiny Qwen2-VL-shaped one for demos
-//! and tests.
+//! Qwen3-VL and similar) and writes tiny ones for demos and tests
+//! (Qwen2-VL-shaped, or of another vision-language family).
 //!
 //! - [`ModelDir::load`] parses `config.json` (required) and the optional
 //!   `tokenizer_config.json`, `generation_config.json`,
@@ -8,7 +8,8 @@
 //! - [`ModelDir::load_tokenizer`] opens `tokenizer.json`;
 //!   [`ModelDir::tokenizer_bundle`] zips the tokenizer files for clients.
 //! - [`chat_template::ChatTemplate`] compiles and renders chat templates.
-//! - [`tiny::write_tiny_qwen2_vl`] writes the tiny model.
+//! - [`tiny::write_tiny_qwen2_vl`] writes the tiny model;
+//!   [`tiny::write_tiny_model`] a tiny model of any [`tiny::Family`].
 //! - [`ordinary_token_ids`] lists the ids that decode to clean text.
 
 #![forbid(unsafe_code)]

@@ -101,6 +101,26 @@ fn check_prompts_built(family: &str) -> anyhow::Result<()> {
     )
 }
 
+/// The image processor families whose tensors `iris-encoder`'s vision
+/// tower (Qwen-VL-shaped: flattened patches with `image_grid_thw`) encodes.
+const ENCODER_FAMILIES: &[&str] = &["qwen2_vl", "qwen3_vl"];
+
+/// Refuses EPD (`--epd-disaggregation`) for a model whose images the
+/// encode workers' tower cannot encode: the other families' pixels
+/// (tiles, crops, unflattened images) would reach it as wrong tensors.
+pub fn check_epd_family(multimodal: Option<&Multimodal>) -> anyhow::Result<()> {
+    let Some(family) = multimodal.map(|m| m.processor.name()) else {
+        return Ok(());
+    };
+    if ENCODER_FAMILIES.contains(&family) {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "--epd-disaggregation is not available for this model: its image processor ({family}) makes tensors iris-encoder's Qwen-VL-shaped vision tower cannot encode (EPD families: {}); serve it aggregated or with --pd-disaggregation, where the prefill workers encode images",
+        ENCODER_FAMILIES.join(", ")
+    )
+}
+
 impl Multimodal {
     /// The pipeline for `dir`'s model, or `None` when the model takes no
     /// images (no `preprocessor_config.json` or no `image_token_id`).

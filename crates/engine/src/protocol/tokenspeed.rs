@@ -16,6 +16,7 @@ use iris_proto::scheduler::*;
 use tonic::{Request, Response, Status};
 
 use super::Replies;
+use crate::families::ItemRules;
 use crate::output::Event;
 use crate::prefix::ItemKey;
 use crate::request::{self, Intake, ItemSource, Sampling};
@@ -39,7 +40,7 @@ impl TokenSpeedScheduler for Service {
         &self,
         request: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
-        let intake = intake(request.into_inner(), self.0.role)?;
+        let intake = intake(request.into_inner(), self.0.role, &self.0.item_rules)?;
         let request_id = intake.request_id.clone();
         let replies = super::generate(&self.0, intake, move |event| reply(&request_id, event))?;
         Ok(Response::new(replies))
@@ -114,8 +115,9 @@ impl TokenSpeedScheduler for Service {
     }
 }
 
-/// Translates a TokenSpeed GenerateRequest for a worker of `role`.
-fn intake(mut req: GenerateRequest, role: Role) -> Result<Intake, Status> {
+/// Translates a TokenSpeed GenerateRequest for a worker of `role`, its
+/// mm items checked against the model's `rules`.
+fn intake(mut req: GenerateRequest, role: Role, rules: &ItemRules) -> Result<Intake, Status> {
     let input_ids = req.tokenized.take().map(|t| t.input_ids).ok_or_else(|| {
         Status::invalid_argument("missing tokenized input: GenerateRequest.tokenized is required")
     })?;
@@ -138,7 +140,12 @@ fn intake(mut req: GenerateRequest, role: Role) -> Result<Intake, Status> {
     };
     let (items, item_keys) = match role {
         Role::Decode => (Vec::new(), Vec::new()),
-        Role::Aggregated | Role::Prefill => (item_sources(&req, input_ids.len())?, item_keys(&req)),
+        Role::Aggregated | Role::Prefill => {
+            let sources = item_sources(&req, input_ids.len())?;
+            let items = req.mm_inputs.as_ref().map(|m| m.items.as_slice());
+            rules.check(items.unwrap_or_default(), &input_ids)?;
+            (sources, item_keys(&req))
+        }
     };
     let kv = req
         .kv_bootstrap_info

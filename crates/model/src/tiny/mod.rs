@@ -7,8 +7,12 @@
 //! [`ORDINARY_VOCAB_SIZE`] ordinary tokens (256 byte symbols plus merges
 //! learned from a small English word list) followed by the special tokens.
 //! There are no weights. The output is identical byte for byte on every run.
+//!
+//! [`write_tiny_model`] writes the tiny model of any [`Family`]: the other
+//! vision-language families' directories are described at [`FamilySpec`].
 
 mod bpe;
+mod families;
 mod files;
 mod template;
 mod words;
@@ -16,6 +20,9 @@ mod words;
 use std::fs;
 use std::path::Path;
 
+pub use families::{
+    special_id, write_family, write_tiny_model, Family, FamilySpec, FAMILY_FILES, NEWLINES_ID,
+};
 pub use template::{CHAT_TEMPLATE, DEFAULT_SYSTEM_MESSAGE};
 
 use crate::ModelError;

@@ -1,0 +1,455 @@
+//! What a vision-language family's multimodal items must look like, so
+//! that the reference engine refuses (with `INVALID_ARGUMENT`) a request
+//! a real worker of the family would misread.
+//!
+//! The family is the model directory's `image_processor_type`; each
+//! item's `encoder_input` shape and the model-specific tensors it needs
+//! follow that family's Hugging Face processor (`pixel_values` per image):
+//!
+//! | family | `encoder_input` | also |
+//! |---|---|---|
+//! | Qwen2/2.5/3-VL | `[t·h·w, C·T·P·P]` | `image_grid_thw` `[1, 3]` whose product is the rows; `rows / merge²` tokens |
+//! | LLaVA-1.5 (CLIP) | `[3, S, S]` (`crop_size`) | |
+//! | LLaVA-NeXT, OneVision | `[tiles, 3, S, S]` | `image_sizes` `[1, 2]` |
+//! | Gemma 3, Idefics3 | `[crops, 3, S, S]` | one placeholder run per crop or tile |
+//! | Pixtral | `[3, H, W]`, multiples of the patch | `image_sizes` `= [H, W]`; one run per patch row, `H·W / P²` tokens |
+//!
+//! Whatever the family, every placeholder range holds only the item's
+//! placeholder token, and the image items' ranges cover every image
+//! token of the prompt.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use iris_model::ModelDir;
+use iris_proto::common::Modality;
+use iris_proto::scheduler::{MultimodalItem, TensorData};
+use iris_proto::tensor;
+use serde_json::Value;
+use tonic::Status;
+
+/// The item layout a family's processor gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Qwen-VL: flattened patches; `merge` patches per side make a token.
+    Qwen { merge: u64 },
+    /// CLIP (LLaVA-1.5): one `[3, side, side]` image.
+    Clip { side: u64 },
+    /// LLaVA-NeXT / OneVision: `[tiles, 3, side, side]` with `image_sizes`.
+    Anyres { side: u64 },
+    /// Gemma 3 / Idefics3: `[crops, 3, side, side]`, a run per crop.
+    Crops { side: u64 },
+    /// Pixtral: `[3, H, W]`, a run of `W / patch` tokens per patch row.
+    Pixtral { patch: u64 },
+    /// No (known) image processor: only the placeholders are checked.
+    Unknown,
+}
+
+/// The checks of one model's multimodal items.
+#[derive(Debug)]
+pub struct ItemRules {
+    pub layout: Layout,
+    /// `image_token_id` / `video_token_id` of `config.json`.
+    pub image_token: Option<u32>,
+    pub video_token: Option<u32>,
+    /// Image tokens of the prompts whose items passed (a metric).
+    image_tokens: AtomicU64,
+}
+
+impl ItemRules {
+    /// The rules of the model in `dir`.
+    pub fn of(dir: &ModelDir) -> Self {
+        ItemRules {
+            layout: dir
+                .preprocessor_config
+                .as_ref()
+                .map_or(Layout::Unknown, layout),
+            image_token: dir.config.image_token_id,
+            video_token: dir.config.video_token_id,
+            image_tokens: AtomicU64::new(0),
+        }
+    }
+
+    /// Rules that check nothing (`--no-mm-item-checks`).
+    pub fn unchecked() -> Self {
+        ItemRules {
+            layout: Layout::Unknown,
+            image_token: None,
+            video_token: None,
+            image_tokens: AtomicU64::new(0),
+        }
+    }
+
+    /// Image tokens of the prompts whose items passed, since start.
+    pub fn image_tokens(&self) -> u64 {
+        self.image_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Checks `items` against the prompt `ids`, counting its image tokens
+    /// when they pass.
+    pub fn check(&self, items: &[MultimodalItem], ids: &[u32]) -> Result<(), Status> {
+        for (index, item) in items.iter().enumerate() {
+            self.check_runs(index, item, ids)?;
+            // An item without `encoder_input` is encoded elsewhere (EPD).
+            if item.modality == Modality::Image as i32 && item.encoder_input.is_some() {
+                check_layout(self.layout, index, item)?;
+            }
+        }
+        let tokens = self.check_coverage(items, ids)?;
+        self.image_tokens
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Every position of the item's ranges holds its placeholder token.
+    fn check_runs(&self, index: usize, item: &MultimodalItem, ids: &[u32]) -> Result<(), Status> {
+        let token = item.placeholder_token_id.or(match item.modality {
+            m if m == Modality::Video as i32 => self.video_token,
+            _ => self.image_token,
+        });
+        let Some(token) = token else {
+            return Ok(());
+        };
+        for range in &item.placeholders {
+            let (start, end) = (
+                range.offset as usize,
+                (range.offset + range.length) as usize,
+            );
+            let span = ids.get(start..end).unwrap_or_default();
+            if let Some(at) = span.iter().position(|&t| t != token) {
+                return Err(invalid(format!(
+                    "mm item {index}: placeholder range {start}..{end} holds token {} at {}, not the placeholder token {token}",
+                    span[at],
+                    start + at
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The image items' ranges cover every image token of the prompt;
+    /// returns how many there are.
+    fn check_coverage(&self, items: &[MultimodalItem], ids: &[u32]) -> Result<usize, Status> {
+        let Some(image) = self.image_token else {
+            return Ok(0);
+        };
+        let in_prompt = ids.iter().filter(|&&t| t == image).count();
+        let covered: usize = items
+            .iter()
+            .filter(|i| i.modality == Modality::Image as i32)
+            .flat_map(|i| &i.placeholders)
+            .map(|r| r.length as usize)
+            .sum();
+        if in_prompt != covered {
+            return Err(invalid(format!(
+                "the prompt has {in_prompt} image tokens ({image}) but the image items' placeholder ranges cover {covered}"
+            )));
+        }
+        Ok(in_prompt)
+    }
+}
+
+fn invalid(message: String) -> Status {
+    Status::invalid_argument(message)
+}
+
+/// The layout `preprocessor_config.json` names; [`Layout::Unknown`] when
+/// it lacks the size the checks need.
+fn layout(config: &Value) -> Layout {
+    let named = named_layout(config);
+    match named {
+        Layout::Clip { side: 0 }
+        | Layout::Anyres { side: 0 }
+        | Layout::Crops { side: 0 }
+        | Layout::Pixtral { patch: 0 } => Layout::Unknown,
+        known => known,
+    }
+}
+
+fn named_layout(config: &Value) -> Layout {
+    let kind = config["image_processor_type"].as_str().unwrap_or_default();
+    let kind = kind.trim_end_matches("Fast");
+    let side = |v: &Value| v.as_u64().unwrap_or(0);
+    match kind {
+        "Qwen2VLImageProcessor" | "Qwen2_5_VLImageProcessor" => Layout::Qwen {
+            merge: config["merge_size"].as_u64().unwrap_or(2),
+        },
+        "CLIPImageProcessor" => Layout::Clip {
+            side: side(&config["crop_size"]["height"]),
+        },
+        "LlavaNextImageProcessor" => Layout::Anyres {
+            side: side(&config["crop_size"]["height"]),
+        },
+        "LlavaOnevisionImageProcessor" => Layout::Anyres {
+            side: side(&config["size"]["height"]),
+        },
+        "Gemma3ImageProcessor" => Layout::Crops {
+            side: side(&config["size"]["height"]),
+        },
+        "Idefics3ImageProcessor" => Layout::Crops {
+            side: side(&config["max_image_size"]["longest_edge"]),
+        },
+        "PixtralImageProcessor" => Layout::Pixtral {
+            patch: match &config["patch_size"] {
+                Value::Object(o) => o.get("height").and_then(Value::as_u64).unwrap_or(16),
+                other => other.as_u64().unwrap_or(16),
+            },
+        },
+        _ => Layout::Unknown,
+    }
+}
+
+/// The item's shape and tensors against `layout`.
+fn check_layout(layout: Layout, index: usize, item: &MultimodalItem) -> Result<(), Status> {
+    let shape: Vec<u64> = item
+        .encoder_input
+        .as_ref()
+        .map(|t| t.shape.iter().map(|&d| u64::from(d)).collect())
+        .unwrap_or_default();
+    let fail = |what: String| invalid(format!("mm item {index} ({layout:?}): {what}"));
+    let runs = item.placeholders.len() as u64;
+    let tokens: u64 = item.placeholders.iter().map(|r| u64::from(r.length)).sum();
+    match layout {
+        Layout::Unknown => Ok(()),
+        Layout::Qwen { merge } => {
+            let [t, h, w] = ints(item, "image_grid_thw", 3).map_err(fail)?[..] else {
+                return Err(fail("image_grid_thw is not 3 values".into()));
+            };
+            let rows = (t * h * w) as u64;
+            expect(shape.len() == 2 && shape[0] == rows, || {
+                fail(format!(
+                    "pixel_values shape {shape:?} is not [{rows}, _] (t·h·w)"
+                ))
+            })?;
+            expect(tokens * merge * merge == rows, || {
+                fail(format!(
+                    "{tokens} placeholder tokens for {rows} patches merged {merge}×{merge}"
+                ))
+            })
+        }
+        Layout::Clip { side } => expect(shape == [3, side, side], || {
+            fail(format!(
+                "pixel_values shape {shape:?} is not [3, {side}, {side}]"
+            ))
+        }),
+        Layout::Anyres { side } => {
+            square_tiles(&shape, side).map_err(fail)?;
+            ints(item, "image_sizes", 2).map_err(fail).map(|_| ())
+        }
+        Layout::Crops { side } => {
+            square_tiles(&shape, side).map_err(fail)?;
+            expect(runs == shape[0], || {
+                fail(format!("{runs} placeholder runs for {} crops", shape[0]))
+            })
+        }
+        Layout::Pixtral { patch } => check_pixtral(&shape, patch, item, runs, tokens).map_err(fail),
+    }
+}
+
+fn expect(ok: bool, error: impl FnOnce() -> Status) -> Result<(), Status> {
+    if ok {
+        Ok(())
+    } else {
+        Err(error())
+    }
+}
+
+/// `[n ≥ 1, 3, side, side]`.
+fn square_tiles(shape: &[u64], side: u64) -> Result<(), String> {
+    match shape {
+        [n, 3, h, w] if *n >= 1 && *h == side && *w == side => Ok(()),
+        _ => Err(format!(
+            "pixel_values shape {shape:?} is not [tiles, 3, {side}, {side}]"
+        )),
+    }
+}
+
+fn check_pixtral(
+    shape: &[u64],
+    patch: u64,
+    item: &MultimodalItem,
+    runs: u64,
+    tokens: u64,
+) -> Result<(), String> {
+    let &[3, h, w] = shape else {
+        return Err(format!("pixel_values shape {shape:?} is not [3, H, W]"));
+    };
+    if h % patch != 0 || w % patch != 0 {
+        return Err(format!(
+            "{h}×{w} is not a multiple of the {patch}-pixel patch"
+        ));
+    }
+    let sizes = ints(item, "image_sizes", 2)?;
+    if sizes != [h as i64, w as i64] {
+        return Err(format!(
+            "image_sizes {sizes:?} is not the pixels' [{h}, {w}]"
+        ));
+    }
+    let (rows, cols) = (h / patch, w / patch);
+    if runs != rows || tokens != rows * cols {
+        return Err(format!(
+            "{runs} placeholder runs of {tokens} tokens for {rows} rows of {cols} patches"
+        ));
+    }
+    Ok(())
+}
+
+/// The `n` int64 values of the item's model-specific tensor `name`.
+fn ints(item: &MultimodalItem, name: &str, n: usize) -> Result<Vec<i64>, String> {
+    let values = item
+        .model_specific_tensors
+        .get(name)
+        .map(read)
+        .ok_or_else(|| format!("{name} is missing"))?;
+    match values {
+        Some(v) if v.len() == n => Ok(v),
+        _ => Err(format!("{name} is not {n} inline int64 values")),
+    }
+}
+
+fn read(t: &TensorData) -> Option<Vec<i64>> {
+    tensor::read_int64(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use iris_proto::scheduler::PlaceholderRange;
+
+    use super::*;
+
+    const IMAGE: u32 = 9;
+
+    fn rules(layout: Layout) -> ItemRules {
+        ItemRules {
+            layout,
+            image_token: Some(IMAGE),
+            video_token: None,
+            image_tokens: AtomicU64::new(0),
+        }
+    }
+
+    /// An image item of `shape` over `ranges`, with `extra` tensors.
+    fn image(shape: &[u32], ranges: &[(u32, u32)], extra: &[(&str, &[i64])]) -> MultimodalItem {
+        MultimodalItem {
+            modality: Modality::Image as i32,
+            encoder_input: Some(TensorData {
+                shape: shape.to_vec(),
+                dtype: "float32".into(),
+                payload: None,
+            }),
+            model_specific_tensors: extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), tensor::int64(vec![1, v.len() as u32], v)))
+                .collect(),
+            placeholders: ranges
+                .iter()
+                .map(|&(offset, length)| PlaceholderRange { offset, length })
+                .collect(),
+            placeholder_token_id: Some(IMAGE),
+            ..Default::default()
+        }
+    }
+
+    /// `text` ids with runs of `IMAGE` at `runs` (offset, length).
+    fn prompt(len: usize, runs: &[(u32, u32)]) -> Vec<u32> {
+        let mut ids = vec![1; len];
+        for &(o, l) in runs {
+            ids[o as usize..(o + l) as usize].fill(IMAGE);
+        }
+        ids
+    }
+
+    fn error(rules: &ItemRules, item: MultimodalItem, ids: &[u32]) -> String {
+        match rules.check(&[item], ids) {
+            Ok(()) => String::new(),
+            Err(status) => status.message().to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_matching_item_passes_and_counts_its_tokens() {
+        let rules = rules(Layout::Crops { side: 896 });
+        let runs = [(2, 4), (8, 4)];
+        let item = image(&[2, 3, 896, 896], &runs, &[]);
+        assert_eq!(error(&rules, item, &prompt(16, &runs)), "");
+        assert_eq!(rules.image_tokens(), 8);
+    }
+
+    #[test]
+    fn ranges_must_hold_the_image_token_and_cover_all_of_them() {
+        let rules = rules(Layout::Unknown);
+        let item = image(&[1], &[(2, 4)], &[]);
+        let shifted = error(&rules, item.clone(), &prompt(10, &[(3, 4)]));
+        assert!(shifted.contains("holds token 1 at 2"), "{shifted}");
+        let uncovered = error(&rules, item, &prompt(10, &[(2, 4), (7, 2)]));
+        assert!(uncovered.contains("6 image tokens"), "{uncovered}");
+        assert_eq!(rules.image_tokens(), 0);
+    }
+
+    #[test]
+    fn each_family_refuses_a_wrong_tensor() {
+        let runs = [(0, 4)];
+        let ids = prompt(6, &runs);
+        let cases = [
+            (
+                Layout::Clip { side: 336 },
+                image(&[3, 224, 224], &runs, &[]),
+                "not [3, 336, 336]",
+            ),
+            (
+                Layout::Anyres { side: 336 },
+                image(&[2, 3, 336, 336], &runs, &[]),
+                "image_sizes is missing",
+            ),
+            (
+                Layout::Crops { side: 384 },
+                image(&[2, 3, 384, 384], &runs, &[]),
+                "1 placeholder runs for 2 crops",
+            ),
+            (
+                Layout::Qwen { merge: 2 },
+                image(&[8, 1176], &runs, &[("image_grid_thw", &[1, 4, 4])]),
+                "is not [16, _]",
+            ),
+            (
+                Layout::Pixtral { patch: 16 },
+                image(&[3, 32, 32], &runs, &[("image_sizes", &[32, 16])]),
+                "is not the pixels' [32, 32]",
+            ),
+        ];
+        for (layout, item, want) in cases {
+            let got = error(&rules(layout), item, &ids);
+            assert!(got.contains(want), "{layout:?}: {got}");
+        }
+    }
+
+    #[test]
+    fn a_config_without_the_sizes_checks_placeholders_only() {
+        let config = serde_json::json!({"image_processor_type": "CLIPImageProcessor"});
+        assert_eq!(layout(&config), Layout::Unknown);
+        let config = serde_json::json!({
+            "image_processor_type": "Idefics3ImageProcessorFast",
+            "max_image_size": {"longest_edge": 364},
+        });
+        assert_eq!(layout(&config), Layout::Crops { side: 364 });
+    }
+
+    #[test]
+    fn qwen_and_pixtral_items_of_the_right_shape_pass() {
+        let qwen = image(&[16, 1176], &[(0, 4)], &[("image_grid_thw", &[1, 4, 4])]);
+        assert_eq!(
+            error(
+                &rules(Layout::Qwen { merge: 2 }),
+                qwen,
+                &prompt(6, &[(0, 4)])
+            ),
+            ""
+        );
+        let runs = [(0, 2), (3, 2)];
+        let pixtral = image(&[3, 32, 32], &runs, &[("image_sizes", &[32, 32])]);
+        let ids = prompt(6, &runs);
+        assert_eq!(
+            error(&rules(Layout::Pixtral { patch: 16 }), pixtral, &ids),
+            ""
+        );
+    }
+}
