@@ -13,7 +13,7 @@ shm lane used, every worker healthy again. Gateway RSS is reported but
 not checked here (``--no-rss-check``): 120 s on a loaded CI machine is too
 short for a steady state (seen: +16 %, +33 %, +124 % between windows);
 the long run checks it (10 %).
-The 30-minute run is docs/benchmarks.md, "Soak".
+The 30-minute run is docs/benchmarks-history.md, "Soak run of 2026-12-04".
 """
 
 from __future__ import annotations
