@@ -413,12 +413,8 @@ async fn open(worker: &Worker, from: u64) -> Result<tonic::Streaming<KvEventBatc
         start_sequence_number: from,
         load_records_before_first_batch: false,
     };
-    let stream = match worker.backend() {
-        Some(Backend::Vllm) => worker.vllm_client().subscribe_kv_events(request).await?,
-        Some(Backend::Sglang) => worker.sglang_client().subscribe_kv_events(request).await?,
-        Some(Backend::TokenSpeed) | None => worker.client().subscribe_kv_events(request).await?,
-    };
-    Ok(stream.into_inner())
+    let backend = worker.backend().unwrap_or(Backend::TokenSpeed);
+    backend.subscribe_kv_events(worker.channel(), request).await
 }
 
 /// An event in the index's vocabulary (`None`: an empty event).

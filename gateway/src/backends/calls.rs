@@ -1,13 +1,15 @@
 //! The calls on a worker's channel, per backend: Generate (the request
 //! translated into the backend's protocol, its answers back into
 //! TokenSpeed's stream), the prefill-first leg of a backend whose PD
-//! prefill runs to its end before decode starts (vLLM), and Abort. Pixel
+//! prefill runs to its end before decode starts (vLLM), Abort,
+//! HealthCheck and the KV event subscription. Pixel
 //! tensors go from the shared buffers without a copy whatever the
 //! protocol ([`iris_process::splice`]; the translations share them).
 
 use std::time::Duration;
 
 use iris_process::auth::AuthChannel;
+use iris_proto::common::{KvEventBatch, SubscribeKvEventsRequest};
 use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use iris_proto::scheduler::{GenerateRequest, GenerateResponse};
 use iris_proto::sglang::sglang_scheduler_client::SglangSchedulerClient;
@@ -119,6 +121,78 @@ impl Backend {
         };
         let _ = tokio::time::timeout(ABORT_TIMEOUT, call).await;
     }
+
+    /// `HealthCheck` on the backend's service, with `timeout` as its
+    /// `grpc-timeout`: (healthy, message).
+    pub async fn health_check(
+        self,
+        channel: AuthChannel,
+        timeout: Duration,
+    ) -> Result<(bool, String), Status> {
+        Ok(match self {
+            Backend::TokenSpeed => {
+                let request = iris_proto::scheduler::HealthCheckRequest {};
+                let reply = TokenSpeedSchedulerClient::new(channel)
+                    .health_check(timed(request, timeout))
+                    .await?
+                    .into_inner();
+                (reply.healthy, reply.message)
+            }
+            Backend::Vllm => {
+                let request = iris_proto::vllm::HealthCheckRequest {};
+                let reply = VllmEngineClient::new(channel)
+                    .health_check(timed(request, timeout))
+                    .await?
+                    .into_inner();
+                (reply.healthy, reply.message)
+            }
+            Backend::Sglang => {
+                let request = iris_proto::sglang::HealthCheckRequest {};
+                let reply = SglangSchedulerClient::new(channel)
+                    .health_check(timed(request, timeout))
+                    .await?
+                    .into_inner();
+                (reply.healthy, reply.message)
+            }
+        })
+    }
+
+    /// The worker's KV event stream, from `request`'s sequence number, on
+    /// the backend's service.
+    pub async fn subscribe_kv_events(
+        self,
+        channel: AuthChannel,
+        request: SubscribeKvEventsRequest,
+    ) -> Result<Streaming<KvEventBatch>, Status> {
+        let stream = match self {
+            Backend::TokenSpeed => {
+                TokenSpeedSchedulerClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .subscribe_kv_events(request)
+                    .await?
+            }
+            Backend::Vllm => {
+                VllmEngineClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .subscribe_kv_events(request)
+                    .await?
+            }
+            Backend::Sglang => {
+                SglangSchedulerClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .subscribe_kv_events(request)
+                    .await?
+            }
+        };
+        Ok(stream.into_inner())
+    }
+}
+
+/// `message` as a request carrying `timeout` as its `grpc-timeout`.
+pub fn timed<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
 }
 
 /// A server-streaming call of `path` with `request` framed around its

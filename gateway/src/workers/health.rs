@@ -13,7 +13,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use iris_proto::scheduler::HealthCheckRequest;
 use tokio_util::sync::CancellationToken;
 
 use super::pool::Pool;
@@ -88,33 +87,7 @@ async fn health_rpc(
     backend: Backend,
     timeout: Duration,
 ) -> Result<(bool, String), tonic::Status> {
-    let call = async {
-        match backend {
-            Backend::TokenSpeed => {
-                let r = worker
-                    .client()
-                    .health_check(timed(HealthCheckRequest {}, timeout))
-                    .await?;
-                Ok((r.get_ref().healthy, r.into_inner().message))
-            }
-            Backend::Vllm => {
-                let message = iris_proto::vllm::HealthCheckRequest {};
-                let r = worker
-                    .vllm_client()
-                    .health_check(timed(message, timeout))
-                    .await?;
-                Ok((r.get_ref().healthy, r.into_inner().message))
-            }
-            Backend::Sglang => {
-                let message = iris_proto::sglang::HealthCheckRequest {};
-                let r = worker
-                    .sglang_client()
-                    .health_check(timed(message, timeout))
-                    .await?;
-                Ok((r.get_ref().healthy, r.into_inner().message))
-            }
-        }
-    };
+    let call = backend.health_check(worker.channel(), timeout);
     match tokio::time::timeout(timeout, call).await {
         Ok(result) => result,
         Err(_) => Err(tonic::Status::deadline_exceeded(format!(
@@ -122,13 +95,6 @@ async fn health_rpc(
             timeout.as_millis()
         ))),
     }
-}
-
-/// `message` as a request carrying `timeout` as its `grpc-timeout`.
-pub(super) fn timed<T>(message: T, timeout: Duration) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(timeout);
-    request
 }
 
 /// Runs the checker until `stop` is cancelled; the first round starts at once.

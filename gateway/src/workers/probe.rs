@@ -35,8 +35,9 @@ use iris_transport::{
     NIXL_RECEIVER_HOLD_FIELD, SHM_IDENTITY_FIELD, SHM_NAMESPACE_FIELD,
 };
 
-use super::health::{timed, HealthSettings};
+use super::health::HealthSettings;
 use super::worker::{Started, Worker};
+use crate::backends::calls::timed;
 use crate::backends::Backend;
 
 /// What a worker's GetServerInfo says it can receive tensors by.

@@ -159,7 +159,7 @@ impl Worker {
     }
 
     /// The channel calls go on now.
-    fn channel(&self) -> AuthChannel {
+    pub(crate) fn channel(&self) -> AuthChannel {
         self.channel
             .read()
             .unwrap_or_else(|p| p.into_inner())
