@@ -17,7 +17,8 @@
 # times the measured CPU per request; see docs/benchmarks.md).
 #
 # Usage: e2e/bench/text_cpu.sh [GATEWAY_BIN…]   (default: the release `iris`)
-# Environment: ROUNDS=3 C=32 DURATION=8 WARMUP=2 PERF=0 SKIP_BUILD=1
+# Environment: ROUNDS=3 C=32 DURATION=8 WARMUP=2 PERF=0 STREAM=0 SKIP_BUILD=1
+# (STREAM=1: the chats are streamed, one SSE event per token).
 # Needs: wrk (Debian package `wrk`), perf for PERF=1.
 set -euo pipefail
 
@@ -28,6 +29,8 @@ C=${C:-32}
 DURATION=${DURATION:-8}
 WARMUP=${WARMUP:-2}
 PERF=${PERF:-0}
+STREAM=${STREAM:-0}
+STREAM_FIELD=$([[ $STREAM == 1 ]] && echo ',"stream":true' || true)
 
 command -v wrk >/dev/null || { log "wrk is missing (apt-get install wrk)"; exit 1; }
 build iris-cli iris-engine iris-loadgen
@@ -60,7 +63,7 @@ one_run() {
     cat >"$WORK/chat.lua" <<EOF
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"model":"$model","messages":[{"role":"user","content":"Tell me a short story about a lighthouse keeper."}],"max_tokens":16,"ignore_eos":true}'
+wrk.body = '{"model":"$model","messages":[{"role":"user","content":"Tell me a short story about a lighthouse keeper."}],"max_tokens":16,"ignore_eos":true$STREAM_FIELD}'
 EOF
     wrk_run "$WARMUP" /dev/null
     local before after requests

@@ -6,11 +6,12 @@
 //! shared-secret authentication of gRPC calls ([`auth`]), binding ports
 //! and reporting start-up failures in one line ([`startup`]).
 //!
-//! `unsafe` is confined to the three libc allocator and rlimit calls and
-//! `splice`'s `BufMut`.
+//! `unsafe` is confined to the three libc allocator and rlimit calls, the
+//! `atexit` that writes gathered log lines out, and `splice`'s `BufMut`.
 #![deny(unsafe_code)]
 
 pub mod auth;
+mod log_writer;
 mod logging;
 pub mod renamed;
 #[allow(unsafe_code)]
@@ -19,7 +20,7 @@ pub mod startup;
 
 pub use startup::{block_on, exit, exit_code, listen};
 
-pub use logging::{init_logging, use_colour, LogArgs, LogFormat};
+pub use logging::{flush_logs, init_logging, use_colour, LogArgs, LogFormat};
 
 /// Waits for SIGINT (Ctrl-C) or SIGTERM.
 pub async fn wait_for_signal() {

@@ -1,13 +1,21 @@
 //! Logging set-up shared by every Iris binary: the `--log-format text|json`
 //! flag ([`LogArgs`], flattened into each binary's arguments, env
 //! `IRIS_LOG_FORMAT`) and [`init_logging`], which writes to stderr at the
-//! level `RUST_LOG` sets (default `info`).
+//! level `RUST_LOG` sets (default `info`), informational lines in batches
+//! (see `log_writer.rs`; gathered lines are written at exit and on a
+//! panic).
 //!
 //! Text lines carry ANSI colours only when stderr is a terminal and
 //! `NO_COLOR` is unset or empty (<https://no-color.org>): a log file or a
 //! pipe gets plain text.
 
 use std::io::IsTerminal;
+use std::sync::OnceLock;
+
+use crate::log_writer::BatchedWriter;
+
+/// The stderr sink of the process's subscriber, once logging is up.
+static STDERR: OnceLock<BatchedWriter<std::io::Stderr>> = OnceLock::new();
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -58,13 +66,52 @@ pub fn init_logging(format: LogFormat) {
     let ansi = use_colour(std::io::stderr().is_terminal(), no_color.as_deref());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
         .with_ansi(ansi);
-    let _already_set = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
+    let _already_set = match (format, stderr_sink()) {
+        (LogFormat::Json, Some(sink)) => builder.json().with_writer(sink).try_init(),
+        (LogFormat::Text, Some(sink)) => builder.with_writer(sink).try_init(),
+        // No thread for the batches: every line written as it comes.
+        (LogFormat::Json, None) => builder.json().with_writer(std::io::stderr).try_init(),
+        (LogFormat::Text, None) => builder.with_writer(std::io::stderr).try_init(),
     };
     crate::renamed::warn_used();
+}
+
+/// The batched stderr sink, started on first use with what it gathered
+/// written at exit and on a panic; `None` when its thread cannot start.
+fn stderr_sink() -> Option<BatchedWriter<std::io::Stderr>> {
+    if let Some(sink) = STDERR.get() {
+        return Some(sink.clone());
+    }
+    let sink = BatchedWriter::start(std::io::stderr()).ok()?;
+    if STDERR.set(sink.clone()).is_ok() {
+        flush_at_exit_and_on_panic();
+    }
+    STDERR.get().cloned()
+}
+
+/// Writes the gathered log lines out.
+pub fn flush_logs() {
+    if let Some(sink) = STDERR.get() {
+        sink.flush_now();
+    }
+}
+
+extern "C" fn flush_logs_at_exit() {
+    flush_logs();
+}
+
+#[allow(unsafe_code)]
+fn flush_at_exit_and_on_panic() {
+    // SAFETY: registers a function without arguments that only takes a
+    // mutex and writes to stderr; `atexit` runs it on `exit` and on a
+    // return from `main`.
+    let _registered = unsafe { libc::atexit(flush_logs_at_exit) };
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        flush_logs();
+        previous(info);
+    }));
 }
 
 #[cfg(test)]

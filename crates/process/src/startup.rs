@@ -76,6 +76,7 @@ pub fn exit_code(result: anyhow::Result<()>) -> i32 {
     match result {
         Ok(()) => 0,
         Err(err) => {
+            crate::flush_logs();
             eprintln!("{}", error_line(&err));
             1
         }

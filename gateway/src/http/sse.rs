@@ -8,6 +8,7 @@
 //! and dropping the events aborts the workers).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use iris_openai::sse;
 use iris_openai::ApiError;
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::record::CLIENT_CLOSED;
 use super::{refused, shutting_down, Failure, Ledger};
@@ -100,14 +102,17 @@ where
         }
     };
     ledger.metrics.stage(Stage::Dispatch, dispatch.elapsed());
-    let stream = Stream {
+    let stopped = Box::pin(state.hard_stop.clone().cancelled_owned());
+    // Boxed: each chunk's future then moves a pointer, not the state.
+    let stream = Box::new(Stream {
         state,
         ledger,
         events,
         phase: Phase::Start,
         first_token_at: None,
-        deadline,
-    };
+        deadline: Box::pin(tokio::time::sleep_until(deadline)),
+        stopped,
+    });
     let body = Body::from_stream(futures::stream::unfold(stream, |mut s| async move {
         let bytes = s.next_bytes().await?;
         Some((Ok::<Bytes, std::convert::Infallible>(bytes), s))
@@ -139,7 +144,17 @@ struct Stream<E: Events> {
     phase: Phase,
     /// When the first token reached the client.
     first_token_at: Option<Instant>,
-    deadline: tokio::time::Instant,
+    /// The request deadline and the shutdown's hard stop, each one timer
+    /// or waiter for the whole stream rather than one per chunk.
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    stopped: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+/// What a step of the stream waited for.
+enum Woken<T> {
+    Stopped,
+    TimedOut,
+    Next(T),
 }
 
 impl<E: Events> Stream<E> {
@@ -162,27 +177,29 @@ impl<E: Events> Stream<E> {
 
     /// Reads one message from the workers and writes what it produces.
     async fn step(&mut self, out: &mut BytesMut) {
-        let next = tokio::select! {
+        let woken = tokio::select! {
             biased;
-            _ = self.state.hard_stop.cancelled() => return self.fail(out, shutting_down()),
-            next = tokio::time::timeout_at(self.deadline, self.events.next()) => next,
+            _ = self.stopped.as_mut() => Woken::Stopped,
+            next = self.events.next() => Woken::Next(next),
+            _ = self.deadline.as_mut() => Woken::TimedOut,
         };
-        let event = match next {
-            Err(_) => {
+        let event = match woken {
+            Woken::Stopped => return self.fail(out, shutting_down()),
+            Woken::TimedOut => {
                 let error = ApiError::gateway_timeout(format!(
                     "no complete answer within {} s",
                     self.state.request_timeout.as_secs()
                 ));
                 return self.fail(out, (error, Outcome::Timeout));
             }
-            Ok(None) => {
+            Woken::Next(None) => {
                 return match self.events.exhausted() {
                     Ok(()) => self.finish(out).await,
                     Err(failure) => self.fail(out, failure),
                 }
             }
-            Ok(Some(Err(failure))) => return self.fail(out, failure),
-            Ok(Some(Ok(event))) => event,
+            Woken::Next(Some(Err(failure))) => return self.fail(out, failure),
+            Woken::Next(Some(Ok(event))) => event,
         };
         if E::carries_tokens(&event) {
             self.first_token();
