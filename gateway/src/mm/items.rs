@@ -230,6 +230,15 @@ fn item(image: &ItemLayout, ranges: Vec<PlaceholderRange>, image_token: u32) -> 
         let hw: Vec<i64> = sizes.iter().map(|&v| i64::from(v)).collect();
         specific.insert("image_sizes".to_owned(), tensor::int64(vec![1, 2], &hw));
     }
+    for extra in &image.tensors {
+        specific.insert(
+            extra.name.to_owned(),
+            tensor::int64(
+                extra.shape.iter().map(|&d| d as u32).collect(),
+                &extra.values,
+            ),
+        );
+    }
     if let Some(seconds) = image.second_per_grid {
         specific.insert(
             "second_per_grid_ts".to_owned(),
