@@ -303,7 +303,7 @@ fn check_internvl(
             "image_num_patches {counted:?} is not the pixels' {patches} patches"
         ));
     }
-    if runs != 1 || tokens == 0 || tokens % patches != 0 {
+    if runs != 1 || tokens == 0 || !tokens.is_multiple_of(patches) {
         return Err(format!(
             "{runs} placeholder runs of {tokens} tokens for {patches} patches (one run, the same tokens per patch)"
         ));

@@ -29,7 +29,8 @@
 //! tokens (patch 14, pixel shuffle 0.5: 144).
 //! [`OutputLayout::num_placeholder_tokens`] counts the `<|patch|>` tokens;
 //! [`OutputLayout::tile_grid`] gives `[rows, cols]`, the item's
-//! `aspect_ratios` `[1, 2]` (as the processor returns it per image).
+//! `aspect_ratios` `[1, 2]` (as the processor returns it per image) and
+//! `patches_per_image` `[1]` (vLLM's split of the pixels per image).
 
 use half::bf16;
 
@@ -302,10 +303,16 @@ impl Processor for Llama4Processor {
         placeholders::llama4(placeholders::grid(layout), self.tokens_per_tile)
     }
 
-    /// `aspect_ratios`: `[1, 2]`, the canvas's `[rows, cols]`.
+    /// `aspect_ratios` `[1, 2]`, the canvas's `[rows, cols]` (the
+    /// processor's), and `patches_per_image` `[1]`, the frames (vLLM's,
+    /// which splits the pixels by it).
     fn item_tensors(&self, layout: &OutputLayout) -> Vec<ItemTensor> {
         let [rows, cols] = placeholders::grid(layout);
-        vec![ItemTensor::ints("aspect_ratios", vec![1, 2], &[rows, cols])]
+        let frames = layout.shape.first().copied().unwrap_or(1);
+        vec![
+            ItemTensor::ints("aspect_ratios", vec![1, 2], &[rows, cols]),
+            ItemTensor::ints("patches_per_image", vec![1], &[frames]),
+        ]
     }
 
     fn name(&self) -> &'static str {

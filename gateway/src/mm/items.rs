@@ -296,6 +296,31 @@ mod tests {
         assert!(err.message.contains("need 2"), "{}", err.message);
     }
 
+    /// A family's item tensors (Llama 4's) travel under their names,
+    /// shapes and values.
+    #[test]
+    fn item_tensors_become_model_specific_tensors() {
+        let image = ItemLayout {
+            grid: None,
+            tensors: vec![
+                iris_vision::ItemTensor::ints("aspect_ratios", vec![1, 2], &[2, 3]),
+                iris_vision::ItemTensor::ints("patches_per_image", vec![1], &[7]),
+            ],
+            ..layout(Modality::Image, 2)
+        };
+        let inputs = multimodal_inputs(&[image], vec![Vec::new()], TOKENS);
+        let specific = &inputs.items[0].model_specific_tensors;
+        let ratios = &specific["aspect_ratios"];
+        assert_eq!(
+            (ratios.shape.as_slice(), ratios.dtype.as_str()),
+            (&[1, 2][..], "int64")
+        );
+        assert_eq!(iris_proto::tensor::read_int64(ratios), Some(vec![2, 3]));
+        let patches = &specific["patches_per_image"];
+        assert_eq!(patches.shape, [1]);
+        assert_eq!(iris_proto::tensor::read_int64(patches), Some(vec![7]));
+    }
+
     /// A LLaVA-NeXT image's item carries its `image_sizes` row (the
     /// model unpads its tiles' features with it), and no grid.
     #[test]
