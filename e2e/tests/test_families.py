@@ -36,7 +36,7 @@ from conftest import (REPO, Processes, aggregated, binary, metric, prefill_decod
 from test_epd import data_url, epd, image_part, png
 
 FAMILIES = ["qwen2_vl", "llava", "llava_next", "llava_onevision", "gemma3", "idefics3",
-            "pixtral"]
+            "pixtral", "internvl", "llama4"]
 REFERENCE = REPO / "gateway" / "tests" / "hf_processor_reference.py"
 HF_HINT = ("test_families.py needs transformers==4.57.1 with Pillow in $IRIS_HF_PYTHON "
            "(default .venv-hf/bin/python): `python -m venv .venv-hf && .venv-hf/bin/pip "
@@ -64,6 +64,14 @@ HF_CALLS = {
     "pixtral": {"processor_class": "PixtralProcessor",
                 "processor_kwargs": {"patch_size": 16, "spatial_merge_size": 1},
                 "call_kwargs": {"return_tensors": "np"}},
+    "internvl": {"processor_class": "InternVLProcessor",
+                 "processor_kwargs": {"image_seq_length": 256},
+                 "tokenizer": {"extra_special_tokens": {
+                     "start_image_token": "<img>", "end_image_token": "</img>",
+                     "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"}}},
+    "llama4": {"processor_class": "Llama4Processor",
+               "processor_kwargs": {"patch_size": 14, "pixel_shuffle_ratio": 0.5},
+               "call_kwargs": {"return_tensors": "pt"}},
 }
 
 # (width, height, seed) of each chat's images: one image, then two.

@@ -43,9 +43,16 @@ if transformers.__version__ != PINNED:
 
 
 def image_processor(model_dir):
-    """The image processor class preprocessor_config.json names, with its values."""
+    """The image processor class preprocessor_config.json names, with its values.
+    A fast (torchvision) class that has a slow twin is replaced by the twin:
+    the prompt depends on the tile counts alone, which both compute with the
+    same function (InternVL's `get_optimal_tiled_canvas`), and the slow one
+    needs no torch."""
     config = json.loads((model_dir / "preprocessor_config.json").read_text())
-    cls = getattr(transformers, config.pop("image_processor_type"))
+    name = config.pop("image_processor_type")
+    if name.endswith("Fast") and hasattr(transformers, name[: -len("Fast")]):
+        name = name[: -len("Fast")]
+    cls = getattr(transformers, name)
     config.pop("processor_class", None)
     return cls(**config)
 

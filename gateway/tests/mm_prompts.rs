@@ -240,6 +240,46 @@ fn llava_onevision() -> Family {
     )
 }
 
+/// InternVL 3 / 3.5: `<img>`, 256 `<IMG_CONTEXT>` per tile and
+/// thumbnail, `</img>`; the tokenizer names the four image tokens.
+fn internvl() -> Family {
+    let mut family = plain(
+        spec(TinyFamily::Internvl),
+        "InternVLProcessor",
+        json!({"image_seq_length": 256}),
+        conversations(
+            as_array,
+            &[(800, 600), (200, 150), (500, 1400)],
+            &[(1000, 300), (448, 448)],
+        ),
+    );
+    family.tokenizer_kwargs = json!({"extra_special_tokens": {
+        "start_image_token": "<img>",
+        "end_image_token": "</img>",
+        "context_image_token": "<IMG_CONTEXT>",
+        "video_token": "<video>",
+    }});
+    family
+}
+
+/// Llama 4: `<|image|>` becomes the tiles' `<|patch|>` runs with their
+/// separators, then `<|image|>` and the global tile's; 144 per tile. Its
+/// image processor exists only as the fast (torchvision) class.
+fn llama4() -> Family {
+    let mut family = plain(
+        spec(TinyFamily::Llama4),
+        "Llama4Processor",
+        json!({"patch_size": 14, "pixel_shuffle_ratio": 0.5}),
+        conversations(
+            as_array,
+            &[(800, 600), (200, 150), (500, 1400)],
+            &[(1000, 300), (336, 336)],
+        ),
+    );
+    family.call_kwargs = json!({"return_tensors": "pt"});
+    family
+}
+
 fn read_json(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -495,4 +535,14 @@ async fn qwen2_vl_prompts_equal_qwen2_vl_processor() {
 #[tokio::test]
 async fn llava_onevision_prompts_equal_llava_onevision_processor() {
     check_family("llava_onevision", llava_onevision()).await;
+}
+
+#[tokio::test]
+async fn internvl_prompts_equal_internvl_processor() {
+    check_family("internvl", internvl()).await;
+}
+
+#[tokio::test]
+async fn llama4_prompts_equal_llama4_processor() {
+    check_family("llama4", llama4()).await;
 }

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Regenerates the parity expectations of crates/vision from the Hugging Face reference.
 
-Pinned reference: transformers==4.57.1, pillow==12.2.0, numpy (no torch):
+Pinned reference: transformers==4.57.1, pillow==12.2.0, numpy, and for the
+fast (torchvision) processors (InternVL's shipped class, Llama 4's only one)
+torch==2.9.1 and torchvision==0.24.1 (CPU):
 
-    pip install transformers==4.57.1 pillow==12.2.0 numpy
+    pip install transformers==4.57.1 pillow==12.2.0 numpy torch==2.9.1 torchvision==0.24.1
     python3 scripts/vision/reference.py            # from the repository root
 
 Writes
@@ -17,8 +19,8 @@ Writes
   resized 8-bit image's sha256, shapes, grid, token count, sum and sum of
   squares of pixel_values, and sampled float values; and for the
   any-resolution processors (LLaVA-NeXT, OneVision), Gemma 3 (with pan and
-  scan) and Idefics3 / SmolVLM tables of image sizes with their tile and
-  placeholder counts.
+  scan), Idefics3 / SmolVLM and InternVL tables of image sizes with their
+  tile and placeholder counts.
 
 Images from ../shared/images (beside the repository root) are referenced by
 name only; nothing large is written.
@@ -37,9 +39,14 @@ import numpy as np
 import PIL
 import transformers
 from PIL import Image
+import torch
+import torchvision.transforms.v2.functional as TF
 from transformers import (
     CLIPImageProcessor,
     Gemma3ImageProcessor,
+    GotOcr2ImageProcessor,
+    GotOcr2ImageProcessorFast,
+    Llama4ImageProcessorFast,
     Idefics3ImageProcessor,
     PixtralImageProcessor,
     LlavaNextImageProcessor,
@@ -51,6 +58,10 @@ from transformers import (
 from transformers.image_processing_utils import get_patch_output_size, select_best_resolution
 from transformers.image_transforms import center_crop, resize
 from transformers.models.gemma3.processing_gemma3 import Gemma3ProcessorKwargs
+from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_tiled_canvas
+from transformers.models.internvl.processing_internvl import InternVLProcessorKwargs
+from transformers.models.llama4 import image_processing_llama4_fast as llama4_fast
+from transformers.image_processing_utils_fast import SizeDict
 from transformers.models.idefics3.image_processing_idefics3 import get_resize_output_image_size as idefics3_size
 from transformers.models.pixtral.image_processing_pixtral import get_resize_output_image_size as pixtral_size
 from transformers.image_utils import ChannelDimension, PILImageResampling, load_image
@@ -194,9 +205,49 @@ PROCESSORS = {
         "rescale_factor": 0.00392156862745098,
         "size": {"longest_edge": 1024},
     },
+    # OpenGVLab/InternVL3-1B-hf (the fast class, as shipped; image_seq_length
+    # from its processor_config.json)
+    "internvl": {
+        "image_processor_type": "GotOcr2ImageProcessorFast",
+        "crop_to_patches": False,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.485, 0.456, 0.406],
+        "image_std": [0.229, 0.224, 0.225],
+        "max_patches": 12,
+        "min_patches": 1,
+        "resample": 3,
+        "rescale_factor": 0.00392156862745098,
+        "size": {"height": 448, "width": 448},
+        "image_seq_length": 256,
+    },
 }
+# meta-llama/Llama-4-Scout-17B-16E-Instruct (Llama4ImageProcessorFast: the only class)
+PROCESSORS["llama4"] = {
+    "image_processor_type": "Llama4ImageProcessorFast",
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "max_patches": 16,
+    "resample": 2,
+    "rescale_factor": 0.00392156862745098,
+    "resize_to_max_canvas": False,
+    "size": {"height": 336, "width": 336},
+}
+# The same config with the slow (Pillow) class.
+PROCESSORS["internvl_slow"] = dict(PROCESSORS["internvl"], image_processor_type="GotOcr2ImageProcessor")
 
 IDEFICS3 = ("smolvlm", "idefics3")
+INTERNVL = ("internvl", "internvl_slow")
+
+# InternVLProcessor's image defaults: crop_to_patches on, whatever the image
+# processor's config says.
+INTERNVL_CALL = dict(InternVLProcessorKwargs._defaults["images_kwargs"])
 
 # Gemma3Processor's image defaults: the pan-and-scan parameters the shipped
 # image processor config leaves null.
@@ -392,7 +443,67 @@ def idefics3_frames_8bit(name, arr):
     return np.concatenate(frames, axis=0)
 
 
+def torch_resize(arr, h, w):
+    """torchvision's antialiased BICUBIC on the uint8 image (the fast processors' resize)."""
+    t = torch.from_numpy(np.array(arr, dtype=np.uint8)).permute(2, 0, 1)
+    out = TF.resize(t, [h, w], interpolation=TF.InterpolationMode.BICUBIC, antialias=True)
+    return out.permute(1, 2, 0).numpy()
+
+
+def internvl_frames_8bit(name, arr):
+    """The 8-bit frames InternVL normalises, stacked vertically: the canvas's tiles
+    row by row, then (with more than one) the thumbnail (transformers' own grid choice)."""
+    cfg = PROCESSORS[name]
+    th, tw = cfg["size"]["height"], cfg["size"]["width"]
+    cols, rows = get_optimal_tiled_canvas(arr.shape[:2], (th, tw), cfg["min_patches"], cfg["max_patches"])
+    if name == "internvl":
+        squash = lambda h, w: torch_resize(arr, h, w)
+    else:
+        squash = lambda h, w: resize(arr, (h, w), resample=PILImageResampling.BICUBIC, input_data_format=ChannelDimension.LAST)
+    canvas = squash(rows * th, cols * tw)
+    frames = [canvas[r * th : (r + 1) * th, c * tw : (c + 1) * tw] for r in range(rows) for c in range(cols)]
+    if rows * cols > 1:
+        frames.append(squash(th, tw))
+    return np.concatenate(frames, axis=0)
+
+
+def llama4_plan(h, w):
+    """Llama4ImageProcessorFast's canvas (rows, cols) and resized (height, width) for an
+    h×w image: the steps of its _preprocess, on transformers' own helpers."""
+    cfg = PROCESSORS["llama4"]
+    tile = cfg["size"]["height"]
+    size = SizeDict(height=tile, width=tile)
+    possible = torch.tensor(llama4_fast.find_supported_resolutions(max_num_chunks=cfg["max_patches"], patch_size=size))
+    target = llama4_fast.get_best_fit((h, w), possible, resize_to_max_canvas=False)
+    bounded = (min(max(h, tile), target[0]), min(max(w, tile), target[1]))
+    nh, nw = llama4_fast.get_max_res_without_distortion((h, w), bounded)
+    return int(target[0]) // tile, int(target[1]) // tile, max(int(nh), 1), max(int(nw), 1)
+
+
+def torch_bilinear(arr, h, w):
+    t = torch.from_numpy(np.array(arr, dtype=np.uint8)).permute(2, 0, 1)
+    out = TF.resize(t, [h, w], interpolation=TF.InterpolationMode.BILINEAR, antialias=True)
+    return out.permute(1, 2, 0).numpy()
+
+
+def llama4_frames_8bit(arr):
+    """The 8-bit frames Llama 4 normalises, stacked vertically: the padded canvas's
+    tiles row by row, then (with more than one) the global tile."""
+    tile = PROCESSORS["llama4"]["size"]["height"]
+    rows, cols, nh, nw = llama4_plan(*arr.shape[:2])
+    canvas = np.zeros((rows * tile, cols * tile, 3), dtype=np.uint8)
+    canvas[:nh, :nw] = torch_bilinear(arr, nh, nw)
+    frames = [canvas[r * tile : (r + 1) * tile, c * tile : (c + 1) * tile] for r in range(rows) for c in range(cols)]
+    if rows * cols > 1:
+        frames.append(torch_bilinear(arr, tile, tile))
+    return np.concatenate(frames, axis=0)
+
+
 def resized_8bit(name, cfg, arr, overrides):
+    if name == "llama4":
+        return llama4_frames_8bit(arr)
+    if name in INTERNVL:
+        return internvl_frames_8bit(name, arr)
     if name == "gemma3":
         return gemma3_frames_8bit(arr, overrides)
     if name in IDEFICS3:
@@ -453,6 +564,12 @@ def processor_for(name):
         return Idefics3ImageProcessor(**cfg)
     if name == "pixtral":
         return PixtralImageProcessor(**cfg)
+    if name == "internvl":
+        return GotOcr2ImageProcessorFast(**cfg)
+    if name == "llama4":
+        return Llama4ImageProcessorFast(**cfg)
+    if name == "internvl_slow":
+        return GotOcr2ImageProcessor(**cfg)
     if "size" in cfg:
         # transformers 4.57.1's PIL Qwen2VLImageProcessor.__init__ discards a valid `size`
         # (its `else` branch resets it to the class defaults); the config means
@@ -476,11 +593,19 @@ def case(name, img, overrides):
             call.update(GEMMA3_CALL)
         if name in IDEFICS3:
             call["return_row_col_info"] = True
-        out = image_processor(images=img, return_tensors="np", input_data_format="channels_last", **call)
+        if name in INTERNVL:
+            call.update(INTERNVL_CALL)
+        if name in ("internvl", "llama4"):
+            # The fast classes take the PIL image as a channels-first tensor.
+            out = image_processor(images=img, return_tensors="pt", **call)
+        else:
+            out = image_processor(images=img, return_tensors="np", input_data_format="channels_last", **call)
     except ValueError as e:
         entry["error"] = str(e)
         return entry
-    pv = np.asarray(out["pixel_values"], dtype=np.float32)
+    pv = out["pixel_values"]
+    # Llama 4 normalises in bfloat16, which numpy lacks: widened exactly.
+    pv = np.asarray(pv.float() if hasattr(pv, "float") else pv, dtype=np.float32)
     if name in ("llava", "llava_next", "llava_onevision", "pixtral") or name in IDEFICS3:
         pv = pv[0]  # the batch of one
     r8 = resized_8bit(name, PROCESSORS[name], arr, overrides)
@@ -510,6 +635,19 @@ def case(name, img, overrides):
         entry["image_sizes"] = [height, width]
         entry["tile_grid"] = [height // 16, width // 16]
         entry["tokens"] = (height // 16) * (width // 16 + 1)
+    elif name in INTERNVL:
+        # InternVLProcessor: <img>, image_seq_length × num_patches <IMG_CONTEXT>, </img>.
+        cfg = PROCESSORS[name]
+        patches = int(np.asarray(out["num_patches"])[0])
+        cols, rows = get_optimal_tiled_canvas(arr.shape[:2], (cfg["size"]["height"], cfg["size"]["width"]), cfg["min_patches"], cfg["max_patches"])
+        entry["tile_grid"] = [rows, cols]
+        entry["num_patches"] = patches
+        entry["tokens"] = cfg["image_seq_length"] * patches
+    elif name == "llama4":
+        # Llama4Processor: (336/14)² / 4 = 144 <|patch|> per tile and per global tile.
+        rows, cols = (int(v) for v in np.asarray(out["aspect_ratios"])[0])
+        entry["tile_grid"] = [rows, cols]
+        entry["tokens"] = 144 * (rows * cols + (1 if rows * cols > 1 else 0))
     elif name in MODEL_PROCESSORS:
         height, width = (int(v) for v in np.asarray(out["image_sizes"])[0])
         entry["image_sizes"] = [height, width]
@@ -547,7 +685,9 @@ def shape_only(h, w):
 
 def tiled_layouts(sizes):
     """Gemma 3 with pan and scan: rows [height, width, frames]; SmolVLM: rows
-    [height, width, frames, rows, cols]; Pixtral: rows [height, width, rows, cols]. From the processors' own size code, with
+    [height, width, frames, rows, cols]; Pixtral: rows [height, width, rows, cols];
+    InternVL: rows [height, width, num_patches]; Llama 4: rows [height, width, rows, cols,
+    resized height, resized width]. From the processors' own size code, with
     pixels replaced by shape-only arrays (their resize returns the size it would make)."""
     last = ChannelDimension.LAST
     g = processor_for("gemma3")
@@ -574,7 +714,10 @@ def tiled_layouts(sizes):
         ph, pw = pixtral_size(shape_only(h, w), size=(1024, 1024), patch_size=(16, 16), input_data_format=last)
         # A side of zero: the reference's resize fails (rows 0, cols 0 mark it).
         pixtral.append([h, w, ph // 16, pw // 16] if ph and pw else [h, w, 0, 0])
-    return {"gemma3": gemma, "smolvlm": smol, "pixtral": pixtral}
+    ip = processor_for("internvl")
+    internvl = [[h, w, ip.get_number_of_image_patches(h, w, dict(INTERNVL_CALL))] for h, w in sizes]
+    llama4 = [[h, w, *llama4_plan(h, w)] for h, w in sizes]
+    return {"gemma3": gemma, "smolvlm": smol, "pixtral": pixtral, "internvl": internvl, "llama4": llama4}
 
 
 def layout_sizes():

@@ -13,6 +13,8 @@
 //! | LLaVA-NeXT, OneVision | `[tiles, 3, S, S]` | `image_sizes` `[1, 2]` |
 //! | Gemma 3, Idefics3 | `[crops, 3, S, S]` | one placeholder run per crop or tile |
 //! | Pixtral | `[3, H, W]`, multiples of the patch | `image_sizes` `= [H, W]`; one run per patch row, `H·W / P²` tokens |
+//! | InternVL | `[patches, 3, S, S]` | `image_num_patches` `= [patches]`; one run, the same tokens per patch |
+//! | Llama 4 | `[tiles (+ 1 global), 3, S, S]` | `aspect_ratios` `[rows, cols]` with `rows·cols` tiles (+ 1 when more than one); one run per frame, all of one length |
 //!
 //! Whatever the family, every placeholder range holds only the item's
 //! placeholder token, and the image items' ranges cover every image
@@ -40,6 +42,10 @@ pub enum Layout {
     Crops { side: u64 },
     /// Pixtral: `[3, H, W]`, a run of `W / patch` tokens per patch row.
     Pixtral { patch: u64 },
+    /// InternVL: `[patches, 3, side, side]` with `image_num_patches`, one run.
+    Internvl { side: u64 },
+    /// Llama 4: `[frames, 3, side, side]` with `aspect_ratios`, a run per frame.
+    Llama4 { side: u64 },
     /// No (known) image processor: only the placeholders are checked.
     Unknown,
 }
@@ -160,6 +166,8 @@ fn layout(config: &Value) -> Layout {
         Layout::Clip { side: 0 }
         | Layout::Anyres { side: 0 }
         | Layout::Crops { side: 0 }
+        | Layout::Internvl { side: 0 }
+        | Layout::Llama4 { side: 0 }
         | Layout::Pixtral { patch: 0 } => Layout::Unknown,
         known => known,
     }
@@ -187,6 +195,12 @@ fn named_layout(config: &Value) -> Layout {
         },
         "Idefics3ImageProcessor" => Layout::Crops {
             side: side(&config["max_image_size"]["longest_edge"]),
+        },
+        "GotOcr2ImageProcessor" => Layout::Internvl {
+            side: side(&config["size"]["height"]),
+        },
+        "Llama4ImageProcessor" => Layout::Llama4 {
+            side: side(&config["size"]["height"]),
         },
         "PixtralImageProcessor" => Layout::Pixtral {
             patch: match &config["patch_size"] {
@@ -242,7 +256,59 @@ fn check_layout(layout: Layout, index: usize, item: &MultimodalItem) -> Result<(
             })
         }
         Layout::Pixtral { patch } => check_pixtral(&shape, patch, item, runs, tokens).map_err(fail),
+        Layout::Internvl { side } => check_internvl(&shape, side, item, runs, tokens).map_err(fail),
+        Layout::Llama4 { side } => check_llama4(&shape, side, item).map_err(fail),
     }
+}
+
+/// `[frames, 3, side, side]` where `aspect_ratios = [rows, cols]` gives
+/// `rows·cols` tiles, plus a global tile when more than one; a run of the
+/// same length per frame.
+fn check_llama4(shape: &[u64], side: u64, item: &MultimodalItem) -> Result<(), String> {
+    square_tiles(shape, side)?;
+    let &[rows, cols] = &ints(item, "aspect_ratios", 2)?[..] else {
+        return Err("aspect_ratios is not 2 values".into());
+    };
+    let tiles = (rows * cols).max(0) as u64;
+    let frames = if tiles > 1 { tiles + 1 } else { tiles };
+    if shape[0] != frames {
+        return Err(format!(
+            "{} frames for aspect_ratios [{rows}, {cols}] ({frames} expected)",
+            shape[0]
+        ));
+    }
+    let lengths: Vec<u32> = item.placeholders.iter().map(|r| r.length).collect();
+    if lengths.len() as u64 != frames || lengths.windows(2).any(|w| w[0] != w[1]) {
+        return Err(format!(
+            "placeholder runs {lengths:?} are not one run of equal length per frame ({frames})"
+        ));
+    }
+    Ok(())
+}
+
+/// `[patches, 3, side, side]`, `image_num_patches = [patches]`, and one
+/// run of the same number of tokens per patch.
+fn check_internvl(
+    shape: &[u64],
+    side: u64,
+    item: &MultimodalItem,
+    runs: u64,
+    tokens: u64,
+) -> Result<(), String> {
+    square_tiles(shape, side)?;
+    let patches = shape[0];
+    let counted = ints(item, "image_num_patches", 1)?;
+    if counted != [patches as i64] {
+        return Err(format!(
+            "image_num_patches {counted:?} is not the pixels' {patches} patches"
+        ));
+    }
+    if runs != 1 || tokens == 0 || !tokens.is_multiple_of(patches) {
+        return Err(format!(
+            "{runs} placeholder runs of {tokens} tokens for {patches} patches (one run, the same tokens per patch)"
+        ));
+    }
+    Ok(())
 }
 
 fn expect(ok: bool, error: impl FnOnce() -> Status) -> Result<(), Status> {
@@ -415,6 +481,30 @@ mod tests {
                 image(&[3, 32, 32], &runs, &[("image_sizes", &[32, 16])]),
                 "is not the pixels' [32, 32]",
             ),
+            (
+                Layout::Internvl { side: 448 },
+                image(&[2, 3, 448, 448], &runs, &[("image_num_patches", &[3])]),
+                "is not the pixels' 2 patches",
+            ),
+            (
+                Layout::Internvl { side: 448 },
+                image(&[3, 3, 448, 448], &runs, &[("image_num_patches", &[3])]),
+                "4 tokens for 3 patches",
+            ),
+            (
+                Layout::Llama4 { side: 336 },
+                image(&[2, 3, 336, 336], &runs, &[("aspect_ratios", &[1, 2])]),
+                "2 frames for aspect_ratios [1, 2] (3 expected)",
+            ),
+            (
+                Layout::Llama4 { side: 336 },
+                image(
+                    &[1, 3, 336, 336],
+                    &[(0, 2), (2, 2)],
+                    &[("aspect_ratios", &[1, 1])],
+                ),
+                "not one run of equal length per frame (1)",
+            ),
         ];
         for (layout, item, want) in cases {
             let got = error(&rules(layout), item, &ids);
@@ -434,7 +524,7 @@ mod tests {
     }
 
     #[test]
-    fn qwen_and_pixtral_items_of_the_right_shape_pass() {
+    fn qwen_pixtral_internvl_and_llama4_items_of_the_right_shape_pass() {
         let qwen = image(&[16, 1176], &[(0, 4)], &[("image_grid_thw", &[1, 4, 4])]);
         assert_eq!(
             error(
@@ -449,6 +539,30 @@ mod tests {
         let ids = prompt(6, &runs);
         assert_eq!(
             error(&rules(Layout::Pixtral { patch: 16 }), pixtral, &ids),
+            ""
+        );
+        let internvl = image(&[2, 3, 448, 448], &[(0, 4)], &[("image_num_patches", &[2])]);
+        assert_eq!(
+            error(
+                &rules(Layout::Internvl { side: 448 }),
+                internvl,
+                &prompt(6, &[(0, 4)])
+            ),
+            ""
+        );
+        let config = serde_json::json!({
+            "image_processor_type": "GotOcr2ImageProcessorFast",
+            "size": {"height": 448, "width": 448},
+        });
+        assert_eq!(layout(&config), Layout::Internvl { side: 448 });
+        let runs = [(0, 2), (3, 2), (6, 2)];
+        let llama4 = image(&[3, 3, 336, 336], &runs, &[("aspect_ratios", &[1, 2])]);
+        assert_eq!(
+            error(
+                &rules(Layout::Llama4 { side: 336 }),
+                llama4,
+                &prompt(9, &runs)
+            ),
             ""
         );
     }

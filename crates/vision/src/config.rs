@@ -8,7 +8,9 @@ use crate::clip::ClipProcessor;
 use crate::error::VisionError;
 use crate::gemma3::{Gemma3Processor, PanAndScan};
 use crate::idefics3::Idefics3Processor;
+use crate::internvl::InternVlProcessor;
 use crate::layout::PatchGeometry;
+use crate::llama4::Llama4Processor;
 use crate::llava_next::{AnyresFamily, AnyresProcessor};
 use crate::normalize::Normalization;
 use crate::pixtral::PixtralProcessor;
@@ -22,7 +24,8 @@ use crate::resize::Bicubic;
 /// `Qwen2_5_VLImageProcessor`, `Qwen3VLImageProcessor` (patch 16 ⇒ Qwen3-VL
 /// defaults), `CLIPImageProcessor` / `CLIPFeatureExtractor`, and the slow
 /// `LlavaNextImageProcessor` / `LlavaOnevisionImageProcessor`,
-/// `Gemma3ImageProcessor`, `Idefics3ImageProcessor` and `PixtralImageProcessor`.
+/// `Gemma3ImageProcessor`, `Idefics3ImageProcessor` and `PixtralImageProcessor`,
+/// `GotOcr2ImageProcessor[Fast]` (InternVL) and `Llama4ImageProcessorFast`.
 pub fn processor_from_config(json: &Value) -> Result<Box<dyn Processor>, VisionError> {
     let kind = json
         .get("image_processor_type")
@@ -45,6 +48,10 @@ pub fn processor_from_config(json: &Value) -> Result<Box<dyn Processor>, VisionE
         Ok(Box::new(idefics3_from_config(json)?))
     } else if lower == "pixtralimageprocessor" {
         Ok(Box::new(pixtral_from_config(json)?))
+    } else if lower == "gotocr2imageprocessor" || lower == "gotocr2imageprocessorfast" {
+        Ok(Box::new(internvl_from_config(json)?))
+    } else if lower == "llama4imageprocessorfast" || lower == "llama4imageprocessor" {
+        Ok(Box::new(llama4_from_config(json)?))
     } else {
         Err(VisionError::Config(format!(
             "unsupported image_processor_type {kind:?}"
@@ -483,6 +490,122 @@ pub fn pixtral_from_config(json: &Value) -> Result<PixtralProcessor, VisionError
     })
 }
 
+/// `{height, width}` of `key` (or an integer side), or `None` when absent.
+fn height_width(json: &Value, key: &str) -> Result<Option<(usize, usize)>, VisionError> {
+    let bad = || VisionError::Config(format!("{key} needs a positive height and width"));
+    let size = match json.get(key) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(m)) => m
+            .get("height")
+            .and_then(Value::as_u64)
+            .zip(m.get("width").and_then(Value::as_u64))
+            .ok_or_else(bad)?,
+        Some(v) => v.as_u64().map(|s| (s, s)).ok_or_else(bad)?,
+    };
+    match size {
+        (0, _) | (_, 0) => Err(bad()),
+        (h, w) => Ok(Some((h as usize, w as usize))),
+    }
+}
+
+/// InternVL processor (`GotOcr2ImageProcessorFast`, the class the HF
+/// InternVL 3 / 3.5 checkpoints ship, or the slow `GotOcr2ImageProcessor`;
+/// absent keys take the class defaults of transformers 4.57.1: 384-pixel
+/// tiles, 1 to 12, CLIP normalisation; the shipped configs say 448 and
+/// ImageNet's).
+/// `image_seq_length` is the model processor's (`processor_config.json`,
+/// merged in by [`processor_from_model_dir`]; absent, 256). Tiles are
+/// always cut, as `InternVLProcessor` asks on every call whatever
+/// `crop_to_patches` says.
+///
+/// Accepted: `do_resize` / `do_rescale` / `do_normalize` / `do_convert_rgb`
+/// true, `resample` 3 (BICUBIC), `size` `{height, width}` or an integer,
+/// `min_patches` ≤ `max_patches`, both positive, `crop_to_patches` a
+/// boolean. Anything else is refused, naming the key.
+pub fn internvl_from_config(json: &Value) -> Result<InternVlProcessor, VisionError> {
+    let kind = json
+        .get("image_processor_type")
+        .and_then(Value::as_str)
+        .unwrap_or("GotOcr2ImageProcessorFast");
+    require_true(
+        json,
+        kind,
+        &["do_resize", "do_rescale", "do_normalize", "do_convert_rgb"],
+    )?;
+    boolean(json, "crop_to_patches")?;
+    if pillow_filter(json, kind, Bicubic::Pillow)? != Bicubic::Pillow {
+        return Err(VisionError::Config(format!(
+            "resample = {} is not supported for {kind} (only 3, bicubic)",
+            json["resample"]
+        )));
+    }
+    let base = InternVlProcessor::internvl3();
+    let min_patches = nonzero(uint(json, "min_patches")?.unwrap_or(1), "min_patches")?;
+    let max_patches = nonzero(uint(json, "max_patches")?.unwrap_or(12), "max_patches")?;
+    if min_patches > max_patches {
+        return Err(VisionError::Config(format!(
+            "min_patches {min_patches} > max_patches {max_patches}"
+        )));
+    }
+    Ok(InternVlProcessor {
+        tile: height_width(json, "size")?.unwrap_or((384, 384)),
+        min_patches,
+        max_patches,
+        fast: kind.to_ascii_lowercase().ends_with("fast"),
+        norm: normalization(json, Normalization::CLIP)?,
+        image_seq_length: nonzero(
+            uint(json, "image_seq_length")?.unwrap_or(base.image_seq_length),
+            "image_seq_length",
+        )?,
+    })
+}
+
+/// Llama 4 processor (`Llama4ImageProcessorFast`, the only class
+/// transformers 4.57.1 has; absent keys take its defaults: 336-pixel
+/// tiles, at most 16, BILINEAR, mean and std 0.5). A tile's `<|patch|>`
+/// count is `(side / 14)² / 4` (`Llama4Processor`'s patch 14 and pixel
+/// shuffle 0.5).
+///
+/// Accepted: `do_resize` / `do_rescale` / `do_normalize` / `do_convert_rgb`
+/// true, `resample` 2 (BILINEAR), a square `size`, a positive
+/// `max_patches`, `resize_to_max_canvas` false. Anything else is refused,
+/// naming the key.
+pub fn llama4_from_config(json: &Value) -> Result<Llama4Processor, VisionError> {
+    let kind = "Llama4ImageProcessorFast";
+    require_true(
+        json,
+        kind,
+        &["do_resize", "do_rescale", "do_normalize", "do_convert_rgb"],
+    )?;
+    if boolean(json, "resize_to_max_canvas")? == Some(true) {
+        return Err(VisionError::Config(format!(
+            "resize_to_max_canvas = true is not supported for {kind}"
+        )));
+    }
+    match json.get("resample") {
+        None | Some(Value::Null) => {}
+        Some(v) if v.as_u64() == Some(2) => {}
+        Some(v) => {
+            return Err(VisionError::Config(format!(
+                "resample = {v} is not supported for {kind} (only 2, bilinear)"
+            )))
+        }
+    }
+    let base = Llama4Processor::llama4();
+    let tile = square_side(json, "size")?.unwrap_or(base.tile);
+    if tile < 28 {
+        return Err(VisionError::Config(format!(
+            "size {tile} is smaller than two 14-pixel patches"
+        )));
+    }
+    Ok(Llama4Processor {
+        tile,
+        max_patches: nonzero(uint(json, "max_patches")?.unwrap_or(16), "max_patches")?,
+        norm: normalization(json, base.norm)?,
+        tokens_per_tile: (tile / 14) * (tile / 14) / 4,
+    })
+}
+
 /// The side of a square size: an integer, `{shortest_edge}`, or
 /// `{height, width}` with both equal.
 fn square_side(json: &Value, key: &str) -> Result<Option<usize>, VisionError> {
@@ -836,6 +959,75 @@ mod tests {
                 "{key}: {err:?}"
             );
         }
+    }
+
+    /// OpenGVLab/InternVL3-1B-hf's and Llama-4-Scout's shipped configs.
+    fn internvl_config() -> Value {
+        json!({
+            "image_processor_type": "GotOcr2ImageProcessorFast",
+            "crop_to_patches": false, "do_convert_rgb": true, "do_normalize": true,
+            "do_rescale": true, "do_resize": true,
+            "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225],
+            "max_patches": 12, "min_patches": 1, "resample": 3,
+            "rescale_factor": 0.00392156862745098, "size": {"height": 448, "width": 448},
+        })
+    }
+
+    fn llama4_config() -> Value {
+        json!({
+            "image_processor_type": "Llama4ImageProcessorFast",
+            "do_convert_rgb": true, "do_normalize": true, "do_rescale": true, "do_resize": true,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "max_patches": 16,
+            "resample": 2, "rescale_factor": 0.00392156862745098,
+            "resize_to_max_canvas": false, "size": {"height": 336, "width": 336},
+        })
+    }
+
+    /// Each of `bad` (key, value) set on `base` is refused, naming the key.
+    fn refused_by_name(base: fn() -> Value, bad: &[(&str, Value)]) {
+        for (key, value) in bad {
+            let mut cfg = base();
+            cfg[*key] = value.clone();
+            let err = processor_from_config(&cfg).err().map(|e| e.to_string());
+            assert!(
+                err.as_deref().is_some_and(|e| e.contains(key)),
+                "{key}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn internvl_and_llama4_configs_are_the_shipped_ones_and_refuse_by_name() {
+        let internvl = internvl_from_config(&internvl_config()).unwrap();
+        assert_eq!(internvl, InternVlProcessor::internvl3());
+        let mut slow = internvl_config();
+        slow["image_processor_type"] = json!("GotOcr2ImageProcessor");
+        assert!(!internvl_from_config(&slow).unwrap().fast);
+        assert_eq!(
+            llama4_from_config(&llama4_config()).unwrap(),
+            Llama4Processor::llama4()
+        );
+        refused_by_name(
+            internvl_config,
+            &[
+                ("resample", json!(2)),
+                ("do_resize", json!(false)),
+                ("min_patches", json!(13)),
+                ("max_patches", json!(0)),
+                ("size", json!({"height": 0, "width": 448})),
+                ("crop_to_patches", json!("yes")),
+            ],
+        );
+        refused_by_name(
+            llama4_config,
+            &[
+                ("resample", json!(3)),
+                ("do_normalize", json!(false)),
+                ("resize_to_max_canvas", json!(true)),
+                ("max_patches", json!(0)),
+                ("size", json!({"height": 336, "width": 672})),
+            ],
+        );
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //!   [`QwenVlProcessor`] (Qwen2-VL, Qwen2.5-VL, Qwen3-VL),
 //!   [`ClipProcessor`] (LLaVA-1.5), [`AnyresProcessor`] (LLaVA-NeXT,
 //!   LLaVA-OneVision), [`Gemma3Processor`] (Gemma 3, with pan and scan),
-//!   [`Idefics3Processor`] (Idefics3, SmolVLM) and [`PixtralProcessor`]
-//!   (Pixtral) — built from `preprocessor_config.json`
+//!   [`Idefics3Processor`] (Idefics3, SmolVLM), [`PixtralProcessor`]
+//!   (Pixtral), [`InternVlProcessor`] (InternVL 3 / 3.5) and
+//!   [`Llama4Processor`] (Llama 4) — built from `preprocessor_config.json`
 //!   by [`processor_from_config`] / [`processor_from_model_dir`].
 //! - [`resize_bicubic`]: Pillow 12.2.0's fixed-point BICUBIC, vectorised
 //!   (the same passes run Pillow's BILINEAR and LANCZOS for Gemma 3 and
@@ -36,7 +37,9 @@ mod gemma3;
 mod geometry;
 mod idefics3;
 mod image;
+mod internvl;
 mod layout;
+mod llama4;
 mod llava_next;
 mod normalize;
 mod npy;
@@ -56,7 +59,8 @@ pub use batch::preprocess_batch;
 pub use clip::ClipProcessor;
 pub use config::{
     anyres_from_config, clip_from_config, gemma3_from_config, idefics3_from_config,
-    pixtral_from_config, processor_from_config, processor_from_model_dir, qwen_from_config,
+    internvl_from_config, llama4_from_config, pixtral_from_config, processor_from_config,
+    processor_from_model_dir, qwen_from_config,
 };
 pub use decode::{decode, probe, DecodeLimits, ImageFormat, ImageInfo};
 pub use error::VisionError;
@@ -64,11 +68,13 @@ pub use gemma3::{Gemma3Processor, PanAndScan};
 pub use geometry::{centre_crop_origin, shortest_edge_size, smart_resize, smart_resize_f64};
 pub use idefics3::Idefics3Processor;
 pub use image::RgbView;
+pub use internvl::InternVlProcessor;
 pub use layout::PatchGeometry;
+pub use llama4::Llama4Processor;
 pub use llava_next::{AnyresFamily, AnyresProcessor};
 pub use normalize::{Normalization, CLIP_MEAN, CLIP_STD};
 pub use npy::write_npy_f32;
-pub use output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+pub use output::{ItemTensor, OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 pub use pixtral::PixtralProcessor;
 pub use placeholders::{Expansion, PlaceholderLayout};
 pub use pool::{pool_stats, PoolStats, PooledVec};

@@ -66,9 +66,27 @@ impl Normalization {
         (f32::from(v) - self.mean[c] * inverse) / (self.std[c] * inverse)
     }
 
+    /// The float Llama 4's fast processor produces, normalising in
+    /// bfloat16 (transformers 4.57.1 `Llama4ImageProcessorFast
+    /// .rescale_and_normalize`): `v` times the rescale factor (in f32),
+    /// rounded to bf16; minus the bf16 mean, rounded; over the bf16 std,
+    /// rounded (PyTorch computes each bf16 operation in f32 and rounds to
+    /// nearest even).
+    pub fn bf16_value(&self, v: u8, c: usize) -> f32 {
+        let round = |x: f32| bf16::from_f32(x).to_f32();
+        let rescaled = round(f32::from(v) * self.rescale_factor as f32);
+        let centred = round(rescaled - round(self.mean[c]));
+        round(centred / round(self.std[c]))
+    }
+
     /// Per-channel tables in the output dtype.
     pub(crate) fn lut<T: OutElem>(&self) -> Lut<T> {
         Lut::build(|v, c| self.value(v, c))
+    }
+
+    /// Per-channel tables of [`Normalization::bf16_value`].
+    pub(crate) fn bf16_lut<T: OutElem>(&self) -> Lut<T> {
+        Lut::build(|v, c| self.bf16_value(v, c))
     }
 
     /// Per-channel tables of [`Normalization::fused_value`].

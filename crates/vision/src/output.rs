@@ -105,7 +105,9 @@ pub struct OutputLayout {
     /// `[num_patches, C·T·P·P]` for Qwen, `[3, H, W]` for CLIP-style,
     /// `[1 + tiles, 3, T, T]` for the any-resolution (LLaVA-NeXT) family,
     /// `[1 + crops, 3, H, W]` for Gemma 3, `[tiles + 1, 3, T, T]` (global
-    /// image last) for Idefics3 / SmolVLM, `[3, H, W]` for Pixtral.
+    /// image last) for Idefics3 / SmolVLM, `[3, H, W]` for Pixtral,
+    /// `[tiles (+ 1), 3, T, T]` (thumbnail or global tile last, when there
+    /// is more than one tile) for InternVL and Llama 4.
     pub shape: Vec<usize>,
     /// `[t, h, w]` patch grid (Qwen family); `None` for fixed-size processors.
     pub image_grid_thw: Option<[usize; 3]>,
@@ -120,8 +122,36 @@ pub struct OutputLayout {
     /// that tag each tile with its position (Idefics3 / SmolVLM write
     /// `<row_r_col_c>` before tile `(r, c)`; `[0, 0]` when the image was
     /// not split), or of the token grid whose rows the prompt breaks
-    /// (Pixtral: `[IMG_BREAK]` after each row). `None` for the other families.
+    /// (Pixtral: `[IMG_BREAK]` after each row), or of the dynamic tiles
+    /// (InternVL, Llama 4: `[1, 1]` for a single tile). `None` for the
+    /// other families.
     pub tile_grid: Option<[usize; 2]>,
+}
+
+/// A small integer tensor of an image's item that the model's code reads
+/// beside the pixels (`model_specific_tensors`), named and shaped as the
+/// Hugging Face processor returns it for one image: InternVL's
+/// `image_num_patches` `[1]`, Llama 4's `aspect_ratios` `[1, 2]`
+/// ([`crate::Processor::item_tensors`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemTensor {
+    /// The key the model's code reads.
+    pub name: &'static str,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Its `int64` values, row-major.
+    pub values: Vec<i64>,
+}
+
+impl ItemTensor {
+    /// An `int64` tensor of `shape` holding `values`.
+    pub fn ints(name: &'static str, shape: Vec<usize>, values: &[usize]) -> Self {
+        ItemTensor {
+            name,
+            shape,
+            values: values.iter().map(|&v| v as i64).collect(),
+        }
+    }
 }
 
 impl PreprocessOutput {

@@ -26,6 +26,16 @@
 //!   line per row of the token grid, `cols` × `[IMG]` followed by
 //!   `[IMG_BREAK]`, the last line's break replaced by `[IMG_END]`.
 //!
+//! - InternVL (`InternVLProcessor`): the mark is `<IMG_CONTEXT>`; it
+//!   becomes `<img>` + `image_seq_length × num_patches` × `<IMG_CONTEXT>`
+//!   + `</img>`, one run.
+//! - Llama 4 (`Llama4Processor`): the mark is `<|image|>`; it becomes
+//!   `<|image_start|>`, then (with more than one tile) row by row each
+//!   tile's `<|patch|>` run, tiles of a row separated by
+//!   `<|tile_x_separator|>` and each row ended by `<|tile_y_separator|>`,
+//!   then `<|image|>` and the global tile's `<|patch|>` run, and
+//!   `<|image_end|>`.
+//!
 //! The expansion's text writes each run as a single image token: the image
 //! token is a special token, so the text tokenizes to the same ids as the
 //! processor's with every run one token long, and each run's token is then
@@ -39,6 +49,18 @@ use crate::output::OutputLayout;
 pub const GEMMA3_TOKENS: [&str; 3] = ["<start_of_image>", "<image_soft_token>", "<end_of_image>"];
 /// Idefics3's wrapper, image and global image tokens.
 pub const IDEFICS3_TOKENS: [&str; 3] = ["<fake_token_around_image>", "<image>", "<global-img>"];
+/// InternVL's image start, context and image end tokens.
+pub const INTERNVL_TOKENS: [&str; 3] = ["<img>", "<IMG_CONTEXT>", "</img>"];
+/// Llama 4's image start, patch, image and image end tokens and its tile
+/// separators (columns, rows).
+pub const LLAMA4_TOKENS: [&str; 6] = [
+    "<|image_start|>",
+    "<|patch|>",
+    "<|image|>",
+    "<|image_end|>",
+    "<|tile_x_separator|>",
+    "<|tile_y_separator|>",
+];
 /// Pixtral's image, row break and image end tokens.
 pub const PIXTRAL_TOKENS: [&str; 3] = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"];
 
@@ -138,6 +160,39 @@ pub(crate) fn pixtral([rows, cols]: [usize; 2]) -> PlaceholderLayout {
     }
 }
 
+/// InternVL: `tokens` context tokens between `<img>` and `</img>`.
+pub(crate) fn internvl(tokens: usize) -> PlaceholderLayout {
+    let [start, context, end] = INTERNVL_TOKENS;
+    PlaceholderLayout {
+        runs: 1,
+        run_len: tokens,
+        expansion: Some(Expansion {
+            mark: context,
+            text: format!("{start}{context}{end}"),
+        }),
+    }
+}
+
+/// Llama 4: `rows × cols` tiles (none written when `[1, 1]`) and the
+/// global tile, `per_tile` patch tokens each.
+pub(crate) fn llama4([rows, cols]: [usize; 2], per_tile: usize) -> PlaceholderLayout {
+    let [start, patch, image, end, x_sep, y_sep] = LLAMA4_TOKENS;
+    let tiled = rows * cols > 1;
+    let mut text = String::from(start);
+    if tiled {
+        for _ in 0..rows {
+            text.push_str(&vec![patch; cols].join(x_sep));
+            text.push_str(y_sep);
+        }
+    }
+    text.push_str(&format!("{image}{patch}{end}"));
+    PlaceholderLayout {
+        runs: if tiled { rows * cols + 1 } else { 1 },
+        run_len: per_tile,
+        expansion: Some(Expansion { mark: image, text }),
+    }
+}
+
 /// The `[rows, cols]` of a layout that has them (Idefics3, Pixtral).
 pub(crate) fn grid(layout: &OutputLayout) -> [usize; 2] {
     layout.tile_grid.unwrap_or([0, 0])
@@ -183,6 +238,34 @@ mod tests {
                  <fake_token_around_image><row_2_col_1><image>\n\
                  \n<fake_token_around_image><global-img><image><fake_token_around_image>"
             )
+        );
+    }
+
+    #[test]
+    fn internvl_wraps_every_tile_in_one_run() {
+        let layout = internvl(5 * 256);
+        assert_eq!((layout.runs, layout.tokens()), (1, 1280));
+        let expansion = layout.expansion.unwrap_or_else(|| panic!("an expansion"));
+        assert_eq!(expansion.mark, "<IMG_CONTEXT>");
+        assert_eq!(expansion.text, "<img><IMG_CONTEXT></img>");
+    }
+
+    #[test]
+    fn llama4_separates_tiles_and_ends_with_the_global_tile() {
+        let single = llama4([1, 1], 144);
+        assert_eq!((single.runs, single.tokens()), (1, 144));
+        assert_eq!(
+            single.expansion.map(|e| e.text).as_deref(),
+            Some("<|image_start|><|image|><|patch|><|image_end|>")
+        );
+        let tiled = llama4([2, 3], 144);
+        assert_eq!((tiled.runs, tiled.tokens()), (7, 1008));
+        let row = "<|patch|><|tile_x_separator|><|patch|><|tile_x_separator|><|patch|><|tile_y_separator|>";
+        assert_eq!(
+            tiled.expansion.map(|e| e.text),
+            Some(format!(
+                "<|image_start|>{row}{row}<|image|><|patch|><|image_end|>"
+            ))
         );
     }
 

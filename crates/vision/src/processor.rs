@@ -3,7 +3,7 @@
 use crate::decode::{decode_into, DecodeLimits, ImageInfo};
 use crate::error::VisionError;
 use crate::image::RgbView;
-use crate::output::{OutputDtype, OutputLayout, PreprocessOutput};
+use crate::output::{ItemTensor, OutputDtype, OutputLayout, PreprocessOutput};
 use crate::placeholders::PlaceholderLayout;
 use crate::scratch::{with_scratch, Scratch};
 
@@ -100,6 +100,13 @@ pub trait Processor: Send + Sync {
     /// token, repeated once per placeholder token.
     fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
         PlaceholderLayout::repeated(layout.num_placeholder_tokens)
+    }
+
+    /// The small integer tensors the model's code reads beside the pixels
+    /// of the image whose output has `layout` ([`ItemTensor`]); none by
+    /// default (the Qwen grid and `image_sizes` travel in the layout).
+    fn item_tensors(&self, _layout: &OutputLayout) -> Vec<ItemTensor> {
+        Vec::new()
     }
 
     /// Preprocesses decoded RGB8 pixels using the given scratch buffers.

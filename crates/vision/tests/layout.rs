@@ -6,8 +6,8 @@
 mod common;
 
 use iris_vision::{
-    probe, AnyresProcessor, ClipProcessor, Gemma3Processor, Idefics3Processor, OutputDtype,
-    PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
+    probe, AnyresProcessor, ClipProcessor, Gemma3Processor, Idefics3Processor, InternVlProcessor,
+    OutputDtype, PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
 };
 
 /// Every committed synthetic image and the shared photos.
@@ -58,6 +58,7 @@ fn the_planned_layout_is_the_output_layout() {
         Box::new(Gemma3Processor::gemma3()),
         Box::new(Idefics3Processor::smolvlm()),
         Box::new(PixtralProcessor::pixtral_12b()),
+        Box::new(InternVlProcessor::internvl3()),
     ];
     let (mut checked, mut turned) = (0, 0);
     for name in images() {
@@ -184,10 +185,25 @@ fn tiled_layouts_match_the_reference_table() {
                 checked += 1;
                 continue;
             }
+            if name == "llama4" {
+                // [h, w, rows, cols, resized h, resized w]: the resized size
+                // is llama4.rs's unit test's.
+                let layout = processor.layout_for(v[1], v[0], &pan_and_scan).unwrap();
+                let (rows, cols) = (v[2], v[3]);
+                let frames = if rows * cols > 1 { rows * cols + 1 } else { 1 };
+                assert_eq!(layout.shape, vec![frames, 3, 336, 336], "llama4 {row}");
+                assert_eq!(layout.tile_grid, Some([rows, cols]), "llama4 {row}");
+                assert_eq!(layout.num_placeholder_tokens, 144 * frames, "llama4 {row}");
+                checked += 1;
+                continue;
+            }
             let (h, w, frames) = (v[0], v[1], v[2]);
             let layout = processor.layout_for(w, h, &pan_and_scan).unwrap();
             assert_eq!(layout.shape[0], frames, "{name} {w}x{h}");
-            let per_frame = if name == "gemma3" { 256 } else { 81 };
+            let per_frame = match name.as_str() {
+                "gemma3" | "internvl" => 256,
+                _ => 81,
+            };
             assert_eq!(
                 layout.num_placeholder_tokens,
                 per_frame * frames,

@@ -5,7 +5,11 @@
 //! On every image (JPEG, PNG, WebP, GIF, BMP; ../shared/images and the
 //! synthetic edge cases) our decode of the file bytes must equal Pillow's
 //! byte for byte, and the full pipeline run on it must give the identical
-//! resized 8-bit image and floats within 1e-5.
+//! resized 8-bit image and floats within 1e-5. That holds for the fast
+//! (torchvision) processors too: InternVL's `GotOcr2ImageProcessorFast`
+//! resizes with PyTorch 2.9.1's antialiased `uint8` bicubic, whose 8-bit
+//! result Iris reproduces exactly, and its fused rescale-and-normalise is
+//! reproduced in the same f32 operations.
 
 mod common;
 
@@ -273,7 +277,7 @@ fn bytes_path_equals_image_path_and_bf16_rounds_f32() {
 }
 
 /// The multi-frame processors (LLaVA-NeXT, OneVision, Gemma 3 with pan and
-/// scan, SmolVLM) and Pixtral give the same tensor from bytes as from
+/// scan, SmolVLM, InternVL fast and slow) and Pixtral give the same tensor from bytes as from
 /// decoded pixels, with a large image split across threads or not, and
 /// their bf16 output is the f32 output rounded.
 #[test]
@@ -287,6 +291,8 @@ fn tiled_bytes_parallel_and_bf16_agree() {
         "gemma3",
         "smolvlm",
         "pixtral",
+        "internvl",
+        "internvl_slow",
     ] {
         let p = processor(&all, name);
         let opts = PreprocessOptions {

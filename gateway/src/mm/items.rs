@@ -230,6 +230,15 @@ fn item(image: &ItemLayout, ranges: Vec<PlaceholderRange>, image_token: u32) -> 
         let hw: Vec<i64> = sizes.iter().map(|&v| i64::from(v)).collect();
         specific.insert("image_sizes".to_owned(), tensor::int64(vec![1, 2], &hw));
     }
+    for extra in &image.tensors {
+        specific.insert(
+            extra.name.to_owned(),
+            tensor::int64(
+                extra.shape.iter().map(|&d| d as u32).collect(),
+                &extra.values,
+            ),
+        );
+    }
     if let Some(seconds) = image.second_per_grid {
         specific.insert(
             "second_per_grid_ts".to_owned(),
@@ -285,6 +294,31 @@ mod tests {
         assert_eq!(flat(&ranges), vec![(1, 3), (5, 3)]);
         let err = expand_placeholders(&[1, VID], TOKENS, &[video]).unwrap_err();
         assert!(err.message.contains("need 2"), "{}", err.message);
+    }
+
+    /// A family's item tensors (Llama 4's) travel under their names,
+    /// shapes and values.
+    #[test]
+    fn item_tensors_become_model_specific_tensors() {
+        let image = ItemLayout {
+            grid: None,
+            tensors: vec![
+                iris_vision::ItemTensor::ints("aspect_ratios", vec![1, 2], &[2, 3]),
+                iris_vision::ItemTensor::ints("patches_per_image", vec![1], &[7]),
+            ],
+            ..layout(Modality::Image, 2)
+        };
+        let inputs = multimodal_inputs(&[image], vec![Vec::new()], TOKENS);
+        let specific = &inputs.items[0].model_specific_tensors;
+        let ratios = &specific["aspect_ratios"];
+        assert_eq!(
+            (ratios.shape.as_slice(), ratios.dtype.as_str()),
+            (&[1, 2][..], "int64")
+        );
+        assert_eq!(iris_proto::tensor::read_int64(ratios), Some(vec![2, 3]));
+        let patches = &specific["patches_per_image"];
+        assert_eq!(patches.shape, [1]);
+        assert_eq!(iris_proto::tensor::read_int64(patches), Some(vec![7]));
     }
 
     /// A LLaVA-NeXT image's item carries its `image_sizes` row (the

@@ -74,9 +74,11 @@ pub struct Multimodal {
 /// (Qwen-VL, LLaVA-1.5, LLaVA-NeXT, LLaVA-OneVision), Gemma 3's
 /// `<start_of_image>` blocks (pan-and-scan crops included), Idefics3 /
 /// SmolVLM's tagged tiles and global image, Pixtral's rows of `[IMG]`
-/// broken by `[IMG_BREAK]` and ended by `[IMG_END]`
+/// broken by `[IMG_BREAK]` and ended by `[IMG_END]`, InternVL's
+/// `<IMG_CONTEXT>` run between `<img>` and `</img>`, Llama 4's
+/// `<|patch|>` tiles with their separators and global tile
 /// (gateway/tests/mm_prompts.rs compares them with the processors').
-const PROMPTS_BUILT: [&str; 8] = [
+const PROMPTS_BUILT: [&str; 10] = [
     "qwen2_vl",
     "qwen3_vl",
     "clip",
@@ -85,6 +87,8 @@ const PROMPTS_BUILT: [&str; 8] = [
     "gemma3",
     "idefics3",
     "pixtral",
+    "internvl",
+    "llama4",
 ];
 
 /// Refuses a family whose images the vision crate preprocesses but whose
@@ -248,8 +252,8 @@ impl Multimodal {
             .planned_layout(info, &self.options)
             .map_err(|e| vision_error(place, &e))?;
         let content = content_hash(&image.hash, self.fingerprint);
-        let placeholders = self.processor.placeholder_layout(&planned);
-        let layout = ItemLayout::new(planned, placeholders, self.options.dtype, content)
+        let placement = pixels::placement(self.processor.as_ref(), &planned);
+        let layout = ItemLayout::new(planned, placement, self.options.dtype, content)
             .map_err(|e| ApiError::bad_field(place, format!("{place}: {e}")))?;
         Ok((layout, false))
     }
@@ -426,8 +430,8 @@ impl Multimodal {
             let output = processor
                 .preprocess_bytes(&bytes, &options)
                 .map_err(|e| vision_error(place, &e))?;
-            let placeholders = processor.placeholder_layout(&output.layout());
-            Ok(PixelEntry::from_output(output, placeholders, content))
+            let placement = pixels::placement(processor.as_ref(), &output.layout());
+            Ok(PixelEntry::from_output(output, placement, content))
         };
         on_cpu_pool(place, in_flight, metrics, work).await
     }

@@ -224,6 +224,7 @@ pub(crate) mod testing {
             expansion: None,
             content_hash: Bytes::from(vec![hash; 32]),
             second_per_grid: None,
+            tensors: Vec::new(),
         }
     }
 

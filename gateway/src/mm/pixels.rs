@@ -8,8 +8,8 @@ use bytes::Bytes;
 use iris_proto::common::Modality;
 use iris_proto::tensor::DType;
 use iris_vision::{
-    Expansion, OutputDtype, OutputLayout, PixelValues, PlaceholderLayout, PreprocessOutput,
-    VideoLayout, VideoOutput,
+    Expansion, ItemTensor, OutputDtype, OutputLayout, PixelValues, PlaceholderLayout,
+    PreprocessOutput, VideoLayout, VideoOutput,
 };
 use sha2::{Digest, Sha256};
 
@@ -39,15 +39,19 @@ pub struct ItemLayout {
     /// Seconds of video per temporal patch (Qwen2.5-VL's
     /// `second_per_grid_ts`, for its temporal positions).
     pub second_per_grid: Option<f32>,
+    /// The family's other small tensors (InternVL's `image_num_patches`;
+    /// [`iris_vision::Processor::item_tensors`]).
+    pub tensors: Vec<ItemTensor>,
 }
 
 impl ItemLayout {
     /// The layout the vision crate planned or produced, in wire terms,
     /// with the image's place in the prompt (`placeholders`, the
-    /// processor's [`iris_vision::Processor::placeholder_layout`] of it).
+    /// processor's [`iris_vision::Processor::placeholder_layout`] of it)
+    /// and the family's other tensors (its `item_tensors`).
     pub fn new(
         layout: OutputLayout,
-        placeholders: PlaceholderLayout,
+        (placeholders, tensors): (PlaceholderLayout, Vec<ItemTensor>),
         dtype: OutputDtype,
         content_hash: Bytes,
     ) -> Result<Self, String> {
@@ -76,6 +80,7 @@ impl ItemLayout {
             expansion: placeholders.expansion,
             content_hash,
             second_per_grid: None,
+            tensors,
         })
     }
 
@@ -100,6 +105,7 @@ impl ItemLayout {
             expansion: None,
             content_hash,
             second_per_grid: layout.second_per_grid_ts,
+            tensors: Vec::new(),
         })
     }
 
@@ -110,6 +116,18 @@ impl ItemLayout {
             _ => "image_grid_thw",
         }
     }
+}
+
+/// Where the image whose output has `layout` goes in the prompt, and the
+/// small tensors its item carries: what `processor` plans for it.
+pub fn placement(
+    processor: &dyn iris_vision::Processor,
+    layout: &OutputLayout,
+) -> (PlaceholderLayout, Vec<ItemTensor>) {
+    (
+        processor.placeholder_layout(layout),
+        processor.item_tensors(layout),
+    )
 }
 
 /// One preprocessed image.
@@ -125,14 +143,15 @@ pub struct PixelEntry {
 
 impl PixelEntry {
     /// Takes the processor's output without copying its tensor;
-    /// `placeholders` places it in the prompt.
+    /// `placement` places it in the prompt and adds the family's tensors
+    /// ([`placement`]).
     pub fn from_output(
         output: PreprocessOutput,
-        placeholders: PlaceholderLayout,
+        placement: (PlaceholderLayout, Vec<ItemTensor>),
         content_hash: Bytes,
     ) -> Result<Self, String> {
         let dtype = output.pixel_values.dtype();
-        let layout = ItemLayout::new(output.layout(), placeholders, dtype, content_hash)?;
+        let layout = ItemLayout::new(output.layout(), placement, dtype, content_hash)?;
         Ok(PixelEntry::new(output.pixel_values, layout))
     }
 
@@ -211,8 +230,8 @@ mod tests {
         let output = processor.preprocess(&image, &opts).unwrap();
         let expected = output.pixel_values.as_bytes().to_vec();
         let hash = image_hash(b"file bytes");
-        let placeholders = processor.placeholder_layout(&output.layout());
-        let entry = PixelEntry::from_output(output, placeholders, content_hash(&hash, 1)).unwrap();
+        let placement = placement(&processor, &output.layout());
+        let entry = PixelEntry::from_output(output, placement, content_hash(&hash, 1)).unwrap();
         assert_eq!(&entry.pixels[..], &expected[..]);
         assert_eq!(entry.layout.shape, vec![24, 1176]);
         assert_eq!(entry.layout.grid, Some([1, 6, 4]));

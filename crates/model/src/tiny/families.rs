@@ -1,6 +1,6 @@
 //! Tiny model directories for the vision-language families Iris serves
 //! besides Qwen2-VL: LLaVA-1.5, LLaVA-NeXT, LLaVA-OneVision, Gemma 3,
-//! Idefics3 / SmolVLM and Pixtral.
+//! Idefics3 / SmolVLM, Pixtral, InternVL 3 / 3.5 and Llama 4.
 //!
 //! Each family's directory has the tiny byte-level BPE with one merge
 //! added (`\n\n`, at [`NEWLINES_ID`], so that blank lines written next to
@@ -47,11 +47,13 @@ pub enum Family {
     Gemma3,
     Idefics3,
     Pixtral,
+    Internvl,
+    Llama4,
 }
 
 impl Family {
     /// Every family, the default first.
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 9] = [
         Family::Qwen2Vl,
         Family::Llava,
         Family::LlavaNext,
@@ -59,6 +61,8 @@ impl Family {
         Family::Gemma3,
         Family::Idefics3,
         Family::Pixtral,
+        Family::Internvl,
+        Family::Llama4,
     ];
 
     /// The name `iris tiny-model --family` takes.
@@ -71,6 +75,8 @@ impl Family {
             Family::Gemma3 => "gemma3",
             Family::Idefics3 => "idefics3",
             Family::Pixtral => "pixtral",
+            Family::Internvl => "internvl",
+            Family::Llama4 => "llama4",
         }
     }
 
@@ -85,6 +91,8 @@ impl Family {
             Family::Gemma3 => Some(gemma3()),
             Family::Idefics3 => Some(idefics3()),
             Family::Pixtral => Some(pixtral()),
+            Family::Internvl => Some(internvl()),
+            Family::Llama4 => Some(llama4()),
         }
     }
 }
@@ -424,6 +432,79 @@ fn pixtral() -> FamilySpec {
         processor_config: json!({
             "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]",
             "image_token": "[IMG]", "patch_size": 16, "processor_class": "PixtralProcessor",
+        }),
+    }
+}
+
+/// InternVL 3 / 3.5 (the HF-format checkpoints): `<img>`, 256
+/// `<IMG_CONTEXT>`s per 448×448 tile (and per thumbnail), `</img>`.
+fn internvl() -> FamilySpec {
+    FamilySpec {
+        model_type: "internvl",
+        architecture: "InternVLForConditionalGeneration",
+        specials: strings(&[
+            "<|im_start|>",
+            "<|im_end|>",
+            "<img>",
+            "</img>",
+            "<IMG_CONTEXT>",
+            "<video>",
+        ]),
+        bos: "<|im_start|>",
+        eos: "<|im_end|>",
+        image_token: "<IMG_CONTEXT>",
+        template: include_str!("templates/internvl.jinja").to_owned(),
+        preprocessor: json!({
+            "image_processor_type": "GotOcr2ImageProcessorFast",
+            "processor_class": "InternVLProcessor",
+            "crop_to_patches": false, "do_convert_rgb": true, "do_normalize": true,
+            "do_rescale": true, "do_resize": true,
+            "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225],
+            "max_patches": 12, "min_patches": 1,
+            "resample": 3, "rescale_factor": 0.00392156862745098,
+            "size": {"height": 448, "width": 448},
+        }),
+        processor_config: json!({"image_seq_length": 256, "processor_class": "InternVLProcessor"}),
+    }
+}
+
+/// Llama 4: `<|image_start|>`, 144 `<|patch|>`s per 336×336 tile with
+/// the tile separators, `<|image|>` and the global tile's, `<|image_end|>`.
+/// The image token (the features' place) is `<|patch|>`; the template's
+/// mark is `<|image|>`.
+fn llama4() -> FamilySpec {
+    FamilySpec {
+        model_type: "llama4",
+        architecture: "Llama4ForConditionalGeneration",
+        specials: strings(&[
+            "<|begin_of_text|>",
+            "<|eot|>",
+            "<|header_start|>",
+            "<|header_end|>",
+            "<|image_start|>",
+            "<|image_end|>",
+            "<|image|>",
+            "<|patch|>",
+            "<|tile_x_separator|>",
+            "<|tile_y_separator|>",
+            "<|python_start|>",
+            "<|python_end|>",
+        ]),
+        bos: "<|begin_of_text|>",
+        eos: "<|eot|>",
+        image_token: "<|patch|>",
+        template: include_str!("templates/llama4.jinja").to_owned(),
+        preprocessor: json!({
+            "image_processor_type": "Llama4ImageProcessorFast",
+            "processor_class": "Llama4Processor",
+            "do_convert_rgb": true, "do_normalize": true, "do_rescale": true, "do_resize": true,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+            "max_patches": 16, "resample": 2, "rescale_factor": 0.00392156862745098,
+            "resize_to_max_canvas": false, "size": {"height": 336, "width": 336},
+        }),
+        processor_config: json!({
+            "fake_image_token": "<|image|>", "image_token": "<|image|>", "patch_size": 14,
+            "processor_class": "Llama4Processor",
         }),
     }
 }

@@ -45,6 +45,10 @@ pub enum Bicubic {
     PillowBilinear,
     /// Pillow 12.2.0's LANCZOS (`sinc(x)·sinc(x/3)`, support 3).
     PillowLanczos,
+    /// PyTorch 2.9's antialiased bilinear on `uint8` tensors (the triangle
+    /// filter, support 1, with [`Bicubic::Torch`]'s windows and 16-bit
+    /// weights): Llama 4's fast processor.
+    TorchBilinear,
 }
 
 impl Bicubic {
@@ -52,7 +56,7 @@ impl Bicubic {
     fn support(self) -> f64 {
         match self {
             Bicubic::Pillow | Bicubic::Torch => BICUBIC_SUPPORT,
-            Bicubic::PillowBilinear => 1.0,
+            Bicubic::PillowBilinear | Bicubic::TorchBilinear => 1.0,
             Bicubic::PillowLanczos => 3.0,
         }
     }
@@ -185,7 +189,7 @@ impl Kernel {
         let taps_of = match filter {
             Bicubic::Pillow => bicubic,
             Bicubic::Torch => bicubic_torch,
-            Bicubic::PillowBilinear => bilinear,
+            Bicubic::PillowBilinear | Bicubic::TorchBilinear => bilinear,
             Bicubic::PillowLanczos => lanczos,
         };
         let scale = in_size as f64 / out_size as f64;
@@ -230,7 +234,7 @@ impl Kernel {
                 .iter()
                 .map(|&w| to_fixed(w, PRECISION_BITS))
                 .collect(),
-            Bicubic::Torch => torch_fixed(&normalised),
+            Bicubic::Torch | Bicubic::TorchBilinear => torch_fixed(&normalised),
         };
         kernel
     }

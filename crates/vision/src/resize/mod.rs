@@ -41,7 +41,7 @@ impl PassOrder {
             Bicubic::Pillow | Bicubic::PillowBilinear | Bicubic::PillowLanczos => {
                 PassOrder::pillow_12_2(in_w, in_h, out_h)
             }
-            Bicubic::Torch => PassOrder::HorizontalFirst,
+            Bicubic::Torch | Bicubic::TorchBilinear => PassOrder::HorizontalFirst,
         }
     }
 

@@ -1,0 +1,389 @@
+//! InternVL 3 / 3.5 (the Hugging Face-format checkpoints, `InternVLProcessor`):
+//! bit-exact with transformers 4.57.1's `GotOcr2ImageProcessorFast` (the
+//! class the shipped `preprocessor_config.json` names, so the default) and
+//! with the slow `GotOcr2ImageProcessor` (one image per call).
+//!
+//! `InternVLProcessor` calls its image processor with `crop_to_patches`
+//! on, whatever the image processor's config says (its `images_kwargs`
+//! default), so the image is cut into *dynamic tiles*:
+//!
+//! 1. the grid is the `cols × rows` arrangement, among all with between
+//!    `min_patches` and `max_patches` tiles (ordered by tile count, then
+//!    columns), whose aspect ratio `cols / rows` is nearest the image's
+//!    `width / height`; on a tie the later one wins when the image's area
+//!    is more than half the grid's;
+//! 2. the image is squashed to `cols·tile_w × rows·tile_h` and cut into
+//!    tiles row by row;
+//! 3. with more than one tile, a *thumbnail* follows: the whole image
+//!    squashed to one tile.
+//!
+//! Without cropping (`max_patches` 1) the image is squashed to one tile.
+//! Every frame is rescaled, normalised (ImageNet mean and std in the
+//! shipped config) and written planar: `[num_patches, 3, tile_h, tile_w]`.
+//!
+//! The two classes differ in the resize and the float arithmetic only:
+//! the fast one resizes with PyTorch's antialiased bicubic on `uint8`
+//! ([`Bicubic::Torch`]) and fuses rescale into normalisation
+//! ([`Normalization::fused_value`]); the slow one resizes with Pillow's
+//! BICUBIC and rescales, then normalises ([`Normalization::value`]).
+//! Only `resample` 3 (BICUBIC) is accepted: the slow class's tiling
+//! resizes always use BICUBIC, whatever `resample` says.
+//!
+//! The prompt: the chat template writes `<IMG_CONTEXT>` once per image;
+//! `InternVLProcessor` replaces it with `<img>`, `image_seq_length` (256)
+//! × `num_patches` `<IMG_CONTEXT>` tokens and `</img>`.
+//! [`OutputLayout::num_placeholder_tokens`] counts the `<IMG_CONTEXT>`
+//! tokens; [`OutputLayout::tile_grid`] gives `[rows, cols]` (`[1, 1]`
+//! without a thumbnail). The item carries `image_num_patches` (vLLM's
+//! name for the processor's `num_patches`).
+
+use half::bf16;
+
+use crate::error::VisionError;
+use crate::image::RgbView;
+use crate::layout::planar_chw;
+use crate::normalize::{Lut, Normalization, OutElem};
+use crate::output::{ItemTensor, OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use crate::placeholders::{self, PlaceholderLayout};
+use crate::pool::PooledVec;
+use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
+use crate::resize::{self, resize_copy, Bicubic};
+use crate::scratch::Scratch;
+
+/// ImageNet mean, the shipped InternVL configs' `image_mean`.
+pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+/// ImageNet std, the shipped InternVL configs' `image_std`.
+pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// The InternVL image processor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InternVlProcessor {
+    /// `(height, width)` of a tile (`size`: 448×448 as shipped).
+    pub tile: (usize, usize),
+    /// `min_patches` and `max_patches`: the tile counts grids may have.
+    pub min_patches: usize,
+    pub max_patches: usize,
+    /// The fast (torchvision) class; the slow (Pillow) one when false.
+    pub fast: bool,
+    /// Normalisation.
+    pub norm: Normalization,
+    /// `<IMG_CONTEXT>` tokens per tile (`image_seq_length`).
+    pub image_seq_length: usize,
+}
+
+/// The tile grid of one image: `cols × rows` tiles, plus a thumbnail when
+/// there is more than one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Grid {
+    cols: usize,
+    rows: usize,
+}
+
+impl Grid {
+    fn tiles(&self) -> usize {
+        self.cols * self.rows
+    }
+
+    /// Tiles and the thumbnail: the processor's `num_patches`.
+    fn frames(&self) -> usize {
+        match self.tiles() {
+            1 => 1,
+            n => n + 1,
+        }
+    }
+}
+
+/// `get_all_supported_aspect_ratios`: every `(cols, rows)` with a tile
+/// count in `min..=max`, ordered by tile count (stable: columns first).
+fn arrangements(min: usize, max: usize) -> Vec<(usize, usize)> {
+    let mut all: Vec<(usize, usize)> = (1..=max)
+        .flat_map(|w| (1..=max).map(move |h| (w, h)))
+        .filter(|&(w, h)| (min..=max).contains(&(w * h)))
+        .collect();
+    all.sort_by_key(|&(w, h)| w * h);
+    all
+}
+
+/// `get_optimal_tiled_canvas` for a `width`×`height` image and
+/// `tile_h`×`tile_w` tiles: `(cols, rows)`, on the reference's doubles.
+fn optimal_grid(
+    (width, height): (usize, usize),
+    (tile_h, tile_w): (usize, usize),
+    min: usize,
+    max: usize,
+) -> (usize, usize) {
+    let aspect = width as f64 / height as f64;
+    let area = (width * height) as f64;
+    let mut best_diff = f64::INFINITY;
+    let mut best = (1, 1);
+    for (w, h) in arrangements(min, max) {
+        let diff = (aspect - w as f64 / h as f64).abs();
+        if diff < best_diff {
+            best_diff = diff;
+            best = (w, h);
+        } else if diff == best_diff
+            && area > 0.5 * tile_h as f64 * tile_w as f64 * w as f64 * h as f64
+        {
+            best = (w, h);
+        }
+    }
+    best
+}
+
+impl InternVlProcessor {
+    /// OpenGVLab/InternVL3-1B-hf (and the other InternVL 3 / 3.5 HF
+    /// checkpoints): 448-pixel tiles, 1 to 12 of them, the fast class,
+    /// ImageNet normalisation, 256 tokens per tile.
+    pub fn internvl3() -> Self {
+        InternVlProcessor {
+            tile: (448, 448),
+            min_patches: 1,
+            max_patches: 12,
+            fast: true,
+            norm: Normalization {
+                rescale_factor: 1.0 / 255.0,
+                mean: IMAGENET_MEAN,
+                std: IMAGENET_STD,
+            },
+            image_seq_length: 256,
+        }
+    }
+
+    fn filter(&self) -> Bicubic {
+        if self.fast {
+            Bicubic::Torch
+        } else {
+            Bicubic::Pillow
+        }
+    }
+
+    fn lut<T: OutElem>(&self) -> Lut<T> {
+        if self.fast {
+            self.norm.fused_lut()
+        } else {
+            self.norm.lut()
+        }
+    }
+
+    fn grid(&self, width: usize, height: usize) -> Result<Grid, VisionError> {
+        if width == 0 || height == 0 {
+            return Err(VisionError::Geometry(format!(
+                "image is {width}x{height}: a side is zero"
+            )));
+        }
+        if self.max_patches <= 1 {
+            return Ok(Grid { cols: 1, rows: 1 });
+        }
+        let (cols, rows) = optimal_grid(
+            (width, height),
+            self.tile,
+            self.min_patches,
+            self.max_patches,
+        );
+        Ok(Grid { cols, rows })
+    }
+
+    /// Produces the 8-bit frames (the tiles row by row, then the
+    /// thumbnail) and hands each to `each` (index, frame).
+    fn frames(
+        &self,
+        image: RgbView<'_>,
+        grid: Grid,
+        parallel: bool,
+        scratch: &mut Scratch,
+        mut each: impl FnMut(usize, RgbView<'_>),
+    ) -> Result<(), VisionError> {
+        let (th, tw) = self.tile;
+        let filter = self.filter();
+        let Scratch {
+            inter,
+            resized,
+            cropped,
+            ..
+        } = scratch;
+        let canvas = (grid.cols * tw, grid.rows * th);
+        resize_copy(filter, image, canvas, inter, resized, parallel)?;
+        let whole = RgbView::new(resized, canvas.0, canvas.1)?;
+        if grid.tiles() == 1 {
+            each(0, whole);
+            return Ok(());
+        }
+        for i in 0..grid.tiles() {
+            let (left, top) = ((i % grid.cols) * tw, (i / grid.cols) * th);
+            whole.crop_into(left, top, tw, th, cropped)?;
+            each(i, RgbView::new(cropped, tw, th)?);
+        }
+        resize_copy(filter, image, (tw, th), inter, cropped, parallel)?;
+        each(grid.tiles(), RgbView::new(cropped, tw, th)?);
+        Ok(())
+    }
+
+    fn write<T: OutElem>(
+        &self,
+        image: RgbView<'_>,
+        grid: Grid,
+        parallel: bool,
+        scratch: &mut Scratch,
+    ) -> Result<PooledVec<T>, VisionError> {
+        let per = 3 * self.tile.0 * self.tile.1;
+        let mut out = PooledVec::<T>::take(grid.frames() * per);
+        let lut = self.lut::<T>();
+        self.frames(image, grid, parallel, scratch, |i, frame| {
+            if let Some(chunk) = out.get_mut(i * per..(i + 1) * per) {
+                planar_chw(frame, &lut, chunk);
+            }
+        })?;
+        Ok(out)
+    }
+
+    fn layout(&self, grid: Grid) -> OutputLayout {
+        OutputLayout {
+            shape: vec![grid.frames(), 3, self.tile.0, self.tile.1],
+            image_grid_thw: None,
+            num_placeholder_tokens: self.image_seq_length * grid.frames(),
+            image_sizes: None,
+            tile_grid: Some([grid.rows, grid.cols]),
+        }
+    }
+}
+
+impl Processor for InternVlProcessor {
+    /// `<img>`, the `<IMG_CONTEXT>` tokens of every tile, `</img>`.
+    fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
+        placeholders::internvl(layout.num_placeholder_tokens)
+    }
+
+    /// `image_num_patches`: `[1]`, the image's tiles and thumbnail.
+    fn item_tensors(&self, layout: &OutputLayout) -> Vec<ItemTensor> {
+        let frames = layout.shape.first().copied().unwrap_or(1);
+        vec![ItemTensor::ints("image_num_patches", vec![1], &[frames])]
+    }
+
+    fn name(&self) -> &'static str {
+        "internvl"
+    }
+
+    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
+        fingerprint_of(
+            format_args!(
+                "internvl|{:?}|{}|{}|{}|{}",
+                self.tile,
+                self.min_patches,
+                self.max_patches,
+                if self.fast {
+                    "torch-2.9"
+                } else {
+                    "pillow-12.2"
+                },
+                self.image_seq_length,
+            ),
+            &self.norm,
+            opts,
+        )
+    }
+
+    fn working_bytes(
+        &self,
+        width: u32,
+        height: u32,
+        opts: &PreprocessOptions,
+    ) -> Result<u64, VisionError> {
+        let grid = self.grid(width as usize, height as usize)?;
+        let (w, h) = (u64::from(width), u64::from(height));
+        let (th, tw) = (self.tile.0 as u64, self.tile.1 as u64);
+        let canvas = (grid.cols as u64 * tw, grid.rows as u64 * th);
+        let resizes =
+            resize::working_bytes((w, h), canvas) + resize::working_bytes((w, h), (tw, th));
+        let frame = 3 * th * tw;
+        let output = grid.frames() as u64 * frame * opts.dtype.size() as u64;
+        Ok(resizes + 3 * canvas.0 * canvas.1 + frame + output)
+    }
+
+    fn resized_image(
+        &self,
+        image: &image::RgbImage,
+        _opts: &PreprocessOptions,
+    ) -> Result<image::RgbImage, VisionError> {
+        let mut scratch = Scratch::default();
+        let view = RgbView::from_image(image)?;
+        let grid = self.grid(view.width(), view.height())?;
+        let mut stacked = Vec::new();
+        self.frames(view, grid, false, &mut scratch, |_, frame| {
+            stacked.extend_from_slice(frame.data());
+        })?;
+        RgbView::new(&stacked, self.tile.1, self.tile.0 * grid.frames())?.to_image()
+    }
+
+    fn preprocess_view(
+        &self,
+        image: RgbView<'_>,
+        opts: &PreprocessOptions,
+        scratch: &mut Scratch,
+    ) -> Result<PreprocessOutput, VisionError> {
+        let parallel = split_image(opts, image.width() * image.height());
+        let grid = self.grid(image.width(), image.height())?;
+        let pixel_values = match opts.dtype {
+            OutputDtype::F32 => {
+                PixelValues::F32(self.write::<f32>(image, grid, parallel, scratch)?)
+            }
+            OutputDtype::Bf16 => {
+                PixelValues::Bf16(self.write::<bf16>(image, grid, parallel, scratch)?)
+            }
+        };
+        let layout = self.layout(grid);
+        Ok(PreprocessOutput {
+            pixel_values,
+            shape: layout.shape,
+            image_grid_thw: layout.image_grid_thw,
+            num_placeholder_tokens: layout.num_placeholder_tokens,
+            image_sizes: layout.image_sizes,
+            tile_grid: layout.tile_grid,
+            resized_size: (self.tile.1 * grid.cols, self.tile.0 * grid.rows),
+        })
+    }
+
+    fn layout_for(
+        &self,
+        width: usize,
+        height: usize,
+        _opts: &PreprocessOptions,
+    ) -> Result<OutputLayout, VisionError> {
+        Ok(self.layout(self.grid(width, height)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arrangements_are_ordered_by_tile_count() {
+        assert_eq!(
+            arrangements(1, 4),
+            [
+                (1, 1),
+                (1, 2),
+                (2, 1),
+                (1, 3),
+                (3, 1),
+                (1, 4),
+                (2, 2),
+                (4, 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn grids_follow_the_aspect_ratio() {
+        let p = InternVlProcessor::internvl3();
+        let grid = |w, h| p.grid(w, h).map(|g| (g.cols, g.rows, g.frames())).ok();
+        // Square: 1×1 beats 2×2 unless the image covers half of 2×2's area.
+        assert_eq!(grid(448, 448), Some((1, 1, 1)));
+        assert_eq!(grid(700, 700), Some((2, 2, 5)));
+        // 2:1 wide, small: 2×1 and a thumbnail.
+        assert_eq!(grid(800, 400), Some((2, 1, 3)));
+        // Very tall: 1×12.
+        assert_eq!(grid(10, 4000), Some((1, 12, 13)));
+        assert!(p.grid(0, 10).is_err());
+    }
+}

@@ -1,0 +1,478 @@
+//! Llama 4: transformers 4.57.1's `Llama4ImageProcessorFast` (the only
+//! class there is: torchvision), one image per call.
+//!
+//! 1. The *canvas* is chosen among the supported resolutions: every
+//!    `rows × cols` arrangement of at most `max_patches` (16) tiles of
+//!    `size` (336²), in the reference's order. Each canvas scales the
+//!    image by the smaller of its two side ratios (in f32, as the
+//!    reference's tensors do); the smallest scale ≥ 1 wins, or without
+//!    one the largest below 1; among equal scales the smallest area.
+//! 2. The image is resized, aspect ratio kept, to fit
+//!    `min(max(side, tile), canvas side)` on each axis (the reference's
+//!    `get_max_res_without_distortion`, whose arithmetic is f32 or f64
+//!    as its operands are tensors or Python numbers: reproduced), with
+//!    PyTorch's antialiased bilinear on `uint8`
+//!    ([`Bicubic::TorchBilinear`]), and padded with black at the right
+//!    and bottom to the canvas.
+//! 3. The canvas is cut into its tiles row by row; with more than one
+//!    tile a *global* tile follows: the whole image squashed to one tile.
+//!
+//! Every frame is normalised in bfloat16 ([`Normalization::bf16_value`],
+//! mean and std 0.5) and written planar: `[tiles (+ 1), 3, 336, 336]`.
+//!
+//! The prompt (`Llama4Processor`): the chat template writes `<|image|>`
+//! once per image; it becomes `<|image_start|>`, then (with more than one
+//! tile) each tile's `<|patch|>` tokens row by row, the tiles of a row
+//! separated by `<|tile_x_separator|>` and each row ended by
+//! `<|tile_y_separator|>`, then `<|image|>`, the global tile's `<|patch|>`
+//! tokens and `<|image_end|>`. A tile has `(side / patch)² / 4` patch
+//! tokens (patch 14, pixel shuffle 0.5: 144).
+//! [`OutputLayout::num_placeholder_tokens`] counts the `<|patch|>` tokens;
+//! [`OutputLayout::tile_grid`] gives `[rows, cols]`, the item's
+//! `aspect_ratios` `[1, 2]` (as the processor returns it per image) and
+//! `patches_per_image` `[1]` (vLLM's split of the pixels per image).
+
+use half::bf16;
+
+use crate::error::VisionError;
+use crate::image::RgbView;
+use crate::layout::planar_chw;
+use crate::normalize::{Normalization, OutElem};
+use crate::output::{ItemTensor, OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use crate::placeholders::{self, PlaceholderLayout};
+use crate::pool::PooledVec;
+use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
+use crate::resize::{self, resize_copy, Bicubic};
+use crate::scratch::Scratch;
+
+/// The Llama 4 image processor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Llama4Processor {
+    /// The side of the square tiles (`size`: 336).
+    pub tile: usize,
+    /// `max_patches`: the most tiles a canvas has.
+    pub max_patches: usize,
+    /// Normalisation (in bfloat16).
+    pub norm: Normalization,
+    /// `<|patch|>` tokens per tile.
+    pub tokens_per_tile: usize,
+}
+
+/// What one image becomes: the resized size, the canvas in tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Plan {
+    /// `(width, height)` of the resized image (before padding).
+    resized: (usize, usize),
+    rows: usize,
+    cols: usize,
+}
+
+impl Plan {
+    fn tiles(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    /// The tiles, and the global tile when there are several.
+    fn frames(&self) -> usize {
+        match self.tiles() {
+            1 => 1,
+            n => n + 1,
+        }
+    }
+}
+
+/// `find_supported_resolutions`: `(rows, cols)` of every canvas of at most
+/// `max` tiles, grouped by aspect ratio in order of first appearance
+/// (tile counts from `max` down, factors ascending).
+fn supported_canvases(max: usize) -> Vec<(usize, usize)> {
+    let mut groups: Vec<(f64, Vec<(usize, usize)>)> = Vec::new();
+    for chunks in (1..=max).rev() {
+        for rows in (1..=chunks).filter(|f| chunks % f == 0) {
+            let cols = chunks / rows;
+            let ratio = rows as f64 / cols as f64;
+            match groups.iter_mut().find(|(r, _)| *r == ratio) {
+                Some((_, members)) => members.push((rows, cols)),
+                None => groups.push((ratio, vec![(rows, cols)])),
+            }
+        }
+    }
+    groups.into_iter().flat_map(|(_, m)| m).collect()
+}
+
+/// A number of the reference's arithmetic: an f32 tensor value or a
+/// Python float (f64).
+#[derive(Debug, Clone, Copy)]
+struct Num {
+    value: f64,
+    tensor: bool,
+}
+
+impl Num {
+    /// `numerator / denominator`, a tensor's f32 division when the
+    /// numerator is a tensor.
+    fn ratio(numerator: usize, tensor: bool, denominator: usize) -> Num {
+        let value = if tensor {
+            f64::from(numerator as f32 / denominator as f32)
+        } else {
+            numerator as f64 / denominator as f64
+        };
+        Num { value, tensor }
+    }
+
+    /// `self < other`, in f32 when either is a tensor.
+    fn lt(self, other: Num) -> bool {
+        if self.tensor || other.tensor {
+            (self.value as f32) < (other.value as f32)
+        } else {
+            self.value < other.value
+        }
+    }
+
+    /// `floor(n · self)`.
+    fn floor_times(self, n: usize) -> usize {
+        if self.tensor {
+            (n as f32 * self.value as f32).floor() as usize
+        } else {
+            (n as f64 * self.value).floor() as usize
+        }
+    }
+}
+
+impl Llama4Processor {
+    /// meta-llama/Llama-4-Scout-17B-16E-Instruct (and Maverick): 336-pixel
+    /// tiles, at most 16, mean and std 0.5, 144 tokens per tile.
+    pub fn llama4() -> Self {
+        Llama4Processor {
+            tile: 336,
+            max_patches: 16,
+            norm: Normalization {
+                rescale_factor: 1.0 / 255.0,
+                mean: [0.5; 3],
+                std: [0.5; 3],
+            },
+            tokens_per_tile: 144,
+        }
+    }
+
+    /// `get_best_fit` for a `width`×`height` image: the canvas's `(rows, cols)`.
+    fn best_canvas(&self, width: usize, height: usize) -> (usize, usize) {
+        let t = self.tile;
+        let scored: Vec<((usize, usize), f32)> = supported_canvases(self.max_patches)
+            .into_iter()
+            .map(|(rows, cols)| {
+                let scale_w = (cols * t) as f32 / width as f32;
+                let scale_h = (rows * t) as f32 / height as f32;
+                let scale = if scale_h > scale_w { scale_w } else { scale_h };
+                ((rows, cols), scale)
+            })
+            .collect();
+        let up = scored.iter().map(|s| s.1).filter(|&s| s >= 1.0);
+        let selected = up.reduce(f32::min).unwrap_or_else(|| {
+            scored
+                .iter()
+                .map(|s| s.1)
+                .filter(|&s| s < 1.0)
+                .fold(f32::NEG_INFINITY, f32::max)
+        });
+        scored
+            .iter()
+            .filter(|s| s.1 == selected)
+            .map(|s| s.0)
+            .reduce(|best, c| if c.0 * c.1 < best.0 * best.1 { c } else { best })
+            .unwrap_or((1, 1))
+    }
+
+    fn plan(&self, width: usize, height: usize) -> Result<Plan, VisionError> {
+        if width == 0 || height == 0 {
+            return Err(VisionError::Geometry(format!(
+                "image is {width}x{height}: a side is zero"
+            )));
+        }
+        let (rows, cols) = self.best_canvas(width, height);
+        let (canvas_h, canvas_w) = (rows * self.tile, cols * self.tile);
+        // `min(max(side, tile), canvas side)`: the canvas's (a tensor) only
+        // when strictly smaller.
+        let fit = |side: usize, canvas: usize| {
+            let up = side.max(self.tile);
+            if canvas < up {
+                (canvas, true)
+            } else {
+                (up, false)
+            }
+        };
+        let (target_h, h_tensor) = fit(height, canvas_h);
+        let (target_w, w_tensor) = fit(width, canvas_w);
+        let scale_w = Num::ratio(target_w, w_tensor, width);
+        let scale_h = Num::ratio(target_h, h_tensor, height);
+        let (new_h, new_w) = if scale_w.lt(scale_h) {
+            (scale_w.floor_times(height).min(target_h), target_w)
+        } else {
+            (target_h, scale_h.floor_times(width).min(target_w))
+        };
+        Ok(Plan {
+            resized: (new_w.max(1), new_h.max(1)),
+            rows,
+            cols,
+        })
+    }
+
+    /// Produces the 8-bit frames (the canvas's tiles row by row, then the
+    /// global tile) and hands each to `each` (index, frame).
+    fn frames(
+        &self,
+        image: RgbView<'_>,
+        plan: Plan,
+        parallel: bool,
+        scratch: &mut Scratch,
+        mut each: impl FnMut(usize, RgbView<'_>),
+    ) -> Result<(), VisionError> {
+        let t = self.tile;
+        let filter = Bicubic::TorchBilinear;
+        let Scratch {
+            inter,
+            resized,
+            cropped,
+            raw,
+            ..
+        } = scratch;
+        resize_copy(filter, image, plan.resized, inter, resized, parallel)?;
+        let (canvas_w, canvas_h) = (plan.cols * t, plan.rows * t);
+        pad_into(resized, plan.resized, (canvas_w, canvas_h), cropped);
+        let canvas = RgbView::new(cropped, canvas_w, canvas_h)?;
+        for i in 0..plan.tiles() {
+            let (left, top) = ((i % plan.cols) * t, (i / plan.cols) * t);
+            canvas.crop_into(left, top, t, t, raw)?;
+            each(i, RgbView::new(raw, t, t)?);
+        }
+        if plan.tiles() > 1 {
+            resize_copy(filter, image, (t, t), inter, raw, parallel)?;
+            each(plan.tiles(), RgbView::new(raw, t, t)?);
+        }
+        Ok(())
+    }
+
+    fn write<T: OutElem>(
+        &self,
+        image: RgbView<'_>,
+        plan: Plan,
+        parallel: bool,
+        scratch: &mut Scratch,
+    ) -> Result<PooledVec<T>, VisionError> {
+        let per = 3 * self.tile * self.tile;
+        let mut out = PooledVec::<T>::take(plan.frames() * per);
+        let lut = self.norm.bf16_lut::<T>();
+        self.frames(image, plan, parallel, scratch, |i, frame| {
+            if let Some(chunk) = out.get_mut(i * per..(i + 1) * per) {
+                planar_chw(frame, &lut, chunk);
+            }
+        })?;
+        Ok(out)
+    }
+
+    fn layout(&self, plan: Plan) -> OutputLayout {
+        OutputLayout {
+            shape: vec![plan.frames(), 3, self.tile, self.tile],
+            image_grid_thw: None,
+            num_placeholder_tokens: self.tokens_per_tile * plan.frames(),
+            image_sizes: None,
+            tile_grid: Some([plan.rows, plan.cols]),
+        }
+    }
+}
+
+/// `src` (`w`×`h`) at the top left of a black `canvas_w`×`canvas_h` image
+/// in `out`.
+fn pad_into(
+    src: &[u8],
+    (w, h): (usize, usize),
+    (canvas_w, canvas_h): (usize, usize),
+    out: &mut Vec<u8>,
+) {
+    out.clear();
+    out.resize(canvas_w * canvas_h * 3, 0);
+    for (y, row) in src.chunks_exact(w * 3).take(h.min(canvas_h)).enumerate() {
+        let start = y * canvas_w * 3;
+        let len = row.len().min(canvas_w * 3);
+        out[start..start + len].copy_from_slice(&row[..len]);
+    }
+}
+
+impl Processor for Llama4Processor {
+    /// The tiles' `<|patch|>` runs with their separators, then the global tile's.
+    fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
+        placeholders::llama4(placeholders::grid(layout), self.tokens_per_tile)
+    }
+
+    /// `aspect_ratios` `[1, 2]`, the canvas's `[rows, cols]` (the
+    /// processor's), and `patches_per_image` `[1]`, the frames (vLLM's,
+    /// which splits the pixels by it).
+    fn item_tensors(&self, layout: &OutputLayout) -> Vec<ItemTensor> {
+        let [rows, cols] = placeholders::grid(layout);
+        let frames = layout.shape.first().copied().unwrap_or(1);
+        vec![
+            ItemTensor::ints("aspect_ratios", vec![1, 2], &[rows, cols]),
+            ItemTensor::ints("patches_per_image", vec![1], &[frames]),
+        ]
+    }
+
+    fn name(&self) -> &'static str {
+        "llama4"
+    }
+
+    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
+        fingerprint_of(
+            format_args!(
+                "llama4|{}|{}|{}|torch-2.9-bilinear|bf16",
+                self.tile, self.max_patches, self.tokens_per_tile,
+            ),
+            &self.norm,
+            opts,
+        )
+    }
+
+    fn working_bytes(
+        &self,
+        width: u32,
+        height: u32,
+        opts: &PreprocessOptions,
+    ) -> Result<u64, VisionError> {
+        let plan = self.plan(width as usize, height as usize)?;
+        let (w, h) = (u64::from(width), u64::from(height));
+        let t = self.tile as u64;
+        let (rw, rh) = (plan.resized.0 as u64, plan.resized.1 as u64);
+        let canvas = 3 * plan.rows as u64 * plan.cols as u64 * t * t;
+        let resizes =
+            resize::working_bytes((w, h), (rw, rh)) + resize::working_bytes((w, h), (t, t));
+        let frame = 3 * t * t;
+        let output = plan.frames() as u64 * frame * opts.dtype.size() as u64;
+        Ok(resizes + canvas + frame + output)
+    }
+
+    fn resized_image(
+        &self,
+        image: &image::RgbImage,
+        _opts: &PreprocessOptions,
+    ) -> Result<image::RgbImage, VisionError> {
+        let mut scratch = Scratch::default();
+        let view = RgbView::from_image(image)?;
+        let plan = self.plan(view.width(), view.height())?;
+        let mut stacked = Vec::new();
+        self.frames(view, plan, false, &mut scratch, |_, frame| {
+            stacked.extend_from_slice(frame.data());
+        })?;
+        RgbView::new(&stacked, self.tile, self.tile * plan.frames())?.to_image()
+    }
+
+    fn preprocess_view(
+        &self,
+        image: RgbView<'_>,
+        opts: &PreprocessOptions,
+        scratch: &mut Scratch,
+    ) -> Result<PreprocessOutput, VisionError> {
+        let parallel = split_image(opts, image.width() * image.height());
+        let plan = self.plan(image.width(), image.height())?;
+        let pixel_values = match opts.dtype {
+            OutputDtype::F32 => {
+                PixelValues::F32(self.write::<f32>(image, plan, parallel, scratch)?)
+            }
+            OutputDtype::Bf16 => {
+                PixelValues::Bf16(self.write::<bf16>(image, plan, parallel, scratch)?)
+            }
+        };
+        let layout = self.layout(plan);
+        Ok(PreprocessOutput {
+            pixel_values,
+            shape: layout.shape,
+            image_grid_thw: layout.image_grid_thw,
+            num_placeholder_tokens: layout.num_placeholder_tokens,
+            image_sizes: layout.image_sizes,
+            tile_grid: layout.tile_grid,
+            resized_size: plan.resized,
+        })
+    }
+
+    fn layout_for(
+        &self,
+        width: usize,
+        height: usize,
+        _opts: &PreprocessOptions,
+    ) -> Result<OutputLayout, VisionError> {
+        Ok(self.layout(self.plan(width, height)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canvases_follow_the_reference_order() {
+        // The docstring's example (max 4 chunks): ratios in order of first
+        // appearance, (1, 4) first.
+        assert_eq!(
+            supported_canvases(4),
+            [
+                (1, 4),
+                (2, 2),
+                (1, 1),
+                (4, 1),
+                (1, 3),
+                (3, 1),
+                (1, 2),
+                (2, 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn plans_fit_the_image_without_distortion() {
+        let p = Llama4Processor::llama4();
+        let plan = |w, h| p.plan(w, h).ok();
+        // A small image is not upscaled past the tile: one tile.
+        assert_eq!(
+            plan(200, 100),
+            Some(Plan {
+                resized: (336, 168),
+                rows: 1,
+                cols: 1
+            })
+        );
+        // 800×600: the 2×3 canvas (672×1008) scales it by 1.12, the least
+        // upscale; six tiles and the global one.
+        let big = p.plan(800, 600).ok();
+        assert_eq!(big.map(|b| (b.rows, b.cols, b.frames())), Some((2, 3, 7)));
+        assert!(p.plan(0, 5).is_err());
+    }
+
+    /// Every size of the reference's table (tests/data/expected.json,
+    /// `tiled_layouts.llama4`: height, width, rows, cols, resized height
+    /// and width) plans the same canvas and resized size.
+    #[test]
+    fn plans_match_the_reference_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/expected.json");
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let all: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let rows = all["tiled_layouts"]["llama4"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(rows.len() > 2000, "only {} rows", rows.len());
+        let p = Llama4Processor::llama4();
+        for row in rows {
+            let v: Vec<usize> = serde_json::from_value(row.clone()).unwrap_or_default();
+            let [h, w, rows, cols, nh, nw] = v[..] else {
+                panic!("bad row {row}")
+            };
+            let plan = p.plan(w, h).ok();
+            assert_eq!(
+                plan,
+                Some(Plan {
+                    resized: (nw, nh),
+                    rows,
+                    cols
+                }),
+                "{row}"
+            );
+        }
+    }
+}
