@@ -27,7 +27,7 @@ PINNED = "4.57.1"
 HINT = (
     "mm_prompts.rs needs transformers=={0} with Pillow in the interpreter "
     "$IRIS_HF_PYTHON: run `$IRIS_HF_PYTHON -m pip install -r .ci/hf-reference/requirements.txt` "
-    "(.ci/run makes .venv-hf with it)".format(PINNED)
+    "(.ci/run makes a cached venv with it)".format(PINNED)
 )
 
 try:

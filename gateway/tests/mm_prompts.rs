@@ -12,7 +12,7 @@
 //! them). A gateway serves the directory in front of a stub worker that
 //! keeps the Generate requests it receives.
 //!
-//! The interpreter is `$IRIS_HF_PYTHON` (CI: `.venv-hf/bin/python`, made
+//! The interpreter is `$IRIS_HF_PYTHON` (CI: a venv cached under ~/.cache/iris, made
 //! by .ci/run from .ci/hf-reference/requirements.txt; default `python3`).
 //! transformers' pins clash with the main venv's (tokenizers, hub), hence
 //! its own venv. Without transformers 4.57.1 these tests FAIL with an
