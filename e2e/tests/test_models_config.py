@@ -161,4 +161,4 @@ def test_a_bad_file_or_a_flag_clash_stops_the_start(model_dirs, tmp_path):
     stderr = start_error(config, env={"IRIS_REQUEST_TIMEOUT_SECS": "5"})
     assert "also given as --request-timeout-secs (or its IRIS_ variable)" in stderr, stderr
     stderr = start_error(config, "--worker-urls", "grpc://127.0.0.1:2")
-    assert "--worker-urls describe(s) a model, but with --config" in stderr, stderr
+    assert "--worker-urls describes a model, but with --config" in stderr, stderr

@@ -364,8 +364,13 @@ fn refuse_model_flags(args: &ServeArgs, path: &Path) -> Result<(), ConfigError> 
     if model_flags.is_empty() {
         return Ok(());
     }
+    let verb = if model_flags.len() == 1 {
+        "describes"
+    } else {
+        "describe"
+    };
     Err(ConfigError::new(format!(
-        "{} describe(s) a model, but with --config {} the models are its [[models]] tables: move them into the file",
+        "{} {verb} a model, but with --config {} the models are its [[models]] tables: move them into the file",
         model_flags.join(", "),
         path.display()
     )))

@@ -213,7 +213,7 @@ fn a_flag_and_the_file_may_not_set_the_same_thing() {
     let (_f, config) = load(model, &["--model-path", "/other", "--policy", "random"]);
     let error = config.unwrap_err();
     assert!(
-        error.starts_with("--model-path, --policy describe(s) a model, but with --config"),
+        error.starts_with("--model-path, --policy describe a model, but with --config"),
         "{error}"
     );
 }
