@@ -123,6 +123,7 @@ impl Reloader {
             report.models.push(name);
             next.push(served);
         }
+        self.first_checks(&next, &current).await;
         let old = registry.swap(Models::new(next.clone())?);
         for served in old.all() {
             if next.iter().any(|n| Arc::ptr_eq(n, served)) {
@@ -134,6 +135,24 @@ impl Reloader {
             tokio::spawn(drain(served.clone(), self.patience));
         }
         Ok(report)
+    }
+
+    /// Waits (at most one health check's timeout, and a little) until
+    /// every pool of the models in `next` that `current` does not serve
+    /// has a healthy worker, so they do not answer 503 for want of their
+    /// first health check; a pool still without one serves as it would at
+    /// start (its requests get 503 until a worker passes).
+    async fn first_checks(&self, next: &[Arc<Served>], current: &Models) {
+        const POLL: Duration = Duration::from_millis(20);
+        let deadline = tokio::time::Instant::now() + self.builder.health.timeout + POLL * 25;
+        let new = next
+            .iter()
+            .filter(|s| !current.all().iter().any(|c| Arc::ptr_eq(c, s)));
+        let pools: Vec<_> = new.flat_map(|s| s.router.mode.pools()).collect();
+        while pools.iter().any(|p| p.healthy_count() == 0) && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// `iris_config_reloads_total`.

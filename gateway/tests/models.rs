@@ -280,3 +280,39 @@ async fn the_flags_model_lists_its_limits_and_has_no_reload() {
     let path = model.path().display().to_string();
     assert_eq!(chat_tokens(&gw, &path, "hi").await.0, model.name);
 }
+
+/// A model a reload removes drains: a stream it is serving runs to its
+/// end, while new requests for it get 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_removed_model_finishes_its_requests() {
+    let model = tiny_model();
+    let slow = engine(&model, Role::Aggregated, 20_000).await;
+    let config = tempfile::Builder::new()
+        .suffix(".toml")
+        .tempfile()
+        .expect("file");
+    let kept = model_table("kept", &[], model.path(), &slow);
+    let both = format!("{kept}{}", model_table("going", &[], model.path(), &slow));
+    std::fs::write(config.path(), both).expect("write");
+    let gw = std::sync::Arc::new(gateway_over(config.path()).await);
+    ready(&gw).await;
+    let streaming = {
+        let gw = gw.clone();
+        tokio::spawn(async move { post_stream(&gw, &chat_body("going", "hi", 40, true)).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    std::fs::write(config.path(), &kept).expect("write");
+    let (status, answer) = post_to(&gw, "/admin/reload", &json!({})).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["report"]["removed"], json!(["going"]), "{answer}");
+    assert!(
+        !streaming.is_finished(),
+        "the stream ended before the reload"
+    );
+    let (status, _) = post_json(&gw, &chat_body("going", "hi", 2, false)).await;
+    assert_eq!(status, 404);
+    let events = streaming.await.expect("stream task");
+    assert_eq!(finish_reason(&events).as_deref(), Some("length"));
+    assert!(!streamed_text(&events).is_empty());
+    assert_eq!(chat_tokens(&gw, "kept", "hi").await.0, "kept");
+}
