@@ -3,6 +3,7 @@
 //! live here and only here; [`crate::config`] validates these into the
 //! runtime configuration, and nothing else past start-up reads them.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -27,9 +28,15 @@ pub struct ServeArgs {
     /// HTTP port (0 picks a free one).
     #[arg(long, default_value_t = 8000, env = "IRIS_PORT")]
     pub port: u16,
-    /// Hugging Face model directory: tokenizer, chat template, config.
-    #[arg(long, env = "IRIS_MODEL_PATH")]
-    pub model_path: PathBuf,
+    /// A configuration file (TOML) describing the served models and
+    /// gateway-wide settings (docs/configuration.md); SIGHUP or
+    /// `POST /admin/reload` re-reads its models.
+    #[arg(long, env = "IRIS_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Hugging Face model directory: tokenizer, chat template, config
+    /// (required unless --config describes the models).
+    #[arg(long, env = "IRIS_MODEL_PATH", required_unless_present = "config")]
+    pub model_path: Option<PathBuf>,
     /// A Jinja chat template file overriding the model's own.
     #[arg(long, env = "IRIS_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
@@ -221,6 +228,37 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub log: iris_process::LogArgs,
+
+    /// The ids of the options set on the command line or in the
+    /// environment (not by their defaults), filled by [`ServeArgs::from_matches`]:
+    /// a configuration file may not set them again.
+    #[arg(skip)]
+    pub given: BTreeSet<String>,
+}
+
+impl ServeArgs {
+    /// The options of `matches`, remembering which were given
+    /// ([`ServeArgs::given`]).
+    pub fn from_matches(matches: &clap::ArgMatches) -> Result<ServeArgs, clap::Error> {
+        let mut args = <ServeArgs as clap::FromArgMatches>::from_arg_matches(matches)?;
+        args.given = given(matches);
+        Ok(args)
+    }
+}
+
+/// The ids of `matches` set on the command line or in the environment.
+pub fn given(matches: &clap::ArgMatches) -> BTreeSet<String> {
+    use clap::parser::ValueSource;
+    matches
+        .ids()
+        .filter(|id| {
+            matches!(
+                matches.value_source(id.as_str()),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        })
+        .map(|id| id.as_str().to_owned())
+        .collect()
 }
 
 /// Client connections: how many, and how long a client may take.

@@ -62,8 +62,9 @@ fn ensure(ok: bool, message: impl FnOnce() -> String) -> Result<(), ConfigError>
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: ListenConfig,
-    pub model: ModelConfig,
-    pub topology: Topology,
+    /// The served models, in the order they were configured (at least
+    /// one): the flags' one model, or the `[[models]]` of `--config`.
+    pub models: Vec<ModelSpec>,
     /// How workers are reached (connect timeout, auth token).
     pub connect: Connect,
     pub health: HealthSettings,
@@ -78,10 +79,24 @@ pub struct Config {
     pub responses_store: crate::responses::store::StoreSettings,
     /// Time requests in flight may finish after shutdown begins.
     pub shutdown_grace: Duration,
-    pub media: MediaSettings,
-    /// Kubernetes service discovery; `None` without `--service-discovery`.
-    pub discovery: Option<Discovery>,
     pub transport: TransportConfig,
+    /// The configuration file, re-read on reload; `None` without `--config`.
+    pub file: Option<file::Source>,
+}
+
+/// One served model: its directory and names, workers, discovery and
+/// media limits.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    pub model: ModelConfig,
+    pub topology: Topology,
+    pub media: MediaSettings,
+    /// Kubernetes service discovery; `None` without `service_discovery`.
+    pub discovery: Option<Discovery>,
+    /// The settings it was built from in the configuration file (its
+    /// table over the file's top-level keys): a reload rebuilds the model
+    /// only when they change. `None` for the flags' model.
+    pub source: Option<toml::Table>,
 }
 
 /// Where and how client connections are served.
@@ -103,10 +118,14 @@ pub struct ListenConfig {
     pub max_requests_per_connection: u64,
 }
 
-/// The served model.
+/// A served model's directory, names and prompt settings.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
     pub path: PathBuf,
+    /// Other names clients may use, listed by `/v1/models`.
+    pub aliases: Vec<String>,
+    /// One more name accepted but not listed (the flags' model directory).
+    pub hidden_alias: Option<String>,
     pub chat_template: Option<PathBuf>,
     /// `--tool-call-parser`.
     pub tool_call_parser: ToolParserFlag,
@@ -182,19 +201,33 @@ pub struct VideoSettings {
 }
 
 impl Config {
-    /// Validates `args` into the runtime configuration; reads the worker
-    /// auth token file.
+    /// Validates `args` into the runtime configuration, reading the
+    /// configuration file of `--config` (its models, and gateway-wide
+    /// settings the flags leave unset) and the worker auth token file.
     pub fn from_args(args: ServeArgs) -> Result<Config, ConfigError> {
-        let discovery = discovery(&args.discovery)?;
+        let Some(path) = args.config.clone() else {
+            let model = flag_model(&args)?;
+            return Config::gateway(&args, vec![model], None);
+        };
+        let loaded = file::load(&path, &args)?;
+        Config::gateway(&loaded.gateway, loaded.models, Some(loaded.source))
+    }
+
+    /// The gateway-wide settings of `args` around `models`.
+    fn gateway(
+        args: &ServeArgs,
+        models: Vec<ModelSpec>,
+        file: Option<file::Source>,
+    ) -> Result<Config, ConfigError> {
         Ok(Config {
-            listen: listen(&args, &args.connections)?,
-            topology: topology(&args, discovery.as_ref())?,
+            listen: listen(args, &args.connections)?,
+            models,
             connect: Connect {
                 timeout: Duration::from_millis(args.connect_timeout_ms.max(1)),
                 token: AuthToken::load(args.worker_auth_token_file.as_deref())
                     .map_err(|e| ConfigError::new(format!("--worker-auth-token-file: {e:#}")))?,
             },
-            health: health(&args)?,
+            health: health(args)?,
             router: RouterSettings {
                 max_retries: args.max_retries,
                 max_migrations: args.max_migrations,
@@ -206,40 +239,89 @@ impl Config {
             request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
             max_payload_bytes: args.max_payload_bytes,
             max_constraint_bytes: args.max_constraint_bytes,
-            responses_store: crate::responses::store::StoreSettings::from_args(&args)
+            responses_store: crate::responses::store::StoreSettings::from_args(args)
                 .map_err(ConfigError::new)?,
             shutdown_grace: Duration::from_secs_f64(non_negative_secs(
                 "--shutdown-grace-secs",
                 args.shutdown_grace_secs,
             )?),
-            media: media(&args.media)?,
-            discovery,
             transport: transport(&args.transport)?,
-            model: ModelConfig {
-                path: args.model_path,
-                chat_template: args.chat_template,
-                tool_call_parser: args.tool_call_parser,
-                reasoning_parser: args.reasoning_parser,
-                served_name: args.served_model_name,
-                context_length: args.context_length,
-                tokenizer_cache_entries: args.tokenizer_cache_entries,
-            },
+            file,
         })
     }
 
     /// The configuration of `iris serve --model-path /m FLAGS…` (tests).
     #[cfg(test)]
     pub fn from_flags(flags: &[&str]) -> Result<Config, ConfigError> {
-        use clap::Parser;
+        let argv = ["iris", "--model-path", "/m"].iter().chain(flags);
+        Config::from_argv(argv)
+    }
+
+    /// The configuration of `iris serve ARGV…` (tests), remembering which
+    /// options were given as the binary does.
+    #[cfg(test)]
+    pub fn from_argv<'a>(
+        argv: impl IntoIterator<Item = &'a &'a str>,
+    ) -> Result<Config, ConfigError> {
+        use clap::{CommandFactory, FromArgMatches, Parser};
         #[derive(Parser)]
         struct Cli {
             #[command(flatten)]
             serve: ServeArgs,
         }
-        let argv = ["iris", "--model-path", "/m"].iter().chain(flags);
-        let cli = Cli::try_parse_from(argv).map_err(|e| ConfigError::new(e.to_string()))?;
+        let matches = Cli::command()
+            .try_get_matches_from(argv)
+            .map_err(|e| ConfigError::new(e.to_string()))?;
+        let mut cli =
+            Cli::from_arg_matches(&matches).map_err(|e| ConfigError::new(e.to_string()))?;
+        cli.serve.given = crate::args::given(&matches);
         Config::from_args(cli.serve)
     }
+
+    /// The first configured model (tests).
+    #[cfg(test)]
+    pub fn first(&self) -> &ModelSpec {
+        &self.models[0]
+    }
+}
+
+/// The one model the flags describe (`--model-path` and the rest).
+fn flag_model(args: &ServeArgs) -> Result<ModelSpec, ConfigError> {
+    let path = args.model_path.clone().ok_or_else(|| {
+        ConfigError::new(
+            "--model-path is required: the model directory (or --config FILE describing the models)",
+        )
+    })?;
+    let hidden_alias = Some(path.display().to_string());
+    model_spec(args, path, Vec::new(), hidden_alias)
+}
+
+/// The model `args` describe (its per-model options), under its served
+/// name (`--served-model-name`, else the directory's) and `aliases`.
+fn model_spec(
+    args: &ServeArgs,
+    path: PathBuf,
+    aliases: Vec<String>,
+    hidden_alias: Option<String>,
+) -> Result<ModelSpec, ConfigError> {
+    let discovery = discovery(&args.discovery)?;
+    Ok(ModelSpec {
+        topology: topology(args, discovery.as_ref())?,
+        media: media(&args.media)?,
+        discovery,
+        model: ModelConfig {
+            path,
+            aliases,
+            hidden_alias,
+            chat_template: args.chat_template.clone(),
+            tool_call_parser: args.tool_call_parser,
+            reasoning_parser: args.reasoning_parser,
+            served_name: args.served_model_name.clone(),
+            context_length: args.context_length,
+            tokenizer_cache_entries: args.tokenizer_cache_entries,
+        },
+        source: None,
+    })
 }
 
 /// A positive, finite number of seconds (at most a day) from `flag`.
@@ -553,5 +635,6 @@ fn transport(args: &TransportArgs) -> Result<TransportConfig, ConfigError> {
     })
 }
 
+pub mod file;
 #[cfg(test)]
 mod tests;

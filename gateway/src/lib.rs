@@ -34,6 +34,7 @@ pub mod args;
 pub mod backends;
 pub mod config;
 
+mod build;
 mod chat;
 mod completions;
 mod context;
@@ -47,6 +48,7 @@ mod mm;
 pub mod output;
 mod pipeline;
 mod prompt;
+mod reload;
 mod request;
 mod responses;
 mod router;

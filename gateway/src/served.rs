@@ -4,12 +4,17 @@
 //! its [`Router`] (worker pools and policies) and its metrics (the
 //! `model` label). [`Models`] maps every name
 //! a request may use — the served name and its aliases — to its bundle;
-//! a handler looks its model up once and uses only that bundle.
+//! a handler looks its model up once and uses only that bundle, holding
+//! its `Arc` to the end: a model a reload removes drains (its requests in
+//! flight finish) before it stops. [`Registry`] holds the current
+//! [`Models`], swapped whole by a reload.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use iris_openai::ApiError;
+use tokio_util::sync::CancellationToken;
 
 use crate::kv::KvCaches;
 use crate::metrics::Metrics;
@@ -22,8 +27,11 @@ use crate::router::Router;
 pub struct Served {
     /// The name `/v1/models` lists and answers carry.
     pub name: String,
-    /// Other names requests may use for it (its model directory's path).
+    /// Other names requests may use for it, listed by `/v1/models`.
     pub aliases: Vec<String>,
+    /// One more name requests may use, not listed (the flags' model
+    /// directory path).
+    pub hidden_alias: Option<String>,
     pub prompter: Prompter,
     /// The image and video pipeline; `None` for a text-only model.
     pub media: Option<Arc<Multimodal>>,
@@ -36,12 +44,41 @@ pub struct Served {
     pub kv: Arc<KvCaches>,
     /// When it started being served (Unix seconds, `/v1/models`).
     pub created: u64,
+    /// Stops its health checks, KV subscriptions and discovery (a child of
+    /// the gateway's shutdown; cancelled once it is removed and drained).
+    pub stop: CancellationToken,
+    /// The configuration file's settings it was built from (`None`: flags).
+    pub source: Option<toml::Table>,
 }
 
 impl Served {
-    /// The entry `/v1/models` lists for it.
-    pub fn listing(&self) -> iris_openai::Model {
-        iris_openai::Model::new(self.name.as_str(), self.created, "iris")
+    /// The entry `/v1/models` lists for it under `name` (its own or an
+    /// alias, whose `root` is its own): with its context length and
+    /// input modalities.
+    pub fn listing(&self, name: &str) -> iris_openai::Model {
+        let mut model = iris_openai::Model::new(name, self.created, "iris");
+        model.max_model_len = Some(self.prompter.limits().context_length);
+        model.modalities = self.modalities();
+        model.root = (name != self.name).then(|| self.name.clone());
+        model
+    }
+
+    /// Its entries in `/v1/models`: its name, then each alias.
+    pub fn listings(&self) -> Vec<iris_openai::Model> {
+        std::iter::once(&self.name)
+            .chain(&self.aliases)
+            .map(|name| self.listing(name))
+            .collect()
+    }
+
+    /// The inputs it takes: text, and images and videos with a media
+    /// pipeline.
+    pub fn modalities(&self) -> Vec<String> {
+        let media: &[&str] = match self.media {
+            Some(_) => &["text", "image", "video"],
+            None => &["text"],
+        };
+        media.iter().map(|m| (*m).to_owned()).collect()
     }
 }
 
@@ -53,20 +90,22 @@ pub struct Models {
 }
 
 impl Models {
-    /// `first` and `rest`, each under its name and aliases; the first to
-    /// claim a name keeps it.
-    pub fn new(first: Arc<Served>, rest: Vec<Arc<Served>>) -> Models {
-        let all: Vec<Arc<Served>> = std::iter::once(first).chain(rest).collect();
+    /// `all` (at least one), each under its name and aliases; the first
+    /// to claim a name keeps it.
+    pub fn new(all: Vec<Arc<Served>>) -> anyhow::Result<Models> {
+        anyhow::ensure!(!all.is_empty(), "no model to serve");
         let mut by_name = HashMap::new();
         for served in &all {
-            let names = std::iter::once(&served.name).chain(&served.aliases);
+            let names = std::iter::once(&served.name)
+                .chain(&served.aliases)
+                .chain(&served.hidden_alias);
             for name in names {
                 by_name
                     .entry(name.clone())
                     .or_insert_with(|| served.clone());
             }
         }
-        Models { all, by_name }
+        Ok(Models { all, by_name })
     }
 
     /// The model a request names, else 404 `model_not_found`.
@@ -93,5 +132,35 @@ impl Models {
             Some(name) => self.get(name),
             None => Ok(self.first()),
         }
+    }
+}
+
+/// The models served now: read by every request, replaced whole by a
+/// reload (requests already running keep the bundle they looked up).
+pub struct Registry(ArcSwap<Models>);
+
+impl Registry {
+    pub fn new(models: Models) -> Registry {
+        Registry(ArcSwap::from_pointee(models))
+    }
+
+    /// The current models.
+    pub fn load(&self) -> Arc<Models> {
+        self.0.load_full()
+    }
+
+    /// Serves `models` from now on; returns the ones it replaces.
+    pub fn swap(&self, models: Models) -> Arc<Models> {
+        self.0.swap(Arc::new(models))
+    }
+
+    /// The model a request names, else 404 `model_not_found`.
+    pub fn get(&self, name: &str) -> Result<Arc<Served>, ApiError> {
+        self.load().get(name).cloned()
+    }
+
+    /// [`Models::named_or_first`], held.
+    pub fn named_or_first(&self, name: Option<&str>) -> Result<Arc<Served>, ApiError> {
+        self.load().named_or_first(name).cloned()
     }
 }

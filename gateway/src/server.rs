@@ -12,36 +12,32 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
-use iris_model::ModelDir;
 use iris_openai::{ApiError, ErrorKind};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::ServeArgs;
+use crate::build::{Builder, Loaded};
 use crate::chat::Chat;
 use crate::completions::Completions;
-use crate::config::{Config, ListenConfig, Topology};
-use crate::discovery::Discovery;
+use crate::config::{Config, ListenConfig};
 use crate::http::error_response;
 use crate::http::serve::serve;
-use crate::kv::KvCaches;
 use crate::listen::{ConnLimits, ConnStats, Stop};
 use crate::messages::Messages;
 use crate::metrics::{Metrics, ModelSources};
-use crate::mm::Multimodal;
-use crate::output::OutputParsers;
-use crate::prompt::{PromptOptions, Prompter};
-use crate::router::{Mode, Router};
-use crate::served::{Models, Served};
+use crate::reload::Reloader;
+use crate::served::{Models, Registry};
 use crate::transport::Lanes;
-use crate::workers::health;
-use crate::workers::policy::{LoadBounds, PolicyKind};
-use crate::workers::{Pool, Role, Worker, WorkerUrl};
+use crate::workers::Pool;
 
 /// Everything request handlers share.
 pub struct AppState {
-    /// Every served model's bundle, by the names requests use.
-    pub models: Models,
+    /// Every served model's bundle, by the names requests use (swapped
+    /// whole by a reload).
+    pub models: Registry,
+    /// Re-reads the configuration file (`None` without `--config`).
+    pub reloader: Option<Reloader>,
     pub metrics: Arc<Metrics>,
     pub request_timeout: Duration,
     pub max_payload: usize,
@@ -104,7 +100,7 @@ impl RunningGateway {
                 (&mut task).await
             }
         };
-        for served in state.models.all() {
+        for served in state.models.load().all() {
             served.router.flush_aborts(ABORT_FLUSH).await;
         }
         served
@@ -120,47 +116,18 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<RunningGateway> {
 
 /// Builds the gateway from `config` and starts serving.
 pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
-    let model = &config.model;
-    let dir = ModelDir::load(&model.path).with_context(|| {
-        format!(
-            "cannot load model directory {} (--model-path)",
-            model.path.display()
-        )
-    })?;
-    let prompter = Prompter::load(
-        &dir,
-        &PromptOptions {
-            template_file: model.chat_template.as_deref(),
-            cache_entries: model.tokenizer_cache_entries,
-            context_length: model.context_length,
-        },
-    )?;
-    let parsers = OutputParsers::choose(
-        model.tool_call_parser,
-        model.reasoning_parser,
-        &dir,
-        prompter.template_source(),
-    );
-    tracing::info!(tool_calls = ?parsers.tools, reasoning = parsers.reasoning, "output parsers");
-    let multimodal = Multimodal::load(&dir, &config.media)?.map(Arc::new);
-    if let Topology::Disaggregated {
-        encode: Some(_), ..
-    } = &config.topology
-    {
-        crate::mm::check_epd_family(multimodal.as_deref())?;
-    }
-    let discovery = config.discovery.as_ref();
-    let connect = config.connect.clone();
-    let kv = Arc::new(KvCaches::default());
-    let mode = build_mode(&config, &kv)?;
-    log_policies(&config);
     let shutdown = CancellationToken::new();
-    if let Some(discovery) = discovery {
-        discovery
-            .start(&mode.pools(), connect, shutdown.clone())
-            .await?;
+    let mut loaded = Vec::new();
+    for spec in &config.models {
+        loaded.push(Loaded::load(spec, &config.connect, &config.router)?);
     }
-    let lanes = Lanes::start(&config.transport, rdma_wanted(&mode, discovery))?;
+    let rdma = loaded.iter().any(Loaded::wants_rdma);
+    let lanes = Arc::new(Lanes::start(&config.transport, rdma)?);
+    let builder = Builder::new(&config, lanes, shutdown.clone());
+    let mut served = Vec::new();
+    for model in loaded {
+        served.push(Arc::new(builder.start(model).await?));
+    }
     let limits = conn_limits(&config.listen);
     let host = config.listen.host.as_str();
     let listener = iris_process::listen(host, config.listen.port, "--port").await?;
@@ -168,35 +135,20 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         Some(port) => Some(iris_process::listen(host, port, "--metrics-port").await?),
         None => None,
     };
-    health::spawn(mode.pools(), config.health, shutdown.clone());
     let api_stats = Arc::new(ConnStats::default());
     let metrics_stats = Arc::new(ConnStats::default());
     let mut connection_stats = vec![("api", api_stats.clone())];
     if metrics_listener.is_some() {
         connection_stats.push(("metrics", metrics_stats.clone()));
     }
-    kv.follow(mode.prefill_pools(), shutdown.clone());
-    let router = Arc::new(Router::new(mode, config.router).with_lanes(lanes));
-    let name = model
-        .served_name
+    let patience = config.request_timeout + config.shutdown_grace;
+    let reloader = config
+        .file
         .clone()
-        .unwrap_or_else(|| dir.served_model_name());
-    let served = Served {
-        metrics: Arc::new(Metrics::new(&name)),
-        name,
-        aliases: vec![model.path.display().to_string()],
-        prompter,
-        media: multimodal,
-        parsers,
-        router,
-        kv,
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default(),
-    };
+        .map(|source| Reloader::new(source, builder, patience));
     let state = Arc::new(AppState {
-        models: Models::new(Arc::new(served), Vec::new()),
+        models: Registry::new(Models::new(served)?),
+        reloader,
         metrics: Arc::new(Metrics::new("")),
         request_timeout: config.request_timeout,
         max_payload: config.max_payload_bytes,
@@ -209,6 +161,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         hard_stop: CancellationToken::new(),
         responses: crate::responses::store::open(&config.responses_store).await?,
     });
+    crate::reload::on_hangup(&state, shutdown.clone());
     let addr = listener.local_addr()?;
     let metrics_addr = metrics_listener
         .as_ref()
@@ -351,19 +304,28 @@ fn metrics_route() -> Route {
     ("GET", "/metrics", get(metrics))
 }
 
-/// The API routes, with `/metrics` unless it has a port of its own.
+/// `POST /admin/reload`: re-reads the configuration file.
+fn reload_route() -> Route {
+    ("POST", "/admin/reload", post(crate::reload::admin_reload))
+}
+
+/// The API routes, with `/metrics` and `/admin/reload` unless they have a
+/// port of their own.
 fn routes(state: Arc<AppState>, with_metrics: bool) -> axum::Router {
     let mut table = api_routes();
     if with_metrics {
         table.push(metrics_route());
+        table.push(reload_route());
     }
     router_of(table).with_state(state)
 }
 
-/// The `--metrics-port` routes: `/metrics` and the probes.
+/// The `--metrics-port` routes: `/metrics`, the probes and the admin
+/// reload.
 fn metrics_routes(state: Arc<AppState>) -> axum::Router {
     let table = vec![
         metrics_route(),
+        reload_route(),
         ("GET", "/health", get(health)),
         ("GET", "/readiness", get(readiness)),
     ];
@@ -403,99 +365,14 @@ fn with_errors(
         .fallback(move |method, uri| not_found(method, uri, listing.clone()))
 }
 
-/// Whether a worker sent pixels in this mode ([`Mode::pixel_role`]: encode
-/// workers in EPD, else aggregated or PD prefill workers) may ask for the
-/// RDMA lane with its own transport: a configured one through its URL
-/// option, or — since their `iris.ai/tensor-transport` annotation is only
-/// known once they appear — any pod discovery may bring into that pool.
-/// Decided before the watchers report anything, so the lane is up when
-/// such a pod joins.
-pub fn rdma_wanted(mode: &Mode, discovery: Option<&Discovery>) -> bool {
-    let role = mode.pixel_role();
-    let configured = mode.pools().iter().any(|pool| {
-        pool.role == role
-            && pool.snapshot().iter().any(|w| {
-                matches!(
-                    w.transport(),
-                    Some(iris_transport::Transport::Rdma | iris_transport::Transport::Auto)
-                )
-            })
-    });
-    configured || discovery.is_some_and(|d| d.watches(role))
-}
-
-/// Says at start how requests are placed, and for `auto` what changes it.
-fn log_policies(config: &Config) {
-    let policy = match &config.topology {
-        Topology::Aggregated { policy, .. } => *policy,
-        Topology::Disaggregated { prefill_policy, .. } => *prefill_policy,
-    };
-    match policy {
-        PolicyKind::Auto => tracing::info!(
-            "routing policy auto: by power_of_two until workers publish KV events, then cache_aware (prefix cache and queued prefill) for those workers' pools"
-        ),
-        PolicyKind::CacheAware => tracing::info!(
-            "routing policy cache_aware: by prefix cache and queued prefill, from KV events where workers publish them, else from this gateway's routing history"
-        ),
-        other => tracing::info!(policy = other.as_str(), "routing policy"),
-    }
-}
-
-/// The pools of `topology`, holding its configured workers (a role whose
-/// pods are discovered may start with none).
-fn build_mode(config: &Config, caches: &Arc<KvCaches>) -> anyhow::Result<Mode> {
-    let connect = &config.connect;
-    let pool = |role: Role,
-                urls: &[WorkerUrl],
-                policy: PolicyKind,
-                bounds: LoadBounds|
-     -> anyhow::Result<Arc<Pool>> {
-        let workers = urls
-            .iter()
-            .map(|u| Worker::new(u.clone(), role, connect.clone()).map_err(anyhow::Error::msg))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(Arc::new(Pool::new(
-            role,
-            workers,
-            policy.build(bounds, caches),
-        )))
-    };
-    let plain = LoadBounds::default();
-    Ok(match &config.topology {
-        Topology::Aggregated { workers, policy } => {
-            Mode::Aggregated(pool(Role::Aggregated, workers, *policy, plain)?)
-        }
-        Topology::Disaggregated {
-            prefill,
-            prefill_policy,
-            decode,
-            decode_policy,
-            encode,
-        } => {
-            let prefill = pool(Role::Prefill, prefill, *prefill_policy, plain)?;
-            let decode = pool(Role::Decode, decode, *decode_policy, plain)?;
-            match encode {
-                None => Mode::PrefillDecode { prefill, decode },
-                Some(encode) => Mode::EncodePrefillDecode {
-                    encode: pool(
-                        Role::Encode,
-                        &encode.workers,
-                        encode.policy,
-                        LoadBounds {
-                            load_factor: encode.load_factor,
-                            max_load: config.router.encode_max_in_flight_patches,
-                        },
-                    )?,
-                    prefill,
-                    decode,
-                },
-            }
-        }
-    })
-}
-
 async fn models(State(state): State<Arc<AppState>>) -> Response {
-    let listed = state.models.all().iter().map(|s| s.listing()).collect();
+    let listed = state
+        .models
+        .load()
+        .all()
+        .iter()
+        .flat_map(|s| s.listings())
+        .collect();
     let body = iris_openai::ModelList::new(listed).to_json();
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
@@ -512,6 +389,7 @@ async fn health() -> Response {
 async fn readiness(State(state): State<Arc<AppState>>) -> Response {
     let pools: Vec<Arc<Pool>> = state
         .models
+        .load()
         .all()
         .iter()
         .flat_map(|s| s.router.mode.pools())
@@ -534,8 +412,8 @@ async fn readiness(State(state): State<Arc<AppState>>) -> Response {
 /// sample set per served model; the media, lane, KV-index and tokenizer
 /// families are the first model's.
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let sources: Vec<ModelSources> = state
-        .models
+    let models = state.models.load();
+    let sources: Vec<ModelSources> = models
         .all()
         .iter()
         .map(|served| ModelSources {
@@ -546,7 +424,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         })
         .collect();
     let mut body = crate::metrics::render(&state.metrics, &sources);
-    let served = state.models.first();
+    let served = models.first();
     let router = &served.router;
     if let Some(mm) = &served.media {
         render_pixel_cache(&mut body, &mm.cache_stats());
@@ -557,6 +435,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     router.render_migrations(&mut body);
     served.kv.render(&mut body);
     crate::listen::render_stats(&mut body, &state.connection_stats);
+    if let Some(reloader) = &state.reloader {
+        reloader.render(&mut body);
+    }
     let (hits, misses) = served.prompter.cache_stats();
     iris_metrics::family(
         &mut body,
@@ -644,16 +525,22 @@ async fn model(
 ) -> Response {
     // The wildcard drops the slash of an absolute path; either form names it.
     let absolute = format!("/{id}");
-    let served = match state.models.get(&id) {
-        Ok(served) => served,
+    let (served, name) = match state.models.get(&id) {
+        Ok(served) => (served, id),
         Err(error) => match state.models.get(&absolute) {
-            Ok(served) => served,
+            Ok(served) => (served, absolute),
             Err(_) => return error_response(&error),
         },
     };
+    // An alias answers as itself; the hidden path alias as the model.
+    let listed = if served.aliases.contains(&name) {
+        name.as_str()
+    } else {
+        served.name.as_str()
+    };
     (
         [(header::CONTENT_TYPE, "application/json")],
-        served.listing().to_json(),
+        served.listing(listed).to_json(),
     )
         .into_response()
 }
@@ -716,13 +603,6 @@ fn route_matches(route: &str, path: &str) -> bool {
 mod tests {
     use super::*;
 
-    /// `rdma_wanted` for an EPD gateway with the extra flags `flags`.
-    fn wanted(flags: &[&str]) -> bool {
-        let config = Config::from_flags(&[&["--epd-disaggregation"][..], flags].concat()).unwrap();
-        let mode = build_mode(&config, &Default::default()).unwrap();
-        rdma_wanted(&mode, config.discovery.as_ref())
-    }
-
     #[test]
     fn connection_cap_fits_the_open_file_limit() {
         assert_eq!(fd_capped(32768, None), 32768);
@@ -732,56 +612,5 @@ mod tests {
         // Small limits keep a quarter in reserve.
         assert_eq!(fd_capped(5000, Some(1024)), 768);
         assert_eq!(fd_capped(0, Some(1024)), 1);
-    }
-
-    #[tokio::test]
-    async fn rdma_is_wanted_by_encode_workers_configured_or_discovered() {
-        let pd = ["--prefill", "grpc://p:1", "--decode", "grpc://d:1"];
-        let with = |extra: &[&'static str]| [&pd[..], extra].concat();
-        assert!(!wanted(&with(&["--encode", "grpc://e:1"])));
-        assert!(wanted(&with(&["--encode", "grpc://e:1?transport=rdma"])));
-        assert!(wanted(&with(&["--encode", "grpc://e:1?transport=auto"])));
-        // Only encode workers receive tensors.
-        assert!(!wanted(&[
-            "--encode",
-            "grpc://e:1",
-            "--prefill",
-            "grpc://p:1?transport=rdma",
-            "--decode",
-            "grpc://d:1",
-        ]));
-        // Discovered encode pods may carry the annotation: wanted before
-        // any pod is known; discovered prefill/decode pods alone do not.
-        let discovered_pd = [
-            "--service-discovery",
-            "--prefill-selector",
-            "r=p",
-            "--decode-selector",
-            "r=d",
-        ];
-        assert!(!wanted(
-            &[&discovered_pd[..], &["--encode", "grpc://e:1"]].concat()
-        ));
-        assert!(wanted(
-            &[&discovered_pd[..], &["--encode-selector", "r=e"]].concat()
-        ));
-    }
-
-    /// Without encoders the worker that gets the pixels in its Generate
-    /// request asks: aggregated, or prefill in PD (not decode).
-    #[tokio::test]
-    async fn rdma_is_wanted_by_aggregated_and_pd_prefill_workers() {
-        let wanted_by = |flags: &[&str]| {
-            let config = Config::from_flags(flags).unwrap();
-            let mode = build_mode(&config, &Default::default()).unwrap();
-            rdma_wanted(&mode, config.discovery.as_ref())
-        };
-        assert!(!wanted_by(&["--worker-urls", "grpc://a:1"]));
-        assert!(wanted_by(&["--worker-urls", "grpc://a:1?transport=rdma"]));
-        let pd = |p: &'static str, d: &'static str| {
-            ["--pd-disaggregation", "--prefill", p, "--decode", d]
-        };
-        assert!(wanted_by(&pd("grpc://p:1?transport=auto", "grpc://d:1")));
-        assert!(!wanted_by(&pd("grpc://p:1", "grpc://d:1?transport=rdma")));
     }
 }

@@ -34,10 +34,7 @@ fn answer(result: Result<Vec<u8>, ApiError>) -> Response {
 async fn tokenize_body(state: Arc<AppState>, request: Request) -> Result<Vec<u8>, ApiError> {
     let bytes = read_body(&state, request.into_body()).await?;
     let request = iris_openai::parse_tokenize_request(&bytes)?;
-    let served = state
-        .models
-        .named_or_first(request.model.as_deref())?
-        .clone();
+    let served = state.models.named_or_first(request.model.as_deref())?;
     let input = request.input();
     let ids = if bytes.len() <= INLINE_PROMPT_BYTES {
         tokenize_input(&served, &input)?

@@ -96,6 +96,12 @@ pub struct Lanes {
 }
 
 impl Lanes {
+    /// Whether the RDMA lane was never asked for (a model added by a
+    /// reload cannot start it).
+    pub fn rdma_off(&self) -> bool {
+        matches!(self.rdma, RdmaLane::Off)
+    }
+
     /// Everything inline (tests; a gateway without encode workers).
     pub fn inline() -> Lanes {
         Lanes {

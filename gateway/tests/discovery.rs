@@ -623,7 +623,7 @@ async fn discovered_rdma_encode_pod_gets_the_rdma_lane() {
     ]
     .map(String::from);
     let gw = gateway_through_kubeconfig(&model, addr, &args).await;
-    let lanes = gw.state.models.first().router.lanes.clone();
+    let lanes = gw.state.models.load().first().router.lanes.clone();
     assert_eq!(
         lanes.rdma_lane(),
         RdmaLane::Unavailable,
@@ -649,6 +649,7 @@ async fn discovered_rdma_encode_pod_gets_the_rdma_lane() {
     let encode = gw
         .state
         .models
+        .load()
         .first()
         .router
         .mode

@@ -24,7 +24,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use clap::{ArgAction, CommandFactory, Parser};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 use iris_gateway::ServeArgs;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -51,9 +51,12 @@ struct Serve {
 }
 
 fn parse(argv: Vec<OsString>) -> PyResult<ServeArgs> {
-    Serve::try_parse_from(argv)
-        .map(|serve| serve.args)
-        .map_err(|err| PyValueError::new_err(err.render().to_string().trim_end().to_owned()))
+    let error =
+        |err: clap::Error| PyValueError::new_err(err.render().to_string().trim_end().to_owned());
+    let matches = Serve::command().try_get_matches_from(argv).map_err(error)?;
+    let mut serve = Serve::from_arg_matches(&matches).map_err(error)?;
+    serve.args.given = iris_gateway::args::given(&matches);
+    Ok(serve.args)
 }
 
 /// Runs `f`, turning a panic into a `RuntimeError`.

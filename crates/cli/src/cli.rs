@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use crate::demo::DemoArgs;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use iris_gateway::ServeArgs;
 
 /// `iris …`: the whole command line.
@@ -60,6 +60,26 @@ struct PreprocessArgs {
     out: Option<PathBuf>,
 }
 
+impl Cli {
+    /// Parses `argv` (program name first); `iris serve` remembers which
+    /// options were given ([`ServeArgs::given`]), so a configuration file
+    /// may not set them again.
+    pub fn parse_remembering<I, T>(argv: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let matches = Cli::command().try_get_matches_from(argv)?;
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        if let (Command::Serve(args), Some(("serve", serve))) =
+            (&mut cli.command, matches.subcommand())
+        {
+            args.given = iris_gateway::args::given(serve);
+        }
+        Ok(cli)
+    }
+}
+
 /// Parses `argv` (program name first) and runs the command; prints clap's
 /// messages, or a failure as one line `error: <what>: <cause>` (no
 /// backtrace) to stderr, and returns the exit code (0, 1 on a failure,
@@ -74,7 +94,7 @@ where
         eprintln!("error: {err}");
         return 1;
     }
-    let cli = match Cli::try_parse_from(argv) {
+    let cli = match Cli::parse_remembering(argv) {
         Ok(cli) => cli,
         Err(err) => {
             let _ = err.print();

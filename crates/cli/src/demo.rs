@@ -70,7 +70,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
     let gateway = iris_gateway::start(serve).await?;
     wait_until_ready(&gateway).await?;
-    print_banner(gateway.addr, &gateway.state.models.first().name);
+    print_banner(gateway.addr, &gateway.state.models.load().first().name);
     let tokens = [
         gateway.shutdown_token(),
         encoder.shutdown_token(),
@@ -88,7 +88,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
 /// Waits (bounded) until the health checker has seen every worker.
 async fn wait_until_ready(gateway: &iris_gateway::RunningGateway) -> anyhow::Result<()> {
-    let pools = gateway.state.models.first().router.mode.pools();
+    let pools = gateway.state.models.load().first().router.mode.pools();
     for _ in 0..200 {
         if pools.iter().all(|p| p.healthy_count() > 0) {
             return Ok(());

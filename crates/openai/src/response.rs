@@ -386,6 +386,15 @@ pub struct Model {
     pub created: u64,
     /// Who serves it.
     pub owned_by: String,
+    /// Tokens the prompt and the completion share (vLLM's field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<u32>,
+    /// Inputs it takes: `text`, `image`, `video`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub modalities: Vec<String>,
+    /// For an alias, the name of the model it stands for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
 }
 
 impl Model {
@@ -396,6 +405,9 @@ impl Model {
             object: "model".to_owned(),
             created,
             owned_by: owned_by.into(),
+            max_model_len: None,
+            modalities: Vec::new(),
+            root: None,
         }
     }
 

@@ -21,31 +21,39 @@ fn with_agg(extra: &[&'static str]) -> Vec<&'static str> {
 #[test]
 fn the_defaults_are_a_valid_config() {
     let cfg = Config::from_flags(&AGG).unwrap();
-    assert!(matches!(cfg.topology, Topology::Aggregated { ref workers, .. } if workers.len() == 1));
+    assert!(
+        matches!(cfg.first().topology, Topology::Aggregated { ref workers, .. } if workers.len() == 1)
+    );
     assert_eq!(cfg.listen.header_read_timeout, Duration::from_secs(30));
     assert_eq!(cfg.listen.keep_alive, Some(Duration::from_secs(30)));
     assert_eq!(cfg.health.interval, Duration::from_secs(5));
     assert_eq!(cfg.transport.arena.ttl, Duration::from_secs(30));
     assert_eq!(cfg.transport.default, Transport::Inline);
-    assert_eq!(cfg.media.pixel_cache_bytes, 1 << 30);
+    assert_eq!(cfg.first().media.pixel_cache_bytes, 1 << 30);
     assert_eq!(cfg.max_payload_bytes, 64 << 20);
     assert_eq!(cfg.max_constraint_bytes, 64 << 10);
-    assert!(cfg.discovery.is_none());
+    assert!(cfg.first().discovery.is_none());
 }
 
 #[test]
 fn the_pixel_cache_memory_is_prepared_unless_turned_off() {
-    assert!(Config::from_flags(&AGG).unwrap().media.prepare_pixel_memory);
+    assert!(
+        Config::from_flags(&AGG)
+            .unwrap()
+            .first()
+            .media
+            .prepare_pixel_memory
+    );
     let off = Config::from_flags(&with_agg(&["--mm-pixel-memory-on-demand"])).unwrap();
-    assert!(!off.media.prepare_pixel_memory);
+    assert!(!off.first().media.prepare_pixel_memory);
 }
 
 #[test]
 fn pixels_go_as_bfloat16_unless_float32_is_asked_for() {
     let default = Config::from_flags(&AGG).unwrap();
-    assert_eq!(default.media.dtype, OutputDtype::Bf16);
+    assert_eq!(default.first().media.dtype, OutputDtype::Bf16);
     let f32 = Config::from_flags(&with_agg(&["--mm-encoder-input-dtype", "float32"])).unwrap();
-    assert_eq!(f32.media.dtype, OutputDtype::F32);
+    assert_eq!(f32.first().media.dtype, OutputDtype::F32);
 }
 
 #[test]
@@ -175,9 +183,9 @@ fn bootstrap_ports_follow_their_urls() {
         decode_policy,
         encode: None,
         ..
-    } = cfg.topology
+    } = cfg.first().topology.clone()
     else {
-        panic!("not PD: {:?}", cfg.topology);
+        panic!("not PD: {:?}", cfg.first().topology);
     };
     let ports: Vec<Option<u16>> = prefill.iter().map(|u| u.bootstrap_port).collect();
     assert_eq!(ports, vec![Some(8998), None]);
@@ -198,7 +206,11 @@ fn discovery_needs_its_switch_and_a_selector() {
     assert!(err.starts_with("--selector: "), "{err}");
     // Discovered workers stand in for configured ones.
     let cfg = Config::from_flags(&["--service-discovery", "--selector", "app=w"]).unwrap();
-    assert!(cfg.discovery.is_some_and(|d| d.watches(Role::Aggregated)));
+    assert!(cfg
+        .first()
+        .discovery
+        .as_ref()
+        .is_some_and(|d| d.watches(Role::Aggregated)));
 }
 
 #[test]
@@ -245,9 +257,9 @@ fn the_encoders_content_hash_policy_is_refused_for_requests() {
     let Topology::Disaggregated {
         encode: Some(encode),
         ..
-    } = cfg.topology
+    } = cfg.first().topology.clone()
     else {
-        panic!("not EPD: {:?}", cfg.topology);
+        panic!("not EPD: {:?}", cfg.first().topology);
     };
     assert_eq!(encode.policy, PolicyKind::PowerOfTwo);
 }

@@ -110,7 +110,7 @@ async fn prepare<E: Endpoint>(
     ledger.body_bytes = bytes.len();
     let request = E::convert(state, &bytes).await.map_err(client)?;
     drop(bytes);
-    let served = state.models.get(&request.model).map_err(client)?.clone();
+    let served = state.models.get(&request.model).map_err(client)?;
     ledger.metrics = served.metrics.clone();
     ledger.user = request.user;
     ledger.tenant = request.tenant;

@@ -149,7 +149,7 @@ pub async fn count_tokens(State(state): State<Arc<AppState>>, request: Request) 
 async fn count(state: &Arc<AppState>, request: Request) -> Result<u32, ApiError> {
     let bytes = read_body(state, request.into_body()).await?;
     let input = MessagesInput::parse(state, &bytes, MessagesCall::CountTokens)?;
-    let served = state.models.get(input.model())?.clone();
+    let served = state.models.get(input.model())?;
     // Not a generating request: its stages are the gateway's, not the model's.
     let id = Messages::new_id();
     let mut ledger = Ledger::new(MESSAGES, id, Instant::now(), state.metrics.clone());
