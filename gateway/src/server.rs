@@ -173,7 +173,11 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     };
     let api = crate::listen::serve(
         listener,
-        routes(state.clone(), metrics_listener.is_none()),
+        routes(
+            state.clone(),
+            metrics_listener.is_none(),
+            metrics_listener.is_none() && addr.ip().is_loopback(),
+        ),
         limits.clone(),
         api_stats,
         stop.clone(),
@@ -309,12 +313,15 @@ fn reload_route() -> Route {
     ("POST", "/admin/reload", post(crate::reload::admin_reload))
 }
 
-/// The API routes, with `/metrics` and `/admin/reload` unless they have a
-/// port of their own.
-fn routes(state: Arc<AppState>, with_metrics: bool) -> axum::Router {
+/// The API routes, with `/metrics` unless it has a port of its own, and
+/// `/admin/reload` only when asked (no metrics port and a loopback
+/// address: the admin route is not open to the API's clients).
+fn routes(state: Arc<AppState>, with_metrics: bool, with_admin: bool) -> axum::Router {
     let mut table = api_routes();
     if with_metrics {
         table.push(metrics_route());
+    }
+    if with_admin {
         table.push(reload_route());
     }
     router_of(table).with_state(state)

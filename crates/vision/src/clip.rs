@@ -165,15 +165,11 @@ impl Processor for ClipProcessor {
             OutputDtype::Bf16 => PixelValues::Bf16(self.write::<bf16>(cropped)),
         };
         let layout = self.crop_layout();
-        Ok(PreprocessOutput {
+        Ok(PreprocessOutput::from_layout(
             pixel_values,
-            shape: layout.shape,
-            image_grid_thw: layout.image_grid_thw,
-            num_placeholder_tokens: layout.num_placeholder_tokens,
-            image_sizes: layout.image_sizes,
-            tile_grid: layout.tile_grid,
+            layout,
             resized_size,
-        })
+        ))
     }
 
     fn layout_for(

@@ -313,15 +313,11 @@ impl Processor for Gemma3Processor {
             }
         };
         let layout = self.layout(&crops);
-        Ok(PreprocessOutput {
+        Ok(PreprocessOutput::from_layout(
             pixel_values,
-            shape: layout.shape,
-            image_grid_thw: layout.image_grid_thw,
-            num_placeholder_tokens: layout.num_placeholder_tokens,
-            image_sizes: layout.image_sizes,
-            tile_grid: layout.tile_grid,
-            resized_size: (self.size.1, self.size.0),
-        })
+            layout,
+            (self.size.1, self.size.0),
+        ))
     }
 
     fn layout_for(

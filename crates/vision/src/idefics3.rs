@@ -315,15 +315,11 @@ impl Processor for Idefics3Processor {
             }
         };
         let layout = self.layout(&plan);
-        Ok(PreprocessOutput {
+        Ok(PreprocessOutput::from_layout(
             pixel_values,
-            shape: layout.shape,
-            image_grid_thw: layout.image_grid_thw,
-            num_placeholder_tokens: layout.num_placeholder_tokens,
-            image_sizes: layout.image_sizes,
-            tile_grid: layout.tile_grid,
-            resized_size: plan.second.unwrap_or(plan.first),
-        })
+            layout,
+            plan.second.unwrap_or(plan.first),
+        ))
     }
 
     fn layout_for(

@@ -331,15 +331,11 @@ impl Processor for InternVlProcessor {
             }
         };
         let layout = self.layout(grid);
-        Ok(PreprocessOutput {
+        Ok(PreprocessOutput::from_layout(
             pixel_values,
-            shape: layout.shape,
-            image_grid_thw: layout.image_grid_thw,
-            num_placeholder_tokens: layout.num_placeholder_tokens,
-            image_sizes: layout.image_sizes,
-            tile_grid: layout.tile_grid,
-            resized_size: (self.tile.1 * grid.cols, self.tile.0 * grid.rows),
-        })
+            layout,
+            (self.tile.1 * grid.cols, self.tile.0 * grid.rows),
+        ))
     }
 
     fn layout_for(

@@ -380,15 +380,11 @@ impl Processor for Llama4Processor {
             }
         };
         let layout = self.layout(plan);
-        Ok(PreprocessOutput {
+        Ok(PreprocessOutput::from_layout(
             pixel_values,
-            shape: layout.shape,
-            image_grid_thw: layout.image_grid_thw,
-            num_placeholder_tokens: layout.num_placeholder_tokens,
-            image_sizes: layout.image_sizes,
-            tile_grid: layout.tile_grid,
-            resized_size: plan.resized,
-        })
+            layout,
+            plan.resized,
+        ))
     }
 
     fn layout_for(

@@ -418,15 +418,11 @@ impl Processor for AnyresProcessor {
             }
         };
         let layout = self.layout(width, height, &plan);
-        Ok(PreprocessOutput {
+        Ok(PreprocessOutput::from_layout(
             pixel_values,
-            shape: layout.shape,
-            image_grid_thw: layout.image_grid_thw,
-            num_placeholder_tokens: layout.num_placeholder_tokens,
-            image_sizes: layout.image_sizes,
-            tile_grid: layout.tile_grid,
-            resized_size: (plan.scaled.1, plan.scaled.0),
-        })
+            layout,
+            (plan.scaled.1, plan.scaled.0),
+        ))
     }
 
     fn layout_for(

@@ -190,3 +190,23 @@ pub struct PreprocessOutput {
     /// Size the image was resized to, `(width, height)`, before patching/cropping.
     pub resized_size: (usize, usize),
 }
+
+impl PreprocessOutput {
+    /// The output of a processor: its tensor, the layout it wrote it in
+    /// and the size the image was resized to, `(width, height)`.
+    pub fn from_layout(
+        pixel_values: PixelValues,
+        layout: OutputLayout,
+        resized_size: (usize, usize),
+    ) -> PreprocessOutput {
+        PreprocessOutput {
+            pixel_values,
+            shape: layout.shape,
+            image_grid_thw: layout.image_grid_thw,
+            num_placeholder_tokens: layout.num_placeholder_tokens,
+            image_sizes: layout.image_sizes,
+            tile_grid: layout.tile_grid,
+            resized_size,
+        }
+    }
+}

@@ -165,15 +165,7 @@ impl Processor for PixtralProcessor {
             OutputDtype::Bf16 => PixelValues::Bf16(self.write::<bf16>(view)),
         };
         let layout = self.layout((w, h));
-        Ok(PreprocessOutput {
-            pixel_values,
-            shape: layout.shape,
-            image_grid_thw: layout.image_grid_thw,
-            num_placeholder_tokens: layout.num_placeholder_tokens,
-            image_sizes: layout.image_sizes,
-            tile_grid: layout.tile_grid,
-            resized_size: (w, h),
-        })
+        Ok(PreprocessOutput::from_layout(pixel_values, layout, (w, h)))
     }
 
     fn layout_for(

@@ -158,15 +158,7 @@ impl QwenVlProcessor {
             OutputDtype::Bf16 => PixelValues::Bf16(self.write::<bf16>(input, (w, h), scratch)?),
         };
         let layout = self.resized_layout(w, h);
-        Ok(PreprocessOutput {
-            pixel_values,
-            shape: layout.shape,
-            image_grid_thw: layout.image_grid_thw,
-            num_placeholder_tokens: layout.num_placeholder_tokens,
-            image_sizes: layout.image_sizes,
-            tile_grid: layout.tile_grid,
-            resized_size: (w, h),
-        })
+        Ok(PreprocessOutput::from_layout(pixel_values, layout, (w, h)))
     }
 
     /// The output layout of an image resized to `w`×`h`.
