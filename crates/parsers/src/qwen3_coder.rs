@@ -55,7 +55,7 @@ impl ParamTypes {
         Self(types)
     }
 
-    fn declared(&self, tool: &str, param: &str) -> Option<&Value> {
+    pub(crate) fn declared(&self, tool: &str, param: &str) -> Option<&Value> {
         self.0.get(tool)?.get(param)
     }
 }
@@ -110,7 +110,7 @@ fn param_value(text: &str) -> (&str, &str) {
 }
 
 /// `raw` as the type `declared` names (see the module docs).
-fn typed(raw: &str, declared: Option<&Value>) -> Value {
+pub(crate) fn typed(raw: &str, declared: Option<&Value>) -> Value {
     let string = || Value::String(raw.to_owned());
     let Some(declared) = declared else {
         return string();
