@@ -26,6 +26,9 @@ const CALL_OPEN: &str = "<｜tool▁call▁begin｜>";
 const CALL_CLOSE: &str = "<｜tool▁call▁end｜>";
 const SEP: &str = "<｜tool▁sep｜>";
 
+/// The special tokens this syntax is written with.
+pub const TOKENS: &[&str] = &[CALLS_OPEN, CALLS_CLOSE, CALL_OPEN, CALL_CLOSE, SEP];
+
 /// `<｜tool▁calls▁begin｜>` … `<｜tool▁calls▁end｜>`.
 pub const MARKERS: Markers = Markers {
     pairs: &[(CALLS_OPEN, Some(CALLS_CLOSE))],

@@ -11,20 +11,31 @@
 //! ```
 //!
 //! The name may also run straight into the first `<arg_key>`. Values are
-//! raw text, typed like Qwen3-Coder's ([`crate::qwen3_coder`]): a
-//! parameter the tool's schema declares as anything but `string` is read
-//! as JSON (or a Python literal), as GLM's own parser does; everything
-//! else stays a string.
+//! typed as GLM's own parser types them: the text, trimmed, stays a string
+//! when the tool's schema declares the parameter `string`; otherwise
+//! (another type, or a parameter or tool the schemas do not declare) it is
+//! read as JSON, else as a Python literal (`True`, `None`, `{'a': 1}`),
+//! else kept as a string.
 
 use serde_json::{Map, Value};
 
-use crate::qwen3_coder::{typed, ParamTypes};
+use crate::qwen3_coder::ParamTypes;
 use crate::tools::ToolCall;
 
 const KEY_OPEN: &str = "<arg_key>";
 const KEY_CLOSE: &str = "</arg_key>";
 const VALUE_OPEN: &str = "<arg_value>";
 const VALUE_CLOSE: &str = "</arg_value>";
+
+/// The special tokens this syntax is written with.
+pub const TOKENS: &[&str] = &[
+    crate::tools::CALL_OPEN,
+    crate::tools::CALL_CLOSE,
+    KEY_OPEN,
+    KEY_CLOSE,
+    VALUE_OPEN,
+    VALUE_CLOSE,
+];
 
 /// The call in a block body, if it is a name and well-formed pairs.
 pub fn parse_call(body: &str, types: &ParamTypes) -> Option<ToolCall> {
@@ -45,10 +56,21 @@ pub fn parse_call(body: &str, types: &ParamTypes) -> Option<ToolCall> {
         let (key, after) = between(rest, KEY_OPEN, KEY_CLOSE)?;
         let (raw, after) = between(after.trim_start(), VALUE_OPEN, VALUE_CLOSE)?;
         let key = key.trim();
-        args.insert(key.to_owned(), typed(raw, types.declared(name, key)));
+        args.insert(key.to_owned(), typed(raw.trim(), types.declared(name, key)));
         rest = after;
     }
     Some(ToolCall::new(name, &Value::Object(args)))
+}
+
+/// `raw` as GLM types it (see the module docs).
+fn typed(raw: &str, declared: Option<&Value>) -> Value {
+    if declared.and_then(Value::as_str) == Some("string") {
+        return Value::String(raw.to_owned());
+    }
+    serde_json::from_str(raw)
+        .ok()
+        .or_else(|| crate::pythonic::literal(raw))
+        .unwrap_or_else(|| Value::String(raw.to_owned()))
 }
 
 /// The text between `open` (which `text` must start with) and `close`,
@@ -85,7 +107,19 @@ mod tests {
         assert_eq!(call.name, "get_weather");
         assert_eq!(
             args(&call),
-            json!({"city": "北京", "days": 3, "opts": {"unit": "C"}, "note": "7"})
+            json!({"city": "北京", "days": 3, "opts": {"unit": "C"}, "note": 7})
+        );
+    }
+
+    #[test]
+    fn python_literals_and_text_that_reads_as_nothing() {
+        let body = "get_weather\n<arg_key>days</arg_key>\n<arg_value> three </arg_value>\n\
+            <arg_key>opts</arg_key>\n<arg_value>{'unit': None, 'exact': True}</arg_value>\n\
+            <arg_key>city</arg_key>\n<arg_value> 10 </arg_value>";
+        let call = parse_call(body, &types()).expect("a call");
+        assert_eq!(
+            args(&call),
+            json!({"days": "three", "opts": {"unit": null, "exact": true}, "city": "10"})
         );
     }
 

@@ -35,6 +35,17 @@ const ENDS: [&str; 4] = ["<|end|>", "<|call|>", "<|return|>", START];
 /// What a header may start with.
 const HEADER_STARTS: [&str; 5] = [START, CHANNEL, CONSTRAIN, MESSAGE, "to="];
 
+/// The special tokens Harmony is written with.
+pub const TOKENS: &[&str] = &[
+    START,
+    CHANNEL,
+    CONSTRAIN,
+    MESSAGE,
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+];
+
 /// What a message body is.
 #[derive(Debug, Clone, PartialEq)]
 enum Body {

@@ -20,6 +20,14 @@ pub const ACTION_OPEN: &str = "<|action_start|><|plugin|>";
 /// Closes an action.
 pub const ACTION_CLOSE: &str = "<|action_end|>";
 
+/// The special tokens this syntax is written with.
+pub const TOKENS: &[&str] = &[
+    "<|action_start|>",
+    "<|plugin|>",
+    "<|interpreter|>",
+    ACTION_CLOSE,
+];
+
 /// `<|action_start|><|plugin|>` … `<|action_end|>`.
 pub const MARKERS: Markers = Markers {
     pairs: &[(ACTION_OPEN, Some(ACTION_CLOSE))],

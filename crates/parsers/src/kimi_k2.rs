@@ -19,6 +19,17 @@ const CALL_OPEN: &str = "<|tool_call_begin|>";
 const CALL_ARGS: &str = "<|tool_call_argument_begin|>";
 const CALL_CLOSE: &str = "<|tool_call_end|>";
 
+/// The special tokens this syntax is written with.
+pub const TOKENS: &[&str] = &[
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_section_begin|>",
+    "<|tool_call_section_end|>",
+    CALL_OPEN,
+    CALL_ARGS,
+    CALL_CLOSE,
+];
+
 /// The section markers, both spellings.
 pub const MARKERS: Markers = Markers {
     pairs: &[
@@ -55,7 +66,9 @@ fn parse_call(call: &str) -> Option<ToolCall> {
     let (id, args) = call.split_once(CALL_ARGS)?;
     let id = id.trim();
     let (path, index) = id.rsplit_once(':')?;
-    let name = path.rsplit('.').next()?;
+    // The template writes `functions.{name}:{index}`; a dotted tool name
+    // keeps its dots.
+    let name = path.strip_prefix("functions.").unwrap_or(path);
     if name.is_empty() || index.parse::<u32>().is_err() || id.contains(char::is_whitespace) {
         return None;
     }

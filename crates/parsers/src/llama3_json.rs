@@ -18,6 +18,10 @@ use crate::tools::{named_call, ToolCall};
 /// Llama's marker for a code or tool-call answer (a special token).
 pub const PYTHON_TAG: &str = "<|python_tag|>";
 
+/// The special tokens this syntax is written with (kept in the decoded
+/// text while it is parsed).
+pub const TOKENS: &[&str] = &[PYTHON_TAG];
+
 /// `<|python_tag|>` anywhere, or `{` first.
 pub const MARKERS: Markers = Markers {
     pairs: &[(PYTHON_TAG, None)],

@@ -24,6 +24,9 @@ pub const TOOL_CALLS: &str = "[TOOL_CALLS]";
 const ARGS: &str = "[ARGS]";
 const CALL_ID: &str = "[CALL_ID]";
 
+/// The special tokens this syntax is written with.
+pub const TOKENS: &[&str] = &[TOOL_CALLS, ARGS, CALL_ID];
+
 /// `[TOOL_CALLS]` to the end of the output.
 pub const MARKERS: Markers = Markers {
     pairs: &[(TOOL_CALLS, None)],

@@ -23,6 +23,9 @@ pub const PYTHON_START: &str = "<|python_start|>";
 /// Llama 4's closing marker.
 pub const PYTHON_END: &str = "<|python_end|>";
 
+/// The special tokens this syntax is written with.
+pub const TOKENS: &[&str] = &[PYTHON_START, PYTHON_END];
+
 /// `<|python_start|>` anywhere, or `[` first.
 pub const MARKERS: Markers = Markers {
     pairs: &[(PYTHON_START, None)],
@@ -36,6 +39,13 @@ pub fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {
     let mut cur = Cursor { rest: body };
     let calls = cur.calls()?;
     cur.rest.trim().is_empty().then_some(calls)
+}
+
+/// `text` if it is one Python literal (see the module docs), as JSON.
+pub fn literal(text: &str) -> Option<Value> {
+    let mut cur = Cursor { rest: text };
+    let value = cur.value()?;
+    cur.rest.trim().is_empty().then_some(value)
 }
 
 /// A position in the text being read.

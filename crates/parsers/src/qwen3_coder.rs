@@ -110,7 +110,7 @@ fn param_value(text: &str) -> (&str, &str) {
 }
 
 /// `raw` as the type `declared` names (see the module docs).
-pub(crate) fn typed(raw: &str, declared: Option<&Value>) -> Value {
+fn typed(raw: &str, declared: Option<&Value>) -> Value {
     let string = || Value::String(raw.to_owned());
     let Some(declared) = declared else {
         return string();

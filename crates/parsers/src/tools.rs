@@ -22,6 +22,8 @@ use crate::shaper::Piece;
 pub const CALL_OPEN: &str = "<tool_call>";
 /// Closes a tagged tool call.
 pub const CALL_CLOSE: &str = "</tool_call>";
+/// The tags of `<tool_call>` syntaxes, which some tokenizers make special.
+pub const TOKENS: &[&str] = &[CALL_OPEN, CALL_CLOSE];
 
 /// One parsed tool call.
 #[derive(Debug, Clone, PartialEq, Eq)]
