@@ -140,8 +140,9 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         model.reasoning_parser,
         &dir,
         prompter.template_source(),
-    );
-    tracing::info!(tool_calls = ?parsers.tools, reasoning = parsers.reasoning, "output parsers");
+    )
+    .resolve_tokens(prompter.tokenizer());
+    tracing::info!(tool_calls = ?parsers.tools, reasoning = ?parsers.reasoning, "output parsers");
     let multimodal = Multimodal::load(&dir, &config.media)?.map(Arc::new);
     if let Topology::Disaggregated {
         encode: Some(_), ..
