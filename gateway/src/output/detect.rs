@@ -222,13 +222,15 @@ mod tests {
         (tmp, dir)
     }
 
+    /// What `auto` picks for both parsers.
+    type Picked = (Option<ToolFormat>, Option<ReasoningFormat>);
+
+    /// A model directory's name, `config.json`, special tokens and
+    /// template, and what `auto` must pick for it.
+    type Case = (&'static str, Value, &'static [&'static str], String, Picked);
+
     /// `auto` for both parsers.
-    fn auto(
-        name: &str,
-        config: Value,
-        tokens: &[&str],
-        template: &str,
-    ) -> (Option<ToolFormat>, Option<ReasoningFormat>) {
+    fn auto(name: &str, config: Value, tokens: &[&str], template: &str) -> Picked {
         let (_tmp, dir) = model_dir(name, config, tokens);
         let p = OutputParsers::choose(
             ToolParserFlag::Auto,
@@ -245,7 +247,7 @@ mod tests {
     fn families_by_their_markers() {
         use ReasoningFormat as R;
         use ToolFormat as T;
-        let cases: &[(&str, Value, &[&str], String, (Option<T>, Option<R>))] = &[
+        let cases: &[Case] = &[
             (
                 "gpt-oss-20b",
                 json!({"model_type": "gpt_oss"}),
