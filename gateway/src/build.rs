@@ -81,12 +81,13 @@ impl Loaded {
             model.reasoning_parser,
             &dir,
             prompter.template_source(),
-        );
+        )
+        .resolve_tokens(prompter.tokenizer());
         let name = model
             .served_name
             .clone()
             .unwrap_or_else(|| dir.served_model_name());
-        tracing::info!(model = name, tool_calls = ?parsers.tools, reasoning = parsers.reasoning, "output parsers");
+        tracing::info!(model = name, tool_calls = ?parsers.tools, reasoning = ?parsers.reasoning, "output parsers");
         let media = Multimodal::load(&dir, &spec.media)?.map(Arc::new);
         if let Topology::Disaggregated {
             encode: Some(_), ..

@@ -30,7 +30,7 @@
 //! 7. **Stream** — `gateway/src/chat/stream.rs` `respond` (SSE, run by
 //!    `gateway/src/http/sse.rs` `respond`) or `gateway/src/chat/complete.rs`
 //!    `respond` (one JSON body, `gateway/src/http/unary.rs`); each
-//!    choice's text goes through `gateway/src/output.rs` `shaper`
+//!    choice's text goes through `gateway/src/output/mod.rs` `shaper`
 //!    (reasoning and tool calls parsed out).
 
 /// A step of a chat request's path.
@@ -106,7 +106,7 @@ pub const STEPS: [(Step, &[(&str, &str)]); 7] = [
             ("gateway/src/http/sse.rs", "respond"),
             ("gateway/src/chat/complete.rs", "respond"),
             ("gateway/src/http/unary.rs", "respond"),
-            ("gateway/src/output.rs", "shaper"),
+            ("gateway/src/output/mod.rs", "shaper"),
         ],
     ),
 ];

@@ -49,11 +49,26 @@ impl IncrementalDecoder {
     /// tokens, possibly empty; only the last [`PROMPT_CONTEXT_TOKENS`] are
     /// kept). The prompt itself is never emitted.
     pub fn new(tokenizer: Arc<Tokenizer>, prompt_tail: &[u32], skip_special_tokens: bool) -> Self {
-        let special_ids = if skip_special_tokens {
+        Self::keeping(tokenizer, prompt_tail, skip_special_tokens, &[])
+    }
+
+    /// [`Self::new`], but the special tokens `kept` stay in the text even
+    /// when the others are skipped (an output parser reads them as
+    /// markers).
+    pub fn keeping(
+        tokenizer: Arc<Tokenizer>,
+        prompt_tail: &[u32],
+        skip_special_tokens: bool,
+        kept: &[u32],
+    ) -> Self {
+        let mut special_ids = if skip_special_tokens {
             special_ids(&tokenizer)
         } else {
             HashSet::new()
         };
+        for id in kept {
+            special_ids.remove(id);
+        }
         let mut decoder = Self {
             tokenizer,
             skip_special_tokens,
@@ -140,11 +155,29 @@ impl IncrementalDecoder {
     /// Decodes `tokens[from..to]`.
     fn decode(&self, from: usize, to: usize) -> Result<String, DetokError> {
         let ids = self.tokens.get(from..to).unwrap_or(&[]);
+        self.decode_ids(ids)
+    }
+
+    /// Decodes `ids` from outside the window, the way the window is
+    /// decoded (the skipped special tokens dropped, the kept ones kept).
+    pub fn decode_all(&self, ids: &[u32]) -> Result<String, DetokError> {
+        let ids: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|id| !self.special_ids.contains(id))
+            .collect();
+        self.decode_ids(&ids)
+    }
+
+    /// Decodes ids already free of skipped special tokens. The window
+    /// never holds them, so the tokenizer is asked to skip nothing (which
+    /// would also drop the kept ones).
+    fn decode_ids(&self, ids: &[u32]) -> Result<String, DetokError> {
         if ids.is_empty() {
             return Ok(String::new());
         }
         self.tokenizer
-            .decode(ids, self.skip_special_tokens)
+            .decode(ids, false)
             .map_err(|e| DetokError::Decode(e.to_string()))
     }
 

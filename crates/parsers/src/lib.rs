@@ -1,13 +1,18 @@
 //! iris-parsers: turning a model's generated text into the parts of an
 //! OpenAI answer — `content`, `reasoning_content` and `tool_calls`.
 //!
-//! - [`reasoning::ReasoningParser`] splits `<think>…</think>` reasoning
-//!   (Qwen3 Thinking) from the answer; the output may start inside the
-//!   reasoning when the prompt already opened `<think>`.
-//! - [`tools::ToolCallParser`] finds tool calls: `<tool_call>` blocks whose
-//!   body is Hermes/Qwen JSON ([`hermes`]) or Qwen3-Coder XML
-//!   ([`qwen3_coder`]), or a whole output that is plain JSON because
-//!   decoding was constrained to the tool schemas ([`tools::JsonCalls`]).
+//! - [`reasoning::ReasoningParser`] splits reasoning from the answer:
+//!   `<think>…</think>` (Qwen3 Thinking, DeepSeek R1/V3.1, GLM-4.5) or
+//!   `◁think▷…◁/think▷` (Kimi); the output may start inside the reasoning
+//!   when the prompt already opened it. gpt-oss's Harmony channels
+//!   ([`harmony`]) carry reasoning, answer and tool calls at once.
+//! - [`tools::ToolCallParser`] finds tool calls in the syntax of the
+//!   model's family, one module each: [`hermes`] (Hermes/Qwen JSON),
+//!   [`qwen3_coder`], [`glm45`], [`llama3_json`], [`pythonic`] (Llama
+//!   3.2/4, Gemma 3), [`mistral`], [`internlm`], [`kimi_k2`],
+//!   [`deepseek_v3`] — all found in free text by one streaming machine
+//!   ([`marked`]) — or a whole output that is plain JSON because decoding
+//!   was constrained to the tool schemas ([`tools::JsonCalls`]).
 //! - [`shaper::OutputShaper`] chains the two for one choice: push text
 //!   deltas, get [`shaper::Piece`]s back; [`shaper::OutputShaper::shape`]
 //!   does a whole text at once through the same machine.
@@ -19,7 +24,16 @@
 
 #![forbid(unsafe_code)]
 
+pub mod deepseek_v3;
+pub mod glm45;
+pub mod harmony;
 pub mod hermes;
+pub mod internlm;
+pub mod kimi_k2;
+pub mod llama3_json;
+pub mod marked;
+pub mod mistral;
+pub mod pythonic;
 pub mod qwen3_coder;
 pub mod reasoning;
 mod scan;

@@ -55,7 +55,7 @@ impl ParamTypes {
         Self(types)
     }
 
-    fn declared(&self, tool: &str, param: &str) -> Option<&Value> {
+    pub(crate) fn declared(&self, tool: &str, param: &str) -> Option<&Value> {
         self.0.get(tool)?.get(param)
     }
 }

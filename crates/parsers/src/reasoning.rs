@@ -1,14 +1,22 @@
-//! `<think>…</think>` reasoning (Qwen3, Qwen3-VL Thinking).
+//! Reasoning split from the answer.
 //!
-//! The reasoning is whatever the model writes between `<think>` and
-//! `</think>`; the answer follows. Thinking templates often write
-//! `<think>` into the prompt themselves, so the output starts inside the
-//! reasoning and only holds `</think>`: [`ReasoningParser::new`] is told
-//! which. Otherwise reasoning starts only when the output begins with
-//! `<think>` (after optional whitespace); output without it is all content.
-//! An output that ends before `</think>` (a length cut) is all reasoning.
-//! Whitespace at the edges of the reasoning and at the start of the answer
-//! is layout and dropped.
+//! Most families mark it with a pair of tags ([`ThinkParser`]):
+//! `<think>…</think>` (Qwen3, Qwen3-VL Thinking, DeepSeek R1 and V3.1,
+//! GLM-4.5) or `◁think▷…◁/think▷` (Kimi). The reasoning is whatever the
+//! model writes between the tags; the answer follows. Thinking templates
+//! often write the opening tag into the prompt themselves (Qwen3 Thinking,
+//! DeepSeek R1 and V3.1 in thinking mode), so the output starts inside the
+//! reasoning and only holds the closing tag: the parser is told which (an
+//! opening tag the model writes again anyway is dropped). Otherwise
+//! reasoning starts only when the output begins with the opening tag
+//! (after optional whitespace); output without it is all content (a
+//! template that turned thinking off closed the tags in the prompt). An
+//! output that ends before the closing tag (a length cut) is all
+//! reasoning. Whitespace at the edges of the reasoning and at the start of
+//! the answer is layout and dropped.
+//!
+//! gpt-oss writes Harmony channels instead ([`crate::harmony`]): its
+//! `analysis` channel is the reasoning.
 
 use crate::scan::releasable;
 use crate::shaper::Piece;
@@ -17,6 +25,72 @@ use crate::shaper::Piece;
 pub const THINK_OPEN: &str = "<think>";
 /// Closes reasoning.
 pub const THINK_CLOSE: &str = "</think>";
+
+/// The tags around a family's reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThinkTags {
+    /// Opens the reasoning.
+    pub open: &'static str,
+    /// Closes it.
+    pub close: &'static str,
+}
+
+/// `<think>…</think>` (Qwen3, DeepSeek R1/V3.1, GLM-4.5).
+pub const THINK: ThinkTags = ThinkTags {
+    open: THINK_OPEN,
+    close: THINK_CLOSE,
+};
+
+/// `◁think▷…◁/think▷` (Kimi-VL Thinking, Kimi k1.5).
+pub const KIMI: ThinkTags = ThinkTags {
+    open: "◁think▷",
+    close: "◁/think▷",
+};
+
+/// Splits reasoning from content, streamed or whole.
+#[derive(Debug)]
+pub enum ReasoningParser {
+    /// Tagged reasoning.
+    Think(ThinkParser),
+    /// gpt-oss Harmony channels (which also carry its tool calls).
+    Harmony(crate::harmony::HarmonyParser),
+}
+
+impl ReasoningParser {
+    /// `<think>` reasoning; the output starts inside it when
+    /// `in_reasoning` (the prompt ended with `<think>`).
+    pub fn new(in_reasoning: bool) -> Self {
+        Self::think(THINK, in_reasoning)
+    }
+
+    /// Reasoning between `tags`; the output starts inside it when
+    /// `in_reasoning`.
+    pub fn think(tags: ThinkTags, in_reasoning: bool) -> Self {
+        Self::Think(ThinkParser::new(tags, in_reasoning))
+    }
+
+    /// gpt-oss Harmony; `calls`: messages to functions are tool calls
+    /// (else their text is content).
+    pub fn harmony(calls: bool) -> Self {
+        Self::Harmony(crate::harmony::HarmonyParser::new(calls))
+    }
+
+    /// Takes the next text delta; appends what can be released to `out`.
+    pub fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
+        match self {
+            Self::Think(p) => p.push(text, out),
+            Self::Harmony(p) => p.push(text, out),
+        }
+    }
+
+    /// The end of the output: releases everything still held.
+    pub fn finish(&mut self, out: &mut Vec<Piece>) {
+        match self {
+            Self::Think(p) => p.finish(out),
+            Self::Harmony(p) => p.finish(out),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -30,23 +104,25 @@ enum State {
     Content,
 }
 
-/// Splits reasoning from content, streamed or whole.
+/// Splits tagged reasoning from content.
 #[derive(Debug)]
-pub struct ReasoningParser {
+pub struct ThinkParser {
+    tags: ThinkTags,
     state: State,
     buf: String,
 }
 
-impl ReasoningParser {
+impl ThinkParser {
     /// A parser for an output that starts inside the reasoning
-    /// (`in_reasoning`: the prompt ended with `<think>`) or not.
-    pub fn new(in_reasoning: bool) -> Self {
+    /// (`in_reasoning`: the prompt ended with the opening tag) or not.
+    pub fn new(tags: ThinkTags, in_reasoning: bool) -> Self {
         let state = if in_reasoning {
             State::Reasoning { fresh: true }
         } else {
             State::Start
         };
         Self {
+            tags,
             state,
             buf: String::new(),
         }
@@ -66,11 +142,11 @@ impl ReasoningParser {
         match self.state {
             State::Start => {
                 let trimmed = self.buf.trim_start();
-                if let Some(after) = trimmed.strip_prefix(THINK_OPEN) {
+                if let Some(after) = trimmed.strip_prefix(self.tags.open) {
                     self.buf = after.to_owned();
                     self.state = State::Reasoning { fresh: true };
                     true
-                } else if trimmed.is_empty() || THINK_OPEN.starts_with(trimmed) {
+                } else if trimmed.is_empty() || self.tags.open.starts_with(trimmed) {
                     false
                 } else {
                     self.state = State::Content;
@@ -80,15 +156,23 @@ impl ReasoningParser {
             State::Reasoning { fresh } => {
                 if fresh {
                     self.drop_leading_space();
+                    if let Some(after) = self.buf.strip_prefix(self.tags.open) {
+                        self.buf = after.to_owned();
+                        return true;
+                    }
+                    if self.tags.open.starts_with(self.buf.as_str()) {
+                        return false;
+                    }
                 }
-                if let Some(end) = self.buf.find(THINK_CLOSE) {
-                    let rest = self.buf.split_off(end + THINK_CLOSE.len());
+                let close = self.tags.close;
+                if let Some(end) = self.buf.find(close) {
+                    let rest = self.buf.split_off(end + close.len());
                     let reasoning = std::mem::replace(&mut self.buf, rest);
                     push(out, Piece::Reasoning, reasoning[..end].trim_end());
                     self.state = State::AfterReasoning;
                     return true;
                 }
-                let cut = releasable(&self.buf, THINK_CLOSE, true);
+                let cut = releasable(&self.buf, close, true);
                 if cut > 0 {
                     let rest = self.buf.split_off(cut);
                     push(

@@ -8,7 +8,11 @@ pub fn releasable(buf: &str, tag: &str, hold_space: bool) -> usize {
     let mut cut = buf.len();
     for k in (1..tag.len()).rev() {
         let start = buf.len().saturating_sub(k);
-        if buf.len() >= k && buf.is_char_boundary(start) && buf[start..] == tag[..k] {
+        if buf.len() >= k
+            && buf.is_char_boundary(start)
+            && tag.is_char_boundary(k)
+            && buf[start..] == tag[..k]
+        {
             cut = start;
             break;
         }
@@ -33,5 +37,10 @@ mod tests {
         assert_eq!(releasable("é<tool_call", "<tool_call>", false), 2);
         assert_eq!(releasable("", "<think>", true), 0);
         assert_eq!(releasable("text \n", "<think>", true), 4);
+        // Tags with multi-byte characters (Kimi, DeepSeek).
+        assert_eq!(releasable("a◁thi", "◁think▷", false), 1);
+        assert_eq!(releasable("a◁", "◁/think▷", false), 1);
+        assert_eq!(releasable("ab", "◁think▷", false), 2);
+        assert_eq!(releasable("x<｜tool", "<｜tool▁calls▁begin｜>", false), 1);
     }
 }

@@ -1,5 +1,6 @@
 //! One choice's output, shaped: reasoning first, then tool calls in what
-//! remains. [`OutputShaper::push`] takes text deltas as they are decoded
+//! remains (gpt-oss's Harmony parser, on the reasoning side, finds its
+//! own tool calls). [`OutputShaper::push`] takes text deltas as they are decoded
 //! and returns the [`Piece`]s that can be shown; [`OutputShaper::finish`]
 //! releases the rest. Tool calls are only looked for in the answer, never
 //! in the reasoning. [`OutputShaper::shape`] runs a whole text through the
@@ -83,19 +84,22 @@ impl OutputShaper {
 
     /// Passes the content pieces of `pieces` through the tool parser.
     fn through_tools(&mut self, pieces: Vec<Piece>, end: bool) -> Vec<Piece> {
-        let Some(tools) = &mut self.tools else {
-            return pieces;
-        };
-        let mut out = Vec::with_capacity(pieces.len());
-        for piece in pieces {
-            match piece {
-                Piece::Content(text) => tools.push(&text, &mut out),
-                other => out.push(other),
+        let out = match &mut self.tools {
+            None => pieces,
+            Some(tools) => {
+                let mut out = Vec::with_capacity(pieces.len());
+                for piece in pieces {
+                    match piece {
+                        Piece::Content(text) => tools.push(&text, &mut out),
+                        other => out.push(other),
+                    }
+                }
+                if end {
+                    tools.finish(&mut out);
+                }
+                out
             }
-        }
-        if end {
-            tools.finish(&mut out);
-        }
+        };
         self.calls += out
             .iter()
             .filter(|p| matches!(p, Piece::ToolCall(_)))

@@ -1,10 +1,10 @@
 //! Tool calls in generated text.
 //!
 //! Two forms of output carry tool calls:
-//! - tagged: each call is a `<tool_call>…</tool_call>` block in free text;
-//!   its body is Hermes/Qwen JSON ([`crate::hermes`]) or Qwen3-Coder XML
-//!   ([`crate::qwen3_coder`]), per [`ToolSyntax`]. Text around the blocks
-//!   is content; whitespace next to a block is dropped.
+//! - marked: calls sit in free text between markers of the model's own
+//!   syntax ([`ToolSyntax`]: one module per syntax; the streaming machine
+//!   is [`crate::marked`]). Text around the calls is content; whitespace
+//!   next to a block is dropped.
 //! - plain JSON ([`JsonCalls`]): decoding was constrained to the tools'
 //!   schemas (`tool_choice` `required` or a named function), so the whole
 //!   output is either an array of `{"name", "parameters"}` or the
@@ -15,18 +15,21 @@
 
 use serde_json::{Map, Value};
 
-use crate::scan::releasable;
+use crate::marked::{MarkedCalls, Markers};
 use crate::shaper::Piece;
 
 /// Opens a tagged tool call.
 pub const CALL_OPEN: &str = "<tool_call>";
 /// Closes a tagged tool call.
 pub const CALL_CLOSE: &str = "</tool_call>";
+/// The tags of `<tool_call>` syntaxes, which some tokenizers make special.
+pub const TOKENS: &[&str] = &[CALL_OPEN, CALL_CLOSE];
 
 /// One parsed tool call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolCall {
-    /// `call_` and 24 random alphanumerics.
+    /// `call_` and 24 random alphanumerics, unless the syntax forms its
+    /// own (Mistral: 9 alphanumerics; Kimi K2: `functions.NAME:IDX`).
     pub id: String,
     /// The function's name.
     pub name: String,
@@ -43,6 +46,14 @@ impl ToolCall {
             arguments: arguments.to_string(),
         }
     }
+
+    /// The same call under the id the model gave it.
+    pub fn with_id(self, id: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            ..self
+        }
+    }
 }
 
 /// A fresh tool-call id: `call_` and 24 random alphanumerics.
@@ -54,39 +65,81 @@ pub fn new_call_id() -> String {
     id
 }
 
-/// The syntax of a `<tool_call>` block's body.
+/// How a model writes tool calls into free text (see each module).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolSyntax {
-    /// `{"name": "f", "arguments": {...}}` (Hermes, Qwen2.5, Qwen3, Qwen3-VL).
+    /// `<tool_call>{"name": "f", "arguments": {...}}</tool_call>` (Hermes,
+    /// Qwen2.5, Qwen3, Qwen3-VL): [`crate::hermes`].
     Hermes,
-    /// `<function=f><parameter=p>value</parameter></function>` (Qwen3-Coder);
-    /// values are typed by the tools' parameter schemas.
+    /// `<tool_call><function=f><parameter=p>…` (Qwen3-Coder), values typed
+    /// by the tools' parameter schemas: [`crate::qwen3_coder`].
     Qwen3Coder(crate::qwen3_coder::ParamTypes),
+    /// `<tool_call>f<arg_key>…</arg_key><arg_value>…</arg_value>…` (GLM-4.5,
+    /// GLM-4.5V, GLM-4.6), typed like Qwen3-Coder: [`crate::glm45`].
+    Glm45(crate::qwen3_coder::ParamTypes),
+    /// Llama 3.x JSON calls: [`crate::llama3_json`].
+    Llama3Json,
+    /// Python call lists (Llama 3.2, Llama 4, Gemma 3): [`crate::pythonic`].
+    Pythonic,
+    /// `[TOOL_CALLS]` (Mistral, Pixtral, Magistral): [`crate::mistral`].
+    Mistral,
+    /// `<|action_start|><|plugin|>` (InternLM2, InternVL): [`crate::internlm`].
+    InternLm,
+    /// `<|tool_calls_section_begin|>` (Kimi K2): [`crate::kimi_k2`].
+    KimiK2,
+    /// `<｜tool▁calls▁begin｜>` (DeepSeek V3, R1, V3.1): [`crate::deepseek_v3`].
+    DeepSeekV3,
 }
 
 impl ToolSyntax {
-    /// The call in `body` (the text between the tags), if it parses.
-    fn parse(&self, body: &str) -> Option<ToolCall> {
+    /// Where this syntax's blocks start and end.
+    pub(crate) fn markers(&self) -> Markers {
+        const TOOL_CALL: Markers = Markers {
+            pairs: &[(CALL_OPEN, Some(CALL_CLOSE))],
+            at_start: &[],
+        };
         match self {
-            Self::Hermes => crate::hermes::parse_call(body),
-            Self::Qwen3Coder(types) => crate::qwen3_coder::parse_call(body, types),
+            Self::Hermes | Self::Qwen3Coder(_) | Self::Glm45(_) => TOOL_CALL,
+            Self::Llama3Json => crate::llama3_json::MARKERS,
+            Self::Pythonic => crate::pythonic::MARKERS,
+            Self::Mistral => crate::mistral::MARKERS,
+            Self::InternLm => crate::internlm::MARKERS,
+            Self::KimiK2 => crate::kimi_k2::MARKERS,
+            Self::DeepSeekV3 => crate::deepseek_v3::MARKERS,
         }
+    }
+
+    /// The calls in `body` (the text between the markers), if it parses;
+    /// never an empty list.
+    pub(crate) fn parse(&self, body: &str) -> Option<Vec<ToolCall>> {
+        let calls = match self {
+            Self::Hermes => vec![crate::hermes::parse_call(body)?],
+            Self::Qwen3Coder(types) => vec![crate::qwen3_coder::parse_call(body, types)?],
+            Self::Glm45(types) => vec![crate::glm45::parse_call(body, types)?],
+            Self::Llama3Json => crate::llama3_json::parse_calls(body)?,
+            Self::Pythonic => crate::pythonic::parse_calls(body)?,
+            Self::Mistral => crate::mistral::parse_calls(body)?,
+            Self::InternLm => vec![crate::internlm::parse_call(body)?],
+            Self::KimiK2 => crate::kimi_k2::parse_calls(body)?,
+            Self::DeepSeekV3 => crate::deepseek_v3::parse_calls(body)?,
+        };
+        (!calls.is_empty()).then_some(calls)
     }
 }
 
 /// Finds the tool calls of one output, streamed or whole.
 #[derive(Debug)]
 pub enum ToolCallParser {
-    /// `<tool_call>` blocks in free text.
-    Tagged(TaggedCalls),
+    /// Marked calls in free text.
+    Marked(MarkedCalls),
     /// Plain JSON from constrained decoding.
     Json(JsonCalls),
 }
 
 impl ToolCallParser {
-    /// A parser for `<tool_call>` blocks in `syntax`.
+    /// A parser for calls written in `syntax`.
     pub fn tagged(syntax: ToolSyntax) -> Self {
-        Self::Tagged(TaggedCalls::new(syntax))
+        Self::Marked(MarkedCalls::new(syntax))
     }
 
     /// A parser for constrained output: `Some(name)` for a named function
@@ -101,7 +154,7 @@ impl ToolCallParser {
     /// Takes the next text delta; appends what can be released to `out`.
     pub fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
         match self {
-            Self::Tagged(p) => p.push(text, out),
+            Self::Marked(p) => p.push(text, out),
             Self::Json(p) => p.text.push_str(text),
         }
     }
@@ -109,104 +162,8 @@ impl ToolCallParser {
     /// The end of the output: releases everything still held.
     pub fn finish(&mut self, out: &mut Vec<Piece>) {
         match self {
-            Self::Tagged(p) => p.finish(out),
+            Self::Marked(p) => p.finish(out),
             Self::Json(p) => p.finish(out),
-        }
-    }
-}
-
-/// The streaming state of [`ToolCallParser::Tagged`].
-#[derive(Debug)]
-pub struct TaggedCalls {
-    syntax: ToolSyntax,
-    /// Text not yet released: a possible tag start, held whitespace, or a
-    /// block's body so far.
-    buf: String,
-    /// Inside a `<tool_call>` block.
-    in_block: bool,
-    /// Leading whitespace is dropped (just after a block).
-    skip_space: bool,
-    /// A call was found: trailing whitespace at the end is dropped.
-    called: bool,
-    /// The whitespace before the open block: dropped if the block is a
-    /// call, given back if it is not.
-    space: String,
-}
-
-impl TaggedCalls {
-    fn new(syntax: ToolSyntax) -> Self {
-        Self {
-            syntax,
-            buf: String::new(),
-            in_block: false,
-            skip_space: false,
-            called: false,
-            space: String::new(),
-        }
-    }
-
-    fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
-        self.buf.push_str(text);
-        while self.step(out) {}
-    }
-
-    /// One move of the state machine; false when it needs more text.
-    fn step(&mut self, out: &mut Vec<Piece>) -> bool {
-        if self.skip_space {
-            let start = self.buf.len() - self.buf.trim_start().len();
-            self.buf.drain(..start);
-            if self.buf.is_empty() {
-                return false;
-            }
-            self.skip_space = false;
-        }
-        if self.in_block {
-            let Some(end) = self.buf.find(CALL_CLOSE) else {
-                return false;
-            };
-            let rest = self.buf.split_off(end + CALL_CLOSE.len());
-            let block = std::mem::replace(&mut self.buf, rest);
-            self.close_block(&block[..end], true, out);
-            return true;
-        }
-        if let Some(start) = self.buf.find(CALL_OPEN) {
-            let rest = self.buf.split_off(start + CALL_OPEN.len());
-            let before = std::mem::replace(&mut self.buf, rest);
-            let text = before[..start].trim_end();
-            push_content(out, text);
-            self.space = before[text.len()..start].to_owned();
-            self.in_block = true;
-            return true;
-        }
-        let cut = releasable(&self.buf, CALL_OPEN, true);
-        let rest = self.buf.split_off(cut);
-        push_content(out, &std::mem::replace(&mut self.buf, rest));
-        false
-    }
-
-    /// A block is complete (or the output ended inside one).
-    fn close_block(&mut self, body: &str, closed: bool, out: &mut Vec<Piece>) {
-        self.in_block = false;
-        let space = std::mem::take(&mut self.space);
-        match self.syntax.parse(body) {
-            Some(call) => {
-                self.called = true;
-                self.skip_space = true;
-                out.push(Piece::ToolCall(call));
-            }
-            None => {
-                let close = if closed { CALL_CLOSE } else { "" };
-                push_content(out, &format!("{space}{CALL_OPEN}{body}{close}"));
-            }
-        }
-    }
-
-    fn finish(&mut self, out: &mut Vec<Piece>) {
-        let buf = std::mem::take(&mut self.buf);
-        if self.in_block {
-            self.close_block(&buf, false, out);
-        } else if !(self.called && buf.trim().is_empty()) {
-            push_content(out, &buf);
         }
     }
 }
@@ -268,7 +225,7 @@ pub(crate) fn named_call(object: &Map<String, Value>, args_key: &str) -> Option<
 }
 
 /// Appends non-empty content.
-fn push_content(out: &mut Vec<Piece>, text: &str) {
+pub(crate) fn push_content(out: &mut Vec<Piece>, text: &str) {
     if !text.is_empty() {
         out.push(Piece::Content(text.to_owned()));
     }

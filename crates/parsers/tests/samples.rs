@@ -1,10 +1,13 @@
-//! The parsers on realistic model outputs, whole and streamed: every
-//! sample is also cut at every character boundary, and fed one character
-//! at a time, and must give the same message as the whole text (so no
-//! partial tag can leak into content).
+//! The Hermes, Qwen3-Coder, `<think>` and constrained-JSON parsers on
+//! realistic model outputs, whole and streamed: every sample is also cut
+//! at every character boundary, and fed 1, 2 and 3 characters at a time,
+//! and must give the same message as the whole text (so no partial tag can
+//! leak into content). The other families are in `families.rs`.
 
+mod common;
+
+use common::{call, some, Plain};
 use iris_parsers::qwen3_coder::ParamTypes;
-use iris_parsers::shaper::{gather, Shaped};
 use iris_parsers::{OutputShaper, Piece, ReasoningParser, ToolCallParser, ToolSyntax};
 use serde_json::json;
 
@@ -40,58 +43,9 @@ fn shaper(setup: Setup) -> OutputShaper {
     }
 }
 
-/// (content, reasoning, [(name, arguments)]) with the random ids left out.
-type Plain = (
-    Option<String>,
-    Option<String>,
-    Vec<(String, serde_json::Value)>,
-);
-
-fn plain(shaped: Shaped) -> Plain {
-    let calls = shaped
-        .tool_calls
-        .into_iter()
-        .map(|c| {
-            assert!(c.id.starts_with("call_"), "{}", c.id);
-            let args = serde_json::from_str(&c.arguments).expect("arguments are JSON");
-            (c.name, args)
-        })
-        .collect();
-    (shaped.content, shaped.reasoning, calls)
-}
-
-fn streamed(setup: Setup, deltas: &[&str]) -> Plain {
-    let mut s = shaper(setup);
-    let mut pieces: Vec<Piece> = Vec::new();
-    for d in deltas {
-        pieces.extend(s.push(d));
-    }
-    pieces.extend(s.finish());
-    plain(gather(pieces))
-}
-
-/// Checks the whole text against `expected`, then every way of streaming it.
+/// Checks `text` whole and streamed under `setup`.
 fn check(setup: Setup, text: &str, expected: Plain) {
-    assert_eq!(
-        plain(shaper(setup).shape(text)),
-        expected,
-        "whole: {text:?}"
-    );
-    for (cut, _) in text.char_indices().skip(1) {
-        let got = streamed(setup, &[&text[..cut], &text[cut..]]);
-        assert_eq!(got, expected, "cut at {cut}: {text:?}");
-    }
-    let chars: Vec<String> = text.chars().map(String::from).collect();
-    let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
-    assert_eq!(streamed(setup, &chars), expected, "char by char: {text:?}");
-}
-
-fn call(name: &str, args: serde_json::Value) -> (String, serde_json::Value) {
-    (name.to_owned(), args)
-}
-
-fn some(s: &str) -> Option<String> {
-    Some(s.to_owned())
+    common::check(&|| shaper(setup), text, expected);
 }
 
 #[test]

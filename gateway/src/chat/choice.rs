@@ -58,6 +58,15 @@ impl ChoiceText {
         }
     }
 
+    /// The same choice, keeping the special tokens `kept` in its text
+    /// (the output parsers' markers; other special tokens are dropped).
+    pub fn keeping(mut self, kept: &[u32]) -> Self {
+        if !kept.is_empty() {
+            self.decoder = IncrementalDecoder::keeping(self.tokenizer.clone(), &[], true, kept);
+        }
+        self
+    }
+
     /// A stream chunk's tokens. Sets [`Self::finish`] when a stop string
     /// matched; tokens after the end are dropped.
     pub fn push_chunk(
@@ -135,8 +144,8 @@ impl ChoiceText {
     fn push_whole(&mut self, ids: &[u32]) -> Result<Visible, ApiError> {
         self.completion_tokens += ids.len() as u32;
         let text = self
-            .tokenizer
-            .decode(ids, true)
+            .decoder
+            .decode_all(ids)
             .map_err(|e| ApiError::internal(format!("detokenization failed: {e}")))?;
         Ok(self.cut_at_stop(&text))
     }
@@ -241,6 +250,34 @@ mod tests {
         let after = choice.complete(&complete(all, "length")).expect("complete");
         assert_eq!(after, Visible::default());
         assert_eq!(choice.finish, Some(FinishReason::Stop));
+    }
+
+    #[test]
+    fn kept_special_tokens_stay_in_the_text_streamed_and_whole() {
+        let tok = tokenizer();
+        let all = ids(&tok, "<|im_start|>call<|vision_start|>x<|im_end|>");
+        let kept = [tok
+            .token_to_id("<|vision_start|>")
+            .expect("a special token")];
+        let mut streamed = ChoiceText::new(tok.clone(), vec![], false).keeping(&kept);
+        let mut text = String::new();
+        for id in &all {
+            text.push_str(&streamed.push_chunk(&[*id], None).expect("push").text);
+        }
+        text.push_str(
+            &streamed
+                .complete(&complete(all.clone(), "stop"))
+                .expect("end")
+                .text,
+        );
+        assert_eq!(text, "call<|vision_start|>x");
+        let mut whole = ChoiceText::new(tok.clone(), vec![], false).keeping(&kept);
+        let visible = whole.complete(&complete(all.clone(), "stop")).expect("end");
+        assert_eq!(visible.text, "call<|vision_start|>x");
+        // Without kept tokens every special token is dropped, as before.
+        let mut plain = ChoiceText::new(tok, vec![], false);
+        let visible = plain.complete(&complete(all, "stop")).expect("end");
+        assert_eq!(visible.text, "callx");
     }
 
     #[test]

@@ -61,6 +61,7 @@ fn choices(ready: &ReadyConversation) -> Vec<ChoiceText> {
         .map(|_| {
             let tokenizer = ready.served.prompter.tokenizer().clone();
             ChoiceText::new(tokenizer, ready.stop.clone(), ready.logprobs)
+                .keeping(ready.output.kept_tokens())
         })
         .collect()
 }

@@ -65,9 +65,11 @@ pub struct MessageText {
 
 impl MessageText {
     /// An answer cut at `stops`.
-    pub fn new(tokenizer: Arc<Tokenizer>, stops: Vec<String>) -> MessageText {
+    /// Special tokens are dropped from the text, except those in `kept`
+    /// (the output parsers' markers).
+    pub fn new(tokenizer: Arc<Tokenizer>, stops: Vec<String>, kept: &[u32]) -> MessageText {
         MessageText {
-            decoder: IncrementalDecoder::new(tokenizer, &[], true),
+            decoder: IncrementalDecoder::keeping(tokenizer, &[], true, kept),
             stops: StopMatcher::new(stops),
             completion_tokens: 0,
             chunked: false,
@@ -161,7 +163,7 @@ mod tests {
     fn a_stop_sequence_ends_the_answer_and_is_named() {
         let tok = tokenizer();
         let all = ids(&tok, "hello world and more");
-        let mut text = MessageText::new(tok, vec!["and".into(), "world".into()]);
+        let mut text = MessageText::new(tok, vec!["and".into(), "world".into()], &[]);
         let mut shown = String::new();
         for id in &all {
             shown.push_str(&text.push_chunk(&[*id]).expect("push"));
@@ -183,7 +185,7 @@ mod tests {
     fn the_workers_reason_ends_an_unstopped_answer() {
         let tok = tokenizer();
         let all = ids(&tok, "plain text here");
-        let mut text = MessageText::new(tok.clone(), vec![]);
+        let mut text = MessageText::new(tok.clone(), vec![], &[]);
         let shown = text
             .complete(&complete(all.clone(), "length"))
             .expect("complete");
@@ -191,7 +193,7 @@ mod tests {
         assert_eq!(text.finish, Some(StopReason::MaxTokens));
         assert_eq!(text.completion_tokens, all.len() as u32);
 
-        let mut text = MessageText::new(tok, vec![]);
+        let mut text = MessageText::new(tok, vec![], &[]);
         let shown = text.push_chunk(&all).expect("push");
         let rest = text.complete(&complete(all, "stop")).expect("complete");
         assert_eq!(format!("{shown}{rest}"), "plain text here");

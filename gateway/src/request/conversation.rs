@@ -119,7 +119,7 @@ impl Input for ChatCompletionRequest {
             .check_tokens(input_ids.len(), max_new_tokens)
             .map_err(client)?;
         let mut sampling = request.sampling();
-        let output = OutputPlan::new(served.parsers, &request, &mut sampling, &prompt_text);
+        let output = OutputPlan::new(&served.parsers, &request, &mut sampling, &prompt_text);
         let mut generate = generate_request(&ledger.id, input_ids, &sampling, request.is_stream());
         generate.mm_inputs = mm_inputs;
         ledger.prompt_tokens = generate

@@ -47,7 +47,8 @@ pub async fn respond(state: Arc<AppState>, ledger: Ledger, ready: ReadyResponse)
             model: conversation.served.name.clone(),
             context,
             generation,
-            text: ChoiceText::new(tokenizer.clone(), conversation.stop.clone(), false),
+            text: ChoiceText::new(tokenizer.clone(), conversation.stop.clone(), false)
+                .keeping(conversation.output.kept_tokens()),
             shaper: conversation.output.shaper(),
             tokenizer,
             output: Output::new(true),

@@ -1,0 +1,59 @@
+"""Family tool-call parsers through real processes: ``iris serve`` started
+with ``--tool-call-parser glm45`` / ``pythonic`` in front of the reference
+engine, which is made to write that family's call syntax with a ``regex``
+constraint (the engine's regex generator); the gateway must return the
+call as ``tool_calls`` (``finish_reason: "tool_calls"``), whole and
+streamed in the OpenAI delta shape (checked by ``test_tools.collect``), with
+GLM-4.5's values typed by the tool's schema and pythonic literals read as
+JSON.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import Processes, aggregated
+from test_tools import WEATHER, ask_calls
+
+# Each parser flag, the regex that makes the engine write one call in its
+# syntax (after some text where the syntax allows it), and the content
+# expected around the call.
+CASES = {
+    "glm45": (
+        'Checking\\.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n'
+        '<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>',
+        "Checking.",
+    ),
+    "pythonic": ('\\[get_weather\\(city="Paris", days=3\\)\\]', None),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def parser_deployment(request, model_dir, tmp_path_factory):
+    procs = Processes(tmp_path_factory.mktemp(f"logs-parser-{request.param}"))
+    dep = None
+    try:
+        dep = aggregated(procs, model_dir,
+                         gateway_args=("--tool-call-parser", request.param))
+        yield request.param, dep
+    finally:
+        if dep is not None:
+            dep.gateway.close_clients()
+        procs.stop_all()
+
+
+def test_the_family_syntax_becomes_tool_calls(parser_deployment):
+    parser, dep = parser_deployment
+    regex, expected_content = CASES[parser]
+    client, model = dep.gateway.client(), dep.gateway.model
+    messages = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
+    for stream in (False, True):
+        content, calls, finish = ask_calls(
+            client, model, messages, stream, tools=[WEATHER], max_tokens=400,
+            extra_body={"regex": regex})
+        assert (content or None) == expected_content, (parser, stream, content)
+        assert [(c["name"], json.loads(c["arguments"])) for c in calls] == \
+            [("get_weather", {"city": "Paris", "days": 3})], (parser, stream, calls)
+        assert finish == "tool_calls", (parser, stream, finish)

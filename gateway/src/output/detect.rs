@@ -1,0 +1,399 @@
+//! Which parsers a model gets with `auto`, from its directory: the chat
+//! template, the tokenizer's tokens (`tokenizer_config.json`), the
+//! `model_type` and `architectures` of `config.json` (and of its
+//! `text_config` / `llm_config`), and the directory's name.
+//!
+//! Tool calls — the first rule that matches:
+//!
+//! | Syntax | Marker in the template or the tokenizer's tokens | Else by `model_type` / architecture (when the template takes `tools`) |
+//! |---|---|---|
+//! | `qwen3_coder` | `<function=` (template only), or a Qwen3 whose directory name holds `coder` | |
+//! | `harmony` | `<\|channel\|>` | `gpt_oss` |
+//! | `glm45` | `<arg_key>` | `glm4_moe`, `glm4v_moe` |
+//! | `kimi_k2` | `<\|tool_calls_section_begin\|>` | `kimi_k2` |
+//! | `deepseek_v3` | `<｜tool▁calls▁begin｜>` | `deepseek_v3` |
+//! | `mistral` | `[TOOL_CALLS]` | `mistral`, `mistral3`, `pixtral` |
+//! | `internlm` | `<\|action_start\|>` | `internlm2` (also as InternVL's language model) |
+//! | `pythonic` | `<\|python_start\|>`, `func_name1(` | `llama4`, `gemma3`, `gemma3n` |
+//! | `llama3_json` | `<\|python_tag\|>` | `llama`, `mllama` |
+//! | `hermes` | `<tool_call>` | `qwen…` |
+//!
+//! Qwen3-Coder's row comes first; then the markers are looked for, over
+//! every row; a template that does
+//! not read `tools` gets `hermes` before the `model_type` column is
+//! consulted, because the gateway then puts its fallback tools block in
+//! the prompt, which asks for Hermes calls. A template that takes tools
+//! in no syntax of the table gets none (its calls stay text).
+//!
+//! Reasoning: `harmony` with the Harmony tool syntax (gpt-oss);
+//! `kimi` when `◁think▷` is there; `deepseek_r1` for a DeepSeek model
+//! (`deepseek_v3`, or `<｜Assistant｜>` in the template) whose directory
+//! name holds `r1`; `qwen3` (`<think>`, also GLM-4.5's and DeepSeek
+//! V3.1's) when the template mentions `<think>` or the directory name
+//! holds `thinking`; none otherwise.
+
+use iris_model::ModelDir;
+use serde_json::Value;
+
+use super::{ReasoningFormat, ToolFormat};
+
+/// What detection looks at.
+#[derive(Debug, Clone)]
+pub struct Clues<'a> {
+    template: &'a str,
+    /// The tokenizer config, serialised (its added and special tokens).
+    tokens: String,
+    /// `model_type` and `architectures` at the top of `config.json` and
+    /// in its language-model section, lowercased.
+    models: Vec<String>,
+    /// The directory's name, lowercased.
+    name: String,
+}
+
+impl<'a> Clues<'a> {
+    /// The clues of `dir` served with `template`.
+    pub fn new(dir: &ModelDir, template: &'a str) -> Self {
+        let raw = &dir.config.raw;
+        let sections = [Some(raw), raw.get("text_config"), raw.get("llm_config")];
+        let mut models = vec![dir.config.model_type.to_lowercase()];
+        for section in sections.into_iter().flatten() {
+            if let Some(t) = section.get("model_type").and_then(Value::as_str) {
+                models.push(t.to_lowercase());
+            }
+            let archs = section.get("architectures").and_then(Value::as_array);
+            for a in archs.into_iter().flatten().filter_map(Value::as_str) {
+                models.push(a.to_lowercase());
+            }
+        }
+        let tokens = match &dir.tokenizer_config.raw {
+            Value::Null => String::new(),
+            raw => raw.to_string(),
+        };
+        let name = dir
+            .root
+            .file_name()
+            .map(|n| n.to_string_lossy().to_lowercase())
+            .unwrap_or_default();
+        Self {
+            template,
+            tokens,
+            models,
+            name,
+        }
+    }
+
+    /// A marker in the template or among the tokenizer's tokens.
+    fn has(&self, marker: &str) -> bool {
+        self.template.contains(marker) || self.tokens.contains(marker)
+    }
+
+    /// A `model_type` or architecture starting with one of `prefixes`.
+    fn model(&self, prefixes: &[&str]) -> bool {
+        self.models
+            .iter()
+            .any(|m| prefixes.iter().any(|p| m.starts_with(p)))
+    }
+}
+
+/// One row of the tool-syntax table.
+struct Row {
+    format: ToolFormat,
+    markers: &'static [&'static str],
+    models: &'static [&'static str],
+}
+
+/// The table of the module docs, in order (Qwen3-Coder's rows are
+/// special and handled in [`tools`]).
+const ROWS: &[Row] = &[
+    Row {
+        format: ToolFormat::Harmony,
+        markers: &["<|channel|>"],
+        models: &["gpt_oss"],
+    },
+    Row {
+        format: ToolFormat::Glm45,
+        markers: &["<arg_key>"],
+        models: &["glm4_moe", "glm4v_moe"],
+    },
+    Row {
+        format: ToolFormat::KimiK2,
+        markers: &["<|tool_calls_section_begin|>"],
+        models: &["kimi_k2"],
+    },
+    Row {
+        format: ToolFormat::DeepSeekV3,
+        markers: &["<｜tool▁calls▁begin｜>"],
+        models: &["deepseek_v3"],
+    },
+    Row {
+        format: ToolFormat::Mistral,
+        markers: &["[TOOL_CALLS]"],
+        models: &["mistral", "pixtral"],
+    },
+    Row {
+        format: ToolFormat::InternLm,
+        markers: &["<|action_start|>"],
+        models: &["internlm2"],
+    },
+    Row {
+        format: ToolFormat::Pythonic,
+        markers: &["<|python_start|>", "func_name1("],
+        models: &["llama4", "gemma3"],
+    },
+    Row {
+        format: ToolFormat::Llama3Json,
+        markers: &["<|python_tag|>"],
+        models: &["llama", "mllama"],
+    },
+    Row {
+        format: ToolFormat::Hermes,
+        markers: &["<tool_call>"],
+        models: &["qwen"],
+    },
+];
+
+/// The tool-call syntax `auto` picks.
+pub fn tools(clues: &Clues) -> Option<ToolFormat> {
+    let coder = clues.model(&["qwen3"]) && clues.name.contains("coder");
+    if clues.template.contains("<function=") || coder {
+        return Some(ToolFormat::Qwen3Coder);
+    }
+    if let Some(row) = ROWS
+        .iter()
+        .find(|row| row.markers.iter().any(|m| clues.has(m)))
+    {
+        return Some(row.format);
+    }
+    if !clues.template.contains("tools") {
+        return Some(ToolFormat::Hermes);
+    }
+    ROWS.iter()
+        .find(|row| clues.model(row.models))
+        .map(|row| row.format)
+}
+
+/// The reasoning markup `auto` picks, given the tool syntax.
+pub fn reasoning(clues: &Clues, tools: Option<ToolFormat>) -> Option<ReasoningFormat> {
+    if tools == Some(ToolFormat::Harmony) || clues.model(&["gpt_oss"]) {
+        return Some(ReasoningFormat::Harmony);
+    }
+    if clues.has("◁think▷") {
+        return Some(ReasoningFormat::Kimi);
+    }
+    let deepseek = clues.model(&["deepseek_v3"]) || clues.template.contains("<｜Assistant｜>");
+    if deepseek && clues.name.contains("r1") {
+        return Some(ReasoningFormat::DeepSeekR1);
+    }
+    (clues.template.contains("<think>") || clues.name.contains("thinking"))
+        .then_some(ReasoningFormat::Think)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{OutputParsers, ReasoningParserFlag, ToolParserFlag};
+    use super::*;
+    use serde_json::json;
+
+    /// A model directory `name` with these `config.json` and
+    /// `tokenizer_config.json` (added tokens given by their contents).
+    fn model_dir(name: &str, config: Value, tokens: &[&str]) -> (tempfile::TempDir, ModelDir) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join(name);
+        std::fs::create_dir(&path).expect("mkdir");
+        let added: serde_json::Map<String, Value> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                (
+                    (1000 + i).to_string(),
+                    json!({"content": t, "special": true}),
+                )
+            })
+            .collect();
+        let write = |file: &str, value: Value| {
+            std::fs::write(path.join(file), value.to_string()).expect("write");
+        };
+        write("config.json", config);
+        write(
+            "tokenizer_config.json",
+            json!({"added_tokens_decoder": added}),
+        );
+        let dir = ModelDir::load(&path).expect("model dir");
+        (tmp, dir)
+    }
+
+    /// What `auto` picks for both parsers.
+    type Picked = (Option<ToolFormat>, Option<ReasoningFormat>);
+
+    /// A model directory's name, `config.json`, special tokens and
+    /// template, and what `auto` must pick for it.
+    type Case = (&'static str, Value, &'static [&'static str], String, Picked);
+
+    /// `auto` for both parsers.
+    fn auto(name: &str, config: Value, tokens: &[&str], template: &str) -> Picked {
+        let (_tmp, dir) = model_dir(name, config, tokens);
+        let p = OutputParsers::choose(
+            ToolParserFlag::Auto,
+            ReasoningParserFlag::Auto,
+            &dir,
+            template,
+        );
+        (p.tools, p.reasoning)
+    }
+
+    const TOOLS: &str = "{% if tools %}{{ tools | tojson }}{% endif %}";
+
+    #[test]
+    fn families_by_their_markers() {
+        use ReasoningFormat as R;
+        use ToolFormat as T;
+        let cases: &[Case] = &[
+            (
+                "gpt-oss-20b",
+                json!({"model_type": "gpt_oss"}),
+                &["<|start|>", "<|channel|>", "<|message|>"],
+                TOOLS.into(),
+                (Some(T::Harmony), Some(R::Harmony)),
+            ),
+            (
+                "GLM-4.5-Air",
+                json!({"model_type": "glm4_moe"}),
+                &["<tool_call>", "<arg_key>"],
+                format!("{TOOLS}<think></think>"),
+                (Some(T::Glm45), Some(R::Think)),
+            ),
+            (
+                "Kimi-K2-Instruct",
+                json!({"model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"]}),
+                &["<|tool_calls_section_begin|>"],
+                TOOLS.into(),
+                (Some(T::KimiK2), None),
+            ),
+            (
+                "DeepSeek-R1-0528",
+                json!({"model_type": "deepseek_v3"}),
+                &["<｜tool▁calls▁begin｜>"],
+                format!("{TOOLS}<｜Assistant｜><think>\n"),
+                (Some(T::DeepSeekV3), Some(R::DeepSeekR1)),
+            ),
+            (
+                "DeepSeek-V3.1",
+                json!({"model_type": "deepseek_v3"}),
+                &["<｜tool▁calls▁begin｜>"],
+                format!("{TOOLS}<｜Assistant｜><think>"),
+                (Some(T::DeepSeekV3), Some(R::Think)),
+            ),
+            (
+                "Mistral-Small-3.2-24B-Instruct-2506",
+                json!({"model_type": "mistral3"}),
+                &["[TOOL_CALLS]", "[ARGS]"],
+                TOOLS.into(),
+                (Some(T::Mistral), None),
+            ),
+            (
+                "internlm2_5-7b-chat",
+                json!({"model_type": "internlm2"}),
+                &["<|action_start|>", "<|plugin|>"],
+                TOOLS.into(),
+                (Some(T::InternLm), None),
+            ),
+            (
+                "Llama-3.1-8B-Instruct",
+                json!({"model_type": "llama"}),
+                &["<|python_tag|>", "<|eot_id|>"],
+                TOOLS.into(),
+                (Some(T::Llama3Json), None),
+            ),
+            (
+                "Llama-4-Scout-17B-16E-Instruct",
+                json!({"model_type": "llama4"}),
+                &["<|python_start|>", "<|python_end|>"],
+                TOOLS.into(),
+                (Some(T::Pythonic), None),
+            ),
+            (
+                "Kimi-VL-A3B-Thinking",
+                json!({"model_type": "kimi_vl"}),
+                &[],
+                "◁think▷".into(),
+                (Some(T::Hermes), Some(R::Kimi)),
+            ),
+            (
+                "Qwen3-VL-8B-Thinking",
+                json!({"model_type": "qwen3_vl"}),
+                &["<tool_call>", "<think>"],
+                format!("{TOOLS}<tool_call>"),
+                (Some(T::Hermes), Some(R::Think)),
+            ),
+        ];
+        for (name, config, tokens, template, expected) in cases {
+            assert_eq!(
+                auto(name, config.clone(), tokens, template),
+                *expected,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn families_by_model_type_when_the_template_takes_tools() {
+        use ToolFormat as T;
+        let internvl = json!({"model_type": "internvl_chat",
+            "llm_config": {"architectures": ["InternLM2ForCausalLM"]}});
+        assert_eq!(
+            auto("InternVL2_5-8B", internvl, &[], TOOLS).0,
+            Some(T::InternLm)
+        );
+        let gemma = json!({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"}});
+        assert_eq!(
+            auto("gemma-3-4b-it", gemma.clone(), &[], TOOLS).0,
+            Some(T::Pythonic)
+        );
+        // Gemma's own template takes no tools: the fallback block asks for
+        // Hermes calls.
+        assert_eq!(
+            auto("gemma-3-4b-it", gemma, &[], "{{ messages }}").0,
+            Some(T::Hermes)
+        );
+        let coder = json!({"model_type": "qwen3_moe"});
+        assert_eq!(
+            auto(
+                "Qwen3-Coder-30B-A3B-Instruct",
+                coder,
+                &["<tool_call>"],
+                TOOLS
+            )
+            .0,
+            Some(T::Qwen3Coder)
+        );
+        // A template that takes tools in a syntax we do not know: none.
+        let phi = json!({"model_type": "phi3"});
+        assert_eq!(auto("Phi-3.5-mini", phi, &[], TOOLS), (None, None));
+    }
+
+    #[test]
+    fn an_explicit_flag_always_wins() {
+        let (_tmp, dir) = model_dir(
+            "gpt-oss-20b",
+            json!({"model_type": "gpt_oss"}),
+            &["<|channel|>"],
+        );
+        let p = OutputParsers::choose(
+            ToolParserFlag::Mistral,
+            ReasoningParserFlag::None,
+            &dir,
+            TOOLS,
+        );
+        assert_eq!((p.tools, p.reasoning), (Some(ToolFormat::Mistral), None));
+        let p = OutputParsers::choose(
+            ToolParserFlag::Gemma,
+            ReasoningParserFlag::Kimi,
+            &dir,
+            TOOLS,
+        );
+        assert_eq!(
+            (p.tools, p.reasoning),
+            (Some(ToolFormat::Pythonic), Some(ReasoningFormat::Kimi))
+        );
+    }
+}
