@@ -55,6 +55,67 @@ async fn aggregated_chat_streams_and_completes_the_same_text() {
     );
 }
 
+/// The response head waits for the first token up to the hold: a quick
+/// answer's first body chunk carries the role chunk and a token; a slow
+/// one's head arrives long before its first token, which brings the role
+/// chunk with it.
+#[tokio::test]
+async fn stream_head_waits_for_the_first_token_up_to_the_hold() {
+    let model = tiny_model();
+    let quick = engine(&model, Role::Aggregated, 0).await;
+    let gw = aggregated(&model, &[&quick], &[]).await;
+    ready(&gw).await;
+    let body = chat_body(&model.name, "Hello there", 4, true);
+    let first = first_body_chunk(&gw, &body).await.1;
+    assert!(first.contains("\"role\":\"assistant\""), "{first}");
+    assert!(
+        first.contains("\"content\":\"") && first.matches("data: ").count() >= 2,
+        "{first}"
+    );
+
+    // ~40 prompt tokens at 25 ms each: a first token a second away.
+    let mut args = engine_args(&model, Role::Aggregated, 0);
+    args.prefill_us_per_token = 25_000;
+    let slow = iris_engine::start(args).await.expect("engine starts");
+    let gw = aggregated(&model, &[&slow], &[]).await;
+    ready(&gw).await;
+    let (head_after, first, first_after) = first_body_chunk(&gw, &body).await;
+    assert!(
+        first_after >= head_after + Duration::from_millis(300),
+        "head at {head_after:?}, first chunk at {first_after:?}"
+    );
+    assert!(first.contains("\"role\":\"assistant\""), "{first}");
+    assert!(
+        first.contains("\"content\":\""),
+        "the role chunk waits for the first token: {first}"
+    );
+}
+
+/// Streams `body`: when the head came, the first body chunk, when it came.
+async fn first_body_chunk(
+    gw: &iris_gateway::RunningGateway,
+    body: &Value,
+) -> (Duration, String, Duration) {
+    let sent = Instant::now();
+    let resp = reqwest::Client::new()
+        .post(url(gw, "/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    let head_after = sent.elapsed();
+    let mut chunks = resp.bytes_stream();
+    let first = chunks.next().await.expect("a chunk").expect("bytes");
+    let first_after = sent.elapsed();
+    while chunks.next().await.is_some() {}
+    (
+        head_after,
+        String::from_utf8_lossy(&first).into_owned(),
+        first_after,
+    )
+}
+
 #[tokio::test]
 async fn prefill_decode_answers_like_aggregated() {
     let model = tiny_model();

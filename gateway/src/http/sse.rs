@@ -6,16 +6,23 @@
 //! `decode` stages, and records the request once: when it ends, when it
 //! fails, or when its client goes away (the body is dropped: status 499,
 //! and dropping the events aborts the workers).
+//!
+//! The response head waits for the answer's first token (or its end, or
+//! its error) for up to [`HEAD_HOLD`], so that a quick answer's head, its
+//! opening chunks and its first tokens leave in one write rather than
+//! three; a slower answer's head goes out when the hold ends, and its
+//! opening chunks follow with the first token.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
 use iris_openai::sse;
 use iris_openai::ApiError;
 use tokio_util::sync::WaitForCancellationFutureOwned;
@@ -24,6 +31,10 @@ use super::record::CLIENT_CLOSED;
 use super::{refused, shutting_down, Failure, Ledger};
 use crate::metrics::{Outcome, Stage};
 use crate::server::AppState;
+
+/// How long the response head waits for the first token before it goes
+/// out alone.
+pub const HEAD_HOLD: Duration = Duration::from_millis(50);
 
 /// How one endpoint turns its workers' messages into SSE chunks.
 pub trait Events: Send + 'static {
@@ -104,7 +115,7 @@ where
     ledger.metrics.stage(Stage::Dispatch, dispatch.elapsed());
     let stopped = Box::pin(state.hard_stop.clone().cancelled_owned());
     // Boxed: each chunk's future then moves a pointer, not the state.
-    let stream = Box::new(Stream {
+    let mut stream = Box::new(Stream {
         state,
         ledger,
         events,
@@ -113,10 +124,17 @@ where
         deadline: Box::pin(tokio::time::sleep_until(deadline)),
         stopped,
     });
-    let body = Body::from_stream(futures::stream::unfold(stream, |mut s| async move {
-        let bytes = s.next_bytes().await?;
-        Some((Ok::<Bytes, std::convert::Infallible>(bytes), s))
-    }));
+    let mut first = Box::pin(async move {
+        let bytes = stream.first_bytes().await;
+        (stream, bytes)
+    });
+    let body = tokio::select! {
+        biased;
+        (stream, bytes) = &mut first => Body::from_stream(after(bytes, stream)),
+        _ = tokio::time::sleep(HEAD_HOLD) => Body::from_stream(
+            futures::stream::once(first).flat_map(|(stream, bytes)| after(bytes, stream)),
+        ),
+    };
     (
         [
             (header::CONTENT_TYPE, "text/event-stream"),
@@ -127,11 +145,26 @@ where
         .into_response()
 }
 
+/// The body: `first`, then the rest of `stream`'s bytes.
+fn after<E: Events>(
+    first: Bytes,
+    stream: Box<Stream<E>>,
+) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send {
+    let rest = futures::stream::unfold(stream, |mut s| async move {
+        let bytes = s.next_bytes().await?;
+        Some((bytes, s))
+    });
+    futures::stream::once(std::future::ready(first))
+        .chain(rest)
+        .map(Ok)
+}
+
 /// Where the stream is.
 #[derive(PartialEq, Eq)]
 enum Phase {
     /// [`Events::open`] is next.
     Start,
+    /// The workers' messages are next.
     Tokens,
     Done,
 }
@@ -158,17 +191,28 @@ enum Woken<T> {
 }
 
 impl<E: Events> Stream<E> {
+    /// The opening chunks and what the workers' messages produce, up to
+    /// the first that writes something (the first token, the end or an
+    /// error).
+    async fn first_bytes(&mut self) -> Bytes {
+        let mut out = BytesMut::with_capacity(512);
+        self.phase = Phase::Tokens;
+        self.events.open(&mut out);
+        let opened = out.len();
+        while out.len() == opened && self.phase == Phase::Tokens {
+            self.step(&mut out).await;
+        }
+        out.freeze()
+    }
+
     /// The next bytes to send, or `None` when the stream is over.
     async fn next_bytes(&mut self) -> Option<Bytes> {
-        let mut out = BytesMut::with_capacity(256);
         match self.phase {
             Phase::Done => return None,
-            Phase::Start => {
-                self.phase = Phase::Tokens;
-                self.events.open(&mut out);
-            }
+            Phase::Start => return Some(self.first_bytes().await),
             Phase::Tokens => {}
         }
+        let mut out = BytesMut::with_capacity(256);
         while out.is_empty() && self.phase == Phase::Tokens {
             self.step(&mut out).await;
         }
