@@ -141,6 +141,19 @@ fn string_field(body: &Map<String, Value>, name: &str) -> Result<Option<String>,
     }
 }
 
+/// The port field `name` of `body`, if present (1 to 65535).
+fn port_field(body: &Map<String, Value>, name: &str) -> Result<Option<u16>, ApiError> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(port) => port
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0)
+            .map(Some)
+            .ok_or_else(|| bad_field(name, format!("{port} is not a port"))),
+    }
+}
+
 fn parse_role(text: &str) -> Result<Role, ApiError> {
     [Role::Aggregated, Role::Prefill, Role::Decode, Role::Encode]
         .into_iter()
@@ -172,15 +185,7 @@ impl AddRequest {
         }
         let url = string_field(&body, "url")?.ok_or_else(|| bad_field("url", "required"))?;
         let mut url = WorkerUrl::parse(&url).map_err(|why| bad_field("url", why))?;
-        url.bootstrap_port = match body.get("bootstrap_port") {
-            None | Some(Value::Null) => None,
-            Some(port) => Some(
-                port.as_u64()
-                    .and_then(|p| u16::try_from(p).ok())
-                    .filter(|p| *p != 0)
-                    .ok_or_else(|| bad_field("bootstrap_port", format!("{port} is not a port")))?,
-            ),
-        };
+        url.bootstrap_port = port_field(&body, "bootstrap_port")?;
         let role = string_field(&body, "role")?
             .map(|r| parse_role(&r))
             .transpose()?;
