@@ -5,7 +5,8 @@
 //! GetModelInfo matches (each bad field named, an unknown model, a
 //! duplicate address, a worker of another model or none at all
 //! refused), drained while a stream runs on them (it finishes; then they
-//! leave), deleted, and counted.
+//! leave), deleted, and counted; with two models, each added worker goes
+//! to the model it names and only if it serves that model.
 
 mod common;
 
@@ -14,6 +15,7 @@ use std::time::Duration;
 use common::*;
 use iris_engine::{Role, RunningEngine};
 use iris_gateway::RunningGateway;
+use iris_model::tiny::Family;
 use serde_json::{json, Value};
 
 /// An admin request: `method` on `path` of `base` (with `token`); (status, JSON).
@@ -195,11 +197,8 @@ async fn an_open_admin_api_off_loopback_stops_the_start() {
 
 /// A tiny model of another family (another vocabulary) and its engine.
 async fn other_family_engine() -> (tempfile::TempDir, RunningEngine) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    iris_model::tiny::write_tiny_model(dir.path(), iris_model::tiny::Family::Gemma3)
-        .expect("tiny model");
-    let args = iris_testkit::args::engine_args(dir.path(), Role::Aggregated.as_str(), &[]);
-    let engine = iris_engine::start(args).await.expect("engine starts");
+    let dir = family_model(Family::Gemma3);
+    let engine = engine_over(dir.path()).await;
     (dir, engine)
 }
 
@@ -399,4 +398,64 @@ async fn a_worker_is_added_the_old_one_drained_under_a_stream_then_deleted() {
             "iris_admin_worker_changes_total{action=\"delete\",result=\"rejected\"} 1",
         ],
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_two_models_a_worker_joins_the_model_it_serves() {
+    let (qwen_dir, gemma_dir) = (family_model(Family::Qwen2Vl), family_model(Family::Gemma3));
+    let (qwen, gemma, spare) = tokio::join!(
+        engine_over(qwen_dir.path()),
+        engine_over(gemma_dir.path()),
+        engine_over(gemma_dir.path())
+    );
+    let config = tempfile::Builder::new()
+        .suffix(".toml")
+        .tempfile()
+        .expect("config file");
+    let tables = [
+        model_table("qwen", &[], qwen_dir.path(), &qwen),
+        model_table("gemma", &["g"], gemma_dir.path(), &gemma),
+    ];
+    std::fs::write(config.path(), tables.concat()).expect("write config");
+    let gw = gateway_over(config.path()).await;
+    ready(&gw).await;
+    let spare_url = grpc(spare.grpc_addr);
+    let (status, answer) = add(&gw, json!({"url": spare_url})).await;
+    assert_eq!(status, 400, "two models: {answer}");
+    assert_eq!(answer["error"]["param"], "model");
+    let (status, answer) = add(&gw, json!({"url": spare_url, "model": "qwen"})).await;
+    assert_eq!(status, 502, "a gemma worker for qwen: {answer}");
+    // By an alias; its model's one pool takes it without a role.
+    let (status, answer) = add(&gw, json!({"url": spare_url, "model": "g"})).await;
+    assert_eq!(status, 201, "{answer}");
+    assert_eq!(answer["worker"]["model"], "gemma");
+    let listed = workers(&gw).await;
+    let models: Vec<(&str, &str)> = listed
+        .iter()
+        .map(|w| {
+            (
+                w["model"].as_str().unwrap_or(""),
+                w["url"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    let (qwen_url, gemma_url) = (grpc(qwen.grpc_addr), grpc(gemma.grpc_addr));
+    assert_eq!(
+        models,
+        [
+            ("qwen", qwen_url.as_str()),
+            ("gemma", gemma_url.as_str()),
+            ("gemma", spare_url.as_str())
+        ]
+    );
+    // The configured gemma worker drains away; the added one serves gemma.
+    let gemma_id = entry_of(&listed, &gemma).expect("listed")["id"].clone();
+    let path = format!("/admin/workers/{gemma_id}/drain");
+    let (status, _) = admin(&base(&gw), reqwest::Method::POST, &path, None, None).await;
+    assert_eq!(status, 202);
+    for _ in 0..3 {
+        let (status, answer) = post_json(&gw, &chat_body("gemma", "hi", 2, false)).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    assert_eq!(started_on(&gw, &spare).await, 3);
 }
