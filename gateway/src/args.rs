@@ -219,6 +219,13 @@ pub struct ServeArgs {
     /// /readiness are answered on both); unset: /metrics on the HTTP port.
     #[arg(long, env = "IRIS_METRICS_PORT")]
     pub metrics_port: Option<u16>,
+    /// File holding the admin API's token: every admin request
+    /// (`/admin/reload`, `/admin/workers`, served on the --metrics-port
+    /// listener, else the HTTP port) must send `Authorization: Bearer
+    /// <token>`. Unset: the admin API is open, and --host must be a
+    /// loopback address.
+    #[arg(long, env = "IRIS_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub media: MediaArgs,
     #[command(flatten)]
@@ -495,6 +502,11 @@ pub struct DiscoveryArgs {
     /// `leaderworkerset.sigs.k8s.io/worker-index=0`.
     #[arg(long, env = "IRIS_LWS_LEADERS_ONLY")]
     pub lws_leaders_only: bool,
+    /// A label key a discovered pod must also carry with the name of the
+    /// model it serves as value (its served name: a configuration file
+    /// model's `id`), so one selector per role finds every model's pods.
+    #[arg(long, env = "IRIS_SERVICE_DISCOVERY_MODEL_LABEL")]
+    pub service_discovery_model_label: Option<String>,
 }
 
 /// `--mm-encoder-input-dtype`.

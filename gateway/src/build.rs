@@ -23,6 +23,7 @@ use crate::router::{Mode, Router, RouterSettings};
 use crate::served::Served;
 use crate::transport::Lanes;
 use crate::workers::health::{self, HealthSettings};
+use crate::workers::identity::ModelIdentity;
 use crate::workers::policy::{LoadBounds, PolicyKind};
 use crate::workers::worker::Connect;
 use crate::workers::{Pool, Role, Worker, WorkerUrl};
@@ -47,6 +48,7 @@ pub struct Loaded {
     media: Option<Arc<Multimodal>>,
     mode: Mode,
     kv: Arc<KvCaches>,
+    identity: ModelIdentity,
 }
 
 impl Loaded {
@@ -98,6 +100,10 @@ impl Loaded {
         let kv = Arc::new(KvCaches::default());
         let mode = build_mode(&spec.topology, connect, router, &kv)?;
         log_policies(&name, &spec.topology);
+        let identity = ModelIdentity {
+            model_type: dir.config.model_type.clone(),
+            vocab_size: prompter.vocab_size(),
+        };
         Ok(Loaded {
             spec: spec.clone(),
             name,
@@ -106,6 +112,7 @@ impl Loaded {
             media,
             mode,
             kv,
+            identity,
         })
     }
 
@@ -144,10 +151,12 @@ impl Builder {
             media,
             mode,
             kv,
+            identity,
         } = loaded;
         let stop = self.shutdown.child_token();
         if let Some(discovery) = &spec.discovery {
             discovery
+                .for_model(&name)
                 .start(&mode.pools(), self.connect.clone(), stop.clone())
                 .await?;
         }
@@ -168,6 +177,7 @@ impl Builder {
             parsers,
             router: Arc::new(router),
             kv,
+            identity,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())

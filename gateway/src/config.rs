@@ -67,6 +67,9 @@ pub struct Config {
     pub models: Vec<ModelSpec>,
     /// How workers are reached (connect timeout, auth token).
     pub connect: Connect,
+    /// The admin API's token (`--admin-token-file`); `None`: open, on a
+    /// loopback listener only.
+    pub admin_token: Option<AuthToken>,
     pub health: HealthSettings,
     pub router: RouterSettings,
     /// Whole-request deadline.
@@ -227,6 +230,7 @@ impl Config {
                 token: AuthToken::load(args.worker_auth_token_file.as_deref())
                     .map_err(|e| ConfigError::new(format!("--worker-auth-token-file: {e:#}")))?,
             },
+            admin_token: admin_token(args)?,
             health: health(args)?,
             router: RouterSettings {
                 max_retries: args.max_retries,
@@ -358,6 +362,31 @@ fn listen(args: &ServeArgs, conn: &ConnArgs) -> Result<ListenConfig, ConfigError
         keep_alive,
         max_requests_per_connection: conn.max_requests_per_connection,
     })
+}
+
+/// The admin token of `--admin-token-file`; without one the admin routes
+/// are open, which only a loopback `--host` allows (they share its address
+/// whether on the API or the metrics port).
+fn admin_token(args: &ServeArgs) -> Result<Option<AuthToken>, ConfigError> {
+    let token = AuthToken::load(args.admin_token_file.as_deref())
+        .map_err(|e| ConfigError::new(format!("--admin-token-file: {e:#}")))?;
+    ensure(token.is_some() || is_loopback(&args.host), || {
+        format!(
+            "--host {} is not a loopback address, so the admin API (/admin/reload, /admin/workers on the {} port) needs a token: give --admin-token-file FILE, or bind --host 127.0.0.1",
+            args.host,
+            if args.metrics_port.is_some() { "--metrics-port" } else { "HTTP" }
+        )
+    })?;
+    Ok(token)
+}
+
+/// Whether `host` names only this machine (`localhost` or a loopback IP).
+fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn health(args: &ServeArgs) -> Result<HealthSettings, ConfigError> {
@@ -544,9 +573,24 @@ pub fn discovery(args: &DiscoveryArgs) -> Result<Option<Discovery>, ConfigError>
     ensure(!roles.is_empty(), || {
         "--service-discovery needs a label selector: --selector, or --encode-selector, --prefill-selector and --decode-selector".into()
     })?;
+    let model_label = args
+        .service_discovery_model_label
+        .as_deref()
+        .map(|key| {
+            Selector::parse(&[format!("{key}=model")])
+                .map(|_| key.trim().to_owned())
+                .map_err(|_| {
+                    ConfigError::new(format!(
+                        "--service-discovery-model-label {key:?} is not a label key"
+                    ))
+                })
+        })
+        .transpose()?;
     Ok(Some(Discovery {
         namespace: args.service_discovery_namespace.clone(),
         roles,
+        model_label,
+        model: None,
         rules: PodRules {
             default_port: args.service_discovery_port,
             leaders_only: args.lws_leaders_only,

@@ -17,7 +17,8 @@
 //! picks how each item's pixels reach the worker that takes them — an
 //! encoder, or an aggregated or PD prefill worker inside its Generate
 //! request (inline, shm or RDMA); `server` wires it to axum behind the
-//! connection limits of `listen`; [`config`] is the command line
+//! connection limits of `listen`, with the `admin` API (reload, workers
+//! added, drained and removed at run time); [`config`] is the command line
 //! ([`args`]) validated once at start-up.
 //!
 //! The `iris` command line (and `iris demo`, which runs every role in one
@@ -34,6 +35,7 @@ pub mod args;
 pub mod backends;
 pub mod config;
 
+mod admin;
 mod build;
 mod chat;
 mod completions;

@@ -21,6 +21,7 @@ use iris_openai::{ApiError, ErrorKind};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::Authorized;
 use crate::build::{drain, Builder};
 use crate::config::file::{self, Source};
 use crate::http::error_response;
@@ -216,8 +217,9 @@ pub fn on_hangup(state: &Arc<AppState>, shutdown: CancellationToken) {
 }
 
 /// `POST /admin/reload`: 200 with the [`Report`], 400 naming what is
-/// wrong with the file (nothing changes), 409 without `--config`.
-pub async fn admin_reload(State(state): State<Arc<AppState>>) -> Response {
+/// wrong with the file (nothing changes), 409 without `--config` (401
+/// without the admin token, [`Authorized`]).
+pub async fn admin_reload(_: Authorized, State(state): State<Arc<AppState>>) -> Response {
     let Some(reloader) = &state.reloader else {
         let message = "this gateway was started without --config: there is no file to reload";
         let error =

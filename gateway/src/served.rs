@@ -22,6 +22,7 @@ use crate::mm::Multimodal;
 use crate::output::OutputParsers;
 use crate::prompt::Prompter;
 use crate::router::Router;
+use crate::workers::identity::ModelIdentity;
 
 /// One model's bundle.
 pub struct Served {
@@ -42,6 +43,8 @@ pub struct Served {
     pub metrics: Arc<Metrics>,
     /// Its workers' prefix caches, from their KV events.
     pub kv: Arc<KvCaches>,
+    /// What a worker's GetModelInfo must report to join its pools.
+    pub identity: ModelIdentity,
     /// When it started being served (Unix seconds, `/v1/models`).
     pub created: u64,
     /// Stops its health checks, KV subscriptions and discovery (a child of

@@ -1,7 +1,8 @@
 //! `iris serve`: builds the worker pools, the router and the prompt
 //! pipeline from the options, and serves the HTTP API (axum routes behind
-//! the connection limits of [`crate::listen`]), with `/metrics` on its own
-//! port when `--metrics-port` is set.
+//! the connection limits of [`crate::listen`]), with `/metrics` and the
+//! admin API ([`crate::admin`]) on their own port when `--metrics-port` is
+//! set.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use iris_openai::{ApiError, ErrorKind};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::Admin;
 use crate::args::ServeArgs;
 use crate::build::{Builder, Loaded};
 use crate::chat::Chat;
@@ -38,6 +40,8 @@ pub struct AppState {
     pub models: Registry,
     /// Re-reads the configuration file (`None` without `--config`).
     pub reloader: Option<Reloader>,
+    /// The admin API's token, settings and counters.
+    pub admin: Admin,
     pub metrics: Arc<Metrics>,
     pub request_timeout: Duration,
     pub max_payload: usize,
@@ -142,6 +146,12 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         connection_stats.push(("metrics", metrics_stats.clone()));
     }
     let patience = config.request_timeout + config.shutdown_grace;
+    let admin = Admin::new(
+        config.admin_token.clone(),
+        config.connect.clone(),
+        config.health,
+        patience,
+    );
     let reloader = config
         .file
         .clone()
@@ -149,6 +159,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     let state = Arc::new(AppState {
         models: Registry::new(Models::new(served)?),
         reloader,
+        admin,
         metrics: Arc::new(Metrics::new("")),
         request_timeout: config.request_timeout,
         max_payload: config.max_payload_bytes,
@@ -173,11 +184,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     };
     let api = crate::listen::serve(
         listener,
-        routes(
-            state.clone(),
-            metrics_listener.is_none(),
-            metrics_listener.is_none() && addr.ip().is_loopback(),
-        ),
+        routes(state.clone(), metrics_listener.is_none()),
         limits.clone(),
         api_stats,
         stop.clone(),
@@ -308,34 +315,45 @@ fn metrics_route() -> Route {
     ("GET", "/metrics", get(metrics))
 }
 
-/// `POST /admin/reload`: re-reads the configuration file.
-fn reload_route() -> Route {
-    ("POST", "/admin/reload", post(crate::reload::admin_reload))
+/// The admin API ([`crate::admin`]; each handler checks the token).
+fn admin_routes() -> Vec<Route> {
+    use crate::admin::workers;
+    vec![
+        ("POST", "/admin/reload", post(crate::reload::admin_reload)),
+        ("GET", "/admin/workers", get(workers::list)),
+        ("POST", "/admin/workers", post(workers::add)),
+        (
+            "POST",
+            "/admin/workers/{worker}/drain",
+            post(workers::drain),
+        ),
+        (
+            "DELETE",
+            "/admin/workers/{worker}",
+            axum::routing::delete(workers::delete),
+        ),
+    ]
 }
 
-/// The API routes, with `/metrics` unless it has a port of its own, and
-/// `/admin/reload` only when asked (no metrics port and a loopback
-/// address: the admin route is not open to the API's clients).
-fn routes(state: Arc<AppState>, with_metrics: bool, with_admin: bool) -> axum::Router {
+/// The API routes, with `/metrics` and the admin API unless they have a
+/// port of their own (`--metrics-port`).
+fn routes(state: Arc<AppState>, with_metrics: bool) -> axum::Router {
     let mut table = api_routes();
     if with_metrics {
         table.push(metrics_route());
-    }
-    if with_admin {
-        table.push(reload_route());
+        table.extend(admin_routes());
     }
     router_of(table).with_state(state)
 }
 
-/// The `--metrics-port` routes: `/metrics`, the probes and the admin
-/// reload.
+/// The `--metrics-port` routes: `/metrics`, the probes and the admin API.
 fn metrics_routes(state: Arc<AppState>) -> axum::Router {
-    let table = vec![
+    let mut table = vec![
         metrics_route(),
-        reload_route(),
         ("GET", "/health", get(health)),
         ("GET", "/readiness", get(readiness)),
     ];
+    table.extend(admin_routes());
     router_of(table).with_state(state)
 }
 
@@ -445,6 +463,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     if let Some(reloader) = &state.reloader {
         reloader.render(&mut body);
     }
+    state.admin.render(&mut body);
     let (hits, misses) = served.prompter.cache_stats();
     iris_metrics::family(
         &mut body,

@@ -74,6 +74,11 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "counter",
         "Prompt segments tokenized, by cache result.",
     ),
+    (
+        "iris_admin_worker_changes_total",
+        "counter",
+        "Worker changes asked of the admin API, by action (add, drain, delete) and result (ok, rejected: 4xx, failed: the worker could not be reached or does not serve the model).",
+    ),
 ];
 
 #[tokio::test]

@@ -7,49 +7,11 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::*;
-use iris_engine::{Role, RunningEngine};
-use iris_gateway::{RunningGateway, ServeArgs};
+use iris_engine::Role;
+use iris_gateway::RunningGateway;
 use iris_model::tiny::Family;
 use serde_json::{json, Value};
-
-/// A tiny model of `family` in a temporary directory.
-fn family_model(family: Family) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    iris_model::tiny::write_tiny_model(dir.path(), family).expect("tiny model");
-    dir
-}
-
-/// An aggregated reference engine over the model in `dir`.
-async fn engine_over(dir: &Path) -> RunningEngine {
-    let args = iris_testkit::args::engine_args(dir, Role::Aggregated.as_str(), &[]);
-    iris_engine::start(args).await.expect("engine starts")
-}
-
-/// A `[[models]]` table.
-fn model_table(id: &str, aliases: &[&str], dir: &Path, engine: &RunningEngine) -> String {
-    format!(
-        "[[models]]\nid = \"{id}\"\naliases = {aliases:?}\nmodel_path = \"{}\"\nworker_urls = [\"{}\"]\n\n",
-        dir.display(),
-        grpc(engine.grpc_addr)
-    )
-}
-
-/// A gateway over the configuration file `path`.
-async fn gateway_over(path: &Path) -> RunningGateway {
-    let argv = [
-        "--port",
-        "0",
-        "--health-check-interval-secs",
-        "0.2",
-        "--config",
-        path.to_str().expect("UTF-8 path"),
-    ];
-    let serve: ServeArgs = iris_testkit::args::parse(argv);
-    iris_gateway::start(serve).await.expect("gateway starts")
-}
 
 /// POSTs `body` to `path`; (status, JSON).
 async fn post_to(gw: &RunningGateway, path: &str, body: &Value) -> (u16, Value) {

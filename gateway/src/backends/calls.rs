@@ -2,7 +2,7 @@
 //! translated into the backend's protocol, its answers back into
 //! TokenSpeed's stream), the prefill-first leg of a backend whose PD
 //! prefill runs to its end before decode starts (vLLM), Abort,
-//! HealthCheck and the KV event subscription. Pixel
+//! HealthCheck, GetModelInfo and the KV event subscription. Pixel
 //! tensors go from the shared buffers without a copy whatever the
 //! protocol ([`iris_process::splice`]; the translations share them).
 
@@ -18,6 +18,7 @@ use tonic::codec::Streaming;
 use tonic::Status;
 
 use super::{map_stream, sglang, vllm, Backend, ResponseStream};
+use crate::workers::identity::Reported;
 
 /// Largest message the gateway sends or accepts from a worker.
 pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
@@ -153,6 +154,42 @@ impl Backend {
                     .await?
                     .into_inner();
                 (reply.healthy, reply.message)
+            }
+        })
+    }
+
+    /// `GetModelInfo` on the backend's service: the model the worker
+    /// serves, as it reports it.
+    pub async fn model_info(
+        self,
+        channel: AuthChannel,
+        timeout: Duration,
+    ) -> Result<Reported, Status> {
+        Ok(match self {
+            Backend::TokenSpeed => {
+                let request = iris_proto::scheduler::GetModelInfoRequest {};
+                let reply = TokenSpeedSchedulerClient::new(channel)
+                    .get_model_info(timed(request, timeout))
+                    .await?
+                    .into_inner();
+                Reported::new(reply.served_model_name, reply.model_type, reply.vocab_size)
+            }
+            Backend::Vllm => {
+                let request = iris_proto::vllm::GetModelInfoRequest {};
+                let reply = VllmEngineClient::new(channel)
+                    .get_model_info(timed(request, timeout))
+                    .await?
+                    .into_inner();
+                let vocab = i32::try_from(reply.vocab_size).unwrap_or(i32::MAX);
+                Reported::new(reply.served_model_name, reply.model_type, vocab)
+            }
+            Backend::Sglang => {
+                let request = iris_proto::sglang::GetModelInfoRequest {};
+                let reply = SglangSchedulerClient::new(channel)
+                    .get_model_info(timed(request, timeout))
+                    .await?
+                    .into_inner();
+                Reported::new(reply.served_model_name, reply.model_type, reply.vocab_size)
             }
         })
     }

@@ -263,3 +263,39 @@ fn the_encoders_content_hash_policy_is_refused_for_requests() {
     };
     assert_eq!(encode.policy, PolicyKind::PowerOfTwo);
 }
+
+#[test]
+fn a_non_loopback_host_needs_an_admin_token_file() {
+    let open = error(&with_agg(&["--host", "0.0.0.0"]));
+    assert!(
+        open.contains("--admin-token-file") && open.contains("--host 0.0.0.0"),
+        "{open}"
+    );
+    let metrics = error(&with_agg(&["--host", "10.1.2.3", "--metrics-port", "9"]));
+    assert!(metrics.contains("on the --metrics-port port"), "{metrics}");
+    for host in ["127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.2"] {
+        let cfg = Config::from_flags(&with_agg(&["--host", host])).unwrap();
+        assert!(cfg.admin_token.is_none(), "{host}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("admin-token");
+    std::fs::write(&path, "  s3cret\n").unwrap();
+    let file = path.to_str().unwrap();
+    let flags = [&AGG[..], &["--host", "0.0.0.0", "--admin-token-file", file]].concat();
+    let cfg = Config::from_flags(&flags).unwrap();
+    let token = cfg.admin_token.expect("the token");
+    assert!(token.accepts(b"Bearer s3cret"), "read and trimmed");
+    assert_eq!(
+        format!("{token:?}"),
+        "AuthToken(<redacted>)",
+        "never printed"
+    );
+    std::fs::write(&path, " \n").unwrap();
+    let empty = error(&[&AGG[..], &["--admin-token-file", file]].concat());
+    assert!(
+        empty.contains("--admin-token-file") && empty.contains("empty"),
+        "{empty}"
+    );
+    let missing = error(&with_agg(&["--admin-token-file", "/nonexistent/token"]));
+    assert!(missing.contains("--admin-token-file"), "{missing}");
+}

@@ -5,7 +5,10 @@
 //! role's pool as workers ([`tracker`]), at the address their annotations
 //! give ([`pod`]); they leave it when they lose readiness or are deleted.
 //! From then on they are ordinary workers: health checks, policies and
-//! circuit breakers treat them like configured ones.
+//! circuit breakers treat them like configured ones. With
+//! `--service-discovery-model-label KEY` a pod must also carry `KEY=<the
+//! model's served name>`: the same role selectors then sort the pods of
+//! several models (one configuration file) by model as well as role.
 //!
 //! The watcher (kube-runtime) lists the pods, then watches from the
 //! list's resource version; when the watch expires (410 Gone) it lists
@@ -37,9 +40,23 @@ pub struct Discovery {
     /// The label selector of each discovered role.
     pub roles: Vec<(Role, Selector)>,
     pub rules: PodRules,
+    /// The label whose value names a pod's model
+    /// (`--service-discovery-model-label`).
+    pub model_label: Option<String>,
+    /// The model whose pods are watched ([`Discovery::for_model`]).
+    pub model: Option<String>,
 }
 
 impl Discovery {
+    /// Its watchers for the pods of `model` (with a model label: the
+    /// pods labelled with it).
+    pub fn for_model(&self, model: &str) -> Discovery {
+        Discovery {
+            model: Some(model.to_owned()),
+            ..self.clone()
+        }
+    }
+
     /// Whether pods of `role` are discovered.
     pub fn watches(&self, role: Role) -> bool {
         self.roles.iter().any(|(r, _)| *r == role)
@@ -106,9 +123,13 @@ impl Discovery {
             .collect()
     }
 
-    /// The selector sent to the API server (leaders only: filtered there too).
+    /// The selector sent to the API server (leaders only: filtered there
+    /// too; with a model label, the model's pods only).
     fn server_selector(&self, selector: &Selector) -> String {
-        let selector = selector.clone();
+        let selector = match (&self.model_label, &self.model) {
+            (Some(label), Some(model)) => selector.clone().with(label, model),
+            _ => selector.clone(),
+        };
         let selector = if self.rules.leaders_only {
             selector.with(LWS_WORKER_INDEX_LABEL, "0")
         } else {
@@ -146,5 +167,87 @@ async fn watch(api: Api<Pod>, selector: String, mut tracker: Tracker, stop: Canc
             }
             None => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::policy::PolicyKind;
+
+    fn discovery(flags: &[&str]) -> Discovery {
+        let args: crate::args::DiscoveryArgs = iris_testkit::args::parse(flags.iter().copied());
+        crate::config::discovery(&args)
+            .unwrap()
+            .expect("discovery is on")
+    }
+
+    fn selectors(discovery: &Discovery) -> Vec<(Role, String)> {
+        let pools: Vec<Arc<Pool>> = [Role::Prefill, Role::Decode]
+            .into_iter()
+            .map(|role| {
+                let policy = PolicyKind::RoundRobin.build(Default::default(), &Default::default());
+                Arc::new(Pool::new(role, Vec::new(), policy))
+            })
+            .collect();
+        let found = discovery.role_pools(&pools).unwrap();
+        found.into_iter().map(|(p, s)| (p.role, s)).collect()
+    }
+
+    /// With a model label each model's watchers select its pods by role
+    /// and by model; without one, by role alone.
+    #[test]
+    fn a_model_label_keys_the_selectors_by_model_as_well_as_role() {
+        let flags = [
+            "--service-discovery",
+            "--prefill-selector",
+            "app=iris,iris.ai/role=prefill",
+            "--decode-selector",
+            "app=iris,iris.ai/role=decode",
+        ];
+        let plain = discovery(&flags);
+        assert_eq!(
+            selectors(&plain.for_model("qwen")),
+            [
+                (Role::Prefill, "app=iris,iris.ai/role=prefill".to_owned()),
+                (Role::Decode, "app=iris,iris.ai/role=decode".to_owned()),
+            ]
+        );
+        let keyed = discovery(
+            &[
+                &flags[..],
+                &["--service-discovery-model-label", "iris.ai/model"],
+            ]
+            .concat(),
+        );
+        assert_eq!(
+            selectors(&keyed.for_model("qwen")),
+            [
+                (
+                    Role::Prefill,
+                    "app=iris,iris.ai/role=prefill,iris.ai/model=qwen".to_owned()
+                ),
+                (
+                    Role::Decode,
+                    "app=iris,iris.ai/role=decode,iris.ai/model=qwen".to_owned()
+                ),
+            ]
+        );
+        assert_eq!(
+            selectors(&keyed.for_model("gemma"))[1].1,
+            "app=iris,iris.ai/role=decode,iris.ai/model=gemma"
+        );
+        let bad = crate::config::discovery(&iris_testkit::args::parse::<
+            crate::args::DiscoveryArgs,
+            _,
+        >([
+            "--service-discovery",
+            "--selector",
+            "a=b",
+            "--service-discovery-model-label",
+            "a=b",
+        ]));
+        let error = bad.expect_err("a bad key").to_string();
+        assert!(error.contains("--service-discovery-model-label"), "{error}");
     }
 }

@@ -8,16 +8,18 @@
 //! ([`super::probe`]: tensor lanes, constraint resumption). A check that gets no
 //! answer at all within its timeout gives the worker a fresh connection
 //! ([`Worker::reconnect`]): a partitioned or frozen worker's old one stays
-//! stalled long after the worker is back.
+//! stalled long after the worker is back. A worker added at run time is
+//! checked once before it joins ([`admit`]: health, then GetModelInfo).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::identity::ModelIdentity;
 use super::pool::Pool;
 use super::probe::refresh_caps;
-use super::worker::Worker;
+use super::worker::{Role, Worker};
 use crate::backends::Backend;
 
 /// Health-check settings.
@@ -95,6 +97,25 @@ async fn health_rpc(
             timeout.as_millis()
         ))),
     }
+}
+
+/// Checks a worker before it joins a pool at run time: its health check
+/// (detecting its backend), then, unless it is an encoder (they have no
+/// GetModelInfo), that it serves the model of `identity`. When both pass
+/// its capabilities are probed and the check recorded: it is in service
+/// from the moment it joins. `Err` says what failed.
+pub async fn admit(
+    worker: &Worker,
+    identity: &ModelIdentity,
+    settings: &HealthSettings,
+) -> Result<(), String> {
+    check(worker, settings.timeout).await?;
+    if worker.role != Role::Encode {
+        super::identity::verify(worker, identity, settings.timeout).await?;
+    }
+    refresh_caps(worker, settings).await;
+    worker.record_check(true, settings.failure_threshold, settings.success_threshold);
+    Ok(())
 }
 
 /// Runs the checker until `stop` is cancelled; the first round starts at once.

@@ -6,12 +6,14 @@
 //! addresses ([`url`]), the per-role pools ([`pool`]), how one is chosen
 //! ([`policy`]; the keys and costs of images, [`affinity`]), the health
 //! checker that moves them in and out of service ([`health`]) and the
-//! GetServerInfo probe of what they can receive tensors by ([`probe`]).
+//! GetServerInfo probe of what they can receive tensors by ([`probe`]), and
+//! the GetModelInfo check that a worker serves a given model ([`identity`]).
 
 pub mod affinity;
 pub mod breaker;
 pub mod checks;
 pub mod health;
+pub mod identity;
 pub mod lane_caps;
 pub mod load;
 pub mod policy;

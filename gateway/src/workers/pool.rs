@@ -1,7 +1,8 @@
 //! A pool of workers of one role, with its selection policy. The worker
 //! list can change at run time (service discovery); readers take a cheap
 //! snapshot. Load is counted in the pool's unit: requests in flight, or
-//! for encoders the patches of the images in flight.
+//! for encoders the patches of the images in flight. A draining worker
+//! stays in the list (its requests in flight finish) but is never picked.
 
 use std::sync::{Arc, RwLock};
 
@@ -53,8 +54,12 @@ impl Pool {
             .clone()
     }
 
+    /// Workers in service: healthy and not draining.
     pub fn healthy_count(&self) -> usize {
-        self.snapshot().iter().filter(|w| w.is_healthy()).count()
+        self.snapshot()
+            .iter()
+            .filter(|w| w.is_healthy() && !w.is_draining())
+            .count()
     }
 
     pub fn policy(&self) -> &dyn Policy {
@@ -123,7 +128,7 @@ impl Pool {
     }
 
     /// The healthy workers (with those whose circuit is half-open, for
-    /// their probe) not in `tried`; when every one has been tried, those
+    /// their probe; never a draining one) not in `tried`; when every one has been tried, those
     /// tried longest ago (`tried` is in order): a failure is often
     /// transient or another worker's doing (a decode leg whose prefill
     /// worker died), the most recent one the likeliest to repeat, and the
@@ -132,7 +137,7 @@ impl Pool {
         let healthy: Vec<Arc<Worker>> = self
             .snapshot()
             .iter()
-            .filter(|w| w.is_healthy() || w.is_half_open())
+            .filter(|w| (w.is_healthy() || w.is_half_open()) && !w.is_draining())
             .cloned()
             .collect();
         let untried: Vec<Arc<Worker>> = healthy
@@ -167,9 +172,20 @@ impl Pool {
     /// Removes the worker with `url` (the policy is told); returns
     /// whether one was removed.
     pub fn remove(&self, url: &super::WorkerUrl) -> bool {
+        self.remove_where(|w| &w.url == url)
+    }
+
+    /// Removes the worker with `id` (not another at its address that
+    /// joined since); returns whether it was there.
+    pub fn remove_id(&self, id: u64) -> bool {
+        self.remove_where(|w| w.id == id)
+    }
+
+    /// Removes the workers `gone` picks (the policy is told of each).
+    fn remove_where(&self, gone: impl Fn(&Worker) -> bool) -> bool {
         let removed: Vec<Arc<Worker>> = {
             let mut guard = self.workers.write().unwrap_or_else(|p| p.into_inner());
-            let (gone, kept): (Vec<_>, Vec<_>) = guard.iter().cloned().partition(|w| &w.url == url);
+            let (gone, kept): (Vec<_>, Vec<_>) = guard.iter().cloned().partition(|w| gone(w));
             *guard = Arc::new(kept);
             gone
         };
@@ -324,6 +340,23 @@ mod tests {
         assert_eq!(pool.candidates(&tried[..1]).len(), 2, "untried ones first");
     }
 
+    /// A draining worker is never picked, nor counted in service; the
+    /// others are.
+    #[tokio::test]
+    async fn a_draining_worker_is_not_picked() {
+        let pool = pool(2);
+        let workers = pool.snapshot();
+        assert!(workers[0].drain(), "draining now");
+        assert!(!workers[0].drain(), "already draining");
+        assert_eq!(pool.healthy_count(), 1);
+        for _ in 0..4 {
+            assert!(Arc::ptr_eq(&pool.pick(&key()).unwrap(), &workers[1]));
+        }
+        assert!(workers[1].drain());
+        assert!(pool.pick(&key()).is_none(), "nothing left to pick");
+        assert_eq!(pool.snapshot().len(), 2, "both still listed");
+    }
+
     /// A removed worker leaves the pool and the policy is told.
     #[tokio::test]
     async fn removing_a_worker_takes_it_out_of_the_picks() {
@@ -331,6 +364,11 @@ mod tests {
         let gone = pool.snapshot()[0].url.clone();
         assert!(pool.remove(&gone));
         assert!(!pool.remove(&gone));
+        let other = pool.snapshot()[0].clone();
+        assert!(!pool.remove_id(other.id + 1000), "no such id");
+        assert!(pool.remove_id(other.id));
+        assert!(pool.snapshot().is_empty());
+        assert!(pool.add(other));
         for _ in 0..4 {
             assert_ne!(pool.pick(&key()).unwrap().url, gone);
         }

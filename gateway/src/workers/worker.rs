@@ -5,9 +5,11 @@
 //! its load and request counts ([`super::load`]); what it can receive
 //! tensors by ([`super::lane_caps`]); and the embeddings it holds
 //! ([`super::recall`]). Every call on its channel carries the gateway's
-//! worker token, when it has one (`--worker-auth-token-file`).
+//! worker token, when it has one (`--worker-auth-token-file`). Each worker
+//! has a process-unique id (the admin API's name for it) and may be
+//! *draining*: taken out of the picks while its requests in flight finish.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -84,8 +86,13 @@ impl Role {
     }
 }
 
+/// The id the next worker gets.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
 /// A worker and its live state. Shared as `Arc<Worker>`.
 pub struct Worker {
+    /// Unique in the process, never reused (`/admin/workers/{id}`).
+    pub id: u64,
     pub url: WorkerUrl,
     pub role: Role,
     /// The channel calls go on; replaced by [`Worker::reconnect`].
@@ -112,6 +119,8 @@ pub struct Worker {
     /// It resumes a constraint after output already written
     /// (`constraint_resume`): constrained streams may move to it.
     resumes_constraints: AtomicBool,
+    /// No new request goes to it ([`Worker::drain`]).
+    draining: AtomicBool,
 }
 
 impl Worker {
@@ -142,6 +151,7 @@ impl Worker {
             (_, given) => given,
         };
         Ok(Arc::new(Worker {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             url,
             role,
             channel: RwLock::new(channel),
@@ -153,6 +163,7 @@ impl Worker {
             backend: AtomicU8::new(backend_code(backend)),
             backend_unknown: AtomicBool::new(false),
             resumes_constraints: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             lane_caps: LaneCaps::new(transport),
             recall: Recall::default(),
         }))
@@ -350,6 +361,22 @@ impl Worker {
 
     pub fn in_flight(&self) -> usize {
         self.load.in_flight()
+    }
+
+    /// Takes it out of the picks for good: requests in flight finish.
+    /// Returns false when it was already draining.
+    pub fn drain(&self) -> bool {
+        !self.draining.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether it is draining (no new request goes to it).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Whether nothing is in flight on it (an image counts as a request).
+    pub fn is_idle(&self) -> bool {
+        self.in_flight() == 0
     }
 
     pub fn start_request(self: &Arc<Self>) -> InFlightGuard {

@@ -1,5 +1,6 @@
 //! In-process harness for gateway tests: reference engines and a gateway
-//! on loopback ports, a tiny model, and small HTTP helpers.
+//! on loopback ports (or over a configuration file of several models),
+//! tiny models, and small HTTP helpers.
 
 #![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
@@ -8,6 +9,7 @@ use std::time::Duration;
 
 use iris_engine::{EngineArgs, Role, RunningEngine};
 use iris_gateway::{RunningGateway, ServeArgs};
+use iris_model::tiny::Family;
 pub use iris_testkit::model::{tiny_model, TinyModel as Model};
 pub use iris_testkit::sse::{events as sse_events, finish_reason, streamed_text};
 use serde_json::{json, Value};
@@ -170,4 +172,45 @@ pub fn png_data_url(seed: u8) -> String {
         .expect("png");
     let b64 = base64::engine::general_purpose::STANDARD.encode(png.into_inner());
     format!("data:image/png;base64,{b64}")
+}
+
+/// A tiny model of `family` in a temporary directory.
+pub fn family_model(family: Family) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    iris_model::tiny::write_tiny_model(dir.path(), family).expect("tiny model");
+    dir
+}
+
+/// An aggregated reference engine over the model in `dir`.
+pub async fn engine_over(dir: &std::path::Path) -> RunningEngine {
+    let args = iris_testkit::args::engine_args(dir, Role::Aggregated.as_str(), &[]);
+    iris_engine::start(args).await.expect("engine starts")
+}
+
+/// A `[[models]]` table.
+pub fn model_table(
+    id: &str,
+    aliases: &[&str],
+    dir: &std::path::Path,
+    engine: &RunningEngine,
+) -> String {
+    format!(
+        "[[models]]\nid = \"{id}\"\naliases = {aliases:?}\nmodel_path = \"{}\"\nworker_urls = [\"{}\"]\n\n",
+        dir.display(),
+        grpc(engine.grpc_addr)
+    )
+}
+
+/// A gateway over the configuration file `path`.
+pub async fn gateway_over(path: &std::path::Path) -> RunningGateway {
+    let argv = [
+        "--port",
+        "0",
+        "--health-check-interval-secs",
+        "0.2",
+        "--config",
+        path.to_str().expect("UTF-8 path"),
+    ];
+    let serve: ServeArgs = iris_testkit::args::parse(argv);
+    iris_gateway::start(serve).await.expect("gateway starts")
 }
