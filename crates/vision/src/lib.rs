@@ -53,6 +53,7 @@ mod reserve;
 mod resize;
 mod scratch;
 mod stream;
+mod tiles;
 pub mod video;
 
 pub use batch::preprocess_batch;

@@ -154,6 +154,44 @@ impl ItemTensor {
     }
 }
 
+impl OutputLayout {
+    /// `frames` planar frames of `(height, width)`, `[frames, 3, H, W]`,
+    /// taking `tokens` placeholder tokens; no grid, sizes or tile grid.
+    pub(crate) fn frames(frames: usize, (height, width): (usize, usize), tokens: usize) -> Self {
+        OutputLayout {
+            shape: vec![frames, 3, height, width],
+            image_grid_thw: None,
+            num_placeholder_tokens: tokens,
+            image_sizes: None,
+            tile_grid: None,
+        }
+    }
+
+    /// One planar frame of `(height, width)` without a frame axis,
+    /// `[3, H, W]`, taking `tokens` placeholder tokens.
+    pub(crate) fn frame(size: (usize, usize), tokens: usize) -> Self {
+        let mut layout = OutputLayout::frames(1, size, tokens);
+        layout.shape.remove(0);
+        layout
+    }
+
+    /// With [`OutputLayout::tile_grid`] `[rows, cols]`.
+    pub(crate) fn with_tiles(self, grid: [usize; 2]) -> Self {
+        OutputLayout {
+            tile_grid: Some(grid),
+            ..self
+        }
+    }
+
+    /// With [`OutputLayout::image_sizes`] `[height, width]`.
+    pub(crate) fn with_image_sizes(self, sizes: [usize; 2]) -> Self {
+        OutputLayout {
+            image_sizes: Some(sizes),
+            ..self
+        }
+    }
+}
+
 impl PreprocessOutput {
     /// The output's layout (what [`crate::Processor::planned_layout`] promised).
     pub fn layout(&self) -> OutputLayout {
