@@ -53,10 +53,48 @@ pub fn processor_from_config(json: &Value) -> Result<Box<dyn Processor>, VisionE
     } else if lower == "llama4imageprocessorfast" || lower == "llama4imageprocessor" {
         Ok(Box::new(llama4_from_config(json)?))
     } else {
-        Err(VisionError::Config(format!(
-            "unsupported image_processor_type {kind:?}"
-        )))
+        Err(unsupported(json, kind))
     }
+}
+
+/// The refusal of an `image_processor_type` Iris has no processor for,
+/// saying why when it is known: a processor that exists only as remote
+/// code in the model repository (`auto_map`, `trust_remote_code`) has no
+/// transformers 4.57.1 class to be bit-exact with (Kimi-VL's
+/// `KimiVLImageProcessor`, the first Phi-4-multimodal upload's
+/// `Phi4MMImageProcessor`).
+fn unsupported(json: &Value, kind: &str) -> VisionError {
+    let remote = json
+        .get("auto_map")
+        .and_then(|m| {
+            m.get("AutoImageProcessor")
+                .or_else(|| m.get("AutoProcessor"))
+        })
+        .and_then(Value::as_str);
+    let lower = kind.to_ascii_lowercase();
+    let family = if lower.starts_with("kimivl") {
+        Some("Kimi-VL")
+    } else if lower.starts_with("phi4mm") {
+        Some("Phi-4-multimodal (remote-code upload; the transformers-native config names Phi4MultimodalImageProcessorFast)")
+    } else {
+        None
+    };
+    let why = match (family, remote) {
+        (Some(family), _) => format!(
+            "{family}: its image processor {kind:?} exists only as remote code in the model \
+             repository (trust_remote_code{}), not in transformers 4.57.1, so there is no \
+             reference processor for Iris to match",
+            remote
+                .map(|r| format!(", auto_map {r}"))
+                .unwrap_or_default()
+        ),
+        (None, Some(remote)) => format!(
+            "image_processor_type {kind:?} is remote code (auto_map {remote}), not a \
+             transformers 4.57.1 processor: Iris implements only processors transformers ships"
+        ),
+        (None, None) => format!("unsupported image_processor_type {kind:?}"),
+    };
+    VisionError::Config(why)
 }
 
 /// Keys of the model processor's `processor_config.json` that decide the
@@ -746,6 +784,64 @@ mod tests {
         .unwrap();
         assert_eq!((p.min_pixels, p.max_pixels), (100, 12845056));
         assert_eq!(p.norm, Normalization::CLIP);
+    }
+
+    #[test]
+    fn remote_code_processors_are_refused_by_family() {
+        // A Kimi-VL directory (moonshotai/Kimi-VL-A3B-Instruct): remote code only.
+        let kimi = json!({
+            "image_processor_type": "KimiVLImageProcessor",
+            "auto_map": {
+                "AutoImageProcessor": "image_processing_kimi_vl.KimiVLImageProcessor",
+                "AutoProcessor": "processing_kimi_vl.KimiVLProcessor"
+            },
+            "patch_size": 14, "in_token_limit": 4096
+        });
+        let dir = std::env::temp_dir().join(format!("iris-vision-kimi-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("preprocessor_config.json"), kimi.to_string()).unwrap();
+        std::fs::write(dir.join("config.json"), r#"{"model_type": "kimi_vl"}"#).unwrap();
+        let err = processor_from_model_dir(&dir).err().map(|e| e.to_string());
+        std::fs::remove_dir_all(&dir).unwrap();
+        let err = err.unwrap_or_default();
+        for part in [
+            "Kimi-VL",
+            "KimiVLImageProcessor",
+            "remote code",
+            "trust_remote_code",
+            "image_processing_kimi_vl",
+        ] {
+            assert!(err.contains(part), "{part:?} missing from {err}");
+        }
+        // Without its auto_map the family is still named.
+        let bare = json!({"image_processor_type": "KimiVLImageProcessor"});
+        let err = processor_from_config(&bare)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("Kimi-VL") && err.contains("remote code"),
+            "{err}"
+        );
+        // Any other remote-code processor: named as such.
+        let other = json!({
+            "image_processor_type": "FancyImageProcessor",
+            "auto_map": {"AutoImageProcessor": "fancy.FancyImageProcessor"}
+        });
+        let err = processor_from_config(&other)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("remote code (auto_map fancy.FancyImageProcessor)"),
+            "{err}"
+        );
+        let phi = json!({"image_processor_type": "Phi4MMImageProcessor"});
+        let err = processor_from_config(&phi)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("Phi4MultimodalImageProcessorFast"), "{err}");
     }
 
     #[test]
