@@ -99,7 +99,7 @@ fn arrangements(min: usize, max: usize) -> Vec<(usize, usize)> {
 
 /// `get_optimal_tiled_canvas` for a `width`×`height` image and
 /// `tile_h`×`tile_w` tiles: `(cols, rows)`, on the reference's doubles.
-fn optimal_grid(
+pub(crate) fn optimal_grid(
     (width, height): (usize, usize),
     (tile_h, tile_w): (usize, usize),
     min: usize,
@@ -198,10 +198,6 @@ impl Tiled for InternVlProcessor {
         )
     }
 
-    fn norm(&self) -> &Normalization {
-        &self.norm
-    }
-
     fn plan(&self, (w, h): (usize, usize), _: &PreprocessOptions) -> Result<Grid, VisionError> {
         self.grid(w, h)
     }
@@ -220,6 +216,10 @@ impl Tiled for InternVlProcessor {
         let canvas = (grid.cols as u64 * tw, grid.rows as u64 * th);
         let resizes = resize::working_bytes(input, canvas) + resize::working_bytes(input, (tw, th));
         resizes + 3 * canvas.0 * canvas.1 + 3 * th * tw
+    }
+
+    fn norm(&self) -> &Normalization {
+        &self.norm
     }
 
     fn lut<T: OutElem>(&self) -> Lut<T> {

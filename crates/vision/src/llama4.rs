@@ -170,36 +170,6 @@ impl Llama4Processor {
             .reduce(|best, c| if c.0 * c.1 < best.0 * best.1 { c } else { best })
             .unwrap_or((1, 1))
     }
-
-    fn plan_for(&self, width: usize, height: usize) -> Result<Plan, VisionError> {
-        check_sides(width, height)?;
-        let (rows, cols) = self.best_canvas(width, height);
-        let (canvas_h, canvas_w) = (rows * self.tile, cols * self.tile);
-        // `min(max(side, tile), canvas side)`: the canvas's (a tensor) only
-        // when strictly smaller.
-        let fit = |side: usize, canvas: usize| {
-            let up = side.max(self.tile);
-            if canvas < up {
-                (canvas, true)
-            } else {
-                (up, false)
-            }
-        };
-        let (target_h, h_tensor) = fit(height, canvas_h);
-        let (target_w, w_tensor) = fit(width, canvas_w);
-        let scale_w = Num::ratio(target_w, w_tensor, width);
-        let scale_h = Num::ratio(target_h, h_tensor, height);
-        let (new_h, new_w) = if scale_w.lt(scale_h) {
-            (scale_w.floor_times(height).min(target_h), target_w)
-        } else {
-            (target_h, scale_h.floor_times(width).min(target_w))
-        };
-        Ok(Plan {
-            resized: (new_w.max(1), new_h.max(1)),
-            rows,
-            cols,
-        })
-    }
 }
 
 impl Tiled for Llama4Processor {
@@ -233,12 +203,38 @@ impl Tiled for Llama4Processor {
         )
     }
 
-    fn norm(&self) -> &Normalization {
-        &self.norm
-    }
-
-    fn plan(&self, (w, h): (usize, usize), _: &PreprocessOptions) -> Result<Plan, VisionError> {
-        self.plan_for(w, h)
+    fn plan(
+        &self,
+        (width, height): (usize, usize),
+        _: &PreprocessOptions,
+    ) -> Result<Plan, VisionError> {
+        check_sides(width, height)?;
+        let (rows, cols) = self.best_canvas(width, height);
+        let (canvas_h, canvas_w) = (rows * self.tile, cols * self.tile);
+        // `min(max(side, tile), canvas side)`: the canvas's (a tensor) only
+        // when strictly smaller.
+        let fit = |side: usize, canvas: usize| {
+            let up = side.max(self.tile);
+            if canvas < up {
+                (canvas, true)
+            } else {
+                (up, false)
+            }
+        };
+        let (target_h, h_tensor) = fit(height, canvas_h);
+        let (target_w, w_tensor) = fit(width, canvas_w);
+        let scale_w = Num::ratio(target_w, w_tensor, width);
+        let scale_h = Num::ratio(target_h, h_tensor, height);
+        let (new_h, new_w) = if scale_w.lt(scale_h) {
+            (scale_w.floor_times(height).min(target_h), target_w)
+        } else {
+            (target_h, scale_h.floor_times(width).min(target_w))
+        };
+        Ok(Plan {
+            resized: (new_w.max(1), new_h.max(1)),
+            rows,
+            cols,
+        })
     }
 
     fn layout(&self, plan: &Plan) -> OutputLayout {
@@ -257,6 +253,10 @@ impl Tiled for Llama4Processor {
         let canvas = 3 * plan.rows as u64 * plan.cols as u64 * t * t;
         let resizes = resize::working_bytes(input, (rw, rh)) + resize::working_bytes(input, (t, t));
         resizes + canvas + 3 * t * t
+    }
+
+    fn norm(&self) -> &Normalization {
+        &self.norm
     }
 
     fn lut<T: OutElem>(&self) -> Lut<T> {
@@ -309,7 +309,7 @@ mod tests {
     #[test]
     fn plans_fit_the_image_without_distortion() {
         let p = Llama4Processor::llama4();
-        let plan = |w, h| p.plan_for(w, h).ok();
+        let plan = |w, h| p.plan((w, h), &PreprocessOptions::default()).ok();
         // A small image is not upscaled past the tile: one tile.
         assert_eq!(
             plan(200, 100),
@@ -321,9 +321,9 @@ mod tests {
         );
         // 800×600: the 2×3 canvas (672×1008) scales it by 1.12, the least
         // upscale; six tiles and the global one.
-        let big = p.plan_for(800, 600).ok();
+        let big = p.plan((800, 600), &PreprocessOptions::default()).ok();
         assert_eq!(big.map(|b| (b.rows, b.cols, b.frames())), Some((2, 3, 7)));
-        assert!(p.plan_for(0, 5).is_err());
+        assert!(p.plan((0, 5), &PreprocessOptions::default()).is_err());
     }
 
     /// Every size of the reference's table (tests/data/expected.json,
@@ -345,7 +345,7 @@ mod tests {
             let [h, w, rows, cols, nh, nw] = v[..] else {
                 panic!("bad row {row}")
             };
-            let plan = p.plan_for(w, h).ok();
+            let plan = p.plan((w, h), &PreprocessOptions::default()).ok();
             assert_eq!(
                 plan,
                 Some(Plan {

@@ -126,6 +126,10 @@ pub struct OutputLayout {
     /// (InternVL, Llama 4: `[1, 1]` for a single tile). `None` for the
     /// other families.
     pub tile_grid: Option<[usize; 2]>,
+    /// `[height, width]` of the resized image inside a padded canvas, for
+    /// a model that masks the padding (Phi-4-multimodal's
+    /// `image_attention_mask`); `None` for the other families.
+    pub content_size: Option<[usize; 2]>,
 }
 
 /// A small integer tensor of an image's item that the model's code reads
@@ -164,6 +168,7 @@ impl OutputLayout {
             num_placeholder_tokens: tokens,
             image_sizes: None,
             tile_grid: None,
+            content_size: None,
         }
     }
 
@@ -201,6 +206,7 @@ impl PreprocessOutput {
             num_placeholder_tokens: self.num_placeholder_tokens,
             image_sizes: self.image_sizes,
             tile_grid: self.tile_grid,
+            content_size: self.content_size,
         }
     }
 }
@@ -225,6 +231,8 @@ pub struct PreprocessOutput {
     /// The tile rows and columns (Idefics3 / SmolVLM); see
     /// [`OutputLayout::tile_grid`].
     pub tile_grid: Option<[usize; 2]>,
+    /// See [`OutputLayout::content_size`].
+    pub content_size: Option<[usize; 2]>,
     /// Size the image was resized to, `(width, height)`, before patching/cropping.
     pub resized_size: (usize, usize),
 }
@@ -244,6 +252,7 @@ impl PreprocessOutput {
             num_placeholder_tokens: layout.num_placeholder_tokens,
             image_sizes: layout.image_sizes,
             tile_grid: layout.tile_grid,
+            content_size: layout.content_size,
             resized_size,
         }
     }

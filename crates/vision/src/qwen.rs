@@ -167,6 +167,7 @@ impl QwenVlProcessor {
             num_placeholder_tokens: grid[0] * grid[1] * grid[2] / (geo.merge_size * geo.merge_size),
             image_sizes: None,
             tile_grid: None,
+            content_size: None,
         }
     }
 

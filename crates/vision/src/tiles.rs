@@ -83,13 +83,7 @@ pub(crate) trait Tiled: Send + Sync {
         cut: &mut Cut<'_, Self::Plan>,
         out: &mut [T],
     ) -> Result<(), VisionError> {
-        let per = cut.frames.len();
-        let lut = self.lut::<T>();
-        self.frames(cut, &mut |i, frame| {
-            if let Some(chunk) = out.get_mut(i * per..(i + 1) * per) {
-                planar_chw(frame, &lut, chunk);
-            }
-        })
+        write_frames(self, cut, out)
     }
 
     /// [`Processor::placeholder_layout`]: by default the image token,
@@ -242,6 +236,22 @@ fn written<P: Tiled, T: OutElem>(
     Ok(out)
 }
 
+/// [`Tiled::write`]'s default: every frame `p` hands out, normalised
+/// through [`Tiled::lut`], planar, at its index's place in `out`.
+pub(crate) fn write_frames<P: Tiled + ?Sized, T: OutElem>(
+    p: &P,
+    cut: &mut Cut<'_, P::Plan>,
+    out: &mut [T],
+) -> Result<(), VisionError> {
+    let per = cut.frames.len();
+    let lut = p.lut::<T>();
+    p.frames(cut, &mut |i, frame| {
+        if let Some(chunk) = out.get_mut(i * per..(i + 1) * per) {
+            planar_chw(frame, &lut, chunk);
+        }
+    })
+}
+
 /// Refuses an image with a side of zero pixels.
 pub(crate) fn check_sides(width: usize, height: usize) -> Result<(), VisionError> {
     if width == 0 || height == 0 {
@@ -311,6 +321,7 @@ mod tests {
             num_placeholder_tokens: 0,
             image_sizes: None,
             tile_grid: None,
+            content_size: None,
         };
         let f = Frames::of(&layout(vec![5, 3, 20, 30]));
         assert_eq!((f.count, f.width, f.height, f.len()), (5, 30, 20, 1800));

@@ -7,7 +7,7 @@ mod common;
 
 use iris_vision::{
     probe, AnyresProcessor, ClipProcessor, Gemma3Processor, Idefics3Processor, InternVlProcessor,
-    OutputDtype, PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
+    OutputDtype, Phi4Processor, PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
 };
 
 /// Every committed synthetic image and the shared photos.
@@ -59,6 +59,7 @@ fn the_planned_layout_is_the_output_layout() {
         Box::new(Idefics3Processor::smolvlm()),
         Box::new(PixtralProcessor::pixtral_12b()),
         Box::new(InternVlProcessor::internvl3()),
+        Box::new(Phi4Processor::phi4_multimodal()),
     ];
     let (mut checked, mut turned) = (0, 0);
     for name in images() {
