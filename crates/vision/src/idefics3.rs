@@ -37,7 +37,7 @@ use crate::output::OutputLayout;
 use crate::placeholders::{self, PlaceholderLayout};
 use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_copy, Bicubic};
-use crate::tiles::{check_sides, cut_tiles, Cut, Each, Tiled};
+use crate::tiles::{cut_tiles, Cut, Each, Tiled};
 
 /// The reference's absolute limit on either side after step 1.
 const MAX_IMAGE_SIZE: usize = 4096;
@@ -129,7 +129,6 @@ impl Idefics3Processor {
     }
 
     fn plan_for(&self, width: usize, height: usize) -> Result<Plan, VisionError> {
-        check_sides(width, height)?;
         let (h1, w1) = longest_edge_size(height, width, self.longest_edge);
         if !self.do_image_splitting {
             return Ok(Plan {

@@ -44,7 +44,7 @@ use crate::output::{ItemTensor, OutputLayout};
 use crate::placeholders::{self, PlaceholderLayout};
 use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_copy, Bicubic};
-use crate::tiles::{check_sides, cut_tiles, with_global, Cut, Each, Tiled};
+use crate::tiles::{cut_tiles, with_global, Cut, Each, Tiled};
 
 /// ImageNet mean, the shipped InternVL configs' `image_mean`.
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
@@ -150,10 +150,9 @@ impl InternVlProcessor {
         }
     }
 
-    fn grid(&self, width: usize, height: usize) -> Result<Grid, VisionError> {
-        check_sides(width, height)?;
+    fn grid(&self, width: usize, height: usize) -> Grid {
         if self.max_patches <= 1 {
-            return Ok(Grid { cols: 1, rows: 1 });
+            return Grid { cols: 1, rows: 1 };
         }
         let (cols, rows) = optimal_grid(
             (width, height),
@@ -161,7 +160,7 @@ impl InternVlProcessor {
             self.min_patches,
             self.max_patches,
         );
-        Ok(Grid { cols, rows })
+        Grid { cols, rows }
     }
 }
 
@@ -199,7 +198,7 @@ impl Tiled for InternVlProcessor {
     }
 
     fn plan(&self, (w, h): (usize, usize), _: &PreprocessOptions) -> Result<Grid, VisionError> {
-        self.grid(w, h)
+        Ok(self.grid(w, h))
     }
 
     fn layout(&self, grid: &Grid) -> OutputLayout {
@@ -254,6 +253,7 @@ impl Tiled for InternVlProcessor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::processor::Processor;
 
     #[test]
     fn arrangements_are_ordered_by_tile_count() {
@@ -275,14 +275,19 @@ mod tests {
     #[test]
     fn grids_follow_the_aspect_ratio() {
         let p = InternVlProcessor::internvl3();
-        let grid = |w, h| p.grid(w, h).map(|g| (g.cols, g.rows, g.frames())).ok();
+        let grid = |w, h| {
+            let g = p.grid(w, h);
+            (g.cols, g.rows, g.frames())
+        };
         // Square: 1×1 beats 2×2 unless the image covers half of 2×2's area.
-        assert_eq!(grid(448, 448), Some((1, 1, 1)));
-        assert_eq!(grid(700, 700), Some((2, 2, 5)));
+        assert_eq!(grid(448, 448), (1, 1, 1));
+        assert_eq!(grid(700, 700), (2, 2, 5));
         // 2:1 wide, small: 2×1 and a thumbnail.
-        assert_eq!(grid(800, 400), Some((2, 1, 3)));
+        assert_eq!(grid(800, 400), (2, 1, 3));
         // Very tall: 1×12.
-        assert_eq!(grid(10, 4000), Some((1, 12, 13)));
-        assert!(p.grid(0, 10).is_err());
+        assert_eq!(grid(10, 4000), (1, 12, 13));
+        // A side of zero is refused before any plan (tiles.rs).
+        let none = PreprocessOptions::default();
+        assert!(Processor::layout_for(&p, 0, 10, &none).is_err());
     }
 }

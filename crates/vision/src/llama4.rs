@@ -39,7 +39,7 @@ use crate::output::{ItemTensor, OutputLayout};
 use crate::placeholders::{self, PlaceholderLayout};
 use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_copy, Bicubic};
-use crate::tiles::{check_sides, cut_tiles, pad_into, with_global, Cut, Each, Tiled};
+use crate::tiles::{cut_tiles, pad_into, with_global, Cut, Each, Tiled};
 
 /// The Llama 4 image processor.
 #[derive(Debug, Clone, PartialEq)]
@@ -208,7 +208,6 @@ impl Tiled for Llama4Processor {
         (width, height): (usize, usize),
         _: &PreprocessOptions,
     ) -> Result<Plan, VisionError> {
-        check_sides(width, height)?;
         let (rows, cols) = self.best_canvas(width, height);
         let (canvas_h, canvas_w) = (rows * self.tile, cols * self.tile);
         // `min(max(side, tile), canvas side)`: the canvas's (a tensor) only
@@ -286,6 +285,7 @@ impl Tiled for Llama4Processor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::processor::Processor;
 
     #[test]
     fn canvases_follow_the_reference_order() {
@@ -323,7 +323,7 @@ mod tests {
         // upscale; six tiles and the global one.
         let big = p.plan((800, 600), &PreprocessOptions::default()).ok();
         assert_eq!(big.map(|b| (b.rows, b.cols, b.frames())), Some((2, 3, 7)));
-        assert!(p.plan((0, 5), &PreprocessOptions::default()).is_err());
+        assert!(Processor::layout_for(&p, 0, 5, &PreprocessOptions::default()).is_err());
     }
 
     /// Every size of the reference's table (tests/data/expected.json,

@@ -50,7 +50,7 @@ use crate::normalize::{Lut, Normalization, OutElem};
 use crate::output::{ItemTensor, OutputLayout};
 use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_copy, Bicubic};
-use crate::tiles::{check_sides, cut_tiles, pad_into, write_frames, Cut, Each, Tiled};
+use crate::tiles::{cut_tiles, pad_into, write_frames, Cut, Each, Tiled};
 
 /// Image tokens of the global frame, its separator and its row ends, as
 /// `Phi4MultimodalImageProcessorFast` counts them (fixed numbers there).
@@ -258,7 +258,6 @@ impl Tiled for Phi4Processor {
         (width, height): (usize, usize),
         _: &PreprocessOptions,
     ) -> Result<Plan, VisionError> {
-        check_sides(width, height)?;
         let t = self.tile;
         let (mut cols, mut rows) = (width.div_ceil(t), height.div_ceil(t));
         if cols * rows > self.dynamic_hd {
@@ -352,6 +351,7 @@ impl Tiled for Phi4Processor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::processor::Processor;
     use crate::PlaceholderLayout;
 
     #[test]
@@ -373,7 +373,7 @@ mod tests {
         assert_eq!(big.map(|b| (b.cols, b.rows)), Some((5, 4)));
         // Too thin: the reference refuses it.
         assert!(p.plan((4000, 3), &PreprocessOptions::default()).is_err());
-        assert!(p.plan((0, 3), &PreprocessOptions::default()).is_err());
+        assert!(Processor::layout_for(&p, 0, 3, &PreprocessOptions::default()).is_err());
     }
 
     #[test]

@@ -12,8 +12,8 @@
 //! count and size come from the layout's shape: `[frames, 3, H, W]`, or
 //! `[3, H, W]` for a single frame.
 //!
-//! Helpers the families share: [`check_sides`] (the zero-side refusal),
-//! [`cut_tiles`] (a canvas cut into tiles row by row), [`pad_into`] (an
+//! An image with a side of zero pixels is refused before any family plans
+//! it. Helpers the families share: [`cut_tiles`] (a canvas cut into tiles row by row), [`pad_into`] (an
 //! image at the top left of a padded canvas) and [`with_global`] (tiles
 //! plus a global frame when there are several).
 
@@ -162,7 +162,7 @@ impl<P: Tiled> Processor for P {
     }
 
     fn working_bytes(&self, w: u32, h: u32, opts: &PreprocessOptions) -> Result<u64, VisionError> {
-        let plan = self.plan((w as usize, h as usize), opts)?;
+        let plan = planned(self, (w as usize, h as usize), opts)?;
         let elements = self.layout(&plan).shape.iter().product::<usize>() as u64;
         let output = elements * opts.dtype.size() as u64;
         Ok(self.buffer_bytes(&plan, (u64::from(w), u64::from(h))) + output)
@@ -174,7 +174,7 @@ impl<P: Tiled> Processor for P {
         h: usize,
         o: &PreprocessOptions,
     ) -> Result<OutputLayout, VisionError> {
-        Ok(self.layout(&self.plan((w, h), o)?))
+        Ok(self.layout(&planned(self, (w, h), o)?))
     }
 
     /// The 8-bit frames stacked top to bottom.
@@ -184,7 +184,7 @@ impl<P: Tiled> Processor for P {
         o: &PreprocessOptions,
     ) -> Result<image::RgbImage, VisionError> {
         let image = RgbView::from_image(image)?;
-        let plan = self.plan((image.width(), image.height()), o)?;
+        let plan = planned(self, (image.width(), image.height()), o)?;
         let frames = Frames::of(&self.layout(&plan));
         let mut scratch = Scratch::default();
         let mut cut = Cut {
@@ -208,7 +208,7 @@ impl<P: Tiled> Processor for P {
         o: &PreprocessOptions,
         scratch: &mut Scratch,
     ) -> Result<PreprocessOutput, VisionError> {
-        let plan = self.plan((image.width(), image.height()), o)?;
+        let plan = planned(self, (image.width(), image.height()), o)?;
         let layout = self.layout(&plan);
         let mut cut = Cut {
             image,
@@ -252,8 +252,19 @@ pub(crate) fn write_frames<P: Tiled + ?Sized, T: OutElem>(
     })
 }
 
+/// [`Tiled::plan`] after the refusal every tiled family shares: an image
+/// with a side of zero pixels.
+fn planned<P: Tiled + ?Sized>(
+    p: &P,
+    (w, h): (usize, usize),
+    opts: &PreprocessOptions,
+) -> Result<P::Plan, VisionError> {
+    check_sides(w, h)?;
+    p.plan((w, h), opts)
+}
+
 /// Refuses an image with a side of zero pixels.
-pub(crate) fn check_sides(width: usize, height: usize) -> Result<(), VisionError> {
+fn check_sides(width: usize, height: usize) -> Result<(), VisionError> {
     if width == 0 || height == 0 {
         return Err(VisionError::Geometry(format!(
             "image is {width}x{height}: a side is zero"
