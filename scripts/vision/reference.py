@@ -20,8 +20,8 @@ Writes
   resized 8-bit image's sha256, shapes, grid, token count, sum and sum of
   squares of pixel_values, and sampled float values; and for the
   any-resolution processors (LLaVA-NeXT, OneVision), Gemma 3 (with pan and
-  scan), Idefics3 / SmolVLM and InternVL tables of image sizes with their
-  tile and placeholder counts.
+  scan), Idefics3 / SmolVLM, InternVL, Llama 4 and Phi-4-multimodal tables
+  of image sizes with their tile and placeholder counts.
 
 Images from ../shared/images (beside the repository root) are referenced by
 name only; nothing large is written.
@@ -737,6 +737,48 @@ def tiled_layouts(sizes):
     return {"gemma3": gemma, "smolvlm": smol, "pixtral": pixtral, "internvl": internvl, "llama4": llama4}
 
 
+def phi4_layouts(sizes):
+    """Phi-4-multimodal: rows [height, width, rows, cols, num_img_tokens, mask ones]
+    ([height, width, 0, 0, 0, 0] where the reference refuses the size), from its own
+    _preprocess on an untouched uint8 tensor of the size, with the torchvision resize
+    and pad of dynamic_preprocess replaced by shape-only stand-ins (the plan, mask and
+    token count depend on the size alone)."""
+    module = sys.modules[Phi4MultimodalImageProcessorFast.__module__]
+
+    class ShapeOnly:
+        @staticmethod
+        def resize(image, size, **_):
+            return torch.empty(*image.shape[:-2], *size, dtype=image.dtype)
+
+        @staticmethod
+        def pad(image, padding, fill=None):
+            left, top, right, bottom = padding
+            return torch.empty(*image.shape[:-2], image.shape[-2] + top + bottom, image.shape[-1] + left + right, dtype=image.dtype)
+
+    cfg = PROCESSORS["phi4_multimodal"]
+    ip = processor_for("phi4_multimodal")
+    tile = cfg["size"]["height"]
+    call = dict(size=SizeDict(height=tile, width=tile), interpolation=TF.InterpolationMode.BICUBIC,
+                patch_size=cfg["patch_size"], dynamic_hd=cfg["dynamic_hd"], do_rescale=True,
+                rescale_factor=cfg["rescale_factor"], do_normalize=True, image_mean=tuple(cfg["image_mean"]),
+                image_std=tuple(cfg["image_std"]))
+    rows, real = [], module.F
+    module.F = ShapeOnly
+    try:
+        for h, w in sizes:
+            try:
+                out = ip._preprocess([torch.empty((3, h, w), dtype=torch.uint8)], **call)
+            except ValueError:
+                rows.append([h, w, 0, 0, 0, 0])
+                continue
+            height, width = (int(v) for v in out["image_sizes"][0])
+            ones = int(out["image_attention_mask"][0].sum())
+            rows.append([h, w, height // tile, width // tile, int(out["num_img_tokens"][0]), ones])
+    finally:
+        module.F = real
+    return rows
+
+
 def layout_sizes():
     sides = [1, 2, 3, 4, 7, 13, 100, 223, 224, 255, 256, 257, 300, 307, 308, 335, 336, 337, 383, 384, 385, 500, 511, 512,
              513, 671, 672, 673, 767, 768, 769, 1000, 1007, 1008, 1009, 1080, 1151, 1152, 1153, 1535, 1536, 1537, 1920,
@@ -759,6 +801,8 @@ def update_only(name):
         img, _ = decoded_entry(file)
         image["cases"] = [c for c in image["cases"] if c["processor"] != name] + [case(name, img, {})]
         print(key, image["cases"][-1].get("shape", image["cases"][-1].get("error", "")[:40]), file=sys.stderr)
+    if name == "phi4_multimodal":
+        result["phi4_layouts"] = phi4_layouts(layout_sizes())
     path.write_text(json.dumps(result, separators=(",", ":")) + "\n")
 
 
@@ -785,6 +829,7 @@ def main():
         print(key, decoded["width"], decoded["height"], [c.get("shape", c.get("error", "")[:30]) for c in cases], file=sys.stderr)
     result["anyres_layouts"] = anyres_layouts()
     result["tiled_layouts"] = tiled_layouts(layout_sizes())
+    result["phi4_layouts"] = phi4_layouts(layout_sizes())
     (DATA / "expected.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")
 
 
