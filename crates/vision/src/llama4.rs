@@ -39,7 +39,7 @@ use crate::output::{ItemTensor, OutputLayout};
 use crate::placeholders::{self, PlaceholderLayout};
 use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_copy, Bicubic};
-use crate::tiles::{cut_tiles, pad_into, with_global, Cut, Each, Tiled};
+use crate::tiles::{cut_tiles, pad_into, padded_canvas_bytes, with_global, Cut, Each, Tiled};
 
 /// The Llama 4 image processor.
 #[derive(Debug, Clone, PartialEq)]
@@ -246,12 +246,11 @@ impl Tiled for Llama4Processor {
         plan.resized
     }
 
+    /// The canvas's, and the global tile's resize.
     fn buffer_bytes(&self, plan: &Plan, input: (u64, u64)) -> u64 {
         let t = self.tile as u64;
-        let (rw, rh) = (plan.resized.0 as u64, plan.resized.1 as u64);
-        let canvas = 3 * plan.rows as u64 * plan.cols as u64 * t * t;
-        let resizes = resize::working_bytes(input, (rw, rh)) + resize::working_bytes(input, (t, t));
-        resizes + canvas + 3 * t * t
+        let canvas = padded_canvas_bytes(input, plan.resized, plan.tiles(), self.tile);
+        canvas + resize::working_bytes(input, (t, t))
     }
 
     fn norm(&self) -> &Normalization {

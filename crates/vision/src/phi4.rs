@@ -49,8 +49,8 @@ use crate::layout::planar_chw;
 use crate::normalize::{Lut, Normalization, OutElem};
 use crate::output::{ItemTensor, OutputLayout};
 use crate::processor::PreprocessOptions;
-use crate::resize::{self, resize_copy, Bicubic};
-use crate::tiles::{cut_tiles, pad_into, write_frames, Cut, Each, Tiled};
+use crate::resize::{resize_copy, Bicubic};
+use crate::tiles::{cut_tiles, pad_into, padded_canvas_bytes, write_frames, Cut, Each, Tiled};
 
 /// Image tokens of the global frame, its separator and its row ends, as
 /// `Phi4MultimodalImageProcessorFast` counts them (fixed numbers there).
@@ -300,13 +300,9 @@ impl Tiled for Phi4Processor {
         plan.resized
     }
 
-    /// The resize, the canvas and a tile (the global frame is computed
-    /// from the canvas in place).
+    /// The canvas's (the global frame is computed from it in place).
     fn buffer_bytes(&self, plan: &Plan, input: (u64, u64)) -> u64 {
-        let t = self.tile as u64;
-        let (rw, rh) = (plan.resized.0 as u64, plan.resized.1 as u64);
-        let canvas = 3 * plan.tiles() as u64 * t * t;
-        resize::working_bytes(input, (rw, rh)) + canvas + 3 * t * t
+        padded_canvas_bytes(input, plan.resized, plan.tiles(), self.tile)
     }
 
     fn norm(&self) -> &Normalization {

@@ -25,6 +25,7 @@ use crate::output::{ItemTensor, OutputDtype, OutputLayout, PixelValues, Preproce
 use crate::placeholders::PlaceholderLayout;
 use crate::pool::PooledVec;
 use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
+use crate::resize;
 use crate::scratch::Scratch;
 
 /// What a family's frames are handed to: `(index, frame)`.
@@ -298,6 +299,19 @@ pub(crate) fn cut_tiles(
         each(i, RgbView::new(buf, tw, th)?);
     }
     Ok(tiles)
+}
+
+/// Peak bytes of a padded canvas's frames (Llama 4, Phi-4): resizing an
+/// `input` image to `resized` (`(width, height)`), the canvas of `tiles`
+/// square tiles of `side` it is padded into, and one tile cut from it.
+pub(crate) fn padded_canvas_bytes(
+    input: (u64, u64),
+    (w, h): (usize, usize),
+    tiles: usize,
+    side: usize,
+) -> u64 {
+    let (w, h, tile) = (w as u64, h as u64, 3 * (side * side) as u64);
+    resize::working_bytes(input, (w, h)) + tiles as u64 * tile + tile
 }
 
 /// `src` (`w`×`h`) at the top left of a `canvas_w`×`canvas_h` image of
