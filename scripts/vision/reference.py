@@ -7,6 +7,7 @@ torch==2.9.1 and torchvision==0.24.1 (CPU):
 
     pip install transformers==4.57.1 pillow==12.2.0 numpy torch==2.9.1 torchvision==0.24.1
     python3 scripts/vision/reference.py            # from the repository root
+    python3 scripts/vision/reference.py --only phi4_multimodal   # one processor's cases
 
 Writes
 - crates/vision/tests/data/synthetic/*: small deterministic edge-case images
@@ -19,8 +20,8 @@ Writes
   resized 8-bit image's sha256, shapes, grid, token count, sum and sum of
   squares of pixel_values, and sampled float values; and for the
   any-resolution processors (LLaVA-NeXT, OneVision), Gemma 3 (with pan and
-  scan), Idefics3 / SmolVLM and InternVL tables of image sizes with their
-  tile and placeholder counts.
+  scan), Idefics3 / SmolVLM, InternVL, Llama 4 and Phi-4-multimodal tables
+  of image sizes with their tile and placeholder counts.
 
 Images from ../shared/images (beside the repository root) are referenced by
 name only; nothing large is written.
@@ -47,6 +48,7 @@ from transformers import (
     GotOcr2ImageProcessor,
     GotOcr2ImageProcessorFast,
     Llama4ImageProcessorFast,
+    Phi4MultimodalImageProcessorFast,
     Idefics3ImageProcessor,
     PixtralImageProcessor,
     LlavaNextImageProcessor,
@@ -205,44 +207,32 @@ PROCESSORS = {
         "rescale_factor": 0.00392156862745098,
         "size": {"longest_edge": 1024},
     },
-    # OpenGVLab/InternVL3-1B-hf (the fast class, as shipped; image_seq_length
-    # from its processor_config.json)
-    "internvl": {
-        "image_processor_type": "GotOcr2ImageProcessorFast",
-        "crop_to_patches": False,
-        "do_convert_rgb": True,
-        "do_normalize": True,
-        "do_rescale": True,
-        "do_resize": True,
-        "image_mean": [0.485, 0.456, 0.406],
-        "image_std": [0.229, 0.224, 0.225],
-        "max_patches": 12,
-        "min_patches": 1,
-        "resample": 3,
-        "rescale_factor": 0.00392156862745098,
-        "size": {"height": 448, "width": 448},
-        "image_seq_length": 256,
-    },
 }
+
+
+def shipped(kind, tile, resample, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), **rest):
+    """A shipped config of the torchvision classes: every do_* switch on, the 1/255
+    rescale, square tiles of `tile`."""
+    switches = {f"do_{k}": True for k in ("convert_rgb", "normalize", "rescale", "resize")}
+    return {"image_processor_type": kind, **switches, "image_mean": list(mean), "image_std": list(std),
+            "resample": resample, "rescale_factor": 0.00392156862745098, "size": {"height": tile, "width": tile}, **rest}
+
+
+# OpenGVLab/InternVL3-1B-hf (the fast class, as shipped; image_seq_length from its
+# processor_config.json)
+PROCESSORS["internvl"] = shipped("GotOcr2ImageProcessorFast", 448, 3, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
+                                 crop_to_patches=False, max_patches=12, min_patches=1, image_seq_length=256)
 # meta-llama/Llama-4-Scout-17B-16E-Instruct (Llama4ImageProcessorFast: the only class)
-PROCESSORS["llama4"] = {
-    "image_processor_type": "Llama4ImageProcessorFast",
-    "do_convert_rgb": True,
-    "do_normalize": True,
-    "do_rescale": True,
-    "do_resize": True,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-    "max_patches": 16,
-    "resample": 2,
-    "rescale_factor": 0.00392156862745098,
-    "resize_to_max_canvas": False,
-    "size": {"height": 336, "width": 336},
-}
+PROCESSORS["llama4"] = shipped("Llama4ImageProcessorFast", 336, 2, max_patches=16, resize_to_max_canvas=False)
+# microsoft/Phi-4-multimodal-instruct (Phi4MultimodalImageProcessorFast: the only class;
+# AutoImageProcessor has no slow one for phi4_multimodal)
+PROCESSORS["phi4_multimodal"] = shipped("Phi4MultimodalImageProcessorFast", 448, 3, dynamic_hd=36, patch_size=14)
 # The same config with the slow (Pillow) class.
 PROCESSORS["internvl_slow"] = dict(PROCESSORS["internvl"], image_processor_type="GotOcr2ImageProcessor")
 
 IDEFICS3 = ("smolvlm", "idefics3")
+# The torchvision classes: they take the PIL image as a channels-first tensor.
+FAST = ("internvl", "llama4", "phi4_multimodal")
 INTERNVL = ("internvl", "internvl_slow")
 
 # InternVLProcessor's image defaults: crop_to_patches on, whatever the image
@@ -499,7 +489,22 @@ def llama4_frames_8bit(arr):
     return np.concatenate(frames, axis=0)
 
 
+def phi4_frames_8bit(image_processor, arr):
+    """The 8-bit canvas Phi-4-multimodal normalises (resized, padded white by
+    transformers' own dynamic_preprocess), cut into its tiles row by row and stacked
+    vertically."""
+    cfg = PROCESSORS["phi4_multimodal"]
+    tile, patch = cfg["size"]["height"], cfg["patch_size"]
+    t = torch.from_numpy(np.array(arr, dtype=np.uint8)).permute(2, 0, 1)
+    canvas, _ = image_processor.dynamic_preprocess(t, tile, patch, tile // patch, max_num=cfg["dynamic_hd"])
+    c = canvas.permute(1, 2, 0).numpy()
+    rows, cols = c.shape[0] // tile, c.shape[1] // tile
+    return np.concatenate([c[r * tile : (r + 1) * tile, k * tile : (k + 1) * tile] for r in range(rows) for k in range(cols)])
+
+
 def resized_8bit(name, cfg, arr, overrides):
+    if name == "phi4_multimodal":
+        return phi4_frames_8bit(processor_for(name), arr)
     if name == "llama4":
         return llama4_frames_8bit(arr)
     if name in INTERNVL:
@@ -568,6 +573,8 @@ def processor_for(name):
         return GotOcr2ImageProcessorFast(**cfg)
     if name == "llama4":
         return Llama4ImageProcessorFast(**cfg)
+    if name == "phi4_multimodal":
+        return Phi4MultimodalImageProcessorFast(**cfg)
     if name == "internvl_slow":
         return GotOcr2ImageProcessor(**cfg)
     if "size" in cfg:
@@ -595,7 +602,7 @@ def case(name, img, overrides):
             call["return_row_col_info"] = True
         if name in INTERNVL:
             call.update(INTERNVL_CALL)
-        if name in ("internvl", "llama4"):
+        if name in FAST:
             # The fast classes take the PIL image as a channels-first tensor.
             out = image_processor(images=img, return_tensors="pt", **call)
         else:
@@ -603,10 +610,10 @@ def case(name, img, overrides):
     except ValueError as e:
         entry["error"] = str(e)
         return entry
-    pv = out["pixel_values"]
+    pv = out["image_pixel_values" if name == "phi4_multimodal" else "pixel_values"]
     # Llama 4 normalises in bfloat16, which numpy lacks: widened exactly.
     pv = np.asarray(pv.float() if hasattr(pv, "float") else pv, dtype=np.float32)
-    if name in ("llava", "llava_next", "llava_onevision", "pixtral") or name in IDEFICS3:
+    if name in ("llava", "llava_next", "llava_onevision", "pixtral", "phi4_multimodal") or name in IDEFICS3:
         pv = pv[0]  # the batch of one
     r8 = resized_8bit(name, PROCESSORS[name], arr, overrides)
     flat = pv.reshape(-1).astype(np.float64)
@@ -648,6 +655,16 @@ def case(name, img, overrides):
         rows, cols = (int(v) for v in np.asarray(out["aspect_ratios"])[0])
         entry["tile_grid"] = [rows, cols]
         entry["tokens"] = 144 * (rows * cols + (1 if rows * cols > 1 else 0))
+    elif name == "phi4_multimodal":
+        # Phi4MultimodalProcessor repeats <|image|> num_img_tokens times; the model also
+        # reads image_sizes (the canvas) and image_attention_mask [1 + tiles, 32, 32].
+        height, width = (int(v) for v in np.asarray(out["image_sizes"])[0])
+        tile = PROCESSORS[name]["size"]["height"]
+        mask = np.asarray(out["image_attention_mask"][0])
+        entry["image_sizes"] = [height, width]
+        entry["tile_grid"] = [height // tile, width // tile]
+        entry["tokens"] = int(out["num_img_tokens"][0])
+        entry["attention_mask"] = {"shape": list(mask.shape), "sha256": sha256(mask.astype(np.uint8))}
     elif name in MODEL_PROCESSORS:
         height, width = (int(v) for v in np.asarray(out["image_sizes"])[0])
         entry["image_sizes"] = [height, width]
@@ -720,6 +737,48 @@ def tiled_layouts(sizes):
     return {"gemma3": gemma, "smolvlm": smol, "pixtral": pixtral, "internvl": internvl, "llama4": llama4}
 
 
+def phi4_layouts(sizes):
+    """Phi-4-multimodal: rows [height, width, rows, cols, num_img_tokens, mask ones]
+    ([height, width, 0, 0, 0, 0] where the reference refuses the size), from its own
+    _preprocess on an untouched uint8 tensor of the size, with the torchvision resize
+    and pad of dynamic_preprocess replaced by shape-only stand-ins (the plan, mask and
+    token count depend on the size alone)."""
+    module = sys.modules[Phi4MultimodalImageProcessorFast.__module__]
+
+    class ShapeOnly:
+        @staticmethod
+        def resize(image, size, **_):
+            return torch.empty(*image.shape[:-2], *size, dtype=image.dtype)
+
+        @staticmethod
+        def pad(image, padding, fill=None):
+            left, top, right, bottom = padding
+            return torch.empty(*image.shape[:-2], image.shape[-2] + top + bottom, image.shape[-1] + left + right, dtype=image.dtype)
+
+    cfg = PROCESSORS["phi4_multimodal"]
+    ip = processor_for("phi4_multimodal")
+    tile = cfg["size"]["height"]
+    call = dict(size=SizeDict(height=tile, width=tile), interpolation=TF.InterpolationMode.BICUBIC,
+                patch_size=cfg["patch_size"], dynamic_hd=cfg["dynamic_hd"], do_rescale=True,
+                rescale_factor=cfg["rescale_factor"], do_normalize=True, image_mean=tuple(cfg["image_mean"]),
+                image_std=tuple(cfg["image_std"]))
+    rows, real = [], module.F
+    module.F = ShapeOnly
+    try:
+        for h, w in sizes:
+            try:
+                out = ip._preprocess([torch.empty((3, h, w), dtype=torch.uint8)], **call)
+            except ValueError:
+                rows.append([h, w, 0, 0, 0, 0])
+                continue
+            height, width = (int(v) for v in out["image_sizes"][0])
+            ones = int(out["image_attention_mask"][0].sum())
+            rows.append([h, w, height // tile, width // tile, int(out["num_img_tokens"][0]), ones])
+    finally:
+        module.F = real
+    return rows
+
+
 def layout_sizes():
     sides = [1, 2, 3, 4, 7, 13, 100, 223, 224, 255, 256, 257, 300, 307, 308, 335, 336, 337, 383, 384, 385, 500, 511, 512,
              513, 671, 672, 673, 767, 768, 769, 1000, 1007, 1008, 1009, 1080, 1151, 1152, 1153, 1535, 1536, 1537, 1920,
@@ -730,9 +789,28 @@ def layout_sizes():
     return sizes
 
 
+def update_only(name):
+    """Recomputes one processor's cases in the committed expected.json, every other
+    entry left as it is (`--only NAME`)."""
+    path = DATA / "expected.json"
+    result = json.loads(path.read_text())
+    result["processors"][name] = PROCESSORS[name]
+    for image in result["images"]:
+        key = image["name"]
+        file = SHARED / key.removeprefix("shared/") if key.startswith("shared/") else DATA / key
+        img, _ = decoded_entry(file)
+        image["cases"] = [c for c in image["cases"] if c["processor"] != name] + [case(name, img, {})]
+        print(key, image["cases"][-1].get("shape", image["cases"][-1].get("error", "")[:40]), file=sys.stderr)
+    if name == "phi4_multimodal":
+        result["phi4_layouts"] = phi4_layouts(layout_sizes())
+    path.write_text(json.dumps(result, separators=(",", ":")) + "\n")
+
+
 def main():
     if PIL.__version__ != "12.2.0" or transformers.__version__ != "4.57.1":
         sys.exit(f"need pillow 12.2.0 and transformers 4.57.1, have {PIL.__version__} / {transformers.__version__}")
+    if sys.argv[1:2] == ["--only"]:
+        return update_only(sys.argv[2])
     synthetic = make_synthetic()
     images = {f"shared/{p.name}": p for p in sorted(SHARED.iterdir()) if p.suffix in {".png", ".jpg", ".webp", ".gif"}}
     images.update({f"synthetic/{n}": p for n, p in sorted(synthetic.items())})
@@ -751,6 +829,7 @@ def main():
         print(key, decoded["width"], decoded["height"], [c.get("shape", c.get("error", "")[:30]) for c in cases], file=sys.stderr)
     result["anyres_layouts"] = anyres_layouts()
     result["tiled_layouts"] = tiled_layouts(layout_sizes())
+    result["phi4_layouts"] = phi4_layouts(layout_sizes())
     (DATA / "expected.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")
 
 

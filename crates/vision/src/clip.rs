@@ -5,19 +5,15 @@
 //! kB would become 336 × 22 million pixels before the crop. The resize
 //! target is therefore held to the same [`DecodeLimits`] as decoded images.
 
-use half::bf16;
-
 use crate::decode::DecodeLimits;
 use crate::error::VisionError;
 use crate::geometry::{centre_crop_origin, shortest_edge_size};
 use crate::image::RgbView;
-use crate::layout::planar_chw;
-use crate::normalize::{Normalization, OutElem};
-use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
-use crate::pool::PooledVec;
-use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
+use crate::normalize::Normalization;
+use crate::output::OutputLayout;
+use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_into};
-use crate::scratch::Scratch;
+use crate::tiles::{Cut, Each, Tiled};
 
 /// A CLIP-style fixed-size processor.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,13 +32,7 @@ impl ClipProcessor {
     /// The output layout: the crop's, whatever the image's size.
     fn crop_layout(&self) -> OutputLayout {
         let (ch, cw) = self.crop_size;
-        OutputLayout {
-            shape: vec![3, ch, cw],
-            image_grid_thw: None,
-            num_placeholder_tokens: (ch / self.patch_size) * (cw / self.patch_size),
-            image_sizes: None,
-            tile_grid: None,
-        }
+        OutputLayout::frame((ch, cw), (ch / self.patch_size) * (cw / self.patch_size))
     }
 
     /// LLaVA-1.5 (CLIP ViT-L/14 at 336 px): 576 image tokens.
@@ -53,40 +43,6 @@ impl ClipProcessor {
             norm: Normalization::CLIP,
             patch_size: 14,
         }
-    }
-
-    /// Resizes then crops into `scratch.cropped`; returns the resized size.
-    fn resize_and_crop<'s>(
-        &self,
-        image: RgbView<'_>,
-        limits: &DecodeLimits,
-        parallel: bool,
-        scratch: &'s mut Scratch,
-    ) -> Result<(RgbView<'s>, (usize, usize)), VisionError> {
-        let (h, w) = shortest_edge_size(image.height(), image.width(), self.shortest_edge);
-        check_resize_target(image.width(), image.height(), w, h, limits)?;
-        let resized = resize_into(
-            image,
-            w,
-            h,
-            &mut scratch.inter,
-            &mut scratch.resized,
-            parallel,
-        )?;
-        let (ch, cw) = self.crop_size;
-        let (top, left) = centre_crop_origin(h, w, ch, cw).ok_or_else(|| {
-            VisionError::Geometry(format!(
-                "resized image {w}x{h} is smaller than the {cw}x{ch} crop"
-            ))
-        })?;
-        resized.crop_into(left, top, cw, ch, &mut scratch.cropped)?;
-        Ok((RgbView::new(&scratch.cropped, cw, ch)?, (w, h)))
-    }
-
-    fn write<T: OutElem>(&self, img: RgbView<'_>) -> PooledVec<T> {
-        let mut out = PooledVec::<T>::take(3 * img.width() * img.height());
-        planar_chw(img, &self.norm.lut::<T>(), &mut out);
-        out
     }
 }
 
@@ -109,75 +65,68 @@ fn check_resize_target(
     Ok(())
 }
 
-impl Processor for ClipProcessor {
+impl Tiled for ClipProcessor {
+    /// The resized `(width, height)`, before the crop.
+    type Plan = (usize, usize);
+
     fn name(&self) -> &'static str {
         "clip"
     }
 
-    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
-        fingerprint_of(
-            format_args!(
-                "clip|{}|{:?}|{}|pillow-12.2-bicubic",
-                self.shortest_edge, self.crop_size, self.patch_size,
-            ),
-            &self.norm,
-            opts,
+    fn settings(&self, _opts: &PreprocessOptions) -> String {
+        format!(
+            "clip|{}|{:?}|{}|pillow-12.2-bicubic",
+            self.shortest_edge, self.crop_size, self.patch_size,
         )
     }
 
-    fn working_bytes(
+    fn norm(&self) -> &Normalization {
+        &self.norm
+    }
+
+    fn plan(
         &self,
-        width: u32,
-        height: u32,
-        opts: &PreprocessOptions,
-    ) -> Result<u64, VisionError> {
-        let (in_w, in_h) = (width as usize, height as usize);
-        let (h, w) = shortest_edge_size(in_h, in_w, self.shortest_edge);
-        check_resize_target(in_w, in_h, w, h, &opts.limits)?;
+        (w, h): (usize, usize),
+        o: &PreprocessOptions,
+    ) -> Result<(usize, usize), VisionError> {
+        let (rh, rw) = shortest_edge_size(h, w, self.shortest_edge);
+        check_resize_target(w, h, rw, rh, &o.limits)?;
+        Ok((rw, rh))
+    }
+
+    fn layout(&self, _plan: &(usize, usize)) -> OutputLayout {
+        self.crop_layout()
+    }
+
+    fn resized_size(&self, plan: &(usize, usize)) -> (usize, usize) {
+        *plan
+    }
+
+    fn buffer_bytes(&self, &(w, h): &(usize, usize), input: (u64, u64)) -> u64 {
+        let crop = (self.crop_size.0 * self.crop_size.1) as u64;
+        resize::working_bytes(input, (w as u64, h as u64)) + 3 * crop
+    }
+
+    /// Resizes then centre-crops: one frame.
+    fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
+        let (image, parallel) = (cut.image, cut.parallel);
+        let &(w, h) = cut.plan;
+        let resized = resize_into(
+            image,
+            w,
+            h,
+            &mut cut.scratch.inter,
+            &mut cut.scratch.resized,
+            parallel,
+        )?;
         let (ch, cw) = self.crop_size;
-        let crop = (ch * cw) as u64;
-        let resize = resize::working_bytes((in_w as u64, in_h as u64), (w as u64, h as u64));
-        Ok(resize + 3 * crop + 3 * crop * opts.dtype.size() as u64)
-    }
-
-    fn resized_image(
-        &self,
-        image: &image::RgbImage,
-        opts: &PreprocessOptions,
-    ) -> Result<image::RgbImage, VisionError> {
-        let mut scratch = Scratch::default();
-        let view = RgbView::from_image(image)?;
-        let (cropped, _) = self.resize_and_crop(view, &opts.limits, false, &mut scratch)?;
-        cropped.to_image()
-    }
-
-    fn preprocess_view(
-        &self,
-        image: RgbView<'_>,
-        opts: &PreprocessOptions,
-        scratch: &mut Scratch,
-    ) -> Result<PreprocessOutput, VisionError> {
-        let parallel = split_image(opts, image.width() * image.height());
-        let (cropped, resized_size) =
-            self.resize_and_crop(image, &opts.limits, parallel, scratch)?;
-        let pixel_values = match opts.dtype {
-            OutputDtype::F32 => PixelValues::F32(self.write::<f32>(cropped)),
-            OutputDtype::Bf16 => PixelValues::Bf16(self.write::<bf16>(cropped)),
-        };
-        let layout = self.crop_layout();
-        Ok(PreprocessOutput::from_layout(
-            pixel_values,
-            layout,
-            resized_size,
-        ))
-    }
-
-    fn layout_for(
-        &self,
-        _width: usize,
-        _height: usize,
-        _opts: &PreprocessOptions,
-    ) -> Result<OutputLayout, VisionError> {
-        Ok(self.crop_layout())
+        let (top, left) = centre_crop_origin(h, w, ch, cw).ok_or_else(|| {
+            VisionError::Geometry(format!(
+                "resized image {w}x{h} is smaller than the {cw}x{ch} crop"
+            ))
+        })?;
+        resized.crop_into(left, top, cw, ch, &mut cut.scratch.cropped)?;
+        each(0, RgbView::new(&cut.scratch.cropped, cw, ch)?);
+        Ok(())
     }
 }

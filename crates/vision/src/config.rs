@@ -13,6 +13,7 @@ use crate::layout::PatchGeometry;
 use crate::llama4::Llama4Processor;
 use crate::llava_next::{AnyresFamily, AnyresProcessor};
 use crate::normalize::Normalization;
+use crate::phi4::Phi4Processor;
 use crate::pixtral::PixtralProcessor;
 use crate::processor::Processor;
 use crate::qwen::{QwenFamily, QwenVlProcessor, QWEN_DEFAULT_MAX_PIXELS, QWEN_DEFAULT_MIN_PIXELS};
@@ -25,7 +26,8 @@ use crate::resize::Bicubic;
 /// defaults), `CLIPImageProcessor` / `CLIPFeatureExtractor`, and the slow
 /// `LlavaNextImageProcessor` / `LlavaOnevisionImageProcessor`,
 /// `Gemma3ImageProcessor`, `Idefics3ImageProcessor` and `PixtralImageProcessor`,
-/// `GotOcr2ImageProcessor[Fast]` (InternVL) and `Llama4ImageProcessorFast`.
+/// `GotOcr2ImageProcessor[Fast]` (InternVL), `Llama4ImageProcessorFast` and
+/// `Phi4MultimodalImageProcessorFast`.
 pub fn processor_from_config(json: &Value) -> Result<Box<dyn Processor>, VisionError> {
     let kind = json
         .get("image_processor_type")
@@ -52,11 +54,51 @@ pub fn processor_from_config(json: &Value) -> Result<Box<dyn Processor>, VisionE
         Ok(Box::new(internvl_from_config(json)?))
     } else if lower == "llama4imageprocessorfast" || lower == "llama4imageprocessor" {
         Ok(Box::new(llama4_from_config(json)?))
+    } else if lower == "phi4multimodalimageprocessorfast" {
+        Ok(Box::new(phi4_from_config(json)?))
     } else {
-        Err(VisionError::Config(format!(
-            "unsupported image_processor_type {kind:?}"
-        )))
+        Err(unsupported(json, kind))
     }
+}
+
+/// The refusal of an `image_processor_type` Iris has no processor for,
+/// saying why when it is known: a processor that exists only as remote
+/// code in the model repository (`auto_map`, `trust_remote_code`) has no
+/// transformers 4.57.1 class to be bit-exact with (Kimi-VL's
+/// `KimiVLImageProcessor`, the first Phi-4-multimodal upload's
+/// `Phi4MMImageProcessor`).
+fn unsupported(json: &Value, kind: &str) -> VisionError {
+    let remote = json
+        .get("auto_map")
+        .and_then(|m| {
+            m.get("AutoImageProcessor")
+                .or_else(|| m.get("AutoProcessor"))
+        })
+        .and_then(Value::as_str);
+    let lower = kind.to_ascii_lowercase();
+    let family = if lower.starts_with("kimivl") {
+        Some("Kimi-VL")
+    } else if lower.starts_with("phi4mm") {
+        Some("Phi-4-multimodal (remote-code upload; the transformers-native config names Phi4MultimodalImageProcessorFast)")
+    } else {
+        None
+    };
+    let why = match (family, remote) {
+        (Some(family), _) => format!(
+            "{family}: its image processor {kind:?} exists only as remote code in the model \
+             repository (trust_remote_code{}), not in transformers 4.57.1, so there is no \
+             reference processor for Iris to match",
+            remote
+                .map(|r| format!(", auto_map {r}"))
+                .unwrap_or_default()
+        ),
+        (None, Some(remote)) => format!(
+            "image_processor_type {kind:?} is remote code (auto_map {remote}), not a \
+             transformers 4.57.1 processor: Iris implements only processors transformers ships"
+        ),
+        (None, None) => format!("unsupported image_processor_type {kind:?}"),
+    };
+    VisionError::Config(why)
 }
 
 /// Keys of the model processor's `processor_config.json` that decide the
@@ -311,6 +353,18 @@ fn boolean(json: &Value, key: &str) -> Result<Option<bool>, VisionError> {
 
 /// The Pillow filter of `resample` (1 LANCZOS, 2 BILINEAR, 3 BICUBIC);
 /// `default` when absent. NEAREST, BOX and HAMMING are refused.
+/// Refuses a `resample` other than 3 (BICUBIC), for the classes whose
+/// resizes ignore it or that reproduce only their bicubic.
+fn require_bicubic(json: &Value, kind: &str) -> Result<(), VisionError> {
+    if pillow_filter(json, kind, Bicubic::Pillow)? != Bicubic::Pillow {
+        return Err(VisionError::Config(format!(
+            "resample = {} is not supported for {kind} (only 3, bicubic)",
+            json["resample"]
+        )));
+    }
+    Ok(())
+}
+
 fn pillow_filter(json: &Value, kind: &str, default: Bicubic) -> Result<Bicubic, VisionError> {
     match json.get("resample") {
         None | Some(Value::Null) => Ok(default),
@@ -533,12 +587,7 @@ pub fn internvl_from_config(json: &Value) -> Result<InternVlProcessor, VisionErr
         &["do_resize", "do_rescale", "do_normalize", "do_convert_rgb"],
     )?;
     boolean(json, "crop_to_patches")?;
-    if pillow_filter(json, kind, Bicubic::Pillow)? != Bicubic::Pillow {
-        return Err(VisionError::Config(format!(
-            "resample = {} is not supported for {kind} (only 3, bicubic)",
-            json["resample"]
-        )));
-    }
+    require_bicubic(json, kind)?;
     let base = InternVlProcessor::internvl3();
     let min_patches = nonzero(uint(json, "min_patches")?.unwrap_or(1), "min_patches")?;
     let max_patches = nonzero(uint(json, "max_patches")?.unwrap_or(12), "max_patches")?;
@@ -603,6 +652,44 @@ pub fn llama4_from_config(json: &Value) -> Result<Llama4Processor, VisionError> 
         max_patches: nonzero(uint(json, "max_patches")?.unwrap_or(16), "max_patches")?,
         norm: normalization(json, base.norm)?,
         tokens_per_tile: (tile / 14) * (tile / 14) / 4,
+    })
+}
+
+/// Phi-4-multimodal processor (`Phi4MultimodalImageProcessorFast`, the only
+/// class transformers 4.57.1 has; absent keys take its defaults: 448-pixel
+/// tiles, patch 14, at most 36 tiles, mean and std 0.5).
+///
+/// Accepted: `do_resize` / `do_rescale` / `do_normalize` / `do_convert_rgb`
+/// true, `resample` 3 (BICUBIC, the global frame's float resize), a square
+/// `size` of whole patches, positive `patch_size` and `dynamic_hd`.
+/// Anything else is refused, naming the key.
+pub fn phi4_from_config(json: &Value) -> Result<Phi4Processor, VisionError> {
+    let kind = "Phi4MultimodalImageProcessorFast";
+    require_true(
+        json,
+        kind,
+        &["do_resize", "do_rescale", "do_normalize", "do_convert_rgb"],
+    )?;
+    require_bicubic(json, kind)?;
+    let base = Phi4Processor::phi4_multimodal();
+    let tile = square_side(json, "size")?.unwrap_or(base.tile);
+    let patch_size = nonzero(
+        uint(json, "patch_size")?.unwrap_or(base.patch_size),
+        "patch_size",
+    )?;
+    if tile % patch_size != 0 || tile / patch_size < 2 {
+        return Err(VisionError::Config(format!(
+            "size {tile} is not a whole number (at least 2) of {patch_size}-pixel patches"
+        )));
+    }
+    Ok(Phi4Processor {
+        tile,
+        patch_size,
+        dynamic_hd: nonzero(
+            uint(json, "dynamic_hd")?.unwrap_or(base.dynamic_hd),
+            "dynamic_hd",
+        )?,
+        norm: normalization(json, base.norm)?,
     })
 }
 
@@ -746,6 +833,91 @@ mod tests {
         .unwrap();
         assert_eq!((p.min_pixels, p.max_pixels), (100, 12845056));
         assert_eq!(p.norm, Normalization::CLIP);
+    }
+
+    #[test]
+    fn phi4_config_is_the_shipped_one_and_refuses_by_name() {
+        let shipped = json!({
+            "image_processor_type": "Phi4MultimodalImageProcessorFast",
+            "do_convert_rgb": true, "do_normalize": true, "do_rescale": true, "do_resize": true,
+            "dynamic_hd": 36, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+            "patch_size": 14, "resample": 3, "rescale_factor": 0.00392156862745098,
+            "size": {"height": 448, "width": 448}
+        });
+        let p = phi4_from_config(&shipped).unwrap();
+        assert_eq!(p, Phi4Processor::phi4_multimodal());
+        assert_eq!(
+            processor_from_config(&shipped).unwrap().name(),
+            "phi4_multimodal"
+        );
+        refused_by_name(
+            || json!({"image_processor_type": "Phi4MultimodalImageProcessorFast"}),
+            &[
+                ("resample", json!(2)),
+                ("size", json!({"height": 448, "width": 336})),
+                ("size", json!(450)),
+                ("dynamic_hd", json!(0)),
+                ("do_normalize", json!(false)),
+            ],
+        );
+    }
+
+    #[test]
+    fn remote_code_processors_are_refused_by_family() {
+        // A Kimi-VL directory (moonshotai/Kimi-VL-A3B-Instruct): remote code only.
+        let kimi = json!({
+            "image_processor_type": "KimiVLImageProcessor",
+            "auto_map": {
+                "AutoImageProcessor": "image_processing_kimi_vl.KimiVLImageProcessor",
+                "AutoProcessor": "processing_kimi_vl.KimiVLProcessor"
+            },
+            "patch_size": 14, "in_token_limit": 4096
+        });
+        let dir = std::env::temp_dir().join(format!("iris-vision-kimi-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("preprocessor_config.json"), kimi.to_string()).unwrap();
+        std::fs::write(dir.join("config.json"), r#"{"model_type": "kimi_vl"}"#).unwrap();
+        let err = processor_from_model_dir(&dir).err().map(|e| e.to_string());
+        std::fs::remove_dir_all(&dir).unwrap();
+        let err = err.unwrap_or_default();
+        for part in [
+            "Kimi-VL",
+            "KimiVLImageProcessor",
+            "remote code",
+            "trust_remote_code",
+            "image_processing_kimi_vl",
+        ] {
+            assert!(err.contains(part), "{part:?} missing from {err}");
+        }
+        // Without its auto_map the family is still named.
+        let bare = json!({"image_processor_type": "KimiVLImageProcessor"});
+        let err = processor_from_config(&bare)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("Kimi-VL") && err.contains("remote code"),
+            "{err}"
+        );
+        // Any other remote-code processor: named as such.
+        let other = json!({
+            "image_processor_type": "FancyImageProcessor",
+            "auto_map": {"AutoImageProcessor": "fancy.FancyImageProcessor"}
+        });
+        let err = processor_from_config(&other)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("remote code (auto_map fancy.FancyImageProcessor)"),
+            "{err}"
+        );
+        let phi = json!({"image_processor_type": "Phi4MMImageProcessor"});
+        let err = processor_from_config(&phi)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("Phi4MultimodalImageProcessorFast"), "{err}");
     }
 
     #[test]

@@ -26,18 +26,14 @@
 //! soft tokens only: `image_seq_length × (1 + crops)`; the wrapping tokens
 //! are the prompt builder's.
 
-use half::bf16;
-
 use crate::error::VisionError;
 use crate::image::RgbView;
-use crate::layout::planar_chw;
-use crate::normalize::{Normalization, OutElem};
-use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use crate::normalize::Normalization;
+use crate::output::OutputLayout;
 use crate::placeholders::{self, PlaceholderLayout};
-use crate::pool::PooledVec;
-use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
+use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_copy, Bicubic};
-use crate::scratch::Scratch;
+use crate::tiles::{Cut, Each, Tiled};
 
 /// Pan-and-scan parameters (`Gemma3Processor`'s defaults: 256, 4, 1.2).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -83,7 +79,7 @@ pub struct Gemma3Processor {
 /// The crops of one image: `cols`×`rows` windows of `crop_w`×`crop_h`
 /// (the last column or row clipped to the image).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Crops {
+pub(crate) struct Crops {
     cols: usize,
     rows: usize,
     crop_w: usize,
@@ -121,11 +117,7 @@ impl Gemma3Processor {
         Gemma3Processor {
             size: (896, 896),
             filter: Bicubic::PillowBilinear,
-            norm: Normalization {
-                rescale_factor: 1.0 / 255.0,
-                mean: [0.5; 3],
-                std: [0.5; 3],
-            },
+            norm: Normalization::HALF,
             tokens_per_image: 256,
             do_pan_and_scan: false,
             pan_and_scan: PanAndScan::default(),
@@ -164,24 +156,70 @@ impl Gemma3Processor {
             crop_h,
         }
     }
+}
 
-    /// Produces the 8-bit frames (the image, then its crops) and hands each
-    /// to `each` (index, frame).
-    fn frames(
-        &self,
-        image: RgbView<'_>,
-        crops: &Crops,
-        parallel: bool,
-        scratch: &mut Scratch,
-        mut each: impl FnMut(usize, RgbView<'_>),
-    ) -> Result<(), VisionError> {
+impl Tiled for Gemma3Processor {
+    type Plan = Crops;
+
+    /// The image and each crop in a `<start_of_image>` block.
+    fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
+        let frames = layout.shape.first().copied().unwrap_or(1);
+        placeholders::gemma3(frames, self.tokens_per_image)
+    }
+
+    fn name(&self) -> &'static str {
+        "gemma3"
+    }
+
+    fn settings(&self, opts: &PreprocessOptions) -> String {
+        let p = &self.pan_and_scan;
+        format!(
+            "gemma3|{:?}|{:?}|{}|{}|{}|{}|{}|pillow-12.2",
+            self.size,
+            self.filter,
+            self.tokens_per_image,
+            self.pans(opts),
+            p.min_crop_size,
+            p.max_num_crops,
+            p.min_ratio_to_activate.to_bits(),
+        )
+    }
+
+    fn norm(&self) -> &Normalization {
+        &self.norm
+    }
+
+    fn plan(&self, (w, h): (usize, usize), o: &PreprocessOptions) -> Result<Crops, VisionError> {
+        Ok(self.crops(w, h, o))
+    }
+
+    fn layout(&self, crops: &Crops) -> OutputLayout {
+        let frames = 1 + crops.count();
+        OutputLayout::frames(frames, self.size, self.tokens_per_image * frames)
+    }
+
+    fn resized_size(&self, _crops: &Crops) -> (usize, usize) {
+        (self.size.1, self.size.0)
+    }
+
+    /// The crops' buffers come on top of what the whole image's resize
+    /// left in the scratch.
+    fn buffer_bytes(&self, crops: &Crops, input: (u64, u64)) -> u64 {
+        let (oh, ow) = (self.size.0 as u64, self.size.1 as u64);
+        let mut resizes = resize::working_bytes(input, (ow, oh));
+        if crops.count() > 0 {
+            let (cw, ch) = (crops.crop_w as u64, crops.crop_h as u64);
+            resizes += resize::working_bytes((cw, ch), (ow, oh)) + 3 * cw * ch;
+        }
+        resizes + 3 * oh * ow
+    }
+
+    /// The image, then its crops.
+    fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
+        let (image, parallel) = (cut.image, cut.parallel);
+        let crops = cut.plan;
         let (h, w) = self.size;
-        let Scratch {
-            inter,
-            resized,
-            cropped,
-            ..
-        } = scratch;
+        let (inter, resized, cropped, _) = cut.scratch.buffers();
         resize_copy(self.filter, image, (w, h), inter, resized, parallel)?;
         each(0, RgbView::new(resized, w, h)?);
         for i in 0..crops.count() {
@@ -199,134 +237,6 @@ impl Gemma3Processor {
             each(1 + i, RgbView::new(resized, w, h)?);
         }
         Ok(())
-    }
-
-    fn write<T: OutElem>(
-        &self,
-        image: RgbView<'_>,
-        crops: &Crops,
-        parallel: bool,
-        scratch: &mut Scratch,
-    ) -> Result<PooledVec<T>, VisionError> {
-        let per = 3 * self.size.0 * self.size.1;
-        let mut out = PooledVec::<T>::take((1 + crops.count()) * per);
-        let lut = self.norm.lut::<T>();
-        self.frames(image, crops, parallel, scratch, |i, frame| {
-            if let Some(chunk) = out.get_mut(i * per..(i + 1) * per) {
-                planar_chw(frame, &lut, chunk);
-            }
-        })?;
-        Ok(out)
-    }
-
-    fn layout(&self, crops: &Crops) -> OutputLayout {
-        let frames = 1 + crops.count();
-        OutputLayout {
-            shape: vec![frames, 3, self.size.0, self.size.1],
-            image_grid_thw: None,
-            num_placeholder_tokens: self.tokens_per_image * frames,
-            image_sizes: None,
-            tile_grid: None,
-        }
-    }
-}
-
-impl Processor for Gemma3Processor {
-    /// The image and each crop in a `<start_of_image>` block.
-    fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
-        let frames = layout.shape.first().copied().unwrap_or(1);
-        placeholders::gemma3(frames, self.tokens_per_image)
-    }
-
-    fn name(&self) -> &'static str {
-        "gemma3"
-    }
-
-    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
-        let p = &self.pan_and_scan;
-        fingerprint_of(
-            format_args!(
-                "gemma3|{:?}|{:?}|{}|{}|{}|{}|{}|pillow-12.2",
-                self.size,
-                self.filter,
-                self.tokens_per_image,
-                self.pans(opts),
-                p.min_crop_size,
-                p.max_num_crops,
-                p.min_ratio_to_activate.to_bits(),
-            ),
-            &self.norm,
-            opts,
-        )
-    }
-
-    fn working_bytes(
-        &self,
-        width: u32,
-        height: u32,
-        opts: &PreprocessOptions,
-    ) -> Result<u64, VisionError> {
-        let (w, h) = (u64::from(width), u64::from(height));
-        let crops = self.crops(width as usize, height as usize, opts);
-        let (oh, ow) = (self.size.0 as u64, self.size.1 as u64);
-        // The crops' buffers come on top of what the whole image's resize
-        // left in the scratch.
-        let mut resizes = resize::working_bytes((w, h), (ow, oh));
-        if crops.count() > 0 {
-            let (cw, ch) = (crops.crop_w as u64, crops.crop_h as u64);
-            resizes += resize::working_bytes((cw, ch), (ow, oh)) + 3 * cw * ch;
-        }
-        let frame = 3 * oh * ow;
-        let output = (1 + crops.count() as u64) * frame * opts.dtype.size() as u64;
-        Ok(resizes + frame + output)
-    }
-
-    fn resized_image(
-        &self,
-        image: &image::RgbImage,
-        opts: &PreprocessOptions,
-    ) -> Result<image::RgbImage, VisionError> {
-        let mut scratch = Scratch::default();
-        let view = RgbView::from_image(image)?;
-        let crops = self.crops(view.width(), view.height(), opts);
-        let mut stacked = Vec::new();
-        self.frames(view, &crops, false, &mut scratch, |_, frame| {
-            stacked.extend_from_slice(frame.data());
-        })?;
-        RgbView::new(&stacked, self.size.1, self.size.0 * (1 + crops.count()))?.to_image()
-    }
-
-    fn preprocess_view(
-        &self,
-        image: RgbView<'_>,
-        opts: &PreprocessOptions,
-        scratch: &mut Scratch,
-    ) -> Result<PreprocessOutput, VisionError> {
-        let parallel = split_image(opts, image.width() * image.height());
-        let crops = self.crops(image.width(), image.height(), opts);
-        let pixel_values = match opts.dtype {
-            OutputDtype::F32 => {
-                PixelValues::F32(self.write::<f32>(image, &crops, parallel, scratch)?)
-            }
-            OutputDtype::Bf16 => {
-                PixelValues::Bf16(self.write::<bf16>(image, &crops, parallel, scratch)?)
-            }
-        };
-        let layout = self.layout(&crops);
-        Ok(PreprocessOutput::from_layout(
-            pixel_values,
-            layout,
-            (self.size.1, self.size.0),
-        ))
-    }
-
-    fn layout_for(
-        &self,
-        width: usize,
-        height: usize,
-        opts: &PreprocessOptions,
-    ) -> Result<OutputLayout, VisionError> {
-        Ok(self.layout(&self.crops(width, height, opts)))
     }
 }
 

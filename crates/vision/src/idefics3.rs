@@ -30,18 +30,14 @@
 //! counts the `<image>` tokens, `image_seq_len × (rows·cols + 1)`, and
 //! [`OutputLayout::tile_grid`] gives `[rows, cols]` for the tags.
 
-use half::bf16;
-
 use crate::error::VisionError;
 use crate::image::RgbView;
-use crate::layout::planar_chw;
-use crate::normalize::{Normalization, OutElem};
-use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use crate::normalize::Normalization;
+use crate::output::OutputLayout;
 use crate::placeholders::{self, PlaceholderLayout};
-use crate::pool::PooledVec;
-use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
+use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_copy, Bicubic};
-use crate::scratch::Scratch;
+use crate::tiles::{cut_tiles, Cut, Each, Tiled};
 
 /// The reference's absolute limit on either side after step 1.
 const MAX_IMAGE_SIZE: usize = 4096;
@@ -65,7 +61,7 @@ pub struct Idefics3Processor {
 
 /// What an image of a given size becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Plan {
+pub(crate) struct Plan {
     /// Step 1's `(width, height)`.
     first: (usize, usize),
     /// Step 2's `(width, height)` (splitting only).
@@ -127,21 +123,12 @@ impl Idefics3Processor {
             tile: 384,
             do_image_splitting: true,
             filter: Bicubic::PillowLanczos,
-            norm: Normalization {
-                rescale_factor: 1.0 / 255.0,
-                mean: [0.5; 3],
-                std: [0.5; 3],
-            },
+            norm: Normalization::HALF,
             image_seq_len: 81,
         }
     }
 
-    fn plan(&self, width: usize, height: usize) -> Result<Plan, VisionError> {
-        if width == 0 || height == 0 {
-            return Err(VisionError::Geometry(format!(
-                "image is {width}x{height}: a side is zero"
-            )));
-        }
+    fn plan_for(&self, width: usize, height: usize) -> Result<Plan, VisionError> {
         let (h1, w1) = longest_edge_size(height, width, self.longest_edge);
         if !self.do_image_splitting {
             return Ok(Plan {
@@ -164,77 +151,11 @@ impl Idefics3Processor {
             cols,
         })
     }
-
-    /// Produces the 8-bit frames (tiles row by row, then the global image)
-    /// and hands each to `each` (index, frame).
-    fn frames(
-        &self,
-        image: RgbView<'_>,
-        plan: &Plan,
-        parallel: bool,
-        scratch: &mut Scratch,
-        mut each: impl FnMut(usize, RgbView<'_>),
-    ) -> Result<(), VisionError> {
-        let t = self.tile;
-        let Scratch {
-            inter,
-            resized,
-            cropped,
-            raw,
-            ..
-        } = scratch;
-        resize_copy(self.filter, image, plan.first, inter, cropped, parallel)?;
-        let first = RgbView::new(cropped, plan.first.0, plan.first.1)?;
-        let Some(second_size) = plan.second else {
-            resize_copy(self.filter, first, (t, t), inter, raw, parallel)?;
-            each(0, RgbView::new(raw, t, t)?);
-            return Ok(());
-        };
-        resize_copy(self.filter, first, second_size, inter, resized, parallel)?;
-        let second = RgbView::new(resized, second_size.0, second_size.1)?;
-        let tiles = plan.rows * plan.cols;
-        for i in 0..tiles {
-            let (top, left) = ((i / plan.cols) * t, (i % plan.cols) * t);
-            second.crop_into(left, top, t, t, raw)?;
-            each(i, RgbView::new(raw, t, t)?);
-        }
-        // The global image: a single tile is its own (the reference skips
-        // the resize when the size already matches).
-        resize_copy(self.filter, second, (t, t), inter, raw, parallel)?;
-        each(tiles, RgbView::new(raw, t, t)?);
-        Ok(())
-    }
-
-    fn write<T: OutElem>(
-        &self,
-        image: RgbView<'_>,
-        plan: &Plan,
-        parallel: bool,
-        scratch: &mut Scratch,
-    ) -> Result<PooledVec<T>, VisionError> {
-        let per = 3 * self.tile * self.tile;
-        let mut out = PooledVec::<T>::take(plan.frames() * per);
-        let lut = self.norm.lut::<T>();
-        self.frames(image, plan, parallel, scratch, |i, frame| {
-            if let Some(chunk) = out.get_mut(i * per..(i + 1) * per) {
-                planar_chw(frame, &lut, chunk);
-            }
-        })?;
-        Ok(out)
-    }
-
-    fn layout(&self, plan: &Plan) -> OutputLayout {
-        OutputLayout {
-            shape: vec![plan.frames(), 3, self.tile, self.tile],
-            image_grid_thw: None,
-            num_placeholder_tokens: self.image_seq_len * plan.frames(),
-            image_sizes: None,
-            tile_grid: Some([plan.rows, plan.cols]),
-        }
-    }
 }
 
-impl Processor for Idefics3Processor {
+impl Tiled for Idefics3Processor {
+    type Plan = Plan;
+
     /// Each tile tagged with its row and column, then the global image.
     fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
         placeholders::idefics3(placeholders::grid(layout), self.image_seq_len)
@@ -244,33 +165,36 @@ impl Processor for Idefics3Processor {
         "idefics3"
     }
 
-    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
-        fingerprint_of(
-            format_args!(
-                "idefics3|{}|{}|{}|{:?}|{}|pillow-12.2",
-                self.longest_edge,
-                self.tile,
-                self.do_image_splitting,
-                self.filter,
-                self.image_seq_len,
-            ),
-            &self.norm,
-            opts,
+    fn settings(&self, _opts: &PreprocessOptions) -> String {
+        format!(
+            "idefics3|{}|{}|{}|{:?}|{}|pillow-12.2",
+            self.longest_edge, self.tile, self.do_image_splitting, self.filter, self.image_seq_len,
         )
     }
 
-    fn working_bytes(
-        &self,
-        width: u32,
-        height: u32,
-        opts: &PreprocessOptions,
-    ) -> Result<u64, VisionError> {
-        let plan = self.plan(width as usize, height as usize)?;
+    fn norm(&self) -> &Normalization {
+        &self.norm
+    }
+
+    fn plan(&self, (w, h): (usize, usize), _: &PreprocessOptions) -> Result<Plan, VisionError> {
+        self.plan_for(w, h)
+    }
+
+    fn layout(&self, plan: &Plan) -> OutputLayout {
+        let tokens = self.image_seq_len * plan.frames();
+        let side = (self.tile, self.tile);
+        OutputLayout::frames(plan.frames(), side, tokens).with_tiles([plan.rows, plan.cols])
+    }
+
+    fn resized_size(&self, plan: &Plan) -> (usize, usize) {
+        plan.second.unwrap_or(plan.first)
+    }
+
+    fn buffer_bytes(&self, plan: &Plan, input: (u64, u64)) -> u64 {
         let size = |(w, h): (usize, usize)| (w as u64, h as u64);
         let (w1, h1) = size(plan.first);
         let t = self.tile as u64;
-        let mut bytes =
-            resize::working_bytes((u64::from(width), u64::from(height)), (w1, h1)) + 3 * w1 * h1;
+        let mut bytes = resize::working_bytes(input, (w1, h1)) + 3 * w1 * h1;
         match plan.second.map(size) {
             Some((w2, h2)) => {
                 bytes += resize::working_bytes((w1, h1), (w2, h2))
@@ -279,56 +203,35 @@ impl Processor for Idefics3Processor {
             }
             None => bytes += resize::working_bytes((w1, h1), (t, t)),
         }
-        let frame = 3 * t * t;
-        Ok(bytes + frame + plan.frames() as u64 * frame * opts.dtype.size() as u64)
+        bytes + 3 * t * t
     }
 
-    fn resized_image(
-        &self,
-        image: &image::RgbImage,
-        _opts: &PreprocessOptions,
-    ) -> Result<image::RgbImage, VisionError> {
-        let mut scratch = Scratch::default();
-        let view = RgbView::from_image(image)?;
-        let plan = self.plan(view.width(), view.height())?;
-        let mut stacked = Vec::new();
-        self.frames(view, &plan, false, &mut scratch, |_, frame| {
-            stacked.extend_from_slice(frame.data());
-        })?;
-        RgbView::new(&stacked, self.tile, self.tile * plan.frames())?.to_image()
-    }
-
-    fn preprocess_view(
-        &self,
-        image: RgbView<'_>,
-        opts: &PreprocessOptions,
-        scratch: &mut Scratch,
-    ) -> Result<PreprocessOutput, VisionError> {
-        let parallel = split_image(opts, image.width() * image.height());
-        let plan = self.plan(image.width(), image.height())?;
-        let pixel_values = match opts.dtype {
-            OutputDtype::F32 => {
-                PixelValues::F32(self.write::<f32>(image, &plan, parallel, scratch)?)
-            }
-            OutputDtype::Bf16 => {
-                PixelValues::Bf16(self.write::<bf16>(image, &plan, parallel, scratch)?)
-            }
+    /// The tiles row by row, then the global image.
+    fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
+        let (image, parallel) = (cut.image, cut.parallel);
+        let plan = cut.plan;
+        let t = self.tile;
+        let (inter, resized, cropped, raw) = cut.scratch.buffers();
+        resize_copy(self.filter, image, plan.first, inter, cropped, parallel)?;
+        let first = RgbView::new(cropped, plan.first.0, plan.first.1)?;
+        let Some(second_size) = plan.second else {
+            resize_copy(self.filter, first, (t, t), inter, raw, parallel)?;
+            each(0, RgbView::new(raw, t, t)?);
+            return Ok(());
         };
-        let layout = self.layout(&plan);
-        Ok(PreprocessOutput::from_layout(
-            pixel_values,
-            layout,
-            plan.second.unwrap_or(plan.first),
-        ))
-    }
-
-    fn layout_for(
-        &self,
-        width: usize,
-        height: usize,
-        _opts: &PreprocessOptions,
-    ) -> Result<OutputLayout, VisionError> {
-        Ok(self.layout(&self.plan(width, height)?))
+        resize_copy(self.filter, first, second_size, inter, resized, parallel)?;
+        let second = RgbView::new(resized, second_size.0, second_size.1)?;
+        // An image that is a single tile is not cut: its global image only.
+        let tiles = if plan.rows * plan.cols > 0 {
+            cut_tiles(second, (t, t), raw, each)?
+        } else {
+            0
+        };
+        // The global image: a single tile is its own (the reference skips
+        // the resize when the size already matches).
+        resize_copy(self.filter, second, (t, t), inter, raw, parallel)?;
+        each(tiles, RgbView::new(raw, t, t)?);
+        Ok(())
     }
 }
 
@@ -341,7 +244,7 @@ mod tests {
         // 640×480 → 1536×1152 → 1536×1152 (already multiples): 3×4 tiles.
         assert_eq!(longest_edge_size(480, 640, 1536), (1152, 1536));
         assert_eq!(tile_multiple_size(1152, 1536, 384), (1152, 1536));
-        let p = Idefics3Processor::smolvlm().plan(640, 480).unwrap();
+        let p = Idefics3Processor::smolvlm().plan_for(640, 480).unwrap();
         assert_eq!((p.rows, p.cols, p.frames()), (3, 4, 13));
         // Odd truncations round up to even; thin images keep one pixel.
         assert_eq!(longest_edge_size(217, 333, 1536), (1000, 1536));

@@ -37,18 +37,14 @@
 //! without a thumbnail). The item carries `image_num_patches` (vLLM's
 //! name for the processor's `num_patches`).
 
-use half::bf16;
-
 use crate::error::VisionError;
 use crate::image::RgbView;
-use crate::layout::planar_chw;
 use crate::normalize::{Lut, Normalization, OutElem};
-use crate::output::{ItemTensor, OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use crate::output::{ItemTensor, OutputLayout};
 use crate::placeholders::{self, PlaceholderLayout};
-use crate::pool::PooledVec;
-use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
+use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_copy, Bicubic};
-use crate::scratch::Scratch;
+use crate::tiles::{cut_tiles, with_global, Cut, Each, Tiled};
 
 /// ImageNet mean, the shipped InternVL configs' `image_mean`.
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
@@ -74,7 +70,7 @@ pub struct InternVlProcessor {
 /// The tile grid of one image: `cols × rows` tiles, plus a thumbnail when
 /// there is more than one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Grid {
+pub(crate) struct Grid {
     cols: usize,
     rows: usize,
 }
@@ -86,10 +82,7 @@ impl Grid {
 
     /// Tiles and the thumbnail: the processor's `num_patches`.
     fn frames(&self) -> usize {
-        match self.tiles() {
-            1 => 1,
-            n => n + 1,
-        }
+        with_global(self.tiles())
     }
 }
 
@@ -106,7 +99,7 @@ fn arrangements(min: usize, max: usize) -> Vec<(usize, usize)> {
 
 /// `get_optimal_tiled_canvas` for a `width`×`height` image and
 /// `tile_h`×`tile_w` tiles: `(cols, rows)`, on the reference's doubles.
-fn optimal_grid(
+pub(crate) fn optimal_grid(
     (width, height): (usize, usize),
     (tile_h, tile_w): (usize, usize),
     min: usize,
@@ -157,22 +150,9 @@ impl InternVlProcessor {
         }
     }
 
-    fn lut<T: OutElem>(&self) -> Lut<T> {
-        if self.fast {
-            self.norm.fused_lut()
-        } else {
-            self.norm.lut()
-        }
-    }
-
-    fn grid(&self, width: usize, height: usize) -> Result<Grid, VisionError> {
-        if width == 0 || height == 0 {
-            return Err(VisionError::Geometry(format!(
-                "image is {width}x{height}: a side is zero"
-            )));
-        }
+    fn grid(&self, width: usize, height: usize) -> Grid {
         if self.max_patches <= 1 {
-            return Ok(Grid { cols: 1, rows: 1 });
+            return Grid { cols: 1, rows: 1 };
         }
         let (cols, rows) = optimal_grid(
             (width, height),
@@ -180,74 +160,13 @@ impl InternVlProcessor {
             self.min_patches,
             self.max_patches,
         );
-        Ok(Grid { cols, rows })
-    }
-
-    /// Produces the 8-bit frames (the tiles row by row, then the
-    /// thumbnail) and hands each to `each` (index, frame).
-    fn frames(
-        &self,
-        image: RgbView<'_>,
-        grid: Grid,
-        parallel: bool,
-        scratch: &mut Scratch,
-        mut each: impl FnMut(usize, RgbView<'_>),
-    ) -> Result<(), VisionError> {
-        let (th, tw) = self.tile;
-        let filter = self.filter();
-        let Scratch {
-            inter,
-            resized,
-            cropped,
-            ..
-        } = scratch;
-        let canvas = (grid.cols * tw, grid.rows * th);
-        resize_copy(filter, image, canvas, inter, resized, parallel)?;
-        let whole = RgbView::new(resized, canvas.0, canvas.1)?;
-        if grid.tiles() == 1 {
-            each(0, whole);
-            return Ok(());
-        }
-        for i in 0..grid.tiles() {
-            let (left, top) = ((i % grid.cols) * tw, (i / grid.cols) * th);
-            whole.crop_into(left, top, tw, th, cropped)?;
-            each(i, RgbView::new(cropped, tw, th)?);
-        }
-        resize_copy(filter, image, (tw, th), inter, cropped, parallel)?;
-        each(grid.tiles(), RgbView::new(cropped, tw, th)?);
-        Ok(())
-    }
-
-    fn write<T: OutElem>(
-        &self,
-        image: RgbView<'_>,
-        grid: Grid,
-        parallel: bool,
-        scratch: &mut Scratch,
-    ) -> Result<PooledVec<T>, VisionError> {
-        let per = 3 * self.tile.0 * self.tile.1;
-        let mut out = PooledVec::<T>::take(grid.frames() * per);
-        let lut = self.lut::<T>();
-        self.frames(image, grid, parallel, scratch, |i, frame| {
-            if let Some(chunk) = out.get_mut(i * per..(i + 1) * per) {
-                planar_chw(frame, &lut, chunk);
-            }
-        })?;
-        Ok(out)
-    }
-
-    fn layout(&self, grid: Grid) -> OutputLayout {
-        OutputLayout {
-            shape: vec![grid.frames(), 3, self.tile.0, self.tile.1],
-            image_grid_thw: None,
-            num_placeholder_tokens: self.image_seq_length * grid.frames(),
-            image_sizes: None,
-            tile_grid: Some([grid.rows, grid.cols]),
-        }
+        Grid { cols, rows }
     }
 }
 
-impl Processor for InternVlProcessor {
+impl Tiled for InternVlProcessor {
+    type Plan = Grid;
+
     /// `<img>`, the `<IMG_CONTEXT>` tokens of every tile, `</img>`.
     fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
         placeholders::internvl(layout.num_placeholder_tokens)
@@ -263,94 +182,78 @@ impl Processor for InternVlProcessor {
         "internvl"
     }
 
-    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
-        fingerprint_of(
-            format_args!(
-                "internvl|{:?}|{}|{}|{}|{}",
-                self.tile,
-                self.min_patches,
-                self.max_patches,
-                if self.fast {
-                    "torch-2.9"
-                } else {
-                    "pillow-12.2"
-                },
-                self.image_seq_length,
-            ),
-            &self.norm,
-            opts,
+    fn settings(&self, _opts: &PreprocessOptions) -> String {
+        format!(
+            "internvl|{:?}|{}|{}|{}|{}",
+            self.tile,
+            self.min_patches,
+            self.max_patches,
+            if self.fast {
+                "torch-2.9"
+            } else {
+                "pillow-12.2"
+            },
+            self.image_seq_length,
         )
     }
 
-    fn working_bytes(
-        &self,
-        width: u32,
-        height: u32,
-        opts: &PreprocessOptions,
-    ) -> Result<u64, VisionError> {
-        let grid = self.grid(width as usize, height as usize)?;
-        let (w, h) = (u64::from(width), u64::from(height));
+    fn plan(&self, (w, h): (usize, usize), _: &PreprocessOptions) -> Result<Grid, VisionError> {
+        Ok(self.grid(w, h))
+    }
+
+    fn layout(&self, grid: &Grid) -> OutputLayout {
+        let tokens = self.image_seq_length * grid.frames();
+        OutputLayout::frames(grid.frames(), self.tile, tokens).with_tiles([grid.rows, grid.cols])
+    }
+
+    fn resized_size(&self, grid: &Grid) -> (usize, usize) {
+        (self.tile.1 * grid.cols, self.tile.0 * grid.rows)
+    }
+
+    fn buffer_bytes(&self, grid: &Grid, input: (u64, u64)) -> u64 {
         let (th, tw) = (self.tile.0 as u64, self.tile.1 as u64);
         let canvas = (grid.cols as u64 * tw, grid.rows as u64 * th);
-        let resizes =
-            resize::working_bytes((w, h), canvas) + resize::working_bytes((w, h), (tw, th));
-        let frame = 3 * th * tw;
-        let output = grid.frames() as u64 * frame * opts.dtype.size() as u64;
-        Ok(resizes + 3 * canvas.0 * canvas.1 + frame + output)
+        let resizes = resize::working_bytes(input, canvas) + resize::working_bytes(input, (tw, th));
+        resizes + 3 * canvas.0 * canvas.1 + 3 * th * tw
     }
 
-    fn resized_image(
-        &self,
-        image: &image::RgbImage,
-        _opts: &PreprocessOptions,
-    ) -> Result<image::RgbImage, VisionError> {
-        let mut scratch = Scratch::default();
-        let view = RgbView::from_image(image)?;
-        let grid = self.grid(view.width(), view.height())?;
-        let mut stacked = Vec::new();
-        self.frames(view, grid, false, &mut scratch, |_, frame| {
-            stacked.extend_from_slice(frame.data());
-        })?;
-        RgbView::new(&stacked, self.tile.1, self.tile.0 * grid.frames())?.to_image()
+    fn norm(&self) -> &Normalization {
+        &self.norm
     }
 
-    fn preprocess_view(
-        &self,
-        image: RgbView<'_>,
-        opts: &PreprocessOptions,
-        scratch: &mut Scratch,
-    ) -> Result<PreprocessOutput, VisionError> {
-        let parallel = split_image(opts, image.width() * image.height());
-        let grid = self.grid(image.width(), image.height())?;
-        let pixel_values = match opts.dtype {
-            OutputDtype::F32 => {
-                PixelValues::F32(self.write::<f32>(image, grid, parallel, scratch)?)
-            }
-            OutputDtype::Bf16 => {
-                PixelValues::Bf16(self.write::<bf16>(image, grid, parallel, scratch)?)
-            }
-        };
-        let layout = self.layout(grid);
-        Ok(PreprocessOutput::from_layout(
-            pixel_values,
-            layout,
-            (self.tile.1 * grid.cols, self.tile.0 * grid.rows),
-        ))
+    fn lut<T: OutElem>(&self) -> Lut<T> {
+        if self.fast {
+            self.norm.fused_lut()
+        } else {
+            self.norm.lut()
+        }
     }
 
-    fn layout_for(
-        &self,
-        width: usize,
-        height: usize,
-        _opts: &PreprocessOptions,
-    ) -> Result<OutputLayout, VisionError> {
-        Ok(self.layout(self.grid(width, height)?))
+    /// The tiles row by row, then the thumbnail.
+    fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
+        let (image, parallel) = (cut.image, cut.parallel);
+        let grid = cut.plan;
+        let (th, tw) = self.tile;
+        let filter = self.filter();
+        let (inter, resized, cropped, _) = cut.scratch.buffers();
+        let canvas = (grid.cols * tw, grid.rows * th);
+        resize_copy(filter, image, canvas, inter, resized, parallel)?;
+        let whole = RgbView::new(resized, canvas.0, canvas.1)?;
+        if grid.tiles() == 1 {
+            each(0, whole);
+            return Ok(());
+        }
+        let tiles = cut_tiles(whole, (tw, th), cropped, each)?;
+        resize_copy(filter, image, (tw, th), inter, cropped, parallel)?;
+        each(tiles, RgbView::new(cropped, tw, th)?);
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::processor::Processor;
 
     #[test]
     fn arrangements_are_ordered_by_tile_count() {
@@ -372,14 +275,19 @@ mod tests {
     #[test]
     fn grids_follow_the_aspect_ratio() {
         let p = InternVlProcessor::internvl3();
-        let grid = |w, h| p.grid(w, h).map(|g| (g.cols, g.rows, g.frames())).ok();
+        let grid = |w, h| {
+            let g = p.grid(w, h);
+            (g.cols, g.rows, g.frames())
+        };
         // Square: 1×1 beats 2×2 unless the image covers half of 2×2's area.
-        assert_eq!(grid(448, 448), Some((1, 1, 1)));
-        assert_eq!(grid(700, 700), Some((2, 2, 5)));
+        assert_eq!(grid(448, 448), (1, 1, 1));
+        assert_eq!(grid(700, 700), (2, 2, 5));
         // 2:1 wide, small: 2×1 and a thumbnail.
-        assert_eq!(grid(800, 400), Some((2, 1, 3)));
+        assert_eq!(grid(800, 400), (2, 1, 3));
         // Very tall: 1×12.
-        assert_eq!(grid(10, 4000), Some((1, 12, 13)));
-        assert!(p.grid(0, 10).is_err());
+        assert_eq!(grid(10, 4000), (1, 12, 13));
+        // A side of zero is refused before any plan (tiles.rs).
+        let none = PreprocessOptions::default();
+        assert!(Processor::layout_for(&p, 0, 10, &none).is_err());
     }
 }

@@ -250,11 +250,7 @@ mod tests {
     fn patch_rows_equal_per_pixel_normalisation() {
         let norms = [
             Normalization::CLIP,
-            Normalization {
-                rescale_factor: 1.0 / 255.0,
-                mean: [0.5; 3],
-                std: [0.5; 3],
-            },
+            Normalization::HALF,
             Normalization {
                 rescale_factor: 0.003_9,
                 mean: [0.1, 0.7, -0.3],

@@ -9,9 +9,11 @@
 //!   [`ClipProcessor`] (LLaVA-1.5), [`AnyresProcessor`] (LLaVA-NeXT,
 //!   LLaVA-OneVision), [`Gemma3Processor`] (Gemma 3, with pan and scan),
 //!   [`Idefics3Processor`] (Idefics3, SmolVLM), [`PixtralProcessor`]
-//!   (Pixtral), [`InternVlProcessor`] (InternVL 3 / 3.5) and
-//!   [`Llama4Processor`] (Llama 4) — built from `preprocessor_config.json`
-//!   by [`processor_from_config`] / [`processor_from_model_dir`].
+//!   (Pixtral), [`InternVlProcessor`] (InternVL 3 / 3.5),
+//!   [`Llama4Processor`] (Llama 4) and [`Phi4Processor`]
+//!   (Phi-4-multimodal) — built from `preprocessor_config.json` by
+//!   [`processor_from_config`] / [`processor_from_model_dir`]; all but
+//!   Qwen share one tiled path (`tiles.rs`).
 //! - [`resize_bicubic`]: Pillow 12.2.0's fixed-point BICUBIC, vectorised
 //!   (the same passes run Pillow's BILINEAR and LANCZOS for Gemma 3 and
 //!   Idefics3).
@@ -44,6 +46,7 @@ mod llava_next;
 mod normalize;
 mod npy;
 mod output;
+mod phi4;
 mod pixtral;
 pub mod placeholders;
 mod pool;
@@ -53,14 +56,15 @@ mod reserve;
 mod resize;
 mod scratch;
 mod stream;
+mod tiles;
 pub mod video;
 
 pub use batch::preprocess_batch;
 pub use clip::ClipProcessor;
 pub use config::{
     anyres_from_config, clip_from_config, gemma3_from_config, idefics3_from_config,
-    internvl_from_config, llama4_from_config, pixtral_from_config, processor_from_config,
-    processor_from_model_dir, qwen_from_config,
+    internvl_from_config, llama4_from_config, phi4_from_config, pixtral_from_config,
+    processor_from_config, processor_from_model_dir, qwen_from_config,
 };
 pub use decode::{decode, probe, DecodeLimits, ImageFormat, ImageInfo};
 pub use error::VisionError;
@@ -75,6 +79,7 @@ pub use llava_next::{AnyresFamily, AnyresProcessor};
 pub use normalize::{Normalization, CLIP_MEAN, CLIP_STD};
 pub use npy::write_npy_f32;
 pub use output::{ItemTensor, OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+pub use phi4::Phi4Processor;
 pub use pixtral::PixtralProcessor;
 pub use placeholders::{Expansion, PlaceholderLayout};
 pub use pool::{pool_stats, PoolStats, PooledVec};

@@ -32,18 +32,14 @@
 //! `aspect_ratios` `[1, 2]` (as the processor returns it per image) and
 //! `patches_per_image` `[1]` (vLLM's split of the pixels per image).
 
-use half::bf16;
-
 use crate::error::VisionError;
 use crate::image::RgbView;
-use crate::layout::planar_chw;
-use crate::normalize::{Normalization, OutElem};
-use crate::output::{ItemTensor, OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use crate::normalize::{Lut, Normalization, OutElem};
+use crate::output::{ItemTensor, OutputLayout};
 use crate::placeholders::{self, PlaceholderLayout};
-use crate::pool::PooledVec;
-use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
+use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_copy, Bicubic};
-use crate::scratch::Scratch;
+use crate::tiles::{cut_tiles, pad_into, padded_canvas_bytes, with_global, Cut, Each, Tiled};
 
 /// The Llama 4 image processor.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,7 +56,7 @@ pub struct Llama4Processor {
 
 /// What one image becomes: the resized size, the canvas in tiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Plan {
+pub(crate) struct Plan {
     /// `(width, height)` of the resized image (before padding).
     resized: (usize, usize),
     rows: usize,
@@ -74,10 +70,7 @@ impl Plan {
 
     /// The tiles, and the global tile when there are several.
     fn frames(&self) -> usize {
-        match self.tiles() {
-            1 => 1,
-            n => n + 1,
-        }
+        with_global(self.tiles())
     }
 }
 
@@ -145,11 +138,7 @@ impl Llama4Processor {
         Llama4Processor {
             tile: 336,
             max_patches: 16,
-            norm: Normalization {
-                rescale_factor: 1.0 / 255.0,
-                mean: [0.5; 3],
-                std: [0.5; 3],
-            },
+            norm: Normalization::HALF,
             tokens_per_tile: 144,
         }
     }
@@ -181,13 +170,44 @@ impl Llama4Processor {
             .reduce(|best, c| if c.0 * c.1 < best.0 * best.1 { c } else { best })
             .unwrap_or((1, 1))
     }
+}
 
-    fn plan(&self, width: usize, height: usize) -> Result<Plan, VisionError> {
-        if width == 0 || height == 0 {
-            return Err(VisionError::Geometry(format!(
-                "image is {width}x{height}: a side is zero"
-            )));
-        }
+impl Tiled for Llama4Processor {
+    type Plan = Plan;
+
+    /// The tiles' `<|patch|>` runs with their separators, then the global tile's.
+    fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
+        placeholders::llama4(placeholders::grid(layout), self.tokens_per_tile)
+    }
+
+    /// `aspect_ratios` `[1, 2]`, the canvas's `[rows, cols]` (the
+    /// processor's), and `patches_per_image` `[1]`, the frames (vLLM's,
+    /// which splits the pixels by it).
+    fn item_tensors(&self, layout: &OutputLayout) -> Vec<ItemTensor> {
+        let [rows, cols] = placeholders::grid(layout);
+        let frames = layout.shape.first().copied().unwrap_or(1);
+        vec![
+            ItemTensor::ints("aspect_ratios", vec![1, 2], &[rows, cols]),
+            ItemTensor::ints("patches_per_image", vec![1], &[frames]),
+        ]
+    }
+
+    fn name(&self) -> &'static str {
+        "llama4"
+    }
+
+    fn settings(&self, _opts: &PreprocessOptions) -> String {
+        format!(
+            "llama4|{}|{}|{}|torch-2.9-bilinear|bf16",
+            self.tile, self.max_patches, self.tokens_per_tile,
+        )
+    }
+
+    fn plan(
+        &self,
+        (width, height): (usize, usize),
+        _: &PreprocessOptions,
+    ) -> Result<Plan, VisionError> {
         let (rows, cols) = self.best_canvas(width, height);
         let (canvas_h, canvas_w) = (rows * self.tile, cols * self.tile);
         // `min(max(side, tile), canvas side)`: the canvas's (a tensor) only
@@ -216,190 +236,55 @@ impl Llama4Processor {
         })
     }
 
-    /// Produces the 8-bit frames (the canvas's tiles row by row, then the
-    /// global tile) and hands each to `each` (index, frame).
-    fn frames(
-        &self,
-        image: RgbView<'_>,
-        plan: Plan,
-        parallel: bool,
-        scratch: &mut Scratch,
-        mut each: impl FnMut(usize, RgbView<'_>),
-    ) -> Result<(), VisionError> {
+    fn layout(&self, plan: &Plan) -> OutputLayout {
+        let (frames, t) = (plan.frames(), self.tile);
+        OutputLayout::frames(frames, (t, t), self.tokens_per_tile * frames)
+            .with_tiles([plan.rows, plan.cols])
+    }
+
+    fn resized_size(&self, plan: &Plan) -> (usize, usize) {
+        plan.resized
+    }
+
+    /// The canvas's, and the global tile's resize.
+    fn buffer_bytes(&self, plan: &Plan, input: (u64, u64)) -> u64 {
+        let t = self.tile as u64;
+        let canvas = padded_canvas_bytes(input, plan.resized, plan.tiles(), self.tile);
+        canvas + resize::working_bytes(input, (t, t))
+    }
+
+    fn norm(&self) -> &Normalization {
+        &self.norm
+    }
+
+    fn lut<T: OutElem>(&self) -> Lut<T> {
+        self.norm.bf16_lut()
+    }
+
+    /// The canvas's tiles row by row, then the global tile.
+    fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
+        let (image, parallel) = (cut.image, cut.parallel);
+        let plan = cut.plan;
         let t = self.tile;
         let filter = Bicubic::TorchBilinear;
-        let Scratch {
-            inter,
-            resized,
-            cropped,
-            raw,
-            ..
-        } = scratch;
+        let (inter, resized, cropped, raw) = cut.scratch.buffers();
         resize_copy(filter, image, plan.resized, inter, resized, parallel)?;
         let (canvas_w, canvas_h) = (plan.cols * t, plan.rows * t);
-        pad_into(resized, plan.resized, (canvas_w, canvas_h), cropped);
+        pad_into(resized, plan.resized, (canvas_w, canvas_h), 0, cropped);
         let canvas = RgbView::new(cropped, canvas_w, canvas_h)?;
-        for i in 0..plan.tiles() {
-            let (left, top) = ((i % plan.cols) * t, (i / plan.cols) * t);
-            canvas.crop_into(left, top, t, t, raw)?;
-            each(i, RgbView::new(raw, t, t)?);
-        }
-        if plan.tiles() > 1 {
+        let tiles = cut_tiles(canvas, (t, t), raw, each)?;
+        if tiles > 1 {
             resize_copy(filter, image, (t, t), inter, raw, parallel)?;
-            each(plan.tiles(), RgbView::new(raw, t, t)?);
+            each(tiles, RgbView::new(raw, t, t)?);
         }
         Ok(())
-    }
-
-    fn write<T: OutElem>(
-        &self,
-        image: RgbView<'_>,
-        plan: Plan,
-        parallel: bool,
-        scratch: &mut Scratch,
-    ) -> Result<PooledVec<T>, VisionError> {
-        let per = 3 * self.tile * self.tile;
-        let mut out = PooledVec::<T>::take(plan.frames() * per);
-        let lut = self.norm.bf16_lut::<T>();
-        self.frames(image, plan, parallel, scratch, |i, frame| {
-            if let Some(chunk) = out.get_mut(i * per..(i + 1) * per) {
-                planar_chw(frame, &lut, chunk);
-            }
-        })?;
-        Ok(out)
-    }
-
-    fn layout(&self, plan: Plan) -> OutputLayout {
-        OutputLayout {
-            shape: vec![plan.frames(), 3, self.tile, self.tile],
-            image_grid_thw: None,
-            num_placeholder_tokens: self.tokens_per_tile * plan.frames(),
-            image_sizes: None,
-            tile_grid: Some([plan.rows, plan.cols]),
-        }
-    }
-}
-
-/// `src` (`w`×`h`) at the top left of a black `canvas_w`×`canvas_h` image
-/// in `out`.
-fn pad_into(
-    src: &[u8],
-    (w, h): (usize, usize),
-    (canvas_w, canvas_h): (usize, usize),
-    out: &mut Vec<u8>,
-) {
-    out.clear();
-    out.resize(canvas_w * canvas_h * 3, 0);
-    for (y, row) in src.chunks_exact(w * 3).take(h.min(canvas_h)).enumerate() {
-        let start = y * canvas_w * 3;
-        let len = row.len().min(canvas_w * 3);
-        out[start..start + len].copy_from_slice(&row[..len]);
-    }
-}
-
-impl Processor for Llama4Processor {
-    /// The tiles' `<|patch|>` runs with their separators, then the global tile's.
-    fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
-        placeholders::llama4(placeholders::grid(layout), self.tokens_per_tile)
-    }
-
-    /// `aspect_ratios` `[1, 2]`, the canvas's `[rows, cols]` (the
-    /// processor's), and `patches_per_image` `[1]`, the frames (vLLM's,
-    /// which splits the pixels by it).
-    fn item_tensors(&self, layout: &OutputLayout) -> Vec<ItemTensor> {
-        let [rows, cols] = placeholders::grid(layout);
-        let frames = layout.shape.first().copied().unwrap_or(1);
-        vec![
-            ItemTensor::ints("aspect_ratios", vec![1, 2], &[rows, cols]),
-            ItemTensor::ints("patches_per_image", vec![1], &[frames]),
-        ]
-    }
-
-    fn name(&self) -> &'static str {
-        "llama4"
-    }
-
-    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
-        fingerprint_of(
-            format_args!(
-                "llama4|{}|{}|{}|torch-2.9-bilinear|bf16",
-                self.tile, self.max_patches, self.tokens_per_tile,
-            ),
-            &self.norm,
-            opts,
-        )
-    }
-
-    fn working_bytes(
-        &self,
-        width: u32,
-        height: u32,
-        opts: &PreprocessOptions,
-    ) -> Result<u64, VisionError> {
-        let plan = self.plan(width as usize, height as usize)?;
-        let (w, h) = (u64::from(width), u64::from(height));
-        let t = self.tile as u64;
-        let (rw, rh) = (plan.resized.0 as u64, plan.resized.1 as u64);
-        let canvas = 3 * plan.rows as u64 * plan.cols as u64 * t * t;
-        let resizes =
-            resize::working_bytes((w, h), (rw, rh)) + resize::working_bytes((w, h), (t, t));
-        let frame = 3 * t * t;
-        let output = plan.frames() as u64 * frame * opts.dtype.size() as u64;
-        Ok(resizes + canvas + frame + output)
-    }
-
-    fn resized_image(
-        &self,
-        image: &image::RgbImage,
-        _opts: &PreprocessOptions,
-    ) -> Result<image::RgbImage, VisionError> {
-        let mut scratch = Scratch::default();
-        let view = RgbView::from_image(image)?;
-        let plan = self.plan(view.width(), view.height())?;
-        let mut stacked = Vec::new();
-        self.frames(view, plan, false, &mut scratch, |_, frame| {
-            stacked.extend_from_slice(frame.data());
-        })?;
-        RgbView::new(&stacked, self.tile, self.tile * plan.frames())?.to_image()
-    }
-
-    fn preprocess_view(
-        &self,
-        image: RgbView<'_>,
-        opts: &PreprocessOptions,
-        scratch: &mut Scratch,
-    ) -> Result<PreprocessOutput, VisionError> {
-        let parallel = split_image(opts, image.width() * image.height());
-        let plan = self.plan(image.width(), image.height())?;
-        let pixel_values = match opts.dtype {
-            OutputDtype::F32 => {
-                PixelValues::F32(self.write::<f32>(image, plan, parallel, scratch)?)
-            }
-            OutputDtype::Bf16 => {
-                PixelValues::Bf16(self.write::<bf16>(image, plan, parallel, scratch)?)
-            }
-        };
-        let layout = self.layout(plan);
-        Ok(PreprocessOutput::from_layout(
-            pixel_values,
-            layout,
-            plan.resized,
-        ))
-    }
-
-    fn layout_for(
-        &self,
-        width: usize,
-        height: usize,
-        _opts: &PreprocessOptions,
-    ) -> Result<OutputLayout, VisionError> {
-        Ok(self.layout(self.plan(width, height)?))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::processor::Processor;
 
     #[test]
     fn canvases_follow_the_reference_order() {
@@ -423,7 +308,7 @@ mod tests {
     #[test]
     fn plans_fit_the_image_without_distortion() {
         let p = Llama4Processor::llama4();
-        let plan = |w, h| p.plan(w, h).ok();
+        let plan = |w, h| p.plan((w, h), &PreprocessOptions::default()).ok();
         // A small image is not upscaled past the tile: one tile.
         assert_eq!(
             plan(200, 100),
@@ -435,9 +320,9 @@ mod tests {
         );
         // 800×600: the 2×3 canvas (672×1008) scales it by 1.12, the least
         // upscale; six tiles and the global one.
-        let big = p.plan(800, 600).ok();
+        let big = p.plan((800, 600), &PreprocessOptions::default()).ok();
         assert_eq!(big.map(|b| (b.rows, b.cols, b.frames())), Some((2, 3, 7)));
-        assert!(p.plan(0, 5).is_err());
+        assert!(Processor::layout_for(&p, 0, 5, &PreprocessOptions::default()).is_err());
     }
 
     /// Every size of the reference's table (tests/data/expected.json,
@@ -459,7 +344,7 @@ mod tests {
             let [h, w, rows, cols, nh, nw] = v[..] else {
                 panic!("bad row {row}")
             };
-            let plan = p.plan(w, h).ok();
+            let plan = p.plan((w, h), &PreprocessOptions::default()).ok();
             assert_eq!(
                 plan,
                 Some(Plan {

@@ -33,17 +33,13 @@
 //! (`vision_feature_select_strategy = "default"`), OneVision has none
 //! (SigLIP, `"full"`), so both bases are `(tile / patch)²`.
 
-use half::bf16;
-
 use crate::error::VisionError;
 use crate::image::RgbView;
-use crate::layout::planar_chw;
-use crate::normalize::{Normalization, OutElem};
-use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
-use crate::pool::PooledVec;
-use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
+use crate::normalize::Normalization;
+use crate::output::OutputLayout;
+use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_into};
-use crate::scratch::Scratch;
+use crate::tiles::{Cut, Each, Tiled};
 
 /// Which model family's rules an [`AnyresProcessor`] follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -82,7 +78,9 @@ pub struct AnyresProcessor {
 
 /// What an image of a given size becomes, before any pixel is touched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Plan {
+pub(crate) struct Plan {
+    /// The decoded image's `(height, width)`.
+    image: (usize, usize),
     /// The chosen pinpoint `(height, width)`.
     grid: (usize, usize),
     /// The image's size scaled into the grid, `(height, width)`.
@@ -114,11 +112,7 @@ impl AnyresProcessor {
             family: AnyresFamily::LlavaOnevision,
             grid_pinpoints: onevision_pinpoints(),
             tile: 384,
-            norm: Normalization {
-                rescale_factor: 1.0 / 255.0,
-                mean: [0.5; 3],
-                std: [0.5; 3],
-            },
+            norm: Normalization::HALF,
             patch_size: 14,
             max_num_patches: Some(9),
         }
@@ -126,13 +120,14 @@ impl AnyresProcessor {
 
     /// The grid, scaled size, tile count and token count for a decoded
     /// `width`×`height` image.
-    fn plan(&self, width: usize, height: usize) -> Result<Plan, VisionError> {
+    fn plan_for(&self, width: usize, height: usize) -> Result<Plan, VisionError> {
         let grid = select_best_resolution(height, width, &self.grid_pinpoints)
             .ok_or_else(|| VisionError::Config("image_grid_pinpoints is empty".into()))?;
         let scaled = scaled_size(height, width, grid);
         let tiles = (grid.0 / self.tile) * (grid.1 / self.tile);
         let tokens = self.token_count(height, width, grid);
         Ok(Plan {
+            image: (height, width),
             grid,
             scaled,
             tiles,
@@ -167,74 +162,6 @@ impl AnyresProcessor {
             }
         }
         (unpadded + newlines + side * side).max(0) as usize
-    }
-
-    /// Produces the 8-bit tiles of `image` (planned as `plan`) in output
-    /// order and hands each to `each` (index, tile).
-    fn tiles(
-        &self,
-        image: RgbView<'_>,
-        plan: &Plan,
-        parallel: bool,
-        scratch: &mut Scratch,
-        mut each: impl FnMut(usize, RgbView<'_>),
-    ) -> Result<(), VisionError> {
-        let t = self.tile;
-        let base = resize_into(
-            image,
-            t,
-            t,
-            &mut scratch.inter,
-            &mut scratch.resized,
-            parallel,
-        )?;
-        each(0, base);
-        let (sh, sw) = plan.scaled;
-        let scaled = resize_into(
-            image,
-            sw,
-            sh,
-            &mut scratch.inter,
-            &mut scratch.resized,
-            parallel,
-        )?;
-        let offset = ((plan.grid.0 - sh) / 2, (plan.grid.1 - sw) / 2);
-        let columns = plan.grid.1 / t;
-        for i in 0..plan.tiles {
-            let origin = ((i / columns) * t, (i % columns) * t);
-            padded_tile(scaled, offset, origin, t, &mut scratch.cropped);
-            each(1 + i, RgbView::new(&scratch.cropped, t, t)?);
-        }
-        Ok(())
-    }
-
-    /// The normalised tensor `[1 + tiles, 3, T, T]`.
-    fn write<T: OutElem>(
-        &self,
-        image: RgbView<'_>,
-        plan: &Plan,
-        parallel: bool,
-        scratch: &mut Scratch,
-    ) -> Result<PooledVec<T>, VisionError> {
-        let per_tile = 3 * self.tile * self.tile;
-        let mut out = PooledVec::<T>::take((1 + plan.tiles) * per_tile);
-        let lut = self.norm.lut::<T>();
-        self.tiles(image, plan, parallel, scratch, |i, tile| {
-            if let Some(chunk) = out.get_mut(i * per_tile..(i + 1) * per_tile) {
-                planar_chw(tile, &lut, chunk);
-            }
-        })?;
-        Ok(out)
-    }
-
-    fn layout(&self, width: usize, height: usize, plan: &Plan) -> OutputLayout {
-        OutputLayout {
-            shape: vec![1 + plan.tiles, 3, self.tile, self.tile],
-            image_grid_thw: None,
-            num_placeholder_tokens: plan.tokens,
-            image_sizes: Some([height, width]),
-            tile_grid: None,
-        }
     }
 }
 
@@ -349,7 +276,9 @@ fn padded_tile(
     }
 }
 
-impl Processor for AnyresProcessor {
+impl Tiled for AnyresProcessor {
+    type Plan = Plan;
+
     fn name(&self) -> &'static str {
         match self.family {
             AnyresFamily::LlavaNext => "llava_next",
@@ -357,82 +286,55 @@ impl Processor for AnyresProcessor {
         }
     }
 
-    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
-        fingerprint_of(
-            format_args!(
-                "anyres|{:?}|{:?}|{}|{}|{:?}|pillow-12.2-bicubic",
-                self.family, self.grid_pinpoints, self.tile, self.patch_size, self.max_num_patches,
-            ),
-            &self.norm,
-            opts,
+    fn settings(&self, _opts: &PreprocessOptions) -> String {
+        format!(
+            "anyres|{:?}|{:?}|{}|{}|{:?}|pillow-12.2-bicubic",
+            self.family, self.grid_pinpoints, self.tile, self.patch_size, self.max_num_patches,
         )
     }
 
-    fn working_bytes(
-        &self,
-        width: u32,
-        height: u32,
-        opts: &PreprocessOptions,
-    ) -> Result<u64, VisionError> {
-        let (w, h) = (u64::from(width), u64::from(height));
-        let plan = self.plan(width as usize, height as usize)?;
+    fn norm(&self) -> &Normalization {
+        &self.norm
+    }
+
+    fn plan(&self, (w, h): (usize, usize), _: &PreprocessOptions) -> Result<Plan, VisionError> {
+        self.plan_for(w, h)
+    }
+
+    fn layout(&self, plan: &Plan) -> OutputLayout {
+        let side = (self.tile, self.tile);
+        OutputLayout::frames(1 + plan.tiles, side, plan.tokens)
+            .with_image_sizes([plan.image.0, plan.image.1])
+    }
+
+    fn resized_size(&self, plan: &Plan) -> (usize, usize) {
+        (plan.scaled.1, plan.scaled.0)
+    }
+
+    fn buffer_bytes(&self, plan: &Plan, input: (u64, u64)) -> u64 {
         let t = self.tile as u64;
         let (sh, sw) = (plan.scaled.0 as u64, plan.scaled.1 as u64);
-        let resizes =
-            resize::working_bytes((w, h), (t, t)) + resize::working_bytes((w, h), (sw, sh));
-        let tile = 3 * t * t;
-        let output = (1 + plan.tiles as u64) * tile * opts.dtype.size() as u64;
-        Ok(resizes + tile + output)
+        let resizes = resize::working_bytes(input, (t, t)) + resize::working_bytes(input, (sw, sh));
+        resizes + 3 * t * t
     }
 
-    fn resized_image(
-        &self,
-        image: &image::RgbImage,
-        _opts: &PreprocessOptions,
-    ) -> Result<image::RgbImage, VisionError> {
-        let mut scratch = Scratch::default();
-        let view = RgbView::from_image(image)?;
-        let plan = self.plan(view.width(), view.height())?;
-        let mut stacked = Vec::new();
-        self.tiles(view, &plan, false, &mut scratch, |_, tile| {
-            stacked.extend_from_slice(tile.data());
-        })?;
-        RgbView::new(&stacked, self.tile, self.tile * (1 + plan.tiles))?.to_image()
-    }
-
-    fn preprocess_view(
-        &self,
-        image: RgbView<'_>,
-        opts: &PreprocessOptions,
-        scratch: &mut Scratch,
-    ) -> Result<PreprocessOutput, VisionError> {
-        let (width, height) = (image.width(), image.height());
-        let parallel = split_image(opts, width * height);
-        let plan = self.plan(width, height)?;
-        let pixel_values = match opts.dtype {
-            OutputDtype::F32 => {
-                PixelValues::F32(self.write::<f32>(image, &plan, parallel, scratch)?)
-            }
-            OutputDtype::Bf16 => {
-                PixelValues::Bf16(self.write::<bf16>(image, &plan, parallel, scratch)?)
-            }
-        };
-        let layout = self.layout(width, height, &plan);
-        Ok(PreprocessOutput::from_layout(
-            pixel_values,
-            layout,
-            (plan.scaled.1, plan.scaled.0),
-        ))
-    }
-
-    fn layout_for(
-        &self,
-        width: usize,
-        height: usize,
-        _opts: &PreprocessOptions,
-    ) -> Result<OutputLayout, VisionError> {
-        let plan = self.plan(width, height)?;
-        Ok(self.layout(width, height, &plan))
+    /// The base tile, then the grid's tiles row by row.
+    fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
+        let (image, parallel) = (cut.image, cut.parallel);
+        let plan = cut.plan;
+        let t = self.tile;
+        let (inter, resized) = (&mut cut.scratch.inter, &mut cut.scratch.resized);
+        each(0, resize_into(image, t, t, inter, resized, parallel)?);
+        let (sh, sw) = plan.scaled;
+        let scaled = resize_into(image, sw, sh, inter, resized, parallel)?;
+        let offset = ((plan.grid.0 - sh) / 2, (plan.grid.1 - sw) / 2);
+        let columns = plan.grid.1 / t;
+        for i in 0..plan.tiles {
+            let origin = ((i / columns) * t, (i % columns) * t);
+            padded_tile(scaled, offset, origin, t, &mut cut.scratch.cropped);
+            each(1 + i, RgbView::new(&cut.scratch.cropped, t, t)?);
+        }
+        Ok(())
     }
 }
 
@@ -483,11 +385,11 @@ mod tests {
     fn token_counts_of_known_sizes() {
         let next = AnyresProcessor::llava_next();
         // 640×480 on 672×672: 48×48 features, 6 padded rows at each end.
-        let plan = next.plan(640, 480).unwrap();
+        let plan = next.plan_for(640, 480).unwrap();
         assert_eq!(plan.tiles, 4);
         assert_eq!(plan.tokens, 36 * 48 + 36 + 576);
         let ov = AnyresProcessor::llava_onevision();
-        let plan = ov.plan(640, 480).unwrap();
+        let plan = ov.plan_for(640, 480).unwrap();
         // Every grid from 768×768 up keeps all pixels; 768×768 wastes least.
         assert_eq!(plan.grid, (768, 768));
         assert_eq!(plan.tiles, 4);

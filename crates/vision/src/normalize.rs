@@ -51,6 +51,14 @@ impl Normalization {
         std: CLIP_STD,
     };
 
+    /// Mean and std 0.5 with the 1/255 rescale (Qwen3-VL, LLaVA-OneVision,
+    /// Gemma 3, Idefics3, Llama 4, Phi-4-multimodal): values in [-1, 1].
+    pub const HALF: Normalization = Normalization {
+        rescale_factor: 1.0 / 255.0,
+        mean: [0.5; 3],
+        std: [0.5; 3],
+    };
+
     /// The float the reference produces for 8-bit value `v` in channel `c`.
     pub fn value(&self, v: u8, c: usize) -> f32 {
         let rescaled = (f64::from(v) * self.rescale_factor) as f32;

@@ -126,6 +126,10 @@ pub struct OutputLayout {
     /// (InternVL, Llama 4: `[1, 1]` for a single tile). `None` for the
     /// other families.
     pub tile_grid: Option<[usize; 2]>,
+    /// `[height, width]` of the resized image inside a padded canvas, for
+    /// a model that masks the padding (Phi-4-multimodal's
+    /// `image_attention_mask`); `None` for the other families.
+    pub content_size: Option<[usize; 2]>,
 }
 
 /// A small integer tensor of an image's item that the model's code reads
@@ -154,6 +158,45 @@ impl ItemTensor {
     }
 }
 
+impl OutputLayout {
+    /// `frames` planar frames of `(height, width)`, `[frames, 3, H, W]`,
+    /// taking `tokens` placeholder tokens; no grid, sizes or tile grid.
+    pub(crate) fn frames(frames: usize, (height, width): (usize, usize), tokens: usize) -> Self {
+        OutputLayout {
+            shape: vec![frames, 3, height, width],
+            image_grid_thw: None,
+            num_placeholder_tokens: tokens,
+            image_sizes: None,
+            tile_grid: None,
+            content_size: None,
+        }
+    }
+
+    /// One planar frame of `(height, width)` without a frame axis,
+    /// `[3, H, W]`, taking `tokens` placeholder tokens.
+    pub(crate) fn frame(size: (usize, usize), tokens: usize) -> Self {
+        let mut layout = OutputLayout::frames(1, size, tokens);
+        layout.shape.remove(0);
+        layout
+    }
+
+    /// With [`OutputLayout::tile_grid`] `[rows, cols]`.
+    pub(crate) fn with_tiles(self, grid: [usize; 2]) -> Self {
+        OutputLayout {
+            tile_grid: Some(grid),
+            ..self
+        }
+    }
+
+    /// With [`OutputLayout::image_sizes`] `[height, width]`.
+    pub(crate) fn with_image_sizes(self, sizes: [usize; 2]) -> Self {
+        OutputLayout {
+            image_sizes: Some(sizes),
+            ..self
+        }
+    }
+}
+
 impl PreprocessOutput {
     /// The output's layout (what [`crate::Processor::planned_layout`] promised).
     pub fn layout(&self) -> OutputLayout {
@@ -163,6 +206,7 @@ impl PreprocessOutput {
             num_placeholder_tokens: self.num_placeholder_tokens,
             image_sizes: self.image_sizes,
             tile_grid: self.tile_grid,
+            content_size: self.content_size,
         }
     }
 }
@@ -187,6 +231,8 @@ pub struct PreprocessOutput {
     /// The tile rows and columns (Idefics3 / SmolVLM); see
     /// [`OutputLayout::tile_grid`].
     pub tile_grid: Option<[usize; 2]>,
+    /// See [`OutputLayout::content_size`].
+    pub content_size: Option<[usize; 2]>,
     /// Size the image was resized to, `(width, height)`, before patching/cropping.
     pub resized_size: (usize, usize),
 }
@@ -206,6 +252,7 @@ impl PreprocessOutput {
             num_placeholder_tokens: layout.num_placeholder_tokens,
             image_sizes: layout.image_sizes,
             tile_grid: layout.tile_grid,
+            content_size: layout.content_size,
             resized_size,
         }
     }

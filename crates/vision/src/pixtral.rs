@@ -16,18 +16,14 @@
 //! 1)` tokens in all, which [`OutputLayout::num_placeholder_tokens`]
 //! counts; [`OutputLayout::tile_grid`] gives `[rows, cols]`.
 
-use half::bf16;
-
 use crate::error::VisionError;
 use crate::image::RgbView;
-use crate::layout::planar_chw;
-use crate::normalize::{Normalization, OutElem};
-use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use crate::normalize::Normalization;
+use crate::output::OutputLayout;
 use crate::placeholders::{self, PlaceholderLayout};
-use crate::pool::PooledVec;
-use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
+use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_copy, Bicubic};
-use crate::scratch::Scratch;
+use crate::tiles::{Cut, Each, Tiled};
 
 /// The Pixtral image processor.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,27 +80,12 @@ impl PixtralProcessor {
         let (ph, pw) = self.token_patch();
         Ok((w.div_ceil(pw) * pw, h.div_ceil(ph) * ph))
     }
-
-    fn layout(&self, (w, h): (usize, usize)) -> OutputLayout {
-        let (ph, pw) = self.token_patch();
-        let (rows, cols) = (h / ph, w / pw);
-        OutputLayout {
-            shape: vec![3, h, w],
-            image_grid_thw: None,
-            num_placeholder_tokens: rows * (cols + 1),
-            image_sizes: Some([h, w]),
-            tile_grid: Some([rows, cols]),
-        }
-    }
-
-    fn write<T: OutElem>(&self, img: RgbView<'_>) -> PooledVec<T> {
-        let mut out = PooledVec::<T>::take(3 * img.width() * img.height());
-        planar_chw(img, &self.norm.lut::<T>(), &mut out);
-        out
-    }
 }
 
-impl Processor for PixtralProcessor {
+impl Tiled for PixtralProcessor {
+    /// The resized `(width, height)`.
+    type Plan = (usize, usize);
+
     /// Rows of `[IMG]` broken by `[IMG_BREAK]`, ended by `[IMG_END]`.
     fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
         placeholders::pixtral(placeholders::grid(layout))
@@ -114,67 +95,50 @@ impl Processor for PixtralProcessor {
         "pixtral"
     }
 
-    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
-        fingerprint_of(
-            format_args!(
-                "pixtral|{}|{:?}|{}|{:?}|pillow-12.2",
-                self.longest_edge, self.patch, self.spatial_merge_size, self.filter,
-            ),
-            &self.norm,
-            opts,
+    fn settings(&self, _opts: &PreprocessOptions) -> String {
+        format!(
+            "pixtral|{}|{:?}|{}|{:?}|pillow-12.2",
+            self.longest_edge, self.patch, self.spatial_merge_size, self.filter,
         )
     }
 
-    fn working_bytes(
+    fn norm(&self) -> &Normalization {
+        &self.norm
+    }
+
+    fn plan(
         &self,
-        width: u32,
-        height: u32,
-        opts: &PreprocessOptions,
-    ) -> Result<u64, VisionError> {
-        let (w, h) = self.target(width as usize, height as usize)?;
+        (w, h): (usize, usize),
+        _: &PreprocessOptions,
+    ) -> Result<(usize, usize), VisionError> {
+        self.target(w, h)
+    }
+
+    fn layout(&self, &(w, h): &(usize, usize)) -> OutputLayout {
+        let (ph, pw) = self.token_patch();
+        let (rows, cols) = (h / ph, w / pw);
+        OutputLayout::frame((h, w), rows * (cols + 1))
+            .with_image_sizes([h, w])
+            .with_tiles([rows, cols])
+    }
+
+    fn resized_size(&self, plan: &(usize, usize)) -> (usize, usize) {
+        *plan
+    }
+
+    fn buffer_bytes(&self, &(w, h): &(usize, usize), input: (u64, u64)) -> u64 {
         let (w, h) = (w as u64, h as u64);
-        let resize = resize::working_bytes((u64::from(width), u64::from(height)), (w, h));
-        Ok(resize + 3 * w * h + 3 * w * h * opts.dtype.size() as u64)
+        resize::working_bytes(input, (w, h)) + 3 * w * h
     }
 
-    fn resized_image(
-        &self,
-        image: &image::RgbImage,
-        _opts: &PreprocessOptions,
-    ) -> Result<image::RgbImage, VisionError> {
-        let view = RgbView::from_image(image)?;
-        let (w, h) = self.target(view.width(), view.height())?;
-        let (mut inter, mut out) = (Vec::new(), Vec::new());
-        resize_copy(self.filter, view, (w, h), &mut inter, &mut out, false)?;
-        RgbView::new(&out, w, h)?.to_image()
-    }
-
-    fn preprocess_view(
-        &self,
-        image: RgbView<'_>,
-        opts: &PreprocessOptions,
-        scratch: &mut Scratch,
-    ) -> Result<PreprocessOutput, VisionError> {
-        let parallel = split_image(opts, image.width() * image.height());
-        let (w, h) = self.target(image.width(), image.height())?;
-        let Scratch { inter, resized, .. } = scratch;
+    /// The resized image: one frame.
+    fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
+        let (image, parallel) = (cut.image, cut.parallel);
+        let &(w, h) = cut.plan;
+        let (inter, resized, ..) = cut.scratch.buffers();
         resize_copy(self.filter, image, (w, h), inter, resized, parallel)?;
-        let view = RgbView::new(resized, w, h)?;
-        let pixel_values = match opts.dtype {
-            OutputDtype::F32 => PixelValues::F32(self.write::<f32>(view)),
-            OutputDtype::Bf16 => PixelValues::Bf16(self.write::<bf16>(view)),
-        };
-        let layout = self.layout((w, h));
-        Ok(PreprocessOutput::from_layout(pixel_values, layout, (w, h)))
-    }
-
-    fn layout_for(
-        &self,
-        width: usize,
-        height: usize,
-        _opts: &PreprocessOptions,
-    ) -> Result<OutputLayout, VisionError> {
-        Ok(self.layout(self.target(width, height)?))
+        each(0, RgbView::new(resized, w, h)?);
+        Ok(())
     }
 }
 
@@ -191,7 +155,7 @@ mod tests {
         assert_eq!(p.target(13, 9).unwrap(), (16, 16));
         assert_eq!(p.target(333, 217).unwrap(), (336, 224));
         assert!(p.target(4000, 1).is_err());
-        let layout = p.layout((1024, 576));
+        let layout = p.layout(&(1024, 576));
         assert_eq!(layout.num_placeholder_tokens, 36 * 65);
         assert_eq!(layout.tile_grid, Some([36, 64]));
     }

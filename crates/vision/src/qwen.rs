@@ -48,11 +48,7 @@ impl QwenFamily {
     pub fn norm(self) -> Normalization {
         match self {
             QwenFamily::Qwen2Vl => Normalization::CLIP,
-            QwenFamily::Qwen3Vl => Normalization {
-                rescale_factor: 1.0 / 255.0,
-                mean: [0.5; 3],
-                std: [0.5; 3],
-            },
+            QwenFamily::Qwen3Vl => Normalization::HALF,
         }
     }
 }
@@ -171,6 +167,7 @@ impl QwenVlProcessor {
             num_placeholder_tokens: grid[0] * grid[1] * grid[2] / (geo.merge_size * geo.merge_size),
             image_sizes: None,
             tile_grid: None,
+            content_size: None,
         }
     }
 

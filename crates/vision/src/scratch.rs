@@ -44,6 +44,27 @@ pub struct Scratch {
     parked: usize,
 }
 
+/// Mutable borrows of a scratch's resize and frame buffers at once.
+type Buffers<'a> = (
+    &'a mut Vec<u8>,
+    &'a mut Vec<u8>,
+    &'a mut Vec<u8>,
+    &'a mut Vec<u8>,
+);
+
+impl Scratch {
+    /// The buffers a processor's frames pass through: `(inter, resized,
+    /// cropped, raw)` (the decoded image may be the one being cut).
+    pub(crate) fn buffers(&mut self) -> Buffers<'_> {
+        (
+            &mut self.inter,
+            &mut self.resized,
+            &mut self.cropped,
+            &mut self.raw,
+        )
+    }
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
         PARKED.fetch_sub(self.parked, Ordering::Relaxed);

@@ -7,7 +7,7 @@ mod common;
 
 use iris_vision::{
     probe, AnyresProcessor, ClipProcessor, Gemma3Processor, Idefics3Processor, InternVlProcessor,
-    OutputDtype, PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
+    OutputDtype, Phi4Processor, PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
 };
 
 /// Every committed synthetic image and the shared photos.
@@ -59,6 +59,7 @@ fn the_planned_layout_is_the_output_layout() {
         Box::new(Idefics3Processor::smolvlm()),
         Box::new(PixtralProcessor::pixtral_12b()),
         Box::new(InternVlProcessor::internvl3()),
+        Box::new(Phi4Processor::phi4_multimodal()),
     ];
     let (mut checked, mut turned) = (0, 0);
     for name in images() {
@@ -216,4 +217,41 @@ fn tiled_layouts_match_the_reference_table() {
         }
     }
     assert!(checked > 5000, "only {checked} sizes");
+}
+
+/// Phi-4-multimodal plans its canvas, mask and token count from the
+/// image's size alone: the same as transformers' own `_preprocess` gives
+/// on the size table (`phi4_layouts`: height, width, rows, cols,
+/// `num_img_tokens`, the mask's ones; zeros where the reference refuses
+/// the size), the dynamic path beyond 36 tiles included.
+#[test]
+fn phi4_layouts_match_the_reference_table() {
+    let all = common::expected();
+    let rows = all["phi4_layouts"].as_array().expect("phi4_layouts");
+    let processor = iris_vision::processor_from_config(&all["processors"]["phi4_multimodal"])
+        .expect("processor config");
+    let opts = PreprocessOptions::default();
+    for row in rows {
+        let v: Vec<usize> = serde_json::from_value(row.clone()).unwrap_or_default();
+        let [h, w, rows, cols, tokens, ones] = v[..] else {
+            panic!("bad row {row}")
+        };
+        let layout = processor.layout_for(w, h, &opts);
+        if rows == 0 {
+            assert!(layout.is_err(), "{w}x{h}: the reference refuses it");
+            continue;
+        }
+        let layout = layout.unwrap_or_else(|e| panic!("{w}x{h}: {e}"));
+        assert_eq!(layout.tile_grid, Some([rows, cols]), "{w}x{h}");
+        assert_eq!(layout.shape, vec![1 + rows * cols, 3, 448, 448], "{w}x{h}");
+        assert_eq!(layout.num_placeholder_tokens, tokens, "{w}x{h}");
+        assert_eq!(
+            layout.image_sizes,
+            Some([rows * 448, cols * 448]),
+            "{w}x{h}"
+        );
+        let mask = &processor.item_tensors(&layout)[0];
+        assert_eq!(mask.values.iter().sum::<i64>() as usize, ones, "{w}x{h}");
+    }
+    assert!(rows.len() > 2000, "only {} sizes", rows.len());
 }

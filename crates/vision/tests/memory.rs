@@ -14,8 +14,8 @@ use common::{png_with_header, read, Rng, DATA};
 use iris_vision::{
     decode, parked_scratch_bytes, probe, thread_scratch_bytes, AnyresProcessor, ClipProcessor,
     DecodeLimits, Gemma3Processor, Idefics3Processor, ImageFormat, ImageInfo, InternVlProcessor,
-    Llama4Processor, OutputDtype, PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
-    SCRATCH_KEEP_TOTAL_BYTES,
+    Llama4Processor, OutputDtype, Phi4Processor, PixtralProcessor, PreprocessOptions, Processor,
+    QwenVlProcessor, SCRATCH_KEEP_TOTAL_BYTES,
 };
 
 struct Tracking;
@@ -177,7 +177,7 @@ fn estimates_bound_the_real_peak() {
         gif_frame_outside(10, 10, (300, 200, 40, 30)),
     ));
     corpus.push(("1080p jpeg".into(), jpeg(1920, 1080)));
-    let processors: [&dyn Processor; 9] = [
+    let processors: [&dyn Processor; 10] = [
         &QwenVlProcessor::qwen2_vl(),
         &ClipProcessor::llava_1_5(),
         &AnyresProcessor::llava_next(),
@@ -187,6 +187,7 @@ fn estimates_bound_the_real_peak() {
         &PixtralProcessor::pixtral_12b(),
         &InternVlProcessor::internvl3(),
         &Llama4Processor::llama4(),
+        &Phi4Processor::phi4_multimodal(),
     ];
     for (name, bytes) in &corpus {
         let Ok(info) = probe(bytes) else {

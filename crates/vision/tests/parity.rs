@@ -9,14 +9,18 @@
 //! (torchvision) processors too: InternVL's `GotOcr2ImageProcessorFast`
 //! resizes with PyTorch 2.9.1's antialiased `uint8` bicubic, whose 8-bit
 //! result Iris reproduces exactly, and its fused rescale-and-normalise is
-//! reproduced in the same f32 operations.
+//! reproduced in the same f32 operations. Phi-4-multimodal's tiles are
+//! likewise exact; its global frame, PyTorch's float bicubic of the
+//! normalised canvas, is within the same 1e-5 (Iris sums the taps without
+//! PyTorch's fused multiply-adds: the last bits can differ). Its
+//! `image_attention_mask` must match byte for byte.
 
 mod common;
 
 use common::{expected, image_path, read, sample_indices};
 use iris_vision::{
-    decode, processor_from_config, DecodeLimits, OutputDtype, PreprocessOptions, Processor,
-    RgbImage,
+    decode, processor_from_config, DecodeLimits, OutputDtype, OutputLayout, PreprocessOptions,
+    Processor, RgbImage,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -158,6 +162,9 @@ fn check_cases(all: &Value, image: &Value, pixels: &RgbImage) -> usize {
             .get("tile_grid")
             .map(|v| [as_usize(&v[0]), as_usize(&v[1])]);
         assert_eq!(out.tile_grid, tile_grid, "{label}: tile_grid");
+        if let Some(mask) = case.get("attention_mask") {
+            check_attention_mask(p.as_ref(), &out.layout(), mask, &label);
+        }
         if let Some(grid) = case.get("grid_thw") {
             let want: Vec<usize> = grid.as_array().unwrap().iter().map(as_usize).collect();
             assert_eq!(
@@ -206,6 +213,24 @@ fn check_cases(all: &Value, image: &Value, pixels: &RgbImage) -> usize {
         count += 1;
     }
     count
+}
+
+/// Phi-4-multimodal's `image_attention_mask` item tensor: the reference's
+/// shape, and its 0/1 values byte for byte (sha256 of them as `u8`).
+fn check_attention_mask(p: &dyn Processor, layout: &OutputLayout, mask: &Value, label: &str) {
+    let tensors = p.item_tensors(layout);
+    let Some(t) = tensors.iter().find(|t| t.name == "image_attention_mask") else {
+        panic!("{label}: no image_attention_mask")
+    };
+    let shape: Vec<usize> = mask["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(as_usize)
+        .collect();
+    assert_eq!(t.shape, shape, "{label}: mask shape");
+    let bytes: Vec<u8> = t.values.iter().map(|&v| v as u8).collect();
+    assert_eq!(sha256_hex(&bytes), mask["sha256"], "{label}: mask values");
 }
 
 #[test]
@@ -277,7 +302,7 @@ fn bytes_path_equals_image_path_and_bf16_rounds_f32() {
 }
 
 /// The multi-frame processors (LLaVA-NeXT, OneVision, Gemma 3 with pan and
-/// scan, SmolVLM, InternVL fast and slow) and Pixtral give the same tensor from bytes as from
+/// scan, SmolVLM, InternVL fast and slow, Phi-4-multimodal) and Pixtral give the same tensor from bytes as from
 /// decoded pixels, with a large image split across threads or not, and
 /// their bf16 output is the f32 output rounded.
 #[test]
@@ -293,6 +318,7 @@ fn tiled_bytes_parallel_and_bf16_agree() {
         "pixtral",
         "internvl",
         "internvl_slow",
+        "phi4_multimodal",
     ] {
         let p = processor(&all, name);
         let opts = PreprocessOptions {

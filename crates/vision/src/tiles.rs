@@ -1,0 +1,417 @@
+//! The shared path of the processors whose output is a stack of planar
+//! frames: CLIP, LLaVA-NeXT / OneVision, Gemma 3, Idefics3, InternVL,
+//! Llama 4 and Pixtral (every family but Qwen, whose patch rows are fused
+//! with its resize).
+//!
+//! A family says what differs ([`Tiled`]): how an image of a given size is
+//! planned, the output layout of a plan, and how the image is cut into
+//! 8-bit frames. This module does the rest, once for all of them: the
+//! [`Processor`] methods, writing every frame normalised into planar
+//! `[3, H, W]` in the requested dtype, stacking the frames for
+//! [`Processor::resized_image`], and the peak-memory sum. The frames'
+//! count and size come from the layout's shape: `[frames, 3, H, W]`, or
+//! `[3, H, W]` for a single frame.
+//!
+//! An image with a side of zero pixels is refused before any family plans
+//! it. Helpers the families share: [`cut_tiles`] (a canvas cut into tiles row by row), [`pad_into`] (an
+//! image at the top left of a padded canvas) and [`with_global`] (tiles
+//! plus a global frame when there are several).
+
+use crate::error::VisionError;
+use crate::image::RgbView;
+use crate::layout::planar_chw;
+use crate::normalize::{Lut, Normalization, OutElem};
+use crate::output::{ItemTensor, OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+use crate::placeholders::PlaceholderLayout;
+use crate::pool::PooledVec;
+use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
+use crate::resize;
+use crate::scratch::Scratch;
+
+/// What a family's frames are handed to: `(index, frame)`.
+pub(crate) type Each<'a> = &'a mut dyn FnMut(usize, RgbView<'_>);
+
+/// A processor that cuts an image into planar frames of one size: what a
+/// family decides; [`Processor`] follows from it.
+pub(crate) trait Tiled: Send + Sync {
+    /// What an image of a given size becomes, before any pixel is touched.
+    type Plan;
+
+    /// [`Processor::name`].
+    fn name(&self) -> &'static str;
+
+    /// The family's settings that change its output under `opts`, as text:
+    /// with the normalisation and the options every family shares, the
+    /// [`Processor::fingerprint`].
+    fn settings(&self, opts: &PreprocessOptions) -> String;
+
+    /// Rescale, mean and std.
+    fn norm(&self) -> &Normalization;
+
+    /// The plan for a decoded (oriented) `(width, height)` image; refuses
+    /// what the reference refuses.
+    fn plan(
+        &self,
+        size: (usize, usize),
+        opts: &PreprocessOptions,
+    ) -> Result<Self::Plan, VisionError>;
+
+    /// The output layout of `plan`.
+    fn layout(&self, plan: &Self::Plan) -> OutputLayout;
+
+    /// The `(width, height)` the image was resized to under `plan`
+    /// ([`PreprocessOutput::resized_size`]).
+    fn resized_size(&self, plan: &Self::Plan) -> (usize, usize);
+
+    /// Peak bytes of the buffers cutting an `input` (`(width, height)`)
+    /// image into its frames under `plan` takes, the output tensor aside.
+    fn buffer_bytes(&self, plan: &Self::Plan, input: (u64, u64)) -> u64;
+
+    /// Produces the 8-bit frames of the cut's image, in output order, and
+    /// hands each to `each`.
+    fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError>;
+
+    /// The normalisation tables: by default the slow processors'
+    /// arithmetic ([`Normalization::value`]).
+    fn lut<T: OutElem>(&self) -> Lut<T> {
+        self.norm().lut()
+    }
+
+    /// Writes the tensor into `out`: by default every frame normalised
+    /// through [`Tiled::lut`], planar, one after the other.
+    fn write<T: OutElem>(
+        &self,
+        cut: &mut Cut<'_, Self::Plan>,
+        out: &mut [T],
+    ) -> Result<(), VisionError> {
+        write_frames(self, cut, out)
+    }
+
+    /// [`Processor::placeholder_layout`]: by default the image token,
+    /// repeated once per placeholder token.
+    fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
+        PlaceholderLayout::repeated(layout.num_placeholder_tokens)
+    }
+
+    /// [`Processor::item_tensors`]: none by default.
+    fn item_tensors(&self, _layout: &OutputLayout) -> Vec<ItemTensor> {
+        Vec::new()
+    }
+}
+
+/// One image being cut: the image, its plan, the frames' count and size,
+/// whether to split the work across threads, and the scratch buffers.
+pub(crate) struct Cut<'a, Plan> {
+    pub(crate) image: RgbView<'a>,
+    pub(crate) plan: &'a Plan,
+    pub(crate) frames: Frames,
+    pub(crate) parallel: bool,
+    pub(crate) scratch: &'a mut Scratch,
+}
+
+/// How many frames a layout holds and their `(width, height)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Frames {
+    count: usize,
+    width: usize,
+    height: usize,
+}
+
+impl Frames {
+    /// From the shape `[frames, 3, H, W]` or `[3, H, W]`.
+    fn of(layout: &OutputLayout) -> Frames {
+        match layout.shape[..] {
+            [count, _, height, width] => Frames {
+                count,
+                width,
+                height,
+            },
+            [_, height, width] => Frames {
+                count: 1,
+                width,
+                height,
+            },
+            _ => Frames {
+                count: 0,
+                width: 0,
+                height: 0,
+            },
+        }
+    }
+
+    /// Elements of one planar frame.
+    pub(crate) fn len(&self) -> usize {
+        3 * self.width * self.height
+    }
+}
+
+impl<P: Tiled> Processor for P {
+    fn name(&self) -> &'static str {
+        Tiled::name(self)
+    }
+
+    fn fingerprint(&self, opts: &PreprocessOptions) -> u64 {
+        fingerprint_of(format_args!("{}", self.settings(opts)), self.norm(), opts)
+    }
+
+    fn placeholder_layout(&self, layout: &OutputLayout) -> PlaceholderLayout {
+        Tiled::placeholder_layout(self, layout)
+    }
+
+    fn item_tensors(&self, layout: &OutputLayout) -> Vec<ItemTensor> {
+        Tiled::item_tensors(self, layout)
+    }
+
+    fn working_bytes(&self, w: u32, h: u32, opts: &PreprocessOptions) -> Result<u64, VisionError> {
+        let plan = planned(self, (w as usize, h as usize), opts)?;
+        let elements = self.layout(&plan).shape.iter().product::<usize>() as u64;
+        let output = elements * opts.dtype.size() as u64;
+        Ok(self.buffer_bytes(&plan, (u64::from(w), u64::from(h))) + output)
+    }
+
+    fn layout_for(
+        &self,
+        w: usize,
+        h: usize,
+        o: &PreprocessOptions,
+    ) -> Result<OutputLayout, VisionError> {
+        Ok(self.layout(&planned(self, (w, h), o)?))
+    }
+
+    /// The 8-bit frames stacked top to bottom.
+    fn resized_image(
+        &self,
+        image: &image::RgbImage,
+        o: &PreprocessOptions,
+    ) -> Result<image::RgbImage, VisionError> {
+        let image = RgbView::from_image(image)?;
+        let plan = planned(self, (image.width(), image.height()), o)?;
+        let frames = Frames::of(&self.layout(&plan));
+        let mut scratch = Scratch::default();
+        let mut cut = Cut {
+            image,
+            plan: &plan,
+            frames,
+            parallel: false,
+            scratch: &mut scratch,
+        };
+        let mut stacked = Vec::with_capacity(frames.count * frames.len());
+        self.frames(&mut cut, &mut |_, frame| {
+            stacked.extend_from_slice(frame.data())
+        })?;
+        let rows = stacked.len() / (3 * frames.width).max(1);
+        RgbView::new(&stacked, frames.width, rows)?.to_image()
+    }
+
+    fn preprocess_view(
+        &self,
+        image: RgbView<'_>,
+        o: &PreprocessOptions,
+        scratch: &mut Scratch,
+    ) -> Result<PreprocessOutput, VisionError> {
+        let plan = planned(self, (image.width(), image.height()), o)?;
+        let layout = self.layout(&plan);
+        let mut cut = Cut {
+            image,
+            plan: &plan,
+            frames: Frames::of(&layout),
+            parallel: split_image(o, image.width() * image.height()),
+            scratch,
+        };
+        let pixel_values = match o.dtype {
+            OutputDtype::F32 => PixelValues::F32(written(self, &mut cut)?),
+            OutputDtype::Bf16 => PixelValues::Bf16(written(self, &mut cut)?),
+        };
+        let resized = self.resized_size(&plan);
+        Ok(PreprocessOutput::from_layout(pixel_values, layout, resized))
+    }
+}
+
+/// The cut's tensor in a recycled buffer ([`Tiled::write`]).
+fn written<P: Tiled, T: OutElem>(
+    p: &P,
+    cut: &mut Cut<'_, P::Plan>,
+) -> Result<PooledVec<T>, VisionError> {
+    let mut out = PooledVec::<T>::take(cut.frames.count * cut.frames.len());
+    p.write(cut, &mut out)?;
+    Ok(out)
+}
+
+/// [`Tiled::write`]'s default: every frame `p` hands out, normalised
+/// through [`Tiled::lut`], planar, at its index's place in `out`.
+pub(crate) fn write_frames<P: Tiled + ?Sized, T: OutElem>(
+    p: &P,
+    cut: &mut Cut<'_, P::Plan>,
+    out: &mut [T],
+) -> Result<(), VisionError> {
+    let per = cut.frames.len();
+    let lut = p.lut::<T>();
+    p.frames(cut, &mut |i, frame| {
+        if let Some(chunk) = out.get_mut(i * per..(i + 1) * per) {
+            planar_chw(frame, &lut, chunk);
+        }
+    })
+}
+
+/// [`Tiled::plan`] after the refusal every tiled family shares: an image
+/// with a side of zero pixels.
+fn planned<P: Tiled + ?Sized>(
+    p: &P,
+    (w, h): (usize, usize),
+    opts: &PreprocessOptions,
+) -> Result<P::Plan, VisionError> {
+    check_sides(w, h)?;
+    p.plan((w, h), opts)
+}
+
+/// Refuses an image with a side of zero pixels.
+fn check_sides(width: usize, height: usize) -> Result<(), VisionError> {
+    if width == 0 || height == 0 {
+        return Err(VisionError::Geometry(format!(
+            "image is {width}x{height}: a side is zero"
+        )));
+    }
+    Ok(())
+}
+
+/// Frames of `tiles` tiles and a global frame after them when there are
+/// several (InternVL's thumbnail, Llama 4's global tile).
+pub(crate) fn with_global(tiles: usize) -> usize {
+    match tiles {
+        1 => 1,
+        n => n + 1,
+    }
+}
+
+/// Cuts `canvas` (whole tiles on both sides) into `(width, height)`
+/// tiles row by row, through `buf`, handing tile `i` to `each` as index
+/// `i`. Returns the number of tiles.
+pub(crate) fn cut_tiles(
+    canvas: RgbView<'_>,
+    (tw, th): (usize, usize),
+    buf: &mut Vec<u8>,
+    each: &mut dyn FnMut(usize, RgbView<'_>),
+) -> Result<usize, VisionError> {
+    let cols = canvas.width() / tw;
+    let tiles = cols * (canvas.height() / th);
+    for i in 0..tiles {
+        canvas.crop_into((i % cols) * tw, (i / cols) * th, tw, th, buf)?;
+        each(i, RgbView::new(buf, tw, th)?);
+    }
+    Ok(tiles)
+}
+
+/// Peak bytes of a padded canvas's frames (Llama 4, Phi-4): resizing an
+/// `input` image to `resized` (`(width, height)`), the canvas of `tiles`
+/// square tiles of `side` it is padded into, and one tile cut from it.
+pub(crate) fn padded_canvas_bytes(
+    input: (u64, u64),
+    (w, h): (usize, usize),
+    tiles: usize,
+    side: usize,
+) -> u64 {
+    let (w, h, tile) = (w as u64, h as u64, 3 * (side * side) as u64);
+    resize::working_bytes(input, (w, h)) + tiles as u64 * tile + tile
+}
+
+/// `src` (`w`×`h`) at the top left of a `canvas_w`×`canvas_h` image of
+/// `fill` (every channel) in `out`: Llama 4's black padding, Phi-4's white.
+pub(crate) fn pad_into(
+    src: &[u8],
+    (w, h): (usize, usize),
+    (canvas_w, canvas_h): (usize, usize),
+    fill: u8,
+    out: &mut Vec<u8>,
+) {
+    out.clear();
+    out.resize(canvas_w * canvas_h * 3, fill);
+    for (y, row) in src.chunks_exact(w * 3).take(h.min(canvas_h)).enumerate() {
+        let start = y * canvas_w * 3;
+        let len = row.len().min(canvas_w * 3);
+        out[start..start + len].copy_from_slice(&row[..len]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+
+    use super::*;
+
+    #[test]
+    fn frames_come_from_the_shape() {
+        let layout = |shape: Vec<usize>| OutputLayout {
+            shape,
+            image_grid_thw: None,
+            num_placeholder_tokens: 0,
+            image_sizes: None,
+            tile_grid: None,
+            content_size: None,
+        };
+        let f = Frames::of(&layout(vec![5, 3, 20, 30]));
+        assert_eq!((f.count, f.width, f.height, f.len()), (5, 30, 20, 1800));
+        let f = Frames::of(&layout(vec![3, 16, 48]));
+        assert_eq!((f.count, f.width, f.height), (1, 48, 16));
+        assert_eq!(Frames::of(&layout(vec![7])).count, 0);
+    }
+
+    #[test]
+    fn tiles_are_cut_row_by_row() {
+        // A 4×2 canvas of 2×1 tiles: pixel value = its x + 10·y.
+        let data: Vec<u8> = (0..2u8)
+            .flat_map(|y| (0..4u8).flat_map(move |x| [x + 10 * y; 3]))
+            .collect();
+        let canvas = RgbView::new(&data, 4, 2).unwrap();
+        let mut firsts = Vec::new();
+        let n = cut_tiles(canvas, (2, 1), &mut Vec::new(), &mut |i, t| {
+            firsts.push((i, t.data()[0], t.width(), t.height()));
+        });
+        assert_eq!(n.ok(), Some(4));
+        assert_eq!(
+            firsts,
+            [(0, 0, 2, 1), (1, 2, 2, 1), (2, 10, 2, 1), (3, 12, 2, 1)]
+        );
+        let mut padded = Vec::new();
+        pad_into(&[9; 6], (2, 1), (3, 2), 255, &mut padded);
+        assert_eq!(
+            padded,
+            [9, 9, 9, 9, 9, 9, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255]
+        );
+        assert_eq!(with_global(1), 1);
+        assert_eq!(with_global(6), 7);
+        assert!(check_sides(0, 3).is_err() && check_sides(3, 3).is_ok());
+    }
+
+    #[test]
+    fn bf16_frames_round_the_f32_ones() {
+        let data: Vec<u8> = (0..=255u8).flat_map(|v| [v, 255 - v, v / 2]).collect();
+        let image = RgbView::new(&data, 16, 16).unwrap();
+        let p = crate::ClipProcessor {
+            shortest_edge: 16,
+            crop_size: (16, 16),
+            norm: crate::Normalization::CLIP,
+            patch_size: 4,
+        };
+        let opts = |dtype| PreprocessOptions {
+            dtype,
+            ..PreprocessOptions::default()
+        };
+        let mut scratch = Scratch::default();
+        let f32s = p.preprocess_view(image, &opts(OutputDtype::F32), &mut scratch);
+        let bf16s = p.preprocess_view(image, &opts(OutputDtype::Bf16), &mut scratch);
+        let (Ok(f32s), Ok(bf16s)) = (f32s, bf16s) else {
+            panic!("preprocess failed")
+        };
+        assert_eq!(f32s.shape, [3, 16, 16]);
+        let rounded: Vec<bf16> = f32s
+            .pixel_values
+            .to_f32_vec()
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
+        assert_eq!(
+            bf16s.pixel_values.as_bytes(),
+            bytemuck::cast_slice::<bf16, u8>(&rounded)
+        );
+    }
+}
