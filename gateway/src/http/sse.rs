@@ -221,10 +221,12 @@ impl<E: Events> Stream<E> {
 
     /// Reads one message from the workers and writes what it produces.
     async fn step(&mut self, out: &mut BytesMut) {
+        // The workers' message first: the stop and the deadline are
+        // polled (a lock and a timer each) only while it is not ready.
         let woken = tokio::select! {
             biased;
-            _ = self.stopped.as_mut() => Woken::Stopped,
             next = self.events.next() => Woken::Next(next),
+            _ = self.stopped.as_mut() => Woken::Stopped,
             _ = self.deadline.as_mut() => Woken::TimedOut,
         };
         let event = match woken {

@@ -128,8 +128,10 @@ pub struct Generation {
     /// Ticks every [`HUNG_POLL`] while the stream is read: each tick
     /// looks for a hung worker ([`hung_leg`](Self::hung_leg)).
     hung_tick: tokio::time::Interval,
-    /// When the stream last gave a response (or was started).
-    last_heard: tokio::time::Instant,
+    /// The stream gave a response since the last tick (a flag, not a
+    /// time: no clock read per message). Silent from one tick to the
+    /// next is silent for at least [`HUNG_POLL`].
+    heard: bool,
 }
 
 impl Generation {
@@ -160,7 +162,7 @@ impl Generation {
             merged: false,
             finished: false,
             hung_tick: hung_ticks(),
-            last_heard: tokio::time::Instant::now(),
+            heard: false,
         }
     }
 
@@ -367,7 +369,7 @@ impl Generation {
             tokio::select! {
                 biased;
                 message = next_message(&mut self.stream) => {
-                    self.last_heard = tokio::time::Instant::now();
+                    self.heard = true;
                     return match message {
                         Ok(Some(response)) => {
                             if is_complete(&response) {
@@ -387,18 +389,21 @@ impl Generation {
                     // The prefill leg ended well: keep reading the stream.
                     None => self.prefill_failure = None,
                 },
-                _ = self.hung_tick.tick() => if let Some(hung) = self.hung_leg() {
-                    return Some(Err(hung));
-                },
+                _ = self.hung_tick.tick() => {
+                    let silent = !std::mem::take(&mut self.heard);
+                    if let Some(hung) = self.hung_leg(silent) {
+                        return Some(Err(hung));
+                    }
+                }
             }
         }
     }
 
-    /// The leg that hangs, if the stream has been silent for at least
-    /// [`HUNG_POLL`] and its worker (or, until the prefill leg has ended,
+    /// The leg that hangs, if the stream has been `silent` (no response
+    /// for a whole tick, [`HUNG_POLL`]) and its worker (or, until the prefill leg has ended,
     /// the prefill worker) fails its health checks.
-    fn hung_leg(&self) -> Option<(FailedLeg, Status)> {
-        if self.merged || self.last_heard.elapsed() < HUNG_POLL {
+    fn hung_leg(&self, silent: bool) -> Option<(FailedLeg, Status)> {
+        if self.merged || !silent {
             return None;
         }
         let prefill = self
