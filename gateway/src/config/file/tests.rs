@@ -240,3 +240,35 @@ fn keys_are_spoken_of_in_place_of_flags() {
         "`prefill` needs `pd_disaggregation` (and -- x)"
     );
 }
+
+/// The Kubernetes overlay `two-models` ships a configuration file: it
+/// loads (its token paths pointed at files that exist), with both models
+/// found by discovery and told apart by the model label.
+#[test]
+fn the_two_models_overlay_file_loads() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/k8s/overlays/two-models/iris.toml"
+    );
+    let shipped = std::fs::read_to_string(path).unwrap();
+    let token = file("a-token-for-the-test\n");
+    let token = token.path().display().to_string();
+    let text = shipped
+        .replace("/etc/iris/admin/token", &token)
+        .replace("/etc/iris/auth/token", &token);
+    assert_ne!(text, shipped, "the overlay's file names its token files");
+    let (_f, config) = load(&text, &[]);
+    let config = config.unwrap();
+    assert!(config.admin_token.is_some());
+    let ids: Vec<&str> = config
+        .models
+        .iter()
+        .map(|m| m.model.served_name.as_deref().unwrap_or_default())
+        .collect();
+    assert_eq!(ids, ["qwen-tiny", "gemma-tiny"]);
+    for spec in &config.models {
+        let discovery = spec.discovery.as_ref().expect("discovery");
+        assert_eq!(discovery.model_label.as_deref(), Some("iris.ai/model"));
+        assert_eq!(discovery.roles.len(), 1, "aggregated workers only");
+    }
+}
