@@ -1,0 +1,79 @@
+//! Decode + preprocess time of one image through every family's processor
+//! (one thread, float32, as Hugging Face's processors return), for the
+//! per-family comparison with transformers (`e2e/bench/families.sh`).
+//!
+//! `cargo run --release -p iris-vision --example families -- EXPECTED_JSON IMAGE [ITERS]`
+//!
+//! EXPECTED_JSON is the parity reference (crates/vision/tests/data/expected.json),
+//! whose `processors` map each family to its preprocessor config. Prints
+//! one tab-separated line per family: name, median and minimum thread CPU
+//! milliseconds.
+
+use std::time::Duration;
+
+use iris_vision::{OutputDtype, PreprocessOptions};
+
+/// CPU time of the calling thread (unaffected by waiting for a core on a
+/// busy machine).
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// (median, minimum) thread CPU of `iters` calls of `f`, after one warm-up.
+fn cpu_times(iters: usize, mut f: impl FnMut()) -> (Duration, Duration) {
+    f();
+    let mut times: Vec<Duration> = (0..iters)
+        .map(|_| {
+            let start = thread_cpu();
+            f();
+            thread_cpu() - start
+        })
+        .collect();
+    times.sort();
+    (times[times.len() / 2], times[0])
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: families EXPECTED_JSON IMAGE [ITERS]";
+    let expected = args.get(1).ok_or(usage)?;
+    let image = args.get(2).ok_or(usage)?;
+    let iters = match args.get(3) {
+        Some(n) => n.parse()?,
+        None => 20,
+    };
+    let reference: serde_json::Value = serde_json::from_slice(&std::fs::read(expected)?)?;
+    let processors = reference["processors"]
+        .as_object()
+        .ok_or("the reference has no `processors` object")?;
+    let bytes = std::fs::read(image)?;
+    let options = PreprocessOptions {
+        dtype: OutputDtype::F32,
+        intra_image_parallel: false,
+        ..PreprocessOptions::default()
+    };
+    for (name, config) in processors {
+        let processor = iris_vision::processor_from_config(config)?;
+        let mut failure = None;
+        let (median, min) = cpu_times(iters, || {
+            if let Err(e) = processor.preprocess_bytes(&bytes, &options) {
+                failure = Some(e.to_string());
+            }
+        });
+        if let Some(e) = failure {
+            return Err(format!("{name}: {e}").into());
+        }
+        println!(
+            "{name}\t{:.2}\t{:.2}",
+            median.as_secs_f64() * 1e3,
+            min.as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}
