@@ -218,6 +218,35 @@ async fn bad_requests_get_openai_errors() {
     assert_eq!(status, 200);
 }
 
+/// `mm_processor_kwargs.do_pan_and_scan`: `true` is refused, naming the
+/// field, by a model whose image processor (Qwen2-VL here) has no pan and
+/// scan; `false` asks for what it does anyway.
+#[tokio::test]
+async fn pan_and_scan_is_refused_by_processors_without_it() {
+    let model = tiny_model();
+    let worker = engine(&model, Role::Aggregated, 0).await;
+    let gw = aggregated(&model, &[&worker], &[]).await;
+    ready(&gw).await;
+    let mut body = image_chat(&model.name, &[1]);
+    body["mm_processor_kwargs"] = json!({"do_pan_and_scan": true});
+    let (status, error) = post_json(&gw, &body).await;
+    assert_eq!(status, 400, "{error}");
+    assert_eq!(
+        error["error"]["param"],
+        "mm_processor_kwargs.do_pan_and_scan"
+    );
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("qwen2_vl"),
+        "{error}"
+    );
+    body["mm_processor_kwargs"] = json!({"do_pan_and_scan": false});
+    let (status, answer) = post_json(&gw, &body).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
 #[tokio::test]
 async fn no_healthy_worker_is_503_and_not_ready() {
     let model = tiny_model();

@@ -98,13 +98,17 @@ fn smolvlm_conversations() -> Vec<(Value, Vec<(u32, u32)>)> {
     )
 }
 
-fn gemma3(pan_and_scan: bool) -> Family {
+/// Gemma 3, pan and scan on in the config (`config`) or asked by the
+/// request (`request`, its `mm_processor_kwargs`).
+fn gemma3(config: bool, request: bool) -> Family {
     let mut spec = spec(TinyFamily::Gemma3);
     let mut call_kwargs = json!({});
-    if pan_and_scan {
+    if config {
         // On in the config, as Iris reads it; Gemma3Processor's call turns
         // it off unless asked, so the reference asks.
         spec.preprocessor["do_pan_and_scan"] = json!(true);
+    }
+    if config || request {
         call_kwargs = json!({"do_pan_and_scan": true});
     }
     Family {
@@ -453,6 +457,11 @@ fn checked_ids(request: &GenerateRequest, image: u32, label: &str) -> Vec<u32> {
 }
 
 async fn check_family(name: &str, family: Family) {
+    check_family_asking(name, family, None).await;
+}
+
+/// [`check_family`] with the requests' `mm_processor_kwargs`.
+async fn check_family_asking(name: &str, family: Family, kwargs: Option<Value>) {
     let dir = tempfile::tempdir().expect("temp dir");
     iris_model::tiny::write_family(dir.path(), &family.spec).expect("model directory");
     let prepared: Vec<Prepared> = family
@@ -469,7 +478,10 @@ async fn check_family(name: &str, family: Family) {
         .and_then(|n| n.to_str())
         .expect("name");
     for (i, (p, want)) in prepared.iter().zip(&expected).enumerate() {
-        let body = json!({"model": model, "messages": p.request, "max_tokens": 4});
+        let mut body = json!({"model": model, "messages": p.request, "max_tokens": 4});
+        if let Some(kwargs) = &kwargs {
+            body["mm_processor_kwargs"] = kwargs.clone();
+        }
         let image_id = family
             .spec
             .image_token_id()
@@ -499,12 +511,25 @@ async fn check_family(name: &str, family: Family) {
 
 #[tokio::test]
 async fn gemma3_prompts_equal_gemma3_processor() {
-    check_family("gemma3", gemma3(false)).await;
+    check_family("gemma3", gemma3(false, false)).await;
 }
 
 #[tokio::test]
 async fn gemma3_pan_and_scan_prompts_equal_gemma3_processor() {
-    check_family("gemma3 pan and scan", gemma3(true)).await;
+    check_family("gemma3 pan and scan", gemma3(true, false)).await;
+}
+
+/// Pan and scan asked per request (`mm_processor_kwargs.do_pan_and_scan`)
+/// over a config without it, as `Gemma3Processor(..., do_pan_and_scan=True)`.
+#[tokio::test]
+async fn gemma3_pan_and_scan_per_request_equals_gemma3_processor() {
+    let kwargs = json!({"do_pan_and_scan": true});
+    check_family_asking(
+        "gemma3 pan and scan per request",
+        gemma3(false, true),
+        Some(kwargs),
+    )
+    .await;
 }
 
 #[tokio::test]

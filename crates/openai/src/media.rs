@@ -1,6 +1,7 @@
 //! `mm_processor_kwargs`: the per-request controls of video preprocessing,
-//! as vLLM names them (docs/video.md). Each key is checked here for its
-//! range; a key not declared is a 400 naming `mm_processor_kwargs.<key>`.
+//! as vLLM names them (docs/video.md), and Gemma 3's `do_pan_and_scan`
+//! for images. Each key is checked here for its range; a key not
+//! declared is a 400 naming `mm_processor_kwargs.<key>`.
 //! What they mean (Hugging Face's semantics, defaults from the model's
 //! video processor config) is the gateway's and `iris-vision`'s business.
 
@@ -33,9 +34,24 @@ pub struct MmProcessorKwargs {
     /// Most pixels of all the resized frames of one video together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_pixels: Option<u64>,
+    /// Gemma 3: cut wide or tall images into crops (pan and scan), over
+    /// the model's `do_pan_and_scan`; refused as `true` for other families
+    /// (the gateway knows the model's processor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub do_pan_and_scan: Option<bool>,
 }
 
 impl MmProcessorKwargs {
+    /// True when a key that shapes videos is set (every key but
+    /// `do_pan_and_scan`).
+    pub fn has_video_keys(&self) -> bool {
+        let images_only = MmProcessorKwargs {
+            do_pan_and_scan: self.do_pan_and_scan,
+            ..MmProcessorKwargs::default()
+        };
+        *self != images_only
+    }
+
     /// True when a frame-pixel bound is set (`min_pixels`, `max_pixels`,
     /// `total_pixels`).
     pub fn has_pixel_bounds(&self) -> bool {
@@ -110,7 +126,7 @@ pub(crate) fn check(req: &ChatCompletionRequest) -> Result<(), ApiError> {
             ));
         }
     }
-    if req.video_parts().next().is_none() {
+    if kw.has_video_keys() && req.video_parts().next().is_none() {
         return Err(ApiError::bad_field(
             "mm_processor_kwargs",
             "mm_processor_kwargs: these controls shape videos, and the request has no `video_url` part",

@@ -694,4 +694,22 @@ fn mm_processor_kwargs_are_checked() {
     );
     let mixed = body(&format!("{video},{image}"), r#"{"fps":1}"#);
     assert!(parse_chat_request(mixed.as_bytes()).is_ok());
+    // Pan and scan shapes images: no video part needed, a video key still
+    // wants one.
+    let pans = parse_chat_request(body(image, r#"{"do_pan_and_scan":true}"#).as_bytes())
+        .expect("pan and scan with an image");
+    assert_eq!(
+        pans.mm_processor_kwargs.and_then(|k| k.do_pan_and_scan),
+        Some(true)
+    );
+    assert_field(
+        &body(image, r#"{"do_pan_and_scan":true,"num_frames":4}"#),
+        Some("mm_processor_kwargs"),
+        "no `video_url` part",
+    );
+    assert_field(
+        &body(image, r#"{"do_pan_and_scan":"yes"}"#),
+        Some("mm_processor_kwargs.do_pan_and_scan"),
+        "invalid type",
+    );
 }

@@ -68,6 +68,17 @@ pub struct Multimodal {
     video: Option<VideoPipeline>,
 }
 
+/// The image processor family with pan and scan (`do_pan_and_scan`).
+const PAN_AND_SCAN_FAMILY: &str = "gemma3";
+
+/// How a request's images are preprocessed: the options and their pixel
+/// cache fingerprint ([`Multimodal::image_variant`]).
+#[derive(Clone, Copy)]
+struct ImageVariant {
+    options: PreprocessOptions,
+    fingerprint: u64,
+}
+
 /// The families whose prompts the gateway builds as their Hugging Face
 /// processors do: each image's mark in the rendered template replaced by
 /// its [`iris_vision::PlaceholderLayout`] — the image token repeated
@@ -195,6 +206,7 @@ impl Multimodal {
         kwargs: Option<&MmProcessorKwargs>,
         metrics: &Metrics,
     ) -> Result<(Vec<StartedImage>, Vec<StartedVideo>), ApiError> {
+        let variant = self.image_variant(kwargs)?;
         if images.len() > self.per_request_limit {
             return Err(ApiError::bad_field(
                 "messages",
@@ -213,7 +225,7 @@ impl Multimodal {
             self.plan_videos(videos, kwargs, metrics),
         )
         .await?;
-        let mut needs = self.image_needs(&images)?;
+        let mut needs = self.image_needs(&images, &variant)?;
         let image_count = needs.len();
         needs.extend(video_needs);
         let mut shares = self.reserve_needs(needs, "image or video").await?;
@@ -222,10 +234,11 @@ impl Multimodal {
             .into_iter()
             .zip(shares)
             .map(|(image, share)| {
-                let (layout, cached) = self.layout(&image)?;
+                let (layout, cached) = self.layout(&image, &variant)?;
                 Ok(StartedImage {
                     image: Box::new(image),
                     share,
+                    variant,
                     layout,
                     cached,
                 })
@@ -241,21 +254,59 @@ impl Multimodal {
 
     /// An image's layout: its cached entry's (and `true`), else planned
     /// from its header.
-    fn layout(&self, image: &FetchedImage) -> Result<(ItemLayout, bool), ApiError> {
-        if let Some(entry) = self.cache.peek(&(image.hash, self.fingerprint)) {
+    fn layout(
+        &self,
+        image: &FetchedImage,
+        variant: &ImageVariant,
+    ) -> Result<(ItemLayout, bool), ApiError> {
+        if let Some(entry) = self.cache.peek(&(image.hash, variant.fingerprint)) {
             return Ok((entry.layout.clone(), true));
         }
         let place = image.place.as_str();
         let info = image.info.as_ref().map_err(|e| vision_error(place, e))?;
         let planned = self
             .processor
-            .planned_layout(info, &self.options)
+            .planned_layout(info, &variant.options)
             .map_err(|e| vision_error(place, &e))?;
-        let content = content_hash(&image.hash, self.fingerprint);
+        let content = content_hash(&image.hash, variant.fingerprint);
         let placement = pixels::placement(self.processor.as_ref(), &planned);
-        let layout = ItemLayout::new(planned, placement, self.options.dtype, content)
+        let layout = ItemLayout::new(planned, placement, variant.options.dtype, content)
             .map_err(|e| ApiError::bad_field(place, format!("{place}: {e}")))?;
         Ok((layout, false))
+    }
+
+    /// How this request's images are preprocessed: the model's options,
+    /// with `mm_processor_kwargs.do_pan_and_scan` over the config's for
+    /// Gemma 3 (another fingerprint, so its tensors are cached apart).
+    /// `true` for a processor without pan and scan is a 400; `false` asks
+    /// for what it does anyway.
+    fn image_variant(&self, kwargs: Option<&MmProcessorKwargs>) -> Result<ImageVariant, ApiError> {
+        let model = ImageVariant {
+            options: self.options,
+            fingerprint: self.fingerprint,
+        };
+        let Some(pans) = kwargs.and_then(|k| k.do_pan_and_scan) else {
+            return Ok(model);
+        };
+        let family = self.processor.name();
+        if family != PAN_AND_SCAN_FAMILY {
+            if !pans {
+                return Ok(model);
+            }
+            let param = "mm_processor_kwargs.do_pan_and_scan";
+            return Err(ApiError::bad_field(
+                param,
+                format!("{param}: the model's image processor ({family}) has no pan and scan (Gemma 3's)"),
+            ));
+        }
+        let options = PreprocessOptions {
+            pan_and_scan: Some(pans),
+            ..self.options
+        };
+        Ok(ImageVariant {
+            options,
+            fingerprint: self.processor.fingerprint(&options),
+        })
     }
 
     /// Preprocesses a started image through the pixel cache.
@@ -265,7 +316,7 @@ impl Multimodal {
         metrics: &Metrics,
     ) -> Result<Loaded, ApiError> {
         let (entry, share, _) = self
-            .load_one(*started.image, started.share, metrics)
+            .load_one(*started.image, started.share, &started.variant, metrics)
             .await?;
         Ok((entry, share))
     }
@@ -283,11 +334,16 @@ impl Multimodal {
 
     /// Memory one image needs, from its header: 400 for an unreadable
     /// header, a size beyond the limits or more than the whole budget.
-    fn need(&self, place: &str, info: &Result<ImageInfo, VisionError>) -> Result<u64, ApiError> {
+    fn need(
+        &self,
+        place: &str,
+        info: &Result<ImageInfo, VisionError>,
+        options: &PreprocessOptions,
+    ) -> Result<u64, ApiError> {
         let info = info.as_ref().map_err(|e| vision_error(place, e))?;
         let need = self
             .processor
-            .memory_needed(info, &self.options)
+            .memory_needed(info, options)
             .map_err(|e| vision_error(place, &e))?;
         self.check_need(place, &image_name(place, info), need)
     }
@@ -305,17 +361,24 @@ impl Multimodal {
 
     /// The memory each image needs: 0 when the pixel cache holds it or an
     /// earlier image of the request is the same.
-    fn image_needs(&self, images: &[FetchedImage]) -> Result<Vec<u64>, ApiError> {
+    fn image_needs(
+        &self,
+        images: &[FetchedImage],
+        variant: &ImageVariant,
+    ) -> Result<Vec<u64>, ApiError> {
         let mut seen = std::collections::HashSet::new();
         images
             .iter()
             .map(|image| {
-                let cached = self.cache.peek(&(image.hash, self.fingerprint)).is_some();
+                let cached = self
+                    .cache
+                    .peek(&(image.hash, variant.fingerprint))
+                    .is_some();
                 let repeated = !seen.insert(image.hash);
                 if cached || repeated {
                     Ok(0)
                 } else {
-                    self.need(&image.place, &image.info)
+                    self.need(&image.place, &image.info, &variant.options)
                 }
             })
             .collect()
@@ -354,22 +417,26 @@ impl Multimodal {
         &self,
         image: FetchedImage,
         share: Option<Reservation>,
+        variant: &ImageVariant,
         metrics: &Metrics,
     ) -> Result<(Arc<PixelEntry>, Option<Reservation>, bool), ApiError> {
         let looked_up = Instant::now();
         let mut held = None;
         let slot = &mut held;
-        let key = (image.hash, self.fingerprint);
+        let key = (image.hash, variant.fingerprint);
         let place = image.place.clone();
         let (entry, lookup) = self
             .cache
             .get_or_compute(key, || async move {
                 let share = match share {
                     Some(share) => share,
-                    None => self.reserve_one(&image.place, &image.info).await?,
+                    None => {
+                        self.reserve_one(&image.place, &image.info, &variant.options)
+                            .await?
+                    }
                 };
                 let entry = self
-                    .preprocess(image.place, image.bytes, image.hash, metrics)
+                    .preprocess(image.place, image.bytes, image.hash, variant, metrics)
                     .await?;
                 *slot = Some(share.shrink_to(entry.weight() as u64));
                 Ok(entry)
@@ -388,8 +455,9 @@ impl Multimodal {
         &self,
         place: &str,
         info: &Result<ImageInfo, VisionError>,
+        options: &PreprocessOptions,
     ) -> Result<Reservation, ApiError> {
-        let need = self.need(place, info)?;
+        let need = self.need(place, info, options)?;
         let name = info
             .as_ref()
             .map(|i| image_name(place, i))
@@ -417,15 +485,16 @@ impl Multimodal {
         place: String,
         bytes: Bytes,
         hash: [u8; 32],
+        variant: &ImageVariant,
         metrics: &Metrics,
     ) -> Result<PixelEntry, ApiError> {
         let processor = self.processor.clone();
         let in_flight = InFlight::enter(&self.in_flight);
         let options = PreprocessOptions {
             intra_image_parallel: split_alone(in_flight.others),
-            ..self.options
+            ..variant.options
         };
-        let content = content_hash(&hash, self.fingerprint);
+        let content = content_hash(&hash, variant.fingerprint);
         let work = move |place: &str| {
             let output = processor
                 .preprocess_bytes(&bytes, &options)
@@ -514,6 +583,8 @@ impl Drop for InFlight {
 pub struct StartedImage {
     image: Box<FetchedImage>,
     share: Option<Reservation>,
+    /// How the request's images are preprocessed.
+    variant: ImageVariant,
     /// The item's layout: the shape, grid and tokens its tensor will have.
     pub layout: ItemLayout,
     /// The pixel cache held the image's tensor when the request arrived.
