@@ -12,7 +12,7 @@
 //! The `anthropic-version` and `x-api-key` headers are accepted and not
 //! read (the gateway has no API keys). See docs/anthropic.md.
 
-mod errors;
+pub mod errors;
 mod stream;
 mod text;
 mod unary;
