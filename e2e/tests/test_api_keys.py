@@ -90,7 +90,8 @@ def test_the_anthropic_sdk_with_a_key(keyed):
     with pytest.raises(anthropic.AuthenticationError) as wrong:
         stranger.messages.create(model=keyed.model, max_tokens=2,
                                  messages=[{"role": "user", "content": "hi"}])
-    assert wrong.value.body["type"] == "authentication_error"
+    assert wrong.value.body["type"] == "error"
+    assert wrong.value.body["error"]["type"] == "authentication_error"
 
 
 def test_a_tenant_is_held_to_its_models_and_rate(keyed):
