@@ -382,17 +382,23 @@ fn router_of(table: Vec<Route>, state: &Arc<AppState>) -> axum::Router<Arc<AppSt
         .collect();
     let mut open = axum::Router::new();
     let mut keys = axum::Router::new();
+    let mut any_keyed = false;
     for (_, path, handler) in table {
         // `{id}` takes the rest of the path (a model id may hold slashes).
         let route = path.replace("{id}", "{*id}");
         if keyed(path) {
             keys = keys.route(&route, handler);
+            any_keyed = true;
         } else {
             open = open.route(&route, handler);
         }
     }
-    let require = axum::middleware::from_fn_with_state(state.clone(), crate::keys::require);
-    with_errors(open.merge(keys.route_layer(require)), &served)
+    if any_keyed {
+        // (A layer on a router without routes is refused.)
+        let require = axum::middleware::from_fn_with_state(state.clone(), crate::keys::require);
+        open = open.merge(keys.route_layer(require));
+    }
+    with_errors(open, &served)
 }
 
 /// `router` answering a wrong method on one of its routes with 405 and
