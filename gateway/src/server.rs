@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
@@ -25,7 +25,7 @@ use crate::completions::Completions;
 use crate::config::{Config, ListenConfig};
 use crate::http::error_response;
 use crate::http::serve::serve;
-use crate::keys::ApiKeys;
+use crate::keys::{ApiKeys, Caller};
 use crate::listen::{ConnLimits, ConnStats, Stop};
 use crate::messages::Messages;
 use crate::metrics::{Metrics, ModelSources};
@@ -420,12 +420,15 @@ fn with_errors(
         .fallback(move |method, uri| not_found(method, uri, listing.clone()))
 }
 
-async fn models(State(state): State<Arc<AppState>>) -> Response {
+/// `GET /v1/models`: every model (with its aliases) the caller may use.
+async fn models(State(state): State<Arc<AppState>>, caller: Option<Extension<Caller>>) -> Response {
+    let caller = caller.map(|Extension(c)| c);
     let listed = state
         .models
         .load()
         .all()
         .iter()
+        .filter(|s| crate::keys::may_see(caller.as_ref(), s))
         .flat_map(|s| s.listings())
         .collect();
     let body = iris_openai::ModelList::new(listed).to_json();
@@ -577,9 +580,11 @@ fn render_tensor_memory(out: &mut String, stats: &iris_vision::TensorMemoryStats
 }
 
 /// `GET /v1/models/{id}`: the served model under its name or any alias
-/// `model` accepts (its path), else 404 `model_not_found`.
+/// `model` accepts (its path), else 404 `model_not_found` (also for a
+/// model the caller's tenant may not use).
 async fn model(
     State(state): State<Arc<AppState>>,
+    caller: Option<Extension<Caller>>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
     // The wildcard drops the slash of an absolute path; either form names it.
@@ -591,6 +596,9 @@ async fn model(
             Err(_) => return error_response(&error),
         },
     };
+    if !crate::keys::may_see(caller.map(|Extension(c)| c).as_ref(), &served) {
+        return error_response(&ApiError::model_not_found(&name));
+    }
     // An alias answers as itself; the hidden path alias as the model.
     let listed = if served.aliases.contains(&name) {
         name.as_str()

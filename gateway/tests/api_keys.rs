@@ -2,7 +2,8 @@
 //! in each API's error shape (the same answer for a missing and a wrong
 //! key), the probes and /metrics open, `x-api-key`, 403 for a model the
 //! tenant may not use (an alias of an allowed model is allowed; the file
-//! named by the configuration file's `api_keys_file`), 429 with
+//! named by the configuration file's `api_keys_file`; tokenize,
+//! count_tokens and `/v1/models` alike), 429 with
 //! `Retry-After` and the `x-ratelimit-*` headers on chat, completions
 //! and Messages, the concurrency limit with a slow engine, and the keys
 //! file reloaded while the gateway runs.
@@ -178,6 +179,22 @@ async fn requests_without_a_valid_key_get_401_in_their_api_shape() {
     assert_eq!(listed.status(), 200);
 }
 
+/// The ids `GET /v1/models` lists for `key`.
+async fn listed(gw: &RunningGateway, key: &str) -> Vec<String> {
+    let response = reqwest::Client::new()
+        .get(url(gw, "/v1/models"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("models");
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.expect("JSON");
+    let data = body["data"].as_array().expect("data");
+    data.iter()
+        .map(|m| m["id"].as_str().unwrap_or("?").to_owned())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_uses_only_its_models_by_name_or_alias() {
     let model = tiny_model();
@@ -225,8 +242,33 @@ async fn a_tenant_uses_only_its_models_by_name_or_alias() {
         assert_eq!(status, 403, "{body}");
         assert_eq!(anthropic_error(&body), "permission_error");
     }
+    // The other routes naming a model: the same 403 (in Anthropic's
+    // shape for count_tokens).
+    let tokenize = json!({"model": "tiny", "prompt": "hello"});
+    let (status, _, body) = call(&gw, "/v1/tokenize", Key::Bearer("sk-other"), &tokenize).await;
+    assert_eq!(status, 403, "{body}");
+    let (status, _, body) = call(&gw, "/v1/tokenize", Key::Bearer("sk-alias"), &tokenize).await;
+    assert_eq!(status, 200, "{body}");
+    let count = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]});
+    let path = "/v1/messages/count_tokens";
+    let (status, _, body) = call(&gw, path, Key::Header("sk-other"), &count).await;
+    assert_eq!((status, anthropic_error(&body)), (403, "permission_error"));
+    let (status, _, body) = call(&gw, path, Key::Header("sk-alias"), &count).await;
+    assert_eq!(status, 200, "{body}");
+    // /v1/models lists only what the tenant may use.
+    assert_eq!(listed(&gw, "sk-alias").await, ["tiny", "tiny-alias"]);
+    assert!(listed(&gw, "sk-other").await.is_empty());
+    let one = |key: &'static str| {
+        reqwest::Client::new()
+            .get(url(&gw, "/v1/models/tiny-alias"))
+            .bearer_auth(key)
+            .send()
+    };
+    assert_eq!(one("sk-alias").await.expect("get").status(), 200);
+    assert_eq!(one("sk-other").await.expect("get").status(), 404);
+
     let metrics = metrics_text(&gw).await;
-    let sample = "iris_auth_failures_total{reason=\"model_not_allowed\"} 6";
+    let sample = "iris_auth_failures_total{reason=\"model_not_allowed\"} 8";
     assert!(metrics.contains(sample), "{sample} in\n{metrics}");
 }
 

@@ -25,6 +25,7 @@ use super::{read_body, refused, Failure, Ledger};
 use crate::keys::Caller;
 use crate::metrics::{Outcome, Stage};
 use crate::request::{ApiRequest, Input};
+use crate::served::Served;
 use crate::server::AppState;
 
 /// What an endpoint supplies to the shared path: its names, the
@@ -126,10 +127,7 @@ async fn prepare<E: Endpoint>(
     drop(bytes);
     let found = state.models.get(&request.model);
     if let Some(caller) = caller {
-        let served = found
-            .as_ref()
-            .ok()
-            .map(|s| (s.name.as_str(), &s.aliases[..]));
+        let served = found.as_ref().ok().map(|s| &**s);
         admit(state, caller, &request.model, served, ledger).map_err(client)?;
     }
     let served = found.map_err(client)?;
@@ -140,15 +138,15 @@ async fn prepare<E: Endpoint>(
     Ok((ready, request.stream))
 }
 
-/// Lets the caller's request for model `asked` (resolving to `served`:
-/// its name and aliases) in under its tenant's models and limits, or
+/// Lets the caller's request for model `asked` (resolving to `served`,
+/// when served) in under its tenant's models and limits, or
 /// refuses it (403, 429); `ledger` gets the tenant, the bucket's state
 /// for the headers, and the request's concurrency slot.
 fn admit(
     state: &AppState,
     Caller(tenant): Caller,
     asked: &str,
-    served: Option<(&str, &[String])>,
+    served: Option<&Served>,
     ledger: &mut Ledger,
 ) -> Result<(), ApiError> {
     ledger.tenant = Some(tenant.name.clone());

@@ -21,12 +21,13 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, Extensions, HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
 use iris_openai::{ApiError, ErrorKind};
 use tokio_util::sync::CancellationToken;
 
+use crate::served::Served;
 use crate::server::AppState;
 pub use file::{Table, Tenant};
 use limit::{Admitted, Limit, Refused};
@@ -170,21 +171,34 @@ impl ApiKeys {
         });
     }
 
-    /// Lets `tenant`'s request for `asked` (resolving to `served`) in,
-    /// or refuses it: 403 for a model it may not use, 429 over a limit.
+    /// 403 (counted) unless `tenant` may use the model `asked`, which
+    /// resolves to `served` if it is served: the same answer for a model
+    /// of another tenant's and one that does not exist.
+    pub fn check_model(
+        &self,
+        tenant: &Tenant,
+        asked: &str,
+        served: Option<&Served>,
+    ) -> Result<(), ApiError> {
+        let names = served.map(|s| (s.name.as_str(), &s.aliases[..]));
+        if tenant.may_use(asked, names) {
+            return Ok(());
+        }
+        self.count_failure(Failure::Model);
+        Err(forbidden(asked))
+    }
+
+    /// Lets `tenant`'s request for `asked` (resolving to `served`) in, or
+    /// refuses it: 403 for a model it may not use ([`Self::check_model`]),
+    /// 429 over a limit.
     pub fn admit(
         &self,
         tenant: &Tenant,
         asked: &str,
-        served: Option<(&str, &[String])>,
+        served: Option<&Served>,
     ) -> Result<Admitted, Refusal> {
-        if !tenant.may_use(asked, served) {
-            self.count_failure(Failure::Model);
-            return Err(Refusal {
-                error: forbidden(asked),
-                quota: None,
-            });
-        }
+        self.check_model(tenant, asked, served)
+            .map_err(|error| Refusal { error, quota: None })?;
         tenant.limiter.admit().map_err(|refused| {
             self.count_limited(&tenant.name, refused.limit);
             Refusal {
@@ -231,6 +245,28 @@ impl ApiKeys {
 pub struct Refusal {
     pub error: ApiError,
     pub quota: Option<limit::Quota>,
+}
+
+/// [`ApiKeys::check_model`] for a request of a route other than the
+/// generating ones (its [`Caller`] in `extensions`); open without keys.
+pub fn check_model(
+    state: &AppState,
+    extensions: &Extensions,
+    asked: &str,
+    served: Option<&Served>,
+) -> Result<(), ApiError> {
+    match (&state.keys, extensions.get::<Caller>()) {
+        (Some(keys), Some(Caller(tenant))) => keys.check_model(tenant, asked, served),
+        _ => Ok(()),
+    }
+}
+
+/// Whether `caller` (`None`: the API is open) may use `served`: what
+/// `/v1/models` lists for it.
+pub fn may_see(caller: Option<&Caller>, served: &Served) -> bool {
+    caller.is_none_or(|Caller(tenant)| {
+        tenant.may_use(&served.name, Some((&served.name, &served.aliases)))
+    })
 }
 
 /// The key a request presents: `Authorization: Bearer <key>` (the scheme
