@@ -5,8 +5,8 @@
 //! named by the configuration file's `api_keys_file`; tokenize,
 //! count_tokens and `/v1/models` alike), 429 with
 //! `Retry-After` and the `x-ratelimit-*` headers on chat, completions
-//! and Messages, the concurrency limit with a slow engine, and the keys
-//! file reloaded while the gateway runs.
+//! and Messages, the concurrency limit with a slow engine, the keys
+//! file reloaded while the gateway runs, the metrics port left open.
 
 mod common;
 
@@ -429,6 +429,33 @@ async fn the_keys_file_is_reloaded_when_it_changes() {
     .expect("write");
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(status("sk-new").await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_metrics_port_the_api_is_keyed_and_the_metrics_open() {
+    let model = tiny_model();
+    let engine = engine(&model, Role::Aggregated, 0).await;
+    let keys = keys_file(&tenant("a", "sk-a", ""));
+    let path = keys.path().to_str().expect("UTF-8 path");
+    let flags = ["--api-keys-file", path, "--metrics-port", "0"];
+    let gw = aggregated(&model, &[&engine], &flags).await;
+    ready(&gw).await;
+    let metrics = gw.metrics_addr.expect("the metrics listener");
+    for path in ["/metrics", "/health", "/readiness"] {
+        let response = reqwest::get(format!("http://{metrics}{path}")).await;
+        assert_eq!(response.expect("get").status(), 200, "{path}");
+    }
+    let name = model.name.as_str();
+    let (status, _, _) = call(&gw, "/v1/chat/completions", Key::None, &chat(name)).await;
+    assert_eq!(status, 401);
+    let (status, _, body) = call(
+        &gw,
+        "/v1/chat/completions",
+        Key::Bearer("sk-a"),
+        &chat(name),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
 }
 
 #[tokio::test]

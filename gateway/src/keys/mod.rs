@@ -154,7 +154,7 @@ impl ApiKeys {
     }
 
     /// Looks at the file every [`POLL`] until `stop`, reloading it when
-    /// its content changes.
+    /// its content changes (the reading on the blocking pool).
     pub fn watch(self: &Arc<Self>, stop: CancellationToken) {
         let keys = self.clone();
         tokio::spawn(async move {
@@ -164,7 +164,9 @@ impl ApiKeys {
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = ticks.tick() => {
-                        keys.refresh();
+                        let keys = keys.clone();
+                        // A failed task is logged by its panic; the next tick tries again.
+                        let _ = tokio::task::spawn_blocking(move || keys.refresh()).await;
                     }
                 }
             }
