@@ -226,6 +226,13 @@ pub struct ServeArgs {
     /// loopback address.
     #[arg(long, env = "IRIS_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<std::path::PathBuf>,
+    /// File of tenants and the SHA-256 digests of their API keys (TOML,
+    /// docs/configuration.md): every /v1 request must then send a key
+    /// (`Authorization: Bearer <key>` or `x-api-key`), and each tenant's
+    /// models and limits apply. Re-read when it changes. Unset: the API
+    /// is open to every client.
+    #[arg(long, env = "IRIS_API_KEYS_FILE")]
+    pub api_keys_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub media: MediaArgs,
     #[command(flatten)]

@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use iris_process::auth::AuthToken;
@@ -19,6 +20,7 @@ use iris_vision::OutputDtype;
 use crate::args::{ConnArgs, DiscoveryArgs, InputDtype, MediaArgs, ServeArgs, TransportArgs};
 use crate::discovery::pod::{PodRules, Selector};
 use crate::discovery::Discovery;
+use crate::keys::ApiKeys;
 use crate::output::{ReasoningParserFlag, ToolParserFlag};
 use crate::router::RouterSettings;
 use crate::transport::TransportConfig;
@@ -70,6 +72,9 @@ pub struct Config {
     /// The admin API's token (`--admin-token-file`); `None`: open, on a
     /// loopback listener only.
     pub admin_token: Option<AuthToken>,
+    /// The tenants of `--api-keys-file`, read and checked; `None`: the
+    /// API is open.
+    pub api_keys: Option<Arc<ApiKeys>>,
     pub health: HealthSettings,
     pub router: RouterSettings,
     /// Whole-request deadline.
@@ -231,6 +236,7 @@ impl Config {
                     .map_err(|e| ConfigError::new(format!("--worker-auth-token-file: {e:#}")))?,
             },
             admin_token: admin_token(args)?,
+            api_keys: api_keys(args)?,
             health: health(args)?,
             router: RouterSettings {
                 max_retries: args.max_retries,
@@ -380,8 +386,18 @@ fn admin_token(args: &ServeArgs) -> Result<Option<AuthToken>, ConfigError> {
     Ok(token)
 }
 
+/// The tenants of `--api-keys-file`, when given.
+fn api_keys(args: &ServeArgs) -> Result<Option<Arc<ApiKeys>>, ConfigError> {
+    let Some(path) = &args.api_keys_file else {
+        return Ok(None);
+    };
+    ApiKeys::load(path)
+        .map(|keys| Some(Arc::new(keys)))
+        .map_err(|e| ConfigError::new(format!("--api-keys-file: {e}")))
+}
+
 /// Whether `host` names only this machine (`localhost` or a loopback IP).
-fn is_loopback(host: &str) -> bool {
+pub(crate) fn is_loopback(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     host.eq_ignore_ascii_case("localhost")
         || bare

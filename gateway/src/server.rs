@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
@@ -25,6 +25,7 @@ use crate::completions::Completions;
 use crate::config::{Config, ListenConfig};
 use crate::http::error_response;
 use crate::http::serve::serve;
+use crate::keys::{ApiKeys, Caller};
 use crate::listen::{ConnLimits, ConnStats, Stop};
 use crate::messages::Messages;
 use crate::metrics::{Metrics, ModelSources};
@@ -42,6 +43,8 @@ pub struct AppState {
     pub reloader: Option<Reloader>,
     /// The admin API's token, settings and counters.
     pub admin: Admin,
+    /// The tenants of `--api-keys-file` (`None`: the API is open).
+    pub keys: Option<Arc<ApiKeys>>,
     pub metrics: Arc<Metrics>,
     pub request_timeout: Duration,
     pub max_payload: usize,
@@ -160,6 +163,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         models: Registry::new(Models::new(served)?),
         reloader,
         admin,
+        keys: config.api_keys.clone(),
         metrics: Arc::new(Metrics::new("")),
         request_timeout: config.request_timeout,
         max_payload: config.max_payload_bytes,
@@ -173,6 +177,10 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         responses: crate::responses::store::open(&config.responses_store).await?,
     });
     crate::reload::on_hangup(&state, shutdown.clone());
+    crate::keys::announce(state.keys.as_deref(), host);
+    if let Some(keys) = &state.keys {
+        keys.watch(shutdown.clone());
+    }
     let addr = listener.local_addr()?;
     let metrics_addr = metrics_listener
         .as_ref()
@@ -270,7 +278,8 @@ fn fd_capped(max: usize, fd_limit: Option<u64>) -> usize {
 type Route = (&'static str, &'static str, MethodRouter<Arc<AppState>>);
 
 /// The API routes, in the order the 404 lists them; the one place a new
-/// endpoint is registered.
+/// endpoint is registered. All but the probes take an API key when the
+/// gateway has a keys file ([`keyed`]).
 fn api_routes() -> Vec<Route> {
     vec![
         ("POST", "/v1/chat/completions", post(serve::<Chat>)),
@@ -310,6 +319,13 @@ fn api_routes() -> Vec<Route> {
     ]
 }
 
+/// Whether route `path` requires an API key (with `--api-keys-file`):
+/// every `/v1/…` route; the probes, `/metrics` and the admin API (its own
+/// token) do not.
+fn keyed(path: &str) -> bool {
+    path.starts_with("/v1/")
+}
+
 /// `/metrics`.
 fn metrics_route() -> Route {
     ("GET", "/metrics", get(metrics))
@@ -343,7 +359,7 @@ fn routes(state: Arc<AppState>, with_metrics: bool) -> axum::Router {
         table.push(metrics_route());
         table.extend(admin_routes());
     }
-    router_of(table).with_state(state)
+    router_of(table, &state).with_state(state)
 }
 
 /// The `--metrics-port` routes: `/metrics`, the probes and the admin API.
@@ -354,21 +370,35 @@ fn metrics_routes(state: Arc<AppState>) -> axum::Router {
         ("GET", "/readiness", get(readiness)),
     ];
     table.extend(admin_routes());
-    router_of(table).with_state(state)
+    router_of(table, &state).with_state(state)
 }
 
-/// The router serving `table`, with its 404 and 405 answers.
-fn router_of(table: Vec<Route>) -> axum::Router<Arc<AppState>> {
+/// The router serving `table`, the [`keyed`] routes behind the API-key
+/// check, with its 404 and 405 answers.
+fn router_of(table: Vec<Route>, state: &Arc<AppState>) -> axum::Router<Arc<AppState>> {
     let served: Vec<(&'static str, &'static str)> = table
         .iter()
         .map(|(method, path, _)| (*method, *path))
         .collect();
-    let mut router = axum::Router::new();
+    let mut open = axum::Router::new();
+    let mut keys = axum::Router::new();
+    let mut any_keyed = false;
     for (_, path, handler) in table {
         // `{id}` takes the rest of the path (a model id may hold slashes).
-        router = router.route(&path.replace("{id}", "{*id}"), handler);
+        let route = path.replace("{id}", "{*id}");
+        if keyed(path) {
+            keys = keys.route(&route, handler);
+            any_keyed = true;
+        } else {
+            open = open.route(&route, handler);
+        }
     }
-    with_errors(router, &served)
+    if any_keyed {
+        // (A layer on a router without routes is refused.)
+        let require = axum::middleware::from_fn_with_state(state.clone(), crate::keys::require);
+        open = open.merge(keys.route_layer(require));
+    }
+    with_errors(open, &served)
 }
 
 /// `router` answering a wrong method on one of its routes with 405 and
@@ -390,12 +420,15 @@ fn with_errors(
         .fallback(move |method, uri| not_found(method, uri, listing.clone()))
 }
 
-async fn models(State(state): State<Arc<AppState>>) -> Response {
+/// `GET /v1/models`: every model (with its aliases) the caller may use.
+async fn models(State(state): State<Arc<AppState>>, caller: Option<Extension<Caller>>) -> Response {
+    let caller = caller.map(|Extension(c)| c);
     let listed = state
         .models
         .load()
         .all()
         .iter()
+        .filter(|s| crate::keys::may_see(caller.as_ref(), s))
         .flat_map(|s| s.listings())
         .collect();
     let body = iris_openai::ModelList::new(listed).to_json();
@@ -464,6 +497,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         reloader.render(&mut body);
     }
     state.admin.render(&mut body);
+    if let Some(keys) = &state.keys {
+        keys.render(&mut body);
+    }
     let (hits, misses) = served.prompter.cache_stats();
     iris_metrics::family(
         &mut body,
@@ -544,9 +580,11 @@ fn render_tensor_memory(out: &mut String, stats: &iris_vision::TensorMemoryStats
 }
 
 /// `GET /v1/models/{id}`: the served model under its name or any alias
-/// `model` accepts (its path), else 404 `model_not_found`.
+/// `model` accepts (its path), else 404 `model_not_found` (also for a
+/// model the caller's tenant may not use).
 async fn model(
     State(state): State<Arc<AppState>>,
+    caller: Option<Extension<Caller>>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
     // The wildcard drops the slash of an absolute path; either form names it.
@@ -558,6 +596,9 @@ async fn model(
             Err(_) => return error_response(&error),
         },
     };
+    if !crate::keys::may_see(caller.map(|Extension(c)| c).as_ref(), &served) {
+        return error_response(&ApiError::model_not_found(&name));
+    }
     // An alias answers as itself; the hidden path alias as the model.
     let listed = if served.aliases.contains(&name) {
         name.as_str()

@@ -23,6 +23,19 @@ pub async fn detokenize(State(state): State<Arc<AppState>>, request: Request) ->
     answer(detokenize_body(state, request).await)
 }
 
+/// The model named (the first without a name), if the caller's tenant
+/// may use it (403 otherwise, [`crate::keys::check_model`]).
+fn allowed(
+    state: &AppState,
+    extensions: &axum::http::Extensions,
+    name: Option<&str>,
+) -> Result<Arc<Served>, ApiError> {
+    let found = state.models.named_or_first(name);
+    let asked = name.unwrap_or_default();
+    crate::keys::check_model(state, extensions, asked, found.as_ref().ok().map(|s| &**s))?;
+    found
+}
+
 /// A JSON body, or the error.
 fn answer(result: Result<Vec<u8>, ApiError>) -> Response {
     match result {
@@ -32,9 +45,10 @@ fn answer(result: Result<Vec<u8>, ApiError>) -> Response {
 }
 
 async fn tokenize_body(state: Arc<AppState>, request: Request) -> Result<Vec<u8>, ApiError> {
-    let bytes = read_body(&state, request.into_body()).await?;
+    let (parts, body) = request.into_parts();
+    let bytes = read_body(&state, body).await?;
     let request = iris_openai::parse_tokenize_request(&bytes)?;
-    let served = state.models.named_or_first(request.model.as_deref())?;
+    let served = allowed(&state, &parts.extensions, request.model.as_deref())?;
     let input = request.input();
     let ids = if bytes.len() <= INLINE_PROMPT_BYTES {
         tokenize_input(&served, &input)?
@@ -81,9 +95,10 @@ fn tokenize_input(served: &Served, input: &TokenizeInput) -> Result<Vec<u32>, Ap
 }
 
 async fn detokenize_body(state: Arc<AppState>, request: Request) -> Result<Vec<u8>, ApiError> {
-    let bytes = read_body(&state, request.into_body()).await?;
+    let (parts, body) = request.into_parts();
+    let bytes = read_body(&state, body).await?;
     let request = iris_openai::parse_detokenize_request(&bytes)?;
-    let served = state.models.named_or_first(request.model.as_deref())?;
+    let served = allowed(&state, &parts.extensions, request.model.as_deref())?;
     let tokenizer = served.prompter.tokenizer().clone();
     check_ids(&tokenizer, &request.tokens, "tokens")?;
     let decode = move || {

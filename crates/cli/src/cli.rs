@@ -34,6 +34,10 @@ enum Command {
     /// Write the tiny generated model (the demo's) to a directory, e.g. for
     /// the Kubernetes cpu-demo overlay's workers.
     TinyModel(TinyModelArgs),
+    /// Read an API key from standard input (its first line, surrounding
+    /// whitespace dropped) and print its digest as `--api-keys-file` takes
+    /// it (`sha256:<hex>`).
+    HashKey,
 }
 
 #[derive(clap::Args)]
@@ -134,6 +138,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("tiny {} model in {}", args.family, args.dir.display());
             Ok(())
         }
+        Command::HashKey => {
+            println!("{}", hash_key(std::io::stdin().lock())?);
+            Ok(())
+        }
         Command::Preprocess(args) => {
             let report = iris_vision::debug::preprocess_report(
                 &args.model_path,
@@ -143,5 +151,31 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{report}");
             Ok(())
         }
+    }
+}
+
+/// The `--api-keys-file` digest of the key on `input`'s first line.
+fn hash_key(mut input: impl std::io::BufRead) -> anyhow::Result<String> {
+    let mut line = String::new();
+    input.read_line(&mut line)?;
+    let key = line.trim();
+    anyhow::ensure!(!key.is_empty(), "no key on standard input");
+    Ok(iris_gateway::api_key_digest(key.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_key_prints_the_files_digest() {
+        let digest = hash_key(&b"test\nignored"[..]).expect("a key");
+        assert_eq!(
+            digest,
+            "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+        );
+        assert_eq!(hash_key(&b"  test \r\n"[..]).expect("a key"), digest);
+        assert!(hash_key(&b"\n"[..]).is_err());
+        assert!(hash_key(&b""[..]).is_err());
     }
 }

@@ -13,6 +13,7 @@ use std::time::Instant;
 use axum::response::Response;
 use iris_openai::ApiError;
 
+use crate::keys::limit::{Held, Quota};
 use crate::metrics::{Metrics, Outcome};
 
 /// Status logged for a request whose client went away before its end
@@ -78,6 +79,12 @@ pub struct Ledger {
     pub body_bytes: usize,
     /// The endpoint's error shape, for every error the request ends with.
     pub error_shape: ErrorShape,
+    /// The tenant's requests-per-minute bucket after this request, for
+    /// the answer's `x-ratelimit-*` headers (taken when they are set).
+    pub quota: Option<Quota>,
+    /// The request's slot under its tenant's concurrency limit, given
+    /// back when the last holder of the request's facts drops it.
+    pub held: Option<Arc<Held>>,
 }
 
 impl Ledger {
@@ -100,6 +107,8 @@ impl Ledger {
             metrics,
             body_bytes: 0,
             error_shape: super::error_response,
+            quota: None,
+            held: None,
         }
     }
 

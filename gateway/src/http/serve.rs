@@ -22,8 +22,10 @@ use iris_openai::ApiError;
 use tracing::Instrument;
 
 use super::{read_body, refused, Failure, Ledger};
+use crate::keys::Caller;
 use crate::metrics::{Outcome, Stage};
 use crate::request::{ApiRequest, Input};
+use crate::served::Served;
 use crate::server::AppState;
 
 /// What an endpoint supplies to the shared path: its names, the
@@ -79,22 +81,34 @@ pub async fn serve<E: Endpoint>(State(state): State<Arc<AppState>>, request: Req
     let id = E::new_id();
     // Every log line of the request (routing, retries, failures) carries its id.
     let span = E::span(&id);
-    respond::<E>(state, request.into_body(), id)
+    let caller = request.extensions().get::<Caller>().cloned();
+    respond::<E>(state, request.into_body(), caller, id)
         .instrument(span)
         .await
 }
 
-async fn respond<E: Endpoint>(state: Arc<AppState>, body: Body, id: String) -> Response {
+async fn respond<E: Endpoint>(
+    state: Arc<AppState>,
+    body: Body,
+    caller: Option<Caller>,
+    id: String,
+) -> Response {
     let mut ledger = Ledger::new(E::NAME, id, Instant::now(), state.metrics.clone());
     ledger.error_shape = E::error_response;
     // Each stage's future is boxed: held inline, the largest would make
     // every enclosing future as large, and each is moved (copied) a few
     // times on its way to the runtime.
-    match Box::pin(prepare::<E>(&state, body, &mut ledger)).await {
+    let prepared = Box::pin(prepare::<E>(&state, body, caller, &mut ledger)).await;
+    let quota = ledger.quota.take();
+    let mut response = match prepared {
         Ok((ready, true)) => Box::pin(E::stream(state, ledger, ready)).await,
         Ok((ready, false)) => Box::pin(E::unary(state, ledger, ready)).await,
         Err(failure) => refused(&ledger, failure),
+    };
+    if let Some(quota) = quota {
+        quota.write(response.headers_mut());
     }
+    response
 }
 
 /// Reads and converts the request, finds its model and makes its input
@@ -103,6 +117,7 @@ async fn respond<E: Endpoint>(state: Arc<AppState>, body: Body, id: String) -> R
 async fn prepare<E: Endpoint>(
     state: &Arc<AppState>,
     body: Body,
+    caller: Option<Caller>,
     ledger: &mut Ledger,
 ) -> Result<(Ready<E>, bool), Failure> {
     let client = |e: ApiError| (e, Outcome::ClientError);
@@ -110,11 +125,43 @@ async fn prepare<E: Endpoint>(
     ledger.body_bytes = bytes.len();
     let request = E::convert(state, &bytes).await.map_err(client)?;
     drop(bytes);
-    let served = state.models.get(&request.model).map_err(client)?;
+    let found = state.models.get(&request.model);
+    if let Some(caller) = caller {
+        let served = found.as_ref().ok().map(|s| &**s);
+        admit(state, caller, &request.model, served, ledger).map_err(client)?;
+    }
+    let served = found.map_err(client)?;
     ledger.metrics = served.metrics.clone();
     ledger.user = request.user;
-    ledger.tenant = request.tenant;
     ledger.metrics.stage(Stage::Parse, ledger.started.elapsed());
     let ready = request.input.prepare(served, ledger).await?;
     Ok((ready, request.stream))
+}
+
+/// Lets the caller's request for model `asked` (resolving to `served`,
+/// when served) in under its tenant's models and limits, or
+/// refuses it (403, 429); `ledger` gets the tenant, the bucket's state
+/// for the headers, and the request's concurrency slot.
+fn admit(
+    state: &AppState,
+    Caller(tenant): Caller,
+    asked: &str,
+    served: Option<&Served>,
+    ledger: &mut Ledger,
+) -> Result<(), ApiError> {
+    ledger.tenant = Some(tenant.name.clone());
+    let Some(keys) = &state.keys else {
+        return Ok(());
+    };
+    match keys.admit(&tenant, asked, served) {
+        Ok(admitted) => {
+            ledger.quota = admitted.quota;
+            ledger.held = admitted.held.map(Arc::new);
+            Ok(())
+        }
+        Err(refusal) => {
+            ledger.quota = refusal.quota;
+            Err(refusal.error)
+        }
+    }
 }

@@ -12,7 +12,7 @@
 //! The `anthropic-version` and `x-api-key` headers are accepted and not
 //! read (the gateway has no API keys). See docs/anthropic.md.
 
-mod errors;
+pub mod errors;
 mod stream;
 mod text;
 mod unary;
@@ -147,9 +147,13 @@ pub async fn count_tokens(State(state): State<Arc<AppState>>, request: Request) 
 }
 
 async fn count(state: &Arc<AppState>, request: Request) -> Result<u32, ApiError> {
-    let bytes = read_body(state, request.into_body()).await?;
+    let (parts, body) = request.into_parts();
+    let bytes = read_body(state, body).await?;
     let input = MessagesInput::parse(state, &bytes, MessagesCall::CountTokens)?;
-    let served = state.models.get(input.model())?;
+    let found = state.models.get(input.model());
+    let named = found.as_ref().ok().map(|s| &**s);
+    crate::keys::check_model(state, &parts.extensions, input.model(), named)?;
+    let served = found?;
     // Not a generating request: its stages are the gateway's, not the model's.
     let id = Messages::new_id();
     let mut ledger = Ledger::new(MESSAGES, id, Instant::now(), state.metrics.clone());

@@ -35,22 +35,18 @@ pub struct ApiRequest<I> {
     pub stream: bool,
     /// The client's end-user id, when sent (logged).
     pub user: Option<String>,
-    /// The tenant the request is charged to; the API-key layer fills it,
-    /// `None` while the gateway is open to everyone.
-    pub tenant: Option<Arc<str>>,
     /// What to generate from.
     pub input: I,
 }
 
 impl<I: Input> ApiRequest<I> {
     /// The request carrying `input`, its model, stream flag and user taken
-    /// from it (the tenant is the front door's to fill).
+    /// from it.
     pub fn new(input: I) -> ApiRequest<I> {
         ApiRequest {
             model: input.model().to_owned(),
             stream: input.streams(),
             user: input.user().map(str::to_owned),
-            tenant: None,
             input,
         }
     }
