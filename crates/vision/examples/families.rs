@@ -9,30 +9,21 @@
 //! one tab-separated line per family: name, median and minimum thread CPU
 //! milliseconds.
 
+#[path = "support/cpu.rs"]
+mod cpu;
+
 use std::time::Duration;
 
 use iris_vision::{OutputDtype, PreprocessOptions};
-
-/// CPU time of the calling thread (unaffected by waiting for a core on a
-/// busy machine).
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer for the call.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
 
 /// (median, minimum) thread CPU of `iters` calls of `f`, after one warm-up.
 fn cpu_times(iters: usize, mut f: impl FnMut()) -> (Duration, Duration) {
     f();
     let mut times: Vec<Duration> = (0..iters)
         .map(|_| {
-            let start = thread_cpu();
+            let start = cpu::thread_cpu();
             f();
-            thread_cpu() - start
+            cpu::thread_cpu() - start
         })
         .collect();
     times.sort();

@@ -3,6 +3,9 @@
 //!
 //! `cargo run --release -p iris-vision --example timing -- IMAGE [bf16] [pre | bytes] [par] [ITERS]`
 
+#[path = "support/cpu.rs"]
+mod cpu;
+
 use std::time::{Duration, Instant};
 
 use iris_vision::{decode, DecodeLimits, OutputDtype, PreprocessOptions};
@@ -16,25 +19,13 @@ fn stats(mut v: Vec<Duration>) -> String {
     )
 }
 
-/// CPU time of the calling thread (unaffected by waiting for a core on a
-/// busy machine).
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer for the call.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 fn time(iters: usize, mut f: impl FnMut()) -> String {
     f();
     let (wall, cpu): (Vec<_>, Vec<_>) = (0..iters)
         .map(|_| {
-            let (t, c) = (Instant::now(), thread_cpu());
+            let (t, c) = (Instant::now(), cpu::thread_cpu());
             f();
-            (t.elapsed(), thread_cpu() - c)
+            (t.elapsed(), cpu::thread_cpu() - c)
         })
         .unzip();
     format!("wall {}  | cpu {}", stats(wall), stats(cpu))
