@@ -11,15 +11,32 @@ use iris_vision::{
 };
 use serde_json::json;
 
-/// A fresh directory holding `files` (name → JSON).
-fn model_dir(tag: &str, files: &[(&str, serde_json::Value)]) -> PathBuf {
+/// A fresh directory holding `files` (name → JSON), removed when dropped.
+fn model_dir(tag: &str, files: &[(&str, serde_json::Value)]) -> ModelDir {
     let dir = std::env::temp_dir().join(format!("iris-video-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     for (name, value) in files {
         std::fs::write(dir.join(name), value.to_string()).unwrap();
     }
-    dir
+    ModelDir(dir)
+}
+
+/// A test's model directory, deleted with it.
+struct ModelDir(PathBuf);
+
+impl std::ops::Deref for ModelDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ModelDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn family_of(dir: &Path) -> Option<VideoFamily> {
