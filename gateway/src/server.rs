@@ -393,10 +393,14 @@ fn router_of(table: Vec<Route>, state: &Arc<AppState>) -> axum::Router<Arc<AppSt
             open = open.route(&route, handler);
         }
     }
-    if any_keyed {
+    if any_keyed && state.keys.is_some() {
         // (A layer on a router without routes is refused.)
         let require = axum::middleware::from_fn_with_state(state.clone(), crate::keys::require);
         open = open.merge(keys.route_layer(require));
+    } else {
+        // Without a keys file the gateway is open: no layer on the
+        // request path.
+        open = open.merge(keys);
     }
     with_errors(open, &served)
 }
