@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use iris_process::auth::AuthChannel;
+use crate::workers::channel::Channel;
 use iris_proto::common::{KvEventBatch, SubscribeKvEventsRequest};
 use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use iris_proto::scheduler::{GenerateRequest, GenerateResponse};
@@ -40,7 +40,7 @@ impl Backend {
     /// others.
     pub async fn generate(
         self,
-        channel: &AuthChannel,
+        channel: &Channel,
         request: &GenerateRequest,
         handoff: Option<String>,
     ) -> Result<ResponseStream, Status> {
@@ -73,7 +73,7 @@ impl Backend {
     /// answer carried none.
     pub async fn prefill_first(
         self,
-        channel: &AuthChannel,
+        channel: &Channel,
         request: &GenerateRequest,
     ) -> Result<Option<String>, Status> {
         if !self.prefills_first() {
@@ -92,7 +92,7 @@ impl Backend {
     }
 
     /// Aborts `request_id` (best effort, within five seconds).
-    pub async fn abort(self, channel: AuthChannel, request_id: String, reason: String) {
+    pub async fn abort(self, channel: Channel, request_id: String, reason: String) {
         let call = async {
             match self {
                 Backend::TokenSpeed => {
@@ -127,7 +127,7 @@ impl Backend {
     /// `grpc-timeout`: (healthy, message).
     pub async fn health_check(
         self,
-        channel: AuthChannel,
+        channel: Channel,
         timeout: Duration,
     ) -> Result<(bool, String), Status> {
         Ok(match self {
@@ -160,11 +160,7 @@ impl Backend {
 
     /// `GetModelInfo` on the backend's service: the model the worker
     /// serves, as it reports it.
-    pub async fn model_info(
-        self,
-        channel: AuthChannel,
-        timeout: Duration,
-    ) -> Result<Reported, Status> {
+    pub async fn model_info(self, channel: Channel, timeout: Duration) -> Result<Reported, Status> {
         Ok(match self {
             Backend::TokenSpeed => {
                 let request = iris_proto::scheduler::GetModelInfoRequest {};
@@ -198,7 +194,7 @@ impl Backend {
     /// the backend's service.
     pub async fn subscribe_kv_events(
         self,
-        channel: AuthChannel,
+        channel: Channel,
         request: SubscribeKvEventsRequest,
     ) -> Result<Streaming<KvEventBatch>, Status> {
         let stream = match self {
@@ -235,7 +231,7 @@ pub fn timed<T>(message: T, timeout: Duration) -> tonic::Request<T> {
 /// A server-streaming call of `path` with `request` framed around its
 /// large `bytes` fields rather than copied into one body.
 pub async fn spliced<M, R>(
-    channel: &AuthChannel,
+    channel: &Channel,
     path: &'static str,
     request: &M,
 ) -> Result<Streaming<R>, Status>

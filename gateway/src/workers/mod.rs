@@ -11,6 +11,7 @@
 
 pub mod affinity;
 pub mod breaker;
+pub mod channel;
 pub mod checks;
 pub mod health;
 pub mod identity;

@@ -86,7 +86,8 @@ impl WorkerUrl {
         format!("http://{}", self.authority())
     }
 
-    fn authority(&self) -> String {
+    /// `host:port`, an IPv6 host in brackets.
+    pub(crate) fn authority(&self) -> String {
         if self.host.contains(':') {
             format!("[{}]:{}", self.host, self.port)
         } else {

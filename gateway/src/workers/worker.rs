@@ -21,10 +21,10 @@ use iris_proto::scheduler::GenerateRequest;
 use iris_proto::sglang::sglang_scheduler_client::SglangSchedulerClient;
 use iris_proto::vllm::vllm_engine_client::VllmEngineClient;
 use iris_transport::{Transport, WorkerCaps};
-use tonic::transport::Endpoint;
 use tonic::Status;
 
 use super::breaker::{self, Breaker};
+use super::channel::{Channel, WorkerChannel};
 use super::checks::Checks;
 use super::lane_caps::{became_true, LaneCaps};
 use super::load::Load;
@@ -96,9 +96,9 @@ pub struct Worker {
     pub url: WorkerUrl,
     pub role: Role,
     /// The channel calls go on; replaced by [`Worker::reconnect`].
-    channel: RwLock<AuthChannel>,
-    /// How a fresh channel is made.
-    endpoint: Endpoint,
+    channel: RwLock<Channel>,
+    /// How long a fresh channel's connection may take.
+    connect_timeout: Duration,
     token: Option<AuthToken>,
     /// Its health-check streaks.
     checks: Checks,
@@ -133,13 +133,9 @@ impl Worker {
         connect: impl Into<Connect>,
     ) -> Result<Arc<Worker>, String> {
         let connect = connect.into();
-        let endpoint = Endpoint::from_shared(url.endpoint())
-            .map_err(|e| format!("{url}: {e}"))?
-            .connect_timeout(connect.timeout)
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_while_idle(true);
-        let channel = AuthChannel::new(endpoint.connect_lazy(), connect.token.as_ref());
+        let lazy = WorkerChannel::lazy(&url.authority(), connect.timeout)
+            .map_err(|e| format!("{url}: {e}"))?;
+        let channel = AuthChannel::new(lazy, connect.token.as_ref());
         let transport = url.tensor_transport.as_deref().and_then(|t| t.parse().ok());
         let backend = match (role, url.backend) {
             (Role::Encode, Some(b)) if b != Backend::TokenSpeed => {
@@ -155,7 +151,7 @@ impl Worker {
             url,
             role,
             channel: RwLock::new(channel),
-            endpoint,
+            connect_timeout: connect.timeout,
             token: connect.token,
             checks: Checks::default(),
             breaker: Breaker::default(),
@@ -170,7 +166,7 @@ impl Worker {
     }
 
     /// The channel calls go on now.
-    pub(crate) fn channel(&self) -> AuthChannel {
+    pub(crate) fn channel(&self) -> Channel {
         self.channel
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -184,25 +180,28 @@ impl Worker {
     /// backed-off retransmissions. Calls already on the old channel keep
     /// it until they end.
     pub fn reconnect(&self) {
-        let fresh = AuthChannel::new(self.endpoint.connect_lazy(), self.token.as_ref());
+        let Ok(lazy) = WorkerChannel::lazy(&self.url.authority(), self.connect_timeout) else {
+            return; // the authority parsed when the worker was made
+        };
+        let fresh = AuthChannel::new(lazy, self.token.as_ref());
         *self.channel.write().unwrap_or_else(|p| p.into_inner()) = fresh;
     }
 
-    pub fn client(&self) -> TokenSpeedSchedulerClient<AuthChannel> {
+    pub fn client(&self) -> TokenSpeedSchedulerClient<Channel> {
         TokenSpeedSchedulerClient::new(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     /// A client of the worker's `VllmEngine` service (vLLM backend).
-    pub fn vllm_client(&self) -> VllmEngineClient<AuthChannel> {
+    pub fn vllm_client(&self) -> VllmEngineClient<Channel> {
         VllmEngineClient::new(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     /// A client of the worker's `SglangScheduler` service (SGLang backend).
-    pub fn sglang_client(&self) -> SglangSchedulerClient<AuthChannel> {
+    pub fn sglang_client(&self) -> SglangSchedulerClient<Channel> {
         SglangSchedulerClient::new(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
@@ -317,7 +316,7 @@ impl Worker {
     }
 
     /// A client of the worker's `TokenSpeedEncoder` service (encode role).
-    pub fn encoder_client(&self) -> TokenSpeedEncoderClient<AuthChannel> {
+    pub fn encoder_client(&self) -> TokenSpeedEncoderClient<Channel> {
         TokenSpeedEncoderClient::new(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)

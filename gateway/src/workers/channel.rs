@@ -1,0 +1,438 @@
+//! The gRPC channel to one worker: HTTP/2 on the `h2` crate, with no task
+//! between a call and its connection.
+//!
+//! tonic's `Channel` hands every call to a `Buffer` task that owns the
+//! connection's service, which hands it on to hyper's client dispatcher,
+//! another task, before `h2` sees it: two cross-task hops (wake-ups,
+//! channels, boxed futures) per call and per answer, a large part of the
+//! gateway's CPU per small request. Here the calling task clones the
+//! connection's `SendRequest`, opens its stream and queues its one message
+//! itself; only the connection's IO task remains.
+//!
+//! The connection is made on the first call (a lazy channel, like
+//! tonic's), one attempt shared by the callers that wait for it: a caller
+//! that waited while an attempt failed gets that failure rather than
+//! trying again. A connection that closed is replaced on the next call,
+//! and a call that finds its connection closed before it sent anything
+//! reconnects once. Keep-alive: a PING every 30 s, idle or not; no answer
+//! within 20 s closes the connection and fails its calls, as hyper's
+//! keep-alive did.
+//!
+//! Errors are tonic `Status`es shaped as before: no connection is
+//! `UNAVAILABLE` with "tcp connect error" and the `io::Error` as its
+//! source ([`crate::router::classify::unreachable`] reads both); a failed
+//! stream is mapped by tonic from its `h2::Error`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderValue, Request, Response, Uri};
+use http_body::{Body, Frame};
+use tokio::net::TcpStream;
+use tonic::{Code, Status};
+
+/// Receive windows: as hyper's client sets them (a stream's 2 MiB, the
+/// connection's 5 MiB), so answers stream as they did through tonic.
+const STREAM_WINDOW: u32 = 2 << 20;
+const CONNECTION_WINDOW: u32 = 5 << 20;
+/// A stream's queued bytes before `h2` stops asking for send capacity.
+const SEND_BUFFER: usize = 1 << 20;
+/// Keep-alive: a PING this often, closed without an answer within
+/// [`PING_TIMEOUT`].
+const PING_EVERY: Duration = Duration::from_secs(30);
+const PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// What hyper's connector said when no connection could be made; the
+/// router's classification reads it.
+const CONNECT_FAILED: &str = "tcp connect error";
+
+/// A worker's channel as the gateway's clients use it: every call
+/// carrying the worker's token, if it has one.
+pub type Channel = iris_process::auth::AuthChannel<WorkerChannel>;
+
+type CallFuture = Pin<Box<dyn Future<Output = Result<Response<AnswerBody>, Status>> + Send>>;
+
+/// A lazily connecting HTTP/2 channel to one worker; clones share it.
+#[derive(Clone)]
+pub struct WorkerChannel {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for WorkerChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerChannel")
+            .field("authority", &self.shared.authority)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    /// `host:port` (IPv6 hosts in brackets): what is dialled and what
+    /// `:authority` says.
+    authority: Authority,
+    connect_timeout: Duration,
+    user_agent: HeaderValue,
+    /// The connection calls go on now, if any.
+    current: Mutex<Option<Connection>>,
+    /// Held while connecting: one attempt at a time.
+    connecting: tokio::sync::Mutex<Option<Failure>>,
+}
+
+/// A live connection: its request handle, and whether its task ended.
+#[derive(Clone)]
+struct Connection {
+    send: SendRequest<Bytes>,
+    closed: Arc<AtomicBool>,
+}
+
+/// The last failed connection attempt, for the callers that waited on it.
+struct Failure {
+    at: Instant,
+    message: String,
+}
+
+impl WorkerChannel {
+    /// A channel to `authority` that connects on its first call.
+    pub fn lazy(authority: &str, connect_timeout: Duration) -> Result<WorkerChannel, String> {
+        let authority: Authority = authority
+            .parse()
+            .map_err(|e| format!("{authority}: not a host:port ({e})"))?;
+        let user_agent = HeaderValue::from_static(concat!("iris/", env!("CARGO_PKG_VERSION")));
+        Ok(WorkerChannel {
+            shared: Arc::new(Shared {
+                authority,
+                connect_timeout,
+                user_agent,
+                current: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(None),
+            }),
+        })
+    }
+}
+
+impl tower_service::Service<Request<tonic::body::Body>> for WorkerChannel {
+    type Response = Response<AnswerBody>;
+    type Error = Status;
+    type Future = CallFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<tonic::body::Body>) -> CallFuture {
+        let shared = self.shared.clone();
+        Box::pin(async move { shared.call(request).await })
+    }
+}
+
+impl Shared {
+    async fn call(
+        &self,
+        request: Request<tonic::body::Body>,
+    ) -> Result<Response<AnswerBody>, Status> {
+        let (mut head, body) = request.into_parts();
+        head.uri = self.absolute(&head.uri)?;
+        head.headers
+            .entry(http::header::USER_AGENT)
+            .or_insert_with(|| self.user_agent.clone());
+        let message = collect(body).await?;
+        let mut send = self.ready_sender().await?;
+        let head = Request::from_parts(head, ());
+        let (answer, mut stream) = send
+            .send_request(head, message.is_empty())
+            .map_err(|e| closed(&self.authority, &e))?;
+        if !message.is_empty() {
+            stream
+                .send_data(message, true)
+                .map_err(|e| Status::from_error(Box::new(e)))?;
+        }
+        let answer = answer.await.map_err(|e| Status::from_error(Box::new(e)))?;
+        Ok(answer.map(|recv| AnswerBody {
+            recv,
+            data_done: false,
+        }))
+    }
+
+    /// The call's URI with this worker's scheme and authority (tonic's
+    /// clients give the path only).
+    fn absolute(&self, uri: &Uri) -> Result<Uri, Status> {
+        let path = uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(self.authority.clone())
+            .path_and_query(path)
+            .build()
+            .map_err(|e| Status::internal(format!("request URI for {}: {e}", self.authority)))
+    }
+
+    /// A request handle ready for one more stream: on the current
+    /// connection, or a new one if it closed.
+    async fn ready_sender(&self) -> Result<SendRequest<Bytes>, Status> {
+        let connection = self.connection().await?;
+        match connection.send.clone().ready().await {
+            Ok(send) => Ok(send),
+            Err(_) => {
+                // Closed under us (a GOAWAY, a reset): nothing was sent on
+                // it, so one fresh connection is tried.
+                connection.closed.store(true, Ordering::Release);
+                let fresh = self.connection().await?;
+                fresh
+                    .send
+                    .ready()
+                    .await
+                    .map_err(|e| closed(&self.authority, &e))
+            }
+        }
+    }
+
+    /// The open connection, or a new one.
+    async fn connection(&self) -> Result<Connection, Status> {
+        if let Some(open) = self.open() {
+            return Ok(open);
+        }
+        let asked = Instant::now();
+        let mut last_failure = self.connecting.lock().await;
+        if let Some(open) = self.open() {
+            return Ok(open);
+        }
+        if let Some(failure) = last_failure.as_ref().filter(|f| f.at >= asked) {
+            return Err(Status::unavailable(failure.message.clone()));
+        }
+        match self.connect().await {
+            Ok(connection) => {
+                *last_failure = None;
+                *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
+                Ok(connection)
+            }
+            Err(status) => {
+                *last_failure = Some(Failure {
+                    at: Instant::now(),
+                    message: status.message().to_string(),
+                });
+                Err(status)
+            }
+        }
+    }
+
+    /// The current connection unless its task ended.
+    fn open(&self) -> Option<Connection> {
+        let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        current
+            .as_ref()
+            .filter(|c| !c.closed.load(Ordering::Acquire))
+            .cloned()
+    }
+
+    /// Dials the worker and starts HTTP/2 on the connection; its IO runs
+    /// on a task of its own until it closes.
+    async fn connect(&self) -> Result<Connection, Status> {
+        let authority = self.authority.as_str();
+        let dial = tokio::time::timeout(self.connect_timeout, async {
+            let tcp = TcpStream::connect(authority).await?;
+            tcp.set_nodelay(true)?;
+            Ok::<_, std::io::Error>(tcp)
+        });
+        let tcp = match dial.await {
+            Ok(Ok(tcp)) => tcp,
+            Ok(Err(e)) => return Err(unreachable(authority, e)),
+            Err(_) => {
+                let e = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no connection within {:?}", self.connect_timeout),
+                );
+                return Err(unreachable(authority, e));
+            }
+        };
+        let handshake = h2::client::Builder::new()
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_send_buffer_size(SEND_BUFFER)
+            .handshake::<_, Bytes>(tcp);
+        let (send, mut io) = tokio::time::timeout(self.connect_timeout, handshake)
+            .await
+            .map_err(|_| Status::unavailable(format!("{authority}: HTTP/2 handshake timed out")))?
+            .map_err(|e| Status::unavailable(format!("{authority}: HTTP/2 handshake: {e}")))?;
+        let closed = Arc::new(AtomicBool::new(false));
+        let pings = io.ping_pong();
+        let (done, name) = (closed.clone(), authority.to_string());
+        tokio::spawn(async move {
+            tokio::select! {
+                ended = &mut io => {
+                    if let Err(e) = ended {
+                        tracing::debug!(worker = %name, error = %e, "worker connection closed");
+                    }
+                }
+                () = keep_alive(pings) => {
+                    tracing::warn!(worker = %name, "worker connection silent for {PING_TIMEOUT:?} after a PING: closed");
+                }
+            }
+            done.store(true, Ordering::Release);
+        });
+        Ok(Connection { send, closed })
+    }
+}
+
+/// PINGs every [`PING_EVERY`]; returns when one goes unanswered for
+/// [`PING_TIMEOUT`]. Never returns on a connection that has closed (its
+/// IO future ends instead).
+async fn keep_alive(pings: Option<h2::PingPong>) {
+    let Some(mut pings) = pings else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::time::sleep(PING_EVERY).await;
+        match tokio::time::timeout(PING_TIMEOUT, pings.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_pong)) => {}
+            Ok(Err(_closed)) => return std::future::pending().await,
+            Err(_silent) => return,
+        }
+    }
+}
+
+/// The request's message: tonic's body of one encoded message, collected
+/// (it is ready at once; a unary or server-streaming call has no more).
+async fn collect(mut body: tonic::body::Body) -> Result<Bytes, Status> {
+    let mut parts: Vec<Bytes> = Vec::new();
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        if let Ok(data) = frame?.into_data() {
+            parts.push(data);
+        }
+    }
+    Ok(match parts.len() {
+        0 => Bytes::new(),
+        1 => parts.swap_remove(0),
+        _ => parts.concat().into(),
+    })
+}
+
+/// No connection could be made to `authority`.
+fn unreachable(authority: &str, error: std::io::Error) -> Status {
+    let mut status = Status::new(
+        Code::Unavailable,
+        format!("{CONNECT_FAILED}: {authority}: {error}"),
+    );
+    status.set_source(Arc::new(error));
+    status
+}
+
+/// The connection closed before the call could be sent.
+fn closed(authority: &Authority, error: &h2::Error) -> Status {
+    Status::unavailable(format!("connection to {authority} closed: {error}"))
+}
+
+/// A worker's answer: its data frames (each one's receive window given
+/// back as it is read), then its trailers.
+pub struct AnswerBody {
+    recv: h2::RecvStream,
+    data_done: bool,
+}
+
+impl Body for AnswerBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        if !this.data_done {
+            match ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    // Fails only once the stream is gone, which the next
+                    // poll reports.
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(Status::from_error(Box::new(e))))),
+                None => this.data_done = true,
+            }
+        }
+        match ready!(this.recv.poll_trailers(cx)) {
+            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(Status::from_error(Box::new(e))))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iris_engine::RunningEngine;
+    use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
+    use iris_proto::scheduler::HealthCheckRequest;
+
+    async fn engine(model: &iris_testkit::model::TinyModel, port: u16) -> RunningEngine {
+        let port = port.to_string();
+        let args = iris_testkit::args::engine_args(model.path(), "aggregated", &["--port", &port]);
+        iris_engine::start(args).await.expect("engine starts")
+    }
+
+    async fn health(channel: &WorkerChannel) -> Result<(), Status> {
+        let mut client = TokenSpeedSchedulerClient::new(channel.clone());
+        client
+            .health_check(HealthCheckRequest::default())
+            .await
+            .map(drop)
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_is_not_listening_is_unreachable() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        drop(listener);
+        let channel =
+            WorkerChannel::lazy(&addr.to_string(), Duration::from_secs(2)).expect("channel");
+        let status = health(&channel).await.expect_err("nothing listens");
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(crate::router::classify::unreachable(&status), "{status:?}");
+        assert!(WorkerChannel::lazy("not a host port/", Duration::from_secs(1)).is_err());
+    }
+
+    #[tokio::test]
+    async fn calls_share_one_connection_and_reconnect_after_a_restart() {
+        let model = iris_testkit::model::tiny_model();
+        let first = engine(&model, 0).await;
+        let addr = first.grpc_addr;
+        let channel =
+            WorkerChannel::lazy(&addr.to_string(), Duration::from_secs(2)).expect("channel");
+        let calls: Vec<_> = (0..8).map(|_| health(&channel)).collect();
+        for answer in futures::future::join_all(calls).await {
+            answer.expect("healthy");
+        }
+        let connection = channel.shared.open().expect("connected");
+        first.shutdown_token().cancel();
+        first.wait().await.expect("stopped");
+        for _ in 0..500 {
+            if connection.closed.load(Ordering::Acquire) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            connection.closed.load(Ordering::Acquire),
+            "the connection's end was seen"
+        );
+        assert!(channel.shared.open().is_none());
+        let second = engine(&model, addr.port()).await;
+        health(&channel).await.expect("reached after the restart");
+        let reconnected = channel.shared.open().expect("connected again");
+        assert!(!reconnected.closed.load(Ordering::Acquire));
+        second.shutdown_token().cancel();
+    }
+}
