@@ -36,7 +36,7 @@ from conftest import (REPO, Processes, aggregated, binary, metric, prefill_decod
 from test_epd import data_url, epd, image_part, png
 
 FAMILIES = ["qwen2_vl", "llava", "llava_next", "llava_onevision", "gemma3", "idefics3",
-            "pixtral", "internvl", "llama4"]
+            "pixtral", "internvl", "llama4", "phi4_multimodal"]
 REFERENCE = REPO / "gateway" / "tests" / "hf_processor_reference.py"
 HF_HINT = ("test_families.py needs transformers==4.57.1 with Pillow in $IRIS_HF_PYTHON "
            "(default .venv-hf/bin/python): `python -m venv .venv-hf && .venv-hf/bin/pip "
@@ -72,6 +72,10 @@ HF_CALLS = {
     "llama4": {"processor_class": "Llama4Processor",
                "processor_kwargs": {"patch_size": 14, "pixel_shuffle_ratio": 0.5},
                "call_kwargs": {"return_tensors": "pt"}},
+    "phi4_multimodal": {"processor_class": "Phi4MultimodalProcessor", "processor_kwargs": {},
+                        "tokenizer_class": "GPT2TokenizerFast",
+                        "tokenizer": {"extra_special_tokens": {
+                            "image_token": "<|image|>", "audio_token": "<|audio|>"}}},
 }
 
 # (width, height, seed) of each chat's images: one image, then two.

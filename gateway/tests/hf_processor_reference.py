@@ -70,6 +70,18 @@ def images_only(cls):
     return ImagesOnly
 
 
+def with_defaults(cls, kwargs):
+    """`kwargs` with the processor's other parts that an image call never
+    uses: no video processor (`images_only`), and the audio feature
+    extractor's defaults (Phi-4-multimodal's processor requires one)."""
+    if "video_processor" in cls.attributes:
+        cls = images_only(cls)
+        kwargs["video_processor"] = None
+    if "audio_processor" in cls.attributes:
+        kwargs["audio_processor"] = getattr(transformers, cls.audio_processor_class)()
+    return cls, kwargs
+
+
 def processor(request):
     model_dir = Path(request["model_dir"])
     tokenizer_class = getattr(transformers, request["tokenizer_class"])
@@ -77,10 +89,7 @@ def processor(request):
         tokenizer_file=str(model_dir / "tokenizer.json"), **request["tokenizer"]
     )
     cls = getattr(transformers, request["processor_class"])
-    kwargs = dict(request["processor_kwargs"])
-    if "video_processor" in cls.attributes:
-        cls = images_only(cls)
-        kwargs["video_processor"] = None
+    cls, kwargs = with_defaults(cls, dict(request["processor_kwargs"]))
     return cls(
         image_processor=image_processor(model_dir),
         tokenizer=tokenizer,

@@ -284,6 +284,30 @@ fn llama4() -> Family {
     family
 }
 
+/// Phi-4-multimodal: `<|image|>` repeated `num_img_tokens` times (the
+/// global frame's 256 + 16 row ends, a separator, and the tiles' unpadded
+/// features with their row ends). The processor also takes an audio
+/// feature extractor and a GPT-2 tokenizer that names the image and
+/// audio tokens; its image processor exists only as the fast class.
+fn phi4_multimodal() -> Family {
+    let mut family = plain(
+        spec(TinyFamily::Phi4Multimodal),
+        "Phi4MultimodalProcessor",
+        json!({}),
+        conversations(
+            as_array,
+            &[(800, 600), (200, 150), (500, 1400)],
+            &[(1000, 300), (448, 448)],
+        ),
+    );
+    family.tokenizer_class = "GPT2TokenizerFast";
+    family.tokenizer_kwargs = json!({"extra_special_tokens": {
+        "image_token": "<|image|>",
+        "audio_token": "<|audio|>",
+    }});
+    family
+}
+
 fn read_json(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -570,4 +594,9 @@ async fn internvl_prompts_equal_internvl_processor() {
 #[tokio::test]
 async fn llama4_prompts_equal_llama4_processor() {
     check_family("llama4", llama4()).await;
+}
+
+#[tokio::test]
+async fn phi4_multimodal_prompts_equal_phi4_multimodal_processor() {
+    check_family("phi4_multimodal", phi4_multimodal()).await;
 }

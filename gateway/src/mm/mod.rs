@@ -87,9 +87,10 @@ struct ImageVariant {
 /// SmolVLM's tagged tiles and global image, Pixtral's rows of `[IMG]`
 /// broken by `[IMG_BREAK]` and ended by `[IMG_END]`, InternVL's
 /// `<IMG_CONTEXT>` run between `<img>` and `</img>`, Llama 4's
-/// `<|patch|>` tiles with their separators and global tile
+/// `<|patch|>` tiles with their separators and global tile,
+/// Phi-4-multimodal's `<|image|>` repeated `num_img_tokens` times
 /// (gateway/tests/mm_prompts.rs compares them with the processors').
-const PROMPTS_BUILT: [&str; 10] = [
+const PROMPTS_BUILT: [&str; 11] = [
     "qwen2_vl",
     "qwen3_vl",
     "clip",
@@ -100,6 +101,7 @@ const PROMPTS_BUILT: [&str; 10] = [
     "pixtral",
     "internvl",
     "llama4",
+    "phi4_multimodal",
 ];
 
 /// Refuses a family whose images the vision crate preprocesses but whose
