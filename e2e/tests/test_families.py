@@ -53,7 +53,9 @@ HF_CALLS = {
     "llava_next": {"processor_class": "LlavaNextProcessor", "processor_kwargs": LLAVA_KWARGS},
     "llava_onevision": {"processor_class": "LlavaOnevisionProcessor", "processor_kwargs": {
         "num_image_tokens": 729, "vision_aspect_ratio": "anyres_max_9",
-        "vision_feature_select_strategy": "full"}},
+        "vision_feature_select_strategy": "full"},
+        # A chat's images as one prompt's (its multi-image rule: no tiling).
+        "nest_images": True},
     "gemma3": {"processor_class": "Gemma3Processor",
                "processor_kwargs": {"image_seq_length": 256},
                "tokenizer": {"extra_special_tokens": {
@@ -137,6 +139,7 @@ def reference_ids(family: str, model: Path, work: Path, images: list) -> list:
         "tokenizer_class": call.get("tokenizer_class", "PreTrainedTokenizerFast"),
         "tokenizer": tokenizer,
         "call_kwargs": call.get("call_kwargs", {}),
+        "nest_images": call.get("nest_images", False),
         "conversations": [{"messages": hf_messages(len(paths)), "images": paths}
                           for paths in images],
     }

@@ -12,6 +12,8 @@ Reads one JSON object on stdin:
      "tokenizer_class": "PreTrainedTokenizerFast",  # or the class the processor requires
      "tokenizer": {...},          # its keyword arguments
      "call_kwargs": {...},        # per-call processor arguments
+     "nest_images": false,        # optional: each chat's images as [[...]],
+                                  # one prompt's (OneVision's multi-image rule)
      "conversations": [{"messages": [...], "images": [PNG path, ...]}]}
 
 and writes, per conversation, {"text": rendered prompt, "input_ids": [...]}
@@ -107,6 +109,8 @@ def main():
             conversation["messages"], tokenize=False, add_generation_prompt=True
         )
         images = [Image.open(path) for path in conversation["images"]]
+        if request.get("nest_images") and images:
+            images = [images]
         encoded = proc(text=text, images=images or None, **request["call_kwargs"])
         ids = [int(i) for i in np.asarray(encoded["input_ids"]).reshape(-1)]
         out.append({"text": text, "input_ids": ids})
