@@ -36,7 +36,7 @@ from conftest import (REPO, Processes, aggregated, binary, metric, prefill_decod
 from test_epd import data_url, epd, image_part, png
 
 FAMILIES = ["qwen2_vl", "llava", "llava_next", "llava_onevision", "gemma3", "idefics3",
-            "pixtral", "internvl", "llama4"]
+            "pixtral", "internvl", "llama4", "phi4_multimodal"]
 REFERENCE = REPO / "gateway" / "tests" / "hf_processor_reference.py"
 HF_HINT = ("test_families.py needs transformers==4.57.1 with Pillow in $IRIS_HF_PYTHON "
            "(default .venv-hf/bin/python): `python -m venv .venv-hf && .venv-hf/bin/pip "
@@ -53,7 +53,9 @@ HF_CALLS = {
     "llava_next": {"processor_class": "LlavaNextProcessor", "processor_kwargs": LLAVA_KWARGS},
     "llava_onevision": {"processor_class": "LlavaOnevisionProcessor", "processor_kwargs": {
         "num_image_tokens": 729, "vision_aspect_ratio": "anyres_max_9",
-        "vision_feature_select_strategy": "full"}},
+        "vision_feature_select_strategy": "full"},
+        # A chat's images as one prompt's (its multi-image rule: no tiling).
+        "nest_images": True},
     "gemma3": {"processor_class": "Gemma3Processor",
                "processor_kwargs": {"image_seq_length": 256},
                "tokenizer": {"extra_special_tokens": {
@@ -72,6 +74,10 @@ HF_CALLS = {
     "llama4": {"processor_class": "Llama4Processor",
                "processor_kwargs": {"patch_size": 14, "pixel_shuffle_ratio": 0.5},
                "call_kwargs": {"return_tensors": "pt"}},
+    "phi4_multimodal": {"processor_class": "Phi4MultimodalProcessor", "processor_kwargs": {},
+                        "tokenizer_class": "GPT2TokenizerFast",
+                        "tokenizer": {"extra_special_tokens": {
+                            "image_token": "<|image|>", "audio_token": "<|audio|>"}}},
 }
 
 # (width, height, seed) of each chat's images: one image, then two.
@@ -133,6 +139,7 @@ def reference_ids(family: str, model: Path, work: Path, images: list) -> list:
         "tokenizer_class": call.get("tokenizer_class", "PreTrainedTokenizerFast"),
         "tokenizer": tokenizer,
         "call_kwargs": call.get("call_kwargs", {}),
+        "nest_images": call.get("nest_images", False),
         "conversations": [{"messages": hf_messages(len(paths)), "images": paths}
                           for paths in images],
     }

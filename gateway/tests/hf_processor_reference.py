@@ -12,6 +12,8 @@ Reads one JSON object on stdin:
      "tokenizer_class": "PreTrainedTokenizerFast",  # or the class the processor requires
      "tokenizer": {...},          # its keyword arguments
      "call_kwargs": {...},        # per-call processor arguments
+     "nest_images": false,        # optional: each chat's images as [[...]],
+                                  # one prompt's (OneVision's multi-image rule)
      "conversations": [{"messages": [...], "images": [PNG path, ...]}]}
 
 and writes, per conversation, {"text": rendered prompt, "input_ids": [...]}
@@ -70,6 +72,18 @@ def images_only(cls):
     return ImagesOnly
 
 
+def with_defaults(cls, kwargs):
+    """`kwargs` with the processor's other parts that an image call never
+    uses: no video processor (`images_only`), and the audio feature
+    extractor's defaults (Phi-4-multimodal's processor requires one)."""
+    if "video_processor" in cls.attributes:
+        cls = images_only(cls)
+        kwargs["video_processor"] = None
+    if "audio_processor" in cls.attributes:
+        kwargs["audio_processor"] = getattr(transformers, cls.audio_processor_class)()
+    return cls, kwargs
+
+
 def processor(request):
     model_dir = Path(request["model_dir"])
     tokenizer_class = getattr(transformers, request["tokenizer_class"])
@@ -77,10 +91,7 @@ def processor(request):
         tokenizer_file=str(model_dir / "tokenizer.json"), **request["tokenizer"]
     )
     cls = getattr(transformers, request["processor_class"])
-    kwargs = dict(request["processor_kwargs"])
-    if "video_processor" in cls.attributes:
-        cls = images_only(cls)
-        kwargs["video_processor"] = None
+    cls, kwargs = with_defaults(cls, dict(request["processor_kwargs"]))
     return cls(
         image_processor=image_processor(model_dir),
         tokenizer=tokenizer,
@@ -98,6 +109,8 @@ def main():
             conversation["messages"], tokenize=False, add_generation_prompt=True
         )
         images = [Image.open(path) for path in conversation["images"]]
+        if request.get("nest_images") and images:
+            images = [images]
         encoded = proc(text=text, images=images or None, **request["call_kwargs"])
         ids = [int(i) for i in np.asarray(encoded["input_ids"]).reshape(-1)]
         out.append({"text": text, "input_ids": ids})

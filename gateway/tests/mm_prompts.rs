@@ -45,6 +45,10 @@ struct Family {
     tokenizer_kwargs: Value,
     /// Per-call processor arguments.
     call_kwargs: Value,
+    /// The images handed over nested per prompt (`[[a, b]]`), as a
+    /// processor whose rules depend on the prompt's image count
+    /// (OneVision's) takes a chat's images.
+    nest_images: bool,
     /// Conversations in the OpenAI format; each `"IMAGE"` URL takes the
     /// next of `image_sizes` (width, height).
     conversations: Vec<(Value, Vec<(u32, u32)>)>,
@@ -122,6 +126,7 @@ fn gemma3(config: bool, request: bool) -> Family {
             "eoi_token": "<end_of_image>",
         }}),
         call_kwargs,
+        nest_images: false,
         conversations: conversations(
             as_array,
             &[(640, 480), (1000, 300), (400, 700)],
@@ -144,6 +149,7 @@ fn plain(
         processor_kwargs,
         tokenizer_kwargs: json!({}),
         call_kwargs: json!({}),
+        nest_images: false,
         conversations,
     }
 }
@@ -228,20 +234,24 @@ fn qwen2_vl() -> Family {
     family
 }
 
-/// LLaVA-OneVision: `<image>` repeated once per feature of the image's
-/// tiles (anyres_max_9), each image on its own (the flat call).
+/// LLaVA-OneVision, its images nested per prompt: a chat's only image
+/// takes `<image>` once per feature of its tiles (anyres_max_9); each of a
+/// chat's several images one square tile's 729 features and a newline.
 fn llava_onevision() -> Family {
     let spec = spec(TinyFamily::LlavaOnevision);
     let kwargs = spec.processor_config.clone();
-    plain(
-        spec,
-        "LlavaOnevisionProcessor",
-        kwargs,
-        answer_as_parts(
-            &[(640, 480), (100, 50), (900, 200)],
-            &[(1300, 700), (384, 384)],
-        ),
-    )
+    let mut chats = answer_as_parts(
+        &[(640, 480), (100, 50), (900, 200)],
+        &[(1300, 700), (384, 384)],
+    );
+    let single = json!([{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "IMAGE"}},
+        {"type": "text", "text": "What is this?"},
+    ]}]);
+    chats.push((single, vec![(640, 480)]));
+    let mut family = plain(spec, "LlavaOnevisionProcessor", kwargs, chats);
+    family.nest_images = true;
+    family
 }
 
 /// InternVL 3 / 3.5: `<img>`, 256 `<IMG_CONTEXT>` per tile and
@@ -281,6 +291,30 @@ fn llama4() -> Family {
         ),
     );
     family.call_kwargs = json!({"return_tensors": "pt"});
+    family
+}
+
+/// Phi-4-multimodal: `<|image|>` repeated `num_img_tokens` times (the
+/// global frame's 256 + 16 row ends, a separator, and the tiles' unpadded
+/// features with their row ends). The processor also takes an audio
+/// feature extractor and a GPT-2 tokenizer that names the image and
+/// audio tokens; its image processor exists only as the fast class.
+fn phi4_multimodal() -> Family {
+    let mut family = plain(
+        spec(TinyFamily::Phi4Multimodal),
+        "Phi4MultimodalProcessor",
+        json!({}),
+        conversations(
+            as_array,
+            &[(800, 600), (200, 150), (500, 1400)],
+            &[(1000, 300), (448, 448)],
+        ),
+    );
+    family.tokenizer_class = "GPT2TokenizerFast";
+    family.tokenizer_kwargs = json!({"extra_special_tokens": {
+        "image_token": "<|image|>",
+        "audio_token": "<|audio|>",
+    }});
     family
 }
 
@@ -357,6 +391,7 @@ fn reference(family: &Family, dir: &Path, prepared: &[Prepared]) -> Vec<Vec<u32>
         "tokenizer_class": family.tokenizer_class,
         "tokenizer": tokenizer,
         "call_kwargs": family.call_kwargs,
+        "nest_images": family.nest_images,
         "conversations": prepared.iter().map(|p| json!({
             "messages": p.hf_messages, "images": p.images,
         })).collect::<Vec<_>>(),
@@ -570,4 +605,9 @@ async fn internvl_prompts_equal_internvl_processor() {
 #[tokio::test]
 async fn llama4_prompts_equal_llama4_processor() {
     check_family("llama4", llama4()).await;
+}
+
+#[tokio::test]
+async fn phi4_multimodal_prompts_equal_phi4_multimodal_processor() {
+    check_family("phi4_multimodal", phi4_multimodal()).await;
 }

@@ -502,7 +502,20 @@ def phi4_frames_8bit(image_processor, arr):
     return np.concatenate([c[r * tile : (r + 1) * tile, k * tile : (k + 1) * tile] for r in range(rows) for k in range(cols)])
 
 
+def onevision_square_8bit(arr):
+    """OneVision's multi-image frame: the image padded to a square with the mean
+    colour (transformers' own pad_to_square), squashed to the tile."""
+    ip = processor_for("llava_onevision")
+    colour = tuple(int(x * 255) for x in ip.image_mean)
+    last = ChannelDimension.LAST
+    square = ip.pad_to_square(arr, background_color=colour, input_data_format=last)
+    tile = PROCESSORS["llava_onevision"]["size"]["height"]
+    return resize(square, (tile, tile), resample=PILImageResampling.BICUBIC, input_data_format=last)
+
+
 def resized_8bit(name, cfg, arr, overrides):
+    if overrides.get("multi_image"):
+        return onevision_square_8bit(arr)
     if name == "phi4_multimodal":
         return phi4_frames_8bit(processor_for(name), arr)
     if name == "llama4":
@@ -596,6 +609,12 @@ def case(name, img, overrides):
             image_processor._pad_for_patching = pad_for_patching_with_axes.__get__(image_processor)
             entry["note"] = "reference _pad_for_patching given the channel axis (it guesses wrong on this image)"
         call = dict(overrides)
+        multi = call.pop("multi_image", False)
+        if multi:
+            # OneVision's multi-image mode: the image twice, nested as one prompt's.
+            img_arg = [[img, img]]
+        else:
+            img_arg = img
         if name == "gemma3":
             call.update(GEMMA3_CALL)
         if name in IDEFICS3:
@@ -604,9 +623,9 @@ def case(name, img, overrides):
             call.update(INTERNVL_CALL)
         if name in FAST:
             # The fast classes take the PIL image as a channels-first tensor.
-            out = image_processor(images=img, return_tensors="pt", **call)
+            out = image_processor(images=img_arg, return_tensors="pt", **call)
         else:
-            out = image_processor(images=img, return_tensors="np", input_data_format="channels_last", **call)
+            out = image_processor(images=img_arg, return_tensors="np", input_data_format="channels_last", **call)
     except ValueError as e:
         entry["error"] = str(e)
         return entry
@@ -668,7 +687,12 @@ def case(name, img, overrides):
     elif name in MODEL_PROCESSORS:
         height, width = (int(v) for v in np.asarray(out["image_sizes"])[0])
         entry["image_sizes"] = [height, width]
-        entry["tokens"] = anyres_tokens(name, image_processor, height, width)
+        if multi:
+            # LlavaOnevisionProcessor: each image of a multi-image prompt takes
+            # num_image_tokens + 1 (its newline).
+            entry["tokens"] = MODEL_PROCESSORS[name][1]["num_image_tokens"] + 1
+        else:
+            entry["tokens"] = anyres_tokens(name, image_processor, height, width)
     else:
         entry["tokens"] = (336 // 14) ** 2
     return entry
@@ -800,6 +824,8 @@ def update_only(name):
         file = SHARED / key.removeprefix("shared/") if key.startswith("shared/") else DATA / key
         img, _ = decoded_entry(file)
         image["cases"] = [c for c in image["cases"] if c["processor"] != name] + [case(name, img, {})]
+        if name == "llava_onevision":
+            image["cases"].append(case(name, img, {"multi_image": True}))
         print(key, image["cases"][-1].get("shape", image["cases"][-1].get("error", "")[:40]), file=sys.stderr)
     if name == "phi4_multimodal":
         result["phi4_layouts"] = phi4_layouts(layout_sizes())
@@ -819,6 +845,7 @@ def main():
         img, decoded = decoded_entry(path)
         cases = [case(n, img, {}) for n in PROCESSORS]
         cases.append(case("gemma3", img, {"do_pan_and_scan": True}))
+        cases.append(case("llava_onevision", img, {"multi_image": True}))
         if key == "synthetic/rgb_560x280.png":
             exact = 560 * 280
             for ov in ({"max_pixels": exact}, {"max_pixels": exact - 1}, {"min_pixels": exact}, {"min_pixels": exact + 1}):

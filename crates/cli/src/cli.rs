@@ -46,8 +46,8 @@ struct TinyModelArgs {
     dir: PathBuf,
     /// The vision-language family: qwen2_vl (the default, with its vision
     /// tower's weights), llava, llava_next, llava_onevision, gemma3,
-    /// idefics3 (SmolVLM), pixtral, internvl or llama4 (their configs,
-    /// tokenizer and chat template; no weights).
+    /// idefics3 (SmolVLM), pixtral, internvl, llama4 or phi4_multimodal
+    /// (their configs, tokenizer and chat template; no weights).
     #[arg(long, default_value = "qwen2_vl")]
     family: iris_model::tiny::Family,
 }

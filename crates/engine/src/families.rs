@@ -15,6 +15,7 @@
 //! | Pixtral | `[3, H, W]`, multiples of the patch | `image_sizes` `= [H, W]`; one run per patch row, `H·W / P²` tokens |
 //! | InternVL | `[patches, 3, S, S]` | `image_num_patches` `= [patches]`; one run, the same tokens per patch |
 //! | Llama 4 | `[tiles (+ 1 global), 3, S, S]` | `aspect_ratios` `[rows, cols]` with `rows·cols` tiles (+ 1 when more than one); one run per frame, all of one length |
+//! | Phi-4-multimodal | `[1 + tiles, 3, S, S]` | `image_sizes` `[H, W]` in whole tiles, `H·W / S²` tiles; float32 `image_attention_mask` `[1 + tiles, S/P, S/P]`; `num_img_tokens` `=` the one run's length |
 //!
 //! Whatever the family, every placeholder range holds only the item's
 //! placeholder token, and the image items' ranges cover every image
@@ -46,6 +47,10 @@ pub enum Layout {
     Internvl { side: u64 },
     /// Llama 4: `[frames, 3, side, side]` with `aspect_ratios`, a run per frame.
     Llama4 { side: u64 },
+    /// Phi-4-multimodal: `[1 + tiles, 3, side, side]` with `image_sizes`,
+    /// `image_attention_mask` (`side / patch` cells a side) and
+    /// `num_img_tokens`, one run.
+    Phi4 { side: u64, patch: u64 },
     /// No (known) image processor: only the placeholders are checked.
     Unknown,
 }
@@ -168,6 +173,8 @@ fn layout(config: &Value) -> Layout {
         | Layout::Crops { side: 0 }
         | Layout::Internvl { side: 0 }
         | Layout::Llama4 { side: 0 }
+        | Layout::Phi4 { side: 0, .. }
+        | Layout::Phi4 { patch: 0, .. }
         | Layout::Pixtral { patch: 0 } => Layout::Unknown,
         known => known,
     }
@@ -201,6 +208,10 @@ fn named_layout(config: &Value) -> Layout {
         },
         "Llama4ImageProcessor" => Layout::Llama4 {
             side: side(&config["size"]["height"]),
+        },
+        "Phi4MultimodalImageProcessor" => Layout::Phi4 {
+            side: side(&config["size"]["height"]),
+            patch: side(&config["patch_size"]),
         },
         "PixtralImageProcessor" => Layout::Pixtral {
             patch: match &config["patch_size"] {
@@ -258,7 +269,51 @@ fn check_layout(layout: Layout, index: usize, item: &MultimodalItem) -> Result<(
         Layout::Pixtral { patch } => check_pixtral(&shape, patch, item, runs, tokens).map_err(fail),
         Layout::Internvl { side } => check_internvl(&shape, side, item, runs, tokens).map_err(fail),
         Layout::Llama4 { side } => check_llama4(&shape, side, item).map_err(fail),
+        Layout::Phi4 { side, patch } => {
+            check_phi4(&shape, (side, patch), item, runs, tokens).map_err(fail)
+        }
     }
+}
+
+/// `[1 + tiles, 3, side, side]` with `image_sizes = [H, W]`, the canvas
+/// of `H·W / side²` tiles; the float32 `image_attention_mask`
+/// `[1 + tiles, side / patch, side / patch]`; one run of
+/// `num_img_tokens` tokens.
+fn check_phi4(
+    shape: &[u64],
+    (side, patch): (u64, u64),
+    item: &MultimodalItem,
+    runs: u64,
+    tokens: u64,
+) -> Result<(), String> {
+    square_tiles(shape, side)?;
+    let &[h, w] = &ints(item, "image_sizes", 2)?[..] else {
+        return Err("image_sizes is not 2 values".into());
+    };
+    let (h, w) = (h.max(0) as u64, w.max(0) as u64);
+    let canvas = (h / side) * (w / side);
+    if h % side != 0 || w % side != 0 || shape[0] != 1 + canvas {
+        return Err(format!(
+            "{} frames for image_sizes [{h}, {w}] (1 + {canvas} tiles of {side} expected)",
+            shape[0]
+        ));
+    }
+    let cells = side / patch;
+    let mask = item.model_specific_tensors.get("image_attention_mask");
+    let mask_shape = mask.map(|t| (t.shape.clone(), t.dtype.as_str()));
+    let want = vec![shape[0] as u32, cells as u32, cells as u32];
+    if mask_shape.as_ref().map(|(s, d)| (s, *d)) != Some((&want, "float32")) {
+        return Err(format!(
+            "image_attention_mask {mask_shape:?} is not float32 {want:?}"
+        ));
+    }
+    let counted = ints(item, "num_img_tokens", 1)?;
+    if runs != 1 || counted != [tokens as i64] {
+        return Err(format!(
+            "{runs} placeholder runs of {tokens} tokens for num_img_tokens {counted:?} (one run of them)"
+        ));
+    }
+    Ok(())
 }
 
 /// `[frames, 3, side, side]` where `aspect_ratios = [rows, cols]` gives
@@ -449,6 +504,66 @@ mod tests {
         let uncovered = error(&rules, item, &prompt(10, &[(2, 4), (7, 2)]));
         assert!(uncovered.contains("6 image tokens"), "{uncovered}");
         assert_eq!(rules.image_tokens(), 0);
+    }
+
+    /// A Phi-4 item: `frames` frames of 448 for a `[h, w]` canvas, the
+    /// mask as `mask_dtype`, one run of `tokens` claiming `counted`.
+    fn phi4(frames: u32, [h, w]: [i64; 2], mask_dtype: &str, counted: i64) -> MultimodalItem {
+        let mut item = image(
+            &[frames, 3, 448, 448],
+            &[(0, 4)],
+            &[("image_sizes", &[h, w]), ("num_img_tokens", &[counted])],
+        );
+        let mask = TensorData {
+            dtype: mask_dtype.into(),
+            ..tensor::float32(vec![frames, 32, 32], &vec![1.0; frames as usize * 1024])
+        };
+        item.model_specific_tensors
+            .insert("image_attention_mask".into(), mask);
+        item
+    }
+
+    #[test]
+    fn phi4_items_need_their_canvas_mask_and_token_count() {
+        let rules = rules(Layout::Phi4 {
+            side: 448,
+            patch: 14,
+        });
+        let ids = prompt(6, &[(0, 4)]);
+        assert_eq!(error(&rules, phi4(3, [448, 896], "float32", 4), &ids), "");
+        let cases = [
+            (
+                phi4(2, [448, 896], "float32", 4),
+                "2 frames for image_sizes [448, 896]",
+            ),
+            (
+                phi4(2, [448, 400], "float32", 4),
+                "(1 + 0 tiles of 448 expected)",
+            ),
+            (
+                phi4(3, [448, 896], "int64", 4),
+                "is not float32 [3, 32, 32]",
+            ),
+            (
+                phi4(3, [448, 896], "float32", 5),
+                "4 tokens for num_img_tokens [5]",
+            ),
+        ];
+        for (item, want) in cases {
+            let got = error(&rules, item, &ids);
+            assert!(got.contains(want), "{got} (wanted {want})");
+        }
+        let config = serde_json::json!({
+            "image_processor_type": "Phi4MultimodalImageProcessorFast",
+            "size": {"height": 448, "width": 448}, "patch_size": 14,
+        });
+        assert_eq!(
+            layout(&config),
+            Layout::Phi4 {
+                side: 448,
+                patch: 14
+            }
+        );
     }
 
     #[test]

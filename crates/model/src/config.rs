@@ -84,11 +84,7 @@ impl ModelConfig {
             eos_token_ids: eos_ids(&top, text.as_ref())?,
             bos_token_id: id_u32(&top, text.as_ref(), &["bos_token_id"])?,
             pad_token_id: id_u32(&top, text.as_ref(), &["pad_token_id"])?,
-            image_token_id: id_u32(
-                &top,
-                text.as_ref(),
-                &["image_token_id", "image_token_index"],
-            )?,
+            image_token_id: image_token_id(&top, text.as_ref())?,
             video_token_id: id_u32(
                 &top,
                 text.as_ref(),
@@ -145,6 +141,18 @@ fn id_u32(
     }
     match text {
         Some(t) => t.u32_any(keys),
+        None => Ok(None),
+    }
+}
+
+/// The image token: the top level or `text_config` ([`id_u32`]), else
+/// `vision_config`'s `image_token_id` (Phi-4-multimodal keeps it there).
+fn image_token_id(top: &Fields<'_>, text: Option<&Fields<'_>>) -> Result<Option<u32>, ModelError> {
+    if let Some(id) = id_u32(top, text, &["image_token_id", "image_token_index"])? {
+        return Ok(Some(id));
+    }
+    match top.object("vision_config", "vision_config")? {
+        Some(vision) => vision.u32("image_token_id"),
         None => Ok(None),
     }
 }

@@ -259,6 +259,24 @@ fn token_and_template_variants() {
     assert_eq!(m.generation_config.unwrap().top_k, Some(-1));
 }
 
+/// Phi-4-multimodal's config.json keeps the image token in
+/// `vision_config` (200010, `<|image|>`); a top-level one still wins.
+#[test]
+fn image_token_in_vision_config() {
+    let vision = r#""vision_config": {"patch_size": 14, "num_hidden_layers": 27, "num_attention_heads": 16, "hidden_size": 1152, "image_token_id": 200010}"#;
+    let phi4 = format!(r#"{{"model_type": "phi4_multimodal", "hidden_size": 3072, {vision}}}"#);
+    let tmp = dir_with(&[("config.json", phi4.as_str())]);
+    let m = ModelDir::load(tmp.path()).unwrap();
+    assert_eq!(m.config.image_token_id, Some(200010));
+    assert!(m.config.supports_vision());
+    let top = format!(r#"{{"model_type": "x", "hidden_size": 8, "image_token_id": 7, {vision}}}"#);
+    let tmp = dir_with(&[("config.json", top.as_str())]);
+    assert_eq!(
+        ModelDir::load(tmp.path()).unwrap().config.image_token_id,
+        Some(7)
+    );
+}
+
 #[test]
 fn chat_template_jinja_file_wins() {
     let tmp = dir_with(&[

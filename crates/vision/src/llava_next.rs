@@ -1,6 +1,6 @@
 //! "Any resolution" processors: LLaVA-NeXT (LLaVA-1.6) and LLaVA-OneVision,
 //! bit-exact with transformers 4.57.1's slow `LlavaNextImageProcessor` and
-//! `LlavaOnevisionImageProcessor` (one image per call).
+//! `LlavaOnevisionImageProcessor`.
 //!
 //! An image becomes a stack of square tiles of side `tile`:
 //!
@@ -32,6 +32,14 @@
 //! worth. LLaVA-NeXT counts its CLS token and drops it again
 //! (`vision_feature_select_strategy = "default"`), OneVision has none
 //! (SigLIP, `"full"`), so both bases are `(tile / patch)²`.
+//!
+//! OneVision's multi-image mode ([`PreprocessOptions::multi_image`]): when
+//! a prompt holds several images (the processor called with the images
+//! nested per prompt), `LlavaOnevisionImageProcessor` tiles none of them:
+//! each is padded to a square (centred, the padding the mean colour's
+//! `int(mean · 255)`) and resized to one tile, `[1, 3, tile, tile]`, and
+//! `LlavaOnevisionProcessor` gives it `(tile / patch)² + 1` tokens (the
+//! features and one newline).
 
 use crate::error::VisionError;
 use crate::image::RgbView;
@@ -89,6 +97,8 @@ pub(crate) struct Plan {
     tiles: usize,
     /// Placeholder tokens.
     tokens: usize,
+    /// OneVision's multi-image mode: padded to a square, one tile.
+    square: bool,
 }
 
 impl AnyresProcessor {
@@ -132,7 +142,35 @@ impl AnyresProcessor {
             scaled,
             tiles,
             tokens,
+            square: false,
         })
+    }
+
+    /// OneVision's plan for an image of a multi-image prompt: one tile of
+    /// the image padded to a square, the base features and a newline.
+    fn square_plan(&self, width: usize, height: usize) -> Plan {
+        let side = self.tile / self.patch_size;
+        let t = self.tile;
+        Plan {
+            image: (height, width),
+            grid: (t, t),
+            scaled: (t, t),
+            tiles: 0,
+            tokens: side * side + 1,
+            square: true,
+        }
+    }
+
+    /// Whether `opts` asks for the multi-image mode and the family has one.
+    fn squares(&self, opts: &PreprocessOptions) -> bool {
+        opts.multi_image && self.family == AnyresFamily::LlavaOnevision
+    }
+
+    /// The padding of the multi-image mode: each channel's `int(mean·255)`.
+    fn mean_colour(&self) -> [u8; 3] {
+        self.norm
+            .mean
+            .map(|m| (f64::from(m) * 255.0).clamp(0.0, 255.0) as u8)
     }
 
     /// The model processor's placeholder count for an `height`×`width`
@@ -276,6 +314,29 @@ fn padded_tile(
     }
 }
 
+/// `image` centred on a square canvas of its longer side filled with
+/// `colour` (`pad_to_square`: the shorter side's offset rounded down), in
+/// `out`; the image itself when it is square.
+fn pad_square<'a>(
+    image: RgbView<'a>,
+    colour: [u8; 3],
+    out: &'a mut Vec<u8>,
+) -> Result<RgbView<'a>, VisionError> {
+    let (w, h) = (image.width(), image.height());
+    if w == h {
+        return Ok(image);
+    }
+    let side = w.max(h);
+    out.clear();
+    out.extend(std::iter::repeat_n(colour, side * side).flatten());
+    let (top, left) = ((side - h) / 2, (side - w) / 2);
+    for (y, row) in image.data().chunks_exact(w * 3).enumerate() {
+        let start = ((top + y) * side + left) * 3;
+        out[start..start + w * 3].copy_from_slice(row);
+    }
+    RgbView::new(out, side, side)
+}
+
 impl Tiled for AnyresProcessor {
     type Plan = Plan;
 
@@ -286,10 +347,15 @@ impl Tiled for AnyresProcessor {
         }
     }
 
-    fn settings(&self, _opts: &PreprocessOptions) -> String {
+    fn settings(&self, opts: &PreprocessOptions) -> String {
         format!(
-            "anyres|{:?}|{:?}|{}|{}|{:?}|pillow-12.2-bicubic",
-            self.family, self.grid_pinpoints, self.tile, self.patch_size, self.max_num_patches,
+            "anyres|{:?}|{:?}|{}|{}|{:?}|pillow-12.2-bicubic|multi={}",
+            self.family,
+            self.grid_pinpoints,
+            self.tile,
+            self.patch_size,
+            self.max_num_patches,
+            self.squares(opts),
         )
     }
 
@@ -297,7 +363,10 @@ impl Tiled for AnyresProcessor {
         &self.norm
     }
 
-    fn plan(&self, (w, h): (usize, usize), _: &PreprocessOptions) -> Result<Plan, VisionError> {
+    fn plan(&self, (w, h): (usize, usize), opts: &PreprocessOptions) -> Result<Plan, VisionError> {
+        if self.squares(opts) {
+            return Ok(self.square_plan(w, h));
+        }
         self.plan_for(w, h)
     }
 
@@ -313,16 +382,27 @@ impl Tiled for AnyresProcessor {
 
     fn buffer_bytes(&self, plan: &Plan, input: (u64, u64)) -> u64 {
         let t = self.tile as u64;
+        if plan.square {
+            let side = input.0.max(input.1);
+            return 3 * side * side + resize::working_bytes((side, side), (t, t));
+        }
         let (sh, sw) = (plan.scaled.0 as u64, plan.scaled.1 as u64);
         let resizes = resize::working_bytes(input, (t, t)) + resize::working_bytes(input, (sw, sh));
         resizes + 3 * t * t
     }
 
-    /// The base tile, then the grid's tiles row by row.
+    /// The base tile, then the grid's tiles row by row; in the
+    /// multi-image mode the square-padded image's one tile.
     fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
         let (image, parallel) = (cut.image, cut.parallel);
         let plan = cut.plan;
         let t = self.tile;
+        if plan.square {
+            let padded = pad_square(image, self.mean_colour(), &mut cut.scratch.cropped)?;
+            let (inter, resized) = (&mut cut.scratch.inter, &mut cut.scratch.resized);
+            each(0, resize_into(padded, t, t, inter, resized, parallel)?);
+            return Ok(());
+        }
         let (inter, resized) = (&mut cut.scratch.inter, &mut cut.scratch.resized);
         each(0, resize_into(image, t, t, inter, resized, parallel)?);
         let (sh, sw) = plan.scaled;
@@ -370,6 +450,63 @@ mod tests {
         assert_eq!(scaled_size(480, 640, (672, 672)), (504, 672));
         assert_eq!(scaled_size(1, 1, (336, 672)), (336, 336));
         assert_eq!(scaled_size(1000, 3, (1008, 336)), (1008, 4));
+    }
+
+    #[test]
+    fn onevision_images_of_a_multi_image_prompt_are_one_padded_tile() {
+        let ov = AnyresProcessor::llava_onevision();
+        let multi = PreprocessOptions {
+            multi_image: true,
+            ..PreprocessOptions::default()
+        };
+        let plan = ov.plan((640, 480), &multi).unwrap();
+        let layout = ov.layout(&plan);
+        assert_eq!(layout.shape, [1, 3, 384, 384]);
+        assert_eq!(layout.num_placeholder_tokens, 27 * 27 + 1);
+        assert_eq!(layout.image_sizes, Some([480, 640]));
+        assert_ne!(
+            Tiled::settings(&ov, &multi),
+            Tiled::settings(&ov, &PreprocessOptions::default())
+        );
+        // LLaVA-NeXT has no such mode.
+        let next = AnyresProcessor::llava_next();
+        assert_eq!(
+            next.plan((640, 480), &multi).unwrap(),
+            next.plan((640, 480), &PreprocessOptions::default())
+                .unwrap()
+        );
+        assert_eq!(ov.mean_colour(), [127, 127, 127]);
+    }
+
+    #[test]
+    fn pad_square_centres_the_image_on_the_colour() {
+        // 2×1: one row of two red pixels, centred on a 2×2 canvas: the
+        // offset (2 - 1) / 2 rounds down, so the row is the top one.
+        let red = [255u8, 0, 0, 255, 0, 0];
+        let mut out = Vec::new();
+        let view = RgbView::new(&red, 2, 1).unwrap();
+        let padded = pad_square(view, [7, 8, 9], &mut out).unwrap();
+        assert_eq!((padded.width(), padded.height()), (2, 2));
+        assert_eq!(padded.data(), [255, 0, 0, 255, 0, 0, 7, 8, 9, 7, 8, 9]);
+        // 1×3: a column, centred at column 1 of a 3×3 canvas.
+        let column = [1u8, 1, 1, 2, 2, 2, 3, 3, 3];
+        let view = RgbView::new(&column, 1, 3).unwrap();
+        let padded = pad_square(view, [0, 0, 0], &mut out).unwrap();
+        let middle: Vec<u8> = padded
+            .data()
+            .chunks(3)
+            .skip(1)
+            .step_by(3)
+            .flatten()
+            .copied()
+            .collect();
+        assert_eq!(middle, column);
+        // A square image is its own padding.
+        let view = RgbView::new(&red[..3], 1, 1).unwrap();
+        assert_eq!(
+            pad_square(view, [0, 0, 0], &mut out).unwrap().data(),
+            &red[..3]
+        );
     }
 
     #[test]

@@ -132,19 +132,23 @@ pub struct OutputLayout {
     pub content_size: Option<[usize; 2]>,
 }
 
-/// A small integer tensor of an image's item that the model's code reads
-/// beside the pixels (`model_specific_tensors`), named and shaped as the
+/// A small tensor of an image's item that the model's code reads beside
+/// the pixels (`model_specific_tensors`), named, shaped and typed as the
 /// Hugging Face processor returns it for one image: InternVL's
-/// `image_num_patches` `[1]`, Llama 4's `aspect_ratios` `[1, 2]`
-/// ([`crate::Processor::item_tensors`]).
+/// `image_num_patches` `[1]`, Llama 4's `aspect_ratios` `[1, 2]`,
+/// Phi-4-multimodal's float32 `image_attention_mask`
+/// ([`crate::Processor::item_tensors`]). Its values are whole numbers
+/// whatever the type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ItemTensor {
     /// The key the model's code reads.
     pub name: &'static str,
     /// Its shape.
     pub shape: Vec<usize>,
-    /// Its `int64` values, row-major.
+    /// Its values, row-major.
     pub values: Vec<i64>,
+    /// `float32` (ones and zeros of a mask) rather than `int64`.
+    pub float32: bool,
 }
 
 impl ItemTensor {
@@ -154,6 +158,15 @@ impl ItemTensor {
             name,
             shape,
             values: values.iter().map(|&v| v as i64).collect(),
+            float32: false,
+        }
+    }
+
+    /// A `float32` tensor of `shape` holding the whole numbers `values`.
+    pub fn floats(name: &'static str, shape: Vec<usize>, values: &[usize]) -> Self {
+        ItemTensor {
+            float32: true,
+            ..ItemTensor::ints(name, shape, values)
         }
     }
 }

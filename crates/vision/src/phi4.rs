@@ -24,8 +24,11 @@
 //! `[1 + tiles, 32, 32]`: ones for the global frame, and per tile the
 //! 14-pixel patches that are not all padding (the reference zeroes
 //! `floor(padding / 14)` columns and rows when the padding is at least a
-//! patch). The reference returns the mask as float32 ones and zeros; it
-//! travels here as an `int64` [`ItemTensor`] of the same values.
+//! patch). The mask travels as the reference returns it, float32 ones and
+//! zeros ([`ItemTensor::floats`]), beside `num_img_tokens` `[1]` (int64):
+//! the image's token count, which vLLM's Phi-4 model code asks for with
+//! the mask and `image_sizes` (its processor adds it to the HF
+//! processor's output).
 //!
 //! The prompt (`Phi4MultimodalProcessor`): the chat template writes
 //! `<|image|>` once per image and the processor repeats it
@@ -225,7 +228,8 @@ impl Tiled for Phi4Processor {
         "phi4_multimodal"
     }
 
-    /// `image_attention_mask` `[1 + tiles, 32, 32]`.
+    /// `image_attention_mask` `[1 + tiles, 32, 32]` (float32) and
+    /// `num_img_tokens` `[1]`.
     fn item_tensors(&self, layout: &OutputLayout) -> Vec<ItemTensor> {
         let [rows, cols] = layout.tile_grid.unwrap_or([1, 1]);
         let [h, w] = layout
@@ -238,11 +242,10 @@ impl Tiled for Phi4Processor {
         };
         let m = self.mask_side();
         let shape = vec![1 + plan.tiles(), m, m];
-        vec![ItemTensor::ints(
-            "image_attention_mask",
-            shape,
-            &self.attention_mask(&plan),
-        )]
+        vec![
+            ItemTensor::floats("image_attention_mask", shape, &self.attention_mask(&plan)),
+            ItemTensor::ints("num_img_tokens", vec![1], &[self.tokens(&plan)]),
+        ]
     }
 
     fn settings(&self, _opts: &PreprocessOptions) -> String {
@@ -407,6 +410,10 @@ mod tests {
         );
         let tensors = Tiled::item_tensors(&p, &layout);
         assert_eq!(tensors[0].shape, [16, 32, 32]);
+        assert!(tensors[0].float32);
+        assert_eq!(tensors[1].name, "num_img_tokens");
+        assert_eq!(tensors[1].values, [layout.num_placeholder_tokens as i64]);
+        assert!(!tensors[1].float32);
     }
 
     #[test]

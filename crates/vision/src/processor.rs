@@ -28,6 +28,11 @@ pub struct PreprocessOptions {
     /// `do_pan_and_scan` of transformers' processor); `None` keeps the
     /// config's. Other families ignore it.
     pub pan_and_scan: Option<bool>,
+    /// LLaVA-OneVision: the image is one of several in its prompt, which
+    /// `LlavaOnevisionImageProcessor` does not tile (images nested per
+    /// prompt: padded to a square with the mean colour and resized to one
+    /// tile). Other families ignore it.
+    pub multi_image: bool,
 }
 
 /// Turns images into encoder inputs for one model family.

@@ -166,7 +166,8 @@ fn synthetic_files() -> Vec<(String, Vec<u8>)> {
 }
 
 /// Every image of the corpus, through every processor kind (Gemma 3 with
-/// pan and scan) and both dtypes, allocates at most what `memory_needed` said from its header.
+/// pan and scan, OneVision alone and in a multi-image prompt) and both
+/// dtypes, allocates at most what `memory_needed` said from its header.
 fn estimates_bound_the_real_peak() {
     let mut corpus = synthetic_files();
     corpus.push(("png16 rgba".into(), png16_rgba(700, 500)));
@@ -193,11 +194,15 @@ fn estimates_bound_the_real_peak() {
         let Ok(info) = probe(bytes) else {
             continue; // not an image the corpus expects to decode
         };
+        let variants = [OutputDtype::F32, OutputDtype::Bf16]
+            .into_iter()
+            .flat_map(|dtype| [(dtype, false), (dtype, true)]);
         for processor in processors {
-            for dtype in [OutputDtype::F32, OutputDtype::Bf16] {
+            for (dtype, multi_image) in variants.clone() {
                 let opts = PreprocessOptions {
                     dtype,
                     pan_and_scan: Some(true),
+                    multi_image,
                     ..PreprocessOptions::default()
                 };
                 let Ok(need) = processor.memory_needed(&info, &opts) else {
@@ -214,7 +219,7 @@ fn estimates_bound_the_real_peak() {
                 }
                 assert!(
                     peak as u64 <= need + SLACK as u64,
-                    "{name} ({}, {dtype:?}): allocated {peak} bytes, estimated {need}",
+                    "{name} ({}, {dtype:?}, multi-image {multi_image}): allocated {peak} bytes, estimated {need}",
                     processor.name()
                 );
             }

@@ -47,6 +47,7 @@ fn opts_from(overrides: &Value) -> PreprocessOptions {
         min_pixels: overrides.get("min_pixels").and_then(Value::as_u64),
         max_pixels: overrides.get("max_pixels").and_then(Value::as_u64),
         pan_and_scan: overrides.get("do_pan_and_scan").and_then(Value::as_bool),
+        multi_image: overrides.get("multi_image").and_then(Value::as_bool) == Some(true),
         limits: DecodeLimits {
             max_side: u32::MAX,
             max_pixels: u64::MAX,

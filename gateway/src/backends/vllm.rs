@@ -10,7 +10,9 @@
 //!   `mm_inputs`, the others in `extra_mm_inputs`): `pixel_values` keeps
 //!   its lane (inline, shm or remote), `model_specific_tensors`,
 //!   placeholders and `im_token_id` carry over, `mm_hashes` is the content
-//!   hash in hex, once per placeholder.
+//!   hash in hex, once per placeholder; `encoder_input_key` names the
+//!   pixels where vLLM's model code reads them under another name
+//!   (Phi-4-multimodal's `image_pixel_values`).
 //! - PD: `kv_transfer_params_json`, given by the caller (the prefill leg
 //!   asks for remote decode, the decode leg passes on what prefill answered).
 //!
@@ -196,8 +198,20 @@ fn mm_inputs(item: &ts::MultimodalItem) -> v::MultimodalInputs {
             .collect(),
         mm_hashes: item.placeholders.iter().map(|_| hash.clone()).collect(),
         modality: item.modality,
+        encoder_input_key: encoder_input_key(item),
         ..v::MultimodalInputs::default()
     }
+}
+
+/// The name vLLM's model code reads an item's pixels under, when it is
+/// not `pixel_values`: `image_pixel_values` for Phi-4-multimodal
+/// (`Phi4MultimodalForCausalLM`, which reads it beside `image_sizes`,
+/// `image_attention_mask` and `num_img_tokens`), the one family whose
+/// items carry an `image_attention_mask`.
+fn encoder_input_key(item: &ts::MultimodalItem) -> Option<String> {
+    item.model_specific_tensors
+        .contains_key("image_attention_mask")
+        .then(|| "image_pixel_values".to_owned())
 }
 
 /// A tensor with its payload on the same lane.
@@ -385,11 +399,38 @@ mod tests {
         );
         let grid = &first.model_specific_tensors["image_grid_thw"];
         assert_eq!(grid.shape, [1, 3]);
+        assert_eq!(first.encoder_input_key, None);
         assert_eq!(r.extra_mm_inputs.len(), 1);
         assert_eq!(r.extra_mm_inputs[0].mm_hashes, ["02ff"]);
         assert_eq!(
             r.kv_transfer_params_json.as_deref(),
             Some("{\"do_remote_decode\":true}")
+        );
+    }
+
+    /// A Phi-4-multimodal item (its `image_attention_mask`) names its
+    /// pixels as vLLM's model code reads them.
+    #[test]
+    fn phi4_pixels_go_as_image_pixel_values() {
+        let mask = TensorData {
+            shape: vec![2, 32, 32],
+            dtype: "float32".into(),
+            payload: Some(Payload::Inline(vec![0u8; 8192].into())),
+        };
+        let item = MultimodalItem {
+            model_specific_tensors: [("image_attention_mask".to_owned(), mask)].into(),
+            ..MultimodalItem::default()
+        };
+        let mut req = base();
+        req.mm_inputs = Some(MultimodalInputs { items: vec![item] });
+        let first = request(&req, None).unwrap().mm_inputs.unwrap();
+        assert_eq!(
+            first.encoder_input_key.as_deref(),
+            Some("image_pixel_values")
+        );
+        assert_eq!(
+            first.model_specific_tensors["image_attention_mask"].shape,
+            [2, 32, 32]
         );
     }
 

@@ -231,13 +231,7 @@ fn item(image: &ItemLayout, ranges: Vec<PlaceholderRange>, image_token: u32) -> 
         specific.insert("image_sizes".to_owned(), tensor::int64(vec![1, 2], &hw));
     }
     for extra in &image.tensors {
-        specific.insert(
-            extra.name.to_owned(),
-            tensor::int64(
-                extra.shape.iter().map(|&d| d as u32).collect(),
-                &extra.values,
-            ),
-        );
+        specific.insert(extra.name.to_owned(), item_tensor(extra));
     }
     if let Some(seconds) = image.second_per_grid {
         specific.insert(
@@ -256,6 +250,17 @@ fn item(image: &ItemLayout, ranges: Vec<PlaceholderRange>, image_token: u32) -> 
         model_specific_tensors: specific,
         placeholders: ranges,
         placeholder_token_id: Some(image_token),
+    }
+}
+
+/// A family's item tensor on the wire, in its type.
+fn item_tensor(extra: &iris_vision::ItemTensor) -> TensorData {
+    let shape = extra.shape.iter().map(|&d| d as u32).collect();
+    if extra.float32 {
+        let values: Vec<f32> = extra.values.iter().map(|&v| v as f32).collect();
+        tensor::float32(shape, &values)
+    } else {
+        tensor::int64(shape, &extra.values)
     }
 }
 
@@ -296,8 +301,8 @@ mod tests {
         assert!(err.message.contains("need 2"), "{}", err.message);
     }
 
-    /// A family's item tensors (Llama 4's) travel under their names,
-    /// shapes and values.
+    /// A family's item tensors (Llama 4's, a Phi-4 mask) travel under
+    /// their names, shapes, types and values.
     #[test]
     fn item_tensors_become_model_specific_tensors() {
         let image = ItemLayout {
@@ -305,6 +310,7 @@ mod tests {
             tensors: vec![
                 iris_vision::ItemTensor::ints("aspect_ratios", vec![1, 2], &[2, 3]),
                 iris_vision::ItemTensor::ints("patches_per_image", vec![1], &[7]),
+                iris_vision::ItemTensor::floats("image_attention_mask", vec![1, 1, 2], &[1, 0]),
             ],
             ..layout(Modality::Image, 2)
         };
@@ -319,6 +325,18 @@ mod tests {
         let patches = &specific["patches_per_image"];
         assert_eq!(patches.shape, [1]);
         assert_eq!(iris_proto::tensor::read_int64(patches), Some(vec![7]));
+        let mask = &specific["image_attention_mask"];
+        assert_eq!(
+            (mask.shape.as_slice(), mask.dtype.as_str()),
+            (&[1, 1, 2][..], "float32")
+        );
+        let ones_zero: Vec<u8> = [1.0f32, 0.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(
+            mask.payload,
+            Some(iris_proto::scheduler::tensor_data::Payload::Inline(
+                ones_zero.into()
+            ))
+        );
     }
 
     /// A LLaVA-NeXT image's item carries its `image_sizes` row (the

@@ -71,6 +71,10 @@ pub struct Multimodal {
 /// The image processor family with pan and scan (`do_pan_and_scan`).
 const PAN_AND_SCAN_FAMILY: &str = "gemma3";
 
+/// The image processor family that treats the images of a prompt with
+/// several differently ([`PreprocessOptions::multi_image`]).
+const MULTI_IMAGE_FAMILY: &str = "llava_onevision";
+
 /// How a request's images are preprocessed: the options and their pixel
 /// cache fingerprint ([`Multimodal::image_variant`]).
 #[derive(Clone, Copy)]
@@ -87,9 +91,10 @@ struct ImageVariant {
 /// SmolVLM's tagged tiles and global image, Pixtral's rows of `[IMG]`
 /// broken by `[IMG_BREAK]` and ended by `[IMG_END]`, InternVL's
 /// `<IMG_CONTEXT>` run between `<img>` and `</img>`, Llama 4's
-/// `<|patch|>` tiles with their separators and global tile
+/// `<|patch|>` tiles with their separators and global tile,
+/// Phi-4-multimodal's `<|image|>` repeated `num_img_tokens` times
 /// (gateway/tests/mm_prompts.rs compares them with the processors').
-const PROMPTS_BUILT: [&str; 10] = [
+const PROMPTS_BUILT: [&str; 11] = [
     "qwen2_vl",
     "qwen3_vl",
     "clip",
@@ -100,6 +105,7 @@ const PROMPTS_BUILT: [&str; 10] = [
     "pixtral",
     "internvl",
     "llama4",
+    "phi4_multimodal",
 ];
 
 /// Refuses a family whose images the vision crate preprocesses but whose
@@ -206,7 +212,7 @@ impl Multimodal {
         kwargs: Option<&MmProcessorKwargs>,
         metrics: &Metrics,
     ) -> Result<(Vec<StartedImage>, Vec<StartedVideo>), ApiError> {
-        let variant = self.image_variant(kwargs)?;
+        let variant = self.image_variant(kwargs, images.len())?;
         if images.len() > self.per_request_limit {
             return Err(ApiError::bad_field(
                 "messages",
@@ -275,38 +281,56 @@ impl Multimodal {
         Ok((layout, false))
     }
 
-    /// How this request's images are preprocessed: the model's options,
-    /// with `mm_processor_kwargs.do_pan_and_scan` over the config's for
-    /// Gemma 3 (another fingerprint, so its tensors are cached apart).
-    /// `true` for a processor without pan and scan is a 400; `false` asks
-    /// for what it does anyway.
-    fn image_variant(&self, kwargs: Option<&MmProcessorKwargs>) -> Result<ImageVariant, ApiError> {
-        let model = ImageVariant {
-            options: self.options,
-            fingerprint: self.fingerprint,
-        };
-        let Some(pans) = kwargs.and_then(|k| k.do_pan_and_scan) else {
-            return Ok(model);
-        };
-        let family = self.processor.name();
-        if family != PAN_AND_SCAN_FAMILY {
-            if !pans {
-                return Ok(model);
-            }
-            let param = "mm_processor_kwargs.do_pan_and_scan";
-            return Err(ApiError::bad_field(
-                param,
-                format!("{param}: the model's image processor ({family}) has no pan and scan (Gemma 3's)"),
-            ));
+    /// How this request's `images` images are preprocessed: the model's
+    /// options, with `mm_processor_kwargs.do_pan_and_scan` over the
+    /// config's for Gemma 3, and LLaVA-OneVision's multi-image mode when
+    /// the prompt holds more than one image (each a different fingerprint,
+    /// so their tensors are cached apart).
+    fn image_variant(
+        &self,
+        kwargs: Option<&MmProcessorKwargs>,
+        images: usize,
+    ) -> Result<ImageVariant, ApiError> {
+        let pan_and_scan = self.pan_and_scan(kwargs)?;
+        let multi_image = images > 1 && self.processor.name() == MULTI_IMAGE_FAMILY;
+        if pan_and_scan.is_none() && !multi_image {
+            return Ok(ImageVariant {
+                options: self.options,
+                fingerprint: self.fingerprint,
+            });
         }
         let options = PreprocessOptions {
-            pan_and_scan: Some(pans),
+            pan_and_scan,
+            multi_image,
             ..self.options
         };
         Ok(ImageVariant {
             options,
             fingerprint: self.processor.fingerprint(&options),
         })
+    }
+
+    /// The request's `do_pan_and_scan` for Gemma 3 (`None`: the config's).
+    /// `true` for a processor without pan and scan is a 400; `false` asks
+    /// for what it does anyway.
+    fn pan_and_scan(&self, kwargs: Option<&MmProcessorKwargs>) -> Result<Option<bool>, ApiError> {
+        let Some(pans) = kwargs.and_then(|k| k.do_pan_and_scan) else {
+            return Ok(None);
+        };
+        let family = self.processor.name();
+        if family == PAN_AND_SCAN_FAMILY {
+            return Ok(Some(pans));
+        }
+        if !pans {
+            return Ok(None);
+        }
+        let param = "mm_processor_kwargs.do_pan_and_scan";
+        Err(ApiError::bad_field(
+            param,
+            format!(
+                "{param}: the model's image processor ({family}) has no pan and scan (Gemma 3's)"
+            ),
+        ))
     }
 
     /// Preprocesses a started image through the pixel cache.

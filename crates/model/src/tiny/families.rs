@@ -1,6 +1,7 @@
 //! Tiny model directories for the vision-language families Iris serves
 //! besides Qwen2-VL: LLaVA-1.5, LLaVA-NeXT, LLaVA-OneVision, Gemma 3,
-//! Idefics3 / SmolVLM, Pixtral, InternVL 3 / 3.5 and Llama 4.
+//! Idefics3 / SmolVLM, Pixtral, InternVL 3 / 3.5, Llama 4 and
+//! Phi-4-multimodal.
 //!
 //! Each family's directory has the tiny byte-level BPE with one merge
 //! added (`\n\n`, at [`NEWLINES_ID`], so that blank lines written next to
@@ -49,11 +50,12 @@ pub enum Family {
     Pixtral,
     Internvl,
     Llama4,
+    Phi4Multimodal,
 }
 
 impl Family {
     /// Every family, the default first.
-    pub const ALL: [Family; 9] = [
+    pub const ALL: [Family; 10] = [
         Family::Qwen2Vl,
         Family::Llava,
         Family::LlavaNext,
@@ -63,6 +65,7 @@ impl Family {
         Family::Pixtral,
         Family::Internvl,
         Family::Llama4,
+        Family::Phi4Multimodal,
     ];
 
     /// The name `iris tiny-model --family` takes.
@@ -77,6 +80,7 @@ impl Family {
             Family::Pixtral => "pixtral",
             Family::Internvl => "internvl",
             Family::Llama4 => "llama4",
+            Family::Phi4Multimodal => "phi4_multimodal",
         }
     }
 
@@ -93,6 +97,7 @@ impl Family {
             Family::Pixtral => Some(pixtral()),
             Family::Internvl => Some(internvl()),
             Family::Llama4 => Some(llama4()),
+            Family::Phi4Multimodal => Some(phi4_multimodal()),
         }
     }
 }
@@ -506,6 +511,43 @@ fn llama4() -> FamilySpec {
             "fake_image_token": "<|image|>", "image_token": "<|image|>", "patch_size": 14,
             "processor_class": "Llama4Processor",
         }),
+    }
+}
+
+/// Phi-4-multimodal (microsoft/Phi-4-multimodal-instruct, the
+/// transformers-native config): the template's `<|image|>` (200010 in
+/// the real vocabulary, once `<|endoftext10|>`) repeated `num_img_tokens`
+/// times; 448-pixel tiles, at most 36, and the global frame. The real
+/// tokenizer's `eos_token` is `<|endoftext|>`; its generation config also
+/// stops at `<|end|>`, the end of a turn, which is the tiny model's eos.
+fn phi4_multimodal() -> FamilySpec {
+    FamilySpec {
+        model_type: "phi4_multimodal",
+        architecture: "Phi4MultimodalForCausalLM",
+        specials: strings(&[
+            "<|endoftext|>",
+            "<|system|>",
+            "<|user|>",
+            "<|assistant|>",
+            "<|end|>",
+            "<|tool|>",
+            "<|/tool|>",
+            "<|image|>",
+            "<|audio|>",
+        ]),
+        bos: "<|endoftext|>",
+        eos: "<|end|>",
+        image_token: "<|image|>",
+        template: include_str!("templates/phi4_multimodal.jinja").to_owned(),
+        preprocessor: json!({
+            "image_processor_type": "Phi4MultimodalImageProcessorFast",
+            "processor_class": "Phi4MultimodalProcessor",
+            "do_convert_rgb": true, "do_normalize": true, "do_rescale": true, "do_resize": true,
+            "dynamic_hd": 36, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+            "patch_size": 14, "resample": 3, "rescale_factor": 0.00392156862745098,
+            "size": {"height": 448, "width": 448},
+        }),
+        processor_config: json!({"processor_class": "Phi4MultimodalProcessor"}),
     }
 }
 
