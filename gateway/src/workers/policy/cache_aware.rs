@@ -158,7 +158,7 @@ impl Policy for CacheAware {
             return 0;
         };
         let within = best.saturating_add(tie_slack(prompt));
-        let salt = prompt_salt(key.tokens);
+        let salt = prompt_salt(key.tokens) ^ key.adapter;
         let now = Instant::now();
         let recent = self.recent();
         (0..among.len())
@@ -198,9 +198,7 @@ impl Policy for CacheAware {
             return;
         }
         if let Some(mut tree) = self.approximate() {
-            let items = request_items(worker.backend(), key);
-            let keys = prompt_keys(self.block_size(), key.tokens, &items);
-            tree.insert(tag, &keys);
+            tree.insert(tag, &block_keys(self.block_size(), worker.backend(), key));
         }
     }
 
@@ -264,8 +262,7 @@ impl PromptViews {
         let at = match self.0.iter().position(|v| v.backend == backend) {
             Some(at) => at,
             None => {
-                let items = request_items(backend, key);
-                let keys = prompt_keys(policy.block_size(), key.tokens, &items);
+                let keys = block_keys(policy.block_size(), backend, key);
                 let held = policy.caches.matched(&keys);
                 self.0.push(PromptView {
                     backend,
@@ -276,6 +273,21 @@ impl PromptViews {
             }
         };
         &self.0[at]
+    }
+}
+
+/// The block keys of `key`'s prompt as a worker speaking `backend` names
+/// its items, each mixed with the request's adapter tag when it has one:
+/// a prefix computed under one adapter is not another's (nor the base
+/// model's).
+fn block_keys(block_size: usize, backend: Option<Backend>, key: &RouteKey<'_>) -> Vec<BlockKey> {
+    let keys = prompt_keys(block_size, key.tokens, &request_items(backend, key));
+    match key.adapter {
+        0 => keys,
+        tag => keys
+            .into_iter()
+            .map(|k| iris_fingerprint::mix64(k ^ tag))
+            .collect(),
     }
 }
 

@@ -53,6 +53,7 @@ fn key<'a>(tokens: &'a [u32], items: &'a [ItemKey]) -> RouteKey<'a> {
         items,
         cost: 1,
         suspects: &[],
+        adapter: 0,
     }
 }
 
@@ -319,5 +320,42 @@ fn cache_aware_is_for_pools_that_prefill() {
         assert!(!kind.serves(Role::Decode) && !kind.serves(Role::Encode));
         assert_eq!(kind.for_role(Role::Decode), PolicyKind::PowerOfTwo);
         assert_eq!(kind.for_role(Role::Prefill), kind);
+    }
+}
+
+#[tokio::test]
+async fn a_prefix_under_one_adapter_is_not_another_adapters() {
+    let ws = workers(2);
+    let learned = CacheAware::new(Arc::new(KvCaches::default()));
+    let request = prompt(700, 12 * BLOCK);
+    let base = key(&request, &[]);
+    let sql = RouteKey {
+        adapter: crate::workers::policy::adapter_tag("sql"),
+        ..key(&request, &[])
+    };
+    let chat = RouteKey {
+        adapter: crate::workers::policy::adapter_tag("chat"),
+        ..key(&request, &[])
+    };
+    assert_ne!(sql.adapter, chat.adapter);
+    assert_eq!(crate::workers::policy::adapter_tag(""), 0);
+    // The base model's keys are the plain prompt keys; each adapter's differ.
+    let plain = prompt_keys(BLOCK, &request, &[]);
+    assert_eq!(block_keys(BLOCK, None, &base), plain);
+    let (sql_keys, chat_keys) = (
+        block_keys(BLOCK, None, &sql),
+        block_keys(BLOCK, None, &chat),
+    );
+    assert!(sql_keys
+        .iter()
+        .all(|k| !plain.contains(k) && !chat_keys.contains(k)));
+    // What ran under `sql` on worker 1 is a prefix there for `sql` only.
+    learned.on_routed(&ws[1], &sql);
+    let cached = |key: &RouteKey<'_>| learned.on_picked(&ws[1], key).unwrap().cached_tokens();
+    assert_eq!(cached(&sql), (12 * BLOCK) as u64);
+    assert_eq!(cached(&chat), 0);
+    assert_eq!(cached(&base), 0);
+    for _ in 0..4 {
+        assert_eq!(pick(&learned, &ws, &sql).url, ws[1].url);
     }
 }

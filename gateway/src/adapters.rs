@@ -1,0 +1,261 @@
+//! LoRA adapters: the ones a model lists (`[[models.adapters]]`, requests
+//! name them `BASE:NAME`) and the ones the gateway keeps loaded on each
+//! worker.
+//!
+//! A request for an adapter carries its name in `lora_id`; before its
+//! Generate call goes to a worker the router makes sure the worker holds
+//! it ([`Catalog::acquire`]): loaded already, it is marked most recently
+//! used; otherwise it is loaded there on demand (SGLang's
+//! `LoadLoRAAdapter`, the adapter's name as its id). A worker keeps at
+//! most `--max-loras-per-worker` adapters: loading one more first unloads
+//! the least recently used one that has no request in flight on that
+//! worker ([`AdapterUse`] counts them; an adapter in use is never
+//! unloaded). A worker that cannot take the adapter — its every slot busy,
+//! a load it refused, a backend whose protocol has no adapter RPCs
+//! (TokenSpeed, vLLM) — fails the call RESOURCE_EXHAUSTED naming the
+//! worker and the reason: the router tries another worker without
+//! counting it toward the worker's circuit, and the client gets 503 once
+//! no worker could.
+//!
+//! What a worker holds is learnt once from its `ListLoadedLoRAAdapters`
+//! (adapters loaded before this gateway started count toward its limit and
+//! are unloaded like the others) and then kept by the gateway; a worker
+//! answering NOT_FOUND for an adapter the gateway thought loaded (it
+//! restarted) has it forgotten ([`Catalog::forget`]), so the next request
+//! loads it again.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use iris_proto::sglang::{
+    ListLoadedLoRaAdaptersRequest, LoadLoRaAdapterRequest, UnloadLoRaAdapterRequest,
+};
+use tonic::Status;
+
+use crate::backends::{Backend, ResponseStream};
+use crate::config::AdapterConfig;
+use crate::workers::Worker;
+
+/// The adapters of one model and what loading them cost so far.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    /// (name, directory) of each adapter, in configuration order.
+    paths: Vec<(String, String)>,
+    /// Adapters kept loaded per worker (at least 1).
+    per_worker: usize,
+    loads: AtomicU64,
+    unloads: AtomicU64,
+}
+
+/// One request's use of an adapter on one worker: the adapter is not
+/// unloaded there while it lives.
+#[derive(Debug)]
+pub struct AdapterUse(Option<Arc<AtomicUsize>>);
+
+impl Drop for AdapterUse {
+    fn drop(&mut self) {
+        if let Some(count) = self.0.take() {
+            count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl AdapterUse {
+    /// `stream`, holding this use until it is dropped.
+    pub fn hold(self, stream: ResponseStream) -> ResponseStream {
+        match self.0 {
+            None => stream,
+            Some(_) => Box::pin(stream.map(move |item| {
+                let _held = &self;
+                item
+            })),
+        }
+    }
+}
+
+/// One adapter a worker holds, as the gateway knows it.
+#[derive(Debug)]
+struct Held {
+    name: String,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// The adapters a worker holds, least recently used first; `None` until
+/// its `ListLoadedLoRAAdapters` was read.
+#[derive(Debug, Default)]
+pub struct WorkerAdapters(tokio::sync::Mutex<Option<Vec<Held>>>);
+
+impl WorkerAdapters {
+    /// The names held now, least recently used first (empty before the
+    /// first adapter request).
+    pub async fn names(&self) -> Vec<String> {
+        let held = self.0.lock().await;
+        held.iter().flatten().map(|h| h.name.clone()).collect()
+    }
+}
+
+impl Catalog {
+    /// The adapters of `adapters`, at most `per_worker` loaded per worker.
+    pub fn new(adapters: &[AdapterConfig], per_worker: usize) -> Catalog {
+        Catalog {
+            paths: adapters
+                .iter()
+                .map(|a| (a.name.clone(), a.path.clone()))
+                .collect(),
+            per_worker: per_worker.max(1),
+            ..Catalog::default()
+        }
+    }
+
+    /// The adapters' names, in configuration order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.paths.iter().map(|(name, _)| name.as_str())
+    }
+
+    /// The directory of adapter `name`.
+    fn path(&self, name: &str) -> Option<&str> {
+        self.paths
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, path)| path.as_str())
+    }
+
+    /// Adapters loaded on workers so far.
+    pub fn loads(&self) -> u64 {
+        self.loads.load(Ordering::Relaxed)
+    }
+
+    /// Adapters unloaded from workers to make room so far.
+    pub fn unloads(&self) -> u64 {
+        self.unloads.load(Ordering::Relaxed)
+    }
+
+    /// Makes sure `worker` holds adapter `name` (nothing for the base
+    /// model, `name` empty) and counts one request using it there.
+    pub async fn acquire(&self, worker: &Worker, name: &str) -> Result<AdapterUse, Status> {
+        if name.is_empty() {
+            return Ok(AdapterUse(None));
+        }
+        let path = self.path(name).ok_or_else(|| {
+            Status::not_found(format!("the model has no LoRA adapter named {name:?}"))
+        })?;
+        let cannot = |why: String| {
+            Status::resource_exhausted(format!(
+                "worker {} cannot take LoRA adapter {name:?}: {why}",
+                worker.url
+            ))
+        };
+        match worker.backend() {
+            Some(Backend::Sglang) => {}
+            Some(other) => {
+                return Err(cannot(format!(
+                    "its {other} protocol has no adapter RPCs (only SGLang's loads adapters)"
+                )))
+            }
+            None => return Err(cannot("its backend is not known yet".into())),
+        }
+        let mut guard = worker.adapters.0.lock().await;
+        if guard.is_none() {
+            *guard = Some(listed(worker).await.map_err(cannot)?);
+        }
+        let held = guard.get_or_insert_with(Vec::new);
+        if let Some(at) = held.iter().position(|h| h.name == name) {
+            let entry = held.remove(at);
+            let count = entry.in_flight.clone();
+            held.push(entry);
+            count.fetch_add(1, Ordering::AcqRel);
+            return Ok(AdapterUse(Some(count)));
+        }
+        while held.len() >= self.per_worker {
+            let idle = held
+                .iter()
+                .position(|h| h.in_flight.load(Ordering::Acquire) == 0)
+                .ok_or_else(|| {
+                    cannot(format!(
+                        "its {} adapter slots (--max-loras-per-worker) all have requests in flight",
+                        self.per_worker
+                    ))
+                })?;
+            let victim = held.remove(idle);
+            unload(worker, &victim.name).await.map_err(cannot)?;
+            self.unloads.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(worker = %worker.url, adapter = %victim.name, "LoRA adapter unloaded (least recently used)");
+        }
+        load(worker, name, path).await.map_err(cannot)?;
+        self.loads.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(worker = %worker.url, adapter = %name, "LoRA adapter loaded");
+        let count = Arc::new(AtomicUsize::new(1));
+        held.push(Held {
+            name: name.to_owned(),
+            in_flight: count.clone(),
+        });
+        Ok(AdapterUse(Some(count)))
+    }
+
+    /// Forgets that `worker` holds `name` (it answered that it does not).
+    pub async fn forget(&self, worker: &Worker, name: &str) {
+        if let Some(held) = worker.adapters.0.lock().await.as_mut() {
+            held.retain(|h| h.name != name);
+        }
+    }
+}
+
+/// The adapters `worker` reports loaded, as held entries.
+async fn listed(worker: &Worker) -> Result<Vec<Held>, String> {
+    let answer = worker
+        .sglang_client()
+        .list_loaded_lo_ra_adapters(ListLoadedLoRaAdaptersRequest {})
+        .await
+        .map_err(|s| format!("ListLoadedLoRAAdapters failed: {}", s.message()))?;
+    Ok(answer
+        .into_inner()
+        .loaded_adapters
+        .into_iter()
+        .map(|a| Held {
+            name: a.lora_name,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        })
+        .collect())
+}
+
+/// Loads `name` from `path` on `worker`, the name as its id.
+async fn load(worker: &Worker, name: &str, path: &str) -> Result<(), String> {
+    let request = LoadLoRaAdapterRequest {
+        lora_name: name.to_owned(),
+        lora_path: path.to_owned(),
+        pinned: false,
+        lora_id: name.to_owned(),
+    };
+    let answer = worker
+        .sglang_client()
+        .load_lo_ra_adapter(request)
+        .await
+        .map_err(|s| format!("LoadLoRAAdapter failed: {}", s.message()))?
+        .into_inner();
+    match answer.success {
+        true => Ok(()),
+        false => Err(format!("LoadLoRAAdapter refused: {}", answer.message)),
+    }
+}
+
+/// Unloads `name` from `worker`.
+async fn unload(worker: &Worker, name: &str) -> Result<(), String> {
+    let request = UnloadLoRaAdapterRequest {
+        lora_name: name.to_owned(),
+        lora_id: String::new(),
+    };
+    let answer = worker
+        .sglang_client()
+        .unload_lo_ra_adapter(request)
+        .await
+        .map_err(|s| format!("UnloadLoRAAdapter of {name:?} failed: {}", s.message()))?
+        .into_inner();
+    match answer.success {
+        true => Ok(()),
+        false => Err(format!(
+            "UnloadLoRAAdapter of {name:?} refused: {}",
+            answer.message
+        )),
+    }
+}
