@@ -86,15 +86,6 @@ struct Held {
 #[derive(Debug, Default)]
 pub struct WorkerAdapters(tokio::sync::Mutex<Option<Vec<Held>>>);
 
-impl WorkerAdapters {
-    /// The names held now, least recently used first (empty before the
-    /// first adapter request).
-    pub async fn names(&self) -> Vec<String> {
-        let held = self.0.lock().await;
-        held.iter().flatten().map(|h| h.name.clone()).collect()
-    }
-}
-
 impl Catalog {
     /// The adapters of `adapters`, at most `per_worker` loaded per worker.
     pub fn new(adapters: &[AdapterConfig], per_worker: usize) -> Catalog {
@@ -146,42 +137,16 @@ impl Catalog {
                 worker.url
             ))
         };
-        match worker.backend() {
-            Some(Backend::Sglang) => {}
-            Some(other) => {
-                return Err(cannot(format!(
-                    "its {other} protocol has no adapter RPCs (only SGLang's loads adapters)"
-                )))
-            }
-            None => return Err(cannot("its backend is not known yet".into())),
-        }
+        loads_adapters(worker).map_err(cannot)?;
         let mut guard = worker.adapters.0.lock().await;
         if guard.is_none() {
             *guard = Some(listed(worker).await.map_err(cannot)?);
         }
         let held = guard.get_or_insert_with(Vec::new);
-        if let Some(at) = held.iter().position(|h| h.name == name) {
-            let entry = held.remove(at);
-            let count = entry.in_flight.clone();
-            held.push(entry);
-            count.fetch_add(1, Ordering::AcqRel);
+        if let Some(count) = reuse(held, name) {
             return Ok(AdapterUse(Some(count)));
         }
-        while held.len() >= self.per_worker {
-            let idle = held
-                .iter()
-                .position(|h| h.in_flight.load(Ordering::Acquire) == 0)
-                .ok_or_else(|| {
-                    cannot(format!(
-                        "its {} adapter slots (--max-loras-per-worker) all have requests in flight",
-                        self.per_worker
-                    ))
-                })?;
-            let victim = held.remove(idle);
-            unload(worker, &victim.name).await.map_err(cannot)?;
-            self.unloads.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(worker = %worker.url, adapter = %victim.name, "LoRA adapter unloaded (least recently used)");
-        }
+        self.make_room(worker, held).await.map_err(cannot)?;
         load(worker, name, path).await.map_err(cannot)?;
         self.loads.fetch_add(1, Ordering::Relaxed);
         tracing::info!(worker = %worker.url, adapter = %name, "LoRA adapter loaded");
@@ -193,12 +158,55 @@ impl Catalog {
         Ok(AdapterUse(Some(count)))
     }
 
+    /// Unloads the least recently used idle adapters of `worker` until one
+    /// more fits; refused when every one left has requests in flight.
+    async fn make_room(&self, worker: &Worker, held: &mut Vec<Held>) -> Result<(), String> {
+        while held.len() >= self.per_worker {
+            let idle = held
+                .iter()
+                .position(|h| h.in_flight.load(Ordering::Acquire) == 0)
+                .ok_or_else(|| {
+                    format!(
+                        "its {} adapter slots (--max-loras-per-worker) all have requests in flight",
+                        self.per_worker
+                    )
+                })?;
+            let victim = held.remove(idle);
+            unload(worker, &victim.name).await?;
+            self.unloads.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(worker = %worker.url, adapter = %victim.name, "LoRA adapter unloaded (least recently used)");
+        }
+        Ok(())
+    }
+
     /// Forgets that `worker` holds `name` (it answered that it does not).
     pub async fn forget(&self, worker: &Worker, name: &str) {
         if let Some(held) = worker.adapters.0.lock().await.as_mut() {
             held.retain(|h| h.name != name);
         }
     }
+}
+
+/// Whether `worker`'s protocol loads adapters (SGLang's alone does).
+fn loads_adapters(worker: &Worker) -> Result<(), String> {
+    match worker.backend() {
+        Some(Backend::Sglang) => Ok(()),
+        Some(other) => Err(format!(
+            "its {other} protocol has no adapter RPCs (only SGLang's loads adapters)"
+        )),
+        None => Err("its backend is not known yet".into()),
+    }
+}
+
+/// Marks `name` most recently used in `held` and counts one more use of
+/// it, when it is there.
+fn reuse(held: &mut Vec<Held>, name: &str) -> Option<Arc<AtomicUsize>> {
+    let at = held.iter().position(|h| h.name == name)?;
+    let entry = held.remove(at);
+    let count = entry.in_flight.clone();
+    held.push(entry);
+    count.fetch_add(1, Ordering::AcqRel);
+    Some(count)
 }
 
 /// The adapters `worker` reports loaded, as held entries.
