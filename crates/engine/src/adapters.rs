@@ -117,13 +117,19 @@ impl Adapters {
     /// The seed a request naming adapter `id` mixes in: 0 for the base
     /// model (`id` empty); NOT_FOUND for an adapter not loaded here.
     pub fn seed(&self, id: &str) -> Result<u64, Status> {
+        Ok(self.find(id)?.map_or(0, |a| a.seed))
+    }
+
+    /// The adapter loaded under `id` (`None` for the base model, `id`
+    /// empty); NOT_FOUND for an adapter not loaded here.
+    pub fn find(&self, id: &str) -> Result<Option<Adapter>, Status> {
         if id.is_empty() {
-            return Ok(0);
+            return Ok(None);
         }
         self.loaded()
             .iter()
             .find(|a| a.id == id)
-            .map(|a| a.seed)
+            .map(|a| Some(a.clone()))
             .ok_or_else(|| {
                 Status::not_found(format!(
                     "LoRA adapter {id:?} is not loaded on this worker (LoadLoRAAdapter it first)"

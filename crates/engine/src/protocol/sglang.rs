@@ -43,9 +43,12 @@ impl SglangScheduler for Service {
         request: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let request = request.into_inner();
-        let adapter_seed = self.0.adapters.seed(&request.lora_id)?;
+        let adapter = self.0.adapters.find(&request.lora_id)?;
         let mut intake = intake(request, self.0.role)?;
-        intake.sampling.seed ^= adapter_seed;
+        if let Some(adapter) = adapter {
+            intake.sampling.seed ^= adapter.seed;
+            intake.lora = Some(adapter.name);
+        }
         let request_id = intake.request_id.clone();
         let replies = super::generate(&self.0, intake, move |event| reply(&request_id, event))?;
         Ok(Response::new(replies))
@@ -268,6 +271,7 @@ fn intake(mut req: GenerateRequest, role: Role) -> Result<Intake, Status> {
         sampling,
         items,
         item_keys,
+        lora: None,
     })
 }
 

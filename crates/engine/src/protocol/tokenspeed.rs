@@ -164,6 +164,7 @@ fn intake(mut req: GenerateRequest, role: Role, rules: &ItemRules) -> Result<Int
         sampling,
         items,
         item_keys,
+        lora: None,
     })
 }
 

@@ -41,7 +41,7 @@ use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use iris_kvindex::{prompt_keys, BlockKey, RequestItem};
+use iris_kvindex::{prompt_keys_under, BlockKey, RequestItem};
 use lru::LruCache;
 
 use super::power_of_two::PowerOfTwo;
@@ -277,18 +277,12 @@ impl PromptViews {
 }
 
 /// The block keys of `key`'s prompt as a worker speaking `backend` names
-/// its items, each mixed with the request's adapter tag when it has one:
-/// a prefix computed under one adapter is not another's (nor the base
-/// model's).
+/// its items, hanging from the request's adapter root when it has one
+/// (as the worker's events key the blocks computed under it): a prefix
+/// computed under one adapter is not another's (nor the base model's).
 fn block_keys(block_size: usize, backend: Option<Backend>, key: &RouteKey<'_>) -> Vec<BlockKey> {
-    let keys = prompt_keys(block_size, key.tokens, &request_items(backend, key));
-    match key.adapter {
-        0 => keys,
-        tag => keys
-            .into_iter()
-            .map(|k| iris_fingerprint::mix64(k ^ tag))
-            .collect(),
-    }
+    let root = (key.adapter != 0).then_some(key.adapter);
+    prompt_keys_under(block_size, key.tokens, &request_items(backend, key), root)
 }
 
 /// `key`'s items as a worker speaking `backend` names them.

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use iris_kvindex::{prompt_blocks, Event, StoredBlock};
+use iris_kvindex::{prompt_blocks, prompt_blocks_under, prompt_keys, Event, StoredBlock};
 
 use super::*;
 use crate::workers::policy::{pick_each, ItemKey, PolicyKind};
@@ -44,6 +44,7 @@ fn stored(tokens: &[u32], items: &[RequestItem]) -> Event {
     Event::Stored {
         parent: None,
         blocks,
+        lora: None,
     }
 }
 
@@ -358,4 +359,42 @@ async fn a_prefix_under_one_adapter_is_not_another_adapters() {
     for _ in 0..4 {
         assert_eq!(pick(&learned, &ws, &sql).url, ws[1].url);
     }
+}
+
+#[tokio::test]
+async fn events_of_blocks_stored_under_an_adapter_serve_that_adapter() {
+    let ws = workers(3);
+    let caches = Arc::new(KvCaches::default());
+    let request = prompt(900, 10 * BLOCK);
+    // Worker 2 ran the prompt under `sql`: its blocks hang from the root.
+    let blocks = prompt_blocks_under(BLOCK, &request, &[], Some("sql"))
+        .into_iter()
+        .map(|b| StoredBlock {
+            engine_hash: b.key as i64,
+            token_ids: b.token_ids,
+            items: b.items,
+        })
+        .collect();
+    let event = Event::Stored {
+        parent: None,
+        blocks,
+        lora: Some("sql".into()),
+    };
+    caches.apply_events(&name(&ws[2]), BLOCK, 1, &[event]);
+    let policy = CacheAware::auto(caches);
+    let sql = RouteKey {
+        adapter: crate::workers::policy::adapter_tag("sql"),
+        ..key(&request, &[])
+    };
+    let chat = RouteKey {
+        adapter: crate::workers::policy::adapter_tag("chat"),
+        ..key(&request, &[])
+    };
+    for _ in 0..4 {
+        assert_eq!(pick(&policy, &ws, &sql).url, ws[2].url);
+    }
+    let cached = |key: &RouteKey<'_>| policy.on_picked(&ws[2], key).unwrap().cached_tokens();
+    assert_eq!(cached(&sql), (10 * BLOCK) as u64);
+    assert_eq!(cached(&chat), 0);
+    assert_eq!(cached(&key(&request, &[])), 0, "nor the base model's");
 }
