@@ -102,6 +102,26 @@ async fn answer(gw: &RunningGateway, model: &str) -> (String, String) {
     (text, body["model"].as_str().unwrap_or_default().to_owned())
 }
 
+/// The text of a legacy completion of `model` (answered 200).
+async fn completion(gw: &RunningGateway, model: &str) -> String {
+    let body = serde_json::json!({
+        "model": model, "prompt": "Once upon a time", "max_tokens": 6, "ignore_eos": true,
+    });
+    let answer = reqwest::Client::new()
+        .post(url(gw, "/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(answer.status(), 200);
+    let body: Value = answer.json().await.expect("JSON");
+    assert_eq!(body["model"], model);
+    body["choices"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_owned()
+}
+
 /// The value of the sample `name` in the metrics text.
 fn sample(metrics: &str, name: &str) -> u64 {
     metrics
@@ -148,6 +168,9 @@ async fn adapters_load_on_demand_answer_apart_and_leave_least_recently_used_firs
     assert_eq!(answer(&gw, "qwen:sql").await.0, sql);
     assert_eq!(answer(&gw, "q:sql").await.0, sql);
     assert_eq!(answer(&gw, "qwen").await.0, base);
+    // The legacy completions API runs the adapter too.
+    let plain = completion(&gw, "qwen").await;
+    assert_ne!(completion(&gw, "qwen:sql").await, plain);
     assert_eq!(loaded_on(engine.grpc_addr).await, ["sql"]);
 
     // At the limit (2) the least recently used one makes room.
