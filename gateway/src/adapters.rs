@@ -11,7 +11,8 @@
 //! the least recently used one that has no request in flight on that
 //! worker ([`AdapterUse`] counts them; an adapter in use is never
 //! unloaded). A worker that cannot take the adapter — its every slot busy,
-//! a load it refused, a backend whose protocol has no adapter RPCs
+//! a load it refused or that took over a minute, a backend whose protocol
+//! has no adapter RPCs
 //! (TokenSpeed, vLLM) — fails the call RESOURCE_EXHAUSTED naming the
 //! worker and the reason: the router tries another worker without
 //! counting it toward the worker's circuit, and the client gets 503 once
@@ -26,6 +27,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use iris_proto::sglang::{
@@ -209,15 +211,29 @@ fn reuse(held: &mut Vec<Held>, name: &str) -> Option<Arc<AtomicUsize>> {
     Some(count)
 }
 
+/// How long one adapter call (load, unload, list) may take: loading an
+/// adapter reads its weights from disk.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `call` (named `what`), given at most [`CALL_TIMEOUT`]; its failure in
+/// words.
+async fn within<T>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(answer)) => Ok(answer.into_inner()),
+        Ok(Err(status)) => Err(format!("{what} failed: {}", status.message())),
+        Err(_) => Err(format!("{what} took over {}s", CALL_TIMEOUT.as_secs())),
+    }
+}
+
 /// The adapters `worker` reports loaded, as held entries.
 async fn listed(worker: &Worker) -> Result<Vec<Held>, String> {
-    let answer = worker
-        .sglang_client()
-        .list_loaded_lo_ra_adapters(ListLoadedLoRaAdaptersRequest {})
-        .await
-        .map_err(|s| format!("ListLoadedLoRAAdapters failed: {}", s.message()))?;
+    let mut client = worker.sglang_client();
+    let call = client.list_loaded_lo_ra_adapters(ListLoadedLoRaAdaptersRequest {});
+    let answer = within("ListLoadedLoRAAdapters", call).await?;
     Ok(answer
-        .into_inner()
         .loaded_adapters
         .into_iter()
         .map(|a| Held {
@@ -235,12 +251,8 @@ async fn load(worker: &Worker, name: &str, path: &str) -> Result<(), String> {
         pinned: false,
         lora_id: name.to_owned(),
     };
-    let answer = worker
-        .sglang_client()
-        .load_lo_ra_adapter(request)
-        .await
-        .map_err(|s| format!("LoadLoRAAdapter failed: {}", s.message()))?
-        .into_inner();
+    let mut client = worker.sglang_client();
+    let answer = within("LoadLoRAAdapter", client.load_lo_ra_adapter(request)).await?;
     match answer.success {
         true => Ok(()),
         false => Err(format!("LoadLoRAAdapter refused: {}", answer.message)),
@@ -253,12 +265,9 @@ async fn unload(worker: &Worker, name: &str) -> Result<(), String> {
         lora_name: name.to_owned(),
         lora_id: String::new(),
     };
-    let answer = worker
-        .sglang_client()
-        .unload_lo_ra_adapter(request)
-        .await
-        .map_err(|s| format!("UnloadLoRAAdapter of {name:?} failed: {}", s.message()))?
-        .into_inner();
+    let mut client = worker.sglang_client();
+    let what = format!("UnloadLoRAAdapter of {name:?}");
+    let answer = within(&what, client.unload_lo_ra_adapter(request)).await?;
     match answer.success {
         true => Ok(()),
         false => Err(format!(
