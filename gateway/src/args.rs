@@ -72,6 +72,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 4096, env = "IRIS_TOKENIZER_CACHE_ENTRIES")]
     pub tokenizer_cache_entries: usize,
 
+    /// LoRA adapters the gateway keeps loaded on one worker; loading one
+    /// more unloads the least recently used idle one (at least 1).
+    #[arg(long, default_value_t = 8, env = "IRIS_MAX_LORAS_PER_WORKER", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_loras_per_worker: u32,
+
     /// Aggregated workers: grpc://host:port (repeatable, or comma-separated).
     #[arg(long, num_args = 1.., value_delimiter = ',', env = "IRIS_WORKER_URLS")]
     pub worker_urls: Vec<String>,

@@ -12,6 +12,7 @@ use anyhow::Context;
 use iris_model::ModelDir;
 use tokio_util::sync::CancellationToken;
 
+use crate::adapters::Catalog;
 use crate::config::{Config, ModelSpec, Topology};
 use crate::discovery::Discovery;
 use crate::kv::KvCaches;
@@ -165,14 +166,15 @@ impl Builder {
         }
         health::spawn(mode.pools(), self.health, stop.clone());
         kv.follow(mode.prefill_pools(), stop.clone());
-        let mut router = Router::new(mode, self.router);
+        let adapters = Catalog::new(&spec.model.adapters, spec.model.max_loras_per_worker);
+        let mut router = Router::new(mode, self.router).with_adapters(adapters);
         router.lanes = self.lanes.clone();
         Ok(Served {
             metrics: Arc::new(Metrics::new(&name)),
             name,
             aliases: spec.model.aliases.clone(),
             hidden_alias: spec.model.hidden_alias.clone(),
-            prompter,
+            prompter: Arc::new(prompter),
             media,
             parsers,
             router: Arc::new(router),
@@ -184,6 +186,7 @@ impl Builder {
                 .unwrap_or_default(),
             stop,
             source: spec.source.clone(),
+            adapter: None,
         })
     }
 

@@ -144,6 +144,18 @@ pub struct ModelConfig {
     /// `None`: the model's own context length.
     pub context_length: Option<u32>,
     pub tokenizer_cache_entries: usize,
+    /// The LoRA adapters of the model (`[[models.adapters]]`).
+    pub adapters: Vec<AdapterConfig>,
+    /// `--max-loras-per-worker`.
+    pub max_loras_per_worker: usize,
+}
+
+/// One LoRA adapter of a model: requests name it `BASE:NAME` (or `NAME`);
+/// `path` is the directory its workers load it from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterConfig {
+    pub name: String,
+    pub path: String,
 }
 
 /// The configured workers of each role and how one is chosen.
@@ -329,6 +341,8 @@ fn model_spec(
             served_name: args.served_model_name.clone(),
             context_length: args.context_length,
             tokenizer_cache_entries: args.tokenizer_cache_entries,
+            adapters: Vec::new(),
+            max_loras_per_worker: args.max_loras_per_worker as usize,
         },
         source: None,
     })

@@ -423,6 +423,7 @@ fn event(event: &iris_proto::common::KvCacheEvent) -> Option<Event> {
     Some(match event.data.as_ref()? {
         Data::Stored(stored) => Event::Stored {
             parent: stored.parent_block_hash,
+            lora: stored.lora_name.clone(),
             blocks: stored
                 .blocks
                 .iter()

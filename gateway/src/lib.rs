@@ -35,6 +35,7 @@ pub mod args;
 pub mod backends;
 pub mod config;
 
+mod adapters;
 mod admin;
 mod build;
 mod chat;

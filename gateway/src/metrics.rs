@@ -151,6 +151,9 @@ pub struct ModelSources<'a> {
     pub pools: Vec<std::sync::Arc<Pool>>,
     /// Requests started again on other workers.
     pub retries: u64,
+    /// LoRA adapters loaded on workers, and unloaded to make room.
+    pub adapter_loads: u64,
+    pub adapter_unloads: u64,
     /// Histograms kept elsewhere (the router's encode time), by stage.
     pub more_stages: Vec<(&'static str, &'a Histogram)>,
 }
@@ -218,6 +221,20 @@ pub fn render(unknown: &Metrics, models: &[ModelSources]) -> String {
         "counter",
         "Requests started again on another worker, by model.",
         per_model(|m| m.retries),
+    );
+    family(
+        &mut out,
+        "iris_lora_adapter_loads_total",
+        "counter",
+        "LoRA adapters loaded on workers on demand (LoadLoRAAdapter), by model.",
+        per_model(|m| m.adapter_loads),
+    );
+    family(
+        &mut out,
+        "iris_lora_adapter_unloads_total",
+        "counter",
+        "LoRA adapters unloaded from workers to make room (least recently used), by model.",
+        per_model(|m| m.adapter_unloads),
     );
     render_workers(&mut out, models);
     out
@@ -306,6 +323,8 @@ mod tests {
             metrics: &m,
             pools: Vec::new(),
             retries: 2,
+            adapter_loads: 3,
+            adapter_unloads: 1,
             more_stages: Vec::new(),
         };
         let text = render(&unknown, &[sources]);
@@ -320,6 +339,8 @@ mod tests {
             "iris_prompt_tokens_total{model=\"qwen\"} 5",
             "iris_completion_tokens_total{model=\"qwen\"} 7",
             "iris_retries_total{model=\"qwen\"} 2",
+            "iris_lora_adapter_loads_total{model=\"qwen\"} 3",
+            "iris_lora_adapter_unloads_total{model=\"qwen\"} 1",
         ] {
             assert!(text.contains(sample), "{sample} missing from\n{text}");
         }

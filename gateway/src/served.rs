@@ -8,6 +8,10 @@
 //! its `Arc` to the end: a model a reload removes drains (its requests in
 //! flight finish) before it stops. [`Registry`] holds the current
 //! [`Models`], swapped whole by a reload.
+//!
+//! A model's LoRA adapters are served under `NAME:ADAPTER` for each of its
+//! names: a view of its bundle ([`Served::adapter_view`]: the same
+//! tokenizer, workers and metrics) whose requests carry the adapter.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,7 +37,7 @@ pub struct Served {
     /// One more name requests may use, not listed (the flags' model
     /// directory path).
     pub hidden_alias: Option<String>,
-    pub prompter: Prompter,
+    pub prompter: Arc<Prompter>,
     /// The image and video pipeline; `None` for a text-only model.
     pub media: Option<Arc<Multimodal>>,
     /// How answers are parsed into content, reasoning and tool calls.
@@ -52,6 +56,13 @@ pub struct Served {
     pub stop: CancellationToken,
     /// The configuration file's settings it was built from (`None`: flags).
     pub source: Option<toml::Table>,
+    /// The LoRA adapter its requests run with (`None`: the base model).
+    pub adapter: Option<String>,
+}
+
+/// The name requests give adapter `adapter` of the model named `model`.
+pub fn adapter_name(model: &str, adapter: &str) -> String {
+    format!("{model}:{adapter}")
 }
 
 impl Served {
@@ -66,12 +77,45 @@ impl Served {
         model
     }
 
-    /// Its entries in `/v1/models`: its name, then each alias.
+    /// Its entries in `/v1/models`: its name, then each alias, then each
+    /// adapter as `NAME:ADAPTER` (`parent` and `root`: its name).
     pub fn listings(&self) -> Vec<iris_openai::Model> {
-        std::iter::once(&self.name)
-            .chain(&self.aliases)
+        let names = std::iter::once(&self.name).chain(&self.aliases);
+        let adapters = self.router.adapters.names().map(|adapter| {
+            let mut model = self.listing(&adapter_name(&self.name, adapter));
+            model.root = Some(self.name.clone());
+            model.parent = Some(self.name.clone());
+            model
+        });
+        names
             .map(|name| self.listing(name))
+            .chain(adapters)
             .collect()
+    }
+
+    /// Its bundle serving LoRA adapter `adapter`, named `NAME:ADAPTER`.
+    pub fn adapter_view(&self, adapter: &str) -> Served {
+        Served {
+            name: adapter_name(&self.name, adapter),
+            aliases: Vec::new(),
+            hidden_alias: None,
+            prompter: self.prompter.clone(),
+            media: self.media.clone(),
+            parsers: self.parsers.clone(),
+            router: self.router.clone(),
+            metrics: self.metrics.clone(),
+            kv: self.kv.clone(),
+            identity: self.identity.clone(),
+            created: self.created,
+            stop: self.stop.clone(),
+            source: self.source.clone(),
+            adapter: Some(adapter.to_owned()),
+        }
+    }
+
+    /// The adapter its requests carry (`lora_id`): empty for the base model.
+    pub fn lora_id(&self) -> String {
+        self.adapter.clone().unwrap_or_default()
     }
 
     /// The inputs it takes: text, and images and videos with a media
@@ -99,13 +143,22 @@ impl Models {
         anyhow::ensure!(!all.is_empty(), "no model to serve");
         let mut by_name = HashMap::new();
         for served in &all {
-            let names = std::iter::once(&served.name)
+            let names: Vec<&String> = std::iter::once(&served.name)
                 .chain(&served.aliases)
-                .chain(&served.hidden_alias);
-            for name in names {
+                .chain(&served.hidden_alias)
+                .collect();
+            for name in &names {
                 by_name
-                    .entry(name.clone())
+                    .entry((*name).clone())
                     .or_insert_with(|| served.clone());
+            }
+            for adapter in served.router.adapters.names() {
+                let view = Arc::new(served.adapter_view(adapter));
+                for name in &names {
+                    by_name
+                        .entry(adapter_name(name, adapter))
+                        .or_insert_with(|| view.clone());
+                }
             }
         }
         Ok(Models { all, by_name })

@@ -482,6 +482,8 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             metrics: &served.metrics,
             pools: served.router.mode.pools(),
             retries: served.router.retries(),
+            adapter_loads: served.router.adapters.loads(),
+            adapter_unloads: served.router.adapters.unloads(),
             more_stages: vec![("encode", &served.router.encode_time)],
         })
         .collect();

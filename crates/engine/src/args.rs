@@ -74,6 +74,10 @@ pub struct EngineArgs {
     /// Requests generating at once; more wait in a queue.
     #[arg(long, default_value_t = 256, env = "IRIS_ENGINE_MAX_RUNNING_REQUESTS")]
     pub max_running_requests: u32,
+    /// LoRA adapters loaded at once (SGLang's LoadLoRAAdapter); a load
+    /// over it is refused (0: none).
+    #[arg(long, default_value_t = 8, env = "IRIS_ENGINE_MAX_LORAS")]
+    pub max_loras: u32,
     /// max_new_tokens when a request sets none.
     #[arg(
         long,

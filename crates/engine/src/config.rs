@@ -71,6 +71,8 @@ pub struct EngineConfig {
     pub expose_model_path: bool,
     /// Requests generating at once (at least 1).
     pub max_running_requests: u32,
+    /// LoRA adapters loaded at once (`--max-loras`).
+    pub max_loras: usize,
     pub default_max_new_tokens: u32,
     /// Simulated prefill cost per prompt token.
     pub prefill_per_token: Duration,
@@ -148,6 +150,7 @@ impl EngineConfig {
             served_model_name: args.served_model_name,
             expose_model_path: args.expose_model_path,
             max_running_requests: args.max_running_requests.max(1),
+            max_loras: args.max_loras as usize,
             default_max_new_tokens: args.default_max_new_tokens,
             prefill_per_token: Duration::from_micros(args.prefill_us_per_token),
             prefill_slots: args.prefill_slots,

@@ -15,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adapters;
 pub mod args;
 pub mod config;
 pub mod constrained;

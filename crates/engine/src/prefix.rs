@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use iris_kvindex::{prompt_blocks, CoveredItem, RequestItem};
+use iris_kvindex::{prompt_blocks_under, CoveredItem, RequestItem};
 use tokio::sync::broadcast;
 
 /// The events' vocabulary is the index's (`crates/kvindex`): what the
@@ -89,6 +89,8 @@ impl Drop for Held {
 
 struct Block {
     parent: Option<i64>,
+    /// The LoRA adapter it was computed under (`None`: the base model).
+    lora: Option<String>,
     token_ids: Vec<u32>,
     items: Vec<CoveredItem>,
     /// Running requests holding it.
@@ -166,7 +168,19 @@ impl PrefixCache {
     /// (as far as the capacity allows without evicting a held block) and
     /// holds all of its cached blocks until the returned [`Held`] drops.
     pub fn admit(self: &Arc<Self>, tokens: &[u32], items: &[ItemKey]) -> Admitted {
-        let chain = self.chain(tokens, items);
+        self.admit_under(tokens, items, None)
+    }
+
+    /// [`Self::admit`] for a prompt run under LoRA adapter `lora`: its
+    /// blocks are the adapter's own (they hang from its root,
+    /// [`iris_kvindex::lora_root`]) and its `stored` events name it.
+    pub fn admit_under(
+        self: &Arc<Self>,
+        tokens: &[u32],
+        items: &[ItemKey],
+        lora: Option<&str>,
+    ) -> Admitted {
+        let chain = self.chain(tokens, items, lora);
         let blocks: Vec<i64> = chain.iter().map(|(hash, _)| *hash).collect();
         let mut state = self.lock();
         let hits = chain
@@ -204,6 +218,7 @@ impl PrefixCache {
             events.push(KvEvent::Stored {
                 parent,
                 blocks: stored,
+                lora: lora.map(str::to_owned),
             });
         }
         self.publish_locked(&mut state, events);
@@ -291,9 +306,9 @@ impl PrefixCache {
     }
 
     /// The prompt's full blocks with their identities, in order: the
-    /// gateway's index keys ([`iris_kvindex::prompt_blocks`]), each item
+    /// gateway's index keys ([`iris_kvindex::prompt_blocks_under`]), each item
     /// named by its content key in hex.
-    fn chain(&self, tokens: &[u32], items: &[ItemKey]) -> Vec<(i64, Block)> {
+    fn chain(&self, tokens: &[u32], items: &[ItemKey], lora: Option<&str>) -> Vec<(i64, Block)> {
         let items: Vec<RequestItem> = items
             .iter()
             .map(|item| RequestItem {
@@ -301,11 +316,12 @@ impl PrefixCache {
                 span: item.span.clone(),
             })
             .collect();
-        prompt_blocks(self.block_size, tokens, &items)
+        prompt_blocks_under(self.block_size, tokens, &items, lora)
             .into_iter()
             .map(|block| {
                 let stored = Block {
                     parent: block.parent.map(|p| p as i64),
+                    lora: lora.map(str::to_owned),
                     token_ids: block.token_ids,
                     items: block.items,
                     refs: 0,
@@ -441,9 +457,11 @@ fn snapshot(state: &State) -> Vec<KvEvent> {
                 }
             })
             .collect::<Vec<_>>();
-        // Siblings share a parent but do not chain: one event each.
+        // Siblings share a parent but do not chain: one event each, a
+        // prompt's first block naming the adapter it hangs from.
         events.extend(blocks.into_iter().map(|block| KvEvent::Stored {
             parent,
+            lora: state.blocks[&block.engine_hash].lora.clone(),
             blocks: vec![block],
         }));
     }

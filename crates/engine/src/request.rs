@@ -84,6 +84,9 @@ pub struct Intake {
     pub item_keys: Vec<ItemKey>,
     /// The KV room: produced here (prefill) or collected here (decode).
     pub kv: Option<KvAddress>,
+    /// The LoRA adapter it runs under, by name (`None`: the base model):
+    /// its prefix blocks are the adapter's own.
+    pub lora: Option<String>,
 }
 
 /// A validated request.
@@ -102,6 +105,8 @@ pub struct Plan {
     pub items: Vec<ItemSource>,
     pub item_keys: Vec<ItemKey>,
     pub kv: Option<KvAddress>,
+    /// See [`Intake::lora`].
+    pub lora: Option<String>,
 }
 
 /// A data server and room.
@@ -137,6 +142,7 @@ pub fn plan(intake: Intake, limits: &Limits) -> Result<Plan, Status> {
         constrained_prefix_tokens: intake.sampling.constrained_prefix_tokens,
         items: intake.items,
         kv: intake.kv,
+        lora: intake.lora,
     })
 }
 

@@ -113,7 +113,7 @@ async fn prefill(engine: &Engine, plan: &Plan) -> Result<(PromptState, Option<Ad
     let admitted = engine
         .prefix
         .as_ref()
-        .map(|cache| cache.admit(&plan.input_ids, &plan.item_keys));
+        .map(|cache| cache.admit_under(&plan.input_ids, &plan.item_keys, plan.lora.as_deref()));
     // `--kv-trace`: the admission's line, stamped before its blocks were
     // stored (so a reader of the KV events sees them published after it).
     if let (Some(trace), Some(admitted)) = (&engine.config.kv_trace, &admitted) {

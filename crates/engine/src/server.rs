@@ -220,6 +220,7 @@ fn build_engine(cfg: EngineConfig, data_addr: Option<SocketAddr>) -> anyhow::Res
             Role::Decode => None,
             Role::Aggregated | Role::Prefill => crate::recall::item_cache(cfg.mm_item_cache_mb),
         },
+        adapters: crate::adapters::Adapters::new(cfg.max_loras),
         config: cfg,
     })
 }

@@ -86,6 +86,8 @@ pub struct Engine {
     /// Received items by content hash, for recalls (`--mm-item-cache-mb`;
     /// prefill and aggregated workers).
     pub items: Option<crate::recall::ItemCache>,
+    /// The LoRA adapters loaded (`--max-loras` at most).
+    pub adapters: crate::adapters::Adapters,
 }
 
 /// The events of one running request.

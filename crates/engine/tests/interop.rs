@@ -903,6 +903,8 @@ fn full_request() -> (GenerateRequest, Value) {
             bootstrap_room: KV_ROOM,
         }),
         data_parallel_rank: Some(-3),
+        // Iris's extension, not in the published stubs: unset.
+        lora_id: String::new(),
     };
     let logged = json!({
         "request_id": "iris-interop-0",
@@ -1409,8 +1411,10 @@ async fn published_descriptors() -> HashMap<String, FileDescriptorProto> {
 /// Fields of Iris's own beyond the published contract: numbered from 1000
 /// (clear of the published ones and of their likely growth), sent only to
 /// workers that advertise them, ignored as unknown fields by the others.
-const IRIS_EXTENSIONS: [&str; 1] =
-    ["tokenspeed.grpc.scheduler.SamplingParams.constrained_prefix_tokens"];
+const IRIS_EXTENSIONS: [&str; 2] = [
+    "tokenspeed.grpc.scheduler.SamplingParams.constrained_prefix_tokens",
+    "tokenspeed.grpc.scheduler.GenerateRequest.lora_id",
+];
 
 fn schema_differences(
     ours: &[FileDescriptorProto],

@@ -967,8 +967,8 @@ async fn what_an_engine_cannot_honour_is_refused_naming_the_field() {
         ),
         (
             sglang_with(|r| r.lora_id = "adapter-1".into()),
-            Code::Unimplemented,
-            "lora_id",
+            Code::NotFound,
+            "LoRA adapter \"adapter-1\" is not loaded",
         ),
         (
             sglang_with(|r| {
@@ -1141,4 +1141,99 @@ async fn info_and_health_answer_in_each_protocol() {
         assert_eq!(vocab, 648);
         assert!(!name.is_empty());
     }
+}
+
+/// A LoRA adapter directory whose `adapter_config.json` holds `config`.
+fn adapter_dir(config: &str) -> TempDir {
+    let dir = tempfile::tempdir().expect("adapter dir");
+    std::fs::write(dir.path().join("adapter_config.json"), config).expect("write");
+    dir
+}
+
+fn load_request(name: &str, dir: &TempDir) -> sg::LoadLoRaAdapterRequest {
+    sg::LoadLoRaAdapterRequest {
+        lora_name: name.into(),
+        lora_path: dir.path().display().to_string(),
+        pinned: false,
+        lora_id: format!("{name}-id"),
+    }
+}
+
+#[tokio::test]
+async fn sglang_adapters_load_list_unload_and_change_the_output() {
+    let model = tiny_model();
+    let engine = EngineProcess::start(
+        &model,
+        "aggregated",
+        &["--protocol", "sglang", "--max-loras", "1"],
+    );
+    let mut s = Client::connect("sglang", engine.grpc).await;
+    let Client::Sglang(c) = s.clone() else {
+        panic!("an SGLang client")
+    };
+    let mut c = c;
+    let (a, b) = (adapter_dir(r#"{"r": 8}"#), adapter_dir(r#"{"r": 16}"#));
+
+    let loaded = c
+        .load_lo_ra_adapter(load_request("a", &a))
+        .await
+        .expect("load");
+    let loaded = loaded.into_inner();
+    assert!(loaded.success, "{}", loaded.message);
+    assert_eq!(loaded.loaded_lora_ids, ["a-id"]);
+    // One over --max-loras is refused, saying so.
+    let over = c
+        .load_lo_ra_adapter(load_request("b", &b))
+        .await
+        .expect("load");
+    let over = over.into_inner();
+    assert!(!over.success);
+    assert!(over.message.contains("--max-loras 1"), "{}", over.message);
+    let listed = c
+        .list_loaded_lo_ra_adapters(sg::ListLoadedLoRaAdaptersRequest {})
+        .await
+        .expect("list")
+        .into_inner()
+        .loaded_adapters;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].lora_id.as_str(), listed[0].lora_name.as_str()),
+        ("a-id", "a")
+    );
+
+    // The adapter's answer differs from the base model's and is stable.
+    let base = s.generate(&ask("base", 8)).await.ok().tokens(0);
+    let with_a = |id: &str| {
+        sglang_with(|r| {
+            r.request_id = id.into();
+            r.sampling_params.as_mut().expect("params").max_new_tokens = Some(8);
+            r.lora_id = "a-id".into();
+        })
+    };
+    let first = s.sglang_raw(with_a("a1")).await.ok().tokens(0);
+    let again = s.sglang_raw(with_a("a2")).await.ok().tokens(0);
+    assert_eq!(first, again);
+    assert_ne!(first, base);
+
+    let unloaded = c
+        .unload_lo_ra_adapter(sg::UnloadLoRaAdapterRequest {
+            lora_name: "a".into(),
+            lora_id: "a-id".into(),
+        })
+        .await
+        .expect("unload")
+        .into_inner();
+    assert!(unloaded.success && unloaded.loaded_lora_ids.is_empty());
+    s.sglang_raw(with_a("a3"))
+        .await
+        .refused(Code::NotFound, "not loaded on this worker");
+    // A missing directory is refused with the file it looked for.
+    let mut missing = load_request("b", &b);
+    missing.lora_path = "/nonexistent/adapter".into();
+    let refused = c
+        .load_lo_ra_adapter(missing)
+        .await
+        .expect("load")
+        .into_inner();
+    assert!(!refused.success && refused.message.contains("adapter_config.json"));
 }

@@ -47,10 +47,13 @@ pub struct StoredBlock {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// Blocks stored after `parent` (the engine's hash; `None`: at a
-    /// prompt's start), each the parent of the next.
+    /// prompt's start), each the parent of the next; `lora`: the LoRA
+    /// adapter they were computed under (`None`: the base model), whose
+    /// [`lora_root`] a chain at a prompt's start hangs from.
     Stored {
         parent: Option<i64>,
         blocks: Vec<StoredBlock>,
+        lora: Option<String>,
     },
     /// Blocks removed, by the engine's hash.
     Removed(Vec<i64>),
@@ -208,15 +211,25 @@ impl<W: Clone + Eq + Hash> KvIndex<W> {
                     self.unhold(key, worker);
                 }
             }
-            Event::Stored { parent, blocks } => self.store(worker, *parent, blocks),
+            Event::Stored {
+                parent,
+                blocks,
+                lora,
+            } => self.store(worker, *parent, lora.as_deref(), blocks),
         }
     }
 
-    fn store(&mut self, worker: &W, parent: Option<i64>, blocks: &[StoredBlock]) {
+    fn store(
+        &mut self,
+        worker: &W,
+        parent: Option<i64>,
+        lora: Option<&str>,
+        blocks: &[StoredBlock],
+    ) {
         let block_size = self.block_size;
         let state = self.workers.entry(worker.clone()).or_default();
         let mut parent_key = match parent {
-            None => None,
+            None => lora.map(lora_root),
             Some(hash) => match state.keys.get(&hash) {
                 Some(key) => Some(*key),
                 None => {
@@ -269,7 +282,20 @@ pub struct PromptBlock {
 /// A prompt's full blocks of `block_size` tokens (the last partial one is
 /// left out), each with its key and the items it covers.
 pub fn prompt_blocks(block_size: usize, tokens: &[u32], items: &[RequestItem]) -> Vec<PromptBlock> {
-    let mut parent = None;
+    prompt_blocks_under(block_size, tokens, items, None)
+}
+
+/// [`prompt_blocks`] of a prompt run under LoRA adapter `lora` (`None`:
+/// the base model): its first block hangs from the adapter's
+/// [`lora_root`], so no block of it is another adapter's or the base
+/// model's.
+pub fn prompt_blocks_under(
+    block_size: usize,
+    tokens: &[u32],
+    items: &[RequestItem],
+    lora: Option<&str>,
+) -> Vec<PromptBlock> {
+    let mut parent = lora.map(lora_root);
     blocks_of(block_size, tokens)
         .map(|(start, ids)| {
             let covered = covered_items(items, start, ids.len());
@@ -289,7 +315,18 @@ pub fn prompt_blocks(block_size: usize, tokens: &[u32], items: &[RequestItem]) -
 /// The keys of a prompt's full blocks ([`prompt_blocks`] without the
 /// blocks' contents).
 pub fn prompt_keys(block_size: usize, tokens: &[u32], items: &[RequestItem]) -> Vec<BlockKey> {
-    let mut parent = None;
+    prompt_keys_under(block_size, tokens, items, None)
+}
+
+/// [`prompt_keys`] under a chain root ([`lora_root`] of the adapter the
+/// prompt runs with; `None`: the base model).
+pub fn prompt_keys_under(
+    block_size: usize,
+    tokens: &[u32],
+    items: &[RequestItem],
+    root: Option<BlockKey>,
+) -> Vec<BlockKey> {
+    let mut parent = root;
     blocks_of(block_size, tokens)
         .map(|(start, ids)| {
             let key = block_key(parent, ids, covered_items(items, start, ids.len()));
@@ -297,6 +334,16 @@ pub fn prompt_keys(block_size: usize, tokens: &[u32], items: &[RequestItem]) -> 
             key
         })
         .collect()
+}
+
+/// The key a prompt's first block hangs from when it runs under LoRA
+/// adapter `name` (published as `KvBlocksStored.lora_name`): its name
+/// folded, never 0.
+pub fn lora_root(name: &str) -> BlockKey {
+    let h = name.bytes().fold(0x6c6f_7261_726f_6f74, |h, b| {
+        iris_fingerprint::mix64(h ^ u64::from(b))
+    });
+    iris_fingerprint::mix64(h).max(1)
 }
 
 /// Each full block of `tokens` with its first position.

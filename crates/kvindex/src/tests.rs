@@ -21,7 +21,11 @@ fn stored(
             items: block.items,
         })
         .collect();
-    Event::Stored { parent, blocks }
+    Event::Stored {
+        parent,
+        blocks,
+        lora: None,
+    }
 }
 
 fn image(identifier: &str, span: Range<u32>) -> RequestItem {
@@ -130,4 +134,32 @@ fn blocks_of_another_size_are_skipped() {
     index.apply(&"a", 1, &[stored(None, &PROMPT, 2, 100, &[])]);
     assert_eq!(index.worker_blocks(&"a"), 0);
     assert_eq!(index.skipped(&"a"), 4);
+}
+
+#[test]
+fn blocks_stored_under_an_adapter_match_its_prompts_only() {
+    let mut index: KvIndex<&str> = KvIndex::new(2);
+    let Event::Stored { blocks, .. } = stored(None, &PROMPT[..4], 2, 100, &[]) else {
+        unreachable!()
+    };
+    let under_sql = Event::Stored {
+        parent: None,
+        blocks,
+        lora: Some("sql".into()),
+    };
+    index.apply(&"a", 1, &[under_sql]);
+    // Its chain continues across events from the rooted parent.
+    index.apply(&"a", 2, &[stored(Some(101), &PROMPT[4..6], 2, 200, &[])]);
+    let sql = prompt_keys_under(2, &PROMPT, &[], Some(lora_root("sql")));
+    assert_eq!(index.matched(&sql)[&"a"], 3);
+    let chat = prompt_keys_under(2, &PROMPT, &[], Some(lora_root("chat")));
+    assert!(index.matched(&chat).is_empty());
+    assert!(index.matched(&index.request_keys(&PROMPT, &[])).is_empty());
+    // The engine's own chain (prompt_blocks_under) is the same keys.
+    let engine: Vec<BlockKey> = prompt_blocks_under(2, &PROMPT, &[], Some("sql"))
+        .into_iter()
+        .map(|b| b.key)
+        .collect();
+    assert_eq!(engine, sql);
+    assert_ne!(lora_root("sql"), lora_root("chat"));
 }

@@ -395,6 +395,9 @@ pub struct Model {
     /// For an alias, the name of the model it stands for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root: Option<String>,
+    /// For a LoRA adapter, the base model it adapts (vLLM's field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 impl Model {
@@ -408,6 +411,7 @@ impl Model {
             max_model_len: None,
             modalities: Vec::new(),
             root: None,
+            parent: None,
         }
     }
 

@@ -45,6 +45,11 @@ impl Backend {
         handoff: Option<String>,
     ) -> Result<ResponseStream, Status> {
         match (self, handoff) {
+            (Backend::TokenSpeed, None) if !request.lora_id.is_empty() => Err(super::cannot_carry(
+                self,
+                "lora_id",
+                "TokenSpeed's protocol has no LoRA adapters",
+            )),
             (Backend::TokenSpeed, None) => {
                 let stream: Streaming<GenerateResponse> =
                     spliced(channel, TOKENSPEED_GENERATE, request).await?;

@@ -80,6 +80,7 @@ pub fn request(request: &GenerateRequest) -> Result<s::GenerateRequest, Status> 
             .transpose()?,
         data_parallel_rank: request.data_parallel_rank,
         stream: request.stream,
+        lora_id: request.lora_id.clone(),
         ..s::GenerateRequest::default()
     })
 }

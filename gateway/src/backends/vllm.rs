@@ -66,6 +66,13 @@ pub fn request(
             "vLLM has no such field",
         ));
     }
+    if !request.lora_id.is_empty() {
+        return Err(cannot_carry(
+            BACKEND,
+            "lora_id",
+            "vLLM's gRPC protocol has no LoRA fields",
+        ));
+    }
     if prompt_logprobs_requested(request.logprob_start_len) {
         return Err(cannot_carry(
             BACKEND,

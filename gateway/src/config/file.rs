@@ -22,7 +22,7 @@ use clap::{ArgMatches, FromArgMatches};
 use serde::Deserialize;
 use toml::{Spanned, Value};
 
-use super::{model_spec, ConfigError, ModelSpec};
+use super::{model_spec, AdapterConfig, ConfigError, ModelSpec};
 use crate::args::ServeArgs;
 
 /// The options that describe one model: a model table's keys, never
@@ -34,6 +34,7 @@ const MODEL_KEYS: &[&str] = &[
     "reasoning_parser",
     "context_length",
     "tokenizer_cache_entries",
+    "max_loras_per_worker",
     "worker_urls",
     "pd_disaggregation",
     "prefill",
@@ -60,7 +61,10 @@ const MODEL_KEYS: &[&str] = &[
 const NOT_IN_FILE: &[&str] = &["config", "log_format", "log_json", "served_model_name"];
 
 /// A model table's own keys besides its options.
-const NAME_KEYS: &[&str] = &["id", "aliases"];
+const NAME_KEYS: &[&str] = &["id", "aliases", "adapters"];
+
+/// The keys of a `[[models.adapters]]` table.
+const ADAPTER_KEYS: &[&str] = &["name", "path"];
 
 /// Where a key is allowed.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -98,6 +102,20 @@ type Table = BTreeMap<String, Spanned<Value>>;
 struct Models {
     #[serde(default)]
     models: Vec<Table>,
+}
+
+/// Each model's `[[models.adapters]]` tables, read apart so that their
+/// values keep where they are.
+#[derive(Deserialize)]
+struct Adapters {
+    #[serde(default)]
+    models: Vec<ModelAdapters>,
+}
+
+#[derive(Deserialize)]
+struct ModelAdapters {
+    #[serde(default)]
+    adapters: Vec<Table>,
 }
 
 /// What a configuration file was read from, for reloads.
@@ -146,6 +164,7 @@ impl Doc<'_> {
         refuse_model_flags(args, self.path)?;
         let mut top: Table = toml::from_str(self.text).map_err(|e| self.syntax(&e))?;
         let models: Models = toml::from_str(self.text).map_err(|e| self.syntax(&e))?;
+        let adapters: Adapters = toml::from_str(self.text).map_err(|e| self.syntax(&e))?;
         let models_span = top.remove("models").map(|v| v.span());
         if models.models.is_empty() {
             return Err(ConfigError::new(format!(
@@ -163,7 +182,9 @@ impl Doc<'_> {
                 .map(Spanned::span)
                 .or_else(|| models_span.clone())
                 .unwrap_or_default();
-            let spec = self.model(&gateway, &top, table, index, at)?;
+            let mut spec = self.model(&gateway, &top, table, index, at.clone())?;
+            let tables = adapters.models.get(index).map_or(&[][..], |m| &m.adapters);
+            spec.model.adapters = self.adapters(tables, &format!("models[{index}]."), at)?;
             names.claim(self, &spec, table)?;
             specs.push(spec);
         }
@@ -256,6 +277,59 @@ impl Doc<'_> {
             .try_get_matches_from(&argv)
             .map_err(|e| self.error(whole, prefix.trim_end_matches('.'), &clap_message(&e)))?;
         apply(args, matches).map_err(|e| ConfigError::new(format!("{}: {e}", self.path.display())))
+    }
+
+    /// The `[[models.adapters]]` tables of model `index` (`tables`, with
+    /// where each value is): each a `name` (no `:`, unique in the model)
+    /// and a `path`.
+    fn adapters(
+        &self,
+        tables: &[Table],
+        prefix: &str,
+        at: Range<usize>,
+    ) -> Result<Vec<AdapterConfig>, ConfigError> {
+        let mut adapters: Vec<AdapterConfig> = Vec::new();
+        for (i, table) in tables.iter().enumerate() {
+            let key = format!("{prefix}adapters[{i}]");
+            let adapter = self.adapter(table, &key, at.clone())?;
+            if adapters.iter().any(|a| a.name == adapter.name) {
+                let span = table.get("name").map(Spanned::span).unwrap_or_default();
+                let message = format!("adapter \"{}\" is listed twice", adapter.name);
+                return Err(self.error(span, &format!("{key}.name"), &message));
+            }
+            adapters.push(adapter);
+        }
+        Ok(adapters)
+    }
+
+    /// One adapter table, named `key` in errors (`at`: its model's place,
+    /// for a key it lacks).
+    fn adapter(
+        &self,
+        table: &Table,
+        key: &str,
+        at: Range<usize>,
+    ) -> Result<AdapterConfig, ConfigError> {
+        if let Some((unknown, value)) = table
+            .iter()
+            .find(|(k, _)| !ADAPTER_KEYS.contains(&k.as_str()))
+        {
+            let message = "unknown key (an adapter has `name` and `path`)";
+            return Err(self.error(value.span(), &format!("{key}.{unknown}"), message));
+        }
+        let field = |name: &str| {
+            let span = table.get(name).map_or(at.clone(), Spanned::span);
+            self.string(table, name, &format!("{key}."))?
+                .ok_or_else(|| self.error(span, &format!("{key}.{name}"), "is required"))
+        };
+        let (name, path) = (field("name")?, field("path")?);
+        if name.contains(':') || name.trim() != name {
+            let span = table.get("name").map(Spanned::span).unwrap_or_default();
+            let message =
+                "must not contain `:` nor surrounding spaces (requests name it MODEL:NAME)";
+            return Err(self.error(span, &format!("{key}.name"), message));
+        }
+        Ok(AdapterConfig { name, path })
     }
 
     /// The string at `key` of `table`, if set.

@@ -50,7 +50,8 @@ impl ReadyConversation {
     /// Starts the request on workers. The preprocessed tensors' memory is
     /// given back once the workers have them (or the request failed).
     pub async fn start(&mut self) -> Result<Generation, Failure> {
-        let generate = std::mem::take(&mut self.generate);
+        let mut generate = std::mem::take(&mut self.generate);
+        generate.lora_id = self.served.lora_id();
         let images = std::mem::take(&mut self.pending);
         let started = self.served.router.start_with(generate, &images).await;
         drop(images);

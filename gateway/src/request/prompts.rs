@@ -43,7 +43,9 @@ impl ReadyPrompts {
         };
         let sampling = self.request.sampling();
         let ids = self.prompts[p].ids.clone();
-        generate_request(&request_id, ids, &sampling, self.request.is_stream())
+        let mut request = generate_request(&request_id, ids, &sampling, self.request.is_stream());
+        request.lora_id = self.served.lora_id();
+        request
     }
 }
 

@@ -588,6 +588,10 @@ impl Router {
         request: &GenerateRequest,
         handoff: Option<String>,
     ) -> (Result<ResponseStream, Status>, pixels::LegPixels) {
+        let adapter = match self.adapters.acquire(worker, &request.lora_id).await {
+            Ok(adapter) => adapter,
+            Err(status) => return (Err(status), pixels::LegPixels::none()),
+        };
         match pixels::prepare(&self.lanes, worker, request).await {
             Ok((laned, prepared)) => {
                 let request = laned.as_ref().unwrap_or(request);
@@ -595,7 +599,13 @@ impl Router {
                     Some(params) => worker.generate_handed_off(request, params).await,
                     None => worker.generate(request).await,
                 };
-                (result, prepared)
+                let not_found = result
+                    .as_ref()
+                    .is_err_and(|s| s.code() == tonic::Code::NotFound);
+                if not_found && !request.lora_id.is_empty() {
+                    self.adapters.forget(worker, &request.lora_id).await;
+                }
+                (result.map(|stream| adapter.hold(stream)), prepared)
             }
             Err(status) => (Err(status), pixels::LegPixels::none()),
         }

@@ -80,6 +80,8 @@ pub struct Router {
     /// How pixel tensors reach the workers that take them (encode,
     /// aggregated and prefill).
     pub lanes: Arc<Lanes>,
+    /// The model's LoRA adapters, loaded on workers on demand.
+    pub adapters: Arc<crate::adapters::Catalog>,
 }
 
 impl Router {
@@ -99,7 +101,14 @@ impl Router {
                 settings.encode_max_in_flight_patches,
             ),
             lanes: Arc::new(Lanes::inline()),
+            adapters: Arc::default(),
         }
+    }
+
+    /// Serves the LoRA adapters of `adapters`.
+    pub fn with_adapters(mut self, adapters: crate::adapters::Catalog) -> Self {
+        self.adapters = Arc::new(adapters);
+        self
     }
 
     /// Waits (at most `limit`) until the Abort RPCs sent so far are out.

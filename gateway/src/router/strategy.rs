@@ -27,7 +27,7 @@ use crate::backends::Backend;
 use crate::kv::Prediction;
 use crate::mm::pending::PendingImages;
 use crate::workers::affinity::{affinity_key, ImageCost};
-use crate::workers::policy::{ItemKey, RouteKey};
+use crate::workers::policy::{adapter_tag, ItemKey, RouteKey};
 use crate::workers::pool::Routed;
 use crate::workers::{Pool, Role, Worker};
 
@@ -216,6 +216,7 @@ impl<'a> Strategy<'a> {
             items: &self.items,
             cost: 1,
             suspects,
+            adapter: adapter_tag(&request.lora_id),
         }
     }
 

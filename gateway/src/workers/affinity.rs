@@ -45,6 +45,7 @@ impl ImageCost {
             items: std::slice::from_ref(item),
             cost: self.patches,
             suspects: &[],
+            adapter: 0,
         }
     }
 }

@@ -121,6 +121,8 @@ pub struct Worker {
     resumes_constraints: AtomicBool,
     /// No new request goes to it ([`Worker::drain`]).
     draining: AtomicBool,
+    /// The LoRA adapters it holds, as this gateway knows them.
+    pub adapters: crate::adapters::WorkerAdapters,
 }
 
 impl Worker {
@@ -162,6 +164,7 @@ impl Worker {
             draining: AtomicBool::new(false),
             lane_caps: LaneCaps::new(transport),
             recall: Recall::default(),
+            adapters: Default::default(),
         }))
     }
 

@@ -88,7 +88,7 @@ fn every_change_is_a_numbered_batch_and_subscribers_resume() {
         panic!("eviction first: {:?}", batch.events);
     };
     assert_eq!(removed.len(), 2);
-    let KvEvent::Stored { parent, blocks } = &batch.events[1] else {
+    let KvEvent::Stored { parent, blocks, .. } = &batch.events[1] else {
         panic!("then the stored blocks: {:?}", batch.events);
     };
     assert_eq!(*parent, None);
@@ -112,7 +112,7 @@ fn the_snapshot_lists_each_block_after_its_parent() {
     let (replay, _) = cache.subscribe(0);
     let mut seen = std::collections::HashSet::new();
     for event in &replay[0].events[1..] {
-        let KvEvent::Stored { parent, blocks } = event else {
+        let KvEvent::Stored { parent, blocks, .. } = event else {
             panic!("{event:?}");
         };
         if let Some(parent) = parent {
@@ -172,4 +172,40 @@ fn usage_counts_the_blocks_running_requests_hold() {
     drop(running);
     assert_eq!(cache.len(), 2, "still cached");
     assert_eq!(cache.usage(), 0.0, "but evictable: free for new work");
+}
+
+#[test]
+fn an_adapters_blocks_are_its_own_and_say_so() {
+    let cache = PrefixCache::new(2, 64);
+    drop(cache.admit(&tokens(4, 0), &[]));
+    let (_, mut live) = cache.subscribe(1);
+    let sql = cache.admit_under(&tokens(4, 0), &[], Some("sql"));
+    assert_eq!(
+        sql.cached_tokens, 0,
+        "the base model's blocks are not the adapter's"
+    );
+    let batch = live.try_recv().expect("published");
+    let KvEvent::Stored { parent, lora, .. } = &batch.events[0] else {
+        panic!("{:?}", batch.events);
+    };
+    assert_eq!((*parent, lora.as_deref()), (None, Some("sql")));
+    let again = cache.admit_under(&tokens(4, 0), &[], Some("sql"));
+    assert_eq!(again.cached_tokens, 4, "its own blocks hit");
+    let chat = cache.admit_under(&tokens(4, 0), &[], Some("chat"));
+    assert_eq!(chat.cached_tokens, 0);
+    // The snapshot names each prompt's first block's adapter.
+    let (replay, _) = cache.subscribe(0);
+    let roots: Vec<Option<String>> = replay[0].events[1..]
+        .iter()
+        .filter_map(|event| match event {
+            KvEvent::Stored {
+                parent: None, lora, ..
+            } => Some(lora.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(roots.len(), 3);
+    for name in [None, Some("sql".to_owned()), Some("chat".to_owned())] {
+        assert!(roots.contains(&name), "{name:?} in {roots:?}");
+    }
 }

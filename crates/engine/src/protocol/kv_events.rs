@@ -117,9 +117,14 @@ impl Stream {
 fn proto_event(event_id: u64, event: &KvEvent, block_size: usize) -> KvCacheEvent {
     use kv_cache_event::Data;
     let data = match event {
-        KvEvent::Stored { parent, blocks } => Data::Stored(KvBlocksStored {
+        KvEvent::Stored {
+            parent,
+            blocks,
+            lora,
+        } => Data::Stored(KvBlocksStored {
             blocks: blocks.iter().map(|b| proto_block(b, block_size)).collect(),
             parent_block_hash: *parent,
+            lora_name: lora.clone(),
         }),
         KvEvent::Removed(hashes) => Data::Removed(KvBlocksRemoved {
             block_hashes: hashes.clone(),

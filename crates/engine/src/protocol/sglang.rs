@@ -2,6 +2,8 @@
 //! carries one preprocessed pixel batch for all its images, inline (the
 //! protocol has no shared-memory or remote payload), and PD by
 //! `disaggregated_params` (bootstrap host, port and room, as TokenSpeed).
+//! LoRA adapters are loaded, unloaded and listed by their RPCs
+//! ([`crate::adapters`]); a request names one by `lora_id`.
 
 use std::sync::Arc;
 
@@ -17,6 +19,7 @@ use iris_proto::sglang::*;
 use tonic::{Request, Response, Status};
 
 use super::Replies;
+use crate::adapters::LoadRequest;
 use crate::output::Event;
 use crate::request::{self, unsupported, Intake, ItemSource, Sampling};
 use crate::service::{as_i32, server_args, Engine};
@@ -39,7 +42,13 @@ impl SglangScheduler for Service {
         &self,
         request: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
-        let intake = intake(request.into_inner(), self.0.role)?;
+        let request = request.into_inner();
+        let adapter = self.0.adapters.find(&request.lora_id)?;
+        let mut intake = intake(request, self.0.role)?;
+        if let Some(adapter) = adapter {
+            intake.sampling.seed ^= adapter.seed;
+            intake.lora = Some(adapter.name);
+        }
         let request_id = intake.request_id.clone();
         let replies = super::generate(&self.0, intake, move |event| reply(&request_id, event))?;
         Ok(Response::new(replies))
@@ -160,6 +169,72 @@ impl SglangScheduler for Service {
     ) -> Result<Response<Self::GetTokenizerStream>, Status> {
         Ok(Response::new(super::tokenizer(&self.0)))
     }
+
+    async fn load_lo_ra_adapter(
+        &self,
+        request: Request<LoadLoRaAdapterRequest>,
+    ) -> Result<Response<LoadLoRaAdapterResponse>, Status> {
+        let r = request.into_inner();
+        let adapters = &self.0.adapters;
+        let loaded = adapters.load(LoadRequest {
+            id: r.lora_id,
+            name: r.lora_name,
+            path: r.lora_path,
+            pinned: r.pinned,
+        });
+        let (success, message) = outcome(loaded)?;
+        Ok(Response::new(LoadLoRaAdapterResponse {
+            success,
+            message,
+            loaded_lora_ids: adapters.ids(),
+        }))
+    }
+
+    async fn unload_lo_ra_adapter(
+        &self,
+        request: Request<UnloadLoRaAdapterRequest>,
+    ) -> Result<Response<UnloadLoRaAdapterResponse>, Status> {
+        let r = request.into_inner();
+        let adapters = &self.0.adapters;
+        let (success, message) = outcome(adapters.unload(&r.lora_name, &r.lora_id))?;
+        Ok(Response::new(UnloadLoRaAdapterResponse {
+            success,
+            message,
+            loaded_lora_ids: adapters.ids(),
+        }))
+    }
+
+    async fn list_loaded_lo_ra_adapters(
+        &self,
+        _: Request<ListLoadedLoRaAdaptersRequest>,
+    ) -> Result<Response<ListLoadedLoRaAdaptersResponse>, Status> {
+        let loaded_adapters = self
+            .0
+            .adapters
+            .list()
+            .into_iter()
+            .map(|a| LoadedLoRaAdapter {
+                lora_id: a.id,
+                lora_name: a.name,
+                lora_path: a.path,
+                pinned: a.pinned,
+            })
+            .collect();
+        Ok(Response::new(ListLoadedLoRaAdaptersResponse {
+            loaded_adapters,
+        }))
+    }
+}
+
+/// A load's or unload's answer, as SGLang's servicer gives it: a refusal
+/// the caller could fix (a limit, a missing adapter, a bad directory) is
+/// `success: false` with its message; a malformed request is an error.
+fn outcome(result: Result<(), Status>) -> Result<(bool, String), Status> {
+    match result {
+        Ok(()) => Ok((true, String::new())),
+        Err(status) if status.code() == tonic::Code::InvalidArgument => Err(status),
+        Err(status) => Ok((false, status.message().to_owned())),
+    }
 }
 
 /// Translates an SGLang GenerateRequest for a worker of `role`.
@@ -196,6 +271,7 @@ fn intake(mut req: GenerateRequest, role: Role) -> Result<Intake, Status> {
         sampling,
         items,
         item_keys,
+        lora: None,
     })
 }
 
@@ -221,11 +297,6 @@ fn refuse_unsupported(req: &GenerateRequest) -> Result<(), Status> {
             !req.input_embeds.is_empty(),
             "input_embeds",
             "it takes token ids (tokenized)",
-        ),
-        (
-            !req.lora_id.is_empty(),
-            "lora_id",
-            "it has no LoRA adapters",
         ),
     ];
     match refusals.into_iter().find(|(set, _, _)| *set) {

@@ -118,6 +118,12 @@ impl TokenSpeedScheduler for Service {
 /// Translates a TokenSpeed GenerateRequest for a worker of `role`, its
 /// mm items checked against the model's `rules`.
 fn intake(mut req: GenerateRequest, role: Role, rules: &ItemRules) -> Result<Intake, Status> {
+    if !req.lora_id.is_empty() {
+        return Err(request::unsupported(
+            "lora_id",
+            "TokenSpeed's protocol has no LoRA adapters (serve them with --protocol sglang)",
+        ));
+    }
     let input_ids = req.tokenized.take().map(|t| t.input_ids).ok_or_else(|| {
         Status::invalid_argument("missing tokenized input: GenerateRequest.tokenized is required")
     })?;
@@ -158,6 +164,7 @@ fn intake(mut req: GenerateRequest, role: Role, rules: &ItemRules) -> Result<Int
         sampling,
         items,
         item_keys,
+        lora: None,
     })
 }
 

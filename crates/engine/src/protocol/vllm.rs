@@ -228,6 +228,7 @@ fn intake(mut req: GenerateRequest, engine: &Engine) -> Result<Intake, Status> {
         sampling,
         items,
         item_keys,
+        lora: None,
     })
 }
 

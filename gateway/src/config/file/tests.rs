@@ -272,3 +272,75 @@ fn the_two_models_overlay_file_loads() {
         assert_eq!(discovery.roles.len(), 1, "aggregated workers only");
     }
 }
+
+const ADAPTERS: &str = r#"
+[[models]]
+id = "alpha"
+model_path = "/models/alpha"
+worker_urls = ["grpc://a1:1"]
+max_loras_per_worker = 2
+
+[[models.adapters]]
+name = "sql"
+path = "/adapters/sql"
+
+[[models.adapters]]
+name = "chat"
+path = "/adapters/chat"
+
+[[models]]
+id = "beta"
+model_path = "/models/beta"
+worker_urls = ["grpc://b:1"]
+"#;
+
+#[test]
+fn a_model_lists_its_adapters_and_their_limit() {
+    let (_f, config) = load(ADAPTERS, &[]);
+    let config = config.unwrap();
+    let alpha = &config.models[0].model;
+    let names: Vec<(&str, &str)> = alpha
+        .adapters
+        .iter()
+        .map(|a| (a.name.as_str(), a.path.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [("sql", "/adapters/sql"), ("chat", "/adapters/chat")]
+    );
+    assert_eq!(alpha.max_loras_per_worker, 2);
+    let beta = &config.models[1].model;
+    assert!(beta.adapters.is_empty());
+    assert_eq!(beta.max_loras_per_worker, 8, "the flag's default");
+}
+
+#[test]
+fn bad_adapter_tables_name_their_line_and_key() {
+    let twice = ADAPTERS.replace("name = \"chat\"", "name = \"sql\"");
+    let error = refused(&twice, &[], 13);
+    assert!(
+        error.starts_with("key `models[0].adapters[1].name`: adapter \"sql\" is listed twice"),
+        "{error}"
+    );
+    let colon = ADAPTERS.replace("name = \"chat\"", "name = \"a:b\"");
+    let error = refused(&colon, &[], 13);
+    assert!(error.contains("must not contain `:`"), "{error}");
+    let unknown = ADAPTERS.replace("path = \"/adapters/chat\"", "dir = \"/adapters/chat\"");
+    let error = refused(&unknown, &[], 14);
+    assert!(
+        error.starts_with("key `models[0].adapters[1].dir`: unknown key"),
+        "{error}"
+    );
+    let empty = ADAPTERS.replace("path = \"/adapters/sql\"", "path = \"\"");
+    let error = refused(&empty, &[], 10);
+    assert!(
+        error.starts_with("key `models[0].adapters[0].path`: must be a non-empty string"),
+        "{error}"
+    );
+    let zero = ADAPTERS.replace("max_loras_per_worker = 2", "max_loras_per_worker = 0");
+    let error = refused(&zero, &[], 6);
+    assert!(
+        error.starts_with("key `models[0].max_loras_per_worker`"),
+        "{error}"
+    );
+}

@@ -41,7 +41,7 @@ use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use iris_kvindex::{prompt_keys, BlockKey, RequestItem};
+use iris_kvindex::{prompt_keys_under, BlockKey, RequestItem};
 use lru::LruCache;
 
 use super::power_of_two::PowerOfTwo;
@@ -158,7 +158,7 @@ impl Policy for CacheAware {
             return 0;
         };
         let within = best.saturating_add(tie_slack(prompt));
-        let salt = prompt_salt(key.tokens);
+        let salt = prompt_salt(key.tokens) ^ key.adapter;
         let now = Instant::now();
         let recent = self.recent();
         (0..among.len())
@@ -198,9 +198,7 @@ impl Policy for CacheAware {
             return;
         }
         if let Some(mut tree) = self.approximate() {
-            let items = request_items(worker.backend(), key);
-            let keys = prompt_keys(self.block_size(), key.tokens, &items);
-            tree.insert(tag, &keys);
+            tree.insert(tag, &block_keys(self.block_size(), worker.backend(), key));
         }
     }
 
@@ -264,8 +262,7 @@ impl PromptViews {
         let at = match self.0.iter().position(|v| v.backend == backend) {
             Some(at) => at,
             None => {
-                let items = request_items(backend, key);
-                let keys = prompt_keys(policy.block_size(), key.tokens, &items);
+                let keys = block_keys(policy.block_size(), backend, key);
                 let held = policy.caches.matched(&keys);
                 self.0.push(PromptView {
                     backend,
@@ -277,6 +274,15 @@ impl PromptViews {
         };
         &self.0[at]
     }
+}
+
+/// The block keys of `key`'s prompt as a worker speaking `backend` names
+/// its items, hanging from the request's adapter root when it has one
+/// (as the worker's events key the blocks computed under it): a prefix
+/// computed under one adapter is not another's (nor the base model's).
+fn block_keys(block_size: usize, backend: Option<Backend>, key: &RouteKey<'_>) -> Vec<BlockKey> {
+    let root = (key.adapter != 0).then_some(key.adapter);
+    prompt_keys_under(block_size, key.tokens, &request_items(backend, key), root)
 }
 
 /// `key`'s items as a worker speaking `backend` names them.

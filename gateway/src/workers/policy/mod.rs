@@ -66,6 +66,21 @@ pub struct RouteKey<'a> {
     /// offers them only when no other worker is usable
     /// ([`super::Pool::candidates`]); a policy may weigh them too.
     pub suspects: &'a [Arc<Worker>],
+    /// The LoRA adapter it runs with, folded ([`adapter_tag`]; 0: the
+    /// base model): part of what the cache-aware policy hashes — the root
+    /// its prompt's block keys hang from, as the worker's events key the
+    /// blocks computed under the adapter — so two adapters' prompts never
+    /// count as the same prefix.
+    pub adapter: u64,
+}
+
+/// The routing tag of LoRA adapter `name`: its chain root
+/// ([`iris_kvindex::lora_root`], never 0), or 0 for none (`name` empty).
+pub fn adapter_tag(name: &str) -> u64 {
+    match name.is_empty() {
+        true => 0,
+        false => iris_kvindex::lora_root(name),
+    }
 }
 
 /// What one pick is made among: the usable workers (at least one), the

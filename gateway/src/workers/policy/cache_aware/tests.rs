@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use iris_kvindex::{prompt_blocks, Event, StoredBlock};
+use iris_kvindex::{prompt_blocks, prompt_blocks_under, prompt_keys, Event, StoredBlock};
 
 use super::*;
 use crate::workers::policy::{pick_each, ItemKey, PolicyKind};
@@ -44,6 +44,7 @@ fn stored(tokens: &[u32], items: &[RequestItem]) -> Event {
     Event::Stored {
         parent: None,
         blocks,
+        lora: None,
     }
 }
 
@@ -53,6 +54,7 @@ fn key<'a>(tokens: &'a [u32], items: &'a [ItemKey]) -> RouteKey<'a> {
         items,
         cost: 1,
         suspects: &[],
+        adapter: 0,
     }
 }
 
@@ -320,4 +322,79 @@ fn cache_aware_is_for_pools_that_prefill() {
         assert_eq!(kind.for_role(Role::Decode), PolicyKind::PowerOfTwo);
         assert_eq!(kind.for_role(Role::Prefill), kind);
     }
+}
+
+#[tokio::test]
+async fn a_prefix_under_one_adapter_is_not_another_adapters() {
+    let ws = workers(2);
+    let learned = CacheAware::new(Arc::new(KvCaches::default()));
+    let request = prompt(700, 12 * BLOCK);
+    let base = key(&request, &[]);
+    let sql = RouteKey {
+        adapter: crate::workers::policy::adapter_tag("sql"),
+        ..key(&request, &[])
+    };
+    let chat = RouteKey {
+        adapter: crate::workers::policy::adapter_tag("chat"),
+        ..key(&request, &[])
+    };
+    assert_ne!(sql.adapter, chat.adapter);
+    assert_eq!(crate::workers::policy::adapter_tag(""), 0);
+    // The base model's keys are the plain prompt keys; each adapter's differ.
+    let plain = prompt_keys(BLOCK, &request, &[]);
+    assert_eq!(block_keys(BLOCK, None, &base), plain);
+    let (sql_keys, chat_keys) = (
+        block_keys(BLOCK, None, &sql),
+        block_keys(BLOCK, None, &chat),
+    );
+    assert!(sql_keys
+        .iter()
+        .all(|k| !plain.contains(k) && !chat_keys.contains(k)));
+    // What ran under `sql` on worker 1 is a prefix there for `sql` only.
+    learned.on_routed(&ws[1], &sql);
+    let cached = |key: &RouteKey<'_>| learned.on_picked(&ws[1], key).unwrap().cached_tokens();
+    assert_eq!(cached(&sql), (12 * BLOCK) as u64);
+    assert_eq!(cached(&chat), 0);
+    assert_eq!(cached(&base), 0);
+    for _ in 0..4 {
+        assert_eq!(pick(&learned, &ws, &sql).url, ws[1].url);
+    }
+}
+
+#[tokio::test]
+async fn events_of_blocks_stored_under_an_adapter_serve_that_adapter() {
+    let ws = workers(3);
+    let caches = Arc::new(KvCaches::default());
+    let request = prompt(900, 10 * BLOCK);
+    // Worker 2 ran the prompt under `sql`: its blocks hang from the root.
+    let blocks = prompt_blocks_under(BLOCK, &request, &[], Some("sql"))
+        .into_iter()
+        .map(|b| StoredBlock {
+            engine_hash: b.key as i64,
+            token_ids: b.token_ids,
+            items: b.items,
+        })
+        .collect();
+    let event = Event::Stored {
+        parent: None,
+        blocks,
+        lora: Some("sql".into()),
+    };
+    caches.apply_events(&name(&ws[2]), BLOCK, 1, &[event]);
+    let policy = CacheAware::auto(caches);
+    let sql = RouteKey {
+        adapter: crate::workers::policy::adapter_tag("sql"),
+        ..key(&request, &[])
+    };
+    let chat = RouteKey {
+        adapter: crate::workers::policy::adapter_tag("chat"),
+        ..key(&request, &[])
+    };
+    for _ in 0..4 {
+        assert_eq!(pick(&policy, &ws, &sql).url, ws[2].url);
+    }
+    let cached = |key: &RouteKey<'_>| policy.on_picked(&ws[2], key).unwrap().cached_tokens();
+    assert_eq!(cached(&sql), (10 * BLOCK) as u64);
+    assert_eq!(cached(&chat), 0);
+    assert_eq!(cached(&key(&request, &[])), 0, "nor the base model's");
 }
