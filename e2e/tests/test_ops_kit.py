@@ -27,7 +27,8 @@ import openai
 import pytest
 import yaml
 
-from conftest import REPO, Processes, free_port, start_encoder, start_engine, start_gateway, wait_until
+from conftest import (REPO, STARTUP_TIMEOUT, Engine, Processes, binary, free_port, port_of,
+                      start_engine, start_gateway, wait_until)
 from test_epd import data_url, image_part, png
 
 DASHBOARD = REPO / "deploy" / "grafana" / "iris.json"
@@ -228,6 +229,20 @@ class Prometheus:
         return len(active) == len(self.targets) and all(t["health"] == "up" for t in active)
 
 
+ENCODER_LINE = re.compile(r"iris-encoder listening grpc=(\S+) data=(\S+) metrics=(\S+)")
+
+
+def start_encoder(procs: Processes, model_dir: Path) -> tuple[Engine, str]:
+    """``iris-encoder`` (the vision tower) on free ports, and the address
+    of its ``/metrics``."""
+    args = [binary("iris-encoder"), "--host", "127.0.0.1", "--port", "0", "--bootstrap-port", "0",
+            "--model-path", model_dir, "--metrics-port", "0", "--compute", "tower"]
+    process = procs.spawn("encoder", args)
+    match = process.wait_for_line(ENCODER_LINE, STARTUP_TIMEOUT)
+    engine = Engine("encode", process, port_of(match.group(1)), port_of(match.group(2)))
+    return engine, match.group(3)
+
+
 def digest(key: str) -> str:
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
@@ -240,16 +255,14 @@ def test_a_real_prometheus_answers_the_kit_on_a_real_deployment(model_dir, tmp_p
                     f'requests_per_minute = 1\n')
     procs = Processes(tmp_path)
     try:
-        encoder = start_encoder(procs, model_dir)
+        encoder, encoder_metrics = start_encoder(procs, model_dir)
         prefill = start_engine(procs, model_dir, "prefill", "--metrics-port", "0")
         decode = start_engine(procs, model_dir, "decode", "--metrics-port", "0")
         gateway = start_gateway(procs, model_dir, "--epd-disaggregation",
                                 "--encode", encoder.url, str(encoder.data_port),
                                 "--prefill", prefill.url, str(prefill.data_port),
                                 "--decode", decode.url, "--api-keys-file", str(keys))
-        encoder_metrics = re.search(r" metrics=(\S+)", encoder.process.log_tail(100_000))
-        assert encoder_metrics, encoder.process.log_tail()
-        targets = [f"127.0.0.1:{gateway.port}", encoder_metrics.group(1),
+        targets = [f"127.0.0.1:{gateway.port}", encoder_metrics,
                    *(e.metrics_url.split("/")[2] for e in (prefill, decode))]
         prom = Prometheus(procs, tmp_path, targets)
         wait_until(prom.all_up, 30, "every target scraped", interval=0.5)
