@@ -85,6 +85,8 @@ pub struct Metrics {
     label: String,
     outcomes: [AtomicU64; OUTCOMES.len()],
     stages: [Histogram; STAGES.len()],
+    /// Streamed answers' time per output token (inter-token latency).
+    per_token: Histogram,
     prompt_tokens: AtomicU64,
     completion_tokens: AtomicU64,
 }
@@ -97,6 +99,7 @@ impl Metrics {
             label: format!("model=\"{}\"", escape(model)),
             outcomes: Default::default(),
             stages: Default::default(),
+            per_token: Histogram::default(),
             prompt_tokens: AtomicU64::new(0),
             completion_tokens: AtomicU64::new(0),
         }
@@ -108,6 +111,15 @@ impl Metrics {
 
     pub fn stage(&self, stage: Stage, d: Duration) {
         self.stages[stage as usize].observe(d);
+    }
+
+    /// A streamed answer's decode time (first to last token) spread over
+    /// the tokens after its first: its mean inter-token latency. Answers of
+    /// fewer than two tokens have none.
+    pub fn time_per_output_token(&self, decode: Duration, completion_tokens: u32) {
+        if completion_tokens >= 2 {
+            self.per_token.observe(decode / (completion_tokens - 1));
+        }
     }
 
     pub fn tokens(&self, prompt: u32, completion: u32) {
@@ -195,6 +207,18 @@ pub fn render(unknown: &Metrics, models: &[ModelSources]) -> String {
             histogram.render(&mut out, "iris_stage_duration_seconds", &labels);
         }
     }
+    header(
+        &mut out,
+        "iris_time_per_output_token_seconds",
+        "histogram",
+        "Streamed answers' decode time over their tokens after the first (mean inter-token latency per request), by model.",
+    );
+    for m in models {
+        let labels = &m.metrics.label;
+        m.metrics
+            .per_token
+            .render(&mut out, "iris_time_per_output_token_seconds", labels);
+    }
     let per_model = |value: fn(&ModelSources) -> u64| {
         models
             .iter()
@@ -241,11 +265,16 @@ pub fn render(unknown: &Metrics, models: &[ModelSources]) -> String {
 }
 
 /// The worker families, each with one sample per worker of every pool.
-const WORKER_FAMILIES: [(&str, &str, &str); 5] = [
+const WORKER_FAMILIES: [(&str, &str, &str); 6] = [
     (
         "iris_worker_healthy",
         "gauge",
         "1 when the worker is in service.",
+    ),
+    (
+        "iris_worker_circuit_open",
+        "gauge",
+        "1 while the worker's circuit breaker is open (or half-open: one probe request may pass).",
     ),
     (
         "iris_worker_in_flight",
@@ -271,7 +300,7 @@ const WORKER_FAMILIES: [(&str, &str, &str); 5] = [
 
 fn render_workers(out: &mut String, models: &[ModelSources]) {
     // Per worker: its labels and its value in each of WORKER_FAMILIES.
-    let mut rows: Vec<(String, [u64; 5])> = Vec::new();
+    let mut rows: Vec<(String, [u64; WORKER_FAMILIES.len()])> = Vec::new();
     let mut backends: Vec<String> = Vec::new();
     for model in models {
         for pool in &model.pools {
@@ -283,12 +312,20 @@ fn render_workers(out: &mut String, models: &[ModelSources]) {
                 ));
                 let (sent, failed) = w.request_counts();
                 let healthy = u64::from(w.is_healthy());
+                let circuit_open = u64::from(!w.breaker.is_closed());
                 let in_flight = w.in_flight() as u64;
                 let backend = w.backend().map_or("unknown", |b| b.as_str());
                 backends.push(format!("{labels},backend=\"{backend}\""));
                 rows.push((
                     labels,
-                    [healthy, in_flight, w.patches_in_flight(), sent, failed],
+                    [
+                        healthy,
+                        circuit_open,
+                        in_flight,
+                        w.patches_in_flight(),
+                        sent,
+                        failed,
+                    ],
                 ));
             }
         }
@@ -319,6 +356,9 @@ mod tests {
         m.outcome(Outcome::Timeout);
         m.stage(Stage::Total, Duration::from_millis(3));
         m.tokens(5, 7);
+        // 3 tokens after the first in 24 ms: 8 ms each.
+        m.time_per_output_token(Duration::from_millis(24), 4);
+        m.time_per_output_token(Duration::from_millis(30), 1);
         let sources = ModelSources {
             metrics: &m,
             pools: Vec::new(),
@@ -338,6 +378,9 @@ mod tests {
             "iris_stage_duration_seconds_count{model=\"qwen\",stage=\"total\"} 1",
             "iris_prompt_tokens_total{model=\"qwen\"} 5",
             "iris_completion_tokens_total{model=\"qwen\"} 7",
+            "iris_time_per_output_token_seconds_bucket{model=\"qwen\",le=\"0.005\"} 0",
+            "iris_time_per_output_token_seconds_bucket{model=\"qwen\",le=\"0.01\"} 1",
+            "iris_time_per_output_token_seconds_count{model=\"qwen\"} 1",
             "iris_retries_total{model=\"qwen\"} 2",
             "iris_lora_adapter_loads_total{model=\"qwen\"} 3",
             "iris_lora_adapter_unloads_total{model=\"qwen\"} 1",
@@ -348,6 +391,47 @@ mod tests {
             !text.contains("iris_stage_duration_seconds_count{model=\"\""),
             "requests without a model have no stages: {text}"
         );
+    }
+
+    /// A worker out of service by its breaker says so apart from one that
+    /// fails its health checks.
+    #[tokio::test]
+    async fn worker_health_and_circuit_are_rendered_apart() {
+        use crate::workers::policy::PolicyKind;
+        use crate::workers::{Role, Worker, WorkerUrl};
+        let at = |port: u16| {
+            let url = WorkerUrl::parse(&format!("grpc://127.0.0.1:{port}")).expect("url");
+            Worker::new(url, Role::Decode, Duration::from_secs(1)).expect("worker")
+        };
+        let (tripped, unchecked) = (at(1), at(2));
+        tripped.set_healthy(true);
+        assert_eq!(tripped.breaker.record_failure(1), (1, true));
+        let pool = std::sync::Arc::new(crate::workers::Pool::new(
+            Role::Decode,
+            vec![tripped, unchecked],
+            PolicyKind::RoundRobin.build(Default::default(), &Default::default()),
+        ));
+        let m = Metrics::new("qwen");
+        let sources = ModelSources {
+            metrics: &m,
+            pools: vec![pool],
+            retries: 0,
+            adapter_loads: 0,
+            adapter_unloads: 0,
+            more_stages: Vec::new(),
+        };
+        let text = render(&Metrics::new(""), &[sources]);
+        let labels = |port: u16| {
+            format!("{{model=\"qwen\",worker=\"grpc://127.0.0.1:{port}\",role=\"decode\"}}")
+        };
+        for sample in [
+            format!("iris_worker_healthy{} 0", labels(1)),
+            format!("iris_worker_circuit_open{} 1", labels(1)),
+            format!("iris_worker_healthy{} 0", labels(2)),
+            format!("iris_worker_circuit_open{} 0", labels(2)),
+        ] {
+            assert!(text.contains(&sample), "{sample} missing from\n{text}");
+        }
     }
 
     #[test]

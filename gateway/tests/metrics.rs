@@ -30,6 +30,16 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "1 when the worker is in service.",
     ),
     (
+        "iris_worker_circuit_open",
+        "gauge",
+        "1 while the worker's circuit breaker is open (or half-open: one probe request may pass).",
+    ),
+    (
+        "iris_time_per_output_token_seconds",
+        "histogram",
+        "Streamed answers' decode time over their tokens after the first (mean inter-token latency per request), by model.",
+    ),
+    (
         "iris_worker_in_flight_patches",
         "gauge",
         "Patches of the images in flight per encode worker (the encode policy's load; 0 for other roles).",
@@ -102,6 +112,10 @@ async fn every_family_has_one_header_ahead_of_its_samples() {
         "iris_worker_healthy{{model=\"{name}\",worker=\"grpc://{}\",role=\"aggregated\"}} 1",
         worker.grpc_addr
     );
+    let circuit_closed = format!(
+        "iris_worker_circuit_open{{model=\"{name}\",worker=\"grpc://{}\",role=\"aggregated\"}} 0",
+        worker.grpc_addr
+    );
     let requests = |outcome: &str, n: u32| {
         format!("iris_requests_total{{model=\"{name}\",outcome=\"{outcome}\"}} {n}")
     };
@@ -115,6 +129,7 @@ async fn every_family_has_one_header_ahead_of_its_samples() {
             &requests("timeout", 0),
             &total_stage,
             &worker_healthy,
+            &circuit_closed,
             "iris_pixel_cache_lookups_total{result=\"miss\"} 1",
             "iris_pixel_cache_entries 1",
             "iris_mm_inflight_bytes 0",

@@ -277,7 +277,11 @@ impl<E: Events> Stream<E> {
             .metrics
             .tokens(self.ledger.prompt_tokens, completion_tokens);
         if let Some(first) = self.first_token_at {
-            self.ledger.metrics.stage(Stage::Decode, first.elapsed());
+            let decode = first.elapsed();
+            self.ledger.metrics.stage(Stage::Decode, decode);
+            self.ledger
+                .metrics
+                .time_per_output_token(decode, completion_tokens);
         }
         self.end(200, Outcome::Ok, None);
     }
