@@ -58,6 +58,14 @@ fn key<'a>(tokens: &'a [u32], items: &'a [ItemKey]) -> RouteKey<'a> {
     }
 }
 
+/// The route key of `tokens` (no items) run under the adapter `name`.
+fn under_adapter<'a>(tokens: &'a [u32], name: &str) -> RouteKey<'a> {
+    RouteKey {
+        adapter: crate::workers::policy::adapter_tag(name),
+        ..key(tokens, &[])
+    }
+}
+
 fn pick(policy: &dyn Policy, ws: &[Arc<Worker>], key: &RouteKey<'_>) -> Arc<Worker> {
     pick_each(policy, ws, std::slice::from_ref(key), |w| {
         w.in_flight() as u64
@@ -330,14 +338,8 @@ async fn a_prefix_under_one_adapter_is_not_another_adapters() {
     let learned = CacheAware::new(Arc::new(KvCaches::default()));
     let request = prompt(700, 12 * BLOCK);
     let base = key(&request, &[]);
-    let sql = RouteKey {
-        adapter: crate::workers::policy::adapter_tag("sql"),
-        ..key(&request, &[])
-    };
-    let chat = RouteKey {
-        adapter: crate::workers::policy::adapter_tag("chat"),
-        ..key(&request, &[])
-    };
+    let sql = under_adapter(&request, "sql");
+    let chat = under_adapter(&request, "chat");
     assert_ne!(sql.adapter, chat.adapter);
     assert_eq!(crate::workers::policy::adapter_tag(""), 0);
     // The base model's keys are the plain prompt keys; each adapter's differ.
@@ -382,14 +384,8 @@ async fn events_of_blocks_stored_under_an_adapter_serve_that_adapter() {
     };
     caches.apply_events(&name(&ws[2]), BLOCK, 1, &[event]);
     let policy = CacheAware::auto(caches);
-    let sql = RouteKey {
-        adapter: crate::workers::policy::adapter_tag("sql"),
-        ..key(&request, &[])
-    };
-    let chat = RouteKey {
-        adapter: crate::workers::policy::adapter_tag("chat"),
-        ..key(&request, &[])
-    };
+    let sql = under_adapter(&request, "sql");
+    let chat = under_adapter(&request, "chat");
     for _ in 0..4 {
         assert_eq!(pick(&policy, &ws, &sql).url, ws[2].url);
     }
