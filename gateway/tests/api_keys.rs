@@ -6,7 +6,9 @@
 //! count_tokens and `/v1/models` alike), 429 with
 //! `Retry-After` and the `x-ratelimit-*` headers on chat, completions
 //! and Messages, the concurrency limit with a slow engine, the keys
-//! file reloaded while the gateway runs, the metrics port left open.
+//! file reloaded while the gateway runs, the metrics port left open;
+//! tokens (prompt at admission, completion settled), images and image
+//! bytes per minute with the `x-ratelimit-*-tokens` headers.
 
 mod common;
 
@@ -331,6 +333,149 @@ async fn over_its_requests_per_minute_a_tenant_gets_429_with_headers() {
     for sample in [
         "iris_rate_limited_total{tenant=\"chat\",limit=\"requests_per_minute\"} 2",
         "iris_rate_limited_total{tenant=\"msgs\",limit=\"requests_per_minute\"} 1",
+    ] {
+        assert!(metrics.contains(sample), "{sample} in\n{metrics}");
+    }
+}
+
+/// The prompt tokens `body` takes (asked of an open gateway).
+async fn prompt_tokens_of(gw: &RunningGateway, body: &Value) -> u64 {
+    let (status, _, answer) = call(gw, "/v1/chat/completions", Key::Bearer("sk-free"), body).await;
+    assert_eq!(status, 200, "{answer}");
+    answer["usage"]["prompt_tokens"].as_u64().expect("usage")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_images_per_minute_are_charged_once_the_prompt_is_built() {
+    let model = tiny_model();
+    let engine = engine(&model, Role::Aggregated, 0).await;
+    let name = model.name.as_str();
+    let probe = keys_file(&tenant("free", "sk-free", ""));
+    let gw = keyed_gateway(&model, &engine, &probe).await;
+    let text = chat_body(name, "hello there", 4, false);
+    let prompt = prompt_tokens_of(&gw, &text).await;
+    let with_image = image_chat(name, &[3]);
+    let image_prompt = prompt_tokens_of(&gw, &with_image).await;
+    drop(gw);
+
+    // Room for one prompt and its answer, not two.
+    let tpm = prompt + prompt / 2 + 1;
+    let keys = keys_file(&format!(
+        "{}{}{}",
+        tenant("tok", "sk-tok", &format!("tokens_per_minute = {tpm}")),
+        tenant(
+            "img",
+            "sk-img",
+            &format!(
+                "images_per_minute = 1\ntokens_per_minute = {}",
+                10 * image_prompt
+            )
+        ),
+        tenant("bytes", "sk-bytes", "image_bytes_per_minute = 10"),
+    ));
+    let gw = keyed_gateway(&model, &engine, &keys).await;
+    let (status, headers, body) =
+        call(&gw, "/v1/chat/completions", Key::Bearer("sk-tok"), &text).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        headers["x-ratelimit-limit-tokens"],
+        tpm.to_string().as_str()
+    );
+    assert_eq!(
+        headers["x-ratelimit-remaining-tokens"],
+        (tpm - prompt).to_string().as_str(),
+        "the prompt's tokens taken at admission"
+    );
+    assert!(
+        !headers.contains_key("x-ratelimit-limit-requests"),
+        "no requests limit"
+    );
+    let (status, headers, body) =
+        call(&gw, "/v1/chat/completions", Key::Bearer("sk-tok"), &text).await;
+    assert_eq!(
+        status, 429,
+        "the prompt and the 4 completion tokens settled leave too few: {body}"
+    );
+    assert_eq!(
+        openai_error(&body),
+        ("rate_limit_error", "rate_limit_exceeded")
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("tokens per minute"),
+        "{body}"
+    );
+    assert!(headers.contains_key("retry-after"));
+    let left: u64 = headers["x-ratelimit-remaining-tokens"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("a count");
+    assert!(left < prompt, "{left} left");
+    let long = chat_body(name, &"hello there ".repeat(20), 4, false);
+    let (status, headers, body) =
+        call(&gw, "/v1/chat/completions", Key::Bearer("sk-tok"), &long).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("request too large"),
+        "{body}"
+    );
+    assert!(
+        !headers.contains_key("retry-after"),
+        "waiting would not help"
+    );
+
+    let (status, _, body) = call(
+        &gw,
+        "/v1/chat/completions",
+        Key::Bearer("sk-img"),
+        &with_image,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = call(
+        &gw,
+        "/v1/chat/completions",
+        Key::Bearer("sk-img"),
+        &with_image,
+    )
+    .await;
+    assert_eq!(status, 429, "one image a minute: {body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("images per minute"),
+        "{body}"
+    );
+    let (status, _, body) = call(&gw, "/v1/chat/completions", Key::Bearer("sk-img"), &text).await;
+    assert_eq!(status, 200, "text alone still goes: {body}");
+    let (status, _, body) = call(
+        &gw,
+        "/v1/chat/completions",
+        Key::Bearer("sk-bytes"),
+        &with_image,
+    )
+    .await;
+    assert_eq!(status, 429, "an image of more than 10 bytes: {body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("image_bytes_per_minute"),
+        "{body}"
+    );
+
+    let metrics = metrics_text(&gw).await;
+    for sample in [
+        "iris_rate_limited_total{tenant=\"tok\",limit=\"tokens_per_minute\"} 2",
+        "iris_rate_limited_total{tenant=\"img\",limit=\"images_per_minute\"} 1",
+        "iris_rate_limited_total{tenant=\"bytes\",limit=\"image_bytes_per_minute\"} 1",
     ] {
         assert!(metrics.contains(sample), "{sample} in\n{metrics}");
     }

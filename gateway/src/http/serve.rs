@@ -22,6 +22,7 @@ use iris_openai::ApiError;
 use tracing::Instrument;
 
 use super::{read_body, refused, Failure, Ledger};
+use crate::keys::limit::{Quota, Unit, Usage};
 use crate::keys::Caller;
 use crate::metrics::{Outcome, Stage};
 use crate::request::{ApiRequest, Input};
@@ -99,13 +100,13 @@ async fn respond<E: Endpoint>(
     // every enclosing future as large, and each is moved (copied) a few
     // times on its way to the runtime.
     let prepared = Box::pin(prepare::<E>(&state, body, caller, &mut ledger)).await;
-    let quota = ledger.quota.take();
+    let quotas = std::mem::take(&mut ledger.quotas);
     let mut response = match prepared {
         Ok((ready, true)) => Box::pin(E::stream(state, ledger, ready)).await,
         Ok((ready, false)) => Box::pin(E::unary(state, ledger, ready)).await,
         Err(failure) => refused(&ledger, failure),
     };
-    if let Some(quota) = quota {
+    for quota in quotas {
         quota.write(response.headers_mut());
     }
     response
@@ -126,7 +127,7 @@ async fn prepare<E: Endpoint>(
     let request = E::convert(state, &bytes).await.map_err(client)?;
     drop(bytes);
     let found = state.models.get(&request.model);
-    if let Some(caller) = caller {
+    if let Some(caller) = &caller {
         let served = found.as_ref().ok().map(|s| &**s);
         admit(state, caller, &request.model, served, ledger).map_err(client)?;
     }
@@ -135,6 +136,9 @@ async fn prepare<E: Endpoint>(
     ledger.user = request.user;
     ledger.metrics.stage(Stage::Parse, ledger.started.elapsed());
     let ready = request.input.prepare(served, ledger).await?;
+    if let Some(caller) = &caller {
+        charge(state, caller, ledger).map_err(client)?;
+    }
     Ok((ready, request.stream))
 }
 
@@ -144,7 +148,7 @@ async fn prepare<E: Endpoint>(
 /// for the headers, and the request's concurrency slot.
 fn admit(
     state: &AppState,
-    Caller(tenant): Caller,
+    Caller(tenant): &Caller,
     asked: &str,
     served: Option<&Served>,
     ledger: &mut Ledger,
@@ -153,15 +157,44 @@ fn admit(
     let Some(keys) = &state.keys else {
         return Ok(());
     };
-    match keys.admit(&tenant, asked, served) {
+    match keys.admit(tenant, asked, served) {
         Ok(admitted) => {
-            ledger.quota = admitted.quota;
+            ledger.quotas = admitted.quotas;
             ledger.held = admitted.held.map(Arc::new);
             Ok(())
         }
         Err(refusal) => {
-            ledger.quota = refusal.quota;
+            ledger.quotas = refusal.quotas;
             Err(refusal.error)
         }
     }
+}
+
+/// Takes the built prompt's tokens, images and image bytes from the
+/// caller's buckets, or refuses it (429); its completion tokens are then
+/// settled when it ends ([`Ledger::settle`]).
+fn charge(state: &AppState, Caller(tenant): &Caller, ledger: &mut Ledger) -> Result<(), ApiError> {
+    let Some(keys) = &state.keys else {
+        return Ok(());
+    };
+    let usage = Usage {
+        tokens: u64::from(ledger.prompt_tokens),
+        images: u64::try_from(ledger.images.images).unwrap_or(u64::MAX),
+        image_bytes: ledger.images.bytes,
+    };
+    let quotas = keys.charge(tenant, &usage).map_err(|refusal| {
+        merge(&mut ledger.quotas, refusal.quotas);
+        refusal.error
+    })?;
+    merge(&mut ledger.quotas, quotas);
+    if tenant.limiter.limits().per_minute(Unit::Tokens).is_some() {
+        ledger.settle = Some(tenant.limiter.clone());
+    }
+    Ok(())
+}
+
+/// Puts `newer` quotas in `quotas`, over those of the same unit.
+fn merge(quotas: &mut Vec<Quota>, newer: Vec<Quota>) {
+    quotas.retain(|q| newer.iter().all(|n| n.unit != q.unit));
+    quotas.extend(newer);
 }

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::served::Served;
 use crate::server::AppState;
 pub use file::{Table, Tenant};
-use limit::{Admitted, Limit, Refused};
+use limit::{Admitted, Limit, Quota, Refused, Usage};
 
 /// How often the keys file is looked at.
 const POLL: Duration = Duration::from_secs(1);
@@ -200,14 +200,33 @@ impl ApiKeys {
         served: Option<&Served>,
     ) -> Result<Admitted, Refusal> {
         self.check_model(tenant, asked, served)
-            .map_err(|error| Refusal { error, quota: None })?;
-        tenant.limiter.admit().map_err(|refused| {
-            self.count_limited(&tenant.name, refused.limit);
-            Refusal {
-                error: rate_limited(&refused),
-                quota: refused.quota,
-            }
-        })
+            .map_err(|error| Refusal {
+                error,
+                quotas: Vec::new(),
+            })?;
+        tenant
+            .limiter
+            .admit()
+            .map_err(|refused| self.refusal(tenant, refused))
+    }
+
+    /// Takes `tenant`'s built prompt's `usage` (prompt tokens, images,
+    /// image bytes) from its buckets, or refuses it (429): the token
+    /// bucket's state after.
+    pub fn charge(&self, tenant: &Tenant, usage: &Usage) -> Result<Vec<Quota>, Refusal> {
+        tenant
+            .limiter
+            .charge(usage)
+            .map_err(|refused| self.refusal(tenant, refused))
+    }
+
+    /// The 429 for `refused`, counted.
+    fn refusal(&self, tenant: &Tenant, refused: Refused) -> Refusal {
+        self.count_limited(&tenant.name, refused.limit);
+        Refusal {
+            error: rate_limited(&refused),
+            quotas: refused.quotas,
+        }
     }
 
     /// `iris_auth_failures_total` and `iris_rate_limited_total`.
@@ -235,18 +254,18 @@ impl ApiKeys {
             out,
             "iris_rate_limited_total",
             "counter",
-            "API requests refused with 429 by a tenant's limit (requests_per_minute, concurrent_requests).",
+            "API requests refused with 429 by a tenant's limit (requests_per_minute, tokens_per_minute, images_per_minute, image_bytes_per_minute, concurrent_requests).",
             samples,
         );
     }
 }
 
 /// A request refused after its key was accepted: the error, and the
-/// bucket's state for the `x-ratelimit-*` headers.
+/// buckets' state for the `x-ratelimit-*` headers.
 #[derive(Debug)]
 pub struct Refusal {
     pub error: ApiError,
-    pub quota: Option<limit::Quota>,
+    pub quotas: Vec<Quota>,
 }
 
 /// [`ApiKeys::check_model`] for a request of a route other than the
@@ -300,18 +319,32 @@ fn forbidden(asked: &str) -> ApiError {
     ApiError::new(403, ErrorKind::Permission, message).with_code("model_not_allowed")
 }
 
-/// 429 naming the limit and when to retry.
+/// 429 naming the limit and when to retry (without `Retry-After` for a
+/// request larger than a minute's worth: waiting does not help).
 fn rate_limited(refused: &Refused) -> ApiError {
     let secs = refused.retry_after_secs();
-    let message = match refused.limit {
-        Limit::RequestsPerMinute => {
-            format!("rate limit reached: too many requests per minute for this API key; retry in {secs} s")
-        }
+    if let Some((asked, limit)) = refused.too_large {
+        let message = format!(
+            "request too large: it takes {asked} against this API key's {} of {limit}; make it smaller",
+            refused.limit.as_str()
+        );
+        return ApiError::new(429, ErrorKind::RateLimit, message).with_code("rate_limit_exceeded");
+    }
+    let what = match refused.limit {
         Limit::Concurrent => {
-            "rate limit reached: too many requests at once for this API key; retry when one ends"
-                .to_owned()
+            let message = "rate limit reached: too many requests at once for this API key; retry when one ends";
+            return ApiError::new(429, ErrorKind::RateLimit, message)
+                .with_code("rate_limit_exceeded")
+                .with_retry_after(secs);
         }
+        Limit::RequestsPerMinute => "requests",
+        Limit::TokensPerMinute => "tokens",
+        Limit::ImagesPerMinute => "images",
+        Limit::ImageBytesPerMinute => "image bytes",
     };
+    let message = format!(
+        "rate limit reached: too many {what} per minute for this API key; retry in {secs} s"
+    );
     ApiError::new(429, ErrorKind::RateLimit, message)
         .with_code("rate_limit_exceeded")
         .with_retry_after(secs)
