@@ -8,7 +8,8 @@
 //! and Messages, the concurrency limit with a slow engine, the keys
 //! file reloaded while the gateway runs, the metrics port left open;
 //! tokens (prompt at admission, completion settled), images and image
-//! bytes per minute with the `x-ratelimit-*-tokens` headers.
+//! bytes per minute with the `x-ratelimit-*-tokens` headers; fair
+//! admission (a flooding tenant's own bounded queue).
 
 mod common;
 
@@ -537,6 +538,80 @@ async fn a_tenant_runs_at_most_its_concurrent_requests() {
     let metrics = metrics_text(&gw).await;
     let sample = "iris_rate_limited_total{tenant=\"one\",limit=\"concurrent_requests\"} 1";
     assert!(metrics.contains(sample), "{sample} in\n{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_tenant_waits_in_its_own_queue_and_cannot_starve_another() {
+    let model = tiny_model();
+    // 20 ms a token: a 40-token answer runs 0.8 s.
+    let engine = engine(&model, Role::Aggregated, 20_000).await;
+    let keys = keys_file(&format!(
+        "{}{}",
+        tenant("flood", "sk-flood", ""),
+        tenant("light", "sk-light", ""),
+    ));
+    let path = keys.path().to_str().expect("UTF-8 path");
+    let flags = [
+        "--api-keys-file",
+        path,
+        "--max-running-requests",
+        "2",
+        "--tenant-queue-size",
+        "8",
+    ];
+    let gw = aggregated(&model, &[&engine], &flags).await;
+    ready(&gw).await;
+    let name = model.name.as_str();
+
+    // 2 run, 8 wait, 2 are refused.
+    let long = chat_body(name, "hello", 40, false);
+    let mut flood = Vec::new();
+    for _ in 0..12 {
+        let (gw_url, long) = (url(&gw, "/v1/chat/completions"), long.clone());
+        flood.push(tokio::spawn(async move {
+            let response = reqwest::Client::new()
+                .post(gw_url)
+                .bearer_auth("sk-flood")
+                .json(&long)
+                .send()
+                .await
+                .expect("send");
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.expect("JSON");
+            (status, body)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Behind the flood's queue this would wait four rounds (3.2 s); with
+    // its own queue, the next free slot (at most one round).
+    let started = std::time::Instant::now();
+    let (status, _, body) = call(
+        &gw,
+        "/v1/chat/completions",
+        Key::Bearer("sk-light"),
+        &chat(name),
+    )
+    .await;
+    let waited = started.elapsed();
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        waited < Duration::from_millis(2000),
+        "the light tenant waited {waited:?}"
+    );
+
+    let mut statuses = Vec::new();
+    for task in flood {
+        let (status, body) = task.await.expect("flood request");
+        if status == 429 {
+            assert_eq!(body["error"]["code"], "queue_full", "{body}");
+        }
+        statuses.push(status);
+    }
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        [200; 10].into_iter().chain([429; 2]).collect::<Vec<_>>()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,8 +13,10 @@ use std::time::Instant;
 use axum::response::Response;
 use iris_openai::ApiError;
 
-use crate::keys::limit::{Held, Limiter, Quota};
+use crate::keys::limit::{Held, Quota};
+use crate::keys::Settlement;
 use crate::metrics::{Metrics, Outcome};
+use crate::router::fair::Running;
 
 /// Status logged for a request whose client went away before its end
 /// (nginx's "client closed request"; nothing more was sent).
@@ -87,10 +89,13 @@ pub struct Ledger {
     pub quotas: Vec<Quota>,
     /// The limiter its completion tokens are settled with when it ends
     /// (a tenant with a tokens-per-minute limit).
-    pub settle: Option<Arc<Limiter>>,
+    pub settle: Option<Settlement>,
     /// The request's slot under its tenant's concurrency limit, given
     /// back when the last holder of the request's facts drops it.
     pub held: Option<Arc<Held>>,
+    /// Its place among its model's running requests under fair
+    /// admission, given back like `held`.
+    pub running: Option<Arc<Running>>,
 }
 
 impl Ledger {
@@ -116,6 +121,7 @@ impl Ledger {
             quotas: Vec::new(),
             settle: None,
             held: None,
+            running: None,
         }
     }
 
@@ -131,8 +137,8 @@ impl Ledger {
         error: Option<&str>,
     ) {
         self.metrics.outcome(outcome);
-        if let Some(limiter) = &self.settle {
-            limiter.settle(u64::from(completion_tokens));
+        if let Some(settlement) = &self.settle {
+            settlement.settle(u64::from(completion_tokens));
         }
         let duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(

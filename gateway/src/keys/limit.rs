@@ -4,8 +4,8 @@
 //! counter; a [`Held`] slot is given back when the request ends).
 //!
 //! A request takes from the buckets twice: one request when it arrives
-//! ([`Limiter::admit`]), its prompt tokens, images and image bytes once
-//! its prompt is built ([`Limiter::charge`]; all or nothing). Its
+//! ([`ONE_REQUEST`]), its prompt tokens, images and image bytes once
+//! its prompt is built ([`Usage`]; all or nothing, [`Limiter::take`]). Its
 //! completion tokens are settled when its answer ends ([`Limiter::settle`]):
 //! they are taken even past empty, and the debt delays the tenant's next
 //! requests. [`Quota`] is what OpenAI's `x-ratelimit-*-requests` and
@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use tokio::time::Instant;
+
+use super::shared::Lease;
 
 /// What a per-minute limit counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -154,6 +156,12 @@ pub fn reset_text(d: Duration) -> String {
     }
 }
 
+/// What one request takes on arrival.
+pub const ONE_REQUEST: [u64; Unit::COUNT] = [1, 0, 0, 0];
+
+/// Nothing: a look at the buckets.
+pub const NOTHING: [u64; Unit::COUNT] = [0; Unit::COUNT];
+
 /// A request let in.
 #[derive(Debug)]
 pub struct Admitted {
@@ -177,6 +185,32 @@ pub struct Refused {
 }
 
 impl Refused {
+    /// A refusal by `unit`'s limit of `(asked, limit)`, too large when the
+    /// amount asked for is over the limit.
+    pub fn by(
+        unit: Unit,
+        (asked, limit): (u64, u64),
+        quotas: Vec<Quota>,
+        retry_after: Duration,
+    ) -> Refused {
+        Refused {
+            limit: unit.limit(),
+            quotas,
+            retry_after,
+            too_large: (asked > limit).then_some((asked, limit)),
+        }
+    }
+
+    /// A refusal by the concurrency limit (retry in a second).
+    pub fn concurrent(quotas: Vec<Quota>) -> Refused {
+        Refused {
+            limit: Limit::Concurrent,
+            quotas,
+            retry_after: Duration::from_secs(1),
+            too_large: None,
+        }
+    }
+
     /// `Retry-After` in whole seconds, at least 1.
     pub fn retry_after_secs(&self) -> u32 {
         let d = self.retry_after;
@@ -212,27 +246,6 @@ impl Limiter {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Lets a request in, or says which limit refuses it (a refused
-    /// request takes nothing: no slot, no token).
-    pub fn admit(&self) -> Result<Admitted, Refused> {
-        let held = match self.limits.concurrent {
-            Some(max) => Some(self.hold(max).ok_or_else(|| Refused {
-                limit: Limit::Concurrent,
-                quotas: self.take([0; Unit::COUNT]).unwrap_or_default(),
-                retry_after: Duration::from_secs(1),
-                too_large: None,
-            })?),
-            None => None,
-        };
-        let quotas = self.take([1, 0, 0, 0])?;
-        Ok(Admitted { quotas, held })
-    }
-
-    /// Takes a built prompt's tokens, images and image bytes, all or none.
-    pub fn charge(&self, usage: &Usage) -> Result<Vec<Quota>, Refused> {
-        self.take(usage.amounts())
-    }
-
     /// Takes an answer's completion tokens, even past empty.
     pub fn settle(&self, tokens: u64) {
         let mut buckets = lock(&self.buckets);
@@ -248,11 +261,14 @@ impl Limiter {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
             });
-        taken.ok().map(|_| Held(self.in_flight.clone()))
+        taken
+            .ok()
+            .map(|_| Held::Local(Slot(self.in_flight.clone())))
     }
 
     /// Takes `amounts` (by [`Unit`]) if every bucket holds its share, else
-    /// nothing; the requests and tokens buckets' state after.
+    /// nothing; the requests and tokens buckets' state after. A refusal
+    /// of an amount over the limit says it is too large.
     pub fn take(&self, amounts: [u64; Unit::COUNT]) -> Result<Vec<Quota>, Refused> {
         let now = Instant::now();
         let mut buckets = lock(&self.buckets);
@@ -261,13 +277,12 @@ impl Limiter {
                 continue;
             };
             if let Some(retry_after) = bucket.wait(amount, now) {
-                let too_large = (amount > bucket.per_minute).then_some((amount, bucket.per_minute));
-                return Err(Refused {
-                    limit: unit.limit(),
-                    quotas: header_quotas(&mut buckets, now),
+                return Err(Refused::by(
+                    unit,
+                    (amount, bucket.per_minute),
+                    header_quotas(&mut buckets, now),
                     retry_after,
-                    too_large,
-                });
+                ));
             }
         }
         for (bucket, amount) in buckets.iter_mut().zip(amounts) {
@@ -298,11 +313,19 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A slot under a concurrency limit, given back on drop.
+/// A request's place under its tenant's concurrency limit, given back
+/// when dropped: a slot of this process, or a lease in the shared store.
 #[derive(Debug)]
-pub struct Held(Arc<AtomicU32>);
+pub enum Held {
+    Local(Slot),
+    Shared(Lease),
+}
 
-impl Drop for Held {
+/// A slot of this process's count, given back on drop.
+#[derive(Debug)]
+pub struct Slot(Arc<AtomicU32>);
+
+impl Drop for Slot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }

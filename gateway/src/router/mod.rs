@@ -11,6 +11,7 @@ mod admission;
 pub(crate) mod classify;
 mod dispatch;
 mod encode;
+pub mod fair;
 mod generation;
 mod legs;
 mod migration;
@@ -61,6 +62,10 @@ pub struct RouterSettings {
     pub encode_max_in_flight: usize,
     /// Patches in flight per encoder; more images wait (0: unlimited).
     pub encode_max_in_flight_patches: u64,
+    /// Requests let run at once, the rest queued per tenant (0: no limit).
+    pub max_running_requests: usize,
+    /// Requests one tenant may have queued.
+    pub tenant_queue_size: usize,
 }
 
 pub struct Router {
@@ -80,6 +85,8 @@ pub struct Router {
     /// How pixel tensors reach the workers that take them (encode,
     /// aggregated and prefill).
     pub lanes: Arc<Lanes>,
+    /// Fair admission of its requests (with --max-running-requests).
+    pub fair: Option<Arc<fair::Fair>>,
 }
 
 impl Router {
@@ -99,6 +106,9 @@ impl Router {
                 settings.encode_max_in_flight_patches,
             ),
             lanes: Arc::new(Lanes::inline()),
+            fair: (settings.max_running_requests > 0).then(|| {
+                fair::Fair::new(settings.max_running_requests, settings.tenant_queue_size)
+            }),
         }
     }
 
