@@ -135,6 +135,13 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 0, env = "IRIS_MAX_RUNNING_REQUESTS")]
     pub max_running_requests: usize,
 
+    /// Of --max-running-requests, the slots no single tenant may take:
+    /// kept for the other tenants, so a request arriving during another
+    /// tenant's flood starts at once instead of waiting for a flood
+    /// request to end.
+    #[arg(long, default_value_t = 0, env = "IRIS_RESERVED_RUNNING_REQUESTS")]
+    pub reserved_running_requests: usize,
+
     /// Requests one tenant may have waiting for a model under
     /// --max-running-requests; one more gets a 429.
     #[arg(long, default_value_t = 256, env = "IRIS_TENANT_QUEUE_SIZE")]

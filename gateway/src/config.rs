@@ -246,6 +246,7 @@ impl Config {
                 encode_max_in_flight: args.encode_max_in_flight,
                 encode_max_in_flight_patches: args.encode_max_in_flight_patches,
                 max_running_requests: args.max_running_requests,
+                reserved_running_requests: args.reserved_running_requests,
                 tenant_queue_size: args.tenant_queue_size,
             },
             request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),

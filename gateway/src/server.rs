@@ -483,6 +483,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             pools: served.router.mode.pools(),
             retries: served.router.retries(),
             more_stages: vec![("encode", &served.router.encode_time)],
+            admission: served.router.fair.as_ref().map(|fair| fair.counts()),
         })
         .collect();
     let mut body = crate::metrics::render(&state.metrics, &sources);

@@ -62,16 +62,21 @@ fn tenant(name: &str, key: &str, extra: &str) -> String {
     format!("[[tenants]]\nname = \"{name}\"\nkeys = [\"sha256:{hex}\"]\n{extra}\n\n")
 }
 
-/// POSTs a short chat as `key`: the status and the remaining-requests
-/// header.
-async fn chat(gw: &RunningGateway, key: &str, body: &Value) -> (u16, Option<String>) {
-    let response = reqwest::Client::new()
+/// POSTs a chat as `key`: the response, its body not read.
+async fn post(gw: &RunningGateway, key: &str, body: &Value) -> reqwest::Response {
+    reqwest::Client::new()
         .post(url(gw, "/v1/chat/completions"))
         .bearer_auth(key)
         .json(body)
         .send()
         .await
-        .expect("send");
+        .expect("send")
+}
+
+/// POSTs a short chat as `key`: the status and the remaining-requests
+/// header.
+async fn chat(gw: &RunningGateway, key: &str, body: &Value) -> (u16, Option<String>) {
+    let response = post(gw, key, body).await;
     let status = response.status().as_u16();
     let remaining = response
         .headers()
@@ -167,6 +172,19 @@ async fn two_replicas_share_limits_through_redis_and_survive_its_loss() {
         alternate(&both, "sk-a", &short, 4).await,
         [200, 200, 429, 429]
     );
+    // The refusal says so in OpenAI's headers: when the shared window ends.
+    let refused = post(&gw1, "sk-a", &short).await;
+    assert_eq!(refused.status(), 429);
+    let headers = refused.headers();
+    assert_eq!(headers["x-ratelimit-limit-requests"], "4");
+    assert_eq!(headers["x-ratelimit-remaining-requests"], "0");
+    assert!(headers.contains_key("x-ratelimit-reset-requests"));
+    let retry: u64 = headers["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!((1..=60).contains(&retry), "{retry}");
     assert_eq!(
         metric(&gw1, "iris_rate_limit_store_errors_total").await,
         0.0

@@ -64,6 +64,8 @@ pub struct RouterSettings {
     pub encode_max_in_flight_patches: u64,
     /// Requests let run at once, the rest queued per tenant (0: no limit).
     pub max_running_requests: usize,
+    /// Of those, the slots no single tenant may take.
+    pub reserved_running_requests: usize,
     /// Requests one tenant may have queued.
     pub tenant_queue_size: usize,
 }
@@ -107,7 +109,11 @@ impl Router {
             ),
             lanes: Arc::new(Lanes::inline()),
             fair: (settings.max_running_requests > 0).then(|| {
-                fair::Fair::new(settings.max_running_requests, settings.tenant_queue_size)
+                fair::Fair::new(
+                    settings.max_running_requests,
+                    settings.reserved_running_requests,
+                    settings.tenant_queue_size,
+                )
             }),
         }
     }
