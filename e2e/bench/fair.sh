@@ -114,6 +114,7 @@ phase() {
     stop_gateway
 }
 
+info=$(machine_info)
 phase unloaded "$CAP" "$RESERVE" 0
 phase fair "$CAP" "$RESERVE" 1
 phase fair-no-reserve "$CAP" 0 1
@@ -124,7 +125,7 @@ p99() { jq -r '.ttft.p99_ms // empty' "$WORK/results/$1.json"; }
 count() { jq -r '"\(.requests) ok, \(.errors) errors"' "$WORK/results/$1.json"; }
 base=$(p50 unloaded)
 echo
-machine_info
+echo "$info"
 echo "- engine: $CAP requests at once, $DECODE_US µs a token; $MAX_TOKENS tokens an answer; gateway: --max-running-requests $CAP, reserve $RESERVE; flood: $((FLOOD_X * CAP)) in flight; light: $LIGHT_RATE req/s streamed, $DURATION s"
 echo
 echo "| light tenant | TTFT p50 ms | TTFT p99 ms | p50 / unloaded | requests |"
