@@ -131,6 +131,27 @@ pub struct ServeArgs {
     )]
     pub encode_max_in_flight_patches: u64,
 
+    /// Requests of one model the gateway lets run on its workers at once
+    /// (set it to what the workers run together, e.g. the sum of their
+    /// --max-running-requests). More wait in one queue per tenant and are
+    /// let in by weighted round robin across tenants (`weight` in
+    /// --api-keys-file), so one tenant's burst cannot starve another's
+    /// traffic. 0: no limit, no queue.
+    #[arg(long, default_value_t = 0, env = "IRIS_MAX_RUNNING_REQUESTS")]
+    pub max_running_requests: usize,
+
+    /// Of --max-running-requests, the slots no single tenant may take:
+    /// kept for the other tenants, so a request arriving during another
+    /// tenant's flood starts at once instead of waiting for a flood
+    /// request to end.
+    #[arg(long, default_value_t = 0, env = "IRIS_RESERVED_RUNNING_REQUESTS")]
+    pub reserved_running_requests: usize,
+
+    /// Requests one tenant may have waiting for a model under
+    /// --max-running-requests; one more gets a 429.
+    #[arg(long, default_value_t = 256, env = "IRIS_TENANT_QUEUE_SIZE")]
+    pub tenant_queue_size: usize,
+
     /// Worker choice for every role unless overridden. auto: cache_aware
     /// once workers publish KV events, power_of_two until then; decode
     /// workers are placed by power_of_two when this is auto or
@@ -238,6 +259,12 @@ pub struct ServeArgs {
     /// is open to every client.
     #[arg(long, env = "IRIS_API_KEYS_FILE")]
     pub api_keys_file: Option<std::path::PathBuf>,
+    /// Where the tenants' limits (--api-keys-file) are counted: `memory`
+    /// (each gateway process on its own) or `redis://HOST:PORT[/DB]` (a
+    /// Redis server that gateway replicas share). While Redis is out of
+    /// reach each replica holds tenants to its own limits.
+    #[arg(long, default_value = "memory", env = "IRIS_RATE_LIMIT_STORE")]
+    pub rate_limit_store: String,
     #[command(flatten)]
     pub media: MediaArgs,
     #[command(flatten)]

@@ -257,6 +257,9 @@ impl Config {
                 encode_timeout: Duration::from_millis(args.encode_timeout_ms.max(1)),
                 encode_max_in_flight: args.encode_max_in_flight,
                 encode_max_in_flight_patches: args.encode_max_in_flight_patches,
+                max_running_requests: args.max_running_requests,
+                reserved_running_requests: args.reserved_running_requests,
+                tenant_queue_size: args.tenant_queue_size,
             },
             request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
             max_payload_bytes: args.max_payload_bytes,
@@ -400,14 +403,31 @@ fn admin_token(args: &ServeArgs) -> Result<Option<AuthToken>, ConfigError> {
     Ok(token)
 }
 
-/// The tenants of `--api-keys-file`, when given.
+/// The tenants of `--api-keys-file`, when given, their limits counted
+/// where `--rate-limit-store` says.
 fn api_keys(args: &ServeArgs) -> Result<Option<Arc<ApiKeys>>, ConfigError> {
-    let Some(path) = &args.api_keys_file else {
-        return Ok(None);
+    let store = args.rate_limit_store.trim();
+    let shared = match store {
+        "memory" => None,
+        url => Some(
+            crate::keys::shared::Shared::new(url)
+                .map_err(|e| ConfigError::new(format!("--rate-limit-store: {e}")))?,
+        ),
     };
-    ApiKeys::load(path)
-        .map(|keys| Some(Arc::new(keys)))
-        .map_err(|e| ConfigError::new(format!("--api-keys-file: {e}")))
+    let Some(path) = &args.api_keys_file else {
+        return match shared {
+            None => Ok(None),
+            Some(_) => Err(ConfigError::new(
+                "--rate-limit-store shares the limits of --api-keys-file's tenants: give --api-keys-file too",
+            )),
+        };
+    };
+    let keys =
+        ApiKeys::load(path).map_err(|e| ConfigError::new(format!("--api-keys-file: {e}")))?;
+    Ok(Some(Arc::new(match shared {
+        Some(shared) => keys.with_shared(shared),
+        None => keys,
+    })))
 }
 
 /// Whether `host` names only this machine (`localhost` or a loopback IP).

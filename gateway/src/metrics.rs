@@ -168,6 +168,9 @@ pub struct ModelSources<'a> {
     pub adapter_unloads: u64,
     /// Histograms kept elsewhere (the router's encode time), by stage.
     pub more_stages: Vec<(&'static str, &'a Histogram)>,
+    /// Under fair admission (`--max-running-requests`): requests running
+    /// and waiting.
+    pub admission: Option<(usize, usize)>,
 }
 
 /// Prometheus text of the request and worker families: the outcomes of
@@ -260,8 +263,35 @@ pub fn render(unknown: &Metrics, models: &[ModelSources]) -> String {
         "LoRA adapters unloaded from workers to make room (least recently used), by model.",
         per_model(|m| m.adapter_unloads),
     );
+    render_admission(&mut out, models);
     render_workers(&mut out, models);
     out
+}
+
+/// `iris_admission_running` and `iris_admission_waiting`, by model, of
+/// the models under fair admission (none: not written).
+fn render_admission(out: &mut String, models: &[ModelSources]) {
+    let admitted: Vec<(&str, (usize, usize))> = models
+        .iter()
+        .filter_map(|m| Some((m.metrics.label.as_str(), m.admission?)))
+        .collect();
+    if admitted.is_empty() {
+        return;
+    }
+    family(
+        out,
+        "iris_admission_running",
+        "gauge",
+        "Requests let run on the model's workers under fair admission (--max-running-requests), by model.",
+        admitted.iter().map(|(label, (running, _))| (*label, *running)),
+    );
+    family(
+        out,
+        "iris_admission_waiting",
+        "gauge",
+        "Requests waiting in the gateway's per-tenant queues for their turn to run (fair admission), by model.",
+        admitted.iter().map(|(label, (_, waiting))| (*label, *waiting)),
+    );
 }
 
 /// The worker families, each with one sample per worker of every pool.
@@ -366,6 +396,7 @@ mod tests {
             adapter_loads: 3,
             adapter_unloads: 1,
             more_stages: Vec::new(),
+            admission: Some((3, 4)),
         };
         let text = render(&unknown, &[sources]);
         for sample in [
@@ -384,6 +415,8 @@ mod tests {
             "iris_retries_total{model=\"qwen\"} 2",
             "iris_lora_adapter_loads_total{model=\"qwen\"} 3",
             "iris_lora_adapter_unloads_total{model=\"qwen\"} 1",
+            "iris_admission_running{model=\"qwen\"} 3",
+            "iris_admission_waiting{model=\"qwen\"} 4",
         ] {
             assert!(text.contains(sample), "{sample} missing from\n{text}");
         }

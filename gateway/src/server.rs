@@ -485,6 +485,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             adapter_loads: served.router.adapters.loads(),
             adapter_unloads: served.router.adapters.unloads(),
             more_stages: vec![("encode", &served.router.encode_time)],
+            admission: served.router.fair.as_ref().map(|fair| fair.counts()),
         })
         .collect();
     let mut body = crate::metrics::render(&state.metrics, &sources);

@@ -6,7 +6,11 @@
 //! count_tokens and `/v1/models` alike), 429 with
 //! `Retry-After` and the `x-ratelimit-*` headers on chat, completions
 //! and Messages, the concurrency limit with a slow engine, the keys
-//! file reloaded while the gateway runs, the metrics port left open.
+//! file reloaded while the gateway runs, the metrics port left open;
+//! tokens (prompt at admission, completion settled), images and image
+//! bytes per minute with the `x-ratelimit-*-tokens` headers; fair
+//! admission (a flooding tenant's own bounded queue, the slots reserved
+//! from any single tenant).
 
 mod common;
 
@@ -336,6 +340,149 @@ async fn over_its_requests_per_minute_a_tenant_gets_429_with_headers() {
     }
 }
 
+/// The prompt tokens `body` takes (asked of an open gateway).
+async fn prompt_tokens_of(gw: &RunningGateway, body: &Value) -> u64 {
+    let (status, _, answer) = call(gw, "/v1/chat/completions", Key::Bearer("sk-free"), body).await;
+    assert_eq!(status, 200, "{answer}");
+    answer["usage"]["prompt_tokens"].as_u64().expect("usage")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_images_per_minute_are_charged_once_the_prompt_is_built() {
+    let model = tiny_model();
+    let engine = engine(&model, Role::Aggregated, 0).await;
+    let name = model.name.as_str();
+    let probe = keys_file(&tenant("free", "sk-free", ""));
+    let gw = keyed_gateway(&model, &engine, &probe).await;
+    let text = chat_body(name, "hello there", 4, false);
+    let prompt = prompt_tokens_of(&gw, &text).await;
+    let with_image = image_chat(name, &[3]);
+    let image_prompt = prompt_tokens_of(&gw, &with_image).await;
+    drop(gw);
+
+    // Room for one prompt and its answer, not two.
+    let tpm = prompt + prompt / 2 + 1;
+    let keys = keys_file(&format!(
+        "{}{}{}",
+        tenant("tok", "sk-tok", &format!("tokens_per_minute = {tpm}")),
+        tenant(
+            "img",
+            "sk-img",
+            &format!(
+                "images_per_minute = 1\ntokens_per_minute = {}",
+                10 * image_prompt
+            )
+        ),
+        tenant("bytes", "sk-bytes", "image_bytes_per_minute = 10"),
+    ));
+    let gw = keyed_gateway(&model, &engine, &keys).await;
+    let (status, headers, body) =
+        call(&gw, "/v1/chat/completions", Key::Bearer("sk-tok"), &text).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        headers["x-ratelimit-limit-tokens"],
+        tpm.to_string().as_str()
+    );
+    assert_eq!(
+        headers["x-ratelimit-remaining-tokens"],
+        (tpm - prompt).to_string().as_str(),
+        "the prompt's tokens taken at admission"
+    );
+    assert!(
+        !headers.contains_key("x-ratelimit-limit-requests"),
+        "no requests limit"
+    );
+    let (status, headers, body) =
+        call(&gw, "/v1/chat/completions", Key::Bearer("sk-tok"), &text).await;
+    assert_eq!(
+        status, 429,
+        "the prompt and the 4 completion tokens settled leave too few: {body}"
+    );
+    assert_eq!(
+        openai_error(&body),
+        ("rate_limit_error", "rate_limit_exceeded")
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("tokens per minute"),
+        "{body}"
+    );
+    assert!(headers.contains_key("retry-after"));
+    let left: u64 = headers["x-ratelimit-remaining-tokens"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("a count");
+    assert!(left < prompt, "{left} left");
+    let long = chat_body(name, &"hello there ".repeat(20), 4, false);
+    let (status, headers, body) =
+        call(&gw, "/v1/chat/completions", Key::Bearer("sk-tok"), &long).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("request too large"),
+        "{body}"
+    );
+    assert!(
+        !headers.contains_key("retry-after"),
+        "waiting would not help"
+    );
+
+    let (status, _, body) = call(
+        &gw,
+        "/v1/chat/completions",
+        Key::Bearer("sk-img"),
+        &with_image,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = call(
+        &gw,
+        "/v1/chat/completions",
+        Key::Bearer("sk-img"),
+        &with_image,
+    )
+    .await;
+    assert_eq!(status, 429, "one image a minute: {body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("images per minute"),
+        "{body}"
+    );
+    let (status, _, body) = call(&gw, "/v1/chat/completions", Key::Bearer("sk-img"), &text).await;
+    assert_eq!(status, 200, "text alone still goes: {body}");
+    let (status, _, body) = call(
+        &gw,
+        "/v1/chat/completions",
+        Key::Bearer("sk-bytes"),
+        &with_image,
+    )
+    .await;
+    assert_eq!(status, 429, "an image of more than 10 bytes: {body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("image_bytes_per_minute"),
+        "{body}"
+    );
+
+    let metrics = metrics_text(&gw).await;
+    for sample in [
+        "iris_rate_limited_total{tenant=\"tok\",limit=\"tokens_per_minute\"} 2",
+        "iris_rate_limited_total{tenant=\"img\",limit=\"images_per_minute\"} 1",
+        "iris_rate_limited_total{tenant=\"bytes\",limit=\"image_bytes_per_minute\"} 1",
+    ] {
+        assert!(metrics.contains(sample), "{sample} in\n{metrics}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_runs_at_most_its_concurrent_requests() {
     let model = tiny_model();
@@ -392,6 +539,160 @@ async fn a_tenant_runs_at_most_its_concurrent_requests() {
     let metrics = metrics_text(&gw).await;
     let sample = "iris_rate_limited_total{tenant=\"one\",limit=\"concurrent_requests\"} 1";
     assert!(metrics.contains(sample), "{sample} in\n{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_tenant_waits_in_its_own_queue_and_cannot_starve_another() {
+    let model = tiny_model();
+    // 20 ms a token: a 40-token answer runs 0.8 s.
+    let engine = engine(&model, Role::Aggregated, 20_000).await;
+    let keys = keys_file(&format!(
+        "{}{}",
+        tenant("flood", "sk-flood", ""),
+        tenant("light", "sk-light", ""),
+    ));
+    let path = keys.path().to_str().expect("UTF-8 path");
+    let flags = [
+        "--api-keys-file",
+        path,
+        "--max-running-requests",
+        "2",
+        "--tenant-queue-size",
+        "8",
+    ];
+    let gw = aggregated(&model, &[&engine], &flags).await;
+    ready(&gw).await;
+    let name = model.name.as_str();
+
+    // 2 run, 8 wait, 2 are refused.
+    let long = chat_body(name, "hello", 40, false);
+    let mut flood = Vec::new();
+    for _ in 0..12 {
+        let (gw_url, long) = (url(&gw, "/v1/chat/completions"), long.clone());
+        flood.push(tokio::spawn(async move {
+            let response = reqwest::Client::new()
+                .post(gw_url)
+                .bearer_auth("sk-flood")
+                .json(&long)
+                .send()
+                .await
+                .expect("send");
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.expect("JSON");
+            (status, body)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Behind the flood's queue this would wait four rounds (3.2 s); with
+    // its own queue, the next free slot (at most one round).
+    let started = std::time::Instant::now();
+    let (status, _, body) = call(
+        &gw,
+        "/v1/chat/completions",
+        Key::Bearer("sk-light"),
+        &chat(name),
+    )
+    .await;
+    let waited = started.elapsed();
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        waited < Duration::from_millis(2000),
+        "the light tenant waited {waited:?}"
+    );
+
+    let mut statuses = Vec::new();
+    for task in flood {
+        let (status, body) = task.await.expect("flood request");
+        if status == 429 {
+            assert_eq!(body["error"]["code"], "queue_full", "{body}");
+        }
+        statuses.push(status);
+    }
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        [200; 10].into_iter().chain([429; 2]).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reserved_slots_let_another_tenant_start_during_a_flood() {
+    let model = tiny_model();
+    // 20 ms a token: an 80-token answer runs 1.6 s.
+    let engine = engine(&model, Role::Aggregated, 20_000).await;
+    let keys = keys_file(&format!(
+        "{}{}",
+        tenant("flood", "sk-flood", ""),
+        tenant("light", "sk-light", ""),
+    ));
+    let path = keys.path().to_str().expect("UTF-8 path");
+    let flags = [
+        "--api-keys-file",
+        path,
+        "--max-running-requests",
+        "2",
+        "--reserved-running-requests",
+        "1",
+    ];
+    let gw = aggregated(&model, &[&engine], &flags).await;
+    ready(&gw).await;
+    let name = model.name.as_str();
+
+    // The flood may run one of its two at once: the other slot is kept.
+    let long = chat_body(name, "hello", 80, false);
+    let started = std::time::Instant::now();
+    let mut flood = Vec::new();
+    for _ in 0..2 {
+        let (gw_url, long) = (url(&gw, "/v1/chat/completions"), long.clone());
+        flood.push(tokio::spawn(async move {
+            let response = reqwest::Client::new()
+                .post(gw_url)
+                .bearer_auth("sk-flood")
+                .json(&long)
+                .send()
+                .await
+                .expect("send");
+            let status = response.status().as_u16();
+            drop(response.text().await);
+            (status, started.elapsed())
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let metrics = metrics_text(&gw).await;
+    for sample in [
+        format!("iris_admission_running{{model=\"{name}\"}} 1"),
+        format!("iris_admission_waiting{{model=\"{name}\"}} 1"),
+    ] {
+        assert!(metrics.contains(&sample), "{sample} in\n{metrics}");
+    }
+    // Without the reserve it would wait for one of the flood's answers
+    // (1.3 s more); with it, it starts at once.
+    let asked = std::time::Instant::now();
+    let (status, _, body) = call(
+        &gw,
+        "/v1/chat/completions",
+        Key::Bearer("sk-light"),
+        &chat(name),
+    )
+    .await;
+    let waited = asked.elapsed();
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        waited < Duration::from_millis(800),
+        "the light tenant waited {waited:?}"
+    );
+
+    let mut ends = Vec::new();
+    for task in flood {
+        let (status, ended) = task.await.expect("flood request");
+        assert_eq!(status, 200);
+        ends.push(ended);
+    }
+    ends.sort_unstable();
+    assert!(
+        ends[1] >= ends[0] + Duration::from_millis(1200),
+        "the flood's second request ran after its first, not beside it: {ends:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -488,6 +488,9 @@ fn router_settings() -> iris_gateway::RouterSettings {
         encode_timeout: Duration::from_secs(10),
         encode_max_in_flight: 8,
         encode_max_in_flight_patches: 131_072,
+        max_running_requests: 0,
+        reserved_running_requests: 0,
+        tenant_queue_size: 256,
     }
 }
 

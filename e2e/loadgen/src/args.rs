@@ -98,6 +98,10 @@ pub struct Cli {
     /// Report this process's CPU time per request (repeatable).
     #[arg(long)]
     pub cpu_pid: Vec<u32>,
+    /// API key sent with every request as `Authorization: Bearer` (a
+    /// gateway with --api-keys-file; HTTP request loops only).
+    #[arg(long, conflicts_with_all = ["grpc", "turns"])]
+    pub api_key: Option<String>,
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -203,6 +207,8 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Goodput objectives (none set: no goodput in the report).
     pub slo: crate::stats::Slo,
+    /// Sent as `Authorization: Bearer` (HTTP).
+    pub api_key: Option<String>,
 }
 
 impl Cli {
@@ -221,6 +227,7 @@ impl Cli {
         Ok(Config {
             target: self.target()?,
             model: self.model.clone(),
+            api_key: self.api_key.clone(),
             concurrency,
             arrival,
             seed: self.seed,

@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper::header::{CONTENT_TYPE, HOST};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -29,6 +29,8 @@ pub struct HttpTarget {
     pub authority: String,
     pub bodies: Bodies,
     pub stream: bool,
+    /// Sent as `Authorization: Bearer`.
+    pub api_key: Option<String>,
 }
 
 /// The request bodies of a run.
@@ -81,7 +83,12 @@ impl HttpClient {
     }
 
     fn request(&self) -> anyhow::Result<Request<ChatBody>> {
-        chat_request(&self.target.authority, self.target.bodies.next())
+        let target = &self.target;
+        chat_request(
+            &target.authority,
+            target.api_key.as_deref(),
+            target.bodies.next(),
+        )
     }
 
     async fn ready_sender(&mut self) -> anyhow::Result<&mut SendRequest<ChatBody>> {
@@ -145,7 +152,7 @@ impl OneByOne {
 
     /// Sends `body` as a streamed chat and reads the whole answer.
     pub async fn send(&mut self, body: ChatBody, start: Instant) -> anyhow::Result<Timing> {
-        let request = chat_request(&self.authority, body)?;
+        let request = chat_request(&self.authority, None, body)?;
         let sender = ready(&mut self.sender, self.addr).await?;
         let result = exchange(sender, request, true, start).await;
         if result.is_err() {
@@ -155,15 +162,21 @@ impl OneByOne {
     }
 }
 
-/// `POST /v1/chat/completions` with `body`.
-fn chat_request(authority: &str, body: ChatBody) -> anyhow::Result<Request<ChatBody>> {
-    Request::builder()
+/// `POST /v1/chat/completions` with `body` (and `api_key`, when given).
+fn chat_request(
+    authority: &str,
+    api_key: Option<&str>,
+    body: ChatBody,
+) -> anyhow::Result<Request<ChatBody>> {
+    let mut request = Request::builder()
         .method(Method::POST)
         .uri(CHAT_PATH)
         .header(HOST, authority)
-        .header(CONTENT_TYPE, "application/json")
-        .body(body)
-        .context("cannot build the request")
+        .header(CONTENT_TYPE, "application/json");
+    if let Some(key) = api_key {
+        request = request.header(AUTHORIZATION, format!("Bearer {key}"));
+    }
+    request.body(body).context("cannot build the request")
 }
 
 /// Opens a keep-alive HTTP/1.1 connection (TCP_NODELAY) and drives it on
@@ -279,12 +292,19 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-/// `GET /v1/models` once and the first model's id.
-pub async fn first_model(addr: SocketAddr, authority: &str) -> anyhow::Result<String> {
+/// `GET /v1/models` once (with `api_key`, when given) and the first
+/// model's id.
+pub async fn first_model(
+    addr: SocketAddr,
+    authority: &str,
+    api_key: Option<&str>,
+) -> anyhow::Result<String> {
     let mut sender = connect::<Empty<Bytes>>(addr).await?;
-    let request = Request::builder()
-        .uri("/v1/models")
-        .header(HOST, authority)
+    let mut request = Request::builder().uri("/v1/models").header(HOST, authority);
+    if let Some(key) = api_key {
+        request = request.header(AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let request = request
         .body(Empty::new())
         .context("cannot build GET /v1/models")?;
     let response = sender

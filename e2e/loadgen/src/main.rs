@@ -69,7 +69,7 @@ fn converse(
     let runtime = runtime(1)?;
     let report = runtime.block_on(async {
         if config.model.is_empty() {
-            config.model = http::first_model(addr, &authority).await?;
+            config.model = http::first_model(addr, &authority, None).await?;
         }
         conversation::run(&config, addr, &authority).await
     })?;

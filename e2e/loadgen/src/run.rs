@@ -222,7 +222,7 @@ async fn clients(config: &Config) -> anyhow::Result<Vec<Client>> {
         Target::Http { addr, authority } => {
             let model = match &config.model {
                 Some(m) => m.clone(),
-                None => http::first_model(*addr, authority).await?,
+                None => http::first_model(*addr, authority, config.api_key.as_deref()).await?,
             };
             let bodies = match &config.image {
                 None => Bodies::Text(prompt::chat_body(
@@ -255,6 +255,7 @@ async fn clients(config: &Config) -> anyhow::Result<Vec<Client>> {
                 authority: authority.clone(),
                 bodies,
                 stream: config.stream,
+                api_key: config.api_key.clone(),
             });
             Ok((0..config.concurrency)
                 .map(|_| Client::Http(HttpClient::new(target.clone())))

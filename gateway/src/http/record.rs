@@ -14,7 +14,9 @@ use axum::response::Response;
 use iris_openai::ApiError;
 
 use crate::keys::limit::{Held, Quota};
+use crate::keys::Settlement;
 use crate::metrics::{Metrics, Outcome};
+use crate::router::fair::Running;
 
 /// Status logged for a request whose client went away before its end
 /// (nginx's "client closed request"; nothing more was sent).
@@ -50,6 +52,9 @@ fn clip(s: &str, max: usize) -> &str {
 pub struct ImageCount {
     pub images: usize,
     pub cache_hits: usize,
+    /// The images' bytes as fetched (or sent inline), decoded from any
+    /// base64.
+    pub bytes: u64,
 }
 
 /// The facts of a request's log line known before it ends: set as the
@@ -79,12 +84,18 @@ pub struct Ledger {
     pub body_bytes: usize,
     /// The endpoint's error shape, for every error the request ends with.
     pub error_shape: ErrorShape,
-    /// The tenant's requests-per-minute bucket after this request, for
+    /// The tenant's requests and tokens buckets after this request, for
     /// the answer's `x-ratelimit-*` headers (taken when they are set).
-    pub quota: Option<Quota>,
+    pub quotas: Vec<Quota>,
+    /// The limiter its completion tokens are settled with when it ends
+    /// (a tenant with a tokens-per-minute limit).
+    pub settle: Option<Settlement>,
     /// The request's slot under its tenant's concurrency limit, given
     /// back when the last holder of the request's facts drops it.
     pub held: Option<Arc<Held>>,
+    /// Its place among its model's running requests under fair
+    /// admission, given back like `held`.
+    pub running: Option<Arc<Running>>,
 }
 
 impl Ledger {
@@ -107,8 +118,10 @@ impl Ledger {
             metrics,
             body_bytes: 0,
             error_shape: super::error_response,
-            quota: None,
+            quotas: Vec::new(),
+            settle: None,
             held: None,
+            running: None,
         }
     }
 
@@ -124,6 +137,9 @@ impl Ledger {
         error: Option<&str>,
     ) {
         self.metrics.outcome(outcome);
+        if let Some(settlement) = &self.settle {
+            settlement.settle(u64::from(completion_tokens));
+        }
         let duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
             endpoint = self.endpoint,

@@ -18,13 +18,15 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
-use iris_openai::ApiError;
+use iris_openai::{ApiError, ErrorKind};
 use tracing::Instrument;
 
 use super::{read_body, refused, Failure, Ledger};
+use crate::keys::limit::{Quota, Unit, Usage};
 use crate::keys::Caller;
 use crate::metrics::{Outcome, Stage};
 use crate::request::{ApiRequest, Input};
+use crate::router::fair::{Fair, Running};
 use crate::served::Served;
 use crate::server::AppState;
 
@@ -99,13 +101,13 @@ async fn respond<E: Endpoint>(
     // every enclosing future as large, and each is moved (copied) a few
     // times on its way to the runtime.
     let prepared = Box::pin(prepare::<E>(&state, body, caller, &mut ledger)).await;
-    let quota = ledger.quota.take();
+    let quotas = std::mem::take(&mut ledger.quotas);
     let mut response = match prepared {
         Ok((ready, true)) => Box::pin(E::stream(state, ledger, ready)).await,
         Ok((ready, false)) => Box::pin(E::unary(state, ledger, ready)).await,
         Err(failure) => refused(&ledger, failure),
     };
-    if let Some(quota) = quota {
+    for quota in quotas {
         quota.write(response.headers_mut());
     }
     response
@@ -126,15 +128,26 @@ async fn prepare<E: Endpoint>(
     let request = E::convert(state, &bytes).await.map_err(client)?;
     drop(bytes);
     let found = state.models.get(&request.model);
-    if let Some(caller) = caller {
+    if let Some(caller) = &caller {
         let served = found.as_ref().ok().map(|s| &**s);
-        admit(state, caller, &request.model, served, ledger).map_err(client)?;
+        admit(state, caller, &request.model, served, ledger)
+            .await
+            .map_err(client)?;
     }
     let served = found.map_err(client)?;
     ledger.metrics = served.metrics.clone();
     ledger.user = request.user;
     ledger.metrics.stage(Stage::Parse, ledger.started.elapsed());
+    let fair = served.router.fair.clone();
     let ready = request.input.prepare(served, ledger).await?;
+    if let Some(caller) = &caller {
+        charge(state, caller, ledger).await.map_err(client)?;
+    }
+    if let Some(fair) = fair {
+        ledger.running = Some(Arc::new(
+            wait_turn(state, &fair, caller.as_ref(), ledger).await?,
+        ));
+    }
     Ok((ready, request.stream))
 }
 
@@ -142,9 +155,9 @@ async fn prepare<E: Endpoint>(
 /// when served) in under its tenant's models and limits, or
 /// refuses it (403, 429); `ledger` gets the tenant, the bucket's state
 /// for the headers, and the request's concurrency slot.
-fn admit(
+async fn admit(
     state: &AppState,
-    Caller(tenant): Caller,
+    Caller(tenant): &Caller,
     asked: &str,
     served: Option<&Served>,
     ledger: &mut Ledger,
@@ -153,15 +166,85 @@ fn admit(
     let Some(keys) = &state.keys else {
         return Ok(());
     };
-    match keys.admit(&tenant, asked, served) {
+    match keys.admit(tenant, asked, served).await {
         Ok(admitted) => {
-            ledger.quota = admitted.quota;
+            ledger.quotas = admitted.quotas;
             ledger.held = admitted.held.map(Arc::new);
             Ok(())
         }
         Err(refusal) => {
-            ledger.quota = refusal.quota;
+            ledger.quotas = refusal.quotas;
             Err(refusal.error)
         }
     }
+}
+
+/// Takes the built prompt's tokens, images and image bytes from the
+/// caller's buckets, or refuses it (429); its completion tokens are then
+/// settled when it ends ([`Ledger::settle`]).
+async fn charge(
+    state: &AppState,
+    Caller(tenant): &Caller,
+    ledger: &mut Ledger,
+) -> Result<(), ApiError> {
+    let Some(keys) = &state.keys else {
+        return Ok(());
+    };
+    let usage = Usage {
+        tokens: u64::from(ledger.prompt_tokens),
+        images: u64::try_from(ledger.images.images).unwrap_or(u64::MAX),
+        image_bytes: ledger.images.bytes,
+    };
+    let quotas = keys.charge(tenant, &usage).await.map_err(|refusal| {
+        merge(&mut ledger.quotas, refusal.quotas);
+        refusal.error
+    })?;
+    merge(&mut ledger.quotas, quotas);
+    if tenant.limiter.limits().per_minute(Unit::Tokens).is_some() {
+        ledger.settle = Some(keys.settlement(tenant.clone()));
+    }
+    Ok(())
+}
+
+/// Waits for the request's turn among its model's running requests
+/// (fair admission): 429 when its tenant's queue is full, 503 when its
+/// deadline passes first.
+async fn wait_turn(
+    state: &AppState,
+    fair: &Arc<Fair>,
+    caller: Option<&Caller>,
+    ledger: &Ledger,
+) -> Result<Running, Failure> {
+    let (tenant, weight) = match caller {
+        Some(Caller(tenant)) => (tenant.name.clone(), tenant.weight),
+        None => (Arc::from(""), 1),
+    };
+    let left = state
+        .request_timeout
+        .saturating_sub(ledger.started.elapsed());
+    match tokio::time::timeout(left, fair.admit(&tenant, weight)).await {
+        Ok(Ok(running)) => Ok(running),
+        Ok(Err(full)) => {
+            let message = format!(
+                "the model's workers are saturated and this API key already has {} requests waiting; retry later",
+                full.queue_size
+            );
+            let error = ApiError::new(429, ErrorKind::RateLimit, message)
+                .with_code("queue_full")
+                .with_retry_after(1);
+            Err((error, Outcome::Overloaded))
+        }
+        Err(_) => {
+            let error = ApiError::service_unavailable(
+                "the model's workers stayed saturated for the whole request deadline",
+            );
+            Err((error, Outcome::Timeout))
+        }
+    }
+}
+
+/// Puts `newer` quotas in `quotas`, over those of the same unit.
+fn merge(quotas: &mut Vec<Quota>, newer: Vec<Quota>) {
+    quotas.retain(|q| newer.iter().all(|n| n.unit != q.unit));
+    quotas.extend(newer);
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::limit::{Limiter, Limits};
+use super::limit::{Limiter, Limits, Unit};
 
 /// The SHA-256 digest of a key.
 pub type KeyDigest = [u8; 32];
@@ -36,7 +36,10 @@ struct RawTenant {
     keys: Vec<String>,
     #[serde(default)]
     models: Vec<String>,
-    requests_per_minute: Option<u32>,
+    requests_per_minute: Option<u64>,
+    tokens_per_minute: Option<u64>,
+    images_per_minute: Option<u64>,
+    image_bytes_per_minute: Option<u64>,
     max_concurrent_requests: Option<u32>,
     weight: Option<u32>,
 }
@@ -120,10 +123,7 @@ pub fn parse(text: &str, previous: Option<&Table>) -> Result<Table, String> {
         let name = checked_name(&raw.name, &at, &table)?;
         let at = format!("{at} (\"{name}\")");
         let digests = checked_digests(&raw.keys, &at, &table)?;
-        let limits = Limits {
-            requests_per_minute: positive(raw.requests_per_minute, &at, "requests_per_minute")?,
-            concurrent: positive(raw.max_concurrent_requests, &at, "max_concurrent_requests")?,
-        };
+        let limits = checked_limits(&raw, &at)?;
         let weight = positive(raw.weight, &at, "weight")?.unwrap_or(1);
         let tenant = Arc::new(Tenant {
             limiter: limiter_for(&name, limits, previous),
@@ -196,10 +196,32 @@ fn checked_models(models: Vec<String>, at: &str) -> Result<Vec<String>, String> 
     }
 }
 
+/// A tenant's limits, each at least 1 when given.
+fn checked_limits(raw: &RawTenant, at: &str) -> Result<Limits, String> {
+    let rates = [
+        (raw.requests_per_minute, "requests_per_minute"),
+        (raw.tokens_per_minute, "tokens_per_minute"),
+        (raw.images_per_minute, "images_per_minute"),
+        (raw.image_bytes_per_minute, "image_bytes_per_minute"),
+    ];
+    let mut limits = Limits {
+        concurrent: positive(raw.max_concurrent_requests, at, "max_concurrent_requests")?,
+        ..Limits::default()
+    };
+    for (unit, (value, key)) in Unit::ALL.into_iter().zip(rates) {
+        limits.per_minute[unit as usize] = positive(value, at, key)?;
+    }
+    Ok(limits)
+}
+
 /// An optional count that must be at least 1 when given.
-fn positive(value: Option<u32>, at: &str, key: &str) -> Result<Option<u32>, String> {
+fn positive<T: Copy + Default + PartialEq>(
+    value: Option<T>,
+    at: &str,
+    key: &str,
+) -> Result<Option<T>, String> {
     match value {
-        Some(0) => Err(format!(
+        Some(v) if v == T::default() => Err(format!(
             "{at}.{key}: must be at least 1 (leave it out for no limit)"
         )),
         other => Ok(other),

@@ -1,8 +1,16 @@
-//! A tenant's limits in this process: requests per minute (a token
-//! bucket holding a minute's requests, refilled evenly) and requests at
-//! once (a counter; a [`Held`] slot is given back when the request ends).
-//! [`Quota`] is what OpenAI's `x-ratelimit-*-requests` headers say of the
-//! bucket; time is tokio's (paused in tests).
+//! A tenant's limits in this process: per-minute rates — requests,
+//! tokens (prompt and completion), images and image bytes — each a bucket
+//! holding a minute's worth, refilled evenly; and requests at once (a
+//! counter; a [`Held`] slot is given back when the request ends).
+//!
+//! A request takes from the buckets twice: one request when it arrives
+//! ([`ONE_REQUEST`]), its prompt tokens, images and image bytes once
+//! its prompt is built ([`Usage`]; all or nothing, [`Limiter::take`]). Its
+//! completion tokens are settled when its answer ends ([`Limiter::settle`]):
+//! they are taken even past empty, and the debt delays the tenant's next
+//! requests. [`Quota`] is what OpenAI's `x-ratelimit-*-requests` and
+//! `x-ratelimit-*-tokens` headers say of a bucket; time is tokio's
+//! (paused in tests).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,18 +19,66 @@ use std::time::Duration;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use tokio::time::Instant;
 
+use super::shared::Lease;
+
+/// What a per-minute limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unit {
+    Requests,
+    Tokens,
+    Images,
+    ImageBytes,
+}
+
+impl Unit {
+    pub const COUNT: usize = 4;
+    pub const ALL: [Unit; Unit::COUNT] =
+        [Unit::Requests, Unit::Tokens, Unit::Images, Unit::ImageBytes];
+
+    /// The limit this unit's bucket enforces.
+    pub fn limit(self) -> Limit {
+        match self {
+            Unit::Requests => Limit::RequestsPerMinute,
+            Unit::Tokens => Limit::TokensPerMinute,
+            Unit::Images => Limit::ImagesPerMinute,
+            Unit::ImageBytes => Limit::ImageBytesPerMinute,
+        }
+    }
+
+    /// The unit in OpenAI's `x-ratelimit-*-<unit>` headers, when it has
+    /// them.
+    fn header_unit(self) -> Option<&'static str> {
+        match self {
+            Unit::Requests => Some("requests"),
+            Unit::Tokens => Some("tokens"),
+            Unit::Images | Unit::ImageBytes => None,
+        }
+    }
+}
+
 /// A tenant's limits (`None`: no limit).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {
-    pub requests_per_minute: Option<u32>,
+    /// Per minute, by [`Unit`].
+    pub per_minute: [Option<u64>; Unit::COUNT],
     pub concurrent: Option<u32>,
+}
+
+impl Limits {
+    /// The per-minute limit of `unit`.
+    pub fn per_minute(&self, unit: Unit) -> Option<u64> {
+        self.per_minute[unit as usize]
+    }
 }
 
 /// Which limit refused a request (the `limit` label of
 /// `iris_rate_limited_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Limit {
     RequestsPerMinute,
+    TokensPerMinute,
+    ImagesPerMinute,
+    ImageBytesPerMinute,
     Concurrent,
 }
 
@@ -30,34 +86,58 @@ impl Limit {
     pub fn as_str(self) -> &'static str {
         match self {
             Limit::RequestsPerMinute => "requests_per_minute",
+            Limit::TokensPerMinute => "tokens_per_minute",
+            Limit::ImagesPerMinute => "images_per_minute",
+            Limit::ImageBytesPerMinute => "image_bytes_per_minute",
             Limit::Concurrent => "concurrent_requests",
         }
     }
 }
 
-/// The state of the requests-per-minute bucket after a request.
+/// What a request takes from the buckets once its prompt is built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub tokens: u64,
+    pub images: u64,
+    pub image_bytes: u64,
+}
+
+impl Usage {
+    /// The amounts by [`Unit`] (no request: it was counted on arrival).
+    pub fn amounts(&self) -> [u64; Unit::COUNT] {
+        [0, self.tokens, self.images, self.image_bytes]
+    }
+}
+
+/// The state of one per-minute bucket after a request.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Quota {
-    /// Requests per minute.
-    pub limit: u32,
-    /// Requests that may start now.
-    pub remaining: u32,
+    pub unit: Unit,
+    /// Its limit per minute.
+    pub limit: u64,
+    /// What may be taken now.
+    pub remaining: u64,
     /// Until the bucket is full again.
     pub reset: Duration,
 }
 
 impl Quota {
-    /// Sets `x-ratelimit-limit-requests`, `x-ratelimit-remaining-requests`
-    /// and `x-ratelimit-reset-requests` on `headers`.
+    /// Sets `x-ratelimit-limit-<unit>`, `x-ratelimit-remaining-<unit>` and
+    /// `x-ratelimit-reset-<unit>` on `headers` (requests and tokens; the
+    /// image buckets have no such headers).
     pub fn write(&self, headers: &mut HeaderMap) {
+        let Some(unit) = self.unit.header_unit() else {
+            return;
+        };
         let values = [
-            ("x-ratelimit-limit-requests", self.limit.to_string()),
-            ("x-ratelimit-remaining-requests", self.remaining.to_string()),
-            ("x-ratelimit-reset-requests", reset_text(self.reset)),
+            ("limit", self.limit.to_string()),
+            ("remaining", self.remaining.to_string()),
+            ("reset", reset_text(self.reset)),
         ];
-        for (name, value) in values {
-            if let Ok(value) = HeaderValue::from_str(&value) {
-                headers.insert(HeaderName::from_static(name), value);
+        for (what, value) in values {
+            let name = HeaderName::try_from(format!("x-ratelimit-{what}-{unit}"));
+            if let (Ok(name), Ok(value)) = (name, HeaderValue::from_str(&value)) {
+                headers.insert(name, value);
             }
         }
     }
@@ -76,11 +156,17 @@ pub fn reset_text(d: Duration) -> String {
     }
 }
 
+/// What one request takes on arrival.
+pub const ONE_REQUEST: [u64; Unit::COUNT] = [1, 0, 0, 0];
+
+/// Nothing: a look at the buckets.
+pub const NOTHING: [u64; Unit::COUNT] = [0; Unit::COUNT];
+
 /// A request let in.
 #[derive(Debug)]
 pub struct Admitted {
-    /// The bucket after it (with a requests-per-minute limit).
-    pub quota: Option<Quota>,
+    /// The requests bucket after it (with a requests-per-minute limit).
+    pub quotas: Vec<Quota>,
     /// Its slot under the concurrency limit, until it is dropped.
     pub held: Option<Held>,
 }
@@ -89,13 +175,42 @@ pub struct Admitted {
 #[derive(Debug)]
 pub struct Refused {
     pub limit: Limit,
-    /// The bucket (with a requests-per-minute limit).
-    pub quota: Option<Quota>,
+    /// The buckets with headers, as they are.
+    pub quotas: Vec<Quota>,
     /// When to try again.
     pub retry_after: Duration,
+    /// It asks for more than the limit allows in a minute: waiting does
+    /// not help.
+    pub too_large: Option<(u64, u64)>,
 }
 
 impl Refused {
+    /// A refusal by `unit`'s limit of `(asked, limit)`, too large when the
+    /// amount asked for is over the limit.
+    pub fn by(
+        unit: Unit,
+        (asked, limit): (u64, u64),
+        quotas: Vec<Quota>,
+        retry_after: Duration,
+    ) -> Refused {
+        Refused {
+            limit: unit.limit(),
+            quotas,
+            retry_after,
+            too_large: (asked > limit).then_some((asked, limit)),
+        }
+    }
+
+    /// A refusal by the concurrency limit (retry in a second).
+    pub fn concurrent(quotas: Vec<Quota>) -> Refused {
+        Refused {
+            limit: Limit::Concurrent,
+            quotas,
+            retry_after: Duration::from_secs(1),
+            too_large: None,
+        }
+    }
+
     /// `Retry-After` in whole seconds, at least 1.
     pub fn retry_after_secs(&self) -> u32 {
         let d = self.retry_after;
@@ -108,17 +223,16 @@ impl Refused {
 #[derive(Debug)]
 pub struct Limiter {
     limits: Limits,
-    bucket: Option<Mutex<Bucket>>,
+    buckets: Mutex<[Option<Bucket>; Unit::COUNT]>,
     in_flight: Arc<AtomicU32>,
 }
 
 impl Limiter {
     pub fn new(limits: Limits) -> Limiter {
+        let now = Instant::now();
         Limiter {
             limits,
-            bucket: limits
-                .requests_per_minute
-                .map(|rpm| Mutex::new(Bucket::full(rpm, Instant::now()))),
+            buckets: Mutex::new(limits.per_minute.map(|l| l.map(|l| Bucket::full(l, now)))),
             in_flight: Arc::default(),
         }
     }
@@ -132,213 +246,163 @@ impl Limiter {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Lets a request in, or says which limit refuses it (a refused
-    /// request takes nothing: no slot, no token).
-    pub fn admit(&self) -> Result<Admitted, Refused> {
-        let held = match self.limits.concurrent {
-            Some(max) => Some(self.hold(max).ok_or_else(|| Refused {
-                limit: Limit::Concurrent,
-                quota: self.peek(),
-                retry_after: Duration::from_secs(1),
-            })?),
-            None => None,
-        };
-        let quota =
-            match &self.bucket {
-                Some(bucket) => Some(lock(bucket).take(Instant::now()).map_err(
-                    |(quota, wait)| Refused {
-                        limit: Limit::RequestsPerMinute,
-                        quota: Some(quota),
-                        retry_after: wait,
-                    },
-                )?),
-                None => None,
-            };
-        Ok(Admitted { quota, held })
+    /// Takes an answer's completion tokens, even past empty.
+    pub fn settle(&self, tokens: u64) {
+        let mut buckets = lock(&self.buckets);
+        if let Some(bucket) = &mut buckets[Unit::Tokens as usize] {
+            bucket.take(tokens, Instant::now());
+        }
     }
 
     /// A slot under `max` requests at once, if one is free.
-    fn hold(&self, max: u32) -> Option<Held> {
+    pub fn hold(&self, max: u32) -> Option<Held> {
         let taken = self
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
             });
-        taken.ok().map(|_| Held(self.in_flight.clone()))
+        taken
+            .ok()
+            .map(|_| Held::Local(Slot(self.in_flight.clone())))
     }
 
-    /// The bucket as it is now, taking nothing.
-    fn peek(&self) -> Option<Quota> {
-        self.bucket
-            .as_ref()
-            .map(|bucket| lock(bucket).quota(Instant::now()))
+    /// Takes `amounts` (by [`Unit`]) if every bucket holds its share, else
+    /// nothing; the requests and tokens buckets' state after. A refusal
+    /// of an amount over the limit says it is too large.
+    pub fn take(&self, amounts: [u64; Unit::COUNT]) -> Result<Vec<Quota>, Refused> {
+        let now = Instant::now();
+        let mut buckets = lock(&self.buckets);
+        for (unit, bucket) in Unit::ALL.into_iter().zip(buckets.iter_mut()) {
+            let (Some(bucket), amount) = (bucket, amounts[unit as usize]) else {
+                continue;
+            };
+            if let Some(retry_after) = bucket.wait(amount, now) {
+                return Err(Refused::by(
+                    unit,
+                    (amount, bucket.per_minute),
+                    header_quotas(&mut buckets, now),
+                    retry_after,
+                ));
+            }
+        }
+        for (bucket, amount) in buckets.iter_mut().zip(amounts) {
+            if let Some(bucket) = bucket {
+                bucket.take(amount, now);
+            }
+        }
+        Ok(header_quotas(&mut buckets, now))
     }
 }
 
-/// The bucket's lock; a panic elsewhere cannot leave it inconsistent (its
-/// updates are plain assignments), so a poisoned lock is used as is.
-fn lock(bucket: &Mutex<Bucket>) -> std::sync::MutexGuard<'_, Bucket> {
-    bucket
+/// The quotas of the buckets with headers (requests, tokens).
+fn header_quotas(buckets: &mut [Option<Bucket>; Unit::COUNT], now: Instant) -> Vec<Quota> {
+    Unit::ALL
+        .into_iter()
+        .zip(buckets.iter_mut())
+        .filter(|(unit, _)| unit.header_unit().is_some())
+        .filter_map(|(unit, bucket)| bucket.as_mut().map(|b| b.quota(unit, now)))
+        .collect()
+}
+
+/// The buckets' lock; a panic elsewhere cannot leave them inconsistent
+/// (their updates are plain assignments), so a poisoned lock is used as
+/// is.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A slot under a concurrency limit, given back on drop.
+/// A request's place under its tenant's concurrency limit, given back
+/// when dropped: a slot of this process, or a lease in the shared store.
 #[derive(Debug)]
-pub struct Held(Arc<AtomicU32>);
+pub enum Held {
+    Local(Slot),
+    Shared(Lease),
+}
 
-impl Drop for Held {
+/// A slot of this process's count, given back on drop.
+#[derive(Debug)]
+pub struct Slot(Arc<AtomicU32>);
+
+impl Drop for Slot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-/// A token bucket of `per_minute` requests, refilled at one per
-/// `60 s / per_minute`, kept as time (exact integer arithmetic): `credit`
-/// is the time its tokens took to drip in, at most a minute's worth.
+/// A minute, in nanoseconds.
+const MINUTE_NS: i128 = 60_000_000_000;
+
+/// A bucket of `per_minute` units refilled evenly, in exact integer
+/// arithmetic: `credit` is in units × [`MINUTE_NS`], and each nanosecond
+/// drips `per_minute` of those in, up to a minute's worth. It may go
+/// below zero (completion tokens settled past empty).
 #[derive(Debug)]
 struct Bucket {
-    per_minute: u32,
-    /// The drip time of one token.
-    cost: Duration,
-    credit: Duration,
+    per_minute: u64,
+    credit: i128,
     at: Instant,
 }
 
 impl Bucket {
-    fn full(per_minute: u32, now: Instant) -> Bucket {
-        let cost = Duration::from_secs(60) / per_minute.max(1);
+    fn full(per_minute: u64, now: Instant) -> Bucket {
+        let per_minute = per_minute.max(1);
         Bucket {
             per_minute,
-            cost,
-            credit: cost * per_minute,
+            credit: i128::from(per_minute) * MINUTE_NS,
             at: now,
         }
     }
 
-    fn capacity(&self) -> Duration {
-        self.cost * self.per_minute
+    fn capacity(&self) -> i128 {
+        i128::from(self.per_minute) * MINUTE_NS
     }
 
     /// Adds what has dripped in since the last look.
     fn refill(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.at);
-        self.credit = (self.credit + elapsed).min(self.capacity());
+        let elapsed = now.saturating_duration_since(self.at).as_nanos();
+        let dripped =
+            i128::try_from(elapsed).unwrap_or(i128::MAX / 2) * i128::from(self.per_minute);
+        self.credit = self.credit.saturating_add(dripped).min(self.capacity());
         self.at = now;
     }
 
+    /// The time the missing `need` (in credit) takes to drip in.
+    fn drip_time(&self, need: i128) -> Duration {
+        let per_minute = i128::from(self.per_minute);
+        let nanos = (need.max(0) + per_minute - 1) / per_minute;
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
     /// The bucket's state at `now`.
-    fn quota(&mut self, now: Instant) -> Quota {
+    fn quota(&mut self, unit: Unit, now: Instant) -> Quota {
         self.refill(now);
-        let whole = self.credit.as_nanos() / self.cost.as_nanos().max(1);
         Quota {
+            unit,
             limit: self.per_minute,
-            remaining: u32::try_from(whole).unwrap_or(u32::MAX),
-            reset: self.capacity().saturating_sub(self.credit),
+            remaining: u64::try_from(self.credit.max(0) / MINUTE_NS).unwrap_or(u64::MAX),
+            reset: self.drip_time(self.capacity() - self.credit),
         }
     }
 
-    /// Takes a token; without one, the state and the wait for the next.
-    fn take(&mut self, now: Instant) -> Result<Quota, (Quota, Duration)> {
-        let quota = self.quota(now);
-        if self.credit < self.cost {
-            return Err((quota, self.cost - self.credit));
-        }
-        self.credit -= self.cost;
-        Ok(self.quota(now))
+    /// `None` if `amount` may be taken at `now`, else the wait until it
+    /// may (a whole minute's refill for more than the bucket holds).
+    fn wait(&mut self, amount: u64, now: Instant) -> Option<Duration> {
+        self.refill(now);
+        let need = i128::from(amount.min(self.per_minute)) * MINUTE_NS;
+        (amount > 0 && (self.credit < need || amount > self.per_minute)).then(|| {
+            self.drip_time(need - self.credit)
+                .max(Duration::from_nanos(1))
+        })
+    }
+
+    /// Takes `amount`, past empty if need be.
+    fn take(&mut self, amount: u64, now: Instant) {
+        self.refill(now);
+        self.credit -= i128::from(amount) * MINUTE_NS;
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn limiter(rpm: Option<u32>, concurrent: Option<u32>) -> Limiter {
-        Limiter::new(Limits {
-            requests_per_minute: rpm,
-            concurrent,
-        })
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_bucket_holds_a_minute_and_refills_evenly() {
-        let limiter = limiter(Some(3), None);
-        for left in [2, 1, 0] {
-            let quota = limiter.admit().expect("within the limit").quota;
-            assert_eq!(quota.map(|q| (q.limit, q.remaining)), Some((3, left)));
-        }
-        let refused = limiter.admit().expect_err("the fourth in a minute");
-        assert_eq!(refused.limit, Limit::RequestsPerMinute);
-        // 3 a minute: one every 20 s.
-        assert_eq!(refused.retry_after, Duration::from_secs(20));
-        assert_eq!(refused.retry_after_secs(), 20);
-        let quota = refused.quota.expect("the bucket");
-        assert_eq!((quota.remaining, quota.reset), (0, Duration::from_secs(60)));
-        tokio::time::advance(Duration::from_secs(19)).await;
-        assert!(limiter.admit().is_err(), "19 s: not yet");
-        tokio::time::advance(Duration::from_secs(1)).await;
-        let quota = limiter
-            .admit()
-            .expect("20 s: one more")
-            .quota
-            .expect("quota");
-        assert_eq!(quota.remaining, 0);
-        tokio::time::advance(Duration::from_secs(600)).await;
-        let quota = limiter.admit().expect("rested").quota.expect("quota");
-        assert_eq!(quota.remaining, 2, "never more than a minute's worth");
-        assert_eq!(quota.reset, Duration::from_secs(20));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_slot_is_held_until_the_request_ends() {
-        let limiter = limiter(None, Some(2));
-        let first = limiter.admit().expect("one");
-        let second = limiter.admit().expect("two");
-        assert!(first.quota.is_none(), "no per-minute limit, no quota");
-        let refused = limiter.admit().expect_err("three at once");
-        assert_eq!(refused.limit, Limit::Concurrent);
-        assert_eq!(refused.retry_after_secs(), 1);
-        assert_eq!(limiter.in_flight(), 2);
-        drop(first);
-        let third = limiter.admit().expect("a slot was given back");
-        drop((second, third));
-        assert_eq!(limiter.in_flight(), 0);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_refusal_takes_nothing() {
-        let limiter = limiter(Some(60), Some(1));
-        let running = limiter.admit().expect("one");
-        let quota = running.quota.expect("quota");
-        assert_eq!(quota.remaining, 59);
-        let refused = limiter.admit().expect_err("busy");
-        assert_eq!(refused.limit, Limit::Concurrent);
-        assert_eq!(
-            refused.quota.map(|q| q.remaining),
-            Some(59),
-            "no token taken"
-        );
-        drop(running);
-        let limiter = self::limiter(Some(1), Some(5));
-        let _one = limiter.admit().expect("one");
-        assert!(limiter.admit().is_err());
-        assert_eq!(limiter.in_flight(), 1, "the refused request holds no slot");
-    }
-
-    #[test]
-    fn headers_and_reset_texts() {
-        assert_eq!(reset_text(Duration::from_millis(250)), "250ms");
-        assert_eq!(reset_text(Duration::from_millis(1500)), "2s");
-        assert_eq!(reset_text(Duration::from_secs(90)), "1m30s");
-        let mut headers = HeaderMap::new();
-        Quota {
-            limit: 60,
-            remaining: 59,
-            reset: Duration::from_secs(1),
-        }
-        .write(&mut headers);
-        assert_eq!(headers["x-ratelimit-limit-requests"], "60");
-        assert_eq!(headers["x-ratelimit-remaining-requests"], "59");
-        assert_eq!(headers["x-ratelimit-reset-requests"], "1s");
-    }
-}
+mod tests;

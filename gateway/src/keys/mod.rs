@@ -12,6 +12,7 @@
 
 pub mod file;
 pub mod limit;
+pub mod shared;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,7 +31,8 @@ use tokio_util::sync::CancellationToken;
 use crate::served::Served;
 use crate::server::AppState;
 pub use file::{Table, Tenant};
-use limit::{Admitted, Limit, Refused};
+use limit::{Admitted, Held, Limit, Quota, Refused, Usage, NOTHING, ONE_REQUEST};
+use shared::Shared;
 
 /// How often the keys file is looked at.
 const POLL: Duration = Duration::from_secs(1);
@@ -70,6 +72,9 @@ pub struct ApiKeys {
     seen: Mutex<Vec<u8>>,
     failures: [AtomicU64; Failure::COUNT],
     limited: Mutex<BTreeMap<(Arc<str>, &'static str), u64>>,
+    /// Where the limits are shared with other replicas (`None`: each
+    /// counts on its own).
+    shared: Option<Arc<Shared>>,
 }
 
 /// The tenant a request's key belongs to (a request extension on the
@@ -88,7 +93,16 @@ impl ApiKeys {
             seen: Mutex::new(bytes),
             failures: Default::default(),
             limited: Mutex::default(),
+            shared: None,
         })
+    }
+
+    /// The same, its limits shared with other replicas through `shared`.
+    pub fn with_shared(self, shared: Shared) -> ApiKeys {
+        ApiKeys {
+            shared: Some(Arc::new(shared)),
+            ..self
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -156,6 +170,9 @@ impl ApiKeys {
     /// Looks at the file every [`POLL`] until `stop`, reloading it when
     /// its content changes (the reading on the blocking pool).
     pub fn watch(self: &Arc<Self>, stop: CancellationToken) {
+        if let Some(shared) = &self.shared {
+            shared.watch(stop.clone());
+        }
         let keys = self.clone();
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(POLL);
@@ -192,26 +209,94 @@ impl ApiKeys {
 
     /// Lets `tenant`'s request for `asked` (resolving to `served`) in, or
     /// refuses it: 403 for a model it may not use ([`Self::check_model`]),
-    /// 429 over a limit.
-    pub fn admit(
+    /// 429 over a limit (a refused request takes nothing).
+    pub async fn admit(
         &self,
         tenant: &Tenant,
         asked: &str,
         served: Option<&Served>,
     ) -> Result<Admitted, Refusal> {
         self.check_model(tenant, asked, served)
-            .map_err(|error| Refusal { error, quota: None })?;
-        tenant.limiter.admit().map_err(|refused| {
-            self.count_limited(&tenant.name, refused.limit);
-            Refusal {
-                error: rate_limited(&refused),
-                quota: refused.quota,
-            }
-        })
+            .map_err(|error| Refusal {
+                error,
+                quotas: Vec::new(),
+            })?;
+        let held = match tenant.limiter.limits().concurrent {
+            Some(max) => match self.hold(tenant, max).await {
+                Some(held) => Some(held),
+                None => {
+                    let quotas = self.take(tenant, NOTHING).await.unwrap_or_default();
+                    return Err(self.refusal(tenant, Refused::concurrent(quotas)));
+                }
+            },
+            None => None,
+        };
+        let quotas = self
+            .take(tenant, ONE_REQUEST)
+            .await
+            .map_err(|refused| self.refusal(tenant, refused))?;
+        Ok(Admitted { quotas, held })
     }
 
-    /// `iris_auth_failures_total` and `iris_rate_limited_total`.
+    /// Takes `tenant`'s built prompt's `usage` (prompt tokens, images,
+    /// image bytes) from its buckets, or refuses it (429): the token
+    /// bucket's state after.
+    pub async fn charge(&self, tenant: &Tenant, usage: &Usage) -> Result<Vec<Quota>, Refusal> {
+        self.take(tenant, usage.amounts())
+            .await
+            .map_err(|refused| self.refusal(tenant, refused))
+    }
+
+    /// What settles `tenant`'s completion tokens when its request ends.
+    pub fn settlement(&self, tenant: Arc<Tenant>) -> Settlement {
+        Settlement {
+            shared: self.shared.clone(),
+            tenant,
+        }
+    }
+
+    /// Takes `amounts` from `tenant`'s limits: the shared ones, or this
+    /// replica's when they cannot be reached.
+    async fn take(
+        &self,
+        tenant: &Tenant,
+        amounts: [u64; limit::Unit::COUNT],
+    ) -> Result<Vec<Quota>, Refused> {
+        if let Some(shared) = &self.shared {
+            let limits = tenant.limiter.limits().per_minute;
+            if let Some(taken) = shared.take(&tenant.name, limits, amounts, false).await {
+                return taken;
+            }
+        }
+        tenant.limiter.take(amounts)
+    }
+
+    /// A place under `tenant`'s `max` requests at once: a shared lease,
+    /// or this replica's slot when the store cannot be reached.
+    async fn hold(&self, tenant: &Tenant, max: u32) -> Option<Held> {
+        if let Some(shared) = &self.shared {
+            if let Some(lease) = shared.hold(&tenant.name, max).await {
+                return lease.map(Held::Shared);
+            }
+        }
+        tenant.limiter.hold(max)
+    }
+
+    /// The 429 for `refused`, counted.
+    fn refusal(&self, tenant: &Tenant, refused: Refused) -> Refusal {
+        self.count_limited(&tenant.name, refused.limit);
+        Refusal {
+            error: rate_limited(&refused),
+            quotas: refused.quotas,
+        }
+    }
+
+    /// `iris_auth_failures_total`, `iris_rate_limited_total` and, with a
+    /// shared store, its metrics.
     pub fn render(&self, out: &mut String) {
+        if let Some(shared) = &self.shared {
+            shared.render(out);
+        }
         let failures = Failure::ALL.map(|f| {
             let count = self.failures[f as usize].load(Ordering::Relaxed);
             (format!("reason=\"{}\"", f.as_str()), count)
@@ -235,18 +320,46 @@ impl ApiKeys {
             out,
             "iris_rate_limited_total",
             "counter",
-            "API requests refused with 429 by a tenant's limit (requests_per_minute, concurrent_requests).",
+            "API requests refused with 429 by a tenant's limit (requests_per_minute, tokens_per_minute, images_per_minute, image_bytes_per_minute, concurrent_requests).",
             samples,
         );
     }
 }
 
 /// A request refused after its key was accepted: the error, and the
-/// bucket's state for the `x-ratelimit-*` headers.
+/// buckets' state for the `x-ratelimit-*` headers.
 #[derive(Debug)]
 pub struct Refusal {
     pub error: ApiError,
-    pub quota: Option<limit::Quota>,
+    pub quotas: Vec<Quota>,
+}
+
+/// Settles a request's completion tokens with its tenant's limits when
+/// it ends: in the shared store (off the caller's task), or this
+/// replica's when it cannot be reached.
+#[derive(Debug, Clone)]
+pub struct Settlement {
+    shared: Option<Arc<Shared>>,
+    tenant: Arc<Tenant>,
+}
+
+impl Settlement {
+    pub fn settle(&self, tokens: u64) {
+        let limiter = self.tenant.limiter.clone();
+        let Some(shared) = self.shared.clone().filter(|s| s.is_up()) else {
+            limiter.settle(tokens);
+            return;
+        };
+        let name = self.tenant.name.clone();
+        tokio::spawn(async move {
+            let mut amounts = NOTHING;
+            amounts[limit::Unit::Tokens as usize] = tokens;
+            let limits = limiter.limits().per_minute;
+            if shared.take(&name, limits, amounts, true).await.is_none() {
+                limiter.settle(tokens);
+            }
+        });
+    }
 }
 
 /// [`ApiKeys::check_model`] for a request of a route other than the
@@ -300,18 +413,32 @@ fn forbidden(asked: &str) -> ApiError {
     ApiError::new(403, ErrorKind::Permission, message).with_code("model_not_allowed")
 }
 
-/// 429 naming the limit and when to retry.
+/// 429 naming the limit and when to retry (without `Retry-After` for a
+/// request larger than a minute's worth: waiting does not help).
 fn rate_limited(refused: &Refused) -> ApiError {
     let secs = refused.retry_after_secs();
-    let message = match refused.limit {
-        Limit::RequestsPerMinute => {
-            format!("rate limit reached: too many requests per minute for this API key; retry in {secs} s")
-        }
+    if let Some((asked, limit)) = refused.too_large {
+        let message = format!(
+            "request too large: it takes {asked} against this API key's {} of {limit}; make it smaller",
+            refused.limit.as_str()
+        );
+        return ApiError::new(429, ErrorKind::RateLimit, message).with_code("rate_limit_exceeded");
+    }
+    let what = match refused.limit {
         Limit::Concurrent => {
-            "rate limit reached: too many requests at once for this API key; retry when one ends"
-                .to_owned()
+            let message = "rate limit reached: too many requests at once for this API key; retry when one ends";
+            return ApiError::new(429, ErrorKind::RateLimit, message)
+                .with_code("rate_limit_exceeded")
+                .with_retry_after(secs);
         }
+        Limit::RequestsPerMinute => "requests",
+        Limit::TokensPerMinute => "tokens",
+        Limit::ImagesPerMinute => "images",
+        Limit::ImageBytesPerMinute => "image bytes",
     };
+    let message = format!(
+        "rate limit reached: too many {what} per minute for this API key; retry in {secs} s"
+    );
     ApiError::new(429, ErrorKind::RateLimit, message)
         .with_code("rate_limit_exceeded")
         .with_retry_after(secs)

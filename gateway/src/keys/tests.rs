@@ -63,13 +63,40 @@ async fn refusals_are_counted() {
     let (_dir, keys) = keys_with(&text);
     let a = keys.table().tenants()[0].clone();
     keys.count_failure(Failure::Missing);
-    let forbidden = keys.admit(&a, "other", None).expect_err("not its model");
+    let forbidden = keys
+        .admit(&a, "other", None)
+        .await
+        .expect_err("not its model");
     assert_eq!(forbidden.error.status, 403);
-    let first = keys.admit(&a, "m", None).expect("its model");
-    assert_eq!(first.quota.map(|q| q.remaining), Some(0));
-    let limited = keys.admit(&a, "m", None).expect_err("one a minute");
+    let first = keys.admit(&a, "m", None).await.expect("its model");
+    assert_eq!(first.quotas[0].remaining, 0);
+    let limited = keys.admit(&a, "m", None).await.expect_err("one a minute");
     assert_eq!(limited.error.status, 429);
     assert_eq!(limited.error.retry_after, Some(60));
+    let too_large = limit::Usage {
+        tokens: 2,
+        ..limit::Usage::default()
+    };
+    let text = tenant("b", "sk-b", "tokens_per_minute = 1");
+    let (_dir_b, keys_b) = keys_with(&text);
+    let b = keys_b.table().tenants()[0].clone();
+    let refused = keys_b
+        .charge(&b, &too_large)
+        .await
+        .expect_err("2 tokens > 1 a minute");
+    assert_eq!(refused.error.status, 429);
+    assert_eq!(refused.error.retry_after, None, "waiting does not help");
+    assert!(
+        refused.error.message.contains("request too large"),
+        "{}",
+        refused.error.message
+    );
+    let mut out_b = String::new();
+    keys_b.render(&mut out_b);
+    assert!(
+        out_b.contains("iris_rate_limited_total{tenant=\"b\",limit=\"tokens_per_minute\"} 1"),
+        "{out_b}"
+    );
     let mut out = String::new();
     keys.render(&mut out);
     for sample in [

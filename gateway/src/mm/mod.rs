@@ -615,6 +615,13 @@ pub struct StartedImage {
     pub cached: bool,
 }
 
+impl StartedImage {
+    /// The image's bytes as fetched or sent (base64 decoded).
+    pub fn bytes(&self) -> u64 {
+        u64::try_from(self.image.bytes.len()).unwrap_or(u64::MAX)
+    }
+}
+
 /// A fetched image, its place in the request, its hash and what its
 /// header says (read once, used on a miss).
 struct FetchedImage {

@@ -81,12 +81,8 @@ impl Input for ChatCompletionRequest {
             .limits()
             .check_text(&request.messages, max_new_tokens)
             .map_err(client)?;
-        let (images, cache_hits, timestamps) =
-            load_media(&served, &ledger.metrics, &request).await?;
-        ledger.images = ImageCount {
-            images: images.len(),
-            cache_hits,
-        };
+        let (images, counted, timestamps) = load_media(&served, &ledger.metrics, &request).await?;
+        ledger.images = counted;
         let tokenize_start = Instant::now();
         let (input_ids, prompt_text) = if ledger.body_bytes <= INLINE_PROMPT_BYTES {
             build_prompt(&served, &request, images.layouts(), &timestamps)
@@ -148,11 +144,11 @@ async fn load_media(
     served: &Served,
     metrics: &Arc<Metrics>,
     request: &ChatCompletionRequest,
-) -> Result<(PendingImages, usize, Vec<Option<Vec<String>>>), Failure> {
+) -> Result<(PendingImages, ImageCount, Vec<Option<Vec<String>>>), Failure> {
     let images: Vec<(String, &ImageUrl)> = request.image_parts().collect();
     let videos: Vec<(String, &VideoUrl)> = request.video_parts().collect();
     let Some((first, _)) = request.media_parts().next() else {
-        return Ok((PendingImages::default(), 0, Vec::new()));
+        return Ok((PendingImages::default(), ImageCount::default(), Vec::new()));
     };
     let Some(mm) = served.media.as_ref() else {
         return Err((
@@ -169,8 +165,12 @@ async fn load_media(
         .start_media(&images, &videos, kwargs, metrics)
         .await
         .map_err(image_failure)?;
-    let cache_hits =
-        images.iter().filter(|s| s.cached).count() + videos.iter().filter(|v| v.cached).count();
+    let counted = ImageCount {
+        images: images.len() + videos.len(),
+        cache_hits: images.iter().filter(|s| s.cached).count()
+            + videos.iter().filter(|v| v.cached).count(),
+        bytes: images.iter().map(|i| i.bytes()).sum(),
+    };
     let timestamps = videos.iter().map(|v| v.timestamps.clone()).collect();
     // The `images` stage ends when the request's last item is ready.
     let remaining = Arc::new(AtomicUsize::new(images.len() + videos.len()));
@@ -198,7 +198,7 @@ async fn load_media(
         let load = async move { mm.preprocess_video(video, &metrics).await };
         loads.push(track(layout, load.boxed()));
     }
-    Ok((PendingImages::start(loads), cache_hits, timestamps))
+    Ok((PendingImages::start(loads), counted, timestamps))
 }
 
 /// Expands the image placeholders and builds the request's items (their

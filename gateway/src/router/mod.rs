@@ -11,6 +11,7 @@ mod admission;
 pub(crate) mod classify;
 mod dispatch;
 mod encode;
+pub mod fair;
 mod generation;
 mod legs;
 mod migration;
@@ -61,6 +62,12 @@ pub struct RouterSettings {
     pub encode_max_in_flight: usize,
     /// Patches in flight per encoder; more images wait (0: unlimited).
     pub encode_max_in_flight_patches: u64,
+    /// Requests let run at once, the rest queued per tenant (0: no limit).
+    pub max_running_requests: usize,
+    /// Of those, the slots no single tenant may take.
+    pub reserved_running_requests: usize,
+    /// Requests one tenant may have queued.
+    pub tenant_queue_size: usize,
 }
 
 pub struct Router {
@@ -82,6 +89,8 @@ pub struct Router {
     pub lanes: Arc<Lanes>,
     /// The model's LoRA adapters, loaded on workers on demand.
     pub adapters: Arc<crate::adapters::Catalog>,
+    /// Fair admission of its requests (with --max-running-requests).
+    pub fair: Option<Arc<fair::Fair>>,
 }
 
 impl Router {
@@ -102,6 +111,13 @@ impl Router {
             ),
             lanes: Arc::new(Lanes::inline()),
             adapters: Arc::default(),
+            fair: (settings.max_running_requests > 0).then(|| {
+                fair::Fair::new(
+                    settings.max_running_requests,
+                    settings.reserved_running_requests,
+                    settings.tenant_queue_size,
+                )
+            }),
         }
     }
 

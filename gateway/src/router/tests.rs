@@ -410,6 +410,9 @@ fn unshared(mode: Mode, max_retries: u32, circuit_breaker_failures: u32) -> Rout
         encode_timeout: Duration::from_secs(5),
         encode_max_in_flight: 0,
         encode_max_in_flight_patches: 0,
+        max_running_requests: 0,
+        reserved_running_requests: 0,
+        tenant_queue_size: 0,
     };
     Router::new(mode, settings)
 }

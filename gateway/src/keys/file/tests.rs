@@ -25,6 +25,9 @@ name = "team-a"
 keys = ["{}", "{}"]
 models = ["qwen", "vision-alias"]
 requests_per_minute = 600
+tokens_per_minute = 90000
+images_per_minute = 30
+image_bytes_per_minute = 50000000
 max_concurrent_requests = 8
 weight = 3
 
@@ -46,7 +49,7 @@ keys = ["{}"]
     assert_eq!(
         a.limiter.limits(),
         Limits {
-            requests_per_minute: Some(600),
+            per_minute: [Some(600), Some(90_000), Some(30), Some(50_000_000)],
             concurrent: Some(8)
         }
     );
@@ -94,6 +97,8 @@ fn each_mistake_is_named_by_its_key() {
         ),
         (format!("[[tenants]]\nname = \"a\"\nkeys = [\"{good}\"]\nrequests_per_minute = 0\n"), "requests_per_minute: must be at least 1"),
         (format!("[[tenants]]\nname = \"a\"\nkeys = [\"{good}\"]\nmax_concurrent_requests = 0\n"), "max_concurrent_requests: must be at least 1"),
+        (format!("[[tenants]]\nname = \"a\"\nkeys = [\"{good}\"]\ntokens_per_minute = 0\n"), "tokens_per_minute: must be at least 1"),
+        (format!("[[tenants]]\nname = \"a\"\nkeys = [\"{good}\"]\nimage_bytes_per_minute = -1\n"), "image_bytes_per_minute"),
         (format!("[[tenants]]\nname = \"a\"\nkeys = [\"{good}\"]\nweight = 0\n"), "weight: must be at least 1"),
         (format!("[[tenants]]\nname = \"a\"\nkeys = [\"{good}\"]\nmodels = [\"\"]\n"), "models[0]: a model name cannot be empty"),
         (format!("[[tenants]]\nname = \"a\"\nkeys = [\"{good}\"]\nrpm = 5\n"), "unknown field `rpm`"),
