@@ -198,6 +198,7 @@ fn build(cfg: EncoderConfig, compute: Option<Arc<dyn Compute>>) -> anyhow::Resul
         .clone()
         .unwrap_or_else(|| format!("encode@{}:{}", cfg.host, cfg.port));
     Ok(Encoder {
+        traces: cfg.otlp.start("iris-encoder")?,
         geometry,
         compute,
         batcher,

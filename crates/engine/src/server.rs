@@ -191,6 +191,7 @@ fn build_engine(cfg: EngineConfig, data_addr: Option<SocketAddr>) -> anyhow::Res
         .clone()
         .unwrap_or_else(|| format!("{}@{}:{}", cfg.role.as_str(), cfg.host, cfg.port));
     Ok(Engine {
+        traces: cfg.otlp.start("iris-engine")?,
         role: cfg.role,
         facts,
         limits,

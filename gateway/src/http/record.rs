@@ -15,6 +15,7 @@ use iris_openai::ApiError;
 
 use crate::keys::limit::{Held, Quota};
 use crate::metrics::{Metrics, Outcome};
+use crate::trace::RequestTrace;
 
 /// Status logged for a request whose client went away before its end
 /// (nginx's "client closed request"; nothing more was sent).
@@ -85,6 +86,9 @@ pub struct Ledger {
     /// The request's slot under its tenant's concurrency limit, given
     /// back when the last holder of the request's facts drops it.
     pub held: Option<Arc<Held>>,
+    /// The request's trace (`--otlp-endpoint`), its span ended with the
+    /// request.
+    pub trace: Option<Arc<RequestTrace>>,
 }
 
 impl Ledger {
@@ -109,6 +113,15 @@ impl Ledger {
             error_shape: super::error_response,
             quota: None,
             held: None,
+            trace: None,
+        }
+    }
+
+    /// Records stage `name`, from `started` to now, in the request's
+    /// trace (when traced).
+    pub fn span(&self, name: &'static str, started: Instant) {
+        if let Some(trace) = &self.trace {
+            trace.stage(name, started, None);
         }
     }
 
@@ -124,6 +137,10 @@ impl Ledger {
         error: Option<&str>,
     ) {
         self.metrics.outcome(outcome);
+        if let Some(trace) = &self.trace {
+            trace.label(self.metrics.model(), self.tenant.as_ref());
+            trace.finish(status, error);
+        }
         let duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
             endpoint = self.endpoint,
