@@ -40,6 +40,15 @@ pub struct RequestTrace {
     labels: Mutex<Labels>,
 }
 
+impl std::fmt::Debug for RequestTrace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestTrace")
+            .field("traceparent", &self.traceparent)
+            .field("sampled", &self.sampled)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The labels known so far.
 #[derive(Default, Clone)]
 struct Labels {
