@@ -4,8 +4,10 @@
 //! child of the client's span, its stage spans (read, route, prefill,
 //! first_token, stream) children of it labelled with the model, the
 //! tenant and the worker, and each reference engine's Generate span a
-//! child of the request span. A gateway without `--otlp-endpoint` builds
-//! no exporter and sends workers no `traceparent`.
+//! child of the request span; in EPD, an image's fetch, preprocess and
+//! encode spans, and the encoder's Encode span a child of the request
+//! span. A gateway without `--otlp-endpoint` builds no exporter and sends
+//! workers no `traceparent`.
 
 mod common;
 
@@ -264,6 +266,73 @@ async fn a_pd_stream_is_one_trace_from_the_client_to_the_engines() {
             .attribute("request_id")
             .is_some_and(|id| !id.is_empty()));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epd_request_traces_its_image_and_the_encoder_continues_it() {
+    let (receiver, endpoint) = Receiver::start().await;
+    let model = tiny_model();
+    let encoder_args = iris_testkit::args::encoder_args(
+        model.path(),
+        &["--max-held-mb", "64", "--otlp-endpoint", &endpoint],
+    );
+    let encoder = iris_encoder::start(encoder_args)
+        .await
+        .expect("encoder starts");
+    let prefill = traced_engine(&model, Role::Prefill, &endpoint).await;
+    let decode = traced_engine(&model, Role::Decode, &endpoint).await;
+    let data = prefill.data_addr.expect("prefill data server");
+    let args: Vec<String> = [
+        "--epd-disaggregation".to_owned(),
+        "--encode".into(),
+        grpc(encoder.grpc_addr),
+        encoder.data_addr.port().to_string(),
+        "--prefill".into(),
+        grpc(prefill.grpc_addr),
+        data.port().to_string(),
+        "--decode".into(),
+        grpc(decode.grpc_addr),
+        "--otlp-endpoint".into(),
+        endpoint.clone(),
+    ]
+    .into();
+    let gw = gateway(&model, &args).await;
+    ready(&gw).await;
+
+    let response = reqwest::Client::new()
+        .post(url(&gw, "/v1/chat/completions"))
+        .header("traceparent", format!("00-{TRACE_ID}-{CLIENT_SPAN}-01"))
+        .json(&image_chat(&model.name, &[7]))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap_or_default());
+
+    let stages = ["request", "read", "fetch", "preprocess", "route", "encode", "prefill", "generate"];
+    let spans = receiver
+        .until(|spans| {
+            let ours: Vec<&Received> = spans.iter().filter(|s| s.trace_id == TRACE_ID).collect();
+            stages.iter().all(|n| ours.iter().any(|s| s.name == *n))
+                && ours.iter().any(|s| s.name == "iris-encoder.encode")
+                && ours.iter().filter(|s| s.name == "iris-engine.generate").count() == 2
+        })
+        .await;
+    let spans: Vec<&Received> = spans.iter().filter(|s| s.trace_id == TRACE_ID).collect();
+    let request = spans.iter().find(|s| s.name == "request").expect("request span");
+    assert_eq!(request.parent, CLIENT_SPAN);
+    for stage in &stages[1..] {
+        let span = spans.iter().find(|s| s.name == *stage).expect(stage);
+        assert_eq!(span.parent, request.span_id, "{stage} hangs from the request");
+        assert_eq!(span.attribute("model"), Some(model.name.as_str()), "{stage}");
+    }
+    let encode = spans.iter().find(|s| s.name == "encode").expect("encode");
+    assert_eq!(encode.attribute("worker"), Some(grpc(encoder.grpc_addr).as_str()));
+    let encoder_span = spans
+        .iter()
+        .find(|s| s.name == "iris-encoder.encode")
+        .expect("encoder span");
+    assert_eq!(encoder_span.service, "iris-encoder");
+    assert_eq!(encoder_span.parent, request.span_id, "the encoder's span is the gateway's child");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
