@@ -306,33 +306,67 @@ async fn an_epd_request_traces_its_image_and_the_encoder_continues_it() {
         .send()
         .await
         .expect("send");
-    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap_or_default());
+    assert_eq!(
+        response.status(),
+        200,
+        "{}",
+        response.text().await.unwrap_or_default()
+    );
 
-    let stages = ["request", "read", "fetch", "preprocess", "route", "encode", "prefill", "generate"];
+    let stages = [
+        "request",
+        "read",
+        "fetch",
+        "preprocess",
+        "route",
+        "encode",
+        "prefill",
+        "generate",
+    ];
     let spans = receiver
         .until(|spans| {
             let ours: Vec<&Received> = spans.iter().filter(|s| s.trace_id == TRACE_ID).collect();
             stages.iter().all(|n| ours.iter().any(|s| s.name == *n))
                 && ours.iter().any(|s| s.name == "iris-encoder.encode")
-                && ours.iter().filter(|s| s.name == "iris-engine.generate").count() == 2
+                && ours
+                    .iter()
+                    .filter(|s| s.name == "iris-engine.generate")
+                    .count()
+                    == 2
         })
         .await;
     let spans: Vec<&Received> = spans.iter().filter(|s| s.trace_id == TRACE_ID).collect();
-    let request = spans.iter().find(|s| s.name == "request").expect("request span");
+    let request = spans
+        .iter()
+        .find(|s| s.name == "request")
+        .expect("request span");
     assert_eq!(request.parent, CLIENT_SPAN);
     for stage in &stages[1..] {
         let span = spans.iter().find(|s| s.name == *stage).expect(stage);
-        assert_eq!(span.parent, request.span_id, "{stage} hangs from the request");
-        assert_eq!(span.attribute("model"), Some(model.name.as_str()), "{stage}");
+        assert_eq!(
+            span.parent, request.span_id,
+            "{stage} hangs from the request"
+        );
+        assert_eq!(
+            span.attribute("model"),
+            Some(model.name.as_str()),
+            "{stage}"
+        );
     }
     let encode = spans.iter().find(|s| s.name == "encode").expect("encode");
-    assert_eq!(encode.attribute("worker"), Some(grpc(encoder.grpc_addr).as_str()));
+    assert_eq!(
+        encode.attribute("worker"),
+        Some(grpc(encoder.grpc_addr).as_str())
+    );
     let encoder_span = spans
         .iter()
         .find(|s| s.name == "iris-encoder.encode")
         .expect("encoder span");
     assert_eq!(encoder_span.service, "iris-encoder");
-    assert_eq!(encoder_span.parent, request.span_id, "the encoder's span is the gateway's child");
+    assert_eq!(
+        encoder_span.parent, request.span_id,
+        "the encoder's span is the gateway's child"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
