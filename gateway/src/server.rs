@@ -113,11 +113,7 @@ impl RunningGateway {
         for served in state.models.load().all() {
             served.router.flush_aborts(ABORT_FLUSH).await;
         }
-        if let Some(traces) = state.traces.clone() {
-            // Blocks until the last spans are sent, which the runtime's
-            // threads carry: off them.
-            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
-        }
+        iris_otel::shut_down(state.traces.clone()).await;
         served
             .context("HTTP server task panicked")?
             .context("HTTP server failed")

@@ -149,6 +149,15 @@ impl Traces {
     }
 }
 
+/// Sends the spans `traces` still queues and stops its exporter (at a
+/// process's exit; nothing without traces). The wait runs off the async
+/// runtime, whose threads carry the export itself.
+pub async fn shut_down(traces: Option<Traces>) {
+    if let Some(traces) = traces {
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+    }
+}
+
 /// A context whose current span is `span` (children hang from it).
 pub fn with_span(span: Span) -> Context {
     Context::new().with_span(span)
