@@ -9,6 +9,8 @@ use clap::Args;
 pub use crate::config::ComputeKind;
 
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("otlp_endpoint", |a| a.env("IRIS_ENCODER_OTLP_ENDPOINT")))]
+#[command(mut_arg("otlp_sample_ratio", |a| a.env("IRIS_ENCODER_OTLP_SAMPLE_RATIO")))]
 pub struct EncoderArgs {
     /// Vision encoder backend.
     #[arg(
@@ -92,6 +94,9 @@ pub struct EncoderArgs {
     /// How pixel tensors are received (shm, RDMA).
     #[command(flatten)]
     pub receive: ReceiveArgs,
+    /// `--otlp-endpoint` and `--otlp-sample-ratio`: the encoder's spans.
+    #[command(flatten)]
+    pub otlp: iris_otel::OtlpArgs,
 }
 
 /// The `iris-encoder` command line: [`EncoderArgs`] and the logging switch. The binary

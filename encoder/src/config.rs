@@ -59,6 +59,8 @@ pub struct EncoderConfig {
     pub served_model_name: Option<String>,
     pub expose_model_path: bool,
     pub receive: ReceiveConfig,
+    /// Where the encoder's spans go (`--otlp-endpoint`).
+    pub otlp: iris_otel::OtlpArgs,
 }
 
 /// How pixel tensors are received.
@@ -80,7 +82,10 @@ impl EncoderConfig {
     pub fn from_args(args: EncoderArgs) -> Result<EncoderConfig, ConfigError> {
         let auth_token = AuthToken::load(args.auth_token_file.as_deref())
             .map_err(|e| ConfigError(format!("--auth-token-file: {e:#}")))?;
+        iris_otel::check_ratio(args.otlp.otlp_sample_ratio)
+            .map_err(|e| ConfigError(e.to_string()))?;
         Ok(EncoderConfig {
+            otlp: args.otlp.clone(),
             compute: args.compute,
             host: args.host,
             port: args.port,

@@ -52,8 +52,11 @@ impl RunningEncoder {
         self.servers.shutdown_token()
     }
 
+    /// Waits until the servers stop, then sends the spans still queued.
     pub async fn wait(self) -> anyhow::Result<()> {
-        self.servers.wait().await
+        let stopped = self.servers.wait().await;
+        iris_otel::shut_down(self.encoder.traces.clone()).await;
+        stopped
     }
 }
 
@@ -198,6 +201,7 @@ fn build(cfg: EncoderConfig, compute: Option<Arc<dyn Compute>>) -> anyhow::Resul
         .clone()
         .unwrap_or_else(|| format!("encode@{}:{}", cfg.host, cfg.port));
     Ok(Encoder {
+        traces: cfg.otlp.start("iris-encoder")?,
         geometry,
         compute,
         batcher,

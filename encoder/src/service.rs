@@ -66,6 +66,8 @@ pub struct Encoder {
     pub receiving: Receiving,
     pub worker_id: String,
     pub started: Instant,
+    /// The span exporter of `--otlp-endpoint` (`None`: no spans).
+    pub traces: Option<iris_otel::Traces>,
 }
 
 impl Encoder {
@@ -351,6 +353,14 @@ impl TokenSpeedEncoder for EncoderService {
         request: Request<EncodeRequest>,
     ) -> Result<Response<EncodeResponse>, Status> {
         let encoder = &self.0;
+        // Ends when the call is answered (the items are then queued).
+        let _span = encoder.traces.as_ref().map(|traces| {
+            let attributes = vec![iris_otel::Attribute::new(
+                "worker",
+                encoder.worker_id.clone(),
+            )];
+            traces.serve("iris-encoder.encode", request.metadata(), attributes)
+        });
         let cap = caller_batch_limit(request.metadata());
         let request = request.into_inner();
         let items = request.mm_inputs.as_ref().map_or(0, |m| m.items.len());

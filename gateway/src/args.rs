@@ -274,6 +274,8 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub log: iris_process::LogArgs,
+    #[command(flatten)]
+    pub otlp: iris_otel::OtlpArgs,
 
     /// The ids of the options set on the command line or in the
     /// environment (not by their defaults), filled by [`ServeArgs::from_matches`]:

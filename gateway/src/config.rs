@@ -90,6 +90,8 @@ pub struct Config {
     pub transport: TransportConfig,
     /// The configuration file, re-read on reload; `None` without `--config`.
     pub file: Option<file::Source>,
+    /// Where spans are exported (`--otlp-endpoint`) and how many.
+    pub otlp: iris_otel::OtlpArgs,
 }
 
 /// One served model: its directory and names, workers, discovery and
@@ -272,6 +274,7 @@ impl Config {
             )?),
             transport: transport(&args.transport)?,
             file,
+            otlp: otlp(&args.otlp)?,
         })
     }
 
@@ -401,6 +404,12 @@ fn admin_token(args: &ServeArgs) -> Result<Option<AuthToken>, ConfigError> {
         )
     })?;
     Ok(token)
+}
+
+/// The trace flags, the sample ratio checked.
+fn otlp(args: &iris_otel::OtlpArgs) -> Result<iris_otel::OtlpArgs, ConfigError> {
+    iris_otel::check_ratio(args.otlp_sample_ratio).map_err(|e| ConfigError::new(e.to_string()))?;
+    Ok(args.clone())
 }
 
 /// The tenants of `--api-keys-file`, when given, their limits counted

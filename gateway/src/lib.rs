@@ -60,6 +60,7 @@ mod served;
 mod server;
 mod tokencache;
 mod tokenize;
+mod trace;
 mod transport;
 mod usertext;
 mod workers;

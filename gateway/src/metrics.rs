@@ -452,6 +452,7 @@ mod tests {
             adapter_loads: 0,
             adapter_unloads: 0,
             more_stages: Vec::new(),
+            admission: None,
         };
         let text = render(&Metrics::new(""), &[sources]);
         let labels = |port: u16| {

@@ -61,6 +61,9 @@ pub struct AppState {
     pub hard_stop: CancellationToken,
     /// Stored `/v1/responses` answers (`--responses-store`).
     pub responses: Arc<dyn crate::responses::store::ResponseStore>,
+    /// The span exporter of `--otlp-endpoint` (`None`: requests are not
+    /// traced).
+    pub traces: Option<iris_otel::Traces>,
 }
 
 /// Longest wait, at exit, for Abort RPCs still being sent.
@@ -110,6 +113,7 @@ impl RunningGateway {
         for served in state.models.load().all() {
             served.router.flush_aborts(ABORT_FLUSH).await;
         }
+        iris_otel::shut_down(state.traces.clone()).await;
         served
             .context("HTTP server task panicked")?
             .context("HTTP server failed")
@@ -175,6 +179,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         shutdown_grace: config.shutdown_grace,
         hard_stop: CancellationToken::new(),
         responses: crate::responses::store::open(&config.responses_store).await?,
+        traces: config.otlp.start("iris-gateway")?,
     });
     crate::reload::on_hangup(&state, shutdown.clone());
     crate::keys::announce(state.keys.as_deref(), host);

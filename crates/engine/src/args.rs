@@ -33,6 +33,8 @@ pub const RENAMED_ENV: &[iris_process::renamed::Renamed] = &[
 #[command(mut_arg("rdma_landing_slot_size_mb", |a| a.env("IRIS_ENGINE_RDMA_LANDING_SLOT_SIZE_MB")))]
 #[command(mut_arg("rdma_landing_wait_ms", |a| a.env("IRIS_ENGINE_RDMA_LANDING_WAIT_MS")))]
 #[command(mut_arg("rdma_read_timeout_ms", |a| a.env("IRIS_ENGINE_RDMA_READ_TIMEOUT_MS")))]
+#[command(mut_arg("otlp_endpoint", |a| a.env("IRIS_ENGINE_OTLP_ENDPOINT")))]
+#[command(mut_arg("otlp_sample_ratio", |a| a.env("IRIS_ENGINE_OTLP_SAMPLE_RATIO")))]
 pub struct EngineArgs {
     /// Role of this worker.
     #[arg(
@@ -165,6 +167,9 @@ pub struct EngineArgs {
     /// over RDMA inside Generate requests (feature `nixl`).
     #[command(flatten)]
     pub nixl: iris_transport::args::NixlReceiverArgs,
+    /// `--otlp-endpoint` and `--otlp-sample-ratio`: the engine's spans.
+    #[command(flatten)]
+    pub otlp: iris_otel::OtlpArgs,
 }
 
 /// The `iris-engine` command line: [`EngineArgs`] and the logging switch. The binary

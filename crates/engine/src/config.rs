@@ -106,6 +106,8 @@ pub struct EngineConfig {
     pub shm_names: ShmNames,
     /// The NIXL receiver (RDMA lane for pixels in Generate requests).
     pub remote: iris_transport::RemoteSettings,
+    /// Where the engine's spans go (`--otlp-endpoint`).
+    pub otlp: iris_otel::OtlpArgs,
 }
 
 /// A flag the engine cannot run with.
@@ -136,7 +138,10 @@ impl EngineConfig {
                 ConfigError(format!("--kv-trace: cannot open {}: {e}", path.display()))
             })?)),
         };
+        iris_otel::check_ratio(args.otlp.otlp_sample_ratio)
+            .map_err(|e| ConfigError(e.to_string()))?;
         Ok(EngineConfig {
+            otlp: args.otlp.clone(),
             auth_token: AuthToken::load(args.auth_token_file.as_deref())
                 .map_err(|e| ConfigError(format!("--auth-token-file: {e:#}")))?,
             shm_names: args.shm.names().map_err(ConfigError)?,

@@ -42,6 +42,8 @@ pub struct RunningEngine {
     /// Where `/metrics` is served (with `--metrics-port` only).
     pub metrics_addr: Option<SocketAddr>,
     servers: ServerTasks,
+    /// Flushed when the servers stop.
+    traces: Option<iris_otel::Traces>,
 }
 
 impl RunningEngine {
@@ -50,9 +52,12 @@ impl RunningEngine {
         self.servers.shutdown_token()
     }
 
-    /// Waits until the servers stop (after shutdown, or on a server error).
+    /// Waits until the servers stop (after shutdown, or on a server
+    /// error), then sends the spans still queued.
     pub async fn wait(self) -> anyhow::Result<()> {
-        self.servers.wait().await
+        let stopped = self.servers.wait().await;
+        iris_otel::shut_down(self.traces).await;
+        stopped
     }
 }
 
@@ -128,6 +133,7 @@ pub async fn start_configured(config: EngineConfig) -> anyhow::Result<RunningEng
         data_addr,
         metrics_addr,
         servers,
+        traces: engine.traces.clone(),
     })
 }
 
@@ -191,6 +197,7 @@ fn build_engine(cfg: EngineConfig, data_addr: Option<SocketAddr>) -> anyhow::Res
         .clone()
         .unwrap_or_else(|| format!("{}@{}:{}", cfg.role.as_str(), cfg.host, cfg.port));
     Ok(Engine {
+        traces: cfg.otlp.start("iris-engine")?,
         role: cfg.role,
         facts,
         limits,

@@ -88,6 +88,8 @@ pub struct Engine {
     pub items: Option<crate::recall::ItemCache>,
     /// The LoRA adapters loaded (`--max-loras` at most).
     pub adapters: crate::adapters::Adapters,
+    /// The span exporter of `--otlp-endpoint` (`None`: no spans).
+    pub traces: Option<iris_otel::Traces>,
 }
 
 /// The events of one running request.

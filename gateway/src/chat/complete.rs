@@ -62,6 +62,7 @@ async fn run(ledger: &Ledger, mut prepared: ReadyConversation) -> Result<(Vec<u8
     }
     generation.finish();
     ledger.metrics.stage(Stage::Generate, generating.elapsed());
+    ledger.span("generate", generating);
     let completion_tokens: u32 = choices.iter().map(|c| c.completion_tokens).sum();
     ledger
         .metrics

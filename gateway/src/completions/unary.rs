@@ -44,6 +44,7 @@ async fn run(ledger: &Ledger, prepared: &ReadyPrompts) -> Result<(Vec<u8>, u32),
         }
     }
     ledger.metrics.stage(Stage::Generate, generating.elapsed());
+    ledger.span("generate", generating);
     for (choice, text) in out.iter_mut().zip(&choices) {
         choice.finish_reason = text.finish;
         if text.finish.is_none() {

@@ -17,6 +17,7 @@ use crate::keys::limit::{Held, Quota};
 use crate::keys::Settlement;
 use crate::metrics::{Metrics, Outcome};
 use crate::router::fair::Running;
+use crate::trace::RequestTrace;
 
 /// Status logged for a request whose client went away before its end
 /// (nginx's "client closed request"; nothing more was sent).
@@ -96,6 +97,9 @@ pub struct Ledger {
     /// Its place among its model's running requests under fair
     /// admission, given back like `held`.
     pub running: Option<Arc<Running>>,
+    /// The request's trace (`--otlp-endpoint`), its span ended with the
+    /// request.
+    pub trace: Option<Arc<RequestTrace>>,
 }
 
 impl Ledger {
@@ -122,6 +126,15 @@ impl Ledger {
             settle: None,
             held: None,
             running: None,
+            trace: None,
+        }
+    }
+
+    /// Records stage `name`, from `started` to now, in the request's
+    /// trace (when traced).
+    pub fn span(&self, name: &'static str, started: Instant) {
+        if let Some(trace) = &self.trace {
+            trace.stage(name, started, None);
         }
     }
 
@@ -139,6 +152,10 @@ impl Ledger {
         self.metrics.outcome(outcome);
         if let Some(settlement) = &self.settle {
             settlement.settle(u64::from(completion_tokens));
+        }
+        if let Some(trace) = &self.trace {
+            trace.label(self.metrics.model(), self.tenant.as_ref());
+            trace.finish(status, error);
         }
         let duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(

@@ -29,6 +29,7 @@ use crate::request::{ApiRequest, Input};
 use crate::router::fair::{Fair, Running};
 use crate::served::Served;
 use crate::server::AppState;
+use crate::trace::RequestTrace;
 
 /// What an endpoint supplies to the shared path: its names, the
 /// conversion of its wire request, and the shape of its answers.
@@ -84,19 +85,24 @@ pub async fn serve<E: Endpoint>(State(state): State<Arc<AppState>>, request: Req
     // Every log line of the request (routing, retries, failures) carries its id.
     let span = E::span(&id);
     let caller = request.extensions().get::<Caller>().cloned();
-    respond::<E>(state, request.into_body(), caller, id)
-        .instrument(span)
-        .await
+    let started = Instant::now();
+    let trace = state
+        .traces
+        .as_ref()
+        .map(|traces| RequestTrace::start(traces, E::NAME, &id, request.headers(), started));
+    let mut ledger = Ledger::new(E::NAME, id, started, state.metrics.clone());
+    ledger.error_shape = E::error_response;
+    ledger.trace = trace.clone();
+    let respond = respond::<E>(state, request.into_body(), caller, ledger);
+    crate::trace::scope(trace, respond.instrument(span)).await
 }
 
 async fn respond<E: Endpoint>(
     state: Arc<AppState>,
     body: Body,
     caller: Option<Caller>,
-    id: String,
+    mut ledger: Ledger,
 ) -> Response {
-    let mut ledger = Ledger::new(E::NAME, id, Instant::now(), state.metrics.clone());
-    ledger.error_shape = E::error_response;
     // Each stage's future is boxed: held inline, the largest would make
     // every enclosing future as large, and each is moved (copied) a few
     // times on its way to the runtime.
@@ -139,6 +145,10 @@ async fn prepare<E: Endpoint>(
     ledger.user = request.user;
     ledger.metrics.stage(Stage::Parse, ledger.started.elapsed());
     let fair = served.router.fair.clone();
+    if let Some(trace) = &ledger.trace {
+        trace.label(ledger.metrics.model(), ledger.tenant.as_ref());
+    }
+    ledger.span("read", ledger.started);
     let ready = request.input.prepare(served, ledger).await?;
     if let Some(caller) = &caller {
         charge(state, caller, ledger).await.map_err(client)?;

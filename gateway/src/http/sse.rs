@@ -225,7 +225,8 @@ impl<E: Events> Stream<E> {
         // polled (a lock and a timer each) only while it is not ready.
         let woken = tokio::select! {
             biased;
-            next = self.events.next() => Woken::Next(next),
+            // A worker call made meanwhile (a migration) carries the trace.
+            next = crate::trace::scope(self.ledger.trace.clone(), self.events.next()) => Woken::Next(next),
             _ = self.stopped.as_mut() => Woken::Stopped,
             _ = self.deadline.as_mut() => Woken::TimedOut,
         };
@@ -264,6 +265,7 @@ impl<E: Events> Stream<E> {
             self.ledger
                 .metrics
                 .stage(Stage::FirstToken, self.ledger.started.elapsed());
+            self.ledger.span("first_token", self.ledger.started);
         }
     }
 
@@ -282,6 +284,7 @@ impl<E: Events> Stream<E> {
             self.ledger
                 .metrics
                 .time_per_output_token(decode, completion_tokens);
+            self.ledger.span("stream", first);
         }
         self.end(200, Outcome::Ok, None);
     }

@@ -66,6 +66,7 @@ async fn run(ledger: &Ledger, mut prepared: ReadyConversation) -> Result<(Vec<u8
     }
     generation.finish();
     ledger.metrics.stage(Stage::Generate, generating.elapsed());
+    ledger.span("generate", generating);
     let output_tokens = text.completion_tokens;
     ledger.metrics.tokens(ledger.prompt_tokens, output_tokens);
     let shaper = prepared.output.shaper();

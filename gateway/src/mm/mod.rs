@@ -565,6 +565,7 @@ where
         ApiError::internal(format!("{place}: preprocessing {e}")).with_param(place.as_str())
     })??;
     metrics.stage(Stage::Preprocess, started.elapsed());
+    crate::trace::stage("preprocess", started);
     Ok(entry)
 }
 
@@ -661,6 +662,7 @@ async fn fetch_bytes(
         .await
         .map_err(|e| media_error(place, &e))?;
     metrics.stage(Stage::Fetch, started.elapsed());
+    crate::trace::stage("fetch", started);
     Ok(fetched.bytes)
 }
 

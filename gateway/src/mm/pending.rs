@@ -60,15 +60,18 @@ impl PendingImages {
     pub fn start(images: Vec<(ItemLayout, BoxFuture<'static, Result<Loaded, ApiError>>)>) -> Self {
         let held = Arc::new(Mutex::new(Vec::new()));
         let (mut layouts, mut pixels, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
+        // Each task's fetch and preprocessing are stages of the request's trace.
+        let trace = crate::trace::current();
         for (layout, load) in images {
             let held = held.clone();
-            let task = tokio::spawn(async move {
+            let load = async move {
                 let (entry, share) = load.await?;
                 if let Some(share) = share {
                     lock(&held).push(share);
                 }
                 Ok(entry)
-            });
+            };
+            let task = tokio::spawn(crate::trace::scope(trace.clone(), load));
             tasks.push(task.abort_handle());
             let joined = async move {
                 task.await.unwrap_or_else(|e| {

@@ -52,6 +52,7 @@ async fn run(
         .map_err(|e| (e, Outcome::UpstreamError))?;
     generation.finish();
     ledger.metrics.stage(Stage::Generate, generating.elapsed());
+    ledger.span("generate", generating);
     ledger
         .metrics
         .tokens(ledger.prompt_tokens, text.completion_tokens);

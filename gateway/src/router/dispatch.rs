@@ -49,6 +49,7 @@ use super::strategy::{Handover, Plan, Strategy};
 use super::{RouteError, Router};
 use crate::backends::{Backend, ResponseStream};
 use crate::mm::pending::PendingImages;
+use crate::trace;
 use crate::workers::affinity::item_patches;
 use crate::workers::Worker;
 
@@ -254,9 +255,11 @@ impl Router {
     ) -> Result<Generation, RouteError> {
         let strategy = Strategy::new(&self.mode, request.clone(), images);
         loop {
+            let routing = Instant::now();
             let plan = strategy
                 .plan(attempts.made, &attempts.suspects)
                 .map_err(RouteError::NoWorker)?;
+            trace::stage_on("route", routing, || plan.stream.0.url.to_string());
             let legs = plan.leg_workers();
             let failure = match self.attempt(plan, &mut attempts.suspects).await {
                 Ok(mut generation) => {
@@ -452,9 +455,11 @@ impl Router {
             Ok((laned_request, prepared)) => {
                 let mut laned = Laned::default();
                 laned.add(&p, prepared);
+                let sent = Instant::now();
                 let answered = p
                     .prefill_first(laned_request.as_ref().unwrap_or(&request))
                     .await;
+                trace::stage_on("prefill", sent, || p.url.to_string());
                 if answered.is_ok() {
                     laned.tickets.delivered();
                 }
@@ -535,7 +540,12 @@ impl Router {
         let permits = self.admission.acquire(&costs).await;
         let prefill_call = async {
             match &plan.prefill {
-                Some((p, request)) => Some(Box::pin(self.generate(p, request, None)).await),
+                Some((p, request)) => {
+                    let sent = Instant::now();
+                    let answered = Box::pin(self.generate(p, request, None)).await;
+                    trace::stage_on("prefill", sent, || p.url.to_string());
+                    Some(answered)
+                }
                 None => None,
             }
         };
@@ -562,6 +572,10 @@ impl Router {
         laned.add(&s_worker, s_laned);
         if !encoders.is_empty() {
             self.encode_time.observe(encode_started.elapsed());
+            trace::stage_on("encode", encode_started, || {
+                let urls: Vec<String> = encoders.iter().map(|e| e.url.to_string()).collect();
+                urls.join(",")
+            });
         }
         let prefill = plan
             .prefill

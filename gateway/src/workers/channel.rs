@@ -126,7 +126,9 @@ impl tower_service::Service<Request<tonic::body::Body>> for WorkerChannel {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<tonic::body::Body>) -> CallFuture {
+    fn call(&mut self, mut request: Request<tonic::body::Body>) -> CallFuture {
+        // A call made for a traced request continues its trace.
+        crate::trace::tag(request.headers_mut());
         let shared = self.shared.clone();
         Box::pin(async move { shared.call(request).await })
     }

@@ -37,6 +37,8 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use iris_otel::opentelemetry::trace::Span as _;
+use iris_otel::{Attribute, Span};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::Status;
@@ -50,17 +52,58 @@ use crate::service::Engine;
 pub type Replies<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// Checks `intake`, starts it and returns its events as `T`s made by
-/// `reply` (the protocol's GenerateResponse).
+/// `reply` (the protocol's GenerateResponse). `span` (the call's, when
+/// traced) ends when the stream does.
 pub fn generate<T: Send + 'static>(
     engine: &Arc<Engine>,
     intake: Intake,
+    span: Option<Span>,
     reply: impl Fn(Event) -> T + Send + 'static,
 ) -> Result<Replies<T>, Status> {
+    let request_id = intake.request_id.clone();
     let plan = request::plan(intake, &engine.limits)?;
     let events = engine.submit(plan)?;
-    Ok(Box::pin(
-        ReceiverStream::new(events).map(move |event| event.map(&reply)),
-    ))
+    let replies: Replies<T> =
+        Box::pin(ReceiverStream::new(events).map(move |event| event.map(&reply)));
+    Ok(match span {
+        Some(mut span) => {
+            span.set_attribute(Attribute::new("request_id", request_id));
+            Box::pin(Spanned {
+                replies,
+                _span: span,
+            })
+        }
+        None => replies,
+    })
+}
+
+/// The span of a Generate call (`--otlp-endpoint`): a child of the
+/// caller's `traceparent`, labelled with the engine's role and worker id;
+/// `None` when the engine exports no spans.
+pub fn traced(engine: &Engine, metadata: &tonic::metadata::MetadataMap) -> Option<Span> {
+    let traces = engine.traces.as_ref()?;
+    let attributes = vec![
+        Attribute::new("role", engine.role.as_str()),
+        Attribute::new("worker", engine.worker_id.clone()),
+    ];
+    Some(traces.serve("iris-engine.generate", metadata, attributes))
+}
+
+/// A reply stream holding its call's span until it is dropped.
+struct Spanned<T> {
+    replies: Replies<T>,
+    _span: Span,
+}
+
+impl<T> Stream for Spanned<T> {
+    type Item = Result<T, Status>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.replies.as_mut().poll_next(cx)
+    }
 }
 
 /// The tokenizer bundle stream, shared by every protocol (its messages are

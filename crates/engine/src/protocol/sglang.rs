@@ -42,6 +42,7 @@ impl SglangScheduler for Service {
         &self,
         request: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
+        let span = super::traced(&self.0, request.metadata());
         let request = request.into_inner();
         let adapter = self.0.adapters.find(&request.lora_id)?;
         let mut intake = intake(request, self.0.role)?;
@@ -50,7 +51,9 @@ impl SglangScheduler for Service {
             intake.lora = Some(adapter.name);
         }
         let request_id = intake.request_id.clone();
-        let replies = super::generate(&self.0, intake, move |event| reply(&request_id, event))?;
+        let replies = super::generate(&self.0, intake, span, move |event| {
+            reply(&request_id, event)
+        })?;
         Ok(Response::new(replies))
     }
 

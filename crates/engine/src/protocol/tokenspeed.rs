@@ -40,9 +40,12 @@ impl TokenSpeedScheduler for Service {
         &self,
         request: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
+        let span = super::traced(&self.0, request.metadata());
         let intake = intake(request.into_inner(), self.0.role, &self.0.item_rules)?;
         let request_id = intake.request_id.clone();
-        let replies = super::generate(&self.0, intake, move |event| reply(&request_id, event))?;
+        let replies = super::generate(&self.0, intake, span, move |event| {
+            reply(&request_id, event)
+        })?;
         Ok(Response::new(replies))
     }
 

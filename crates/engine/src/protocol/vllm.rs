@@ -52,12 +52,13 @@ impl VllmEngine for Service {
         &self,
         request: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
+        let span = super::traced(&self.0, request.metadata());
         let intake = intake(request.into_inner(), &self.0)?;
         let identity = Identity {
             request_id: intake.request_id.clone(),
             engine_id: self.0.worker_id.clone(),
         };
-        let replies = super::generate(&self.0, intake, move |event| reply(&identity, event))?;
+        let replies = super::generate(&self.0, intake, span, move |event| reply(&identity, event))?;
         Ok(Response::new(replies))
     }
 
