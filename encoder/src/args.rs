@@ -57,6 +57,17 @@ pub struct EncoderArgs {
     /// else UNAUTHENTICATED. Unset: no authentication.
     #[arg(long, env = "IRIS_ENCODER_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
+    /// PEM certificate chain the gRPC port serves TLS with (needs
+    /// --tls-key-file; re-read when it changes). Unset: plain gRPC.
+    #[arg(long, env = "IRIS_ENCODER_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --tls-cert-file.
+    #[arg(long, env = "IRIS_ENCODER_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates: callers of the gRPC port must present a
+    /// certificate one of them signed (mutual TLS; needs --tls-cert-file).
+    #[arg(long, env = "IRIS_ENCODER_TLS_CLIENT_CA_FILE")]
+    pub tls_client_ca_file: Option<PathBuf>,
     /// Tail window for staggered bursts, in ms (0: off).
     #[arg(long, default_value_t = 2, env = "IRIS_ENCODER_COALESCE_WINDOW_MS")]
     pub coalesce_window_ms: u64,

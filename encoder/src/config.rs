@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use iris_process::auth::AuthToken;
+use iris_process::tls::ServerTls;
 use iris_transport::shm::ShmNames;
 
 use crate::args::{EncoderArgs, ReceiveArgs};
@@ -42,6 +43,9 @@ pub struct EncoderConfig {
     pub max_message_bytes: Option<u64>,
     /// The shared secret of `--auth-token-file`, read once.
     pub auth_token: Option<AuthToken>,
+    /// TLS on the gRPC port (`--tls-cert-file` and the rest), read and
+    /// checked; `None`: plain.
+    pub tls: Option<ServerTls>,
     pub coalesce_window: Duration,
     /// Batches computed at once (at least 1).
     pub dispatch_width: usize,
@@ -101,6 +105,12 @@ impl EncoderConfig {
                 .map(|mb| mib("--max-message-mb", mb))
                 .transpose()?,
             auth_token,
+            tls: iris_process::tls::server_flags(
+                args.tls_cert_file.as_deref(),
+                args.tls_key_file.as_deref(),
+                args.tls_client_ca_file.as_deref(),
+            )
+            .map_err(ConfigError)?,
             coalesce_window: Duration::from_millis(args.coalesce_window_ms),
             dispatch_width: args.dispatch_width.max(1),
             queue_capacity: args.queue_capacity.max(1),

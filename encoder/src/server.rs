@@ -1,7 +1,8 @@
 //! Start-up: read the model's vision geometry and the largest item it
 //! takes, build the compute backend, the batching loop, the cache and the
-//! room store, and serve gRPC, the data server (both behind the optional
-//! shared-secret check) and `/metrics`.
+//! room store, and serve gRPC (over TLS with `--tls-cert-file`), the data
+//! server (plain; both behind the optional shared-secret check) and
+//! `/metrics`.
 
 use std::future::IntoFuture;
 use std::hash::{Hash, Hasher};
@@ -104,8 +105,11 @@ pub async fn start_configured(
         .layer(iris_process::auth::require(token.clone()))
         .add_service(encode)
         .add_service(TokenSpeedSchedulerServer::new(service.clone()));
+    if let Some(tls) = &cfg.tls {
+        tls.watch(servers.shutdown_token());
+    }
     servers.spawn(main.serve_with_incoming_shutdown(
-        iris_process::nodelay_incoming(grpc),
+        iris_process::tls::incoming(grpc, cfg.tls.as_ref()),
         servers.shutdown_token().cancelled_owned(),
     ));
     let data_service =

@@ -204,6 +204,18 @@ pub struct ServeArgs {
     /// every call to every worker. Unset: no header.
     #[arg(long, env = "IRIS_WORKER_AUTH_TOKEN_FILE")]
     pub worker_auth_token_file: Option<std::path::PathBuf>,
+    /// PEM CA certificates that signed the `grpcs://` workers'
+    /// certificates (required by grpcs:// URLs; the worker's host must be
+    /// a name or address its certificate carries).
+    #[arg(long, env = "IRIS_WORKER_TLS_CA_FILE")]
+    pub worker_tls_ca_file: Option<std::path::PathBuf>,
+    /// PEM certificate chain presented to `grpcs://` workers that ask
+    /// for one (mutual TLS; needs --worker-tls-key-file).
+    #[arg(long, env = "IRIS_WORKER_TLS_CERT_FILE")]
+    pub worker_tls_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of --worker-tls-cert-file.
+    #[arg(long, env = "IRIS_WORKER_TLS_KEY_FILE")]
+    pub worker_tls_key_file: Option<std::path::PathBuf>,
     /// Whole-request deadline in seconds (504 or an error event past it).
     #[arg(long, default_value_t = 600, env = "IRIS_REQUEST_TIMEOUT_SECS")]
     pub request_timeout_secs: u64,
@@ -265,6 +277,18 @@ pub struct ServeArgs {
     /// reach each replica holds tenants to its own limits.
     #[arg(long, default_value = "memory", env = "IRIS_RATE_LIMIT_STORE")]
     pub rate_limit_store: String,
+    /// PEM certificate chain: the HTTP port serves HTTPS (needs
+    /// --tls-key-file; re-read when the files change, open connections
+    /// kept). Unset: plain HTTP.
+    #[arg(long, env = "IRIS_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert-file.
+    #[arg(long, env = "IRIS_TLS_KEY_FILE")]
+    pub tls_key_file: Option<std::path::PathBuf>,
+    /// PEM CA certificates: HTTPS clients must present a certificate one
+    /// of them signed (needs --tls-cert-file).
+    #[arg(long, env = "IRIS_TLS_CLIENT_CA_FILE")]
+    pub tls_client_ca_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub media: MediaArgs,
     #[command(flatten)]

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iris_process::auth::AuthToken;
+use iris_process::tls::{ClientFiles, ClientTls, ServerFiles, ServerTls};
 use iris_transport::{ArenaConfig, LanePolicy};
 use iris_vision::OutputDtype;
 
@@ -126,6 +127,9 @@ pub struct ListenConfig {
     pub keep_alive: Option<Duration>,
     /// Requests per connection (0: unlimited).
     pub max_requests_per_connection: u64,
+    /// HTTPS on the HTTP port (`--tls-cert-file` and the rest), read and
+    /// checked; `None`: plain HTTP.
+    pub tls: Option<ServerTls>,
 }
 
 /// A served model's directory, names and prompt settings.
@@ -248,6 +252,7 @@ impl Config {
                 timeout: Duration::from_millis(args.connect_timeout_ms.max(1)),
                 token: AuthToken::load(args.worker_auth_token_file.as_deref())
                     .map_err(|e| ConfigError::new(format!("--worker-auth-token-file: {e:#}")))?,
+                tls: worker_tls(args)?,
             },
             admin_token: admin_token(args)?,
             api_keys: api_keys(args)?,
@@ -387,7 +392,38 @@ fn listen(args: &ServeArgs, conn: &ConnArgs) -> Result<ListenConfig, ConfigError
         body_read_timeout: positive_secs("--body-read-timeout-secs", conn.body_read_timeout_secs)?,
         keep_alive,
         max_requests_per_connection: conn.max_requests_per_connection,
+        tls: https(args)?,
     })
+}
+
+/// The HTTP port's TLS, when `--tls-cert-file` and `--tls-key-file` are
+/// given (HTTP/1.1 over it).
+fn https(args: &ServeArgs) -> Result<Option<ServerTls>, ConfigError> {
+    let files = ServerFiles::from_flags(
+        args.tls_cert_file.as_deref(),
+        args.tls_key_file.as_deref(),
+        args.tls_client_ca_file.as_deref(),
+    )
+    .map_err(ConfigError)?;
+    files
+        .map(|files| ServerTls::load(&files, &[iris_process::tls::ALPN_HTTP1]))
+        .transpose()
+        .map_err(ConfigError)
+}
+
+/// The TLS `grpcs://` workers are reached with, when
+/// `--worker-tls-ca-file` is given.
+fn worker_tls(args: &ServeArgs) -> Result<Option<ClientTls>, ConfigError> {
+    let files = ClientFiles::from_flags(
+        args.worker_tls_ca_file.as_deref(),
+        args.worker_tls_cert_file.as_deref(),
+        args.worker_tls_key_file.as_deref(),
+    )
+    .map_err(ConfigError)?;
+    files
+        .map(|files| ClientTls::load(&files, &[iris_process::tls::ALPN_H2]))
+        .transpose()
+        .map_err(ConfigError)
 }
 
 /// The admin token of `--admin-token-file`; without one the admin routes

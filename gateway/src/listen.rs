@@ -15,9 +15,16 @@
 //!   closed. `--max-requests-per-connection` answers the last request of a
 //!   connection with `Connection: close`.
 //!
+//! - **TLS** (`--tls-cert-file`, docs/security.md "TLS"): the handshake
+//!   runs on the connection's task within the header-read timeout; one
+//!   that fails or times out closes the connection and is counted
+//!   (`iris_tls_handshake_failures_total`). Past the cap a TLS listener
+//!   closes the connection without the plain-text 503.
+//!
 //! The accept loop never waits on a client: each connection is its own
-//! task (a few KiB), so a flood of half-sent headers costs memory, not
-//! the loop's attention, and `/health` on a fresh connection is answered.
+//! task (a few KiB), so a flood of half-sent headers (or handshakes)
+//! costs memory, not the loop's attention, and `/health` on a fresh
+//! connection is answered.
 //! The body-read deadline is applied where bodies are read
 //! (`crate::chat`).
 
@@ -35,6 +42,8 @@ use http::{header, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use iris_process::tls::tokio_rustls::TlsAcceptor;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
@@ -50,7 +59,7 @@ const HARD_STOP_DRAIN: Duration = Duration::from_secs(1);
 const OVER_CAPACITY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: 128\r\nconnection: close\r\nretry-after: 1\r\n\r\n{\"error\":{\"message\":\"the gateway is at its connection limit\",\"type\":\"server_error\",\"param\":null,\"code\":\"too_many_connections\"}}\n";
 
 /// The connection limits of one listener.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ConnLimits {
     /// Connections open at once; more are refused.
     pub max_connections: usize,
@@ -61,6 +70,8 @@ pub struct ConnLimits {
     pub keep_alive: Option<Duration>,
     /// Requests per connection (0: unlimited).
     pub max_requests: u64,
+    /// TLS handshakes of the listener's connections (`None`: plain).
+    pub tls: Option<TlsAcceptor>,
 }
 
 /// Connection counters, shared with `/metrics`.
@@ -69,13 +80,14 @@ pub struct ConnStats {
     pub open: AtomicUsize,
     pub refused: AtomicU64,
     pub header_timeouts: AtomicU64,
+    pub tls_handshake_failures: AtomicU64,
 }
 
 /// Prometheus text for the connection counters of every listener (`api`,
 /// `metrics`), each family once with a sample per listener.
 pub fn render_stats(out: &mut String, listeners: &[(&'static str, Arc<ConnStats>)]) {
     type Read = fn(&ConnStats) -> u64;
-    let families: [(&str, &str, &str, Read); 3] = [
+    let families: [(&str, &str, &str, Read); 4] = [
         (
             "iris_http_connections_open",
             "gauge",
@@ -93,6 +105,12 @@ pub fn render_stats(out: &mut String, listeners: &[(&'static str, Arc<ConnStats>
             "counter",
             "Connections closed because a request head did not arrive within --header-read-timeout-secs.",
             |s| s.header_timeouts.load(Ordering::Relaxed),
+        ),
+        (
+            "iris_tls_handshake_failures_total",
+            "counter",
+            "TLS connections closed because their handshake failed or did not finish within --header-read-timeout-secs (--tls-cert-file).",
+            |s| s.tls_handshake_failures.load(Ordering::Relaxed),
         ),
     ];
     for (name, kind, help, read) in families {
@@ -152,7 +170,7 @@ pub async fn serve(
                     drop(permit);
                 });
             }
-            Err(_) => refuse(stream, &shared.stats),
+            Err(_) => refuse(stream, &shared.stats, shared.limits.tls.is_none()),
         }
     }
     // No new connection once shutdown began: the port is closed now.
@@ -202,25 +220,59 @@ async fn accept_failed(error: &std::io::Error, stop: &CancellationToken) {
     }
 }
 
-/// Past the cap: a fixed 503 if the socket takes it now, then close.
-fn refuse(stream: TcpStream, stats: &ConnStats) {
+/// Past the cap: a fixed 503 if the socket takes it now (on a plain
+/// listener: a TLS client could not read it), then close.
+fn refuse(stream: TcpStream, stats: &ConnStats, plain: bool) {
     stats.refused.fetch_add(1, Ordering::Relaxed);
-    let _ = stream.try_write(OVER_CAPACITY);
+    if plain {
+        let _ = stream.try_write(OVER_CAPACITY);
+    }
     tracing::debug!("connection refused: --max-connections reached");
 }
 
 async fn serve_connection(stream: TcpStream, shared: &Shared) {
     // Streamed chunks must not wait for delayed ACKs.
     let _ = stream.set_nodelay(true);
+    let Some(acceptor) = &shared.limits.tls else {
+        return serve_http(stream, shared).await;
+    };
+    let handshake =
+        tokio::time::timeout(shared.limits.header_read_timeout, acceptor.accept(stream));
+    let tls = tokio::select! {
+        done = handshake => done,
+        _ = shared.stop.hard.cancelled() => return,
+    };
+    match tls {
+        Ok(Ok(tls)) => serve_http(tls, shared).await,
+        Ok(Err(error)) => {
+            shared
+                .stats
+                .tls_handshake_failures
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%error, "TLS handshake failed");
+        }
+        Err(_) => {
+            shared
+                .stats
+                .tls_handshake_failures
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("TLS handshake not done within --header-read-timeout-secs");
+        }
+    }
+}
+
+/// Serves HTTP/1 on `io` (a TCP or TLS connection) until it closes.
+async fn serve_http<I>(io: I, shared: &Shared)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let activity = Arc::new(Activity::default());
     let service = ConnService {
         app: shared.app.clone(),
         activity: activity.clone(),
         max_requests: shared.limits.max_requests,
     };
-    let conn = shared
-        .builder
-        .serve_connection(TokioIo::new(stream), service);
+    let conn = shared.builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     let hard_stop = async {
         shared.stop.hard.cancelled().await;

@@ -1,8 +1,9 @@
 //! `iris serve`: builds the worker pools, the router and the prompt
 //! pipeline from the options, and serves the HTTP API (axum routes behind
-//! the connection limits of [`crate::listen`]), with `/metrics` and the
-//! admin API ([`crate::admin`]) on their own port when `--metrics-port` is
-//! set.
+//! the connection limits of [`crate::listen`]; HTTPS with
+//! `--tls-cert-file`, its certificate re-read as its files change), with
+//! `/metrics` and the admin API ([`crate::admin`]) on their own port (plain
+//! HTTP) when `--metrics-port` is set.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,6 +46,8 @@ pub struct AppState {
     pub admin: Admin,
     /// The tenants of `--api-keys-file` (`None`: the API is open).
     pub keys: Option<Arc<ApiKeys>>,
+    /// The HTTP port's TLS (`None`: plain HTTP).
+    pub tls: Option<iris_process::tls::ServerTls>,
     pub metrics: Arc<Metrics>,
     pub request_timeout: Duration,
     pub max_payload: usize,
@@ -168,6 +171,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         reloader,
         admin,
         keys: config.api_keys.clone(),
+        tls: config.listen.tls.clone(),
         metrics: Arc::new(Metrics::new("")),
         request_timeout: config.request_timeout,
         max_payload: config.max_payload_bytes,
@@ -185,6 +189,9 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
     crate::keys::announce(state.keys.as_deref(), host);
     if let Some(keys) = &state.keys {
         keys.watch(shutdown.clone());
+    }
+    if let Some(tls) = &state.tls {
+        tls.watch(shutdown.clone());
     }
     let addr = listener.local_addr()?;
     let metrics_addr = metrics_listener
@@ -207,6 +214,7 @@ pub async fn start_with(config: Config) -> anyhow::Result<RunningGateway> {
         // has drained (Prometheus sees the shutdown through).
         let limits = ConnLimits {
             max_connections: METRICS_MAX_CONNECTIONS,
+            tls: None,
             ..limits
         };
         let stop = Stop {
@@ -255,6 +263,10 @@ fn conn_limits(listen: &ListenConfig) -> ConnLimits {
         header_read_timeout: listen.header_read_timeout,
         keep_alive: listen.keep_alive,
         max_requests: listen.max_requests_per_connection,
+        tls: listen
+            .tls
+            .as_ref()
+            .map(iris_process::tls::ServerTls::acceptor),
     }
 }
 
@@ -512,6 +524,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     if let Some(keys) = &state.keys {
         keys.render(&mut body);
     }
+    if let Some(tls) = &state.tls {
+        render_tls_reloads(&mut body, tls.reloads());
+    }
     let (hits, misses) = served.prompter.cache_stats();
     iris_metrics::family(
         &mut body,
@@ -521,6 +536,17 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         [("result=\"hit\"", hits), ("result=\"miss\"", misses)],
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+/// The HTTP port's certificate reloads (`--tls-cert-file`).
+fn render_tls_reloads(out: &mut String, (taken, refused): (u64, u64)) {
+    iris_metrics::family(
+        out,
+        "iris_tls_certificate_reloads_total",
+        "counter",
+        "Changes of the --tls-cert-file/--tls-key-file pair: loaded (new handshakes get it) or refused (the loaded certificate kept).",
+        [("result=\"loaded\"", taken), ("result=\"refused\"", refused)],
+    );
 }
 
 fn render_pixel_cache(out: &mut String, stats: &iris_cache::CacheStats) {

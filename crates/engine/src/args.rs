@@ -160,6 +160,17 @@ pub struct EngineArgs {
     /// other workers' data ports. Unset: no authentication.
     #[arg(long, env = "IRIS_ENGINE_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
+    /// PEM certificate chain the gRPC port serves TLS with (needs
+    /// --tls-key-file; re-read when it changes). Unset: plain gRPC.
+    #[arg(long, env = "IRIS_ENGINE_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --tls-cert-file.
+    #[arg(long, env = "IRIS_ENGINE_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates: callers of the gRPC port must present a
+    /// certificate one of them signed (mutual TLS; needs --tls-cert-file).
+    #[arg(long, env = "IRIS_ENGINE_TLS_CLIENT_CA_FILE")]
+    pub tls_client_ca_file: Option<PathBuf>,
     /// `--shm-name-prefix` (env `IRIS_ENGINE_SHM_NAME_PREFIX`).
     #[command(flatten)]
     pub shm: iris_transport::args::ShmNameArgs,

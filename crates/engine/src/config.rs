@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use iris_process::auth::AuthToken;
+use iris_process::tls::ServerTls;
 use iris_transport::ShmNames;
 
 use crate::args::EngineArgs;
@@ -102,6 +103,9 @@ pub struct EngineConfig {
     pub metrics_port: Option<u16>,
     /// The shared secret of `--auth-token-file`, read once.
     pub auth_token: Option<AuthToken>,
+    /// TLS on the gRPC port (`--tls-cert-file` and the rest), read and
+    /// checked; `None`: plain.
+    pub tls: Option<ServerTls>,
     /// The shm file-name prefixes accepted.
     pub shm_names: ShmNames,
     /// The NIXL receiver (RDMA lane for pixels in Generate requests).
@@ -144,6 +148,12 @@ impl EngineConfig {
             otlp: args.otlp.clone(),
             auth_token: AuthToken::load(args.auth_token_file.as_deref())
                 .map_err(|e| ConfigError(format!("--auth-token-file: {e:#}")))?,
+            tls: iris_process::tls::server_flags(
+                args.tls_cert_file.as_deref(),
+                args.tls_key_file.as_deref(),
+                args.tls_client_ca_file.as_deref(),
+            )
+            .map_err(ConfigError)?,
             shm_names: args.shm.names().map_err(ConfigError)?,
             remote: args.nixl.settings().map_err(ConfigError)?,
             role: args.role,

@@ -1,6 +1,6 @@
 //! Start-up: load the model directory, bind the listeners, serve the
-//! `--protocol` service (and, for prefill, the data service) until shut
-//! down.
+//! `--protocol` service (over TLS with `--tls-cert-file`; and, for
+//! prefill, the data service, plain) until shut down.
 
 use std::future::IntoFuture;
 use std::net::SocketAddr;
@@ -111,8 +111,11 @@ pub async fn start_configured(config: EngineConfig) -> anyhow::Result<RunningEng
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         ),
     };
+    if let Some(tls) = &cfg.tls {
+        tls.watch(servers.shutdown_token());
+    }
     servers.spawn(router.serve_with_incoming_shutdown(
-        iris_process::nodelay_incoming(grpc),
+        iris_process::tls::incoming(grpc, cfg.tls.as_ref()),
         servers.shutdown_token().cancelled_owned(),
     ));
     let metrics_addr = match cfg.metrics_port {

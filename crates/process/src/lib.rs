@@ -3,8 +3,10 @@
 //! TCP_NODELAY accept streams, HTTP/2 and allocator settings for servers
 //! of large messages, gRPC calls that send large `bytes` fields without
 //! copying them ([`splice`]), the set of server tasks of a process, and
-//! shared-secret authentication of gRPC calls ([`auth`]), binding ports
-//! and reporting start-up failures in one line ([`startup`]).
+//! shared-secret authentication of gRPC calls ([`auth`]), TLS on servers
+//! and clients with certificates reloaded as their files change
+//! ([`tls`]), binding ports and reporting start-up failures in one line
+//! ([`startup`]).
 //!
 //! `unsafe` is confined to the three libc allocator and rlimit calls, the
 //! `atexit` that writes gathered log lines out, and `splice`'s `BufMut`.
@@ -17,6 +19,7 @@ pub mod renamed;
 #[allow(unsafe_code)]
 pub mod splice;
 pub mod startup;
+pub mod tls;
 
 pub use startup::{block_on, exit, exit_code, listen};
 

@@ -5,7 +5,8 @@
 //! and [`images`] (the shared test images beside the repository). Behind
 //! features: [`args`] (test argv for the engine, encoder and gateway),
 //! [`model`] (a tiny model directory), [`http`] (plain GETs and Prometheus
-//! samples) and [`grpc`] (a stub scheduler service on a loopback port).
+//! samples), [`grpc`] (a stub scheduler service on a loopback port) and
+//! [`tls`] (a CA made in the test and the certificates it signs).
 
 #![forbid(unsafe_code)]
 
@@ -20,6 +21,8 @@ pub mod images;
 pub mod model;
 mod rng;
 pub mod sse;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use rng::Rng;
 

@@ -101,6 +101,8 @@ pub fn worker_url(pod: &Pod, rules: &PodRules) -> Result<Option<WorkerUrl>, Stri
     Ok(Some(WorkerUrl {
         host: ip.to_owned(),
         port,
+        // Dialled by pod IP, which no stable certificate names.
+        tls: false,
         bootstrap_port: port_annotation(pod, BOOTSTRAP_PORT_ANNOTATION)?,
         tensor_transport: transport_annotation(pod)?,
         backend: annotation(pod, BACKEND_ANNOTATION)

@@ -18,10 +18,17 @@
 //! within 20 s closes the connection and fails its calls, as hyper's
 //! keep-alive did.
 //!
+//! A `grpcs://` worker's connection is TLS (rustls, ALPN `h2`) under the
+//! HTTP/2 one: the worker's certificate must be signed by the CA of
+//! `--worker-tls-ca-file` and name the host the URL dials; the gateway
+//! presents its own certificate when given one (mutual TLS).
+//!
 //! Errors are tonic `Status`es shaped as before: no connection is
 //! `UNAVAILABLE` with "tcp connect error" and the `io::Error` as its
-//! source ([`crate::router::classify::unreachable`] reads both); a failed
-//! stream is mapped by tonic from its `h2::Error`.
+//! source ([`crate::router::classify::unreachable`] reads both), a failed
+//! TLS handshake too (its message says why: an unknown CA, a name the
+//! certificate lacks, a client certificate refused); a failed stream is
+//! mapped by tonic from its `h2::Error`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -35,6 +42,10 @@ use h2::client::SendRequest;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri};
 use http_body::{Body, Frame};
+use iris_process::tls::rustls::pki_types::ServerName;
+use iris_process::tls::tokio_rustls::TlsConnector;
+use iris_process::tls::ClientTls;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tonic::{Code, Status};
 
@@ -79,6 +90,9 @@ struct Shared {
     authority: Authority,
     connect_timeout: Duration,
     user_agent: HeaderValue,
+    /// TLS under HTTP/2 (`grpcs://`): the connector and the name the
+    /// worker's certificate must carry.
+    tls: Option<(TlsConnector, ServerName<'static>)>,
     /// The connection calls go on now, if any.
     current: Mutex<Option<Connection>>,
     /// Held while connecting: one attempt at a time.
@@ -99,17 +113,28 @@ struct Failure {
 }
 
 impl WorkerChannel {
-    /// A channel to `authority` that connects on its first call.
-    pub fn lazy(authority: &str, connect_timeout: Duration) -> Result<WorkerChannel, String> {
+    /// A channel to `authority` that connects on its first call, over
+    /// `tls` when given.
+    pub fn lazy(
+        authority: &str,
+        connect_timeout: Duration,
+        tls: Option<&ClientTls>,
+    ) -> Result<WorkerChannel, String> {
         let authority: Authority = authority
             .parse()
             .map_err(|e| format!("{authority}: not a host:port ({e})"))?;
         let user_agent = HeaderValue::from_static(concat!("iris/", env!("CARGO_PKG_VERSION")));
+        let tls = tls
+            .map(|tls| {
+                Ok::<_, String>((tls.connector(), ClientTls::server_name(authority.host())?))
+            })
+            .transpose()?;
         Ok(WorkerChannel {
             shared: Arc::new(Shared {
                 authority,
                 connect_timeout,
                 user_agent,
+                tls,
                 current: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(None),
             }),
@@ -155,11 +180,27 @@ impl Shared {
                 .send_data(message, true)
                 .map_err(|e| Status::from_error(Box::new(e)))?;
         }
-        let answer = answer.await.map_err(|e| Status::from_error(Box::new(e)))?;
+        let answer = answer.await.map_err(|e| self.answer_failed(e))?;
         Ok(answer.map(|recv| AnswerBody {
             recv,
             data_done: false,
         }))
+    }
+
+    /// The status of a call whose answer failed with `error`: a TLS alert
+    /// (the worker refused the session after the handshake, e.g. TLS 1.3's
+    /// client-certificate check) is `UNAVAILABLE` saying so; anything else
+    /// as tonic maps it.
+    fn answer_failed(&self, error: h2::Error) -> Status {
+        let text = error.to_string();
+        if self.tls.is_some() && error.is_io() && text.contains("alert") {
+            return Status::unavailable(format!(
+                "{}: the worker ended the TLS session: {} (does it ask for a client certificate? --worker-tls-cert-file)",
+                self.authority,
+                error.get_io().map_or(text.clone(), ToString::to_string),
+            ));
+        }
+        Status::from_error(Box::new(error))
     }
 
     /// The call's URI with this worker's scheme and authority (tonic's
@@ -169,8 +210,13 @@ impl Shared {
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let scheme = if self.tls.is_some() {
+            Scheme::HTTPS
+        } else {
+            Scheme::HTTP
+        };
         Uri::builder()
-            .scheme(Scheme::HTTP)
+            .scheme(scheme)
             .authority(self.authority.clone())
             .path_and_query(path)
             .build()
@@ -235,31 +281,61 @@ impl Shared {
             .cloned()
     }
 
-    /// Dials the worker and starts HTTP/2 on the connection; its IO runs
-    /// on a task of its own until it closes.
+    /// Dials the worker (with TLS for a `grpcs://` one) and starts
+    /// HTTP/2 on the connection.
     async fn connect(&self) -> Result<Connection, Status> {
+        let tcp = self.dial().await?;
+        let Some((connector, name)) = &self.tls else {
+            return self.start_h2(tcp).await;
+        };
+        let authority = self.authority.as_str();
+        let handshake = connector.connect(name.clone(), tcp);
+        match tokio::time::timeout(self.connect_timeout, handshake).await {
+            Ok(Ok(tls)) => self.start_h2(tls).await,
+            Ok(Err(e)) => Err(tls_failed(authority, e)),
+            Err(_) => Err(tls_failed(
+                authority,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no TLS handshake within {:?}", self.connect_timeout),
+                ),
+            )),
+        }
+    }
+
+    /// A TCP connection to the worker.
+    async fn dial(&self) -> Result<TcpStream, Status> {
         let authority = self.authority.as_str();
         let dial = tokio::time::timeout(self.connect_timeout, async {
             let tcp = TcpStream::connect(authority).await?;
             tcp.set_nodelay(true)?;
             Ok::<_, std::io::Error>(tcp)
         });
-        let tcp = match dial.await {
-            Ok(Ok(tcp)) => tcp,
-            Ok(Err(e)) => return Err(unreachable(authority, e)),
+        match dial.await {
+            Ok(Ok(tcp)) => Ok(tcp),
+            Ok(Err(e)) => Err(unreachable(authority, e)),
             Err(_) => {
                 let e = std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     format!("no connection within {:?}", self.connect_timeout),
                 );
-                return Err(unreachable(authority, e));
+                Err(unreachable(authority, e))
             }
-        };
+        }
+    }
+
+    /// Starts HTTP/2 on `io`; the connection's IO runs on a task of its
+    /// own until it closes.
+    async fn start_h2<T>(&self, io: T) -> Result<Connection, Status>
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let authority = self.authority.as_str();
         let handshake = h2::client::Builder::new()
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
             .max_send_buffer_size(SEND_BUFFER)
-            .handshake::<_, Bytes>(tcp);
+            .handshake::<_, Bytes>(io);
         let (send, mut io) = tokio::time::timeout(self.connect_timeout, handshake)
             .await
             .map_err(|_| Status::unavailable(format!("{authority}: HTTP/2 handshake timed out")))?
@@ -327,6 +403,23 @@ fn unreachable(authority: &str, error: std::io::Error) -> Status {
     status
 }
 
+/// The TLS handshake with `authority` failed (`error` says why); the
+/// worker counts as unreachable, as for a failed dial.
+fn tls_failed(authority: &str, error: std::io::Error) -> Status {
+    let hint = match error.get_ref().map(ToString::to_string) {
+        Some(why) if why.contains("UnknownIssuer") || why.contains("NotValidForName") => {
+            " (check --worker-tls-ca-file and the names in the worker's certificate)"
+        }
+        _ => "",
+    };
+    let mut status = Status::new(
+        Code::Unavailable,
+        format!("{CONNECT_FAILED}: {authority}: TLS handshake failed: {error}{hint}"),
+    );
+    status.set_source(Arc::new(error));
+    status
+}
+
 /// The connection closed before the call could be sent.
 fn closed(authority: &Authority, error: &h2::Error) -> Status {
     Status::unavailable(format!("connection to {authority} closed: {error}"))
@@ -375,14 +468,40 @@ impl Body for AnswerBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
+
     use iris_engine::RunningEngine;
     use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
     use iris_proto::scheduler::HealthCheckRequest;
+    use iris_testkit::tls::Ca;
 
     async fn engine(model: &iris_testkit::model::TinyModel, port: u16) -> RunningEngine {
+        tls_engine(model, port, &[]).await
+    }
+
+    /// An engine on `port` with `tls` flags (`--tls-cert-file` …).
+    async fn tls_engine(
+        model: &iris_testkit::model::TinyModel,
+        port: u16,
+        tls: &[&str],
+    ) -> RunningEngine {
         let port = port.to_string();
-        let args = iris_testkit::args::engine_args(model.path(), "aggregated", &["--port", &port]);
+        let mut extra = vec!["--port", &port];
+        extra.extend_from_slice(tls);
+        let args = iris_testkit::args::engine_args(model.path(), "aggregated", &extra);
         iris_engine::start(args).await.expect("engine starts")
+    }
+
+    /// The client TLS of `ca` (and `identity`: mutual TLS).
+    fn client_tls(ca: &std::path::Path, identity: Option<(&Path, &Path)>) -> ClientTls {
+        let files = iris_process::tls::ClientFiles::from_flags(
+            Some(ca),
+            identity.map(|(cert, _)| cert),
+            identity.map(|(_, key)| key),
+        )
+        .expect("flags")
+        .expect("files");
+        ClientTls::load(&files, &[iris_process::tls::ALPN_H2]).expect("client TLS")
     }
 
     async fn health(channel: &WorkerChannel) -> Result<(), Status> {
@@ -394,16 +513,92 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_grpcs_worker_is_reached_with_its_ca_and_a_wrong_ca_is_a_clear_unavailable() {
+        let model = iris_testkit::model::tiny_model();
+        let ca = Ca::new("workers");
+        let (cert, key) = ca.write_pair("engine", &ca.server());
+        let (cert, key) = (cert.display().to_string(), key.display().to_string());
+        let worker = tls_engine(
+            &model,
+            0,
+            &["--tls-cert-file", &cert, "--tls-key-file", &key],
+        )
+        .await;
+        // By address and by name: the certificate carries both.
+        for host in ["127.0.0.1", "localhost"] {
+            let authority = format!("{host}:{}", worker.grpc_addr.port());
+            let tls = client_tls(ca.ca_file(), None);
+            let channel = WorkerChannel::lazy(&authority, Duration::from_secs(2), Some(&tls))
+                .expect("channel");
+            health(&channel).await.expect("healthy over TLS");
+        }
+        let stranger = Ca::new("stranger");
+        let tls = client_tls(stranger.ca_file(), None);
+        let channel = WorkerChannel::lazy(
+            &worker.grpc_addr.to_string(),
+            Duration::from_secs(2),
+            Some(&tls),
+        )
+        .expect("channel");
+        let status = health(&channel).await.expect_err("an unknown CA");
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        let message = status.message();
+        assert!(message.contains("TLS handshake failed"), "{message}");
+        assert!(message.contains("UnknownIssuer"), "{message}");
+        assert!(message.contains("--worker-tls-ca-file"), "{message}");
+        assert!(crate::router::classify::unreachable(&status), "{status:?}");
+        // A plain channel to a TLS port gets no answer.
+        let plain =
+            WorkerChannel::lazy(&worker.grpc_addr.to_string(), Duration::from_secs(2), None)
+                .expect("channel");
+        assert!(health(&plain).await.is_err());
+        worker.shutdown_token().cancel();
+    }
+
+    #[tokio::test]
+    async fn a_worker_asking_for_client_certificates_takes_the_gateways() {
+        let model = iris_testkit::model::tiny_model();
+        let ca = Ca::new("mutual");
+        let (cert, key) = ca.write_pair("engine", &ca.server());
+        let (gw_cert, gw_key) = ca.write_pair("gateway", &ca.client("gateway"));
+        let paths = [cert, key, ca.ca_file().to_owned()].map(|p| p.display().to_string());
+        let flags = [
+            "--tls-cert-file",
+            &paths[0],
+            "--tls-key-file",
+            &paths[1],
+            "--tls-client-ca-file",
+            &paths[2],
+        ];
+        let worker = tls_engine(&model, 0, &flags).await;
+        let addr = worker.grpc_addr.to_string();
+        let tls = client_tls(ca.ca_file(), Some((&gw_cert, &gw_key)));
+        let channel =
+            WorkerChannel::lazy(&addr, Duration::from_secs(2), Some(&tls)).expect("channel");
+        health(&channel).await.expect("mutual TLS");
+        let anonymous = client_tls(ca.ca_file(), None);
+        let channel =
+            WorkerChannel::lazy(&addr, Duration::from_secs(2), Some(&anonymous)).expect("channel");
+        let status = health(&channel).await.expect_err("no client certificate");
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(
+            status.message().contains("CertificateRequired"),
+            "{status:?}"
+        );
+        worker.shutdown_token().cancel();
+    }
+
+    #[tokio::test]
     async fn a_worker_that_is_not_listening_is_unreachable() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         drop(listener);
         let channel =
-            WorkerChannel::lazy(&addr.to_string(), Duration::from_secs(2)).expect("channel");
+            WorkerChannel::lazy(&addr.to_string(), Duration::from_secs(2), None).expect("channel");
         let status = health(&channel).await.expect_err("nothing listens");
         assert_eq!(status.code(), Code::Unavailable, "{status:?}");
         assert!(crate::router::classify::unreachable(&status), "{status:?}");
-        assert!(WorkerChannel::lazy("not a host port/", Duration::from_secs(1)).is_err());
+        assert!(WorkerChannel::lazy("not a host port/", Duration::from_secs(1), None).is_err());
     }
 
     #[tokio::test]
@@ -412,7 +607,7 @@ mod tests {
         let first = engine(&model, 0).await;
         let addr = first.grpc_addr;
         let channel =
-            WorkerChannel::lazy(&addr.to_string(), Duration::from_secs(2)).expect("channel");
+            WorkerChannel::lazy(&addr.to_string(), Duration::from_secs(2), None).expect("channel");
         let calls: Vec<_> = (0..8).map(|_| health(&channel)).collect();
         for answer in futures::future::join_all(calls).await {
             answer.expect("healthy");

@@ -1,5 +1,6 @@
 //! Parsing worker URLs: `grpc://host:port`, `http://host:port` or a bare
-//! `host:port`, with an optional bootstrap (data server) port and options
+//! `host:port`; `grpcs://host:port` for a worker reached over TLS
+//! (`--worker-tls-ca-file`); with an optional bootstrap (data server) port and options
 //! after `?`: `grpc://host:port?transport=shm` sets the worker's own
 //! multimodal tensor transport (`inline`, `shm`, `rdma` or `auto`);
 //! `?backend=vllm` its engine's protocol (`tokenspeed`, `vllm` or `sglang`,
@@ -14,6 +15,8 @@ use crate::backends::Backend;
 pub struct WorkerUrl {
     pub host: String,
     pub port: u16,
+    /// Reached over TLS (`grpcs://`).
+    pub tls: bool,
     /// The worker's data server port (prefill and encode roles).
     pub bootstrap_port: Option<u16>,
     /// The worker's own multimodal tensor transport (`inline`, `shm`,
@@ -31,14 +34,15 @@ impl WorkerUrl {
     /// `grpc://10.0.0.5:30000?transport=rdma`.
     pub fn parse(url: &str) -> Result<WorkerUrl, String> {
         let (address, options) = url.split_once('?').unwrap_or((url, ""));
-        let rest = ["grpc://", "http://"]
+        let tls = address.starts_with("grpcs://");
+        let rest = ["grpc://", "grpcs://", "http://"]
             .iter()
             .find_map(|scheme| address.strip_prefix(scheme))
             .unwrap_or(address)
             .trim_end_matches('/');
         if rest.contains("://") {
             return Err(format!(
-                "worker URL {url:?}: only grpc:// (or http://) URLs are supported"
+                "worker URL {url:?}: only grpc:// (or http://) and grpcs:// (TLS) URLs are supported"
             ));
         }
         let (host, port) =
@@ -55,6 +59,7 @@ impl WorkerUrl {
         Ok(WorkerUrl {
             host: host.to_owned(),
             port,
+            tls,
             bootstrap_port: None,
             tensor_transport: options.transport,
             backend: options.backend,
@@ -81,9 +86,10 @@ impl WorkerUrl {
         Ok(parsed)
     }
 
-    /// The URI tonic connects to.
+    /// The worker's URI (`https://` over TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.authority())
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.authority())
     }
 
     /// `host:port`, an IPv6 host in brackets.
@@ -98,7 +104,8 @@ impl WorkerUrl {
 
 impl fmt::Display for WorkerUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "grpc://{}", self.authority())
+        let scheme = if self.tls { "grpcs" } else { "grpc" };
+        write!(f, "{scheme}://{}", self.authority())
     }
 }
 
@@ -158,6 +165,20 @@ mod tests {
         assert_eq!(
             WorkerUrl::parse("worker-0.svc:1").unwrap().host,
             "worker-0.svc"
+        );
+        assert!(!WorkerUrl::parse("grpc://h:1").unwrap().tls);
+    }
+
+    #[test]
+    fn grpcs_is_tls() {
+        let u = WorkerUrl::parse("grpcs://worker-0.svc:30000?transport=shm").unwrap();
+        assert!(u.tls);
+        assert_eq!((u.host.as_str(), u.port), ("worker-0.svc", 30000));
+        assert_eq!(u.to_string(), "grpcs://worker-0.svc:30000");
+        assert_eq!(u.endpoint(), "https://worker-0.svc:30000");
+        assert_ne!(
+            u,
+            WorkerUrl::parse("grpc://worker-0.svc:30000?transport=shm").unwrap()
         );
     }
 

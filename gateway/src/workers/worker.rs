@@ -5,7 +5,8 @@
 //! its load and request counts ([`super::load`]); what it can receive
 //! tensors by ([`super::lane_caps`]); and the embeddings it holds
 //! ([`super::recall`]). Every call on its channel carries the gateway's
-//! worker token, when it has one (`--worker-auth-token-file`). Each worker
+//! worker token, when it has one (`--worker-auth-token-file`), and goes
+//! over TLS to a `grpcs://` worker (`--worker-tls-ca-file`). Each worker
 //! has a process-unique id (the admin API's name for it) and may be
 //! *draining*: taken out of the picks while its requests in flight finish.
 
@@ -14,6 +15,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use iris_process::auth::{AuthChannel, AuthToken};
+use iris_process::tls::ClientTls;
 use iris_proto::encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
 use iris_proto::encoder::{EncodeRequest, EncodeResponse};
 use iris_proto::scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
@@ -40,20 +42,23 @@ const ENCODE_PATH: &str = "/tokenspeed.grpc.encoder.TokenSpeedEncoder/Encode";
 
 pub use crate::backends::calls::MAX_MESSAGE_BYTES;
 
-/// How the gateway reaches its workers: the connect timeout, and the
-/// shared secret presented on every call (`--worker-auth-token-file`).
+/// How the gateway reaches its workers: the connect timeout, the shared
+/// secret presented on every call (`--worker-auth-token-file`), and the
+/// TLS of `grpcs://` workers (`--worker-tls-ca-file`).
 #[derive(Debug, Clone)]
 pub struct Connect {
     pub timeout: Duration,
     pub token: Option<AuthToken>,
+    pub tls: Option<ClientTls>,
 }
 
 impl From<Duration> for Connect {
-    /// Without a token.
+    /// Without a token or TLS.
     fn from(timeout: Duration) -> Connect {
         Connect {
             timeout,
             token: None,
+            tls: None,
         }
     }
 }
@@ -100,6 +105,8 @@ pub struct Worker {
     /// How long a fresh channel's connection may take.
     connect_timeout: Duration,
     token: Option<AuthToken>,
+    /// The TLS its connections take (`grpcs://` workers).
+    tls: Option<ClientTls>,
     /// Its health-check streaks.
     checks: Checks,
     /// The passive circuit breaker, fed by request outcomes.
@@ -135,7 +142,16 @@ impl Worker {
         connect: impl Into<Connect>,
     ) -> Result<Arc<Worker>, String> {
         let connect = connect.into();
-        let lazy = WorkerChannel::lazy(&url.authority(), connect.timeout)
+        let tls = match (url.tls, connect.tls) {
+            (false, _) => None,
+            (true, Some(tls)) => Some(tls),
+            (true, None) => {
+                return Err(format!(
+                    "{url}: a grpcs:// worker needs --worker-tls-ca-file, the CA that signed its certificate"
+                ))
+            }
+        };
+        let lazy = WorkerChannel::lazy(&url.authority(), connect.timeout, tls.as_ref())
             .map_err(|e| format!("{url}: {e}"))?;
         let channel = AuthChannel::new(lazy, connect.token.as_ref());
         let transport = url.tensor_transport.as_deref().and_then(|t| t.parse().ok());
@@ -155,6 +171,7 @@ impl Worker {
             channel: RwLock::new(channel),
             connect_timeout: connect.timeout,
             token: connect.token,
+            tls,
             checks: Checks::default(),
             breaker: Breaker::default(),
             load: Load::default(),
@@ -183,7 +200,11 @@ impl Worker {
     /// backed-off retransmissions. Calls already on the old channel keep
     /// it until they end.
     pub fn reconnect(&self) {
-        let Ok(lazy) = WorkerChannel::lazy(&self.url.authority(), self.connect_timeout) else {
+        let Ok(lazy) = WorkerChannel::lazy(
+            &self.url.authority(),
+            self.connect_timeout,
+            self.tls.as_ref(),
+        ) else {
             return; // the authority parsed when the worker was made
         };
         let fresh = AuthChannel::new(lazy, self.token.as_ref());

@@ -344,3 +344,34 @@ fn bad_adapter_tables_name_their_line_and_key() {
         "{error}"
     );
 }
+
+#[test]
+fn tls_files_are_gateway_wide_keys() {
+    let ca = iris_testkit::tls::Ca::new("file");
+    let (cert, key) = ca.write_pair("gateway", &ca.server());
+    let model = "[[models]]\nid = \"m\"\nmodel_path = \"/m\"\nworker_urls = [\"grpcs://w:1\", \"grpc://v:1\"]\n";
+    let text = format!(
+        "tls_cert_file = {cert:?}\ntls_key_file = {key:?}\nworker_tls_ca_file = {:?}\n\n{model}",
+        ca.ca_file()
+    );
+    let (_f, config) = load(&text, &[]);
+    let config = config.expect("loads");
+    assert!(config.listen.tls.is_some());
+    assert!(config.connect.tls.is_some());
+    let Topology::Aggregated { workers, .. } = &config.models[0].topology else {
+        panic!("aggregated");
+    };
+    let tls: Vec<bool> = workers.iter().map(|w| w.tls).collect();
+    assert_eq!(tls, [true, false]);
+    // One of the pair alone names the other; in a model table it is refused.
+    let alone = format!("tls_cert_file = {cert:?}\n\n{model}");
+    let (_f, config) = load(&alone, &[]);
+    let error = config.expect_err("refused");
+    assert!(
+        error.contains("--tls-cert-file needs --tls-key-file"),
+        "{error}"
+    );
+    let misplaced = format!("{model}tls_key_file = {key:?}\n");
+    let error = refused(&misplaced, &[], 5);
+    assert!(error.contains("gateway-wide"), "{error}");
+}
