@@ -172,6 +172,7 @@ async fn a_pd_stream_is_one_trace_from_the_client_to_the_engines() {
     )
     .await;
     assert!(gw.state.traces.is_some(), "an exporter is built");
+    ready(&gw).await;
 
     let response = reqwest::Client::new()
         .post(url(&gw, "/v1/chat/completions"))
@@ -381,6 +382,7 @@ async fn without_an_endpoint_nothing_is_built_and_workers_see_no_traceparent() {
         gw.state.traces.is_none(),
         "no exporter without --otlp-endpoint"
     );
+    ready(&gw).await;
 
     let response = reqwest::Client::new()
         .post(url(&gw, "/v1/chat/completions"))
