@@ -20,6 +20,7 @@ pub mod renamed;
 pub mod splice;
 pub mod startup;
 pub mod tls;
+pub mod watch;
 
 pub use startup::{block_on, exit, exit_code, listen};
 

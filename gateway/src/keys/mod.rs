@@ -174,20 +174,7 @@ impl ApiKeys {
             shared.watch(stop.clone());
         }
         let keys = self.clone();
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(POLL);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = ticks.tick() => {
-                        let keys = keys.clone();
-                        // A failed task is logged by its panic; the next tick tries again.
-                        let _ = tokio::task::spawn_blocking(move || keys.refresh()).await;
-                    }
-                }
-            }
-        });
+        iris_process::watch::poll_blocking(POLL, stop, move || keys.refresh());
     }
 
     /// 403 (counted) unless `tenant` may use the model `asked`, which

@@ -140,20 +140,7 @@ impl ServerTls {
     /// changed pair once it has settled (on the blocking pool).
     pub fn watch(&self, stop: CancellationToken) {
         let cert = self.cert.clone();
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(POLL);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = ticks.tick() => {
-                        let cert = cert.clone();
-                        // A panicked look is reported by its panic; the next tick looks again.
-                        let _ = tokio::task::spawn_blocking(move || cert.look()).await;
-                    }
-                }
-            }
-        });
+        crate::watch::poll_blocking(POLL, stop, move || cert.look());
     }
 
     /// Looks at the files once (tests drive reloads with it).
