@@ -16,15 +16,26 @@ A real gateway (one aggregated reference worker, pixel cache off, a small
 Every request gets a proper answer (200, or 400/503 in the OpenAI error
 shape, 503 with ``Retry-After``), never a dropped connection. The gateway's
 peak RSS (``VmHWM``) stays under the budget plus ``PEAK_ALLOWANCE_MB``, and
-its idle RSS returns within 10 % of the value measured after the warm-up.
+its idle RSS comes back: within ``RETAINED_MB`` of the value measured after
+the warm-up once the corpus has been sent, and within 10 % of that after
+two more rounds (nothing accumulates).
+
+``RETAINED_MB`` is the allocator's, not a request's: mimalloc keeps the
+pages a thread used for an 800 KB request body and its parsed JSON
+committed while that thread idles, and which pages stay depends on which
+thread ran what. Measured (2026-12-05, debug build): the admitted path's
+own steady state moves between 144 and 162 MB from one warm-up round to
+the next, and the first round of the corpus leaves 10–31 MB on top of the
+warm-up's figure; two more rounds with new images add nothing, so a
+request's memory kept alive (any decoded image of the corpus is 38 MB to
+716 MB) shows as growth from round to round.
 
 ``PEAK_ALLOWANCE_MB`` is what the budget does not cover: the process itself
 (runtime, tokenizer, the tiny model's files; ≈ 95 MB here), the request
 bodies and the fetched (base64-decoded) image bytes of the requests in
-flight (≈ 4 MB), the copy of a request's tensors the gRPC encoder makes
-while sending it to the worker (≤ 2 × 13 MB of bfloat16 for the admitted
-pair), the scratch and recycled output buffers kept between images
-(≈ 60 MB), and allocator slack. Measured: baseline 94 MB, peak 103 MB, idle 94 MB.
+flight (≈ 4 MB), the scratch and recycled output buffers kept between images
+(≈ 60 MB), and allocator slack. Measured (2026-12-05, debug build, 4 runs):
+baseline 151–155 MB, peak 169–178 MB, idle after three rounds 167–181 MB.
 Without the budget one request of the corpus peaks at ≈ 4.9 GB (and is a
 503 from the worker, its 4.9 GB message being too large for gRPC).
 """
@@ -45,6 +56,7 @@ from conftest import Processes, aggregated
 BUDGET_MB = 256
 PEAK_ALLOWANCE_MB = 256
 IDLE_TOLERANCE = 0.10
+RETAINED_MB = 40
 IDLE_WAIT_S = 30.0
 
 
@@ -89,20 +101,27 @@ def status_kb(pid: int, field: str) -> int:
     raise AssertionError(f"{field} not in /proc/{pid}/status")
 
 
-@pytest.fixture(scope="module")
-def corpus() -> dict:
-    # Distinct images: copies of one image would be preprocessed once.
-    big = [solid_png(3584, 3584, value=v) for v in range(32)]
+def make_corpus(round_: int) -> dict:
+    """The attack corpus; each ``round_`` has images of its own (copies of
+    one image would be preprocessed once, and a cache keyed by content
+    would not grow on a copy)."""
+    big = [solid_png(3584, 3584, value=32 * round_ + v) for v in range(32)]
     assert all(len(b) < 64 * 1024 for b in big), [len(b) for b in big]
-    rgba16 = [solid_png(9459, 9459, depth=16, color_type=6, value=v) for v in (0x40, 0x80)]
+    rgba16 = [solid_png(9459, 9459, depth=16, color_type=6, value=v + round_)
+              for v in (0x40, 0x80)]
     header = header_only_png(9000, 9000)
     assert len(header) == 57
     return {
         "sixteen": [chat(*big[:16]), chat(*big[16:])],
         "rgba16": [chat(i) for i in rgba16],
         "header": chat(header),
-        "small": [chat(solid_png(1024, 1024, value=v)) for v in (10, 20)],
+        "small": [chat(solid_png(1024, 1024, value=v + 2 * round_)) for v in (150, 160)],
     }
+
+
+@pytest.fixture(scope="module")
+def corpus() -> dict:
+    return make_corpus(0)
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +171,36 @@ def check_answer(response, what: str) -> int:
     return status
 
 
+ATTACKS = [
+    ("sixteen 3584x3584", lambda c: c["sixteen"][:1]),
+    ("two x sixteen 3584x3584", lambda c: c["sixteen"]),
+    ("two x 16-bit RGBA 9459x9459", lambda c: c["rgba16"]),
+    ("57-byte 9000x9000 header", lambda c: [c["header"]]),
+    ("two admitted 1024x1024", lambda c: c["small"]),
+]
+
+
+def run_attacks(gateway, corpus) -> None:
+    """The whole corpus once, each answer checked."""
+    for what, bodies_of in ATTACKS:
+        bodies = bodies_of(corpus)
+        statuses = [check_answer(r, what) for r in send_all(gateway, bodies)]
+        if what != "two admitted 1024x1024":
+            # Each of these needs more than the whole budget: refused from
+            # the headers, nothing decoded.
+            assert statuses == [400] * len(bodies), (what, statuses)
+
+
+def settled_rss_kb(pid: int, target_kb: float) -> int:
+    """The RSS once it is at most ``target_kb``, or after ``IDLE_WAIT_S``."""
+    deadline = time.monotonic() + IDLE_WAIT_S
+    while True:
+        idle_kb = status_kb(pid, "VmRSS")
+        if idle_kb <= target_kb or time.monotonic() > deadline:
+            return idle_kb
+        time.sleep(0.5)
+
+
 def test_attacks_stay_within_the_budget_and_memory_comes_back(gateway, corpus):
     pid = gateway.process.popen.pid
     # Warm-up: the admitted path, twice (scratch and recycled buffers of
@@ -162,35 +211,26 @@ def test_attacks_stay_within_the_budget_and_memory_comes_back(gateway, corpus):
     time.sleep(1.0)
     baseline_kb = status_kb(pid, "VmRSS")
 
-    attacks = [
-        ("sixteen 3584x3584", corpus["sixteen"][:1]),
-        ("two x sixteen 3584x3584", corpus["sixteen"]),
-        ("two x 16-bit RGBA 9459x9459", corpus["rgba16"]),
-        ("57-byte 9000x9000 header", [corpus["header"]]),
-        ("two admitted 1024x1024", corpus["small"]),
-    ]
-    for what, bodies in attacks:
-        statuses = [check_answer(r, what) for r in send_all(gateway, bodies)]
-        if what != "two admitted 1024x1024":
-            # Each of these needs more than the whole budget: refused from
-            # the headers, nothing decoded.
-            assert statuses == [400] * len(bodies), (what, statuses)
+    run_attacks(gateway, corpus)
     assert httpx.get(f"{gateway.base_url}/health", timeout=10).status_code == 200
-
     peak_mb = status_kb(pid, "VmHWM") / 1024
     limit_mb = BUDGET_MB + PEAK_ALLOWANCE_MB
     assert peak_mb <= limit_mb, f"peak RSS {peak_mb:.0f} MB > budget {BUDGET_MB} + {PEAK_ALLOWANCE_MB} MB"
+    first_kb = settled_rss_kb(pid, baseline_kb + RETAINED_MB * 1024)
+    assert first_kb <= baseline_kb + RETAINED_MB * 1024, (
+        f"idle RSS {first_kb / 1024:.0f} MB vs {baseline_kb / 1024:.0f} MB before the attack")
 
-    deadline = time.monotonic() + IDLE_WAIT_S
-    while True:
-        idle_kb = status_kb(pid, "VmRSS")
-        if idle_kb <= baseline_kb * (1 + IDLE_TOLERANCE) or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert idle_kb <= baseline_kb * (1 + IDLE_TOLERANCE), (
-        f"idle RSS {idle_kb / 1024:.0f} MB vs {baseline_kb / 1024:.0f} MB before the attack")
+    # Again and again, new images each time: nothing accumulates.
+    for round_ in (1, 2):
+        run_attacks(gateway, make_corpus(round_))
+    idle_kb = settled_rss_kb(pid, first_kb * (1 + IDLE_TOLERANCE))
+    assert idle_kb <= first_kb * (1 + IDLE_TOLERANCE), (
+        f"idle RSS {idle_kb / 1024:.0f} MB after three rounds of the corpus vs "
+        f"{first_kb / 1024:.0f} MB after the first")
+    assert status_kb(pid, "VmHWM") / 1024 <= limit_mb
     print(f"\nmemory: baseline {baseline_kb / 1024:.0f} MB, peak {peak_mb:.0f} MB, "
-          f"idle after {idle_kb / 1024:.0f} MB (budget {BUDGET_MB} MB)")
+          f"idle after one round {first_kb / 1024:.0f} MB, after three {idle_kb / 1024:.0f} MB "
+          f"(budget {BUDGET_MB} MB)")
 
 
 def test_a_full_budget_is_503_with_retry_after(model_dir, tmp_path, corpus):

@@ -169,15 +169,24 @@ impl Shared {
         head.headers
             .entry(http::header::USER_AGENT)
             .or_insert_with(|| self.user_agent.clone());
-        let message = collect(body).await?;
+        let mut parts = collect(body).await?;
         let mut send = self.ready_sender().await?;
         let head = Request::from_parts(head, ());
         let (answer, mut stream) = send
-            .send_request(head, message.is_empty())
+            .send_request(head, parts.is_empty())
             .map_err(|e| closed(&self.authority, &e))?;
-        if !message.is_empty() {
+        // Each part goes as it is: a tensor spliced by reference
+        // (iris_process::splice) is framed from the buffer the gateway
+        // holds, never copied into one message first.
+        let last = parts.pop();
+        for part in parts {
             stream
-                .send_data(message, true)
+                .send_data(part, false)
+                .map_err(|e| Status::from_error(Box::new(e)))?;
+        }
+        if let Some(last) = last {
+            stream
+                .send_data(last, true)
                 .map_err(|e| Status::from_error(Box::new(e)))?;
         }
         let answer = answer.await.map_err(|e| self.answer_failed(e))?;
@@ -377,20 +386,19 @@ async fn keep_alive(pings: Option<h2::PingPong>) {
     }
 }
 
-/// The request's message: tonic's body of one encoded message, collected
-/// (it is ready at once; a unary or server-streaming call has no more).
-async fn collect(mut body: tonic::body::Body) -> Result<Bytes, Status> {
+/// The request's message: the data frames of tonic's body of one encoded
+/// message, in order and uncopied (it is ready at once; a unary or
+/// server-streaming call has no more), empty ones left out.
+async fn collect(mut body: tonic::body::Body) -> Result<Vec<Bytes>, Status> {
     let mut parts: Vec<Bytes> = Vec::new();
     while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
         if let Ok(data) = frame?.into_data() {
-            parts.push(data);
+            if !data.is_empty() {
+                parts.push(data);
+            }
         }
     }
-    Ok(match parts.len() {
-        0 => Bytes::new(),
-        1 => parts.swap_remove(0),
-        _ => parts.concat().into(),
-    })
+    Ok(parts)
 }
 
 /// No connection could be made to `authority`.
