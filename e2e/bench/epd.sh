@@ -28,6 +28,8 @@
 #   COLD=20            images of the cold start's cold and warm phases
 #                      (0: no cold start)
 #   FILL_MAX=2000      the most images sent to fill the pixel cache
+#   PERF=1             record the gateway with `perf record -g` during the
+#                      cold and the warm phase (RESULTS_DIR/cold-*.perf.data)
 #   WAIT_PREPARED=1    the cold start waits (up to 120 s) until the gateway
 #                      has prepared the pixel cache's memory (the
 #                      iris_mm_prepared_memory_* gauges; 0: starts at once)
@@ -58,6 +60,7 @@ WARMUP=${WARMUP:-2}
 CONCURRENCIES=${CONCURRENCIES:-"1 8 32"}
 MIXES=${MIXES-"0 0.5"}
 COLD=${COLD:-20}
+PERF=${PERF:-0}
 FILL_MAX=${FILL_MAX:-2000}
 WAIT_PREPARED=${WAIT_PREPARED:-1}
 MAX_TOKENS=${MAX_TOKENS:-16}
@@ -170,8 +173,18 @@ cold_phase() {
     local name="$WORK/results/cold-$1"
     log "cold start: $1, $COLD images"
     scrape "$name.before.prom"
+    local perf_pid=
+    if [[ $PERF == 1 ]]; then
+        perf record -q -F 4999 -g -p "$GATEWAY_PID" -o "$name.perf.data" 2>/dev/null &
+        perf_pid=$!
+        sleep 0.5
+    fi
     loadgen 0 1 3600 "$name.json" --requests "$COLD" --cpu-pid "$GATEWAY_PID" \
         --cpu-pid "$ENCODER_PID" --cpu-pid "$PREFILL_PID" --cpu-pid "$DECODE_PID"
+    if [[ -n $perf_pid ]]; then
+        kill -INT "$perf_pid"
+        wait "$perf_pid" || true
+    fi
     scrape "$name.after.prom"
     grep -E '^(Rss|AnonHugePages):' "/proc/$GATEWAY_PID/smaps_rollup" >"$name.mem"
 }
