@@ -32,6 +32,7 @@ use iris_transport::{DeliveryTicket, Transport};
 use tonic::Status;
 
 use super::legs::new_room;
+use crate::backends::{vllm_batch, Backend};
 use crate::transport::Lanes;
 use crate::workers::Worker;
 
@@ -174,9 +175,11 @@ pub(super) async fn prepare(
             prepared.kept.all.push(item.content_hash.clone());
         }
     }
+    let joined = joined_items(worker, request);
     let inline = lanes.requested(worker) == Transport::Inline;
-    if inline {
-        let sent = inline_items(request).filter(|(i, _)| !recalled.contains(i));
+    if inline || !joined.is_empty() {
+        let sent = inline_items(request)
+            .filter(|(i, _)| !recalled.contains(i) && (inline || joined.contains(i)));
         lanes.sent_inline(sent.filter_map(|(_, item)| match payload(item) {
             Some(Payload::Inline(data)) => Some(data.len()),
             _ => None,
@@ -200,7 +203,11 @@ pub(super) async fn prepare(
     let (lanes, worker) = (lanes.clone(), worker.clone());
     tokio::task::spawn_blocking(move || {
         let items = items_mut(&mut request)
-            .filter(|item| matches!(payload(item), Some(Payload::Inline(_))));
+            .enumerate()
+            .filter(|(i, item)| {
+                !joined.contains(i) && matches!(payload(item), Some(Payload::Inline(_)))
+            })
+            .map(|(_, item)| item);
         for item in items {
             let (laned, ticket) = lanes.prepare(&worker, item, new_room())?;
             if payload(&laned).is_some_and(|p| !matches!(p, Payload::Inline(_))) {
@@ -213,6 +220,16 @@ pub(super) async fn prepare(
     })
     .await
     .map_err(|e| Status::internal(format!("preparing the images' tensors failed: {e}")))?
+}
+
+/// The items a vLLM worker takes joined with the others of their modality
+/// into one tensor ([`crate::backends::vllm_batch`]): they stay inline
+/// whatever the worker's lane. None for the other backends.
+fn joined_items(worker: &Worker, request: &GenerateRequest) -> Vec<usize> {
+    match (worker.backend(), &request.mm_inputs) {
+        (Some(Backend::Vllm), Some(inputs)) => vllm_batch::joined_items(&inputs.items),
+        _ => Vec::new(),
+    }
 }
 
 /// The request's items that carry inline pixels, with their indices.
