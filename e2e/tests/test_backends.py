@@ -12,7 +12,9 @@ client and compared with a TokenSpeed deployment's answers.
   whichever worker takes the request;
 - one of two vLLM workers killed: requests are retried on the other; the
   only SGLang worker killed: a clear 503;
-- what a backend cannot carry (a seed for SGLang) is a clear error.
+- what a backend cannot carry (a seed for SGLang) is a clear error;
+- two images reach a vLLM worker as one batch (inline, though it takes
+  shm) and are answered as TokenSpeed answers them.
 """
 
 from __future__ import annotations
@@ -234,6 +236,34 @@ def test_vllm_takes_pixels_by_shm_and_sglang_inline(processes, model_dir, refere
         if backend == "sglang":
             assert metric(text, "iris_transport_bytes_total", lane="shm") == 0
             assert metric(text, "iris_transport_fallbacks_total", reason="no_shared_shm") >= 1
+
+
+def two_images(second_seed: int) -> list:
+    return [{"type": "text", "text": "Compare the images."},
+            image_part(data_url(png(40, 30, seed=1))),
+            image_part(data_url(png(64, 48, seed=second_seed)))]
+
+
+def test_two_images_reach_vllm_as_one_batch_on_any_lane(processes, model_dir, reference):
+    """Two images of different sizes go to a vLLM worker as one batch,
+    joined from inline bytes though the worker takes shm; the engine
+    splits it back into the two images: TokenSpeed's answer, which depends
+    on both."""
+    vllm = start_engine(processes, model_dir, "aggregated", "--protocol", "vllm")
+    gateway = start_gateway(processes, model_dir, "--multimodal-shm-min-bytes", "1024",
+                            "--worker-urls", f"{vllm.url}?backend=vllm&transport=shm")
+    client = gateway.client()
+    want = chat(reference, "tiny-chat", two_images(2))
+    wait_until(lambda: chat(client, gateway.model, two_images(2)) == want, 10,
+               "the vLLM worker's answer to two images equals TokenSpeed's")
+    assert chat(client, gateway.model, two_images(3)) == chat(reference, "tiny-chat",
+                                                               two_images(3))
+    assert chat(client, gateway.model, two_images(3)) != want, \
+        "the answer depends on the second image"
+    text = gateway.metrics()
+    assert metric(text, "iris_transport_bytes_total", lane="inline") > 0
+    assert not metric(text, "iris_transport_bytes_total", lane="shm"), \
+        "a joined item never goes by shm"
 
 
 def test_stop_string_ends_the_answer_and_aborts(backend_deployment, reference):

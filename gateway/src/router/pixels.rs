@@ -3,7 +3,10 @@
 //! image's pixel values in `mm_inputs`. They travel by the lane chosen for
 //! that worker exactly as an encoder's do ([`Lanes::prepare`]: its own
 //! transport over the flag, what it proved in GetServerInfo, the size
-//! thresholds, counted fallbacks). An RDMA lease is keyed by a fresh
+//! thresholds, counted fallbacks), except the several items of one
+//! modality sent to a vLLM worker: its protocol takes them joined into one
+//! tensor, made from their inline bytes ([`crate::backends::vllm_batch`]),
+//! so they stay inline (counted there). An RDMA lease is keyed by a fresh
 //! random room per tensor, which the descriptor carries (a TokenSpeed
 //! scheduler servicer's puller checks no Encode room against it).
 //!

@@ -1,8 +1,9 @@
 //! `vllm.grpc.engine.VllmEngine` (vLLM's gRPC mode). A request carries one
 //! preprocessed pixel batch per modality (`mm_inputs`, `extra_mm_inputs`),
 //! inline, in shared memory or remote, split back into its items by its
-//! `batched_keys` / `flat_keys` ([`super::vllm_batch`]), and PD by `kv_transfer_params_json`
-//! in the shape of vLLM's NIXL connector: the prefill is asked with
+//! `batched_keys` / `flat_keys` ([`super::vllm_batch`]), and PD by
+//! `kv_transfer_params_json` in the shape of vLLM's NIXL connector: the
+//! prefill is asked with
 //! `{"do_remote_decode": true}` and answers, in its GenerateComplete, with
 //! where its KV state waits (`remote_host`, `remote_port`,
 //! `remote_block_ids` = [the room]); the decode is sent that answer and
