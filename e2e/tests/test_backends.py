@@ -14,7 +14,8 @@ client and compared with a TokenSpeed deployment's answers.
   only SGLang worker killed: a clear 503;
 - what a backend cannot carry (a seed for SGLang) is a clear error;
 - two images reach a vLLM worker as one batch (inline, though it takes
-  shm) and are answered as TokenSpeed answers them.
+  shm) and are answered as TokenSpeed answers them, for every family's
+  tiny model (Pixtral's images of two sizes refused, saying why).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 from conftest import (Deployment, Processes, metric, start_engine, start_gateway,
                       wait_until)
 from test_epd import data_url, image_part, png
+from test_families import CHATS, FAMILIES, request_messages, write_model
 
 QUESTION = "Say something about backends."
 
@@ -264,6 +266,39 @@ def test_two_images_reach_vllm_as_one_batch_on_any_lane(processes, model_dir, re
     assert metric(text, "iris_transport_bytes_total", lane="inline") > 0
     assert not metric(text, "iris_transport_bytes_total", lane="shm"), \
         "a joined item never goes by shm"
+
+
+def family_answer(gateway, images: list):
+    """The gateway's reply to the families' chat with ``images``."""
+    return gateway.http(timeout=120).post("/v1/chat/completions", json={
+        "model": gateway.model, "max_tokens": 6, "seed": 3, "ignore_eos": True,
+        "messages": request_messages(images)})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_sends_two_images_to_vllm_as_one_batch(family, processes, tmp_path):
+    """Every family's two images (two sizes) go to a vLLM engine as one
+    batch in the family's vLLM layout, which the engine splits back into
+    the two items (padding dropped): the answer is a TokenSpeed engine's,
+    whose family checks passed the same items. Pixtral's two sizes cannot
+    form one vLLM batch: refused, saying why."""
+    model = write_model(family, tmp_path / f"tiny-{family}")
+    tokenspeed = start_engine(processes, model, "aggregated")
+    vllm = start_engine(processes, model, "aggregated", "--protocol", "vllm")
+    reference = start_gateway(processes, model, "--worker-urls", tokenspeed.url)
+    gateway = start_gateway(processes, model, "--worker-urls", f"{vllm.url}?backend=vllm")
+    images = [png(w, h, seed=seed) for (w, h, seed) in CHATS[1]]
+    want = family_answer(reference, images)
+    assert want.status_code == 200, want.text
+    got = family_answer(gateway, images)
+    if family == "pixtral":
+        assert got.status_code != 200, got.text
+        assert "Pixtral images of different sizes" in got.text, got.text
+        return
+    assert got.status_code == 200, got.text
+    assert got.json()["choices"][0]["message"]["content"] == \
+        want.json()["choices"][0]["message"]["content"]
+    assert got.json()["usage"] == want.json()["usage"]
 
 
 def test_stop_string_ends_the_answer_and_aborts(backend_deployment, reference):
