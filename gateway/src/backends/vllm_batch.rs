@@ -367,7 +367,10 @@ fn concat(key: &str, parts: &[Part]) -> Result<(Vec<u32>, Vec<u8>), Status> {
             parts[0].0
         )));
     }
-    let rows: u32 = parts.iter().map(|(s, _)| s[0]).sum();
+    let rows = parts
+        .iter()
+        .try_fold(0u32, |sum, (s, _)| sum.checked_add(s[0]))
+        .ok_or_else(|| Status::internal(format!("the items' {key} rows overflow a dimension")))?;
     let mut bytes = Vec::with_capacity(parts.iter().map(|(_, d)| d.len()).sum());
     for (_, data) in parts {
         bytes.extend_from_slice(data);
