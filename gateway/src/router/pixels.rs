@@ -264,3 +264,81 @@ fn carries_pixels(request: &GenerateRequest) -> bool {
         .flat_map(|m| &m.items)
         .any(|item| matches!(payload(item), Some(Payload::Inline(_))))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    use crate::workers::{Role, WorkerUrl};
+    use iris_proto::common::Modality;
+    use iris_proto::scheduler::MultimodalInputs;
+    use iris_proto::tensor::{inline, DType};
+    use iris_transport::WorkerCaps;
+
+    fn shm_worker(backend: Backend) -> Arc<Worker> {
+        let url = WorkerUrl::parse("grpc://127.0.0.1:1?transport=shm").unwrap();
+        let worker = Worker::new(url, Role::Aggregated, Duration::from_secs(1)).unwrap();
+        worker.set_caps(WorkerCaps {
+            shared_shm: true,
+            nixl: false,
+        });
+        worker.set_backend(backend);
+        worker
+    }
+
+    fn item(modality: Modality) -> MultimodalItem {
+        MultimodalItem {
+            modality: modality as i32,
+            encoder_input: Some(inline(vec![16], DType::Float32, Bytes::from(vec![7u8; 64]))),
+            ..MultimodalItem::default()
+        }
+    }
+
+    fn lanes_of(request: &GenerateRequest) -> Vec<&'static str> {
+        request
+            .mm_inputs
+            .iter()
+            .flat_map(|m| &m.items)
+            .map(|item| match payload(item) {
+                Some(Payload::Inline(_)) => "inline",
+                Some(Payload::Shm(_)) => "shm",
+                _ => "other",
+            })
+            .collect()
+    }
+
+    /// A vLLM worker that takes shm gets the two images inline (they are
+    /// joined into one tensor) and the lone video by shm; a TokenSpeed
+    /// worker gets all three by shm.
+    #[tokio::test]
+    async fn items_joined_for_vllm_stay_inline() {
+        let flags = [
+            "--worker-urls",
+            "grpc://w:1",
+            "--multimodal-shm-min-bytes",
+            "0",
+        ];
+        let config = crate::config::Config::from_flags(&flags).unwrap();
+        let lanes = Arc::new(Lanes::start(&config.transport, false).unwrap());
+        let request = GenerateRequest {
+            mm_inputs: Some(MultimodalInputs {
+                items: vec![
+                    item(Modality::Image),
+                    item(Modality::Video),
+                    item(Modality::Image),
+                ],
+            }),
+            ..GenerateRequest::default()
+        };
+        for (backend, want) in [
+            (Backend::Vllm, ["inline", "shm", "inline"]),
+            (Backend::TokenSpeed, ["shm", "shm", "shm"]),
+        ] {
+            let worker = shm_worker(backend);
+            let (sent, laned) = prepare(&lanes, &worker, &request).await.unwrap();
+            assert_eq!(lanes_of(&sent.unwrap()), want, "{backend}");
+            laned.tickets.never_sent();
+        }
+    }
+}
