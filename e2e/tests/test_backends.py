@@ -15,7 +15,8 @@ client and compared with a TokenSpeed deployment's answers.
 - what a backend cannot carry (a seed for SGLang) is a clear error;
 - two images reach a vLLM worker as one batch (inline, though it takes
   shm) and are answered as TokenSpeed answers them, for every family's
-  tiny model (Pixtral's images of two sizes refused, saying why).
+  tiny model (Pixtral's images of two sizes refused, saying why); images
+  and videos as one batch each.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from conftest import (Deployment, Processes, metric, start_engine, start_gateway
                       wait_until)
 from test_epd import data_url, image_part, png
 from test_families import CHATS, FAMILIES, request_messages, write_model
+from test_video import clip_url, video
 
 QUESTION = "Say something about backends."
 
@@ -266,6 +268,21 @@ def test_two_images_reach_vllm_as_one_batch_on_any_lane(processes, model_dir, re
     assert metric(text, "iris_transport_bytes_total", lane="inline") > 0
     assert not metric(text, "iris_transport_bytes_total", lane="shm"), \
         "a joined item never goes by shm"
+
+
+def test_images_and_videos_reach_vllm_as_a_batch_each(processes, model_dir, reference):
+    """An image, two clips and an image: one image batch (both images) and
+    one video batch (both clips) to a vLLM worker, which the engine splits
+    back into the four items in the gateway's order (images, then videos):
+    TokenSpeed's answer."""
+    vllm = start_engine(processes, model_dir, "aggregated", "--protocol", "vllm")
+    gateway = start_gateway(processes, model_dir, "--worker-urls", f"{vllm.url}?backend=vllm")
+    content = [{"type": "text", "text": "Compare them."},
+               image_part(data_url(png(40, 30, seed=1))),
+               video(clip_url("h264.mp4")), video(clip_url("vp9.webm", "video/webm")),
+               image_part(data_url(png(64, 48, seed=2)))]
+    assert chat(gateway.client(), gateway.model, content) == chat(reference, "tiny-chat",
+                                                                  content)
 
 
 def family_answer(gateway, images: list):
