@@ -883,6 +883,32 @@ mod tests {
         assert!(batch.flat_keys.is_empty());
     }
 
+    /// A join of many bytes runs on the blocking pool, to the same request.
+    #[tokio::test]
+    async fn a_large_join_is_translated_off_the_runtime_alike() {
+        let qwen = |seed| {
+            let grid = ints(&[1, 3], &[1, 16, 16]);
+            item(
+                data(&[256, 1024], "bfloat16", seed),
+                vec![("image_grid_thw", grid)],
+                &[(1, 64)],
+                seed,
+            )
+        };
+        let mut req = base();
+        req.mm_inputs = Some(MultimodalInputs {
+            items: vec![qwen(1), qwen(2)],
+        });
+        let items = &req.mm_inputs.as_ref().unwrap().items;
+        assert!(vllm_batch::copied_bytes(items) >= BLOCKING_JOIN_BYTES);
+        let off = translate(&req, None).await.unwrap();
+        assert_eq!(off, request(&req, None).unwrap());
+        assert_eq!(
+            off.mm_inputs.unwrap().pixel_values.unwrap().shape,
+            [512, 1024]
+        );
+    }
+
     /// Only several items of one modality are joined (and counted as
     /// copied bytes).
     #[test]
