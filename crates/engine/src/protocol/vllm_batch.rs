@@ -65,36 +65,62 @@ pub fn split(
     };
     let dtype = DType::parse(&pixels.dtype)
         .map_err(|e| Status::invalid_argument(format!("{what}.pixel_values: {e}")))?;
-    let (rows, rest) = pixels.shape.split_first().unwrap_or((&0, &[]));
+    let (count, rest) = pixels.shape.split_first().unwrap_or((&0, &[]));
     let row_bytes = tensor::byte_len(rest, dtype)
         .map_err(|e| Status::invalid_argument(format!("{what}.pixel_values: {e}")))?
         as usize;
+    let rows = Rows {
+        bytes,
+        rest,
+        row_bytes,
+        dtype: &pixels.dtype,
+    };
     match split {
-        Split::Flat(sizes) => {
-            if sizes.iter().sum::<u64>() != u64::from(*rows) {
-                return Err(Status::invalid_argument(format!(
-                    "{what}: the per-item sizes {sizes:?} do not add up to the {rows} rows of {key}"
-                )));
-            }
-            let mut at = 0usize;
-            Ok(sizes
-                .iter()
-                .map(|&n| {
-                    let len = n as usize * row_bytes;
-                    let mut shape = vec![n as u32];
-                    shape.extend_from_slice(rest);
-                    let item = cut(bytes, at, len, shape, &pixels.dtype);
-                    at += len;
-                    item
-                })
-                .collect())
+        Split::Flat(sizes) if sizes.iter().sum::<u64>() != u64::from(*count) => {
+            Err(Status::invalid_argument(format!(
+                "{what}: the per-item sizes {sizes:?} do not add up to the {count} rows of {key}"
+            )))
         }
-        _ => Ok((0..items)
-            .map(|i| {
-                let (len, shape) = unpadded(&bytes[i * row_bytes..(i + 1) * row_bytes], rest);
-                cut(bytes, i * row_bytes, len, shape, &pixels.dtype)
+        Split::Flat(sizes) => Ok(rows.flat(&sizes)),
+        _ => Ok(rows.batched(items)),
+    }
+}
+
+/// A tensor's inline bytes, cut along dimension 0.
+struct Rows<'a> {
+    bytes: &'a Bytes,
+    /// The dimensions after the first.
+    rest: &'a [u32],
+    row_bytes: usize,
+    dtype: &'a str,
+}
+
+impl Rows<'_> {
+    /// `sizes[i]` rows for item `i`.
+    fn flat(&self, sizes: &[u64]) -> Vec<TensorData> {
+        let mut at = 0usize;
+        sizes
+            .iter()
+            .map(|&n| {
+                let len = n as usize * self.row_bytes;
+                let mut shape = vec![n as u32];
+                shape.extend_from_slice(self.rest);
+                let item = cut(self.bytes, at, len, shape, self.dtype);
+                at += len;
+                item
             })
-            .collect()),
+            .collect()
+    }
+
+    /// Row `i` for item `i`, its padding frames dropped.
+    fn batched(&self, items: usize) -> Vec<TensorData> {
+        (0..items)
+            .map(|i| {
+                let at = i * self.row_bytes;
+                let (len, shape) = unpadded(&self.bytes[at..at + self.row_bytes], self.rest);
+                cut(self.bytes, at, len, shape, self.dtype)
+            })
+            .collect()
     }
 }
 
