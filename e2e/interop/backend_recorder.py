@@ -7,7 +7,9 @@ gateway sends a vLLM or SGLang worker decodes, with the published stubs
 and the published servicer helpers that run without an engine
 (``smg_grpc_servicer.mm_shm.tensor_payload_bytes`` for the pixel
 payload, ``smg_grpc_servicer.vllm.mm_keys`` for vLLM's batches and media
-hashes), to what the gateway meant. Run as::
+hashes, and those helpers in the steps of the servicer's
+``_build_preprocessed_mm_inputs`` to cut each batch into its items:
+``servicer_items``), to what the gateway meant. Run as::
 
     python backend_recorder.py {vllm|sglang} RECORD
 
@@ -47,6 +49,83 @@ def tensor_record(raw: bytes, shape, dtype: str) -> dict:
             "bytes": len(raw)}
 
 
+# Bytes per element of the wire dtypes.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "uint32": 4, "uint8": 1}
+
+
+def row_slices(raw: bytes, shape: list, dtype: str, rows: list) -> list:
+    """``raw`` (row-major, ``shape``) cut along dimension 0 into runs of
+    ``rows`` rows each, as ``(bytes, shape)``."""
+    row = DTYPE_BYTES[dtype]
+    for d in shape[1:]:
+        row *= d
+    out, at = [], 0
+    for n in rows:
+        out.append((raw[at * row:(at + n) * row], [n, *shape[1:]]))
+        at += n
+    return out
+
+
+def servicer_items(request) -> dict:
+    """The items every batch splits into, read by the rules of the published
+    servicer's ``VllmEngineServicer._build_preprocessed_mm_inputs`` (vLLM
+    itself, which it hands them to, cannot be installed without a GPU
+    build of torch, so this mirrors it step by step with the published
+    ``mm_keys`` helpers): tensors keyed by ``modality_key`` (video pixels
+    as ``pixel_values_videos``), the primary one under
+    ``primary_encoder_key``; a key carried by two batches is refused; a key
+    in ``batched_keys`` is cut along dimension 0, one row per placeholder
+    range; a key in ``flat_keys`` by the flattened sizes tensor it names;
+    any other key is shared by every item. Returns ``{"error": ...}`` where
+    the servicer raises, else per modality its fields and per item each
+    tensor's digest and shape."""
+    seen, modalities = set(), {}
+    for batch in mm_keys.mm_batches(request):
+        modality = mm_keys.modality_name(batch)
+        is_video = modality == "video"
+        tensors = {}
+        if batch.HasField("pixel_values"):
+            primary = mm_keys.modality_key(mm_keys.primary_encoder_key(batch), is_video)
+            tensors[primary] = batch.pixel_values
+        for key, td in batch.model_specific_tensors.items():
+            tensors[mm_keys.modality_key(key, is_video)] = td
+        shared = tensors.keys() & seen
+        if shared:
+            return {"error": f"multimodal batches carry the same tensor keys {sorted(shared)}"}
+        seen |= tensors.keys()
+        count = len(batch.mm_placeholders)
+        batched = {mm_keys.modality_key(k, is_video) for k in batch.batched_keys}
+        flat = {mm_keys.modality_key(k, is_video): mm_keys.modality_key(v, is_video)
+                for k, v in batch.flat_keys.items()}
+        fields, items = {}, [{} for _ in range(count)]
+        for key, td in tensors.items():
+            raw, shape = tensor_payload_bytes(td), list(td.shape)
+            if key in batched:
+                fields[key] = "batched"
+                rows = [1] * shape[0]
+            elif key in flat:
+                fields[key] = f"flat:{flat[key]}"
+                if flat[key] not in tensors:
+                    return {"error": f"{key}: sizes tensor {flat[key]} missing"}
+                rows = int64_values(tensor_payload_bytes(tensors[flat[key]]))
+                if sum(rows) != shape[0]:
+                    return {"error": f"{key}: sizes {rows} do not add up to {shape[0]}"}
+            else:
+                fields[key] = "shared"
+                continue
+            if len(rows) != count:
+                return {"error": f"{key}: {len(rows)} items for {count} placeholder ranges"}
+            for item, (data, item_shape) in zip(items, row_slices(raw, shape, td.dtype, rows)):
+                if fields[key] == "batched":
+                    item_shape = item_shape[1:]
+                item[key] = {"sha256": hashlib.sha256(data).hexdigest(), "shape": item_shape,
+                             "values": int64_values(data) if td.dtype == "int64" else None}
+        modalities[modality] = {"fields": fields, "items": items,
+                                "hashes": list(batch.mm_hashes),
+                                "keep_on_cpu": sorted(batch.keep_on_cpu_keys)}
+    return {"error": None, "modalities": modalities}
+
+
 def vllm_record(request) -> dict:
     """What the published vLLM servicer's engine-free helpers read."""
     batches = mm_keys.mm_batches(request)
@@ -71,6 +150,7 @@ def vllm_record(request) -> dict:
         "mm_hashes": mm_keys.mm_identity_hashes(batches),
         "missing_pixels": len(mm_keys.batches_missing_pixels(batches)),
         "media_twice": mm_keys.describes_media_twice(request),
+        "servicer": servicer_items(request),
     }
 
 

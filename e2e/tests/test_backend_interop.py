@@ -7,7 +7,10 @@ media hashes). Field by field, images included: the token ids (the same
 under both protocols, the image's placeholder run where the placeholders
 say), the sampling parameters the client asked for, the pixels bit for
 bit against ``iris preprocess`` (bfloat16, the wire's default), the
-patch grid and the media hash.
+patch grid and the media hash. And a chat with two images goes to vLLM as
+one batch that the published vLLM servicer's rules (its
+``_build_preprocessed_mm_inputs``, mirrored in the recorder without
+vLLM) cut back into the two images, each bit for bit.
 """
 
 from __future__ import annotations
@@ -33,20 +36,25 @@ IMAGE = REPO.parent / "shared" / "images" / "coffee.jpg"
 ANSWER_TOKENS = 5
 
 
+def preprocessed(model_dir: Path, image: Path, out: Path) -> dict:
+    """SHA-256 and shape of ``image``'s pixels as the gateway sends them
+    (bfloat16), from ``iris preprocess``."""
+    run = subprocess.run([str(binary("iris")), "preprocess", "--model-path", str(model_dir),
+                          str(image), "--out", str(out)], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    values = np.load(out, allow_pickle=False)
+    return {"sha256": hashlib.sha256(bf16_bits(values).tobytes()).hexdigest(),
+            "shape": list(values.shape)}
+
+
 @pytest.fixture(scope="module")
 def expected_pixels(model_dir, tmp_path_factory) -> dict:
     """SHA-256, shape and grid of the image's pixels as the gateway sends
     them by default, from ``iris preprocess``."""
     if not IMAGE.is_file():
         pytest.fail(f"{IMAGE} is missing: the image tests need ../shared beside the checkout")
-    npy = tmp_path_factory.mktemp("pixels") / "coffee.npy"
-    run = subprocess.run([str(binary("iris")), "preprocess", "--model-path", str(model_dir),
-                          str(IMAGE), "--out", str(npy)], capture_output=True, text=True,
-                         timeout=60)
-    assert run.returncode == 0, run.stderr
-    values = np.load(npy, allow_pickle=False)
-    return {"sha256": hashlib.sha256(bf16_bits(values).tobytes()).hexdigest(),
-            "shape": list(values.shape)}
+    return preprocessed(model_dir, IMAGE, tmp_path_factory.mktemp("pixels") / "coffee.npy")
 
 
 def recorded_run(protocol: str, model_dir: Path, logs: Path, sampling: dict) -> tuple:
@@ -150,3 +158,70 @@ def test_the_sampling_parameters_arrive(runs, protocol):
     assert int(max_tokens) == 7
     if protocol == "vllm":
         assert sampling["seed"] == 11
+
+
+SECOND_IMAGE = REPO.parent / "shared" / "images" / "chelsea.png"
+
+
+@pytest.fixture(scope="module")
+def two_images(model_dir, tmp_path_factory) -> tuple:
+    """A chat with two images of different sizes sent to the vLLM recorder:
+    its record and each image's expected pixels."""
+    for image in (IMAGE, SECOND_IMAGE):
+        if not image.is_file():
+            pytest.fail(f"{image} is missing: the image tests need ../shared beside the checkout")
+    logs = tmp_path_factory.mktemp("logs-vllm-two")
+    expected = [preprocessed(model_dir, image, logs / f"{image.stem}.npy")
+                for image in (IMAGE, SECOND_IMAGE)]
+    procs = Processes(logs)
+    record = logs / "record.jsonl"
+    try:
+        worker = procs.spawn("recorder-vllm", [sys.executable, HARNESS, "vllm", record])
+        port = worker.wait_for_line(LISTENING, STARTUP_TIMEOUT).group(1)
+        gateway = start_gateway(procs, model_dir, "--worker-urls",
+                                f"grpc://127.0.0.1:{port}?backend=vllm")
+        content = [{"type": "text", "text": "Compare the two."},
+                   image_part(data_url(IMAGE.read_bytes(), "image/jpeg")),
+                   image_part(data_url(SECOND_IMAGE.read_bytes(), "image/png"))]
+        reply = gateway.client().chat.completions.create(
+            model=gateway.model, messages=[{"role": "user", "content": content}], max_tokens=5)
+        assert reply.usage.completion_tokens == ANSWER_TOKENS
+        gateway.close_clients()
+    finally:
+        procs.stop_all()
+    [line] = [line for line in record.read_text().splitlines() if line.strip()]
+    return json.loads(line), expected
+
+
+def test_two_images_go_as_one_vllm_batch_the_servicer_splits(two_images):
+    """One image batch, no key shared between batches, no tensor shared by
+    the items: the published servicer's rules cut it back into the two
+    images, each bit for bit as ``iris preprocess`` makes it."""
+    record, expected = two_images
+    servicer = record["servicer"]
+    assert servicer["error"] is None, servicer["error"]
+    assert list(servicer["modalities"]) == ["image"]
+    [batch] = record["images"]
+    image = servicer["modalities"]["image"]
+    assert image["fields"] == {"pixel_values": "flat:image_patch_counts",
+                               "image_grid_thw": "batched", "image_patch_counts": "batched"}
+    assert image["keep_on_cpu"] == ["image_grid_thw"]
+    assert len(image["items"]) == 2
+    for item, want in zip(image["items"], expected):
+        assert item["pixel_values"]["sha256"] == want["sha256"], "bit for bit"
+        assert item["pixel_values"]["shape"] == want["shape"]
+        t, h, w = item["image_grid_thw"]["values"]
+        assert t * h * w == want["shape"][0]
+        assert item["image_patch_counts"]["values"] == [want["shape"][0]]
+    assert expected[0]["shape"] != expected[1]["shape"], "two sizes, two row counts"
+    hashes = image["hashes"]
+    assert len(hashes) == 2 and hashes[0] != hashes[1]
+    assert record["mm_hashes"] == hashes
+    ids, token = record["input_ids"], batch["im_token_id"]
+    ranges = batch["placeholders"]
+    assert len(ranges) == 2
+    for (offset, length), item in zip(ranges, image["items"]):
+        assert ids[offset:offset + length] == [token] * length
+        t, h, w = item["image_grid_thw"]["values"]
+        assert length == t * h * w // 4
+    assert ids.count(token) == sum(length for _, length in ranges)

@@ -12,7 +12,11 @@ client and compared with a TokenSpeed deployment's answers.
   whichever worker takes the request;
 - one of two vLLM workers killed: requests are retried on the other; the
   only SGLang worker killed: a clear 503;
-- what a backend cannot carry (a seed for SGLang) is a clear error.
+- what a backend cannot carry (a seed for SGLang) is a clear error;
+- two images reach a vLLM worker as one batch (inline, though it takes
+  shm) and are answered as TokenSpeed answers them, for every family's
+  tiny model (Pixtral's images of two sizes refused, saying why); images
+  and videos as one batch each.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import pytest
 from conftest import (Deployment, Processes, metric, start_engine, start_gateway,
                       wait_until)
 from test_epd import data_url, image_part, png
+from test_families import CHATS, FAMILIES, request_messages, write_model
+from test_video import clip_url, video
 
 QUESTION = "Say something about backends."
 
@@ -234,6 +240,82 @@ def test_vllm_takes_pixels_by_shm_and_sglang_inline(processes, model_dir, refere
         if backend == "sglang":
             assert metric(text, "iris_transport_bytes_total", lane="shm") == 0
             assert metric(text, "iris_transport_fallbacks_total", reason="no_shared_shm") >= 1
+
+
+def two_images(second_seed: int) -> list:
+    return [{"type": "text", "text": "Compare the images."},
+            image_part(data_url(png(40, 30, seed=1))),
+            image_part(data_url(png(64, 48, seed=second_seed)))]
+
+
+def test_two_images_reach_vllm_as_one_batch_on_any_lane(processes, model_dir, reference):
+    """Two images of different sizes go to a vLLM worker as one batch,
+    joined from inline bytes though the worker takes shm; the engine
+    splits it back into the two images: TokenSpeed's answer, which depends
+    on both."""
+    vllm = start_engine(processes, model_dir, "aggregated", "--protocol", "vllm")
+    gateway = start_gateway(processes, model_dir, "--multimodal-shm-min-bytes", "1024",
+                            "--worker-urls", f"{vllm.url}?backend=vllm&transport=shm")
+    client = gateway.client()
+    want = chat(reference, "tiny-chat", two_images(2))
+    wait_until(lambda: chat(client, gateway.model, two_images(2)) == want, 10,
+               "the vLLM worker's answer to two images equals TokenSpeed's")
+    assert chat(client, gateway.model, two_images(3)) == chat(reference, "tiny-chat",
+                                                               two_images(3))
+    assert chat(client, gateway.model, two_images(3)) != want, \
+        "the answer depends on the second image"
+    text = gateway.metrics()
+    assert metric(text, "iris_transport_bytes_total", lane="inline") > 0
+    assert not metric(text, "iris_transport_bytes_total", lane="shm"), \
+        "a joined item never goes by shm"
+
+
+def test_images_and_videos_reach_vllm_as_a_batch_each(processes, model_dir, reference):
+    """An image, two clips and an image: one image batch (both images) and
+    one video batch (both clips) to a vLLM worker, which the engine splits
+    back into the four items in the gateway's order (images, then videos):
+    TokenSpeed's answer."""
+    vllm = start_engine(processes, model_dir, "aggregated", "--protocol", "vllm")
+    gateway = start_gateway(processes, model_dir, "--worker-urls", f"{vllm.url}?backend=vllm")
+    content = [{"type": "text", "text": "Compare them."},
+               image_part(data_url(png(40, 30, seed=1))),
+               video(clip_url("h264.mp4")), video(clip_url("vp9.webm", "video/webm")),
+               image_part(data_url(png(64, 48, seed=2)))]
+    assert chat(gateway.client(), gateway.model, content) == chat(reference, "tiny-chat",
+                                                                  content)
+
+
+def family_answer(gateway, images: list):
+    """The gateway's reply to the families' chat with ``images``."""
+    return gateway.http(timeout=120).post("/v1/chat/completions", json={
+        "model": gateway.model, "max_tokens": 6, "seed": 3, "ignore_eos": True,
+        "messages": request_messages(images)})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_sends_two_images_to_vllm_as_one_batch(family, processes, tmp_path):
+    """Every family's two images (two sizes) go to a vLLM engine as one
+    batch in the family's vLLM layout, which the engine splits back into
+    the two items (padding dropped): the answer is a TokenSpeed engine's,
+    whose family checks passed the same items. Pixtral's two sizes cannot
+    form one vLLM batch: refused, saying why."""
+    model = write_model(family, tmp_path / f"tiny-{family}")
+    tokenspeed = start_engine(processes, model, "aggregated")
+    vllm = start_engine(processes, model, "aggregated", "--protocol", "vllm")
+    reference = start_gateway(processes, model, "--worker-urls", tokenspeed.url)
+    gateway = start_gateway(processes, model, "--worker-urls", f"{vllm.url}?backend=vllm")
+    images = [png(w, h, seed=seed) for (w, h, seed) in CHATS[1]]
+    want = family_answer(reference, images)
+    assert want.status_code == 200, want.text
+    got = family_answer(gateway, images)
+    if family == "pixtral":
+        assert got.status_code != 200, got.text
+        assert "Pixtral images of different sizes" in got.text, got.text
+        return
+    assert got.status_code == 200, got.text
+    assert got.json()["choices"][0]["message"]["content"] == \
+        want.json()["choices"][0]["message"]["content"]
+    assert got.json()["usage"] == want.json()["usage"]
 
 
 def test_stop_string_ends_the_answer_and_aborts(backend_deployment, reference):

@@ -4,7 +4,10 @@
 //! prefill runs to its end before decode starts (vLLM), Abort,
 //! HealthCheck, GetModelInfo and the KV event subscription. Pixel
 //! tensors go from the shared buffers without a copy whatever the
-//! protocol ([`iris_process::splice`]; the translations share them).
+//! protocol ([`iris_process::splice`]; the translations share them), but
+//! for the several items of one modality sent to a vLLM worker, which
+//! its protocol takes as one tensor ([`super::vllm_batch`]: joined on the
+//! blocking pool when large).
 
 use std::time::Duration;
 
@@ -56,7 +59,7 @@ impl Backend {
                 Ok(Box::pin(stream))
             }
             (Backend::Vllm, handoff) => {
-                let translated = vllm::request(request, handoff)?;
+                let translated = vllm::translate(request, handoff).await?;
                 let stream = spliced(channel, VLLM_GENERATE, &translated).await?;
                 let id = request.request_id.clone();
                 Ok(map_stream(stream, move |r| vllm::response(&id, r)))
@@ -86,7 +89,7 @@ impl Backend {
                 "the {self} backend's prefill does not run first"
             )));
         }
-        let translated = vllm::request(request, Some(vllm::REMOTE_DECODE.to_owned()))?;
+        let translated = vllm::translate(request, Some(vllm::REMOTE_DECODE.to_owned())).await?;
         let mut stream: Streaming<iris_proto::vllm::GenerateResponse> =
             spliced(channel, VLLM_GENERATE, &translated).await?;
         let mut params = None;

@@ -22,6 +22,7 @@
 pub mod calls;
 pub mod sglang;
 pub mod vllm;
+pub mod vllm_batch;
 
 use std::fmt;
 use std::pin::Pin;

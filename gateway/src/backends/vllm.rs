@@ -6,13 +6,17 @@
 //!   becomes 0, "no limit"); `no_stop_trim` is `include_stop_str_in_output`;
 //!   constraints keep their kind (`ebnf_grammar` becomes `grammar`);
 //!   `return_logprob` + `top_logprobs_num` become `logprobs`.
-//! - Images: each item is one `MultimodalInputs` (the first in
-//!   `mm_inputs`, the others in `extra_mm_inputs`): `pixel_values` keeps
-//!   its lane (inline, shm or remote), `model_specific_tensors`,
-//!   placeholders and `im_token_id` carry over, `mm_hashes` is the content
-//!   hash in hex, once per placeholder; `encoder_input_key` names the
-//!   pixels where vLLM's model code reads them under another name
-//!   (Phi-4-multimodal's `image_pixel_values`).
+//! - Images and videos: one `MultimodalInputs` per modality (the first in
+//!   `mm_inputs`, the next in `extra_mm_inputs`), every item's tensors
+//!   joined in the layout vLLM's model code gives the family, with
+//!   `batched_keys` and `flat_keys` ([`super::vllm_batch`]);
+//!   `im_token_id` carries over, one placeholder range and one
+//!   `mm_hashes` entry (the content hash in hex) per item;
+//!   `encoder_input_key` names the pixels where vLLM's model code reads
+//!   them under another name (Phi-4-multimodal's `image_pixel_values`). A
+//!   batch of one item keeps its pixels' lane (inline, shm or remote) and
+//!   bytes; a batch of several is joined from inline bytes, on the
+//!   blocking pool when large ([`translate`]).
 //! - PD: `kv_transfer_params_json`, given by the caller (the prefill leg
 //!   asks for remote decode, the decode leg passes on what prefill answered).
 //!
@@ -31,6 +35,7 @@ use iris_proto::scheduler::{
 use iris_proto::vllm as v;
 use tonic::Status;
 
+use super::vllm_batch::{self, Batch};
 use super::{cannot_carry, hash_hex, prompt_logprobs_requested, transcode, Backend};
 
 const BACKEND: Backend = Backend::Vllm;
@@ -38,6 +43,26 @@ const BACKEND: Backend = Backend::Vllm;
 /// What a PD prefill leg is sent as `kv_transfer_params_json`: keep the
 /// KV state for a remote decode and answer where it waits.
 pub const REMOTE_DECODE: &str = r#"{"do_remote_decode":true}"#;
+
+/// Bytes of joined tensors above which a translation runs on the
+/// blocking pool.
+const BLOCKING_JOIN_BYTES: usize = 256 << 10;
+
+/// [`request`], on the blocking pool when it joins many bytes of several
+/// items' tensors.
+pub async fn translate(
+    request: &GenerateRequest,
+    kv_transfer_params_json: Option<String>,
+) -> Result<v::GenerateRequest, Status> {
+    let items = request.mm_inputs.as_ref().map_or(&[][..], |m| &m.items);
+    if vllm_batch::copied_bytes(items) < BLOCKING_JOIN_BYTES {
+        return self::request(request, kv_transfer_params_json);
+    }
+    let owned = request.clone();
+    tokio::task::spawn_blocking(move || self::request(&owned, kv_transfer_params_json))
+        .await
+        .map_err(|e| Status::internal(format!("joining the vLLM batches failed: {e}")))?
+}
 
 /// `request` in vLLM's form; `kv_transfer_params_json` is the PD leg's
 /// KV-transfer parameters, if any.
@@ -88,11 +113,11 @@ pub fn request(
             .unwrap_or(&ts::SamplingParams::default()),
         logprobs,
     )?;
-    let mut items = request
-        .mm_inputs
-        .as_ref()
-        .map(|m| m.items.iter().map(mm_inputs).collect::<Vec<_>>())
-        .unwrap_or_default()
+    let items = request.mm_inputs.as_ref().map_or(&[][..], |m| &m.items);
+    let mut batches = vllm_batch::by_modality(items)
+        .into_iter()
+        .map(|group| mm_inputs(&group))
+        .collect::<Result<Vec<_>, Status>>()?
         .into_iter();
     Ok(v::GenerateRequest {
         request_id: request.request_id.clone(),
@@ -106,8 +131,8 @@ pub fn request(
         })),
         sampling_params: Some(sampling),
         stream: request.stream,
-        mm_inputs: items.next(),
-        extra_mm_inputs: items.collect(),
+        mm_inputs: batches.next(),
+        extra_mm_inputs: batches.collect(),
         kv_transfer_params_json,
         data_parallel_rank: request.data_parallel_rank,
         ..v::GenerateRequest::default()
@@ -184,41 +209,41 @@ fn constraint(c: Constraint) -> v::sampling_params::Constraint {
     }
 }
 
-/// One image as a vLLM batch of one item.
-fn mm_inputs(item: &ts::MultimodalItem) -> v::MultimodalInputs {
-    let hash = hash_hex(&item.content_hash);
-    v::MultimodalInputs {
-        pixel_values: item.encoder_input.as_ref().map(tensor),
-        model_specific_tensors: item
-            .model_specific_tensors
+/// One modality's items (prompt order) as one vLLM batch.
+fn mm_inputs(items: &[&ts::MultimodalItem]) -> Result<v::MultimodalInputs, Status> {
+    let Batch {
+        modality,
+        pixels,
+        pixel_key,
+        tensors,
+        batched_keys,
+        flat_keys,
+        keep_on_cpu_keys,
+        placeholders,
+        placeholder_token,
+    } = vllm_batch::batch(items)?;
+    Ok(v::MultimodalInputs {
+        pixel_values: pixels.as_ref().map(tensor),
+        model_specific_tensors: tensors
             .iter()
             .map(|(key, t)| (key.clone(), tensor(t)))
             .collect(),
-        im_token_id: item.placeholder_token_id,
-        mm_placeholders: item
-            .placeholders
+        im_token_id: placeholder_token,
+        mm_placeholders: placeholders
             .iter()
-            .map(|p| v::PlaceholderRange {
-                offset: p.offset,
-                length: p.length,
-            })
+            .map(|&(offset, length)| v::PlaceholderRange { offset, length })
             .collect(),
-        mm_hashes: item.placeholders.iter().map(|_| hash.clone()).collect(),
-        modality: item.modality,
-        encoder_input_key: encoder_input_key(item),
-        ..v::MultimodalInputs::default()
-    }
-}
-
-/// The name vLLM's model code reads an item's pixels under, when it is
-/// not `pixel_values`: `image_pixel_values` for Phi-4-multimodal
-/// (`Phi4MultimodalForCausalLM`, which reads it beside `image_sizes`,
-/// `image_attention_mask` and `num_img_tokens`), the one family whose
-/// items carry an `image_attention_mask`.
-fn encoder_input_key(item: &ts::MultimodalItem) -> Option<String> {
-    item.model_specific_tensors
-        .contains_key("image_attention_mask")
-        .then(|| "image_pixel_values".to_owned())
+        mm_hashes: items
+            .iter()
+            .filter(|item| !item.placeholders.is_empty())
+            .map(|item| hash_hex(&item.content_hash))
+            .collect(),
+        batched_keys,
+        flat_keys,
+        keep_on_cpu_keys,
+        modality,
+        encoder_input_key: (pixel_key != "pixel_values").then_some(pixel_key),
+    })
 }
 
 /// A tensor with its payload on the same lane.
@@ -360,85 +385,541 @@ mod tests {
         assert_eq!(s.logprobs, None);
     }
 
-    #[test]
-    fn images_become_one_batch_each_with_hashes_per_placeholder() {
-        let item = |hash: u8, offset| MultimodalItem {
+    /// An inline tensor of `shape` whose bytes count up from `seed`.
+    fn data(shape: &[u32], dtype: &str, seed: u8) -> TensorData {
+        let elem = iris_proto::tensor::DType::parse(dtype).unwrap().size();
+        let len = shape.iter().map(|&d| d as usize).product::<usize>() * elem;
+        let bytes: Vec<u8> = (0..len).map(|i| seed.wrapping_add(i as u8) | 1).collect();
+        TensorData {
+            shape: shape.to_vec(),
+            dtype: dtype.into(),
+            payload: Some(Payload::Inline(bytes.into())),
+        }
+    }
+
+    fn ints(shape: &[u32], values: &[i64]) -> TensorData {
+        iris_proto::tensor::int64(shape.to_vec(), values)
+    }
+
+    fn item(
+        pixels: TensorData,
+        tensors: Vec<(&str, TensorData)>,
+        runs: &[(u32, u32)],
+        hash: u8,
+    ) -> MultimodalItem {
+        MultimodalItem {
             modality: Modality::Image as i32,
             content_hash: vec![hash, 0xff].into(),
-            encoder_input: Some(TensorData {
-                shape: vec![4, 6],
-                dtype: "float32".into(),
-                payload: Some(Payload::Shm(ShmHandle {
-                    name: "/iris-x".into(),
-                    nbytes: 96,
-                    ..ShmHandle::default()
-                })),
-            }),
-            model_specific_tensors: [(
-                "image_grid_thw".to_owned(),
-                TensorData {
-                    shape: vec![1, 3],
-                    dtype: "int64".into(),
-                    payload: Some(Payload::Inline(vec![0u8; 24].into())),
-                },
-            )]
-            .into(),
-            placeholders: vec![PlaceholderRange { offset, length: 4 }],
+            encoder_input: Some(pixels),
+            model_specific_tensors: tensors
+                .into_iter()
+                .map(|(k, t)| (k.to_owned(), t))
+                .collect(),
+            placeholders: runs
+                .iter()
+                .map(|&(offset, length)| PlaceholderRange { offset, length })
+                .collect(),
             placeholder_token_id: Some(77),
-        };
+        }
+    }
+
+    /// What `items` are sent as: the one batch (there is no other).
+    fn one_batch(items: Vec<MultimodalItem>) -> v::MultimodalInputs {
         let mut req = base();
-        req.mm_inputs = Some(MultimodalInputs {
-            items: vec![item(1, 3), item(2, 9)],
-        });
-        let r = request(&req, Some("{\"do_remote_decode\":true}".into())).unwrap();
-        let first = r.mm_inputs.unwrap();
-        assert_eq!(first.mm_hashes, ["01ff"]);
-        assert_eq!(first.im_token_id, Some(77));
-        assert_eq!(first.mm_placeholders[0].offset, 3);
-        assert_eq!(first.modality, Modality::Image as i32);
-        let pixels = first.pixel_values.unwrap();
-        assert_eq!(
-            (pixels.shape, pixels.dtype.as_str()),
-            (vec![4, 6], "float32")
+        req.mm_inputs = Some(MultimodalInputs { items });
+        let r = request(&req, None).unwrap();
+        assert!(r.extra_mm_inputs.is_empty(), "one modality, one batch");
+        r.mm_inputs.unwrap()
+    }
+
+    fn bytes(t: &v::TensorData) -> &[u8] {
+        match &t.payload {
+            Some(v::tensor_data::Payload::Inline(b)) => b,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn values(t: &v::TensorData) -> Vec<i64> {
+        assert_eq!(t.dtype, "int64");
+        bytes(t)
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn inline(t: &TensorData) -> &[u8] {
+        match &t.payload {
+            Some(Payload::Inline(b)) => b,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn sorted(keys: &[String]) -> Vec<&str> {
+        let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    fn flat(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// Qwen2-VL: patch rows concatenated, flat by per-item counts the
+    /// batch carries (batched, as the grid); a range and a hash per item.
+    #[test]
+    fn qwen_items_are_one_flat_batch_with_patch_counts() {
+        let a = data(&[16, 8], "bfloat16", 1);
+        let b = data(&[4, 8], "bfloat16", 9);
+        let first = item(
+            a.clone(),
+            vec![("image_grid_thw", ints(&[1, 3], &[1, 4, 4]))],
+            &[(3, 4)],
+            1,
         );
-        assert!(
-            matches!(pixels.payload, Some(v::tensor_data::Payload::Shm(h)) if h.name == "/iris-x")
+        let second = item(
+            b.clone(),
+            vec![("image_grid_thw", ints(&[1, 3], &[1, 2, 2]))],
+            &[(9, 1)],
+            2,
         );
-        let grid = &first.model_specific_tensors["image_grid_thw"];
-        assert_eq!(grid.shape, [1, 3]);
-        assert_eq!(first.encoder_input_key, None);
-        assert_eq!(r.extra_mm_inputs.len(), 1);
-        assert_eq!(r.extra_mm_inputs[0].mm_hashes, ["02ff"]);
+        let batch = one_batch(vec![first, second]);
+        let pixels = batch.pixel_values.as_ref().unwrap();
         assert_eq!(
-            r.kv_transfer_params_json.as_deref(),
-            Some("{\"do_remote_decode\":true}")
+            (pixels.shape.as_slice(), pixels.dtype.as_str()),
+            (&[20, 8][..], "bfloat16")
+        );
+        assert_eq!(bytes(pixels), [inline(&a), inline(&b)].concat());
+        let grid = &batch.model_specific_tensors["image_grid_thw"];
+        assert_eq!(
+            (grid.shape.as_slice(), values(grid)),
+            (&[2, 3][..], vec![1, 4, 4, 1, 2, 2])
+        );
+        let counts = &batch.model_specific_tensors["image_patch_counts"];
+        assert_eq!(
+            (counts.shape.as_slice(), values(counts)),
+            (&[2][..], vec![16, 4])
+        );
+        assert_eq!(
+            batch.flat_keys,
+            flat(&[("pixel_values", "image_patch_counts")])
+        );
+        assert_eq!(
+            sorted(&batch.batched_keys),
+            ["image_grid_thw", "image_patch_counts"]
+        );
+        assert_eq!(batch.keep_on_cpu_keys, ["image_grid_thw"]);
+        let ranges: Vec<(u32, u32)> = batch
+            .mm_placeholders
+            .iter()
+            .map(|p| (p.offset, p.length))
+            .collect();
+        assert_eq!(ranges, [(3, 4), (9, 1)]);
+        assert_eq!(batch.mm_hashes, ["01ff", "02ff"]);
+        assert_eq!(
+            (batch.im_token_id, batch.encoder_input_key),
+            (Some(77), None)
         );
     }
 
-    /// A Phi-4-multimodal item (its `image_attention_mask`) names its
-    /// pixels as vLLM's model code reads them.
+    /// A single item's pixels go as they are: the same bytes (no copy),
+    /// the same lane; only the shape gains vLLM's item dimension where the
+    /// family's has one.
     #[test]
-    fn phi4_pixels_go_as_image_pixel_values() {
-        let mask = TensorData {
-            shape: vec![2, 32, 32],
-            dtype: "float32".into(),
-            payload: Some(Payload::Inline(vec![0u8; 8192].into())),
+    fn one_item_passes_its_tensors_through() {
+        let pixels = data(&[3, 4, 4], "float32", 5);
+        let batch = one_batch(vec![item(pixels.clone(), vec![], &[(1, 2)], 1)]);
+        let sent = batch.pixel_values.as_ref().unwrap();
+        assert_eq!(sent.shape, [1, 3, 4, 4], "LLaVA-1.5's batch dimension");
+        assert_eq!(bytes(sent).as_ptr(), inline(&pixels).as_ptr(), "not copied");
+        assert_eq!(sorted(&batch.batched_keys), ["pixel_values"]);
+        let shm = TensorData {
+            payload: Some(Payload::Shm(ShmHandle {
+                name: "/iris-x".into(),
+                nbytes: 16 * 8 * 2,
+                ..ShmHandle::default()
+            })),
+            ..data(&[16, 8], "bfloat16", 1)
         };
-        let item = MultimodalItem {
-            model_specific_tensors: [("image_attention_mask".to_owned(), mask)].into(),
-            ..MultimodalItem::default()
-        };
-        let mut req = base();
-        req.mm_inputs = Some(MultimodalInputs { items: vec![item] });
-        let first = request(&req, None).unwrap().mm_inputs.unwrap();
+        let grid = ints(&[1, 3], &[1, 4, 4]);
+        let batch = one_batch(vec![item(
+            shm,
+            vec![("image_grid_thw", grid)],
+            &[(3, 4)],
+            1,
+        )]);
+        let sent = batch.pixel_values.unwrap();
+        assert_eq!(sent.shape, [16, 8]);
+        assert!(
+            matches!(sent.payload, Some(v::tensor_data::Payload::Shm(h)) if h.name == "/iris-x")
+        );
         assert_eq!(
-            first.encoder_input_key.as_deref(),
+            values(&batch.model_specific_tensors["image_patch_counts"]),
+            [16]
+        );
+    }
+
+    /// Several items need their bytes inline: a pixel tensor on the shm
+    /// lane is refused, naming its lane, never dropped.
+    #[test]
+    fn several_items_off_the_inline_lane_are_refused() {
+        let mut shm = data(&[3, 4, 4], "float32", 5);
+        shm.payload = Some(Payload::Shm(ShmHandle::default()));
+        let mut req = base();
+        req.mm_inputs = Some(MultimodalInputs {
+            items: vec![
+                item(data(&[3, 4, 4], "float32", 1), vec![], &[(1, 2)], 1),
+                item(shm, vec![], &[(4, 2)], 2),
+            ],
+        });
+        let status = request(&req, None).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            status.message().contains("shared memory"),
+            "{}",
+            status.message()
+        );
+    }
+
+    /// Image and video: one batch per modality, the video's pixels flat by
+    /// its own counts, `second_per_grid_ts` batched.
+    #[test]
+    fn image_and_video_go_as_one_batch_each() {
+        let image = item(
+            data(&[4, 8], "bfloat16", 1),
+            vec![("image_grid_thw", ints(&[1, 3], &[1, 2, 2]))],
+            &[(2, 1)],
+            1,
+        );
+        let mut video = item(
+            data(&[8, 8], "bfloat16", 2),
+            vec![
+                ("video_grid_thw", ints(&[1, 3], &[2, 2, 2])),
+                (
+                    "second_per_grid_ts",
+                    iris_proto::tensor::float32(vec![1], &[1.0]),
+                ),
+            ],
+            &[(5, 2)],
+            2,
+        );
+        video.modality = Modality::Video as i32;
+        let mut req = base();
+        req.mm_inputs = Some(MultimodalInputs {
+            items: vec![image.clone(), video, image],
+        });
+        let r = request(&req, None).unwrap();
+        let images = r.mm_inputs.unwrap();
+        assert_eq!(
+            images.pixel_values.unwrap().shape,
+            [8, 8],
+            "both images in one batch"
+        );
+        assert_eq!(r.extra_mm_inputs.len(), 1);
+        let videos = &r.extra_mm_inputs[0];
+        assert_eq!(videos.modality, Modality::Video as i32);
+        assert_eq!(
+            videos.flat_keys,
+            flat(&[("pixel_values", "video_patch_counts")])
+        );
+        assert_eq!(
+            sorted(&videos.batched_keys),
+            ["second_per_grid_ts", "video_grid_thw", "video_patch_counts"]
+        );
+        assert_eq!(
+            videos.model_specific_tensors["second_per_grid_ts"].shape,
+            [1]
+        );
+    }
+
+    /// LLaVA-NeXT / OneVision: items stacked under a new dimension, the
+    /// fewer tiles padded with zero tiles as Hugging Face pads them;
+    /// `image_sizes` `[n, 2]`; all batched.
+    #[test]
+    fn anyres_items_stack_padded_with_image_sizes() {
+        let a = data(&[2, 3, 2, 2], "float32", 1);
+        let b = data(&[3, 3, 2, 2], "float32", 7);
+        let batch = one_batch(vec![
+            item(
+                a.clone(),
+                vec![("image_sizes", ints(&[1, 2], &[30, 40]))],
+                &[(1, 5)],
+                1,
+            ),
+            item(
+                b.clone(),
+                vec![("image_sizes", ints(&[1, 2], &[50, 20]))],
+                &[(8, 5)],
+                2,
+            ),
+        ]);
+        let pixels = batch.pixel_values.as_ref().unwrap();
+        assert_eq!(pixels.shape, [2, 3, 3, 2, 2]);
+        let tile = 3 * 2 * 2 * 4;
+        assert_eq!(
+            bytes(pixels),
+            [inline(&a), &vec![0; tile][..], inline(&b)].concat()
+        );
+        let sizes = &batch.model_specific_tensors["image_sizes"];
+        assert_eq!(
+            (sizes.shape.as_slice(), values(sizes)),
+            (&[2, 2][..], vec![30, 40, 50, 20])
+        );
+        assert_eq!(sorted(&batch.batched_keys), ["image_sizes", "pixel_values"]);
+        assert!(batch.flat_keys.is_empty());
+    }
+
+    /// Gemma 3 / Idefics3: crops concatenated, flat by `num_patches` (the
+    /// crops of each item, batched); an item's runs make one range.
+    #[test]
+    fn crop_items_are_flat_by_num_patches_with_one_range_each() {
+        let batch = one_batch(vec![
+            item(
+                data(&[2, 3, 4, 4], "bfloat16", 1),
+                vec![],
+                &[(3, 4), (10, 4)],
+                1,
+            ),
+            item(data(&[1, 3, 4, 4], "bfloat16", 2), vec![], &[(20, 4)], 2),
+        ]);
+        assert_eq!(batch.pixel_values.unwrap().shape, [3, 3, 4, 4]);
+        assert_eq!(values(&batch.model_specific_tensors["num_patches"]), [2, 1]);
+        assert_eq!(batch.flat_keys, flat(&[("pixel_values", "num_patches")]));
+        assert_eq!(sorted(&batch.batched_keys), ["num_patches"]);
+        let ranges: Vec<(u32, u32)> = batch
+            .mm_placeholders
+            .iter()
+            .map(|p| (p.offset, p.length))
+            .collect();
+        assert_eq!(ranges, [(3, 11), (20, 4)]);
+        assert_eq!(batch.mm_hashes.len(), 2, "one hash per item");
+    }
+
+    /// InternVL: patches flat by the items' own `image_num_patches`.
+    #[test]
+    fn internvl_items_are_flat_by_image_num_patches() {
+        let batch = one_batch(vec![
+            item(
+                data(&[3, 3, 4, 4], "bfloat16", 1),
+                vec![("image_num_patches", ints(&[1], &[3]))],
+                &[(1, 6)],
+                1,
+            ),
+            item(
+                data(&[1, 3, 4, 4], "bfloat16", 2),
+                vec![("image_num_patches", ints(&[1], &[1]))],
+                &[(9, 2)],
+                2,
+            ),
+        ]);
+        assert_eq!(batch.pixel_values.unwrap().shape, [4, 3, 4, 4]);
+        let patches = &batch.model_specific_tensors["image_num_patches"];
+        assert_eq!(
+            (patches.shape.as_slice(), values(patches)),
+            (&[2][..], vec![3, 1])
+        );
+        assert_eq!(
+            batch.flat_keys,
+            flat(&[("pixel_values", "image_num_patches")])
+        );
+        assert_eq!(sorted(&batch.batched_keys), ["image_num_patches"]);
+    }
+
+    /// Pixtral: images of one size stack `[n, 3, H, W]` with
+    /// `image_sizes`; of different sizes they are refused by name (vLLM
+    /// would read the padding as image).
+    #[test]
+    fn pixtral_items_stack_when_of_one_size() {
+        let sizes = |h, w| ("image_sizes", ints(&[1, 2], &[h, w]));
+        let batch = one_batch(vec![
+            item(
+                data(&[3, 4, 8], "bfloat16", 1),
+                vec![sizes(4, 8)],
+                &[(1, 1), (3, 2)],
+                1,
+            ),
+            item(
+                data(&[3, 4, 8], "bfloat16", 2),
+                vec![sizes(4, 8)],
+                &[(6, 1), (8, 2)],
+                2,
+            ),
+        ]);
+        assert_eq!(batch.pixel_values.unwrap().shape, [2, 3, 4, 8]);
+        assert_eq!(
+            values(&batch.model_specific_tensors["image_sizes"]),
+            [4, 8, 4, 8]
+        );
+        assert_eq!(sorted(&batch.batched_keys), ["image_sizes", "pixel_values"]);
+        let mut req = base();
+        req.mm_inputs = Some(MultimodalInputs {
+            items: vec![
+                item(
+                    data(&[3, 4, 8], "bfloat16", 1),
+                    vec![sizes(4, 8)],
+                    &[(1, 2)],
+                    1,
+                ),
+                item(
+                    data(&[3, 8, 4], "bfloat16", 2),
+                    vec![sizes(8, 4)],
+                    &[(6, 2)],
+                    2,
+                ),
+            ],
+        });
+        let status = request(&req, None).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unimplemented);
+        assert!(
+            status
+                .message()
+                .contains("Pixtral images of different sizes"),
+            "{}",
+            status.message()
+        );
+    }
+
+    /// Llama 4: frames flat by `patches_per_image`; `aspect_ratios`
+    /// `[n, 2]`; both batched.
+    #[test]
+    fn llama4_items_are_flat_by_patches_per_image() {
+        let tensors = |frames, rows, cols| {
+            vec![
+                ("aspect_ratios", ints(&[1, 2], &[rows, cols])),
+                ("patches_per_image", ints(&[1], &[frames])),
+            ]
+        };
+        let batch = one_batch(vec![
+            item(
+                data(&[3, 3, 4, 4], "bfloat16", 1),
+                tensors(3, 1, 2),
+                &[(1, 2), (3, 2), (5, 2)],
+                1,
+            ),
+            item(
+                data(&[1, 3, 4, 4], "bfloat16", 2),
+                tensors(1, 1, 1),
+                &[(9, 2)],
+                2,
+            ),
+        ]);
+        assert_eq!(batch.pixel_values.unwrap().shape, [4, 3, 4, 4]);
+        assert_eq!(
+            values(&batch.model_specific_tensors["patches_per_image"]),
+            [3, 1]
+        );
+        let ratios = &batch.model_specific_tensors["aspect_ratios"];
+        assert_eq!(
+            (ratios.shape.as_slice(), values(ratios)),
+            (&[2, 2][..], vec![1, 2, 1, 1])
+        );
+        assert_eq!(
+            batch.flat_keys,
+            flat(&[("pixel_values", "patches_per_image")])
+        );
+        assert_eq!(
+            sorted(&batch.batched_keys),
+            ["aspect_ratios", "patches_per_image"]
+        );
+    }
+
+    /// Phi-4-multimodal: `image_pixel_values` and the mask stacked and
+    /// zero-padded to the most crops, `image_sizes` and `num_img_tokens`
+    /// one row each; all batched.
+    #[test]
+    fn phi4_items_stack_as_image_pixel_values() {
+        let tensors = |crops, h, w, tokens| {
+            vec![
+                ("image_attention_mask", data(&[crops, 2, 2], "float32", 3)),
+                ("image_sizes", ints(&[1, 2], &[h, w])),
+                ("num_img_tokens", ints(&[1], &[tokens])),
+            ]
+        };
+        let batch = one_batch(vec![
+            item(
+                data(&[2, 3, 4, 4], "float32", 1),
+                tensors(2, 4, 4, 10),
+                &[(1, 10)],
+                1,
+            ),
+            item(
+                data(&[3, 3, 4, 4], "float32", 2),
+                tensors(3, 4, 8, 14),
+                &[(12, 14)],
+                2,
+            ),
+        ]);
+        assert_eq!(
+            batch.encoder_input_key.as_deref(),
             Some("image_pixel_values")
         );
+        assert_eq!(batch.pixel_values.unwrap().shape, [2, 3, 3, 4, 4]);
+        let mask = &batch.model_specific_tensors["image_attention_mask"];
+        assert_eq!(mask.shape, [2, 3, 2, 2]);
         assert_eq!(
-            first.model_specific_tensors["image_attention_mask"].shape,
-            [2, 32, 32]
+            &bytes(mask)[2 * 16..3 * 16],
+            [0u8; 16],
+            "the padded crop is masked out"
         );
+        assert_eq!(
+            values(&batch.model_specific_tensors["num_img_tokens"]),
+            [10, 14]
+        );
+        assert_eq!(
+            values(&batch.model_specific_tensors["image_sizes"]),
+            [4, 4, 4, 8]
+        );
+        assert_eq!(
+            sorted(&batch.batched_keys),
+            [
+                "image_attention_mask",
+                "image_pixel_values",
+                "image_sizes",
+                "num_img_tokens"
+            ]
+        );
+        assert!(batch.flat_keys.is_empty());
+    }
+
+    /// A join of many bytes runs on the blocking pool, to the same request.
+    #[tokio::test]
+    async fn a_large_join_is_translated_off_the_runtime_alike() {
+        let qwen = |seed| {
+            let grid = ints(&[1, 3], &[1, 16, 16]);
+            item(
+                data(&[256, 1024], "bfloat16", seed),
+                vec![("image_grid_thw", grid)],
+                &[(1, 64)],
+                seed,
+            )
+        };
+        let mut req = base();
+        req.mm_inputs = Some(MultimodalInputs {
+            items: vec![qwen(1), qwen(2)],
+        });
+        let items = &req.mm_inputs.as_ref().unwrap().items;
+        assert!(vllm_batch::copied_bytes(items) >= BLOCKING_JOIN_BYTES);
+        let off = translate(&req, None).await.unwrap();
+        assert_eq!(off, request(&req, None).unwrap());
+        assert_eq!(
+            off.mm_inputs.unwrap().pixel_values.unwrap().shape,
+            [512, 1024]
+        );
+    }
+
+    /// Only several items of one modality are joined (and counted as
+    /// copied bytes).
+    #[test]
+    fn joined_items_are_those_sharing_a_modality() {
+        let image = item(data(&[3, 4, 4], "float32", 1), vec![], &[(1, 2)], 1);
+        let mut video = image.clone();
+        video.modality = Modality::Video as i32;
+        let items = vec![image.clone(), video, image];
+        assert_eq!(vllm_batch::joined_items(&items), [0, 2]);
+        assert_eq!(vllm_batch::copied_bytes(&items), 2 * 3 * 4 * 4 * 4);
+        assert_eq!(vllm_batch::copied_bytes(&items[..2]), 0);
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! image's pixel values in `mm_inputs`. They travel by the lane chosen for
 //! that worker exactly as an encoder's do ([`Lanes::prepare`]: its own
 //! transport over the flag, what it proved in GetServerInfo, the size
-//! thresholds, counted fallbacks). An RDMA lease is keyed by a fresh
+//! thresholds, counted fallbacks), except the several items of one
+//! modality sent to a vLLM worker: its protocol takes them joined into one
+//! tensor, made from their inline bytes ([`crate::backends::vllm_batch`]),
+//! so they stay inline (counted there). An RDMA lease is keyed by a fresh
 //! random room per tensor, which the descriptor carries (a TokenSpeed
 //! scheduler servicer's puller checks no Encode room against it).
 //!
@@ -32,6 +35,7 @@ use iris_transport::{DeliveryTicket, Transport};
 use tonic::Status;
 
 use super::legs::new_room;
+use crate::backends::{vllm_batch, Backend};
 use crate::transport::Lanes;
 use crate::workers::Worker;
 
@@ -174,9 +178,11 @@ pub(super) async fn prepare(
             prepared.kept.all.push(item.content_hash.clone());
         }
     }
+    let joined = joined_items(worker, request);
     let inline = lanes.requested(worker) == Transport::Inline;
-    if inline {
-        let sent = inline_items(request).filter(|(i, _)| !recalled.contains(i));
+    if inline || !joined.is_empty() {
+        let sent = inline_items(request)
+            .filter(|(i, _)| !recalled.contains(i) && (inline || joined.contains(i)));
         lanes.sent_inline(sent.filter_map(|(_, item)| match payload(item) {
             Some(Payload::Inline(data)) => Some(data.len()),
             _ => None,
@@ -200,7 +206,11 @@ pub(super) async fn prepare(
     let (lanes, worker) = (lanes.clone(), worker.clone());
     tokio::task::spawn_blocking(move || {
         let items = items_mut(&mut request)
-            .filter(|item| matches!(payload(item), Some(Payload::Inline(_))));
+            .enumerate()
+            .filter(|(i, item)| {
+                !joined.contains(i) && matches!(payload(item), Some(Payload::Inline(_)))
+            })
+            .map(|(_, item)| item);
         for item in items {
             let (laned, ticket) = lanes.prepare(&worker, item, new_room())?;
             if payload(&laned).is_some_and(|p| !matches!(p, Payload::Inline(_))) {
@@ -213,6 +223,16 @@ pub(super) async fn prepare(
     })
     .await
     .map_err(|e| Status::internal(format!("preparing the images' tensors failed: {e}")))?
+}
+
+/// The items a vLLM worker takes joined with the others of their modality
+/// into one tensor ([`crate::backends::vllm_batch`]): they stay inline
+/// whatever the worker's lane. None for the other backends.
+fn joined_items(worker: &Worker, request: &GenerateRequest) -> Vec<usize> {
+    match (worker.backend(), &request.mm_inputs) {
+        (Some(Backend::Vllm), Some(inputs)) => vllm_batch::joined_items(&inputs.items),
+        _ => Vec::new(),
+    }
 }
 
 /// The request's items that carry inline pixels, with their indices.
@@ -243,4 +263,82 @@ fn carries_pixels(request: &GenerateRequest) -> bool {
         .iter()
         .flat_map(|m| &m.items)
         .any(|item| matches!(payload(item), Some(Payload::Inline(_))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    use crate::workers::{Role, WorkerUrl};
+    use iris_proto::common::Modality;
+    use iris_proto::scheduler::MultimodalInputs;
+    use iris_proto::tensor::{inline, DType};
+    use iris_transport::WorkerCaps;
+
+    fn shm_worker(backend: Backend) -> Arc<Worker> {
+        let url = WorkerUrl::parse("grpc://127.0.0.1:1?transport=shm").unwrap();
+        let worker = Worker::new(url, Role::Aggregated, Duration::from_secs(1)).unwrap();
+        worker.set_caps(WorkerCaps {
+            shared_shm: true,
+            nixl: false,
+        });
+        worker.set_backend(backend);
+        worker
+    }
+
+    fn item(modality: Modality) -> MultimodalItem {
+        MultimodalItem {
+            modality: modality as i32,
+            encoder_input: Some(inline(vec![16], DType::Float32, Bytes::from(vec![7u8; 64]))),
+            ..MultimodalItem::default()
+        }
+    }
+
+    fn lanes_of(request: &GenerateRequest) -> Vec<&'static str> {
+        request
+            .mm_inputs
+            .iter()
+            .flat_map(|m| &m.items)
+            .map(|item| match payload(item) {
+                Some(Payload::Inline(_)) => "inline",
+                Some(Payload::Shm(_)) => "shm",
+                _ => "other",
+            })
+            .collect()
+    }
+
+    /// A vLLM worker that takes shm gets the two images inline (they are
+    /// joined into one tensor) and the lone video by shm; a TokenSpeed
+    /// worker gets all three by shm.
+    #[tokio::test]
+    async fn items_joined_for_vllm_stay_inline() {
+        let flags = [
+            "--worker-urls",
+            "grpc://w:1",
+            "--multimodal-shm-min-bytes",
+            "0",
+        ];
+        let config = crate::config::Config::from_flags(&flags).unwrap();
+        let lanes = Arc::new(Lanes::start(&config.transport, false).unwrap());
+        let request = GenerateRequest {
+            mm_inputs: Some(MultimodalInputs {
+                items: vec![
+                    item(Modality::Image),
+                    item(Modality::Video),
+                    item(Modality::Image),
+                ],
+            }),
+            ..GenerateRequest::default()
+        };
+        for (backend, want) in [
+            (Backend::Vllm, ["inline", "shm", "inline"]),
+            (Backend::TokenSpeed, ["shm", "shm", "shm"]),
+        ] {
+            let worker = shm_worker(backend);
+            let (sent, laned) = prepare(&lanes, &worker, &request).await.unwrap();
+            assert_eq!(lanes_of(&sent.unwrap()), want, "{backend}");
+            laned.tickets.never_sent();
+        }
+    }
 }

@@ -32,6 +32,7 @@ pub mod kv_events;
 pub mod sglang;
 pub mod tokenspeed;
 pub mod vllm;
+pub mod vllm_batch;
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,7 +1,9 @@
 //! `vllm.grpc.engine.VllmEngine` (vLLM's gRPC mode). A request carries one
 //! preprocessed pixel batch per modality (`mm_inputs`, `extra_mm_inputs`),
-//! inline, in shared memory or remote, and PD by `kv_transfer_params_json`
-//! in the shape of vLLM's NIXL connector: the prefill is asked with
+//! inline, in shared memory or remote, split back into its items by its
+//! `batched_keys` / `flat_keys` ([`super::vllm_batch`]), and PD by
+//! `kv_transfer_params_json` in the shape of vLLM's NIXL connector: the
+//! prefill is asked with
 //! `{"do_remote_decode": true}` and answers, in its GenerateComplete, with
 //! where its KV state waits (`remote_host`, `remote_port`,
 //! `remote_block_ids` = [the room]); the decode is sent that answer and
@@ -216,7 +218,7 @@ fn intake(mut req: GenerateRequest, engine: &Engine) -> Result<Intake, Status> {
                     i => format!("extra_mm_inputs[{}]", i - 1),
                 };
                 keys.extend(batch_keys(&batch));
-                items.extend(batch_item(&what, batch, input_ids.len())?);
+                items.extend(batch_items(&what, batch, input_ids.len())?);
             }
             (items, keys)
         }
@@ -336,13 +338,13 @@ fn batch_keys(mm: &MultimodalInputs) -> Vec<ItemKey> {
         .collect()
 }
 
-/// One preprocessed batch as one item (the engine folds it whole); `what`
-/// names it in errors.
-fn batch_item(
+/// One preprocessed batch as its items, split by its field layout
+/// ([`super::vllm_batch`]); `what` names it in errors.
+fn batch_items(
     what: &str,
-    mm: MultimodalInputs,
+    mut mm: MultimodalInputs,
     prompt_len: usize,
-) -> Result<Option<ItemSource>, Status> {
+) -> Result<Vec<ItemSource>, Status> {
     if Modality::try_from(mm.modality).is_err() {
         return Err(Status::invalid_argument(format!(
             "{what}.modality = {} is not a known modality",
@@ -365,16 +367,20 @@ fn batch_item(
             mm.mm_placeholders.len()
         )));
     }
-    match mm.pixel_values {
+    match mm.pixel_values.take() {
         Some(pixels) => {
             let pixels = engine_tensor(&format!("{what}.pixel_values"), pixels)?;
             request::check_tensor(&format!("{what}.pixel_values"), &pixels)?;
-            Ok(Some(ItemSource::Pixels {
-                tensor: pixels,
-                hash: bytes::Bytes::new(),
-            }))
+            let items = super::vllm_batch::split(what, &mm, pixels)?;
+            Ok(items
+                .into_iter()
+                .map(|tensor| ItemSource::Pixels {
+                    tensor,
+                    hash: bytes::Bytes::new(),
+                })
+                .collect())
         }
-        None if mm.mm_placeholders.is_empty() => Ok(None),
+        None if mm.mm_placeholders.is_empty() => Ok(Vec::new()),
         None => Err(Status::invalid_argument(format!(
             "{what} has placeholders but no pixel_values"
         ))),

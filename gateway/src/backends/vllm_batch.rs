@@ -1,0 +1,419 @@
+//! The items of one modality as ONE vLLM batch (`MultimodalInputs`), in
+//! the field layout vLLM's model code gives the family
+//! (`_get_mm_fields_config`). The published vLLM servicer reads one batch
+//! per modality (two batches carrying the same tensor key are refused)
+//! and slices each tensor into items by the batch's `batched_keys`
+//! (dimension 0 runs over the items) and `flat_keys` (rows concatenated
+//! over the items, the per-item row counts in another tensor of the
+//! batch); a tensor named in neither is shared by every item.
+//!
+//! | family (told by its item tensors) | pixels | other tensors |
+//! |---|---|---|
+//! | Qwen2/2.5/3-VL (`image_grid_thw`, `video_grid_thw`) | rows concatenated, flat by `image_patch_counts` / `video_patch_counts` (added: `t·h·w` per item) | grid `[n, 3]`, `second_per_grid_ts` `[n]`, the counts `[n]`: batched |
+//! | LLaVA-1.5 (`[3, S, S]`, nothing else) | stacked `[n, 3, S, S]`, batched | |
+//! | LLaVA-NeXT, OneVision (`image_sizes`, 4-D pixels) | stacked `[n, max tiles, 3, S, S]` (zero tiles pad, as HF's processor), batched | `image_sizes` `[n, 2]` batched |
+//! | Gemma 3, Idefics3 (4-D pixels, nothing else) | crops concatenated, flat by `num_patches` (added: crops per item) | `num_patches` `[n]` batched |
+//! | Pixtral (`image_sizes`, 3-D pixels) | stacked `[n, 3, H, W]`, batched; images of different sizes are refused (vLLM unpads them in its own processor, which preprocessed pixels skip) | `image_sizes` `[n, 2]` batched |
+//! | InternVL (`image_num_patches`) | patches concatenated, flat by `image_num_patches` | `image_num_patches` `[n]` batched |
+//! | Llama 4 (`aspect_ratios`) | frames concatenated, flat by `patches_per_image` | `aspect_ratios` `[n, 2]`, `patches_per_image` `[n]` batched |
+//! | Phi-4-multimodal (`image_attention_mask`) | `image_pixel_values` stacked `[n, max 1 + tiles, 3, S, S]` (zero padded), batched | `image_attention_mask` stacked and padded the same; `image_sizes` `[n, 2]`, `num_img_tokens` `[n]` batched |
+//!
+//! Each item has one placeholder range, from its first run to the end of
+//! its last (vLLM counts items by ranges; `im_token_id` marks which
+//! positions take embeddings), and one `mm_hashes` entry.
+//!
+//! A batch of one item passes its tensors through (an item dimension added
+//! to the shape where vLLM's has one the item lacks: no copy). Only a batch
+//! of several items copies, into one new tensor per key: it needs every
+//! item's bytes inline ([`joined_items`] keeps them off the shm and RDMA
+//! lanes); a pixel tensor on another lane is refused (FAILED_PRECONDITION),
+//! never dropped.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use iris_proto::scheduler::{tensor_data::Payload, MultimodalItem, TensorData};
+use iris_proto::tensor::{self, DType};
+use tonic::Status;
+
+use super::{cannot_carry, Backend};
+
+/// The name the pixels go under when the model's code reads them so.
+const PIXEL_VALUES: &str = "pixel_values";
+
+/// How the items' tensors of one key become the batch's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Join {
+    /// Along dimension 0, which already runs over the item's rows (or is
+    /// the item's own dimension of one).
+    Concat,
+    /// Under a new item dimension, padded with zeros to the largest item
+    /// (Hugging Face's `_pad_for_batching`).
+    Stack,
+}
+
+/// How vLLM slices the batch's tensor of a key into items.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    /// Dimension 0 is the item.
+    Batched,
+    /// Rows concatenated; the per-item row counts are the named tensor.
+    Flat(&'static str),
+}
+
+/// A family's pixel layout in vLLM's model code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    family: &'static str,
+    pixels: (Join, Field),
+    /// A counts tensor vLLM's code derives that the items lack: its name
+    /// (each item's count is its pixels' first dimension).
+    counts: Option<&'static str>,
+    /// Stacked items must share one shape (no padding).
+    same_shape: bool,
+    /// Tensors vLLM keeps on the CPU.
+    on_cpu: &'static [&'static str],
+    /// The key vLLM's model code reads the pixels under.
+    pixel_key: &'static str,
+}
+
+impl Layout {
+    const fn new(family: &'static str, join: Join, field: Field) -> Layout {
+        Layout {
+            family,
+            pixels: (join, field),
+            counts: None,
+            same_shape: false,
+            on_cpu: &[],
+            pixel_key: PIXEL_VALUES,
+        }
+    }
+}
+
+/// The family layout `item`'s tensors tell.
+fn layout_of(item: &MultimodalItem) -> Layout {
+    let has = |key: &str| item.model_specific_tensors.contains_key(key);
+    let rank = item.encoder_input.as_ref().map_or(0, |t| t.shape.len());
+    let flat = |family, sizes| Layout::new(family, Join::Concat, Field::Flat(sizes));
+    let stacked = |family| Layout::new(family, Join::Stack, Field::Batched);
+    if has("image_grid_thw") {
+        return Layout {
+            counts: Some("image_patch_counts"),
+            on_cpu: &["image_grid_thw"],
+            ..flat("Qwen-VL", "image_patch_counts")
+        };
+    }
+    if has("video_grid_thw") {
+        return Layout {
+            counts: Some("video_patch_counts"),
+            on_cpu: &["video_grid_thw"],
+            ..flat("Qwen-VL", "video_patch_counts")
+        };
+    }
+    if has("image_attention_mask") {
+        return Layout {
+            pixel_key: "image_pixel_values",
+            ..stacked("Phi-4-multimodal")
+        };
+    }
+    if has("aspect_ratios") {
+        return flat("Llama 4", "patches_per_image");
+    }
+    if has("image_num_patches") {
+        return flat("InternVL", "image_num_patches");
+    }
+    match (has("image_sizes"), rank) {
+        (true, 3) => Layout {
+            same_shape: true,
+            ..stacked("Pixtral")
+        },
+        (true, _) => stacked("LLaVA-NeXT/OneVision"),
+        (false, 4) => Layout {
+            counts: Some("num_patches"),
+            ..flat("Gemma 3/Idefics3", "num_patches")
+        },
+        (false, _) => stacked("LLaVA"),
+    }
+}
+
+/// How a model-specific tensor of the items joins (every one is batched):
+/// Phi-4's per-crop mask gains the item dimension; the others carry it.
+fn tensor_join(key: &str) -> Join {
+    match key {
+        "image_attention_mask" => Join::Stack,
+        _ => Join::Concat,
+    }
+}
+
+/// The request's items, one group per modality in the order each
+/// modality first appears (the items of a group in prompt order).
+pub fn by_modality(items: &[MultimodalItem]) -> Vec<Vec<&MultimodalItem>> {
+    let mut groups: Vec<(i32, Vec<&MultimodalItem>)> = Vec::new();
+    for item in items {
+        match groups.iter_mut().find(|(m, _)| *m == item.modality) {
+            Some((_, group)) => group.push(item),
+            None => groups.push((item.modality, vec![item])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
+/// Indices of the items a vLLM worker gets joined with others of their
+/// modality (their pixels must stay inline).
+pub fn joined_items(items: &[MultimodalItem]) -> Vec<usize> {
+    items
+        .iter()
+        .enumerate()
+        .filter(|(_, item)| items.iter().filter(|i| i.modality == item.modality).count() > 1)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Bytes the batches of `items` copy (inline payloads of groups of more
+/// than one item).
+pub fn copied_bytes(items: &[MultimodalItem]) -> usize {
+    joined_items(items)
+        .into_iter()
+        .map(|i| &items[i])
+        .flat_map(|item| {
+            item.encoder_input
+                .iter()
+                .chain(item.model_specific_tensors.values())
+        })
+        .map(|t| match &t.payload {
+            Some(Payload::Inline(bytes)) => bytes.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// One modality's items as one batch, in Iris's tensor form.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub modality: i32,
+    pub pixels: Option<TensorData>,
+    /// The key the pixels go under (`pixel_values` unless the family's
+    /// code reads another).
+    pub pixel_key: String,
+    pub tensors: HashMap<String, TensorData>,
+    pub batched_keys: Vec<String>,
+    pub flat_keys: HashMap<String, String>,
+    pub keep_on_cpu_keys: Vec<String>,
+    /// One `(offset, length)` per item.
+    pub placeholders: Vec<(u32, u32)>,
+    pub placeholder_token: Option<u32>,
+}
+
+/// `items` (one modality, prompt order, at least one) as one batch.
+pub fn batch(items: &[&MultimodalItem]) -> Result<Batch, Status> {
+    let Some(first) = items.first() else {
+        return Err(Status::internal("an empty multimodal batch"));
+    };
+    let layout = layout_of(first);
+    if items
+        .iter()
+        .any(|item| tensor_keys(item) != tensor_keys(first))
+    {
+        return Err(Status::internal(format!(
+            "the {} items of one vLLM batch carry different tensors",
+            layout.family
+        )));
+    }
+    let pixel_key = layout.pixel_key;
+    let mut batch = Batch {
+        modality: first.modality,
+        pixel_key: pixel_key.to_owned(),
+        placeholders: items.iter().filter_map(|item| span(item)).collect(),
+        placeholder_token: first.placeholder_token_id,
+        keep_on_cpu_keys: layout.on_cpu.iter().map(|k| (*k).to_owned()).collect(),
+        ..Batch::default()
+    };
+    batch.pixels = pixels(items, &layout)?;
+    match layout.pixels.1 {
+        Field::Batched => batch.batched_keys.push(pixel_key.to_owned()),
+        Field::Flat(sizes) => {
+            batch
+                .flat_keys
+                .insert(pixel_key.to_owned(), sizes.to_owned());
+        }
+    }
+    for key in tensor_keys(first) {
+        let of_items: Vec<&TensorData> = items
+            .iter()
+            .filter_map(|item| item.model_specific_tensors.get(key))
+            .collect();
+        batch
+            .tensors
+            .insert(key.clone(), join(key, &of_items, tensor_join(key))?);
+        batch.batched_keys.push(key.clone());
+    }
+    if let Some(name) = layout.counts {
+        batch.tensors.insert(name.to_owned(), counts(items));
+        batch.batched_keys.push(name.to_owned());
+    }
+    Ok(batch)
+}
+
+/// The item's model-specific tensor names, sorted.
+fn tensor_keys(item: &MultimodalItem) -> Vec<&String> {
+    let mut keys: Vec<&String> = item.model_specific_tensors.keys().collect();
+    keys.sort();
+    keys
+}
+
+/// The items' pixels joined per `layout`; `None` when no item has any.
+fn pixels(items: &[&MultimodalItem], layout: &Layout) -> Result<Option<TensorData>, Status> {
+    let of_items: Vec<&TensorData> = items
+        .iter()
+        .filter_map(|item| item.encoder_input.as_ref())
+        .collect();
+    if of_items.is_empty() {
+        return Ok(None);
+    }
+    if of_items.len() != items.len() {
+        return Err(Status::internal(
+            "some items of one vLLM batch carry pixels and some do not",
+        ));
+    }
+    if layout.same_shape && of_items.iter().any(|t| t.shape != of_items[0].shape) {
+        return Err(cannot_carry(
+            Backend::Vllm,
+            &format!("{} images of different sizes in one request", layout.family),
+            "vLLM's model reads each image unpadded, and a batch holds one pixel tensor (send them in separate requests)",
+        ));
+    }
+    join(PIXEL_VALUES, &of_items, layout.pixels.0).map(Some)
+}
+
+/// An item's placeholder range: from its first run to the end of its last.
+fn span(item: &MultimodalItem) -> Option<(u32, u32)> {
+    let start = item.placeholders.iter().map(|p| p.offset).min()?;
+    let end = item
+        .placeholders
+        .iter()
+        .map(|p| p.offset.saturating_add(p.length))
+        .max()?;
+    Some((start, end - start))
+}
+
+/// The per-item counts `[n]` (int64): each item's pixels' first dimension.
+fn counts(items: &[&MultimodalItem]) -> TensorData {
+    let values: Vec<i64> = items
+        .iter()
+        .map(|item| {
+            item.encoder_input
+                .as_ref()
+                .and_then(|t| t.shape.first())
+                .map_or(0, |&d| i64::from(d))
+        })
+        .collect();
+    tensor::int64(vec![values.len() as u32], &values)
+}
+
+/// The tensors of one key over the items, joined: passed through for one
+/// item (the item dimension added when stacking), copied for several.
+fn join(key: &str, tensors: &[&TensorData], how: Join) -> Result<TensorData, Status> {
+    if let [only] = tensors {
+        let mut out = (*only).clone();
+        if how == Join::Stack {
+            out.shape.insert(0, 1);
+        }
+        return Ok(out);
+    }
+    let first = tensors[0];
+    let dtype = DType::parse(&first.dtype)
+        .map_err(|e| Status::internal(format!("vLLM batch tensor {key}: {e}")))?;
+    let mut parts = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let Some(Payload::Inline(data)) = &t.payload else {
+            return Err(Status::failed_precondition(format!(
+                "the vLLM backend joins the {} items' {key} into one tensor, which needs their bytes inline (this one is {})",
+                tensors.len(),
+                lane(t)
+            )));
+        };
+        if t.dtype != first.dtype || t.shape.len() != first.shape.len() || t.shape.is_empty() {
+            return Err(Status::internal(format!(
+                "the items' {key} tensors differ in dtype or rank ({:?} {} vs {:?} {})",
+                t.shape, t.dtype, first.shape, first.dtype
+            )));
+        }
+        parts.push((t.shape.as_slice(), data));
+    }
+    let (shape, bytes) = match how {
+        Join::Concat => concat(key, &parts)?,
+        Join::Stack => stack(&parts, dtype),
+    };
+    Ok(tensor::inline(shape, dtype, Bytes::from(bytes)))
+}
+
+fn lane(t: &TensorData) -> &'static str {
+    match &t.payload {
+        Some(Payload::Inline(_)) => "inline",
+        Some(Payload::Shm(_)) => "in shared memory",
+        Some(Payload::Remote(_)) => "remote",
+        None => "sent by hash alone",
+    }
+}
+
+type Part<'a> = (&'a [u32], &'a Bytes);
+
+/// Along dimension 0: the items' trailing dimensions must agree.
+fn concat(key: &str, parts: &[Part]) -> Result<(Vec<u32>, Vec<u8>), Status> {
+    let rest = &parts[0].0[1..];
+    if let Some((shape, _)) = parts.iter().find(|(s, _)| &s[1..] != rest) {
+        return Err(Status::internal(format!(
+            "the items' {key} tensors cannot be concatenated: {shape:?} vs {:?}",
+            parts[0].0
+        )));
+    }
+    let rows = parts
+        .iter()
+        .try_fold(0u32, |sum, (s, _)| sum.checked_add(s[0]))
+        .ok_or_else(|| Status::internal(format!("the items' {key} rows overflow a dimension")))?;
+    let mut bytes = Vec::with_capacity(parts.iter().map(|(_, d)| d.len()).sum());
+    for (_, data) in parts {
+        bytes.extend_from_slice(data);
+    }
+    let mut shape = vec![rows];
+    shape.extend_from_slice(rest);
+    Ok((shape, bytes))
+}
+
+/// Under a new dimension 0, each item zero-padded at the end of every
+/// dimension to the largest.
+fn stack(parts: &[Part], dtype: DType) -> (Vec<u32>, Vec<u8>) {
+    let rank = parts[0].0.len();
+    let target: Vec<u32> = (0..rank)
+        .map(|d| parts.iter().map(|(s, _)| s[d]).max().unwrap_or(0))
+        .collect();
+    let item_bytes = target.iter().map(|&d| d as usize).product::<usize>() * dtype.size();
+    let mut bytes = Vec::with_capacity(item_bytes * parts.len());
+    for (shape, data) in parts {
+        pad_into(&mut bytes, data, shape, &target, dtype.size());
+    }
+    let mut shape = vec![parts.len() as u32];
+    shape.extend(target);
+    (shape, bytes)
+}
+
+/// Appends `data` (row-major, `shape`) zero-padded to `target`.
+fn pad_into(out: &mut Vec<u8>, data: &[u8], shape: &[u32], target: &[u32], elem: usize) {
+    if shape == target {
+        out.extend_from_slice(data);
+        return;
+    }
+    let Some((&rows, inner)) = shape.split_first() else {
+        out.extend_from_slice(data);
+        return;
+    };
+    let inner_target = &target[1..];
+    let row_in = inner.iter().map(|&d| d as usize).product::<usize>() * elem;
+    let row_out = inner_target.iter().map(|&d| d as usize).product::<usize>() * elem;
+    for r in 0..rows as usize {
+        let row = data.get(r * row_in..(r + 1) * row_in).unwrap_or_default();
+        pad_into(out, row, inner, inner_target, elem);
+    }
+    let missing = (target[0] - rows) as usize * row_out;
+    out.resize(out.len() + missing, 0);
+}
