@@ -1,11 +1,12 @@
 """Family tool-call parsers through real processes: ``iris serve`` started
-with ``--tool-call-parser glm45`` / ``pythonic`` in front of the reference
-engine, which is made to write that family's call syntax with a ``regex``
-constraint (the engine's regex generator); the gateway must return the
-call as ``tool_calls`` (``finish_reason: "tool_calls"``), whole and
-streamed in the OpenAI delta shape (checked by ``test_tools.collect``), with
-GLM-4.5's values typed by the tool's schema and pythonic literals read as
-JSON.
+with ``--tool-call-parser glm45`` / ``phi4_mini`` / ``pythonic`` in front of
+the reference engine, which is made to write that family's call syntax with
+a ``regex`` constraint (the engine's regex generator); the gateway must
+return the call as ``tool_calls`` (``finish_reason: "tool_calls"``), whole
+and streamed in the OpenAI delta shape (checked by ``test_tools.collect``),
+with GLM-4.5's values typed by the tool's schema, Phi-4-mini's
+``functools[…]`` array read after the text before it, and pythonic literals
+read as JSON.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ CASES = {
         'Checking\\.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n'
         '<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>',
         "Checking.",
+    ),
+    "phi4_mini": (
+        'I\'ll check\\.\nfunctools\\[\\{"name": "get_weather", '
+        '"arguments": \\{"city": "Paris", "days": 3\\}\\}\\]',
+        "I'll check.",
     ),
     "pythonic": ('\\[get_weather\\(city="Paris", days=3\\)\\]', None),
 }
