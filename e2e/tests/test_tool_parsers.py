@@ -1,20 +1,24 @@
 """Family tool-call parsers through real processes: ``iris serve`` started
-with ``--tool-call-parser glm45`` / ``pythonic`` in front of the reference
-engine, which is made to write that family's call syntax with a ``regex``
-constraint (the engine's regex generator); the gateway must return the
-call as ``tool_calls`` (``finish_reason: "tool_calls"``), whole and
-streamed in the OpenAI delta shape (checked by ``test_tools.collect``), with
-GLM-4.5's values typed by the tool's schema and pythonic literals read as
-JSON.
+with ``--tool-call-parser glm45`` / ``phi4_mini`` / ``pythonic`` in front of
+the reference engine, which is made to write that family's call syntax with
+a ``regex`` constraint (the engine's regex generator); the gateway must
+return the call as ``tool_calls`` (``finish_reason: "tool_calls"``), whole
+and streamed in the OpenAI delta shape (checked by ``test_tools.collect``),
+with GLM-4.5's values typed by the tool's schema, Phi-4-mini's
+``functools[…]`` array read after the text before it, and pythonic literals
+read as JSON. And Phi-4-multimodal's tiny model under ``auto``: the gateway
+detects ``phi4_mini`` from its directory, and lists the tools on the system
+message, where its template reads them.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
-from conftest import Processes, aggregated
+from conftest import Processes, aggregated, binary
 from test_tools import WEATHER, ask_calls
 
 # Each parser flag, the regex that makes the engine write one call in its
@@ -25,6 +29,11 @@ CASES = {
         'Checking\\.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n'
         '<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>',
         "Checking.",
+    ),
+    "phi4_mini": (
+        'I\'ll check\\.\nfunctools\\[\\{"name": "get_weather", '
+        '"arguments": \\{"city": "Paris", "days": 3\\}\\}\\]',
+        "I'll check.",
     ),
     "pythonic": ('\\[get_weather\\(city="Paris", days=3\\)\\]', None),
 }
@@ -57,3 +66,43 @@ def test_the_family_syntax_becomes_tool_calls(parser_deployment):
         assert [(c["name"], json.loads(c["arguments"])) for c in calls] == \
             [("get_weather", {"city": "Paris", "days": 3})], (parser, stream, calls)
         assert finish == "tool_calls", (parser, stream, finish)
+
+
+@pytest.fixture(scope="module")
+def phi4_deployment(tmp_path_factory):
+    work = tmp_path_factory.mktemp("phi4-auto")
+    model = work / "tiny-phi4_multimodal"
+    subprocess.run([str(binary("iris")), "tiny-model", "--family", "phi4_multimodal",
+                    str(model)], check=True, stdout=subprocess.DEVNULL, timeout=120)
+    procs = Processes(tmp_path_factory.mktemp("logs-phi4-auto"))
+    dep = None
+    try:
+        dep = aggregated(procs, model)
+        yield dep
+    finally:
+        if dep is not None:
+            dep.gateway.close_clients()
+        procs.stop_all()
+
+
+def test_phi4_is_detected_and_shown_its_tools(phi4_deployment):
+    client, model = phi4_deployment.gateway.client(), phi4_deployment.gateway.model
+    messages = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
+    regex, expected_content = CASES["phi4_mini"]
+    for stream in (False, True):
+        content, calls, finish = ask_calls(
+            client, model, messages, stream, tools=[WEATHER], max_tokens=400,
+            extra_body={"regex": regex})
+        assert (content or None) == expected_content, (stream, content)
+        assert [(c["name"], json.loads(c["arguments"])) for c in calls] == \
+            [("get_weather", {"city": "Paris", "days": 3})], (stream, calls)
+        assert finish == "tool_calls", (stream, finish)
+    # The template writes the system message's tools, not a `tools`
+    # variable: the prompt grows by them only if the gateway put them there.
+    def prompt_tokens(**kwargs) -> int:
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=1, **kwargs)
+        return answer.usage.prompt_tokens
+    plain, with_tools = prompt_tokens(), prompt_tokens(tools=[WEATHER])
+    listed = json.dumps(WEATHER["function"])
+    assert with_tools > plain + len(listed) // 8, (plain, with_tools)

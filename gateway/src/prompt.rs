@@ -28,6 +28,9 @@ pub struct Prompter {
     /// The template reads `tools`; otherwise tools go in a fallback
     /// system block ([`iris_openai::tools_fallback`]).
     takes_tools: bool,
+    /// The template reads them from the system message (Phi-4:
+    /// [`iris_openai::system_message_tools`]).
+    system_tools: bool,
     segments: SegmentTokenizer,
     escaper: Escaper,
     limits: ContextLimits,
@@ -90,6 +93,7 @@ impl Prompter {
         Ok(Prompter {
             template,
             takes_tools: source.contains("tools"),
+            system_tools: reads_system_message_tools(&source),
             source,
             segments,
             escaper,
@@ -131,6 +135,9 @@ impl Prompter {
         }
         if self.takes_tools {
             if let Some(tools) = tools {
+                if self.system_tools {
+                    iris_openai::system_message_tools(&mut messages, &tools);
+                }
                 vars.insert("tools".into(), tools);
             }
         } else {
@@ -233,6 +240,14 @@ impl Prompter {
     }
 }
 
+/// Whether `source` reads a message's `tools` (Phi-4-mini's and
+/// Phi-4-multimodal's templates list the tools of the system message).
+fn reads_system_message_tools(source: &str) -> bool {
+    ["message['tools']", "message[\"tools\"]", "message.tools"]
+        .iter()
+        .any(|m| source.contains(m))
+}
+
 /// How a rendered conversation ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ending {
@@ -304,5 +319,29 @@ mod tests {
         // A template that rewrites the text cannot be continued.
         let missing = continue_final_message("A: ONE</s>".to_owned(), &parts).unwrap_err();
         assert_eq!(missing.status, 400);
+    }
+
+    #[test]
+    fn phi4_lists_the_tools_between_its_tool_tags() {
+        use iris_model::tiny::{write_tiny_model, Family};
+        let tmp = tempfile::tempdir().expect("tempdir");
+        write_tiny_model(tmp.path(), Family::Phi4Multimodal).expect("tiny model");
+        let dir = ModelDir::load(tmp.path()).expect("model dir");
+        let prompter = Prompter::load(&dir, &PromptOptions::default()).expect("prompter");
+        assert!(prompter.system_tools);
+        let request = iris_openai::parse_chat_request(
+            br#"{"model": "m", "messages": [{"role": "user", "content": "Weather?"}],
+                "tools": [{"type": "function", "function": {"name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]}"#,
+        )
+        .expect("request");
+        let (_, text) = prompter.prompt_for(&request, &[], &[]).expect("prompt");
+        let listed = r#"[{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}]"#;
+        assert!(
+            text.starts_with(&format!("<|system|><|tool|>{listed}<|/tool|>")),
+            "{text}"
+        );
+        assert!(text.contains("<|user|>Weather?<|end|>"), "{text}");
+        assert!(!reads_system_message_tools("{{ tools | tojson }}"));
     }
 }

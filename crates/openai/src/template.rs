@@ -1,5 +1,6 @@
 //! Chat messages as Hugging Face chat templates expect them, shared by the
-//! gateway's prompt building and the fuzz targets that exercise it; and
+//! gateway's prompt building and the fuzz targets that exercise it; the
+//! tools on the system message for templates that read them there; and
 //! the fallback for templates that do not take `tools`.
 
 use serde_json::{json, Map, Value};
@@ -53,6 +54,38 @@ fn template_call(call: &MessageToolCall) -> Value {
             "arguments": call_arguments(call).unwrap_or_else(|| json!({})),
         },
     })
+}
+
+/// For a chat template that reads the tools from the system message
+/// (Phi-4-mini, Phi-4-multimodal: `message['tools']`, a JSON string it
+/// writes between `<|tool|>` and `<|/tool|>`): the tools' function objects
+/// (`name`, `description`, `parameters`, as those models were trained on)
+/// as one JSON string under the first system message's `tools` (a new,
+/// empty system message when there is none). `tools` is the list
+/// [`crate::ChatCompletionRequest::template_tools`] gives.
+pub fn system_message_tools(messages: &mut Value, tools: &Value) {
+    let (Value::Array(list), Value::Array(tools)) = (messages, tools) else {
+        return;
+    };
+    let functions: Vec<Value> = tools.iter().map(listed_function).collect();
+    let text = Value::Array(functions).to_string();
+    if list.first().is_none_or(|m| m["role"] != "system") {
+        list.insert(0, json!({"role": "system", "content": ""}));
+    }
+    if let Some(Value::Object(system)) = list.first_mut() {
+        system.insert("tools".into(), text.into());
+    }
+}
+
+/// A tool as [`system_message_tools`] lists it: its function's `name`,
+/// `description` and `parameters` (those given).
+fn listed_function(tool: &Value) -> Value {
+    let function = tool.get("function").unwrap_or(tool);
+    let listed: Map<String, Value> = ["name", "description", "parameters"]
+        .into_iter()
+        .filter_map(|key| Some((key.to_owned(), function.get(key)?.clone())))
+        .collect();
+    Value::Object(listed)
 }
 
 /// For a chat template that does not take `tools`: puts the tools in a

@@ -3,8 +3,8 @@
 //! templates get (the model's own and the fallback).
 
 use iris_openai::{
-    parse_chat_request, template_messages, tools_fallback, ApiError, ChatCompletionRequest,
-    Constraint, ToolChoice, ToolOutput,
+    parse_chat_request, system_message_tools, template_messages, tools_fallback, ApiError,
+    ChatCompletionRequest, Constraint, ToolChoice, ToolOutput,
 };
 use serde_json::{json, Value};
 
@@ -309,6 +309,40 @@ fn fallback_puts_tools_in_the_system_message_and_calls_in_text() {
     let mut untouched = json!([{"role": "user", "content": "hi"}]);
     tools_fallback(&mut untouched, None);
     assert_eq!(untouched, json!([{"role": "user", "content": "hi"}]));
+}
+
+#[test]
+fn system_message_tools_are_one_json_string_of_functions() {
+    // `strict` is ours to follow, not the model's to read: left out.
+    const STRICT_NOW: &str = r#"{"type":"function","function":{"name":"now","strict":true}}"#;
+    let req = parse(&format!(
+        r#"{{"model":"m","tools":[{WEATHER},{STRICT_NOW}],"messages":[
+        {{"role":"system","content":"Be brief."}},
+        {{"role":"user","content":"Weather?"}}]}}"#
+    ));
+    let tools = req.template_tools().expect("tools");
+    let mut messages = template_messages(&req.messages);
+    system_message_tools(&mut messages, &tools);
+    assert_eq!(messages[0]["content"], "Be brief.");
+    let listed: Value =
+        serde_json::from_str(messages[0]["tools"].as_str().expect("a JSON string")).expect("JSON");
+    assert_eq!(
+        listed,
+        json!([{"name": "get_weather", "description": "Weather in a city", "parameters":
+            {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+            {"name": "now"}])
+    );
+    assert_eq!(messages[1], json!({"role": "user", "content": "Weather?"}));
+
+    // No system message: an empty one is added to carry them.
+    let mut plain = json!([{"role": "user", "content": "hi"}]);
+    system_message_tools(&mut plain, &tools);
+    assert_eq!(plain[0]["role"], "system");
+    assert_eq!(plain[0]["content"], "");
+    assert!(plain[0]["tools"]
+        .as_str()
+        .is_some_and(|t| t.contains("\"now\"")));
+    assert_eq!(plain[1], json!({"role": "user", "content": "hi"}));
 }
 
 /// The events in `buf`, each read back as a chunk.

@@ -10,9 +10,10 @@
 //!   model's family, one module each: [`hermes`] (Hermes/Qwen JSON),
 //!   [`qwen3_coder`], [`glm45`], [`llama3_json`], [`pythonic`] (Llama
 //!   3.2/4, Gemma 3), [`mistral`], [`internlm`], [`kimi_k2`],
-//!   [`deepseek_v3`] — all found in free text by one streaming machine
-//!   ([`marked`]) — or a whole output that is plain JSON because decoding
-//!   was constrained to the tool schemas ([`tools::JsonCalls`]).
+//!   [`deepseek_v3`], [`phi4_mini`] (Phi-4-mini, Phi-4-multimodal) — all
+//!   found in free text by one streaming machine ([`marked`]) — or a whole
+//!   output that is plain JSON because decoding was constrained to the
+//!   tool schemas ([`tools::JsonCalls`]).
 //! - [`shaper::OutputShaper`] chains the two for one choice: push text
 //!   deltas, get [`shaper::Piece`]s back; [`shaper::OutputShaper::shape`]
 //!   does a whole text at once through the same machine.
@@ -33,6 +34,7 @@ pub mod kimi_k2;
 pub mod llama3_json;
 pub mod marked;
 pub mod mistral;
+pub mod phi4_mini;
 pub mod pythonic;
 pub mod qwen3_coder;
 pub mod reasoning;

@@ -31,16 +31,18 @@ pub const MARKERS: Markers = Markers {
 /// The calls in `body`, if all of it is `;`-separated call objects.
 pub fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {
     let values = json_values(body, ';').filter(|v| !v.is_empty())?;
-    values
-        .iter()
-        .map(|value| {
-            let object = value.as_object()?;
-            if !object.contains_key("parameters") && !object.contains_key("arguments") {
-                return None;
-            }
-            named_call(object, "parameters")
-        })
-        .collect()
+    values.iter().map(call_object).collect()
+}
+
+/// A call from `{"name": "f", "parameters": {...}}` (or `arguments`);
+/// one of the two must be there, so that a JSON answer that merely has a
+/// `name` is not taken for a call.
+pub(crate) fn call_object(value: &Value) -> Option<ToolCall> {
+    let object = value.as_object()?;
+    if !object.contains_key("parameters") && !object.contains_key("arguments") {
+        return None;
+    }
+    named_call(object, "parameters")
 }
 
 /// The JSON values `text` holds one after the other, `sep` between them

@@ -89,6 +89,9 @@ pub enum ToolSyntax {
     KimiK2,
     /// `<｜tool▁calls▁begin｜>` (DeepSeek V3, R1, V3.1): [`crate::deepseek_v3`].
     DeepSeekV3,
+    /// `functools[{"name": "f", "arguments": {...}}, ...]` (Phi-4-mini,
+    /// Phi-4-multimodal): [`crate::phi4_mini`].
+    Phi4Mini,
 }
 
 impl ToolSyntax {
@@ -106,6 +109,7 @@ impl ToolSyntax {
             Self::InternLm => crate::internlm::MARKERS,
             Self::KimiK2 => crate::kimi_k2::MARKERS,
             Self::DeepSeekV3 => crate::deepseek_v3::MARKERS,
+            Self::Phi4Mini => crate::phi4_mini::MARKERS,
         }
     }
 
@@ -122,6 +126,7 @@ impl ToolSyntax {
             Self::InternLm => vec![crate::internlm::parse_call(body)?],
             Self::KimiK2 => crate::kimi_k2::parse_calls(body)?,
             Self::DeepSeekV3 => crate::deepseek_v3::parse_calls(body)?,
+            Self::Phi4Mini => crate::phi4_mini::parse_calls(body)?,
         };
         (!calls.is_empty()).then_some(calls)
     }

@@ -303,6 +303,48 @@ fn deepseek_v3_r1_and_v31_calls() {
 }
 
 #[test]
+fn phi4_mini_functools_calls() {
+    let make = tools(ToolSyntax::Phi4Mini);
+    check(
+        &make,
+        "functools[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}]",
+        (None, None, vec![call("get_weather", json!({"city": "Paris", "unit": "celsius"}))]),
+    );
+    // Several calls, `parameters` for `arguments`, brackets and quotes
+    // inside strings, unicode, and text before the calls.
+    check(
+        &make,
+        "I'll look up both.\nfunctools[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Zürich\", \"days\": [1, 2]}}, {\"name\": \"search\", \"arguments\": {\"query\": \"café \\\"[best]\\\"\", \"filters\": {\"open\": true}}}]\n",
+        (
+            some("I'll look up both."),
+            None,
+            vec![
+                call("get_weather", json!({"city": "Zürich", "days": [1, 2]})),
+                call("search", json!({"query": "café \"[best]\"", "filters": {"open": true}})),
+            ],
+        ),
+    );
+    check(
+        &make,
+        "functools[{\"name\": \"now\", \"arguments\": {}}]",
+        (None, None, vec![call("now", json!({}))]),
+    );
+    stays_content(
+        &make,
+        &[
+            // Cut by the length limit.
+            "functools[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par",
+            // Text after the array.
+            "functools[{\"name\": \"now\", \"arguments\": {}}] Done.",
+            // No arguments: not a call.
+            "functools[{\"name\": \"now\"}]",
+            "Python's functools.partial and functools[0] are different things.",
+            "import functools\nfunctool",
+        ],
+    );
+}
+
+#[test]
 fn deepseek_r1_reasoning() {
     // R1's template opens <think> in the prompt; the model may write it again.
     let make = think(THINK, true, None);

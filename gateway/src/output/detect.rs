@@ -15,6 +15,7 @@
 //! | `mistral` | `[TOOL_CALLS]` | `mistral`, `mistral3`, `pixtral` |
 //! | `internlm` | `<\|action_start\|>` | `internlm2` (also as InternVL's language model) |
 //! | `pythonic` | `<\|python_start\|>`, `func_name1(` | `llama4`, `gemma3`, `gemma3n` |
+//! | `phi4_mini` | `<\|tool\|>`, `functools[` | `phi4mm`, `phi4_multimodal`, `phi3` (Phi-4-mini's) |
 //! | `llama3_json` | `<\|python_tag\|>` | `llama`, `mllama` |
 //! | `hermes` | `<tool_call>` | `qwen…` |
 //!
@@ -141,6 +142,11 @@ const ROWS: &[Row] = &[
         models: &["llama4", "gemma3"],
     },
     Row {
+        format: ToolFormat::Phi4Mini,
+        markers: &["<|tool|>", "functools["],
+        models: &["phi4mm", "phi4_multimodal", "phi3"],
+    },
+    Row {
         format: ToolFormat::Llama3Json,
         markers: &["<|python_tag|>"],
         models: &["llama", "mllama"],
@@ -243,6 +249,12 @@ mod tests {
 
     const TOOLS: &str = "{% if tools %}{{ tools | tojson }}{% endif %}";
 
+    /// Phi-4-mini's and Phi-4-multimodal's chat template (its tools part).
+    const PHI4_TEMPLATE: &str = "{% for message in messages %}{% if message['role'] == 'system' \
+        and 'tools' in message and message['tools'] is not none %}{{ '<|' + message['role'] + '|>' \
+        + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}\
+        {{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}{% endfor %}";
+
     #[test]
     fn families_by_their_markers() {
         use ReasoningFormat as R;
@@ -312,6 +324,20 @@ mod tests {
                 (Some(T::Pythonic), None),
             ),
             (
+                "Phi-4-mini-instruct",
+                json!({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]}),
+                &["<|tool|>", "<|/tool|>", "<|tool_call|>", "<|end|>"],
+                PHI4_TEMPLATE.into(),
+                (Some(T::Phi4Mini), None),
+            ),
+            (
+                "Phi-4-multimodal-instruct",
+                json!({"model_type": "phi4mm"}),
+                &["<|endoftext10|>", "<|endoftext11|>"],
+                PHI4_TEMPLATE.into(),
+                (Some(T::Phi4Mini), None),
+            ),
+            (
                 "Kimi-VL-A3B-Thinking",
                 json!({"model_type": "kimi_vl"}),
                 &[],
@@ -366,9 +392,36 @@ mod tests {
             .0,
             Some(T::Qwen3Coder)
         );
+        // Phi-4-multimodal (both configs) and Phi-4-mini (`phi3`) whose
+        // templates take tools without the `<|tool|>` marker.
+        for (name, config) in [
+            (
+                "Phi-4-multimodal-instruct",
+                json!({"model_type": "phi4mm",
+                "architectures": ["Phi4MMForCausalLM"]}),
+            ),
+            ("phi4-mm-hf", json!({"model_type": "phi4_multimodal"})),
+            ("Phi-4-mini-instruct", json!({"model_type": "phi3"})),
+        ] {
+            assert_eq!(
+                auto(name, config, &[], TOOLS).0,
+                Some(T::Phi4Mini),
+                "{name}"
+            );
+        }
+        // Phi-4 (14B) is a `phi3` too, but its template takes no tools:
+        // the fallback block asks for Hermes calls.
+        let phi4 = json!({"model_type": "phi3"});
+        assert_eq!(
+            auto("phi-4", phi4, &[], "{{ messages }}").0,
+            Some(T::Hermes)
+        );
         // A template that takes tools in a syntax we do not know: none.
-        let phi = json!({"model_type": "phi3"});
-        assert_eq!(auto("Phi-3.5-mini", phi, &[], TOOLS), (None, None));
+        let command_r = json!({"model_type": "cohere2"});
+        assert_eq!(
+            auto("c4ai-command-r7b-12-2024", command_r, &[], TOOLS),
+            (None, None)
+        );
     }
 
     #[test]

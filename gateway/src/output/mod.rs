@@ -53,6 +53,10 @@ pub enum ToolParserFlag {
     /// `<｜tool▁calls▁begin｜>` (DeepSeek V3, R1, V3.1).
     #[value(name = "deepseek_v3")]
     DeepseekV3,
+    /// `functools[{"name": ..., "arguments": ...}, ...]` (Phi-4-mini,
+    /// Phi-4-multimodal).
+    #[value(name = "phi4_mini")]
+    Phi4Mini,
     /// gpt-oss Harmony (`to=functions.NAME` … `<|call|>`).
     #[value(name = "harmony")]
     Harmony,
@@ -99,6 +103,7 @@ pub enum ToolFormat {
     InternLm,
     KimiK2,
     DeepSeekV3,
+    Phi4Mini,
     /// Parsed by the Harmony machine on the reasoning side.
     Harmony,
 }
@@ -117,6 +122,7 @@ impl ToolFormat {
             ToolParserFlag::KimiK2 => Self::KimiK2,
             ToolParserFlag::Glm45 => Self::Glm45,
             ToolParserFlag::DeepseekV3 => Self::DeepSeekV3,
+            ToolParserFlag::Phi4Mini => Self::Phi4Mini,
             ToolParserFlag::Harmony => Self::Harmony,
         })
     }
@@ -133,6 +139,7 @@ impl ToolFormat {
             Self::InternLm => p::internlm::TOKENS,
             Self::KimiK2 => p::kimi_k2::TOKENS,
             Self::DeepSeekV3 => p::deepseek_v3::TOKENS,
+            Self::Phi4Mini => p::phi4_mini::TOKENS,
             Self::Harmony => p::harmony::TOKENS,
         }
     }
@@ -371,6 +378,7 @@ fn syntax(format: ToolFormat, request: &ChatCompletionRequest) -> ToolSyntax {
         ToolFormat::InternLm => ToolSyntax::InternLm,
         ToolFormat::KimiK2 => ToolSyntax::KimiK2,
         ToolFormat::DeepSeekV3 => ToolSyntax::DeepSeekV3,
+        ToolFormat::Phi4Mini => ToolSyntax::Phi4Mini,
     }
 }
 
