@@ -23,10 +23,11 @@ two more rounds (nothing accumulates).
 ``RETAINED_MB`` is the allocator's, not a request's: mimalloc keeps the
 pages a thread used for an 800 KB request body and its parsed JSON
 committed while that thread idles, and which pages stay depends on which
-thread ran what. Measured (2026-12-05, debug build): the admitted path's
-own steady state moves between 144 and 162 MB from one warm-up round to
-the next, and the first round of the corpus leaves 10–31 MB on top of the
-warm-up's figure; two more rounds with new images add nothing, so a
+thread ran what. Measured (2026-12-05, debug build, mimalloc still
+asking for huge pages): the admitted path's own steady state moved
+between 144 and 162 MB from one warm-up round to the next, and the first
+round of the corpus left 10–31 MB on top of the warm-up's figure (since
+mimalloc is built without huge pages: 5–11 MB); two more rounds with new images add nothing, so a
 request's memory kept alive (any decoded image of the corpus is 38 MB to
 716 MB) shows as growth from round to round.
 
@@ -34,8 +35,8 @@ request's memory kept alive (any decoded image of the corpus is 38 MB to
 (runtime, tokenizer, the tiny model's files; ≈ 95 MB here), the request
 bodies and the fetched (base64-decoded) image bytes of the requests in
 flight (≈ 4 MB), the scratch and recycled output buffers kept between images
-(≈ 60 MB), and allocator slack. Measured (2026-12-05, debug build, 4 runs):
-baseline 151–155 MB, peak 169–178 MB, idle after three rounds 167–181 MB.
+(≈ 60 MB), and allocator slack. Measured (2026-12-05, debug build, 3 runs):
+baseline 107–115 MB, peak 117–120 MB, idle after three rounds 120–121 MB.
 Without the budget one request of the corpus peaks at ≈ 4.9 GB (and is a
 503 from the worker, its 4.9 GB message being too large for gRPC).
 """
