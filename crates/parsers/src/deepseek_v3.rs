@@ -77,11 +77,7 @@ mod tests {
     use super::*;
 
     fn named(body: &str) -> Vec<(String, String)> {
-        parse_calls(body)
-            .expect("calls")
-            .into_iter()
-            .map(|c| (c.name, c.arguments))
-            .collect()
+        crate::tools::names_and_arguments(parse_calls(body))
     }
 
     #[test]

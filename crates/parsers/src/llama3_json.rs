@@ -74,13 +74,7 @@ pub(crate) fn first_json(text: &str) -> Option<(Value, &str)> {
 mod tests {
     use super::*;
 
-    fn named(calls: Option<Vec<ToolCall>>) -> Vec<(String, String)> {
-        calls
-            .expect("calls")
-            .into_iter()
-            .map(|c| (c.name, c.arguments))
-            .collect()
-    }
+    use crate::tools::names_and_arguments as named;
 
     #[test]
     fn one_or_several_calls() {

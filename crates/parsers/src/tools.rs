@@ -208,6 +208,17 @@ impl JsonCalls {
     }
 }
 
+/// The names and arguments of `calls`, which must be some (the parsers'
+/// unit tests compare these).
+#[cfg(test)]
+pub(crate) fn names_and_arguments(calls: Option<Vec<ToolCall>>) -> Vec<(String, String)> {
+    calls
+        .expect("calls")
+        .into_iter()
+        .map(|c| (c.name, c.arguments))
+        .collect()
+}
+
 /// A call from `{"name": "f", <args_key>: {...}}`; `arguments` is also
 /// accepted, and missing arguments are `{}`.
 pub(crate) fn named_call(object: &Map<String, Value>, args_key: &str) -> Option<ToolCall> {
