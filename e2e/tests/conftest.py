@@ -6,8 +6,9 @@ Binaries come from ``$IRIS_BIN_DIR`` (default ``target/debug`` of the repo,
 or ``$CARGO_TARGET_DIR/debug``); ``e2e/run-tests`` builds them. Every
 process a test starts is registered with a :class:`Processes` group whose
 fixture kills it at teardown, whatever the test's outcome. Process logs
-(stderr) go to files under pytest's temporary directory and their tails are
-quoted when a process fails to start.
+(stderr) go to files under pytest's temporary directory; their tails are
+quoted when a process fails to start, and every process's exit status and
+log tail are attached to the report of a test that fails.
 
 ``deployment`` (module scope) is parametrized over the two ways of serving:
 ``aggregated`` (one aggregated worker) and ``pd`` (one prefill and one
@@ -415,6 +416,32 @@ def model_dir(tmp_path_factory) -> Path:
     subprocess.run([str(binary("iris")), "tiny-model", str(path)], check=True,
                    stdout=subprocess.DEVNULL, timeout=60)
     return path
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """On a failed test, each of its processes' exit status and log tail, so a
+    failure that only CI sees (a crash, a refused request) can be read."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for process in _processes_of(item):
+        status = process.popen.poll()
+        state = "running" if status is None else f"exited with {status}"
+        report.sections.append((f"{process.name} ({state}) stderr tail", process.log_tail(6000)))
+
+
+def _processes_of(item) -> list:
+    """The processes a test's ``processes`` or ``deployment`` fixture started."""
+    found = []
+    funcargs = getattr(item, "funcargs", {})
+    if isinstance(funcargs.get("processes"), Processes):
+        found += funcargs["processes"].started
+    dep = funcargs.get("deployment")
+    if isinstance(dep, Deployment):
+        found += [dep.gateway.process, *(e.process for e in dep.engines)]
+    return found
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@
 //! - [`arena`] — the slot arena, its leases and the reaper;
 //! - [`descriptor`] — the `SMGRDMA1` descriptor and slot framing;
 //! - [`metrics`] — counters;
-//! - `nixl` (feature `nixl`) — the NIXL agent wrapper.
+//! - `nixl` (feature `nixl`) — the NIXL agent wrapper;
+//! - [`remote_reads`] — whether other hosts' READs of the arena are
+//!   one-sided or served in software by the gateway's UCX.
 //!
 //! See `docs/transports.md`.
 
@@ -23,6 +25,7 @@ pub mod metrics;
 pub mod nixl;
 pub mod receiver;
 pub mod receiving;
+pub mod remote_reads;
 pub mod sender;
 pub mod shm;
 

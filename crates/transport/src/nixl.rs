@@ -199,6 +199,9 @@ impl SenderAgent {
                 "the metadata listener needs a fixed port".into(),
             ));
         }
+        if let Some(warning) = crate::remote_reads::software_read_warning() {
+            tracing::warn!("{warning}");
+        }
         let (agent, backend) = new_agent(name, Some(port))?;
         let registration = register(&agent, &backend, arena.base_addr() as usize, arena.len())?;
         Ok(SenderAgent {
