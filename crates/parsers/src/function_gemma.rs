@@ -8,9 +8,11 @@
 //!
 //! Keys are bare (or wrapped in `<escape>` like strings); strings sit
 //! between two `<escape>` tokens and are kept verbatim (commas, braces and
-//! quotes included); everything else is bare, as the chat template writes
-//! it: numbers, `true`/`false` (and Python's `True`/`False`/`None`, `null`),
-//! nested objects `{k:v,…}` and lists `[v,…]`. A bare word that is none of
+//! quotes included; a string that reads as a number stays a string, as the
+//! template wrote it — vLLM's parser would read `<escape>02134<escape>` as
+//! JSON); everything else is bare, as the chat template writes it:
+//! numbers, `true`/`false` (and Python's `True`/`False`/`None`, `null`),
+//! nested objects `{k:v,…}` and lists `[v,…]`, 128 deep at most. A bare word that is none of
 //! these stays a string. Several calls are several blocks. A call whose
 //! braces or `<escape>`s do not close, or with text after its `}`, is
 //! content as written.
@@ -50,22 +52,27 @@ pub fn parse_call(body: &str) -> Option<ToolCall> {
     let mut cur = Cursor {
         rest: &rest[brace..],
     };
-    let args = value(&mut cur)?;
+    let args = value(&mut cur, 0)?;
     (args.is_object() && cur.rest.trim().is_empty()).then(|| ToolCall::new(name, &args))
 }
 
-/// One value (see the module docs).
-fn value(cur: &mut Cursor) -> Option<Value> {
-    if cur.eat("{") {
+/// How deep objects and lists may nest (as deep as `serde_json` reads
+/// JSON): deeper is not a call, and the stack stays bounded.
+const MAX_DEPTH: usize = 128;
+
+/// One value (see the module docs), `depth` containers down.
+fn value(cur: &mut Cursor, depth: usize) -> Option<Value> {
+    let inner = |cur: &mut Cursor| value(cur, depth + 1);
+    if depth < MAX_DEPTH && cur.eat("{") {
         let pairs = cur.items("}", |cur| {
             let key = key(cur)?;
             cur.eat(":").then_some(())?;
-            Some((key, value(cur)?))
+            Some((key, inner(cur)?))
         })?;
         return Some(Value::Object(pairs.into_iter().collect::<Map<_, _>>()));
     }
-    if cur.eat("[") {
-        return cur.items("]", value).map(Value::Array);
+    if depth < MAX_DEPTH && cur.eat("[") {
+        return cur.items("]", inner).map(Value::Array);
     }
     if let Some(text) = escaped(cur) {
         return Some(Value::String(text?.to_owned()));
@@ -104,9 +111,10 @@ fn escaped<'a>(cur: &mut Cursor<'a>) -> Option<Option<&'a str>> {
     Some(Some(text))
 }
 
-/// A bare word: a number, a boolean, null, else the word as a string.
+/// A bare word: a number, a boolean, null, else the word as a string
+/// (not an opening bracket: that is a container nested too deep).
 fn scalar(word: &str) -> Option<Value> {
-    if word.is_empty() || word.contains(ESCAPE) {
+    if word.is_empty() || word.starts_with(['{', '[']) || word.contains(ESCAPE) {
         return None;
     }
     Some(match word {
@@ -136,11 +144,11 @@ mod tests {
     #[test]
     fn strings_numbers_booleans_and_nesting() {
         assert_eq!(
-            args("call:get_weather{location:<escape>Tokyo, {JP} \"x\"<escape>,days:3,ratio:-0.5,exact:true,note:None}"),
+            args("call:get_weather{location:<escape>Tokyo, {JP} \"x\"<escape>,days:3,ratio:-0.5,exact:true,note:None,zip:<escape>02134<escape>}"),
             (
                 "get_weather".into(),
                 json!({"location": "Tokyo, {JP} \"x\"", "days": 3, "ratio": -0.5,
-                       "exact": true, "note": null})
+                       "exact": true, "note": null, "zip": "02134"})
             )
         );
         assert_eq!(
@@ -156,6 +164,13 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_a_call() {
+        // Too deep, however the brackets are closed.
+        for closed in [127, 130] {
+            let deep = format!("call:f{{a:{}1{}}}", "[".repeat(130), "]".repeat(closed));
+            assert_eq!(parse_call(&deep), None, "{closed}");
+        }
+        let fine = format!("call:f{{a:{}1{}}}", "[".repeat(100), "]".repeat(100));
+        assert!(parse_call(&fine).is_some());
         for body in [
             "",
             "get_weather{}",
