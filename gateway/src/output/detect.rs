@@ -25,9 +25,8 @@
 //! tokenizer still holds V3's tool tokens, which must not pick V3's
 //! syntax for it; a V3.2 template that takes no tools gets `hermes`, as
 //! below); then the markers are looked for, over every row; a template
-//! that does
-//! not read `tools` gets `hermes` before the `model_type` column is
-//! consulted, because the gateway then puts its fallback tools block in
+//! that does not read `tools` gets `hermes` before the `model_type`
+//! column is consulted, because the gateway then puts its fallback tools block in
 //! the prompt, which asks for Hermes calls. A template that takes tools
 //! in no syntax of the table gets none (its calls stay text).
 //!
