@@ -1,14 +1,17 @@
 """Family tool-call parsers through real processes: ``iris serve`` started
-with ``--tool-call-parser glm45`` / ``phi4_mini`` / ``pythonic`` in front of
+with ``--tool-call-parser glm45`` / ``phi4_mini`` / ``pythonic`` /
+``deepseek_v32`` / ``function_gemma`` in front of
 the reference engine, which is made to write that family's call syntax with
 a ``regex`` constraint (the engine's regex generator); the gateway must
 return the call as ``tool_calls`` (``finish_reason: "tool_calls"``), whole
 and streamed in the OpenAI delta shape (checked by ``test_tools.collect``),
 with GLM-4.5's values typed by the tool's schema, Phi-4-mini's
-``functools[…]`` array read after the text before it, and pythonic literals
-read as JSON. And Phi-4-multimodal's tiny model under ``auto``: the gateway
-detects ``phi4_mini`` from its directory, and lists the tools on the system
-message, where its template reads them.
+``functools[…]`` array read after the text before it, pythonic literals
+read as JSON, DeepSeek V3.2's DSML parameters typed by their ``string``
+attribute, and FunctionGemma's ``<escape>``d strings and bare numbers. And
+Phi-4-multimodal's tiny model under ``auto``: the gateway detects
+``phi4_mini`` from its directory, and lists the tools on the system message,
+where its template reads them.
 """
 
 from __future__ import annotations
@@ -36,6 +39,18 @@ CASES = {
         "I'll check.",
     ),
     "pythonic": ('\\[get_weather\\(city="Paris", days=3\\)\\]', None),
+    "deepseek_v32": (
+        'Checking\\.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n'
+        '</｜DSML｜invoke>\n</｜DSML｜function_calls>',
+        "Checking.",
+    ),
+    "function_gemma": (
+        '<start_function_call>call:get_weather\\{city:<escape>Paris<escape>,days:3\\}'
+        '<end_function_call>',
+        None,
+    ),
 }
 
 

@@ -10,7 +10,8 @@
 //!   model's family, one module each: [`hermes`] (Hermes/Qwen JSON),
 //!   [`qwen3_coder`], [`glm45`], [`llama3_json`], [`pythonic`] (Llama
 //!   3.2/4, Gemma 3), [`mistral`], [`internlm`], [`kimi_k2`],
-//!   [`deepseek_v3`], [`phi4_mini`] (Phi-4-mini, Phi-4-multimodal) — all
+//!   [`deepseek_v3`], [`deepseek_v32`] (DeepSeek V3.2's DSML),
+//!   [`phi4_mini`] (Phi-4-mini, Phi-4-multimodal), [`function_gemma`] — all
 //!   found in free text by one streaming machine ([`marked`]) — or a whole
 //!   output that is plain JSON because decoding was constrained to the
 //!   tool schemas ([`tools::JsonCalls`]).
@@ -26,6 +27,8 @@
 #![forbid(unsafe_code)]
 
 pub mod deepseek_v3;
+pub mod deepseek_v32;
+pub mod function_gemma;
 pub mod glm45;
 pub mod harmony;
 pub mod hermes;

@@ -48,9 +48,10 @@ pub fn literal(text: &str) -> Option<Value> {
     cur.rest.trim().is_empty().then_some(value)
 }
 
-/// A position in the text being read.
-struct Cursor<'a> {
-    rest: &'a str,
+/// A position in the text being read (also FunctionGemma's reader:
+/// [`crate::function_gemma`]).
+pub(crate) struct Cursor<'a> {
+    pub(crate) rest: &'a str,
 }
 
 impl<'a> Cursor<'a> {
@@ -59,7 +60,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// Consumes `token` (after whitespace) if it is next.
-    fn eat(&mut self, token: &str) -> bool {
+    pub(crate) fn eat(&mut self, token: &str) -> bool {
         self.skip_space();
         match self.rest.strip_prefix(token) {
             Some(after) => {
@@ -72,7 +73,7 @@ impl<'a> Cursor<'a> {
 
     /// Items separated by commas up to `close` (a trailing comma is
     /// allowed); the opening bracket is already consumed.
-    fn items<T>(
+    pub(crate) fn items<T>(
         &mut self,
         close: &str,
         mut item: impl FnMut(&mut Self) -> Option<T>,

@@ -89,9 +89,14 @@ pub enum ToolSyntax {
     KimiK2,
     /// `<｜tool▁calls▁begin｜>` (DeepSeek V3, R1, V3.1): [`crate::deepseek_v3`].
     DeepSeekV3,
+    /// `<｜DSML｜function_calls>` (DeepSeek V3.2): [`crate::deepseek_v32`].
+    DeepSeekV32,
     /// `functools[{"name": "f", "arguments": {...}}, ...]` (Phi-4-mini,
     /// Phi-4-multimodal): [`crate::phi4_mini`].
     Phi4Mini,
+    /// `<start_function_call>call:f{…}<end_function_call>` (FunctionGemma):
+    /// [`crate::function_gemma`].
+    FunctionGemma,
 }
 
 impl ToolSyntax {
@@ -110,6 +115,8 @@ impl ToolSyntax {
             Self::KimiK2 => crate::kimi_k2::MARKERS,
             Self::DeepSeekV3 => crate::deepseek_v3::MARKERS,
             Self::Phi4Mini => crate::phi4_mini::MARKERS,
+            Self::DeepSeekV32 => crate::deepseek_v32::MARKERS,
+            Self::FunctionGemma => crate::function_gemma::MARKERS,
         }
     }
 
@@ -127,6 +134,8 @@ impl ToolSyntax {
             Self::KimiK2 => crate::kimi_k2::parse_calls(body)?,
             Self::DeepSeekV3 => crate::deepseek_v3::parse_calls(body)?,
             Self::Phi4Mini => crate::phi4_mini::parse_calls(body)?,
+            Self::DeepSeekV32 => crate::deepseek_v32::parse_calls(body)?,
+            Self::FunctionGemma => vec![crate::function_gemma::parse_call(body)?],
         };
         (!calls.is_empty()).then_some(calls)
     }

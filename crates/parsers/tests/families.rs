@@ -303,6 +303,93 @@ fn deepseek_v3_r1_and_v31_calls() {
 }
 
 #[test]
+fn deepseek_v32_dsml_calls() {
+    // Thinking mode: the prompt opened <think>; the calls follow the answer's
+    // text after a blank line, as V3.2's encoding writes them.
+    let make = think(THINK, true, Some(ToolSyntax::DeepSeekV32));
+    check(
+        &make,
+        "The user wants the weather in two cities; one call each.</think>I'll check both cities.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"location\" string=\"true\">杭州</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"location\" string=\"true\">Zürich, \"CH\" <b></｜DSML｜parameter>\n<｜DSML｜parameter name=\"opts\" string=\"false\">{\"unit\": \"C\", \"hours\": [9, 18], \"exact\": true}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+        (
+            some("I'll check both cities."),
+            some("The user wants the weather in two cities; one call each."),
+            vec![
+                call("get_weather", json!({"location": "杭州", "days": 3})),
+                call(
+                    "get_weather",
+                    json!({"location": "Zürich, \"CH\" <b>",
+                           "opts": {"unit": "C", "hours": [9, 18], "exact": true}}),
+                ),
+            ],
+        ),
+    );
+    let make = tools(ToolSyntax::DeepSeekV32);
+    check(
+        &make,
+        "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"now\">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>\nDone.",
+        (some("Done."), None, vec![call("now", json!({}))]),
+    );
+    stays_content(
+        &make,
+        &[
+            // Cut by the length limit inside a parameter.
+            "Checking.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"location\" string=\"true\">杭",
+            // No `string` attribute.
+            "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+            "The <｜DSML｜ markup and a < b.",
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ],
+    );
+}
+
+#[test]
+fn function_gemma_calls() {
+    let make = tools(ToolSyntax::FunctionGemma);
+    // Two calls at once (FunctionGemma's parallel calls), nested values.
+    check(
+        &make,
+        "<start_function_call>call:get_current_weather{location:<escape>Tokyo, Japan<escape>,unit:<escape>celsius<escape>}<end_function_call><start_function_call>call:get_stock_price{symbol:<escape>GOOG<escape>,history:{days:7,fields:[<escape>open<escape>,<escape>close<escape>]},adjusted:true,limit:2.5}<end_function_call>",
+        (
+            None,
+            None,
+            vec![
+                call("get_current_weather", json!({"location": "Tokyo, Japan", "unit": "celsius"})),
+                call(
+                    "get_stock_price",
+                    json!({"symbol": "GOOG", "history": {"days": 7, "fields": ["open", "close"]},
+                           "adjusted": true, "limit": 2.5}),
+                ),
+            ],
+        ),
+    );
+    check(
+        &make,
+        "Sure, one moment.\n<start_function_call>call:search{query:<escape>café {best}, \"late\"<escape>}<end_function_call>\nDone.",
+        (
+            some("Sure, one moment.Done."),
+            None,
+            vec![call("search", json!({"query": "café {best}, \"late\""}))],
+        ),
+    );
+    check(
+        &make,
+        "<start_function_call>call:now{}<end_function_call>",
+        (None, None, vec![call("now", json!({}))]),
+    );
+    stays_content(
+        &make,
+        &[
+            // Cut inside a string.
+            "<start_function_call>call:get_current_weather{location:<escape>Tok",
+            "<start_function_call>get_weather(location='Paris')<end_function_call>",
+            "<start_function_call>call:f{a:1} then text<end_function_call>",
+            "The weather in Tokyo is sunny, 15 °C.",
+            "Use <start_ tags and {a:1} here.",
+        ],
+    );
+}
+
+#[test]
 fn phi4_mini_functools_calls() {
     let make = tools(ToolSyntax::Phi4Mini);
     check(

@@ -8,21 +8,25 @@
 //! | Syntax | Marker in the template or the tokenizer's tokens | Else by `model_type` / architecture (when the template takes `tools`) |
 //! |---|---|---|
 //! | `qwen3_coder` | `<function=` (template only), or a Qwen3 whose directory name holds `coder` | |
+//! | `deepseek_v32` | `｜DSML｜` | `deepseek_v32`, unless the template writes V3's `<｜tool▁calls▁begin｜>` (V3.2-Exp's does) |
 //! | `harmony` | `<\|channel\|>` | `gpt_oss` |
 //! | `glm45` | `<arg_key>` | `glm4_moe`, `glm4v_moe` |
 //! | `kimi_k2` | `<\|tool_calls_section_begin\|>` | `kimi_k2` |
 //! | `deepseek_v3` | `<｜tool▁calls▁begin｜>` | `deepseek_v3` |
 //! | `mistral` | `[TOOL_CALLS]` | `mistral`, `mistral3`, `pixtral` |
 //! | `internlm` | `<\|action_start\|>` | `internlm2` (also as InternVL's language model) |
+//! | `function_gemma` | `<start_function_call>` | (none: FunctionGemma's `gemma3_text` is also plain Gemma 3's) |
 //! | `pythonic` | `<\|python_start\|>`, `func_name1(` | `llama4`, `gemma3`, `gemma3n` |
 //! | `phi4_mini` | `<\|tool\|>`, `functools[` | `phi4mm`, `phi4_multimodal`, `phi3` (Phi-4-mini's) |
 //! | `llama3_json` | `<\|python_tag\|>` | `llama`, `mllama` |
 //! | `hermes` | `<tool_call>` | `qwen…` |
 //!
-//! Qwen3-Coder's row comes first; then the markers are looked for, over
-//! every row; a template that does
-//! not read `tools` gets `hermes` before the `model_type` column is
-//! consulted, because the gateway then puts its fallback tools block in
+//! Qwen3-Coder's row comes first, DeepSeek V3.2's second (whole: V3.2's
+//! tokenizer still holds V3's tool tokens, which must not pick V3's
+//! syntax for it; a V3.2 template that takes no tools gets `hermes`, as
+//! below); then the markers are looked for, over every row; a template
+//! that does not read `tools` gets `hermes` before the `model_type`
+//! column is consulted, because the gateway then puts its fallback tools block in
 //! the prompt, which asks for Hermes calls. A template that takes tools
 //! in no syntax of the table gets none (its calls stay text).
 //!
@@ -103,8 +107,8 @@ struct Row {
     models: &'static [&'static str],
 }
 
-/// The table of the module docs, in order (Qwen3-Coder's rows are
-/// special and handled in [`tools`]).
+/// The table of the module docs, in order (Qwen3-Coder's and DeepSeek
+/// V3.2's rows are special and handled in [`tools`]).
 const ROWS: &[Row] = &[
     Row {
         format: ToolFormat::Harmony,
@@ -137,6 +141,11 @@ const ROWS: &[Row] = &[
         models: &["internlm2"],
     },
     Row {
+        format: ToolFormat::FunctionGemma,
+        markers: &["<start_function_call>"],
+        models: &[],
+    },
+    Row {
         format: ToolFormat::Pythonic,
         markers: &["<|python_start|>", "func_name1("],
         models: &["llama4", "gemma3"],
@@ -164,6 +173,9 @@ pub fn tools(clues: &Clues) -> Option<ToolFormat> {
     if clues.template.contains("<function=") || coder {
         return Some(ToolFormat::Qwen3Coder);
     }
+    if let Some(format) = deepseek_v32(clues) {
+        return Some(format);
+    }
     if let Some(row) = ROWS
         .iter()
         .find(|row| row.markers.iter().any(|m| clues.has(m)))
@@ -176,6 +188,26 @@ pub fn tools(clues: &Clues) -> Option<ToolFormat> {
     ROWS.iter()
         .find(|row| clues.model(row.models))
         .map(|row| row.format)
+}
+
+/// DeepSeek V3.2's row: its DSML marker, or its `model_type` unless the
+/// template writes V3's syntax (V3.2-Exp's template); `hermes` for a V3.2
+/// template that takes no tools (the fallback block asks for it).
+fn deepseek_v32(clues: &Clues) -> Option<ToolFormat> {
+    if clues.has("｜DSML｜") {
+        return Some(ToolFormat::DeepSeekV32);
+    }
+    let v3_template = clues
+        .template
+        .contains(iris_parsers::deepseek_v3::CALLS_OPEN);
+    if !clues.model(&["deepseek_v32"]) || v3_template {
+        return None;
+    }
+    Some(if clues.template.contains("tools") {
+        ToolFormat::DeepSeekV32
+    } else {
+        ToolFormat::Hermes
+    })
 }
 
 /// The reasoning markup `auto` picks, given the tool syntax.
@@ -255,6 +287,25 @@ mod tests {
         + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}\
         {{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}{% endfor %}";
 
+    /// FunctionGemma's chat template (its tool parts, abridged).
+    const FUNCTION_GEMMA_TEMPLATE: &str = "{%- if tools -%}{%- for tool in tools -%}\
+        {{- '<start_function_declaration>' + declaration(tool) + '<end_function_declaration>' -}}\
+        {%- endfor -%}{%- endif -%}{%- for call in message['tool_calls'] -%}\
+        {{- '<start_function_call>call:' + call['function']['name'] + '{' -}}\
+        {{- key + ':<escape>' + value + '<escape>' -}}{{- '}<end_function_call>' -}}{%- endfor -%}";
+
+    /// A DeepSeek V3.2 template that lists the tools in DSML.
+    const DSML_TEMPLATE: &str =
+        "{% if tools %}<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"$TOOL_NAME\">\
+        {{ tools | tojson }}{% endif %}<｜Assistant｜><think>";
+
+    /// DeepSeek V3's tool tokens, which V3.2's tokenizer still holds.
+    const V3_TOKENS: &[&str] = &[
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁sep｜>",
+    ];
+
     #[test]
     fn families_by_their_markers() {
         use ReasoningFormat as R;
@@ -294,6 +345,20 @@ mod tests {
                 &["<｜tool▁calls▁begin｜>"],
                 format!("{TOOLS}<｜Assistant｜><think>"),
                 (Some(T::DeepSeekV3), Some(R::Think)),
+            ),
+            (
+                "DeepSeek-V3.2",
+                json!({"model_type": "deepseek_v32", "architectures": ["DeepseekV32ForCausalLM"]}),
+                V3_TOKENS,
+                DSML_TEMPLATE.into(),
+                (Some(T::DeepSeekV32), Some(R::Think)),
+            ),
+            (
+                "functiongemma-270m-it",
+                json!({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]}),
+                &["<start_function_call>", "<end_function_call>", "<escape>"],
+                FUNCTION_GEMMA_TEMPLATE.into(),
+                (Some(T::FunctionGemma), None),
             ),
             (
                 "Mistral-Small-3.2-24B-Instruct-2506",
@@ -416,6 +481,31 @@ mod tests {
             auto("phi-4", phi4, &[], "{{ messages }}").0,
             Some(T::Hermes)
         );
+        // DeepSeek V3.2 with a template that takes tools but names no
+        // syntax: its model type wins over V3's tokens in its tokenizer;
+        // with one that takes no tools, the fallback block's Hermes;
+        // V3.2-Exp's template writes V3's syntax.
+        let v32 = json!({"model_type": "deepseek_v32"});
+        for (template, expected) in [
+            (TOOLS.to_owned(), T::DeepSeekV32),
+            ("{{ messages }}".to_owned(), T::Hermes),
+            (
+                format!("{TOOLS}<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"),
+                T::DeepSeekV3,
+            ),
+        ] {
+            assert_eq!(
+                auto("DeepSeek-V3.2", v32.clone(), V3_TOKENS, &template).0,
+                Some(expected),
+                "{template}"
+            );
+        }
+        // `gemma3_text` without FunctionGemma's markers is plain Gemma 3.
+        let gemma_text = json!({"model_type": "gemma3_text"});
+        assert_eq!(
+            auto("gemma-3-1b-it", gemma_text, &[], TOOLS).0,
+            Some(T::Pythonic)
+        );
         // A template that takes tools in a syntax we do not know: none.
         let command_r = json!({"model_type": "cohere2"});
         assert_eq!(
@@ -448,5 +538,12 @@ mod tests {
             (p.tools, p.reasoning),
             (Some(ToolFormat::Pythonic), Some(ReasoningFormat::Kimi))
         );
+        for (flag, format) in [
+            (ToolParserFlag::DeepseekV32, ToolFormat::DeepSeekV32),
+            (ToolParserFlag::FunctionGemma, ToolFormat::FunctionGemma),
+        ] {
+            let p = OutputParsers::choose(flag, ReasoningParserFlag::None, &dir, TOOLS);
+            assert_eq!(p.tools, Some(format));
+        }
     }
 }

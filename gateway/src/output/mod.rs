@@ -53,10 +53,16 @@ pub enum ToolParserFlag {
     /// `<｜tool▁calls▁begin｜>` (DeepSeek V3, R1, V3.1).
     #[value(name = "deepseek_v3")]
     DeepseekV3,
+    /// `<｜DSML｜function_calls>` (DeepSeek V3.2).
+    #[value(name = "deepseek_v32")]
+    DeepseekV32,
     /// `functools[{"name": ..., "arguments": ...}, ...]` (Phi-4-mini,
     /// Phi-4-multimodal).
     #[value(name = "phi4_mini")]
     Phi4Mini,
+    /// `<start_function_call>call:NAME{…}<end_function_call>` (FunctionGemma).
+    #[value(name = "function_gemma")]
+    FunctionGemma,
     /// gpt-oss Harmony (`to=functions.NAME` … `<|call|>`).
     #[value(name = "harmony")]
     Harmony,
@@ -103,7 +109,9 @@ pub enum ToolFormat {
     InternLm,
     KimiK2,
     DeepSeekV3,
+    DeepSeekV32,
     Phi4Mini,
+    FunctionGemma,
     /// Parsed by the Harmony machine on the reasoning side.
     Harmony,
 }
@@ -122,7 +130,9 @@ impl ToolFormat {
             ToolParserFlag::KimiK2 => Self::KimiK2,
             ToolParserFlag::Glm45 => Self::Glm45,
             ToolParserFlag::DeepseekV3 => Self::DeepSeekV3,
+            ToolParserFlag::DeepseekV32 => Self::DeepSeekV32,
             ToolParserFlag::Phi4Mini => Self::Phi4Mini,
+            ToolParserFlag::FunctionGemma => Self::FunctionGemma,
             ToolParserFlag::Harmony => Self::Harmony,
         })
     }
@@ -139,7 +149,9 @@ impl ToolFormat {
             Self::InternLm => p::internlm::TOKENS,
             Self::KimiK2 => p::kimi_k2::TOKENS,
             Self::DeepSeekV3 => p::deepseek_v3::TOKENS,
+            Self::DeepSeekV32 => p::deepseek_v32::TOKENS,
             Self::Phi4Mini => p::phi4_mini::TOKENS,
+            Self::FunctionGemma => p::function_gemma::TOKENS,
             Self::Harmony => p::harmony::TOKENS,
         }
     }
@@ -378,7 +390,9 @@ fn syntax(format: ToolFormat, request: &ChatCompletionRequest) -> ToolSyntax {
         ToolFormat::InternLm => ToolSyntax::InternLm,
         ToolFormat::KimiK2 => ToolSyntax::KimiK2,
         ToolFormat::DeepSeekV3 => ToolSyntax::DeepSeekV3,
+        ToolFormat::DeepSeekV32 => ToolSyntax::DeepSeekV32,
         ToolFormat::Phi4Mini => ToolSyntax::Phi4Mini,
+        ToolFormat::FunctionGemma => ToolSyntax::FunctionGemma,
     }
 }
 
@@ -490,6 +504,37 @@ mod tests {
         let mut think = [id("<think>"), id("</think>")];
         think.sort_unstable();
         assert_eq!(plan.kept_tokens(), think);
+    }
+
+    #[test]
+    fn function_gemma_keeps_its_escape_token_and_reads_its_calls() {
+        let tok = special_tokenizer(&[
+            "<start_function_call>",
+            "<end_function_call>",
+            "<escape>",
+            "<end_of_turn>",
+        ]);
+        let id = |t: &str| tok.token_to_id(t).expect("token");
+        let parsers = OutputParsers {
+            tools: Some(ToolFormat::FunctionGemma),
+            ..OutputParsers::default()
+        }
+        .resolve_tokens(&tok);
+        let req = request("");
+        let plan = OutputPlan::new(&parsers, &req, &mut req.sampling(), "prompt");
+        let mut want = vec![
+            id("<start_function_call>"),
+            id("<end_function_call>"),
+            id("<escape>"),
+        ];
+        want.sort_unstable();
+        assert_eq!(plan.kept_tokens(), want);
+        let out = shaped(
+            &plan,
+            "<start_function_call>call:f{a:<escape>x, y<escape>,b:2}<end_function_call>",
+        );
+        assert_eq!(out.tool_calls.len(), 1);
+        assert_eq!(out.tool_calls[0].arguments, r#"{"a":"x, y","b":2}"#);
     }
 
     #[test]
