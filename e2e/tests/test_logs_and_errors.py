@@ -1,7 +1,8 @@
 """What a newcomer sees when something is off, against a real gateway (one
 aggregated reference worker):
 
-- logs: ``--log-format text|json`` on every binary; no ANSI colour when
+- logs: ``--log-format text|json`` on every binary; the image pool's
+  warm-up at start (not with ``--mm-pixel-memory-on-demand``); no ANSI colour when
   stderr is not a terminal (a file here); one ``request done`` line per
   request with its endpoint, id, status, duration, prompt and completion
   tokens, images and pixel-cache hits — unary, streamed, refused, a text
@@ -120,6 +121,26 @@ def test_one_line_per_request_and_no_colour_in_a_file(gateway):
     log = gateway.process.log_tail(10**7)
     assert "iris gateway listening" in log
     assert "\x1b[" not in log, "ANSI escapes in a log file"
+
+
+def test_the_image_pool_is_warmed_at_start_unless_memory_is_on_demand(model_dir, processes):
+    """Each CPU-pool thread preprocesses a synthetic 1080p JPEG at start
+    (docs/vision.md, "Memory"); ``--mm-pixel-memory-on-demand`` leaves it
+    to the first images. Either way the first image is answered."""
+    warmed = re.compile(r"image pipeline warmed up threads=(\d+) elapsed_ms=\d+")
+    default = aggregated(processes, model_dir)
+    on_demand = aggregated(processes, model_dir, gateway_args=("--mm-pixel-memory-on-demand",))
+    photo = data_url(PHOTO.read_bytes(), "image/jpeg")
+    for dep in (default, on_demand):
+        reply = dep.gateway.http(timeout=120).post(
+            "/v1/chat/completions", json=chat(dep.gateway.model, image_part(photo)))
+        assert reply.status_code == 200, reply.text
+    wait_until(lambda: warmed.search(default.gateway.process.log_tail(10**7)), 30,
+               "the default gateway's warm-up line")
+    threads = int(warmed.search(default.gateway.process.log_tail(10**7)).group(1))
+    assert threads >= 1
+    assert not warmed.search(on_demand.gateway.process.log_tail(10**7))
+    assert "warming up the image pipeline failed" not in default.gateway.process.log_tail(10**7)
 
 
 def test_a_client_that_leaves_is_logged_as_499(model_dir, processes):

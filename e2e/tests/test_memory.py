@@ -36,7 +36,10 @@ request's memory kept alive (any decoded image of the corpus is 38 MB to
 bodies and the fetched (base64-decoded) image bytes of the requests in
 flight (≈ 4 MB), the scratch and recycled output buffers kept between images
 (≈ 60 MB), and allocator slack. Measured (2026-12-05, debug build, 3 runs):
-baseline 107–115 MB, peak 117–120 MB, idle after three rounds 120–121 MB.
+baseline 107–115 MB, peak 117–120 MB, idle after three rounds 120–121 MB;
+with the image pool warmed at start (its threads' scratch grown to a
+1080p image's before the first request, docs/vision.md): baseline 153 MB,
+idle after one round 141 MB, after three 146 MB.
 Without the budget one request of the corpus peaks at ≈ 4.9 GB (and is a
 503 from the worker, its 4.9 GB message being too large for gRPC).
 """

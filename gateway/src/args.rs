@@ -431,10 +431,11 @@ pub struct MediaArgs {
     /// Pixel cache size in MiB (preprocessed images; 0: no cache).
     #[arg(long, default_value_t = 1024, env = "IRIS_MM_PIXEL_CACHE_MB")]
     pub mm_pixel_cache_mb: u64,
-    /// Let the pixel cache's memory grow as the cache fills, instead of
-    /// preparing it at startup in the background (the default: the process
-    /// holds that much from the start, and the first images do not pay for
-    /// fresh memory).
+    /// Let the pixel cache's memory grow as the cache fills, and the image
+    /// CPU pool's threads warm up on the first images, instead of preparing
+    /// both at startup in the background (the default: the process holds
+    /// that much from the start, and the first images do not pay for fresh
+    /// memory or first use).
     #[arg(long, env = "IRIS_MM_PIXEL_MEMORY_ON_DEMAND")]
     pub mm_pixel_memory_on_demand: bool,
     /// MiB of memory for images being decoded and preprocessed and for the

@@ -27,7 +27,9 @@
 //! Large buffers are recycled (per-thread scratch, pooled outputs); see
 //! [`pool_stats`]. Memory for tensors that outlive their request (a
 //! cache's) can be prepared ahead, off the request's path:
-//! [`prepare_tensor_memory`]. docs/vision.md has the details.
+//! [`prepare_tensor_memory`]; and a process's first-use costs (scratch
+//! growth, first page faults) paid at start: [`warm_up`]. docs/vision.md
+//! has the details.
 
 mod batch;
 mod clip;
@@ -58,6 +60,7 @@ mod scratch;
 mod stream;
 mod tiles;
 pub mod video;
+mod warm_up;
 
 pub use batch::preprocess_batch;
 pub use clip::ClipProcessor;
@@ -92,6 +95,7 @@ pub use scratch::Scratch;
 pub use scratch::{
     parked_scratch_bytes, thread_scratch_bytes, SCRATCH_KEEP_BYTES, SCRATCH_KEEP_TOTAL_BYTES,
 };
+pub use warm_up::{synthetic_jpeg, warm_up, WarmUp, WARM_UP_SIZE};
 
 pub use video::{
     video_processor_from_model_dir, Sampling, VideoConfig, VideoFamily, VideoLayout, VideoOptions,

@@ -170,8 +170,10 @@ impl Multimodal {
         let video = VideoPipeline::load(dir, settings)?;
         if settings.prepare_pixel_memory {
             // In the background: the first images then find their
-            // tensors' memory already faulted in.
+            // tensors' memory already faulted in, and the CPU pool's
+            // threads their scratch.
             iris_vision::prepare_tensor_memory(settings.pixel_cache_bytes);
+            warm_up_in_background(processor.clone(), options);
         }
         Ok(Some(Multimodal {
             fetcher,
@@ -537,6 +539,27 @@ impl Multimodal {
     /// The in-flight memory budget (for metrics).
     pub fn budget(&self) -> &MemoryBudget {
         &self.budget
+    }
+}
+
+/// Warms the CPU pool's threads for `processor` on a thread of its own
+/// ([`iris_vision::warm_up`]): the first requests' images then cost what
+/// later ones do. A failure only loses the warm-up, so it is logged.
+fn warm_up_in_background(processor: Arc<dyn Processor>, options: PreprocessOptions) {
+    let spawned = std::thread::Builder::new()
+        .name("iris-image-warm-up".into())
+        .spawn(
+            move || match iris_vision::warm_up(processor.as_ref(), &options) {
+                Ok(done) => tracing::info!(
+                    threads = done.threads,
+                    elapsed_ms = done.elapsed.as_millis() as u64,
+                    "image pipeline warmed up"
+                ),
+                Err(e) => tracing::warn!(error = %e, "warming up the image pipeline failed"),
+            },
+        );
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the image pipeline's warm-up");
     }
 }
 

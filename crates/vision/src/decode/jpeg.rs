@@ -40,27 +40,34 @@ pub(super) struct Header {
     pub(super) four_components: bool,
 }
 
-/// A TurboJPEG decompressor instance, destroyed on drop.
-pub(super) struct Decompressor(tj::tjhandle);
+/// A TurboJPEG instance, destroyed on drop: a decompressor for the images
+/// requests bring, or a compressor ([`encode_rgb`]).
+pub(super) struct TurboJpeg(tj::tjhandle);
 
-impl Drop for Decompressor {
+impl Drop for TurboJpeg {
     fn drop(&mut self) {
         // SAFETY: the handle came from tj3Init and is destroyed once.
         unsafe { tj::tj3Destroy(self.0) }
     }
 }
 
-impl Decompressor {
-    pub(super) fn new() -> Result<Self, VisionError> {
+impl TurboJpeg {
+    fn init(kind: tj::TJINIT) -> Result<Self, VisionError> {
         // SAFETY: plain constructor; a null return is handled below.
-        let handle = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as c_int) };
+        let handle = unsafe { tj::tj3Init(kind as c_int) };
         if handle.is_null() {
             return Err(VisionError::decode(
                 NAME,
-                "cannot create a libjpeg-turbo decompressor",
+                "cannot create a libjpeg-turbo instance",
             ));
         }
-        let this = Decompressor(handle);
+        Ok(TurboJpeg(handle))
+    }
+
+    /// A decompressor that refuses truncated or corrupt data and caps the
+    /// progressive scans.
+    pub(super) fn decompressor() -> Result<Self, VisionError> {
+        let this = Self::init(tj::TJINIT_TJINIT_DECOMPRESS)?;
         this.set(tj::TJPARAM_TJPARAM_STOPONWARNING, 1)?;
         this.set(tj::TJPARAM_TJPARAM_SCANLIMIT, SCAN_LIMIT)?;
         Ok(this)
@@ -178,7 +185,7 @@ impl Decompressor {
 /// which kind a file is shows only in its scans. Then the CMYK samples
 /// before conversion, or the copy EXIF orientation makes.
 pub(super) fn probe(bytes: &[u8]) -> Result<ImageInfo, VisionError> {
-    let header = Decompressor::new()?.header(bytes)?;
+    let header = TurboJpeg::decompressor()?.header(bytes)?;
     let orientation = exif_block(bytes)
         .map(Orientation::from_exif_block)
         .unwrap_or_default();
@@ -204,7 +211,7 @@ pub(super) fn decode(
     out: &mut Vec<u8>,
     raw: &mut Vec<u8>,
 ) -> Result<(usize, usize, Orientation), VisionError> {
-    let decompressor = Decompressor::new()?;
+    let decompressor = TurboJpeg::decompressor()?;
     let header = decompressor.header(bytes)?;
     let (w, h) = (header.width, header.height);
     limits.check(ImageFormat::Jpeg, w as u64, h as u64)?;
@@ -225,6 +232,52 @@ pub(super) fn decode(
         decompressor.decompress(bytes, out, &header, tj::TJPF_TJPF_RGB)?;
     }
     Ok((w, h, orientation))
+}
+
+/// Encodes `rgb` (`height` tightly packed rows of `width` RGB8 pixels) as
+/// a baseline JPEG with 4:2:0 chroma, as cameras and screenshots tools
+/// commonly write them.
+pub(crate) fn encode_rgb(
+    rgb: &[u8],
+    width: usize,
+    height: usize,
+    quality: u8,
+) -> Result<Vec<u8>, VisionError> {
+    let too_big = || VisionError::decode(NAME, "image too large to encode");
+    if rgb.len() != width * height * 3 {
+        return Err(VisionError::decode(NAME, "pixels do not fit the size"));
+    }
+    let (w, h) = (c_int::try_from(width), c_int::try_from(height));
+    let (Ok(w), Ok(h)) = (w, h) else {
+        return Err(too_big());
+    };
+    let pitch = c_int::try_from(width * 3).map_err(|_| too_big())?;
+    let compressor = TurboJpeg::init(tj::TJINIT_TJINIT_COMPRESS)?;
+    compressor.set(tj::TJPARAM_TJPARAM_QUALITY, c_int::from(quality))?;
+    compressor.set(tj::TJPARAM_TJPARAM_SUBSAMP, tj::TJSAMP_TJSAMP_420 as c_int)?;
+    let mut out: *mut std::ffi::c_uchar = std::ptr::null_mut();
+    let mut size: tj::size_t = 0;
+    // SAFETY: valid handle; `rgb` holds `h` rows of `pitch` bytes and
+    // outlives the call; TurboJPEG allocates `out`, freed below.
+    let rc = unsafe {
+        tj::tj3Compress8(
+            compressor.0,
+            rgb.as_ptr(),
+            w,
+            pitch,
+            h,
+            tj::TJPF_TJPF_RGB as c_int,
+            &mut out,
+            &mut size,
+        )
+    };
+    let encoded = (rc == 0 && !out.is_null()).then(|| {
+        // SAFETY: on success `out` holds `size` bytes.
+        unsafe { std::slice::from_raw_parts(out, size as usize) }.to_vec()
+    });
+    // SAFETY: `out` is null or TurboJPEG's own allocation, freed once.
+    unsafe { tj::tj3Free(out.cast()) };
+    encoded.ok_or_else(|| compressor.error())
 }
 
 /// The TIFF data of the first `Exif` APP1 segment before the first scan.

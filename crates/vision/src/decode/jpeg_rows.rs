@@ -16,7 +16,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_ulong, CStr};
 
-use super::jpeg::{exif_block, Decompressor};
+use super::jpeg::{exif_block, TurboJpeg};
 use super::orientation::Orientation;
 use super::{DecodeLimits, ImageFormat};
 use crate::error::VisionError;
@@ -74,7 +74,7 @@ impl<'a> RowDecoder<'a> {
         bytes: &'a [u8],
         limits: &DecodeLimits,
     ) -> Result<Option<RowDecoder<'a>>, VisionError> {
-        let header = Decompressor::new()?.header(bytes)?;
+        let header = TurboJpeg::decompressor()?.header(bytes)?;
         limits.check(ImageFormat::Jpeg, header.width as u64, header.height as u64)?;
         let rotated = exif_block(bytes)
             .map(Orientation::from_exif_block)

@@ -13,6 +13,7 @@ mod orientation;
 mod other;
 mod sniff;
 
+pub(crate) use jpeg::encode_rgb;
 pub(crate) use jpeg_rows::{RowDecoder, MAX_BATCH_ROWS};
 pub use orientation::Orientation;
 pub(crate) use sniff::sniff;
