@@ -18,7 +18,8 @@
 #
 # Usage: e2e/bench/text_cpu.sh [GATEWAY_BIN…]   (default: the release `iris`)
 # Environment: ROUNDS=3 C=32 DURATION=8 WARMUP=2 PERF=0 STREAM=0 SKIP_BUILD=1
-# (STREAM=1: the chats are streamed, one SSE event per token).
+# (STREAM=1: the chats are streamed, one SSE event per token; PERF_KEEP=DIR
+# keeps each run's perf.data there).
 # Needs: wrk (Debian package `wrk`), perf for PERF=1.
 set -euo pipefail
 
@@ -85,6 +86,9 @@ EOF
         wait "$perf_pid" || true
         perf report -i "$WORK/perf.data" --children --sort symbol -g none --stdio 2>/dev/null \
             | python3 "$(dirname "$0")/text_cpu_stages.py" "$cpu_us" >&2
+        if [[ -n ${PERF_KEEP:-} ]]; then
+            cp "$WORK/perf.data" "$PERF_KEEP/$(basename "$1")-$(date +%s).perf.data"
+        fi
     fi
     stop_all
 }
