@@ -46,12 +46,25 @@ pub fn synthetic_jpeg(width: usize, height: usize) -> Result<Vec<u8>, VisionErro
     encode_rgb(&rgb, width, height, 90)
 }
 
+/// [`WARM_UP_SIZE`], scaled down (same aspect) to what `opts`' decode
+/// limits accept: a gateway that refuses 1080p images warms up on the
+/// largest image it takes.
+fn warm_up_size(opts: &PreprocessOptions) -> (usize, usize) {
+    let (width, height) = WARM_UP_SIZE;
+    let limits = &opts.limits;
+    let by_side = f64::from(limits.max_side) / width.max(height) as f64;
+    let by_area = (limits.max_pixels as f64 / (width * height) as f64).sqrt();
+    let scale = by_side.min(by_area).min(1.0);
+    let fit = |side: usize| ((side as f64 * scale).floor() as usize).max(1);
+    (fit(width), fit(height))
+}
+
 /// Preprocesses a synthetic 1080p JPEG with `opts` once split across the
 /// current rayon pool, then once on each of its threads alone. Call it
 /// from outside the pool (it blocks until every thread is done).
 pub fn warm_up(processor: &dyn Processor, opts: &PreprocessOptions) -> Result<WarmUp, VisionError> {
     let started = Instant::now();
-    let (width, height) = WARM_UP_SIZE;
+    let (width, height) = warm_up_size(opts);
     let jpeg = synthetic_jpeg(width, height)?;
     let split = PreprocessOptions {
         intra_image_parallel: true,
@@ -96,6 +109,17 @@ mod tests {
         let processor = crate::processor_from_config(&config).unwrap();
         let done = warm_up(processor.as_ref(), &PreprocessOptions::default()).unwrap();
         assert_eq!(done.threads, rayon::current_num_threads());
+    }
+
+    #[test]
+    fn the_image_fits_the_decode_limits() {
+        let mut opts = PreprocessOptions::default();
+        assert_eq!(warm_up_size(&opts), WARM_UP_SIZE);
+        opts.limits.max_pixels = 1_000_000;
+        let (w, h) = warm_up_size(&opts);
+        assert!(w * h <= 1_000_000 && w > 1300 && h > 700, "{w}×{h}");
+        opts.limits.max_side = 640;
+        assert_eq!(warm_up_size(&opts), (640, 360));
     }
 
     #[test]
