@@ -26,9 +26,13 @@ pub struct DetokTables {
 
 impl DetokTables {
     /// The tables of `tokenizer`, with the byte table when its decoder is
-    /// exactly byte-level.
+    /// exactly byte-level (and its ids and bytes fit a table).
     pub fn new(tokenizer: Arc<Tokenizer>) -> Self {
-        let bytes = is_byte_level(&tokenizer).then(|| ByteTable::of(&tokenizer));
+        let bytes = if is_byte_level(&tokenizer) {
+            ByteTable::of(&tokenizer)
+        } else {
+            None
+        };
         Self::with_bytes(tokenizer, bytes)
     }
 
@@ -88,31 +92,29 @@ fn is_byte_level(tokenizer: &Tokenizer) -> bool {
     matches!(tokenizer.get_decoder(), Some(DecoderWrapper::ByteLevel(_)))
 }
 
-/// A set of token ids, one bit each.
+/// A set of token ids, sorted (a few hundred at most: a binary search is
+/// a handful of comparisons, and any id fits).
 #[derive(Debug, Default)]
 struct IdSet {
-    words: Vec<u64>,
+    ids: Vec<u32>,
 }
 
 impl IdSet {
     fn from_ids(ids: impl IntoIterator<Item = u32>) -> Self {
-        let mut set = IdSet::default();
-        for id in ids {
-            let word = id as usize / 64;
-            if set.words.len() <= word {
-                set.words.resize(word + 1, 0);
-            }
-            set.words[word] |= 1 << (id % 64);
-        }
-        set
+        let mut ids: Vec<u32> = ids.into_iter().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        IdSet { ids }
     }
 
     fn contains(&self, id: u32) -> bool {
-        self.words
-            .get(id as usize / 64)
-            .is_some_and(|word| word & (1 << (id % 64)) != 0)
+        self.ids.binary_search(&id).is_ok()
     }
 }
+
+/// Ids past which no byte table is built (the tokenizer's file names an
+/// id far beyond any real vocabulary): such tokenizers take the window path.
+const MAX_TABLE_IDS: u32 = 1 << 24;
 
 /// Every id's decoded bytes, back to back.
 pub(crate) struct ByteTable {
@@ -123,18 +125,20 @@ pub(crate) struct ByteTable {
 }
 
 impl ByteTable {
-    fn of(tokenizer: &Tokenizer) -> Self {
+    /// The table of `tokenizer`; `None` when its ids pass
+    /// `MAX_TABLE_IDS` or its bytes do not fit `u32` offsets.
+    fn of(tokenizer: &Tokenizer) -> Option<Self> {
         let alphabet = Alphabet::new();
-        let ids = id_count(tokenizer);
+        let ids = id_count(tokenizer).filter(|&ids| ids <= MAX_TABLE_IDS)?;
         let mut data = Vec::new();
         let mut ends = Vec::with_capacity(ids as usize);
         for id in 0..ids {
             if let Some(token) = tokenizer.id_to_token(id) {
                 alphabet.append_bytes(&token, &mut data);
             }
-            ends.push(data.len() as u32);
+            ends.push(u32::try_from(data.len()).ok()?);
         }
-        ByteTable { data, ends }
+        Some(ByteTable { data, ends })
     }
 
     /// The bytes of `id` (empty for ids the tokenizer does not know, which
@@ -149,15 +153,11 @@ impl ByteTable {
     }
 }
 
-/// One past the highest id the tokenizer may know.
-fn id_count(tokenizer: &Tokenizer) -> u32 {
-    let added = tokenizer
-        .get_added_tokens_decoder()
-        .keys()
-        .map(|id| id + 1)
-        .max()
-        .unwrap_or(0);
-    (tokenizer.get_vocab_size(true) as u32).max(added)
+/// One past the highest id the tokenizer knows (its model's and added
+/// tokens'); `None` past `u32`.
+fn id_count(tokenizer: &Tokenizer) -> Option<u32> {
+    let highest = tokenizer.get_vocab(true).into_values().max();
+    highest.map_or(Some(0), |id| id.checked_add(1))
 }
 
 /// The byte-level alphabet, read backwards: character to byte.

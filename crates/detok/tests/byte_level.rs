@@ -143,3 +143,49 @@ fn added_tokens_decode_as_the_tokenizer_does() {
     let cafe = f.tok.token_to_id("café").expect("id");
     assert_eq!(f.tok.decode(&[cafe], false).expect("decode"), "caf\u{FFFD}");
 }
+
+/// A byte-level tokenizer over a word vocabulary with a gap in its ids, a
+/// word at `far_id` and an added special token (its id follows the
+/// vocabulary's: the tokenizer assigns it).
+fn word_tokenizer(far_id: u32) -> Arc<Tokenizer> {
+    let json = format!(
+        r#"{{
+  "version": "1.0", "truncation": null, "padding": null,
+  "added_tokens": [{{"id": 10, "content": "<|end|>", "single_word": false,
+    "lstrip": false, "rstrip": false, "normalized": false, "special": true}}],
+  "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+  "decoder": {{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
+    "use_regex": false}},
+  "model": {{"type": "WordLevel", "unk_token": "<unk>", "vocab": {{
+    "<unk>": 0, "Hello": 1, "Ġworld": 2, "Ã": 3, "©": 4, "ĠcafÃ©": 9, "Ġfar": {far_id}}}}}
+}}"#
+    );
+    Arc::new(Tokenizer::from_bytes(json.as_bytes()).expect("word tokenizer"))
+}
+
+fn decode_stream(tables: &Arc<DetokTables>, ids: &[u32], skip: bool) -> String {
+    let mut dec = IncrementalDecoder::new(tables.clone(), &[], skip);
+    let mut text = String::new();
+    for &id in ids {
+        text.push_str(&dec.push(id).expect("push").unwrap_or_default());
+    }
+    text + &dec.finish()
+}
+
+#[test]
+fn ids_with_gaps_and_far_ids_decode_as_the_tokenizer_does() {
+    // 20 is a near id (a table is built, with empty rows in the gaps);
+    // 3_000_000_000 is past any table (the window path is used).
+    for (far, byte_level) in [(20, true), (3_000_000_000, false)] {
+        let tok = word_tokenizer(far);
+        let end = tok.token_to_id("<|end|>").expect("added token");
+        let tables = Arc::new(DetokTables::new(tok.clone()));
+        assert_eq!(tables.is_byte_level(), byte_level, "far id {far}");
+        let ids = [1, 2, 3, 5, 4, 9, far, end, 7, u32::MAX, 2];
+        for skip in [true, false] {
+            let expected = tok.decode(&ids, skip).expect("decode");
+            assert_eq!(decode_stream(&tables, &ids, skip), expected, "far id {far}");
+        }
+        assert_eq!(decode_stream(&tables, &[1, 3, 4, 9], true), "Helloé café");
+    }
+}
