@@ -107,8 +107,15 @@ impl IdSet {
         IdSet { ids }
     }
 
+    /// Ordinary ids (below the first special one, as in most
+    /// vocabularies) are answered without the search.
     fn contains(&self, id: u32) -> bool {
-        self.ids.binary_search(&id).is_ok()
+        match (self.ids.first(), self.ids.last()) {
+            (Some(&first), Some(&last)) if (first..=last).contains(&id) => {
+                self.ids.binary_search(&id).is_ok()
+            }
+            _ => false,
+        }
     }
 }
 
