@@ -17,6 +17,8 @@ use iris_openai::{ApiError, ChatCompletionRequest, ChatMessage};
 use serde_json::{Map, Value};
 use tokenizers::Tokenizer;
 
+use iris_detok::DetokTables;
+
 use crate::context::{self, ContextLimits};
 use crate::tokencache::SegmentTokenizer;
 use crate::usertext::Escaper;
@@ -32,6 +34,8 @@ pub struct Prompter {
     /// [`iris_openai::system_message_tools`]).
     system_tools: bool,
     segments: SegmentTokenizer,
+    /// What the answers' decoders share, built once for the tokenizer.
+    detok: Arc<DetokTables>,
     escaper: Escaper,
     limits: ContextLimits,
     /// Variables HF templates expect besides the messages.
@@ -90,8 +94,10 @@ impl Prompter {
             .max(tokenizer.get_vocab_size(true) as u32);
         let segments =
             SegmentTokenizer::new(tokenizer, options.cache_entries).map_err(anyhow::Error::msg)?;
+        let detok = Arc::new(DetokTables::new(segments.tokenizer().clone()));
         Ok(Prompter {
             template,
+            detok,
             takes_tools: source.contains("tools"),
             system_tools: reads_system_message_tools(&source),
             source,
@@ -164,6 +170,11 @@ impl Prompter {
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         self.segments.tokenizer()
+    }
+
+    /// The tokenizer's detokenization tables (shared by every decoder).
+    pub fn detok(&self) -> &Arc<DetokTables> {
+        &self.detok
     }
 
     /// The context length and text budget requests are checked against.

@@ -18,13 +18,15 @@
 //!
 //! Special tokens that `skip_special_tokens` would drop are never put in the
 //! window at all; the decoded text is the same and the window stays short.
+//!
+//! When the tokenizer's decoder is exactly byte-level, the window holds the
+//! tokens' precomputed bytes instead of their ids ([`ByteWindow`]): the same
+//! two decodings, as lossy UTF-8 of byte slices, without the tokenizer.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
-use tokenizers::Tokenizer;
-
-use crate::DetokError;
+use crate::byte_window::ByteWindow;
+use crate::{DetokError, DetokTables};
 
 /// Prompt tokens kept as context for the first generated token.
 pub const PROMPT_CONTEXT_TOKENS: usize = 6;
@@ -34,76 +36,64 @@ const COMPACT_AT: usize = 32;
 
 /// Turns a stream of token ids into text, one piece at a time.
 pub struct IncrementalDecoder {
-    tokenizer: Arc<Tokenizer>,
+    tables: Arc<DetokTables>,
     skip_special_tokens: bool,
-    /// Ids that decoding drops when `skip_special_tokens` is set.
-    special_ids: HashSet<u32>,
-    /// The window: context tokens, then tokens emitted or pending.
-    tokens: Vec<u32>,
-    prefix_offset: usize,
-    read_offset: usize,
+    /// Special tokens kept in the text even when the others are skipped.
+    kept: Vec<u32>,
+    window: Window,
+}
+
+/// The tokens being decoded: ids decoded by the tokenizer, or bytes.
+enum Window {
+    Tokens(TokenWindow),
+    Bytes(ByteWindow),
 }
 
 impl IncrementalDecoder {
     /// A decoder whose first output follows `prompt_tail` (the last prompt
     /// tokens, possibly empty; only the last [`PROMPT_CONTEXT_TOKENS`] are
     /// kept). The prompt itself is never emitted.
-    pub fn new(tokenizer: Arc<Tokenizer>, prompt_tail: &[u32], skip_special_tokens: bool) -> Self {
-        Self::keeping(tokenizer, prompt_tail, skip_special_tokens, &[])
+    pub fn new(tables: Arc<DetokTables>, prompt_tail: &[u32], skip_special_tokens: bool) -> Self {
+        Self::keeping(tables, prompt_tail, skip_special_tokens, &[])
     }
 
     /// [`Self::new`], but the special tokens `kept` stay in the text even
     /// when the others are skipped (an output parser reads them as
     /// markers).
     pub fn keeping(
-        tokenizer: Arc<Tokenizer>,
+        tables: Arc<DetokTables>,
         prompt_tail: &[u32],
         skip_special_tokens: bool,
         kept: &[u32],
     ) -> Self {
-        let mut special_ids = if skip_special_tokens {
-            special_ids(&tokenizer)
-        } else {
-            HashSet::new()
+        let window = match tables.bytes() {
+            Some(_) => Window::Bytes(ByteWindow::default()),
+            None => Window::Tokens(TokenWindow::default()),
         };
-        for id in kept {
-            special_ids.remove(id);
-        }
         let mut decoder = Self {
-            tokenizer,
+            tables,
             skip_special_tokens,
-            special_ids,
-            tokens: Vec::with_capacity(COMPACT_AT + PROMPT_CONTEXT_TOKENS),
-            prefix_offset: 0,
-            read_offset: 0,
+            kept: kept.to_vec(),
+            window,
         };
         let start = prompt_tail.len().saturating_sub(PROMPT_CONTEXT_TOKENS);
-        decoder.tokens.extend(
-            prompt_tail[start..]
-                .iter()
-                .copied()
-                .filter(|id| !decoder.special_ids.contains(id)),
-        );
-        decoder.read_offset = decoder.tokens.len();
+        for &id in &prompt_tail[start..] {
+            if !decoder.skips(id) {
+                decoder.add_context(id);
+            }
+        }
         decoder
     }
 
     /// Adds one token; returns the text it completes, if any.
     pub fn push(&mut self, token: u32) -> Result<Option<String>, DetokError> {
-        if self.special_ids.contains(&token) {
+        if self.skips(token) {
             return Ok(None);
         }
-        self.tokens.push(token);
-        let prefix_text = self.decode(self.prefix_offset, self.read_offset)?;
-        let new_text = self.decode(self.prefix_offset, self.tokens.len())?;
-        if new_text.len() <= prefix_text.len() || new_text.ends_with(char::REPLACEMENT_CHARACTER) {
-            return Ok(None);
+        match &mut self.window {
+            Window::Tokens(window) => window.push(&self.tables, token),
+            Window::Bytes(window) => Ok(window.push(byte_table_get(&self.tables, token))),
         }
-        let piece = suffix_after(&new_text, &prefix_text).to_owned();
-        self.prefix_offset = self.read_offset;
-        self.read_offset = self.tokens.len();
-        self.compact();
-        Ok(if piece.is_empty() { None } else { Some(piece) })
     }
 
     /// Adds several tokens; returns the text they complete, if any.
@@ -130,16 +120,10 @@ impl IncrementalDecoder {
 
     /// [`Self::finish`], reporting a decoding failure.
     pub fn try_finish(&mut self) -> Result<String, DetokError> {
-        if self.read_offset == self.tokens.len() {
-            return Ok(String::new());
+        match &mut self.window {
+            Window::Tokens(window) => window.finish(&self.tables),
+            Window::Bytes(window) => Ok(window.finish()),
         }
-        let prefix_text = self.decode(self.prefix_offset, self.read_offset)?;
-        let new_text = self.decode(self.prefix_offset, self.tokens.len())?;
-        let piece = suffix_after(&new_text, &prefix_text).to_owned();
-        self.prefix_offset = self.read_offset;
-        self.read_offset = self.tokens.len();
-        self.compact();
-        Ok(piece)
     }
 
     /// Whether special tokens are dropped from the output.
@@ -147,42 +131,111 @@ impl IncrementalDecoder {
         self.skip_special_tokens
     }
 
-    /// Tokens currently in the window (for tests and metrics).
-    pub fn window_len(&self) -> usize {
-        self.tokens.len()
+    /// Whether this decoder appends precomputed bytes (byte-level
+    /// tokenizers) rather than decoding through the tokenizer.
+    pub fn is_byte_level(&self) -> bool {
+        matches!(self.window, Window::Bytes(_))
     }
 
-    /// Decodes `tokens[from..to]`.
-    fn decode(&self, from: usize, to: usize) -> Result<String, DetokError> {
-        let ids = self.tokens.get(from..to).unwrap_or(&[]);
-        self.decode_ids(ids)
+    /// Tokens currently in the window (for tests and metrics).
+    pub fn window_len(&self) -> usize {
+        match &self.window {
+            Window::Tokens(window) => window.tokens.len(),
+            Window::Bytes(window) => window.len(),
+        }
     }
 
     /// Decodes `ids` from outside the window, the way the window is
     /// decoded (the skipped special tokens dropped, the kept ones kept).
     pub fn decode_all(&self, ids: &[u32]) -> Result<String, DetokError> {
-        let ids: Vec<u32> = ids
-            .iter()
-            .copied()
-            .filter(|id| !self.special_ids.contains(id))
-            .collect();
-        self.decode_ids(&ids)
+        let ids = ids.iter().copied().filter(|&id| !self.skips(id));
+        match self.window {
+            Window::Tokens(_) => decode_ids(&self.tables, &ids.collect::<Vec<u32>>()),
+            Window::Bytes(_) => {
+                let mut bytes = Vec::new();
+                for id in ids {
+                    bytes.extend_from_slice(byte_table_get(&self.tables, id));
+                }
+                Ok(String::from_utf8_lossy(&bytes).into_owned())
+            }
+        }
     }
 
-    /// Decodes ids already free of skipped special tokens. The window
-    /// never holds them, so the tokenizer is asked to skip nothing (which
-    /// would also drop the kept ones).
-    fn decode_ids(&self, ids: &[u32]) -> Result<String, DetokError> {
-        if ids.is_empty() {
+    /// Whether `id` is dropped from the text.
+    fn skips(&self, id: u32) -> bool {
+        self.skip_special_tokens && self.tables.is_special(id) && !self.kept.contains(&id)
+    }
+
+    /// Adds a prompt token as context (never emitted).
+    fn add_context(&mut self, id: u32) {
+        match &mut self.window {
+            Window::Tokens(window) => {
+                window.tokens.push(id);
+                window.read_offset = window.tokens.len();
+            }
+            Window::Bytes(window) => window.add_context(byte_table_get(&self.tables, id)),
+        }
+    }
+}
+
+impl std::fmt::Debug for IncrementalDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IncrementalDecoder")
+            .field("skip_special_tokens", &self.skip_special_tokens)
+            .field("byte_level", &self.is_byte_level())
+            .field("window_len", &self.window_len())
+            .finish()
+    }
+}
+
+/// The bytes of `id` in the tables' byte table (empty without one).
+fn byte_table_get(tables: &DetokTables, id: u32) -> &[u8] {
+    tables.bytes().map(|table| table.get(id)).unwrap_or(&[])
+}
+
+/// Token ids decoded through the tokenizer.
+#[derive(Default)]
+struct TokenWindow {
+    /// Context tokens, then tokens emitted or pending.
+    tokens: Vec<u32>,
+    prefix_offset: usize,
+    read_offset: usize,
+}
+
+impl TokenWindow {
+    fn push(&mut self, tables: &DetokTables, token: u32) -> Result<Option<String>, DetokError> {
+        self.tokens.push(token);
+        let prefix_text = self.decode(tables, self.prefix_offset, self.read_offset)?;
+        let new_text = self.decode(tables, self.prefix_offset, self.tokens.len())?;
+        if new_text.len() <= prefix_text.len() || new_text.ends_with(char::REPLACEMENT_CHARACTER) {
+            return Ok(None);
+        }
+        let piece = suffix_after(&new_text, prefix_text.len()).to_owned();
+        self.advance();
+        Ok(if piece.is_empty() { None } else { Some(piece) })
+    }
+
+    fn finish(&mut self, tables: &DetokTables) -> Result<String, DetokError> {
+        if self.read_offset == self.tokens.len() {
             return Ok(String::new());
         }
-        self.tokenizer
-            .decode(ids, false)
-            .map_err(|e| DetokError::Decode(e.to_string()))
+        let prefix_text = self.decode(tables, self.prefix_offset, self.read_offset)?;
+        let new_text = self.decode(tables, self.prefix_offset, self.tokens.len())?;
+        let piece = suffix_after(&new_text, prefix_text.len()).to_owned();
+        self.advance();
+        Ok(piece)
     }
 
-    /// Drops tokens before `prefix_offset` once the window grows long.
-    fn compact(&mut self) {
+    /// Decodes `tokens[from..to]`.
+    fn decode(&self, tables: &DetokTables, from: usize, to: usize) -> Result<String, DetokError> {
+        decode_ids(tables, self.tokens.get(from..to).unwrap_or(&[]))
+    }
+
+    /// Marks everything emitted; drops tokens before `prefix_offset` once
+    /// the window grows long.
+    fn advance(&mut self) {
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.tokens.len();
         if self.prefix_offset < COMPACT_AT {
             return;
         }
@@ -192,31 +245,23 @@ impl IncrementalDecoder {
     }
 }
 
-impl std::fmt::Debug for IncrementalDecoder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IncrementalDecoder")
-            .field("skip_special_tokens", &self.skip_special_tokens)
-            .field("tokens", &self.tokens)
-            .field("prefix_offset", &self.prefix_offset)
-            .field("read_offset", &self.read_offset)
-            .finish()
+/// Decodes ids already free of skipped special tokens. The window never
+/// holds them, so the tokenizer is asked to skip nothing (which would also
+/// drop the kept ones).
+fn decode_ids(tables: &DetokTables, ids: &[u32]) -> Result<String, DetokError> {
+    if ids.is_empty() {
+        return Ok(String::new());
     }
+    tables
+        .tokenizer()
+        .decode(ids, false)
+        .map_err(|e| DetokError::Decode(e.to_string()))
 }
 
-/// The ids of special added tokens (those `decode(.., true)` drops).
-fn special_ids(tokenizer: &Tokenizer) -> HashSet<u32> {
-    tokenizer
-        .get_added_tokens_decoder()
-        .into_iter()
-        .filter(|(_, token)| token.special)
-        .map(|(id, _)| id)
-        .collect()
-}
-
-/// `text` after its first `prefix.len()` bytes, moved forward to a char
+/// `text` after its first `prefix_len` bytes, moved forward to a char
 /// boundary if the window's decoding did not extend the prefix exactly.
-fn suffix_after<'a>(text: &'a str, prefix: &str) -> &'a str {
-    let mut at = prefix.len().min(text.len());
+pub(crate) fn suffix_after(text: &str, prefix_len: usize) -> &str {
+    let mut at = prefix_len.min(text.len());
     while !text.is_char_boundary(at) {
         at += 1;
     }
@@ -229,8 +274,8 @@ mod tests {
 
     #[test]
     fn suffix_respects_char_boundaries() {
-        assert_eq!(suffix_after("héllo", "h"), "éllo");
-        assert_eq!(suffix_after("héllo", "hx"), "llo");
-        assert_eq!(suffix_after("ab", "abc"), "");
+        assert_eq!(suffix_after("héllo", 1), "éllo");
+        assert_eq!(suffix_after("héllo", 2), "llo");
+        assert_eq!(suffix_after("ab", 3), "");
     }
 }

@@ -1,10 +1,11 @@
 //! IncrementalDecoder against real tokenizers: the tiny byte-level BPE
 //! Qwen2-VL tokenizer from `iris-model`, and small SentencePiece-style
-//! tokenizers built here.
+//! tokenizers built here. Every stream runs through both the byte path and
+//! the tokenizer-decoding window path, which must agree piece by piece.
 
 use std::sync::Arc;
 
-use iris_detok::IncrementalDecoder;
+use iris_detok::{DetokTables, IncrementalDecoder};
 use iris_model::tiny::{self, IM_END_ID, IM_START_ID, VOCAB_SIZE};
 use tokenizers::Tokenizer;
 
@@ -21,9 +22,31 @@ fn encode(tok: &Tokenizer, text: &str) -> Vec<u32> {
     tok.encode(text, false).expect("encode").get_ids().to_vec()
 }
 
-/// Feeds ids one at a time; returns the pieces and the flushed tail.
+fn tables(tok: &Arc<Tokenizer>) -> Arc<DetokTables> {
+    Arc::new(DetokTables::new(tok.clone()))
+}
+
+/// Feeds ids one at a time; returns the pieces and the flushed tail (the
+/// same from the fast path, when the tokenizer has one, and the window).
 fn stream(tok: &Arc<Tokenizer>, tail: &[u32], ids: &[u32], skip: bool) -> (Vec<String>, String) {
-    let mut dec = IncrementalDecoder::new(tok.clone(), tail, skip);
+    let fast = stream_with(&tables(tok), tail, ids, skip);
+    let window = stream_with(
+        &Arc::new(DetokTables::window_only(tok.clone())),
+        tail,
+        ids,
+        skip,
+    );
+    assert_eq!(fast, window, "byte path and window differ on {ids:?}");
+    fast
+}
+
+fn stream_with(
+    tables: &Arc<DetokTables>,
+    tail: &[u32],
+    ids: &[u32],
+    skip: bool,
+) -> (Vec<String>, String) {
+    let mut dec = IncrementalDecoder::new(tables.clone(), tail, skip);
     let mut pieces = Vec::new();
     for &id in ids {
         if let Some(piece) = dec.push(id).expect("push") {
@@ -72,7 +95,7 @@ fn multibyte_characters_are_split_across_byte_tokens() {
         ids.len() > 1,
         "the tiny vocabulary spells emoji byte by byte"
     );
-    let mut dec = IncrementalDecoder::new(tok.clone(), &[], true);
+    let mut dec = IncrementalDecoder::new(tables(&tok), &[], true);
     let (last, init) = ids.split_last().expect("non-empty");
     for &id in init {
         assert_eq!(dec.push(id).expect("push"), None, "incomplete char held");
@@ -134,7 +157,7 @@ fn special_tokens_skipped_or_kept() {
 #[test]
 fn skipped_specials_do_not_grow_the_window() {
     let tok = tiny_tokenizer();
-    let mut dec = IncrementalDecoder::new(tok, &[], true);
+    let mut dec = IncrementalDecoder::new(tables(&tok), &[], true);
     for _ in 0..1000 {
         assert_eq!(dec.push(IM_END_ID).expect("push"), None);
     }
@@ -157,7 +180,7 @@ fn window_stays_bounded_on_long_streams() {
     let tok = tiny_tokenizer();
     let text = "The quick brown fox jumps over the lazy dog. 你好世界 😀 ".repeat(200);
     let ids = encode(&tok, &text);
-    let mut dec = IncrementalDecoder::new(tok.clone(), &[], true);
+    let mut dec = IncrementalDecoder::new(tables(&tok), &[], true);
     let mut out = String::new();
     let mut widest = 0;
     for &id in &ids {
@@ -175,7 +198,7 @@ fn window_stays_bounded_on_long_streams() {
 fn push_many_equals_one_by_one() {
     let tok = tiny_tokenizer();
     let ids = encode(&tok, TEXTS[5]);
-    let mut dec = IncrementalDecoder::new(tok.clone(), &[], true);
+    let mut dec = IncrementalDecoder::new(tables(&tok), &[], true);
     let mut out = String::new();
     for chunk in ids.chunks(3) {
         if let Some(piece) = dec.push_many(chunk).expect("push") {
@@ -190,7 +213,7 @@ fn push_many_equals_one_by_one() {
 fn finish_flushes_incomplete_character_once() {
     let tok = tiny_tokenizer();
     let ids = encode(&tok, "a😀");
-    let mut dec = IncrementalDecoder::new(tok.clone(), &[], true);
+    let mut dec = IncrementalDecoder::new(tables(&tok), &[], true);
     let mut out = String::new();
     for &id in &ids[..ids.len() - 1] {
         if let Some(piece) = dec.push(id).expect("push") {
@@ -232,6 +255,7 @@ const LLAMA: &str = r#"{"type": "Sequence", "decoders": [
 fn sentencepiece_spaces_are_kept_between_tokens() {
     for decoder in [METASPACE, LLAMA] {
         let tok = sentencepiece_tokenizer(decoder);
+        assert!(!tables(&tok).is_byte_level(), "window path for {decoder}");
         let ids = [1, 2, 3, 4, 5, 6, 11, 3];
         let (pieces, rest) = stream(&tok, &[], &ids, true);
         assert_eq!(

@@ -10,10 +10,9 @@
 
 use std::sync::Arc;
 
-use iris_detok::{IncrementalDecoder, StopMatcher};
+use iris_detok::{DetokTables, IncrementalDecoder, StopMatcher};
 use iris_openai::{ApiError, FinishReason, TokenLogprob};
 use iris_proto::scheduler::{GenerateComplete, OutputLogProbs};
-use tokenizers::Tokenizer;
 
 use super::logprobs;
 
@@ -29,7 +28,7 @@ pub struct Visible {
 
 /// The state of one choice.
 pub struct ChoiceText {
-    tokenizer: Arc<Tokenizer>,
+    tables: Arc<DetokTables>,
     decoder: IncrementalDecoder,
     stops: StopMatcher,
     /// Log probabilities of tokens whose text is not out yet (`None`: not
@@ -46,10 +45,10 @@ pub struct ChoiceText {
 impl ChoiceText {
     /// A choice cut at `stops`, reporting log probabilities when
     /// `logprobs`.
-    pub fn new(tokenizer: Arc<Tokenizer>, stops: Vec<String>, logprobs: bool) -> Self {
+    pub fn new(tables: Arc<DetokTables>, stops: Vec<String>, logprobs: bool) -> Self {
         ChoiceText {
-            decoder: IncrementalDecoder::new(tokenizer.clone(), &[], true),
-            tokenizer,
+            decoder: IncrementalDecoder::new(tables.clone(), &[], true),
+            tables,
             stops: StopMatcher::new(stops),
             pending: logprobs.then(Vec::new),
             completion_tokens: 0,
@@ -62,7 +61,7 @@ impl ChoiceText {
     /// (the output parsers' markers; other special tokens are dropped).
     pub fn keeping(mut self, kept: &[u32]) -> Self {
         if !kept.is_empty() {
-            self.decoder = IncrementalDecoder::keeping(self.tokenizer.clone(), &[], true, kept);
+            self.decoder = IncrementalDecoder::keeping(self.tables.clone(), &[], true, kept);
         }
         self
     }
@@ -116,7 +115,7 @@ impl ChoiceText {
             return self.push_text(ids);
         }
         let mut entries = lp
-            .map(|lp| logprobs::entries(&self.tokenizer, lp))
+            .map(|lp| logprobs::entries(self.tables.tokenizer(), lp))
             .unwrap_or_default()
             .into_iter();
         let mut visible = Visible::default();
@@ -185,15 +184,17 @@ impl ChoiceText {
 mod tests {
     use super::*;
     use iris_proto::scheduler::TopLogProbs;
+    use tokenizers::Tokenizer;
 
-    fn tokenizer() -> Arc<Tokenizer> {
+    fn tokenizer() -> Arc<DetokTables> {
         let model = iris_testkit::model::tiny_model();
         let tok = Tokenizer::from_file(model.path().join("tokenizer.json")).expect("tokenizer");
-        Arc::new(tok)
+        Arc::new(DetokTables::new(Arc::new(tok)))
     }
 
-    fn ids(tok: &Tokenizer, text: &str) -> Vec<u32> {
-        tok.encode(text, false).expect("encode").get_ids().to_vec()
+    fn ids(tok: &DetokTables, text: &str) -> Vec<u32> {
+        let encoding = tok.tokenizer().encode(text, false).expect("encode");
+        encoding.get_ids().to_vec()
     }
 
     /// Log probabilities for `ids`: -1, -2, … with the token as its own
@@ -257,6 +258,7 @@ mod tests {
         let tok = tokenizer();
         let all = ids(&tok, "<|im_start|>call<|vision_start|>x<|im_end|>");
         let kept = [tok
+            .tokenizer()
             .token_to_id("<|vision_start|>")
             .expect("a special token")];
         let mut streamed = ChoiceText::new(tok.clone(), vec![], false).keeping(&kept);

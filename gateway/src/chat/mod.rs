@@ -59,8 +59,8 @@ impl Endpoint for Chat {
 fn choices(ready: &ReadyConversation) -> Vec<ChoiceText> {
     (0..ready.n)
         .map(|_| {
-            let tokenizer = ready.served.prompter.tokenizer().clone();
-            ChoiceText::new(tokenizer, ready.stop.clone(), ready.logprobs)
+            let tables = ready.served.prompter.detok().clone();
+            ChoiceText::new(tables, ready.stop.clone(), ready.logprobs)
                 .keeping(ready.output.kept_tokens())
         })
         .collect()

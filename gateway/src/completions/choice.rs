@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use iris_detok::{IncrementalDecoder, StopMatcher};
+use iris_detok::{DetokTables, IncrementalDecoder, StopMatcher};
 use iris_openai::{ApiError, CompletionLogprobs, FinishReason};
 use iris_proto::scheduler::OutputLogProbs;
 use tokenizers::Tokenizer;
@@ -35,7 +35,7 @@ struct TokenLogprob {
 pub(super) struct CompletionText {
     /// Place across the batch (`prompt * n + sequence`).
     pub index: u32,
-    tokenizer: Arc<Tokenizer>,
+    tables: Arc<DetokTables>,
     decoder: IncrementalDecoder,
     stops: StopMatcher,
     /// Characters decoded so far (echoed prompt included).
@@ -58,7 +58,7 @@ impl CompletionText {
     /// probabilities are kept.
     pub fn new(
         index: u32,
-        tokenizer: Arc<Tokenizer>,
+        tables: Arc<DetokTables>,
         prompt_ids: &[u32],
         stops: &[String],
         echo: &str,
@@ -67,8 +67,8 @@ impl CompletionText {
         let echoed = chars(echo);
         CompletionText {
             index,
-            decoder: IncrementalDecoder::new(tokenizer.clone(), prompt_ids, true),
-            tokenizer,
+            decoder: IncrementalDecoder::new(tables.clone(), prompt_ids, true),
+            tables,
             stops: StopMatcher::new(stops.to_vec()),
             decoded: echoed,
             released: echoed,
@@ -96,7 +96,13 @@ impl CompletionText {
         let mut text = String::new();
         for (i, &id) in ids.iter().enumerate() {
             if let (Some(pending), Some(lp)) = (self.pending.as_mut(), logprobs) {
-                pending.push_back(token_logprob(&self.tokenizer, id, lp, i, self.decoded));
+                pending.push_back(token_logprob(
+                    self.tables.tokenizer(),
+                    id,
+                    lp,
+                    i,
+                    self.decoded,
+                ));
             }
             let piece = self.decoder.push(id).map_err(detok_error)?;
             if let Some(piece) = piece {
@@ -229,13 +235,15 @@ mod tests {
     use super::*;
     use iris_proto::scheduler::TopLogProbs;
 
-    fn tokenizer() -> Arc<Tokenizer> {
+    fn tokenizer() -> Arc<DetokTables> {
         let model = iris_testkit::model::tiny_model();
-        Arc::new(Tokenizer::from_file(model.path().join("tokenizer.json")).expect("tokenizer"))
+        let tok = Tokenizer::from_file(model.path().join("tokenizer.json")).expect("tokenizer");
+        Arc::new(DetokTables::new(Arc::new(tok)))
     }
 
-    fn ids(tok: &Tokenizer, text: &str) -> Vec<u32> {
-        tok.encode(text, false).expect("encode").get_ids().to_vec()
+    fn ids(tok: &DetokTables, text: &str) -> Vec<u32> {
+        let encoding = tok.tokenizer().encode(text, false).expect("encode");
+        encoding.get_ids().to_vec()
     }
 
     /// Log probabilities for `ids`: -0.5 each, with the token itself as

@@ -60,7 +60,7 @@ impl Endpoint for Completions {
 impl ReadyPrompts {
     /// The choices of every prompt, in index order.
     fn choices(&self) -> Vec<CompletionText> {
-        let tokenizer = self.served.prompter.tokenizer();
+        let tables = self.served.prompter.detok();
         let n = self.request.n();
         let stops = self.request.sampling().stop;
         let logprobs = self.request.logprobs.is_some();
@@ -70,7 +70,7 @@ impl ReadyPrompts {
                 let index = choices.len() as u32;
                 choices.push(CompletionText::new(
                     index,
-                    tokenizer.clone(),
+                    tables.clone(),
                     &prompt.ids,
                     &stops,
                     &prompt.echo,

@@ -105,8 +105,8 @@ impl Endpoint for Messages {
 
 /// The answer's text state: decoded, cut at the first stop sequence.
 fn message_text(ready: &ReadyConversation) -> MessageText {
-    let tokenizer = ready.served.prompter.tokenizer().clone();
-    MessageText::new(tokenizer, ready.stop.clone(), ready.output.kept_tokens())
+    let tables = ready.served.prompter.detok().clone();
+    MessageText::new(tables, ready.stop.clone(), ready.output.kept_tokens())
 }
 
 /// The `usage` object: the prompt's tokens split into those the worker

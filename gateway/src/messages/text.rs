@@ -4,10 +4,9 @@
 
 use std::sync::Arc;
 
-use iris_detok::{IncrementalDecoder, StopMatcher};
+use iris_detok::{DetokTables, IncrementalDecoder, StopMatcher};
 use iris_openai::ApiError;
 use iris_proto::scheduler::GenerateComplete;
-use tokenizers::Tokenizer;
 
 /// Why the answer ended (`stop_reason`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,9 +66,9 @@ impl MessageText {
     /// An answer cut at `stops`.
     /// Special tokens are dropped from the text, except those in `kept`
     /// (the output parsers' markers).
-    pub fn new(tokenizer: Arc<Tokenizer>, stops: Vec<String>, kept: &[u32]) -> MessageText {
+    pub fn new(tables: Arc<DetokTables>, stops: Vec<String>, kept: &[u32]) -> MessageText {
         MessageText {
-            decoder: IncrementalDecoder::keeping(tokenizer, &[], true, kept),
+            decoder: IncrementalDecoder::keeping(tables, &[], true, kept),
             stops: StopMatcher::new(stops),
             completion_tokens: 0,
             chunked: false,
@@ -139,15 +138,17 @@ impl MessageText {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokenizers::Tokenizer;
 
-    fn tokenizer() -> Arc<Tokenizer> {
+    fn tokenizer() -> Arc<DetokTables> {
         let model = iris_testkit::model::tiny_model();
         let tok = Tokenizer::from_file(model.path().join("tokenizer.json")).expect("tokenizer");
-        Arc::new(tok)
+        Arc::new(DetokTables::new(Arc::new(tok)))
     }
 
-    fn ids(tok: &Tokenizer, text: &str) -> Vec<u32> {
-        tok.encode(text, false).expect("encode").get_ids().to_vec()
+    fn ids(tok: &DetokTables, text: &str) -> Vec<u32> {
+        let encoding = tok.tokenizer().encode(text, false).expect("encode");
+        encoding.get_ids().to_vec()
     }
 
     fn complete(output_ids: Vec<u32>, reason: &str) -> GenerateComplete {

@@ -47,8 +47,12 @@ pub async fn respond(state: Arc<AppState>, ledger: Ledger, ready: ReadyResponse)
             model: conversation.served.name.clone(),
             context,
             generation,
-            text: ChoiceText::new(tokenizer.clone(), conversation.stop.clone(), false)
-                .keeping(conversation.output.kept_tokens()),
+            text: ChoiceText::new(
+                conversation.served.prompter.detok().clone(),
+                conversation.stop.clone(),
+                false,
+            )
+            .keeping(conversation.output.kept_tokens()),
             shaper: conversation.output.shaper(),
             tokenizer,
             output: Output::new(true),

@@ -38,8 +38,12 @@ async fn run(
     ledger.metrics.stage(Stage::Dispatch, dispatch.elapsed());
     let generating = Instant::now();
     let tokenizer = conversation.served.prompter.tokenizer().clone();
-    let mut text = ChoiceText::new(tokenizer.clone(), conversation.stop.clone(), false)
-        .keeping(conversation.output.kept_tokens());
+    let mut text = ChoiceText::new(
+        conversation.served.prompter.detok().clone(),
+        conversation.stop.clone(),
+        false,
+    )
+    .keeping(conversation.output.kept_tokens());
     let complete = replies::await_complete(&mut generation).await?;
     if complete.finish_reason == "abort" {
         return Err((
