@@ -11,10 +11,14 @@ directory; the tests fail, never skip, when PostgreSQL is not installed):
   through the other, and a third gateway started later still finds it;
 - the store's limit and size cap hold across the replicas;
 - an unreachable server or a wrong password stops the gateway at start
-  with an error naming the URL, never its password.
+  with an error naming the URL, never its password; so does a listener
+  that accepts and never answers, once the connect timeout has passed.
 """
 
 from __future__ import annotations
+
+import socket
+import time
 
 import openai
 import pytest
@@ -137,3 +141,21 @@ def test_unreachable_server_or_wrong_password_stop_the_start(model_dir, tmp_path
         assert "hunter2" not in log, log
     finally:
         procs.stop_all()
+
+
+def test_a_server_that_never_answers_stops_the_start_within_the_timeout(model_dir, tmp_path):
+    """A listener that accepts the connection and never answers (a stopped
+    process, another service) is not waited for forever: the start fails
+    once the URL's connect_timeout has passed, saying why."""
+    procs = Processes(tmp_path)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"postgres://iris:x@127.0.0.1:{silent.getsockname()[1]}/iris?connect_timeout=2"
+        try:
+            started = time.monotonic()
+            log = failed_start(procs, model_dir, url)
+            assert time.monotonic() - started < 30
+            assert "did not finish its start-up within 2s" in log, log
+        finally:
+            procs.stop_all()

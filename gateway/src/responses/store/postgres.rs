@@ -28,7 +28,10 @@ use super::{decode, encode, Image, ResponseStore, StoreError, Stored};
 /// Connections kept open per gateway.
 const CONNECTIONS: usize = 4;
 /// How long connecting may take when the URL does not say
-/// (`connect_timeout`).
+/// (`connect_timeout`): the socket's connection, and again the server's
+/// answer to the start-up (a listener that accepts and never answers — a
+/// stopped process, another service — would otherwise hang the gateway's
+/// start and every reconnection).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The advisory lock every write (and the schema's set-up) holds.
 const WRITE_LOCK: i64 = 0x1215_7265_7370; // "iris" "resp"
@@ -108,9 +111,31 @@ fn backend(error: tokio_postgres::Error) -> StoreError {
     StoreError::Backend(format!("PostgreSQL: {}", describe(&error)))
 }
 
-/// Opens a connection; its protocol runs on a task of its own.
-async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = config.connect(NoTls).await?;
+/// Why a connection could not be opened.
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    #[error("{}", describe(.0))]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("the server accepted the connection but did not finish its start-up within {0:?}")]
+    Silent(Duration),
+}
+
+impl From<ConnectError> for StoreError {
+    fn from(error: ConnectError) -> StoreError {
+        StoreError::Backend(format!("PostgreSQL: {error}"))
+    }
+}
+
+/// Opens a connection, within the config's connect timeout for the
+/// start-up too; its protocol runs on a task of its own.
+async fn connect(config: &Config) -> Result<Client, ConnectError> {
+    let limit = config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(CONNECT_TIMEOUT);
+    let (client, connection) = tokio::time::timeout(limit, config.connect(NoTls))
+        .await
+        .map_err(|_| ConnectError::Silent(limit))??;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::warn!(error = %describe(&error), "a response store connection failed");
@@ -136,10 +161,7 @@ impl PostgresStore {
         let shown = redact(url);
         let config = config(url).map_err(|e| anyhow::anyhow!("--responses-store: {e}"))?;
         let mut client = connect(&config).await.map_err(|e| {
-            anyhow::anyhow!(
-                "cannot connect to the response store {shown} (--responses-store): {}",
-                describe(&e)
-            )
+            anyhow::anyhow!("cannot connect to the response store {shown} (--responses-store): {e}")
         })?;
         create_schema(&mut client)
             .await
@@ -162,7 +184,7 @@ impl PostgresStore {
         let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         let mut slot = self.slots[index].lock().await;
         if slot.as_ref().is_none_or(Client::is_closed) {
-            *slot = Some(connect(&self.config).await.map_err(backend)?);
+            *slot = Some(connect(&self.config).await?);
         }
         MutexGuard::try_map(slot, Option::as_mut)
             .map_err(|_| StoreError::Backend("no connection to PostgreSQL".to_owned()))
@@ -194,7 +216,7 @@ async fn create_schema(client: &mut Client) -> Result<(), StoreError> {
 #[cfg(test)]
 pub(super) async fn drop_tables(url: &str) -> Result<(), StoreError> {
     let config = config(url).map_err(StoreError::Backend)?;
-    let client = connect(&config).await.map_err(backend)?;
+    let client = connect(&config).await?;
     client
         .batch_execute("DROP TABLE IF EXISTS iris_responses, iris_response_images")
         .await
