@@ -33,6 +33,9 @@ pub struct Prompter {
     /// The template reads them from the system message (Phi-4:
     /// [`iris_openai::system_message_tools`]).
     system_tools: bool,
+    /// The template reads every content as a list of parts: string
+    /// contents are given as one text part ([`iris_openai::content_as_parts`]).
+    content_parts: bool,
     segments: SegmentTokenizer,
     /// What the answers' decoders share, built once for the tokenizer.
     detok: Arc<DetokTables>,
@@ -100,6 +103,7 @@ impl Prompter {
             detok,
             takes_tools: source.contains("tools"),
             system_tools: reads_system_message_tools(&source),
+            content_parts: reads_content_as_parts(&source),
             source,
             segments,
             escaper,
@@ -224,6 +228,9 @@ impl Prompter {
         vars: &Value,
         ending: Ending,
     ) -> Result<String, ApiError> {
+        if self.content_parts {
+            iris_openai::content_as_parts(&mut messages);
+        }
         self.escaper.escape_messages(&mut messages);
         let text = self
             .template
@@ -257,6 +264,28 @@ fn reads_system_message_tools(source: &str) -> bool {
     ["message['tools']", "message[\"tools\"]", "message.tools"]
         .iter()
         .any(|m| source.contains(m))
+}
+
+/// Whether `source` reads every message's content as a list of parts: it
+/// loops over `message['content']` and never tests a content for being a
+/// string (LLaVA's, LLaVA-OneVision's and SmolVLM's templates). Such a
+/// template writes nothing of a string content: the system message,
+/// a plain-text turn, the tools fallback's blocks would be lost.
+fn reads_content_as_parts(source: &str) -> bool {
+    const LOOPS: [&str; 3] = [
+        "in message['content']",
+        "in message[\"content\"]",
+        "in message.content",
+    ];
+    const STRING_TESTS: [&str; 6] = [
+        "content is string",
+        "content'] is string",
+        "content\"] is string",
+        "content is not string",
+        "content'] is not string",
+        "content\"] is not string",
+    ];
+    LOOPS.iter().any(|m| source.contains(m)) && !STRING_TESTS.iter().any(|t| source.contains(t))
 }
 
 /// How a rendered conversation ends.
@@ -354,5 +383,110 @@ mod tests {
         );
         assert!(text.contains("<|user|>Weather?<|end|>"), "{text}");
         assert!(!reads_system_message_tools("{{ tools | tojson }}"));
+    }
+
+    /// A tools chat: a system message, a question with an image, the
+    /// model's call and the tool's answer.
+    const TOOLS_CHAT: &str = r#"{"model": "m",
+        "tools": [{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Weather here?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+                "type": "function", "function": {"name": "get_weather",
+                "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]}"#;
+
+    /// The prompt text `family`'s tiny model gets for [`TOOLS_CHAT`] (the
+    /// image's mark not expanded: no items), and the fallback's system
+    /// text after "Be brief.".
+    fn tools_chat_prompt(family: iris_model::tiny::Family) -> (String, String) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        iris_model::tiny::write_tiny_model(tmp.path(), family).expect("tiny model");
+        let dir = ModelDir::load(tmp.path()).expect("model dir");
+        let prompter = Prompter::load(&dir, &PromptOptions::default()).expect("prompter");
+        assert!(!prompter.takes_tools, "{family:?}");
+        let request = iris_openai::parse_chat_request(TOOLS_CHAT.as_bytes()).expect("request");
+        let (_, text) = prompter.prompt_for(&request, &[], &[]).expect("prompt");
+        let mut system = json!([{"role": "system", "content": "Be brief."}]);
+        iris_openai::tools_fallback(&mut system, request.template_tools().as_ref());
+        let system = system[0]["content"]
+            .as_str()
+            .expect("system text")
+            .to_owned();
+        (text, system)
+    }
+
+    const CALL: &str =
+        "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call>";
+    const RESPONSE: &str = "<tool_response>\n18 C\n</tool_response>";
+
+    /// The templates of LLaVA, LLaVA-OneVision and SmolVLM read every
+    /// content as parts, InternVL's strings too: each gets the tools
+    /// block, the call and the tool's answer as text, the image's mark
+    /// where the template writes it.
+    #[test]
+    fn tools_chats_on_templates_without_tools() {
+        use iris_model::tiny::Family;
+        let (text, system) = tools_chat_prompt(Family::Llava);
+        assert!(system.starts_with("Be brief.\n\n# Tools\n"), "{system}");
+        assert_eq!(
+            text,
+            format!(
+                "{system} USER: <image>\nWeather here? ASSISTANT: {CALL} USER: {RESPONSE} ASSISTANT:"
+            )
+        );
+        let (text, system) = tools_chat_prompt(Family::LlavaNext);
+        assert!(
+            text.starts_with(&format!("{system} USER: <image>\n")),
+            "{text}"
+        );
+        let (text, system) = tools_chat_prompt(Family::LlavaOnevision);
+        assert_eq!(
+            text,
+            format!(
+                "<|im_start|>system \n{system}<|im_end|><|im_start|>user <image>\nWeather here?<|im_end|>\
+                 <|im_start|>assistant \n{CALL}<|im_end|><|im_start|>user \n{RESPONSE}<|im_end|>\
+                 <|im_start|>assistant\n"
+            )
+        );
+        let (text, system) = tools_chat_prompt(Family::Idefics3);
+        assert_eq!(
+            text,
+            format!(
+                "<|im_start|>System: {system}<end_of_utterance>\nUser: Weather here?<image><end_of_utterance>\n\
+                 Assistant: {CALL}<end_of_utterance>\nUser: {RESPONSE}<end_of_utterance>\nAssistant:"
+            )
+        );
+        let (text, system) = tools_chat_prompt(Family::Internvl);
+        assert_eq!(
+            text,
+            format!(
+                "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nWeather here?<IMG_CONTEXT>\n<|im_end|>\n\
+                 <|im_start|>assistant\n{CALL}<|im_end|>\n<|im_start|>user\n{RESPONSE}<|im_end|>\n\
+                 <|im_start|>assistant\n"
+            )
+        );
+    }
+
+    #[test]
+    fn templates_that_read_contents_as_parts_only() {
+        use iris_model::tiny::Family;
+        let template = |family: Family| family.spec().expect("spec").template;
+        for family in [Family::Llava, Family::LlavaOnevision, Family::Idefics3] {
+            assert!(reads_content_as_parts(&template(family)), "{family:?}");
+        }
+        // These test for a string first.
+        for family in [
+            Family::Internvl,
+            Family::Gemma3,
+            Family::Pixtral,
+            Family::Llama4,
+        ] {
+            assert!(!reads_content_as_parts(&template(family)), "{family:?}");
+        }
+        assert!(!reads_content_as_parts("{{ message['content'] }}"));
     }
 }

@@ -1,7 +1,8 @@
 //! Chat messages as Hugging Face chat templates expect them, shared by the
 //! gateway's prompt building and the fuzz targets that exercise it; the
-//! tools on the system message for templates that read them there; and
-//! the fallback for templates that do not take `tools`.
+//! tools on the system message for templates that read them there; the
+//! fallback for templates that do not take `tools`; and string contents
+//! as text parts, for templates that read every content as a list.
 
 use serde_json::{json, Map, Value};
 
@@ -108,6 +109,25 @@ pub fn tools_fallback(messages: &mut Value, tools: Option<&Value>) {
     match list.first_mut() {
         Some(first) if first["role"] == "system" => append_text(first, &format!("\n\n{block}")),
         _ => list.insert(0, json!({"role": "system", "content": block})),
+    }
+}
+
+/// For a chat template that reads every message's content as a list of
+/// parts (LLaVA's, LLaVA-OneVision's and SmolVLM's loop over
+/// `message['content']` with no case for a string, so a string's text
+/// would not be written): each string content becomes one text part, as
+/// vLLM gives such templates their messages. Contents that are lists
+/// already are left as they are.
+pub fn content_as_parts(messages: &mut Value) {
+    let Value::Array(list) = messages else {
+        return;
+    };
+    for message in list.iter_mut() {
+        if let Some(content) = message.get_mut("content") {
+            if let Value::String(text) = content {
+                *content = json!([{"type": "text", "text": std::mem::take(text)}]);
+            }
+        }
     }
 }
 

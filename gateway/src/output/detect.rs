@@ -24,11 +24,15 @@
 //! Qwen3-Coder's row comes first, DeepSeek V3.2's second (whole: V3.2's
 //! tokenizer still holds V3's tool tokens, which must not pick V3's
 //! syntax for it; a V3.2 template that takes no tools gets `hermes`, as
-//! below); then the markers are looked for, over every row; a template
-//! that does not read `tools` gets `hermes` before the `model_type`
-//! column is consulted, because the gateway then puts its fallback tools block in
-//! the prompt, which asks for Hermes calls. A template that takes tools
-//! in no syntax of the table gets none (its calls stay text).
+//! below); then the markers are looked for in the template, over every
+//! row; a template that does not read `tools` gets `hermes` before the
+//! tokenizer's tokens or the `model_type` column are consulted, because
+//! the gateway then puts its fallback tools block in the prompt, which
+//! asks for Hermes calls (a vision model's tokenizer often keeps its
+//! language model's tool tokens, Llama 3.1's `<|python_tag|>` say, while
+//! its template takes no tools); then the markers among the tokens, then
+//! the `model_type`. A template that takes tools in no syntax of the
+//! table gets none (its calls stay text).
 //!
 //! Reasoning: `harmony` with the Harmony tool syntax (gpt-oss);
 //! `kimi` when `◁think▷` is there; `deepseek_r1` for a DeepSeek model
@@ -176,17 +180,23 @@ pub fn tools(clues: &Clues) -> Option<ToolFormat> {
     if let Some(format) = deepseek_v32(clues) {
         return Some(format);
     }
-    if let Some(row) = ROWS
-        .iter()
-        .find(|row| row.markers.iter().any(|m| clues.has(m)))
-    {
-        return Some(row.format);
+    if let Some(format) = marked_in(clues.template) {
+        return Some(format);
     }
     if !clues.template.contains("tools") {
         return Some(ToolFormat::Hermes);
     }
+    marked_in(&clues.tokens).or_else(|| {
+        ROWS.iter()
+            .find(|row| clues.model(row.models))
+            .map(|row| row.format)
+    })
+}
+
+/// The syntax of the first row with a marker in `text`.
+fn marked_in(text: &str) -> Option<ToolFormat> {
     ROWS.iter()
-        .find(|row| clues.model(row.models))
+        .find(|row| row.markers.iter().any(|m| text.contains(m)))
         .map(|row| row.format)
 }
 
@@ -511,6 +521,92 @@ mod tests {
         assert_eq!(
             auto("c4ai-command-r7b-12-2024", command_r, &[], TOOLS),
             (None, None)
+        );
+    }
+
+    /// LLaVA-1.5 / NeXT / OneVision, Idefics3 / SmolVLM and InternVL 3 /
+    /// 3.5 (HF format): their templates take no tools, so the fallback
+    /// block asks for Hermes calls, whatever tool tokens their language
+    /// model's tokenizer keeps.
+    #[test]
+    fn vision_families_whose_templates_take_no_tools_get_hermes() {
+        use iris_model::tiny::{write_tiny_model, Family};
+        let picked = (Some(ToolFormat::Hermes), None);
+        // The tiny models' directories (`iris tiny-model --family`).
+        for family in [
+            Family::Llava,
+            Family::LlavaNext,
+            Family::LlavaOnevision,
+            Family::Idefics3,
+            Family::Internvl,
+        ] {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            write_tiny_model(tmp.path(), family).expect("tiny model");
+            let dir = ModelDir::load(tmp.path()).expect("model dir");
+            let template = dir.chat_template().expect("template").to_owned();
+            let p = OutputParsers::choose(
+                ToolParserFlag::Auto,
+                ReasoningParserFlag::Auto,
+                &dir,
+                &template,
+            );
+            assert_eq!((p.tools, p.reasoning), picked, "{family:?}");
+        }
+        // The checkpoints' configs and tool tokens, with the same templates.
+        let template = |family: Family| family.spec().expect("spec").template;
+        let cases: &[(&str, Value, &[&str], Family)] = &[
+            (
+                "llava-1.5-7b-hf",
+                json!({"model_type": "llava", "text_config": {"model_type": "llama"}}),
+                &["<image>"],
+                Family::Llava,
+            ),
+            (
+                "llava-onevision-qwen2-7b-ov-hf",
+                json!({"model_type": "llava_onevision", "text_config": {"model_type": "qwen2"}}),
+                &["<|im_start|>", "<image>"],
+                Family::LlavaOnevision,
+            ),
+            // A Llama 3.1 tokenizer names `<|python_tag|>`: it must not
+            // pick llama3_json over the fallback block's syntax.
+            (
+                "Idefics3-8B-Llama3",
+                json!({"model_type": "idefics3", "text_config": {"model_type": "llama"}}),
+                &["<|python_tag|>", "<|eot_id|>", "<end_of_utterance>"],
+                Family::Idefics3,
+            ),
+            (
+                "SmolVLM-Instruct",
+                json!({"model_type": "idefics3", "text_config": {"model_type": "llama"}}),
+                &["<end_of_utterance>"],
+                Family::Idefics3,
+            ),
+            // InternVL3 (Qwen2.5) and InternVL3.5 (Qwen3): Qwen's tokens.
+            (
+                "InternVL3-8B-hf",
+                json!({"model_type": "internvl", "text_config": {"model_type": "qwen2"}}),
+                &["<tool_call>", "</tool_call>", "<IMG_CONTEXT>"],
+                Family::Internvl,
+            ),
+            (
+                "InternVL3_5-8B-HF",
+                json!({"model_type": "internvl", "text_config": {"model_type": "qwen3"}}),
+                &["<tool_call>", "<think>", "<IMG_CONTEXT>"],
+                Family::Internvl,
+            ),
+        ];
+        for (name, config, tokens, family) in cases {
+            assert_eq!(
+                auto(name, config.clone(), tokens, &template(*family)),
+                picked,
+                "{name}"
+            );
+        }
+        // The same tokenizer with a template that takes tools: its marker.
+        let llama = json!({"model_type": "idefics3", "text_config": {"model_type": "llama"}});
+        assert_eq!(
+            auto("Idefics3-8B-Llama3", llama, &["<|python_tag|>"], TOOLS).0,
+            Some(ToolFormat::Llama3Json)
         );
     }
 
