@@ -12,6 +12,11 @@
 //! them). A gateway serves the directory in front of a stub worker that
 //! keeps the Generate requests it receives.
 //!
+//! And for the families whose templates take no tools (LLaVA-1.5, NeXT,
+//! OneVision, SmolVLM, InternVL), a multi-turn tools chat with images
+//! (`check_tools_chat`): its prompt equals the processor's for the
+//! messages the gateway's tools fallback makes of it, written out.
+//!
 //! The interpreter is `$IRIS_HF_PYTHON` (CI: a venv cached under ~/.cache/iris, made
 //! by .ci/run from .ci/hf-reference/requirements.txt; default `python3`).
 //! transformers' pins clash with the main venv's (tokenizers, hub), hence
@@ -505,17 +510,30 @@ async fn check_family_asking(name: &str, family: Family, kwargs: Option<Value>) 
         .enumerate()
         .map(|(i, (messages, sizes))| prepare(messages, sizes, dir.path(), i))
         .collect();
-    let expected = reference(&family, dir.path(), &prepared);
-    let (gw, received) = gateway(dir.path()).await;
-    let model = dir
-        .path()
-        .file_name()
-        .and_then(|n| n.to_str())
-        .expect("name");
+    let extra = match kwargs {
+        Some(kwargs) => json!({"mm_processor_kwargs": kwargs}),
+        None => json!({}),
+    };
+    expect_reference_prompts(name, &family, dir.path(), &prepared, &extra).await;
+}
+
+/// The prompts a gateway serving `dir` sends its worker for `prepared`'s
+/// requests (each with `extra`'s fields) equal the reference processor's
+/// for their Hugging Face messages.
+async fn expect_reference_prompts(
+    name: &str,
+    family: &Family,
+    dir: &Path,
+    prepared: &[Prepared],
+    extra: &Value,
+) {
+    let expected = reference(family, dir, prepared);
+    let (gw, received) = gateway(dir).await;
+    let model = dir.file_name().and_then(|n| n.to_str()).expect("name");
     for (i, (p, want)) in prepared.iter().zip(&expected).enumerate() {
         let mut body = json!({"model": model, "messages": p.request, "max_tokens": 4});
-        if let Some(kwargs) = &kwargs {
-            body["mm_processor_kwargs"] = kwargs.clone();
+        for (key, value) in extra.as_object().into_iter().flatten() {
+            body[key] = value.clone();
         }
         let image_id = family
             .spec
@@ -542,6 +560,58 @@ async fn check_family_asking(name: &str, family: Family, kwargs: Option<Value>) 
             );
         }
     }
+}
+
+/// The tool of [`check_tools_chat`].
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {"name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+            "required": ["city"]}}})
+}
+
+/// A multi-turn tools chat with images on a family whose template takes
+/// no tools: a system message, a question with an image, the model's
+/// call, the tool's answer and a turn opening with an image, sent with
+/// `tools`. Its prompt must equal the reference processor's for the
+/// messages the gateway's fallback makes of it, written out as parts
+/// (the tools block after the system text, the call as a `<tool_call>`
+/// block, the answer as a user turn holding a `<tool_response>` block):
+/// every text in place, each image expanded as in a chat without tools.
+async fn check_tools_chat(name: &str, family: Family, sizes: &[(u32, u32)]) {
+    let text = |t: &str| json!({"type": "text", "text": t});
+    let image = || json!({"type": "image_url", "image_url": {"url": "IMAGE"}});
+    let question = json!([text("What is the weather where this was taken?"), image()]);
+    let follow_up = json!([image(), text("And here?")]);
+    let request = json!([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": question.clone()},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"},
+        {"role": "user", "content": follow_up.clone()},
+    ]);
+    let tools = json!([weather_tool()]);
+    let mut system = json!([{"role": "system", "content": "Be brief."}]);
+    iris_openai::tools_fallback(&mut system, Some(&tools));
+    let system = system[0]["content"].as_str().expect("the system text");
+    assert!(system.starts_with("Be brief.\n\n# Tools\n\n"), "{system}");
+    let call =
+        "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call>";
+    let hf = json!([
+        {"role": "system", "content": [text(system)]},
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": [text(call)]},
+        {"role": "user", "content": [text("<tool_response>\n18 C and sunny\n</tool_response>")]},
+        {"role": "user", "content": follow_up},
+    ]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    iris_model::tiny::write_family(dir.path(), &family.spec).expect("model directory");
+    let mut prepared = prepare(&request, sizes, dir.path(), 0);
+    prepared.hf_messages = prepare(&hf, sizes, dir.path(), 0).hf_messages;
+    let extra = json!({"tools": tools});
+    expect_reference_prompts(name, &family, dir.path(), &[prepared], &extra).await;
 }
 
 #[tokio::test]
@@ -610,4 +680,34 @@ async fn llama4_prompts_equal_llama4_processor() {
 #[tokio::test]
 async fn phi4_multimodal_prompts_equal_phi4_multimodal_processor() {
     check_family("phi4_multimodal", phi4_multimodal()).await;
+}
+
+#[tokio::test]
+async fn llava_tools_chat_equals_llava_processor_on_the_fallback() {
+    check_tools_chat("llava tools", llava(false), &[(640, 480), (300, 500)]).await;
+}
+
+#[tokio::test]
+async fn llava_next_tools_chat_equals_llava_next_processor_on_the_fallback() {
+    check_tools_chat("llava_next tools", llava(true), &[(640, 480), (300, 500)]).await;
+}
+
+#[tokio::test]
+async fn llava_onevision_tools_chat_equals_llava_onevision_processor_on_the_fallback() {
+    check_tools_chat(
+        "llava_onevision tools",
+        llava_onevision(),
+        &[(640, 480), (300, 500)],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn smolvlm_tools_chat_equals_idefics3_processor_on_the_fallback() {
+    check_tools_chat("smolvlm tools", smolvlm(), &[(800, 600), (200, 150)]).await;
+}
+
+#[tokio::test]
+async fn internvl_tools_chat_equals_internvl_processor_on_the_fallback() {
+    check_tools_chat("internvl tools", internvl(), &[(800, 600), (448, 448)]).await;
 }
