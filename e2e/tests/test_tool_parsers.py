@@ -11,7 +11,11 @@ read as JSON, DeepSeek V3.2's DSML parameters typed by their ``string``
 attribute, and FunctionGemma's ``<escape>``d strings and bare numbers. And
 Phi-4-multimodal's tiny model under ``auto``: the gateway detects
 ``phi4_mini`` from its directory, and lists the tools on the system message,
-where its template reads them.
+where its template reads them. And the LLaVA, LLaVA-OneVision, Idefics3 / SmolVLM and
+InternVL tiny models, whose templates take no tools, under ``auto``: the gateway puts
+its fallback tools block in the prompt and parses the Hermes calls it asks
+for, after a question with an image, and a second turn carries the call and
+the tool's answer.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import subprocess
 import pytest
 
 from conftest import Processes, aggregated, binary
+from test_epd import data_url, image_part, png
 from test_tools import WEATHER, ask_calls
 
 # Each parser flag, the regex that makes the engine write one call in its
@@ -121,3 +126,70 @@ def test_phi4_is_detected_and_shown_its_tools(phi4_deployment):
     plain, with_tools = prompt_tokens(), prompt_tokens(tools=[WEATHER])
     listed = json.dumps(WEATHER["function"])
     assert with_tools > plain + len(listed) // 8, (plain, with_tools)
+
+
+# The fallback block's syntax, written by the engine (one call, no text).
+HERMES = ('<tool_call>\n\\{"name": "get_weather", "arguments": '
+          '\\{"city": "Paris", "days": 3\\}\\}\n</tool_call>')
+
+
+def write_family(family: str, path):
+    subprocess.run([str(binary("iris")), "tiny-model", "--family", family, str(path)],
+                   check=True, stdout=subprocess.DEVNULL, timeout=120)
+    return path
+
+
+@pytest.fixture(scope="module", params=["llava", "llava_onevision", "idefics3", "internvl"])
+def fallback_deployment(request, tmp_path_factory):
+    family = request.param
+    model = write_family(family, tmp_path_factory.mktemp(f"{family}-auto") / f"tiny-{family}")
+    procs = Processes(tmp_path_factory.mktemp(f"logs-{family}-auto"))
+    dep = None
+    try:
+        dep = aggregated(procs, model, gateway_args=("--tool-call-parser", "auto"))
+        yield family, dep
+    finally:
+        if dep is not None:
+            dep.gateway.close_clients()
+        procs.stop_all()
+
+
+def test_templates_without_tools_get_hermes_calls_with_an_image(fallback_deployment):
+    family, dep = fallback_deployment
+    client, model = dep.gateway.client(), dep.gateway.model
+    question = [{"type": "text", "text": "What is the weather where this was taken, for 3 days?"},
+                image_part(data_url(png(64, 48, seed=3)))]
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": question}]
+    for stream in (False, True):
+        content, calls, finish = ask_calls(
+            client, model, messages, stream, tools=[WEATHER], max_tokens=400,
+            extra_body={"regex": HERMES})
+        assert not content, (family, stream, content)
+        assert [(c["name"], json.loads(c["arguments"])) for c in calls] == \
+            [("get_weather", {"city": "Paris", "days": 3})], (family, stream, calls)
+        assert finish == "tool_calls", (family, stream, finish)
+
+    def prompt_tokens(messages, **kwargs) -> int:
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=1, **kwargs)
+        return answer.usage.prompt_tokens
+    # The tools block is in the prompt (these templates wrote no string
+    # content before the gateway gave them as text parts).
+    plain, with_tools = prompt_tokens(messages), prompt_tokens(messages, tools=[WEATHER])
+    listed = json.dumps(WEATHER)
+    assert with_tools > plain + len(listed) // 8, (family, plain, with_tools)
+    # The second turn: the call and the tool's answer are written in.
+    answered = "18 C and sunny, for three days, with a light wind from the west"
+    second = messages + [
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": calls[0]["id"], "type": "function",
+            "function": {"name": "get_weather", "arguments": calls[0]["arguments"]}}]},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": answered},
+    ]
+    grown = prompt_tokens(second, tools=[WEATHER])
+    assert grown > with_tools + len(answered) // 8, (family, with_tools, grown)
+    content, calls, finish = ask_calls(client, model, second, False, tools=[WEATHER],
+                                       max_tokens=8, seed=5)
+    assert calls == [], (family, content, calls)
+    assert finish in {"stop", "length"}, (family, finish)
