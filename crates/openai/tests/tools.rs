@@ -3,8 +3,8 @@
 //! templates get (the model's own and the fallback).
 
 use iris_openai::{
-    parse_chat_request, system_message_tools, template_messages, tools_fallback, ApiError,
-    ChatCompletionRequest, Constraint, ToolChoice, ToolOutput,
+    content_as_parts, parse_chat_request, system_message_tools, template_messages, tools_fallback,
+    ApiError, ChatCompletionRequest, Constraint, ToolChoice, ToolOutput,
 };
 use serde_json::{json, Value};
 
@@ -309,6 +309,24 @@ fn fallback_puts_tools_in_the_system_message_and_calls_in_text() {
     let mut untouched = json!([{"role": "user", "content": "hi"}]);
     tools_fallback(&mut untouched, None);
     assert_eq!(untouched, json!([{"role": "user", "content": "hi"}]));
+}
+
+#[test]
+fn string_contents_become_one_text_part_each() {
+    let mut messages = json!([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
+        {"role": "assistant", "content": ""},
+    ]);
+    content_as_parts(&mut messages);
+    assert_eq!(
+        messages,
+        json!([
+            {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": ""}]},
+        ])
+    );
 }
 
 #[test]
