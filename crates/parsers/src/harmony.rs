@@ -172,7 +172,7 @@ impl HarmonyParser {
         if let Body::Call(Some(name)) = body {
             match serde_json::from_str::<Value>(text) {
                 Ok(args) if args.is_object() => {
-                    out.push(Piece::ToolCall(ToolCall::new(name, &args)))
+                    out.extend(Piece::whole_call(ToolCall::new(name, &args)))
                 }
                 _ => push_content(out, text),
             }

@@ -9,8 +9,11 @@
 //! Text around blocks is content; whitespace next to a block is dropped.
 //! Text that could still grow into an opening marker is held back until
 //! it is known either way. A block whose body does not parse is given back
-//! as content, markers and all, exactly as written.
+//! as content, markers and all, exactly as written — unless a call of it
+//! was already started: inside a block, calls whose arguments are JSON
+//! are released as they are written ([`crate::args`]).
 
+use crate::args::Streamed;
 use crate::scan::releasable;
 use crate::shaper::Piece;
 use crate::tools::{push_content, ToolSyntax};
@@ -55,6 +58,10 @@ pub struct MarkedCalls {
     /// The whitespace before the open block: dropped if the block holds
     /// calls, given back if it does not.
     space: String,
+    /// Calls' arguments are released as they are written.
+    stream_args: bool,
+    /// The open block's calls released so far.
+    streamed: Box<Streamed>,
 }
 
 impl MarkedCalls {
@@ -74,7 +81,14 @@ impl MarkedCalls {
             skip_space: false,
             called: false,
             space: String::new(),
+            stream_args: true,
+            streamed: Box::default(),
         }
+    }
+
+    /// Releases calls whole only (for a whole text).
+    pub fn whole(&mut self) {
+        self.stream_args = false;
     }
 
     /// Takes the next text delta; appends what can be released to `out`.
@@ -96,19 +110,28 @@ impl MarkedCalls {
         match self.state.clone() {
             State::Start => self.start(),
             State::Text => self.text(out),
-            State::Block { close: None, .. } => false,
-            State::Block {
-                close: Some(close), ..
-            } => {
-                let Some(end) = self.buf.find(close) else {
+            State::Block { close, .. } => {
+                let Some(end) = close.and_then(|c| Some(self.buf.find(c)? + c.len())) else {
+                    self.stream(close, out);
                     return false;
                 };
-                let rest = self.buf.split_off(end + close.len());
+                let rest = self.buf.split_off(end);
                 let block = std::mem::replace(&mut self.buf, rest);
-                self.close_block(&block[..end], true, out);
+                let body_end = end - close.map_or(0, str::len);
+                self.close_block(&block[..body_end], true, out);
                 true
             }
         }
+    }
+
+    /// Releases what can be of the open block's calls, short of anything
+    /// that could still be its closing marker.
+    fn stream(&mut self, close: Option<&str>, out: &mut Vec<Piece>) {
+        if !self.stream_args {
+            return;
+        }
+        let limit = close.map_or(self.buf.len(), |c| releasable(&self.buf, c, false));
+        self.streamed.run(&self.syntax, &self.buf[..limit], out);
     }
 
     /// Before any text: does the output open with a block character?
@@ -162,11 +185,17 @@ impl MarkedCalls {
             return;
         };
         let space = std::mem::take(&mut self.space);
+        let streamed = std::mem::take(&mut self.streamed);
+        if streamed.started > 0 {
+            self.called = true;
+            self.skip_space = true;
+            return streamed.end(&self.syntax, body, self.syntax.parse(body), out);
+        }
         match self.syntax.parse(body) {
             Some(calls) => {
                 self.called = true;
                 self.skip_space = true;
-                out.extend(calls.into_iter().map(Piece::ToolCall));
+                out.extend(calls.into_iter().flat_map(Piece::whole_call));
             }
             None => {
                 let close = close.filter(|_| closed).unwrap_or("");

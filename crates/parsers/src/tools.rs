@@ -15,6 +15,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::args::Tok;
 use crate::marked::{MarkedCalls, Markers};
 use crate::shaper::Piece;
 
@@ -120,6 +121,59 @@ impl ToolSyntax {
         }
     }
 
+    /// The head patterns of this syntax's calls whose arguments stream:
+    /// the block's `first` call, or the next one after a call's arguments
+    /// (see [`crate::args`]); none where calls are released whole
+    /// (Qwen3-Coder, GLM-4.5, pythonic, DeepSeek V3.2, FunctionGemma: their
+    /// arguments are built by the parser, not written as JSON).
+    pub(crate) fn heads(&self, first: bool) -> &'static [&'static [Tok]] {
+        use crate::{deepseek_v3, kimi_k2, llama3_json, mistral, phi4_mini};
+        const ONE_OBJECT: &[&[Tok]] = &[crate::args::CALL_OBJECT];
+        match (self, first) {
+            (Self::Hermes | Self::InternLm, true) => ONE_OBJECT,
+            (Self::Llama3Json, true) => llama3_json::FIRST,
+            (Self::Llama3Json, false) => llama3_json::NEXT,
+            (Self::Mistral, true) => mistral::FIRST,
+            (Self::Mistral, false) => mistral::NEXT,
+            (Self::KimiK2, true) => kimi_k2::FIRST,
+            (Self::KimiK2, false) => kimi_k2::NEXT,
+            (Self::DeepSeekV3, true) => deepseek_v3::FIRST,
+            (Self::DeepSeekV3, false) => deepseek_v3::NEXT,
+            (Self::Phi4Mini, true) => phi4_mini::FIRST,
+            (Self::Phi4Mini, false) => phi4_mini::NEXT,
+            _ => &[],
+        }
+    }
+
+    /// The marker that ends a call's arguments, where one does: the
+    /// arguments are never read past it (the whole-text parsers cut there).
+    pub(crate) fn args_close(&self) -> Option<&'static str> {
+        match self {
+            Self::KimiK2 => Some(crate::kimi_k2::CALL_CLOSE),
+            Self::DeepSeekV3 => Some(crate::deepseek_v3::CALL_CLOSE),
+            Self::Mistral => Some(crate::mistral::TOOL_CALLS),
+            _ => None,
+        }
+    }
+
+    /// The id and name of a call whose head captured `name` and `id`;
+    /// `None` when they do not make a call.
+    pub(crate) fn start(
+        &self,
+        name: Option<String>,
+        id: Option<String>,
+    ) -> Option<(String, String)> {
+        match self {
+            Self::KimiK2 => {
+                let id = id?;
+                let name = crate::kimi_k2::name_of(&id)?.to_owned();
+                Some((id, name))
+            }
+            Self::Mistral => Some((id.unwrap_or_else(crate::mistral::new_call_id), name?)),
+            _ => Some((new_call_id(), name?)),
+        }
+    }
+
     /// The calls in `body` (the text between the markers), if it parses;
     /// never an empty list.
     pub(crate) fn parse(&self, body: &str) -> Option<Vec<ToolCall>> {
@@ -165,6 +219,14 @@ impl ToolCallParser {
         })
     }
 
+    /// Whole calls only: arguments are not released before a call is
+    /// complete (for a whole text, [`crate::OutputShaper::pieces`]).
+    pub fn whole(&mut self) {
+        if let Self::Marked(p) = self {
+            p.whole();
+        }
+    }
+
     /// Takes the next text delta; appends what can be released to `out`.
     pub fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
         match self {
@@ -194,7 +256,7 @@ impl JsonCalls {
     fn finish(&mut self, out: &mut Vec<Piece>) {
         let text = std::mem::take(&mut self.text);
         match self.calls(&text) {
-            Some(calls) => out.extend(calls.into_iter().map(Piece::ToolCall)),
+            Some(calls) => out.extend(calls.into_iter().flat_map(Piece::whole_call)),
             None => push_content(out, &text),
         }
     }
