@@ -21,7 +21,24 @@
 
 use crate::scan::releasable;
 use crate::shaper::Piece;
-use crate::tools::{ToolCall, ToolSyntax};
+use crate::tools::ToolCall;
+
+/// What streaming needs to know of a syntax.
+pub(crate) trait CallHeads {
+    /// The head patterns of the block's `first` call, or of the next one
+    /// after a call's arguments; none where calls are released whole.
+    fn heads(&self, first: bool) -> &'static [&'static [Tok]];
+
+    /// The id and name of a call whose head captured `name` and `id`;
+    /// `None` when they do not make a call.
+    fn start(&self, name: Option<String>, id: Option<String>) -> Option<(String, String)>;
+
+    /// The marker that ends a call's arguments, where one does: the
+    /// arguments are never read past it (the whole-text parsers cut there).
+    fn args_close(&self) -> Option<&'static str> {
+        None
+    }
+}
 
 /// The calls of one open block, released as they are written.
 #[derive(Debug, Default)]
@@ -41,7 +58,7 @@ impl Streamed {
     /// Releases what `body` (the block's body so far, without anything
     /// that could still be its closing marker) holds beyond what was
     /// released.
-    pub fn run(&mut self, syntax: &ToolSyntax, body: &str, out: &mut Vec<Piece>) {
+    pub fn run(&mut self, syntax: &dyn CallHeads, body: &str, out: &mut Vec<Piece>) {
         loop {
             if let Some(scan) = &mut self.args {
                 let body = args_part(syntax, body, scan.pos);
@@ -65,7 +82,7 @@ impl Streamed {
 
     /// Starts the next call if its head is complete; false when there is
     /// none (yet).
-    fn start(&mut self, syntax: &ToolSyntax, body: &str, out: &mut Vec<Piece>) -> bool {
+    fn start(&mut self, syntax: &dyn CallHeads, body: &str, out: &mut Vec<Piece>) -> bool {
         let (name, id, at) = match head(syntax.heads(self.started == 0), &body[self.at..]) {
             Head::More => return false,
             Head::No => {
@@ -91,7 +108,7 @@ impl Streamed {
     /// released, logged; the rest of it is dropped.
     pub fn end(
         mut self,
-        syntax: &ToolSyntax,
+        syntax: &dyn CallHeads,
         body: &str,
         calls: Option<Vec<ToolCall>>,
         out: &mut Vec<Piece>,
@@ -119,7 +136,7 @@ impl Streamed {
 
 /// `body` short of the syntax's end-of-arguments marker (or what could
 /// still grow into it) after `from`.
-fn args_part<'a>(syntax: &ToolSyntax, body: &'a str, from: usize) -> &'a str {
+fn args_part<'a>(syntax: &dyn CallHeads, body: &'a str, from: usize) -> &'a str {
     let Some(marker) = syntax.args_close() else {
         return body;
     };

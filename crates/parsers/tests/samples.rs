@@ -257,6 +257,46 @@ fn constrained_json_required_and_named() {
         check(Setup::JsonRequired, text, (some(text), None, vec![]));
     }
     check(Setup::JsonNamed, "[1]", (some("[1]"), None, vec![]));
+    // Cut inside the arguments, after the call started: streamed, the call
+    // is closed with what was released.
+    common::check_cut(
+        &|| shaper(Setup::JsonRequired),
+        "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Ro",
+        None,
+        "get_weather",
+        "{\"city\": \"Ro",
+    );
+    common::check_cut(
+        &|| shaper(Setup::JsonNamed),
+        "{\"city\": \"Ro",
+        None,
+        "get_weather",
+        "{\"city\": \"Ro",
+    );
+}
+
+#[test]
+fn constrained_json_arguments_stream_in_fragments() {
+    let long =
+        "{\"city\": \"Rome\", \"note\": \"a longer argument, with \\\"quotes\\\" and {braces}\"}";
+    let args = serde_json::from_str::<serde_json::Value>(long).expect("JSON");
+    let named = format!("  {long}\n");
+    let required = format!("[{{\"name\": \"now\", \"parameters\": {{}}}}, {{\"name\": \"get_weather\", \"parameters\": {long}}}]");
+    for (setup, text, calls) in [
+        (
+            Setup::JsonNamed,
+            named,
+            vec![call("get_weather", args.clone())],
+        ),
+        (
+            Setup::JsonRequired,
+            required,
+            vec![call("now", json!({})), call("get_weather", args.clone())],
+        ),
+    ] {
+        check(setup, &text, (None, None, calls));
+        common::streams_arguments(&|| shaper(setup), &text);
+    }
 }
 
 #[test]
