@@ -62,6 +62,9 @@ pub struct MarkedCalls {
     stream_args: bool,
     /// The open block's calls released so far.
     streamed: Box<Streamed>,
+    /// How much of the open block's body is known not to hold the start
+    /// of its closing marker (so a long body is not searched again).
+    searched: usize,
 }
 
 impl MarkedCalls {
@@ -83,6 +86,7 @@ impl MarkedCalls {
             space: String::new(),
             stream_args: true,
             streamed: Box::default(),
+            searched: 0,
         }
     }
 
@@ -111,7 +115,7 @@ impl MarkedCalls {
             State::Start => self.start(),
             State::Text => self.text(out),
             State::Block { close, .. } => {
-                let Some(end) = close.and_then(|c| Some(self.buf.find(c)? + c.len())) else {
+                let Some(end) = close.and_then(|c| Some(self.find_close(c)? + c.len())) else {
                     self.stream(close, out);
                     return false;
                 };
@@ -122,6 +126,21 @@ impl MarkedCalls {
                 true
             }
         }
+    }
+
+    /// Where the open block's closing marker is, searching only text not
+    /// searched yet.
+    fn find_close(&mut self, close: &str) -> Option<usize> {
+        let from = self.searched.min(self.buf.len());
+        if let Some(at) = self.buf[from..].find(close) {
+            return Some(from + at);
+        }
+        let mut next = self.buf.len().saturating_sub(close.len() - 1);
+        while !self.buf.is_char_boundary(next) {
+            next -= 1;
+        }
+        self.searched = next;
+        None
     }
 
     /// Releases what can be of the open block's calls, short of anything
@@ -165,6 +184,7 @@ impl MarkedCalls {
             push_content(out, text);
             self.space = before[text.len()..at].to_owned();
             self.state = State::Block { open, close };
+            self.searched = 0;
             return true;
         }
         let cut = self
