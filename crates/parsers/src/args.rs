@@ -2,7 +2,8 @@
 //!
 //! For the syntaxes whose arguments are a JSON object written by the model
 //! (Hermes, InternLM, Llama 3 JSON, Mistral, Kimi K2, DeepSeek V3/V3.1,
-//! Phi-4-mini), a block's body is read in two alternating steps:
+//! Phi-4-mini; also Harmony's messages to functions and constrained JSON
+//! output), a block's body is read in two alternating steps:
 //!
 //! - a head ([`Tok`] patterns, one list per syntax): the text before a
 //!   call's arguments — its name (and id, when written) up to the `{` that
@@ -37,6 +38,28 @@ pub(crate) trait CallHeads {
     /// arguments are never read past it (the whole-text parsers cut there).
     fn args_close(&self) -> Option<&'static str> {
         None
+    }
+}
+
+/// The head of a body that is only the arguments object of a function
+/// named elsewhere (constrained output for a named function, a Harmony
+/// message to a function).
+pub(crate) const WHOLE_OBJECT: &[&[Tok]] = &[&[Tok::Ws, Tok::Args]];
+
+/// A body holding the arguments of the function it names.
+pub(crate) struct Named<'a>(pub &'a str);
+
+impl CallHeads for Named<'_> {
+    fn heads(&self, first: bool) -> &'static [&'static [Tok]] {
+        if first {
+            WHOLE_OBJECT
+        } else {
+            &[]
+        }
+    }
+
+    fn start(&self, _name: Option<String>, _id: Option<String>) -> Option<(String, String)> {
+        Some((crate::tools::new_call_id(), self.0.to_owned()))
     }
 }
 

@@ -148,6 +148,9 @@ impl OutputShaper {
         if let Some(tools) = &mut self.tools {
             tools.whole();
         }
+        if let Some(reasoning) = &mut self.reasoning {
+            reasoning.whole();
+        }
         let mut pieces = self.push(text);
         pieces.extend(self.finish());
         pieces

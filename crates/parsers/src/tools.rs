@@ -282,7 +282,6 @@ struct JsonShape {
 
 impl CallHeads for JsonShape {
     fn heads(&self, first: bool) -> &'static [&'static [Tok]] {
-        const NAMED: &[&[Tok]] = &[&[Tok::Ws, Tok::Args]];
         const FIRST: &[&[Tok]] = &[
             &[Tok::Ws, Tok::Lit("["), Tok::Then(&[CALL_OBJECT])],
             CALL_OBJECT,
@@ -295,7 +294,7 @@ impl CallHeads for JsonShape {
             Tok::Then(&[CALL_OBJECT]),
         ]];
         match (&self.named, first) {
-            (Some(_), true) => NAMED,
+            (Some(_), true) => crate::args::WHOLE_OBJECT,
             (Some(_), false) => &[],
             (None, true) => FIRST,
             (None, false) => NEXT,

@@ -550,11 +550,21 @@ fn harmony_reasoning_calls_and_answers() {
         "<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}<|call|>",
         (some("Let me check."), None, vec![call("now", json!({}))]),
     );
-    // A cut call body is content; so is text with no header.
-    check(
+    // A cut call body is content whole; streamed, the call was started.
+    common::check_cut_as(
         &harmony,
         "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"city\":",
-        (some("{\"city\":"), None, vec![]),
+        "{\"city\":",
+        None,
+        "f",
+        "{\"city\":",
+    );
+    // A body that is not an object is content, whole or streamed; so is
+    // text with no header.
+    check(
+        &harmony,
+        "<|channel|>commentary to=functions.f <|constrain|>json<|message|>[\"city\"]<|call|>",
+        (some("[\"city\"]"), None, vec![]),
     );
     check(
         &harmony,
@@ -607,6 +617,7 @@ fn json_arguments_stream_in_fragments_in_every_family() {
     let kimi = format!("<|tool_calls_section_begin|><|tool_call_begin|>functions.now:0<|tool_call_argument_begin|>{{}}<|tool_call_end|><|tool_call_begin|>functions.write:1<|tool_call_argument_begin|>{long}<|tool_call_end|><|tool_calls_section_end|>");
     let deepseek_v3 = format!("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>now\n```json\n{{}}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>write\n```json\n{long}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
     let deepseek_v31 = format!("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>now<｜tool▁sep｜>{{}}<｜tool▁call▁end｜><｜tool▁call▁begin｜>write<｜tool▁sep｜>{long}<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+    let harmony_calls = format!("<|channel|>analysis<|message|>Two calls.<|end|><|start|>assistant<|channel|>commentary to=functions.now <|constrain|>json<|message|>{{}}<|call|><|start|>assistant<|channel|>commentary to=functions.write <|constrain|>json<|message|>{long}<|call|>");
     let phi4 = format!("functools[{{\"name\": \"now\", \"arguments\": {{}}}}, {{\"name\": \"write\", \"arguments\": {long}}}]");
     let two = vec![call("now", json!({})), call("write", args.clone())];
     let cases = [
@@ -635,6 +646,9 @@ fn json_arguments_stream_in_fragments_in_every_family() {
         check(&make, &text, (content, None, calls));
         streams_arguments(&make, &text);
     }
+    let calls = vec![call("now", json!({})), call("write", args.clone())];
+    check(&harmony, &harmony_calls, (None, some("Two calls."), calls));
+    streams_arguments(&harmony, &harmony_calls);
     // Mistral's written id is kept when streamed too.
     let pieces = common::pieces(&tools(ToolSyntax::Mistral), &[&mistral_v11]);
     assert!(pieces.iter().any(

@@ -129,7 +129,20 @@ pub fn check_cut(
     name: &str,
     released: &str,
 ) {
-    let as_written: Plain = (some(text), None, vec![]);
+    check_cut_as(make, text, text, before, name, released);
+}
+
+/// [`check_cut`] where the text whole is the content `written` (Harmony
+/// drops its headers).
+pub fn check_cut_as(
+    make: &dyn Fn() -> OutputShaper,
+    text: &str,
+    written: &str,
+    before: Option<&str>,
+    name: &str,
+    released: &str,
+) {
+    let as_written: Plain = (some(written), None, vec![]);
     assert_eq!(plain(make().shape(text)), as_written, "whole: {text:?}");
     let mut variants: Vec<Vec<String>> = text
         .char_indices()
@@ -142,7 +155,7 @@ pub fn check_cut(
         let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
         let shaped = gather(pieces(make, &parts));
         if shaped.tool_calls.is_empty() {
-            assert_eq!(shaped.content.as_deref(), Some(text), "{parts:?}");
+            assert_eq!(shaped.content.as_deref(), Some(written), "{parts:?}");
             continue;
         }
         started += 1;
