@@ -148,7 +148,7 @@ impl CallHeads for ToolSyntax {
     /// as JSON; their calls are released whole.
     fn heads(&self, first: bool) -> &'static [&'static [Tok]] {
         use crate::{deepseek_v3, kimi_k2, llama3_json, mistral, phi4_mini};
-        const ONE_OBJECT: &[&[Tok]] = &[crate::args::CALL_OBJECT];
+        const ONE_OBJECT: &[&[Tok]] = &[CALL_OBJECT];
         match (self, first) {
             (Self::Hermes | Self::InternLm, true) => ONE_OBJECT,
             (Self::Llama3Json, true) => llama3_json::FIRST,
