@@ -232,7 +232,9 @@ def test_a_tool_round_trip(claude, model, stream):
             events = list(s)
             answer = s.get_final_message()
         deltas = [e for e in events if e.type == "input_json"]
-        assert deltas and json.loads("".join(e.partial_json for e in deltas)) == answer.content[-1].input
+        # The arguments stream in several `input_json_delta`s.
+        assert len(deltas) > 1, deltas
+        assert json.loads("".join(e.partial_json for e in deltas)) == answer.content[-1].input
     else:
         answer = claude.messages.create(messages=messages, **kwargs)
     assert answer.stop_reason == "tool_use", answer

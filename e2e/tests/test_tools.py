@@ -59,7 +59,9 @@ def first_turn() -> list:
 
 def collect(stream) -> tuple[str, list, str]:
     """Content, tool calls (as dicts) and finish reason of a streamed answer,
-    checking the OpenAI streaming shape of tool-call deltas on the way."""
+    checking the OpenAI streaming shape of tool-call deltas on the way: a
+    call's first delta has its id, type and name, the next ones only its
+    index and a fragment of its arguments (counted in ``fragments``)."""
     content, calls, finish = "", {}, None
     for chunk in stream:
         if not chunk.choices:
@@ -71,10 +73,12 @@ def collect(stream) -> tuple[str, list, str]:
             if part.index not in calls:
                 assert part.id and part.id.startswith("call_"), part
                 assert part.type == "function" and part.function.name, part
-                calls[part.index] = {"id": part.id, "name": part.function.name, "arguments": ""}
+                calls[part.index] = {"id": part.id, "name": part.function.name,
+                                     "arguments": "", "fragments": 0}
             else:
                 assert part.id is None and part.function.name is None, part
             calls[part.index]["arguments"] += part.function.arguments or ""
+            calls[part.index]["fragments"] += bool(part.function.arguments)
         finish = choice.finish_reason or finish
     return content, [calls[i] for i in sorted(calls)], finish
 
@@ -106,6 +110,9 @@ def test_two_turn_tool_loop(tools_deployment, stream):
     call = calls[0]
     assert call["name"] == "get_weather"
     assert isinstance(json.loads(call["arguments"]).get("city"), str), call
+    if stream:
+        # Constrained output streams its arguments in fragments too.
+        assert call["fragments"] > 1, call
 
     messages += [
         {"role": "assistant", "content": None, "tool_calls": [{
@@ -144,6 +151,9 @@ def test_a_tagged_call_in_the_text_is_parsed(tools_deployment):
         assert [(c["name"], json.loads(c["arguments"])) for c in calls] == \
             [("get_weather", {"city": "Paris"})]
         assert finish == "tool_calls"
+        if stream:
+            # The arguments arrive in fragments as the engine writes them.
+            assert calls[0]["fragments"] > 1, calls
 
 
 def test_tool_choice_none_gives_no_calls(tools_deployment):

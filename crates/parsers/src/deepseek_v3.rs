@@ -15,6 +15,7 @@
 
 use serde_json::Value;
 
+use crate::args::Tok;
 use crate::marked::Markers;
 use crate::tools::ToolCall;
 
@@ -23,7 +24,7 @@ pub const CALLS_OPEN: &str = "<｜tool▁calls▁begin｜>";
 /// Closes the calls.
 pub const CALLS_CLOSE: &str = "<｜tool▁calls▁end｜>";
 const CALL_OPEN: &str = "<｜tool▁call▁begin｜>";
-const CALL_CLOSE: &str = "<｜tool▁call▁end｜>";
+pub(crate) const CALL_CLOSE: &str = "<｜tool▁call▁end｜>";
 const SEP: &str = "<｜tool▁sep｜>";
 
 /// The special tokens this syntax is written with.
@@ -34,6 +35,41 @@ pub const MARKERS: Markers = Markers {
     pairs: &[(CALLS_OPEN, Some(CALLS_CLOSE))],
     at_start: &[],
 };
+
+/// Streamed heads: a V3 call up to its fenced JSON's `{`, or a V3.1 call
+/// up to its JSON's `{`…
+pub(crate) const FIRST: &[&[Tok]] = &[
+    &[
+        Tok::Ws,
+        Tok::Lit(CALL_OPEN),
+        Tok::Ws,
+        Tok::Lit("function"),
+        Tok::Ws,
+        Tok::Lit(SEP),
+        Tok::Name("<"),
+        Tok::Lit("\n"),
+        Tok::Ws,
+        Tok::Any(&["```json", "```"]),
+        Tok::Ws,
+        Tok::Args,
+    ],
+    &[
+        Tok::Ws,
+        Tok::Lit(CALL_OPEN),
+        Tok::Name("<"),
+        Tok::Lit(SEP),
+        Tok::Ws,
+        Tok::Args,
+    ],
+];
+/// …and, after a call's arguments, its end (and fence) and the next.
+pub(crate) const NEXT: &[&[Tok]] = &[&[
+    Tok::Ws,
+    Tok::Opt("```"),
+    Tok::Ws,
+    Tok::Lit(CALL_CLOSE),
+    Tok::Then(FIRST),
+]];
 
 /// The calls in a section body, if every call in it parses.
 pub fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {

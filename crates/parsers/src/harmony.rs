@@ -12,7 +12,9 @@
 //! - the `analysis` channel is reasoning;
 //! - a message with a recipient (`to=functions.NAME`, in the header before
 //!   or after the channel) is a tool call whose body is the JSON
-//!   arguments; a body that is not a JSON object is content, as written;
+//!   arguments (released as they are written, [`crate::args`]); a body
+//!   that is not a JSON object is content, as written (when nothing of it
+//!   was released yet);
 //! - `final`, and `commentary` without a recipient (a preamble), are
 //!   content.
 //!
@@ -23,6 +25,7 @@
 
 use serde_json::Value;
 
+use crate::args::{Named, Streamed};
 use crate::scan::releasable;
 use crate::shaper::Piece;
 use crate::tools::{push_content, ToolCall};
@@ -70,6 +73,10 @@ pub struct HarmonyParser {
     calls: bool,
     state: State,
     buf: String,
+    /// Calls' arguments are released as they are written.
+    stream_args: bool,
+    /// The open call body's arguments released so far.
+    streamed: Box<Streamed>,
 }
 
 impl HarmonyParser {
@@ -79,7 +86,14 @@ impl HarmonyParser {
             calls,
             state: State::Header,
             buf: String::new(),
+            stream_args: true,
+            streamed: Box::default(),
         }
+    }
+
+    /// Releases calls whole only (for a whole text).
+    pub fn whole(&mut self) {
+        self.stream_args = false;
     }
 
     /// Takes the next text delta; appends what can be released to `out`.
@@ -147,7 +161,8 @@ impl HarmonyParser {
             self.state = State::Header;
             return true;
         }
-        if matches!(body, Body::Call(Some(_))) {
+        if let Body::Call(Some(name)) = &body {
+            self.stream_call(name, out);
             return false;
         }
         let cut = ENDS
@@ -166,15 +181,35 @@ impl HarmonyParser {
         false
     }
 
-    /// The rest of a body, at its end.
-    fn end_body(&self, body: &Body, fresh: bool, text: &str, out: &mut Vec<Piece>) {
-        let text = if fresh { text.trim() } else { text.trim_end() };
+    /// Releases what can be of a call body's arguments, short of anything
+    /// that could still be an end marker.
+    fn stream_call(&mut self, name: &str, out: &mut Vec<Piece>) {
+        if !self.stream_args {
+            return;
+        }
+        let limit = ENDS
+            .iter()
+            .map(|e| releasable(&self.buf, e, false))
+            .min()
+            .unwrap_or(self.buf.len());
+        self.streamed.run(&Named(name), &self.buf[..limit], out);
+    }
+
+    /// The rest of a body (`raw`, all of it for a call), at its end.
+    fn end_body(&mut self, body: &Body, fresh: bool, raw: &str, out: &mut Vec<Piece>) {
+        let text = if fresh { raw.trim() } else { raw.trim_end() };
         if let Body::Call(Some(name)) = body {
-            match serde_json::from_str::<Value>(text) {
-                Ok(args) if args.is_object() => {
-                    out.push(Piece::ToolCall(ToolCall::new(name, &args)))
-                }
-                _ => push_content(out, text),
+            let call = serde_json::from_str::<Value>(text)
+                .ok()
+                .filter(Value::is_object)
+                .map(|args| ToolCall::new(name, &args));
+            let streamed = std::mem::take(&mut self.streamed);
+            if streamed.started > 0 {
+                return streamed.end(&Named(name), raw, call.map(|c| vec![c]), out);
+            }
+            match call {
+                Some(call) => out.extend(Piece::whole_call(call)),
+                None => push_content(out, text),
             }
             return;
         }

@@ -12,12 +12,13 @@
 
 use serde_json::Value;
 
+use crate::args::Tok;
 use crate::marked::Markers;
 use crate::tools::ToolCall;
 
 const CALL_OPEN: &str = "<|tool_call_begin|>";
 const CALL_ARGS: &str = "<|tool_call_argument_begin|>";
-const CALL_CLOSE: &str = "<|tool_call_end|>";
+pub(crate) const CALL_CLOSE: &str = "<|tool_call_end|>";
 
 /// The special tokens this syntax is written with.
 pub const TOKENS: &[&str] = &[
@@ -45,6 +46,20 @@ pub const MARKERS: Markers = Markers {
     at_start: &[],
 };
 
+/// Streamed heads: `<|tool_call_begin|>ID<|tool_call_argument_begin|>{`…
+pub(crate) const FIRST: &[&[Tok]] = &[&[
+    Tok::Ws,
+    Tok::Lit(CALL_OPEN),
+    Tok::Ws,
+    Tok::Id("<"),
+    Tok::Ws,
+    Tok::Lit(CALL_ARGS),
+    Tok::Ws,
+    Tok::Args,
+]];
+/// …and, after a call's arguments, its end and the next.
+pub(crate) const NEXT: &[&[Tok]] = &[&[Tok::Ws, Tok::Lit(CALL_CLOSE), Tok::Then(FIRST)]];
+
 /// The calls in a section body, if every call in it parses.
 pub fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {
     let mut calls = Vec::new();
@@ -65,6 +80,15 @@ pub fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {
 fn parse_call(call: &str) -> Option<ToolCall> {
     let (id, args) = call.split_once(CALL_ARGS)?;
     let id = id.trim();
+    let name = name_of(id)?;
+    let args: Value = serde_json::from_str(args.trim()).ok()?;
+    args.is_object()
+        .then(|| ToolCall::new(name, &args).with_id(id))
+}
+
+/// The function's name in a call id, `functions.NAME:IDX`, if the id is
+/// well formed.
+pub(crate) fn name_of(id: &str) -> Option<&str> {
     let (path, index) = id.rsplit_once(':')?;
     // The template writes `functions.{name}:{index}`; a dotted tool name
     // keeps its dots.
@@ -72,9 +96,7 @@ fn parse_call(call: &str) -> Option<ToolCall> {
     if name.is_empty() || index.parse::<u32>().is_err() || id.contains(char::is_whitespace) {
         return None;
     }
-    let args: Value = serde_json::from_str(args.trim()).ok()?;
-    args.is_object()
-        .then(|| ToolCall::new(name, &args).with_id(id))
+    Some(name)
 }
 
 #[cfg(test)]

@@ -23,9 +23,14 @@
 //! across deltas is held back until it is known to be a tag (then it is
 //! consumed) or not (then it is released as text). Nothing here fails: a
 //! tool call that does not parse is returned as content, as it was written.
+//! Where the model writes a call's arguments as JSON, they are released in
+//! fragments as they are decoded ([`args`]); a call that turns out
+//! malformed after its start was released is closed with what was
+//! released (logged), the one case where text is not given back.
 
 #![forbid(unsafe_code)]
 
+mod args;
 pub mod deepseek_v3;
 pub mod deepseek_v32;
 pub mod function_gemma;

@@ -12,6 +12,7 @@
 
 use serde_json::Value;
 
+use crate::args::{Tok, CALL_OBJECT};
 use crate::marked::Markers;
 use crate::tools::{named_call, ToolCall};
 
@@ -27,6 +28,17 @@ pub const MARKERS: Markers = Markers {
     pairs: &[(PYTHON_TAG, None)],
     at_start: &['{'],
 };
+
+/// Streamed heads: the first call object…
+pub(crate) const FIRST: &[&[Tok]] = &[CALL_OBJECT];
+/// …and, after a call's arguments, the end of its object, `;` and the next.
+pub(crate) const NEXT: &[&[Tok]] = &[&[
+    Tok::Ws,
+    Tok::Lit("}"),
+    Tok::Ws,
+    Tok::Lit(";"),
+    Tok::Then(FIRST),
+]];
 
 /// The calls in `body`, if all of it is `;`-separated call objects.
 pub fn parse_calls(body: &str) -> Option<Vec<ToolCall>> {

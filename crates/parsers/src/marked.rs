@@ -9,8 +9,11 @@
 //! Text around blocks is content; whitespace next to a block is dropped.
 //! Text that could still grow into an opening marker is held back until
 //! it is known either way. A block whose body does not parse is given back
-//! as content, markers and all, exactly as written.
+//! as content, markers and all, exactly as written — unless a call of it
+//! was already started: inside a block, calls whose arguments are JSON
+//! are released as they are written ([`crate::args`]).
 
+use crate::args::Streamed;
 use crate::scan::releasable;
 use crate::shaper::Piece;
 use crate::tools::{push_content, ToolSyntax};
@@ -55,6 +58,13 @@ pub struct MarkedCalls {
     /// The whitespace before the open block: dropped if the block holds
     /// calls, given back if it does not.
     space: String,
+    /// Calls' arguments are released as they are written.
+    stream_args: bool,
+    /// The open block's calls released so far.
+    streamed: Box<Streamed>,
+    /// How much of the open block's body is known not to hold the start
+    /// of its closing marker (so a long body is not searched again).
+    searched: usize,
 }
 
 impl MarkedCalls {
@@ -74,7 +84,15 @@ impl MarkedCalls {
             skip_space: false,
             called: false,
             space: String::new(),
+            stream_args: true,
+            streamed: Box::default(),
+            searched: 0,
         }
+    }
+
+    /// Releases calls whole only (for a whole text).
+    pub fn whole(&mut self) {
+        self.stream_args = false;
     }
 
     /// Takes the next text delta; appends what can be released to `out`.
@@ -96,19 +114,43 @@ impl MarkedCalls {
         match self.state.clone() {
             State::Start => self.start(),
             State::Text => self.text(out),
-            State::Block { close: None, .. } => false,
-            State::Block {
-                close: Some(close), ..
-            } => {
-                let Some(end) = self.buf.find(close) else {
+            State::Block { close, .. } => {
+                let Some(end) = close.and_then(|c| Some(self.find_close(c)? + c.len())) else {
+                    self.stream(close, out);
                     return false;
                 };
-                let rest = self.buf.split_off(end + close.len());
+                let rest = self.buf.split_off(end);
                 let block = std::mem::replace(&mut self.buf, rest);
-                self.close_block(&block[..end], true, out);
+                let body_end = end - close.map_or(0, str::len);
+                self.close_block(&block[..body_end], true, out);
                 true
             }
         }
+    }
+
+    /// Where the open block's closing marker is, searching only text not
+    /// searched yet.
+    fn find_close(&mut self, close: &str) -> Option<usize> {
+        let from = self.searched.min(self.buf.len());
+        if let Some(at) = self.buf[from..].find(close) {
+            return Some(from + at);
+        }
+        let mut next = self.buf.len().saturating_sub(close.len() - 1);
+        while !self.buf.is_char_boundary(next) {
+            next -= 1;
+        }
+        self.searched = next;
+        None
+    }
+
+    /// Releases what can be of the open block's calls, short of anything
+    /// that could still be its closing marker.
+    fn stream(&mut self, close: Option<&str>, out: &mut Vec<Piece>) {
+        if !self.stream_args {
+            return;
+        }
+        let limit = close.map_or(self.buf.len(), |c| releasable(&self.buf, c, false));
+        self.streamed.run(&self.syntax, &self.buf[..limit], out);
     }
 
     /// Before any text: does the output open with a block character?
@@ -142,6 +184,7 @@ impl MarkedCalls {
             push_content(out, text);
             self.space = before[text.len()..at].to_owned();
             self.state = State::Block { open, close };
+            self.searched = 0;
             return true;
         }
         let cut = self
@@ -162,11 +205,17 @@ impl MarkedCalls {
             return;
         };
         let space = std::mem::take(&mut self.space);
+        let streamed = std::mem::take(&mut self.streamed);
+        if streamed.started > 0 {
+            self.called = true;
+            self.skip_space = true;
+            return streamed.end(&self.syntax, body, self.syntax.parse(body), out);
+        }
         match self.syntax.parse(body) {
             Some(calls) => {
                 self.called = true;
                 self.skip_space = true;
-                out.extend(calls.into_iter().map(Piece::ToolCall));
+                out.extend(calls.into_iter().flat_map(Piece::whole_call));
             }
             None => {
                 let close = close.filter(|_| closed).unwrap_or("");

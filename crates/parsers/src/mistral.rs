@@ -15,6 +15,7 @@
 use rand::distr::{Alphanumeric, SampleString};
 use serde_json::Value;
 
+use crate::args::{Tok, CALL_OBJECT};
 use crate::llama3_json::first_json;
 use crate::marked::Markers;
 use crate::tools::{named_call, ToolCall};
@@ -32,6 +33,40 @@ pub const MARKERS: Markers = Markers {
     pairs: &[(TOOL_CALLS, None)],
     at_start: &[],
 };
+
+/// The v11 form's heads: `name[ARGS]{` or `name[CALL_ID]id[ARGS]{`.
+const V11: &[&[Tok]] = &[
+    &[Tok::Ws, Tok::Name("["), Tok::Lit(ARGS), Tok::Ws, Tok::Args],
+    &[
+        Tok::Ws,
+        Tok::Name("["),
+        Tok::Lit(CALL_ID),
+        Tok::Id("["),
+        Tok::Lit(ARGS),
+        Tok::Ws,
+        Tok::Args,
+    ],
+];
+
+/// Streamed heads: the first call of either form (an `id` written
+/// before the arguments is kept; one written after them is not, the call
+/// having started already)…
+pub(crate) const FIRST: &[&[Tok]] = &[
+    &[Tok::Ws, Tok::Lit("["), Tok::Then(&[CALL_OBJECT])],
+    CALL_OBJECT,
+    &[Tok::Then(V11)],
+];
+/// …and the next: `}, {…` in the array, `[TOOL_CALLS]name[ARGS]{` in v11.
+pub(crate) const NEXT: &[&[Tok]] = &[
+    &[
+        Tok::Ws,
+        Tok::Lit("}"),
+        Tok::Ws,
+        Tok::Lit(","),
+        Tok::Then(&[CALL_OBJECT]),
+    ],
+    &[Tok::Ws, Tok::Lit(TOOL_CALLS), Tok::Then(V11)],
+];
 
 /// A fresh Mistral tool-call id: 9 random alphanumerics.
 pub fn new_call_id() -> String {

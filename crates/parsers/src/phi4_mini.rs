@@ -13,6 +13,7 @@
 //! without a name, or JSON that does not parse leaves the whole block as
 //! content, as written.
 
+use crate::args::{Tok, CALL_OBJECT};
 use crate::llama3_json::{call_object, first_json};
 use crate::marked::Markers;
 use crate::tools::ToolCall;
@@ -28,6 +29,17 @@ pub const MARKERS: Markers = Markers {
     pairs: &[(FUNCTOOLS, None)],
     at_start: &[],
 };
+
+/// Streamed heads: the array's first call object…
+pub(crate) const FIRST: &[&[Tok]] = &[CALL_OBJECT];
+/// …and, after a call's arguments, the end of its object, `,` and the next.
+pub(crate) const NEXT: &[&[Tok]] = &[&[
+    Tok::Ws,
+    Tok::Lit("}"),
+    Tok::Ws,
+    Tok::Lit(","),
+    Tok::Then(FIRST),
+]];
 
 /// The calls in `body` (the text after `functools[`), if it is the rest
 /// of one array of call objects and nothing follows it.

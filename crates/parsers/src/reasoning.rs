@@ -75,6 +75,13 @@ impl ReasoningParser {
         Self::Harmony(crate::harmony::HarmonyParser::new(calls))
     }
 
+    /// Tool calls (Harmony's) whole only (for a whole text).
+    pub fn whole(&mut self) {
+        if let Self::Harmony(p) = self {
+            p.whole();
+        }
+    }
+
     /// Takes the next text delta; appends what can be released to `out`.
     pub fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
         match self {

@@ -5,6 +5,13 @@
 //! releases the rest. Tool calls are only looked for in the answer, never
 //! in the reasoning. [`OutputShaper::shape`] runs a whole text through the
 //! same machine and gathers the pieces into a [`Shaped`] message.
+//!
+//! A tool call comes as [`Piece::CallStart`] (index, id, name), one or
+//! more [`Piece::CallArgs`] (its arguments' JSON text, in fragments) and
+//! [`Piece::CallEnd`]. While streaming, formats whose arguments are JSON
+//! written by the model release fragments as they are decoded (see
+//! [`crate::args`]); the others, and whole texts, give a call's compact
+//! arguments in one fragment.
 
 use crate::reasoning::ReasoningParser;
 use crate::tools::{ToolCall, ToolCallParser};
@@ -16,8 +23,34 @@ pub enum Piece {
     Content(String),
     /// Reasoning text (`reasoning_content`).
     Reasoning(String),
-    /// A whole tool call.
-    ToolCall(ToolCall),
+    /// A tool call begins: its index among the answer's calls (0, 1, …;
+    /// numbered by the [`OutputShaper`]), its id and its function's name.
+    CallStart {
+        index: u32,
+        id: String,
+        name: String,
+    },
+    /// The next fragment of the open call's arguments: the fragments of a
+    /// call, joined, are its arguments' JSON text.
+    CallArgs(String),
+    /// The open call is complete.
+    CallEnd,
+}
+
+impl Piece {
+    /// The pieces of a whole call: its start, its arguments in one
+    /// fragment, its end.
+    pub fn whole_call(call: ToolCall) -> [Piece; 3] {
+        [
+            Piece::CallStart {
+                index: 0,
+                id: call.id,
+                name: call.name,
+            },
+            Piece::CallArgs(call.arguments),
+            Piece::CallEnd,
+        ]
+    }
 }
 
 /// A whole output, gathered.
@@ -84,7 +117,7 @@ impl OutputShaper {
 
     /// Passes the content pieces of `pieces` through the tool parser.
     fn through_tools(&mut self, pieces: Vec<Piece>, end: bool) -> Vec<Piece> {
-        let out = match &mut self.tools {
+        let mut out = match &mut self.tools {
             None => pieces,
             Some(tools) => {
                 let mut out = Vec::with_capacity(pieces.len());
@@ -100,22 +133,44 @@ impl OutputShaper {
                 out
             }
         };
-        self.calls += out
-            .iter()
-            .filter(|p| matches!(p, Piece::ToolCall(_)))
-            .count() as u32;
+        for piece in &mut out {
+            if let Piece::CallStart { index, .. } = piece {
+                *index = self.calls;
+                self.calls += 1;
+            }
+        }
         out
     }
 
-    /// A whole output at once.
-    pub fn shape(mut self, text: &str) -> Shaped {
+    /// The pieces of a whole output at once: every call whole, its
+    /// arguments compact in one fragment.
+    pub fn pieces(mut self, text: &str) -> Vec<Piece> {
+        if let Some(tools) = &mut self.tools {
+            tools.whole();
+        }
+        if let Some(reasoning) = &mut self.reasoning {
+            reasoning.whole();
+        }
         let mut pieces = self.push(text);
         pieces.extend(self.finish());
-        gather(pieces)
+        pieces
+    }
+
+    /// A whole output at once, gathered.
+    pub fn shape(self, text: &str) -> Shaped {
+        gather(self.pieces(text))
     }
 }
 
-/// Joins pieces into a message.
+/// Rewrites JSON text compactly (as the whole-text parsers write
+/// arguments); text that is not JSON stays as it is.
+fn compact(arguments: &mut String) {
+    if let Ok(value) = serde_json::from_str::<serde_json::Value>(arguments) {
+        *arguments = value.to_string();
+    }
+}
+
+/// Joins pieces into a message (a call's fragments joined, compact).
 pub fn gather(pieces: impl IntoIterator<Item = Piece>) -> Shaped {
     let mut content: Option<String> = None;
     let mut reasoning: Option<String> = None;
@@ -124,7 +179,21 @@ pub fn gather(pieces: impl IntoIterator<Item = Piece>) -> Shaped {
         match piece {
             Piece::Content(t) => content.get_or_insert_with(String::new).push_str(&t),
             Piece::Reasoning(t) => reasoning.get_or_insert_with(String::new).push_str(&t),
-            Piece::ToolCall(c) => tool_calls.push(c),
+            Piece::CallStart { id, name, .. } => tool_calls.push(ToolCall {
+                id,
+                name,
+                arguments: String::new(),
+            }),
+            Piece::CallArgs(t) => {
+                if let Some(call) = tool_calls.last_mut() {
+                    call.arguments.push_str(&t);
+                }
+            }
+            Piece::CallEnd => {
+                if let Some(call) = tool_calls.last_mut() {
+                    compact(&mut call.arguments);
+                }
+            }
         }
     }
     Shaped {

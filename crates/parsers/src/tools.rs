@@ -15,6 +15,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::args::{CallHeads, Streamed, Tok, CALL_OBJECT};
 use crate::marked::{MarkedCalls, Markers};
 use crate::shaper::Piece;
 
@@ -141,6 +142,51 @@ impl ToolSyntax {
     }
 }
 
+impl CallHeads for ToolSyntax {
+    /// None for Qwen3-Coder, GLM-4.5, pythonic, DeepSeek V3.2 and
+    /// FunctionGemma: their arguments are built by the parser, not written
+    /// as JSON; their calls are released whole.
+    fn heads(&self, first: bool) -> &'static [&'static [Tok]] {
+        use crate::{deepseek_v3, kimi_k2, llama3_json, mistral, phi4_mini};
+        const ONE_OBJECT: &[&[Tok]] = &[CALL_OBJECT];
+        match (self, first) {
+            (Self::Hermes | Self::InternLm, true) => ONE_OBJECT,
+            (Self::Llama3Json, true) => llama3_json::FIRST,
+            (Self::Llama3Json, false) => llama3_json::NEXT,
+            (Self::Mistral, true) => mistral::FIRST,
+            (Self::Mistral, false) => mistral::NEXT,
+            (Self::KimiK2, true) => kimi_k2::FIRST,
+            (Self::KimiK2, false) => kimi_k2::NEXT,
+            (Self::DeepSeekV3, true) => deepseek_v3::FIRST,
+            (Self::DeepSeekV3, false) => deepseek_v3::NEXT,
+            (Self::Phi4Mini, true) => phi4_mini::FIRST,
+            (Self::Phi4Mini, false) => phi4_mini::NEXT,
+            _ => &[],
+        }
+    }
+
+    fn args_close(&self) -> Option<&'static str> {
+        match self {
+            Self::KimiK2 => Some(crate::kimi_k2::CALL_CLOSE),
+            Self::DeepSeekV3 => Some(crate::deepseek_v3::CALL_CLOSE),
+            Self::Mistral => Some(crate::mistral::TOOL_CALLS),
+            _ => None,
+        }
+    }
+
+    fn start(&self, name: Option<String>, id: Option<String>) -> Option<(String, String)> {
+        match self {
+            Self::KimiK2 => {
+                let id = id?;
+                let name = crate::kimi_k2::name_of(&id)?.to_owned();
+                Some((id, name))
+            }
+            Self::Mistral => Some((id.unwrap_or_else(crate::mistral::new_call_id), name?)),
+            _ => Some((new_call_id(), name?)),
+        }
+    }
+}
+
 /// Finds the tool calls of one output, streamed or whole.
 #[derive(Debug)]
 pub enum ToolCallParser {
@@ -160,16 +206,27 @@ impl ToolCallParser {
     /// (the output is its arguments), `None` for `required` (an array).
     pub fn json(named: Option<String>) -> Self {
         Self::Json(JsonCalls {
-            named,
+            shape: JsonShape { named },
             text: String::new(),
+            stream_args: true,
+            streamed: Streamed::default(),
         })
+    }
+
+    /// Whole calls only: arguments are not released before a call is
+    /// complete (for a whole text, [`crate::OutputShaper::pieces`]).
+    pub fn whole(&mut self) {
+        match self {
+            Self::Marked(p) => p.whole(),
+            Self::Json(p) => p.stream_args = false,
+        }
     }
 
     /// Takes the next text delta; appends what can be released to `out`.
     pub fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
         match self {
             Self::Marked(p) => p.push(text, out),
-            Self::Json(p) => p.text.push_str(text),
+            Self::Json(p) => p.push(text, out),
         }
     }
 
@@ -183,22 +240,73 @@ impl ToolCallParser {
 }
 
 /// The state of [`ToolCallParser::Json`]: the whole output is parsed at
-/// its end.
+/// its end; while streaming, the calls' arguments are released as they are
+/// written (the named function's: the whole output).
 #[derive(Debug)]
 pub struct JsonCalls {
-    named: Option<String>,
+    shape: JsonShape,
     text: String,
+    /// Arguments are released as they are written.
+    stream_args: bool,
+    streamed: Streamed,
 }
 
 impl JsonCalls {
-    fn finish(&mut self, out: &mut Vec<Piece>) {
-        let text = std::mem::take(&mut self.text);
-        match self.calls(&text) {
-            Some(calls) => out.extend(calls.into_iter().map(Piece::ToolCall)),
-            None => push_content(out, &text),
+    fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
+        self.text.push_str(text);
+        if self.stream_args {
+            self.streamed.run(&self.shape, &self.text, out);
         }
     }
 
+    fn finish(&mut self, out: &mut Vec<Piece>) {
+        let text = std::mem::take(&mut self.text);
+        let calls = self.shape.calls(&text);
+        let streamed = std::mem::take(&mut self.streamed);
+        if streamed.started > 0 {
+            return streamed.end(&self.shape, &text, calls, out);
+        }
+        match calls {
+            Some(calls) => out.extend(calls.into_iter().flat_map(Piece::whole_call)),
+            None => push_content(out, &text),
+        }
+    }
+}
+
+/// What constrained output holds: the named function's arguments, or
+/// (`required`) an array of `{"name", "parameters"}` calls (or one).
+#[derive(Debug)]
+struct JsonShape {
+    named: Option<String>,
+}
+
+impl CallHeads for JsonShape {
+    fn heads(&self, first: bool) -> &'static [&'static [Tok]] {
+        const FIRST: &[&[Tok]] = &[
+            &[Tok::Ws, Tok::Lit("["), Tok::Then(&[CALL_OBJECT])],
+            CALL_OBJECT,
+        ];
+        const NEXT: &[&[Tok]] = &[&[
+            Tok::Ws,
+            Tok::Lit("}"),
+            Tok::Ws,
+            Tok::Lit(","),
+            Tok::Then(&[CALL_OBJECT]),
+        ]];
+        match (&self.named, first) {
+            (Some(_), true) => crate::args::WHOLE_OBJECT,
+            (Some(_), false) => &[],
+            (None, true) => FIRST,
+            (None, false) => NEXT,
+        }
+    }
+
+    fn start(&self, name: Option<String>, _id: Option<String>) -> Option<(String, String)> {
+        Some((new_call_id(), self.named.clone().or(name)?))
+    }
+}
+
+impl JsonShape {
     /// The calls `text` holds, if it has the expected shape.
     fn calls(&self, text: &str) -> Option<Vec<ToolCall>> {
         let value: Value = serde_json::from_str(text.trim()).ok()?;

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{call, check, plain, some};
+use common::{call, check, check_cut, plain, some, streams_arguments};
 use iris_parsers::qwen3_coder::ParamTypes;
 use iris_parsers::reasoning::{ThinkTags, KIMI, THINK};
 use iris_parsers::{OutputShaper, ReasoningParser, ToolCallParser, ToolSyntax};
@@ -84,11 +84,18 @@ fn llama3_json_calls() {
         &make,
         &[
             "The weather in Paris is sunny, 24 °C.",
-            "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Par",
             "{\"answer\": 42}",
             "  {\"name\": \"Bob\"}",
             "Maybe <|python_tag|>print('hi')",
         ],
+    );
+    // Cut by the length limit inside the arguments: the call was started.
+    check_cut(
+        &make,
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Par",
+        None,
+        "get_weather",
+        "{\"city\": \"Par",
     );
 }
 
@@ -176,11 +183,14 @@ fn mistral_calls_both_forms() {
     }
     stays_content(
         &make,
-        &[
-            "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Par",
-            "Hello [TOOL] world [ARGS]",
-            "[TOOL_CALLS]I cannot do that.",
-        ],
+        &["Hello [TOOL] world [ARGS]", "[TOOL_CALLS]I cannot do that."],
+    );
+    check_cut(
+        &make,
+        "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Par",
+        None,
+        "get_weather",
+        "{\"city\": \"Par",
     );
 }
 
@@ -229,12 +239,15 @@ fn kimi_k2_sections() {
         ids(&make, text),
         ["functions.get_weather:0", "functions.get_weather:1"]
     );
-    stays_content(
+    stays_content(&make, &["A <|tool_calls_ mention."]);
+    // Arguments that end before their object does: the call was started
+    // with what came before its end marker.
+    check_cut(
         &make,
-        &[
-            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": <|tool_call_end|><|tool_calls_section_end|>",
-            "A <|tool_calls_ mention.",
-        ],
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": <|tool_call_end|><|tool_calls_section_end|>",
+        None,
+        "get_weather",
+        "{\"city\": ",
     );
 }
 
@@ -419,15 +432,27 @@ fn phi4_mini_functools_calls() {
     stays_content(
         &make,
         &[
-            // Cut by the length limit.
-            "functools[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par",
-            // Text after the array.
-            "functools[{\"name\": \"now\", \"arguments\": {}}] Done.",
             // No arguments: not a call.
             "functools[{\"name\": \"now\"}]",
             "Python's functools.partial and functools[0] are different things.",
             "import functools\nfunctool",
         ],
+    );
+    // Cut by the length limit: started.
+    check_cut(
+        &make,
+        "functools[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par",
+        None,
+        "get_weather",
+        "{\"city\": \"Par",
+    );
+    // Text after the array: the call was complete when it was released.
+    check_cut(
+        &make,
+        "functools[{\"name\": \"now\", \"arguments\": {}}] Done.",
+        None,
+        "now",
+        "{}",
     );
 }
 
@@ -525,11 +550,21 @@ fn harmony_reasoning_calls_and_answers() {
         "<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}<|call|>",
         (some("Let me check."), None, vec![call("now", json!({}))]),
     );
-    // A cut call body is content; so is text with no header.
-    check(
+    // A cut call body is content whole; streamed, the call was started.
+    common::check_cut_as(
         &harmony,
         "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"city\":",
-        (some("{\"city\":"), None, vec![]),
+        "{\"city\":",
+        None,
+        "f",
+        "{\"city\":",
+    );
+    // A body that is not an object is content, whole or streamed; so is
+    // text with no header.
+    check(
+        &harmony,
+        "<|channel|>commentary to=functions.f <|constrain|>json<|message|>[\"city\"]<|call|>",
+        (some("[\"city\"]"), None, vec![]),
     );
     check(
         &harmony,
@@ -556,4 +591,97 @@ fn harmony_calls_are_counted() {
     assert_eq!(s.tool_calls(), 1);
     let shaped = plain(harmony().shape("<|channel|>final<|message|>ok"));
     assert_eq!(shaped, (some("ok"), None, vec![]));
+}
+
+/// A long argument (code with quotes, escapes, braces and unicode), as
+/// JSON text and as the value it parses to.
+fn long_argument() -> (String, serde_json::Value) {
+    let code = "fn main() {\n    let s = \"{}\";\n    println!(\"{s} — ünïcödé \\\\ done\");\n}\n";
+    let args = json!({"path": "src/main.rs", "code": code, "mode": [1, {"x": null}]});
+    (args.to_string().replace(",\"", ", \""), args)
+}
+
+#[test]
+fn json_arguments_stream_in_fragments_in_every_family() {
+    let (long, args) = long_argument();
+    let hermes = format!(
+        "Writing it.\n<tool_call>\n{{\"name\": \"write\", \"arguments\": {long}}}\n</tool_call>"
+    );
+    let internlm = format!(
+        "<|action_start|><|plugin|>\n{{\"name\": \"write\", \"parameters\": {long}}}<|action_end|>"
+    );
+    let llama = format!("{{\"name\": \"now\", \"parameters\": {{}}}}; {{\"name\": \"write\", \"parameters\": {long}}}");
+    let mistral_v11 =
+        format!("[TOOL_CALLS]now[ARGS]{{}}[TOOL_CALLS]write[CALL_ID]Ab3dE6gH9[ARGS]{long}");
+    let mistral_old = format!("[TOOL_CALLS][{{\"name\": \"now\", \"arguments\": {{}}}}, {{\"name\": \"write\", \"arguments\": {long}}}]");
+    let kimi = format!("<|tool_calls_section_begin|><|tool_call_begin|>functions.now:0<|tool_call_argument_begin|>{{}}<|tool_call_end|><|tool_call_begin|>functions.write:1<|tool_call_argument_begin|>{long}<|tool_call_end|><|tool_calls_section_end|>");
+    let deepseek_v3 = format!("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>now\n```json\n{{}}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>write\n```json\n{long}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+    let deepseek_v31 = format!("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>now<｜tool▁sep｜>{{}}<｜tool▁call▁end｜><｜tool▁call▁begin｜>write<｜tool▁sep｜>{long}<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+    let harmony_calls = format!("<|channel|>analysis<|message|>Two calls.<|end|><|start|>assistant<|channel|>commentary to=functions.now <|constrain|>json<|message|>{{}}<|call|><|start|>assistant<|channel|>commentary to=functions.write <|constrain|>json<|message|>{long}<|call|>");
+    let phi4 = format!("functools[{{\"name\": \"now\", \"arguments\": {{}}}}, {{\"name\": \"write\", \"arguments\": {long}}}]");
+    let two = vec![call("now", json!({})), call("write", args.clone())];
+    let cases = [
+        (
+            ToolSyntax::Hermes,
+            hermes,
+            some("Writing it."),
+            vec![call("write", args.clone())],
+        ),
+        (
+            ToolSyntax::InternLm,
+            internlm,
+            None,
+            vec![call("write", args.clone())],
+        ),
+        (ToolSyntax::Llama3Json, llama, None, two.clone()),
+        (ToolSyntax::Mistral, mistral_v11.clone(), None, two.clone()),
+        (ToolSyntax::Mistral, mistral_old, None, two.clone()),
+        (ToolSyntax::KimiK2, kimi, None, two.clone()),
+        (ToolSyntax::DeepSeekV3, deepseek_v3, None, two.clone()),
+        (ToolSyntax::DeepSeekV3, deepseek_v31, None, two.clone()),
+        (ToolSyntax::Phi4Mini, phi4, None, two),
+    ];
+    for (syntax, text, content, calls) in cases {
+        let make = tools(syntax);
+        check(&make, &text, (content, None, calls));
+        streams_arguments(&make, &text);
+    }
+    let calls = vec![call("now", json!({})), call("write", args.clone())];
+    check(&harmony, &harmony_calls, (None, some("Two calls."), calls));
+    streams_arguments(&harmony, &harmony_calls);
+    // Mistral's written id is kept when streamed too.
+    let pieces = common::pieces(&tools(ToolSyntax::Mistral), &[&mistral_v11]);
+    assert!(pieces.iter().any(
+        |p| matches!(p, iris_parsers::Piece::CallStart { id, name, .. } if id == "Ab3dE6gH9" && name == "write")
+    ));
+}
+
+#[test]
+fn argument_fragments_are_the_arguments_as_written() {
+    // Streamed, the fragments are the model's JSON text (spacing kept),
+    // never the wrapper's closing brace or what follows it.
+    let make = tools(ToolSyntax::Hermes);
+    let text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"}\\u00e9\", \"b\": [1, 2]} }\n</tool_call>";
+    for n in 1..=3 {
+        let chars: Vec<char> = text.chars().collect();
+        let parts: Vec<String> = chars.chunks(n).map(|c| c.iter().collect()).collect();
+        let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+        let fragments: Vec<String> = common::pieces(&make, &parts)
+            .into_iter()
+            .filter_map(|p| match p {
+                iris_parsers::Piece::CallArgs(f) => Some(f),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(fragments.concat(), "{\"a\": \"}\\u00e9\", \"b\": [1, 2]}");
+        assert!(
+            fragments
+                .iter()
+                .all(|f| !f.contains('\\') || f.contains("\\u00e9")),
+            "{fragments:?}"
+        );
+    }
+    // Whole, the arguments are compact, as before.
+    let shaped = make().shape(text);
+    assert_eq!(shaped.tool_calls[0].arguments, r#"{"a":"}é","b":[1,2]}"#);
 }

@@ -95,10 +95,23 @@ fn hermes_text_after_a_call_is_content() {
 
 #[test]
 fn hermes_malformed_json_is_content_as_written() {
+    // Bad before its arguments start: content as written, whole or
+    // streamed.
     let bad =
-        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par\n</tool_call>";
+        "<tool_call>\n{\"name\": get_weather, \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
     let text = format!("Let me see. {bad}");
     check(Setup::Hermes, &text, (Some(text.clone()), None, vec![]));
+    // Bad after its arguments started: content whole; streamed, the call
+    // is closed with what was released.
+    let started =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par\n</tool_call>";
+    common::check_cut(
+        &|| shaper(Setup::Hermes),
+        &format!("Let me see. {started}"),
+        Some("Let me see."),
+        "get_weather",
+        "{\"city\": \"Par\n",
+    );
     // A good call next to a bad one: the good one is still a call.
     let mixed =
         format!("{bad}\n<tool_call>\n{{\"name\": \"now\", \"arguments\": {{}}}}\n</tool_call>");
@@ -244,6 +257,46 @@ fn constrained_json_required_and_named() {
         check(Setup::JsonRequired, text, (some(text), None, vec![]));
     }
     check(Setup::JsonNamed, "[1]", (some("[1]"), None, vec![]));
+    // Cut inside the arguments, after the call started: streamed, the call
+    // is closed with what was released.
+    common::check_cut(
+        &|| shaper(Setup::JsonRequired),
+        "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Ro",
+        None,
+        "get_weather",
+        "{\"city\": \"Ro",
+    );
+    common::check_cut(
+        &|| shaper(Setup::JsonNamed),
+        "{\"city\": \"Ro",
+        None,
+        "get_weather",
+        "{\"city\": \"Ro",
+    );
+}
+
+#[test]
+fn constrained_json_arguments_stream_in_fragments() {
+    let long =
+        "{\"city\": \"Rome\", \"note\": \"a longer argument, with \\\"quotes\\\" and {braces}\"}";
+    let args = serde_json::from_str::<serde_json::Value>(long).expect("JSON");
+    let named = format!("  {long}\n");
+    let required = format!("[{{\"name\": \"now\", \"parameters\": {{}}}}, {{\"name\": \"get_weather\", \"parameters\": {long}}}]");
+    for (setup, text, calls) in [
+        (
+            Setup::JsonNamed,
+            named,
+            vec![call("get_weather", args.clone())],
+        ),
+        (
+            Setup::JsonRequired,
+            required,
+            vec![call("now", json!({})), call("get_weather", args.clone())],
+        ),
+    ] {
+        check(setup, &text, (None, None, calls));
+        common::streams_arguments(&|| shaper(setup), &text);
+    }
 }
 
 #[test]
@@ -260,9 +313,11 @@ fn no_parser_passes_text_through() {
 #[test]
 fn streamed_calls_are_counted() {
     let mut s = shaper(Setup::Hermes);
-    let mut pieces = s.push("<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_");
-    assert!(pieces.is_empty(), "{pieces:?}");
-    pieces.extend(s.push("call>"));
-    assert!(matches!(&pieces[..], [Piece::ToolCall(c)] if c.name == "a"));
+    let pieces = s.push("<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_");
+    assert!(
+        matches!(&pieces[..], [Piece::CallStart { index: 0, name, .. }, Piece::CallArgs(args), Piece::CallEnd] if name == "a" && args == "{}"),
+        "{pieces:?}"
+    );
+    assert!(s.push("call>").is_empty());
     assert_eq!(s.tool_calls(), 1);
 }

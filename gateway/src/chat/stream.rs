@@ -56,8 +56,8 @@ struct StreamChoice {
     text: ChoiceText,
     /// Splits reasoning and tool calls out of the text.
     shaper: OutputShaper,
-    /// Tool calls written so far (the next one's index).
-    calls_written: u32,
+    /// Its tool calls' deltas.
+    calls: CallDeltas,
     /// The worker sent this sequence's GenerateComplete.
     completed: bool,
     /// Its finish chunk was written.
@@ -104,20 +104,12 @@ impl StreamChoice {
         }
     }
 
-    /// One shaped piece: content, reasoning, or a tool call as a chunk with
-    /// its id and name then one with its arguments.
+    /// One shaped piece: content, reasoning, or a part of a tool call.
     fn write_piece(&mut self, out: &mut BytesMut, piece: Piece) {
         match piece {
             Piece::Content(text) => self.writer.write_content(out, &text),
             Piece::Reasoning(text) => self.writer.write_reasoning(out, &text),
-            Piece::ToolCall(call) => {
-                let index = self.calls_written;
-                self.calls_written += 1;
-                self.writer
-                    .write_tool_call_start(out, index, &call.id, &call.name);
-                self.writer
-                    .write_tool_call_arguments(out, index, &call.arguments);
-            }
+            call => self.calls.write(&self.writer, out, call),
         }
     }
 
@@ -127,13 +119,39 @@ impl StreamChoice {
         for piece in self.shaper.finish() {
             self.write_piece(out, piece);
         }
-        let reason = if self.calls_written > 0 {
+        let reason = if self.calls.started > 0 {
             FinishReason::ToolCalls
         } else {
             reason
         };
         self.writer.write_finish(out, reason);
         self.reported = true;
+    }
+}
+
+/// Writes a choice's tool calls as OpenAI streams them: a chunk with the
+/// call's index, id, type, name and empty arguments when it starts, then
+/// one with its index and the fragment per fragment of its arguments.
+#[derive(Debug, Default)]
+struct CallDeltas {
+    /// Calls started (the open or last one is the one before).
+    started: u32,
+}
+
+impl CallDeltas {
+    /// One part of a call (other pieces are not written here).
+    fn write(&mut self, writer: &ChunkWriter, out: &mut BytesMut, piece: Piece) {
+        match piece {
+            Piece::CallStart { index, id, name } => {
+                self.started = index + 1;
+                writer.write_tool_call_start(out, index, &id, &name);
+            }
+            Piece::CallArgs(fragment) if !fragment.is_empty() => {
+                let index = self.started.saturating_sub(1);
+                writer.write_tool_call_arguments(out, index, &fragment);
+            }
+            _ => {}
+        }
     }
 }
 
@@ -161,7 +179,7 @@ impl ChatEvents {
                 writer: writer.for_choice(index as u32),
                 text,
                 shaper: prepared.output.shaper(),
-                calls_written: 0,
+                calls: CallDeltas::default(),
                 completed: false,
                 reported: false,
             })
@@ -290,5 +308,69 @@ impl Events for ChatEvents {
 
     fn migrations(&self) -> u32 {
         self.generation.migrations()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iris_parsers::{ToolCallParser, ToolSyntax};
+    use serde_json::{json, Value};
+
+    /// The `tool_calls` deltas of the chunks written.
+    fn call_deltas(out: &BytesMut) -> Vec<Value> {
+        std::str::from_utf8(out)
+            .expect("utf-8")
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .map(|d| serde_json::from_str::<Value>(d).expect("json"))
+            .map(|c| c["choices"][0]["delta"]["tool_calls"][0].clone())
+            .collect()
+    }
+
+    #[test]
+    fn a_call_streams_its_start_then_argument_fragments() {
+        let writer = ChunkWriter::new("chatcmpl-1", 1, "m");
+        let mut shaper = OutputShaper::new(None, Some(ToolCallParser::tagged(ToolSyntax::Hermes)));
+        let mut calls = CallDeltas::default();
+        let mut out = BytesMut::new();
+        let text = "<tool_call>\n{\"name\": \"write\", \"arguments\": {\"path\": \"a.txt\", \"text\": \"line one\\nline two\"}}\n</tool_call><tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>";
+        let chars: Vec<char> = text.chars().collect();
+        let mut pieces = Vec::new();
+        for chunk in chars.chunks(4) {
+            pieces.extend(shaper.push(&chunk.iter().collect::<String>()));
+        }
+        pieces.extend(shaper.finish());
+        for piece in pieces {
+            calls.write(&writer, &mut out, piece);
+        }
+        let deltas = call_deltas(&out);
+        assert_eq!(
+            deltas[0],
+            json!({"index": 0, "id": deltas[0]["id"], "type": "function",
+                   "function": {"name": "write", "arguments": ""}})
+        );
+        let first: Vec<&Value> = deltas.iter().filter(|d| d["index"] == 0).collect();
+        assert!(first.len() > 3, "several fragments: {first:?}");
+        for delta in &first[1..] {
+            assert!(delta.get("id").is_none() && delta["function"].get("name").is_none());
+        }
+        let arguments: String = first
+            .iter()
+            .filter_map(|d| d["function"]["arguments"].as_str())
+            .collect();
+        let arguments: Value = serde_json::from_str(&arguments).expect("JSON arguments");
+        assert_eq!(
+            arguments,
+            json!({"path": "a.txt", "text": "line one\nline two"})
+        );
+        let second: Vec<&Value> = deltas.iter().filter(|d| d["index"] == 1).collect();
+        assert_eq!(second[0]["function"]["name"], "now");
+        let arguments: String = second[1..]
+            .iter()
+            .filter_map(|d| d["function"]["arguments"].as_str())
+            .collect();
+        assert_eq!(arguments, "{}");
+        assert_eq!(calls.started, 2);
     }
 }

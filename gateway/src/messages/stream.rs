@@ -4,10 +4,11 @@
 //! - `message_start` (the message with empty content and the prompt's
 //!   usage), then `ping`;
 //! - per content block, in order: `content_block_start`, its deltas
-//!   (`text_delta`, `thinking_delta`, or one `input_json_delta` with a
-//!   tool call's whole arguments) and `content_block_stop`. A block opens
-//!   with its first text; text and reasoning alternate blocks as the
-//!   output shaper releases them;
+//!   (`text_delta`, `thinking_delta`, or a tool call's `input_json_delta`s,
+//!   one per fragment of its arguments as the shaper releases them) and
+//!   `content_block_stop`. A text block opens with its first text, a
+//!   `tool_use` block (its `input` empty) when the call starts; text and
+//!   reasoning alternate blocks as the output shaper releases them;
 //! - `message_delta` (`stop_reason`, `stop_sequence`, the final usage) and
 //!   `message_stop`.
 //!
@@ -26,7 +27,7 @@ use serde_json::{json, Value};
 
 use super::errors::{write_error_event, write_event};
 use super::text::MessageText;
-use super::{message_text, tool_use_block, usage, StopReason};
+use super::{message_text, usage, StopReason};
 use crate::http::errors::stream_ended;
 use crate::http::replies;
 use crate::http::sse::{self, Events};
@@ -56,11 +57,12 @@ pub async fn respond(
     sse::respond(state, ledger, start).await
 }
 
-/// The kind of a text-like block open in the stream.
+/// The kind of block open in the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Open {
     Text,
     Thinking,
+    ToolUse,
 }
 
 /// Writes the events of one message: its blocks, opened and closed in
@@ -71,7 +73,7 @@ struct BlockWriter {
     prompt_tokens: u32,
     /// Prompt tokens the worker served from its prefix cache.
     cached_tokens: u32,
-    /// The text-like block open now.
+    /// The block open now.
     open: Option<Open>,
     /// Blocks started (the next block's index).
     blocks: u32,
@@ -117,26 +119,36 @@ impl BlockWriter {
         match piece {
             Piece::Content(text) => self.delta(out, Open::Text, &text),
             Piece::Reasoning(text) => self.delta(out, Open::Thinking, &text),
-            Piece::ToolCall(call) => {
+            Piece::CallStart { id, name, .. } => {
                 self.close(out);
-                let mut block = tool_use_block(&call);
                 // The input arrives as deltas; the block starts empty.
-                block["input"] = json!({});
-                let index = self.begin(out, block);
-                let delta = json!({"type": "input_json_delta", "partial_json": call.arguments});
-                write_event(
-                    out,
-                    "content_block_delta",
-                    &json!({"type": "content_block_delta", "index": index, "delta": delta}),
-                );
-                write_event(
-                    out,
-                    "content_block_stop",
-                    &json!({"type": "content_block_stop", "index": index}),
-                );
+                let block = json!({"type": "tool_use", "id": id, "name": name, "input": {}});
+                self.begin(out, block);
+                self.open = Some(Open::ToolUse);
                 self.calls += 1;
             }
+            Piece::CallArgs(fragment) => {
+                if self.open == Some(Open::ToolUse) && !fragment.is_empty() {
+                    let delta = json!({"type": "input_json_delta", "partial_json": fragment});
+                    self.write_delta(out, delta);
+                }
+            }
+            Piece::CallEnd => {
+                if self.open == Some(Open::ToolUse) {
+                    self.close(out);
+                }
+            }
         }
+    }
+
+    /// A `content_block_delta` of the open block.
+    fn write_delta(&self, out: &mut BytesMut, delta: Value) {
+        let index = self.blocks - 1;
+        write_event(
+            out,
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        );
     }
 
     /// Text of a `text` or `thinking` block, opening it when another
@@ -148,22 +160,17 @@ impl BlockWriter {
         if self.open != Some(kind) {
             self.close(out);
             let block = match kind {
-                Open::Text => json!({"type": "text", "text": ""}),
                 Open::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+                _ => json!({"type": "text", "text": ""}),
             };
             self.begin(out, block);
             self.open = Some(kind);
         }
         let delta = match kind {
-            Open::Text => json!({"type": "text_delta", "text": text}),
             Open::Thinking => json!({"type": "thinking_delta", "thinking": text}),
+            _ => json!({"type": "text_delta", "text": text}),
         };
-        let index = self.blocks - 1;
-        write_event(
-            out,
-            "content_block_delta",
-            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
-        );
+        self.write_delta(out, delta);
     }
 
     /// `content_block_start` of the next block; its index.
@@ -178,7 +185,7 @@ impl BlockWriter {
         index
     }
 
-    /// `content_block_stop` of the open text-like block, if any.
+    /// `content_block_stop` of the open block, if any.
     fn close(&mut self, out: &mut BytesMut) {
         if self.open.take().is_some() {
             let index = self.blocks - 1;
@@ -341,6 +348,12 @@ mod tests {
         }
     }
 
+    fn whole_call(writer: &mut BlockWriter, out: &mut BytesMut) {
+        for piece in Piece::whole_call(call()) {
+            writer.piece(out, piece);
+        }
+    }
+
     #[test]
     fn a_text_answer_streams_one_text_block() {
         let mut writer = BlockWriter::new("msg_1".into(), "m".into(), 10);
@@ -393,7 +406,7 @@ mod tests {
         let mut out = BytesMut::new();
         writer.piece(&mut out, Piece::Reasoning("hmm".into()));
         writer.piece(&mut out, Piece::Content("Checking.".into()));
-        writer.piece(&mut out, Piece::ToolCall(call()));
+        whole_call(&mut writer, &mut out);
         writer.end(&mut out, StopReason::EndTurn, 9);
         let events = events(&out);
         let summary: Vec<(String, Value)> = events
@@ -435,5 +448,59 @@ mod tests {
         );
         assert_eq!(events[9].1["delta"]["stop_reason"], "tool_use");
         assert_eq!(events[9].1["delta"]["stop_sequence"], Value::Null);
+    }
+
+    #[test]
+    fn a_streamed_call_is_one_block_with_a_delta_per_fragment() {
+        let mut shaper = OutputShaper::new(
+            None,
+            Some(iris_parsers::ToolCallParser::tagged(
+                iris_parsers::ToolSyntax::Hermes,
+            )),
+        );
+        let mut writer = BlockWriter::new("msg_1".into(), "m".into(), 1);
+        let mut out = BytesMut::new();
+        let text = "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2, 3]}}\n</tool_call>";
+        let chars: Vec<char> = text.chars().collect();
+        for chunk in chars.chunks(5) {
+            for piece in shaper.push(&chunk.iter().collect::<String>()) {
+                writer.piece(&mut out, piece);
+            }
+        }
+        for piece in shaper.finish() {
+            writer.piece(&mut out, piece);
+        }
+        writer.end(&mut out, StopReason::EndTurn, 9);
+        let events = events(&out);
+        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+        let tool_start = events
+            .iter()
+            .position(|(_, d)| d["content_block"]["type"] == "tool_use")
+            .expect("a tool_use block");
+        assert_eq!(
+            events[tool_start].1["content_block"],
+            json!({"type": "tool_use", "id": events[tool_start].1["content_block"]["id"],
+                   "name": "get_weather", "input": {}})
+        );
+        assert_eq!(events[tool_start].1["index"], 1);
+        let stop = tool_start
+            + names[tool_start..]
+                .iter()
+                .position(|n| *n == "content_block_stop")
+                .expect("its stop");
+        let fragments: Vec<&str> = events[tool_start + 1..stop]
+            .iter()
+            .map(|(name, data)| {
+                assert_eq!(name, "content_block_delta");
+                assert_eq!(data["index"], 1);
+                assert_eq!(data["delta"]["type"], "input_json_delta");
+                data["delta"]["partial_json"].as_str().expect("a fragment")
+            })
+            .collect();
+        assert!(fragments.len() > 3, "{fragments:?}");
+        let input: Value = serde_json::from_str(&fragments.concat()).expect("JSON");
+        assert_eq!(input, json!({"city": "Paris", "days": [1, 2, 3]}));
+        assert_eq!(&names[stop + 1..], ["message_delta", "message_stop"]);
+        assert_eq!(events[stop + 1].1["delta"]["stop_reason"], "tool_use");
     }
 }

@@ -607,7 +607,7 @@ mod tests {
             .push("hmm</think>\n\n<tool_call>\n{\"name\":\"f\",\"arguments\":{}}\n</tool_call>");
         pieces.extend(shaper.finish());
         assert_eq!(pieces[0], Piece::Reasoning("hmm".into()));
-        assert!(matches!(&pieces[1], Piece::ToolCall(c) if c.name == "f"));
+        assert!(matches!(&pieces[1], Piece::CallStart { name, .. } if name == "f"));
         // tool_choice none: tags stay text.
         let none = request(r#","tool_choice":"none""#);
         let plan = OutputPlan::new(&hermes(), &none, &mut none.sampling(), "prompt");

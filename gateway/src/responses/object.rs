@@ -97,8 +97,29 @@ pub fn response(
 
 /// The item being written.
 enum Open {
-    Reasoning { id: String, text: String },
-    Message { id: String, text: String },
+    Reasoning {
+        id: String,
+        text: String,
+    },
+    Message {
+        id: String,
+        text: String,
+    },
+    /// A function call: its arguments so far.
+    Call {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
+}
+
+/// A function-call item.
+fn call_item(id: &str, call_id: &str, name: &str, status: &str, arguments: &str) -> Value {
+    json!({
+        "id": id, "type": "function_call", "status": status,
+        "call_id": call_id, "name": name, "arguments": arguments,
+    })
 }
 
 /// The output items of one answer, and (when streaming) their events.
@@ -155,40 +176,48 @@ impl Output {
         match piece {
             Piece::Reasoning(text) => self.reasoning_text(out, &text),
             Piece::Content(text) => self.text(out, &text),
-            Piece::ToolCall(call) => {
+            Piece::CallStart { id, name, .. } => {
                 self.close(out, false);
-                let id = new_item_id("fc");
+                let item_id = new_item_id("fc");
                 let index = self.index();
-                let item = |status: &str, arguments: &str| {
-                    json!({
-                        "id": id, "type": "function_call", "status": status,
-                        "call_id": call.id, "name": call.name, "arguments": arguments,
-                    })
-                };
+                let added = call_item(&item_id, &id, &name, "in_progress", "");
                 self.event(
                     out,
                     "response.output_item.added",
-                    json!({"output_index": index, "item": item("in_progress", "")}),
+                    json!({"output_index": index, "item": added}),
                 );
-                self.event(
-                    out,
-                    "response.function_call_arguments.delta",
-                    json!({"item_id": id, "output_index": index, "delta": call.arguments}),
-                );
-                self.event(
-                    out,
-                    "response.function_call_arguments.done",
-                    json!({"item_id": id, "output_index": index, "name": call.name, "arguments": call.arguments}),
-                );
-                let done = item("completed", &call.arguments);
-                self.event(
-                    out,
-                    "response.output_item.done",
-                    json!({"output_index": index, "item": done}),
-                );
-                self.items.push(done);
+                self.open = Some(Open::Call {
+                    id: item_id,
+                    call_id: id,
+                    name,
+                    arguments: String::new(),
+                });
+            }
+            Piece::CallArgs(fragment) => self.call_arguments(out, &fragment),
+            Piece::CallEnd => {
+                if matches!(self.open, Some(Open::Call { .. })) {
+                    self.close(out, false);
+                }
             }
         }
+    }
+
+    /// A fragment of the open call's arguments.
+    fn call_arguments(&mut self, out: &mut BytesMut, delta: &str) {
+        let index = self.index();
+        let Some(Open::Call { id, arguments, .. }) = &mut self.open else {
+            return;
+        };
+        if delta.is_empty() {
+            return;
+        }
+        arguments.push_str(delta);
+        let id = id.clone();
+        self.event(
+            out,
+            "response.function_call_arguments.delta",
+            json!({"item_id": id, "output_index": index, "delta": delta}),
+        );
     }
 
     fn reasoning_text(&mut self, out: &mut BytesMut, delta: &str) {
@@ -294,6 +323,25 @@ impl Output {
                 );
                 self.items.push(item);
             }
+            Some(Open::Call {
+                id,
+                call_id,
+                name,
+                arguments,
+            }) => {
+                self.event(
+                    out,
+                    "response.function_call_arguments.done",
+                    json!({"item_id": id, "output_index": index, "name": name, "arguments": arguments}),
+                );
+                let done = call_item(&id, &call_id, &name, "completed", &arguments);
+                self.event(
+                    out,
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": done}),
+                );
+                self.items.push(done);
+            }
             Some(Open::Message { id, text }) => {
                 self.event(
                     out,
@@ -375,14 +423,13 @@ mod tests {
         output.piece(&mut out, Piece::Reasoning("m".into()));
         output.piece(&mut out, Piece::Content("Hi".into()));
         output.piece(&mut out, Piece::Content(" there".into()));
-        output.piece(
-            &mut out,
-            Piece::ToolCall(iris_parsers::ToolCall {
-                id: "call_1".into(),
-                name: "f".into(),
-                arguments: "{}".into(),
-            }),
-        );
+        for piece in Piece::whole_call(iris_parsers::ToolCall {
+            id: "call_1".into(),
+            name: "f".into(),
+            arguments: "{}".into(),
+        }) {
+            output.piece(&mut out, piece);
+        }
         output.finish(&mut out, false);
         let kinds: Vec<String> = output.items.iter().map(|i| i["type"].to_string()).collect();
         assert_eq!(kinds, ["\"reasoning\"", "\"message\"", "\"function_call\""]);
@@ -410,5 +457,88 @@ mod tests {
         assert_eq!(output.items.len(), 1);
         assert_eq!(output.items[0]["status"], "incomplete");
         assert_eq!(output.items[0]["content"][0]["text"], "");
+    }
+
+    #[test]
+    fn a_streamed_call_is_one_item_with_a_delta_per_fragment() {
+        let mut out = BytesMut::new();
+        let mut output = Output::new(true);
+        let fragments = [r#"{"pa"#, r#"th": "a.rs", "#, r#""code": "fn main() {}"}"#];
+        output.piece(&mut out, Piece::Content("Writing.".into()));
+        output.piece(
+            &mut out,
+            Piece::CallStart {
+                index: 0,
+                id: "call_1".into(),
+                name: "write".into(),
+            },
+        );
+        for fragment in fragments {
+            output.piece(&mut out, Piece::CallArgs(fragment.into()));
+        }
+        output.piece(&mut out, Piece::CallEnd);
+        output.finish(&mut out, false);
+        let events = events(&out);
+        let kinds: Vec<&str> = events
+            .iter()
+            .map(|e| e["type"].as_str().unwrap_or_default())
+            .collect();
+        let added = kinds
+            .iter()
+            .rposition(|k| *k == "response.output_item.added")
+            .expect("the call's item");
+        assert_eq!(
+            &kinds[added..],
+            [
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+            ]
+        );
+        let item = &events[added]["item"];
+        assert_eq!(
+            (
+                &item["type"],
+                &item["status"],
+                &item["call_id"],
+                &item["name"],
+                &item["arguments"]
+            ),
+            (
+                &json!("function_call"),
+                &json!("in_progress"),
+                &json!("call_1"),
+                &json!("write"),
+                &json!("")
+            )
+        );
+        let deltas: Vec<&Value> = events[added + 1..added + 4]
+            .iter()
+            .map(|e| &e["delta"])
+            .collect();
+        assert_eq!(
+            deltas,
+            fragments
+                .iter()
+                .map(|f| json!(f))
+                .collect::<Vec<_>>()
+                .iter()
+                .collect::<Vec<_>>()
+        );
+        for event in &events[added + 1..] {
+            assert_eq!(event["output_index"], 1);
+            assert_eq!(
+                event.get("item_id").unwrap_or(&event["item"]["id"]),
+                &item["id"]
+            );
+        }
+        let whole = fragments.concat();
+        assert_eq!(events[added + 4]["arguments"], whole.as_str());
+        assert_eq!(events[added + 5]["item"]["arguments"], whole.as_str());
+        assert_eq!(output.items[1]["status"], "completed");
+        assert_eq!(output.items[1]["arguments"], whole.as_str());
     }
 }

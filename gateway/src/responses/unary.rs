@@ -61,13 +61,11 @@ async fn run(
         .metrics
         .tokens(ledger.prompt_tokens, text.completion_tokens);
     let cut = matches!(text.finish, Some(FinishReason::Length));
-    let mut shaper = conversation.output.shaper();
+    let shaper = conversation.output.shaper();
     let pieces = if shaper.is_passthrough() {
         vec![Piece::Content(visible.text)]
     } else {
-        let mut pieces = shaper.push(&visible.text);
-        pieces.extend(shaper.finish());
-        pieces
+        shaper.pieces(&visible.text)
     };
     let mut scratch = BytesMut::new();
     let mut output = Output::new(false);
