@@ -17,9 +17,11 @@
 # times the measured CPU per request; see docs/benchmarks.md).
 #
 # Usage: e2e/bench/text_cpu.sh [GATEWAY_BIN…]   (default: the release `iris`)
-# Environment: ROUNDS=3 C=32 DURATION=8 WARMUP=2 PERF=0 STREAM=0 SKIP_BUILD=1
+# Environment: ROUNDS=3 C=32 DURATION=8 WARMUP=2 PERF=0 STREAM=0 PIN=0 SKIP_BUILD=1
 # (STREAM=1: the chats are streamed, one SSE event per token; PERF_KEEP=DIR
-# keeps each run's perf.data there).
+# keeps each run's perf.data there; PIN=1: the gateway on GATEWAY_CPUS=0,
+# the engine and wrk on WORKER_CPUS=1, as e2e/bench/peer.sh runs them, so
+# the gateway's runtime has the threads it has there).
 # Needs: wrk (Debian package `wrk`), perf for PERF=1.
 set -euo pipefail
 
@@ -32,6 +34,11 @@ WARMUP=${WARMUP:-2}
 PERF=${PERF:-0}
 STREAM=${STREAM:-0}
 STREAM_FIELD=$([[ $STREAM == 1 ]] && echo ',"stream":true' || true)
+PIN=${PIN:-0}
+GATEWAY_CPUS=${GATEWAY_CPUS:-0}
+WORKER_CPUS=${WORKER_CPUS:-1}
+# on CPUS...: the command prefix that pins to CPUS when PIN=1.
+on() { if [[ $PIN == 1 ]]; then echo taskset -c "$1"; fi; }
 
 command -v wrk >/dev/null || { log "wrk is missing (apt-get install wrk)"; exit 1; }
 build iris-cli iris-engine iris-loadgen
@@ -44,16 +51,16 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # wrk_run SECONDS OUT: one wrk run against the gateway.
 wrk_run() {
-    wrk -t1 -c"$C" -d"$1s" -s "$WORK/chat.lua" "http://$GATEWAY_ADDR/v1/chat/completions" >"$2"
+    $(on "$WORKER_CPUS") wrk -t1 -c"$C" -d"$1s" -s "$WORK/chat.lua" "http://$GATEWAY_ADDR/v1/chat/completions" >"$2"
 }
 
 # one_run BIN: prints "cpu_us_per_request req_per_s" for a fresh deployment.
 one_run() {
-    spawn engine "$BIN/iris-engine" --role aggregated --host 127.0.0.1 --port 0 \
+    spawn engine $(on "$WORKER_CPUS") "$BIN/iris-engine" --role aggregated --host 127.0.0.1 --port 0 \
         --model-path "$WORK/model"
     local engine_pid=$SPAWNED engine_addr
     engine_addr=$(wait_for '127\.0\.0\.1:[0-9]+' "$WORK/engine.out" "$engine_pid")
-    spawn gateway env NO_COLOR=1 "$1" serve --host 127.0.0.1 --port 0 \
+    spawn gateway $(on "$GATEWAY_CPUS") env NO_COLOR=1 "$1" serve --host 127.0.0.1 --port 0 \
         --model-path "$WORK/model" --worker-urls "grpc://$engine_addr"
     local gateway_pid=$SPAWNED
     GATEWAY_ADDR=$(gateway_addr "$gateway_pid")
