@@ -63,18 +63,26 @@ CASES = {
 STREAMED = {"phi4_mini"}
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
-def parser_deployment(request, model_dir, tmp_path_factory):
-    procs = Processes(tmp_path_factory.mktemp(f"logs-parser-{request.param}"))
+def serve_with_parser(tmp_path_factory, logs: str, model, parser: str | None):
+    """An aggregated deployment of `model` with `--tool-call-parser parser`
+    (None: the default flags), yielded, then stopped."""
+    procs = Processes(tmp_path_factory.mktemp(logs))
     dep = None
+    args = () if parser is None else ("--tool-call-parser", parser)
     try:
-        dep = aggregated(procs, model_dir,
-                         gateway_args=("--tool-call-parser", request.param))
-        yield request.param, dep
+        dep = aggregated(procs, model, gateway_args=args)
+        yield dep
     finally:
         if dep is not None:
             dep.gateway.close_clients()
         procs.stop_all()
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def parser_deployment(request, model_dir, tmp_path_factory):
+    for dep in serve_with_parser(tmp_path_factory, f"logs-parser-{request.param}",
+                                 model_dir, request.param):
+        yield request.param, dep
 
 
 def test_the_family_syntax_becomes_tool_calls(parser_deployment):
@@ -99,19 +107,9 @@ def test_the_family_syntax_becomes_tool_calls(parser_deployment):
 
 @pytest.fixture(scope="module")
 def phi4_deployment(tmp_path_factory):
-    work = tmp_path_factory.mktemp("phi4-auto")
-    model = work / "tiny-phi4_multimodal"
-    subprocess.run([str(binary("iris")), "tiny-model", "--family", "phi4_multimodal",
-                    str(model)], check=True, stdout=subprocess.DEVNULL, timeout=120)
-    procs = Processes(tmp_path_factory.mktemp("logs-phi4-auto"))
-    dep = None
-    try:
-        dep = aggregated(procs, model)
-        yield dep
-    finally:
-        if dep is not None:
-            dep.gateway.close_clients()
-        procs.stop_all()
+    model = write_family("phi4_multimodal",
+                         tmp_path_factory.mktemp("phi4-auto") / "tiny-phi4_multimodal")
+    yield from serve_with_parser(tmp_path_factory, "logs-phi4-auto", model, None)
 
 
 def test_phi4_is_detected_and_shown_its_tools(phi4_deployment):
@@ -152,15 +150,8 @@ def write_family(family: str, path):
 def fallback_deployment(request, tmp_path_factory):
     family = request.param
     model = write_family(family, tmp_path_factory.mktemp(f"{family}-auto") / f"tiny-{family}")
-    procs = Processes(tmp_path_factory.mktemp(f"logs-{family}-auto"))
-    dep = None
-    try:
-        dep = aggregated(procs, model, gateway_args=("--tool-call-parser", "auto"))
+    for dep in serve_with_parser(tmp_path_factory, f"logs-{family}-auto", model, "auto"):
         yield family, dep
-    finally:
-        if dep is not None:
-            dep.gateway.close_clients()
-        procs.stop_all()
 
 
 def test_templates_without_tools_get_hermes_calls_with_an_image(fallback_deployment):
