@@ -156,6 +156,36 @@ def test_a_tagged_call_in_the_text_is_parsed(tools_deployment):
             assert calls[0]["fragments"] > 1, calls
 
 
+def test_a_call_cut_at_max_tokens_keeps_finish_reason_length(tools_deployment):
+    """A streamed call whose arguments `max_tokens` cuts has started (its
+    name and first fragments went out), yet the answer's finish reason is
+    `length`, not `tool_calls`: the client learns the arguments are
+    incomplete. Unstreamed, the cut block does not parse and stays text."""
+    client, model = tools_deployment.gateway.client(), tools_deployment.gateway.model
+    city = "Paris on the Seine, " * 6 + "France"
+    tagged = ('<tool_call>\n\\{"name": "get_weather", "arguments": \\{"city": "'
+              + city + '"\\}\\}\n</tool_call>')
+    whole = client.chat.completions.create(
+        model=model, messages=first_turn(), tools=[WEATHER], max_tokens=400,
+        extra_body={"regex": tagged})
+    assert whole.choices[0].finish_reason == "tool_calls", whole
+    cut = whole.usage.completion_tokens * 2 // 3
+    content, calls, finish = ask_calls(
+        client, model, first_turn(), True, tools=[WEATHER], max_tokens=cut,
+        extra_body={"regex": tagged})
+    assert finish == "length", (content, calls)
+    assert [c["name"] for c in calls] == ["get_weather"] and calls[0]["fragments"] >= 1, calls
+    # What went out is the start of the arguments as the engine wrote them.
+    written = '{"city": "' + city + '"}'
+    assert written.startswith(calls[0]["arguments"]), calls
+    assert len(calls[0]["arguments"]) > len('{"city": "'), calls
+    content, calls, finish = ask_calls(
+        client, model, first_turn(), False, tools=[WEATHER], max_tokens=cut,
+        extra_body={"regex": tagged})
+    assert finish == "length" and calls == [], (content, calls)
+    assert "get_weather" in content, content
+
+
 def test_tool_choice_none_gives_no_calls(tools_deployment):
     client, model = tools_deployment.gateway.client(), tools_deployment.gateway.model
     for stream in (False, True):

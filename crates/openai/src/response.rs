@@ -36,6 +36,16 @@ impl FinishReason {
             Self::ToolCalls => "tool_calls",
         }
     }
+
+    /// `tool_calls` when the answer made tool calls and ended on its own
+    /// (`stop`); a cut answer (`length`, `content_filter`) keeps its
+    /// reason, so a client knows a call's arguments may be incomplete.
+    pub fn with_calls(self, calls: bool) -> FinishReason {
+        match self {
+            Self::Stop if calls => Self::ToolCalls,
+            other => other,
+        }
+    }
 }
 
 /// Token counts.
@@ -436,4 +446,20 @@ pub fn unix_now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FinishReason;
+
+    #[test]
+    fn tool_calls_replace_only_a_natural_stop() {
+        assert_eq!(FinishReason::Stop.with_calls(true), FinishReason::ToolCalls);
+        assert_eq!(FinishReason::Stop.with_calls(false), FinishReason::Stop);
+        assert_eq!(FinishReason::Length.with_calls(true), FinishReason::Length);
+        assert_eq!(
+            FinishReason::ContentFilter.with_calls(true),
+            FinishReason::ContentFilter
+        );
+    }
 }

@@ -109,7 +109,8 @@ pub(super) fn bad_index(generation: &Generation, index: usize, n: usize) -> Fail
 }
 
 /// The assistant message for `text`: its reasoning and tool calls parsed
-/// out as the plan says; tool calls make the finish reason `tool_calls`.
+/// out as the plan says; tool calls make the finish reason `tool_calls`
+/// unless the answer was cut.
 fn shaped_message(
     plan: &OutputPlan,
     text: String,
@@ -122,9 +123,7 @@ fn shaped_message(
     let shaped = shaper.shape(&text);
     let tool_calls: Vec<MessageToolCall> =
         shaped.tool_calls.into_iter().map(message_call).collect();
-    if !tool_calls.is_empty() {
-        *finish_reason = FinishReason::ToolCalls;
-    }
+    *finish_reason = finish_reason.with_calls(!tool_calls.is_empty());
     AssistantMessage {
         content: match (shaped.content, tool_calls.is_empty()) {
             (Some(c), _) => Some(c),

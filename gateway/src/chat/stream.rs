@@ -114,16 +114,12 @@ impl StreamChoice {
     }
 
     /// The shaper's held text, then the finish chunk (`tool_calls` once a
-    /// call was written).
+    /// call was written, unless the answer was cut).
     fn write_end(&mut self, out: &mut BytesMut, reason: FinishReason) {
         for piece in self.shaper.finish() {
             self.write_piece(out, piece);
         }
-        let reason = if self.calls.started > 0 {
-            FinishReason::ToolCalls
-        } else {
-            reason
-        };
+        let reason = reason.with_calls(self.calls.started > 0);
         self.writer.write_finish(out, reason);
         self.reported = true;
     }

@@ -40,12 +40,14 @@ impl StopReason {
         }
     }
 
-    /// `tool_use` when the answer made tool calls, else this reason.
+    /// `tool_use` when the answer made tool calls, else this reason; an
+    /// answer cut at `max_tokens` keeps `max_tokens`, so a client knows a
+    /// call's input may be incomplete.
     pub fn with_calls(self, calls: bool) -> StopReason {
-        if calls {
-            Self::ToolUse
-        } else {
-            self
+        match self {
+            Self::MaxTokens => self,
+            _ if calls => Self::ToolUse,
+            other => other,
         }
     }
 }
@@ -200,5 +202,10 @@ mod tests {
         assert_eq!(format!("{shown}{rest}"), "plain text here");
         assert_eq!(text.finish, Some(StopReason::EndTurn));
         assert_eq!(StopReason::EndTurn.with_calls(true), StopReason::ToolUse);
+        assert_eq!(
+            StopReason::MaxTokens.with_calls(true),
+            StopReason::MaxTokens
+        );
+        assert_eq!(StopReason::EndTurn.with_calls(false), StopReason::EndTurn);
     }
 }
