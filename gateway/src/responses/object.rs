@@ -297,7 +297,7 @@ impl Output {
         );
     }
 
-    /// Ends the open item; a message cut by the token limit is
+    /// Ends the open item; a message or call cut by the token limit is
     /// `incomplete`.
     pub fn close(&mut self, out: &mut BytesMut, cut: bool) {
         let index = self.index();
@@ -334,7 +334,8 @@ impl Output {
                     "response.function_call_arguments.done",
                     json!({"item_id": id, "output_index": index, "name": name, "arguments": arguments}),
                 );
-                let done = call_item(&id, &call_id, &name, "completed", &arguments);
+                let status = if cut { "incomplete" } else { "completed" };
+                let done = call_item(&id, &call_id, &name, status, &arguments);
                 self.event(
                     out,
                     "response.output_item.done",
@@ -365,6 +366,20 @@ impl Output {
                     json!({"output_index": index, "item": item}),
                 );
                 self.items.push(item);
+            }
+        }
+    }
+
+    /// The shaper's last pieces, when the answer ends: a call they end is
+    /// `incomplete` when the token limit cut the answer (its arguments may
+    /// be unfinished).
+    pub fn last_pieces(&mut self, out: &mut BytesMut, pieces: Vec<Piece>, cut: bool) {
+        for piece in pieces {
+            match piece {
+                Piece::CallEnd if matches!(self.open, Some(Open::Call { .. })) => {
+                    self.close(out, cut)
+                }
+                piece => self.piece(out, piece),
             }
         }
     }
@@ -446,6 +461,31 @@ mod tests {
             .map(|e| e["delta"].as_str().unwrap_or_default())
             .collect();
         assert_eq!(deltas, "Hi there");
+    }
+
+    #[test]
+    fn a_call_the_token_limit_cut_is_incomplete() {
+        let start = Piece::CallStart {
+            index: 0,
+            id: "call_1".into(),
+            name: "f".into(),
+        };
+        for (cut, status) in [(true, "incomplete"), (false, "completed")] {
+            let mut out = BytesMut::new();
+            let mut output = Output::new(true);
+            output.piece(&mut out, start.clone());
+            output.piece(&mut out, Piece::CallArgs("{\"a\": ".into()));
+            output.last_pieces(&mut out, vec![Piece::CallEnd], cut);
+            output.finish(&mut out, cut);
+            assert_eq!(output.items.len(), 1);
+            assert_eq!(output.items[0]["status"], status);
+            assert_eq!(output.items[0]["arguments"], "{\"a\": ");
+            let done = events(&out)
+                .into_iter()
+                .find(|e| e["type"] == "response.output_item.done")
+                .expect("the item's done event");
+            assert_eq!(done["item"]["status"], status);
+        }
     }
 
     #[test]

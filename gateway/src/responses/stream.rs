@@ -179,10 +179,9 @@ impl Events for ResponseEvents {
         } else {
             self.generation.abort("stop string matched");
         }
-        for piece in self.shaper.finish() {
-            self.output.piece(out, piece);
-        }
         let cut = matches!(self.text.finish, Some(FinishReason::Length));
+        let last = self.shaper.finish();
+        self.output.last_pieces(out, last, cut);
         self.output.finish(out, cut);
         if cut {
             self.lifecycle(out, "response.incomplete", &Status::Incomplete, true);
