@@ -21,7 +21,9 @@ Writes
   squares of pixel_values, and sampled float values; and for the
   any-resolution processors (LLaVA-NeXT, OneVision), Gemma 3 (with pan and
   scan), Idefics3 / SmolVLM, InternVL, Llama 4 and Phi-4-multimodal tables
-  of image sizes with their tile and placeholder counts.
+  of image sizes with their tile and placeholder counts; for Idefics3 /
+  SmolVLM each case's pixel_attention_mask, and the masks of image pairs of
+  different frame counts in one prompt and as two prompts of one batch.
 
 Images from ../shared/images (beside the repository root) are referenced by
 name only; nothing large is written.
@@ -655,6 +657,7 @@ def case(name, img, overrides):
         rows, cols = int(out["rows"][0][0]), int(out["cols"][0][0])
         entry["tile_grid"] = [rows, cols]
         entry["tokens"] = PROCESSORS[name]["image_seq_len"] * (rows * cols + 1)
+        entry["pixel_attention_mask"] = mask_entry(out["pixel_attention_mask"][0])
     elif name == "pixtral":
         # PixtralProcessor: H/16 rows of W/16 [IMG], each row closed by [IMG_BREAK] (the last by [IMG_END]).
         height, width = (int(v) for v in np.asarray(out["image_sizes"])[0])
@@ -803,6 +806,36 @@ def phi4_layouts(sizes):
     return rows
 
 
+def mask_entry(mask):
+    """A 0/1 mask as the parity test checks it: shape, dtype, ones, sha256 of its bytes as uint8."""
+    mask = np.asarray(mask)
+    return {"shape": list(mask.shape), "dtype": str(mask.dtype), "ones": int(mask.sum()), "sha256": sha256(mask.astype(np.uint8))}
+
+
+# Image pairs of different frame counts (5 and 13, 9 and 17 frames).
+IDEFICS3_PAIRS = [("synthetic/rgb_1x4000.png", "shared/chelsea.png"), ("synthetic/rgb_300x1000.png", "synthetic/rgb_1x1.png")]
+
+
+def image_file(key):
+    return SHARED / key.removeprefix("shared/") if key.startswith("shared/") else DATA / key
+
+
+def idefics3_multi():
+    """Idefics3 / SmolVLM's pixel_attention_mask for two images of different frame
+    counts: in one prompt (the frames concatenated, nothing padded) and as two
+    prompts of one batch (the shorter padded with all-zero frames)."""
+    entries = []
+    for name in IDEFICS3:
+        ip = processor_for(name)
+        for pair in IDEFICS3_PAIRS:
+            a, b = (decoded_entry(image_file(key))[0] for key in pair)
+            call = {"return_tensors": "np", "input_data_format": "channels_last"}
+            prompt = ip(images=[[a, b]], **call)["pixel_attention_mask"][0]
+            batch = ip(images=[[a], [b]], **call)["pixel_attention_mask"]
+            entries.append({"processor": name, "images": list(pair), "prompt": mask_entry(prompt), "batch": mask_entry(batch)})
+    return entries
+
+
 def layout_sizes():
     sides = [1, 2, 3, 4, 7, 13, 100, 223, 224, 255, 256, 257, 300, 307, 308, 335, 336, 337, 383, 384, 385, 500, 511, 512,
              513, 671, 672, 673, 767, 768, 769, 1000, 1007, 1008, 1009, 1080, 1151, 1152, 1153, 1535, 1536, 1537, 1920,
@@ -821,14 +854,15 @@ def update_only(name):
     result["processors"][name] = PROCESSORS[name]
     for image in result["images"]:
         key = image["name"]
-        file = SHARED / key.removeprefix("shared/") if key.startswith("shared/") else DATA / key
-        img, _ = decoded_entry(file)
+        img, _ = decoded_entry(image_file(key))
         image["cases"] = [c for c in image["cases"] if c["processor"] != name] + [case(name, img, {})]
         if name == "llava_onevision":
             image["cases"].append(case(name, img, {"multi_image": True}))
         print(key, image["cases"][-1].get("shape", image["cases"][-1].get("error", "")[:40]), file=sys.stderr)
     if name == "phi4_multimodal":
         result["phi4_layouts"] = phi4_layouts(layout_sizes())
+    if name in IDEFICS3:
+        result["idefics3_multi"] = idefics3_multi()
     path.write_text(json.dumps(result, separators=(",", ":")) + "\n")
 
 
@@ -857,6 +891,7 @@ def main():
     result["anyres_layouts"] = anyres_layouts()
     result["tiled_layouts"] = tiled_layouts(layout_sizes())
     result["phi4_layouts"] = phi4_layouts(layout_sizes())
+    result["idefics3_multi"] = idefics3_multi()
     (DATA / "expected.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")
 
 

@@ -11,7 +11,8 @@
 //! | Qwen2/2.5/3-VL | `[t·h·w, C·T·P·P]` | `image_grid_thw` `[1, 3]` whose product is the rows; `rows / merge²` tokens |
 //! | LLaVA-1.5 (CLIP) | `[3, S, S]` (`crop_size`) | |
 //! | LLaVA-NeXT, OneVision | `[tiles, 3, S, S]` | `image_sizes` `[1, 2]` |
-//! | Gemma 3, Idefics3 | `[crops, 3, S, S]` | one placeholder run per crop or tile |
+//! | Gemma 3 | `[crops, 3, S, S]` | one placeholder run per crop |
+//! | Idefics3, SmolVLM | `[frames, 3, S, S]` | one placeholder run per frame; `pixel_attention_mask` uint8 `[frames, S, S]` |
 //! | Pixtral | `[3, H, W]`, multiples of the patch | `image_sizes` `= [H, W]`; one run per patch row, `H·W / P²` tokens |
 //! | InternVL | `[patches, 3, S, S]` | `image_num_patches` `= [patches]`; one run, the same tokens per patch |
 //! | Llama 4 | `[tiles (+ 1 global), 3, S, S]` | `aspect_ratios` `[rows, cols]` with `rows·cols` tiles (+ 1 when more than one); one run per frame, all of one length |
@@ -39,8 +40,11 @@ pub enum Layout {
     Clip { side: u64 },
     /// LLaVA-NeXT / OneVision: `[tiles, 3, side, side]` with `image_sizes`.
     Anyres { side: u64 },
-    /// Gemma 3 / Idefics3: `[crops, 3, side, side]`, a run per crop.
+    /// Gemma 3: `[crops, 3, side, side]`, a run per crop.
     Crops { side: u64 },
+    /// Idefics3 / SmolVLM: `[frames, 3, side, side]`, a run per frame,
+    /// with the uint8 `pixel_attention_mask` `[frames, side, side]`.
+    Idefics3 { side: u64 },
     /// Pixtral: `[3, H, W]`, a run of `W / patch` tokens per patch row.
     Pixtral { patch: u64 },
     /// InternVL: `[patches, 3, side, side]` with `image_num_patches`, one run.
@@ -171,6 +175,7 @@ fn layout(config: &Value) -> Layout {
         Layout::Clip { side: 0 }
         | Layout::Anyres { side: 0 }
         | Layout::Crops { side: 0 }
+        | Layout::Idefics3 { side: 0 }
         | Layout::Internvl { side: 0 }
         | Layout::Llama4 { side: 0 }
         | Layout::Phi4 { side: 0, .. }
@@ -200,7 +205,7 @@ fn named_layout(config: &Value) -> Layout {
         "Gemma3ImageProcessor" => Layout::Crops {
             side: side(&config["size"]["height"]),
         },
-        "Idefics3ImageProcessor" => Layout::Crops {
+        "Idefics3ImageProcessor" => Layout::Idefics3 {
             side: side(&config["max_image_size"]["longest_edge"]),
         },
         "GotOcr2ImageProcessor" => Layout::Internvl {
@@ -260,12 +265,10 @@ fn check_layout(layout: Layout, index: usize, item: &MultimodalItem) -> Result<(
             square_tiles(&shape, side).map_err(fail)?;
             ints(item, "image_sizes", 2).map_err(fail).map(|_| ())
         }
-        Layout::Crops { side } => {
-            square_tiles(&shape, side).map_err(fail)?;
-            expect(runs == shape[0], || {
-                fail(format!("{runs} placeholder runs for {} crops", shape[0]))
-            })
-        }
+        Layout::Crops { side } => check_crops(&shape, side, runs).map_err(fail),
+        Layout::Idefics3 { side } => check_crops(&shape, side, runs)
+            .and_then(|()| check_pixel_mask(&shape, side, item))
+            .map_err(fail),
         Layout::Pixtral { patch } => check_pixtral(&shape, patch, item, runs, tokens).map_err(fail),
         Layout::Internvl { side } => check_internvl(&shape, side, item, runs, tokens).map_err(fail),
         Layout::Llama4 { side } => check_llama4(&shape, side, item).map_err(fail),
@@ -273,6 +276,29 @@ fn check_layout(layout: Layout, index: usize, item: &MultimodalItem) -> Result<(
             check_phi4(&shape, (side, patch), item, runs, tokens).map_err(fail)
         }
     }
+}
+
+/// `[crops, 3, side, side]`, one placeholder run per crop.
+fn check_crops(shape: &[u64], side: u64, runs: u64) -> Result<(), String> {
+    square_tiles(shape, side)?;
+    if runs != shape[0] {
+        return Err(format!("{runs} placeholder runs for {} crops", shape[0]));
+    }
+    Ok(())
+}
+
+/// Idefics3's uint8 `pixel_attention_mask` `[frames, side, side]` beside
+/// `[frames, 3, side, side]` pixels.
+fn check_pixel_mask(shape: &[u64], side: u64, item: &MultimodalItem) -> Result<(), String> {
+    let mask = item.model_specific_tensors.get("pixel_attention_mask");
+    let have = mask.map(|t| (t.shape.clone(), t.dtype.as_str()));
+    let want = vec![shape[0] as u32, side as u32, side as u32];
+    if have.as_ref().map(|(s, d)| (s, *d)) != Some((&want, "uint8")) {
+        return Err(format!(
+            "pixel_attention_mask {have:?} is not uint8 {want:?}"
+        ));
+    }
+    Ok(())
 }
 
 /// `[1 + tiles, 3, side, side]` with `image_sizes = [H, W]`, the canvas
@@ -627,6 +653,36 @@ mod tests {
         }
     }
 
+    /// Idefics3 / SmolVLM: a run per frame and the uint8 pixel mask of
+    /// the frames' shape.
+    #[test]
+    fn idefics3_items_need_their_pixel_mask() {
+        let runs = [(0, 2), (3, 2)];
+        let ids = prompt(6, &runs);
+        let rules = rules(Layout::Idefics3 { side: 4 });
+        let with_mask = |shape: &[u32], dtype: &str| {
+            let mut item = image(&[2, 3, 4, 4], &runs, &[]);
+            let len = shape.iter().product::<u32>() as usize;
+            let bytes = vec![1u8; len * tensor::DType::parse(dtype).unwrap().size()];
+            item.model_specific_tensors.insert(
+                "pixel_attention_mask".into(),
+                tensor::inline(
+                    shape.to_vec(),
+                    tensor::DType::parse(dtype).unwrap(),
+                    bytes.into(),
+                ),
+            );
+            item
+        };
+        assert_eq!(error(&rules, with_mask(&[2, 4, 4], "uint8"), &ids), "");
+        let missing = error(&rules, image(&[2, 3, 4, 4], &runs, &[]), &ids);
+        assert!(missing.contains("pixel_attention_mask None"), "{missing}");
+        let short = error(&rules, with_mask(&[1, 4, 4], "uint8"), &ids);
+        assert!(short.contains("is not uint8 [2, 4, 4]"), "{short}");
+        let wide = error(&rules, with_mask(&[2, 4, 4], "int64"), &ids);
+        assert!(wide.contains("is not uint8"), "{wide}");
+    }
+
     #[test]
     fn a_config_without_the_sizes_checks_placeholders_only() {
         let config = serde_json::json!({"image_processor_type": "CLIPImageProcessor"});
@@ -635,7 +691,7 @@ mod tests {
             "image_processor_type": "Idefics3ImageProcessorFast",
             "max_image_size": {"longest_edge": 364},
         });
-        assert_eq!(layout(&config), Layout::Crops { side: 364 });
+        assert_eq!(layout(&config), Layout::Idefics3 { side: 364 });
     }
 
     #[test]

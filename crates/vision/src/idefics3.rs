@@ -29,11 +29,26 @@
 //! [`crate::processor_from_model_dir`]). [`OutputLayout::num_placeholder_tokens`]
 //! counts the `<image>` tokens, `image_seq_len × (rows·cols + 1)`, and
 //! [`OutputLayout::tile_grid`] gives `[rows, cols]` for the tags.
+//!
+//! With `do_pad` (the default) the reference also returns
+//! `pixel_attention_mask`, which the model reads beside the pixels to skip
+//! patches of padding: each frame zero-padded at the bottom and right to
+//! the batch's largest frame, 1 over its own pixels and 0 over the padding
+//! (`make_pixel_mask`), and a sample with fewer frames than the batch's
+//! largest padded with all-zero frames. Every frame of an image is one
+//! tile (step 2 makes the image a multiple of the tile, the global image
+//! is squashed to one), and a prompt's images are concatenated frame after
+//! frame, so within one prompt nothing is padded and the mask is all ones;
+//! only prompts batched together pad each other's frame counts. Iris gives
+//! each image's own mask as an item tensor ([`ItemTensor::mask`]),
+//! `[rows·cols + 1, tile, tile]`: the reference's int64 0/1 as `uint8`
+//! (vLLM concatenates the items' masks by `num_patches`, as it does the
+//! pixels).
 
 use crate::error::VisionError;
 use crate::image::RgbView;
 use crate::normalize::Normalization;
-use crate::output::OutputLayout;
+use crate::output::{ItemTensor, OutputLayout};
 use crate::placeholders::{self, PlaceholderLayout};
 use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_copy, Bicubic};
@@ -153,6 +168,27 @@ impl Idefics3Processor {
     }
 }
 
+/// The reference's `pixel_attention_mask` for frames of `(height, width)`:
+/// each padded at the bottom and right to the largest, 1 over its own
+/// pixels and 0 over the padding; `[frames, H, W]`.
+fn pixel_attention_mask(frames: &[(usize, usize)]) -> ItemTensor {
+    let height = frames.iter().map(|f| f.0).max().unwrap_or(0);
+    let width = frames.iter().map(|f| f.1).max().unwrap_or(0);
+    let mut ones = Vec::with_capacity(frames.len() * height * width);
+    for &(h, w) in frames {
+        for row in 0..height {
+            let valid = if row < h { w } else { 0 };
+            ones.extend(std::iter::repeat_n(1u8, valid));
+            ones.extend(std::iter::repeat_n(0u8, width - valid));
+        }
+    }
+    ItemTensor::mask(
+        "pixel_attention_mask",
+        vec![frames.len(), height, width],
+        ones,
+    )
+}
+
 impl Tiled for Idefics3Processor {
     type Plan = Plan;
 
@@ -163,6 +199,14 @@ impl Tiled for Idefics3Processor {
 
     fn name(&self) -> &'static str {
         "idefics3"
+    }
+
+    /// `pixel_attention_mask` `[frames, tile, tile]`: every frame is one
+    /// whole tile, so all ones.
+    fn item_tensors(&self, layout: &OutputLayout) -> Vec<ItemTensor> {
+        let frames = layout.shape.first().copied().unwrap_or(0);
+        let side = (self.tile, self.tile);
+        vec![pixel_attention_mask(&vec![side; frames])]
     }
 
     fn settings(&self, _opts: &PreprocessOptions) -> String {
@@ -238,6 +282,7 @@ impl Tiled for Idefics3Processor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::ItemValues;
 
     #[test]
     fn sizes_of_known_images() {
@@ -252,5 +297,41 @@ mod tests {
         assert_eq!(tile_multiple_size(1536, 1, 384), (1536, 384));
         // Beyond 4096 the long side is held.
         assert_eq!(longest_edge_size(10, 20, 5000), (2048, 4096));
+    }
+
+    #[test]
+    fn the_mask_covers_each_frame_and_zeroes_the_padding() {
+        let mask = pixel_attention_mask(&[(2, 3), (1, 2)]);
+        assert_eq!(mask.shape, [2, 2, 3]);
+        assert_eq!(
+            mask.values,
+            ItemValues::UInt8(vec![1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0].into())
+        );
+    }
+
+    #[test]
+    fn an_image_mask_is_one_per_pixel_of_every_frame() {
+        let p = Idefics3Processor::smolvlm();
+        let layout = p.layout(&p.plan_for(640, 480).unwrap());
+        let tensors = Tiled::item_tensors(&p, &layout);
+        let [mask] = tensors.as_slice() else {
+            panic!("{tensors:?}")
+        };
+        assert_eq!(mask.name, "pixel_attention_mask");
+        assert_eq!(mask.shape, [13, 384, 384]);
+        let ItemValues::UInt8(ones) = &mask.values else {
+            panic!("{:?}", mask.values.dtype())
+        };
+        assert_eq!(ones.len(), 13 * 384 * 384);
+        assert!(ones.iter().all(|&v| v == 1));
+        // Unsplit, the image is one squashed tile: one frame of ones.
+        let unsplit = Idefics3Processor {
+            do_image_splitting: false,
+            ..Idefics3Processor::smolvlm()
+        };
+        let layout = unsplit.layout(&unsplit.plan_for(640, 480).unwrap());
+        let mask = &Tiled::item_tensors(&unsplit, &layout)[0];
+        assert_eq!(mask.shape, [1, 384, 384]);
+        assert_eq!(mask.values.to_i64().iter().sum::<i64>(), 384 * 384);
     }
 }

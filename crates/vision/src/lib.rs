@@ -81,7 +81,9 @@ pub use llama4::Llama4Processor;
 pub use llava_next::{AnyresFamily, AnyresProcessor};
 pub use normalize::{Normalization, CLIP_MEAN, CLIP_STD};
 pub use npy::write_npy_f32;
-pub use output::{ItemTensor, OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
+pub use output::{
+    ItemTensor, ItemValues, OutputDtype, OutputLayout, PixelValues, PreprocessOutput,
+};
 pub use phi4::Phi4Processor;
 pub use pixtral::PixtralProcessor;
 pub use placeholders::{Expansion, PlaceholderLayout};

@@ -1,5 +1,7 @@
 //! What a processor returns: the encoder input tensor and its metadata.
 
+use std::sync::Arc;
+
 use half::bf16;
 
 use crate::pool::PooledVec;
@@ -132,41 +134,92 @@ pub struct OutputLayout {
     pub content_size: Option<[usize; 2]>,
 }
 
-/// A small tensor of an image's item that the model's code reads beside
-/// the pixels (`model_specific_tensors`), named, shaped and typed as the
+/// A tensor of an image's item that the model's code reads beside the
+/// pixels (`model_specific_tensors`), named, shaped and valued as the
 /// Hugging Face processor returns it for one image: InternVL's
 /// `image_num_patches` `[1]`, Llama 4's `aspect_ratios` `[1, 2]`,
-/// Phi-4-multimodal's float32 `image_attention_mask`
-/// ([`crate::Processor::item_tensors`]). Its values are whole numbers
-/// whatever the type.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Phi-4-multimodal's float32 `image_attention_mask`, Idefics3 /
+/// SmolVLM's `pixel_attention_mask` ([`crate::Processor::item_tensors`]).
+/// Its values are whole numbers whatever the type.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ItemTensor {
     /// The key the model's code reads.
     pub name: &'static str,
     /// Its shape.
     pub shape: Vec<usize>,
-    /// Its values, row-major.
-    pub values: Vec<i64>,
-    /// `float32` (ones and zeros of a mask) rather than `int64`.
-    pub float32: bool,
+    /// Its values, row-major, in their wire type.
+    pub values: ItemValues,
+}
+
+/// An [`ItemTensor`]'s values and their element type.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ItemValues {
+    /// `int64` (counts, sizes).
+    Int64(Vec<i64>),
+    /// `float32` ones and zeros (a mask the reference returns as floats).
+    Float32(Vec<f32>),
+    /// `uint8` ones and zeros: a pixel mask, one byte a pixel (the wire has
+    /// no boolean type; the reference's int64 0/1, an eighth of the bytes).
+    /// Shared: a layout's clones and the wire tensor take no copy.
+    UInt8(Arc<[u8]>),
+}
+
+impl ItemValues {
+    /// The element type as the wire names it.
+    pub fn dtype(&self) -> &'static str {
+        match self {
+            ItemValues::Int64(_) => "int64",
+            ItemValues::Float32(_) => "float32",
+            ItemValues::UInt8(_) => "uint8",
+        }
+    }
+
+    /// Bytes the values take.
+    pub fn byte_len(&self) -> usize {
+        match self {
+            ItemValues::Int64(v) => v.len() * 8,
+            ItemValues::Float32(v) => v.len() * 4,
+            ItemValues::UInt8(v) => v.len(),
+        }
+    }
+
+    /// The values widened to `i64` (they are whole numbers; allocates).
+    pub fn to_i64(&self) -> Vec<i64> {
+        match self {
+            ItemValues::Int64(v) => v.clone(),
+            ItemValues::Float32(v) => v.iter().map(|&x| x as i64).collect(),
+            ItemValues::UInt8(v) => v.iter().map(|&x| i64::from(x)).collect(),
+        }
+    }
 }
 
 impl ItemTensor {
     /// An `int64` tensor of `shape` holding `values`.
     pub fn ints(name: &'static str, shape: Vec<usize>, values: &[usize]) -> Self {
+        let values = values.iter().map(|&v| v as i64).collect();
         ItemTensor {
             name,
             shape,
-            values: values.iter().map(|&v| v as i64).collect(),
-            float32: false,
+            values: ItemValues::Int64(values),
         }
     }
 
     /// A `float32` tensor of `shape` holding the whole numbers `values`.
     pub fn floats(name: &'static str, shape: Vec<usize>, values: &[usize]) -> Self {
+        let values = values.iter().map(|&v| v as f32).collect();
         ItemTensor {
-            float32: true,
-            ..ItemTensor::ints(name, shape, values)
+            name,
+            shape,
+            values: ItemValues::Float32(values),
+        }
+    }
+
+    /// A `uint8` mask of `shape` holding `ones` (1 where valid, 0 elsewhere).
+    pub fn mask(name: &'static str, shape: Vec<usize>, ones: Vec<u8>) -> Self {
+        ItemTensor {
+            name,
+            shape,
+            values: ItemValues::UInt8(ones.into()),
         }
     }
 }

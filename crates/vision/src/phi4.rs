@@ -350,6 +350,7 @@ impl Tiled for Phi4Processor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::ItemValues;
     use crate::processor::Processor;
     use crate::PlaceholderLayout;
 
@@ -410,10 +411,12 @@ mod tests {
         );
         let tensors = Tiled::item_tensors(&p, &layout);
         assert_eq!(tensors[0].shape, [16, 32, 32]);
-        assert!(tensors[0].float32);
+        assert_eq!(tensors[0].values.dtype(), "float32");
         assert_eq!(tensors[1].name, "num_img_tokens");
-        assert_eq!(tensors[1].values, [layout.num_placeholder_tokens as i64]);
-        assert!(!tensors[1].float32);
+        assert_eq!(
+            tensors[1].values,
+            ItemValues::Int64(vec![layout.num_placeholder_tokens as i64])
+        );
     }
 
     #[test]

@@ -107,9 +107,9 @@ pub trait Processor: Send + Sync {
         PlaceholderLayout::repeated(layout.num_placeholder_tokens)
     }
 
-    /// The small integer tensors the model's code reads beside the pixels
-    /// of the image whose output has `layout` ([`ItemTensor`]); none by
-    /// default (the Qwen grid and `image_sizes` travel in the layout).
+    /// The tensors the model's code reads beside the pixels of the image
+    /// whose output has `layout` (counts, sizes, masks: [`ItemTensor`]);
+    /// none by default (the Qwen grid and `image_sizes` travel in the layout).
     fn item_tensors(&self, _layout: &OutputLayout) -> Vec<ItemTensor> {
         Vec::new()
     }

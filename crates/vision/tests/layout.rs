@@ -251,7 +251,11 @@ fn phi4_layouts_match_the_reference_table() {
             "{w}x{h}"
         );
         let mask = &processor.item_tensors(&layout)[0];
-        assert_eq!(mask.values.iter().sum::<i64>() as usize, ones, "{w}x{h}");
+        assert_eq!(
+            mask.values.to_i64().iter().sum::<i64>() as usize,
+            ones,
+            "{w}x{h}"
+        );
     }
     assert!(rows.len() > 2000, "only {} sizes", rows.len());
 }

@@ -13,14 +13,16 @@
 //! likewise exact; its global frame, PyTorch's float bicubic of the
 //! normalised canvas, is within the same 1e-5 (Iris sums the taps without
 //! PyTorch's fused multiply-adds: the last bits can differ). Its
-//! `image_attention_mask` must match byte for byte.
+//! `image_attention_mask`, and Idefics3 / SmolVLM's `pixel_attention_mask`
+//! (per image, and joined over two images in one prompt and in one batch),
+//! must match byte for byte.
 
 mod common;
 
 use common::{expected, image_path, read, sample_indices};
 use iris_vision::{
-    decode, processor_from_config, DecodeLimits, OutputDtype, OutputLayout, PreprocessOptions,
-    Processor, RgbImage,
+    decode, processor_from_config, DecodeLimits, ItemTensor, OutputDtype, OutputLayout,
+    PreprocessOptions, Processor, RgbImage,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -164,7 +166,12 @@ fn check_cases(all: &Value, image: &Value, pixels: &RgbImage) -> usize {
             .map(|v| [as_usize(&v[0]), as_usize(&v[1])]);
         assert_eq!(out.tile_grid, tile_grid, "{label}: tile_grid");
         if let Some(mask) = case.get("attention_mask") {
-            check_attention_mask(p.as_ref(), &out.layout(), mask, &label);
+            let t = item_tensor(p.as_ref(), &out.layout(), "image_attention_mask", &label);
+            check_mask(&t.shape, &t.values.to_i64(), mask, &label);
+        }
+        if let Some(mask) = case.get("pixel_attention_mask") {
+            let t = item_tensor(p.as_ref(), &out.layout(), "pixel_attention_mask", &label);
+            check_mask(&t.shape, &t.values.to_i64(), mask, &label);
         }
         if let Some(grid) = case.get("grid_thw") {
             let want: Vec<usize> = grid.as_array().unwrap().iter().map(as_usize).collect();
@@ -216,21 +223,31 @@ fn check_cases(all: &Value, image: &Value, pixels: &RgbImage) -> usize {
     count
 }
 
-/// Phi-4-multimodal's `image_attention_mask` item tensor: the reference's
-/// shape, and its 0/1 values byte for byte (sha256 of them as `u8`).
-fn check_attention_mask(p: &dyn Processor, layout: &OutputLayout, mask: &Value, label: &str) {
+/// The item tensor `name` of the image whose output has `layout`.
+fn item_tensor(p: &dyn Processor, layout: &OutputLayout, name: &str, label: &str) -> ItemTensor {
     let tensors = p.item_tensors(layout);
-    let Some(t) = tensors.iter().find(|t| t.name == "image_attention_mask") else {
-        panic!("{label}: no image_attention_mask")
+    let Some(t) = tensors.into_iter().find(|t| t.name == name) else {
+        panic!("{label}: no {name}")
     };
-    let shape: Vec<usize> = mask["shape"]
+    t
+}
+
+/// A 0/1 mask (Phi-4-multimodal's `image_attention_mask`, Idefics3's
+/// `pixel_attention_mask`) against the reference's: its shape, its count
+/// of ones and its values byte for byte (sha256 of them as `u8`).
+fn check_mask(shape: &[usize], values: &[i64], mask: &Value, label: &str) {
+    let want: Vec<usize> = mask["shape"]
         .as_array()
         .unwrap()
         .iter()
         .map(as_usize)
         .collect();
-    assert_eq!(t.shape, shape, "{label}: mask shape");
-    let bytes: Vec<u8> = t.values.iter().map(|&v| v as u8).collect();
+    assert_eq!(shape, want, "{label}: mask shape");
+    if let Some(ones) = mask.get("ones") {
+        let have = values.iter().filter(|&&v| v == 1).count();
+        assert_eq!(have, as_usize(ones), "{label}: mask ones");
+    }
+    let bytes: Vec<u8> = values.iter().map(|&v| v as u8).collect();
     assert_eq!(sha256_hex(&bytes), mask["sha256"], "{label}: mask values");
 }
 
@@ -243,6 +260,49 @@ fn processors_match_reference_exactly_from_our_decode() {
         count += check_cases(&all, image, &pixels);
     }
     assert!(count >= 280, "only {count} cases");
+}
+
+/// Idefics3 / SmolVLM's `pixel_attention_mask` of two images of different
+/// frame counts: the reference's mask of both in one prompt is the two
+/// items' masks concatenated (nothing padded, as vLLM joins them by
+/// `num_patches`), and its mask of them as two prompts of one batch is
+/// each item's mask followed by all-zero frames up to the longer one.
+#[test]
+fn idefics3_masks_of_two_images_join_as_the_reference() {
+    let all = expected();
+    let entries = all["idefics3_multi"].as_array().expect("idefics3_multi");
+    assert_eq!(entries.len(), 4);
+    for entry in entries {
+        let pname = entry["processor"].as_str().unwrap();
+        let p = processor(&all, pname);
+        let label = format!("{pname} {}", entry["images"]);
+        let masks: Vec<ItemTensor> = entry["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|name| {
+                let pixels = decode_file(name.as_str().unwrap());
+                let (w, h) = (pixels.width() as usize, pixels.height() as usize);
+                let layout = p.layout_for(w, h, &opts_from(&Value::Null)).unwrap();
+                item_tensor(p.as_ref(), &layout, "pixel_attention_mask", &label)
+            })
+            .collect();
+        assert_ne!(masks[0].shape[0], masks[1].shape[0], "{label}");
+        let frame = &masks[0].shape[1..];
+        let in_prompt: Vec<i64> = masks.iter().flat_map(|m| m.values.to_i64()).collect();
+        let frames = masks.iter().map(|m| m.shape[0]).sum::<usize>();
+        let shape = [&[frames][..], frame].concat();
+        check_mask(&shape, &in_prompt, &entry["prompt"], &label);
+        let longest = masks.iter().map(|m| m.shape[0]).max().unwrap();
+        let frame_len: usize = frame.iter().product();
+        let mut in_batch = Vec::new();
+        for m in &masks {
+            in_batch.extend(m.values.to_i64());
+            in_batch.resize(in_batch.len() + (longest - m.shape[0]) * frame_len, 0);
+        }
+        let shape = [&[masks.len(), longest][..], frame].concat();
+        check_mask(&shape, &in_batch, &entry["batch"], &label);
+    }
 }
 
 #[test]

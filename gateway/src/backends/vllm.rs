@@ -671,7 +671,7 @@ mod tests {
         assert!(batch.flat_keys.is_empty());
     }
 
-    /// Gemma 3 / Idefics3: crops concatenated, flat by `num_patches` (the
+    /// Gemma 3: crops concatenated, flat by `num_patches` (the
     /// crops of each item, batched); an item's runs make one range.
     #[test]
     fn crop_items_are_flat_by_num_patches_with_one_range_each() {
@@ -695,6 +695,51 @@ mod tests {
             .collect();
         assert_eq!(ranges, [(3, 11), (20, 4)]);
         assert_eq!(batch.mm_hashes.len(), 2, "one hash per item");
+    }
+
+    /// Idefics3 / SmolVLM: frames and their `pixel_attention_mask` both
+    /// concatenated, flat by `num_patches` (frames per item, batched); one
+    /// item's mask passes through as it is.
+    #[test]
+    fn idefics3_pixel_masks_are_flat_by_num_patches_with_the_frames() {
+        let mask = |frames, seed| data(&[frames, 4, 4], "uint8", seed);
+        let idefics = |frames, offset, seed| {
+            item(
+                data(&[frames, 3, 4, 4], "bfloat16", seed),
+                vec![("pixel_attention_mask", mask(frames, seed))],
+                &[(offset, 4)],
+                seed,
+            )
+        };
+        let keys = flat(&[
+            ("pixel_values", "num_patches"),
+            ("pixel_attention_mask", "num_patches"),
+        ]);
+        let one = one_batch(vec![idefics(2, 3, 1)]);
+        let only = &one.model_specific_tensors["pixel_attention_mask"];
+        assert_eq!(
+            (only.shape.as_slice(), only.dtype.as_str()),
+            (&[2, 4, 4][..], "uint8")
+        );
+        assert_eq!(bytes(only), inline(&mask(2, 1)));
+        assert_eq!(values(&one.model_specific_tensors["num_patches"]), [2]);
+        assert_eq!(one.flat_keys, keys);
+        assert_eq!(sorted(&one.batched_keys), ["num_patches"]);
+
+        let two = one_batch(vec![idefics(2, 3, 1), idefics(3, 10, 2)]);
+        assert_eq!(two.pixel_values.unwrap().shape, [5, 3, 4, 4]);
+        let joined = &two.model_specific_tensors["pixel_attention_mask"];
+        assert_eq!(
+            (joined.shape.as_slice(), joined.dtype.as_str()),
+            (&[5, 4, 4][..], "uint8")
+        );
+        assert_eq!(
+            bytes(joined),
+            [inline(&mask(2, 1)), inline(&mask(3, 2))].concat()
+        );
+        assert_eq!(values(&two.model_specific_tensors["num_patches"]), [2, 3]);
+        assert_eq!(two.flat_keys, keys);
+        assert_eq!(sorted(&two.batched_keys), ["num_patches"]);
     }
 
     /// InternVL: patches flat by the items' own `image_num_patches`.

@@ -12,7 +12,8 @@
 //! | Qwen2/2.5/3-VL (`image_grid_thw`, `video_grid_thw`) | rows concatenated, flat by `image_patch_counts` / `video_patch_counts` (added: `t·h·w` per item) | grid `[n, 3]`, `second_per_grid_ts` `[n]`, the counts `[n]`: batched |
 //! | LLaVA-1.5 (`[3, S, S]`, nothing else) | stacked `[n, 3, S, S]`, batched | |
 //! | LLaVA-NeXT, OneVision (`image_sizes`, 4-D pixels) | stacked `[n, max tiles, 3, S, S]` (zero tiles pad, as HF's processor), batched | `image_sizes` `[n, 2]` batched |
-//! | Gemma 3, Idefics3 (4-D pixels, nothing else) | crops concatenated, flat by `num_patches` (added: crops per item) | `num_patches` `[n]` batched |
+//! | Gemma 3 (4-D pixels, nothing else) | crops concatenated, flat by `num_patches` (added: crops per item) | `num_patches` `[n]` batched |
+//! | Idefics3, SmolVLM (`pixel_attention_mask`) | frames concatenated, flat by `num_patches` (added: frames per item) | `pixel_attention_mask` concatenated, flat by `num_patches`; `num_patches` `[n]` batched |
 //! | Pixtral (`image_sizes`, 3-D pixels) | stacked `[n, 3, H, W]`, batched; images of different sizes are refused (vLLM unpads them in its own processor, which preprocessed pixels skip) | `image_sizes` `[n, 2]` batched |
 //! | InternVL (`image_num_patches`) | patches concatenated, flat by `image_num_patches` | `image_num_patches` `[n]` batched |
 //! | Llama 4 (`aspect_ratios`) | frames concatenated, flat by `patches_per_image` | `aspect_ratios` `[n, 2]`, `patches_per_image` `[n]` batched |
@@ -116,6 +117,12 @@ fn layout_of(item: &MultimodalItem) -> Layout {
             ..stacked("Phi-4-multimodal")
         };
     }
+    if has("pixel_attention_mask") {
+        return Layout {
+            counts: Some("num_patches"),
+            ..flat("Idefics3", "num_patches")
+        };
+    }
     if has("aspect_ratios") {
         return flat("Llama 4", "patches_per_image");
     }
@@ -130,18 +137,21 @@ fn layout_of(item: &MultimodalItem) -> Layout {
         (true, _) => stacked("LLaVA-NeXT/OneVision"),
         (false, 4) => Layout {
             counts: Some("num_patches"),
-            ..flat("Gemma 3/Idefics3", "num_patches")
+            ..flat("Gemma 3", "num_patches")
         },
         (false, _) => stacked("LLaVA"),
     }
 }
 
-/// How a model-specific tensor of the items joins (every one is batched):
-/// Phi-4's per-crop mask gains the item dimension; the others carry it.
-fn tensor_join(key: &str) -> Join {
+/// How a model-specific tensor of the items joins and vLLM slices it:
+/// Phi-4's per-crop mask gains the item dimension; Idefics3's per-frame
+/// pixel mask runs over the frames, flat by `num_patches` as the pixels;
+/// the others carry the item dimension (batched).
+fn tensor_layout(key: &str) -> (Join, Field) {
     match key {
-        "image_attention_mask" => Join::Stack,
-        _ => Join::Concat,
+        "image_attention_mask" => (Join::Stack, Field::Batched),
+        "pixel_attention_mask" => (Join::Concat, Field::Flat("num_patches")),
+        _ => (Join::Concat, Field::Batched),
     }
 }
 
@@ -204,6 +214,18 @@ pub struct Batch {
     pub placeholder_token: Option<u32>,
 }
 
+impl Batch {
+    /// Names `key` in the batch's `batched_keys` or `flat_keys`.
+    fn slice_by(&mut self, key: &str, field: Field) {
+        match field {
+            Field::Batched => self.batched_keys.push(key.to_owned()),
+            Field::Flat(sizes) => {
+                self.flat_keys.insert(key.to_owned(), sizes.to_owned());
+            }
+        }
+    }
+}
+
 /// `items` (one modality, prompt order, at least one) as one batch.
 pub fn batch(items: &[&MultimodalItem]) -> Result<Batch, Status> {
     let Some(first) = items.first() else {
@@ -229,23 +251,17 @@ pub fn batch(items: &[&MultimodalItem]) -> Result<Batch, Status> {
         ..Batch::default()
     };
     batch.pixels = pixels(items, &layout)?;
-    match layout.pixels.1 {
-        Field::Batched => batch.batched_keys.push(pixel_key.to_owned()),
-        Field::Flat(sizes) => {
-            batch
-                .flat_keys
-                .insert(pixel_key.to_owned(), sizes.to_owned());
-        }
-    }
+    batch.slice_by(pixel_key, layout.pixels.1);
     for key in tensor_keys(first) {
         let of_items: Vec<&TensorData> = items
             .iter()
             .filter_map(|item| item.model_specific_tensors.get(key))
             .collect();
+        let (how, field) = tensor_layout(key);
         batch
             .tensors
-            .insert(key.clone(), join(key, &of_items, tensor_join(key))?);
-        batch.batched_keys.push(key.clone());
+            .insert(key.clone(), join(key, &of_items, how)?);
+        batch.slice_by(key, field);
     }
     if let Some(name) = layout.counts {
         batch.tensors.insert(name.to_owned(), counts(items));

@@ -11,11 +11,13 @@
 
 use std::collections::HashMap;
 
+use bytes::Bytes;
 use iris_openai::ApiError;
 use iris_proto::common::Modality;
 use iris_proto::scheduler::tensor_data::Payload;
 use iris_proto::scheduler::{MultimodalInputs, MultimodalItem, PlaceholderRange, TensorData};
-use iris_proto::tensor;
+use iris_proto::tensor::{self, DType};
+use iris_vision::ItemValues;
 
 use super::pixels::{ItemLayout, PixelEntry};
 
@@ -256,11 +258,12 @@ fn item(image: &ItemLayout, ranges: Vec<PlaceholderRange>, image_token: u32) -> 
 /// A family's item tensor on the wire, in its type.
 fn item_tensor(extra: &iris_vision::ItemTensor) -> TensorData {
     let shape = extra.shape.iter().map(|&d| d as u32).collect();
-    if extra.float32 {
-        let values: Vec<f32> = extra.values.iter().map(|&v| v as f32).collect();
-        tensor::float32(shape, &values)
-    } else {
-        tensor::int64(shape, &extra.values)
+    match &extra.values {
+        ItemValues::Int64(values) => tensor::int64(shape, values),
+        ItemValues::Float32(values) => tensor::float32(shape, values),
+        ItemValues::UInt8(values) => {
+            tensor::inline(shape, DType::UInt8, Bytes::from_owner(values.clone()))
+        }
     }
 }
 
@@ -301,8 +304,8 @@ mod tests {
         assert!(err.message.contains("need 2"), "{}", err.message);
     }
 
-    /// A family's item tensors (Llama 4's, a Phi-4 mask) travel under
-    /// their names, shapes, types and values.
+    /// A family's item tensors (Llama 4's, a Phi-4 mask, an Idefics3 pixel
+    /// mask) travel under their names, shapes, types and values.
     #[test]
     fn item_tensors_become_model_specific_tensors() {
         let image = ItemLayout {
@@ -311,6 +314,7 @@ mod tests {
                 iris_vision::ItemTensor::ints("aspect_ratios", vec![1, 2], &[2, 3]),
                 iris_vision::ItemTensor::ints("patches_per_image", vec![1], &[7]),
                 iris_vision::ItemTensor::floats("image_attention_mask", vec![1, 1, 2], &[1, 0]),
+                iris_vision::ItemTensor::mask("pixel_attention_mask", vec![1, 1, 2], vec![1, 0]),
             ],
             ..layout(Modality::Image, 2)
         };
@@ -335,6 +339,17 @@ mod tests {
             mask.payload,
             Some(iris_proto::scheduler::tensor_data::Payload::Inline(
                 ones_zero.into()
+            ))
+        );
+        let pixel_mask = &specific["pixel_attention_mask"];
+        assert_eq!(
+            (pixel_mask.shape.as_slice(), pixel_mask.dtype.as_str()),
+            (&[1, 1, 2][..], "uint8")
+        );
+        assert_eq!(
+            pixel_mask.payload,
+            Some(iris_proto::scheduler::tensor_data::Payload::Inline(
+                vec![1u8, 0].into()
             ))
         );
     }

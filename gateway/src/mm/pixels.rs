@@ -39,7 +39,8 @@ pub struct ItemLayout {
     /// Seconds of video per temporal patch (Qwen2.5-VL's
     /// `second_per_grid_ts`, for its temporal positions).
     pub second_per_grid: Option<f32>,
-    /// The family's other small tensors (InternVL's `image_num_patches`;
+    /// The family's other tensors (InternVL's `image_num_patches`,
+    /// Idefics3's `pixel_attention_mask`;
     /// [`iris_vision::Processor::item_tensors`]).
     pub tensors: Vec<ItemTensor>,
 }
@@ -172,10 +173,16 @@ impl PixelEntry {
 
     /// Bytes the entry holds, for the cache's bound: the tensor's memory,
     /// not only its length, so that the cache's bound is what it keeps
-    /// resident.
+    /// resident, and the family's tensors (Idefics3's pixel mask).
     pub fn weight(&self) -> usize {
         self.held.max(self.pixels.len())
             + self.layout.content_hash.len()
+            + self
+                .layout
+                .tensors
+                .iter()
+                .map(|t| t.values.byte_len())
+                .sum::<usize>()
             + std::mem::size_of::<Self>()
     }
 }

@@ -5,7 +5,11 @@
 //! tensor named there (which must be in `batched_keys`: the servicer
 //! would share it otherwise); in `batched_keys`, dimension 0 is the item.
 //! A batch naming its pixels in neither is one item (the engine folds it
-//! whole, as before batches carried layouts).
+//! whole, as before batches carried layouts). Another tensor in
+//! `flat_keys` (Idefics3's `pixel_attention_mask`, flat by `num_patches`
+//! as its pixels) must be carried and split the same way: one size per
+//! item, adding up to its rows. The engine folds only the pixels, so it
+//! checks those tensors and keeps them whole.
 //!
 //! A batched item of `[frames, 3, H, W]` drops its trailing all-zero
 //! frames: the padding a gateway adds to stack items of fewer tiles
@@ -54,6 +58,7 @@ pub fn split(
             mm.mm_placeholders.len()
         )));
     }
+    check_other_flat_keys(what, mm, key, items)?;
     if items == 1 {
         return Ok(vec![pixels]);
     }
@@ -84,6 +89,34 @@ pub fn split(
         Split::Flat(sizes) => Ok(rows.flat(&sizes)),
         _ => Ok(rows.batched(items)),
     }
+}
+
+/// Every tensor of `flat_keys` but the pixels (`pixel_key`) is carried
+/// and splits into `items` items: one size per item, the sizes adding up
+/// to its rows.
+fn check_other_flat_keys(
+    what: &str,
+    mm: &MultimodalInputs,
+    pixel_key: &str,
+    items: usize,
+) -> Result<(), Status> {
+    for key in mm.flat_keys.keys().filter(|k| k.as_str() != pixel_key) {
+        let Some(t) = mm.model_specific_tensors.get(key) else {
+            return Err(Status::invalid_argument(format!(
+                "{what}.flat_keys names {key}, which the batch does not carry"
+            )));
+        };
+        let Split::Flat(sizes) = layout(what, mm, key)? else {
+            continue;
+        };
+        let rows = t.shape.first().map_or(0, |&n| u64::from(n));
+        if sizes.len() != items || sizes.iter().sum::<u64>() != rows {
+            return Err(Status::invalid_argument(format!(
+                "{what}: {key} of {rows} rows does not split by the sizes {sizes:?} into the {items} items"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A tensor's inline bytes, cut along dimension 0.
@@ -283,6 +316,59 @@ mod tests {
         let err = split("mm_inputs", &fewer, engine(&pixels)).unwrap_err();
         assert!(
             err.message().contains("placeholder ranges"),
+            "{}",
+            err.message()
+        );
+    }
+
+    /// Idefics3's pixel mask is flat by `num_patches` as its frames: it
+    /// must be there and add up; the pixels split by the same sizes.
+    #[test]
+    fn a_flat_mask_beside_the_pixels_is_checked() {
+        let frame = 3 * 2 * 2 * 2;
+        let data: Vec<u8> = (0..5 * frame).map(|i| i as u8).collect();
+        let pixels = inline(&[5, 3, 2, 2], "bfloat16", data.clone());
+        let mm = v::MultimodalInputs {
+            model_specific_tensors: [
+                ("num_patches".to_owned(), ints(&[2], &[2, 3])),
+                (
+                    "pixel_attention_mask".to_owned(),
+                    inline(&[5, 2, 2], "uint8", vec![1; 20]),
+                ),
+            ]
+            .into(),
+            flat_keys: [
+                ("pixel_values".to_owned(), "num_patches".to_owned()),
+                ("pixel_attention_mask".to_owned(), "num_patches".to_owned()),
+            ]
+            .into(),
+            batched_keys: vec!["num_patches".into()],
+            mm_placeholders: ranges(2),
+            ..v::MultimodalInputs::default()
+        };
+        let items = split("mm_inputs", &mm, engine(&pixels)).unwrap();
+        assert_eq!(
+            (items[1].shape.as_slice(), bytes(&items[1])),
+            (&[3, 3, 2, 2][..], &data[2 * frame..])
+        );
+        let mut short = mm.clone();
+        short.model_specific_tensors.insert(
+            "pixel_attention_mask".to_owned(),
+            inline(&[4, 2, 2], "uint8", vec![1; 16]),
+        );
+        let err = split("mm_inputs", &short, engine(&pixels)).unwrap_err();
+        assert!(
+            err.message().contains("pixel_attention_mask of 4 rows"),
+            "{}",
+            err.message()
+        );
+        let mut missing = mm;
+        missing
+            .model_specific_tensors
+            .remove("pixel_attention_mask");
+        let err = split("mm_inputs", &missing, engine(&pixels)).unwrap_err();
+        assert!(
+            err.message().contains("does not carry"),
             "{}",
             err.message()
         );
