@@ -11,9 +11,10 @@ hashes, and those helpers in the steps of the servicer's
 ``_build_preprocessed_mm_inputs`` to cut each batch into its items:
 ``servicer_items``), to what the gateway meant. Run as::
 
-    python backend_recorder.py {vllm|sglang} RECORD
+    python backend_recorder.py {vllm|sglang} RECORD [--tensors]
 
-It serves the protocol's service on 127.0.0.1 at a free port, prints
+With ``--tensors`` an SGLang record also holds every tensor of
+``mm_inputs`` whole (shape, dtype, bytes in base64). It serves the protocol's service on 127.0.0.1 at a free port, prints
 ``listening PORT`` once bound, and appends one JSON line per Generate to
 RECORD. Every Generate is answered with the same canned tokens
 (``ANSWER``), one stream chunk and the completion when streaming.
@@ -22,6 +23,7 @@ RECORD. Every Generate is answered with the same canned tokens
 from __future__ import annotations
 
 import argparse
+import base64
 import concurrent.futures
 import hashlib
 import json
@@ -154,10 +156,20 @@ def vllm_record(request) -> dict:
     }
 
 
-def sglang_record(request) -> dict:
+def sglang_tensors(mm) -> dict:
+    """The batch's tensors as the published servicer's ``_parse_mm_inputs``
+    gives them to the model: ``pixel_values`` (the item's ``feature``) and
+    each model-specific tensor (its attributes), whole."""
+    tensors = {"pixel_values": mm.pixel_values, **mm.model_specific_tensors}
+    return {key: {"shape": list(td.shape), "dtype": td.dtype,
+                  "base64": base64.b64encode(bytes(td.data)).decode()}
+            for key, td in tensors.items()}
+
+
+def sglang_record(request, full: bool = False) -> dict:
     """What the published SGLang servicer reads (``_parse_mm_inputs``:
     ``pixel_values``, ``model_specific_tensors``, ``mm_placeholders``,
-    ``im_token_id``)."""
+    ``im_token_id``); every tensor whole when ``full``."""
     images = []
     if request.HasField("mm_inputs") and request.mm_inputs.HasField("pixel_values"):
         mm = request.mm_inputs
@@ -169,6 +181,8 @@ def sglang_record(request) -> dict:
             "placeholders": [[p.offset, p.length] for p in mm.mm_placeholders],
             "im_token_id": mm.im_token_id if mm.HasField("im_token_id") else None,
         })
+        if full:
+            images[-1]["tensors"] = sglang_tensors(mm)
     return {
         "input_ids": list(request.tokenized.input_ids),
         "sampling": to_dict(request.sampling_params),
@@ -212,8 +226,9 @@ class Vllm(vl_grpc.VllmEngineServicer):
 
 
 class Sglang(sg_grpc.SglangSchedulerServicer):
-    def __init__(self, recorder: Recorder):
+    def __init__(self, recorder: Recorder, full: bool = False):
         self.recorder = recorder
+        self.full = full
 
     def HealthCheck(self, request, context):
         return sg.HealthCheckResponse(healthy=True, message="recorder")
@@ -225,7 +240,7 @@ class Sglang(sg_grpc.SglangSchedulerServicer):
         return sg.AbortResponse(success=True)
 
     def Generate(self, request, context):
-        self.recorder.write({"protocol": "sglang", **sglang_record(request)})
+        self.recorder.write({"protocol": "sglang", **sglang_record(request, self.full)})
         prompt = len(request.tokenized.input_ids)
         rid = request.request_id
         if request.stream:
@@ -240,6 +255,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("protocol", choices=["vllm", "sglang"])
     parser.add_argument("record")
+    parser.add_argument("--tensors", action="store_true",
+                        help="record SGLang's multimodal tensors whole")
     args = parser.parse_args()
     recorder = Recorder(args.record)
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8),
@@ -247,7 +264,7 @@ def main() -> int:
     if args.protocol == "vllm":
         vl_grpc.add_VllmEngineServicer_to_server(Vllm(recorder), server)
     else:
-        sg_grpc.add_SglangSchedulerServicer_to_server(Sglang(recorder), server)
+        sg_grpc.add_SglangSchedulerServicer_to_server(Sglang(recorder, args.tensors), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print(f"listening {port}", flush=True)

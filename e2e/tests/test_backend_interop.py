@@ -15,6 +15,7 @@ vLLM) cut back into the two images, each bit for bit.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -26,7 +27,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, STARTUP_TIMEOUT, Processes, binary, start_gateway
-from test_epd import data_url, image_part
+from test_epd import data_url, image_part, png
+from test_families import CHATS, FAMILIES, reference_answers, request_messages, write_model
 from test_ts_encoder import bf16_bits
 
 HARNESS = REPO / "e2e" / "interop" / "backend_recorder.py"
@@ -225,3 +227,88 @@ def test_two_images_go_as_one_vllm_batch_the_servicer_splits(two_images):
         t, h, w = item["image_grid_thw"]["values"]
         assert length == t * h * w // 4
     assert ids.count(token) == sum(length for _, length in ranges)
+
+
+# SGLang's batches per family, against Hugging Face's processor.
+
+# The name a tensor of the processor's output goes under to SGLang (its
+# servicer makes `pixel_values` the item's feature, whatever the model
+# code calls it).
+SENT_AS = {"phi4_multimodal": {"image_pixel_values": "pixel_values"}}
+# What the processor returns for the model alone: how many images each
+# prompt of a batch holds (one request is one prompt).
+NOT_SENT = {"llava_onevision": {"batch_num_images"}}
+# Per-image counts the processor uses for the prompt and does not return,
+# sent as the items carry them (vLLM's model code reads them): one per image.
+PER_IMAGE = {"internvl": {"image_num_patches"}, "phi4_multimodal": {"num_img_tokens"},
+             "llama4": {"aspect_ratios", "patches_per_image"}}
+
+
+def decoded(record: dict) -> np.ndarray:
+    """A recorded or reference tensor as an array (bfloat16 widened to
+    float32)."""
+    raw = base64.b64decode(record["base64"])
+    if record["dtype"] == "bfloat16":
+        bits = np.frombuffer(raw, "<u2").astype("<u4") << 16
+        return bits.view("<f4").reshape(record["shape"])
+    return np.frombuffer(raw, np.dtype(record["dtype"]).newbyteorder("<")).reshape(
+        record["shape"])
+
+
+def sglang_batch(family: str, model: Path, logs: Path, images: list) -> dict:
+    """The tensors of the one SGLang request a chat with ``images`` (PNG
+    bytes) becomes, as the recorder received them."""
+    logs.mkdir()
+    procs = Processes(logs)
+    record = logs / "record.jsonl"
+    try:
+        worker = procs.spawn("recorder-sglang",
+                             [sys.executable, HARNESS, "sglang", record, "--tensors"])
+        port = worker.wait_for_line(LISTENING, STARTUP_TIMEOUT).group(1)
+        gateway = start_gateway(procs, model, "--worker-urls",
+                                f"grpc://127.0.0.1:{port}?backend=sglang")
+        reply = gateway.http(timeout=120).post("/v1/chat/completions", json={
+            "model": gateway.model, "max_tokens": 5, "messages": request_messages(images)})
+        assert reply.status_code == 200, f"{family}: {reply.text}"
+        gateway.close_clients()
+    finally:
+        procs.stop_all()
+    [line] = [line for line in record.read_text().splitlines() if line.strip()]
+    [batch] = json.loads(line)["images"]
+    return {key: decoded(t) for key, t in batch["tensors"].items()}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_reaches_sglang_as_hugging_face_batches_it(family, tmp_path):
+    """Two images of two sizes in one chat reach an SGLang worker as ONE
+    item whose tensors, read by the published servicer's rules, are the
+    ones Hugging Face's processor returns for that chat (the class the
+    model's config names): every tensor by name, shape and value (the
+    pixels to bfloat16, the wire's default, and within one bfloat16 step
+    of the reference), the images stacked and zero padded or their rows
+    concatenated as the family's processor joins them; besides, only the
+    per-image counts the items carry (``PER_IMAGE``)."""
+    model = write_model(family, tmp_path / f"tiny-{family}")
+    images, paths = [], []
+    for i, (w, h, seed) in enumerate(CHATS[1]):
+        images.append(png(w, h, seed=seed))
+        paths.append(str(tmp_path / f"image{i}.png"))
+        Path(paths[-1]).write_bytes(images[-1])
+    [answer] = reference_answers(family, model, tmp_path, [paths], tensors=True)
+    names = SENT_AS.get(family, {})
+    want = {names.get(key, key): decoded(t) for key, t in answer["tensors"].items()
+            if key not in NOT_SENT.get(family, set())}
+    got = sglang_batch(family, model, tmp_path / "logs", images)
+    per_image = PER_IMAGE.get(family, set())
+    assert sorted(got) == sorted(want.keys() | per_image), family
+    for key in per_image:
+        assert got[key].shape[0] == len(images) and (got[key] > 0).all(), (family, key)
+    for key, expected in want.items():
+        sent = got[key]
+        assert list(sent.shape) == list(expected.shape), (family, key)
+        if expected.dtype.kind == "f":
+            np.testing.assert_allclose(sent, expected, rtol=2.0 ** -8, atol=1e-6,
+                                       err_msg=f"{family} {key}")
+        else:
+            np.testing.assert_array_equal(sent.astype(np.int64), expected.astype(np.int64),
+                                          err_msg=f"{family} {key}")

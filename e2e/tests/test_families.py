@@ -125,8 +125,10 @@ def request_messages(images: list) -> list:
     return [{"role": "user", "content": parts}]
 
 
-def reference_ids(family: str, model: Path, work: Path, images: list) -> list:
-    """Hugging Face's prompt ids for each chat of ``images`` (PNG paths)."""
+def reference_answers(family: str, model: Path, work: Path, images: list,
+                      tensors: bool = False) -> list:
+    """Hugging Face's processor output for each chat of ``images`` (PNG
+    paths): the prompt's ``input_ids``, and its ``tensors`` when asked."""
     config = json.loads((model / "tokenizer_config.json").read_text())
     call = HF_CALLS[family]
     tokenizer = dict(call.get("tokenizer", {}))
@@ -140,6 +142,7 @@ def reference_ids(family: str, model: Path, work: Path, images: list) -> list:
         "tokenizer": tokenizer,
         "call_kwargs": call.get("call_kwargs", {}),
         "nest_images": call.get("nest_images", False),
+        "tensors": tensors,
         "conversations": [{"messages": hf_messages(len(paths)), "images": paths}
                           for paths in images],
     }
@@ -148,7 +151,12 @@ def reference_ids(family: str, model: Path, work: Path, images: list) -> list:
     if done.returncode != 0:
         pytest.fail(f"the Hugging Face reference failed ({done.returncode}):\n{done.stderr}"
                     f"\n{HF_HINT}")
-    return [answer["input_ids"] for answer in json.loads(done.stdout)]
+    return json.loads(done.stdout)
+
+
+def reference_ids(family: str, model: Path, work: Path, images: list) -> list:
+    """Hugging Face's prompt ids for each chat of ``images`` (PNG paths)."""
+    return [answer["input_ids"] for answer in reference_answers(family, model, work, images)]
 
 
 class FamilyCase:

@@ -14,10 +14,14 @@ Reads one JSON object on stdin:
      "call_kwargs": {...},        # per-call processor arguments
      "nest_images": false,        # optional: each chat's images as [[...]],
                                   # one prompt's (OneVision's multi-image rule)
+     "tensors": false,            # optional: also every tensor the processor
+                                  # returns, its image processor the class
+                                  # preprocessor_config.json names
      "conversations": [{"messages": [...], "images": [PNG path, ...]}]}
 
 and writes, per conversation, {"text": rendered prompt, "input_ids": [...]}
-as a JSON list on stdout. Exits 3 with an install hint when transformers
+(with "tensors": {name: {"shape", "dtype", "base64"}} when asked) as a
+JSON list on stdout. Exits 3 with an install hint when transformers
 (or Pillow) is missing or not the pinned version.
 """
 
@@ -44,15 +48,16 @@ if transformers.__version__ != PINNED:
     sys.exit(3)
 
 
-def image_processor(model_dir):
+def image_processor(model_dir, as_configured=False):
     """The image processor class preprocessor_config.json names, with its values.
-    A fast (torchvision) class that has a slow twin is replaced by the twin:
-    the prompt depends on the tile counts alone, which both compute with the
-    same function (InternVL's `get_optimal_tiled_canvas`), and the slow one
-    needs no torch."""
+    Unless `as_configured`, a fast (torchvision) class that has a slow twin
+    is replaced by the twin: the prompt depends on the tile counts alone,
+    which both compute with the same function (InternVL's
+    `get_optimal_tiled_canvas`), and the slow one needs no torch."""
     config = json.loads((model_dir / "preprocessor_config.json").read_text())
     name = config.pop("image_processor_type")
-    if name.endswith("Fast") and hasattr(transformers, name[: -len("Fast")]):
+    slow_twin = name.endswith("Fast") and hasattr(transformers, name[: -len("Fast")])
+    if slow_twin and not as_configured:
         name = name[: -len("Fast")]
     cls = getattr(transformers, name)
     config.pop("processor_class", None)
@@ -93,11 +98,29 @@ def processor(request):
     cls = getattr(transformers, request["processor_class"])
     cls, kwargs = with_defaults(cls, dict(request["processor_kwargs"]))
     return cls(
-        image_processor=image_processor(model_dir),
+        image_processor=image_processor(model_dir, request.get("tensors", False)),
         tokenizer=tokenizer,
         chat_template=(model_dir / "chat_template.jinja").read_text(),
         **kwargs,
     )
+
+
+# What the processor returns for the text, not the images.
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def tensor_record(value):
+    """`value` (a tensor, array or nested list) as shape, dtype and its
+    little-endian bytes in base64."""
+    import base64
+
+    if hasattr(value, "numpy"):
+        # bfloat16 (Llama 4's pixels) has no numpy type: widened, exactly.
+        value = (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
+    array = np.ascontiguousarray(np.asarray(value))
+    return {"shape": list(array.shape), "dtype": str(array.dtype),
+            "base64": base64.b64encode(array.astype(array.dtype.newbyteorder("<")).tobytes())
+            .decode()}
 
 
 def main():
@@ -113,7 +136,11 @@ def main():
             images = [images]
         encoded = proc(text=text, images=images or None, **request["call_kwargs"])
         ids = [int(i) for i in np.asarray(encoded["input_ids"]).reshape(-1)]
-        out.append({"text": text, "input_ids": ids})
+        answer = {"text": text, "input_ids": ids}
+        if request.get("tensors"):
+            answer["tensors"] = {key: tensor_record(value) for key, value in encoded.items()
+                                 if key not in TEXT_KEYS}
+        out.append(answer)
     json.dump(out, sys.stdout)
 
 

@@ -47,6 +47,18 @@ impl DType {
         }
     }
 
+    /// The value 1 as one element's little-endian bytes.
+    pub fn one(self) -> &'static [u8] {
+        match self {
+            DType::Float32 => &[0x00, 0x00, 0x80, 0x3F],
+            DType::BFloat16 => &[0x80, 0x3F],
+            DType::Float16 => &[0x00, 0x3C],
+            DType::Int64 => &[1, 0, 0, 0, 0, 0, 0, 0],
+            DType::UInt32 => &[1, 0, 0, 0],
+            DType::UInt8 => &[1],
+        }
+    }
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {

@@ -5,8 +5,8 @@
 //! HealthCheck, GetModelInfo and the KV event subscription. Pixel
 //! tensors go from the shared buffers without a copy whatever the
 //! protocol ([`iris_process::splice`]; the translations share them), but
-//! for the several items of one modality sent to a vLLM worker, which
-//! its protocol takes as one tensor ([`super::vllm_batch`]: joined on the
+//! for the several items of one modality sent to a vLLM or SGLang worker,
+//! which its protocol takes as one tensor ([`super::batch`]: joined on the
 //! blocking pool when large).
 
 use std::time::Duration;
@@ -65,7 +65,7 @@ impl Backend {
                 Ok(map_stream(stream, move |r| vllm::response(&id, r)))
             }
             (Backend::Sglang, None) => {
-                let translated = sglang::request(request)?;
+                let translated = sglang::translate(request).await?;
                 let stream = spliced(channel, SGLANG_GENERATE, &translated).await?;
                 Ok(map_stream(stream, sglang::response))
             }

@@ -19,10 +19,10 @@
 //! annotation `iris.ai/backend`; otherwise it is detected on the first
 //! health check ([`crate::workers::health`]) from which service answers.
 
+pub mod batch;
 pub mod calls;
 pub mod sglang;
 pub mod vllm;
-pub mod vllm_batch;
 
 use std::fmt;
 use std::pin::Pin;

@@ -7,23 +7,24 @@
 //!   their kind; `return_logprob` and `top_logprobs_num` are the same
 //!   fields, with `logprob_start_len` -1 (output only).
 //! - Images: SGLang takes one `pixel_values` tensor per request, inline
-//!   only. One image is sent as is; several are concatenated along their
-//!   first dimension (same dtype and trailing shape), their
-//!   `model_specific_tensors` likewise key by key, their placeholders
-//!   listed in order. A PD decode leg's images (no pixels) keep their
-//!   metadata without `pixel_values`.
+//!   only, which its servicer hands the model as ONE item (the other
+//!   tensors its attributes). The images are joined into the tensors
+//!   Hugging Face's processor returns for them together, per family
+//!   ([`super::batch`]): rows or crops concatenated (Qwen-VL, Gemma 3,
+//!   Llama 4, InternVL, Idefics3), images stacked under an item dimension
+//!   and zero padded to the largest (LLaVA-1.5/NeXT/OneVision, Pixtral,
+//!   Phi-4-multimodal); their placeholders listed in order. A PD decode
+//!   leg's images (no pixels) keep their metadata without `pixel_values`.
+//!   Joining many bytes runs on the blocking pool ([`translate`]).
 //! - PD: TokenSpeed's `kv_bootstrap_info` becomes `disaggregated_params`
 //!   (the room must fit SGLang's int32: the router picks it so).
 //!
 //! Refused (UNIMPLEMENTED, naming the field): pixels on a shm or remote
 //! lane, `encode_bootstrap_info` (EPD needs TokenSpeed workers), prompt
-//! log probabilities, images of different dtypes, shapes, tensors or
+//! log probabilities, images of different dtypes, ranks, tensors or
 //! placeholder tokens that cannot form one batch. A `sampling_seed` is
 //! INVALID_ARGUMENT (SGLang's request has none; the client can drop it).
 
-use std::collections::HashMap;
-
-use bytes::{Bytes, BytesMut};
 use iris_proto::scheduler::{
     self as ts, generate_response, sampling_params::Constraint, tensor_data::Payload,
     GenerateRequest, GenerateResponse,
@@ -31,9 +32,13 @@ use iris_proto::scheduler::{
 use iris_proto::sglang as s;
 use tonic::Status;
 
-use super::{cannot_carry, prompt_logprobs_requested, transcode, Backend};
+use super::{batch, cannot_carry, prompt_logprobs_requested, transcode, Backend};
 
 const BACKEND: Backend = Backend::Sglang;
+
+/// Bytes of joined tensors above which a translation runs on the
+/// blocking pool.
+const BLOCKING_JOIN_BYTES: usize = 256 << 10;
 
 /// `request` in SGLang's form.
 pub fn request(request: &GenerateRequest) -> Result<s::GenerateRequest, Status> {
@@ -141,7 +146,36 @@ fn disaggregated(info: &ts::KvBootstrapInfo) -> Result<s::DisaggregatedParams, S
     })
 }
 
-/// The images (at least one) as SGLang's one batch.
+/// [`request`], on the blocking pool when it joins many bytes of several
+/// images' tensors.
+pub async fn translate(request: &GenerateRequest) -> Result<s::GenerateRequest, Status> {
+    let items = request.mm_inputs.as_ref().map_or(&[][..], |m| &m.items);
+    if joined_bytes(items) < BLOCKING_JOIN_BYTES {
+        return self::request(request);
+    }
+    let owned = request.clone();
+    tokio::task::spawn_blocking(move || self::request(&owned))
+        .await
+        .map_err(|e| Status::internal(format!("joining the SGLang batch failed: {e}")))?
+}
+
+/// Bytes joining `items` into one batch copies (none for one item).
+fn joined_bytes(items: &[ts::MultimodalItem]) -> usize {
+    if items.len() < 2 {
+        return 0;
+    }
+    items
+        .iter()
+        .flat_map(|i| i.encoder_input.iter().chain(i.model_specific_tensors.values()))
+        .map(|t| match &t.payload {
+            Some(Payload::Inline(bytes)) => bytes.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The images (at least one) as SGLang's one batch: the tensors Hugging
+/// Face's processor returns for them together ([`batch`]).
 fn mm_inputs(items: &[ts::MultimodalItem]) -> Result<s::MultimodalInputs, Status> {
     let token_id = items[0].placeholder_token_id;
     if items.iter().any(|i| i.placeholder_token_id != token_id) {
@@ -151,54 +185,43 @@ fn mm_inputs(items: &[ts::MultimodalItem]) -> Result<s::MultimodalInputs, Status
             "images with different placeholder tokens cannot form one batch",
         ));
     }
-    let pixels: Vec<&ts::TensorData> = items
-        .iter()
-        .filter_map(|i| i.encoder_input.as_ref())
-        .collect();
-    if !pixels.is_empty() && pixels.len() != items.len() {
+    let with_pixels = items.iter().filter(|i| i.encoder_input.is_some()).count();
+    if with_pixels != 0 && with_pixels != items.len() {
         return Err(cannot_carry(
             BACKEND,
             "images with and without pixels",
             "one batch has pixels for all of its images or for none",
         ));
     }
-    let mut extra = HashMap::new();
-    for key in items[0].model_specific_tensors.keys() {
-        let tensors: Vec<&ts::TensorData> = items
-            .iter()
-            .map(|i| {
-                i.model_specific_tensors.get(key).ok_or_else(|| {
-                    cannot_carry(
-                        BACKEND,
-                        "model_specific_tensors",
-                        &format!("{key:?} is not given for every image of the batch"),
-                    )
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        extra.insert(key.clone(), concat(&tensors, key)?);
-    }
-    if items
-        .iter()
-        .any(|i| i.model_specific_tensors.len() != extra.len())
-    {
+    let keys = batch::tensor_keys;
+    if let Some(other) = items.iter().find(|i| keys(i) != keys(&items[0])) {
         return Err(cannot_carry(
             BACKEND,
             "model_specific_tensors",
-            "the images of a batch must carry the same tensors",
+            &format!(
+                "the images of a batch must carry the same tensors ({:?} and {:?})",
+                keys(&items[0]),
+                keys(other)
+            ),
         ));
     }
+    let refs: Vec<&ts::MultimodalItem> = items.iter().collect();
+    let joined = batch::batch(&refs, BACKEND)?;
     Ok(s::MultimodalInputs {
         // None on a PD decode leg: its images' KV state comes from prefill.
-        pixel_values: match pixels.is_empty() {
-            true => None,
-            false => Some(concat(&pixels, "pixel_values")?),
-        },
+        pixel_values: joined
+            .pixels
+            .map(|t| inline(t, "pixel_values"))
+            .transpose()?,
         modalities: items
             .iter()
             .map(|i| modality(i.modality).to_owned())
             .collect(),
-        model_specific_tensors: extra,
+        model_specific_tensors: joined
+            .tensors
+            .into_iter()
+            .map(|(key, t)| inline(t, &key).map(|t| (key, t)))
+            .collect::<Result<_, _>>()?,
         im_token_id: token_id,
         mm_placeholders: items
             .iter()
@@ -221,50 +244,20 @@ fn modality(value: i32) -> &'static str {
     }
 }
 
-/// `tensors` (inline, one dtype, one trailing shape) concatenated along
-/// their first dimension; `name` for errors.
-fn concat(tensors: &[&ts::TensorData], name: &str) -> Result<s::TensorData, Status> {
-    let first = tensors[0];
-    let mut rows = 0u32;
-    let mut data: Vec<&Bytes> = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        let Some(Payload::Inline(bytes)) = &t.payload else {
-            return Err(cannot_carry(
-                BACKEND,
-                &format!("{name} on a shm or remote lane"),
-                "SGLang's TensorData carries data inline only",
-            ));
-        };
-        let same_layout = t.dtype == first.dtype
-            && t.shape.len() == first.shape.len()
-            && t.shape.get(1..) == first.shape.get(1..);
-        if !same_layout || t.shape.is_empty() {
-            return Err(cannot_carry(
-                BACKEND,
-                name,
-                &format!(
-                    "images of {} {:?} and {} {:?} cannot form one batch",
-                    first.dtype, first.shape, t.dtype, t.shape
-                ),
-            ));
-        }
-        rows = rows.saturating_add(t.shape[0]);
-        data.push(bytes);
-    }
-    let mut shape = first.shape.clone();
-    shape[0] = rows;
-    let data = match data.as_slice() {
-        [one] => Bytes::clone(one),
-        many => {
-            let mut joined = BytesMut::with_capacity(many.iter().map(|b| b.len()).sum());
-            many.iter().for_each(|b| joined.extend_from_slice(b));
-            joined.freeze()
-        }
+/// `t` as SGLang's tensor, whose bytes travel inline only; `name` for
+/// errors.
+fn inline(t: ts::TensorData, name: &str) -> Result<s::TensorData, Status> {
+    let Some(Payload::Inline(data)) = t.payload else {
+        return Err(cannot_carry(
+            BACKEND,
+            &format!("{name} on a shm or remote lane"),
+            "SGLang's TensorData carries data inline only",
+        ));
     };
     Ok(s::TensorData {
         data,
-        shape,
-        dtype: first.dtype.clone(),
+        shape: t.shape,
+        dtype: t.dtype,
     })
 }
 
@@ -310,6 +303,7 @@ fn complete(c: s::GenerateComplete) -> Result<ts::GenerateComplete, Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use iris_proto::common::{Modality, ShmHandle};
     use iris_proto::scheduler::{
         KvBootstrapInfo, MultimodalInputs, MultimodalItem, PlaceholderRange, TensorData,
@@ -417,6 +411,107 @@ mod tests {
         assert_eq!(mm.model_specific_tensors["image_grid_thw"].shape, [2, 3]);
         let offsets: Vec<u32> = mm.mm_placeholders.iter().map(|p| p.offset).collect();
         assert_eq!(offsets, [4, 9]);
+    }
+
+    /// An image item with `pixels` (uint8, counting up from `first`) and
+    /// the given model-specific tensors.
+    fn family_item(
+        pixels: Vec<u32>,
+        first: u8,
+        tensors: &[(&str, Vec<u32>)],
+        offset: u32,
+    ) -> MultimodalItem {
+        let count = pixels.iter().product::<u32>() as usize;
+        let data: Vec<u8> = (0..count).map(|i| first.wrapping_add(i as u8)).collect();
+        MultimodalItem {
+            model_specific_tensors: tensors
+                .iter()
+                .map(|(k, shape)| {
+                    let n = shape.iter().product::<u32>() as usize;
+                    ((*k).to_owned(), inline(shape.clone(), &vec![1; n]))
+                })
+                .collect(),
+            ..image(inline(pixels, &data), offset)
+        }
+    }
+
+    fn sent(items: Vec<MultimodalItem>) -> s::MultimodalInputs {
+        let mut req = base();
+        req.mm_inputs = Some(MultimodalInputs { items });
+        request(&req).unwrap().mm_inputs.unwrap()
+    }
+
+    #[test]
+    fn stacked_families_gain_the_item_dimension_and_pad_as_hugging_face() {
+        // LLaVA-1.5: [3, S, S] per image, [n, 3, S, S] as its processor.
+        let one = sent(vec![family_item(vec![3, 2, 2], 0, &[], 4)]);
+        assert_eq!(one.pixel_values.unwrap().shape, [1, 3, 2, 2]);
+        let two = sent(vec![
+            family_item(vec![3, 2, 2], 0, &[], 4),
+            family_item(vec![3, 2, 2], 100, &[], 9),
+        ]);
+        let pixels = two.pixel_values.unwrap();
+        assert_eq!(pixels.shape, [2, 3, 2, 2]);
+        assert_eq!((pixels.data[0], pixels.data[12]), (0, 100));
+        assert!(two.model_specific_tensors.is_empty());
+
+        // Phi-4-multimodal: 1 + tiles crops each, stacked and zero padded
+        // to the most, under `pixel_values` (SGLang's feature).
+        let phi = |crops: u32, first, offset| {
+            family_item(
+                vec![crops, 3, 1, 1],
+                first,
+                &[
+                    ("image_attention_mask", vec![crops, 1, 1]),
+                    ("image_sizes", vec![1, 2]),
+                    ("num_img_tokens", vec![1]),
+                ],
+                offset,
+            )
+        };
+        let mm = sent(vec![phi(2, 10, 4), phi(3, 50, 9)]);
+        let pixels = mm.pixel_values.unwrap();
+        assert_eq!(pixels.shape, [2, 3, 3, 1, 1]);
+        let (first, second) = pixels.data.split_at(9);
+        assert_eq!(first, [10, 11, 12, 13, 14, 15, 0, 0, 0], "a padded crop");
+        assert_eq!(second, (50..59).collect::<Vec<u8>>());
+        let tensors = &mm.model_specific_tensors;
+        assert_eq!(tensors["image_attention_mask"].shape, [2, 3, 1, 1]);
+        assert_eq!(tensors["image_attention_mask"].data[..], [1; 6], "a padded crop's all ones");
+        assert_eq!(tensors["image_sizes"].shape, [2, 2]);
+        assert_eq!(tensors["num_img_tokens"].shape, [2]);
+        assert!(!tensors.contains_key("image_pixel_values"));
+
+        // Pixtral: images of different sizes padded at the bottom and the
+        // right (SGLang's vision model crops each by `image_sizes`).
+        let pixtral = |h, w, first, offset| {
+            family_item(vec![3, h, w], first, &[("image_sizes", vec![1, 2])], offset)
+        };
+        let mm = sent(vec![pixtral(1, 2, 0, 4), pixtral(2, 1, 20, 9)]);
+        let pixels = mm.pixel_values.unwrap();
+        assert_eq!(pixels.shape, [2, 3, 2, 2]);
+        assert_eq!(&pixels.data[..4], [0, 1, 0, 0]);
+        assert_eq!(&pixels.data[12..16], [20, 0, 21, 0]);
+        assert_eq!(mm.model_specific_tensors["image_sizes"].shape, [2, 2]);
+    }
+
+    #[test]
+    fn concatenated_families_add_no_count_tensors() {
+        // Gemma 3: crops concatenated, no `num_patches` (vLLM's own).
+        let mm = sent(vec![
+            family_item(vec![2, 3, 1, 1], 0, &[], 4),
+            family_item(vec![1, 3, 1, 1], 6, &[], 9),
+        ]);
+        let pixels = mm.pixel_values.unwrap();
+        assert_eq!(pixels.shape, [3, 3, 1, 1]);
+        assert_eq!(&pixels.data[..], (0..9).collect::<Vec<u8>>());
+        assert!(mm.model_specific_tensors.is_empty());
+        // Qwen-VL: rows and grids concatenated, no `image_patch_counts`.
+        let mm = sent(vec![image(inline(vec![1, 2], &[1, 2]), 4); 2]);
+        assert_eq!(
+            mm.model_specific_tensors.keys().collect::<Vec<_>>(),
+            ["image_grid_thw"]
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! - Images and videos: one `MultimodalInputs` per modality (the first in
 //!   `mm_inputs`, the next in `extra_mm_inputs`), every item's tensors
 //!   joined in the layout vLLM's model code gives the family, with
-//!   `batched_keys` and `flat_keys` ([`super::vllm_batch`]);
+//!   `batched_keys` and `flat_keys` ([`super::batch`]);
 //!   `im_token_id` carries over, one placeholder range and one
 //!   `mm_hashes` entry (the content hash in hex) per item;
 //!   `encoder_input_key` names the pixels where vLLM's model code reads
@@ -35,7 +35,7 @@ use iris_proto::scheduler::{
 use iris_proto::vllm as v;
 use tonic::Status;
 
-use super::vllm_batch::{self, Batch};
+use super::batch::{self, Batch};
 use super::{cannot_carry, hash_hex, prompt_logprobs_requested, transcode, Backend};
 
 const BACKEND: Backend = Backend::Vllm;
@@ -55,7 +55,7 @@ pub async fn translate(
     kv_transfer_params_json: Option<String>,
 ) -> Result<v::GenerateRequest, Status> {
     let items = request.mm_inputs.as_ref().map_or(&[][..], |m| &m.items);
-    if vllm_batch::copied_bytes(items) < BLOCKING_JOIN_BYTES {
+    if batch::copied_bytes(items) < BLOCKING_JOIN_BYTES {
         return self::request(request, kv_transfer_params_json);
     }
     let owned = request.clone();
@@ -114,7 +114,7 @@ pub fn request(
         logprobs,
     )?;
     let items = request.mm_inputs.as_ref().map_or(&[][..], |m| &m.items);
-    let mut batches = vllm_batch::by_modality(items)
+    let mut batches = batch::by_modality(items)
         .into_iter()
         .map(|group| mm_inputs(&group))
         .collect::<Result<Vec<_>, Status>>()?
@@ -221,7 +221,7 @@ fn mm_inputs(items: &[&ts::MultimodalItem]) -> Result<v::MultimodalInputs, Statu
         keep_on_cpu_keys,
         placeholders,
         placeholder_token,
-    } = vllm_batch::batch(items)?;
+    } = batch::batch(items, BACKEND)?;
     Ok(v::MultimodalInputs {
         pixel_values: pixels.as_ref().map(tensor),
         model_specific_tensors: tensors
@@ -871,8 +871,8 @@ mod tests {
     }
 
     /// Phi-4-multimodal: `image_pixel_values` and the mask stacked and
-    /// zero-padded to the most crops, `image_sizes` and `num_img_tokens`
-    /// one row each; all batched.
+    /// padded to the most crops (pixels with zeros, the mask with ones),
+    /// `image_sizes` and `num_img_tokens` one row each; all batched.
     #[test]
     fn phi4_items_stack_as_image_pixel_values() {
         let tensors = |crops, h, w, tokens| {
@@ -904,9 +904,9 @@ mod tests {
         let mask = &batch.model_specific_tensors["image_attention_mask"];
         assert_eq!(mask.shape, [2, 3, 2, 2]);
         assert_eq!(
-            &bytes(mask)[2 * 16..3 * 16],
-            [0u8; 16],
-            "the padded crop is masked out"
+            bytes(mask)[2 * 16..3 * 16],
+            1f32.to_le_bytes().repeat(4),
+            "the padded crop's mask is all ones, as Hugging Face pads it"
         );
         assert_eq!(
             values(&batch.model_specific_tensors["num_img_tokens"]),
@@ -945,7 +945,7 @@ mod tests {
             items: vec![qwen(1), qwen(2)],
         });
         let items = &req.mm_inputs.as_ref().unwrap().items;
-        assert!(vllm_batch::copied_bytes(items) >= BLOCKING_JOIN_BYTES);
+        assert!(batch::copied_bytes(items) >= BLOCKING_JOIN_BYTES);
         let off = translate(&req, None).await.unwrap();
         assert_eq!(off, request(&req, None).unwrap());
         assert_eq!(
@@ -962,9 +962,9 @@ mod tests {
         let mut video = image.clone();
         video.modality = Modality::Video as i32;
         let items = vec![image.clone(), video, image];
-        assert_eq!(vllm_batch::joined_items(&items), [0, 2]);
-        assert_eq!(vllm_batch::copied_bytes(&items), 2 * 3 * 4 * 4 * 4);
-        assert_eq!(vllm_batch::copied_bytes(&items[..2]), 0);
+        assert_eq!(batch::joined_items(&items), [0, 2]);
+        assert_eq!(batch::copied_bytes(&items), 2 * 3 * 4 * 4 * 4);
+        assert_eq!(batch::copied_bytes(&items[..2]), 0);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! transport over the flag, what it proved in GetServerInfo, the size
 //! thresholds, counted fallbacks), except the several items of one
 //! modality sent to a vLLM worker: its protocol takes them joined into one
-//! tensor, made from their inline bytes ([`crate::backends::vllm_batch`]),
+//! tensor, made from their inline bytes ([`crate::backends::batch`]),
 //! so they stay inline (counted there). An RDMA lease is keyed by a fresh
 //! random room per tensor, which the descriptor carries (a TokenSpeed
 //! scheduler servicer's puller checks no Encode room against it).
@@ -35,7 +35,7 @@ use iris_transport::{DeliveryTicket, Transport};
 use tonic::Status;
 
 use super::legs::new_room;
-use crate::backends::{vllm_batch, Backend};
+use crate::backends::{batch, Backend};
 use crate::transport::Lanes;
 use crate::workers::Worker;
 
@@ -226,11 +226,11 @@ pub(super) async fn prepare(
 }
 
 /// The items a vLLM worker takes joined with the others of their modality
-/// into one tensor ([`crate::backends::vllm_batch`]): they stay inline
+/// into one tensor ([`crate::backends::batch`]): they stay inline
 /// whatever the worker's lane. None for the other backends.
 fn joined_items(worker: &Worker, request: &GenerateRequest) -> Vec<usize> {
     match (worker.backend(), &request.mm_inputs) {
-        (Some(Backend::Vllm), Some(inputs)) => vllm_batch::joined_items(&inputs.items),
+        (Some(Backend::Vllm), Some(inputs)) => batch::joined_items(&inputs.items),
         _ => Vec::new(),
     }
 }

@@ -1,11 +1,16 @@
-//! The items of one modality as ONE vLLM batch (`MultimodalInputs`), in
-//! the field layout vLLM's model code gives the family
-//! (`_get_mm_fields_config`). The published vLLM servicer reads one batch
-//! per modality (two batches carrying the same tensor key are refused)
-//! and slices each tensor into items by the batch's `batched_keys`
-//! (dimension 0 runs over the items) and `flat_keys` (rows concatenated
-//! over the items, the per-item row counts in another tensor of the
-//! batch); a tensor named in neither is shared by every item.
+//! The items of one modality as ONE batch in the tensors Hugging Face's
+//! processor returns for the whole request, for the two backends whose
+//! protocols take a batch: vLLM (`MultimodalInputs`, cut back into items
+//! by its keys) and SGLang (one `pixel_values` plus model-specific
+//! tensors, handed to the model as one item).
+//!
+//! vLLM: the published servicer reads one batch per modality (two batches
+//! carrying the same tensor key are refused) and slices each tensor into
+//! items by the batch's `batched_keys` (dimension 0 runs over the items)
+//! and `flat_keys` (rows concatenated over the items, the per-item row
+//! counts in another tensor of the batch); a tensor named in neither is
+//! shared by every item. The layouts are vLLM's model code's
+//! (`_get_mm_fields_config`):
 //!
 //! | family (told by its item tensors) | pixels | other tensors |
 //! |---|---|---|
@@ -23,12 +28,21 @@
 //! its last (vLLM counts items by ranges; `im_token_id` marks which
 //! positions take embeddings), and one `mm_hashes` entry.
 //!
+//! SGLang: the published servicer makes the batch ONE item of the model
+//! (`feature` = `pixel_values`, the other tensors its attributes), whose
+//! code reads it as the processor's output for the request: the same
+//! joins, with the pixels always under `pixel_values`, none of vLLM's
+//! added count tensors, Pixtral images of different sizes padded as
+//! Hugging Face pads them (SGLang's Pixtral vision model crops each one's
+//! patches by `image_sizes`), and Idefics3's frames and mask under the
+//! processor's prompt dimension (`[1, frames, …]`).
+//!
 //! A batch of one item passes its tensors through (an item dimension added
-//! to the shape where vLLM's has one the item lacks: no copy). Only a batch
-//! of several items copies, into one new tensor per key: it needs every
-//! item's bytes inline ([`joined_items`] keeps them off the shm and RDMA
-//! lanes); a pixel tensor on another lane is refused (FAILED_PRECONDITION),
-//! never dropped.
+//! to the shape where the layout has one the item lacks: no copy). Only a
+//! batch of several items copies, into one new tensor per key: it needs
+//! every item's bytes inline ([`joined_items`] keeps them off the shm and
+//! RDMA lanes for vLLM; SGLang takes inline bytes only); a pixel tensor on
+//! another lane is refused (FAILED_PRECONDITION), never dropped.
 
 use std::collections::HashMap;
 
@@ -48,9 +62,16 @@ enum Join {
     /// Along dimension 0, which already runs over the item's rows (or is
     /// the item's own dimension of one).
     Concat,
-    /// Under a new item dimension, padded with zeros to the largest item
-    /// (Hugging Face's `_pad_for_batching`).
-    Stack,
+    /// Under a new item dimension, padded to the largest item with zeros
+    /// (Hugging Face's `_pad_for_batching`) or ones (Phi-4's crop masks).
+    Stack(Pad),
+}
+
+/// What a stacked tensor is padded with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pad {
+    Zeros,
+    Ones,
 }
 
 /// How vLLM slices the batch's tensor of a key into items.
@@ -72,6 +93,10 @@ struct Layout {
     counts: Option<&'static str>,
     /// Stacked items must share one shape (no padding).
     same_shape: bool,
+    /// Hugging Face's processor batches the pixels and their mask by
+    /// prompt, `[1, frames, …]` for one request (Idefics3); vLLM's model
+    /// code takes the frames flat.
+    by_prompt: bool,
     /// Tensors vLLM keeps on the CPU.
     on_cpu: &'static [&'static str],
     /// The key vLLM's model code reads the pixels under.
@@ -85,6 +110,7 @@ impl Layout {
             pixels: (join, field),
             counts: None,
             same_shape: false,
+            by_prompt: false,
             on_cpu: &[],
             pixel_key: PIXEL_VALUES,
         }
@@ -96,7 +122,7 @@ fn layout_of(item: &MultimodalItem) -> Layout {
     let has = |key: &str| item.model_specific_tensors.contains_key(key);
     let rank = item.encoder_input.as_ref().map_or(0, |t| t.shape.len());
     let flat = |family, sizes| Layout::new(family, Join::Concat, Field::Flat(sizes));
-    let stacked = |family| Layout::new(family, Join::Stack, Field::Batched);
+    let stacked = |family| Layout::new(family, Join::Stack(Pad::Zeros), Field::Batched);
     if has("image_grid_thw") {
         return Layout {
             counts: Some("image_patch_counts"),
@@ -120,6 +146,7 @@ fn layout_of(item: &MultimodalItem) -> Layout {
     if has("pixel_attention_mask") {
         return Layout {
             counts: Some("num_patches"),
+            by_prompt: true,
             ..flat("Idefics3", "num_patches")
         };
     }
@@ -144,12 +171,13 @@ fn layout_of(item: &MultimodalItem) -> Layout {
 }
 
 /// How a model-specific tensor of the items joins and vLLM slices it:
-/// Phi-4's per-crop mask gains the item dimension; Idefics3's per-frame
+/// Phi-4's per-crop mask gains the item dimension (a padded crop's mask
+/// all ones, as Hugging Face's processor pads it); Idefics3's per-frame
 /// pixel mask runs over the frames, flat by `num_patches` as the pixels;
 /// the others carry the item dimension (batched).
 fn tensor_layout(key: &str) -> (Join, Field) {
     match key {
-        "image_attention_mask" => (Join::Stack, Field::Batched),
+        "image_attention_mask" => (Join::Stack(Pad::Ones), Field::Batched),
         "pixel_attention_mask" => (Join::Concat, Field::Flat("num_patches")),
         _ => (Join::Concat, Field::Batched),
     }
@@ -226,18 +254,27 @@ impl Batch {
     }
 }
 
-/// `items` (one modality, prompt order, at least one) as one batch.
-pub fn batch(items: &[&MultimodalItem]) -> Result<Batch, Status> {
+/// `items` (one modality, prompt order, at least one) as one batch for
+/// `backend` (vLLM or SGLang).
+pub fn batch(items: &[&MultimodalItem], backend: Backend) -> Result<Batch, Status> {
     let Some(first) = items.first() else {
         return Err(Status::internal("an empty multimodal batch"));
     };
-    let layout = layout_of(first);
+    let layout = match backend {
+        Backend::Sglang => Layout {
+            pixel_key: PIXEL_VALUES,
+            same_shape: false,
+            counts: None,
+            ..layout_of(first)
+        },
+        _ => layout_of(first),
+    };
     if items
         .iter()
         .any(|item| tensor_keys(item) != tensor_keys(first))
     {
         return Err(Status::internal(format!(
-            "the {} items of one vLLM batch carry different tensors",
+            "the {} items of one {backend} batch carry different tensors",
             layout.family
         )));
     }
@@ -250,7 +287,7 @@ pub fn batch(items: &[&MultimodalItem]) -> Result<Batch, Status> {
         keep_on_cpu_keys: layout.on_cpu.iter().map(|k| (*k).to_owned()).collect(),
         ..Batch::default()
     };
-    batch.pixels = pixels(items, &layout)?;
+    batch.pixels = pixels(items, &layout, backend)?;
     batch.slice_by(pixel_key, layout.pixels.1);
     for key in tensor_keys(first) {
         let of_items: Vec<&TensorData> = items
@@ -260,25 +297,35 @@ pub fn batch(items: &[&MultimodalItem]) -> Result<Batch, Status> {
         let (how, field) = tensor_layout(key);
         batch
             .tensors
-            .insert(key.clone(), join(key, &of_items, how)?);
+            .insert(key.clone(), join(key, &of_items, how, backend)?);
         batch.slice_by(key, field);
     }
     if let Some(name) = layout.counts {
         batch.tensors.insert(name.to_owned(), counts(items));
         batch.batched_keys.push(name.to_owned());
     }
+    if backend == Backend::Sglang && layout.by_prompt {
+        let mask = batch.tensors.get_mut("pixel_attention_mask");
+        for t in batch.pixels.iter_mut().chain(mask) {
+            t.shape.insert(0, 1);
+        }
+    }
     Ok(batch)
 }
 
 /// The item's model-specific tensor names, sorted.
-fn tensor_keys(item: &MultimodalItem) -> Vec<&String> {
+pub fn tensor_keys(item: &MultimodalItem) -> Vec<&String> {
     let mut keys: Vec<&String> = item.model_specific_tensors.keys().collect();
     keys.sort();
     keys
 }
 
 /// The items' pixels joined per `layout`; `None` when no item has any.
-fn pixels(items: &[&MultimodalItem], layout: &Layout) -> Result<Option<TensorData>, Status> {
+fn pixels(
+    items: &[&MultimodalItem],
+    layout: &Layout,
+    backend: Backend,
+) -> Result<Option<TensorData>, Status> {
     let of_items: Vec<&TensorData> = items
         .iter()
         .filter_map(|item| item.encoder_input.as_ref())
@@ -287,9 +334,9 @@ fn pixels(items: &[&MultimodalItem], layout: &Layout) -> Result<Option<TensorDat
         return Ok(None);
     }
     if of_items.len() != items.len() {
-        return Err(Status::internal(
-            "some items of one vLLM batch carry pixels and some do not",
-        ));
+        return Err(Status::internal(format!(
+            "some items of one {backend} batch carry pixels and some do not"
+        )));
     }
     if layout.same_shape && of_items.iter().any(|t| t.shape != of_items[0].shape) {
         return Err(cannot_carry(
@@ -298,7 +345,7 @@ fn pixels(items: &[&MultimodalItem], layout: &Layout) -> Result<Option<TensorDat
             "vLLM's model reads each image unpadded, and a batch holds one pixel tensor (send them in separate requests)",
         ));
     }
-    join(PIXEL_VALUES, &of_items, layout.pixels.0).map(Some)
+    join(PIXEL_VALUES, &of_items, layout.pixels.0, backend).map(Some)
 }
 
 /// An item's placeholder range: from its first run to the end of its last.
@@ -328,37 +375,46 @@ fn counts(items: &[&MultimodalItem]) -> TensorData {
 
 /// The tensors of one key over the items, joined: passed through for one
 /// item (the item dimension added when stacking), copied for several.
-fn join(key: &str, tensors: &[&TensorData], how: Join) -> Result<TensorData, Status> {
+fn join(
+    key: &str,
+    tensors: &[&TensorData],
+    how: Join,
+    backend: Backend,
+) -> Result<TensorData, Status> {
     if let [only] = tensors {
         let mut out = (*only).clone();
-        if how == Join::Stack {
+        if let Join::Stack(_) = how {
             out.shape.insert(0, 1);
         }
         return Ok(out);
     }
     let first = tensors[0];
     let dtype = DType::parse(&first.dtype)
-        .map_err(|e| Status::internal(format!("vLLM batch tensor {key}: {e}")))?;
+        .map_err(|e| Status::internal(format!("{backend} batch tensor {key}: {e}")))?;
     let mut parts = Vec::with_capacity(tensors.len());
     for t in tensors {
         let Some(Payload::Inline(data)) = &t.payload else {
             return Err(Status::failed_precondition(format!(
-                "the vLLM backend joins the {} items' {key} into one tensor, which needs their bytes inline (this one is {})",
+                "the {backend} backend joins the {} items' {key} into one tensor, which needs their bytes inline (this one is {})",
                 tensors.len(),
                 lane(t)
             )));
         };
         if t.dtype != first.dtype || t.shape.len() != first.shape.len() || t.shape.is_empty() {
-            return Err(Status::internal(format!(
-                "the items' {key} tensors differ in dtype or rank ({:?} {} vs {:?} {})",
-                t.shape, t.dtype, first.shape, first.dtype
-            )));
+            return Err(cannot_carry(
+                backend,
+                key,
+                &format!(
+                    "images of {} {:?} and {} {:?} cannot form one batch",
+                    first.dtype, first.shape, t.dtype, t.shape
+                ),
+            ));
         }
         parts.push((t.shape.as_slice(), data));
     }
     let (shape, bytes) = match how {
-        Join::Concat => concat(key, &parts)?,
-        Join::Stack => stack(&parts, dtype),
+        Join::Concat => concat(key, &parts, backend)?,
+        Join::Stack(pad) => stack(&parts, dtype, pad),
     };
     Ok(tensor::inline(shape, dtype, Bytes::from(bytes)))
 }
@@ -375,13 +431,17 @@ fn lane(t: &TensorData) -> &'static str {
 type Part<'a> = (&'a [u32], &'a Bytes);
 
 /// Along dimension 0: the items' trailing dimensions must agree.
-fn concat(key: &str, parts: &[Part]) -> Result<(Vec<u32>, Vec<u8>), Status> {
+fn concat(key: &str, parts: &[Part], backend: Backend) -> Result<(Vec<u32>, Vec<u8>), Status> {
     let rest = &parts[0].0[1..];
     if let Some((shape, _)) = parts.iter().find(|(s, _)| &s[1..] != rest) {
-        return Err(Status::internal(format!(
-            "the items' {key} tensors cannot be concatenated: {shape:?} vs {:?}",
-            parts[0].0
-        )));
+        return Err(cannot_carry(
+            backend,
+            key,
+            &format!(
+                "images of {:?} and {shape:?} cannot be concatenated into one batch",
+                parts[0].0
+            ),
+        ));
     }
     let rows = parts
         .iter()
@@ -396,25 +456,30 @@ fn concat(key: &str, parts: &[Part]) -> Result<(Vec<u32>, Vec<u8>), Status> {
     Ok((shape, bytes))
 }
 
-/// Under a new dimension 0, each item zero-padded at the end of every
+/// Under a new dimension 0, each item padded (`pad`) at the end of every
 /// dimension to the largest.
-fn stack(parts: &[Part], dtype: DType) -> (Vec<u32>, Vec<u8>) {
+fn stack(parts: &[Part], dtype: DType, pad: Pad) -> (Vec<u32>, Vec<u8>) {
     let rank = parts[0].0.len();
     let target: Vec<u32> = (0..rank)
         .map(|d| parts.iter().map(|(s, _)| s[d]).max().unwrap_or(0))
         .collect();
     let item_bytes = target.iter().map(|&d| d as usize).product::<usize>() * dtype.size();
+    let fill = match pad {
+        Pad::Zeros => vec![0; dtype.size()],
+        Pad::Ones => dtype.one().to_vec(),
+    };
     let mut bytes = Vec::with_capacity(item_bytes * parts.len());
     for (shape, data) in parts {
-        pad_into(&mut bytes, data, shape, &target, dtype.size());
+        pad_into(&mut bytes, data, shape, &target, &fill);
     }
     let mut shape = vec![parts.len() as u32];
     shape.extend(target);
     (shape, bytes)
 }
 
-/// Appends `data` (row-major, `shape`) zero-padded to `target`.
-fn pad_into(out: &mut Vec<u8>, data: &[u8], shape: &[u32], target: &[u32], elem: usize) {
+/// Appends `data` (row-major, `shape`) padded to `target` with `fill`
+/// (one element's bytes).
+fn pad_into(out: &mut Vec<u8>, data: &[u8], shape: &[u32], target: &[u32], fill: &[u8]) {
     if shape == target {
         out.extend_from_slice(data);
         return;
@@ -424,12 +489,17 @@ fn pad_into(out: &mut Vec<u8>, data: &[u8], shape: &[u32], target: &[u32], elem:
         return;
     };
     let inner_target = &target[1..];
+    let elem = fill.len();
     let row_in = inner.iter().map(|&d| d as usize).product::<usize>() * elem;
-    let row_out = inner_target.iter().map(|&d| d as usize).product::<usize>() * elem;
+    let row_out = inner_target.iter().map(|&d| d as usize).product::<usize>();
     for r in 0..rows as usize {
         let row = data.get(r * row_in..(r + 1) * row_in).unwrap_or_default();
-        pad_into(out, row, inner, inner_target, elem);
+        pad_into(out, row, inner, inner_target, fill);
     }
     let missing = (target[0] - rows) as usize * row_out;
-    out.resize(out.len() + missing, 0);
+    if fill.iter().all(|&b| b == 0) {
+        out.resize(out.len() + missing * elem, 0);
+    } else {
+        (0..missing).for_each(|_| out.extend_from_slice(fill));
+    }
 }
