@@ -15,8 +15,8 @@ client and compared with a TokenSpeed deployment's answers.
 - what a backend cannot carry (a seed for SGLang) is a clear error;
 - two images reach a vLLM worker as one batch (inline, though it takes
   shm) and are answered as TokenSpeed answers them, for every family's
-  tiny model (Pixtral's images of two sizes refused, saying why); images
-  and videos as one batch each.
+  tiny model (Pixtral's images of two sizes refused, saying why), and an
+  SGLang worker as its one item; images and videos as one batch each.
 """
 
 from __future__ import annotations
@@ -285,29 +285,42 @@ def test_images_and_videos_reach_vllm_as_a_batch_each(processes, model_dir, refe
                                                                   content)
 
 
-def family_answer(gateway, images: list):
-    """The gateway's reply to the families' chat with ``images``."""
+def family_answer(gateway, images: list, sampling: dict | None = None):
+    """The gateway's reply to the families' chat with ``images``, sampled
+    with seed 3 unless ``sampling`` says otherwise."""
     return gateway.http(timeout=120).post("/v1/chat/completions", json={
-        "model": gateway.model, "max_tokens": 6, "seed": 3, "ignore_eos": True,
-        "messages": request_messages(images)})
+        "model": gateway.model, "max_tokens": 6, "ignore_eos": True,
+        "messages": request_messages(images), **(sampling or {"seed": 3})})
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_each_family_sends_two_images_to_vllm_as_one_batch(family, processes, tmp_path):
+def test_each_family_sends_two_images_to_vllm_and_sglang_as_one_batch(family, processes,
+                                                                      tmp_path):
     """Every family's two images (two sizes) go to a vLLM engine as one
     batch in the family's vLLM layout, which the engine splits back into
     the two items (padding dropped): the answer is a TokenSpeed engine's,
     whose family checks passed the same items. Pixtral's two sizes cannot
-    form one vLLM batch: refused, saying why."""
+    form one vLLM batch: refused, saying why. An SGLang engine takes them
+    as its one item (Hugging Face's batch, padded where the family's
+    processor pads: e2e/tests/test_backend_interop.py checks its tensors),
+    which it folds whole: the same prompt, its own deterministic answer."""
     model = write_model(family, tmp_path / f"tiny-{family}")
     tokenspeed = start_engine(processes, model, "aggregated")
     vllm = start_engine(processes, model, "aggregated", "--protocol", "vllm")
+    sglang = start_engine(processes, model, "aggregated", "--protocol", "sglang")
     reference = start_gateway(processes, model, "--worker-urls", tokenspeed.url)
-    gateway = start_gateway(processes, model, "--worker-urls", f"{vllm.url}?backend=vllm")
+    to_vllm = start_gateway(processes, model, "--worker-urls", f"{vllm.url}?backend=vllm")
+    to_sglang = start_gateway(processes, model, "--worker-urls", f"{sglang.url}?backend=sglang")
     images = [png(w, h, seed=seed) for (w, h, seed) in CHATS[1]]
     want = family_answer(reference, images)
     assert want.status_code == 200, want.text
-    got = family_answer(gateway, images)
+    # SGLang's request carries no seed: greedy, to be deterministic.
+    sglang_answers = [family_answer(to_sglang, images, {"temperature": 0}) for _ in range(2)]
+    for got in sglang_answers:
+        assert got.status_code == 200, got.text
+        assert got.json()["usage"] == want.json()["usage"]
+    assert len({got.json()["choices"][0]["message"]["content"] for got in sglang_answers}) == 1
+    got = family_answer(to_vllm, images)
     if family == "pixtral":
         assert got.status_code != 200, got.text
         assert "Pixtral images of different sizes" in got.text, got.text

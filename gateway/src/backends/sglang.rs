@@ -166,7 +166,11 @@ fn joined_bytes(items: &[ts::MultimodalItem]) -> usize {
     }
     items
         .iter()
-        .flat_map(|i| i.encoder_input.iter().chain(i.model_specific_tensors.values()))
+        .flat_map(|i| {
+            i.encoder_input
+                .iter()
+                .chain(i.model_specific_tensors.values())
+        })
         .map(|t| match &t.payload {
             Some(Payload::Inline(bytes)) => bytes.len(),
             _ => 0,
@@ -477,7 +481,11 @@ mod tests {
         assert_eq!(second, (50..59).collect::<Vec<u8>>());
         let tensors = &mm.model_specific_tensors;
         assert_eq!(tensors["image_attention_mask"].shape, [2, 3, 1, 1]);
-        assert_eq!(tensors["image_attention_mask"].data[..], [1; 6], "a padded crop's all ones");
+        assert_eq!(
+            tensors["image_attention_mask"].data[..],
+            [1; 6],
+            "a padded crop's all ones"
+        );
         assert_eq!(tensors["image_sizes"].shape, [2, 2]);
         assert_eq!(tensors["num_img_tokens"].shape, [2]);
         assert!(!tensors.contains_key("image_pixel_values"));
