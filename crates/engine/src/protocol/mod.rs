@@ -30,6 +30,7 @@ macro_rules! output_logprobs {
 
 pub mod kv_events;
 pub mod sglang;
+pub mod sglang_batch;
 pub mod tokenspeed;
 pub mod vllm;
 pub mod vllm_batch;

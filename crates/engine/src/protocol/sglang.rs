@@ -1,6 +1,7 @@
 //! `sglang.grpc.scheduler.SglangScheduler` (SGLang's gRPC mode). A request
 //! carries one preprocessed pixel batch for all its images, inline (the
-//! protocol has no shared-memory or remote payload), and PD by
+//! protocol has no shared-memory or remote payload), cut back into its
+//! images by the model's family ([`super::sglang_batch`]), and PD by
 //! `disaggregated_params` (bootstrap host, port and room, as TokenSpeed).
 //! LoRA adapters are loaded, unloaded and listed by their RPCs
 //! ([`crate::adapters`]); a request names one by `lora_id`.
@@ -20,7 +21,9 @@ use tonic::{Request, Response, Status};
 
 use super::Replies;
 use crate::adapters::LoadRequest;
+use crate::families::ItemRules;
 use crate::output::Event;
+use crate::prefix::ItemKey;
 use crate::request::{self, unsupported, Intake, ItemSource, Sampling};
 use crate::service::{as_i32, server_args, Engine};
 use crate::Role;
@@ -45,7 +48,7 @@ impl SglangScheduler for Service {
         let span = super::traced(&self.0, request.metadata());
         let request = request.into_inner();
         let adapter = self.0.adapters.find(&request.lora_id)?;
-        let mut intake = intake(request, self.0.role)?;
+        let mut intake = intake(request, self.0.role, &self.0.item_rules)?;
         if let Some(adapter) = adapter {
             intake.sampling.seed ^= adapter.seed;
             intake.lora = Some(adapter.name);
@@ -241,7 +244,7 @@ fn outcome(result: Result<(), Status>) -> Result<(bool, String), Status> {
 }
 
 /// Translates an SGLang GenerateRequest for a worker of `role`.
-fn intake(mut req: GenerateRequest, role: Role) -> Result<Intake, Status> {
+fn intake(mut req: GenerateRequest, role: Role, rules: &ItemRules) -> Result<Intake, Status> {
     refuse_unsupported(&req)?;
     let input_ids = req.tokenized.take().map(|t| t.input_ids).ok_or_else(|| {
         Status::invalid_argument("missing tokenized input: GenerateRequest.tokenized is required")
@@ -252,12 +255,7 @@ fn intake(mut req: GenerateRequest, role: Role) -> Result<Intake, Status> {
     let sampling = sampling(p, top_logprobs)?;
     let (items, item_keys) = match (role, req.mm_inputs.take()) {
         (Role::Decode, _) | (_, None) => (Vec::new(), Vec::new()),
-        (Role::Aggregated | Role::Prefill, Some(mm)) => {
-            // SGLang's request names no item hash: each item is its own.
-            let ranges = mm.mm_placeholders.iter().map(|r| (r.offset, r.length));
-            let keys = ranges.map(|r| super::item_key(&[], [r])).collect();
-            (items(mm, input_ids.len())?, keys)
-        }
+        (Role::Aggregated | Role::Prefill, Some(mm)) => items(mm, &input_ids, rules)?,
     };
     let kv = req.disaggregated_params.map(|d| {
         (
@@ -361,12 +359,19 @@ fn sampling(p: SamplingParams, top_logprobs: Option<i32>) -> Result<Sampling, St
     })
 }
 
-/// The pixel batch as one item (the engine folds it whole). The original
-/// images (`image_urls`, `image_data`) may come along with their pixels,
-/// as smg sends them: like the published SGLang servicer, which reads
-/// only `pixel_values` when it is present, the engine computes on the
-/// pixels and does not read them. Media without pixels are refused.
-fn items(mm: MultimodalInputs, prompt_len: usize) -> Result<Vec<ItemSource>, Status> {
+/// The pixel batch as its items and their prefix-cache keys: one per
+/// image, checked as TokenSpeed's items are, where the model's family
+/// says how the batch cuts ([`super::sglang_batch`]); else one item the
+/// engine folds whole. The original images (`image_urls`, `image_data`)
+/// may come along with their pixels, as smg sends them: like the
+/// published SGLang servicer, which reads only `pixel_values` when it is
+/// present, the engine computes on the pixels and does not read them.
+/// Media without pixels are refused.
+fn items(
+    mm: MultimodalInputs,
+    input_ids: &[u32],
+    rules: &ItemRules,
+) -> Result<(Vec<ItemSource>, Vec<ItemKey>), Status> {
     let has_pixels = mm.pixel_values.is_some();
     let raw = [
         ("image_urls", mm.image_urls.is_empty() || has_pixels),
@@ -391,22 +396,44 @@ fn items(mm: MultimodalInputs, prompt_len: usize) -> Result<Vec<ItemSource>, Sta
     request::check_placeholders(
         "mm_inputs",
         mm.mm_placeholders.iter().map(|r| (r.offset, r.length)),
-        prompt_len,
+        input_ids.len(),
     )?;
-    match mm.pixel_values {
-        Some(pixels) => {
-            let pixels = engine_tensor(pixels);
-            request::check_tensor("mm_inputs.pixel_values", &pixels)?;
-            Ok(vec![ItemSource::Pixels {
-                tensor: pixels,
+    let Some(pixels) = &mm.pixel_values else {
+        return match mm.mm_placeholders.is_empty() {
+            true => Ok((Vec::new(), Vec::new())),
+            false => Err(Status::invalid_argument(
+                "mm_inputs has placeholders but no pixel_values",
+            )),
+        };
+    };
+    request::check_tensor("mm_inputs.pixel_values", &engine_tensor(pixels.clone()))?;
+    // SGLang's request names no item hash: each item is its own.
+    if let Some(items) = super::sglang_batch::cut(rules.layout, &mm)? {
+        rules.check(&items, input_ids)?;
+        let keys = items
+            .iter()
+            .map(|i| super::item_key(&[], i.placeholders.iter().map(|r| (r.offset, r.length))))
+            .collect();
+        let sources = items
+            .into_iter()
+            .filter_map(|i| i.encoder_input)
+            .map(|tensor| ItemSource::Pixels {
+                tensor,
                 hash: bytes::Bytes::new(),
-            }])
-        }
-        None if mm.mm_placeholders.is_empty() => Ok(Vec::new()),
-        None => Err(Status::invalid_argument(
-            "mm_inputs has placeholders but no pixel_values",
-        )),
+            })
+            .collect();
+        return Ok((sources, keys));
     }
+    let keys = mm
+        .mm_placeholders
+        .iter()
+        .map(|r| super::item_key(&[], [(r.offset, r.length)]))
+        .collect();
+    let whole = ItemSource::Pixels {
+        tensor: engine_tensor(pixels.clone()),
+        hash: bytes::Bytes::new(),
+    };
+    Ok((vec![whole], keys))
 }
 
 /// An SGLang tensor (always inline) in the engine's form.
