@@ -142,6 +142,27 @@ pub fn check_epd_family(multimodal: Option<&Multimodal>) -> anyhow::Result<()> {
     )
 }
 
+/// Why a model directory that holds an image processor's config takes no
+/// images (`config.json` names no `image_token_id`), said at start;
+/// `None` when it has no such config.
+fn images_refused(dir: &ModelDir) -> Option<String> {
+    if dir.preprocessor_config.is_none() || dir.config.image_token_id.is_some() {
+        return None;
+    }
+    let mut why = String::from(
+        "preprocessor_config.json is present but config.json names no image_token_id: \
+         image and video inputs will be refused",
+    );
+    if dir.config.model_type == "internvl_chat" {
+        why.push_str(
+            " (model_type internvl_chat is InternVL's remote-code format, whose image tiling \
+             and prompt are Python code in the repository, not its preprocessor_config.json's \
+             CLIP settings; serve the transformers-format conversion, the -hf checkpoint)",
+        );
+    }
+    Some(why)
+}
+
 impl Multimodal {
     /// The pipeline for `dir`'s model, or `None` when the model takes no
     /// images (no `preprocessor_config.json` or no `image_token_id`).
@@ -149,6 +170,9 @@ impl Multimodal {
         let (Some(_), Some(image_token_id)) =
             (dir.preprocessor_config.as_ref(), dir.config.image_token_id)
         else {
+            if let Some(why) = images_refused(dir) {
+                tracing::warn!(model_type = %dir.config.model_type, "{why}");
+            }
             return Ok(None);
         };
         let processor: Arc<dyn Processor> = iris_vision::processor_from_model_dir(&dir.root)
@@ -781,6 +805,33 @@ mod tests {
     use super::*;
     use iris_vision::ImageFormat;
     use std::time::Duration;
+
+    #[test]
+    fn a_processor_config_without_an_image_token_is_explained() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        iris_model::tiny::write_tiny_model(tmp.path(), iris_model::tiny::Family::Internvl)
+            .expect("tiny model");
+        assert_eq!(
+            images_refused(&ModelDir::load(tmp.path()).expect("dir")),
+            None
+        );
+        // InternVL's remote-code upload: model_type internvl_chat, no
+        // image_token_id, a CLIP preprocessor_config.json.
+        let config = tmp.path().join("config.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&config).expect("read")).expect("json");
+        json["model_type"] = "internvl_chat".into();
+        json.as_object_mut()
+            .expect("object")
+            .remove("image_token_id");
+        std::fs::write(&config, json.to_string()).expect("write");
+        let dir = ModelDir::load(tmp.path()).expect("dir");
+        let why = images_refused(&dir).expect("explained");
+        assert!(
+            why.contains("no image_token_id") && why.contains("-hf"),
+            "{why}"
+        );
+    }
 
     #[test]
     fn only_an_image_alone_in_the_pool_is_split() {
