@@ -207,12 +207,19 @@ pub fn joined_items(items: &[MultimodalItem]) -> Vec<usize> {
         .collect()
 }
 
-/// Bytes the batches of `items` copy (inline payloads of groups of more
-/// than one item).
+/// Bytes of joined tensors above which a translation runs on the
+/// blocking pool.
+pub const BLOCKING_JOIN_BYTES: usize = 256 << 10;
+
+/// Bytes the vLLM batches of `items` copy (inline payloads of groups of
+/// more than one item).
 pub fn copied_bytes(items: &[MultimodalItem]) -> usize {
-    joined_items(items)
-        .into_iter()
-        .map(|i| &items[i])
+    inline_bytes(joined_items(items).into_iter().map(|i| &items[i]))
+}
+
+/// The inline payload bytes of `items`' tensors.
+pub fn inline_bytes<'a>(items: impl Iterator<Item = &'a MultimodalItem>) -> usize {
+    items
         .flat_map(|item| {
             item.encoder_input
                 .iter()

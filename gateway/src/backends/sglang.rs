@@ -36,10 +36,6 @@ use super::{batch, cannot_carry, prompt_logprobs_requested, transcode, Backend};
 
 const BACKEND: Backend = Backend::Sglang;
 
-/// Bytes of joined tensors above which a translation runs on the
-/// blocking pool.
-const BLOCKING_JOIN_BYTES: usize = 256 << 10;
-
 /// `request` in SGLang's form.
 pub fn request(request: &GenerateRequest) -> Result<s::GenerateRequest, Status> {
     if request.encode_bootstrap_info.is_some() {
@@ -150,7 +146,7 @@ fn disaggregated(info: &ts::KvBootstrapInfo) -> Result<s::DisaggregatedParams, S
 /// images' tensors.
 pub async fn translate(request: &GenerateRequest) -> Result<s::GenerateRequest, Status> {
     let items = request.mm_inputs.as_ref().map_or(&[][..], |m| &m.items);
-    if joined_bytes(items) < BLOCKING_JOIN_BYTES {
+    if joined_bytes(items) < batch::BLOCKING_JOIN_BYTES {
         return self::request(request);
     }
     let owned = request.clone();
@@ -161,21 +157,10 @@ pub async fn translate(request: &GenerateRequest) -> Result<s::GenerateRequest, 
 
 /// Bytes joining `items` into one batch copies (none for one item).
 fn joined_bytes(items: &[ts::MultimodalItem]) -> usize {
-    if items.len() < 2 {
-        return 0;
+    match items.len() {
+        0 | 1 => 0,
+        _ => batch::inline_bytes(items.iter()),
     }
-    items
-        .iter()
-        .flat_map(|i| {
-            i.encoder_input
-                .iter()
-                .chain(i.model_specific_tensors.values())
-        })
-        .map(|t| match &t.payload {
-            Some(Payload::Inline(bytes)) => bytes.len(),
-            _ => 0,
-        })
-        .sum()
 }
 
 /// The images (at least one) as SGLang's one batch: the tensors Hugging
@@ -519,6 +504,23 @@ mod tests {
         assert_eq!(
             mm.model_specific_tensors.keys().collect::<Vec<_>>(),
             ["image_grid_thw"]
+        );
+    }
+
+    /// A join of many bytes runs on the blocking pool, to the same request.
+    #[tokio::test]
+    async fn a_large_join_is_translated_off_the_runtime_alike() {
+        let big = |first| family_item(vec![3, 256, 256], first, &[], 4);
+        let items = vec![big(0), big(9)];
+        assert!(joined_bytes(&items) >= batch::BLOCKING_JOIN_BYTES);
+        assert_eq!(joined_bytes(&items[..1]), 0, "one image is not copied");
+        let mut req = base();
+        req.mm_inputs = Some(MultimodalInputs { items });
+        let off = translate(&req).await.unwrap();
+        assert_eq!(off, request(&req).unwrap());
+        assert_eq!(
+            off.mm_inputs.unwrap().pixel_values.unwrap().shape,
+            [2, 3, 256, 256]
         );
     }
 

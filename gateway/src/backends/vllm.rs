@@ -44,10 +44,6 @@ const BACKEND: Backend = Backend::Vllm;
 /// KV state for a remote decode and answer where it waits.
 pub const REMOTE_DECODE: &str = r#"{"do_remote_decode":true}"#;
 
-/// Bytes of joined tensors above which a translation runs on the
-/// blocking pool.
-const BLOCKING_JOIN_BYTES: usize = 256 << 10;
-
 /// [`request`], on the blocking pool when it joins many bytes of several
 /// items' tensors.
 pub async fn translate(
@@ -55,7 +51,7 @@ pub async fn translate(
     kv_transfer_params_json: Option<String>,
 ) -> Result<v::GenerateRequest, Status> {
     let items = request.mm_inputs.as_ref().map_or(&[][..], |m| &m.items);
-    if batch::copied_bytes(items) < BLOCKING_JOIN_BYTES {
+    if batch::copied_bytes(items) < batch::BLOCKING_JOIN_BYTES {
         return self::request(request, kv_transfer_params_json);
     }
     let owned = request.clone();
@@ -945,7 +941,7 @@ mod tests {
             items: vec![qwen(1), qwen(2)],
         });
         let items = &req.mm_inputs.as_ref().unwrap().items;
-        assert!(batch::copied_bytes(items) >= BLOCKING_JOIN_BYTES);
+        assert!(batch::copied_bytes(items) >= batch::BLOCKING_JOIN_BYTES);
         let off = translate(&req, None).await.unwrap();
         assert_eq!(off, request(&req, None).unwrap());
         assert_eq!(
