@@ -220,8 +220,9 @@ class Process:
             self.lines.put(raw.decode(errors="replace").rstrip("\n"))
 
     def log_tail(self, chars: int = 3000) -> str:
-        """The end of the process's stderr log."""
-        self._log.flush()
+        """The end of the process's stderr log (also once it is stopped)."""
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")[-chars:]
 
     def wait_for_line(self, pattern: re.Pattern, timeout: float) -> re.Match:
@@ -256,6 +257,12 @@ class Process:
         self._log.close()
 
 
+# Every process spawned this session, in order: a failed test's report
+# shows those it started itself (``pytest_runtest_call``), whatever
+# ``Processes`` they belong to.
+_SPAWNED: list = []
+
+
 class Processes:
     """Every process a fixture started; ``stop_all`` ends them all."""
 
@@ -267,6 +274,7 @@ class Processes:
         log = self.log_dir / f"{len(self.started):02d}-{name}.log"
         process = Process(name, args, log, env)
         self.started.append(process)
+        _SPAWNED.append(process)
         return process
 
     def stop_all(self):
@@ -419,6 +427,18 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """Notes the processes the test's own body starts (its own
+    ``Processes``, stopped before the report is made)."""
+    start = len(_SPAWNED)
+    yield
+    item.stash[_STARTED_IN_CALL] = _SPAWNED[start:]
+
+
+_STARTED_IN_CALL = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """On a failed test, each of its processes' exit status and log tail, so a
     failure that only CI sees (a crash, a refused request) can be read."""
@@ -433,7 +453,8 @@ def pytest_runtest_makereport(item, call):
 
 
 def _processes_of(item) -> list:
-    """The processes a test's ``processes`` or ``deployment`` fixture started."""
+    """The processes a test's ``processes`` or ``deployment`` fixture
+    started, and those its body started with a ``Processes`` of its own."""
     found = []
     funcargs = getattr(item, "funcargs", {})
     if isinstance(funcargs.get("processes"), Processes):
@@ -441,7 +462,8 @@ def _processes_of(item) -> list:
     dep = funcargs.get("deployment")
     if isinstance(dep, Deployment):
         found += [dep.gateway.process, *(e.process for e in dep.engines)]
-    return found
+    own = [p for p in item.stash.get(_STARTED_IN_CALL, []) if all(p is not f for f in found)]
+    return found + own
 
 
 @pytest.fixture
