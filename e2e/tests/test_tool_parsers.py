@@ -26,7 +26,7 @@ import subprocess
 
 import pytest
 
-from conftest import Processes, aggregated, binary
+from conftest import REPO, Processes, aggregated, binary
 from test_epd import data_url, image_part, png
 from test_tools import WEATHER, ask_calls
 
@@ -193,3 +193,56 @@ def test_templates_without_tools_get_hermes_calls_with_an_image(fallback_deploym
                                        max_tokens=8, seed=5)
     assert calls == [], (family, content, calls)
     assert finish in {"stop", "length"}, (family, finish)
+
+
+# DeepSeek's own templates (gateway/tests/data/templates, from llama.cpp):
+# the call each asks for and writes, as a regex for the engine, after the
+# text before it (R1's after its reasoning, which its template opens).
+DEEPSEEK_TEMPLATES = {
+    "deepseek-v3.1.jinja": (
+        'Checking\\.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>'
+        '\\{"city": "Paris", "days": 3\\}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'),
+    "deepseek-r1-distill-qwen.jinja": (
+        'Paris, 3 days\\.</think>\n\nChecking\\.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'
+        'function<｜tool▁sep｜>get_weather\n```json\n\\{"city": "Paris", "days": 3\\}\n```'
+        '<｜tool▁call▁end｜><｜tool▁calls▁end｜>'),
+}
+
+
+@pytest.mark.parametrize("template", sorted(DEEPSEEK_TEMPLATES))
+def test_deepseek_templates_ask_for_and_parse_deepseek_calls(template, model_dir, tmp_path):
+    """DeepSeek V3.1's and R1's own templates take no ``tools`` but write
+    calls in DeepSeek's markers: under ``auto`` the gateway lists the tools
+    in the system prompt as DeepSeek's models read them, asks for that
+    syntax, and parses it (deepseek_v3); a second turn with the call and
+    its result renders."""
+    path = REPO / "gateway" / "tests" / "data" / "templates" / template
+    procs = Processes(tmp_path)
+    try:
+        dep = aggregated(procs, model_dir, gateway_args=("--chat-template", str(path)))
+        client, model = dep.gateway.client(), dep.gateway.model
+        messages = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
+        for stream in (False, True):
+            content, calls, finish = ask_calls(
+                client, model, messages, stream, tools=[WEATHER], max_tokens=400,
+                extra_body={"regex": DEEPSEEK_TEMPLATES[template]})
+            assert content == "Checking.", (template, stream, content)
+            assert [(c["name"], json.loads(c["arguments"])) for c in calls] == \
+                [("get_weather", {"city": "Paris", "days": 3})], (template, stream, calls)
+            assert finish == "tool_calls", (template, stream, finish)
+
+        def prompt_tokens(messages, **kwargs) -> int:
+            return client.chat.completions.create(
+                model=model, messages=messages, max_tokens=1, **kwargs).usage.prompt_tokens
+        plain, with_tools = prompt_tokens(messages), prompt_tokens(messages, tools=[WEATHER])
+        assert with_tools > plain + len(json.dumps(WEATHER)) // 8, (template, plain, with_tools)
+        second = messages + [
+            {"role": "assistant", "content": None, "tool_calls": [{
+                "id": calls[0]["id"], "type": "function",
+                "function": {"name": "get_weather", "arguments": calls[0]["arguments"]}}]},
+            {"role": "tool", "tool_call_id": calls[0]["id"], "content": "18 C and sunny"},
+        ]
+        assert prompt_tokens(second, tools=[WEATHER]) > with_tools, template
+        dep.gateway.close_clients()
+    finally:
+        procs.stop_all()

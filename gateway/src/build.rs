@@ -71,7 +71,7 @@ impl Loaded {
                 model.path.display()
             )
         })?;
-        let prompter = Prompter::load(
+        let mut prompter = Prompter::load(
             &dir,
             &PromptOptions {
                 template_file: model.chat_template.as_deref(),
@@ -86,6 +86,7 @@ impl Loaded {
             prompter.template_source(),
         )
         .resolve_tokens(prompter.tokenizer());
+        prompter.ask_for_calls_of(parsers.tools);
         let name = model
             .served_name
             .clone()

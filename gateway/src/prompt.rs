@@ -13,13 +13,14 @@ use std::sync::Arc;
 use anyhow::Context;
 use iris_model::chat_template::ChatTemplate;
 use iris_model::ModelDir;
-use iris_openai::{ApiError, ChatCompletionRequest, ChatMessage};
+use iris_openai::{ApiError, ChatCompletionRequest, ChatMessage, FallbackSyntax};
 use serde_json::{Map, Value};
 use tokenizers::Tokenizer;
 
 use iris_detok::DetokTables;
 
 use crate::context::{self, ContextLimits};
+use crate::output::ToolFormat;
 use crate::tokencache::SegmentTokenizer;
 use crate::usertext::Escaper;
 
@@ -30,6 +31,9 @@ pub struct Prompter {
     /// The template reads `tools`; otherwise tools go in a fallback
     /// system block ([`iris_openai::tools_fallback`]).
     takes_tools: bool,
+    /// The call syntax that block asks for: the tool parser's
+    /// ([`Prompter::ask_for_calls_of`]).
+    fallback: FallbackSyntax,
     /// The template reads them from the system message (Phi-4:
     /// [`iris_openai::system_message_tools`]).
     system_tools: bool,
@@ -102,6 +106,7 @@ impl Prompter {
             template,
             detok,
             takes_tools: source.contains("tools"),
+            fallback: FallbackSyntax::Hermes,
             system_tools: reads_system_message_tools(&source),
             content_parts: reads_content_as_parts(&source),
             source,
@@ -121,6 +126,19 @@ impl Prompter {
     /// The chat template's source.
     pub fn template_source(&self) -> &str {
         &self.source
+    }
+
+    /// Makes a fallback tools block (a template that takes no `tools`)
+    /// ask for calls the `tools` parser reads: DeepSeek V3's markers for
+    /// its parser (V3 / R1's fenced form when the template writes earlier
+    /// calls so), Hermes calls otherwise.
+    pub fn ask_for_calls_of(&mut self, tools: Option<ToolFormat>) {
+        let fenced = self.source.contains("```json");
+        self.fallback = match tools {
+            Some(ToolFormat::DeepSeekV3) if fenced => FallbackSyntax::DeepSeekFenced,
+            Some(ToolFormat::DeepSeekV3) => FallbackSyntax::DeepSeek,
+            _ => FallbackSyntax::Hermes,
+        };
     }
 
     /// The prompt of a chat request: its messages, its tools (through the
@@ -151,7 +169,7 @@ impl Prompter {
                 vars.insert("tools".into(), tools);
             }
         } else {
-            iris_openai::tools_fallback(&mut messages, tools.as_ref());
+            iris_openai::tools_fallback(&mut messages, tools.as_ref(), self.fallback);
         }
         let mut vars = Value::Object(vars);
         self.escaper.escape_messages(&mut vars);
@@ -361,6 +379,90 @@ mod tests {
         assert_eq!(missing.status, 400);
     }
 
+    /// DeepSeek's own templates (V3.1's and R1's, from llama.cpp) write
+    /// earlier calls and results in DeepSeek's markers and take no
+    /// `tools`: `auto` picks the deepseek_v3 parser, and the fallback block
+    /// lists the tools as DeepSeek's models read them and asks for calls in
+    /// the form the template writes, which the parser reads.
+    #[test]
+    fn deepseek_templates_get_tools_in_their_own_syntax() {
+        use crate::output::{OutputParsers, ReasoningParserFlag, ToolParserFlag};
+        let cases = [
+            (
+                include_str!("../tests/data/templates/deepseek-v3.1.jinja"),
+                "<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS<｜tool▁call▁end｜>",
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\":\"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                "<｜tool▁output▁begin｜>18 C<｜tool▁output▁end｜>",
+            ),
+            (
+                include_str!("../tests/data/templates/deepseek-r1-distill-qwen.jinja"),
+                "<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGUMENTS\n```<｜tool▁call▁end｜>",
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\":\"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>18 C<｜tool▁output▁end｜><｜tool▁outputs▁end｜>",
+            ),
+        ];
+        for (template, asked, earlier_call, result) in cases {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            iris_model::tiny::write_tiny_qwen2_vl(tmp.path()).expect("tiny model");
+            let file = tmp.path().join("deepseek.jinja");
+            std::fs::write(&file, template).expect("template");
+            let dir = ModelDir::load(tmp.path()).expect("model dir");
+            let options = PromptOptions {
+                template_file: Some(&file),
+                ..PromptOptions::default()
+            };
+            let mut prompter = Prompter::load(&dir, &options).expect("prompter");
+            assert!(!prompter.takes_tools);
+            let parsers = OutputParsers::choose(
+                ToolParserFlag::Auto,
+                ReasoningParserFlag::Auto,
+                &dir,
+                prompter.template_source(),
+            );
+            assert_eq!(parsers.tools, Some(ToolFormat::DeepSeekV3));
+            prompter.ask_for_calls_of(parsers.tools);
+            let request =
+                iris_openai::parse_chat_request(DEEPSEEK_TOOLS_CHAT.as_bytes()).expect("request");
+            let (_, text) = prompter.prompt_for(&request, &[], &[]).expect("prompt");
+            let system = "Be brief.\n\n## Tools\nYou have access to the following tools:\n\n\
+                          ### get_weather\nDescription: The weather of a city.\n\n\
+                          Parameters: {\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}\n";
+            assert!(text.contains(system), "{text}");
+            assert!(
+                text.contains(&format!(
+                    "<｜tool▁calls▁begin｜>{asked}<｜tool▁calls▁end｜>"
+                )),
+                "{text}"
+            );
+            assert!(text.contains(earlier_call), "{text}");
+            assert!(
+                !text.contains("<｜end▁of▁sentence｜><｜Assistant｜><｜end▁of▁sentence｜>"),
+                "a calling message's null content writes no empty turn: {text}"
+            );
+            assert!(text.contains(result), "{text}");
+            assert!(!text.contains("<tool_call>"), "no Hermes syntax: {text}");
+            // A parser forced to another syntax is asked for in Hermes'.
+            prompter.ask_for_calls_of(Some(ToolFormat::Hermes));
+            let (_, hermes) = prompter.prompt_for(&request, &[], &[]).expect("prompt");
+            assert!(
+                hermes.contains("<tool_call>") && !hermes.contains("## Tools"),
+                "{hermes}"
+            );
+        }
+    }
+
+    const DEEPSEEK_TOOLS_CHAT: &str = r#"{"model": "m",
+        "tools": [{"type": "function", "function": {"name": "get_weather",
+            "description": "The weather of a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+                "type": "function", "function": {"name": "get_weather",
+                "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]}"#;
+
     #[test]
     fn phi4_lists_the_tools_between_its_tool_tags() {
         use iris_model::tiny::{write_tiny_model, Family};
@@ -411,7 +513,11 @@ mod tests {
         let request = iris_openai::parse_chat_request(TOOLS_CHAT.as_bytes()).expect("request");
         let (_, text) = prompter.prompt_for(&request, &[], &[]).expect("prompt");
         let mut system = json!([{"role": "system", "content": "Be brief."}]);
-        iris_openai::tools_fallback(&mut system, request.template_tools().as_ref());
+        iris_openai::tools_fallback(
+            &mut system,
+            request.template_tools().as_ref(),
+            FallbackSyntax::Hermes,
+        );
         let system = system[0]["content"]
             .as_str()
             .expect("system text")

@@ -594,7 +594,11 @@ async fn check_tools_chat(name: &str, family: Family, sizes: &[(u32, u32)]) {
     ]);
     let tools = json!([weather_tool()]);
     let mut system = json!([{"role": "system", "content": "Be brief."}]);
-    iris_openai::tools_fallback(&mut system, Some(&tools));
+    iris_openai::tools_fallback(
+        &mut system,
+        Some(&tools),
+        iris_openai::FallbackSyntax::Hermes,
+    );
     let system = system[0]["content"].as_str().expect("the system text");
     assert!(system.starts_with("Be brief.\n\n# Tools\n\n"), "{system}");
     let call =

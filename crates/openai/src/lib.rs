@@ -61,7 +61,9 @@ pub use response::{
 };
 pub use sampling::Sampling;
 pub use sse::{write_done, write_error_event, ChunkWriter, DONE};
-pub use template::{content_as_parts, system_message_tools, template_messages, tools_fallback};
+pub use template::{
+    content_as_parts, system_message_tools, template_messages, tools_fallback, FallbackSyntax,
+};
 pub use text_completion::{CompletionChoice, CompletionLogprobs, TextCompletion};
 pub use tokenize::{
     parse_detokenize_request, parse_tokenize_request, DetokenizeRequest, DetokenizeResponse,

@@ -89,23 +89,51 @@ fn listed_function(tool: &Value) -> Value {
     Value::Object(listed)
 }
 
+/// The call syntax a fallback tools block asks for (the gateway's tool
+/// parser must read the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FallbackSyntax {
+    /// `<tool_call>{"name": …, "arguments": {…}}</tool_call>`; earlier
+    /// calls and tool results are rewritten into it as text.
+    #[default]
+    Hermes,
+    /// DeepSeek V3.1's `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS<｜tool▁call▁end｜>`
+    /// inside `<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>`, which its template
+    /// writes for earlier calls and results itself.
+    DeepSeek,
+    /// DeepSeek V3 / R1's: `function<｜tool▁sep｜>NAME`, then the arguments in
+    /// a fenced `json` block.
+    DeepSeekFenced,
+}
+
 /// For a chat template that does not take `tools`: puts the tools in a
-/// Hermes-style block at the end of the system message (a new system
-/// message when there is none), rewrites assistant `tool_calls` as
-/// `<tool_call>` blocks after their content, and `tool` messages as user
-/// messages holding a `<tool_response>` block. `tools` is the list
-/// [`crate::ChatCompletionRequest::template_tools`] gives (`None`: no block).
-pub fn tools_fallback(messages: &mut Value, tools: Option<&Value>) {
+/// block at the end of the system message (a new system message when
+/// there is none) that asks for calls in `syntax`. Hermes: assistant
+/// `tool_calls` are rewritten as `<tool_call>` blocks after their
+/// content, and `tool` messages as user messages holding a
+/// `<tool_response>` block. DeepSeek's templates write earlier calls and
+/// results in their own markers, joining strings: contents are given as
+/// their text and the calls' arguments as JSON text.
+/// `tools` is the list [`crate::ChatCompletionRequest::template_tools`]
+/// gives (`None`: no block).
+pub fn tools_fallback(messages: &mut Value, tools: Option<&Value>, syntax: FallbackSyntax) {
     let Value::Array(list) = messages else {
         return;
     };
     for message in list.iter_mut() {
-        fallback_message(message);
+        match syntax {
+            FallbackSyntax::Hermes => fallback_message(message),
+            FallbackSyntax::DeepSeek | FallbackSyntax::DeepSeekFenced => deepseek_message(message),
+        }
     }
     let Some(Value::Array(tools)) = tools else {
         return;
     };
-    let block = tools_block(tools);
+    let block = match syntax {
+        FallbackSyntax::Hermes => tools_block(tools),
+        FallbackSyntax::DeepSeek => deepseek_block(tools, DEEPSEEK_CALL),
+        FallbackSyntax::DeepSeekFenced => deepseek_block(tools, DEEPSEEK_FENCED_CALL),
+    };
     match list.first_mut() {
         Some(first) if first["role"] == "system" => append_text(first, &format!("\n\n{block}")),
         _ => list.insert(0, json!({"role": "system", "content": block})),
@@ -147,6 +175,63 @@ fn tools_block(tools: &[Value]) -> String {
          {\"name\": <function name>, \"arguments\": <arguments as a JSON object>}\n</tool_call>",
     );
     block
+}
+
+/// One call in DeepSeek V3.1's markers, `NAME` and `ARGUMENTS` to fill.
+const DEEPSEEK_CALL: &str = "<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS<｜tool▁call▁end｜>";
+
+/// One call in DeepSeek V3 / R1's markers.
+const DEEPSEEK_FENCED_CALL: &str =
+    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGUMENTS\n```<｜tool▁call▁end｜>";
+
+/// The system text listing `tools` as DeepSeek's models read them (a
+/// `## Tools` section, a `### NAME` entry per tool with its description
+/// and parameters' schema) and how to call them (`call`: one call's
+/// markers).
+fn deepseek_block(tools: &[Value], call: &str) -> String {
+    let mut block = String::from("## Tools\nYou have access to the following tools:\n");
+    for tool in tools {
+        let function = tool.get("function").unwrap_or(tool);
+        let name = function["name"].as_str().unwrap_or_default();
+        block.push_str(&format!("\n### {name}\n"));
+        if let Some(description) = function["description"].as_str() {
+            block.push_str(&format!("Description: {description}\n"));
+        }
+        let parameters = function.get("parameters").cloned().unwrap_or(json!({}));
+        block.push_str(&format!("\nParameters: {parameters}\n"));
+    }
+    block.push_str(&format!(
+        "\nIMPORTANT: to use tools, answer in exactly this format, the calls one after \
+         another with nothing between them:\n<｜tool▁calls▁begin｜>{call}<｜tool▁calls▁end｜>\n\n\
+         NAME is one of the tools above, spelled exactly as there; ARGUMENTS is one JSON \
+         object that follows that tool's Parameters."
+    ));
+    block
+}
+
+/// A message as DeepSeek's templates join it into the prompt, as text:
+/// its content's text parts joined, its calls' arguments as JSON text,
+/// and a calling message's empty content none (as OpenAI clients send
+/// it; the templates then write the calls alone).
+fn deepseek_message(message: &mut Value) {
+    if let Some(content) = message.get_mut("content") {
+        if content.is_array() {
+            *content = Value::String(joined_text(Some(content)));
+        }
+    }
+    let Some(Value::Array(calls)) = message.get_mut("tool_calls") else {
+        return;
+    };
+    let calling = !calls.is_empty();
+    for call in calls {
+        let arguments = &mut call["function"]["arguments"];
+        if !arguments.is_string() {
+            *arguments = Value::String(arguments.to_string());
+        }
+    }
+    if calling && message["content"] == "" {
+        message["content"] = Value::Null;
+    }
 }
 
 /// One message of the fallback: tool calls and tool results as text.

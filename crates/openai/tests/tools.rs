@@ -4,7 +4,7 @@
 
 use iris_openai::{
     content_as_parts, parse_chat_request, system_message_tools, template_messages, tools_fallback,
-    ApiError, ChatCompletionRequest, Constraint, ToolChoice, ToolOutput,
+    ApiError, ChatCompletionRequest, Constraint, FallbackSyntax, ToolChoice, ToolOutput,
 };
 use serde_json::{json, Value};
 
@@ -283,7 +283,11 @@ fn fallback_puts_tools_in_the_system_message_and_calls_in_text() {
         {{"role":"tool","tool_call_id":"c1","content":[{{"type":"text","text":"12:00"}}]}}]}}"#
     ));
     let mut messages = template_messages(&req.messages);
-    tools_fallback(&mut messages, req.template_tools().as_ref());
+    tools_fallback(
+        &mut messages,
+        req.template_tools().as_ref(),
+        FallbackSyntax::Hermes,
+    );
     let system = messages[0]["content"].as_str().expect("system text");
     assert!(system.starts_with("Be brief.\n\n# Tools"), "{system}");
     assert!(
@@ -303,12 +307,55 @@ fn fallback_puts_tools_in_the_system_message_and_calls_in_text() {
 
     // No system message: one is added; no tools: none is.
     let mut plain = json!([{"role": "user", "content": "hi"}]);
-    tools_fallback(&mut plain, req.template_tools().as_ref());
+    tools_fallback(
+        &mut plain,
+        req.template_tools().as_ref(),
+        FallbackSyntax::Hermes,
+    );
     assert_eq!(plain[0]["role"], "system");
     assert_eq!(plain.as_array().map(Vec::len), Some(2));
     let mut untouched = json!([{"role": "user", "content": "hi"}]);
-    tools_fallback(&mut untouched, None);
+    tools_fallback(&mut untouched, None, FallbackSyntax::Hermes);
     assert_eq!(untouched, json!([{"role": "user", "content": "hi"}]));
+}
+
+#[test]
+fn deepseek_fallback_lists_the_tools_and_leaves_calls_to_the_template() {
+    let req = parse(&format!(
+        r#"{{"model":"m","tools":[{WEATHER}],"messages":[
+        {{"role":"user","content":[{{"type":"text","text":"Weather "}},{{"type":"text","text":"in Paris?"}}]}},
+        {{"role":"assistant","content":null,"tool_calls":[{{"id":"c1","type":"function","function":{{"name":"get_weather","arguments":"{{\"city\": \"Paris\"}}"}}}}]}},
+        {{"role":"tool","tool_call_id":"c1","content":[{{"type":"text","text":"18 C"}}]}}]}}"#
+    ));
+    for (syntax, call) in [
+        (
+            FallbackSyntax::DeepSeek,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ),
+        (
+            FallbackSyntax::DeepSeekFenced,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGUMENTS\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ),
+    ] {
+        let mut messages = template_messages(&req.messages);
+        tools_fallback(&mut messages, req.template_tools().as_ref(), syntax);
+        let system = messages[0]["content"].as_str().expect("a new system message");
+        assert!(system.starts_with("## Tools\n"), "{system}");
+        assert!(
+            system.contains("### get_weather\nDescription: Weather in a city\n\nParameters: {\"type\":\"object\""),
+            "{system}"
+        );
+        assert!(system.contains(call), "{syntax:?}: {system}");
+        assert_eq!(messages[1]["content"], "Weather in Paris?", "text parts joined");
+        // The call stays for the template, its arguments as JSON text.
+        assert_eq!(
+            messages[2]["tool_calls"][0]["function"]["arguments"],
+            "{\"city\":\"Paris\"}"
+        );
+        assert_eq!(messages[2]["content"], json!(null), "as the client sent it");
+        assert_eq!(messages[3]["role"], "tool");
+        assert_eq!(messages[3]["content"], "18 C");
+    }
 }
 
 #[test]

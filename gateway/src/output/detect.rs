@@ -25,7 +25,11 @@
 //! tokenizer still holds V3's tool tokens, which must not pick V3's
 //! syntax for it; a V3.2 template that takes no tools gets `hermes`, as
 //! below); then the markers are looked for in the template, over every
-//! row; a template that does not read `tools` gets `hermes` before the
+//! row (a template that writes DeepSeek V3's markers for earlier calls
+//! but does not read `tools`, V3.1's and R1's, keeps `deepseek_v3`: the
+//! fallback block then asks for that syntax,
+//! [`crate::prompt::Prompter::ask_for_calls_of`]); a template that does
+//! not read `tools` gets `hermes` before the
 //! tokenizer's tokens or the `model_type` column are consulted, because
 //! the gateway then puts its fallback tools block in the prompt, which
 //! asks for Hermes calls (a vision model's tokenizer often keeps its
