@@ -109,15 +109,21 @@ impl Batch<'_> {
                 grid.len()
             )));
         }
-        Ok(grid.chunks(3).map(|g| g.iter().product()).collect())
+        grid.chunks(3)
+            .map(|g| g.iter().try_fold(1usize, |rows, &d| rows.checked_mul(d)))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| {
+                Status::invalid_argument(format!("{WHAT}: an image_grid_thw row overflows"))
+            })
     }
 
     /// Rows concatenated: image `i` takes `rows[i]` rows of the pixels and
     /// row `i` of every other tensor, and `runs[i]` runs (one when `runs`
     /// is empty).
     fn flat(&self, rows: &[usize], runs: &[usize]) -> Result<Vec<Image>, Status> {
-        let total: usize = rows.iter().sum();
-        if total != self.pixels.shape.first().map_or(0, |&n| n as usize) {
+        let total = rows.iter().try_fold(0usize, |sum, &n| sum.checked_add(n));
+        if total != self.pixels.shape.first().map(|&n| n as usize) {
+            let total = total.map_or("too many".to_owned(), |t| t.to_string());
             return Err(Status::invalid_argument(format!(
                 "{WHAT}: the images' {total} rows are not the {:?} pixel_values' rows",
                 self.pixels.shape
@@ -511,6 +517,18 @@ mod tests {
         assert!(
             cut(Layout::Anyres { side: 1 }, &missing).is_err(),
             "no image_sizes"
+        );
+        let huge = ints(&[2, 3], &[i64::MAX, 2, 2, 1, 1, 1]);
+        let overflow = batch(
+            data(&[1, 2], "uint8", vec![1, 2]),
+            vec![("image_grid_thw", huge)],
+            2,
+        );
+        let status = cut(Layout::Qwen { merge: 2 }, &overflow).unwrap_err();
+        assert!(
+            status.message().contains("overflows"),
+            "{}",
+            status.message()
         );
     }
 
