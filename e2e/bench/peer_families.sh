@@ -24,6 +24,10 @@ ITERS=${ITERS:-20}
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
     (cd "$ROOT" && cargo build --release --locked -p iris-vision --example peer_families >&2)
 fi
+if ! ldconfig -p 2>/dev/null | grep 'libturbojpeg\.so\.0' >/dev/null; then
+    log "peer_families: libturbojpeg.so.0 is absent: llm-multimodal will decode JPEGs with the image" \
+        "crate, not Pillow's libjpeg-turbo (apt-get install libturbojpeg0 for its own best case)"
+fi
 machine_info
 echo
 "$BIN/examples/peer_families" "$ROOT/crates/vision/tests/data/expected.json" "$IMAGE" "$ITERS"
