@@ -1,26 +1,24 @@
 //! Iris's and the peer gateway's (smg: the published `llm-multimodal`
 //! crate) processors for every vision-language family both implement, held
-//! to the Hugging Face parity reference in the same run, and their decode +
+//! to the Hugging Face reference in the same run, and their decode +
 //! preprocess time (`e2e/bench/peer_families.sh`, issue 33).
 //!
-//! `cargo run --release -p iris-vision --example peer_families -- EXPECTED_JSON [IMAGE] [ITERS]`
+//! `cargo run --release -p iris-vision --example peer_families -- EXPECTED_JSON HF_ARRAYS [IMAGE] [ITERS]`
 //!
 //! EXPECTED_JSON is the parity reference (crates/vision/tests/data/expected.json):
 //! its `processors` give each family's preprocessor config, and its cases for
 //! the photos of ../shared/images (the ones the parity test reads) give
 //! Hugging Face's shape, placeholder-token count, sampled values, sum and sum
-//! of squares. Both libraries run on each photo's bytes and are checked as
-//! tests/parity.rs checks Iris. The reference holds samples, not the whole
-//! tensor, so where the peer's tensor has the reference's shape it is also
-//! compared with Iris's element by element (Iris's being Hugging Face's: its
-//! resized pixels are Pillow's byte for byte, its floats within 1e-5), and
-//! the peer counts as exact only when that difference is within 1e-5 too.
+//! of squares. HF_ARRAYS holds Hugging Face's whole tensors for those photos
+//! (scripts/vision/reference_arrays.py). Both libraries run on each photo's
+//! bytes and are checked as tests/parity.rs checks Iris, and element by
+//! element against the whole tensor: exact means every value within 1e-5.
 //! Placeholder tokens are the count smg writes into the prompt (see
-//! support/peer.rs). IMAGE (default
-//! the 1080p photo) is timed: thread CPU per decode + preprocess, float32
-//! out, one thread each (llm-multimodal `Parallelism::Inline`), median of
-//! ITERS (default 20) after a warm-up. Prints a Markdown table, then what
-//! differs photo by photo. A peer error or panic is reported, not fatal.
+//! support/peer.rs). IMAGE (default the 1080p photo) is timed: thread CPU per
+//! decode + preprocess, float32 out, one thread each (llm-multimodal
+//! `Parallelism::Inline`), median of ITERS (default 20) after a warm-up.
+//! Prints a Markdown table, then what differs photo by photo. A peer error
+//! or panic is reported, not fatal.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -33,7 +31,7 @@ mod reference;
 #[path = "support/timed.rs"]
 mod timed;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use iris_vision::{OutputDtype, PreprocessOptions, Processor};
 use reference::Verdict;
@@ -69,8 +67,9 @@ struct FamilyReport {
     /// smg has no prompt for the family: its tokens are not compared.
     no_prompt: bool,
     value_diffs: Vec<String>,
-    worst_sample: Option<f32>,
-    worst_whole: Option<f32>,
+    /// Largest |difference| from Hugging Face's whole tensor, over the photos.
+    iris_worst: Option<f32>,
+    peer_worst: Option<f32>,
     iris_ms: Option<f64>,
     peer_ms: Option<f64>,
 }
@@ -91,13 +90,14 @@ fn options() -> PreprocessOptions {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: peer_families EXPECTED_JSON [IMAGE] [ITERS]";
+    let usage = "usage: peer_families EXPECTED_JSON HF_ARRAYS [IMAGE] [ITERS]";
     let expected_path = args.get(1).ok_or(usage)?;
-    let timed_image = match args.get(2) {
+    let hf_dir = PathBuf::from(args.get(2).ok_or(usage)?);
+    let timed_image = match args.get(3) {
         Some(path) => PathBuf::from(path),
         None => common::image_path("shared/motorcycle_1080p.jpg"),
     };
-    let iters = match args.get(3) {
+    let iters = match args.get(4) {
         Some(n) => n.parse()?,
         None => 20,
     };
@@ -109,6 +109,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("the reference has no `sample_count`")? as usize;
     let run = Run {
         photos: shared_photos(&reference)?,
+        hf_dir,
         sample_count,
         timed_bytes: std::fs::read(&timed_image)?,
         iters,
@@ -125,6 +126,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// What every family is run on.
 struct Run {
     photos: Vec<Photo>,
+    hf_dir: PathBuf,
     sample_count: usize,
     timed_bytes: Vec<u8>,
     iters: usize,
@@ -138,7 +140,7 @@ impl Run {
         config: &Value,
         family: &str,
         label: &'static str,
-    ) -> Result<FamilyReport, iris_vision::VisionError> {
+    ) -> Result<FamilyReport, Box<dyn std::error::Error>> {
         let iris = iris_vision::processor_from_config(config)?;
         let mut report = FamilyReport {
             label,
@@ -152,8 +154,9 @@ impl Run {
                         family,
                         photo,
                         sample_count: self.sample_count,
+                        hf_dir: &self.hf_dir,
                     };
-                    compare(&mut report, &case, iris.as_ref(), &theirs);
+                    compare(&mut report, &case, iris.as_ref(), &theirs)?;
                 }
                 time(
                     &mut report,
@@ -177,6 +180,8 @@ struct Case<'a> {
     family: &'a str,
     photo: &'a Photo,
     sample_count: usize,
+    /// Where Hugging Face's whole tensors are.
+    hf_dir: &'a Path,
 }
 
 /// The reference's photos from ../shared/images, with their bytes.
@@ -224,96 +229,82 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// Both libraries on one photo, against the reference's case for its family.
+/// Both libraries on one photo, against the reference's case for its family
+/// and Hugging Face's whole tensor.
 fn compare(
     report: &mut FamilyReport,
     case: &Case,
     iris: &dyn Processor,
     theirs: &peer::PeerProcessor,
-) {
-    let (photo, sample_count) = (case.photo, case.sample_count);
-    let Some(case) = reference::case(&photo.expected, case.family) else {
-        return;
+) -> Result<(), String> {
+    let (photo, sample_count, hf_dir) = (case.photo, case.sample_count, case.hf_dir);
+    let Some(expected) = reference::case(&photo.expected, case.family) else {
+        return Ok(());
+    };
+    let hf = reference::hf_tensor(hf_dir, case.family, &photo.name)?;
+    let check = |shape: &[usize], values: &[f32], tokens| {
+        Verdict::new(expected, sample_count, shape, values, tokens, &hf)
     };
     report.photos += 1;
     let name = &photo.name;
-    let ours = match iris.preprocess_bytes(&photo.bytes, &options()) {
+    match iris.preprocess_bytes(&photo.bytes, &options()) {
         Ok(out) => {
             let values = out.pixel_values.to_f32_vec();
-            let verdict = Verdict::new(
-                case,
-                sample_count,
-                &out.shape,
-                &values,
-                Some(out.num_placeholder_tokens),
-            );
+            let verdict = check(&out.shape, &values, Some(out.num_placeholder_tokens));
+            report.iris_worst = max_of(report.iris_worst, verdict.whole_diff);
             if verdict.exact() {
                 report.iris_exact += 1;
             } else {
                 report.iris_failures.push(name.clone());
             }
-            Some((out.shape, values))
         }
-        Err(e) => {
-            report.iris_failures.push(format!("{name}: {e}"));
-            None
-        }
-    };
-    let out = match theirs.output(&photo.bytes) {
-        Ok(out) => out,
-        Err(e) => {
-            report.peer_errors.push(format!("{name}: {e}"));
-            return;
-        }
-    };
-    let verdict = Verdict::new(case, sample_count, &out.shape, &out.values, out.tokens);
-    let whole = ours.and_then(|(shape, values)| whole_diff(&shape, &values, &out));
-    if verdict.exact() {
-        report.peer_checks_pass += 1;
-        if whole.is_some_and(|w| w <= reference::TOLERANCE) {
-            report.peer_exact += 1;
-        }
+        Err(e) => report.iris_failures.push(format!("{name}: {e}")),
     }
-    let (have, want) = &verdict.shape;
-    if have != want {
-        report
-            .shape_diffs
-            .push(format!("{name}: {have:?} (HF {want:?})"));
+    match theirs.output(&photo.bytes) {
+        Ok(out) => report.add_peer(name, &check(&out.shape, &out.values, out.tokens)),
+        Err(e) => report.peer_errors.push(format!("{name}: {e}")),
     }
-    match verdict.tokens {
-        (Some(have), want) if have != want => report
-            .token_diffs
-            .push(format!("{name}: {have} (HF {want})")),
-        (None, _) => report.no_prompt = true,
-        _ => {}
-    }
-    if let Some(d) = verdict.sample_diff {
-        report.worst_sample = Some(report.worst_sample.unwrap_or(0.0).max(d));
-        if let Some(w) = whole {
-            report.worst_whole = Some(report.worst_whole.unwrap_or(0.0).max(w));
-        }
-        if whole.is_none_or(|w| w > reference::TOLERANCE) {
-            report.value_diffs.push(format!(
-                "{name}: sampled {d:.3e}, sum {:+.3e}, whole tensor vs Iris {}",
-                verdict.sum_diff.unwrap_or(f64::NAN),
-                whole.map_or("–".into(), |w| format!("{w:.3e}"))
-            ));
-        }
+    Ok(())
+}
+
+fn max_of(a: Option<f32>, b: Option<f32>) -> Option<f32> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        _ => a.or(b),
     }
 }
 
-/// Largest |difference| between Iris's tensor and the peer's when their
-/// shapes agree (a leading batch axis of one aside).
-fn whole_diff(shape: &[usize], values: &[f32], theirs: &peer::PeerOutput) -> Option<f32> {
-    let same = reference::without_unit_batch(&theirs.shape, shape) == shape
-        && values.len() == theirs.values.len();
-    same.then(|| {
-        values
-            .iter()
-            .zip(&theirs.values)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max)
-    })
+impl FamilyReport {
+    /// The peer's verdict on photo `name`.
+    fn add_peer(&mut self, name: &str, verdict: &Verdict) {
+        if verdict.passes_sampled_checks() {
+            self.peer_checks_pass += 1;
+        }
+        if verdict.exact() {
+            self.peer_exact += 1;
+        }
+        let (have, want) = &verdict.shape;
+        if have != want {
+            self.shape_diffs
+                .push(format!("{name}: {have:?} (HF {want:?})"));
+        }
+        match verdict.tokens {
+            (Some(have), want) if have != want => {
+                self.token_diffs.push(format!("{name}: {have} (HF {want})"))
+            }
+            (None, _) => self.no_prompt = true,
+            _ => {}
+        }
+        self.peer_worst = max_of(self.peer_worst, verdict.whole_diff);
+        if let (Some(whole), Some(sampled)) = (verdict.whole_diff, verdict.sample_diff) {
+            if whole > reference::TOLERANCE {
+                self.value_diffs.push(format!(
+                    "{name}: max |Δ| {whole:.3e} (sampled {sampled:.3e}), sum {:+.3e}",
+                    verdict.sum_diff.unwrap_or(f64::NAN),
+                ));
+            }
+        }
+    }
 }
 
 /// Thread CPU of decode + preprocess of `bytes` through both, median of `iters`.
@@ -364,13 +355,14 @@ fn print_table(
     println!();
     println!(
         "Photos exact to Hugging Face: the parity test's checks (shape, placeholder tokens, \
-         sampled values within 1e-5, sums) and, for the peer, its whole tensor within 1e-5 of \
-         Iris's; decode + preprocess of {file}: thread CPU ms, float32 out, one thread, \
+         sampled values within 1e-5, sums) and the whole tensor within 1e-5 of Hugging Face's; \
+         max |Δ|: the largest difference from Hugging Face's whole tensor over the photos; \
+         decode + preprocess of {file}: thread CPU ms, float32 out, one thread, \
          median of {iters}:\n"
     );
     println!(
-        "| family | Iris exact | peer exact | peer passes the sampled checks | peer: shape differs \
-         | peer: tokens differ | peer: max \\|Δ\\| sampled | peer: max \\|Δ\\| whole tensor vs Iris \
+        "| family | Iris exact | Iris: max \\|Δ\\| | peer exact | peer passes the sampled checks \
+         | peer: shape differs | peer: tokens differ | peer: max \\|Δ\\| \
          | Iris ms | peer ms | peer / Iris |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
@@ -397,10 +389,11 @@ impl FamilyReport {
             format!(" ({} failed)", r.peer_errors.len())
         };
         format!(
-            "| {} | {}/{} | {}/{}{errors} | {}/{} | {} | {} | {} | {} | {} | {} | {ratio} |",
+            "| {} | {}/{} | {} | {}/{}{errors} | {}/{} | {} | {} | {} | {} | {} | {ratio} |",
             r.label,
             r.iris_exact,
             r.photos,
+            r.iris_worst.map_or("–".into(), |d| format!("{d:.1e}")),
             r.peer_exact,
             r.photos,
             r.peer_checks_pass,
@@ -411,8 +404,7 @@ impl FamilyReport {
             } else {
                 r.token_diffs.len().to_string()
             },
-            r.worst_sample.map_or("–".into(), |d| format!("{d:.1e}")),
-            r.worst_whole.map_or("–".into(), |d| format!("{d:.1e}")),
+            r.peer_worst.map_or("–".into(), |d| format!("{d:.1e}")),
             r.iris_ms.map_or("–".into(), |m| format!("{m:.1}")),
             r.peer_ms.map_or("–".into(), |m| format!("{m:.1}")),
         )

@@ -2,7 +2,10 @@
 //! reference (crates/vision/tests/data/expected.json), checked the way
 //! tests/parity.rs checks Iris: the same tensor shape and placeholder-token
 //! count, the sampled values within 1e-5, the sum and the sum of squares
-//! within the parity test's bounds.
+//! within the parity test's bounds; and against Hugging Face's whole tensor
+//! (written by scripts/vision/reference_arrays.py), every value within 1e-5.
+
+use std::path::Path;
 
 use serde_json::Value;
 
@@ -26,16 +29,21 @@ pub struct Verdict {
     pub sum_diff: Option<f64>,
     /// Whether the sum of squares is within the parity bound.
     pub sum_sq_ok: bool,
+    /// Largest |difference| from Hugging Face's whole tensor; `None` when
+    /// the shapes differ.
+    pub whole_diff: Option<f32>,
 }
 
 impl Verdict {
-    /// Held to `case` of the reference (whose sample count is `sample_count`).
+    /// Held to `case` of the reference (whose sample count is
+    /// `sample_count`) and to Hugging Face's whole tensor `hf`.
     pub fn new(
         case: &Value,
         sample_count: usize,
         shape: &[usize],
         values: &[f32],
         tokens: Option<usize>,
+        hf: &[f32],
     ) -> Verdict {
         let want_shape: Vec<usize> = numbers(&case["shape"]);
         let shape = without_unit_batch(shape, &want_shape);
@@ -46,10 +54,18 @@ impl Verdict {
             sample_diff: None,
             sum_diff: None,
             sum_sq_ok: false,
+            whole_diff: None,
         };
         if shape != verdict.shape.1 || values.is_empty() {
             return verdict;
         }
+        verdict.whole_diff = (hf.len() == values.len()).then(|| {
+            values
+                .iter()
+                .zip(hf)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max)
+        });
         let samples = case["samples"].as_array().map(Vec::as_slice).unwrap_or(&[]);
         let worst = sample_indices(values.len(), sample_count)
             .iter()
@@ -66,8 +82,14 @@ impl Verdict {
         verdict
     }
 
-    /// Whether the output passes the parity test's checks.
+    /// Whether the output passes the parity test's checks and its whole
+    /// tensor is Hugging Face's within 1e-5.
     pub fn exact(&self) -> bool {
+        self.passes_sampled_checks() && self.whole_diff.is_some_and(|d| d <= TOLERANCE)
+    }
+
+    /// Whether the output passes the parity test's checks (samples and sums).
+    pub fn passes_sampled_checks(&self) -> bool {
         let n: usize = self.shape.1.iter().product();
         self.shape.0 == self.shape.1
             && self.tokens.0.is_none_or(|t| t == self.tokens.1)
@@ -77,6 +99,17 @@ impl Verdict {
                 .is_some_and(|d| d.abs() <= 1e-6 * n as f64 + 1e-3)
             && self.sum_sq_ok
     }
+}
+
+/// Hugging Face's whole tensor for `family` on `photo`, as
+/// scripts/vision/reference_arrays.py wrote it under `dir`.
+pub fn hf_tensor(dir: &Path, family: &str, photo: &str) -> Result<Vec<f32>, String> {
+    let path = dir.join(family).join(format!("{photo}.f32"));
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
 }
 
 /// The reference's case for `family` with no overrides on `image`.
