@@ -601,41 +601,59 @@ def processor_for(name):
     return Qwen2VLImageProcessor(**cfg)
 
 
-def case(name, img, overrides):
+def run_processor(name, img, overrides):
+    """The reference processor run on `img`: (image_processor, out, multi, note),
+    with `note` set when its `_pad_for_patching` had to be given the channel
+    axis. A ValueError of the processor is raised as is."""
     arr = np.asarray(img)
-    entry = {"processor": name, "overrides": overrides}
-    try:
-        # Explicit layout: the reference guesses channels-first for 1-pixel-wide images and fails.
-        image_processor = processor_for(name)
-        if name in MODEL_PROCESSORS and pad_axes_guessed_wrong(name, arr):
-            image_processor._pad_for_patching = pad_for_patching_with_axes.__get__(image_processor)
-            entry["note"] = "reference _pad_for_patching given the channel axis (it guesses wrong on this image)"
-        call = dict(overrides)
-        multi = call.pop("multi_image", False)
-        if multi:
-            # OneVision's multi-image mode: the image twice, nested as one prompt's.
-            img_arg = [[img, img]]
-        else:
-            img_arg = img
-        if name == "gemma3":
-            call.update(GEMMA3_CALL)
-        if name in IDEFICS3:
-            call["return_row_col_info"] = True
-        if name in INTERNVL:
-            call.update(INTERNVL_CALL)
-        if name in FAST:
-            # The fast classes take the PIL image as a channels-first tensor.
-            out = image_processor(images=img_arg, return_tensors="pt", **call)
-        else:
-            out = image_processor(images=img_arg, return_tensors="np", input_data_format="channels_last", **call)
-    except ValueError as e:
-        entry["error"] = str(e)
-        return entry
+    note = None
+    # Explicit layout: the reference guesses channels-first for 1-pixel-wide images and fails.
+    image_processor = processor_for(name)
+    if name in MODEL_PROCESSORS and pad_axes_guessed_wrong(name, arr):
+        image_processor._pad_for_patching = pad_for_patching_with_axes.__get__(image_processor)
+        note = "reference _pad_for_patching given the channel axis (it guesses wrong on this image)"
+    call = dict(overrides)
+    multi = call.pop("multi_image", False)
+    if multi:
+        # OneVision's multi-image mode: the image twice, nested as one prompt's.
+        img_arg = [[img, img]]
+    else:
+        img_arg = img
+    if name == "gemma3":
+        call.update(GEMMA3_CALL)
+    if name in IDEFICS3:
+        call["return_row_col_info"] = True
+    if name in INTERNVL:
+        call.update(INTERNVL_CALL)
+    if name in FAST:
+        # The fast classes take the PIL image as a channels-first tensor.
+        out = image_processor(images=img_arg, return_tensors="pt", **call)
+    else:
+        out = image_processor(images=img_arg, return_tensors="np", input_data_format="channels_last", **call)
+    return image_processor, out, multi, note
+
+
+def pixel_values(name, out):
+    """The processor output's pixel tensor as float32, one image's (the batch axis dropped)."""
     pv = out["image_pixel_values" if name == "phi4_multimodal" else "pixel_values"]
     # Llama 4 normalises in bfloat16, which numpy lacks: widened exactly.
     pv = np.asarray(pv.float() if hasattr(pv, "float") else pv, dtype=np.float32)
     if name in ("llava", "llava_next", "llava_onevision", "pixtral", "phi4_multimodal") or name in IDEFICS3:
         pv = pv[0]  # the batch of one
+    return pv
+
+
+def case(name, img, overrides):
+    arr = np.asarray(img)
+    entry = {"processor": name, "overrides": overrides}
+    try:
+        image_processor, out, multi, note = run_processor(name, img, overrides)
+    except ValueError as e:
+        entry["error"] = str(e)
+        return entry
+    if note:
+        entry["note"] = note
+    pv = pixel_values(name, out)
     r8 = resized_8bit(name, PROCESSORS[name], arr, overrides)
     flat = pv.reshape(-1).astype(np.float64)
     entry.update(

@@ -11,24 +11,11 @@
 
 #[path = "support/cpu.rs"]
 mod cpu;
-
-use std::time::Duration;
+#[path = "support/timed.rs"]
+mod timed;
 
 use iris_vision::{OutputDtype, PreprocessOptions};
-
-/// (median, minimum) thread CPU of `iters` calls of `f`, after one warm-up.
-fn cpu_times(iters: usize, mut f: impl FnMut()) -> (Duration, Duration) {
-    f();
-    let mut times: Vec<Duration> = (0..iters)
-        .map(|_| {
-            let start = cpu::thread_cpu();
-            f();
-            cpu::thread_cpu() - start
-        })
-        .collect();
-    times.sort();
-    (times[times.len() / 2], times[0])
-}
+use timed::cpu_times;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();

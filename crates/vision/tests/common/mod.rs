@@ -1,5 +1,5 @@
-//! Helpers shared by the integration tests: paths to test images and
-//! expectations, and images with forged headers.
+//! Helpers shared by the integration tests and the `peer_families` example:
+//! paths to test images and expectations, and images with forged headers.
 #![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
 use std::path::PathBuf;
