@@ -12,8 +12,9 @@
 # photo.
 #
 # The peer decodes JPEGs with libjpeg-turbo when libturbojpeg.so.0 is
-# installed (Debian: libturbojpeg0) and with the `image` crate otherwise;
-# the table's first line says which.
+# installed (Debian: libturbojpeg0, which the script installs through
+# scripts/prereqs) and with the `image` crate otherwise; the table's first
+# line says which.
 #
 # Usage: e2e/bench/peer_families.sh [IMAGE]   (default ../shared/images/motorcycle_1080p.jpg)
 # Environment: ITERS=20 SKIP_BUILD=1
@@ -32,10 +33,9 @@ FAMILIES="llava llava_next llama4 pixtral phi4_multimodal qwen2_vl qwen3_vl"
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
     (cd "$ROOT" && cargo build --release --locked -p iris-vision --example peer_families >&2)
 fi
-if ! ldconfig -p 2>/dev/null | grep 'libturbojpeg\.so\.0' >/dev/null; then
-    log "peer_families: libturbojpeg.so.0 is absent: llm-multimodal will decode JPEGs with the image" \
-        "crate, not Pillow's libjpeg-turbo (apt-get install libturbojpeg0 for its own best case)"
-fi
+# The peer's own best case: its JPEG decode through libjpeg-turbo, as
+# Pillow's (installed here when running as root, else the command is said).
+"$ROOT/scripts/prereqs" libturbojpeg0 >&2
 # About 1 GB of float32 tensors, removed with the work directory.
 "$HF_PYTHON" "$ROOT/scripts/vision/reference_arrays.py" "$WORK/hf" $FAMILIES 2>"$WORK/hf.err" \
     || { cat "$WORK/hf.err" >&2; exit 1; }
