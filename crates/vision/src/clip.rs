@@ -8,11 +8,10 @@
 use crate::decode::DecodeLimits;
 use crate::error::VisionError;
 use crate::geometry::{centre_crop_origin, shortest_edge_size};
-use crate::image::RgbView;
 use crate::normalize::Normalization;
 use crate::output::OutputLayout;
 use crate::processor::PreprocessOptions;
-use crate::resize::{self, resize_into};
+use crate::resize::{self, Bicubic};
 use crate::tiles::{Cut, Each, Tiled};
 
 /// A CLIP-style fixed-size processor.
@@ -107,26 +106,27 @@ impl Tiled for ClipProcessor {
         resize::working_bytes(input, (w as u64, h as u64)) + 3 * crop
     }
 
-    /// Resizes then centre-crops: one frame.
+    /// The centre crop of the resize: one frame, computed alone (the crop's
+    /// columns and the rows they read only; the bytes of resizing whole
+    /// and cropping, [`resize::resize_window`]).
     fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
         let (image, parallel) = (cut.image, cut.parallel);
         let &(w, h) = cut.plan;
-        let resized = resize_into(
-            image,
-            w,
-            h,
-            &mut cut.scratch.inter,
-            &mut cut.scratch.resized,
-            parallel,
-        )?;
         let (ch, cw) = self.crop_size;
         let (top, left) = centre_crop_origin(h, w, ch, cw).ok_or_else(|| {
             VisionError::Geometry(format!(
                 "resized image {w}x{h} is smaller than the {cw}x{ch} crop"
             ))
         })?;
-        resized.crop_into(left, top, cw, ch, &mut cut.scratch.cropped)?;
-        each(0, RgbView::new(&cut.scratch.cropped, cw, ch)?);
+        let cropped = resize::resize_window(
+            Bicubic::Pillow,
+            image,
+            (w, h),
+            (left, top, cw, ch),
+            (&mut cut.scratch.inter, &mut cut.scratch.cropped),
+            parallel,
+        )?;
+        each(0, cropped);
         Ok(())
     }
 }

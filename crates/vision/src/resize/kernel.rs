@@ -239,6 +239,37 @@ impl Kernel {
         kernel
     }
 
+    /// The taps of output samples `range` alone: output `i` of the result
+    /// is this kernel's output `range.start + i` (the same input indices
+    /// and weights).
+    pub(crate) fn window(&self, range: std::ops::Range<usize>) -> Kernel {
+        let ksize = self.ksize;
+        Kernel {
+            in_size: self.in_size,
+            filter: self.filter,
+            blocks: OnceLock::new(),
+            ksize,
+            starts: self.starts[range.clone()].to_vec(),
+            lens: self.lens[range.clone()].to_vec(),
+            weights: self.weights[range.start * ksize..range.end * ksize].to_vec(),
+        }
+    }
+
+    /// The input samples output samples `range` read: from the first one's
+    /// first tap to the end of the furthest one's taps.
+    pub(crate) fn reads(&self, range: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        let start = self.starts[range.clone()]
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(0);
+        let end = range
+            .map(|i| self.starts[i] + self.lens[i])
+            .max()
+            .unwrap_or(start);
+        start..end
+    }
+
     /// Weights and first input index of output pixel `i`.
     #[inline(always)]
     pub(crate) fn taps(&self, i: usize) -> (usize, &[i32]) {

@@ -119,6 +119,73 @@ pub(crate) fn resize_with<'a>(
     }
 }
 
+/// The `(left, top, width, height)` window of `src` resized to
+/// `out_w`×`out_h` with `filter`, computed alone into `out` (`inter` holds
+/// the intermediate rows): each window pixel takes the whole resize's
+/// weights, in the whole resize's pass order, so the bytes are those of
+/// resizing whole and cropping, for the window's columns and the rows its
+/// taps read only (a centre crop after a shortest-edge resize).
+pub(crate) fn resize_window<'a>(
+    filter: Bicubic,
+    src: RgbView<'_>,
+    (out_w, out_h): (usize, usize),
+    (left, top, width, height): (usize, usize, usize, usize),
+    (inter, out): (&'a mut Vec<u8>, &'a mut Vec<u8>),
+    parallel: bool,
+) -> Result<RgbView<'a>, VisionError> {
+    let (in_w, in_h) = (src.width(), src.height());
+    if width == 0 || height == 0 || left + width > out_w || top + height > out_h {
+        return Err(VisionError::Geometry(format!(
+            "window {width}x{height}+{left}+{top} outside the {out_w}x{out_h} resize"
+        )));
+    }
+    let (cols, rows) = (left..left + width, top..top + height);
+    // An axis that keeps its size is a selection, not a pass.
+    let kh = (out_w != in_w).then(|| Kernel::cached_for(filter, in_w, out_w).window(cols.clone()));
+    let kv = (out_h != in_h).then(|| Kernel::cached_for(filter, in_h, out_h));
+    let order = match (&kh, &kv) {
+        (Some(_), Some(_)) => PassOrder::of(filter, in_w, in_h, out_h),
+        _ => PassOrder::HorizontalFirst,
+    };
+    ensure_len(out, width * height * 3);
+    match order {
+        PassOrder::HorizontalFirst => {
+            // The source rows the window's output rows read.
+            let read = kv
+                .as_ref()
+                .map_or(rows.clone(), |kv| kv.reads(rows.clone()));
+            let band = &src.data()[read.start * in_w * 3..read.end * in_w * 3];
+            ensure_len(inter, width * read.len() * 3);
+            match &kh {
+                Some(kh) => passes::horizontal(band, in_w, kh, inter, parallel),
+                None => select_columns(band, in_w, cols, inter),
+            }
+            match &kv {
+                Some(kv) => passes::vertical_rows((inter, read.start), width * 3, kv, top, out),
+                None => out.copy_from_slice(&inter[..width * height * 3]),
+            }
+        }
+        PassOrder::VerticalFirst => {
+            ensure_len(inter, in_w * height * 3);
+            if let Some(kv) = &kv {
+                passes::vertical_rows((src.data(), 0), in_w * 3, kv, top, inter);
+            }
+            if let Some(kh) = &kh {
+                passes::horizontal(inter, in_w, kh, out, parallel);
+            }
+        }
+    }
+    RgbView::new(out, width, height)
+}
+
+/// Columns `cols` of every row of `src` (rows of `in_w` pixels) into `out`.
+fn select_columns(src: &[u8], in_w: usize, cols: std::ops::Range<usize>, out: &mut [u8]) {
+    let width = cols.len() * 3;
+    for (row, dst) in src.chunks_exact(in_w * 3).zip(out.chunks_exact_mut(width)) {
+        dst.copy_from_slice(&row[cols.start * 3..cols.end * 3]);
+    }
+}
+
 /// Resizes `src` with `filter` into `out` (a copy when the size does not
 /// change), using `inter` for the intermediate image.
 pub(crate) fn resize_copy(
@@ -309,6 +376,70 @@ mod tests {
             .data()
             .to_vec();
         assert_eq!(seq, par);
+    }
+
+    /// A window of the resize is the whole resize cropped, byte for byte:
+    /// shrinking and growing, each filter, both pass orders, an axis that
+    /// keeps its size, and windows at the edges.
+    #[test]
+    fn a_window_is_the_whole_resize_cropped() {
+        let noisy = |w: u32, h: u32| {
+            let mut state = 0x2545_f491u32;
+            image::RgbImage::from_fn(w, h, |_, _| {
+                let mut next = || {
+                    state ^= state << 13;
+                    state ^= state >> 17;
+                    state ^= state << 5;
+                    state as u8
+                };
+                image::Rgb([next(), next(), next()])
+            })
+        };
+        let cases = [
+            ((640, 360), (597, 336), (130, 0, 336, 336)),
+            ((300, 700), (336, 784), (0, 224, 336, 336)),
+            ((80, 60), (200, 150), (3, 7, 50, 40)),
+            ((120, 90), (120, 45), (10, 5, 60, 30)),
+            ((120, 90), (60, 90), (0, 0, 60, 90)),
+            ((20, 2500), (10, 1250), (2, 600, 8, 100)),
+            ((64, 48), (64, 48), (8, 8, 16, 16)),
+        ];
+        for filter in [Bicubic::Pillow, Bicubic::PillowBilinear, Bicubic::Torch] {
+            for ((iw, ih), (ow, oh), (left, top, w, h)) in cases {
+                let img = noisy(iw, ih);
+                let view = RgbView::from_image(&img).unwrap();
+                let (mut a, mut b, mut c, mut d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                let whole = resize_with(filter, view, (ow, oh), (&mut a, &mut b), false).unwrap();
+                let mut cropped = Vec::new();
+                whole.crop_into(left, top, w, h, &mut cropped).unwrap();
+                let window = resize_window(
+                    filter,
+                    view,
+                    (ow, oh),
+                    (left, top, w, h),
+                    (&mut c, &mut d),
+                    true,
+                )
+                .unwrap();
+                assert_eq!((window.width(), window.height()), (w, h));
+                assert!(
+                    window.data() == &cropped[..],
+                    "{filter:?} {iw}x{ih} -> {ow}x{oh}, window {w}x{h}+{left}+{top}"
+                );
+            }
+        }
+        let img = noisy(10, 10);
+        let view = RgbView::from_image(&img).unwrap();
+        let (mut c, mut d) = (Vec::new(), Vec::new());
+        let outside = resize_window(
+            Bicubic::Pillow,
+            view,
+            (5, 5),
+            (3, 0, 3, 5),
+            (&mut c, &mut d),
+            false,
+        );
+        assert!(outside.is_err());
     }
 
     #[test]
