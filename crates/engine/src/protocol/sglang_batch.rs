@@ -151,11 +151,10 @@ impl Batch<'_> {
         }
         (0..n)
             .map(|i| {
-                let pixels = unpadded(unstack(self.pixels, i)?)?;
+                let pixels = image_rows(self.pixels, i, frames(self.pixels, i)?)?;
                 let mut tensors = self.rows_of_each(i, n)?;
                 if let Some(mask) = self.mm.model_specific_tensors.get("image_attention_mask") {
-                    let crops = pixels.shape[0] as usize;
-                    let mask = slice_rows(&to_sglang(unstack(mask, i)?), 0, crops)?;
+                    let mask = image_rows(mask, i, pixels.shape[0] as usize)?;
                     tensors.retain(|(k, _)| k != "image_attention_mask");
                     tensors.push(("image_attention_mask".to_owned(), mask));
                 }
@@ -272,19 +271,6 @@ fn engine(t: &s::TensorData) -> TensorData {
     }
 }
 
-/// A TokenSpeed tensor back in SGLang's form (inline, no copy).
-fn to_sglang(t: TensorData) -> s::TensorData {
-    let data = match t.payload {
-        Some(Payload::Inline(b)) => b,
-        _ => Bytes::new(),
-    };
-    s::TensorData {
-        data,
-        shape: t.shape,
-        dtype: t.dtype,
-    }
-}
-
 /// Bytes per row of `t` (everything after dimension 0).
 fn row_bytes(t: &s::TensorData) -> Result<usize, Status> {
     let dtype =
@@ -315,30 +301,43 @@ fn slice_rows(t: &s::TensorData, at: usize, count: usize) -> Result<TensorData, 
     })
 }
 
-/// Row `i` of `t` without dimension 0.
-fn unstack(t: &s::TensorData, i: usize) -> Result<TensorData, Status> {
-    let mut row = slice_rows(t, i, 1)?;
-    row.shape.remove(0);
-    Ok(row)
+/// The leading `rows` rows of image `i` of a stacked tensor `t`
+/// (`[n, rows…, …]`), without the stacking dimension (no copy).
+fn image_rows(t: &s::TensorData, i: usize, rows: usize) -> Result<TensorData, Status> {
+    let inner = t.shape.get(1..).unwrap_or_default();
+    let all = inner.first().map_or(1, |&d| d as usize);
+    let image = row_bytes(t)?;
+    let start = i * image;
+    if rows > all || start + image > t.data.len() {
+        return Err(Status::invalid_argument(format!(
+            "{WHAT}: image {i} has no {rows} rows in a tensor of shape {:?}",
+            t.shape
+        )));
+    }
+    let mut shape = inner.to_vec();
+    if let Some(first) = shape.first_mut() {
+        *first = rows as u32;
+    }
+    let len = image / all.max(1) * rows;
+    Ok(TensorData {
+        shape,
+        dtype: t.dtype.clone(),
+        payload: Some(Payload::Inline(t.data.slice(start..start + len))),
+    })
 }
 
-/// A stacked image's pixels without the trailing all-zero frames the
-/// gateway padded it with (`[frames, 3, H, W]` only; one frame kept).
-fn unpadded(t: TensorData) -> Result<TensorData, Status> {
-    if t.shape.len() != 4 {
-        return Ok(t);
-    }
-    let sglang = to_sglang(t);
-    let frame = row_bytes(&sglang)?;
-    let mut kept = sglang.shape[0] as usize;
-    while kept > 1
-        && sglang.data[(kept - 1) * frame..kept * frame]
-            .iter()
-            .all(|&b| b == 0)
-    {
-        kept -= 1;
-    }
-    slice_rows(&sglang, 0, kept)
+/// How many of image `i`'s frames the gateway did not pad: its stacked
+/// `[frames, 3, H, W]` without the trailing all-zero ones
+/// ([`super::vllm_batch::unpadded`], as a vLLM batch is cut); every row
+/// of another rank.
+fn frames(t: &s::TensorData, i: usize) -> Result<usize, Status> {
+    let all = t.shape.get(1).map_or(1, |&d| d as usize);
+    let image = image_rows(t, i, all)?;
+    let Some(Payload::Inline(bytes)) = &image.payload else {
+        return Ok(all);
+    };
+    let (_, kept) = super::vllm_batch::unpadded(bytes, &image.shape);
+    Ok(kept.first().map_or(all, |&f| f as usize))
 }
 
 /// `[3, H, W]` cut out of the top left of a padded `[3, max H, max W]`.

@@ -211,7 +211,7 @@ fn cut(bytes: &Bytes, at: usize, len: usize, shape: Vec<u32>, dtype: &str) -> Te
 
 /// A batched item's byte length and shape without the trailing all-zero
 /// frames of a `[frames, 3, H, W]` item (keeping one).
-fn unpadded(item: &[u8], shape: &[u32]) -> (usize, Vec<u32>) {
+pub(super) fn unpadded(item: &[u8], shape: &[u32]) -> (usize, Vec<u32>) {
     let [frames, ..] = shape else {
         return (item.len(), shape.to_vec());
     };
