@@ -42,7 +42,10 @@
 //! batch of several items copies, into one new tensor per key: it needs
 //! every item's bytes inline ([`joined_items`] keeps them off the shm and
 //! RDMA lanes for vLLM; SGLang takes inline bytes only); a pixel tensor on
-//! another lane is refused (FAILED_PRECONDITION), never dropped.
+//! another lane is refused (FAILED_PRECONDITION), never dropped. Images
+//! that cannot form one batch (other tensors, other placeholder tokens,
+//! pixels for some only, other dtypes or ranks) are UNIMPLEMENTED, naming
+//! what differs, for either backend.
 
 use std::collections::HashMap;
 
@@ -276,14 +279,29 @@ pub fn batch(items: &[&MultimodalItem], backend: Backend) -> Result<Batch, Statu
         },
         _ => layout_of(first),
     };
+    if let Some(other) = items
+        .iter()
+        .find(|item| tensor_keys(item) != tensor_keys(first))
+    {
+        return Err(cannot_carry(
+            backend,
+            "model_specific_tensors",
+            &format!(
+                "the images of a batch must carry the same tensors ({:?} and {:?})",
+                tensor_keys(first),
+                tensor_keys(other)
+            ),
+        ));
+    }
     if items
         .iter()
-        .any(|item| tensor_keys(item) != tensor_keys(first))
+        .any(|item| item.placeholder_token_id != first.placeholder_token_id)
     {
-        return Err(Status::internal(format!(
-            "the {} items of one {backend} batch carry different tensors",
-            layout.family
-        )));
+        return Err(cannot_carry(
+            backend,
+            "placeholder_token_id",
+            "images with different placeholder tokens cannot form one batch",
+        ));
     }
     let pixel_key = layout.pixel_key;
     let mut batch = Batch {
@@ -321,7 +339,7 @@ pub fn batch(items: &[&MultimodalItem], backend: Backend) -> Result<Batch, Statu
 }
 
 /// The item's model-specific tensor names, sorted.
-pub fn tensor_keys(item: &MultimodalItem) -> Vec<&String> {
+fn tensor_keys(item: &MultimodalItem) -> Vec<&String> {
     let mut keys: Vec<&String> = item.model_specific_tensors.keys().collect();
     keys.sort();
     keys
@@ -341,9 +359,11 @@ fn pixels(
         return Ok(None);
     }
     if of_items.len() != items.len() {
-        return Err(Status::internal(format!(
-            "some items of one {backend} batch carry pixels and some do not"
-        )));
+        return Err(cannot_carry(
+            backend,
+            "images with and without pixels",
+            "one batch has pixels for all of its images or for none",
+        ));
     }
     if layout.same_shape && of_items.iter().any(|t| t.shape != of_items[0].shape) {
         return Err(cannot_carry(

@@ -166,34 +166,6 @@ fn joined_bytes(items: &[ts::MultimodalItem]) -> usize {
 /// The images (at least one) as SGLang's one batch: the tensors Hugging
 /// Face's processor returns for them together ([`batch`]).
 fn mm_inputs(items: &[ts::MultimodalItem]) -> Result<s::MultimodalInputs, Status> {
-    let token_id = items[0].placeholder_token_id;
-    if items.iter().any(|i| i.placeholder_token_id != token_id) {
-        return Err(cannot_carry(
-            BACKEND,
-            "placeholder_token_id",
-            "images with different placeholder tokens cannot form one batch",
-        ));
-    }
-    let with_pixels = items.iter().filter(|i| i.encoder_input.is_some()).count();
-    if with_pixels != 0 && with_pixels != items.len() {
-        return Err(cannot_carry(
-            BACKEND,
-            "images with and without pixels",
-            "one batch has pixels for all of its images or for none",
-        ));
-    }
-    let keys = batch::tensor_keys;
-    if let Some(other) = items.iter().find(|i| keys(i) != keys(&items[0])) {
-        return Err(cannot_carry(
-            BACKEND,
-            "model_specific_tensors",
-            &format!(
-                "the images of a batch must carry the same tensors ({:?} and {:?})",
-                keys(&items[0]),
-                keys(other)
-            ),
-        ));
-    }
     let refs: Vec<&ts::MultimodalItem> = items.iter().collect();
     let joined = batch::batch(&refs, BACKEND)?;
     Ok(s::MultimodalInputs {
@@ -211,7 +183,7 @@ fn mm_inputs(items: &[ts::MultimodalItem]) -> Result<s::MultimodalInputs, Status
             .into_iter()
             .map(|(key, t)| inline(t, &key).map(|t| (key, t)))
             .collect::<Result<_, _>>()?,
-        im_token_id: token_id,
+        im_token_id: joined.placeholder_token,
         mm_placeholders: items
             .iter()
             .flat_map(|i| &i.placeholders)
