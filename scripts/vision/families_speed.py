@@ -10,7 +10,8 @@ parity reference). Each call opens the image from its bytes, converts it
 to RGB and runs the processor with `return_tensors="pt"`, torch on one
 thread; the time is the process's CPU time per call (median and minimum,
 after one warm-up). Prints one tab-separated line per processor:
-family, class, median ms, minimum ms.
+family, class, median ms, minimum ms; the first, `decode PIL`, is the
+decode alone (`Image.open(...).convert("RGB")`), which every call includes.
 """
 
 import io
@@ -50,6 +51,8 @@ def main():
     data = Path(sys.argv[1]).read_bytes()
     iters = int(sys.argv[2]) if len(sys.argv) > 2 else 10
     torch.set_num_threads(1)
+    median, least = cpu_ms(iters, lambda: Image.open(io.BytesIO(data)).convert("RGB"))
+    print(f"decode\tPIL\t{median:.2f}\t{least:.2f}", flush=True)
     for family in reference.PROCESSORS:
         shipped = reference.processor_for(family)
         processors = [shipped]

@@ -6,8 +6,8 @@
 //!
 //! EXPECTED_JSON is the parity reference (crates/vision/tests/data/expected.json),
 //! whose `processors` map each family to its preprocessor config. Prints
-//! one tab-separated line per family: name, median and minimum thread CPU
-//! milliseconds.
+//! one tab-separated line per family, after one for the decode alone
+//! (`decode`): name, median and minimum thread CPU milliseconds.
 
 #[path = "support/cpu.rs"]
 mod cpu;
@@ -36,6 +36,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         intra_image_parallel: false,
         ..PreprocessOptions::default()
     };
+    // The decode alone (into reused scratch, as every processor starts):
+    // the part of each figure below that Pillow's decode costs HF too.
+    let mut failure = None;
+    let (median, min) = cpu_times(iters, || {
+        if let Err(e) = iris_vision::decode_with(&bytes, &options.limits, |_| ()) {
+            failure = Some(e.to_string());
+        }
+    });
+    if let Some(e) = failure {
+        return Err(format!("decode: {e}").into());
+    }
+    print_times("decode", median, min);
     for (name, config) in processors {
         let processor = iris_vision::processor_from_config(config)?;
         let mut failure = None;
@@ -47,11 +59,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if let Some(e) = failure {
             return Err(format!("{name}: {e}").into());
         }
-        println!(
-            "{name}\t{:.2}\t{:.2}",
-            median.as_secs_f64() * 1e3,
-            min.as_secs_f64() * 1e3
-        );
+        print_times(name, median, min);
     }
     Ok(())
+}
+
+/// One output line: name, median and minimum milliseconds.
+fn print_times(name: &str, median: std::time::Duration, min: std::time::Duration) {
+    println!(
+        "{name}\t{:.2}\t{:.2}",
+        median.as_secs_f64() * 1e3,
+        min.as_secs_f64() * 1e3
+    );
 }

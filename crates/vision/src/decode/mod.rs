@@ -147,6 +147,21 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<image::RgbImage, Vi
     })
 }
 
+/// Decodes image bytes into the calling thread's scratch buffer (no
+/// allocation once it has grown) and lends the pixels to `f`: the decode
+/// alone, as every processor's [`crate::Processor::preprocess_bytes`]
+/// starts, for benchmarks that separate it from preprocessing.
+pub fn decode_with<R>(
+    bytes: &[u8],
+    limits: &DecodeLimits,
+    f: impl FnOnce(crate::image::RgbView<'_>) -> R,
+) -> Result<R, VisionError> {
+    with_scratch(|s| {
+        let (w, h) = decode_into(bytes, limits, &mut s.decoded, &mut s.raw)?;
+        Ok(f(crate::image::RgbView::new(&s.decoded, w, h)?))
+    })
+}
+
 /// Reads format, size and decoding memory from the header without
 /// decoding pixels or allocating memory in proportion to the declared size.
 pub fn probe(bytes: &[u8]) -> Result<ImageInfo, VisionError> {

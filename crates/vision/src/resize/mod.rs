@@ -12,6 +12,7 @@ mod kernel;
 mod madd;
 mod passes;
 mod streamed;
+mod strip;
 #[cfg(target_arch = "x86_64")]
 mod vmadd;
 

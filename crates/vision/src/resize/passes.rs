@@ -7,7 +7,9 @@
 //!   time (plain lane-parallel multiply-add);
 //! - the horizontal pass first transposes a strip of `STRIP_ROWS` rows so
 //!   that the same column of every row lies contiguous, then runs the same
-//!   lane-parallel multiply-add with one lane per (row, channel).
+//!   lane-parallel multiply-add with one lane per (row, channel); with AVX2
+//!   the transposes run in vector registers ([`super::strip`]) and the body
+//!   here is the portable fallback.
 //!
 //! The inner loops are compiled twice, for the baseline target and for AVX2
 //! (chosen at run time), from one generic body.
@@ -17,8 +19,8 @@ use rayon::prelude::*;
 use std::cell::Cell;
 
 /// Rows transposed together by the horizontal pass.
-pub(crate) const STRIP_ROWS: usize = 16;
-const STRIP_LANES: usize = STRIP_ROWS * 3;
+pub(crate) const STRIP_ROWS: usize = super::strip::ROWS;
+const STRIP_LANES: usize = super::strip::LANES;
 /// Rows per parallel task of the blocked horizontal pass.
 const BLOCK_TASK_ROWS: usize = 32;
 /// Bytes of a row accumulated together by the vertical pass.
@@ -51,7 +53,7 @@ pub(crate) fn horizontal(src: &[u8], in_w: usize, kernel: &Kernel, dst: &mut [u8
     let strip = |(i, dst_strip): (usize, &mut [u8])| {
         let rows = dst_strip.len() / out_row;
         let src_strip = &src[i * STRIP_ROWS * in_row..][..rows * in_row];
-        with_strip_buffer(in_w * STRIP_LANES, |tmp| {
+        with_strip_buffer(super::strip::buffer_len(in_w, kernel.out_size()), |tmp| {
             horizontal_strip(src_strip, in_w, rows, kernel, tmp, dst_strip)
         });
     };
@@ -149,7 +151,7 @@ fn horizontal_strip(
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
-        unsafe { horizontal_strip_avx2(src, in_w, rows, kernel, tmp, dst) };
+        unsafe { super::strip::strip(src, in_w, rows, kernel, tmp, dst) };
         return;
     }
     horizontal_strip_body(src, in_w, rows, kernel, tmp, dst);
@@ -170,19 +172,6 @@ fn vertical_row(src: &[u8], row_len: usize, weights: &[i32], out: &mut [u8]) {
         return;
     }
     vertical_row_body(src, row_len, weights, out);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn horizontal_strip_avx2(
-    src: &[u8],
-    in_w: usize,
-    rows: usize,
-    kernel: &Kernel,
-    tmp: &mut [u8],
-    dst: &mut [u8],
-) {
-    horizontal_strip_body(src, in_w, rows, kernel, tmp, dst);
 }
 
 #[cfg(target_arch = "x86_64")]
