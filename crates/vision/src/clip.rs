@@ -106,6 +106,16 @@ impl Tiled for ClipProcessor {
         resize::working_bytes(input, (w as u64, h as u64)) + 3 * crop
     }
 
+    fn one_resize(&self, &(w, h): &(usize, usize)) -> Option<resize::WindowedResize> {
+        let (ch, cw) = self.crop_size;
+        let (top, left) = centre_crop_origin(h, w, ch, cw)?;
+        Some(resize::WindowedResize {
+            filter: Bicubic::Pillow,
+            size: (w, h),
+            window: (left, top, cw, ch),
+        })
+    }
+
     /// The centre crop of the resize: one frame, computed alone (the crop's
     /// columns and the rows they read only; the bytes of resizing whole
     /// and cropping, [`resize::resize_window`]).

@@ -214,6 +214,12 @@ impl Tiled for Gemma3Processor {
         resizes + 3 * oh * ow
     }
 
+    /// Without pan-and-scan crops, the image's one resize.
+    fn one_resize(&self, crops: &Crops) -> Option<resize::WindowedResize> {
+        let (h, w) = self.size;
+        (crops.count() == 0).then(|| resize::WindowedResize::whole(self.filter, (w, h)))
+    }
+
     /// The image, then its crops.
     fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
         let (image, parallel) = (cut.image, cut.parallel);

@@ -131,6 +131,10 @@ impl Tiled for PixtralProcessor {
         resize::working_bytes(input, (w, h)) + 3 * w * h
     }
 
+    fn one_resize(&self, &size: &(usize, usize)) -> Option<resize::WindowedResize> {
+        Some(resize::WindowedResize::whole(self.filter, size))
+    }
+
     /// The resized image: one frame.
     fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
         let (image, parallel) = (cut.image, cut.parallel);

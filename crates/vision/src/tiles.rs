@@ -17,6 +17,7 @@
 //! image at the top left of a padded canvas) and [`with_global`] (tiles
 //! plus a global frame when there are several).
 
+use crate::decode::{sniff, ImageFormat, RowDecoder};
 use crate::error::VisionError;
 use crate::image::RgbView;
 use crate::layout::planar_chw;
@@ -24,9 +25,11 @@ use crate::normalize::{Lut, Normalization, OutElem};
 use crate::output::{ItemTensor, OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 use crate::placeholders::PlaceholderLayout;
 use crate::pool::PooledVec;
-use crate::processor::{fingerprint_of, split_image, PreprocessOptions, Processor};
+use crate::processor::{
+    decode_then_preprocess, fingerprint_of, split_image, PreprocessOptions, Processor,
+};
 use crate::resize;
-use crate::scratch::Scratch;
+use crate::scratch::{with_scratch, Scratch};
 
 /// What a family's frames are handed to: `(index, frame)`.
 pub(crate) type Each<'a> = &'a mut dyn FnMut(usize, RgbView<'_>);
@@ -70,6 +73,16 @@ pub(crate) trait Tiled: Send + Sync {
     /// Produces the 8-bit frames of the cut's image, in output order, and
     /// hands each to `each`.
     fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError>;
+
+    /// When this plan's tensor is one frame made by one resize of the whole
+    /// image (a window of it kept), written by [`Tiled::write`]'s default:
+    /// that resize. A JPEG's rows then go from the decoder straight into
+    /// the resize, and the decoded image is never stored whole
+    /// ([`resize::resize_window_rows`]). `None` (the default): the image
+    /// is decoded whole and cut by [`Tiled::frames`].
+    fn one_resize(&self, _plan: &Self::Plan) -> Option<resize::WindowedResize> {
+        None
+    }
 
     /// The normalisation tables: by default the slow processors'
     /// arithmetic ([`Normalization::value`]).
@@ -203,6 +216,17 @@ impl<P: Tiled> Processor for P {
         RgbView::new(&stacked, frames.width, rows)?.to_image()
     }
 
+    fn preprocess_bytes(
+        &self,
+        bytes: &[u8],
+        opts: &PreprocessOptions,
+    ) -> Result<PreprocessOutput, VisionError> {
+        with_scratch(|s| match streamed(self, bytes, opts, s)? {
+            Some(output) => Ok(output),
+            None => decode_then_preprocess(self, bytes, opts, s),
+        })
+    }
+
     fn preprocess_view(
         &self,
         image: RgbView<'_>,
@@ -225,6 +249,66 @@ impl<P: Tiled> Processor for P {
         let resized = self.resized_size(&plan);
         Ok(PreprocessOutput::from_layout(pixel_values, layout, resized))
     }
+}
+
+/// A JPEG streamed from its decoder through the family's one resize
+/// ([`Tiled::one_resize`]), or `None` when this image or plan does not
+/// stream (not a single-scan JPEG, rotated, split across threads, more
+/// than one resize) and must be decoded whole.
+fn streamed<P: Tiled>(
+    p: &P,
+    bytes: &[u8],
+    o: &PreprocessOptions,
+    s: &mut Scratch,
+) -> Result<Option<PreprocessOutput>, VisionError> {
+    if sniff(bytes)? != ImageFormat::Jpeg {
+        return Ok(None);
+    }
+    let Some(mut rows) = RowDecoder::open(bytes, &o.limits)? else {
+        return Ok(None);
+    };
+    let input = (rows.width(), rows.height());
+    if split_image(o, input.0 * input.1) {
+        return Ok(None);
+    }
+    let plan = planned(p, input, o)?;
+    let layout = p.layout(&plan);
+    let frames = Frames::of(&layout);
+    let Some(resize) = p.one_resize(&plan).filter(|r| r.streams(input)) else {
+        return Ok(None);
+    };
+    let (_, _, width, height) = resize.window;
+    if frames.count != 1 || (frames.width, frames.height) != (width, height) {
+        return Err(VisionError::Geometry(format!(
+            "{}: a {width}x{height} resize for {} frames of {}x{}",
+            p.name(),
+            frames.count,
+            frames.width,
+            frames.height
+        )));
+    }
+    let frame = resize::resize_window_rows(
+        &mut rows,
+        &resize,
+        (&mut s.decoded, &mut s.inter),
+        &mut s.cropped,
+    )?;
+    let pixel_values = match o.dtype {
+        OutputDtype::F32 => PixelValues::F32(one_frame(p, frame, frames)),
+        OutputDtype::Bf16 => PixelValues::Bf16(one_frame(p, frame, frames)),
+    };
+    Ok(Some(PreprocessOutput::from_layout(
+        pixel_values,
+        layout,
+        p.resized_size(&plan),
+    )))
+}
+
+/// One frame normalised into a recycled buffer, as [`write_frames`] writes it.
+fn one_frame<P: Tiled, T: OutElem>(p: &P, frame: RgbView<'_>, frames: Frames) -> PooledVec<T> {
+    let mut out = PooledVec::<T>::take(frames.len());
+    planar_chw(frame, &p.lut::<T>(), &mut out[..]);
+    out
 }
 
 /// The cut's tensor in a recycled buffer ([`Tiled::write`]).

@@ -1,13 +1,16 @@
 //! The row-by-row JPEG path of `preprocess_bytes` (decode rows, resize
 //! them as they come) gives exactly the bytes of decoding the whole image
-//! first, and hands every file it does not stream to the whole-image path.
+//! first, and hands every file it does not stream to the whole-image path:
+//! for Qwen-VL, and for the families whose tensor is one resize of the
+//! whole image (LLaVA-1.5's centre crop, Pixtral, Gemma 3 without
+//! pan-and-scan).
 
 mod common;
 
 use common::read;
 use iris_vision::{
-    decode, processor_from_config, thread_streamed_images, DecodeLimits, OutputDtype,
-    PreprocessOptions, Processor, QwenVlProcessor,
+    decode, processor_from_config, thread_streamed_images, ClipProcessor, DecodeLimits,
+    Gemma3Processor, OutputDtype, PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
 };
 
 fn qwen2() -> Box<dyn Processor> {
@@ -181,4 +184,51 @@ fn config_built_processors_stream_too() {
     let bytes = read("shared/coffee.jpg");
     let opts = PreprocessOptions::default();
     assert_eq!(same_bytes(p.as_ref(), &bytes, opts, "coffee"), 2);
+}
+
+#[test]
+fn one_resize_families_stream_with_identical_output() {
+    let files = [
+        "synthetic/baseline.jpg",
+        "synthetic/q420_35x29.jpg",
+        "synthetic/q422_41x19.jpg",
+        "synthetic/q444_37x23.jpg",
+        "synthetic/q420_restart_rows.jpg",
+        "synthetic/grey.jpg",
+        "shared/coffee.jpg",
+        "shared/motorcycle_1080p.jpg",
+    ];
+    let families: [(&str, Box<dyn Processor>); 3] = [
+        ("llava", Box::new(ClipProcessor::llava_1_5())),
+        ("pixtral", Box::new(PixtralProcessor::pixtral_12b())),
+        ("gemma3", Box::new(Gemma3Processor::gemma3())),
+    ];
+    let opts = PreprocessOptions::default();
+    for file in files {
+        let bytes = read(file);
+        let info = iris_vision::probe(&bytes).expect("probe");
+        for (name, p) in &families {
+            let what = format!("{file} {name}");
+            let streamed = same_bytes(p.as_ref(), &bytes, opts, &what);
+            let out = p.preprocess_bytes(&bytes, &opts).expect("preprocess");
+            let out_h = out.resized_size.1;
+            // Streams exactly when the resize changes the height (Gemma 3's
+            // and LLaVA's always do here; Pixtral keeps small images' rows).
+            let expect = if out_h != info.height as usize { 2 } else { 0 };
+            assert_eq!(streamed, expect, "{what}: streamed {streamed} of 2 calls");
+        }
+    }
+}
+
+#[test]
+fn pan_and_scan_crops_take_the_whole_image_path() {
+    let p = Gemma3Processor::gemma3();
+    let opts = PreprocessOptions {
+        pan_and_scan: Some(true),
+        ..PreprocessOptions::default()
+    };
+    let bytes = read("shared/motorcycle_1080p.jpg");
+    let out = p.preprocess_bytes(&bytes, &opts).expect("preprocess");
+    assert!(out.shape[0] > 1, "crops were made: {:?}", out.shape);
+    assert_eq!(same_bytes(&p, &bytes, opts, "pan-and-scan"), 0);
 }

@@ -24,7 +24,7 @@ use kernel::Kernel;
 use rayon::prelude::*;
 use std::cell::Cell;
 pub use streamed::thread_streamed_images;
-pub(crate) use streamed::{resize_rows, streams, RowSource};
+pub(crate) use streamed::{resize_rows, resize_window_rows, streams, RowSource, WindowedResize};
 
 /// Which axis Pillow 12.2 filters first for an `in_w`×`in_h` source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@
 
 use std::cell::Cell;
 
-use super::kernel::Kernel;
+use super::kernel::{Bicubic, Kernel};
 use super::{passes, PassOrder, BAND};
 use crate::decode::MAX_BATCH_ROWS;
 use crate::error::VisionError;
@@ -61,9 +61,96 @@ impl RowSource for crate::decode::RowDecoder<'_> {
 
 /// Whether resizing `in_w`×`in_h` to `out_w`×`out_h` can consume rows as
 /// they come: the vertical pass changes the height and runs last.
-pub(crate) fn streams((in_w, in_h): (usize, usize), (_, out_h): (usize, usize)) -> bool {
-    out_h != in_h && PassOrder::pillow_12_2(in_w, in_h, out_h) == PassOrder::HorizontalFirst
+pub(crate) fn streams(input: (usize, usize), output: (usize, usize)) -> bool {
+    streams_with(Bicubic::Pillow, input, output)
 }
+
+/// [`streams`] with `filter`'s pass order.
+pub(crate) fn streams_with(
+    filter: Bicubic,
+    (in_w, in_h): (usize, usize),
+    (_, out_h): (usize, usize),
+) -> bool {
+    out_h != in_h && PassOrder::of(filter, in_w, in_h, out_h) == PassOrder::HorizontalFirst
+}
+
+/// One resize of a whole image, of which a window is kept: what a family
+/// whose only frame is such a resize streams from its decoder
+/// ([`resize_window_rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WindowedResize {
+    pub(crate) filter: Bicubic,
+    /// The whole resize's `(width, height)`.
+    pub(crate) size: (usize, usize),
+    /// The part kept: `(left, top, width, height)` of the resize.
+    pub(crate) window: (usize, usize, usize, usize),
+}
+
+impl WindowedResize {
+    /// The whole resize kept.
+    pub(crate) fn whole(filter: Bicubic, size: (usize, usize)) -> Self {
+        WindowedResize {
+            filter,
+            size,
+            window: (0, 0, size.0, size.1),
+        }
+    }
+
+    /// Whether rows of a `input`-sized image can be resized as they come:
+    /// [`streams_with`], and a window narrower than the image is cut by a
+    /// horizontal pass (not a plain selection of columns).
+    pub(crate) fn streams(&self, input: (usize, usize)) -> bool {
+        let (left, top, width, height) = self.window;
+        let (out_w, out_h) = self.size;
+        let inside = width > 0 && height > 0 && left + width <= out_w && top + height <= out_h;
+        let cut_by_pass = out_w != input.0 || (left, width) == (0, out_w);
+        inside && cut_by_pass && streams_with(self.filter, input, self.size)
+    }
+}
+
+/// Resizes the rows of `source` as `resize` says into `out` (the kept
+/// window, packed RGB) and returns a view of it: the bytes
+/// [`super::resize_window`] gives for the decoded image. Check
+/// [`WindowedResize::streams`] first.
+pub(crate) fn resize_window_rows<'a>(
+    source: &mut dyn RowSource,
+    resize: &WindowedResize,
+    scratch: (&mut Vec<u8>, &mut Vec<u8>),
+    out: &'a mut Vec<u8>,
+) -> Result<RgbView<'a>, VisionError> {
+    let (in_w, in_h) = (source.width(), source.height());
+    if !resize.streams((in_w, in_h)) {
+        return Err(VisionError::Geometry(format!(
+            "cannot stream a resize of {in_w}x{in_h} to {:?}",
+            resize
+        )));
+    }
+    let (left, top, width, height) = resize.window;
+    let (out_w, out_h) = resize.size;
+    let kh = (out_w != in_w)
+        .then(|| Kernel::cached_for(resize.filter, in_w, out_w).window(left..left + width));
+    let kv = Kernel::cached_for(resize.filter, in_h, out_h).window(top..top + height);
+    let band_len = BAND_ROWS * width * 3;
+    let bands = height.div_ceil(BAND_ROWS);
+    ensure_len(out, bands * band_len);
+    let copy = |band: RgbView<'_>, chunk: &mut [u8]| {
+        chunk[..band.data().len()].copy_from_slice(band.data());
+    };
+    resize_rows_with(
+        source,
+        (kh.as_ref(), &kv),
+        BAND_ROWS,
+        scratch,
+        out,
+        band_len,
+        copy,
+    )?;
+    out.truncate(width * height * 3);
+    RgbView::new(out, width, height)
+}
+
+/// Output rows per band of [`resize_window_rows`].
+const BAND_ROWS: usize = 16;
 
 /// Resizes the rows of `source` to `out_w`×`out_h` and hands the result to
 /// `consume` in bands of `band_rows` rows, each with its chunk of `out`
@@ -79,10 +166,44 @@ pub(crate) fn resize_rows<T>(
     (batch, inter): (&mut Vec<u8>, &mut Vec<u8>),
     out: &mut [T],
     out_band_len: usize,
+    consume: impl FnMut(RgbView<'_>, &mut [T]),
+) -> Result<(), VisionError> {
+    let (in_w, in_h) = (source.width(), source.height());
+    if !streams((in_w, in_h), (out_w, out_h)) || out_w == 0 {
+        return Err(VisionError::Geometry(format!(
+            "cannot stream a resize of {in_w}x{in_h} to {out_w}x{out_h}"
+        )));
+    }
+    let kh = (out_w != in_w).then(|| Kernel::cached(in_w, out_w));
+    let kv = Kernel::cached(in_h, out_h);
+    let kernels = (kh.as_deref(), &*kv);
+    resize_rows_with(
+        source,
+        kernels,
+        band_rows,
+        (batch, inter),
+        out,
+        out_band_len,
+        consume,
+    )
+}
+
+/// [`resize_rows`] with the kernels given: `kh` (none: the width stays)
+/// and `kv` map the source's columns and rows to the output's, which may
+/// be a window of a larger resize ([`Kernel::window`]).
+fn resize_rows_with<T>(
+    source: &mut dyn RowSource,
+    (kh, kv): (Option<&Kernel>, &Kernel),
+    band_rows: usize,
+    (batch, inter): (&mut Vec<u8>, &mut Vec<u8>),
+    out: &mut [T],
+    out_band_len: usize,
     mut consume: impl FnMut(RgbView<'_>, &mut [T]),
 ) -> Result<(), VisionError> {
     let (in_w, in_h) = (source.width(), source.height());
-    if !streams((in_w, in_h), (out_w, out_h)) || out_w == 0 || band_rows == 0 {
+    let out_w = kh.map_or(in_w, Kernel::out_size);
+    let out_h = kv.out_size();
+    if out_w == 0 || out_h == 0 || band_rows == 0 || kv.reads(0..out_h).end > in_h {
         return Err(VisionError::Geometry(format!(
             "cannot stream a resize of {in_w}x{in_h} to {out_w}x{out_h}"
         )));
@@ -95,8 +216,6 @@ pub(crate) fn resize_rows<T>(
         )));
     }
     let row_len = out_w * 3;
-    let kh = (out_w != in_w).then(|| Kernel::cached(in_w, out_w));
-    let kv = Kernel::cached(in_h, out_h);
     let band_span = |b: usize| {
         let first = b * band_rows;
         let last = (first + band_rows).min(out_h) - 1;
@@ -110,7 +229,7 @@ pub(crate) fn resize_rows<T>(
         .unwrap_or(0);
     let mut window = Window {
         source,
-        kh: kh.as_deref(),
+        kh,
         batch,
         rows: inter,
         row_len,
@@ -125,7 +244,7 @@ pub(crate) fn resize_rows<T>(
         window.fill(band_span(b))?;
         passes::with_thread_buffer(&BAND, rows * row_len, |buf| {
             let held = (&window.rows[..], window.base);
-            passes::vertical_rows(held, row_len, &kv, first, buf);
+            passes::vertical_rows(held, row_len, kv, first, buf);
             consume(RgbView::new(buf, out_w, rows)?, chunk);
             Ok::<(), VisionError>(())
         })?;
