@@ -123,6 +123,27 @@ int iris_jpeg_rows_start(iris_jpeg_rows *self, const unsigned char *data,
 }
 
 /*
+ * After iris_jpeg_rows_start and before any row: decodes only the columns
+ * *xoffset .. *xoffset + *width, which libjpeg widens to whole iMCU
+ * columns and writes back (rows are then *width pixels wide). Returns 0,
+ * or -1 on error.
+ */
+int iris_jpeg_rows_crop(iris_jpeg_rows *self, unsigned int *xoffset,
+                        unsigned int *width)
+{
+  j_decompress_ptr cinfo = &self->cinfo;
+  JDIMENSION x = *xoffset, w = *width;
+  if (setjmp(self->jump)) {
+    jpeg_abort_decompress(cinfo);
+    return -1;
+  }
+  jpeg_crop_scanline(cinfo, &x, &w);
+  *xoffset = x;
+  *width = w;
+  return 0;
+}
+
+/*
  * Decodes up to `max_rows` (at most 16) rows into `dst` (rows `pitch`
  * bytes apart, each holding output_width RGB pixels). Returns the number
  * of rows written (0 once every row has been read), or -1 on error.

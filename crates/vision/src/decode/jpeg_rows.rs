@@ -26,6 +26,10 @@ const NAME: &str = "JPEG";
 /// Most rows one [`RowDecoder::read`] call returns (the shim's bound).
 pub(crate) const MAX_BATCH_ROWS: usize = 16;
 
+/// Columns decoded beyond a crop's on either side (two of the widest
+/// iMCU), so that no kept pixel sits at libjpeg's cut.
+const CROP_MARGIN: usize = 32;
+
 #[repr(C)]
 struct Shim {
     _opaque: [u8; 0],
@@ -45,6 +49,7 @@ extern "C" {
     fn iris_jpeg_rows_read(shim: *mut Shim, dst: *mut u8, pitch: c_ulong, max_rows: c_int)
         -> c_int;
     fn iris_jpeg_rows_finish(shim: *mut Shim) -> c_int;
+    fn iris_jpeg_rows_crop(shim: *mut Shim, xoffset: *mut c_uint, width: *mut c_uint) -> c_int;
 }
 
 /// A started row-by-row decode of one JPEG; the source bytes are borrowed
@@ -125,6 +130,43 @@ impl<'a> RowDecoder<'a> {
         self.height
     }
 
+    /// Decodes only the columns `columns` from now on, widened by libjpeg
+    /// to whole iMCU columns (a margin on either side keeps the pixels
+    /// next to the cut out of the range: they are the whole image's
+    /// there); returns the first column decoded. Rows are then
+    /// [`Self::width`] pixels wide. Only before the first row.
+    pub(crate) fn crop_columns(
+        &mut self,
+        columns: std::ops::Range<usize>,
+    ) -> Result<usize, VisionError> {
+        if self.row != 0 || columns.is_empty() || columns.end > self.width {
+            return Err(VisionError::decode(
+                NAME,
+                format!(
+                    "cannot crop columns {columns:?} of {} after {} rows",
+                    self.width, self.row
+                ),
+            ));
+        }
+        let start = columns.start.saturating_sub(CROP_MARGIN);
+        let end = (columns.end + CROP_MARGIN).min(self.width);
+        let (mut x, mut w) = (start as c_uint, (end - start) as c_uint);
+        // SAFETY: valid shim, started, no row read yet; the out-pointers
+        // are valid for the call.
+        if unsafe { iris_jpeg_rows_crop(self.shim, &mut x, &mut w) } != 0 {
+            return Err(self.error());
+        }
+        let (x, w) = (x as usize, w as usize);
+        if x > columns.start || x + w < columns.end || x + w > self.width {
+            return Err(VisionError::decode(
+                NAME,
+                "libjpeg cropped the wrong columns",
+            ));
+        }
+        self.width = w;
+        Ok(x)
+    }
+
     /// Rows not yet read.
     pub(crate) fn rows_left(&self) -> usize {
         self.height - self.row
@@ -171,5 +213,88 @@ impl<'a> RowDecoder<'a> {
         // valid until the next call on it.
         let message = unsafe { CStr::from_ptr(iris_jpeg_rows_message(self.shim)) };
         VisionError::decode(NAME, message.to_string_lossy().trim_end())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::decode;
+
+    fn file(name: &str) -> Vec<u8> {
+        let path = match name.strip_prefix("shared/") {
+            Some(file) => iris_testkit::images::shared(file),
+            None => format!("{}/tests/data/synthetic/{name}", env!("CARGO_MANIFEST_DIR")).into(),
+        };
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// Every row of `bytes` decoded with only `columns` kept: the rows
+    /// and the first column kept.
+    fn cropped(bytes: &[u8], columns: std::ops::Range<usize>) -> (Vec<u8>, usize, usize) {
+        let limits = DecodeLimits::default();
+        let mut rows = RowDecoder::open(bytes, &limits)
+            .expect("open")
+            .expect("streams");
+        let first = rows.crop_columns(columns).expect("crop");
+        let width = rows.width();
+        let mut out = vec![0u8; width * 3 * rows.height()];
+        let mut at = 0;
+        loop {
+            let got = rows.read(&mut out[at..]).expect("read");
+            if got == 0 {
+                break;
+            }
+            at += got * width * 3;
+        }
+        assert_eq!(at, out.len());
+        (out, first, width)
+    }
+
+    #[test]
+    fn cropped_columns_are_the_whole_decodes_columns() {
+        let cases = [
+            ("q420_35x29.jpg", 3..20),
+            ("q422_41x19.jpg", 17..41),
+            ("q444_37x23.jpg", 0..9),
+            ("q420_restart_rows.jpg", 5..6),
+            ("grey.jpg", 2..7),
+            ("shared/motorcycle_1080p.jpg", 419..1501),
+            ("shared/coffee.jpg", 100..300),
+        ];
+        for (name, columns) in cases {
+            let bytes = file(name);
+            let whole = decode(&bytes, &DecodeLimits::default()).expect("decode");
+            let (w, h) = (whole.width() as usize, whole.height() as usize);
+            let columns = columns.start.min(w - 1)..columns.end.min(w);
+            let (rows, first, width) = cropped(&bytes, columns.clone());
+            assert!(
+                first <= columns.start && first + width >= columns.end,
+                "{name}"
+            );
+            for y in 0..h {
+                let expected =
+                    &whole.as_raw()[(y * w + columns.start) * 3..(y * w + columns.end) * 3];
+                let got = &rows[(y * width + columns.start - first) * 3..][..columns.len() * 3];
+                assert_eq!(got, expected, "{name}: row {y}, columns {columns:?}");
+            }
+            if name.starts_with("shared/motorcycle") {
+                assert!(width < w * 2 / 3, "{name}: {width} of {w} columns decoded");
+            }
+        }
+    }
+
+    #[test]
+    fn a_crop_is_refused_after_the_first_row_or_outside_the_image() {
+        let bytes = file("q420_35x29.jpg");
+        let limits = DecodeLimits::default();
+        let mut rows = RowDecoder::open(&bytes, &limits)
+            .expect("open")
+            .expect("streams");
+        assert!(rows.crop_columns(30..40).is_err());
+        assert!(rows.crop_columns(5..5).is_err());
+        let mut buf = vec![0u8; 35 * 3 * MAX_BATCH_ROWS];
+        rows.read(&mut buf).expect("read");
+        assert!(rows.crop_columns(0..10).is_err());
     }
 }

@@ -255,6 +255,21 @@ impl Kernel {
         }
     }
 
+    /// The same taps over the input samples `range` alone (which must hold
+    /// every sample read): input index `i` of the result is this kernel's
+    /// `range.start + i`.
+    pub(crate) fn shifted(&self, range: std::ops::Range<usize>) -> Kernel {
+        Kernel {
+            in_size: range.len(),
+            filter: self.filter,
+            blocks: OnceLock::new(),
+            ksize: self.ksize,
+            starts: self.starts.iter().map(|&s| s - range.start).collect(),
+            lens: self.lens.clone(),
+            weights: self.weights.clone(),
+        }
+    }
+
     /// The input samples output samples `range` read: from the first one's
     /// first tap to the end of the furthest one's taps.
     pub(crate) fn reads(&self, range: std::ops::Range<usize>) -> std::ops::Range<usize> {

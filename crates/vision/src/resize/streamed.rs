@@ -43,6 +43,13 @@ pub(crate) trait RowSource {
     /// while rows are left. Once all rows are read, checks that the source
     /// ended cleanly and returns 0.
     fn read(&mut self, dst: &mut [u8]) -> Result<usize, VisionError>;
+    /// Before the first row: hands out only (at least) the columns
+    /// `columns` from now on, and returns the first one handed out
+    /// ([`Self::width`] is then the new row width). By default every
+    /// column stays: 0.
+    fn crop_columns(&mut self, _columns: std::ops::Range<usize>) -> Result<usize, VisionError> {
+        Ok(0)
+    }
 }
 
 impl RowSource for crate::decode::RowDecoder<'_> {
@@ -56,6 +63,10 @@ impl RowSource for crate::decode::RowDecoder<'_> {
 
     fn read(&mut self, dst: &mut [u8]) -> Result<usize, VisionError> {
         self.read(dst)
+    }
+
+    fn crop_columns(&mut self, columns: std::ops::Range<usize>) -> Result<usize, VisionError> {
+        self.crop_columns(columns)
     }
 }
 
@@ -127,8 +138,10 @@ pub(crate) fn resize_window_rows<'a>(
     }
     let (left, top, width, height) = resize.window;
     let (out_w, out_h) = resize.size;
-    let kh = (out_w != in_w)
-        .then(|| Kernel::cached_for(resize.filter, in_w, out_w).window(left..left + width));
+    let kh = match out_w != in_w {
+        true => Some(columns_kernel(source, resize, left..left + width)?),
+        false => None,
+    };
     let kv = Kernel::cached_for(resize.filter, in_h, out_h).window(top..top + height);
     let band_len = BAND_ROWS * width * 3;
     let bands = height.div_ceil(BAND_ROWS);
@@ -147,6 +160,30 @@ pub(crate) fn resize_window_rows<'a>(
     )?;
     out.truncate(width * height * 3);
     RgbView::new(out, width, height)
+}
+
+/// The horizontal kernel of `resize`'s output columns `window`; when they
+/// read only part of the row (a centre crop's), `source` is cropped to
+/// those columns and the kernel's taps moved to match.
+fn columns_kernel(
+    source: &mut dyn RowSource,
+    resize: &WindowedResize,
+    window: std::ops::Range<usize>,
+) -> Result<Kernel, VisionError> {
+    let in_w = source.width();
+    let kernel = Kernel::cached_for(resize.filter, in_w, resize.size.0).window(window);
+    let reads = kernel.reads(0..kernel.out_size());
+    if reads.len() == in_w {
+        return Ok(kernel);
+    }
+    let first = source.crop_columns(reads.clone())?;
+    let kept = first..first + source.width();
+    if kept.start > reads.start || kept.end < reads.end {
+        return Err(VisionError::Geometry(format!(
+            "the row source kept columns {kept:?}, not {reads:?}"
+        )));
+    }
+    Ok(kernel.shifted(kept))
 }
 
 /// Output rows per band of [`resize_window_rows`].
