@@ -30,6 +30,14 @@ pub(crate) const MAX_BATCH_ROWS: usize = 16;
 /// iMCU), so that no kept pixel sits at libjpeg's cut.
 const CROP_MARGIN: usize = 32;
 
+/// A crop starts and (unless it reaches the right edge) spans a multiple
+/// of this many columns: a multiple of every iMCU width (8, 16 or 32), so
+/// libjpeg keeps the cut where it is asked. Rows of such a width also
+/// filter faster: LLaVA-1.5's 1080p crop measured 7.2–7.3 ms per image
+/// against 8.1–8.4 with the crop's own odd width (the horizontal pass's
+/// loads of the batch stalled).
+const CROP_ALIGN: usize = 64;
+
 #[repr(C)]
 struct Shim {
     _opaque: [u8; 0],
@@ -148,8 +156,9 @@ impl<'a> RowDecoder<'a> {
                 ),
             ));
         }
-        let start = columns.start.saturating_sub(CROP_MARGIN);
-        let end = (columns.end + CROP_MARGIN).min(self.width);
+        let start = columns.start.saturating_sub(CROP_MARGIN) / CROP_ALIGN * CROP_ALIGN;
+        let span = (columns.end + CROP_MARGIN - start).div_ceil(CROP_ALIGN) * CROP_ALIGN;
+        let end = (start + span).min(self.width);
         let (mut x, mut w) = (start as c_uint, (end - start) as c_uint);
         // SAFETY: valid shim, started, no row read yet; the out-pointers
         // are valid for the call.
