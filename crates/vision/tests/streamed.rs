@@ -221,6 +221,17 @@ fn one_resize_families_stream_with_identical_output() {
 }
 
 #[test]
+fn one_resize_families_stream_an_image_alone_in_the_pool_too() {
+    let bytes = read("shared/motorcycle_1080p.jpg");
+    let opts = PreprocessOptions {
+        intra_image_parallel: true,
+        ..PreprocessOptions::default()
+    };
+    let p = PixtralProcessor::pixtral_12b();
+    assert_eq!(same_bytes(&p, &bytes, opts, "1080p alone"), 2);
+}
+
+#[test]
 fn pan_and_scan_crops_take_the_whole_image_path() {
     let p = Gemma3Processor::gemma3();
     let opts = PreprocessOptions {
