@@ -51,22 +51,25 @@ fn small_bounds() -> PreprocessOptions {
     }
 }
 
+/// JPEGs the row path takes: every sampling, odd sizes, 1×1, restart
+/// markers, grey, untransformed RGB, two photos.
+const PLAIN_JPEGS: [&str; 11] = [
+    "synthetic/baseline.jpg",
+    "synthetic/q420_35x29.jpg",
+    "synthetic/q422_41x19.jpg",
+    "synthetic/q444_37x23.jpg",
+    "synthetic/q420_restart_rows.jpg",
+    "synthetic/q444_restart_blocks.jpg",
+    "synthetic/q420_1x1.jpg",
+    "synthetic/grey.jpg",
+    "synthetic/rgb_keep_rgb.jpg",
+    "shared/coffee.jpg",
+    "shared/motorcycle_1080p.jpg",
+];
+
 #[test]
 fn plain_jpegs_stream_with_identical_output() {
-    let files = [
-        "synthetic/baseline.jpg",
-        "synthetic/q420_35x29.jpg",
-        "synthetic/q422_41x19.jpg",
-        "synthetic/q444_37x23.jpg",
-        "synthetic/q420_restart_rows.jpg",
-        "synthetic/q444_restart_blocks.jpg",
-        "synthetic/q420_1x1.jpg",
-        "synthetic/grey.jpg",
-        "synthetic/rgb_keep_rgb.jpg",
-        "shared/coffee.jpg",
-        "shared/motorcycle_1080p.jpg",
-    ];
-    for file in files {
+    for file in PLAIN_JPEGS {
         let bytes = read(file);
         for (name, p) in [("qwen2", qwen2()), ("qwen3", qwen3())] {
             let what = format!("{file} {name}");
@@ -188,23 +191,13 @@ fn config_built_processors_stream_too() {
 
 #[test]
 fn one_resize_families_stream_with_identical_output() {
-    let files = [
-        "synthetic/baseline.jpg",
-        "synthetic/q420_35x29.jpg",
-        "synthetic/q422_41x19.jpg",
-        "synthetic/q444_37x23.jpg",
-        "synthetic/q420_restart_rows.jpg",
-        "synthetic/grey.jpg",
-        "shared/coffee.jpg",
-        "shared/motorcycle_1080p.jpg",
-    ];
     let families: [(&str, Box<dyn Processor>); 3] = [
         ("llava", Box::new(ClipProcessor::llava_1_5())),
         ("pixtral", Box::new(PixtralProcessor::pixtral_12b())),
         ("gemma3", Box::new(Gemma3Processor::gemma3())),
     ];
     let opts = PreprocessOptions::default();
-    for file in files {
+    for file in PLAIN_JPEGS {
         let bytes = read(file);
         let info = iris_vision::probe(&bytes).expect("probe");
         for (name, p) in &families {

@@ -223,33 +223,27 @@ const fn join_mask(c: usize, part: usize) -> [i8; 16] {
     mask
 }
 
-const SPLIT: [[[i8; 16]; 3]; 3] = {
+/// Every channel's and part's [`split_mask`] (`join`: [`join_mask`]).
+const fn mask_table(join: bool) -> [[[i8; 16]; 3]; 3] {
     let mut masks = [[[0i8; 16]; 3]; 3];
     let mut c = 0;
     while c < 3 {
         let mut part = 0;
         while part < 3 {
-            masks[c][part] = split_mask(c, part);
+            masks[c][part] = if join {
+                join_mask(c, part)
+            } else {
+                split_mask(c, part)
+            };
             part += 1;
         }
         c += 1;
     }
     masks
-};
+}
 
-const JOIN: [[[i8; 16]; 3]; 3] = {
-    let mut masks = [[[0i8; 16]; 3]; 3];
-    let mut c = 0;
-    while c < 3 {
-        let mut part = 0;
-        while part < 3 {
-            masks[c][part] = join_mask(c, part);
-            part += 1;
-        }
-        c += 1;
-    }
-    masks
-};
+const SPLIT: [[[i8; 16]; 3]; 3] = mask_table(false);
+const JOIN: [[[i8; 16]; 3]; 3] = mask_table(true);
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
