@@ -214,14 +214,14 @@ fn one_resize_families_stream_with_identical_output() {
 }
 
 #[test]
-fn one_resize_families_stream_an_image_alone_in_the_pool_too() {
+fn an_image_alone_in_the_pool_is_split_not_streamed() {
     let bytes = read("shared/motorcycle_1080p.jpg");
     let opts = PreprocessOptions {
         intra_image_parallel: true,
         ..PreprocessOptions::default()
     };
     let p = PixtralProcessor::pixtral_12b();
-    assert_eq!(same_bytes(&p, &bytes, opts, "1080p alone"), 2);
+    assert_eq!(same_bytes(&p, &bytes, opts, "1080p alone"), 0);
 }
 
 #[test]
