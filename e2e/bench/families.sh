@@ -42,9 +42,9 @@ for line in open(sys.argv[2]):
 decode = iris.pop("decode")
 pil = hf.pop("decode")["slow"][1]
 print(f"Decode + preprocess of {sys.argv[3]}, one thread, float32, ms of CPU per image (medians).")
-print(f"The decode alone: Iris {decode:.1f} ms, Pillow {pil:.1f} ms (the same libjpeg-turbo decode); every")
-print("figure below includes it. \"Ceiling\" is HF fast's time over Iris's decode alone: the most any")
-print("processor that decodes every pixel as Pillow does could reach.\n")
+print(f"The decode alone: Iris {decode:.1f} ms, Pillow {pil:.1f} ms (Image.open + convert(\"RGB\"): libjpeg-turbo too,")
+print("then Pillow's unpacking and copy); every figure below includes it. \"Ceiling\" is HF fast's time over")
+print("Iris's decode alone: the most a processor decoding every pixel with libjpeg-turbo could reach.\n")
 print("| family | Iris | HF slow | HF fast | slow / Iris | fast / Iris | ceiling (fast / decode) |")
 print("|---|---:|---:|---:|---:|---:|---:|")
 for family, ms in iris.items():

@@ -7,8 +7,8 @@ transformers 4.57.1 has it, for e2e/bench/families.sh.
 
 The families and their configs are scripts/vision/reference.py's (the
 parity reference). Each call opens the image from its bytes, converts it
-to RGB and runs the processor with `return_tensors="pt"`, torch on one
-thread; the time is the process's CPU time per call (median and minimum,
+to RGB and runs the processor with `return_tensors="pt"` and the model
+processor's own call arguments (`call_kwargs`), torch on one thread; the time is the process's CPU time per call (median and minimum,
 after one warm-up). Prints one tab-separated line per processor:
 family, class, median ms, minimum ms; the first, `decode PIL`, is the
 decode alone (`Image.open(...).convert("RGB")`), which every call includes.
@@ -45,6 +45,18 @@ def cpu_ms(iters, call):
     return times[len(times) // 2], times[0]
 
 
+def call_kwargs(family):
+    """What the model's processor passes its image processor, as the parity
+    reference calls it: InternVL's processor turns `crop_to_patches` on (the
+    image processor's config leaves it off), Gemma 3's sets its pan-and-scan
+    parameters."""
+    if family in reference.INTERNVL:
+        return dict(reference.INTERNVL_CALL)
+    if family == "gemma3":
+        return dict(reference.GEMMA3_CALL)
+    return {}
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -60,10 +72,11 @@ def main():
         if twin is not None and family != "internvl_slow":
             config = {k: v for k, v in reference.PROCESSORS[family].items() if k != "image_processor_type"}
             processors.append(twin(**config))
+        kwargs = call_kwargs(family)
         for processor in processors:
             def call(processor=processor):
                 image = Image.open(io.BytesIO(data)).convert("RGB")
-                processor(images=[image], return_tensors="pt")
+                processor(images=[image], return_tensors="pt", **kwargs)
             median, least = cpu_ms(iters, call)
             print(f"{family}\t{type(processor).__name__}\t{median:.2f}\t{least:.2f}", flush=True)
 
