@@ -29,8 +29,9 @@ FAMILIES=("$@")
 [[ ${#FAMILIES[@]} -gt 0 ]] || FAMILIES=(llava gemma3 pixtral)
 
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
-    (cd "$ROOT" && cargo build --release --locked -p iris-cli -p iris-engine -p iris-loadgen \
-        -p iris-vision --example families >&2)
+    # Two builds: `--example` would narrow the first to examples only.
+    (cd "$ROOT" && cargo build --release --locked -p iris-cli -p iris-engine -p iris-loadgen >&2)
+    (cd "$ROOT" && cargo build --release --locked -p iris-vision --example families >&2)
 fi
 
 # crate_ms MODEL: the families example's median for the model's processor config.
