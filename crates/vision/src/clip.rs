@@ -120,22 +120,15 @@ impl Tiled for ClipProcessor {
     /// columns and the rows they read only; the bytes of resizing whole
     /// and cropping, [`resize::resize_window`]).
     fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
-        let (image, parallel) = (cut.image, cut.parallel);
         let &(w, h) = cut.plan;
-        let (ch, cw) = self.crop_size;
-        let (top, left) = centre_crop_origin(h, w, ch, cw).ok_or_else(|| {
+        let resize = self.one_resize(cut.plan).ok_or_else(|| {
+            let (ch, cw) = self.crop_size;
             VisionError::Geometry(format!(
                 "resized image {w}x{h} is smaller than the {cw}x{ch} crop"
             ))
         })?;
-        let cropped = resize::resize_window(
-            Bicubic::Pillow,
-            image,
-            (w, h),
-            (left, top, cw, ch),
-            (&mut cut.scratch.inter, &mut cut.scratch.cropped),
-            parallel,
-        )?;
+        let buffers = (&mut cut.scratch.inter, &mut cut.scratch.cropped);
+        let cropped = resize::resize_window(&resize, cut.image, buffers, cut.parallel)?;
         each(0, cropped);
         Ok(())
     }

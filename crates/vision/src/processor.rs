@@ -1,6 +1,6 @@
 //! The processor trait every model family implements, and per-request options.
 
-use crate::decode::{decode_into, DecodeLimits, ImageInfo};
+use crate::decode::{decode_into, sniff, DecodeLimits, ImageFormat, ImageInfo, RowDecoder};
 use crate::error::VisionError;
 use crate::image::RgbView;
 use crate::output::{ItemTensor, OutputDtype, OutputLayout, PreprocessOutput};
@@ -156,6 +156,20 @@ pub(crate) fn decode_then_preprocess<P: Processor + ?Sized>(
         .and_then(|(w, h)| processor.preprocess_view(RgbView::new(&decoded, w, h)?, opts, s));
     s.decoded = decoded;
     result
+}
+
+/// A row-by-row decoder for `bytes` when a processor may stream them into
+/// its resize: a plain JPEG ([`RowDecoder::open`]) that is not to be split
+/// across threads ([`split_image`]). `Ok(None)`: decode the image whole.
+pub(crate) fn streamable_rows<'a>(
+    bytes: &'a [u8],
+    opts: &PreprocessOptions,
+) -> Result<Option<RowDecoder<'a>>, VisionError> {
+    if sniff(bytes)? != ImageFormat::Jpeg {
+        return Ok(None);
+    }
+    let rows = RowDecoder::open(bytes, &opts.limits)?;
+    Ok(rows.filter(|r| !split_image(opts, r.width() * r.height())))
 }
 
 /// Whether one image of `pixels` should be split across threads.

@@ -2,7 +2,6 @@
 
 use half::bf16;
 
-use crate::decode::{sniff, ImageFormat, RowDecoder};
 use crate::error::VisionError;
 use crate::geometry::smart_resize;
 use crate::image::RgbView;
@@ -10,7 +9,9 @@ use crate::layout::{PatchGeometry, PatchWriter};
 use crate::normalize::{Normalization, OutElem};
 use crate::output::{OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 use crate::pool::PooledVec;
-use crate::processor::{decode_then_preprocess, fnv1a, split_image, PreprocessOptions, Processor};
+use crate::processor::{
+    decode_then_preprocess, fnv1a, split_image, streamable_rows, PreprocessOptions, Processor,
+};
 use crate::resize::{self, resize_banded, resize_into, resize_rows, streams, RowSource};
 use crate::scratch::{with_scratch, Scratch};
 
@@ -181,15 +182,12 @@ impl QwenVlProcessor {
         opts: &PreprocessOptions,
         scratch: &mut Scratch,
     ) -> Result<Option<PreprocessOutput>, VisionError> {
-        if sniff(bytes)? != ImageFormat::Jpeg {
-            return Ok(None);
-        }
-        let Some(mut rows) = RowDecoder::open(bytes, &opts.limits)? else {
+        let Some(mut rows) = streamable_rows(bytes, opts)? else {
             return Ok(None);
         };
         let (in_w, in_h) = (rows.width(), rows.height());
         let (h, w) = self.target_size(in_h, in_w, opts)?;
-        if split_image(opts, in_w * in_h) || !streams((in_w, in_h), (w, h)) {
+        if !streams((in_w, in_h), (w, h)) {
             return Ok(None);
         }
         self.run(Input::Rows(&mut rows), (w, h), opts.dtype, scratch)

@@ -17,7 +17,6 @@
 //! image at the top left of a padded canvas) and [`with_global`] (tiles
 //! plus a global frame when there are several).
 
-use crate::decode::{sniff, ImageFormat, RowDecoder};
 use crate::error::VisionError;
 use crate::image::RgbView;
 use crate::layout::planar_chw;
@@ -26,7 +25,8 @@ use crate::output::{ItemTensor, OutputDtype, OutputLayout, PixelValues, Preproce
 use crate::placeholders::PlaceholderLayout;
 use crate::pool::PooledVec;
 use crate::processor::{
-    decode_then_preprocess, fingerprint_of, split_image, PreprocessOptions, Processor,
+    decode_then_preprocess, fingerprint_of, split_image, streamable_rows, PreprocessOptions,
+    Processor,
 };
 use crate::resize;
 use crate::scratch::{with_scratch, Scratch};
@@ -267,16 +267,10 @@ fn streamed<P: Tiled>(
     o: &PreprocessOptions,
     s: &mut Scratch,
 ) -> Result<Option<PreprocessOutput>, VisionError> {
-    if sniff(bytes)? != ImageFormat::Jpeg {
-        return Ok(None);
-    }
-    let Some(mut rows) = RowDecoder::open(bytes, &o.limits)? else {
+    let Some(mut rows) = streamable_rows(bytes, o)? else {
         return Ok(None);
     };
     let input = (rows.width(), rows.height());
-    if split_image(o, input.0 * input.1) {
-        return Ok(None);
-    }
     let plan = planned(p, input, o)?;
     let layout = p.layout(&plan);
     let frames = Frames::of(&layout);

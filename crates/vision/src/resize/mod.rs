@@ -24,7 +24,7 @@ use kernel::Kernel;
 use rayon::prelude::*;
 use std::cell::Cell;
 pub use streamed::thread_streamed_images;
-pub(crate) use streamed::{resize_rows, resize_window_rows, streams, RowSource, WindowedResize};
+pub(crate) use streamed::{resize_rows, resize_window_rows, streams, RowSource};
 
 /// Which axis Pillow 12.2 filters first for an `in_w`×`in_h` source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,20 +120,46 @@ pub(crate) fn resize_with<'a>(
     }
 }
 
-/// The `(left, top, width, height)` window of `src` resized to
-/// `out_w`×`out_h` with `filter`, computed alone into `out` (`inter` holds
+/// One resize of a whole image, of which a window is kept (a centre crop
+/// after a shortest-edge resize, or the whole of it): computed alone from
+/// a decoded image ([`resize_window`]) or from a decoder's rows
+/// ([`resize_window_rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WindowedResize {
+    pub(crate) filter: Bicubic,
+    /// The whole resize's `(width, height)`.
+    pub(crate) size: (usize, usize),
+    /// The part kept: `(left, top, width, height)` of the resize.
+    pub(crate) window: (usize, usize, usize, usize),
+}
+
+impl WindowedResize {
+    /// The whole resize kept.
+    pub(crate) fn whole(filter: Bicubic, size: (usize, usize)) -> Self {
+        WindowedResize {
+            filter,
+            size,
+            window: (0, 0, size.0, size.1),
+        }
+    }
+}
+
+/// `resize`'s window of `src`, computed alone into `out` (`inter` holds
 /// the intermediate rows): each window pixel takes the whole resize's
 /// weights, in the whole resize's pass order, so the bytes are those of
 /// resizing whole and cropping, for the window's columns and the rows its
-/// taps read only (a centre crop after a shortest-edge resize).
+/// taps read only.
 pub(crate) fn resize_window<'a>(
-    filter: Bicubic,
+    resize: &WindowedResize,
     src: RgbView<'_>,
-    (out_w, out_h): (usize, usize),
-    (left, top, width, height): (usize, usize, usize, usize),
     (inter, out): (&'a mut Vec<u8>, &'a mut Vec<u8>),
     parallel: bool,
 ) -> Result<RgbView<'a>, VisionError> {
+    let WindowedResize {
+        filter,
+        size: (out_w, out_h),
+        window: (left, top, width, height),
+    } = *resize;
     let (in_w, in_h) = (src.width(), src.height());
     if width == 0 || height == 0 || left + width > out_w || top + height > out_h {
         return Err(VisionError::Geometry(format!(
@@ -413,15 +439,12 @@ mod tests {
                 let whole = resize_with(filter, view, (ow, oh), (&mut a, &mut b), false).unwrap();
                 let mut cropped = Vec::new();
                 whole.crop_into(left, top, w, h, &mut cropped).unwrap();
-                let window = resize_window(
+                let resize = WindowedResize {
                     filter,
-                    view,
-                    (ow, oh),
-                    (left, top, w, h),
-                    (&mut c, &mut d),
-                    true,
-                )
-                .unwrap();
+                    size: (ow, oh),
+                    window: (left, top, w, h),
+                };
+                let window = resize_window(&resize, view, (&mut c, &mut d), true).unwrap();
                 assert_eq!((window.width(), window.height()), (w, h));
                 assert!(
                     window.data() == &cropped[..],
@@ -432,14 +455,12 @@ mod tests {
         let img = noisy(10, 10);
         let view = RgbView::from_image(&img).unwrap();
         let (mut c, mut d) = (Vec::new(), Vec::new());
-        let outside = resize_window(
-            Bicubic::Pillow,
-            view,
-            (5, 5),
-            (3, 0, 3, 5),
-            (&mut c, &mut d),
-            false,
-        );
+        let outside = WindowedResize {
+            filter: Bicubic::Pillow,
+            size: (5, 5),
+            window: (3, 0, 3, 5),
+        };
+        let outside = resize_window(&outside, view, (&mut c, &mut d), false);
         assert!(outside.is_err());
     }
 

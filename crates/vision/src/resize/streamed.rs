@@ -15,7 +15,7 @@
 use std::cell::Cell;
 
 use super::kernel::{Bicubic, Kernel};
-use super::{passes, PassOrder, BAND};
+use super::{passes, PassOrder, WindowedResize, BAND};
 use crate::decode::MAX_BATCH_ROWS;
 use crate::error::VisionError;
 use crate::image::RgbView;
@@ -85,28 +85,7 @@ pub(crate) fn streams_with(
     out_h != in_h && PassOrder::of(filter, in_w, in_h, out_h) == PassOrder::HorizontalFirst
 }
 
-/// One resize of a whole image, of which a window is kept: what a family
-/// whose only frame is such a resize streams from its decoder
-/// ([`resize_window_rows`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct WindowedResize {
-    pub(crate) filter: Bicubic,
-    /// The whole resize's `(width, height)`.
-    pub(crate) size: (usize, usize),
-    /// The part kept: `(left, top, width, height)` of the resize.
-    pub(crate) window: (usize, usize, usize, usize),
-}
-
 impl WindowedResize {
-    /// The whole resize kept.
-    pub(crate) fn whole(filter: Bicubic, size: (usize, usize)) -> Self {
-        WindowedResize {
-            filter,
-            size,
-            window: (0, 0, size.0, size.1),
-        }
-    }
-
     /// Whether rows of a `input`-sized image can be resized as they come:
     /// [`streams_with`], and a window narrower than the image is cut by a
     /// horizontal pass (not a plain selection of columns).

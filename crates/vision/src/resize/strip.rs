@@ -38,17 +38,6 @@ pub(crate) fn buffer_len(in_w: usize, out_w: usize) -> usize {
     (in_w + out_w) * LANES
 }
 
-/// The input columns `kernel` reads, as a range of pixels.
-fn columns_read(kernel: &Kernel) -> std::ops::Range<usize> {
-    let spans = (0..kernel.out_size()).map(|x| {
-        let (start, weights) = kernel.taps(x);
-        (start, start + weights.len())
-    });
-    let start = spans.clone().map(|(s, _)| s).min().unwrap_or(0);
-    let end = spans.map(|(_, e)| e).max().unwrap_or(0);
-    start..end.max(start)
-}
-
 /// Filters `rows` (at most [`ROWS`]) rows of `in_w` RGB pixels in `src`
 /// into `dst` (`rows` rows of `kernel.out_size()` pixels), with `buf` of
 /// at least [`buffer_len`] bytes as working memory.
@@ -68,7 +57,7 @@ pub(crate) unsafe fn strip(
     let out_w = kernel.out_size();
     assert!(rows <= ROWS && src.len() >= rows * in_w * 3 && dst.len() >= rows * out_w * 3);
     let (cols, out_cols) = buf[..buffer_len(in_w, out_w)].split_at_mut(in_w * LANES);
-    columns_in(src, in_w, rows, columns_read(kernel), cols);
+    columns_in(src, in_w, rows, kernel.reads(0..out_w), cols);
     for x in 0..out_w {
         let (start, weights) = kernel.taps(x);
         filter_column(
@@ -390,7 +379,7 @@ mod tests {
         // SAFETY: AVX2 checked above.
         unsafe { strip(&src, in_w, 16, &window, &mut buf, &mut dst) };
         assert_eq!(dst, reference(&src, in_w, 16, &window));
-        assert!(columns_read(&window).len() < in_w * 2 / 3);
+        assert!(window.reads(0..window.out_size()).len() < in_w * 2 / 3);
     }
 
     #[test]
