@@ -180,25 +180,38 @@ fn fill_patch_any<T: OutElem>(
 /// float32: the three chunks stay in L1/L2).
 const PLANAR_CHUNK: usize = 4096;
 
-/// Writes `img` as planar `[3, H, W]`. Each chunk of pixels is normalised
-/// into three small cache-resident buffers, then streamed to its place in
-/// the three planes ([`crate::stream`]): the output (21.7 MB for InternVL's
-/// nine frames of a 1080p photo) is written once, without first being read into the cache.
+/// Writes `img` as planar `[3, H, W]` (see [`planar_rows`]).
 pub(crate) fn planar_chw<T: OutElem>(img: RgbView<'_>, lut: &Lut<T>, out: &mut [T]) {
-    let plane = img.width() * img.height();
+    planar_rows(img, lut, out, 0);
+}
+
+/// Writes the rows of `band` as rows `first ..` of the planar `[3, H, W]`
+/// tensor `out` (whose planes are a third of it each). Each chunk of
+/// pixels is normalised into three small cache-resident buffers, then
+/// streamed to its place in the three planes ([`crate::stream`]): the
+/// output (21.7 MB for InternVL's nine frames of a 1080p photo) is written
+/// once, without first being read into the cache.
+pub(crate) fn planar_rows<T: OutElem>(
+    band: RgbView<'_>,
+    lut: &Lut<T>,
+    out: &mut [T],
+    first: usize,
+) {
+    let plane = out.len() / 3;
     let (r, rest) = out.split_at_mut(plane);
     let (g, b) = rest.split_at_mut(plane);
+    let base = first * band.width();
     let mut staging = [T::default(); 3 * PLANAR_CHUNK];
     let (sr, rest) = staging.split_at_mut(PLANAR_CHUNK);
     let (sg, sb) = rest.split_at_mut(PLANAR_CHUNK);
-    for (i, pixels) in img.data().chunks(3 * PLANAR_CHUNK).enumerate() {
+    for (i, pixels) in band.data().chunks(3 * PLANAR_CHUNK).enumerate() {
         let n = pixels.len() / 3;
         for (j, px) in pixels.chunks_exact(3).enumerate() {
             sr[j] = lut.0[0][usize::from(px[0])];
             sg[j] = lut.0[1][usize::from(px[1])];
             sb[j] = lut.0[2][usize::from(px[2])];
         }
-        let at = i * PLANAR_CHUNK..i * PLANAR_CHUNK + n;
+        let at = base + i * PLANAR_CHUNK..base + i * PLANAR_CHUNK + n;
         stream::copy(&mut r[at.clone()], &sr[..n]);
         stream::copy(&mut g[at.clone()], &sg[..n]);
         stream::copy(&mut b[at], &sb[..n]);

@@ -17,9 +17,10 @@
 //! image at the top left of a padded canvas) and [`with_global`] (tiles
 //! plus a global frame when there are several).
 
+use crate::decode::RowDecoder;
 use crate::error::VisionError;
 use crate::image::RgbView;
-use crate::layout::planar_chw;
+use crate::layout::{planar_chw, planar_rows};
 use crate::normalize::{Lut, Normalization, OutElem};
 use crate::output::{ItemTensor, OutputDtype, OutputLayout, PixelValues, PreprocessOutput};
 use crate::placeholders::PlaceholderLayout;
@@ -287,15 +288,9 @@ fn streamed<P: Tiled>(
             frames.height
         )));
     }
-    let frame = resize::resize_window_rows(
-        &mut rows,
-        &resize,
-        (&mut s.decoded, &mut s.inter),
-        &mut s.cropped,
-    )?;
     let pixel_values = match o.dtype {
-        OutputDtype::F32 => PixelValues::F32(one_frame(p, frame, frames)),
-        OutputDtype::Bf16 => PixelValues::Bf16(one_frame(p, frame, frames)),
+        OutputDtype::F32 => PixelValues::F32(one_frame(p, &mut rows, &resize, frames, s)?),
+        OutputDtype::Bf16 => PixelValues::Bf16(one_frame(p, &mut rows, &resize, frames, s)?),
     };
     Ok(Some(PreprocessOutput::from_layout(
         pixel_values,
@@ -304,11 +299,22 @@ fn streamed<P: Tiled>(
     )))
 }
 
-/// One frame normalised into a recycled buffer, as [`write_frames`] writes it.
-fn one_frame<P: Tiled, T: OutElem>(p: &P, frame: RgbView<'_>, frames: Frames) -> PooledVec<T> {
+/// The one frame `resize` makes of `rows`, each band normalised into its
+/// rows of a recycled buffer as [`write_frames`] writes a frame.
+fn one_frame<P: Tiled, T: OutElem>(
+    p: &P,
+    rows: &mut RowDecoder<'_>,
+    resize: &resize::WindowedResize,
+    frames: Frames,
+    s: &mut Scratch,
+) -> Result<PooledVec<T>, VisionError> {
     let mut out = PooledVec::<T>::take(frames.len());
-    planar_chw(frame, &p.lut::<T>(), &mut out[..]);
-    out
+    let lut = p.lut::<T>();
+    let scratch = (&mut s.decoded, &mut s.inter);
+    resize::resize_window_rows(rows, resize, scratch, |first, band| {
+        planar_rows(band, &lut, &mut out[..], first)
+    })?;
+    Ok(out)
 }
 
 /// The cut's tensor in a recycled buffer ([`Tiled::write`]).

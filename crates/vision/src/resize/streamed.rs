@@ -98,16 +98,16 @@ impl WindowedResize {
     }
 }
 
-/// Resizes the rows of `source` as `resize` says into `out` (the kept
-/// window, packed RGB) and returns a view of it: the bytes
-/// [`super::resize_window`] gives for the decoded image. Check
-/// [`WindowedResize::streams`] first.
-pub(crate) fn resize_window_rows<'a>(
+/// Resizes the rows of `source` as `resize` says and hands the kept
+/// window to `consume` in bands of up to 16 rows, each with the index of
+/// its first row: the bytes [`super::resize_window`] gives for the decoded
+/// image. Check [`WindowedResize::streams`] first.
+pub(crate) fn resize_window_rows(
     source: &mut dyn RowSource,
     resize: &WindowedResize,
     scratch: (&mut Vec<u8>, &mut Vec<u8>),
-    out: &'a mut Vec<u8>,
-) -> Result<RgbView<'a>, VisionError> {
+    consume: impl FnMut(usize, RgbView<'_>),
+) -> Result<(), VisionError> {
     let (in_w, in_h) = (source.width(), source.height());
     if !resize.streams((in_w, in_h)) {
         return Err(VisionError::Geometry(format!(
@@ -122,23 +122,7 @@ pub(crate) fn resize_window_rows<'a>(
         false => None,
     };
     let kv = Kernel::cached_for(resize.filter, in_h, out_h).window(top..top + height);
-    let band_len = BAND_ROWS * width * 3;
-    let bands = height.div_ceil(BAND_ROWS);
-    ensure_len(out, bands * band_len);
-    let copy = |band: RgbView<'_>, chunk: &mut [u8]| {
-        chunk[..band.data().len()].copy_from_slice(band.data());
-    };
-    resize_rows_with(
-        source,
-        (kh.as_ref(), &kv),
-        BAND_ROWS,
-        scratch,
-        out,
-        band_len,
-        copy,
-    )?;
-    out.truncate(width * height * 3);
-    RgbView::new(out, width, height)
+    resize_rows_with(source, (kh.as_ref(), &kv), BAND_ROWS, scratch, consume)
 }
 
 /// The horizontal kernel of `resize`'s output columns `window`; when they
@@ -190,31 +174,35 @@ pub(crate) fn resize_rows<T>(
             "cannot stream a resize of {in_w}x{in_h} to {out_w}x{out_h}"
         )));
     }
+    let bands = out_h.div_ceil(band_rows.max(1));
+    if out.len() != bands * out_band_len {
+        return Err(VisionError::Geometry(format!(
+            "{bands} bands of {out_band_len} elements do not fill {}",
+            out.len()
+        )));
+    }
     let kh = (out_w != in_w).then(|| Kernel::cached(in_w, out_w));
     let kv = Kernel::cached(in_h, out_h);
     let kernels = (kh.as_deref(), &*kv);
-    resize_rows_with(
-        source,
-        kernels,
-        band_rows,
-        (batch, inter),
-        out,
-        out_band_len,
-        consume,
-    )
+    let mut chunks = out.chunks_mut(out_band_len.max(1));
+    let mut consume = consume;
+    resize_rows_with(source, kernels, band_rows, (batch, inter), |_, band| {
+        if let Some(chunk) = chunks.next() {
+            consume(band, chunk);
+        }
+    })
 }
 
 /// [`resize_rows`] with the kernels given: `kh` (none: the width stays)
 /// and `kv` map the source's columns and rows to the output's, which may
-/// be a window of a larger resize ([`Kernel::window`]).
-fn resize_rows_with<T>(
+/// be a window of a larger resize ([`Kernel::window`]). Each band goes to
+/// `consume` with the index of its first output row.
+fn resize_rows_with(
     source: &mut dyn RowSource,
     (kh, kv): (Option<&Kernel>, &Kernel),
     band_rows: usize,
     (batch, inter): (&mut Vec<u8>, &mut Vec<u8>),
-    out: &mut [T],
-    out_band_len: usize,
-    mut consume: impl FnMut(RgbView<'_>, &mut [T]),
+    mut consume: impl FnMut(usize, RgbView<'_>),
 ) -> Result<(), VisionError> {
     let (in_w, in_h) = (source.width(), source.height());
     let out_w = kh.map_or(in_w, Kernel::out_size);
@@ -225,12 +213,6 @@ fn resize_rows_with<T>(
         )));
     }
     let bands = out_h.div_ceil(band_rows);
-    if out.len() != bands * out_band_len {
-        return Err(VisionError::Geometry(format!(
-            "{bands} bands of {out_band_len} elements do not fill {}",
-            out.len()
-        )));
-    }
     let row_len = out_w * 3;
     let band_span = |b: usize| {
         let first = b * band_rows;
@@ -254,14 +236,14 @@ fn resize_rows_with<T>(
         filled: 0,
     };
     ensure_len(window.rows, window.capacity * row_len);
-    for (b, chunk) in out.chunks_mut(out_band_len).enumerate() {
+    for b in 0..bands {
         let first = b * band_rows;
         let rows = band_rows.min(out_h - first);
         window.fill(band_span(b))?;
         passes::with_thread_buffer(&BAND, rows * row_len, |buf| {
             let held = (&window.rows[..], window.base);
             passes::vertical_rows(held, row_len, kv, first, buf);
-            consume(RgbView::new(buf, out_w, rows)?, chunk);
+            consume(first, RgbView::new(buf, out_w, rows)?);
             Ok::<(), VisionError>(())
         })?;
     }
