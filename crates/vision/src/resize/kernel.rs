@@ -28,6 +28,7 @@ use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
 use super::hblock::BlockKernel;
+use super::strip::PairTaps;
 
 /// Which reference's fixed-point resampling weights to reproduce. Named
 /// for the bicubic filter most processors use; Pillow's BILINEAR (Gemma 3)
@@ -136,6 +137,9 @@ pub(crate) struct Kernel {
     /// The same weights grouped for the blocked horizontal pass (built on
     /// first use).
     blocks: OnceLock<Option<BlockKernel>>,
+    /// The same weights split into tap pairs for the transposing
+    /// horizontal pass (built on first use).
+    pairs: OnceLock<PairTaps>,
     /// Taps per output pixel (the stride of `weights`).
     pub ksize: usize,
     /// First input index read by each output pixel.
@@ -177,6 +181,11 @@ impl Kernel {
             .as_ref()
     }
 
+    /// The split tap pairs of these weights.
+    pub(crate) fn pairs(&self) -> &PairTaps {
+        self.pairs.get_or_init(|| PairTaps::new(self))
+    }
+
     /// Pillow's weights resampling `in_size` samples to `out_size`.
     #[cfg(test)]
     pub(crate) fn bicubic(in_size: usize, out_size: usize) -> Kernel {
@@ -201,6 +210,7 @@ impl Kernel {
             in_size,
             filter,
             blocks: OnceLock::new(),
+            pairs: OnceLock::new(),
             ksize,
             starts: Vec::with_capacity(out_size),
             lens: Vec::with_capacity(out_size),
@@ -248,6 +258,7 @@ impl Kernel {
             in_size: self.in_size,
             filter: self.filter,
             blocks: OnceLock::new(),
+            pairs: OnceLock::new(),
             ksize,
             starts: self.starts[range.clone()].to_vec(),
             lens: self.lens[range.clone()].to_vec(),
@@ -263,6 +274,7 @@ impl Kernel {
             in_size: range.len(),
             filter: self.filter,
             blocks: OnceLock::new(),
+            pairs: OnceLock::new(),
             ksize: self.ksize,
             starts: self.starts.iter().map(|&s| s - range.start).collect(),
             lens: self.lens.clone(),

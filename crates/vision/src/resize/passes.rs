@@ -149,9 +149,8 @@ fn horizontal_strip(
     dst: &mut [u8],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        unsafe { super::strip::strip(src, in_w, rows, kernel, tmp, dst) };
+    if let Some(simd) = super::madd::Simd::best() {
+        super::strip::strip(simd, (src, in_w, rows), kernel, tmp, dst);
         return;
     }
     horizontal_strip_body(src, in_w, rows, kernel, tmp, dst);

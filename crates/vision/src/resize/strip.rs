@@ -7,16 +7,23 @@
 //! contiguous run of lanes and each tap is a lane-parallel multiply-add.
 //! This file does the same arithmetic (`u8 × i32` summed in `i32` from
 //! Pillow's bias, shifted and clipped: Pillow's numbers bit for bit) with
-//! the data movement in vector registers:
+//! the data movement in vector registers and the taps two at a time:
 //! - **in**: each row's 16 RGB pixels are split into R, G and B by byte
 //!   shuffles, and every channel's 16 × 16 block is transposed by four
-//!   rounds of byte unpacks; a column's 48 lanes are then channel-major,
-//!   lane `16 · c + r` holding channel `c` of row `r`;
-//! - **taps**: eight lanes at a time, widened to `i32`, multiplied by the
-//!   broadcast weight and added;
-//! - **out**: the sums are shifted and clipped by saturating packs into a
-//!   48-byte output column, and blocks of 16 output columns are transposed
-//!   back and re-interleaved into RGB rows.
+//!   rounds of byte unpacks; each two neighbouring columns are then stored
+//!   as one *column pair*, lane by lane their two pixels as 16-bit values
+//!   (48 lanes, channel-major: channel `c` of row `r` is lane `16 · c + r`);
+//! - **taps**: two at a time by 16-bit pair multiply-adds on the split
+//!   weights ([`super::madd`], `vpdpwssd` with VNNI), eight lanes per
+//!   instruction and half; a window starting on an odd column, or ending
+//!   on an even one, gets a tap of weight zero ([`PairTaps`]). Each column
+//!   pair is built once and read by every output column whose window
+//!   covers it (about four at these scales), where widening the bytes at
+//!   each tap and multiplying by `vpmulld` cost three times the
+//!   instructions;
+//! - **out**: the sums are recombined, shifted and clipped by saturating
+//!   packs into a 48-byte output column, and blocks of 16 output columns
+//!   are transposed back and re-interleaved into RGB rows.
 //!
 //! Only the input columns the kernel reads are transposed (a centre crop's
 //! window reads a part of the row). Edges narrower than a block go one byte
@@ -25,52 +32,103 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::kernel::{Kernel, BIAS, PRECISION_BITS};
+use super::kernel::{split_pair, Kernel};
+#[cfg(target_arch = "x86_64")]
+use super::madd::{lo_start, unsplit, Avx2, Avx512Vnni, AvxVnni, PairMadd, Simd};
 
 /// Rows filtered together.
 pub(crate) const ROWS: usize = 16;
 /// Lanes of one column: every channel of every row.
 pub(crate) const LANES: usize = ROWS * 3;
+/// Bytes of one column pair: every lane's two pixels as 16-bit values.
+const PAIR_BYTES: usize = LANES * 4;
+/// Vectors of one column pair (eight lanes each).
+const PAIR_VECTORS: usize = LANES / 8;
+/// Alignment of the column pairs in the working memory.
+const ALIGN: usize = 64;
+
+/// A kernel's taps as split weights on pairs of input columns: output
+/// column `x` reads the pairs `(2p, 2p + 1)` for `p` in
+/// `first .. first + count`, a tap of zero weight added before a window
+/// that starts on an odd column or after one that ends on an even one.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PairTaps {
+    /// Per output column: its first pair and its pairs' range in `weights`.
+    columns: Vec<(usize, std::ops::Range<usize>)>,
+    /// The `(hi, lo)` halves of every column's pairs ([`split_pair`]).
+    weights: Vec<(i32, i32)>,
+    /// The input columns the kernel reads ([`Kernel::reads`]).
+    reads: std::ops::Range<usize>,
+}
+
+impl PairTaps {
+    /// `kernel`'s taps, paired.
+    pub(crate) fn new(kernel: &Kernel) -> PairTaps {
+        let mut taps = PairTaps::default();
+        for x in 0..kernel.out_size() {
+            let (start, w) = kernel.taps(x);
+            let lead = start % 2;
+            let pairs = (lead + w.len()).div_ceil(2);
+            let tap = |i: usize| i.checked_sub(lead).and_then(|k| w.get(k)).copied();
+            let from = taps.weights.len();
+            for p in 0..pairs {
+                let (a, b) = (tap(2 * p), tap(2 * p + 1));
+                taps.weights
+                    .push(split_pair(a.unwrap_or(0), b.unwrap_or(0)));
+            }
+            taps.columns.push((start / 2, from..taps.weights.len()));
+        }
+        taps.reads = kernel.reads(0..kernel.out_size());
+        taps
+    }
+}
 
 /// Bytes of working memory [`strip`] needs for rows of `in_w` pixels
-/// resized to `out_w`: the input and output columns.
+/// resized to `out_w`: the input column pairs and the output columns.
 pub(crate) fn buffer_len(in_w: usize, out_w: usize) -> usize {
-    (in_w + out_w) * LANES
+    ALIGN + in_w.div_ceil(2) * PAIR_BYTES + out_w * LANES
 }
 
 /// Filters `rows` (at most [`ROWS`]) rows of `in_w` RGB pixels in `src`
-/// into `dst` (`rows` rows of `kernel.out_size()` pixels), with `buf` of
-/// at least [`buffer_len`] bytes as working memory.
-///
-/// # Safety
-/// The CPU must support AVX2.
+/// into `dst` (`rows` rows of `kernel.out_size()` pixels) with `simd`,
+/// which the CPU must have, and `buf` of at least [`buffer_len`] bytes as
+/// working memory.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-pub(crate) unsafe fn strip(
-    src: &[u8],
-    in_w: usize,
-    rows: usize,
+pub(crate) fn strip(
+    simd: Simd,
+    (src, in_w, rows): (&[u8], usize, usize),
     kernel: &Kernel,
     buf: &mut [u8],
     dst: &mut [u8],
 ) {
+    assert!(simd.available(), "{simd:?} not supported by this CPU");
     let out_w = kernel.out_size();
     assert!(rows <= ROWS && src.len() >= rows * in_w * 3 && dst.len() >= rows * out_w * 3);
-    let (cols, out_cols) = buf[..buffer_len(in_w, out_w)].split_at_mut(in_w * LANES);
-    columns_in(src, in_w, rows, kernel.reads(0..out_w), cols);
-    for x in 0..out_w {
-        let (start, weights) = kernel.taps(x);
-        filter_column(
-            &cols[start * LANES..(start + weights.len()) * LANES],
-            weights,
-            &mut out_cols[x * LANES..][..LANES],
-        );
+    let buf = &mut buf[..buffer_len(in_w, out_w)];
+    let skip = buf.as_ptr().align_offset(ALIGN).min(ALIGN);
+    let (pairs, out_cols) = buf[skip..].split_at_mut(in_w.div_ceil(2) * PAIR_BYTES);
+    let taps = kernel.pairs();
+    // SAFETY: the CPU supports the instructions of `simd` (asserted).
+    unsafe {
+        columns_in(src, in_w, rows, taps.reads.clone(), pairs);
+        match simd {
+            Simd::Avx512Vnni => filter_avx512_vnni(pairs, taps, out_cols),
+            Simd::AvxVnni => filter_avx_vnni(pairs, taps, out_cols),
+            Simd::Avx2 => filter_avx2(pairs, taps, out_cols),
+        }
+        columns_out(&out_cols[..out_w * LANES], out_w, rows, dst);
     }
-    columns_out(out_cols, out_w, rows, dst);
 }
 
-/// Rows `src` (channel-interleaved) into columns `cols` over the pixels
-/// `range`; rows from `rows` to [`ROWS`] are zero.
+/// Rows `src` (channel-interleaved) into the column pairs `pairs` over
+/// the pixels `range` (widened to whole pairs); rows from `rows` to
+/// [`ROWS`], and a column past the row's end, are zero.
+///
+/// Pair `p` is [`PAIR_VECTORS`] vectors of eight lanes, each lane channel
+/// `c` of one row at columns `2p` and `2p + 1` as two 16-bit values:
+/// vector `2c` holds rows 0–3 and 8–11, vector `2c + 1` rows 4–7 and
+/// 12–15 (the order two 128-bit halves give; [`store_column`]'s packs
+/// put the rows back in order).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn columns_in(
@@ -78,69 +136,133 @@ fn columns_in(
     in_w: usize,
     rows: usize,
     range: std::ops::Range<usize>,
-    cols: &mut [u8],
+    pairs: &mut [u8],
 ) {
     let in_row = in_w * 3;
-    let blocks_end = range.start + (range.end - range.start) / 16 * 16;
-    for px0 in (range.start..blocks_end).step_by(16) {
-        let mut planes = [[_mm_setzero_si128(); 16]; 3];
-        for r in 0..rows {
-            let run = &src[r * in_row + px0 * 3..][..48];
-            let [red, green, blue] = deinterleave(run);
-            planes[0][r] = red;
-            planes[1][r] = green;
-            planes[2][r] = blue;
+    let (start, end) = (range.start / 2 * 2, range.end.div_ceil(2) * 2);
+    let blocks_end = start + (end.min(in_w) - start) / 16 * 16;
+    let zero = _mm256_setzero_si256();
+    for px0 in (start..blocks_end).step_by(16) {
+        // planes[c][i]: channel c of rows i (low half) and i + 8 (high).
+        let mut planes = [[zero; 8]; 3];
+        for i in 0..8 {
+            let run = |r: usize| (r < rows).then(|| &src[r * in_row + px0 * 3..][..48]);
+            let [red, green, blue] = deinterleave_pair(run(i), run(i + 8));
+            planes[0][i] = red;
+            planes[1][i] = green;
+            planes[2][i] = blue;
         }
         for (c, plane) in planes.iter_mut().enumerate() {
-            transpose16(plane);
-            for (i, column) in plane.iter().enumerate() {
-                let lane = &mut cols[(px0 + i) * LANES + c * 16..][..16];
-                // SAFETY: `lane` is 16 writable bytes.
-                unsafe { _mm_storeu_si128(lane.as_mut_ptr().cast(), *column) };
+            transpose8x16(plane);
+            for (q, &units) in plane.iter().enumerate() {
+                let pair = &mut pairs[(px0 / 2 + q) * PAIR_BYTES + c * 64..][..64];
+                let halves = [
+                    _mm256_unpacklo_epi8(units, zero),
+                    _mm256_unpackhi_epi8(units, zero),
+                ];
+                for (h, words) in halves.into_iter().enumerate() {
+                    // SAFETY: `pair` holds 64 writable bytes; this writes 32 at 32·h.
+                    unsafe { _mm256_storeu_si256(pair.as_mut_ptr().add(32 * h).cast(), words) };
+                }
             }
         }
     }
-    for px in blocks_end..range.end {
-        let column = &mut cols[px * LANES..][..LANES];
+    for px in blocks_end..end {
+        let pair = &mut pairs[px / 2 * PAIR_BYTES..][..PAIR_BYTES];
         for r in 0..ROWS {
             for c in 0..3 {
-                column[c * 16 + r] = if r < rows {
+                let v = if r < rows && px < in_w {
                     src[r * in_row + px * 3 + c]
                 } else {
                     0
                 };
+                let (vector, lane) = (2 * c + r % 8 / 4, r / 8 * 4 + r % 4);
+                let at = (vector * 16 + lane * 2 + px % 2) * 2;
+                pair[at..at + 2].copy_from_slice(&u16::from(v).to_le_bytes());
             }
         }
     }
 }
 
-/// One output column: `cols` holds the columns the taps read, in order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+fn filter_avx512_vnni(pairs: &[u8], taps: &PairTaps, out_cols: &mut [u8]) {
+    // SAFETY: AVX2, AVX512-VNNI and AVX512-VL are enabled for this function.
+    unsafe { filter_body::<Avx512Vnni>(pairs, taps, out_cols) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avxvnni")]
+fn filter_avx_vnni(pairs: &[u8], taps: &PairTaps, out_cols: &mut [u8]) {
+    // SAFETY: AVX2 and AVX-VNNI are enabled for this function.
+    unsafe { filter_body::<AvxVnni>(pairs, taps, out_cols) }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn filter_column(cols: &[u8], weights: &[i32], out: &mut [u8]) {
-    let mut acc = [_mm256_set1_epi32(BIAS); 6];
-    for (column, &w) in cols.chunks_exact(LANES).zip(weights) {
-        let w = _mm256_set1_epi32(w);
-        for (j, a) in acc.iter_mut().enumerate() {
-            // SAFETY: `column` holds LANES = 48 bytes; this reads 8 at 8·j ≤ 40.
-            let bytes = unsafe { _mm_loadl_epi64(column.as_ptr().add(8 * j).cast()) };
-            *a = _mm256_add_epi32(*a, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(bytes), w));
+fn filter_avx2(pairs: &[u8], taps: &PairTaps, out_cols: &mut [u8]) {
+    // SAFETY: AVX2 is enabled for this function.
+    unsafe { filter_body::<Avx2>(pairs, taps, out_cols) }
+}
+
+/// Every output column of `taps` from the column pairs (inlined into the
+/// wrappers above, which enable the instructions `M` uses).
+///
+/// # Safety
+/// The CPU must support AVX2 and what `M` uses.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn filter_body<M: PairMadd>(pairs: &[u8], taps: &PairTaps, out_cols: &mut [u8]) {
+    for (&(first, ref range), out) in taps.columns.iter().zip(out_cols.chunks_exact_mut(LANES)) {
+        let weights = &taps.weights[range.clone()];
+        let data = &pairs[first * PAIR_BYTES..][..weights.len() * PAIR_BYTES];
+        // SAFETY (every intrinsic below): the CPU supports AVX2 and what
+        // `M` uses (caller).
+        let mut hi = [unsafe { _mm256_setzero_si256() }; PAIR_VECTORS];
+        let mut lo = [unsafe { lo_start() }; PAIR_VECTORS];
+        for (pair, &(h, l)) in data.chunks_exact(PAIR_BYTES).zip(weights) {
+            let (h, l) = unsafe { (_mm256_set1_epi32(h), _mm256_set1_epi32(l)) };
+            for k in 0..PAIR_VECTORS {
+                // SAFETY: `pair` holds PAIR_BYTES = 32 · PAIR_VECTORS bytes.
+                unsafe {
+                    let v = _mm256_loadu_si256(pair.as_ptr().add(32 * k).cast());
+                    hi[k] = M::madd(hi[k], v, h);
+                    lo[k] = M::madd(lo[k], v, l);
+                }
+            }
+        }
+        // SAFETY: as above; `out` is LANES = 48 writable bytes.
+        unsafe {
+            let r = [
+                unsplit(hi[0], lo[0]),
+                unsplit(hi[1], lo[1]),
+                unsplit(hi[2], lo[2]),
+                unsplit(hi[3], lo[3]),
+                unsplit(hi[4], lo[4]),
+                unsplit(hi[5], lo[5]),
+            ];
+            store_column(r, out);
         }
     }
-    let shift = _mm_cvtsi32_si128(PRECISION_BITS as i32);
-    let words = |a: __m256i, b: __m256i| {
-        let packed = _mm256_packs_epi32(_mm256_sra_epi32(a, shift), _mm256_sra_epi32(b, shift));
-        _mm256_permute4x64_epi64::<0b11_01_10_00>(packed)
-    };
+}
+
+/// Six vectors of eight shifted sums (in [`columns_in`]'s lane order)
+/// clipped to bytes by saturating packs (Pillow's clip to 0..=255) into
+/// `out`, lanes 0–47 in order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn store_column(r: [__m256i; 6], out: &mut [u8]) {
+    // Vectors 2c and 2c + 1 hold channel c's rows 0–3, 8–11 and 4–7,
+    // 12–15: their pack is rows 0–7 | 8–15, in order.
     let (w01, w23, w45) = (
-        words(acc[0], acc[1]),
-        words(acc[2], acc[3]),
-        words(acc[4], acc[5]),
+        _mm256_packs_epi32(r[0], r[1]),
+        _mm256_packs_epi32(r[2], r[3]),
+        _mm256_packs_epi32(r[4], r[5]),
     );
     let bytes_0_31 = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(w01, w23));
     let bytes_32_47 = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(w45, w45));
-    // SAFETY: `out` is 48 writable bytes (asserted by the slice below).
     let out = &mut out[..LANES];
+    // SAFETY: `out` is 48 writable bytes: 32 at 0 and 16 at 32.
     unsafe {
         _mm256_storeu_si256(out.as_mut_ptr().cast(), bytes_0_31);
         _mm_storeu_si128(
@@ -258,6 +380,16 @@ fn deinterleave(run: &[u8]) -> [__m128i; 3] {
     })
 }
 
+/// [`deinterleave`] of two runs at once, `low` into the low 128 bits of
+/// each channel and `high` into the high; a missing run gives zeros.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn deinterleave_pair(low: Option<&[u8]>, high: Option<&[u8]>) -> [__m256i; 3] {
+    let zero = [_mm_setzero_si128(); 3];
+    let [l, h] = [low, high].map(|run| run.map_or(zero, |r| deinterleave(r)));
+    [0, 1, 2].map(|c| _mm256_set_m128i(h[c], l[c]))
+}
+
 /// R, G and B bytes of 16 pixels into 48 RGB bytes in `run`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
@@ -270,6 +402,21 @@ fn interleave(planes: [__m128i; 3], run: &mut [u8]) {
         }
         // SAFETY: `run` is 48 writable bytes; this writes 16 at 16·part ≤ 32.
         unsafe { _mm_storeu_si128(run.as_mut_ptr().add(16 * part).cast(), v) };
+    }
+}
+
+/// Transposes, in each 128-bit half on its own, an 8 × 8 matrix of
+/// 16-bit units held as 8 rows: three rounds of pairing row `i` with row
+/// `i + 4`, unit by unit.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn transpose8x16(m: &mut [__m256i; 8]) {
+    for _ in 0..3 {
+        let x = *m;
+        for i in 0..4 {
+            m[2 * i] = _mm256_unpacklo_epi16(x[i], x[i + 4]);
+            m[2 * i + 1] = _mm256_unpackhi_epi16(x[i], x[i + 4]);
+        }
     }
 }
 
@@ -289,7 +436,7 @@ fn transpose16(m: &mut [__m128i; 16]) {
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
-    use super::super::kernel::{Bicubic, Kernel};
+    use super::super::kernel::{Bicubic, Kernel, BIAS};
     use super::*;
 
     /// The portable strip body, for comparison.
@@ -351,15 +498,13 @@ mod tests {
                     seed += 1;
                     let src = noise(rows * in_w * 3, seed);
                     let kernel = Kernel::new(filter, in_w, out_w);
-                    let mut buf = vec![0xAA; buffer_len(in_w, out_w)];
-                    let mut dst = vec![0u8; rows * out_w * 3];
-                    // SAFETY: AVX2 checked above.
-                    unsafe { strip(&src, in_w, rows, &kernel, &mut buf, &mut dst) };
-                    assert_eq!(
-                        dst,
-                        reference(&src, in_w, rows, &kernel),
-                        "{filter:?} {in_w}→{out_w}, {rows} rows"
-                    );
+                    let expected = reference(&src, in_w, rows, &kernel);
+                    for simd in Simd::ALL.into_iter().filter(|s| s.available()) {
+                        let mut buf = vec![0xAA; buffer_len(in_w, out_w)];
+                        let mut dst = vec![0u8; rows * out_w * 3];
+                        strip(simd, (&src, in_w, rows), &kernel, &mut buf, &mut dst);
+                        assert_eq!(dst, expected, "{simd:?} {filter:?} {in_w}→{out_w}, {rows} rows");
+                    }
                 }
             }
         }
@@ -374,11 +519,12 @@ mod tests {
         let (in_w, out_w) = (1920, 597);
         let window = Kernel::new(Bicubic::Pillow, in_w, out_w).window(130..466);
         let src = noise(16 * in_w * 3, 9);
-        let mut buf = vec![0x55; buffer_len(in_w, window.out_size())];
-        let mut dst = vec![0u8; 16 * window.out_size() * 3];
-        // SAFETY: AVX2 checked above.
-        unsafe { strip(&src, in_w, 16, &window, &mut buf, &mut dst) };
-        assert_eq!(dst, reference(&src, in_w, 16, &window));
+        for simd in Simd::ALL.into_iter().filter(|s| s.available()) {
+            let mut buf = vec![0x55; buffer_len(in_w, window.out_size())];
+            let mut dst = vec![0u8; 16 * window.out_size() * 3];
+            strip(simd, (&src, in_w, 16), &window, &mut buf, &mut dst);
+            assert_eq!(dst, reference(&src, in_w, 16, &window), "{simd:?}");
+        }
         assert!(window.reads(0..window.out_size()).len() < in_w * 2 / 3);
     }
 
