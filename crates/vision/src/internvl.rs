@@ -43,8 +43,8 @@ use crate::normalize::{Lut, Normalization, OutElem};
 use crate::output::{ItemTensor, OutputLayout};
 use crate::placeholders::{self, PlaceholderLayout};
 use crate::processor::PreprocessOptions;
-use crate::resize::{self, resize_copy, Bicubic};
-use crate::tiles::{cut_tiles, with_global, Cut, Each, Tiled};
+use crate::resize::{self, Bicubic};
+use crate::tiles::{cut_frames, cut_tiles, with_global, Cut, Each, Tiled};
 
 /// ImageNet mean, the shipped InternVL configs' `image_mean`.
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
@@ -231,21 +231,43 @@ impl Tiled for InternVlProcessor {
 
     /// The tiles row by row, then the thumbnail.
     fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
-        let (image, parallel) = (cut.image, cut.parallel);
-        let grid = cut.plan;
+        cut_frames(self, cut, each)
+    }
+
+    /// The image resized to the grid's canvas, and to one tile (the
+    /// thumbnail) when the grid has several.
+    fn whole_resizes(&self, grid: &Grid) -> Option<(Bicubic, Vec<(usize, usize)>)> {
         let (th, tw) = self.tile;
-        let filter = self.filter();
-        let (inter, resized, cropped, _) = cut.scratch.buffers();
-        let canvas = (grid.cols * tw, grid.rows * th);
-        resize_copy(filter, image, canvas, inter, resized, parallel)?;
-        let whole = RgbView::new(resized, canvas.0, canvas.1)?;
-        if grid.tiles() == 1 {
-            each(0, whole);
-            return Ok(());
+        let mut sizes = vec![(grid.cols * tw, grid.rows * th)];
+        if grid.tiles() > 1 {
+            sizes.push((tw, th));
         }
-        let tiles = cut_tiles(whole, (tw, th), cropped, each)?;
-        resize_copy(filter, image, (tw, th), inter, cropped, parallel)?;
-        each(tiles, RgbView::new(cropped, tw, th)?);
+        Some((self.filter(), sizes))
+    }
+
+    /// The canvas's tiles row by row, then the thumbnail.
+    fn cut_resized(
+        &self,
+        grid: &Grid,
+        resized: &[RgbView<'_>],
+        buf: &mut Vec<u8>,
+        each: Each<'_>,
+    ) -> Result<(), VisionError> {
+        let (th, tw) = self.tile;
+        match (grid.tiles(), resized) {
+            (1, &[whole]) => each(0, whole),
+            (_, &[canvas, thumbnail]) => {
+                let tiles = cut_tiles(canvas, (tw, th), buf, each)?;
+                each(tiles, thumbnail);
+            }
+            _ => {
+                return Err(VisionError::Geometry(format!(
+                    "internvl: {} resized images for {} tiles",
+                    resized.len(),
+                    grid.tiles()
+                )))
+            }
+        }
         Ok(())
     }
 }

@@ -46,8 +46,8 @@ use crate::image::RgbView;
 use crate::normalize::Normalization;
 use crate::output::OutputLayout;
 use crate::processor::PreprocessOptions;
-use crate::resize::{self, resize_into};
-use crate::tiles::{Cut, Each, Tiled};
+use crate::resize::{self, resize_into, Bicubic};
+use crate::tiles::{cut_frames, Cut, Each, Tiled};
 
 /// Which model family's rules an [`AnyresProcessor`] follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -403,16 +403,41 @@ impl Tiled for AnyresProcessor {
             each(0, resize_into(padded, t, t, inter, resized, parallel)?);
             return Ok(());
         }
-        let (inter, resized) = (&mut cut.scratch.inter, &mut cut.scratch.resized);
-        each(0, resize_into(image, t, t, inter, resized, parallel)?);
+        cut_frames(self, cut, each)
+    }
+
+    /// The base tile and the image scaled into the grid; none in the
+    /// multi-image mode.
+    fn whole_resizes(&self, plan: &Plan) -> Option<(Bicubic, Vec<(usize, usize)>)> {
         let (sh, sw) = plan.scaled;
-        let scaled = resize_into(image, sw, sh, inter, resized, parallel)?;
+        let sizes = vec![(self.tile, self.tile), (sw, sh)];
+        (!plan.square).then_some((Bicubic::Pillow, sizes))
+    }
+
+    /// The base tile, then the grid's tiles row by row.
+    fn cut_resized(
+        &self,
+        plan: &Plan,
+        resized: &[RgbView<'_>],
+        buf: &mut Vec<u8>,
+        each: Each<'_>,
+    ) -> Result<(), VisionError> {
+        let &[base, scaled] = resized else {
+            return Err(VisionError::Geometry(format!(
+                "{}: {} resized images, not the base and the grid",
+                Tiled::name(self),
+                resized.len()
+            )));
+        };
+        each(0, base);
+        let t = self.tile;
+        let (sh, sw) = plan.scaled;
         let offset = ((plan.grid.0 - sh) / 2, (plan.grid.1 - sw) / 2);
         let columns = plan.grid.1 / t;
         for i in 0..plan.tiles {
             let origin = ((i / columns) * t, (i % columns) * t);
-            padded_tile(scaled, offset, origin, t, &mut cut.scratch.cropped);
-            each(1 + i, RgbView::new(&cut.scratch.cropped, t, t)?);
+            padded_tile(scaled, offset, origin, t, buf);
+            each(1 + i, RgbView::new(buf, t, t)?);
         }
         Ok(())
     }

@@ -29,7 +29,7 @@ use crate::processor::{
     decode_then_preprocess, fingerprint_of, split_image, streamable_rows, PreprocessOptions,
     Processor,
 };
-use crate::resize;
+use crate::resize::{self, Bicubic};
 use crate::scratch::{with_scratch, Scratch};
 
 /// What a family's frames are handed to: `(index, frame)`.
@@ -83,6 +83,32 @@ pub(crate) trait Tiled: Send + Sync {
     /// is decoded whole and cut by [`Tiled::frames`].
     fn one_resize(&self, _plan: &Self::Plan) -> Option<resize::WindowedResize> {
         None
+    }
+
+    /// When this plan's frames are all cut from resizes of the whole
+    /// image: their filter and `(width, height)`s, in the order
+    /// [`Tiled::cut_resized`] takes them. The image's rows are then read
+    /// once for all of them ([`resize::resize_many`]; a JPEG's straight
+    /// from the decoder, never stored whole) and [`cut_frames`] cuts
+    /// the frames. `None` (the default): [`Tiled::frames`] alone.
+    fn whole_resizes(&self, _plan: &Self::Plan) -> Option<(Bicubic, Vec<(usize, usize)>)> {
+        None
+    }
+
+    /// Cuts the frames, in output order, from the images
+    /// [`Tiled::whole_resizes`] asked for (`resized`, in its order), with
+    /// `buf` as scratch, and hands each to `each`.
+    fn cut_resized(
+        &self,
+        _plan: &Self::Plan,
+        _resized: &[RgbView<'_>],
+        _buf: &mut Vec<u8>,
+        _each: Each<'_>,
+    ) -> Result<(), VisionError> {
+        Err(VisionError::Geometry(format!(
+            "{}: no whole-image resizes to cut frames from",
+            self.name()
+        )))
     }
 
     /// The normalisation tables: by default the slow processors'
@@ -275,6 +301,30 @@ fn streamed<P: Tiled>(
     let plan = planned(p, input, o)?;
     let layout = p.layout(&plan);
     let frames = Frames::of(&layout);
+    if let Some((filter, sizes)) = p.whole_resizes(&plan) {
+        // A size equal to the image's would be a copy of every row: the
+        // image decoded whole serves as it is.
+        if !resize::shares_rows(filter, input, &sizes) || sizes.contains(&input) {
+            return Ok(None);
+        }
+        let scratch = (&mut s.decoded, &mut s.inter, &mut s.resized);
+        resize::resize_many_rows(&mut rows, filter, &sizes, scratch)?;
+        let resized = resize::views(&s.resized, &sizes, None)?;
+        let pixel_values = match o.dtype {
+            OutputDtype::F32 => {
+                PixelValues::F32(cut_written(p, &plan, frames, &resized, &mut s.cropped)?)
+            }
+            OutputDtype::Bf16 => {
+                PixelValues::Bf16(cut_written(p, &plan, frames, &resized, &mut s.cropped)?)
+            }
+        };
+        let resized_size = p.resized_size(&plan);
+        return Ok(Some(PreprocessOutput::from_layout(
+            pixel_values,
+            layout,
+            resized_size,
+        )));
+    }
     let Some(resize) = p.one_resize(&plan).filter(|r| r.streams(input)) else {
         return Ok(None);
     };
@@ -315,6 +365,54 @@ fn one_frame<P: Tiled, T: OutElem>(
         planar_rows(band, &lut, &mut out[..], first)
     })?;
     Ok(out)
+}
+
+/// The tensor of the frames `p` cuts from `resized`
+/// ([`Tiled::cut_resized`]) in a recycled buffer, each normalised as
+/// [`write_frames`] writes a frame.
+fn cut_written<P: Tiled, T: OutElem>(
+    p: &P,
+    plan: &P::Plan,
+    frames: Frames,
+    resized: &[RgbView<'_>],
+    buf: &mut Vec<u8>,
+) -> Result<PooledVec<T>, VisionError> {
+    let mut out = PooledVec::<T>::take(frames.count * frames.len());
+    let (per, lut) = (frames.len(), p.lut::<T>());
+    p.cut_resized(plan, resized, buf, &mut |i, frame| {
+        if let Some(chunk) = out.get_mut(i * per..(i + 1) * per) {
+            planar_chw(frame, &lut, chunk);
+        }
+    })?;
+    Ok(out)
+}
+
+/// [`Tiled::frames`] of a family that cuts its frames from whole-image
+/// resizes ([`Tiled::whole_resizes`]): every resize from one read of the
+/// cut's image, or one after the other when one of them runs vertically
+/// first; a size equal to the image's is the image itself.
+pub(crate) fn cut_frames<P: Tiled + ?Sized>(
+    p: &P,
+    cut: &mut Cut<'_, P::Plan>,
+    each: Each<'_>,
+) -> Result<(), VisionError> {
+    let Some((filter, sizes)) = p.whole_resizes(cut.plan) else {
+        return p.cut_resized(cut.plan, &[], &mut cut.scratch.cropped, each);
+    };
+    let image = cut.image;
+    let (inter, resized, cropped, raw) = cut.scratch.buffers();
+    if resize::shares_rows(filter, (image.width(), image.height()), &sizes) {
+        resize::resize_many(image, filter, &sizes, (inter, resized), cut.parallel)?;
+    } else {
+        resized.clear();
+        let unchanged = (image.width(), image.height());
+        for &size in sizes.iter().filter(|&&size| size != unchanged) {
+            resize::resize_copy(filter, image, size, inter, raw, cut.parallel)?;
+            resized.extend_from_slice(raw);
+        }
+    }
+    let views = resize::views(resized, &sizes, Some(image))?;
+    p.cut_resized(cut.plan, &views, cropped, each)
 }
 
 /// The cut's tensor in a recycled buffer ([`Tiled::write`]).

@@ -3,14 +3,16 @@
 //! first, and hands every file it does not stream to the whole-image path:
 //! for Qwen-VL, and for the families whose tensor is one resize of the
 //! whole image (LLaVA-1.5's centre crop, Pixtral, Gemma 3 without
-//! pan-and-scan).
+//! pan-and-scan) or cut from several resizes of it (LLaVA-NeXT, OneVision,
+//! InternVL).
 
 mod common;
 
 use common::read;
 use iris_vision::{
-    decode, processor_from_config, thread_streamed_images, ClipProcessor, DecodeLimits,
-    Gemma3Processor, OutputDtype, PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
+    decode, processor_from_config, thread_streamed_images, AnyresProcessor, ClipProcessor,
+    DecodeLimits, Gemma3Processor, InternVlProcessor, OutputDtype, PixtralProcessor,
+    PreprocessOptions, Processor, QwenVlProcessor,
 };
 
 fn qwen2() -> Box<dyn Processor> {
@@ -235,4 +237,61 @@ fn pan_and_scan_crops_take_the_whole_image_path() {
     let out = p.preprocess_bytes(&bytes, &opts).expect("preprocess");
     assert!(out.shape[0] > 1, "crops were made: {:?}", out.shape);
     assert_eq!(same_bytes(&p, &bytes, opts, "pan-and-scan"), 0);
+}
+
+#[test]
+fn several_resize_families_stream_with_identical_output() {
+    let families: [(&str, Box<dyn Processor>); 4] = [
+        ("llava_next", Box::new(AnyresProcessor::llava_next())),
+        (
+            "llava_onevision",
+            Box::new(AnyresProcessor::llava_onevision()),
+        ),
+        ("internvl", Box::new(InternVlProcessor::internvl3())),
+        (
+            "internvl_slow",
+            Box::new(InternVlProcessor {
+                fast: false,
+                ..InternVlProcessor::internvl3()
+            }),
+        ),
+    ];
+    let opts = PreprocessOptions::default();
+    for file in PLAIN_JPEGS {
+        let bytes = read(file);
+        for (name, p) in &families {
+            let what = format!("{file} {name}");
+            let streamed = same_bytes(p.as_ref(), &bytes, opts, &what);
+            assert!(
+                streamed == 0 || streamed == 2,
+                "{what}: streamed {streamed}"
+            );
+        }
+    }
+    // The 1080p photo: LLaVA-NeXT's base tile and 672x378 grid and
+    // InternVL's canvas and thumbnail are resized from the decoder's rows;
+    // OneVision's grid is the photo's own size, so it is decoded whole.
+    let bytes = read("shared/motorcycle_1080p.jpg");
+    for (name, p) in &families {
+        let streamed = same_bytes(p.as_ref(), &bytes, opts, name);
+        let expect = if *name == "llava_onevision" { 0 } else { 2 };
+        assert_eq!(streamed, expect, "{name}: streamed {streamed} of 2 calls");
+    }
+    // Split across threads, or OneVision's multi-image squares: whole.
+    let alone = PreprocessOptions {
+        intra_image_parallel: true,
+        ..opts
+    };
+    let squares = PreprocessOptions {
+        multi_image: true,
+        ..opts
+    };
+    assert_eq!(
+        same_bytes(families[0].1.as_ref(), &bytes, alone, "alone"),
+        0
+    );
+    assert_eq!(
+        same_bytes(families[1].1.as_ref(), &bytes, squares, "squares"),
+        0
+    );
 }

@@ -10,6 +10,7 @@ mod hblock;
 mod kernel;
 #[cfg(target_arch = "x86_64")]
 mod madd;
+mod many;
 mod passes;
 mod streamed;
 mod strip;
@@ -21,6 +22,7 @@ use crate::image::RgbView;
 use crate::scratch::ensure_len;
 pub use kernel::Bicubic;
 use kernel::Kernel;
+pub(crate) use many::{resize_many, resize_many_rows, shares_rows, views};
 use rayon::prelude::*;
 use std::cell::Cell;
 pub use streamed::thread_streamed_images;

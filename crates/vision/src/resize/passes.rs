@@ -65,6 +65,87 @@ pub(crate) fn horizontal(src: &[u8], in_w: usize, kernel: &Kernel, dst: &mut [u8
     }
 }
 
+/// [`horizontal`] by each of `kernels` into its `dsts` entry: the
+/// kernels that take the transposing pass share each strip's transpose
+/// ([`super::strip::strip`]); the others run one by one.
+pub(crate) fn horizontal_many(
+    src: &[u8],
+    in_w: usize,
+    kernels: &[&Kernel],
+    dsts: &mut [&mut [u8]],
+    parallel: bool,
+) {
+    let mut shared: Vec<(&Kernel, &mut [u8])> = Vec::new();
+    for (&kernel, dst) in kernels.iter().zip(dsts.iter_mut()) {
+        let blocked = kernel.blocks().is_some() && has_avx2();
+        if blocked || !shares_strips() {
+            horizontal(src, in_w, kernel, dst, parallel);
+        } else {
+            shared.push((kernel, dst));
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = super::madd::Simd::best().filter(|_| !shared.is_empty()) {
+        shared_strips(simd, (src, in_w), shared, parallel);
+    }
+}
+
+/// Whether [`horizontal_many`]'s strip kernels share their transposes
+/// (the vector strip pass exists on this CPU).
+fn shares_strips() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::madd::Simd::best().is_some()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The strips of `src` through every kernel of `shared` at once, a strip
+/// per task.
+#[cfg(target_arch = "x86_64")]
+fn shared_strips(
+    simd: super::madd::Simd,
+    (src, in_w): (&[u8], usize),
+    shared: Vec<(&Kernel, &mut [u8])>,
+    parallel: bool,
+) {
+    let in_row = in_w * 3;
+    let (kernels, dsts): (Vec<&Kernel>, Vec<&mut [u8]>) = shared.into_iter().unzip();
+    let widest = kernels.iter().map(|k| k.out_size()).max().unwrap_or(0);
+    // tasks[i]: strip i of every output.
+    let mut tasks: Vec<Vec<&mut [u8]>> = Vec::new();
+    for (kernel, dst) in kernels.iter().zip(dsts) {
+        let chunks = dst.chunks_mut(STRIP_ROWS * kernel.out_size() * 3);
+        for (i, chunk) in chunks.enumerate() {
+            match tasks.get_mut(i) {
+                Some(task) => task.push(chunk),
+                None => tasks.push(vec![chunk]),
+            }
+        }
+    }
+    let task = |(i, mut dst_strips): (usize, Vec<&mut [u8]>)| {
+        let rows = (src.len() / in_row - i * STRIP_ROWS).min(STRIP_ROWS);
+        let src_strip = &src[i * STRIP_ROWS * in_row..][..rows * in_row];
+        with_strip_buffer(super::strip::buffer_len(in_w, widest), |tmp| {
+            super::strip::strip(
+                simd,
+                (src_strip, in_w, rows),
+                &kernels,
+                tmp,
+                &mut dst_strips,
+            )
+        });
+    };
+    if parallel {
+        tasks.into_par_iter().enumerate().for_each(task);
+    } else {
+        tasks.into_iter().enumerate().for_each(task);
+    }
+}
+
 /// Vertical pass: `src` holds rows of `row_len` bytes; `dst` receives
 /// `kernel.out_size()` rows.
 pub(crate) fn vertical(
@@ -150,7 +231,7 @@ fn horizontal_strip(
 ) {
     #[cfg(target_arch = "x86_64")]
     if let Some(simd) = super::madd::Simd::best() {
-        super::strip::strip(simd, (src, in_w, rows), kernel, tmp, dst);
+        super::strip::strip(simd, (src, in_w, rows), &[kernel], tmp, &mut [dst]);
         return;
     }
     horizontal_strip_body(src, in_w, rows, kernel, tmp, dst);

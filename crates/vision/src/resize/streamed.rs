@@ -248,8 +248,14 @@ fn resize_rows_with(
         })?;
     }
     window.drain()?;
-    STREAMED.with(|n| n.set(n.get() + 1));
+    count_streamed();
     Ok(())
+}
+
+/// Counts one more image resized from a row source on this thread
+/// ([`thread_streamed_images`]).
+pub(crate) fn count_streamed() {
+    STREAMED.with(|n| n.set(n.get() + 1));
 }
 
 /// A sliding window of intermediate rows (source rows after the

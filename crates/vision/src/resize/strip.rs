@@ -90,33 +90,42 @@ pub(crate) fn buffer_len(in_w: usize, out_w: usize) -> usize {
 }
 
 /// Filters `rows` (at most [`ROWS`]) rows of `in_w` RGB pixels in `src`
-/// into `dst` (`rows` rows of `kernel.out_size()` pixels) with `simd`,
-/// which the CPU must have, and `buf` of at least [`buffer_len`] bytes as
-/// working memory.
+/// by each of `kernels` into its `dsts` entry (`rows` rows of its
+/// `out_size()` pixels) with `simd`, which the CPU must have, and `buf`
+/// of at least [`buffer_len`] bytes (for the widest output) as working
+/// memory. The column pairs are built once, over the columns any kernel
+/// reads, and filtered by every kernel.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn strip(
     simd: Simd,
     (src, in_w, rows): (&[u8], usize, usize),
-    kernel: &Kernel,
+    kernels: &[&Kernel],
     buf: &mut [u8],
-    dst: &mut [u8],
+    dsts: &mut [&mut [u8]],
 ) {
     assert!(simd.available(), "{simd:?} not supported by this CPU");
-    let out_w = kernel.out_size();
-    assert!(rows <= ROWS && src.len() >= rows * in_w * 3 && dst.len() >= rows * out_w * 3);
-    let buf = &mut buf[..buffer_len(in_w, out_w)];
+    assert!(rows <= ROWS && src.len() >= rows * in_w * 3 && kernels.len() == dsts.len());
+    let widest = kernels.iter().map(|k| k.out_size()).max().unwrap_or(0);
+    let buf = &mut buf[..buffer_len(in_w, widest)];
     let skip = buf.as_ptr().align_offset(ALIGN).min(ALIGN);
     let (pairs, out_cols) = buf[skip..].split_at_mut(in_w.div_ceil(2) * PAIR_BYTES);
-    let taps = kernel.pairs();
+    let reads = kernels.iter().map(|k| k.pairs().reads.clone());
+    let start = reads.clone().map(|r| r.start).min().unwrap_or(0);
+    let end = reads.map(|r| r.end).max().unwrap_or(0);
     // SAFETY: the CPU supports the instructions of `simd` (asserted).
-    unsafe {
-        columns_in(src, in_w, rows, taps.reads.clone(), pairs);
-        match simd {
-            Simd::Avx512Vnni => filter_avx512_vnni(pairs, taps, out_cols),
-            Simd::AvxVnni => filter_avx_vnni(pairs, taps, out_cols),
-            Simd::Avx2 => filter_avx2(pairs, taps, out_cols),
+    unsafe { columns_in(src, in_w, rows, start..end.max(start), pairs) };
+    for (kernel, dst) in kernels.iter().zip(dsts.iter_mut()) {
+        let (out_w, taps) = (kernel.out_size(), kernel.pairs());
+        assert!(dst.len() >= rows * out_w * 3);
+        // SAFETY: as above.
+        unsafe {
+            match simd {
+                Simd::Avx512Vnni => filter_avx512_vnni(pairs, taps, out_cols),
+                Simd::AvxVnni => filter_avx_vnni(pairs, taps, out_cols),
+                Simd::Avx2 => filter_avx2(pairs, taps, out_cols),
+            }
+            columns_out(&out_cols[..out_w * LANES], out_w, rows, dst);
         }
-        columns_out(&out_cols[..out_w * LANES], out_w, rows, dst);
     }
 }
 
@@ -145,12 +154,12 @@ fn columns_in(
     for px0 in (start..blocks_end).step_by(16) {
         // planes[c][i]: channel c of rows i (low half) and i + 8 (high).
         let mut planes = [[zero; 8]; 3];
+        let run = |r: usize| (r < rows).then(|| &src[r * in_row + px0 * 3..][..48]);
         for i in 0..8 {
-            let run = |r: usize| (r < rows).then(|| &src[r * in_row + px0 * 3..][..48]);
-            let [red, green, blue] = deinterleave_pair(run(i), run(i + 8));
-            planes[0][i] = red;
-            planes[1][i] = green;
-            planes[2][i] = blue;
+            let channels = deinterleave_pair(run(i), run(i + 8));
+            for (plane, channel) in planes.iter_mut().zip(channels) {
+                plane[i] = channel;
+            }
         }
         for (c, plane) in planes.iter_mut().enumerate() {
             transpose8x16(plane);
@@ -502,8 +511,17 @@ mod tests {
                     for simd in Simd::ALL.into_iter().filter(|s| s.available()) {
                         let mut buf = vec![0xAA; buffer_len(in_w, out_w)];
                         let mut dst = vec![0u8; rows * out_w * 3];
-                        strip(simd, (&src, in_w, rows), &kernel, &mut buf, &mut dst);
-                        assert_eq!(dst, expected, "{simd:?} {filter:?} {in_w}→{out_w}, {rows} rows");
+                        strip(
+                            simd,
+                            (&src, in_w, rows),
+                            &[&kernel],
+                            &mut buf,
+                            &mut [&mut dst],
+                        );
+                        assert_eq!(
+                            dst, expected,
+                            "{simd:?} {filter:?} {in_w}→{out_w}, {rows} rows"
+                        );
                     }
                 }
             }
@@ -522,7 +540,13 @@ mod tests {
         for simd in Simd::ALL.into_iter().filter(|s| s.available()) {
             let mut buf = vec![0x55; buffer_len(in_w, window.out_size())];
             let mut dst = vec![0u8; 16 * window.out_size() * 3];
-            strip(simd, (&src, in_w, 16), &window, &mut buf, &mut dst);
+            strip(
+                simd,
+                (&src, in_w, 16),
+                &[&window],
+                &mut buf,
+                &mut [&mut dst],
+            );
             assert_eq!(dst, reference(&src, in_w, 16, &window), "{simd:?}");
         }
         assert!(window.reads(0..window.out_size()).len() < in_w * 2 / 3);
