@@ -47,6 +47,7 @@ use crate::normalize::Normalization;
 use crate::output::OutputLayout;
 use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_into, Bicubic};
+use crate::scratch::ensure_len;
 use crate::tiles::{cut_frames, Cut, Each, Tiled};
 
 /// Which model family's rules an [`AnyresProcessor`] follows.
@@ -283,7 +284,7 @@ fn py_floor_div(a: f64, b: f64) -> f64 {
 
 /// Writes the `tile`×`tile` window at canvas position `origin` (row,
 /// column) of a canvas that is black except for `src` pasted at `offset`
-/// (row, column) into `out`.
+/// (row, column) into `out`: every byte once, the image's or a zero.
 fn padded_tile(
     src: RgbView<'_>,
     offset: (usize, usize),
@@ -291,26 +292,26 @@ fn padded_tile(
     tile: usize,
     out: &mut Vec<u8>,
 ) {
-    out.clear();
-    out.resize(tile * tile * 3, 0);
+    ensure_len(out, tile * tile * 3);
     let (oy, ox) = offset;
     let (top, left) = origin;
     // Canvas columns the window shares with the pasted image.
-    let x0 = left.max(ox);
-    let x1 = (left + tile).min(ox + src.width());
-    if x0 >= x1 {
-        return;
-    }
-    let len = (x1 - x0) * 3;
+    let x0 = left.max(ox).min(left + tile);
+    let x1 = (left + tile).min(ox + src.width()).max(x0);
+    let (before, len) = ((x0 - left) * 3, (x1 - x0) * 3);
     let data = src.data();
-    for row in 0..tile {
+    for (row, dst) in out.chunks_exact_mut(tile * 3).enumerate() {
         let y = top + row;
-        if y < oy || y >= oy + src.height() {
+        if y < oy || y >= oy + src.height() || len == 0 {
+            dst.fill(0);
             continue;
         }
         let from = ((y - oy) * src.width() + (x0 - ox)) * 3;
-        let to = (row * tile + (x0 - left)) * 3;
-        out[to..to + len].copy_from_slice(&data[from..from + len]);
+        let (head, rest) = dst.split_at_mut(before);
+        let (body, tail) = rest.split_at_mut(len);
+        head.fill(0);
+        body.copy_from_slice(&data[from..from + len]);
+        tail.fill(0);
     }
 }
 
@@ -566,6 +567,39 @@ mod tests {
         let expect = [0, 0, 0, 0, 1, 1, 0, 0, 0];
         for (px, e) in out.chunks(3).zip(expect) {
             assert_eq!(px, [200 * e; 3]);
+        }
+    }
+
+    #[test]
+    fn every_tile_byte_is_the_canvas_byte_whatever_the_buffer_held() {
+        let (w, h) = (7, 5);
+        let src: Vec<u8> = (0..w * h * 3).map(|i| (i % 251 + 1) as u8).collect();
+        let view = RgbView::new(&src, w, h).unwrap();
+        let tile = 4;
+        for offset in [(0, 0), (1, 0), (0, 1), (3, 2)] {
+            // The canvas: two tiles each way, the image pasted at `offset`.
+            let side = 2 * tile;
+            let canvas = |y: usize, x: usize, c: usize| {
+                let (iy, ix) = (y.wrapping_sub(offset.0), x.wrapping_sub(offset.1));
+                if iy < h && ix < w {
+                    src[(iy * w + ix) * 3 + c]
+                } else {
+                    0
+                }
+            };
+            for origin in [(0, 0), (0, tile), (tile, 0), (tile, tile)] {
+                // A short buffer, then a full one of stale bytes.
+                for mut out in [vec![0xAB; 5], vec![0xCD; tile * tile * 3]] {
+                    padded_tile(view, offset, origin, tile, &mut out);
+                    assert_eq!(out.len(), tile * tile * 3);
+                    for (i, &b) in out.iter().enumerate() {
+                        let (y, x, c) = (i / (tile * 3), i / 3 % tile, i % 3);
+                        assert!(y < side && x < side);
+                        let want = canvas(origin.0 + y, origin.1 + x, c);
+                        assert_eq!(b, want, "offset {offset:?} origin {origin:?} byte {i}");
+                    }
+                }
+            }
         }
     }
 }
