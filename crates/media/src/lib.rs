@@ -108,6 +108,31 @@ pub fn decode_data_url(url: &str, max_bytes: u64) -> Result<(Bytes, ImageFormat)
     Ok((image.bytes, format))
 }
 
+/// `data:` URLs longer than this are decoded on the blocking pool, off
+/// the async runtime (a 10 MB image's base64 takes milliseconds).
+const INLINE_DATA_URL_BYTES: usize = 64 << 10;
+
+/// [`data_url::decode`], on the blocking pool when `url` is long.
+async fn decode_off_runtime(
+    url: &str,
+    max_bytes: u64,
+    kind: MediaKind,
+) -> Result<data_url::DataImage, MediaError> {
+    if url.len() <= INLINE_DATA_URL_BYTES {
+        return data_url::decode(url, max_bytes, kind);
+    }
+    let url = url.to_owned();
+    match tokio::task::spawn_blocking(move || data_url::decode(&url, max_bytes, kind)).await {
+        Ok(result) => result,
+        // A panic in the decoder is a bug: let it surface as it would inline.
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(MediaError::Transport {
+            url: "data: URL".to_owned(),
+            reason: format!("the decoding task was cancelled: {e}"),
+        }),
+    }
+}
+
 /// Fetches image URLs under one [`MediaConfig`]. Holds one pooled HTTP
 /// client; cheap to clone (clones share the pool).
 #[derive(Debug, Clone)]
@@ -163,7 +188,7 @@ impl MediaFetcher {
 
     async fn fetch_inner(&self, url: &str, started: Instant) -> Result<Fetched, MediaError> {
         if data_url::is_data_url(url) {
-            let image = data_url::decode(url, self.max_bytes, self.kind)?;
+            let image = decode_off_runtime(url, self.max_bytes, self.kind).await?;
             return Ok(fetched(
                 image.bytes,
                 Some(image.mime),

@@ -33,6 +33,29 @@ async fn data_url_good() {
 }
 
 #[tokio::test]
+async fn a_long_data_url_decodes_off_the_runtime_with_the_same_rules() {
+    // Over 64 KB of base64: decoded on the blocking pool.
+    let mut big = JPEG.to_vec();
+    big.extend(std::iter::repeat_n(0u8, 200_000));
+    let got = fetcher(|_| {})
+        .fetch(&format!("data:image/jpeg;base64,{}", b64(&big)))
+        .await
+        .expect("valid");
+    assert_eq!(&got.bytes[..], &big[..]);
+    assert_eq!(got.format, Some(ImageFormat::Jpeg));
+    let err = fetcher(|_| {})
+        .fetch(&format!("data:image/png;base64,{}", b64(&big)))
+        .await
+        .expect_err("jpeg bytes declared png");
+    assert!(matches!(err, MediaError::TypeMismatch { .. }), "{err:?}");
+    let capped = fetcher(|c| c.max_bytes = 100_000)
+        .fetch(&format!("data:image/jpeg;base64,{}", b64(&big)))
+        .await
+        .expect_err("over the cap");
+    assert_eq!(capped.kind(), "too_large", "{capped:?}");
+}
+
+#[tokio::test]
 async fn data_url_mismatch_is_refused_with_clear_message() {
     let err = fetcher(|_| {})
         .fetch(&format!("data:image/png;base64,{}", b64(JPEG)))
