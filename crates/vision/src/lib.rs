@@ -69,7 +69,9 @@ pub use config::{
     internvl_from_config, llama4_from_config, phi4_from_config, pixtral_from_config,
     processor_from_config, processor_from_model_dir, qwen_from_config,
 };
-pub use decode::{decode, decode_with, probe, DecodeLimits, ImageFormat, ImageInfo};
+pub use decode::{
+    decode, decode_with, probe, thread_images_decoded_ahead, DecodeLimits, ImageFormat, ImageInfo,
+};
 pub use error::VisionError;
 pub use gemma3::{Gemma3Processor, PanAndScan};
 pub use geometry::{centre_crop_origin, shortest_edge_size, smart_resize, smart_resize_f64};

@@ -1,10 +1,13 @@
 //! The processor trait every model family implements, and per-request options.
 
-use crate::decode::{decode_into, sniff, DecodeLimits, ImageFormat, ImageInfo, RowDecoder};
+use crate::decode::{
+    decode_into, sniff, with_rows_ahead, DecodeLimits, ImageFormat, ImageInfo, RowDecoder,
+};
 use crate::error::VisionError;
 use crate::image::RgbView;
 use crate::output::{ItemTensor, OutputDtype, OutputLayout, PreprocessOutput};
 use crate::placeholders::PlaceholderLayout;
+use crate::resize::RowSource;
 use crate::scratch::{with_scratch, Scratch};
 
 /// Images with at least this many pixels are also split across threads
@@ -158,18 +161,47 @@ pub(crate) fn decode_then_preprocess<P: Processor + ?Sized>(
     result
 }
 
-/// A row-by-row decoder for `bytes` when a processor may stream them into
-/// its resize: a plain JPEG ([`RowDecoder::open`]) that is not to be split
-/// across threads ([`split_image`]). `Ok(None)`: decode the image whole.
+/// A plain JPEG's rows for a processor that streams them into its resize
+/// ([`RowDecoder::open`]). `Ok(None)`: decode the image whole.
 pub(crate) fn streamable_rows<'a>(
     bytes: &'a [u8],
     opts: &PreprocessOptions,
-) -> Result<Option<RowDecoder<'a>>, VisionError> {
+) -> Result<Option<StreamRows<'a>>, VisionError> {
     if sniff(bytes)? != ImageFormat::Jpeg {
         return Ok(None);
     }
-    let rows = RowDecoder::open(bytes, &opts.limits)?;
-    Ok(rows.filter(|r| !split_image(opts, r.width() * r.height())))
+    Ok(RowDecoder::open(bytes, &opts.limits)?.map(|decoder| {
+        let ahead = split_image(opts, decoder.width() * decoder.height());
+        StreamRows { decoder, ahead }
+    }))
+}
+
+/// A JPEG's rows ready to stream: on the calling thread, or, for an image
+/// to be split across threads ([`split_image`]), decoded ahead on a helper
+/// thread while the caller resizes ([`with_rows_ahead`]).
+pub(crate) struct StreamRows<'a> {
+    decoder: RowDecoder<'a>,
+    ahead: bool,
+}
+
+impl StreamRows<'_> {
+    /// Row width in pixels.
+    pub(crate) fn width(&self) -> usize {
+        self.decoder.width()
+    }
+
+    /// Number of rows.
+    pub(crate) fn height(&self) -> usize {
+        self.decoder.height()
+    }
+
+    /// Runs `f` on the rows.
+    pub(crate) fn run<R>(mut self, f: impl FnOnce(&mut dyn RowSource) -> R) -> R {
+        match self.ahead {
+            true => with_rows_ahead(self.decoder, f),
+            false => f(&mut self.decoder),
+        }
+    }
 }
 
 /// Whether one image of `pixels` should be split across threads.

@@ -182,7 +182,7 @@ impl QwenVlProcessor {
         opts: &PreprocessOptions,
         scratch: &mut Scratch,
     ) -> Result<Option<PreprocessOutput>, VisionError> {
-        let Some(mut rows) = streamable_rows(bytes, opts)? else {
+        let Some(rows) = streamable_rows(bytes, opts)? else {
             return Ok(None);
         };
         let (in_w, in_h) = (rows.width(), rows.height());
@@ -190,7 +190,7 @@ impl QwenVlProcessor {
         if !streams((in_w, in_h), (w, h)) {
             return Ok(None);
         }
-        self.run(Input::Rows(&mut rows), (w, h), opts.dtype, scratch)
+        rows.run(|src| self.run(Input::Rows(src), (w, h), opts.dtype, scratch))
             .map(Some)
     }
 }

@@ -17,7 +17,6 @@
 //! image at the top left of a padded canvas) and [`with_global`] (tiles
 //! plus a global frame when there are several).
 
-use crate::decode::RowDecoder;
 use crate::error::VisionError;
 use crate::image::RgbView;
 use crate::layout::{planar_chw, planar_rows};
@@ -29,7 +28,7 @@ use crate::processor::{
     decode_then_preprocess, fingerprint_of, split_image, streamable_rows, PreprocessOptions,
     Processor,
 };
-use crate::resize::{self, Bicubic};
+use crate::resize::{self, Bicubic, RowSource};
 use crate::scratch::{with_scratch, Scratch};
 
 /// What a family's frames are handed to: `(index, frame)`.
@@ -294,7 +293,7 @@ fn streamed<P: Tiled>(
     o: &PreprocessOptions,
     s: &mut Scratch,
 ) -> Result<Option<PreprocessOutput>, VisionError> {
-    let Some(mut rows) = streamable_rows(bytes, o)? else {
+    let Some(rows) = streamable_rows(bytes, o)? else {
         return Ok(None);
     };
     let input = (rows.width(), rows.height());
@@ -308,7 +307,7 @@ fn streamed<P: Tiled>(
             return Ok(None);
         }
         let scratch = (&mut s.decoded, &mut s.inter, &mut s.resized);
-        resize::resize_many_rows(&mut rows, filter, &sizes, scratch)?;
+        rows.run(|src| resize::resize_many_rows(src, filter, &sizes, scratch))?;
         let resized = resize::views(&s.resized, &sizes, None)?;
         let pixel_values = match o.dtype {
             OutputDtype::F32 => {
@@ -338,10 +337,12 @@ fn streamed<P: Tiled>(
             frames.height
         )));
     }
-    let pixel_values = match o.dtype {
-        OutputDtype::F32 => PixelValues::F32(one_frame(p, &mut rows, &resize, frames, s)?),
-        OutputDtype::Bf16 => PixelValues::Bf16(one_frame(p, &mut rows, &resize, frames, s)?),
-    };
+    let pixel_values = rows.run(|src| {
+        Ok::<_, VisionError>(match o.dtype {
+            OutputDtype::F32 => PixelValues::F32(one_frame(p, src, &resize, frames, s)?),
+            OutputDtype::Bf16 => PixelValues::Bf16(one_frame(p, src, &resize, frames, s)?),
+        })
+    })?;
     Ok(Some(PreprocessOutput::from_layout(
         pixel_values,
         layout,
@@ -353,7 +354,7 @@ fn streamed<P: Tiled>(
 /// rows of a recycled buffer as [`write_frames`] writes a frame.
 fn one_frame<P: Tiled, T: OutElem>(
     p: &P,
-    rows: &mut RowDecoder<'_>,
+    rows: &mut dyn RowSource,
     resize: &resize::WindowedResize,
     frames: Frames,
     s: &mut Scratch,

@@ -10,9 +10,9 @@ mod common;
 
 use common::read;
 use iris_vision::{
-    decode, processor_from_config, thread_streamed_images, AnyresProcessor, ClipProcessor,
-    DecodeLimits, Gemma3Processor, InternVlProcessor, OutputDtype, PixtralProcessor,
-    PreprocessOptions, Processor, QwenVlProcessor,
+    decode, processor_from_config, thread_images_decoded_ahead, thread_streamed_images,
+    AnyresProcessor, ClipProcessor, DecodeLimits, Gemma3Processor, InternVlProcessor, OutputDtype,
+    PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
 };
 
 fn qwen2() -> Box<dyn Processor> {
@@ -132,17 +132,43 @@ fn other_files_fall_back_to_the_whole_image_path() {
     }
 }
 
-#[test]
-fn intra_image_parallelism_takes_the_whole_image_path() {
-    let bytes = read("shared/motorcycle_1080p.jpg");
-    let opts = PreprocessOptions {
+/// Options for an image alone in the pool (split across threads).
+fn alone() -> PreprocessOptions {
+    PreprocessOptions {
         intra_image_parallel: true,
         ..PreprocessOptions::default()
-    };
-    assert_eq!(
-        same_bytes(qwen2().as_ref(), &bytes, opts, "1080p parallel"),
-        0
-    );
+    }
+}
+
+#[test]
+fn an_image_alone_in_the_pool_streams_its_rows_decoded_ahead() {
+    let bytes = read("shared/motorcycle_1080p.jpg");
+    let families: [(&str, Box<dyn Processor>); 8] = [
+        ("qwen2", qwen2()),
+        ("qwen3", qwen3()),
+        ("llava", Box::new(ClipProcessor::llava_1_5())),
+        ("pixtral", Box::new(PixtralProcessor::pixtral_12b())),
+        ("gemma3", Box::new(Gemma3Processor::gemma3())),
+        ("llava_next", Box::new(AnyresProcessor::llava_next())),
+        ("internvl", Box::new(InternVlProcessor::internvl3())),
+        (
+            "llava_onevision",
+            Box::new(AnyresProcessor::llava_onevision()),
+        ),
+    ];
+    for (name, p) in &families {
+        let before = thread_images_decoded_ahead();
+        let streamed = same_bytes(p.as_ref(), &bytes, alone(), name);
+        let ahead = thread_images_decoded_ahead() - before;
+        // OneVision's grid is this photo's own size: decoded whole.
+        let expect = if *name == "llava_onevision" { 0 } else { 2 };
+        assert_eq!((streamed, ahead), (expect, expect), "{name}");
+    }
+    // Below a megapixel an image is not split: rows on the calling thread.
+    let small = read("shared/coffee.jpg");
+    let before = thread_images_decoded_ahead();
+    assert_eq!(same_bytes(qwen2().as_ref(), &small, alone(), "coffee"), 2);
+    assert_eq!(thread_images_decoded_ahead(), before);
 }
 
 #[test]
@@ -161,12 +187,20 @@ fn corrupt_and_truncated_jpegs_fail_as_the_whole_image_path_does() {
     cases.push(("corrupt tail", tail));
     for (what, bad) in cases {
         let whole = decode(&bad, &DecodeLimits::default());
-        let before = thread_streamed_images();
-        let streamed = p.preprocess_bytes(&bad, &opts);
         assert!(whole.is_err(), "{what}: the whole-image decoder refuses it");
-        assert!(streamed.is_err(), "{what}: so does the streamed path");
-        assert_eq!(thread_streamed_images(), before, "{what}");
+        for opts in [opts, alone()] {
+            let before = thread_streamed_images();
+            let streamed = p.preprocess_bytes(&bad, &opts);
+            assert!(streamed.is_err(), "{what}: so does the streamed path");
+            assert_eq!(thread_streamed_images(), before, "{what}");
+        }
     }
+    // A 1080p photo cut short, decoded ahead: the error reaches the caller.
+    let photo = read("shared/motorcycle_1080p.jpg");
+    let cut = &photo[..photo.len() / 2];
+    let before = thread_images_decoded_ahead();
+    assert!(p.preprocess_bytes(cut, &alone()).is_err());
+    assert_eq!(thread_images_decoded_ahead(), before + 1);
     // Limits are checked before any row is decoded.
     let tight = PreprocessOptions {
         limits: DecodeLimits {
@@ -213,17 +247,6 @@ fn one_resize_families_stream_with_identical_output() {
             assert_eq!(streamed, expect, "{what}: streamed {streamed} of 2 calls");
         }
     }
-}
-
-#[test]
-fn an_image_alone_in_the_pool_is_split_not_streamed() {
-    let bytes = read("shared/motorcycle_1080p.jpg");
-    let opts = PreprocessOptions {
-        intra_image_parallel: true,
-        ..PreprocessOptions::default()
-    };
-    let p = PixtralProcessor::pixtral_12b();
-    assert_eq!(same_bytes(&p, &bytes, opts, "1080p alone"), 0);
 }
 
 #[test]
@@ -277,19 +300,11 @@ fn several_resize_families_stream_with_identical_output() {
         let expect = if *name == "llava_onevision" { 0 } else { 2 };
         assert_eq!(streamed, expect, "{name}: streamed {streamed} of 2 calls");
     }
-    // Split across threads, or OneVision's multi-image squares: whole.
-    let alone = PreprocessOptions {
-        intra_image_parallel: true,
-        ..opts
-    };
+    // OneVision's multi-image squares: decoded whole.
     let squares = PreprocessOptions {
         multi_image: true,
         ..opts
     };
-    assert_eq!(
-        same_bytes(families[0].1.as_ref(), &bytes, alone, "alone"),
-        0
-    );
     assert_eq!(
         same_bytes(families[1].1.as_ref(), &bytes, squares, "squares"),
         0

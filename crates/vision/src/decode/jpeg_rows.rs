@@ -71,6 +71,11 @@ pub(crate) struct RowDecoder<'a> {
     _bytes: std::marker::PhantomData<&'a [u8]>,
 }
 
+// SAFETY: a RowDecoder owns its libjpeg state alone (no other handle to
+// the shim exists, and libjpeg keeps no per-thread state), so it may be
+// moved to another thread; it is not Sync, so one thread uses it at a time.
+unsafe impl Send for RowDecoder<'_> {}
+
 impl Drop for RowDecoder<'_> {
     fn drop(&mut self) {
         // SAFETY: the shim came from iris_jpeg_rows_new and is freed once.

@@ -5,6 +5,7 @@
 //! Every decoder reads the header first and checks the declared size
 //! against [`DecodeLimits`] before allocating pixel memory.
 
+mod ahead;
 mod convert;
 mod gif;
 mod jpeg;
@@ -13,6 +14,8 @@ mod orientation;
 mod other;
 mod sniff;
 
+pub use ahead::thread_images_decoded_ahead;
+pub(crate) use ahead::with_rows_ahead;
 pub(crate) use jpeg::encode_rgb;
 pub(crate) use jpeg_rows::{RowDecoder, MAX_BATCH_ROWS};
 pub use orientation::Orientation;
