@@ -11,7 +11,9 @@ use crate::resize::RowSource;
 use crate::scratch::{with_scratch, Scratch};
 
 /// Images with at least this many pixels are also split across threads
-/// inside one image (resize strips, patch bands) when parallelism is allowed.
+/// inside one image when parallelism is allowed: a plain JPEG's rows are
+/// decoded ahead on a helper thread while the caller resizes them, other
+/// images' resize strips and patch bands go over the pool.
 pub const INTRA_IMAGE_PARALLEL_PIXELS: usize = 1 << 20;
 
 /// Per-request options.

@@ -278,15 +278,12 @@ impl<P: Tiled> Processor for P {
 }
 
 /// A JPEG streamed from its decoder through the family's one resize
-/// ([`Tiled::one_resize`]), or `None` when this image or plan does not
-/// stream (not a single-scan JPEG, rotated, split across threads, more
-/// than one resize) and must be decoded whole.
-///
-/// An image alone in the pool (`intra_image_parallel`, ≥ 1 Mpixel) is
-/// decoded whole and its resize split over the threads, as Qwen-VL's is:
-/// in the gateway, one 1080p request at a time (e2e/bench/family_stage.sh),
-/// streaming it on one thread instead measured no faster (LLaVA-1.5 9.3
-/// against 9.3 ms, Gemma 3 12.7 against 11.7, Pixtral 12.6 against 11.1).
+/// ([`Tiled::one_resize`]) or its whole-image resizes
+/// ([`Tiled::whole_resizes`]), or `None` when this image or plan does not
+/// stream (not a single-scan JPEG, rotated, a resize the rows cannot feed,
+/// a size equal to the image's) and must be decoded whole. An image alone
+/// in the pool (`intra_image_parallel`, ≥ 1 Mpixel) has its rows decoded
+/// ahead on a helper thread ([`crate::processor::StreamRows`]).
 fn streamed<P: Tiled>(
     p: &P,
     bytes: &[u8],

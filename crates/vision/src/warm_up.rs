@@ -6,8 +6,9 @@
 //! in, libjpeg-turbo and the allocator touch their first working memory.
 //! [`warm_up`] pays them at start, off any request's path, by
 //! preprocessing a synthetic 1080p JPEG on every thread of the pool, both
-//! ways the gateway runs an image (split across the pool when it is alone,
-//! on one thread when others are in flight). The tensors' own memory is
+//! ways the gateway runs an image (with a second thread when it is alone:
+//! its rows decoded ahead, or its resize split across the pool; on one
+//! thread when others are in flight). The tensors' own memory is
 //! prepared apart ([`crate::prepare_tensor_memory`]).
 
 use std::time::{Duration, Instant};

@@ -617,12 +617,12 @@ where
 }
 
 /// Whether an image is split across the CPU pool's threads, given the
-/// images already being preprocessed: only when it is alone. Alone, the
-/// split halves its latency (a request with one image at low load); with
-/// others in flight every thread is busy anyway, and the single-thread
-/// path costs less CPU per image (the vision crate decodes a JPEG row by
-/// row straight into the resize, without the whole-image buffers the
-/// split needs). The output is the same either way.
+/// images already being preprocessed: only when it is alone. Alone, a
+/// plain JPEG's rows are decoded ahead on a helper thread while its resize
+/// runs (other images' resizes go over the pool): lower latency for a
+/// request with one image at low load. With others in flight every thread
+/// is busy anyway, and one thread per image costs the least CPU. The
+/// output is the same either way.
 fn split_alone(others: usize) -> bool {
     others == 0
 }
