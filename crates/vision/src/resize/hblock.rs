@@ -30,7 +30,7 @@
 
 use super::kernel::{clip8, split_pair, Kernel, BIAS};
 #[cfg(target_arch = "x86_64")]
-use super::madd::{lo_start, unsplit, Avx2, Avx512Vnni, AvxVnni, PairMadd, Simd};
+use super::madd::{lo_start, unsplit_each, Avx2, Avx512Vnni, AvxVnni, PairMadd, Simd};
 
 /// Output pixels per block.
 const BLOCK_PX: usize = 8;
@@ -285,9 +285,7 @@ impl BlockKernel {
                 // SAFETY: the CPU supports AVX2 (caller).
                 let bytes = unsafe {
                     let [h, l] = [hi[r], lo[r]];
-                    let a0 = unsplit(h[0], l[0]);
-                    let a1 = unsplit(h[1], l[1]);
-                    let a2 = unsplit(h[2], l[2]);
+                    let [a0, a1, a2] = unsplit_each(h, l);
                     // Saturating packs clamp to 0..=255 exactly like `clip8`
                     // (|sum >> 22| is far below i16's range). Per 128-bit
                     // lane the bytes come out as [a0 a1 a2 a2] dwords;

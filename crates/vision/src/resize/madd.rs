@@ -22,6 +22,24 @@ pub(crate) fn unsplit(hi: __m256i, lo: __m256i) -> __m256i {
     _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(sum)
 }
 
+/// [`unsplit`] of each accumulator pair (inlined into the caller, which
+/// enables AVX2; a closure would not inherit it).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[inline(always)]
+pub(crate) unsafe fn unsplit_each<const N: usize>(
+    hi: [__m256i; N],
+    lo: [__m256i; N],
+) -> [__m256i; N] {
+    let mut out = hi;
+    for k in 0..N {
+        // SAFETY: the CPU supports AVX2 (caller).
+        out[k] = unsafe { unsplit(hi[k], lo[k]) };
+    }
+    out
+}
+
 /// The starting value of a `lo` accumulator: the rounding bias.
 #[target_feature(enable = "avx2")]
 #[inline]

@@ -371,57 +371,7 @@ pub(crate) fn views<'a>(
 mod tests {
     use super::*;
     use crate::resize::resize_with;
-
-    fn noise(len: usize, seed: u32) -> Vec<u8> {
-        let mut state = seed.wrapping_mul(2_654_435_761).max(1);
-        (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                (state >> 7) as u8
-            })
-            .collect()
-    }
-
-    /// Rows of an in-memory image, `step` at a time; `height` may claim
-    /// more rows than `data` holds (a truncated source).
-    struct Rows<'a> {
-        data: &'a [u8],
-        width: usize,
-        height: usize,
-        next: usize,
-        step: usize,
-    }
-
-    impl<'a> Rows<'a> {
-        fn new(data: &'a [u8], (width, height): (usize, usize), step: usize) -> Self {
-            Rows {
-                data,
-                width,
-                height,
-                next: 0,
-                step,
-            }
-        }
-    }
-
-    impl RowSource for Rows<'_> {
-        fn width(&self) -> usize {
-            self.width
-        }
-        fn height(&self) -> usize {
-            self.height
-        }
-        fn read(&mut self, dst: &mut [u8]) -> Result<usize, VisionError> {
-            let row = self.width * 3;
-            let held = self.data.len() / row;
-            let n = self.step.min(held - self.next).min(dst.len() / row);
-            dst[..n * row].copy_from_slice(&self.data[self.next * row..][..n * row]);
-            self.next += n;
-            Ok(n)
-        }
-    }
+    use crate::resize::testing::{noise, Memory};
 
     #[test]
     fn every_resize_equals_its_own_resize() {
@@ -449,14 +399,13 @@ mod tests {
                     let got: Vec<u8> = views.iter().flat_map(|v| v.data().to_vec()).collect();
                     assert_eq!(got, expected, "{filter:?} {w}x{h} → {sizes:?} whole");
                 }
-                for step in [1, 7, 16] {
-                    let mut rows = Rows::new(&data, (w, h), step);
-                    let (mut batch, mut inter, mut out) = (Vec::new(), Vec::new(), Vec::new());
-                    let scratch = (&mut batch, &mut inter, &mut out);
-                    resize_many_rows(&mut rows, filter, sizes, scratch).unwrap();
-                    assert_eq!(out, expected, "{filter:?} {w}x{h} → {sizes:?} by {step}");
-                    assert_eq!(views(&out, sizes, None).unwrap().len(), sizes.len());
-                }
+                // Batches of 1, 2, … 16 rows in turn.
+                let mut rows = Memory::new(&data, w, h);
+                let (mut batch, mut inter, mut out) = (Vec::new(), Vec::new(), Vec::new());
+                let scratch = (&mut batch, &mut inter, &mut out);
+                resize_many_rows(&mut rows, filter, sizes, scratch).unwrap();
+                assert_eq!(out, expected, "{filter:?} {w}x{h} → {sizes:?} by rows");
+                assert_eq!(views(&out, sizes, None).unwrap().len(), sizes.len());
             }
         }
     }
@@ -464,7 +413,7 @@ mod tests {
     #[test]
     fn refuses_a_short_source_and_a_vertical_first_resize() {
         let data = noise(40 * 30 * 3, 5);
-        let mut rows = Rows::new(&data, (40, 31), 16);
+        let mut rows = Memory::new(&data, 40, 31);
         let (mut batch, mut inter, mut out) = (Vec::new(), Vec::new(), Vec::new());
         let scratch = (&mut batch, &mut inter, &mut out);
         let short = resize_many_rows(&mut rows, Bicubic::Pillow, &[(20, 15)], scratch);

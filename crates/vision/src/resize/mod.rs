@@ -14,6 +14,8 @@ mod many;
 mod passes;
 mod streamed;
 mod strip;
+#[cfg(test)]
+mod testing;
 #[cfg(target_arch = "x86_64")]
 mod vmadd;
 

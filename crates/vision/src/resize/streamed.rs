@@ -362,57 +362,7 @@ impl Window<'_, '_> {
 mod tests {
     use super::*;
     use crate::resize::resize_into;
-
-    /// Rows of an in-memory image, handed out in batches of cycling sizes
-    /// (1, 2, … `MAX_BATCH_ROWS`); optionally failing at its end.
-    struct Memory<'a> {
-        data: &'a [u8],
-        width: usize,
-        height: usize,
-        row: usize,
-        calls: usize,
-        bad_end: bool,
-    }
-
-    impl<'a> Memory<'a> {
-        fn new(data: &'a [u8], width: usize, height: usize) -> Self {
-            Memory {
-                data,
-                width,
-                height,
-                row: 0,
-                calls: 0,
-                bad_end: false,
-            }
-        }
-    }
-
-    impl RowSource for Memory<'_> {
-        fn width(&self) -> usize {
-            self.width
-        }
-
-        fn height(&self) -> usize {
-            self.height
-        }
-
-        fn read(&mut self, dst: &mut [u8]) -> Result<usize, VisionError> {
-            let pitch = self.width * 3;
-            if self.row == self.height {
-                return match self.bad_end {
-                    true => Err(VisionError::Geometry("corrupt end".into())),
-                    false => Ok(0),
-                };
-            }
-            self.calls += 1;
-            let rows = (self.calls % MAX_BATCH_ROWS + 1)
-                .min(dst.len() / pitch)
-                .min(self.height - self.row);
-            dst[..rows * pitch].copy_from_slice(&self.data[self.row * pitch..][..rows * pitch]);
-            self.row += rows;
-            Ok(rows)
-        }
-    }
+    use crate::resize::testing::Memory;
 
     fn noise(w: usize, h: usize) -> Vec<u8> {
         let mut s = (w * 31 + h * 7) as u32 | 1;

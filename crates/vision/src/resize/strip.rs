@@ -34,7 +34,7 @@ use std::arch::x86_64::*;
 
 use super::kernel::{split_pair, Kernel};
 #[cfg(target_arch = "x86_64")]
-use super::madd::{lo_start, unsplit, Avx2, Avx512Vnni, AvxVnni, PairMadd, Simd};
+use super::madd::{lo_start, unsplit_each, Avx2, Avx512Vnni, AvxVnni, PairMadd, Simd};
 
 /// Rows filtered together.
 pub(crate) const ROWS: usize = 16;
@@ -241,17 +241,7 @@ unsafe fn filter_body<M: PairMadd>(pairs: &[u8], taps: &PairTaps, out_cols: &mut
             }
         }
         // SAFETY: as above; `out` is LANES = 48 writable bytes.
-        unsafe {
-            let r = [
-                unsplit(hi[0], lo[0]),
-                unsplit(hi[1], lo[1]),
-                unsplit(hi[2], lo[2]),
-                unsplit(hi[3], lo[3]),
-                unsplit(hi[4], lo[4]),
-                unsplit(hi[5], lo[5]),
-            ];
-            store_column(r, out);
-        }
+        unsafe { store_column(unsplit_each(hi, lo), out) };
     }
 }
 
@@ -446,6 +436,7 @@ fn transpose16(m: &mut [__m128i; 16]) {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::super::kernel::{Bicubic, Kernel, BIAS};
+    use super::super::testing::noise;
     use super::*;
 
     /// The portable strip body, for comparison.
@@ -464,18 +455,6 @@ mod tests {
             }
         }
         dst
-    }
-
-    fn noise(len: usize, seed: u32) -> Vec<u8> {
-        let mut state = seed.wrapping_mul(2_654_435_761).max(1);
-        (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                (state >> 7) as u8
-            })
-            .collect()
     }
 
     #[test]

@@ -3,13 +3,13 @@
 //!
 //! The bytes of two tap rows are interleaved into 16-bit pairs and
 //! multiplied by the split weight pairs ([`split_pair`], `hi·2¹¹ + lo`);
-//! the two sums are recombined by [`unsplit`] into Pillow's
+//! the two sums are recombined by [`unsplit_each`] into Pillow's
 //! `Σ v·w + bias` exactly. With VNNI the multiply-add also accumulates
 //! (one instruction per pair and half, where AVX2 needs an add too). The
 //! clip is two saturating packs, as in the horizontal pass.
 
 use super::kernel::{clip8, split_pair, BIAS};
-use super::madd::{lo_start, unsplit, Avx2, Avx512Vnni, AvxVnni, PairMadd, Simd};
+use super::madd::{lo_start, unsplit_each, Avx2, Avx512Vnni, AvxVnni, PairMadd, Simd};
 
 /// Most taps handled here (more: the plain multiply-add).
 pub(crate) const MAX_TAPS: usize = 16;
@@ -103,14 +103,7 @@ unsafe fn row_body<M: PairMadd>(src: &[u8], row_len: usize, weights: &[i32], out
         }
         // SAFETY: as above; `chunk` is 32 writable bytes.
         unsafe {
-            // (No closure here: it would not inherit the target features,
-            // and `unsplit` would not be inlined.)
-            let r = [
-                unsplit(hi[0], lo[0]),
-                unsplit(hi[1], lo[1]),
-                unsplit(hi[2], lo[2]),
-                unsplit(hi[3], lo[3]),
-            ];
+            let r = unsplit_each(hi, lo);
             // Per lane: packs keep byte order (0–7, then 8–15); the
             // saturating packs are Pillow's clip to 0..=255.
             let bytes = _mm256_packus_epi16(
