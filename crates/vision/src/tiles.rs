@@ -376,12 +376,13 @@ fn cut_written<P: Tiled, T: OutElem>(
     buf: &mut Vec<u8>,
 ) -> Result<PooledVec<T>, VisionError> {
     let mut out = PooledVec::<T>::take(frames.count * frames.len());
-    let (per, lut) = (frames.len(), p.lut::<T>());
-    p.cut_resized(plan, resized, buf, &mut |i, frame| {
-        if let Some(chunk) = out.get_mut(i * per..(i + 1) * per) {
-            planar_chw(frame, &lut, chunk);
-        }
-    })?;
+    let lut = p.lut::<T>();
+    p.cut_resized(
+        plan,
+        resized,
+        buf,
+        &mut frame_writer(&mut out, frames, &lut),
+    )?;
     Ok(out)
 }
 
@@ -395,7 +396,10 @@ pub(crate) fn cut_frames<P: Tiled + ?Sized>(
     each: Each<'_>,
 ) -> Result<(), VisionError> {
     let Some((filter, sizes)) = p.whole_resizes(cut.plan) else {
-        return p.cut_resized(cut.plan, &[], &mut cut.scratch.cropped, each);
+        return Err(VisionError::Geometry(format!(
+            "{}: this plan's frames are not cut from whole-image resizes",
+            p.name()
+        )));
     };
     let image = cut.image;
     let (inter, resized, cropped, raw) = cut.scratch.buffers();
@@ -430,13 +434,24 @@ pub(crate) fn write_frames<P: Tiled + ?Sized, T: OutElem>(
     cut: &mut Cut<'_, P::Plan>,
     out: &mut [T],
 ) -> Result<(), VisionError> {
-    let per = cut.frames.len();
     let lut = p.lut::<T>();
-    p.frames(cut, &mut |i, frame| {
+    let mut write = frame_writer(out, cut.frames, &lut);
+    p.frames(cut, &mut write)
+}
+
+/// What a frame handed out as `(index, frame)` goes to: normalised
+/// through `lut`, planar, at its index's place in `out`.
+fn frame_writer<'a, T: OutElem>(
+    out: &'a mut [T],
+    frames: Frames,
+    lut: &'a Lut<T>,
+) -> impl FnMut(usize, RgbView<'_>) + 'a {
+    let per = frames.len();
+    move |i, frame| {
         if let Some(chunk) = out.get_mut(i * per..(i + 1) * per) {
-            planar_chw(frame, &lut, chunk);
+            planar_chw(frame, lut, chunk);
         }
-    })
+    }
 }
 
 /// [`Tiled::plan`] after the refusal every tiled family shares: an image

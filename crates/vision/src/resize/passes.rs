@@ -14,6 +14,7 @@
 //! The inner loops are compiled twice, for the baseline target and for AVX2
 //! (chosen at run time), from one generic body.
 
+use super::hblock::BlockKernel;
 use super::kernel::{clip8, Kernel, BIAS};
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -36,7 +37,7 @@ thread_local! {
 pub(crate) fn horizontal(src: &[u8], in_w: usize, kernel: &Kernel, dst: &mut [u8], parallel: bool) {
     let out_row = kernel.out_size() * 3;
     let in_row = in_w * 3;
-    if let Some(blocks) = kernel.blocks().filter(|_| has_avx2()) {
+    if let Some(blocks) = blocked(kernel) {
         let task = |(i, dst_rows): (usize, &mut [u8])| {
             let rows = dst_rows.len() / out_row;
             let src_rows = &src[i * BLOCK_TASK_ROWS * in_row..][..rows * in_row];
@@ -50,11 +51,16 @@ pub(crate) fn horizontal(src: &[u8], in_w: usize, kernel: &Kernel, dst: &mut [u8
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = super::madd::Simd::best() {
+        strips(simd, (src, in_w), vec![(kernel, dst)], parallel);
+        return;
+    }
     let strip = |(i, dst_strip): (usize, &mut [u8])| {
         let rows = dst_strip.len() / out_row;
         let src_strip = &src[i * STRIP_ROWS * in_row..][..rows * in_row];
         with_strip_buffer(super::strip::buffer_len(in_w, kernel.out_size()), |tmp| {
-            horizontal_strip(src_strip, in_w, rows, kernel, tmp, dst_strip)
+            horizontal_strip_body(src_strip, in_w, rows, kernel, tmp, dst_strip)
         });
     };
     let chunk = STRIP_ROWS * out_row;
@@ -75,45 +81,42 @@ pub(crate) fn horizontal_many(
     dsts: &mut [&mut [u8]],
     parallel: bool,
 ) {
-    let mut shared: Vec<(&Kernel, &mut [u8])> = Vec::new();
-    for (&kernel, dst) in kernels.iter().zip(dsts.iter_mut()) {
-        let blocked = kernel.blocks().is_some() && has_avx2();
-        if blocked || !shares_strips() {
-            horizontal(src, in_w, kernel, dst, parallel);
-        } else {
-            shared.push((kernel, dst));
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = super::madd::Simd::best() {
+        let mut shared: Vec<(&Kernel, &mut [u8])> = Vec::new();
+        for (&kernel, dst) in kernels.iter().zip(dsts.iter_mut()) {
+            match blocked(kernel) {
+                Some(_) => horizontal(src, in_w, kernel, dst, parallel),
+                None => shared.push((kernel, dst)),
+            }
         }
+        if !shared.is_empty() {
+            strips(simd, (src, in_w), shared, parallel);
+        }
+        return;
     }
-    #[cfg(target_arch = "x86_64")]
-    if let Some(simd) = super::madd::Simd::best().filter(|_| !shared.is_empty()) {
-        shared_strips(simd, (src, in_w), shared, parallel);
-    }
-}
-
-/// Whether [`horizontal_many`]'s strip kernels share their transposes
-/// (the vector strip pass exists on this CPU).
-fn shares_strips() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::madd::Simd::best().is_some()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+    for (&kernel, dst) in kernels.iter().zip(dsts.iter_mut()) {
+        horizontal(src, in_w, kernel, dst, parallel);
     }
 }
 
-/// The strips of `src` through every kernel of `shared` at once, a strip
-/// per task.
+/// The blocked form of `kernel` when the blocked pass takes it (the scale
+/// suits it and the CPU has its vector body).
+fn blocked(kernel: &Kernel) -> Option<&BlockKernel> {
+    kernel.blocks().filter(|_| has_avx2())
+}
+
+/// The transposing pass over the strips of `src` by every kernel of
+/// `kernels` at once (each into its own output), a strip per task.
 #[cfg(target_arch = "x86_64")]
-fn shared_strips(
+fn strips(
     simd: super::madd::Simd,
     (src, in_w): (&[u8], usize),
-    shared: Vec<(&Kernel, &mut [u8])>,
+    kernels: Vec<(&Kernel, &mut [u8])>,
     parallel: bool,
 ) {
     let in_row = in_w * 3;
-    let (kernels, dsts): (Vec<&Kernel>, Vec<&mut [u8]>) = shared.into_iter().unzip();
+    let (kernels, dsts): (Vec<&Kernel>, Vec<&mut [u8]>) = kernels.into_iter().unzip();
     let widest = kernels.iter().map(|k| k.out_size()).max().unwrap_or(0);
     // tasks[i]: strip i of every output.
     let mut tasks: Vec<Vec<&mut [u8]>> = Vec::new();
@@ -219,22 +222,6 @@ pub(crate) fn with_thread_buffer<R>(
         cell.set(buf);
         result
     })
-}
-
-fn horizontal_strip(
-    src: &[u8],
-    in_w: usize,
-    rows: usize,
-    kernel: &Kernel,
-    tmp: &mut [u8],
-    dst: &mut [u8],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(simd) = super::madd::Simd::best() {
-        super::strip::strip(simd, (src, in_w, rows), &[kernel], tmp, &mut [dst]);
-        return;
-    }
-    horizontal_strip_body(src, in_w, rows, kernel, tmp, dst);
 }
 
 fn vertical_row(src: &[u8], row_len: usize, weights: &[i32], out: &mut [u8]) {
