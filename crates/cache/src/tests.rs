@@ -391,18 +391,22 @@ async fn a_panicking_leader_hands_over_to_a_waiter() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_waiter_does_not_disturb_the_leader() {
     let cache = Arc::new(Cache::new(1 << 20));
-    let gate = Arc::new(Semaphore::new(0));
+    let (started, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
     let leader = {
-        let (cache, gate) = (cache.clone(), gate.clone());
+        let (cache, started, gate) = (cache.clone(), started.clone(), gate.clone());
         tokio::spawn(async move {
             cache
                 .get_or_compute(key(1), || async move {
+                    started.add_permits(1);
                     let _permit = gate.acquire().await.map_err(|e| e.to_string())?;
                     Ok(tensor(4))
                 })
                 .await
         })
     };
+    // The waiter must not run first: it would lead, finish, and leave no
+    // computation to wait on.
+    within(started.acquire()).await.unwrap().forget();
     let waiter = {
         let cache = cache.clone();
         tokio::spawn(async move {
