@@ -12,6 +12,7 @@
 //! 2.0 ms for f32 — and an AVX2 gather from the same table (2.3 ms), so
 //! the former vector writer was removed (docs/vision.md).
 
+use crate::byte_lookup;
 use crate::image::RgbView;
 use crate::normalize::{Lut, Normalization, OutElem};
 use crate::stream;
@@ -187,10 +188,13 @@ pub(crate) fn planar_chw<T: OutElem>(img: RgbView<'_>, lut: &Lut<T>, out: &mut [
 
 /// Writes the rows of `band` as rows `first ..` of the planar `[3, H, W]`
 /// tensor `out` (whose planes are a third of it each). Each chunk of
-/// pixels is normalised into three small cache-resident buffers, then
-/// streamed to its place in the three planes ([`crate::stream`]): the
-/// output (21.7 MB for InternVL's nine frames of a 1080p photo) is written
-/// once, without first being read into the cache.
+/// pixels is normalised into three small cache-resident buffers (64
+/// pixels at a time by byte permutes with AVX-512 VBMI, [`byte_lookup`];
+/// one at a time otherwise and for the last few), then streamed to its
+/// place in the three planes ([`crate::stream`]): the output (21.7 MB for
+/// InternVL's nine frames of a 1080p photo) is written once, without
+/// first being read into the cache. (Streaming the permutes' vectors
+/// straight to the planes measured slower than staging them.)
 pub(crate) fn planar_rows<T: OutElem>(
     band: RgbView<'_>,
     lut: &Lut<T>,
@@ -206,7 +210,9 @@ pub(crate) fn planar_rows<T: OutElem>(
     let (sg, sb) = rest.split_at_mut(PLANAR_CHUNK);
     for (i, pixels) in band.data().chunks(3 * PLANAR_CHUNK).enumerate() {
         let n = pixels.len() / 3;
-        for (j, px) in pixels.chunks_exact(3).enumerate() {
+        let staged = [&mut *sr, &mut *sg, &mut *sb].map(|s| bytemuck::cast_slice_mut(s));
+        let done = byte_lookup::planar(pixels, &lut.1, staged);
+        for (j, px) in pixels.chunks_exact(3).enumerate().skip(done) {
             sr[j] = lut.0[0][usize::from(px[0])];
             sg[j] = lut.0[1][usize::from(px[1])];
             sb[j] = lut.0[2][usize::from(px[2])];

@@ -32,6 +32,7 @@
 //! has the details.
 
 mod batch;
+mod byte_lookup;
 mod clip;
 mod config;
 pub mod debug;

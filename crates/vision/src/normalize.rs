@@ -4,6 +4,8 @@
 
 use half::bf16;
 
+use crate::byte_lookup::BytePlanes;
+
 use crate::pool::PoolElem;
 
 /// Output element types: f32 and bf16.
@@ -103,10 +105,18 @@ impl Normalization {
     }
 }
 
-/// Three 256-entry tables: `0[c][v]` is the output for value `v` of channel `c`.
-pub(crate) struct Lut<T>(pub [[T; 256]; 3]);
+/// Three 256-entry tables: `0[c][v]` is the output for value `v` of
+/// channel `c`; `1` holds them as byte planes for the vector lookup
+/// ([`crate::byte_lookup`]).
+pub(crate) struct Lut<T>(pub [[T; 256]; 3], pub BytePlanes);
 
 impl<T: OutElem> Lut<T> {
+    /// The lookup of `tables`.
+    pub(crate) fn new(tables: [[T; 256]; 3]) -> Self {
+        let planes = BytePlanes::new(&tables);
+        Lut(tables, planes)
+    }
+
     /// Tables of `value(v, c)`, converted to `T`.
     fn build(value: impl Fn(u8, usize) -> f32) -> Self {
         let mut tables = [[T::default(); 256]; 3];
@@ -115,6 +125,6 @@ impl<T: OutElem> Lut<T> {
                 *slot = T::from_f32(value(v as u8, c));
             }
         }
-        Lut(tables)
+        Lut::new(tables)
     }
 }

@@ -191,7 +191,7 @@ fn cubic_taps(input: usize, output: usize) -> Vec<CubicTaps> {
 /// as torchvision returns an image already at the size).
 fn global_frame<T: OutElem>(canvas: RgbView<'_>, lut: &Lut<f32>, side: usize, out: &mut [T]) {
     if (canvas.width(), canvas.height()) == (side, side) {
-        let rounded = Lut(lut.0.map(|table| table.map(T::from_f32)));
+        let rounded = Lut::new(lut.0.map(|table| table.map(T::from_f32)));
         planar_chw(canvas, &rounded, out);
         return;
     }

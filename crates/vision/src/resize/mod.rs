@@ -15,7 +15,7 @@ mod passes;
 mod streamed;
 mod strip;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 #[cfg(target_arch = "x86_64")]
 mod vmadd;
 
