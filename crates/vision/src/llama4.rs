@@ -38,8 +38,8 @@ use crate::normalize::{Lut, Normalization, OutElem};
 use crate::output::{ItemTensor, OutputLayout};
 use crate::placeholders::{self, PlaceholderLayout};
 use crate::processor::PreprocessOptions;
-use crate::resize::{self, resize_copy, Bicubic};
-use crate::tiles::{cut_tiles, pad_into, padded_canvas_bytes, with_global, Cut, Each, Tiled};
+use crate::resize::{self, Bicubic};
+use crate::tiles::{cut_frames, padded_tile, with_global, Cut, Each, Tiled};
 
 /// The Llama 4 image processor.
 #[derive(Debug, Clone, PartialEq)]
@@ -249,8 +249,9 @@ impl Tiled for Llama4Processor {
     /// The canvas's, and the global tile's resize.
     fn buffer_bytes(&self, plan: &Plan, input: (u64, u64)) -> u64 {
         let t = self.tile as u64;
-        let canvas = padded_canvas_bytes(input, plan.resized, plan.tiles(), self.tile);
-        canvas + resize::working_bytes(input, (t, t))
+        let (w, h) = (plan.resized.0 as u64, plan.resized.1 as u64);
+        let resizes = resize::working_bytes(input, (w, h)) + resize::working_bytes(input, (t, t));
+        resizes + 3 * t * t
     }
 
     fn norm(&self) -> &Normalization {
@@ -263,19 +264,47 @@ impl Tiled for Llama4Processor {
 
     /// The canvas's tiles row by row, then the global tile.
     fn frames(&self, cut: &mut Cut<'_, Self::Plan>, each: Each<'_>) -> Result<(), VisionError> {
-        let (image, parallel) = (cut.image, cut.parallel);
-        let plan = cut.plan;
+        cut_frames(self, cut, each)
+    }
+
+    /// The image resized to fit the canvas, and to one tile (the global
+    /// tile) when the canvas has several.
+    fn whole_resizes(&self, plan: &Plan) -> Option<(Bicubic, Vec<(usize, usize)>)> {
+        let mut sizes = vec![plan.resized];
+        if plan.tiles() > 1 {
+            sizes.push((self.tile, self.tile));
+        }
+        Some((Bicubic::TorchBilinear, sizes))
+    }
+
+    /// The canvas's tiles row by row (the resized image at its top left,
+    /// black around it), then the global tile.
+    fn cut_resized(
+        &self,
+        plan: &Plan,
+        resized: &[RgbView<'_>],
+        buf: &mut Vec<u8>,
+        each: Each<'_>,
+    ) -> Result<(), VisionError> {
+        let (scaled, global) = match (plan.tiles(), resized) {
+            (1, &[scaled]) => (scaled, None),
+            (tiles, &[scaled, global]) if tiles > 1 => (scaled, Some(global)),
+            _ => {
+                return Err(VisionError::Geometry(format!(
+                    "llama4: {} resized images for {} tiles",
+                    resized.len(),
+                    plan.tiles()
+                )))
+            }
+        };
         let t = self.tile;
-        let filter = Bicubic::TorchBilinear;
-        let (inter, resized, cropped, raw) = cut.scratch.buffers();
-        resize_copy(filter, image, plan.resized, inter, resized, parallel)?;
-        let (canvas_w, canvas_h) = (plan.cols * t, plan.rows * t);
-        pad_into(resized, plan.resized, (canvas_w, canvas_h), 0, cropped);
-        let canvas = RgbView::new(cropped, canvas_w, canvas_h)?;
-        let tiles = cut_tiles(canvas, (t, t), raw, each)?;
-        if tiles > 1 {
-            resize_copy(filter, image, (t, t), inter, raw, parallel)?;
-            each(tiles, RgbView::new(raw, t, t)?);
+        for i in 0..plan.tiles() {
+            let origin = ((i / plan.cols) * t, (i % plan.cols) * t);
+            padded_tile(scaled, (0, 0), origin, t, buf);
+            each(i, RgbView::new(buf, t, t)?);
+        }
+        if let Some(global) = global {
+            each(plan.tiles(), global);
         }
         Ok(())
     }

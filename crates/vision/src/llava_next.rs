@@ -47,8 +47,7 @@ use crate::normalize::Normalization;
 use crate::output::OutputLayout;
 use crate::processor::PreprocessOptions;
 use crate::resize::{self, resize_into, Bicubic};
-use crate::scratch::ensure_len;
-use crate::tiles::{cut_frames, Cut, Each, Tiled};
+use crate::tiles::{cut_frames, padded_tile, Cut, Each, Tiled};
 
 /// Which model family's rules an [`AnyresProcessor`] follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -279,39 +278,6 @@ fn py_floor_div(a: f64, b: f64) -> f64 {
         floored
     } else {
         0.0f64.copysign(a / b)
-    }
-}
-
-/// Writes the `tile`×`tile` window at canvas position `origin` (row,
-/// column) of a canvas that is black except for `src` pasted at `offset`
-/// (row, column) into `out`: every byte once, the image's or a zero.
-fn padded_tile(
-    src: RgbView<'_>,
-    offset: (usize, usize),
-    origin: (usize, usize),
-    tile: usize,
-    out: &mut Vec<u8>,
-) {
-    ensure_len(out, tile * tile * 3);
-    let (oy, ox) = offset;
-    let (top, left) = origin;
-    // Canvas columns the window shares with the pasted image.
-    let x0 = left.max(ox).min(left + tile);
-    let x1 = (left + tile).min(ox + src.width()).max(x0);
-    let (before, len) = ((x0 - left) * 3, (x1 - x0) * 3);
-    let data = src.data();
-    for (row, dst) in out.chunks_exact_mut(tile * 3).enumerate() {
-        let y = top + row;
-        if y < oy || y >= oy + src.height() || len == 0 {
-            dst.fill(0);
-            continue;
-        }
-        let from = ((y - oy) * src.width() + (x0 - ox)) * 3;
-        let (head, rest) = dst.split_at_mut(before);
-        let (body, tail) = rest.split_at_mut(len);
-        head.fill(0);
-        body.copy_from_slice(&data[from..from + len]);
-        tail.fill(0);
     }
 }
 

@@ -29,7 +29,7 @@ use crate::processor::{
     Processor,
 };
 use crate::resize::{self, Bicubic, RowSource};
-use crate::scratch::{with_scratch, Scratch};
+use crate::scratch::{ensure_len, with_scratch, Scratch};
 
 /// What a family's frames are handed to: `(index, frame)`.
 pub(crate) type Each<'a> = &'a mut dyn FnMut(usize, RgbView<'_>);
@@ -502,7 +502,7 @@ pub(crate) fn cut_tiles(
     Ok(tiles)
 }
 
-/// Peak bytes of a padded canvas's frames (Llama 4, Phi-4): resizing an
+/// Peak bytes of a padded canvas's frames (Phi-4): resizing an
 /// `input` image to `resized` (`(width, height)`), the canvas of `tiles`
 /// square tiles of `side` it is padded into, and one tile cut from it.
 pub(crate) fn padded_canvas_bytes(
@@ -516,7 +516,7 @@ pub(crate) fn padded_canvas_bytes(
 }
 
 /// `src` (`w`×`h`) at the top left of a `canvas_w`×`canvas_h` image of
-/// `fill` (every channel) in `out`: Llama 4's black padding, Phi-4's white.
+/// `fill` (every channel) in `out`: Phi-4's white padding.
 pub(crate) fn pad_into(
     src: &[u8],
     (w, h): (usize, usize),
@@ -530,6 +530,39 @@ pub(crate) fn pad_into(
         let start = y * canvas_w * 3;
         let len = row.len().min(canvas_w * 3);
         out[start..start + len].copy_from_slice(&row[..len]);
+    }
+}
+
+/// Writes the `tile`×`tile` window at canvas position `origin` (row,
+/// column) of a canvas that is black except for `src` pasted at `offset`
+/// (row, column) into `out`: every byte once, the image's or a zero.
+pub(crate) fn padded_tile(
+    src: RgbView<'_>,
+    offset: (usize, usize),
+    origin: (usize, usize),
+    tile: usize,
+    out: &mut Vec<u8>,
+) {
+    ensure_len(out, tile * tile * 3);
+    let (oy, ox) = offset;
+    let (top, left) = origin;
+    // Canvas columns the window shares with the pasted image.
+    let x0 = left.max(ox).min(left + tile);
+    let x1 = (left + tile).min(ox + src.width()).max(x0);
+    let (before, len) = ((x0 - left) * 3, (x1 - x0) * 3);
+    let data = src.data();
+    for (row, dst) in out.chunks_exact_mut(tile * 3).enumerate() {
+        let y = top + row;
+        if y < oy || y >= oy + src.height() || len == 0 {
+            dst.fill(0);
+            continue;
+        }
+        let from = ((y - oy) * src.width() + (x0 - ox)) * 3;
+        let (head, rest) = dst.split_at_mut(before);
+        let (body, tail) = rest.split_at_mut(len);
+        head.fill(0);
+        body.copy_from_slice(&data[from..from + len]);
+        tail.fill(0);
     }
 }
 

@@ -11,8 +11,8 @@ mod common;
 use common::read;
 use iris_vision::{
     decode, processor_from_config, thread_images_decoded_ahead, thread_streamed_images,
-    AnyresProcessor, ClipProcessor, DecodeLimits, Gemma3Processor, InternVlProcessor, OutputDtype,
-    PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
+    AnyresProcessor, ClipProcessor, DecodeLimits, Gemma3Processor, InternVlProcessor,
+    Llama4Processor, OutputDtype, PixtralProcessor, PreprocessOptions, Processor, QwenVlProcessor,
 };
 
 fn qwen2() -> Box<dyn Processor> {
@@ -143,8 +143,9 @@ fn alone() -> PreprocessOptions {
 #[test]
 fn an_image_alone_in_the_pool_streams_its_rows_decoded_ahead() {
     let bytes = read("shared/motorcycle_1080p.jpg");
-    let families: [(&str, Box<dyn Processor>); 8] = [
+    let families: [(&str, Box<dyn Processor>); 9] = [
         ("qwen2", qwen2()),
+        ("llama4", Box::new(Llama4Processor::llama4())),
         ("qwen3", qwen3()),
         ("llava", Box::new(ClipProcessor::llava_1_5())),
         ("pixtral", Box::new(PixtralProcessor::pixtral_12b())),
@@ -264,8 +265,9 @@ fn pan_and_scan_crops_take_the_whole_image_path() {
 
 #[test]
 fn several_resize_families_stream_with_identical_output() {
-    let families: [(&str, Box<dyn Processor>); 4] = [
+    let families: [(&str, Box<dyn Processor>); 5] = [
         ("llava_next", Box::new(AnyresProcessor::llava_next())),
+        ("llama4", Box::new(Llama4Processor::llama4())),
         (
             "llava_onevision",
             Box::new(AnyresProcessor::llava_onevision()),
@@ -291,8 +293,9 @@ fn several_resize_families_stream_with_identical_output() {
             );
         }
     }
-    // The 1080p photo: LLaVA-NeXT's base tile and 672x378 grid and
-    // InternVL's canvas and thumbnail are resized from the decoder's rows;
+    // The 1080p photo: LLaVA-NeXT's base tile and 672x378 grid, Llama 4's
+    // canvas and global tile, and InternVL's canvas and thumbnail are
+    // resized from the decoder's rows;
     // OneVision's grid is the photo's own size, so it is decoded whole.
     let bytes = read("shared/motorcycle_1080p.jpg");
     for (name, p) in &families {
@@ -306,7 +309,7 @@ fn several_resize_families_stream_with_identical_output() {
         ..opts
     };
     assert_eq!(
-        same_bytes(families[1].1.as_ref(), &bytes, squares, "squares"),
+        same_bytes(families[2].1.as_ref(), &bytes, squares, "squares"),
         0
     );
 }
