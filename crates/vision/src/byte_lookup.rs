@@ -247,24 +247,20 @@ mod tests {
 
     #[test]
     fn every_entry_and_position_matches_the_scalar_lookup() {
-        // Tables whose entries all differ, byte by byte: a misplaced byte
-        // or pixel shows.
+        // Tables whose entries differ from each other in every byte, and
+        // from channel to channel: a misplaced byte, pixel or channel
+        // shows (the comparison is of bytes, so any bit pattern will do).
+        let byte =
+            |v: usize, c: usize, k: u8| (v as u8).rotate_left(u32::from(k)) ^ (c as u8 * 37 + k);
         let distinct_f32: [[f32; 256]; 3] = std::array::from_fn(|c| {
-            std::array::from_fn(|v| {
-                f32::from_bits(
-                    0x3f00_0000
-                        + (c as u32) * 0x0102_0304
-                        + (v as u32) * 0x0001_0101
-                        + v as u32 * 7,
-                )
-            })
+            std::array::from_fn(|v| f32::from_le_bytes([0, 1, 2, 3].map(|k| byte(v, c, k))))
         });
         check(&distinct_f32);
         let norm = Normalization::CLIP;
         check(&norm.lut::<f32>().0);
         check(&norm.lut::<bf16>().0);
         let distinct_bf16: [[bf16; 256]; 3] = std::array::from_fn(|c| {
-            std::array::from_fn(|v| bf16::from_bits((c as u16) << 12 | (v as u16) * 3 + 1))
+            std::array::from_fn(|v| bf16::from_le_bytes([0, 1].map(|k| byte(v, c, k))))
         });
         check(&distinct_bf16);
     }
