@@ -44,7 +44,7 @@ use crate::output::{ItemTensor, OutputLayout};
 use crate::placeholders::{self, PlaceholderLayout};
 use crate::processor::PreprocessOptions;
 use crate::resize::{self, Bicubic};
-use crate::tiles::{cut_frames, cut_tiles, with_global, Cut, Each, Tiled};
+use crate::tiles::{cut_frames, cut_tiles, tiles_and_global, with_global, Cut, Each, Tiled};
 
 /// ImageNet mean, the shipped InternVL configs' `image_mean`.
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
@@ -254,18 +254,11 @@ impl Tiled for InternVlProcessor {
         each: Each<'_>,
     ) -> Result<(), VisionError> {
         let (th, tw) = self.tile;
-        match (grid.tiles(), resized) {
-            (1, &[whole]) => each(0, whole),
-            (_, &[canvas, thumbnail]) => {
+        match tiles_and_global("internvl", grid.tiles(), resized)? {
+            (whole, None) => each(0, whole),
+            (canvas, Some(thumbnail)) => {
                 let tiles = cut_tiles(canvas, (tw, th), buf, each)?;
                 each(tiles, thumbnail);
-            }
-            _ => {
-                return Err(VisionError::Geometry(format!(
-                    "internvl: {} resized images for {} tiles",
-                    resized.len(),
-                    grid.tiles()
-                )))
             }
         }
         Ok(())

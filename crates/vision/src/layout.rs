@@ -211,7 +211,7 @@ pub(crate) fn planar_rows<T: OutElem>(
     for (i, pixels) in band.data().chunks(3 * PLANAR_CHUNK).enumerate() {
         let n = pixels.len() / 3;
         let staged = [&mut *sr, &mut *sg, &mut *sb].map(|s| bytemuck::cast_slice_mut(s));
-        let done = byte_lookup::planar(pixels, &lut.1, staged);
+        let done = byte_lookup::planar(pixels, lut.planes(), staged);
         for (j, px) in pixels.chunks_exact(3).enumerate().skip(done) {
             sr[j] = lut.0[0][usize::from(px[0])];
             sg[j] = lut.0[1][usize::from(px[1])];

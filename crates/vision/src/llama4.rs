@@ -39,7 +39,7 @@ use crate::output::{ItemTensor, OutputLayout};
 use crate::placeholders::{self, PlaceholderLayout};
 use crate::processor::PreprocessOptions;
 use crate::resize::{self, Bicubic};
-use crate::tiles::{cut_frames, padded_tile, with_global, Cut, Each, Tiled};
+use crate::tiles::{cut_frames, padded_tile, tiles_and_global, with_global, Cut, Each, Tiled};
 
 /// The Llama 4 image processor.
 #[derive(Debug, Clone, PartialEq)]
@@ -286,17 +286,7 @@ impl Tiled for Llama4Processor {
         buf: &mut Vec<u8>,
         each: Each<'_>,
     ) -> Result<(), VisionError> {
-        let (scaled, global) = match (plan.tiles(), resized) {
-            (1, &[scaled]) => (scaled, None),
-            (tiles, &[scaled, global]) if tiles > 1 => (scaled, Some(global)),
-            _ => {
-                return Err(VisionError::Geometry(format!(
-                    "llama4: {} resized images for {} tiles",
-                    resized.len(),
-                    plan.tiles()
-                )))
-            }
-        };
+        let (scaled, global) = tiles_and_global("llama4", plan.tiles(), resized)?;
         let t = self.tile;
         for i in 0..plan.tiles() {
             let origin = ((i / plan.cols) * t, (i % plan.cols) * t);

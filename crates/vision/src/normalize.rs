@@ -2,10 +2,11 @@
 //! output dtype: `((v · rescale) as f32 − mean) / std`, computed the way the
 //! reference does (f64 rescale, then f32 arithmetic).
 
+use std::sync::OnceLock;
+
 use half::bf16;
 
 use crate::byte_lookup::BytePlanes;
-
 use crate::pool::PoolElem;
 
 /// Output element types: f32 and bf16.
@@ -107,14 +108,19 @@ impl Normalization {
 
 /// Three 256-entry tables: `0[c][v]` is the output for value `v` of
 /// channel `c`; `1` holds them as byte planes for the vector lookup
-/// ([`crate::byte_lookup`]).
-pub(crate) struct Lut<T>(pub [[T; 256]; 3], pub BytePlanes);
+/// ([`crate::byte_lookup`]), built on first use: the planar writer asks
+/// for them, the patch writers never do.
+pub(crate) struct Lut<T>(pub [[T; 256]; 3], OnceLock<BytePlanes>);
 
 impl<T: OutElem> Lut<T> {
     /// The lookup of `tables`.
     pub(crate) fn new(tables: [[T; 256]; 3]) -> Self {
-        let planes = BytePlanes::new(&tables);
-        Lut(tables, planes)
+        Lut(tables, OnceLock::new())
+    }
+
+    /// The tables as byte planes.
+    pub(crate) fn planes(&self) -> &BytePlanes {
+        self.1.get_or_init(|| BytePlanes::new(&self.0))
     }
 
     /// Tables of `value(v, c)`, converted to `T`.

@@ -484,6 +484,25 @@ pub(crate) fn with_global(tiles: usize) -> usize {
     }
 }
 
+/// [`Tiled::cut_resized`]'s images for a plan of `tiles` tiles with a
+/// global frame after them when there are several ([`with_global`]): the
+/// image the tiles come from, and the global frame's. Refuses any other
+/// count.
+pub(crate) fn tiles_and_global<'a>(
+    name: &str,
+    tiles: usize,
+    resized: &[RgbView<'a>],
+) -> Result<(RgbView<'a>, Option<RgbView<'a>>), VisionError> {
+    match (tiles, resized) {
+        (1, &[whole]) => Ok((whole, None)),
+        (n, &[whole, global]) if n > 1 => Ok((whole, Some(global))),
+        _ => Err(VisionError::Geometry(format!(
+            "{name}: {} resized images for {tiles} tiles",
+            resized.len()
+        ))),
+    }
+}
+
 /// Cuts `canvas` (whole tiles on both sides) into `(width, height)`
 /// tiles row by row, through `buf`, handing tile `i` to `each` as index
 /// `i`. Returns the number of tiles.
