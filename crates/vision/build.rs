@@ -1,12 +1,15 @@
 //! Compiles the row-by-row JPEG decoding shim (`src/decode/jpeg_rows.c`)
-//! against the libjpeg-turbo that `turbojpeg-sys` builds and links.
+//! and its Huffman decoder (`src/decode/jpeg_huffman.c`) against the
+//! libjpeg-turbo that `turbojpeg-sys` builds and links.
 
 fn main() {
-    let source = "src/decode/jpeg_rows.c";
-    println!("cargo:rerun-if-changed={source}");
+    let sources = ["src/decode/jpeg_rows.c", "src/decode/jpeg_huffman.c"];
+    for file in sources.iter().chain(&["src/decode/jpeg_huffman.h"]) {
+        println!("cargo:rerun-if-changed={file}");
+    }
     println!("cargo:rerun-if-env-changed=DEP_TURBOJPEG_INCLUDE");
     let mut build = cc::Build::new();
-    build.file(source).warnings(true);
+    build.files(sources).warnings(true);
     // turbojpeg-sys (`links = "turbojpeg"`) exports its header directories,
     // comma-separated: jpeglib.h and the jconfig.h of the very build linked.
     if let Ok(dirs) = std::env::var("DEP_TURBOJPEG_INCLUDE") {

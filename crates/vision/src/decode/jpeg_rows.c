@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jpeglib.h"
+#include "jpeg_huffman.h"
 
 typedef struct iris_jpeg_rows {
   struct jpeg_decompress_struct cinfo;
@@ -27,6 +27,7 @@ typedef struct iris_jpeg_rows {
   jmp_buf jump;
   char message[JMSG_LENGTH_MAX];
   int created;
+  iris_huffman huffman;
 } iris_jpeg_rows;
 
 static void iris_error_exit(j_common_ptr cinfo)
@@ -92,13 +93,14 @@ const char *iris_jpeg_rows_message(const iris_jpeg_rows *self)
 
 /*
  * Reads the headers of `data` (which must outlive the decoder) and starts
- * decompression. Returns 1 when started (size in *width, *height), 0 when
+ * decompression, the entropy decoding done by jpeg_huffman.c when
+ * `own_huffman` is set and the file allows (libjpeg's otherwise). Returns 1 when started (size in *width, *height), 0 when
  * the file has several scans (not streamed; nothing started), -1 on error
  * (see iris_jpeg_rows_message).
  */
 int iris_jpeg_rows_start(iris_jpeg_rows *self, const unsigned char *data,
-                         unsigned long len, unsigned int *width,
-                         unsigned int *height)
+                         unsigned long len, int own_huffman,
+                         unsigned int *width, unsigned int *height)
 {
   j_decompress_ptr cinfo = &self->cinfo;
   if (setjmp(self->jump)) {
@@ -117,6 +119,7 @@ int iris_jpeg_rows_start(iris_jpeg_rows *self, const unsigned char *data,
   cinfo->scale_num = 1;
   cinfo->scale_denom = 1;
   jpeg_start_decompress(cinfo);
+  if (own_huffman) iris_huffman_install(cinfo, &self->huffman);
   *width = cinfo->output_width;
   *height = cinfo->output_height;
   return 1;

@@ -38,6 +38,16 @@ const CROP_MARGIN: usize = 32;
 /// loads of the batch stalled).
 const CROP_ALIGN: usize = 64;
 
+/// Who decodes the Huffman-coded data of a sequential file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Entropy {
+    /// `jpeg_huffman.c`: the same coefficients, faster (the default).
+    Iris,
+    /// libjpeg's own decoder (tests compare against it).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Libjpeg,
+}
+
 #[repr(C)]
 struct Shim {
     _opaque: [u8; 0],
@@ -51,6 +61,7 @@ extern "C" {
         shim: *mut Shim,
         data: *const u8,
         len: c_ulong,
+        own_huffman: c_int,
         width: *mut c_uint,
         height: *mut c_uint,
     ) -> c_int;
@@ -92,6 +103,15 @@ impl<'a> RowDecoder<'a> {
         bytes: &'a [u8],
         limits: &DecodeLimits,
     ) -> Result<Option<RowDecoder<'a>>, VisionError> {
+        Self::open_with(bytes, limits, Entropy::Iris)
+    }
+
+    /// [`Self::open`], with the entropy decoding done by `entropy`.
+    fn open_with(
+        bytes: &'a [u8],
+        limits: &DecodeLimits,
+        entropy: Entropy,
+    ) -> Result<Option<RowDecoder<'a>>, VisionError> {
         let header = TurboJpeg::decompressor()?.header(bytes)?;
         limits.check(ImageFormat::Jpeg, header.width as u64, header.height as u64)?;
         let rotated = exif_block(bytes)
@@ -116,7 +136,14 @@ impl<'a> RowDecoder<'a> {
         // SAFETY: valid shim; `bytes` outlives the decoder (lifetime 'a),
         // and the out-pointers are valid for the call.
         let rc = unsafe {
-            iris_jpeg_rows_start(shim, bytes.as_ptr(), bytes.len() as c_ulong, &mut w, &mut h)
+            iris_jpeg_rows_start(
+                shim,
+                bytes.as_ptr(),
+                bytes.len() as c_ulong,
+                c_int::from(entropy == Entropy::Iris),
+                &mut w,
+                &mut h,
+            )
         };
         match rc {
             1 => {}
@@ -295,6 +322,162 @@ mod tests {
             if name.starts_with("shared/motorcycle") {
                 assert!(width < w * 2 / 3, "{name}: {width} of {w} columns decoded");
             }
+        }
+    }
+
+    /// All rows of `bytes` through [`RowDecoder`] with `entropy`: the
+    /// pixels, or the error's text. `None`: the file does not stream.
+    fn rows_with(bytes: &[u8], entropy: Entropy) -> Option<Result<Vec<u8>, String>> {
+        let mut rows = match RowDecoder::open_with(bytes, &DecodeLimits::default(), entropy) {
+            Ok(Some(rows)) => rows,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(e.to_string())),
+        };
+        let mut out = vec![0u8; rows.width() * 3 * rows.height()];
+        let mut at = 0;
+        loop {
+            match rows.read(&mut out[at..]) {
+                Ok(0) => return Some(Ok(out)),
+                Ok(got) => at += got * rows.width() * 3,
+                Err(e) => return Some(Err(e.to_string())),
+            }
+        }
+    }
+
+    /// Where the entropy-coded data of `bytes` starts (after SOS) and ends
+    /// (the EOI marker).
+    fn scan_span(bytes: &[u8]) -> std::ops::Range<usize> {
+        let sos = bytes
+            .windows(2)
+            .position(|w| w == [0xFF, 0xDA])
+            .expect("SOS");
+        let len = usize::from(bytes[sos + 2]) << 8 | usize::from(bytes[sos + 3]);
+        let eoi = bytes.len() - 2;
+        assert_eq!(&bytes[eoi..], &[0xFF, 0xD9]);
+        sos + 2 + len..eoi
+    }
+
+    const SEQUENTIAL: [&str; 8] = [
+        "baseline.jpg",
+        "q420_1x1.jpg",
+        "q420_35x29.jpg",
+        "q422_41x19.jpg",
+        "q444_37x23.jpg",
+        "q420_restart_rows.jpg",
+        "q444_restart_blocks.jpg",
+        "grey.jpg",
+    ];
+
+    #[test]
+    fn iris_huffman_decoding_gives_libjpegs_pixels() {
+        let names = SEQUENTIAL.iter().map(|n| n.to_string()).chain(
+            [
+                "astronaut.jpg",
+                "coffee.jpg",
+                "hubble_deep_field.jpg",
+                "motorcycle_1080p.jpg",
+            ]
+            .map(|n| format!("shared/{n}")),
+        );
+        for name in names.chain(["rgb_keep_rgb.jpg".to_string()]) {
+            let bytes = file(&name);
+            let ours = rows_with(&bytes, Entropy::Iris).expect("streams");
+            let theirs = rows_with(&bytes, Entropy::Libjpeg).expect("streams");
+            assert!(ours.is_ok(), "{name}: {ours:?}");
+            assert!(ours == theirs, "{name}: pixels differ");
+        }
+    }
+
+    /// A decode's outcome without its pixels, for messages.
+    fn outcome(result: &Option<Result<Vec<u8>, String>>) -> Option<Result<usize, &str>> {
+        result
+            .as_ref()
+            .map(|r| r.as_ref().map(Vec::len).map_err(String::as_str))
+    }
+
+    /// Damaged files: every outcome libjpeg's decoder has, this one has
+    /// too (the same pixels, or an error), but for one documented case:
+    /// bytes the data does not use before a marker are passed over, where
+    /// libjpeg warns about those beyond its read-ahead.
+    #[test]
+    fn iris_huffman_decoding_fails_where_libjpeg_does() {
+        let mut cases = 0;
+        for name in SEQUENTIAL {
+            let clean = file(name);
+            let scan = scan_span(&clean);
+            let step = (scan.len() / 40).max(1);
+            let mut damaged = Vec::new();
+            for at in (scan.start..scan.end).step_by(step) {
+                // Cut short, with and without an EOI marker after the cut.
+                damaged.push(("cut", clean[..at].to_vec()));
+                damaged.push(("cut+EOI", [&clean[..at], &[0xFF, 0xD9][..]].concat()));
+                // Bits flipped.
+                for flip in [0x01u8, 0x10, 0x80] {
+                    let mut bytes = clean.clone();
+                    bytes[at] ^= flip;
+                    damaged.push(("flip", bytes));
+                }
+                // A stray marker inside the data.
+                let mut bytes = clean.clone();
+                bytes.splice(at..at, [0xFF, 0xC4]);
+                damaged.push(("marker", bytes));
+            }
+            for (kind, bytes) in damaged {
+                let ours = rows_with(&bytes, Entropy::Iris);
+                let theirs = rows_with(&bytes, Entropy::Libjpeg);
+                cases += 1;
+                match (&ours, &theirs) {
+                    (Some(Ok(a)), Some(Ok(b))) => assert!(a == b, "{name} {kind}: pixels differ"),
+                    (Some(Err(_)), Some(Err(_))) | (None, None) => {}
+                    (Some(Ok(_)), Some(Err(e))) if e.contains("extraneous bytes") => {}
+                    _ => panic!(
+                        "{name} {kind}: ours {:?}, libjpeg {:?}",
+                        outcome(&ours),
+                        outcome(&theirs)
+                    ),
+                }
+            }
+        }
+        assert!(cases > 1000, "{cases} damaged files");
+    }
+
+    /// `junk` inserted at `at` of `name`, decoded by both decoders: ours
+    /// gives the clean file's pixels; libjpeg gives them too or warns
+    /// about extraneous bytes.
+    fn junk_is_passed_over(name: &str, at: usize, junk: &[u8]) {
+        let clean = file(name);
+        let expected = rows_with(&clean, Entropy::Iris)
+            .expect("streams")
+            .expect("clean");
+        let bytes = [&clean[..at], junk, &clean[at..]].concat();
+        let ours = rows_with(&bytes, Entropy::Iris).expect("streams");
+        assert!(
+            ours.as_ref().ok() == Some(&expected),
+            "{name}: {:?}",
+            outcome(&Some(ours))
+        );
+        match rows_with(&bytes, Entropy::Libjpeg).expect("streams") {
+            Ok(pixels) => assert!(pixels == expected, "{name}: libjpeg's pixels"),
+            Err(e) => assert!(e.contains("extraneous bytes"), "{name}: {e}"),
+        }
+    }
+
+    #[test]
+    fn bytes_the_data_does_not_use_are_passed_over() {
+        let junks: [&[u8]; 3] = [&[0x00], &[0x12, 0x34], &[0x5A; 12]];
+        for junk in junks {
+            // Before EOI.
+            let end = scan_span(&file("q420_35x29.jpg")).end;
+            junk_is_passed_over("q420_35x29.jpg", end, junk);
+            // Before a restart marker.
+            let clean = file("q420_restart_rows.jpg");
+            let scan = scan_span(&clean);
+            let rst = scan.start
+                + clean[scan]
+                    .windows(2)
+                    .position(|w| w[0] == 0xFF && (0xD0..=0xD7).contains(&w[1]))
+                    .expect("a restart marker");
+            junk_is_passed_over("q420_restart_rows.jpg", rst, junk);
         }
     }
 

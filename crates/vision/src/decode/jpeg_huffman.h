@@ -1,0 +1,69 @@
+/*
+ * Baseline Huffman entropy decoding in place of libjpeg's, for
+ * jpeg_rows.c: see jpeg_huffman.c.
+ */
+
+#ifndef IRIS_JPEG_HUFFMAN_H
+#define IRIS_JPEG_HUFFMAN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "jpeglib.h"
+#include "jerror.h"
+
+/*
+ * The libjpeg-internal structure this decoder takes the place of, as
+ * libjpeg-turbo 3.1 lays it out (jpegint.h, which is not installed).
+ */
+struct jpeg_entropy_decoder {
+  void (*start_pass)(j_decompress_ptr cinfo);
+  boolean (*decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
+  void *decode_mcus; /* lossless mode only */
+  boolean (*process_restart)(j_decompress_ptr cinfo);
+  boolean insufficient_data;
+};
+
+/* Bits looked up at once: codes with their extra bits up to this long
+ * decode in one step (95 % of a 1080p photo's symbols at 11; 10 and 12
+ * measured slower: more two-step symbols, or tables that crowd the L1). */
+#define IRIS_HUFF_FAST_BITS 11
+
+typedef struct iris_huff_table {
+  uint32_t fast[1 << IRIS_HUFF_FAST_BITS];
+  int32_t maxcode[17];
+  int32_t valoffset[17];
+  uint8_t huffval[256];
+} iris_huff_table;
+
+typedef struct iris_huffman {
+  /* First, so that cinfo->entropy can point here. */
+  struct jpeg_entropy_decoder pub;
+  /* libjpeg's own decoder, put back if a new scan starts. */
+  struct jpeg_entropy_decoder *libjpeg;
+  j_decompress_ptr cinfo;
+  /* The bit reader (see jpeg_huffman.c) between MCUs. */
+  uint64_t bits;
+  const JOCTET *p;
+  int nbits;
+  int marker;
+  /* The end of the source's buffer. */
+  const JOCTET *end;
+  int last_dc[MAX_COMPS_IN_SCAN];
+  unsigned int restarts_to_go;
+  uint64_t mcus, total_mcus;
+  /* Whether the CPU has BMI2 (shifts by a register that leave the flags
+   * alone, a cycle shorter). */
+  int bmi2;
+  const iris_huff_table *dc[MAX_COMPS_IN_SCAN], *ac[MAX_COMPS_IN_SCAN];
+  iris_huff_table dc_tables[NUM_HUFF_TBLS], ac_tables[NUM_HUFF_TBLS];
+} iris_huffman;
+
+/*
+ * After jpeg_start_decompress: decodes the scan with `h` (which must
+ * outlive the decode) when it is a single sequential Huffman scan of
+ * 8-bit samples. Returns 1 when installed, 0 when libjpeg keeps it.
+ */
+int iris_huffman_install(j_decompress_ptr cinfo, iris_huffman *h);
+
+#endif
