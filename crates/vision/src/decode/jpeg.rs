@@ -3,9 +3,11 @@
 //! libjpeg's YCbCr→RGB tables, as `PIL.Image.open(...).convert("RGB")` does.
 //!
 //! libjpeg-turbo is built from the source vendored in `turbojpeg-sys` (see
-//! docs/vision.md for the version) and called through its TurboJPEG 3 API,
-//! which catches libjpeg's errors with `setjmp` inside the C library and
-//! returns them, so a corrupt file never aborts the process. Warnings (a
+//! docs/vision.md for the version). Sequential files are decoded through
+//! its scanline API ([`super::jpeg_rows`], with Iris's own Huffman
+//! decoding: the same coefficients, faster), everything else through its
+//! TurboJPEG 3 API. Both catch libjpeg's errors with `setjmp` inside C and
+//! return them, so a corrupt file never aborts the process. Warnings (a
 //! truncated stream, corrupt entropy data) are turned into errors
 //! (`TJPARAM_STOPONWARNING`): Pillow refuses truncated JPEGs too.
 //!
@@ -20,6 +22,7 @@ use std::ffi::{c_int, CStr};
 use turbojpeg_sys as tj;
 
 use super::convert::{to_rgb, Layout};
+use super::jpeg_rows::{Entropy, RowDecoder};
 use super::orientation::Orientation;
 use super::{DecodeLimits, ImageFormat, ImageInfo};
 use crate::error::VisionError;
@@ -227,9 +230,14 @@ pub(super) fn decode(
         to_rgb(Layout::Cmyk8, raw, out);
     } else {
         // Greyscale is expanded by libjpeg (each grey value replicated),
-        // exactly as Pillow's `convert("RGB")` of an `L` image.
+        // exactly as Pillow's `convert("RGB")` of an `L` image. Sequential
+        // files go through the row decoder for its faster Huffman decoding
+        // (the same pixels); progressive ones through TurboJPEG.
         ensure_len(out, w * h * 3);
-        decompressor.decompress(bytes, out, &header, tj::TJPF_TJPF_RGB)?;
+        match RowDecoder::start(bytes, &header, Entropy::Iris)? {
+            Some(rows) => rows.read_all(&mut out[..w * h * 3])?,
+            None => decompressor.decompress(bytes, out, &header, tj::TJPF_TJPF_RGB)?,
+        }
     }
     Ok((w, h, orientation))
 }

@@ -16,7 +16,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_ulong, CStr};
 
-use super::jpeg::{exif_block, TurboJpeg};
+use super::jpeg::{exif_block, Header, TurboJpeg};
 use super::orientation::Orientation;
 use super::{DecodeLimits, ImageFormat};
 use crate::error::VisionError;
@@ -40,7 +40,7 @@ const CROP_ALIGN: usize = 64;
 
 /// Who decodes the Huffman-coded data of a sequential file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Entropy {
+pub(super) enum Entropy {
     /// `jpeg_huffman.c`: the same coefficients, faster (the default).
     Iris,
     /// libjpeg's own decoder (tests compare against it).
@@ -117,7 +117,21 @@ impl<'a> RowDecoder<'a> {
         let rotated = exif_block(bytes)
             .map(Orientation::from_exif_block)
             .is_some_and(|o| o != Orientation::Normal);
-        if header.four_components || rotated {
+        if rotated {
+            return Ok(None);
+        }
+        Self::start(bytes, &header, entropy)
+    }
+
+    /// Starts decoding `bytes`, whose `header` has been read and checked,
+    /// whatever its EXIF orientation (the rows come unrotated).
+    /// `Ok(None)`: not a file this decoder takes (see the module docs).
+    pub(super) fn start(
+        bytes: &'a [u8],
+        header: &Header,
+        entropy: Entropy,
+    ) -> Result<Option<RowDecoder<'a>>, VisionError> {
+        if header.four_components {
             return Ok(None);
         }
         // SAFETY: plain constructor; a null return is handled below.
@@ -158,6 +172,21 @@ impl<'a> RowDecoder<'a> {
             ));
         }
         Ok(Some(decoder))
+    }
+
+    /// Every row, into `out` (exactly [`Self::width`] × [`Self::height`]
+    /// RGB pixels), then the rest of the stream checked.
+    pub(super) fn read_all(mut self, out: &mut [u8]) -> Result<(), VisionError> {
+        if out.len() != self.width * self.height * 3 {
+            return Err(VisionError::decode(NAME, "output buffer of the wrong size"));
+        }
+        let mut at = 0;
+        loop {
+            match self.read(&mut out[at..])? {
+                0 => return Ok(()),
+                got => at += got * self.width * 3,
+            }
+        }
     }
 
     /// Image width in pixels.
