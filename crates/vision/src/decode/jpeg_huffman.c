@@ -99,23 +99,24 @@ static void build_limits(iris_huff_table *t, const JHUFF_TBL *src)
 
 /* Fills the lookup: every FAST_BITS-bit prefix that starts with a code of
  * at most FAST_BITS bits. */
-static void build_fast(iris_huff_table *t, const JHUFF_TBL *src, int ac)
+static void build_fast(iris_huff_table *t, const JHUFF_TBL *src, int ac,
+                       int bits)
 {
   uint32_t code = 0;
   int k = 0;
   memset(t->fast, 0, sizeof(t->fast));
-  for (int l = 1; l <= IRIS_HUFF_FAST_BITS; l++) {
+  for (int l = 1; l <= bits; l++) {
     for (int i = 0; i < src->bits[l]; i++, code++) {
       int sym = src->huffval[k++];
       int run = ac ? sym >> 4 : 0, s = sym & 15;
-      int spare = IRIS_HUFF_FAST_BITS - l;
+      int spare = bits - l;
       for (uint32_t tail = 0; tail < (1u << spare); tail++) {
         uint32_t entry;
         if (ac && s == 0) {
           entry = (uint32_t)l | ((run == 15 ? 15u : 63u) << 8) | KIND_COEF;
         } else if (s == 0) {
           entry = (uint32_t)l | KIND_COEF;
-        } else if (l + s <= IRIS_HUFF_FAST_BITS) {
+        } else if (l + s <= bits) {
           uint32_t x = tail >> (spare - s);
           entry = (uint32_t)(l + s) | ((uint32_t)run << 8) | KIND_COEF |
                   ((uint32_t)(uint16_t)extend(x, s) << 16);
@@ -133,7 +134,7 @@ static void build_fast(iris_huff_table *t, const JHUFF_TBL *src, int ac)
 static void build_table(iris_huff_table *t, const JHUFF_TBL *src, int ac)
 {
   build_limits(t, src);
-  build_fast(t, src, ac);
+  build_fast(t, src, ac, ac ? IRIS_HUFF_FAST_BITS : IRIS_HUFF_DC_FAST_BITS);
 }
 
 static void warn(j_decompress_ptr cinfo, int code)
@@ -247,9 +248,9 @@ static inline __attribute__((always_inline)) uint32_t take(bitreader *br,
 
 /* A code longer than FAST_BITS: its symbol. */
 static inline __attribute__((always_inline)) int decode_long(
-    iris_huffman *h, bitreader *br, const iris_huff_table *t)
+    iris_huffman *h, bitreader *br, const iris_huff_table *t, int bits)
 {
-  for (int l = IRIS_HUFF_FAST_BITS + 1; l <= 16; l++) {
+  for (int l = bits + 1; l <= 16; l++) {
     int32_t code = (int32_t)(br->bits >> (64 - l));
     if (code <= t->maxcode[l]) {
       skip(br, (uint32_t)l);
@@ -268,7 +269,7 @@ static inline __attribute__((always_inline)) int32_t decode_dc(
 {
   uint32_t e, s;
   refill(h, br);
-  e = t->fast[br->bits >> (64 - IRIS_HUFF_FAST_BITS)];
+  e = t->fast[br->bits >> (64 - IRIS_HUFF_DC_FAST_BITS)];
   if (e & KIND_COEF) {
     skip(br, e);
     return (int16_t)(e >> 16);
@@ -277,7 +278,7 @@ static inline __attribute__((always_inline)) int32_t decode_dc(
     skip(br, e);
     s = e >> 16;
   } else {
-    s = (uint32_t)decode_long(h, br, t) & 15;
+    s = (uint32_t)decode_long(h, br, t, IRIS_HUFF_DC_FAST_BITS) & 15;
   }
   if (s == 0) return 0;
   refill(h, br);
@@ -291,7 +292,7 @@ static inline __attribute__((always_inline)) int decode_ac_slow(
     uint32_t e, int k)
 {
   int sym = (e & KIND_SYMBOL) ? (int)(((e >> 8) & 15) << 4 | (e >> 16))
-                              : decode_long(h, br, t);
+                              : decode_long(h, br, t, IRIS_HUFF_FAST_BITS);
   int r = sym >> 4, s = sym & 15;
   if (s) {
     k += r;

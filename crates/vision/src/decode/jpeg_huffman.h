@@ -27,7 +27,13 @@ struct jpeg_entropy_decoder {
 /* Bits looked up at once: codes with their extra bits up to this long
  * decode in one step (95 % of a 1080p photo's symbols at 11; 10 and 12
  * measured slower: more two-step symbols, or tables that crowd the L1). */
-#define IRIS_HUFF_FAST_BITS 11
+#ifndef IRIS_HUFF_FAST_BITS
+#define IRIS_HUFF_FAST_BITS 10
+#endif
+/* The same for DC differences (at most IRIS_HUFF_FAST_BITS). */
+#ifndef IRIS_HUFF_DC_FAST_BITS
+#define IRIS_HUFF_DC_FAST_BITS 8
+#endif
 
 typedef struct iris_huff_table {
   uint32_t fast[1 << IRIS_HUFF_FAST_BITS];
