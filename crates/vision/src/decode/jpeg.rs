@@ -5,8 +5,8 @@
 //! libjpeg-turbo is built from the source vendored in `turbojpeg-sys` (see
 //! docs/vision.md for the version). Sequential files are decoded through
 //! its scanline API ([`super::jpeg_rows`], with Iris's own Huffman
-//! decoding and colour conversion: the same pixels, faster), everything
-//! else through its TurboJPEG 3 API. Both catch libjpeg's errors with `setjmp` inside C and
+//! decoding: the same coefficients, faster), everything else through its
+//! TurboJPEG 3 API. Both catch libjpeg's errors with `setjmp` inside C and
 //! return them, so a corrupt file never aborts the process. Warnings (a
 //! truncated stream, corrupt entropy data) are turned into errors
 //! (`TJPARAM_STOPONWARNING`): Pillow refuses truncated JPEGs too.
@@ -22,7 +22,7 @@ use std::ffi::{c_int, CStr};
 use turbojpeg_sys as tj;
 
 use super::convert::{to_rgb, Layout};
-use super::jpeg_rows::{RowDecoder, Stages};
+use super::jpeg_rows::{Entropy, RowDecoder};
 use super::orientation::Orientation;
 use super::{DecodeLimits, ImageFormat, ImageInfo};
 use crate::error::VisionError;
@@ -234,7 +234,7 @@ pub(super) fn decode(
         // files go through the row decoder for its faster Huffman decoding
         // (the same pixels); progressive ones through TurboJPEG.
         ensure_len(out, w * h * 3);
-        match RowDecoder::start(bytes, &header, Stages::Iris)? {
+        match RowDecoder::start(bytes, &header, Entropy::Iris)? {
             Some(rows) => rows.read_all(&mut out[..w * h * 3])?,
             None => decompressor.decompress(bytes, out, &header, tj::TJPF_TJPF_RGB)?,
         }

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jpeg_color.h"
 #include "jpeg_huffman.h"
 
 typedef struct iris_jpeg_rows {
@@ -94,14 +93,13 @@ const char *iris_jpeg_rows_message(const iris_jpeg_rows *self)
 
 /*
  * Reads the headers of `data` (which must outlive the decoder) and starts
- * decompression; with `own` set, and where the file and CPU allow, the
- * entropy decoding is jpeg_huffman.c's and the colour conversion
- * jpeg_color.c's (libjpeg's otherwise: the same pixels). Returns 1 when started (size in *width, *height), 0 when
+ * decompression, the entropy decoding done by jpeg_huffman.c when
+ * `own_huffman` is set and the file allows (libjpeg's otherwise). Returns 1 when started (size in *width, *height), 0 when
  * the file has several scans (not streamed; nothing started), -1 on error
  * (see iris_jpeg_rows_message).
  */
 int iris_jpeg_rows_start(iris_jpeg_rows *self, const unsigned char *data,
-                         unsigned long len, int own,
+                         unsigned long len, int own_huffman,
                          unsigned int *width, unsigned int *height)
 {
   j_decompress_ptr cinfo = &self->cinfo;
@@ -121,10 +119,7 @@ int iris_jpeg_rows_start(iris_jpeg_rows *self, const unsigned char *data,
   cinfo->scale_num = 1;
   cinfo->scale_denom = 1;
   jpeg_start_decompress(cinfo);
-  if (own) {
-    iris_huffman_install(cinfo, &self->huffman);
-    iris_color_install(cinfo);
-  }
+  if (own_huffman) iris_huffman_install(cinfo, &self->huffman);
   *width = cinfo->output_width;
   *height = cinfo->output_height;
   return 1;
@@ -197,58 +192,4 @@ int iris_jpeg_rows_finish(iris_jpeg_rows *self)
   }
   jpeg_finish_decompress(cinfo);
   return 0;
-}
-
-/*
- * For tests: converts every (Y, Cb, Cr) with libjpeg's conversion and with
- * jpeg_color.c's, in rows of 4096, on the decoder of `data` (a YCbCr JPEG
- * of 4096 columns or fewer) started with libjpeg's. Returns the number of
- * pixels that differ, -1 if jpeg_color.c's cannot be installed here, -2 on
- * error.
- */
-long iris_jpeg_rows_color_check(const unsigned char *data, unsigned long len)
-{
-  enum { N = 4096 };
-  JSAMPLE planes[3][N + 64], out[2][3 * N + 64];
-  iris_jpeg_rows *self = iris_jpeg_rows_new();
-  j_decompress_ptr cinfo;
-  unsigned int w, h;
-  long differ = 0;
-  void (*theirs)(j_decompress_ptr, JSAMPIMAGE, JDIMENSION, JSAMPARRAY, int);
-  void (*ours)(j_decompress_ptr, JSAMPIMAGE, JDIMENSION, JSAMPARRAY, int);
-  JSAMPROW rows[3], out_rows[2];
-  JSAMPARRAY image[3];
-  if (self == NULL) return -2;
-  cinfo = &self->cinfo;
-  if (iris_jpeg_rows_start(self, data, len, 0, &w, &h) != 1) {
-    iris_jpeg_rows_free(self);
-    return -2;
-  }
-  theirs = cinfo->cconvert->color_convert;
-  if (!iris_color_install(cinfo)) {
-    iris_jpeg_rows_free(self);
-    return -1;
-  }
-  ours = cinfo->cconvert->color_convert;
-  cinfo->output_width = N;
-  for (int i = 0; i < 3; i++) {
-    rows[i] = planes[i];
-    image[i] = &rows[i];
-  }
-  out_rows[0] = out[0];
-  out_rows[1] = out[1];
-  for (long start = 0; start < (1L << 24); start += N) {
-    for (int i = 0; i < N; i++) {
-      long v = start + i;
-      planes[0][i] = (JSAMPLE)(v >> 16);
-      planes[1][i] = (JSAMPLE)(v >> 8);
-      planes[2][i] = (JSAMPLE)v;
-    }
-    theirs(cinfo, image, 0, &out_rows[0], 1);
-    ours(cinfo, image, 0, &out_rows[1], 1);
-    for (int i = 0; i < N; i++)
-      differ += memcmp(out[0] + 3 * i, out[1] + 3 * i, 3) != 0;
-  }
-  iris_jpeg_rows_free(self);
-  return differ;
 }

@@ -38,14 +38,12 @@ const CROP_MARGIN: usize = 32;
 /// loads of the batch stalled).
 const CROP_ALIGN: usize = 64;
 
-/// Who runs the two stages of a decode Iris has its own code for: the
-/// Huffman decoding of a sequential file and the YCbCr → RGB conversion.
+/// Who decodes the Huffman-coded data of a sequential file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Stages {
-    /// `jpeg_huffman.c` and `jpeg_color.c` (the latter with AVX-512 BW
-    /// and VBMI): the same pixels, faster (the default).
+pub(super) enum Entropy {
+    /// `jpeg_huffman.c`: the same coefficients, faster (the default).
     Iris,
-    /// libjpeg's own (tests compare against them).
+    /// libjpeg's own decoder (tests compare against it).
     #[cfg_attr(not(test), allow(dead_code))]
     Libjpeg,
 }
@@ -63,7 +61,7 @@ extern "C" {
         shim: *mut Shim,
         data: *const u8,
         len: c_ulong,
-        own: c_int,
+        own_huffman: c_int,
         width: *mut c_uint,
         height: *mut c_uint,
     ) -> c_int;
@@ -71,8 +69,6 @@ extern "C" {
         -> c_int;
     fn iris_jpeg_rows_finish(shim: *mut Shim) -> c_int;
     fn iris_jpeg_rows_crop(shim: *mut Shim, xoffset: *mut c_uint, width: *mut c_uint) -> c_int;
-    #[cfg(test)]
-    fn iris_jpeg_rows_color_check(data: *const u8, len: c_ulong) -> std::ffi::c_long;
 }
 
 /// A started row-by-row decode of one JPEG; the source bytes are borrowed
@@ -107,14 +103,14 @@ impl<'a> RowDecoder<'a> {
         bytes: &'a [u8],
         limits: &DecodeLimits,
     ) -> Result<Option<RowDecoder<'a>>, VisionError> {
-        Self::open_with(bytes, limits, Stages::Iris)
+        Self::open_with(bytes, limits, Entropy::Iris)
     }
 
-    /// [`Self::open`], with the stages run by `stages`.
+    /// [`Self::open`], with the entropy decoding done by `entropy`.
     fn open_with(
         bytes: &'a [u8],
         limits: &DecodeLimits,
-        stages: Stages,
+        entropy: Entropy,
     ) -> Result<Option<RowDecoder<'a>>, VisionError> {
         let header = TurboJpeg::decompressor()?.header(bytes)?;
         limits.check(ImageFormat::Jpeg, header.width as u64, header.height as u64)?;
@@ -124,7 +120,7 @@ impl<'a> RowDecoder<'a> {
         if rotated {
             return Ok(None);
         }
-        Self::start(bytes, &header, stages)
+        Self::start(bytes, &header, entropy)
     }
 
     /// Starts decoding `bytes`, whose `header` has been read and checked,
@@ -133,7 +129,7 @@ impl<'a> RowDecoder<'a> {
     pub(super) fn start(
         bytes: &'a [u8],
         header: &Header,
-        stages: Stages,
+        entropy: Entropy,
     ) -> Result<Option<RowDecoder<'a>>, VisionError> {
         if header.four_components {
             return Ok(None);
@@ -158,7 +154,7 @@ impl<'a> RowDecoder<'a> {
                 shim,
                 bytes.as_ptr(),
                 bytes.len() as c_ulong,
-                c_int::from(stages == Stages::Iris),
+                c_int::from(entropy == Entropy::Iris),
                 &mut w,
                 &mut h,
             )
@@ -358,10 +354,10 @@ mod tests {
         }
     }
 
-    /// All rows of `bytes` through [`RowDecoder`] with `stages`: the
+    /// All rows of `bytes` through [`RowDecoder`] with `entropy`: the
     /// pixels, or the error's text. `None`: the file does not stream.
-    fn rows_with(bytes: &[u8], stages: Stages) -> Option<Result<Vec<u8>, String>> {
-        let mut rows = match RowDecoder::open_with(bytes, &DecodeLimits::default(), stages) {
+    fn rows_with(bytes: &[u8], entropy: Entropy) -> Option<Result<Vec<u8>, String>> {
+        let mut rows = match RowDecoder::open_with(bytes, &DecodeLimits::default(), entropy) {
             Ok(Some(rows)) => rows,
             Ok(None) => return None,
             Err(e) => return Some(Err(e.to_string())),
@@ -414,30 +410,11 @@ mod tests {
         );
         for name in names.chain(["rgb_keep_rgb.jpg".to_string()]) {
             let bytes = file(&name);
-            let ours = rows_with(&bytes, Stages::Iris).expect("streams");
-            let theirs = rows_with(&bytes, Stages::Libjpeg).expect("streams");
+            let ours = rows_with(&bytes, Entropy::Iris).expect("streams");
+            let theirs = rows_with(&bytes, Entropy::Libjpeg).expect("streams");
             assert!(ours.is_ok(), "{name}: {ours:?}");
             assert!(ours == theirs, "{name}: pixels differ");
         }
-    }
-
-    #[test]
-    fn iris_colour_conversion_is_libjpegs_on_every_input() {
-        let bytes = file("q444_37x23.jpg");
-        // SAFETY: `bytes` is a live buffer of `len` bytes for the call.
-        let differ = unsafe { iris_jpeg_rows_color_check(bytes.as_ptr(), bytes.len() as c_ulong) };
-        let avx512 = cfg!(target_arch = "x86_64") && {
-            #[cfg(target_arch = "x86_64")]
-            {
-                is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vbmi")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                false
-            }
-        };
-        // All 2^24 (Y, Cb, Cr) compared where it runs; refused elsewhere.
-        assert_eq!(differ, if avx512 { 0 } else { -1 });
     }
 
     /// A decode's outcome without its pixels, for messages.
@@ -475,8 +452,8 @@ mod tests {
                 damaged.push(("marker", bytes));
             }
             for (kind, bytes) in damaged {
-                let ours = rows_with(&bytes, Stages::Iris);
-                let theirs = rows_with(&bytes, Stages::Libjpeg);
+                let ours = rows_with(&bytes, Entropy::Iris);
+                let theirs = rows_with(&bytes, Entropy::Libjpeg);
                 cases += 1;
                 match (&ours, &theirs) {
                     (Some(Ok(a)), Some(Ok(b))) => assert!(a == b, "{name} {kind}: pixels differ"),
@@ -498,17 +475,17 @@ mod tests {
     /// about extraneous bytes.
     fn junk_is_passed_over(name: &str, at: usize, junk: &[u8]) {
         let clean = file(name);
-        let expected = rows_with(&clean, Stages::Iris)
+        let expected = rows_with(&clean, Entropy::Iris)
             .expect("streams")
             .expect("clean");
         let bytes = [&clean[..at], junk, &clean[at..]].concat();
-        let ours = rows_with(&bytes, Stages::Iris).expect("streams");
+        let ours = rows_with(&bytes, Entropy::Iris).expect("streams");
         assert!(
             ours.as_ref().ok() == Some(&expected),
             "{name}: {:?}",
             outcome(&Some(ours))
         );
-        match rows_with(&bytes, Stages::Libjpeg).expect("streams") {
+        match rows_with(&bytes, Entropy::Libjpeg).expect("streams") {
             Ok(pixels) => assert!(pixels == expected, "{name}: libjpeg's pixels"),
             Err(e) => assert!(e.contains("extraneous bytes"), "{name}: {e}"),
         }
