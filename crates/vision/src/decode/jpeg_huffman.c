@@ -303,34 +303,34 @@ static inline __attribute__((always_inline)) int decode_ac_slow(
   return r == 15 ? k + 16 : 64;
 }
 
-/* The AC coefficients of one block (zigzag 1..63), two symbols per refill:
- * a refill leaves at least 56 bits, and a one-step symbol takes at most
- * FAST_BITS. */
+/* One symbol: the step it resolves to, or its decoding in parts. True
+ * when the block goes on and another symbol can be read without a refill
+ * (a one-step symbol takes at most FAST_BITS). */
+static inline __attribute__((always_inline)) int decode_ac_step(
+    iris_huffman *h, bitreader *br, const iris_huff_table *t, JCOEF *block,
+    int *k)
+{
+  uint32_t e = t->fast[br->bits >> (64 - IRIS_HUFF_FAST_BITS)];
+  skip(br, e);
+  if (__builtin_expect(!(e & KIND_COEF), 0)) {
+    *k = decode_ac_slow(h, br, t, block, e, *k);
+    return 0;
+  }
+  *k += (int)((e >> 8) & 63);
+  block[NATURAL[*k]] = (JCOEF)(int16_t)(e >> 16);
+  return ++*k < 64;
+}
+
+/* The AC coefficients of one block (zigzag 1..63), two symbols per refill
+ * (a refill leaves at least 56 bits). */
 static inline __attribute__((always_inline)) void decode_ac(
     iris_huffman *h, bitreader *br, const iris_huff_table *t, JCOEF *block)
 {
   int k = 1;
   while (k < 64) {
-    uint32_t e;
     refill(h, br);
-    e = t->fast[br->bits >> (64 - IRIS_HUFF_FAST_BITS)];
-    skip(br, e);
-    if (__builtin_expect(!(e & KIND_COEF), 0)) {
-      k = decode_ac_slow(h, br, t, block, e, k);
-      continue;
-    }
-    k += (int)((e >> 8) & 63);
-    block[NATURAL[k]] = (JCOEF)(int16_t)(e >> 16);
-    if (++k >= 64) break;
-    e = t->fast[br->bits >> (64 - IRIS_HUFF_FAST_BITS)];
-    skip(br, e);
-    if (__builtin_expect(!(e & KIND_COEF), 0)) {
-      k = decode_ac_slow(h, br, t, block, e, k);
-      continue;
-    }
-    k += (int)((e >> 8) & 63);
-    block[NATURAL[k]] = (JCOEF)(int16_t)(e >> 16);
-    k++;
+    if (decode_ac_step(h, br, t, block, &k))
+      decode_ac_step(h, br, t, block, &k);
   }
 }
 
