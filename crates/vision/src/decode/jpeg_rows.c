@@ -27,8 +27,14 @@ typedef struct iris_jpeg_rows {
   jmp_buf jump;
   char message[JMSG_LENGTH_MAX];
   int created;
+  /* Tests: libjpeg's warning about unused bytes is not an error. */
+  int past_extraneous;
   iris_huffman huffman;
 } iris_jpeg_rows;
+
+/* iris_jpeg_rows_start's flags. */
+#define IRIS_ROWS_OWN_HUFFMAN 1   /* jpeg_huffman.c decodes the data */
+#define IRIS_ROWS_PAST_EXTRANEOUS 2 /* tests: see past_extraneous */
 
 static void iris_error_exit(j_common_ptr cinfo)
 {
@@ -40,7 +46,8 @@ static void iris_error_exit(j_common_ptr cinfo)
 static void iris_emit_message(j_common_ptr cinfo, int msg_level)
 {
   iris_jpeg_rows *self = (iris_jpeg_rows *)cinfo->client_data;
-  if (msg_level < 0) {
+  if (msg_level < 0 && !(self->past_extraneous &&
+                         cinfo->err->msg_code == JWRN_EXTRANEOUS_DATA)) {
     /* A warning (corrupt data, premature end): an error here. */
     (*cinfo->err->format_message)(cinfo, self->message);
     longjmp(self->jump, 1);
@@ -93,13 +100,15 @@ const char *iris_jpeg_rows_message(const iris_jpeg_rows *self)
 
 /*
  * Reads the headers of `data` (which must outlive the decoder) and starts
- * decompression, the entropy decoding done by jpeg_huffman.c when
- * `own_huffman` is set and the file allows (libjpeg's otherwise). Returns 1 when started (size in *width, *height), 0 when
- * the file has several scans (not streamed; nothing started), -1 on error
+ * decompression, with `flags` (IRIS_ROWS_*): the entropy decoding is
+ * jpeg_huffman.c's with IRIS_ROWS_OWN_HUFFMAN where the file allows,
+ * libjpeg's otherwise (the same coefficients). Returns 1 when started
+ * (size in *width, *height), 0 when the file has several scans (not
+ * streamed; nothing started), -1 on error
  * (see iris_jpeg_rows_message).
  */
 int iris_jpeg_rows_start(iris_jpeg_rows *self, const unsigned char *data,
-                         unsigned long len, int own_huffman,
+                         unsigned long len, int flags,
                          unsigned int *width, unsigned int *height)
 {
   j_decompress_ptr cinfo = &self->cinfo;
@@ -107,6 +116,7 @@ int iris_jpeg_rows_start(iris_jpeg_rows *self, const unsigned char *data,
     jpeg_abort_decompress(cinfo);
     return -1;
   }
+  self->past_extraneous = (flags & IRIS_ROWS_PAST_EXTRANEOUS) != 0;
   jpeg_mem_src(cinfo, data, len);
   jpeg_read_header(cinfo, TRUE);
   if (jpeg_has_multiple_scans(cinfo) || cinfo->data_precision != 8) {
@@ -119,7 +129,8 @@ int iris_jpeg_rows_start(iris_jpeg_rows *self, const unsigned char *data,
   cinfo->scale_num = 1;
   cinfo->scale_denom = 1;
   jpeg_start_decompress(cinfo);
-  if (own_huffman) iris_huffman_install(cinfo, &self->huffman);
+  if (flags & IRIS_ROWS_OWN_HUFFMAN)
+    iris_huffman_install(cinfo, &self->huffman);
   *width = cinfo->output_width;
   *height = cinfo->output_height;
   return 1;

@@ -46,6 +46,22 @@ pub(super) enum Entropy {
     /// libjpeg's own decoder (tests compare against it).
     #[cfg_attr(not(test), allow(dead_code))]
     Libjpeg,
+    /// libjpeg's own, going on past its warning about bytes the data does
+    /// not use (tests: the pixels it gives then are Iris's).
+    #[cfg(test)]
+    LibjpegPastExtraneous,
+}
+
+impl Entropy {
+    /// `iris_jpeg_rows_start`'s flags (`IRIS_ROWS_*` in the shim).
+    fn flags(self) -> c_int {
+        match self {
+            Entropy::Iris => 1,
+            Entropy::Libjpeg => 0,
+            #[cfg(test)]
+            Entropy::LibjpegPastExtraneous => 2,
+        }
+    }
 }
 
 #[repr(C)]
@@ -61,7 +77,7 @@ extern "C" {
         shim: *mut Shim,
         data: *const u8,
         len: c_ulong,
-        own_huffman: c_int,
+        flags: c_int,
         width: *mut c_uint,
         height: *mut c_uint,
     ) -> c_int;
@@ -154,7 +170,7 @@ impl<'a> RowDecoder<'a> {
                 shim,
                 bytes.as_ptr(),
                 bytes.len() as c_ulong,
-                c_int::from(entropy == Entropy::Iris),
+                entropy.flags(),
                 &mut w,
                 &mut h,
             )
@@ -424,8 +440,9 @@ mod tests {
             .map(|r| r.as_ref().map(Vec::len).map_err(String::as_str))
     }
 
-    /// Damaged files: every outcome libjpeg's decoder has, this one has
-    /// too (the same pixels, or an error), but for one documented case:
+    /// Damaged files (cut, flipped, a stray marker, the data replaced by
+    /// noise): every outcome libjpeg's decoder has, this one has too (the
+    /// same pixels, or an error), but for one documented case:
     /// bytes the data does not use before a marker are passed over, where
     /// libjpeg warns about those beyond its read-ahead.
     #[test]
@@ -451,6 +468,22 @@ mod tests {
                 bytes.splice(at..at, [0xFF, 0xC4]);
                 damaged.push(("marker", bytes));
             }
+            // The data replaced by noise (no 0xFF, so it runs to EOI):
+            // bad codes, runs past the block, values of every size.
+            let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+            for _ in 0..40 {
+                let noise = (scan.start..scan.end).map(|_| {
+                    seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    ((seed >> 33) % 255) as u8
+                });
+                let bytes: Vec<u8> = clean[..scan.start]
+                    .iter()
+                    .copied()
+                    .chain(noise)
+                    .chain(clean[scan.end..].iter().copied())
+                    .collect();
+                damaged.push(("noise", bytes));
+            }
             for (kind, bytes) in damaged {
                 let ours = rows_with(&bytes, Entropy::Iris);
                 let theirs = rows_with(&bytes, Entropy::Libjpeg);
@@ -458,7 +491,14 @@ mod tests {
                 match (&ours, &theirs) {
                     (Some(Ok(a)), Some(Ok(b))) => assert!(a == b, "{name} {kind}: pixels differ"),
                     (Some(Err(_)), Some(Err(_))) | (None, None) => {}
-                    (Some(Ok(_)), Some(Err(e))) if e.contains("extraneous bytes") => {}
+                    (Some(Ok(a)), Some(Err(e))) if e.contains("extraneous bytes") => {
+                        let past = rows_with(&bytes, Entropy::LibjpegPastExtraneous);
+                        assert!(
+                            matches!(&past, Some(Ok(b)) if a == b),
+                            "{name} {kind}: libjpeg past its warning: {:?}",
+                            outcome(&past)
+                        );
+                    }
                     _ => panic!(
                         "{name} {kind}: ours {:?}, libjpeg {:?}",
                         outcome(&ours),
@@ -472,7 +512,7 @@ mod tests {
 
     /// `junk` inserted at `at` of `name`, decoded by both decoders: ours
     /// gives the clean file's pixels; libjpeg gives them too or warns
-    /// about extraneous bytes.
+    /// about extraneous bytes, and gives them when it goes on past that.
     fn junk_is_passed_over(name: &str, at: usize, junk: &[u8]) {
         let clean = file(name);
         let expected = rows_with(&clean, Entropy::Iris)
@@ -489,6 +529,11 @@ mod tests {
             Ok(pixels) => assert!(pixels == expected, "{name}: libjpeg's pixels"),
             Err(e) => assert!(e.contains("extraneous bytes"), "{name}: {e}"),
         }
+        let past = rows_with(&bytes, Entropy::LibjpegPastExtraneous).expect("streams");
+        assert!(
+            past.ok() == Some(expected),
+            "{name}: libjpeg past its warning"
+        );
     }
 
     #[test]
