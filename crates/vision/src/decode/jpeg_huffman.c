@@ -150,21 +150,9 @@ static int has_ff(uint64_t w)
   return ((v - 0x0101010101010101ull) & ~v & 0x8080808080808080ull) != 0;
 }
 
-/* The bit reader's state, kept in registers while a block decodes. */
-typedef struct bitreader {
-  /* Unread bits, most significant first. */
-  uint64_t bits;
-  const JOCTET *p;
-  /* How many bits of `bits` are data; < 0 once bits past the end of the
-   * data (zeros) have been read. */
-  int nbits;
-  /* The data ended at a marker. */
-  int marker;
-} bitreader;
-
 /* Byte-at-a-time refill: stuffing, fill bytes, the marker where the data
  * ends, and the end of the buffer. */
-static bitreader refill_slow(iris_huffman *h, bitreader br)
+static iris_bitreader refill_slow(iris_huffman *h, iris_bitreader br)
 {
   j_decompress_ptr cinfo = h->cinfo;
   while (!br.marker && br.nbits <= 56) {
@@ -212,7 +200,7 @@ static bitreader refill_slow(iris_huffman *h, bitreader br)
  * Without 0xFF in the next eight bytes, this is branch-free: the usual
  * case, every other symbol. */
 static inline __attribute__((always_inline)) void refill(iris_huffman *h,
-                                                         bitreader *br)
+                                                         iris_bitreader *br)
 {
   if (__builtin_expect(br->p + 8 <= h->end && !br->marker, 1)) {
     uint64_t w;
@@ -231,14 +219,14 @@ static inline __attribute__((always_inline)) void refill(iris_huffman *h,
 }
 
 /* Drops n (0..63) bits. */
-static inline __attribute__((always_inline)) void skip(bitreader *br,
+static inline __attribute__((always_inline)) void skip(iris_bitreader *br,
                                                        uint32_t n)
 {
   br->bits <<= n & 63;
   br->nbits -= (int)(n & 63);
 }
 
-static inline __attribute__((always_inline)) uint32_t take(bitreader *br,
+static inline __attribute__((always_inline)) uint32_t take(iris_bitreader *br,
                                                            int n)
 {
   uint32_t x = (uint32_t)(br->bits >> (64 - n));
@@ -248,7 +236,7 @@ static inline __attribute__((always_inline)) uint32_t take(bitreader *br,
 
 /* A code longer than FAST_BITS: its symbol. */
 static inline __attribute__((always_inline)) int decode_long(
-    iris_huffman *h, bitreader *br, const iris_huff_table *t, int bits)
+    iris_huffman *h, iris_bitreader *br, const iris_huff_table *t, int bits)
 {
   for (int l = bits + 1; l <= 16; l++) {
     int32_t code = (int32_t)(br->bits >> (64 - l));
@@ -265,7 +253,7 @@ static inline __attribute__((always_inline)) int decode_long(
 
 /* One DC difference. */
 static inline __attribute__((always_inline)) int32_t decode_dc(
-    iris_huffman *h, bitreader *br, const iris_huff_table *t)
+    iris_huffman *h, iris_bitreader *br, const iris_huff_table *t)
 {
   uint32_t e, s;
   refill(h, br);
@@ -288,7 +276,7 @@ static inline __attribute__((always_inline)) int32_t decode_dc(
 /* A symbol the table does not resolve in one step (its extra bits do not
  * fit, or its code is long): decoded in parts. Returns the new k. */
 static inline __attribute__((always_inline)) int decode_ac_slow(
-    iris_huffman *h, bitreader *br, const iris_huff_table *t, JCOEF *block,
+    iris_huffman *h, iris_bitreader *br, const iris_huff_table *t, JCOEF *block,
     uint32_t e, int k)
 {
   int sym = (e & KIND_SYMBOL) ? (int)(((e >> 8) & 15) << 4 | (e >> 16))
@@ -307,7 +295,7 @@ static inline __attribute__((always_inline)) int decode_ac_slow(
  * when the block goes on and another symbol can be read without a refill
  * (a one-step symbol takes at most FAST_BITS). */
 static inline __attribute__((always_inline)) int decode_ac_step(
-    iris_huffman *h, bitreader *br, const iris_huff_table *t, JCOEF *block,
+    iris_huffman *h, iris_bitreader *br, const iris_huff_table *t, JCOEF *block,
     int *k)
 {
   uint32_t e = t->fast[br->bits >> (64 - IRIS_HUFF_FAST_BITS)];
@@ -324,7 +312,7 @@ static inline __attribute__((always_inline)) int decode_ac_step(
 /* The AC coefficients of one block (zigzag 1..63), two symbols per refill
  * (a refill leaves at least 56 bits). */
 static inline __attribute__((always_inline)) void decode_ac(
-    iris_huffman *h, bitreader *br, const iris_huff_table *t, JCOEF *block)
+    iris_huffman *h, iris_bitreader *br, const iris_huff_table *t, JCOEF *block)
 {
   int k = 1;
   while (k < 64) {
@@ -356,7 +344,7 @@ static const JOCTET *next_marker(const iris_huffman *h, const JOCTET *q)
 static void give_back(iris_huffman *h)
 {
   j_decompress_ptr cinfo = h->cinfo;
-  const JOCTET *q = next_marker(h, h->p);
+  const JOCTET *q = next_marker(h, h->br.p);
   cinfo->src->bytes_in_buffer -= (size_t)(q - cinfo->src->next_input_byte);
   cinfo->src->next_input_byte = q;
 }
@@ -369,11 +357,9 @@ static void restart(iris_huffman *h)
   j_decompress_ptr cinfo = h->cinfo;
   give_back(h);
   (*cinfo->marker->read_restart_marker)(cinfo);
-  h->p = cinfo->src->next_input_byte;
-  h->end = h->p + cinfo->src->bytes_in_buffer;
-  h->bits = 0;
-  h->nbits = 0;
-  h->marker = cinfo->unread_marker != 0;
+  h->br = (iris_bitreader){0, cinfo->src->next_input_byte, 0,
+                           cinfo->unread_marker != 0};
+  h->end = h->br.p + cinfo->src->bytes_in_buffer;
   memset(h->last_dc, 0, sizeof(h->last_dc));
   h->restarts_to_go = cinfo->restart_interval;
 }
@@ -392,7 +378,7 @@ static inline __attribute__((always_inline)) void decode_blocks(
     iris_huffman *h, JBLOCKROW *MCU_data)
 {
   j_decompress_ptr cinfo = h->cinfo;
-  bitreader br = {h->bits, h->p, h->nbits, h->marker};
+  iris_bitreader br = h->br;
   JBLOCK scratch;
   for (int b = 0; b < cinfo->blocks_in_MCU; b++) {
     int ci = cinfo->MCU_membership[b];
@@ -407,10 +393,7 @@ static inline __attribute__((always_inline)) void decode_blocks(
     block[0] = (JCOEF)h->last_dc[ci];
     decode_ac(h, &br, h->ac[ci], block);
   }
-  h->bits = br.bits;
-  h->p = br.p;
-  h->nbits = br.nbits;
-  h->marker = br.marker;
+  h->br = br;
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -444,7 +427,7 @@ static boolean decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
   {
     decode_blocks_plain(h, MCU_data);
   }
-  if (h->nbits < 0) warn(cinfo, JWRN_HIT_MARKER);
+  if (h->br.nbits < 0) warn(cinfo, JWRN_HIT_MARKER);
   if (++h->mcus == h->total_mcus) give_back(h);
   return TRUE;
 }
@@ -470,9 +453,9 @@ int iris_huffman_install(j_decompress_ptr cinfo, iris_huffman *h)
     h->dc[ci] = &h->dc_tables[dn];
     h->ac[ci] = &h->ac_tables[an];
   }
-  h->p = cinfo->src->next_input_byte;
-  h->end = h->p + cinfo->src->bytes_in_buffer;
-  h->marker = cinfo->unread_marker != 0;
+  h->br.p = cinfo->src->next_input_byte;
+  h->br.marker = cinfo->unread_marker != 0;
+  h->end = h->br.p + cinfo->src->bytes_in_buffer;
   h->restarts_to_go = cinfo->restart_interval;
   h->total_mcus = (uint64_t)cinfo->MCUs_per_row * cinfo->MCU_rows_in_scan;
 #if HAVE_BMI2_PATH

@@ -29,13 +29,12 @@ struct jpeg_entropy_decoder {
  * at 11). Widths from 9 to 11 measured alike inside the families bench
  * (9 slower alone); the narrower tables leave more of the L1 to the IDCT
  * and the resize. */
-#ifndef IRIS_HUFF_FAST_BITS
 #define IRIS_HUFF_FAST_BITS 10
-#endif
-/* The same for DC differences (at most IRIS_HUFF_FAST_BITS). */
-#ifndef IRIS_HUFF_DC_FAST_BITS
+/* The same for DC differences (at most IRIS_HUFF_FAST_BITS: the DC
+ * tables use the start of the same array). */
 #define IRIS_HUFF_DC_FAST_BITS 8
-#endif
+_Static_assert(IRIS_HUFF_DC_FAST_BITS <= IRIS_HUFF_FAST_BITS,
+               "DC lookups index the AC-sized table");
 
 typedef struct iris_huff_table {
   uint32_t fast[1 << IRIS_HUFF_FAST_BITS];
@@ -44,17 +43,26 @@ typedef struct iris_huff_table {
   uint8_t huffval[256];
 } iris_huff_table;
 
+/* The bit reader's state (kept in registers while an MCU decodes). */
+typedef struct iris_bitreader {
+  /* Unread bits, most significant first. */
+  uint64_t bits;
+  const JOCTET *p;
+  /* How many bits of `bits` are data; < 0 once bits past the end of the
+   * data (zeros) have been read. */
+  int nbits;
+  /* The data ended at a marker. */
+  int marker;
+} iris_bitreader;
+
 typedef struct iris_huffman {
   /* First, so that cinfo->entropy can point here. */
   struct jpeg_entropy_decoder pub;
   /* libjpeg's own decoder, put back if a new scan starts. */
   struct jpeg_entropy_decoder *libjpeg;
   j_decompress_ptr cinfo;
-  /* The bit reader (see jpeg_huffman.c) between MCUs. */
-  uint64_t bits;
-  const JOCTET *p;
-  int nbits;
-  int marker;
+  /* The bit reader between MCUs. */
+  iris_bitreader br;
   /* The end of the source's buffer. */
   const JOCTET *end;
   int last_dc[MAX_COMPS_IN_SCAN];

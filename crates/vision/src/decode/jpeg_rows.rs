@@ -373,20 +373,17 @@ mod tests {
     /// All rows of `bytes` through [`RowDecoder`] with `entropy`: the
     /// pixels, or the error's text. `None`: the file does not stream.
     fn rows_with(bytes: &[u8], entropy: Entropy) -> Option<Result<Vec<u8>, String>> {
-        let mut rows = match RowDecoder::open_with(bytes, &DecodeLimits::default(), entropy) {
+        let rows = match RowDecoder::open_with(bytes, &DecodeLimits::default(), entropy) {
             Ok(Some(rows)) => rows,
             Ok(None) => return None,
             Err(e) => return Some(Err(e.to_string())),
         };
         let mut out = vec![0u8; rows.width() * 3 * rows.height()];
-        let mut at = 0;
-        loop {
-            match rows.read(&mut out[at..]) {
-                Ok(0) => return Some(Ok(out)),
-                Ok(got) => at += got * rows.width() * 3,
-                Err(e) => return Some(Err(e.to_string())),
-            }
-        }
+        Some(
+            rows.read_all(&mut out)
+                .map(|()| out)
+                .map_err(|e| e.to_string()),
+        )
     }
 
     /// Where the entropy-coded data of `bytes` starts (after SOS) and ends
