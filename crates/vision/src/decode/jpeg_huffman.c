@@ -377,21 +377,16 @@ static void start_pass(j_decompress_ptr cinfo)
 static inline __attribute__((always_inline)) void decode_blocks(
     iris_huffman *h, JBLOCKROW *MCU_data)
 {
-  j_decompress_ptr cinfo = h->cinfo;
   iris_bitreader br = h->br;
+  const iris_block_plan *plan = h->plan, *end = plan + h->blocks_in_mcu;
   JBLOCK scratch;
-  for (int b = 0; b < cinfo->blocks_in_MCU; b++) {
-    int ci = cinfo->MCU_membership[b];
-    JCOEF *block;
-    if (MCU_data && MCU_data[b]) {
-      block = MCU_data[b][0];
-    } else {
-      memset(scratch, 0, sizeof(scratch));
-      block = scratch;
-    }
-    h->last_dc[ci] += decode_dc(h, &br, h->dc[ci]);
-    block[0] = (JCOEF)h->last_dc[ci];
-    decode_ac(h, &br, h->ac[ci], block);
+  for (; plan < end; plan++) {
+    /* libjpeg passes no blocks when it skips data: decoded, dropped. */
+    JCOEF *block = MCU_data ? (*MCU_data++)[0] : scratch;
+    int32_t dc = *plan->last_dc + decode_dc(h, &br, plan->dc);
+    *plan->last_dc = dc;
+    block[0] = (JCOEF)dc;
+    decode_ac(h, &br, plan->ac, block);
   }
   h->br = br;
 }
@@ -442,6 +437,7 @@ int iris_huffman_install(j_decompress_ptr cinfo, iris_huffman *h)
     return 0;
   memset(h, 0, offsetof(iris_huffman, dc_tables));
   h->cinfo = cinfo;
+  if (cinfo->blocks_in_MCU > D_MAX_BLOCKS_IN_MCU) return 0;
   for (int ci = 0; ci < cinfo->comps_in_scan; ci++) {
     const jpeg_component_info *comp = cinfo->cur_comp_info[ci];
     int dn = comp->dc_tbl_no, an = comp->ac_tbl_no;
@@ -450,9 +446,15 @@ int iris_huffman_install(j_decompress_ptr cinfo, iris_huffman *h)
     if (dc == NULL || ac == NULL) return 0;
     build_table(&h->dc_tables[dn], dc, 0);
     build_table(&h->ac_tables[an], ac, 1);
-    h->dc[ci] = &h->dc_tables[dn];
-    h->ac[ci] = &h->ac_tables[an];
   }
+  for (int b = 0; b < cinfo->blocks_in_MCU; b++) {
+    int ci = cinfo->MCU_membership[b];
+    const jpeg_component_info *comp = cinfo->cur_comp_info[ci];
+    h->plan[b].dc = &h->dc_tables[comp->dc_tbl_no];
+    h->plan[b].ac = &h->ac_tables[comp->ac_tbl_no];
+    h->plan[b].last_dc = &h->last_dc[ci];
+  }
+  h->blocks_in_mcu = cinfo->blocks_in_MCU;
   h->br.p = cinfo->src->next_input_byte;
   h->br.marker = cinfo->unread_marker != 0;
   h->end = h->br.p + cinfo->src->bytes_in_buffer;

@@ -55,6 +55,12 @@ typedef struct iris_bitreader {
   int marker;
 } iris_bitreader;
 
+/* One block of the MCU: its tables and its component's DC prediction. */
+typedef struct iris_block_plan {
+  const struct iris_huff_table *dc, *ac;
+  int *last_dc;
+} iris_block_plan;
+
 typedef struct iris_huffman {
   /* First, so that cinfo->entropy can point here. */
   struct jpeg_entropy_decoder pub;
@@ -71,7 +77,9 @@ typedef struct iris_huffman {
   /* Whether the CPU has BMI2 (shifts by a register that leave the flags
    * alone, a cycle shorter). */
   int bmi2;
-  const iris_huff_table *dc[MAX_COMPS_IN_SCAN], *ac[MAX_COMPS_IN_SCAN];
+  /* The MCU's blocks in order (blocks_in_MCU of them). */
+  iris_block_plan plan[D_MAX_BLOCKS_IN_MCU];
+  int blocks_in_mcu;
   iris_huff_table dc_tables[NUM_HUFF_TBLS], ac_tables[NUM_HUFF_TBLS];
 } iris_huffman;
 
