@@ -152,15 +152,14 @@ fn columns_in(
     let blocks_end = start + (end.min(in_w) - start) / 16 * 16;
     let zero = _mm256_setzero_si256();
     for px0 in (start..blocks_end).step_by(16) {
-        // planes[c][i]: channel c of rows i (low half) and i + 8 (high).
-        let mut planes = [[zero; 8]; 3];
         let run = |r: usize| (r < rows).then(|| &src[r * in_row + px0 * 3..][..48]);
-        for i in 0..8 {
-            let channels = deinterleave_pair(run(i), run(i + 8));
-            for (plane, channel) in planes.iter_mut().zip(channels) {
-                plane[i] = channel;
-            }
-        }
+        // channels[i][c], then planes[c][i]: channel c of rows i (low half)
+        // and i + 8 (high). Built whole, not filled into zeros (whose
+        // clearing cost a memset per block).
+        let channels: [[__m256i; 3]; 8] =
+            std::array::from_fn(|i| deinterleave_pair(run(i), run(i + 8)));
+        let mut planes: [[__m256i; 8]; 3] =
+            std::array::from_fn(|c| std::array::from_fn(|i| channels[i][c]));
         for (c, plane) in planes.iter_mut().enumerate() {
             transpose8x16(plane);
             for (q, &units) in plane.iter().enumerate() {
