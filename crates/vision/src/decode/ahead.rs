@@ -41,9 +41,19 @@ const DEPTH: usize = 3;
 /// pool).
 const SPIN: Duration = Duration::from_micros(100);
 
-/// `rx.recv()`, polling for [`SPIN`] before blocking.
+/// How long [`recv_soon`] polls: [`SPIN`], or nothing with a single core
+/// (the thread being waited for would need the core the poll holds).
+fn spin() -> Duration {
+    static SPIN_HERE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN_HERE.get_or_init(|| match std::thread::available_parallelism() {
+        Ok(cores) if cores.get() > 1 => SPIN,
+        _ => Duration::ZERO,
+    })
+}
+
+/// `rx.recv()`, polling for [`spin`] before blocking.
 fn recv_soon<T>(rx: &Receiver<T>) -> Result<T, RecvError> {
-    let until = Instant::now() + SPIN;
+    let until = Instant::now() + spin();
     loop {
         match rx.try_recv() {
             Ok(value) => return Ok(value),

@@ -433,11 +433,11 @@ int iris_huffman_install(j_decompress_ptr cinfo, iris_huffman *h)
       cinfo->Se != 63 || cinfo->Ah != 0 || cinfo->Al != 0 ||
       cinfo->data_precision != 8 || cinfo->comps_in_scan < 1 ||
       cinfo->comps_in_scan > MAX_COMPS_IN_SCAN ||
+      cinfo->blocks_in_MCU > D_MAX_BLOCKS_IN_MCU ||
       cinfo->entropy->insufficient_data)
     return 0;
   memset(h, 0, offsetof(iris_huffman, dc_tables));
   h->cinfo = cinfo;
-  if (cinfo->blocks_in_MCU > D_MAX_BLOCKS_IN_MCU) return 0;
   for (int ci = 0; ci < cinfo->comps_in_scan; ci++) {
     const jpeg_component_info *comp = cinfo->cur_comp_info[ci];
     int dn = comp->dc_tbl_no, an = comp->ac_tbl_no;
