@@ -202,9 +202,14 @@ def test_dead_vllm_worker_is_retried_elsewhere(processes, model_dir, reference):
     client = gateway.client()
     want = chat(reference, gateway.model, QUESTION)
     dep.engines[0].process.kill()
-    for attempt in range(6):
+    # Every answer is right; requests go on until the router has picked
+    # the dead worker once (two idle workers tie, and a tie goes either
+    # way: six requests all went to the live one in a CI run).
+    for attempt in range(30):
         assert chat(client, gateway.model, QUESTION) == want, f"request {attempt + 1}"
-    retries = metric(gateway.metrics(), "iris_retries_total")
+        retries = metric(gateway.metrics(), "iris_retries_total")
+        if retries:
+            break
     assert retries is not None and retries >= 1
 
 
