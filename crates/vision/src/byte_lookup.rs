@@ -53,6 +53,21 @@ impl BytePlanes {
 /// Returns the number of pixels written: a multiple of [`GROUP`], 0 when
 /// the CPU lacks AVX-512 VBMI or the elements are not 2 or 4 bytes wide.
 pub(crate) fn planar(rgb: &[u8], planes: &BytePlanes, out: [&mut [u8]; 3]) -> usize {
+    lookup::<false>(rgb, planes, out)
+}
+
+/// [`planar`] with streaming (non-temporal) stores, for `out` in the
+/// output tensor itself: 0 (nothing written) unless every `out[c]` starts
+/// on a 64-byte boundary. Call [`crate::stream::fence`] after the last.
+pub(crate) fn planar_streamed(rgb: &[u8], planes: &BytePlanes, out: [&mut [u8]; 3]) -> usize {
+    if out.iter().any(|o| o.as_ptr().align_offset(64) != 0) {
+        return 0;
+    }
+    lookup::<true>(rgb, planes, out)
+}
+
+/// [`planar`]'s checks and dispatch; `STREAM` picks the stores.
+fn lookup<const STREAM: bool>(rgb: &[u8], planes: &BytePlanes, out: [&mut [u8]; 3]) -> usize {
     let groups = rgb.len() / (3 * GROUP);
     let fits = out.iter().all(|o| o.len() >= groups * GROUP * planes.width);
     if groups == 0 || !fits || !vbmi() {
@@ -60,11 +75,12 @@ pub(crate) fn planar(rgb: &[u8], planes: &BytePlanes, out: [&mut [u8]; 3]) -> us
     }
     // SAFETY: the CPU supports AVX-512 F, BW and VBMI (checked above);
     // `rgb` holds `groups` groups of pixels and every `out[c]` their
-    // elements (checked above).
+    // elements (checked above); with `STREAM`, every `out[c]` starts
+    // 64-byte aligned (checked by the caller).
     unsafe {
         match planes.width {
-            4 => planar_vbmi::<4>(rgb, groups, planes, out),
-            2 => planar_vbmi::<2>(rgb, groups, planes, out),
+            4 => planar_vbmi::<4, STREAM>(rgb, groups, planes, out),
+            2 => planar_vbmi::<2, STREAM>(rgb, groups, planes, out),
             _ => return 0,
         }
     }
@@ -129,10 +145,10 @@ const GATHER_2: [Gather; 3] = [gather(2, 0), gather(2, 1), gather(2, 2)];
 
 /// [`planar`]'s body for elements of `W` bytes: `groups` groups of
 /// pixels of `rgb`, each channel into its `out` entry (slices too short
-/// panic).
+/// panic); with `STREAM`, by streaming stores into 64-byte aligned `out`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-fn planar_vbmi<const W: usize>(
+fn planar_vbmi<const W: usize, const STREAM: bool>(
     rgb: &[u8],
     groups: usize,
     planes: &BytePlanes,
@@ -171,8 +187,16 @@ fn planar_vbmi<const W: usize>(
             let dst = &mut out[group * GROUP * W..][..GROUP * W];
             let mut store = |k: usize, v: __m512i| {
                 let dst = &mut dst[64 * k..][..64];
-                // SAFETY: `dst` is 64 writable bytes; AVX-512 F is enabled.
-                unsafe { _mm512_storeu_si512(dst.as_mut_ptr().cast(), v) }
+                // SAFETY: `dst` is 64 writable bytes, 64-byte aligned with
+                // `STREAM` (`out` is, and `GROUP · W` is a multiple of 64);
+                // AVX-512 F is enabled.
+                unsafe {
+                    if STREAM {
+                        _mm512_stream_si512(dst.as_mut_ptr().cast(), v)
+                    } else {
+                        _mm512_storeu_si512(dst.as_mut_ptr().cast(), v)
+                    }
+                }
             };
             if W == 4 {
                 let (b0, b1, b2, b3) = (bytes[0], bytes[1], bytes[2 % W], bytes[3 % W]);
@@ -191,7 +215,7 @@ fn planar_vbmi<const W: usize>(
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn planar_vbmi<const W: usize>(
+fn planar_vbmi<const W: usize, const STREAM: bool>(
     _rgb: &[u8],
     _groups: usize,
     _planes: &BytePlanes,

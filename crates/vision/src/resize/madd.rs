@@ -113,7 +113,7 @@ impl Simd {
         has!("avx2")
             && match self {
                 Simd::AvxVnni => has!("avxvnni"),
-                Simd::Avx512Vnni => has!("avx512vnni") && has!("avx512vl"),
+                Simd::Avx512Vnni => has!("avx512f") && has!("avx512vnni") && has!("avx512vl"),
                 Simd::Avx2 => true,
             }
     }

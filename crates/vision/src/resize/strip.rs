@@ -32,9 +32,11 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+#[cfg(target_arch = "x86_64")]
+use super::kernel::BIAS;
 use super::kernel::{split_pair, Kernel};
 #[cfg(target_arch = "x86_64")]
-use super::madd::{lo_start, unsplit_each, Avx2, Avx512Vnni, AvxVnni, PairMadd, Simd};
+use super::madd::{lo_start, unsplit_each, Avx2, AvxVnni, PairMadd, Simd};
 
 /// Rows filtered together.
 pub(crate) const ROWS: usize = 16;
@@ -192,11 +194,41 @@ fn columns_in(
     }
 }
 
+/// [`filter_body`] on 512-bit vectors: a column pair is three of them
+/// (one channel's sixteen rows each), so each tap pair is three loads and
+/// six `vpdpwssd`, half the 256-bit count. The sums are split back into
+/// [`filter_body`]'s six 256-bit vectors for the clip and store.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+#[target_feature(enable = "avx2,avx512f,avx512vnni,avx512vl")]
 fn filter_avx512_vnni(pairs: &[u8], taps: &PairTaps, out_cols: &mut [u8]) {
-    // SAFETY: AVX2, AVX512-VNNI and AVX512-VL are enabled for this function.
-    unsafe { filter_body::<Avx512Vnni>(pairs, taps, out_cols) }
+    const WIDE: usize = PAIR_VECTORS / 2;
+    for (&(first, ref range), out) in taps.columns.iter().zip(out_cols.chunks_exact_mut(LANES)) {
+        let weights = &taps.weights[range.clone()];
+        let data = &pairs[first * PAIR_BYTES..][..weights.len() * PAIR_BYTES];
+        let mut hi = [_mm512_setzero_si512(); WIDE];
+        let mut lo = [_mm512_set1_epi32(BIAS); WIDE];
+        for (pair, &(h, l)) in data.chunks_exact(PAIR_BYTES).zip(weights) {
+            let (h, l) = (_mm512_set1_epi32(h), _mm512_set1_epi32(l));
+            for k in 0..WIDE {
+                // SAFETY: `pair` holds PAIR_BYTES = 64 · WIDE bytes.
+                let v = unsafe { _mm512_loadu_si512(pair.as_ptr().add(64 * k).cast()) };
+                hi[k] = _mm512_dpwssd_epi32(hi[k], v, h);
+                lo[k] = _mm512_dpwssd_epi32(lo[k], v, l);
+            }
+        }
+        let halves = |v: [__m512i; WIDE]| -> [__m256i; PAIR_VECTORS] {
+            std::array::from_fn(|k| {
+                let wide = v[k / 2];
+                if k % 2 == 0 {
+                    _mm512_castsi512_si256(wide)
+                } else {
+                    _mm512_extracti64x4_epi64::<1>(wide)
+                }
+            })
+        };
+        // SAFETY: AVX2 is enabled; `out` is LANES = 48 writable bytes.
+        unsafe { store_column(unsplit_each(halves(hi), halves(lo)), out) };
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -8,7 +8,7 @@
 //! (one instruction per pair and half, where AVX2 needs an add too). The
 //! clip is two saturating packs, as in the horizontal pass.
 
-use super::kernel::{clip8, split_pair, BIAS};
+use super::kernel::{clip8, split_pair, BIAS, PRECISION_BITS, SPLIT_BITS};
 use super::madd::{lo_start, unsplit_each, Avx2, Avx512Vnni, AvxVnni, PairMadd, Simd};
 
 /// Most taps handled here (more: the plain multiply-add).
@@ -29,10 +29,67 @@ pub(crate) fn row(simd: Simd, src: &[u8], row_len: usize, weights: &[i32], out: 
     }
 }
 
-#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+/// [`row_body`] on 512-bit vectors, 64 output bytes at a time (half the
+/// instructions per byte: the unpacks and packs work within 128-bit lanes
+/// at either width, so the order comes out the same); the last bytes go
+/// through [`row_body`].
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni,avx512vl")]
 fn row_avx512_vnni(src: &[u8], row_len: usize, weights: &[i32], out: &mut [u8]) {
-    // SAFETY: AVX2, AVX512-VNNI and AVX512-VL are enabled for this function.
-    unsafe { row_body::<Avx512Vnni>(src, row_len, weights, out) }
+    use std::arch::x86_64::*;
+    let taps = weights.len();
+    assert!((1..=MAX_TAPS).contains(&taps) && out.len() <= row_len);
+    assert!(src.len() >= (taps - 1) * row_len + out.len());
+    let (whi, wlo) = split_weights(weights);
+    let zero = _mm512_setzero_si512();
+    let (chunks, _) = out.as_chunks_mut::<64>();
+    let vector_len = chunks.len() * 64;
+    for (c, chunk) in chunks.iter_mut().enumerate() {
+        let x = c * 64;
+        let mut hi = [zero; 4];
+        let mut lo = [_mm512_set1_epi32(BIAS); 4];
+        for p in 0..taps.div_ceil(2) {
+            let row = 2 * p;
+            // SAFETY: rows `row` and `row + 1` (< taps) hold `out.len()`
+            // bytes from `row * row_len` (asserted above), and
+            // `x + 64 <= out.len()`: both 64-byte unaligned loads are in
+            // bounds.
+            let (a, b) = unsafe {
+                let a = _mm512_loadu_si512(src.as_ptr().add(row * row_len + x).cast());
+                let b = if row + 1 < taps {
+                    _mm512_loadu_si512(src.as_ptr().add((row + 1) * row_len + x).cast())
+                } else {
+                    zero
+                };
+                (a, b)
+            };
+            let (ab_lo, ab_hi) = (_mm512_unpacklo_epi8(a, b), _mm512_unpackhi_epi8(a, b));
+            let v = [
+                _mm512_unpacklo_epi8(ab_lo, zero),
+                _mm512_unpackhi_epi8(ab_lo, zero),
+                _mm512_unpacklo_epi8(ab_hi, zero),
+                _mm512_unpackhi_epi8(ab_hi, zero),
+            ];
+            let (h, l) = (_mm512_set1_epi32(whi[p]), _mm512_set1_epi32(wlo[p]));
+            for k in 0..4 {
+                hi[k] = _mm512_dpwssd_epi32(hi[k], v[k], h);
+                lo[k] = _mm512_dpwssd_epi32(lo[k], v[k], l);
+            }
+        }
+        let r: [__m512i; 4] = std::array::from_fn(|k| {
+            let sum = _mm512_add_epi32(_mm512_slli_epi32::<{ SPLIT_BITS }>(hi[k]), lo[k]);
+            _mm512_srai_epi32::<{ PRECISION_BITS }>(sum)
+        });
+        let bytes = _mm512_packus_epi16(
+            _mm512_packs_epi32(r[0], r[1]),
+            _mm512_packs_epi32(r[2], r[3]),
+        );
+        // SAFETY: `chunk` is 64 writable bytes.
+        unsafe { _mm512_storeu_si512(chunk.as_mut_ptr().cast(), bytes) };
+    }
+    // SAFETY: AVX2, AVX512-VNNI and AVX512-VL are enabled for this
+    // function; the rest of the row starts `vector_len` bytes into every
+    // tap row.
+    unsafe { row_body::<Avx512Vnni>(&src[vector_len..], row_len, weights, &mut out[vector_len..]) }
 }
 
 #[target_feature(enable = "avx2,avxvnni")]
@@ -58,10 +115,7 @@ unsafe fn row_body<M: PairMadd>(src: &[u8], row_len: usize, weights: &[i32], out
     let taps = weights.len();
     assert!((1..=MAX_TAPS).contains(&taps) && out.len() <= row_len);
     assert!(src.len() >= (taps - 1) * row_len + out.len());
-    let (mut whi, mut wlo) = ([0i32; MAX_TAPS / 2], [0i32; MAX_TAPS / 2]);
-    for (p, ws) in weights.chunks(2).enumerate() {
-        (whi[p], wlo[p]) = split_pair(ws[0], ws.get(1).copied().unwrap_or(0));
-    }
+    let (whi, wlo) = split_weights(weights);
     let pairs = taps.div_ceil(2);
     // SAFETY (every intrinsic below): the CPU supports AVX2 and what `M`
     // uses (caller).
@@ -114,6 +168,16 @@ unsafe fn row_body<M: PairMadd>(src: &[u8], row_len: usize, weights: &[i32], out
         }
     }
     plain(src, row_len, weights, out, vector_len);
+}
+
+/// The weights as split pairs ([`split_pair`]; an odd last tap pairs
+/// with a zero): the `hi` and `lo` halves of each.
+fn split_weights(weights: &[i32]) -> ([i32; MAX_TAPS / 2], [i32; MAX_TAPS / 2]) {
+    let (mut whi, mut wlo) = ([0i32; MAX_TAPS / 2], [0i32; MAX_TAPS / 2]);
+    for (p, ws) in weights.chunks(2).enumerate() {
+        (whi[p], wlo[p]) = split_pair(ws[0], ws.get(1).copied().unwrap_or(0));
+    }
+    (whi, wlo)
 }
 
 /// Bytes `from ..` of the output row, one at a time.
