@@ -32,7 +32,7 @@ struct jpeg_entropy_decoder {
 #define IRIS_HUFF_FAST_BITS 10
 /* The same for DC differences (at most IRIS_HUFF_FAST_BITS: the DC
  * tables use the start of the same array). */
-#define IRIS_HUFF_DC_FAST_BITS 8
+#define IRIS_HUFF_DC_FAST_BITS 10
 _Static_assert(IRIS_HUFF_DC_FAST_BITS <= IRIS_HUFF_FAST_BITS,
                "DC lookups index the AC-sized table");
 

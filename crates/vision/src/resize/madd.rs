@@ -93,9 +93,11 @@ impl PairMadd for Avx512Vnni {
 /// The [`PairMadd`] instruction sets, best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Simd {
-    /// AVX2, AVX512-VNNI and AVX512-VL ([`Avx512Vnni`]); first because the
-    /// EVEX encoding has 32 vector registers, which keeps the horizontal
-    /// pass's twelve accumulators and its weights in registers.
+    /// AVX2, AVX-512 F and BW, AVX512-VNNI and AVX512-VL ([`Avx512Vnni`]
+    /// on 256-bit vectors, and the transposing and vertical passes' own
+    /// 512-bit bodies); first because the EVEX encoding has 32 vector
+    /// registers, which keeps the horizontal pass's accumulators and its
+    /// weights in registers, and 512-bit vectors halve the instructions.
     Avx512Vnni,
     /// AVX2 and AVX-VNNI ([`AvxVnni`]).
     AvxVnni,
@@ -113,7 +115,9 @@ impl Simd {
         has!("avx2")
             && match self {
                 Simd::AvxVnni => has!("avxvnni"),
-                Simd::Avx512Vnni => has!("avx512f") && has!("avx512vnni") && has!("avx512vl"),
+                Simd::Avx512Vnni => {
+                    has!("avx512f") && has!("avx512bw") && has!("avx512vnni") && has!("avx512vl")
+                }
                 Simd::Avx2 => true,
             }
     }

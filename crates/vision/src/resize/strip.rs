@@ -32,9 +32,9 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-#[cfg(target_arch = "x86_64")]
-use super::kernel::BIAS;
 use super::kernel::{split_pair, Kernel};
+#[cfg(target_arch = "x86_64")]
+use super::kernel::{BIAS, PRECISION_BITS, SPLIT_BITS};
 #[cfg(target_arch = "x86_64")]
 use super::madd::{lo_start, unsplit_each, Avx2, AvxVnni, PairMadd, Simd};
 
@@ -196,39 +196,59 @@ fn columns_in(
 
 /// [`filter_body`] on 512-bit vectors: a column pair is three of them
 /// (one channel's sixteen rows each), so each tap pair is three loads and
-/// six `vpdpwssd`, half the 256-bit count. The sums are split back into
-/// [`filter_body`]'s six 256-bit vectors for the clip and store.
+/// six `vpdpwssd`, half the 256-bit count; the clip and store are
+/// [`store_column_wide`].
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512f,avx512vnni,avx512vl")]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni,avx512vl")]
 fn filter_avx512_vnni(pairs: &[u8], taps: &PairTaps, out_cols: &mut [u8]) {
-    const WIDE: usize = PAIR_VECTORS / 2;
     for (&(first, ref range), out) in taps.columns.iter().zip(out_cols.chunks_exact_mut(LANES)) {
         let weights = &taps.weights[range.clone()];
         let data = &pairs[first * PAIR_BYTES..][..weights.len() * PAIR_BYTES];
-        let mut hi = [_mm512_setzero_si512(); WIDE];
-        let mut lo = [_mm512_set1_epi32(BIAS); WIDE];
+        let mut hi = [_mm512_setzero_si512(); 3];
+        let mut lo = [_mm512_set1_epi32(BIAS); 3];
         for (pair, &(h, l)) in data.chunks_exact(PAIR_BYTES).zip(weights) {
             let (h, l) = (_mm512_set1_epi32(h), _mm512_set1_epi32(l));
-            for k in 0..WIDE {
-                // SAFETY: `pair` holds PAIR_BYTES = 64 · WIDE bytes.
+            for k in 0..3 {
+                // SAFETY: `pair` holds PAIR_BYTES = 3 · 64 bytes.
                 let v = unsafe { _mm512_loadu_si512(pair.as_ptr().add(64 * k).cast()) };
                 hi[k] = _mm512_dpwssd_epi32(hi[k], v, h);
                 lo[k] = _mm512_dpwssd_epi32(lo[k], v, l);
             }
         }
-        let halves = |v: [__m512i; WIDE]| -> [__m256i; PAIR_VECTORS] {
-            std::array::from_fn(|k| {
-                let wide = v[k / 2];
-                if k % 2 == 0 {
-                    _mm512_castsi512_si256(wide)
-                } else {
-                    _mm512_extracti64x4_epi64::<1>(wide)
-                }
-            })
-        };
-        // SAFETY: AVX2 is enabled; `out` is LANES = 48 writable bytes.
-        unsafe { store_column(unsplit_each(halves(hi), halves(lo)), out) };
+        store_column_wide(hi, lo, out);
     }
+}
+
+/// The split sums of one output column on 512-bit vectors (vector `c`
+/// channel `c`, its 128-bit lanes rows 0–3, 8–11, 4–7 and 12–15, as
+/// [`columns_in`] lays them out) recombined, clipped to bytes by
+/// saturating packs and stored as lanes 0–47 in order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn store_column_wide(hi: [__m512i; 3], lo: [__m512i; 3], out: &mut [u8]) {
+    let sums: [__m512i; 3] = std::array::from_fn(|c| {
+        let sum = _mm512_add_epi32(_mm512_slli_epi32::<{ SPLIT_BITS }>(hi[c]), lo[c]);
+        _mm512_srai_epi32::<{ PRECISION_BITS }>(sum)
+    });
+    // Per 128-bit lane: channel 0's four rows, channel 1's, channel 2's
+    // (twice), as bytes; each four bytes (a dword) is then moved to its
+    // place: dword 4c + g (channel c, rows 4g..4g + 3) comes from lane
+    // [0, 2, 1, 3][g], dword c.
+    let bytes = _mm512_packus_epi16(
+        _mm512_packs_epi32(sums[0], sums[1]),
+        _mm512_packs_epi32(sums[2], sums[2]),
+    );
+    const LANE_OF_GROUP: [i32; 4] = [0, 2, 1, 3];
+    let index: [i32; 16] = std::array::from_fn(|j| {
+        let (c, g) = (j as i32 / 4 % 3, j % 4);
+        LANE_OF_GROUP[g] * 4 + c
+    });
+    // SAFETY: `index` is 64 readable bytes.
+    let index = unsafe { _mm512_loadu_si512(index.as_ptr().cast()) };
+    let ordered = _mm512_permutexvar_epi32(index, bytes);
+    let out = &mut out[..LANES];
+    // SAFETY: `out` is 48 writable bytes; the mask stores bytes 0–47 only.
+    unsafe { _mm512_mask_storeu_epi8(out.as_mut_ptr().cast(), (1u64 << LANES) - 1, ordered) };
 }
 
 #[cfg(target_arch = "x86_64")]
