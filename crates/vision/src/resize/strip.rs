@@ -322,10 +322,176 @@ fn store_column(r: [__m256i; 6], out: &mut [u8]) {
     }
 }
 
-/// Output columns `out_cols` (`out_w` of them) back into `rows` RGB rows.
+/// Output columns `out_cols` (`out_w` of them) back into `rows` RGB rows:
+/// blocks of 16 columns by byte permutes with AVX-512 VBMI
+/// ([`columns_out_vbmi`]), by unpacks otherwise; the last few one byte at
+/// a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn columns_out(out_cols: &[u8], out_w: usize, rows: usize, dst: &mut [u8]) {
+    let vbmi = std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vbmi");
+    let blocks_end = if vbmi {
+        // SAFETY: the CPU supports AVX-512 F, BW and VBMI (checked above).
+        unsafe { columns_out_vbmi(out_cols, out_w, rows, dst) }
+    } else {
+        columns_out_unpacks(out_cols, out_w, rows, dst)
+    };
+    let out_row = out_w * 3;
+    for x in blocks_end..out_w {
+        let column = &out_cols[x * LANES..][..LANES];
+        for r in 0..rows {
+            for c in 0..3 {
+                dst[r * out_row + x * 3 + c] = column[c * 16 + r];
+            }
+        }
+    }
+}
+
+/// The permutes of [`columns_out_vbmi`] (byte indices into one or two
+/// vectors; see there).
+struct OutPermutes {
+    /// Rows 0–7 (`low`) or 8–15 of eight columns, 8 bytes a row, from
+    /// two vectors of four columns' 16 rows.
+    eight: [[u8; 64]; 2],
+    /// Rows 0–3 (`[0]`) or 4–7 of sixteen columns, 16 bytes a row, from
+    /// the eight-row blocks of columns 0–7 and 8–15.
+    four: [[u8; 64]; 2],
+    /// Row `rr` of four: R and G at their bytes of 16 RGB pixels, from
+    /// the R and G vectors of four rows (B's bytes left for `blue`).
+    red_green: [[u8; 64]; 4],
+    /// Row `rr` of four: B at its bytes, from the B vector.
+    blue: [[u8; 64]; 4],
+}
+
+const fn out_permutes() -> OutPermutes {
+    let mut p = OutPermutes {
+        eight: [[0; 64]; 2],
+        four: [[0; 64]; 2],
+        red_green: [[0; 64]; 4],
+        blue: [[0; 64]; 4],
+    };
+    let mut i = 0;
+    while i < 64 {
+        let (r, x) = (i / 8, i % 8);
+        p.eight[0][i] = (16 * x + r) as u8;
+        p.eight[1][i] = (16 * x + r + 8) as u8;
+        let (rr, x) = (i / 16, i % 16);
+        let half = if x < 8 { 0 } else { 64 };
+        p.four[0][i] = (half + 8 * rr + x % 8) as u8;
+        p.four[1][i] = (half + 8 * (rr + 4) + x % 8) as u8;
+        let mut rr = 0;
+        while rr < 4 {
+            if i < 48 {
+                let (x, c) = (i / 3, i % 3);
+                p.red_green[rr][i] = (64 * c + 16 * rr + x) as u8 % 128;
+                p.blue[rr][i] = (16 * rr + x) as u8;
+            }
+            rr += 1;
+        }
+        i += 1;
+    }
+    p
+}
+
+const OUT_PERMUTES: OutPermutes = out_permutes();
+
+/// The B bytes of 16 RGB pixels (positions `3x + 2`).
+const BLUE_BYTES: u64 = 0x0000_9249_2492_4924;
+
+/// Qword indices gathering channel `c`'s 16-byte lanes of four columns
+/// (lane `3i + c` of the 12 in three vectors): from the first two vectors
+/// (`first`), then, where `last_mask` is set, from the third (`last`).
+struct ChannelLanes {
+    first: [u64; 8],
+    last: [u64; 8],
+    last_mask: u8,
+}
+
+const fn channel_lanes(c: usize) -> ChannelLanes {
+    let mut l = ChannelLanes {
+        first: [0; 8],
+        last: [0; 8],
+        last_mask: 0,
+    };
+    let mut q = 0;
+    while q < 8 {
+        let (i, h) = (q / 2, q % 2);
+        let t = 3 * i + c;
+        if t < 8 {
+            l.first[q] = (2 * t + h) as u64;
+        } else {
+            l.last[q] = (2 * (t - 8) + h) as u64;
+            l.last_mask |= 1 << q;
+        }
+        q += 1;
+    }
+    l
+}
+
+const CHANNEL_LANES: [ChannelLanes; 3] = [channel_lanes(0), channel_lanes(1), channel_lanes(2)];
+
+/// [`columns_out`]'s blocks of 16 columns (768 bytes, twelve vectors) by
+/// byte permutes: each channel's 16 × 16 bytes are gathered (four columns
+/// a vector, by qword permutes), transposed in two rounds of two-vector
+/// byte permutes (8 × 8 blocks, then four rows of 16), and each row's R,
+/// G and B are interleaved by two more (R and G, then B under a mask)
+/// into one 48-byte masked store. Returns the columns done.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn columns_out_vbmi(out_cols: &[u8], out_w: usize, rows: usize, dst: &mut [u8]) -> usize {
+    let out_row = out_w * 3;
+    let blocks_end = out_w / 16 * 16;
+    let load = |bytes: &[u8]| {
+        let bytes = &bytes[..64];
+        // SAFETY: `bytes` is 64 readable bytes; AVX-512 F is enabled.
+        unsafe { _mm512_loadu_si512(bytes.as_ptr().cast()) }
+    };
+    let qwords = |q: &[u64; 8]| load(bytemuck::cast_slice(q));
+    let p = &OUT_PERMUTES;
+    let (eight, four) = (p.eight.map(|v| load(&v)), p.four.map(|v| load(&v)));
+    let (red_green, blue) = (p.red_green.map(|v| load(&v)), p.blue.map(|v| load(&v)));
+    let lanes = CHANNEL_LANES
+        .each_ref()
+        .map(|l| (qwords(&l.first), qwords(&l.last), l.last_mask));
+    for x0 in (0..blocks_end).step_by(16) {
+        let block = &out_cols[x0 * LANES..][..16 * LANES];
+        let input: [__m512i; 12] = std::array::from_fn(|k| load(&block[64 * k..]));
+        // planes[c][j]: channel c of columns 4j .. 4j + 3, 16 rows each.
+        let planes: [[__m512i; 4]; 3] = std::array::from_fn(|c| {
+            let (first, last, mask) = lanes[c];
+            std::array::from_fn(|j| {
+                let v = _mm512_permutex2var_epi64(input[3 * j], first, input[3 * j + 1]);
+                _mm512_mask_permutexvar_epi64(v, mask, last, input[3 * j + 2])
+            })
+        });
+        // quads[c][m]: channel c of rows 4m .. 4m + 3, 16 columns each.
+        let quads: [[__m512i; 4]; 3] = std::array::from_fn(|c| {
+            let [p0, p1, p2, p3] = planes[c];
+            let left = eight.map(|e| _mm512_permutex2var_epi8(p0, e, p1));
+            let right = eight.map(|e| _mm512_permutex2var_epi8(p2, e, p3));
+            std::array::from_fn(|m| {
+                _mm512_permutex2var_epi8(left[m / 2], four[m % 2], right[m / 2])
+            })
+        });
+        for r in 0..rows {
+            let (m, rr) = (r / 4, r % 4);
+            let rg = _mm512_permutex2var_epi8(quads[0][m], red_green[rr], quads[1][m]);
+            let rgb = _mm512_mask_permutexvar_epi8(rg, BLUE_BYTES, blue[rr], quads[2][m]);
+            let run = &mut dst[r * out_row + x0 * 3..][..48];
+            // SAFETY: `run` is 48 writable bytes; the mask stores bytes
+            // 0–47 only.
+            unsafe { _mm512_mask_storeu_epi8(run.as_mut_ptr().cast(), (1u64 << 48) - 1, rgb) };
+        }
+    }
+    blocks_end
+}
+
+/// [`columns_out`]'s blocks of 16 columns by byte unpacks (AVX2).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn columns_out_unpacks(out_cols: &[u8], out_w: usize, rows: usize, dst: &mut [u8]) -> usize {
     let out_row = out_w * 3;
     let blocks_end = out_w / 16 * 16;
     for x0 in (0..blocks_end).step_by(16) {
@@ -343,14 +509,7 @@ fn columns_out(out_cols: &[u8], out_w: usize, rows: usize, dst: &mut [u8]) {
             interleave([planes[0][r], planes[1][r], planes[2][r]], run);
         }
     }
-    for x in blocks_end..out_w {
-        let column = &out_cols[x * LANES..][..LANES];
-        for r in 0..rows {
-            for c in 0..3 {
-                dst[r * out_row + x * 3 + c] = column[c * 16 + r];
-            }
-        }
-    }
+    blocks_end
 }
 
 /// Shuffle indices taking the bytes of channel `c` (of 16 RGB pixels)
