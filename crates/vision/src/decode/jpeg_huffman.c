@@ -198,7 +198,7 @@ static iris_bitreader refill_slow(iris_huffman *h, iris_bitreader br)
 
 /* Tops the buffer up to 56 bits or more (or to the end of the data).
  * Without 0xFF in the next eight bytes, this is branch-free: the usual
- * case, every other symbol. */
+ * case, once per five symbols at most. */
 static inline __attribute__((always_inline)) void refill(iris_huffman *h,
                                                          iris_bitreader *br)
 {
@@ -215,7 +215,7 @@ static inline __attribute__((always_inline)) void refill(iris_huffman *h,
       return;
     }
   }
-  if (br->nbits < 32) *br = refill_slow(h, *br);
+  if (br->nbits <= 56) *br = refill_slow(h, *br);
 }
 
 /* Drops n (0..63) bits. */
@@ -309,15 +309,21 @@ static inline __attribute__((always_inline)) int decode_ac_step(
   return ++*k < 64;
 }
 
-/* The AC coefficients of one block (zigzag 1..63), two symbols per refill
- * (a refill leaves at least 56 bits). */
+/* The AC coefficients of one block (zigzag 1..63), up to five symbols
+ * per refill (a refill leaves at least 56 bits, a one-step symbol takes
+ * at most FAST_BITS). */
+_Static_assert(5 * IRIS_HUFF_FAST_BITS <= 56,
+               "five one-step symbols fit in the bits a refill leaves");
 static inline __attribute__((always_inline)) void decode_ac(
     iris_huffman *h, iris_bitreader *br, const iris_huff_table *t, JCOEF *block)
 {
   int k = 1;
   while (k < 64) {
     refill(h, br);
-    if (decode_ac_step(h, br, t, block, &k))
+    if (decode_ac_step(h, br, t, block, &k) &&
+        decode_ac_step(h, br, t, block, &k) &&
+        decode_ac_step(h, br, t, block, &k) &&
+        decode_ac_step(h, br, t, block, &k))
       decode_ac_step(h, br, t, block, &k);
   }
 }
