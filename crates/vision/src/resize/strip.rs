@@ -32,11 +32,11 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+#[cfg(target_arch = "x86_64")]
+use super::kernel::BIAS;
 use super::kernel::{split_pair, Kernel};
 #[cfg(target_arch = "x86_64")]
-use super::kernel::{BIAS, PRECISION_BITS, SPLIT_BITS};
-#[cfg(target_arch = "x86_64")]
-use super::madd::{lo_start, unsplit_each, Avx2, AvxVnni, PairMadd, Simd};
+use super::madd::{lo_start, unsplit_each, unsplit_wide, Avx2, AvxVnni, PairMadd, Simd};
 
 /// Rows filtered together.
 pub(crate) const ROWS: usize = 16;
@@ -226,10 +226,7 @@ fn filter_avx512_vnni(pairs: &[u8], taps: &PairTaps, out_cols: &mut [u8]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 fn store_column_wide(hi: [__m512i; 3], lo: [__m512i; 3], out: &mut [u8]) {
-    let sums: [__m512i; 3] = std::array::from_fn(|c| {
-        let sum = _mm512_add_epi32(_mm512_slli_epi32::<{ SPLIT_BITS }>(hi[c]), lo[c]);
-        _mm512_srai_epi32::<{ PRECISION_BITS }>(sum)
-    });
+    let sums: [__m512i; 3] = std::array::from_fn(|c| unsplit_wide(hi[c], lo[c]));
     // Per 128-bit lane: channel 0's four rows, channel 1's, channel 2's
     // (twice), as bytes; each four bytes (a dword) is then moved to its
     // place: dword 4c + g (channel c, rows 4g..4g + 3) comes from lane

@@ -8,8 +8,10 @@
 //! (one instruction per pair and half, where AVX2 needs an add too). The
 //! clip is two saturating packs, as in the horizontal pass.
 
-use super::kernel::{clip8, split_pair, BIAS, PRECISION_BITS, SPLIT_BITS};
-use super::madd::{lo_start, unsplit_each, Avx2, Avx512Vnni, AvxVnni, PairMadd, Simd};
+use super::kernel::{clip8, split_pair, BIAS};
+use super::madd::{
+    lo_start, unsplit_each, unsplit_wide, Avx2, Avx512Vnni, AvxVnni, PairMadd, Simd,
+};
 
 /// Most taps handled here (more: the plain multiply-add).
 pub(crate) const MAX_TAPS: usize = 16;
@@ -75,10 +77,7 @@ fn row_avx512_vnni(src: &[u8], row_len: usize, weights: &[i32], out: &mut [u8]) 
                 lo[k] = _mm512_dpwssd_epi32(lo[k], v[k], l);
             }
         }
-        let r: [__m512i; 4] = std::array::from_fn(|k| {
-            let sum = _mm512_add_epi32(_mm512_slli_epi32::<{ SPLIT_BITS }>(hi[k]), lo[k]);
-            _mm512_srai_epi32::<{ PRECISION_BITS }>(sum)
-        });
+        let r: [__m512i; 4] = std::array::from_fn(|k| unsplit_wide(hi[k], lo[k]));
         let bytes = _mm512_packus_epi16(
             _mm512_packs_epi32(r[0], r[1]),
             _mm512_packs_epi32(r[2], r[3]),
