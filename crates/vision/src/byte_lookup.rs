@@ -87,15 +87,17 @@ fn lookup<const STREAM: bool>(rgb: &[u8], planes: &BytePlanes, out: [&mut [u8]; 
     groups * GROUP
 }
 
+/// Whether the CPU has AVX-512 F, BW and VBMI (the byte permutes here and
+/// in the transposing resize pass).
 #[cfg(target_arch = "x86_64")]
-fn vbmi() -> bool {
+pub(crate) fn vbmi() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("avx512vbmi")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn vbmi() -> bool {
+pub(crate) fn vbmi() -> bool {
     false
 }
 

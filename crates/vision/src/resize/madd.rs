@@ -10,7 +10,7 @@ use super::kernel::{BIAS, PRECISION_BITS, SPLIT_BITS};
 use std::arch::x86_64::{
     __m256i, __m512i, _mm256_add_epi32, _mm256_dpwssd_avx_epi32, _mm256_dpwssd_epi32,
     _mm256_madd_epi16, _mm256_set1_epi32, _mm256_slli_epi32, _mm256_srai_epi32, _mm512_add_epi32,
-    _mm512_slli_epi32, _mm512_srai_epi32,
+    _mm512_set1_epi32, _mm512_slli_epi32, _mm512_srai_epi32,
 };
 
 /// `(hi << 11) + lo` shifted back to 8 bits (before the clip), per i32
@@ -21,6 +21,13 @@ use std::arch::x86_64::{
 pub(crate) fn unsplit(hi: __m256i, lo: __m256i) -> __m256i {
     let sum = _mm256_add_epi32(_mm256_slli_epi32::<{ SPLIT_BITS as i32 }>(hi), lo);
     _mm256_srai_epi32::<{ PRECISION_BITS as i32 }>(sum)
+}
+
+/// [`lo_start`] on 512-bit vectors.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn lo_start_wide() -> __m512i {
+    _mm512_set1_epi32(BIAS)
 }
 
 /// [`unsplit`] on 512-bit vectors.

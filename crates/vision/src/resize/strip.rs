@@ -32,11 +32,11 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-#[cfg(target_arch = "x86_64")]
-use super::kernel::BIAS;
 use super::kernel::{split_pair, Kernel};
 #[cfg(target_arch = "x86_64")]
-use super::madd::{lo_start, unsplit_each, unsplit_wide, Avx2, AvxVnni, PairMadd, Simd};
+use super::madd::{
+    lo_start, lo_start_wide, unsplit_each, unsplit_wide, Avx2, AvxVnni, PairMadd, Simd,
+};
 
 /// Rows filtered together.
 pub(crate) const ROWS: usize = 16;
@@ -205,7 +205,7 @@ fn filter_avx512_vnni(pairs: &[u8], taps: &PairTaps, out_cols: &mut [u8]) {
         let weights = &taps.weights[range.clone()];
         let data = &pairs[first * PAIR_BYTES..][..weights.len() * PAIR_BYTES];
         let mut hi = [_mm512_setzero_si512(); 3];
-        let mut lo = [_mm512_set1_epi32(BIAS); 3];
+        let mut lo = [lo_start_wide(); 3];
         for (pair, &(h, l)) in data.chunks_exact(PAIR_BYTES).zip(weights) {
             let (h, l) = (_mm512_set1_epi32(h), _mm512_set1_epi32(l));
             for k in 0..3 {
@@ -219,6 +219,20 @@ fn filter_avx512_vnni(pairs: &[u8], taps: &PairTaps, out_cols: &mut [u8]) {
     }
 }
 
+/// [`store_column_wide`]'s dword permute: dword `4c + g` (channel `c`,
+/// rows `4g .. 4g + 3`) from 128-bit lane `[0, 2, 1, 3][g]`, dword `c`
+/// (dwords 12–15 are not stored).
+const COLUMN_DWORDS: [i32; 16] = {
+    const LANE_OF_GROUP: [i32; 4] = [0, 2, 1, 3];
+    let mut index = [0i32; 16];
+    let mut j = 0;
+    while j < 16 {
+        index[j] = LANE_OF_GROUP[j % 4] * 4 + (j as i32 / 4) % 3;
+        j += 1;
+    }
+    index
+};
+
 /// The split sums of one output column on 512-bit vectors (vector `c`
 /// channel `c`, its 128-bit lanes rows 0–3, 8–11, 4–7 and 12–15, as
 /// [`columns_in`] lays them out) recombined, clipped to bytes by
@@ -229,19 +243,13 @@ fn store_column_wide(hi: [__m512i; 3], lo: [__m512i; 3], out: &mut [u8]) {
     let sums: [__m512i; 3] = std::array::from_fn(|c| unsplit_wide(hi[c], lo[c]));
     // Per 128-bit lane: channel 0's four rows, channel 1's, channel 2's
     // (twice), as bytes; each four bytes (a dword) is then moved to its
-    // place: dword 4c + g (channel c, rows 4g..4g + 3) comes from lane
-    // [0, 2, 1, 3][g], dword c.
+    // place by `COLUMN_DWORDS`.
     let bytes = _mm512_packus_epi16(
         _mm512_packs_epi32(sums[0], sums[1]),
         _mm512_packs_epi32(sums[2], sums[2]),
     );
-    const LANE_OF_GROUP: [i32; 4] = [0, 2, 1, 3];
-    let index: [i32; 16] = std::array::from_fn(|j| {
-        let (c, g) = (j as i32 / 4 % 3, j % 4);
-        LANE_OF_GROUP[g] * 4 + c
-    });
-    // SAFETY: `index` is 64 readable bytes.
-    let index = unsafe { _mm512_loadu_si512(index.as_ptr().cast()) };
+    // SAFETY: `COLUMN_DWORDS` is 64 readable bytes.
+    let index = unsafe { _mm512_loadu_si512(COLUMN_DWORDS.as_ptr().cast()) };
     let ordered = _mm512_permutexvar_epi32(index, bytes);
     let out = &mut out[..LANES];
     // SAFETY: `out` is 48 writable bytes; the mask stores bytes 0–47 only.
@@ -326,10 +334,7 @@ fn store_column(r: [__m256i; 6], out: &mut [u8]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn columns_out(out_cols: &[u8], out_w: usize, rows: usize, dst: &mut [u8]) {
-    let vbmi = std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512vbmi");
-    let blocks_end = if vbmi {
+    let blocks_end = if crate::byte_lookup::vbmi() {
         // SAFETY: the CPU supports AVX-512 F, BW and VBMI (checked above).
         unsafe { columns_out_vbmi(out_cols, out_w, rows, dst) }
     } else {

@@ -10,7 +10,7 @@
 
 use super::kernel::{clip8, split_pair, BIAS};
 use super::madd::{
-    lo_start, unsplit_each, unsplit_wide, Avx2, Avx512Vnni, AvxVnni, PairMadd, Simd,
+    lo_start, lo_start_wide, unsplit_each, unsplit_wide, Avx2, Avx512Vnni, AvxVnni, PairMadd, Simd,
 };
 
 /// Most taps handled here (more: the plain multiply-add).
@@ -48,7 +48,7 @@ fn row_avx512_vnni(src: &[u8], row_len: usize, weights: &[i32], out: &mut [u8]) 
     for (c, chunk) in chunks.iter_mut().enumerate() {
         let x = c * 64;
         let mut hi = [zero; 4];
-        let mut lo = [_mm512_set1_epi32(BIAS); 4];
+        let mut lo = [lo_start_wide(); 4];
         for p in 0..taps.div_ceil(2) {
             let row = 2 * p;
             // SAFETY: rows `row` and `row + 1` (< taps) hold `out.len()`
