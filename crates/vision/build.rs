@@ -1,10 +1,16 @@
 //! Compiles the row-by-row JPEG decoding shim (`src/decode/jpeg_rows.c`)
-//! and its Huffman decoder (`src/decode/jpeg_huffman.c`) against the
-//! libjpeg-turbo that `turbojpeg-sys` builds and links.
+//! with its Huffman decoder and its chroma upsampling and colour
+//! conversion (`jpeg_huffman.c`, `jpeg_color.c`) against the libjpeg-turbo
+//! that `turbojpeg-sys` builds and links.
 
 fn main() {
-    let sources = ["src/decode/jpeg_rows.c", "src/decode/jpeg_huffman.c"];
-    for file in sources.iter().chain(&["src/decode/jpeg_huffman.h"]) {
+    let sources = [
+        "src/decode/jpeg_rows.c",
+        "src/decode/jpeg_huffman.c",
+        "src/decode/jpeg_color.c",
+    ];
+    let headers = ["src/decode/jpeg_huffman.h", "src/decode/jpeg_color.h"];
+    for file in sources.iter().chain(&headers) {
         println!("cargo:rerun-if-changed={file}");
     }
     println!("cargo:rerun-if-env-changed=DEP_TURBOJPEG_INCLUDE");

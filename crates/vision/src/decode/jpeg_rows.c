@@ -5,7 +5,9 @@
  * Decodes exactly as TurboJPEG's tj3Decompress8 does with TJPF_RGB (the
  * whole-image path): output colour space JCS_EXT_RGB, ISLOW IDCT, fancy
  * upsampling, every libjpeg warning turned into an error (the
- * TJPARAM_STOPONWARNING the whole-image path sets). Only single-scan
+ * TJPARAM_STOPONWARNING the whole-image path sets). 4:2:0 files may be
+ * decoded as raw data instead, their rows then made by jpeg_color.c with
+ * libjpeg's arithmetic (see iris_raw below). Only single-scan
  * files are streamed; iris_jpeg_rows_start reports multi-scan
  * (progressive) files so the caller falls back to the whole-image path.
  *
@@ -19,7 +21,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jpeg_color.h"
 #include "jpeg_huffman.h"
+
+/*
+ * 4:2:0 files decoded as raw data (libjpeg's IDCT output, no upsampling or
+ * colour conversion), each RGB row made from it by jpeg_color.c in one
+ * pass. Two iMCU rows are kept: an output row's chroma may lie in the
+ * iMCU row after its own (the next nearest chroma row of its last row).
+ */
+typedef struct iris_raw {
+  int on;
+  int width, height;
+  int y_pitch, c_pitch;     /* the components' row lengths in the buffers */
+  int c_width, c_height;    /* the chroma planes' real size */
+  int imcu_rows, decoded;   /* iMCU rows in all, and read so far */
+  int next_row;             /* the next output row */
+  JSAMPLE *y, *cb, *cr;     /* two iMCU rows of each component */
+  int16_t *cb_sums, *cr_sums;
+  iris_rgb_shuffle shuffle;
+} iris_raw;
 
 typedef struct iris_jpeg_rows {
   struct jpeg_decompress_struct cinfo;
@@ -30,11 +51,17 @@ typedef struct iris_jpeg_rows {
   /* Tests: libjpeg's warning about unused bytes is not an error. */
   int past_extraneous;
   iris_huffman huffman;
+  iris_raw raw;
+  /* What iris_jpeg_rows_start was given (a crop restarts without raw). */
+  const unsigned char *data;
+  unsigned long len;
+  int flags;
 } iris_jpeg_rows;
 
 /* iris_jpeg_rows_start's flags. */
 #define IRIS_ROWS_OWN_HUFFMAN 1   /* jpeg_huffman.c decodes the data */
 #define IRIS_ROWS_PAST_EXTRANEOUS 2 /* tests: see past_extraneous */
+#define IRIS_ROWS_OWN_COLOR 4     /* jpeg_color.c upsamples and converts */
 
 static void iris_error_exit(j_common_ptr cinfo)
 {
@@ -86,11 +113,115 @@ iris_jpeg_rows *iris_jpeg_rows_new(void)
   return self;
 }
 
+static void raw_free(iris_raw *raw)
+{
+  free(raw->y);
+  free(raw->cb);
+  free(raw->cr);
+  free(raw->cb_sums);
+  free(raw->cr_sums);
+  memset(raw, 0, sizeof(*raw));
+}
+
 void iris_jpeg_rows_free(iris_jpeg_rows *self)
 {
   if (self == NULL) return;
   if (self->created) jpeg_destroy_decompress(&self->cinfo);
+  raw_free(&self->raw);
   free(self);
+}
+
+/* Whether the header read is one jpeg_color.c decodes from raw data: YCbCr
+ * 4:2:0 whose chroma libjpeg upsamples with its h2v2 fancy method (more
+ * than two chroma columns), on a CPU with the instructions. */
+static int raw_fits(j_decompress_ptr cinfo)
+{
+  const jpeg_component_info *c = cinfo->comp_info;
+  return cinfo->jpeg_color_space == JCS_YCbCr && cinfo->num_components == 3 &&
+         c[0].h_samp_factor == 2 && c[0].v_samp_factor == 2 &&
+         c[1].h_samp_factor == 1 && c[1].v_samp_factor == 1 &&
+         c[2].h_samp_factor == 1 && c[2].v_samp_factor == 1 &&
+         cinfo->image_width > 4 && iris_color_available();
+}
+
+/* After jpeg_start_decompress with raw_data_out: the buffers. 0, or -1
+ * when out of memory. */
+static int raw_setup(iris_raw *raw, j_decompress_ptr cinfo)
+{
+  const jpeg_component_info *c = cinfo->comp_info;
+  raw->width = (int)cinfo->output_width;
+  raw->height = (int)cinfo->output_height;
+  raw->y_pitch = (int)c[0].width_in_blocks * DCTSIZE;
+  raw->c_pitch = (int)c[1].width_in_blocks * DCTSIZE;
+  raw->c_width = (int)c[1].downsampled_width;
+  raw->c_height = (int)c[1].downsampled_height;
+  raw->imcu_rows = (int)cinfo->total_iMCU_rows;
+  raw->decoded = 0;
+  raw->next_row = 0;
+  raw->y = (JSAMPLE *)malloc((size_t)raw->y_pitch * 2 * 2 * DCTSIZE);
+  raw->cb = (JSAMPLE *)malloc((size_t)raw->c_pitch * 2 * DCTSIZE);
+  raw->cr = (JSAMPLE *)malloc((size_t)raw->c_pitch * 2 * DCTSIZE);
+  /* The sums with their two edges, and room for a vector's read past. */
+  raw->cb_sums = (int16_t *)malloc(((size_t)raw->c_width + 2 + 32) * sizeof(int16_t));
+  raw->cr_sums = (int16_t *)malloc(((size_t)raw->c_width + 2 + 32) * sizeof(int16_t));
+  if (!raw->y || !raw->cb || !raw->cr || !raw->cb_sums || !raw->cr_sums) return -1;
+  iris_color_shuffle(&raw->shuffle);
+  raw->on = 1;
+  return 0;
+}
+
+/* Reads the next iMCU row into its slot of the buffers (slot = row & 1). */
+static void raw_read_imcu(iris_raw *raw, j_decompress_ptr cinfo)
+{
+  JSAMPROW y[2 * DCTSIZE], cb[DCTSIZE], cr[DCTSIZE];
+  JSAMPARRAY planes[3] = {y, cb, cr};
+  int slot = raw->decoded & 1;
+  for (int i = 0; i < 2 * DCTSIZE; i++)
+    y[i] = raw->y + (size_t)raw->y_pitch * (slot * 2 * DCTSIZE + i);
+  for (int i = 0; i < DCTSIZE; i++) {
+    cb[i] = raw->cb + (size_t)raw->c_pitch * (slot * DCTSIZE + i);
+    cr[i] = raw->cr + (size_t)raw->c_pitch * (slot * DCTSIZE + i);
+  }
+  if (jpeg_read_raw_data(cinfo, planes, 2 * DCTSIZE) == 0)
+    ERREXIT(cinfo, JERR_INPUT_EMPTY);
+  raw->decoded++;
+}
+
+/* Chroma row `row` of `plane` in the buffers (its iMCU row must be one of
+ * the two kept). */
+static const JSAMPLE *chroma_row(const iris_raw *raw, const JSAMPLE *plane,
+                                 int row)
+{
+  return plane + (size_t)raw->c_pitch * (((row / DCTSIZE) & 1) * DCTSIZE + row % DCTSIZE);
+}
+
+/* Up to `max_rows` RGB rows from raw data: the count written. */
+static int raw_rows(iris_raw *raw, j_decompress_ptr cinfo, unsigned char *dst,
+                    unsigned long pitch, int max_rows)
+{
+  int done = 0;
+  for (; done < max_rows && raw->next_row < raw->height; done++) {
+    int row = raw->next_row, near = row / 2;
+    /* The next nearest chroma row: above for even rows, below for odd;
+     * libjpeg repeats the first and last rows at the edges. */
+    int far = (row & 1) ? near + 1 : near - 1;
+    int needed;
+    if (far < 0) far = 0;
+    if (far > raw->c_height - 1) far = raw->c_height - 1;
+    needed = (far > near ? far : near) / DCTSIZE + 1;
+    while (raw->decoded < needed) raw_read_imcu(raw, cinfo);
+    iris_color_sums(chroma_row(raw, raw->cb, near), chroma_row(raw, raw->cb, far),
+                    raw->c_width, raw->cb_sums);
+    iris_color_sums(chroma_row(raw, raw->cr, near), chroma_row(raw, raw->cr, far),
+                    raw->c_width, raw->cr_sums);
+    iris_color_row(&raw->shuffle,
+                   raw->y + (size_t)raw->y_pitch * (((row / (2 * DCTSIZE)) & 1) * 2 * DCTSIZE +
+                                                   row % (2 * DCTSIZE)),
+                   raw->cb_sums, raw->cr_sums, dst + (unsigned long)done * pitch,
+                   raw->width);
+    raw->next_row++;
+  }
+  return done;
 }
 
 const char *iris_jpeg_rows_message(const iris_jpeg_rows *self)
@@ -102,7 +233,9 @@ const char *iris_jpeg_rows_message(const iris_jpeg_rows *self)
  * Reads the headers of `data` (which must outlive the decoder) and starts
  * decompression, with `flags` (IRIS_ROWS_*): the entropy decoding is
  * jpeg_huffman.c's with IRIS_ROWS_OWN_HUFFMAN where the file allows,
- * libjpeg's otherwise (the same coefficients). Returns 1 when started
+ * libjpeg's otherwise (the same coefficients); with IRIS_ROWS_OWN_COLOR,
+ * 4:2:0 files on CPUs that can are decoded as raw data and upsampled and
+ * converted by jpeg_color.c (the same bytes). Returns 1 when started
  * (size in *width, *height), 0 when the file has several scans (not
  * streamed; nothing started), -1 on error
  * (see iris_jpeg_rows_message).
@@ -117,6 +250,10 @@ int iris_jpeg_rows_start(iris_jpeg_rows *self, const unsigned char *data,
     return -1;
   }
   self->past_extraneous = (flags & IRIS_ROWS_PAST_EXTRANEOUS) != 0;
+  self->data = data;
+  self->len = len;
+  self->flags = flags;
+  raw_free(&self->raw);
   jpeg_mem_src(cinfo, data, len);
   jpeg_read_header(cinfo, TRUE);
   if (jpeg_has_multiple_scans(cinfo) || cinfo->data_precision != 8) {
@@ -128,7 +265,10 @@ int iris_jpeg_rows_start(iris_jpeg_rows *self, const unsigned char *data,
   cinfo->do_fancy_upsampling = TRUE;
   cinfo->scale_num = 1;
   cinfo->scale_denom = 1;
+  cinfo->raw_data_out = (flags & IRIS_ROWS_OWN_COLOR) && raw_fits(cinfo);
   jpeg_start_decompress(cinfo);
+  if (cinfo->raw_data_out && raw_setup(&self->raw, cinfo) != 0)
+    ERREXIT1(cinfo, JERR_OUT_OF_MEMORY, 0);
   if (flags & IRIS_ROWS_OWN_HUFFMAN)
     iris_huffman_install(cinfo, &self->huffman);
   *width = cinfo->output_width;
@@ -147,6 +287,15 @@ int iris_jpeg_rows_crop(iris_jpeg_rows *self, unsigned int *xoffset,
 {
   j_decompress_ptr cinfo = &self->cinfo;
   JDIMENSION x = *xoffset, w = *width;
+  unsigned int full_width, full_height;
+  if (self->raw.on) {
+    /* libjpeg crops only its own output: start again without raw data. */
+    jpeg_abort_decompress(cinfo);
+    if (iris_jpeg_rows_start(self, self->data, self->len,
+                             self->flags & ~IRIS_ROWS_OWN_COLOR, &full_width,
+                             &full_height) != 1)
+      return -1;
+  }
   if (setjmp(self->jump)) {
     jpeg_abort_decompress(cinfo);
     return -1;
@@ -186,6 +335,8 @@ int iris_jpeg_rows_read(iris_jpeg_rows *self, unsigned char *dst,
     jpeg_abort_decompress(&self->cinfo);
     return -1;
   }
+  if (self->raw.on)
+    return raw_rows(&self->raw, &self->cinfo, dst, pitch, max_rows > 16 ? 16 : max_rows);
   return read_rows(&self->cinfo, dst, pitch, max_rows);
 }
 
@@ -203,4 +354,10 @@ int iris_jpeg_rows_finish(iris_jpeg_rows *self)
   }
   jpeg_finish_decompress(cinfo);
   return 0;
+}
+
+/* For tests: whether rows come from raw data through jpeg_color.c. */
+int iris_jpeg_rows_is_raw(const iris_jpeg_rows *self)
+{
+  return self->raw.on;
 }

@@ -38,10 +38,14 @@ const CROP_MARGIN: usize = 32;
 /// loads of the batch stalled).
 const CROP_ALIGN: usize = 64;
 
-/// Who decodes the Huffman-coded data of a sequential file.
+/// Who decodes the Huffman-coded data of a sequential file, and who
+/// upsamples and converts its colours.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Entropy {
-    /// `jpeg_huffman.c`: the same coefficients, faster (the default).
+    /// `jpeg_huffman.c` (the same coefficients, faster), and for 4:2:0
+    /// YCbCr files on AVX-512 VBMI CPUs `jpeg_color.c`, which upsamples
+    /// and converts libjpeg's raw output in one pass (the same bytes as
+    /// libjpeg's two passes). The default.
     Iris,
     /// libjpeg's own decoder (tests compare against it).
     #[cfg_attr(not(test), allow(dead_code))]
@@ -56,7 +60,7 @@ impl Entropy {
     /// `iris_jpeg_rows_start`'s flags (`IRIS_ROWS_*` in the shim).
     fn flags(self) -> c_int {
         match self {
-            Entropy::Iris => 1,
+            Entropy::Iris => 1 | 4,
             Entropy::Libjpeg => 0,
             #[cfg(test)]
             Entropy::LibjpegPastExtraneous => 2,
@@ -549,6 +553,115 @@ mod tests {
                     .position(|w| w[0] == 0xFF && (0xD0..=0xD7).contains(&w[1]))
                     .expect("a restart marker");
             junk_is_passed_over("q420_restart_rows.jpg", rst, junk);
+        }
+    }
+
+    #[repr(C, align(8))]
+    struct RgbShuffle([u8; 408]);
+
+    extern "C" {
+        fn iris_jpeg_rows_is_raw(shim: *const Shim) -> c_int;
+        fn iris_color_available() -> c_int;
+        fn iris_color_shuffle(shuffle: *mut RgbShuffle);
+        fn iris_color_row(
+            shuffle: *const RgbShuffle,
+            y: *const u8,
+            cb_sums: *const i16,
+            cr_sums: *const i16,
+            out: *mut u8,
+            width: c_int,
+        );
+    }
+
+    /// libjpeg's YCbCr -> RGB of one pixel (jdcolor.c's tables, written
+    /// out).
+    fn libjpeg_rgb(y: u8, cb: u8, cr: u8) -> [u8; 3] {
+        let (y, xb, xr) = (i32::from(y), i32::from(cb) - 128, i32::from(cr) - 128);
+        let clamp = |v: i32| v.clamp(0, 255) as u8;
+        [
+            clamp(y + ((91_881 * xr + 32_768) >> 16)),
+            clamp(y + ((-22_554 * xb - 46_802 * xr + 32_768) >> 16)),
+            clamp(y + ((116_130 * xb + 32_768) >> 16)),
+        ]
+    }
+
+    /// jpeg_color.c's conversion on every (Y, Cb, Cr): rows of 263 pixels
+    /// (four 64-pixel steps, then the one-pixel tail) of constant chroma
+    /// (column sums of 4 c upsample to c exactly).
+    #[test]
+    fn own_colour_conversion_is_libjpegs_on_every_input() {
+        // SAFETY: no arguments.
+        if unsafe { iris_color_available() } == 0 {
+            // The decoder never uses it on this CPU (checked below).
+            assert!(!raw_used(&file("shared/motorcycle_1080p.jpg")));
+            return;
+        }
+        let mut shuffle = RgbShuffle([0; 408]);
+        // SAFETY: `shuffle` is writable and as large as the C struct.
+        unsafe { iris_color_shuffle(&mut shuffle) };
+        const WIDTH: usize = 263;
+        let y: Vec<u8> = (0..WIDTH).map(|x| (x * 7 % 256) as u8).collect();
+        let mut out = vec![0u8; WIDTH * 3];
+        for cb in 0..=255u8 {
+            for cr in 0..=255u8 {
+                // Sums for WIDTH.div_ceil(2) chroma columns, their two
+                // edges and the vector read past the last.
+                let sums = |c: u8| vec![4 * i16::from(c); WIDTH.div_ceil(2) + 2 + 32];
+                let (cb_sums, cr_sums) = (sums(cb), sums(cr));
+                // SAFETY: rows of WIDTH pixels (and the sums' padding the
+                // C side reads), all live for the call.
+                unsafe {
+                    iris_color_row(
+                        &shuffle,
+                        y.as_ptr(),
+                        cb_sums.as_ptr(),
+                        cr_sums.as_ptr(),
+                        out.as_mut_ptr(),
+                        WIDTH as c_int,
+                    )
+                };
+                for (x, px) in out.chunks_exact(3).enumerate() {
+                    assert_eq!(px, libjpeg_rgb(y[x], cb, cr), "Y {} Cb {cb} Cr {cr}", y[x]);
+                }
+            }
+        }
+    }
+
+    /// Whether `bytes` decodes through raw data and jpeg_color.c.
+    fn raw_used(bytes: &[u8]) -> bool {
+        let rows = RowDecoder::open(bytes, &DecodeLimits::default())
+            .expect("open")
+            .expect("streams");
+        // SAFETY: a started shim.
+        unsafe { iris_jpeg_rows_is_raw(rows.shim) != 0 }
+    }
+
+    /// 4:2:0 files of every size around the 64-pixel steps and the
+    /// iMCU rows, through raw data and jpeg_color.c: libjpeg's pixels.
+    #[test]
+    fn own_upsampling_and_conversion_give_libjpegs_pixels() {
+        // SAFETY: no arguments.
+        let available = unsafe { iris_color_available() } != 0;
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        for width in [5usize, 6, 7, 33, 63, 64, 65, 127, 128, 129, 130, 257] {
+            for height in [1usize, 2, 3, 15, 16, 17, 31, 33] {
+                // Gradients with noise: every chroma value changes.
+                let rgb: Vec<u8> = (0..width * height * 3)
+                    .map(|i| {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        ((i * 37 / 3 + (seed % 64) as usize) % 256) as u8
+                    })
+                    .collect();
+                let bytes =
+                    super::super::jpeg::encode_rgb(&rgb, width, height, 90).expect("encode");
+                assert_eq!(raw_used(&bytes), available, "{width}x{height}");
+                let ours = rows_with(&bytes, Entropy::Iris).expect("streams");
+                let theirs = rows_with(&bytes, Entropy::Libjpeg).expect("streams");
+                assert!(ours.is_ok(), "{width}x{height}: {ours:?}");
+                assert!(ours == theirs, "{width}x{height}: pixels differ");
+            }
         }
     }
 
