@@ -87,8 +87,9 @@ fn lookup<const STREAM: bool>(rgb: &[u8], planes: &BytePlanes, out: [&mut [u8]; 
     groups * GROUP
 }
 
-/// Whether the CPU has AVX-512 F, BW and VBMI (the byte permutes here and
-/// in the transposing resize pass).
+/// Whether the CPU has AVX-512 F, BW and VBMI (the byte permutes here, in
+/// the transposing resize pass and in the JPEG decoder's colour pass,
+/// `decode/jpeg_color.c`).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn vbmi() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")

@@ -32,6 +32,7 @@
  * and whole images against libjpeg's own upsampling and conversion.
  */
 
+#include <pthread.h>
 #include <string.h>
 
 #include "jpeg_color.h"
@@ -55,6 +56,40 @@ static int upsampled(const int16_t *sums, int x)
   return (x & 1) ? (3 * s[0] + s[1] + 7) >> 4 : (3 * s[0] + s[-1] + 8) >> 4;
 }
 
+/* Column sums from sample `j` on, and the two edges. */
+static void sums_from(const uint8_t *near, const uint8_t *far, int j,
+                      int width, int16_t *sums)
+{
+  for (; j < width; j++) sums[1 + j] = (int16_t)(3 * near[j] + far[j]);
+  sums[0] = sums[1];
+  sums[width + 1] = sums[width];
+}
+
+/* Pixels from `x` on, one at a time. */
+static void row_from(const uint8_t *y, const int16_t *cb_sums,
+                     const int16_t *cr_sums, uint8_t *out, int x, int width)
+{
+  for (; x < width; x++)
+    convert_one(y[x], upsampled(cb_sums, x), upsampled(cr_sums, x), out + 3 * x);
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+
+/* The byte permutes that interleave 64 pixels' R, G and B planes: for
+ * output vector v, `rg` takes R and G bytes (R from the first source, G
+ * from the second), `b` the B bytes, written where `bmask` is set. */
+typedef struct rgb_shuffle {
+  uint8_t rg[3][64];
+  uint8_t b[3][64];
+  __mmask64 bmask[3];
+} rgb_shuffle;
+
+static rgb_shuffle SHUFFLE;
+static pthread_once_t SHUFFLE_ONCE = PTHREAD_ONCE_INIT;
+
 /* Where pixel p's byte lands after a saturating pack of pixels 0-31 (a)
  * and 32-63 (b): the pack interleaves the two by 128-bit lane. */
 static int packed_position(int p)
@@ -63,34 +98,21 @@ static int packed_position(int p)
   return 16 * (q / 8) + 8 * half + q % 8;
 }
 
-void iris_color_shuffle(iris_rgb_shuffle *s)
+static void build_shuffle(void)
 {
-  memset(s, 0, sizeof(*s));
+  memset(&SHUFFLE, 0, sizeof(SHUFFLE));
   for (int v = 0; v < 3; v++) {
     for (int i = 0; i < 64; i++) {
       int j = 64 * v + i, p = j / 3, c = j % 3;
       int at = packed_position(p);
       if (c == 2) {
-        s->b[v][i] = (uint8_t)at;
-        s->bmask[v] |= (uint64_t)1 << i;
+        SHUFFLE.b[v][i] = (uint8_t)at;
+        SHUFFLE.bmask[v] |= (__mmask64)1 << i;
       } else {
-        s->rg[v][i] = (uint8_t)(c == 0 ? at : 64 + at);
+        SHUFFLE.rg[v][i] = (uint8_t)(c == 0 ? at : 64 + at);
       }
     }
   }
-}
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-
-#define TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi")))
-
-int iris_color_available(void)
-{
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vbmi");
 }
 
 /* (a, b) pairs times (ca, cb), plus `bias`, shifted right 16 (floor), for
@@ -131,8 +153,8 @@ TARGET static inline void convert32(__m512i y, __m512i cb, __m512i cr,
                         mul_round(xb, -14942));
 }
 
-TARGET static void iris_color_sums_avx512(const uint8_t *near, const uint8_t *far,
-                                   int width, int16_t *sums)
+TARGET void iris_color_sums(const uint8_t *near, const uint8_t *far, int width,
+                            int16_t *sums)
 {
   int j = 0;
   for (; j + 32 <= width; j += 32) {
@@ -141,9 +163,7 @@ TARGET static void iris_color_sums_avx512(const uint8_t *near, const uint8_t *fa
     _mm512_storeu_si512((void *)(sums + 1 + j),
                         _mm512_add_epi16(_mm512_add_epi16(n, _mm512_add_epi16(n, n)), f));
   }
-  for (; j < width; j++) sums[1 + j] = (int16_t)(3 * near[j] + far[j]);
-  sums[0] = sums[1];
-  sums[width + 1] = sums[width];
+  sums_from(near, far, j, width, sums);
 }
 
 /* The 64 upsampled samples of pixels 2 j .. 2 j + 63, in pixel order as
@@ -167,12 +187,11 @@ TARGET static inline void upsample64(const int16_t *sums, int j, __m512i *a,
   *b = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi);
 }
 
-TARGET static void iris_color_row_avx512(const iris_rgb_shuffle *s, const uint8_t *y,
-                                  const int16_t *cb_sums,
-                                  const int16_t *cr_sums, uint8_t *out,
-                                  int width)
+TARGET void iris_color_row(const uint8_t *y, const int16_t *cb_sums,
+                           const int16_t *cr_sums, uint8_t *out, int width)
 {
   int x = 0;
+  pthread_once(&SHUFFLE_ONCE, build_shuffle);
   for (; x + 64 <= width; x += 64) {
     __m512i cb0, cb1, cr0, cr1, r0, g0, b0, r1, g1, b1, r, g, b;
     upsample64(cb_sums, x / 2, &cb0, &cb1);
@@ -186,51 +205,27 @@ TARGET static void iris_color_row_avx512(const iris_rgb_shuffle *s, const uint8_
     b = _mm512_packus_epi16(b0, b1);
     for (int v = 0; v < 3; v++) {
       __m512i rg = _mm512_permutex2var_epi8(
-          r, _mm512_loadu_si512((const void *)s->rg[v]), g);
+          r, _mm512_loadu_si512((const void *)SHUFFLE.rg[v]), g);
       __m512i px = _mm512_mask_permutexvar_epi8(
-          rg, (__mmask64)s->bmask[v], _mm512_loadu_si512((const void *)s->b[v]), b);
+          rg, SHUFFLE.bmask[v], _mm512_loadu_si512((const void *)SHUFFLE.b[v]), b);
       _mm512_storeu_si512((void *)(out + 3 * x + 64 * v), px);
     }
   }
-  for (; x < width; x++)
-    convert_one(y[x], upsampled(cb_sums, x), upsampled(cr_sums, x), out + 3 * x);
-}
-
-void iris_color_sums(const uint8_t *near, const uint8_t *far, int width,
-                     int16_t *sums)
-{
-  iris_color_sums_avx512(near, far, width, sums);
-}
-
-void iris_color_row(const iris_rgb_shuffle *s, const uint8_t *y,
-                    const int16_t *cb_sums, const int16_t *cr_sums,
-                    uint8_t *out, int width)
-{
-  iris_color_row_avx512(s, y, cb_sums, cr_sums, out, width);
+  row_from(y, cb_sums, cr_sums, out, x, width);
 }
 
 #else
 
-int iris_color_available(void)
-{
-  return 0;
-}
-
 void iris_color_sums(const uint8_t *near, const uint8_t *far, int width,
                      int16_t *sums)
 {
-  for (int j = 0; j < width; j++) sums[1 + j] = (int16_t)(3 * near[j] + far[j]);
-  sums[0] = sums[1];
-  sums[width + 1] = sums[width];
+  sums_from(near, far, 0, width, sums);
 }
 
-void iris_color_row(const iris_rgb_shuffle *s, const uint8_t *y,
-                    const int16_t *cb_sums, const int16_t *cr_sums,
-                    uint8_t *out, int width)
+void iris_color_row(const uint8_t *y, const int16_t *cb_sums,
+                    const int16_t *cr_sums, uint8_t *out, int width)
 {
-  (void)s;
-  for (int x = 0; x < width; x++)
-    convert_one(y[x], upsampled(cb_sums, x), upsampled(cr_sums, x), out + 3 * x);
+  row_from(y, cb_sums, cr_sums, out, 0, width);
 }
 
 #endif

@@ -8,22 +8,10 @@
 
 #include <stdint.h>
 
-/* The byte permutes that interleave 64 pixels' R, G and B planes. */
-typedef struct iris_rgb_shuffle {
-  uint8_t rg[3][64];
-  uint8_t b[3][64];
-  uint64_t bmask[3];
-} iris_rgb_shuffle;
-
-/* Whether this CPU runs iris_color_row (AVX-512 F, BW and VBMI). */
-int iris_color_available(void);
-
-void iris_color_shuffle(iris_rgb_shuffle *s);
-
 /*
  * 3 x near + far for one row of `width` chroma samples, into sums[1 ..
  * width], with the edge samples repeated in sums[0] and sums[width + 1]
- * (libjpeg's fancy upsampling's column sums).
+ * (libjpeg's fancy upsampling's column sums). `sums` holds width + 34.
  */
 void iris_color_sums(const uint8_t *near, const uint8_t *far, int width,
                      int16_t *sums);
@@ -32,10 +20,11 @@ void iris_color_sums(const uint8_t *near, const uint8_t *far, int width,
  * One RGB row of `width` pixels from a full-size Y row and the column
  * sums of its Cb and Cr rows (iris_color_sums), upsampled two to one
  * across as libjpeg's h2v2 fancy upsampling does and converted as its
- * YCbCr -> RGB does: libjpeg's bytes. Needs iris_color_available().
+ * YCbCr -> RGB does: libjpeg's bytes. On x86-64 the caller checks that
+ * the CPU has AVX-512 F, BW and VBMI (the Rust side's
+ * `byte_lookup::vbmi`).
  */
-void iris_color_row(const iris_rgb_shuffle *s, const uint8_t *y,
-                    const int16_t *cb_sums, const int16_t *cr_sums,
-                    uint8_t *out, int width);
+void iris_color_row(const uint8_t *y, const int16_t *cb_sums,
+                    const int16_t *cr_sums, uint8_t *out, int width);
 
 #endif

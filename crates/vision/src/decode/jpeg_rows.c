@@ -32,14 +32,12 @@
  */
 typedef struct iris_raw {
   int on;
-  int width, height;
   int y_pitch, c_pitch;     /* the components' row lengths in the buffers */
   int c_width, c_height;    /* the chroma planes' real size */
-  int imcu_rows, decoded;   /* iMCU rows in all, and read so far */
+  int decoded;              /* iMCU rows read */
   int next_row;             /* the next output row */
   JSAMPLE *y, *cb, *cr;     /* two iMCU rows of each component */
   int16_t *cb_sums, *cr_sums;
-  iris_rgb_shuffle shuffle;
 } iris_raw;
 
 typedef struct iris_jpeg_rows {
@@ -61,7 +59,9 @@ typedef struct iris_jpeg_rows {
 /* iris_jpeg_rows_start's flags. */
 #define IRIS_ROWS_OWN_HUFFMAN 1   /* jpeg_huffman.c decodes the data */
 #define IRIS_ROWS_PAST_EXTRANEOUS 2 /* tests: see past_extraneous */
-#define IRIS_ROWS_OWN_COLOR 4     /* jpeg_color.c upsamples and converts */
+/* jpeg_color.c upsamples and converts (the caller checks the CPU: see
+ * iris_color_row) */
+#define IRIS_ROWS_OWN_COLOR 4
 
 static void iris_error_exit(j_common_ptr cinfo)
 {
@@ -133,7 +133,7 @@ void iris_jpeg_rows_free(iris_jpeg_rows *self)
 
 /* Whether the header read is one jpeg_color.c decodes from raw data: YCbCr
  * 4:2:0 whose chroma libjpeg upsamples with its h2v2 fancy method (more
- * than two chroma columns), on a CPU with the instructions. */
+ * than two chroma columns). */
 static int raw_fits(j_decompress_ptr cinfo)
 {
   const jpeg_component_info *c = cinfo->comp_info;
@@ -141,7 +141,7 @@ static int raw_fits(j_decompress_ptr cinfo)
          c[0].h_samp_factor == 2 && c[0].v_samp_factor == 2 &&
          c[1].h_samp_factor == 1 && c[1].v_samp_factor == 1 &&
          c[2].h_samp_factor == 1 && c[2].v_samp_factor == 1 &&
-         cinfo->image_width > 4 && iris_color_available();
+         cinfo->image_width > 4;
 }
 
 /* After jpeg_start_decompress with raw_data_out: the buffers. 0, or -1
@@ -149,13 +149,10 @@ static int raw_fits(j_decompress_ptr cinfo)
 static int raw_setup(iris_raw *raw, j_decompress_ptr cinfo)
 {
   const jpeg_component_info *c = cinfo->comp_info;
-  raw->width = (int)cinfo->output_width;
-  raw->height = (int)cinfo->output_height;
   raw->y_pitch = (int)c[0].width_in_blocks * DCTSIZE;
   raw->c_pitch = (int)c[1].width_in_blocks * DCTSIZE;
   raw->c_width = (int)c[1].downsampled_width;
   raw->c_height = (int)c[1].downsampled_height;
-  raw->imcu_rows = (int)cinfo->total_iMCU_rows;
   raw->decoded = 0;
   raw->next_row = 0;
   raw->y = (JSAMPLE *)malloc((size_t)raw->y_pitch * 2 * 2 * DCTSIZE);
@@ -165,7 +162,6 @@ static int raw_setup(iris_raw *raw, j_decompress_ptr cinfo)
   raw->cb_sums = (int16_t *)malloc(((size_t)raw->c_width + 2 + 32) * sizeof(int16_t));
   raw->cr_sums = (int16_t *)malloc(((size_t)raw->c_width + 2 + 32) * sizeof(int16_t));
   if (!raw->y || !raw->cb || !raw->cr || !raw->cb_sums || !raw->cr_sums) return -1;
-  iris_color_shuffle(&raw->shuffle);
   raw->on = 1;
   return 0;
 }
@@ -187,20 +183,22 @@ static void raw_read_imcu(iris_raw *raw, j_decompress_ptr cinfo)
   raw->decoded++;
 }
 
-/* Chroma row `row` of `plane` in the buffers (its iMCU row must be one of
- * the two kept). */
-static const JSAMPLE *chroma_row(const iris_raw *raw, const JSAMPLE *plane,
-                                 int row)
+/* Row `row` of a component whose iMCU rows are `height` rows of `pitch`
+ * bytes, in its buffer (the row's iMCU row must be one of the two kept). */
+static const JSAMPLE *kept_row(const JSAMPLE *plane, int pitch, int height,
+                               int row)
 {
-  return plane + (size_t)raw->c_pitch * (((row / DCTSIZE) & 1) * DCTSIZE + row % DCTSIZE);
+  return plane + (size_t)pitch * (((row / height) & 1) * height + row % height);
 }
 
-/* Up to `max_rows` RGB rows from raw data: the count written. */
+/* Up to `max_rows` (at most 16) RGB rows from raw data: the count
+ * written. */
 static int raw_rows(iris_raw *raw, j_decompress_ptr cinfo, unsigned char *dst,
                     unsigned long pitch, int max_rows)
 {
   int done = 0;
-  for (; done < max_rows && raw->next_row < raw->height; done++) {
+  if (max_rows > 16) max_rows = 16;
+  for (; done < max_rows && raw->next_row < (int)cinfo->output_height; done++) {
     int row = raw->next_row, near = row / 2;
     /* The next nearest chroma row: above for even rows, below for odd;
      * libjpeg repeats the first and last rows at the edges. */
@@ -210,15 +208,15 @@ static int raw_rows(iris_raw *raw, j_decompress_ptr cinfo, unsigned char *dst,
     if (far > raw->c_height - 1) far = raw->c_height - 1;
     needed = (far > near ? far : near) / DCTSIZE + 1;
     while (raw->decoded < needed) raw_read_imcu(raw, cinfo);
-    iris_color_sums(chroma_row(raw, raw->cb, near), chroma_row(raw, raw->cb, far),
-                    raw->c_width, raw->cb_sums);
-    iris_color_sums(chroma_row(raw, raw->cr, near), chroma_row(raw, raw->cr, far),
-                    raw->c_width, raw->cr_sums);
-    iris_color_row(&raw->shuffle,
-                   raw->y + (size_t)raw->y_pitch * (((row / (2 * DCTSIZE)) & 1) * 2 * DCTSIZE +
-                                                   row % (2 * DCTSIZE)),
-                   raw->cb_sums, raw->cr_sums, dst + (unsigned long)done * pitch,
-                   raw->width);
+    iris_color_sums(kept_row(raw->cb, raw->c_pitch, DCTSIZE, near),
+                    kept_row(raw->cb, raw->c_pitch, DCTSIZE, far), raw->c_width,
+                    raw->cb_sums);
+    iris_color_sums(kept_row(raw->cr, raw->c_pitch, DCTSIZE, near),
+                    kept_row(raw->cr, raw->c_pitch, DCTSIZE, far), raw->c_width,
+                    raw->cr_sums);
+    iris_color_row(kept_row(raw->y, raw->y_pitch, 2 * DCTSIZE, row), raw->cb_sums,
+                   raw->cr_sums, dst + (unsigned long)done * pitch,
+                   (int)cinfo->output_width);
     raw->next_row++;
   }
   return done;
@@ -336,7 +334,7 @@ int iris_jpeg_rows_read(iris_jpeg_rows *self, unsigned char *dst,
     return -1;
   }
   if (self->raw.on)
-    return raw_rows(&self->raw, &self->cinfo, dst, pitch, max_rows > 16 ? 16 : max_rows);
+    return raw_rows(&self->raw, &self->cinfo, dst, pitch, max_rows);
   return read_rows(&self->cinfo, dst, pitch, max_rows);
 }
 

@@ -60,7 +60,8 @@ impl Entropy {
     /// `iris_jpeg_rows_start`'s flags (`IRIS_ROWS_*` in the shim).
     fn flags(self) -> c_int {
         match self {
-            Entropy::Iris => 1 | 4,
+            // Raw data through jpeg_color.c only where its AVX-512 runs.
+            Entropy::Iris => 1 | if crate::byte_lookup::vbmi() { 4 } else { 0 },
             Entropy::Libjpeg => 0,
             #[cfg(test)]
             Entropy::LibjpegPastExtraneous => 2,
@@ -556,15 +557,9 @@ mod tests {
         }
     }
 
-    #[repr(C, align(8))]
-    struct RgbShuffle([u8; 408]);
-
     extern "C" {
         fn iris_jpeg_rows_is_raw(shim: *const Shim) -> c_int;
-        fn iris_color_available() -> c_int;
-        fn iris_color_shuffle(shuffle: *mut RgbShuffle);
         fn iris_color_row(
-            shuffle: *const RgbShuffle,
             y: *const u8,
             cb_sums: *const i16,
             cr_sums: *const i16,
@@ -590,15 +585,11 @@ mod tests {
     /// (column sums of 4 c upsample to c exactly).
     #[test]
     fn own_colour_conversion_is_libjpegs_on_every_input() {
-        // SAFETY: no arguments.
-        if unsafe { iris_color_available() } == 0 {
+        if !crate::byte_lookup::vbmi() {
             // The decoder never uses it on this CPU (checked below).
             assert!(!raw_used(&file("shared/motorcycle_1080p.jpg")));
             return;
         }
-        let mut shuffle = RgbShuffle([0; 408]);
-        // SAFETY: `shuffle` is writable and as large as the C struct.
-        unsafe { iris_color_shuffle(&mut shuffle) };
         const WIDTH: usize = 263;
         let y: Vec<u8> = (0..WIDTH).map(|x| (x * 7 % 256) as u8).collect();
         let mut out = vec![0u8; WIDTH * 3];
@@ -609,10 +600,10 @@ mod tests {
                 let sums = |c: u8| vec![4 * i16::from(c); WIDTH.div_ceil(2) + 2 + 32];
                 let (cb_sums, cr_sums) = (sums(cb), sums(cr));
                 // SAFETY: rows of WIDTH pixels (and the sums' padding the
-                // C side reads), all live for the call.
+                // C side reads), all live for the call; the CPU has the
+                // instructions (checked above).
                 unsafe {
                     iris_color_row(
-                        &shuffle,
                         y.as_ptr(),
                         cb_sums.as_ptr(),
                         cr_sums.as_ptr(),
@@ -640,8 +631,7 @@ mod tests {
     /// iMCU rows, through raw data and jpeg_color.c: libjpeg's pixels.
     #[test]
     fn own_upsampling_and_conversion_give_libjpegs_pixels() {
-        // SAFETY: no arguments.
-        let available = unsafe { iris_color_available() } != 0;
+        let available = crate::byte_lookup::vbmi();
         let mut seed = 0x2545_F491_4F6C_DD1Du64;
         for width in [5usize, 6, 7, 33, 63, 64, 65, 127, 128, 129, 130, 257] {
             for height in [1usize, 2, 3, 15, 16, 17, 31, 33] {
